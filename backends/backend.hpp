@@ -1,0 +1,62 @@
+// The Backend interface and the registry that creates backends by name at run time.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.hpp"
+#include "ir/tensor.hpp"
+
+namespace qkv::backend {
+
+/// Tensors by name: a graph's inputs or outputs.
+using TensorMap = std::map<std::string, Tensor, std::less<>>;
+
+/// A graph compiled for one backend. Runs reuse what the first run with the same input shapes
+/// planned (buffers, kernels, command buffers).
+class Executable {
+ public:
+  virtual ~Executable() = default;
+  /// Runs on one tensor per graph input and returns every graph output. Throws ShapeError when
+  /// the inputs do not fit the graph; nothing is written to the inputs.
+  virtual TensorMap run(const TensorMap& inputs) = 0;
+  /// The graph as the backend runs it, after its lowering passes.
+  virtual const ir::Graph& graph() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// "reference", "cpu" or "vulkan".
+  virtual std::string name() const = 0;
+  /// The device it runs on, in words.
+  virtual std::string device() const = 0;
+  /// Whether the backend runs this node directly; composites it does not support are decomposed
+  /// into primitives by its compile (explicitly, as their reference meaning).
+  virtual bool supports(const ir::Node& n) const = 0;
+  /// Lowers and compiles a graph. Throws UnsupportedError naming the op it cannot run.
+  virtual std::unique_ptr<Executable> compile(const ir::Graph& g) = 0;
+};
+
+/// The backends qkv knows, in order: reference, cpu, vulkan.
+std::vector<std::string> backend_names();
+
+/// Creates a backend by name. Throws UnsupportedError for an unknown name, BackendError when it
+/// cannot start (no Vulkan loader or device); never substitutes another backend.
+std::unique_ptr<Backend> create(std::string_view name);
+
+struct BackendStatus {
+  std::string name;
+  bool available = false;
+  std::string detail;  // the device when available, otherwise why not
+};
+/// Tries to start each backend and reports what it found.
+std::vector<BackendStatus> probe_backends();
+
+/// The backend named by QKV_BACKEND, or "cpu".
+std::string default_backend_name();
+
+}  // namespace qkv::backend

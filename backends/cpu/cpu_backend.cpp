@@ -1,0 +1,123 @@
+// The CPU backend's executable: a memory plan per input shapes, then one kernel call per node.
+#include "backends/cpu/cpu_backend.hpp"
+
+#include <cblas.h>
+
+#include <cstring>
+
+#include "backends/cpu/kernels.hpp"
+#include "backends/shape_cache.hpp"
+#include "ir/passes/memory_plan.hpp"
+#include "ir/passes/passes.hpp"
+
+namespace qkv::backend {
+
+namespace {
+
+using ir::Node;
+using ir::Op;
+
+bool cpu_supports(const Node&) { return true; }
+
+class CpuExecutable final : public Executable {
+ public:
+  explicit CpuExecutable(ir::Graph g) : graph_(std::move(g)) {}
+  const ir::Graph& graph() const override { return graph_; }
+
+  TensorMap run(const TensorMap& inputs) override {
+    if (!signature_.matches(graph_, inputs)) plan(inputs);
+    for (std::size_t i = 0; i < graph_.size(); ++i) execute(i, inputs);
+    TensorMap out;
+    for (const auto& [name, v] : graph_.outputs()) {
+      auto vi = static_cast<std::size_t>(v);
+      Tensor t(graph_.node(v).dtype, ir::to_vector(shapes_[vi]));
+      const float* src = value_ptr(vi, inputs);
+      if (t.dtype() == DType::boolean) {
+        for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;
+      } else {
+        std::memcpy(t.raw(), src, t.nbytes());
+      }
+      out.emplace(name, std::move(t));
+    }
+    return out;
+  }
+
+ private:
+  void plan(const TensorMap& inputs) {
+    shapes_ = ir::bind_shapes(graph_, inputs);
+    std::vector<std::int64_t> bytes(graph_.size());
+    for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * static_cast<std::int64_t>(sizeof(float));
+    // f32 inputs are read where the caller keeps them; bool inputs are widened into the arena.
+    memory_ = ir::plan_memory(graph_, bytes, [](const Node& n) { return n.op == Op::input && n.dtype == DType::f32; }, 64);
+    arena_.assign(static_cast<std::size_t>(memory_.total_bytes / 4 + 16), 0.0f);
+    signature_.record(graph_, inputs);
+  }
+
+  const float* value_ptr(std::size_t v, const TensorMap& inputs) const {
+    auto root = static_cast<std::size_t>(memory_.storage_of[v]);
+    if (memory_.offset[root] < 0) return inputs.find(graph_.nodes()[root].name)->second.data<float>();
+    return arena_.data() + memory_.offset[root] / 4;
+  }
+  float* out_ptr(std::size_t v) { return arena_.data() + memory_.offset[v] / 4; }
+
+  void execute(std::size_t i, const TensorMap& inputs) {
+    const Node& n = graph_.nodes()[i];
+    auto in = [&](int k) {
+      auto v = static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)]);
+      return cpu::ConstView{value_ptr(v, inputs), shapes_[v]};
+    };
+    cpu::View out{nullptr, shapes_[i]};
+    if (memory_.offset[i] >= 0) out.data = out_ptr(i);
+    switch (n.op) {
+      case Op::input:
+        if (out.data) {
+          const Tensor& t = inputs.find(n.name)->second;
+          for (std::int64_t j = 0; j < t.numel(); ++j) out.data[j] = static_cast<float>(t.at(j));
+        }
+        return;
+      case Op::constant: return cpu::fill(out, static_cast<float>(n.attrs.value));
+      case Op::neg:
+      case Op::exp:
+      case Op::log:
+      case Op::sqrt: return cpu::unary(n.op, in(0), out);
+      case Op::add:
+      case Op::sub:
+      case Op::mul:
+      case Op::div:
+      case Op::max: return cpu::binary(n.op, in(0), in(1), out);
+      case Op::where: return cpu::select(in(0), in(1), in(2), out);
+      case Op::reduce_sum:
+      case Op::reduce_max: return cpu::reduce(n.op, in(0), n.attrs.axis, out);
+      case Op::matmul: return cpu::matmul(in(0), in(1), n.attrs.transpose_a, n.attrs.transpose_b, out);
+      case Op::permute: return cpu::permute(in(0), n.attrs.perm, out);
+      case Op::reshape: return;  // aliases its operand's storage
+      case Op::causal_mask: return cpu::causal_mask(n.attrs.align, out);
+      case Op::softmax: return cpu::softmax(in(0), n.attrs.axis, out);
+    }
+    QKV_UNREACHABLE("op");
+  }
+
+  ir::Graph graph_;
+  InputSignature signature_;
+  std::vector<ir::Shape> shapes_;
+  ir::MemoryPlan memory_;
+  std::vector<float> arena_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::string device() const override {
+    return "host CPU, OpenBLAS " + std::string(openblas_get_config()) + ", " + std::to_string(openblas_get_num_threads()) + " threads";
+  }
+  bool supports(const Node& n) const override { return cpu_supports(n); }
+  std::unique_ptr<Executable> compile(const ir::Graph& g) override {
+    return std::make_unique<CpuExecutable>(ir::lower_for_backend(g, [this](const Node& n) { return supports(n); }));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace qkv::backend

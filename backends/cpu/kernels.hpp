@@ -1,0 +1,31 @@
+// The CPU backend's f32 kernels, one function per op family.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/kernel_util.hpp"
+#include "ir/op.hpp"
+
+namespace qkv::backend::cpu {
+
+/// A float buffer with its concrete shape.
+struct View {
+  float* data;
+  ir::Shape shape;
+};
+struct ConstView {
+  const float* data;
+  ir::Shape shape;
+};
+
+void fill(View out, float value);
+void unary(ir::Op op, ConstView x, View out);
+void binary(ir::Op op, ConstView a, ConstView b, View out);
+void select(ConstView cond, ConstView a, ConstView b, View out);
+void reduce(ir::Op op, ConstView x, int axis, View out);
+void softmax(ConstView x, int axis, View out);
+void matmul(ConstView a, ConstView b, bool transpose_a, bool transpose_b, View out);
+void permute(ConstView x, const std::array<std::int8_t, ir::kMaxRank>& perm, View out);
+void causal_mask(ir::CausalAlign align, View out);
+
+}  // namespace qkv::backend::cpu

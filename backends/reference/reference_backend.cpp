@@ -1,0 +1,171 @@
+// The reference backend: composites run as their decompositions; each primitive is a plain loop.
+#include "backends/reference/reference_backend.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "backends/kernel_util.hpp"
+#include "backends/scalar_ops.hpp"
+#include "ir/bind.hpp"
+#include "ir/passes/passes.hpp"
+
+namespace qkv::backend {
+
+namespace {
+
+using ir::Node;
+using ir::Op;
+using ir::Shape;
+
+template <class T>
+class ReferenceExecutable final : public Executable {
+ public:
+  ReferenceExecutable(ir::Graph g, bool f64_outputs) : graph_(std::move(g)), f64_outputs_(f64_outputs) {}
+
+  const ir::Graph& graph() const override { return graph_; }
+
+  TensorMap run(const TensorMap& inputs) override {
+    std::vector<Shape> shapes = ir::bind_shapes(graph_, inputs);
+    std::vector<std::vector<T>> values(graph_.size());
+    for (std::size_t i = 0; i < graph_.size(); ++i) {
+      values[i].resize(static_cast<std::size_t>(shapes[i].numel()));
+      eval(graph_.nodes()[i], shapes, values, i, inputs);
+    }
+    TensorMap out;
+    for (const auto& [name, v] : graph_.outputs()) {
+      const auto& vals = values[static_cast<std::size_t>(v)];
+      DType dt = graph_.node(v).dtype;
+      if (dt == DType::f32 && f64_outputs_) dt = DType::f64;
+      Tensor t(dt, ir::to_vector(shapes[static_cast<std::size_t>(v)]));
+      for (std::size_t j = 0; j < vals.size(); ++j) {
+        switch (dt) {
+          case DType::f32: t.data<float>()[j] = static_cast<float>(vals[j]); break;
+          case DType::f64: t.data<double>()[j] = static_cast<double>(vals[j]); break;
+          case DType::boolean: t.data<std::uint8_t>()[j] = vals[j] != T(0); break;
+        }
+      }
+      out.emplace(name, std::move(t));
+    }
+    return out;
+  }
+
+ private:
+  void eval(const Node& n, const std::vector<Shape>& shapes, std::vector<std::vector<T>>& values, std::size_t self,
+            const TensorMap& inputs) {
+    std::vector<T>& out = values[self];
+    const Shape& os = shapes[self];
+    auto in = [&](int k) -> const std::vector<T>& { return values[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
+    auto in_shape = [&](int k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
+    switch (n.op) {
+      case Op::input: {
+        const Tensor& t = inputs.find(n.name)->second;
+        for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(t.at(static_cast<std::int64_t>(j)));
+        return;
+      }
+      case Op::constant: std::fill(out.begin(), out.end(), static_cast<T>(n.attrs.value)); return;
+      case Op::neg:
+      case Op::exp:
+      case Op::log:
+      case Op::sqrt:
+        for (std::size_t j = 0; j < out.size(); ++j) out[j] = apply_unary(n.op, in(0)[j]);
+        return;
+      case Op::add:
+      case Op::sub:
+      case Op::mul:
+      case Op::div:
+      case Op::max: {
+        OffsetWalker<2> w{os, {broadcast_strides(in_shape(0), os), broadcast_strides(in_shape(1), os)}};
+        for (std::size_t j = 0; j < out.size(); ++j, w.next())
+          out[j] = apply_binary(n.op, in(0)[static_cast<std::size_t>(w.offset[0])], in(1)[static_cast<std::size_t>(w.offset[1])]);
+        return;
+      }
+      case Op::where: {
+        OffsetWalker<3> w{os, {broadcast_strides(in_shape(0), os), broadcast_strides(in_shape(1), os), broadcast_strides(in_shape(2), os)}};
+        for (std::size_t j = 0; j < out.size(); ++j, w.next())
+          out[j] = in(0)[static_cast<std::size_t>(w.offset[0])] != T(0) ? in(1)[static_cast<std::size_t>(w.offset[1])]
+                                                                        : in(2)[static_cast<std::size_t>(w.offset[2])];
+        return;
+      }
+      case Op::reduce_sum:
+      case Op::reduce_max: {
+        AxisSplit s = split_at(in_shape(0), n.attrs.axis);
+        const auto& x = in(0);
+        for (std::int64_t o = 0; o < s.outer; ++o)
+          for (std::int64_t i = 0; i < s.inner; ++i) {
+            T acc = n.op == Op::reduce_sum ? T(0) : -std::numeric_limits<T>::infinity();
+            for (std::int64_t k = 0; k < s.n; ++k) {
+              T v = x[static_cast<std::size_t>((o * s.n + k) * s.inner + i)];
+              acc = n.op == Op::reduce_sum ? acc + v : apply_binary(Op::max, acc, v);
+            }
+            out[static_cast<std::size_t>(o * s.inner + i)] = acc;
+          }
+        return;
+      }
+      case Op::matmul: {
+        bool ta = n.attrs.transpose_a, tb = n.attrs.transpose_b;
+        MatmulDims d = matmul_dims(in_shape(0), in_shape(1), os, ta);
+        const auto& a = in(0);
+        const auto& b = in(1);
+        OffsetWalker<2> w{d.batch_shape, {d.a_batch, d.b_batch}};
+        for (std::int64_t bt = 0; bt < d.batch; ++bt, w.next()) {
+          const T* pa = a.data() + w.offset[0] * d.m * d.k;
+          const T* pb = b.data() + w.offset[1] * d.k * d.n;
+          T* pc = out.data() + bt * d.m * d.n;
+          for (std::int64_t i = 0; i < d.m; ++i)
+            for (std::int64_t j = 0; j < d.n; ++j) {
+              T acc = 0;
+              for (std::int64_t k = 0; k < d.k; ++k)
+                acc += pa[ta ? k * d.m + i : i * d.k + k] * pb[tb ? j * d.k + k : k * d.n + j];
+              pc[i * d.n + j] = acc;
+            }
+        }
+        return;
+      }
+      case Op::permute: {
+        Strides src = contiguous_strides(in_shape(0));
+        Strides st{};
+        for (int i = 0; i < os.rank; ++i) st[static_cast<std::size_t>(i)] = src[static_cast<std::size_t>(n.attrs.perm[static_cast<std::size_t>(i)])];
+        OffsetWalker<1> w{os, {st}};
+        for (std::size_t j = 0; j < out.size(); ++j, w.next()) out[j] = in(0)[static_cast<std::size_t>(w.offset[0])];
+        return;
+      }
+      case Op::reshape: out = in(0); return;
+      case Op::causal_mask: {
+        std::int64_t lq = os[0], lk = os[1];
+        std::int64_t shift = n.attrs.align == ir::CausalAlign::bottom_right ? lk - lq : 0;
+        for (std::int64_t i = 0; i < lq; ++i)
+          for (std::int64_t j = 0; j < lk; ++j) out[static_cast<std::size_t>(i * lk + j)] = j <= i + shift ? T(1) : T(0);
+        return;
+      }
+      case Op::softmax: break;
+    }
+    QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " reached the reference backend undecomposed");
+  }
+
+  ir::Graph graph_;
+  bool f64_outputs_;
+};
+
+class ReferenceBackend final : public Backend {
+ public:
+  explicit ReferenceBackend(ReferenceOptions o) : options_(o) {}
+  std::string name() const override { return "reference"; }
+  std::string device() const override {
+    return options_.precision == Precision::f64 ? "host, plain loops in double precision" : "host, plain loops in single precision";
+  }
+  bool supports(const Node& n) const override { return ir::op_info(n.op).category != ir::OpCategory::composite; }
+  std::unique_ptr<Executable> compile(const ir::Graph& g) override {
+    ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
+    if (options_.precision == Precision::f64) return std::make_unique<ReferenceExecutable<double>>(std::move(lowered), options_.f64_outputs);
+    return std::make_unique<ReferenceExecutable<float>>(std::move(lowered), options_.f64_outputs);
+  }
+
+ private:
+  ReferenceOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_reference_backend(ReferenceOptions options) { return std::make_unique<ReferenceBackend>(options); }
+
+}  // namespace qkv::backend

@@ -1,0 +1,22 @@
+// The reference backend: plain loops, double accumulation, every op. The oracle.
+#pragma once
+
+#include <memory>
+
+#include "backends/backend.hpp"
+
+namespace qkv::backend {
+
+enum class Precision { f64, f32 };
+
+struct ReferenceOptions {
+  /// f64: every value and sum in double (the oracle). f32: every value rounded to float after
+  /// each op and sums in float: the "plain float32 computation" that error budgets scale from.
+  Precision precision = Precision::f64;
+  /// Return float outputs as f64 tensors instead of the graph's f32.
+  bool f64_outputs = false;
+};
+
+std::unique_ptr<Backend> make_reference_backend(ReferenceOptions options = {});
+
+}  // namespace qkv::backend

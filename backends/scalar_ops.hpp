@@ -1,0 +1,34 @@
+// The scalar meaning of each elementwise op, shared by the host backends' kernels.
+#pragma once
+
+#include <cmath>
+
+#include "ir/error.hpp"
+#include "ir/op.hpp"
+
+namespace qkv::backend {
+
+template <class T>
+constexpr T apply_unary(ir::Op op, T x) {
+  switch (op) {
+    case ir::Op::neg: return -x;
+    case ir::Op::exp: return std::exp(x);
+    case ir::Op::log: return std::log(x);
+    case ir::Op::sqrt: return std::sqrt(x);
+    default: QKV_UNREACHABLE("not a unary op");
+  }
+}
+
+template <class T>
+constexpr T apply_binary(ir::Op op, T a, T b) {
+  switch (op) {
+    case ir::Op::add: return a + b;
+    case ir::Op::sub: return a - b;
+    case ir::Op::mul: return a * b;
+    case ir::Op::div: return a / b;
+    case ir::Op::max: return a > b || std::isnan(a) ? a : b;
+    default: QKV_UNREACHABLE("not a binary op");
+  }
+}
+
+}  // namespace qkv::backend

@@ -1,0 +1,188 @@
+// Vulkan start-up: instance (with validation when asked), device choice, queue, pipelines.
+#include "backends/vulkan/context.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
+#include "codegen/spirv.hpp"
+
+namespace qkv::backend {
+
+namespace {
+std::atomic<std::uint64_t> g_validation_messages{0};
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_validation_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
+                                                     const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+  if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+    ++g_validation_messages;
+    std::fprintf(stderr, "vulkan validation: %s\n", data->pMessage);
+  }
+  return VK_FALSE;
+}
+
+int device_rank(vk::PhysicalDeviceType t) {
+  switch (t) {
+    case vk::PhysicalDeviceType::eDiscreteGpu: return 0;
+    case vk::PhysicalDeviceType::eIntegratedGpu: return 1;
+    case vk::PhysicalDeviceType::eVirtualGpu: return 2;
+    case vk::PhysicalDeviceType::eCpu: return 3;
+    case vk::PhysicalDeviceType::eOther: return 4;
+  }
+  return 5;
+}
+
+const char* device_type_name(vk::PhysicalDeviceType t) {
+  switch (t) {
+    case vk::PhysicalDeviceType::eDiscreteGpu: return "discrete";
+    case vk::PhysicalDeviceType::eIntegratedGpu: return "integrated";
+    case vk::PhysicalDeviceType::eVirtualGpu: return "virtual";
+    case vk::PhysicalDeviceType::eCpu: return "cpu";
+    case vk::PhysicalDeviceType::eOther: return "other";
+  }
+  return "?";
+}
+
+constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
+
+}  // namespace
+
+std::uint64_t vulkan_validation_messages() { return g_validation_messages.load(); }
+
+VulkanOptions vulkan_options_from_env() {
+  VulkanOptions o;
+  if (const char* d = std::getenv("QKV_VULKAN_DEVICE")) o.device_filter = d;
+  if (const char* v = std::getenv("QKV_VULKAN_VALIDATION")) o.validation = std::string(v) == "1";
+  return o;
+}
+
+namespace vk_detail {
+
+namespace {
+vk::raii::Context make_loader_context() {
+  try {
+    return vk::raii::Context();
+  } catch (const std::exception& e) {
+    throw BackendError(std::string("vulkan: no Vulkan loader (install libvulkan1): ") + e.what());
+  }
+}
+}  // namespace
+
+Context::Context(const VulkanOptions& options) : context_(make_loader_context()) {
+  guarded("start-up", [&] {
+    vk::ApplicationInfo app("qkv", 1, "qkv", 1, VK_API_VERSION_1_1);
+    std::vector<const char*> layers, extensions;
+    if (options.validation) {
+      bool found = false;
+      for (const auto& l : context_.enumerateInstanceLayerProperties()) found |= std::string(l.layerName.data()) == kValidationLayer;
+      if (!found) throw BackendError("vulkan: validation requested but " + std::string(kValidationLayer) + " is not installed (vulkan-validationlayers)");
+      layers.push_back(kValidationLayer);
+      extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+    }
+    instance_ = vk::raii::Instance(context_, vk::InstanceCreateInfo({}, &app, layers, extensions));
+    if (options.validation) {
+      using S = vk::DebugUtilsMessageSeverityFlagBitsEXT;
+      using T = vk::DebugUtilsMessageTypeFlagBitsEXT;
+      messenger_ = vk::raii::DebugUtilsMessengerEXT(
+          instance_, vk::DebugUtilsMessengerCreateInfoEXT({}, S::eWarning | S::eError, T::eGeneral | T::eValidation | T::ePerformance,
+                                                          &on_validation_message));
+    }
+    vk::raii::PhysicalDevices devices(instance_);
+    int best_rank = 1 << 30;
+    for (auto& d : devices) {
+      auto props = d.getProperties();
+      std::string name(props.deviceName.data());
+      if (!options.device_filter.empty() && name.find(options.device_filter) == std::string::npos) continue;
+      bool compute = false;
+      for (const auto& q : d.getQueueFamilyProperties()) compute |= static_cast<bool>(q.queueFlags & vk::QueueFlagBits::eCompute);
+      if (!compute) continue;
+      int rank = device_rank(props.deviceType);
+      if (rank < best_rank) {
+        best_rank = rank;
+        physical_ = std::move(d);
+      }
+    }
+    if (!*physical_) {
+      if (!options.device_filter.empty())
+        throw BackendError("vulkan: no device matches QKV_VULKAN_DEVICE='" + options.device_filter + "'");
+      throw BackendError("vulkan: no Vulkan device with a compute queue (for a CPU device install mesa-vulkan-drivers)");
+    }
+    properties_ = physical_.getProperties();
+    memory_properties_ = physical_.getMemoryProperties();
+    auto families = physical_.getQueueFamilyProperties();
+    for (std::uint32_t i = 0; i < families.size(); ++i)
+      if (families[i].queueFlags & vk::QueueFlagBits::eCompute) {
+        queue_family_ = i;
+        break;
+      }
+    float priority = 1.0f;
+    vk::DeviceQueueCreateInfo queue_info({}, queue_family_, 1, &priority);
+    device_ = vk::raii::Device(physical_, vk::DeviceCreateInfo({}, queue_info));
+    queue_ = vk::raii::Queue(device_, queue_family_, 0);
+    pool_ = vk::raii::CommandPool(device_, vk::CommandPoolCreateInfo(vk::CommandPoolCreateFlagBits::eResetCommandBuffer, queue_family_));
+  });
+}
+
+std::shared_ptr<Context> Context::get(const VulkanOptions& options) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, bool>, std::weak_ptr<Context>> contexts;
+  std::lock_guard lock(mutex);
+  auto& slot = contexts[{options.device_filter, options.validation}];
+  if (auto c = slot.lock()) return c;
+  auto c = std::make_shared<Context>(options);
+  slot = c;
+  return c;
+}
+
+std::string Context::device_name() const {
+  return std::string(properties_.deviceName.data()) + " (" + device_type_name(properties_.deviceType) + ", Vulkan " +
+         std::to_string(VK_API_VERSION_MAJOR(properties_.apiVersion)) + "." + std::to_string(VK_API_VERSION_MINOR(properties_.apiVersion)) + ")";
+}
+
+Buffer Context::make_buffer(vk::DeviceSize size, vk::BufferUsageFlags usage, bool host_visible) const {
+  return guarded("buffer allocation", [&] {
+    Buffer b;
+    b.size = size < 16 ? 16 : size;
+    b.buffer = vk::raii::Buffer(device_, vk::BufferCreateInfo({}, b.size, usage, vk::SharingMode::eExclusive));
+    auto req = b.buffer.getMemoryRequirements();
+    using M = vk::MemoryPropertyFlagBits;
+    vk::MemoryPropertyFlags need = host_visible ? (M::eHostVisible | M::eHostCoherent) : vk::MemoryPropertyFlags{};
+    vk::MemoryPropertyFlags want = host_visible ? need | M::eHostCached : M::eDeviceLocal;
+    std::uint32_t type = UINT32_MAX;
+    for (auto flags : {want, need}) {
+      for (std::uint32_t i = 0; i < memory_properties_.memoryTypeCount && type == UINT32_MAX; ++i)
+        if ((req.memoryTypeBits & (1u << i)) && (memory_properties_.memoryTypes[i].propertyFlags & flags) == flags) type = i;
+      if (type != UINT32_MAX) break;
+    }
+    if (type == UINT32_MAX) throw BackendError("vulkan: no memory type for a buffer of " + std::to_string(size) + " bytes");
+    b.memory = vk::raii::DeviceMemory(device_, vk::MemoryAllocateInfo(req.size, type));
+    b.buffer.bindMemory(*b.memory, 0);
+    if (host_visible) b.mapped = b.memory.mapMemory(0, VK_WHOLE_SIZE);
+    return b;
+  });
+}
+
+const Pipeline& Context::pipeline(const codegen::KernelSource& k) {
+  std::string key = k.name + "#" + std::to_string(codegen::content_hash(k.glsl));
+  std::lock_guard lock(mutex_);
+  if (auto it = pipelines_.find(key); it != pipelines_.end()) return *it->second;
+  auto spirv = codegen::compile_spirv(k.name, k.glsl);
+  return guarded("pipeline creation", [&]() -> const Pipeline& {
+    auto p = std::make_unique<Pipeline>();
+    p->buffers = k.buffers;
+    std::vector<vk::DescriptorSetLayoutBinding> bindings;
+    for (int i = 0; i < k.buffers; ++i)
+      bindings.emplace_back(static_cast<std::uint32_t>(i), vk::DescriptorType::eStorageBuffer, 1, vk::ShaderStageFlagBits::eCompute);
+    p->set_layout = vk::raii::DescriptorSetLayout(device_, vk::DescriptorSetLayoutCreateInfo({}, bindings));
+    vk::PushConstantRange push(vk::ShaderStageFlagBits::eCompute, 0, codegen::kMaxPushWords * 4);
+    vk::DescriptorSetLayout set_layout = *p->set_layout;
+    p->layout = vk::raii::PipelineLayout(device_, vk::PipelineLayoutCreateInfo({}, set_layout, push));
+    vk::raii::ShaderModule module(device_, vk::ShaderModuleCreateInfo({}, spirv));
+    vk::PipelineShaderStageCreateInfo stage({}, vk::ShaderStageFlagBits::eCompute, *module, "main");
+    p->pipeline = vk::raii::Pipeline(device_, nullptr, vk::ComputePipelineCreateInfo({}, stage, *p->layout));
+    return *(pipelines_[key] = std::move(p));
+  });
+}
+
+}  // namespace vk_detail
+}  // namespace qkv::backend

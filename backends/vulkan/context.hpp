@@ -1,0 +1,76 @@
+// The Vulkan context shared by a backend and its executables: instance, device, queue, and the
+// pipelines of every kernel compiled so far.
+#pragma once
+
+#include <vulkan/vulkan_raii.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "backends/vulkan/vulkan_backend.hpp"
+#include "codegen/glsl.hpp"
+
+namespace qkv::backend::vk_detail {
+
+/// A compiled kernel: its descriptor layout, pipeline layout and pipeline.
+struct Pipeline {
+  vk::raii::DescriptorSetLayout set_layout{nullptr};
+  vk::raii::PipelineLayout layout{nullptr};
+  vk::raii::Pipeline pipeline{nullptr};
+  int buffers = 0;
+};
+
+/// A buffer with its memory, mapped when host-visible.
+struct Buffer {
+  vk::raii::Buffer buffer{nullptr};
+  vk::raii::DeviceMemory memory{nullptr};
+  void* mapped = nullptr;
+  vk::DeviceSize size = 0;
+};
+
+class Context {
+ public:
+  /// The process-wide context for these options, created on first use.
+  static std::shared_ptr<Context> get(const VulkanOptions& options);
+  explicit Context(const VulkanOptions& options);
+
+  const vk::raii::Device& device() const { return device_; }
+  const vk::raii::Queue& queue() const { return queue_; }
+  const vk::raii::CommandPool& command_pool() const { return pool_; }
+  const vk::PhysicalDeviceProperties& properties() const { return properties_; }
+  std::string device_name() const;
+
+  /// A buffer of `size` bytes; host-visible ones are persistently mapped. Device-local memory is
+  /// preferred for the rest.
+  Buffer make_buffer(vk::DeviceSize size, vk::BufferUsageFlags usage, bool host_visible) const;
+  /// The pipeline of a kernel, compiled on first use and cached by name and source.
+  const Pipeline& pipeline(const codegen::KernelSource& k);
+
+ private:
+  vk::raii::Context context_;
+  vk::raii::Instance instance_{nullptr};
+  vk::raii::DebugUtilsMessengerEXT messenger_{nullptr};
+  vk::raii::PhysicalDevice physical_{nullptr};
+  vk::PhysicalDeviceProperties properties_;
+  vk::PhysicalDeviceMemoryProperties memory_properties_;
+  std::uint32_t queue_family_ = 0;
+  vk::raii::Device device_{nullptr};
+  vk::raii::Queue queue_{nullptr};
+  vk::raii::CommandPool pool_{nullptr};
+  std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
+};
+
+/// Runs `f`, turning Vulkan and loader exceptions into BackendError naming the call.
+template <class F>
+auto guarded(const char* what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const vk::SystemError& e) {
+    throw BackendError(std::string("vulkan: ") + what + ": " + e.what());
+  }
+}
+
+}  // namespace qkv::backend::vk_detail

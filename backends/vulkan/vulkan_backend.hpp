@@ -1,0 +1,34 @@
+// The Vulkan backend: generated compute shaders, one command buffer per run, buffers reused.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.hpp"
+
+namespace qkv::backend {
+
+struct VulkanOptions {
+  /// Picks the device whose name contains this text (QKV_VULKAN_DEVICE); empty: the best one,
+  /// a discrete GPU first, then integrated, virtual, and the CPU (lavapipe) last.
+  std::string device_filter;
+  /// Enables VK_LAYER_KHRONOS_validation and counts its messages (QKV_VULKAN_VALIDATION=1).
+  bool validation = false;
+};
+
+/// Options from the environment variables named above.
+VulkanOptions vulkan_options_from_env();
+
+/// Starts Vulkan. Throws BackendError naming what is missing (loader, device, layer).
+std::unique_ptr<Backend> make_vulkan_backend(const VulkanOptions& options = vulkan_options_from_env());
+
+/// Every Vulkan device the loader sees, with its type ("NVIDIA H100 (discrete)"). Throws
+/// BackendError when there is no loader.
+std::vector<std::string> vulkan_devices();
+
+/// Validation-layer warnings and errors seen so far in this process (tests require none).
+std::uint64_t vulkan_validation_messages();
+
+}  // namespace qkv::backend

@@ -1,0 +1,333 @@
+// GLSL generation: one shader family per op category, elementwise expressions from one table.
+#include "codegen/glsl.hpp"
+
+#include <bit>
+
+#include "ir/error.hpp"
+
+namespace qkv::codegen {
+
+namespace {
+
+using ir::Node;
+using ir::Op;
+using ir::OpCategory;
+using ir::Shape;
+
+/// The GLSL expression of each elementwise op over operands a, b (and condition c for where).
+std::string elementwise_expr(Op op) {
+  switch (op) {
+    case Op::neg: return "-a";
+    case Op::exp: return "exp(a)";
+    case Op::log: return "log(a)";
+    case Op::sqrt: return "sqrt(a)";
+    case Op::add: return "a + b";
+    case Op::sub: return "a - b";
+    case Op::mul: return "a * b";
+    case Op::div: return "a / b";
+    case Op::max: return "(isnan(a) || a > b) ? a : b";
+    case Op::where: return "c != 0.0 ? a : b";
+    case Op::permute: return "a";
+    case Op::input:
+    case Op::constant:
+    case Op::reduce_sum:
+    case Op::reduce_max:
+    case Op::matmul:
+    case Op::reshape:
+    case Op::causal_mask:
+    case Op::softmax: break;
+  }
+  QKV_UNREACHABLE(std::string(ir::op_name(op)) + " has no elementwise expression");
+}
+
+/// Operand names in binding order for an elementwise op.
+std::vector<std::string> operand_names(Op op, int arity) {
+  if (op == Op::where) return {"c", "a", "b"};
+  if (arity == 2) return {"a", "b"};
+  return {"a"};
+}
+
+std::string header(int inputs, std::uint32_t local_x = kWorkgroupSize, std::uint32_t local_y = 1) {
+  std::string s = "#version 450\n";
+  s += "layout(local_size_x = " + std::to_string(local_x) + ", local_size_y = " + std::to_string(local_y) + ") in;\n";
+  for (int i = 0; i < inputs; ++i)
+    s += "layout(std430, binding = " + std::to_string(i) + ") readonly buffer In" + std::to_string(i) + " { float x" +
+         std::to_string(i) + "[]; };\n";
+  s += "layout(std430, binding = " + std::to_string(inputs) + ") writeonly buffer Out { float y[]; };\n";
+  s += "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
+  return s;
+}
+
+const char* kLinearIndex =
+    "  uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;\n"
+    "  if (i >= pc.p[0]) return;\n";
+
+std::array<std::uint32_t, 3> linear_groups(std::int64_t total) {
+  std::int64_t groups = (total + kWorkgroupSize - 1) / kWorkgroupSize;
+  if (groups == 0) groups = 1;
+  std::int64_t x = groups < 65535 ? groups : 65535;
+  return {static_cast<std::uint32_t>(x), static_cast<std::uint32_t>((groups + x - 1) / x), 1};
+}
+
+std::uint32_t u32(std::int64_t v) {
+  QKV_ASSERT(v >= 0 && v <= 0xffffffffll, "push constant out of range");
+  return static_cast<std::uint32_t>(v);
+}
+
+/// Elementwise family: out index -> per-operand offsets through strides (0 where broadcast).
+KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
+  int rank = n.shape.rank;
+  int arity = static_cast<int>(n.inputs.size());
+  auto names = operand_names(n.op, arity);
+  std::string s = header(arity);
+  s += "// p[0] = elements, p[1..rank] = output dims, then each operand's strides\n";
+  s += "void main() {\n" + std::string(kLinearIndex);
+  s += "  uint rem = i;\n";
+  for (int k = 0; k < arity; ++k) s += "  uint o" + std::to_string(k) + " = 0u;\n";
+  for (int d = rank - 1; d >= 0; --d) {
+    s += "  { uint idx = rem % pc.p[" + std::to_string(1 + d) + "]; rem /= pc.p[" + std::to_string(1 + d) + "];";
+    for (int k = 0; k < arity; ++k)
+      s += " o" + std::to_string(k) + " += idx * pc.p[" + std::to_string(1 + rank * (k + 1) + d) + "];";
+    s += " }\n";
+  }
+  for (int k = 0; k < arity; ++k)
+    s += "  float " + names[static_cast<std::size_t>(k)] + " = x" + std::to_string(k) + "[o" + std::to_string(k) + "];\n";
+  s += "  y[i] = " + elementwise_expr(n.op) + ";\n}\n";
+  (void)g;
+  return {std::string(ir::op_name(n.op)) + "_r" + std::to_string(rank), s, arity + 1};
+}
+
+KernelSource constant_source() {
+  std::string s = header(0) + "// p[0] = elements, p[1] = the value's float bits\nvoid main() {\n" + kLinearIndex +
+                  "  y[i] = uintBitsToFloat(pc.p[1]);\n}\n";
+  return {"constant", s, 1};
+}
+
+KernelSource causal_mask_source() {
+  std::string s = header(1) +
+                  "// p[0] = elements, p[1] = Lk, p[2] = shift (Lk - Lq for bottom-right, else 0) as int bits\n"
+                  "void main() {\n" +
+                  kLinearIndex +
+                  "  int row = int(i / pc.p[1]);\n  int col = int(i % pc.p[1]);\n"
+                  "  y[i] = col <= row + int(pc.p[2]) ? 1.0 : 0.0;\n}\n";
+  return {"causal_mask", s, 2};
+}
+
+/// Reductions and softmax over one axis, seen as [outer, n, inner]: one invocation per row.
+KernelSource axis_source(Op op) {
+  std::string s = header(1) + "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner\nvoid main() {\n" + kLinearIndex +
+                  "  uint n = pc.p[1], inner = pc.p[2];\n  uint base = (i / inner) * n * inner + i % inner;\n";
+  switch (op) {
+    case Op::reduce_sum:
+      s += "  float acc = 0.0;\n  for (uint k = 0u; k < n; ++k) acc += x0[base + k * inner];\n  y[i] = acc;\n";
+      break;
+    case Op::reduce_max:
+      s += "  float acc = uintBitsToFloat(0xff800000u);\n"
+           "  for (uint k = 0u; k < n; ++k) { float v = x0[base + k * inner]; acc = (isnan(v) || v > acc) ? v : acc; }\n"
+           "  y[i] = acc;\n";
+      break;
+    case Op::softmax:
+      s += "  float m = uintBitsToFloat(0xff800000u);\n"
+           "  for (uint k = 0u; k < n; ++k) m = max(m, x0[base + k * inner]);\n"
+           "  float total = 0.0;\n"
+           "  for (uint k = 0u; k < n; ++k) total += exp(x0[base + k * inner] - m);\n"
+           "  float inv = 1.0 / total;\n"
+           "  for (uint k = 0u; k < n; ++k) y[base + k * inner] = exp(x0[base + k * inner] - m) * inv;\n";
+      break;
+    default: QKV_UNREACHABLE("not an axis op");
+  }
+  s += "}\n";
+  return {std::string(ir::op_name(op)), s, 2};
+}
+
+constexpr int kTile = 16;
+
+/// Tiled batched matmul: 16x16 output tiles through shared memory; operand layouts (transposes)
+/// and broadcast batch strides come as push constants.
+KernelSource matmul_source(int batch_rank) {
+  const std::string br = std::to_string(batch_rank);
+  std::string s = header(2, kTile, kTile);
+  s += "// p[0..2] = M, N, K; p[3..6] = a row/col strides, b row/col strides;\n"
+       "// then " + br + " batch dims, a's and b's batch strides (elements)\n";
+  s += "shared float ta[16][16];\nshared float tb[16][16];\n";
+  s += "void main() {\n"
+       "  uint M = pc.p[0], N = pc.p[1], K = pc.p[2];\n"
+       "  uint row = gl_WorkGroupID.y * 16u + gl_LocalInvocationID.y;\n"
+       "  uint col = gl_WorkGroupID.x * 16u + gl_LocalInvocationID.x;\n"
+       "  uint batch = gl_WorkGroupID.z, rem = batch, oa = 0u, ob = 0u;\n";
+  for (int d = batch_rank - 1; d >= 0; --d) {
+    std::string dim = std::to_string(7 + d), sa = std::to_string(7 + batch_rank + d), sb = std::to_string(7 + 2 * batch_rank + d);
+    s += "  { uint idx = rem % pc.p[" + dim + "]; rem /= pc.p[" + dim + "]; oa += idx * pc.p[" + sa + "]; ob += idx * pc.p[" + sb + "]; }\n";
+  }
+  s += "  float acc = 0.0;\n"
+       "  for (uint k0 = 0u; k0 < K; k0 += 16u) {\n"
+       "    uint ka = k0 + gl_LocalInvocationID.x, kb = k0 + gl_LocalInvocationID.y;\n"
+       "    ta[gl_LocalInvocationID.y][gl_LocalInvocationID.x] = (row < M && ka < K) ? x0[oa + row * pc.p[3] + ka * pc.p[4]] : 0.0;\n"
+       "    tb[gl_LocalInvocationID.y][gl_LocalInvocationID.x] = (kb < K && col < N) ? x1[ob + kb * pc.p[5] + col * pc.p[6]] : 0.0;\n"
+       "    barrier();\n"
+       "    for (uint k = 0u; k < 16u; ++k) acc += ta[gl_LocalInvocationID.y][k] * tb[k][gl_LocalInvocationID.x];\n"
+       "    barrier();\n"
+       "  }\n"
+       "  if (row < M && col < N) y[batch * M * N + row * N + col] = acc;\n}\n";
+  return {"matmul_b" + br, s, 3};
+}
+
+}  // namespace
+
+bool has_kernel(const Node& n) { return n.op != Op::input && n.op != Op::reshape; }
+
+std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n) {
+  int words = 0;
+  switch (ir::op_info(n.op).category) {
+    case OpCategory::unary:
+    case OpCategory::binary:
+    case OpCategory::select:
+    case OpCategory::layout: words = 1 + n.shape.rank * (1 + static_cast<int>(n.inputs.size())); break;
+    case OpCategory::contract: words = 7 + 3 * (n.shape.rank - 2); break;
+    case OpCategory::source:
+    case OpCategory::reduce:
+    case OpCategory::mask: words = 3; break;
+    case OpCategory::composite: words = n.op == Op::softmax ? 3 : kMaxPushWords + 1; break;
+  }
+  (void)g;
+  if (words > kMaxPushWords)
+    return std::string(ir::op_name(n.op)) + " of rank " + std::to_string(n.shape.rank) + " needs " + std::to_string(words) +
+           " push-constant words, more than " + std::to_string(kMaxPushWords);
+  return std::nullopt;
+}
+
+KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
+  const Node& n = g.node(v);
+  switch (n.op) {
+    case Op::constant: return constant_source();
+    case Op::neg:
+    case Op::exp:
+    case Op::log:
+    case Op::sqrt:
+    case Op::add:
+    case Op::sub:
+    case Op::mul:
+    case Op::div:
+    case Op::max:
+    case Op::where:
+    case Op::permute: return elementwise_source(g, n);
+    case Op::reduce_sum:
+    case Op::reduce_max:
+    case Op::softmax: return axis_source(n.op);
+    case Op::matmul: return matmul_source(n.shape.rank - 2);
+    case Op::causal_mask: return causal_mask_source();
+    case Op::input:
+    case Op::reshape: break;
+  }
+  QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
+}
+
+KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes) {
+  const Node& n = g.node(v);
+  const Shape& os = shapes[static_cast<std::size_t>(v)];
+  auto in_shape = [&](int k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
+  KernelLaunch l;
+  auto contiguous = [](const Shape& s) {
+    std::array<std::int64_t, ir::kMaxRank> st{};
+    std::int64_t acc = 1;
+    for (int i = s.rank - 1; i >= 0; --i) {
+      st[static_cast<std::size_t>(i)] = acc;
+      acc *= s[i];
+    }
+    return st;
+  };
+  auto broadcast = [&](const Shape& in, const Shape& out) {
+    auto c = contiguous(in);
+    std::array<std::int64_t, ir::kMaxRank> st{};
+    for (int i = 0; i < out.rank; ++i) {
+      int j = i - (out.rank - in.rank);
+      st[static_cast<std::size_t>(i)] = (j < 0 || in[j] == 1) ? 0 : c[static_cast<std::size_t>(j)];
+    }
+    return st;
+  };
+  switch (n.op) {
+    case Op::constant:
+      l.push = {u32(os.numel()), std::bit_cast<std::uint32_t>(static_cast<float>(n.attrs.value))};
+      l.groups = linear_groups(os.numel());
+      return l;
+    case Op::causal_mask: {
+      std::int64_t shift = n.attrs.align == ir::CausalAlign::bottom_right ? os[1] - os[0] : 0;
+      l.push = {u32(os.numel()), u32(os[1]), static_cast<std::uint32_t>(static_cast<std::int32_t>(shift))};
+      l.groups = linear_groups(os.numel());
+      return l;
+    }
+    case Op::neg:
+    case Op::exp:
+    case Op::log:
+    case Op::sqrt:
+    case Op::add:
+    case Op::sub:
+    case Op::mul:
+    case Op::div:
+    case Op::max:
+    case Op::where:
+    case Op::permute: {
+      l.push.push_back(u32(os.numel()));
+      for (int d = 0; d < os.rank; ++d) l.push.push_back(u32(os[d]));
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+        std::array<std::int64_t, ir::kMaxRank> st{};
+        if (n.op == Op::permute) {
+          auto c = contiguous(in_shape(0));
+          for (int d = 0; d < os.rank; ++d) st[static_cast<std::size_t>(d)] = c[static_cast<std::size_t>(n.attrs.perm[static_cast<std::size_t>(d)])];
+        } else {
+          st = broadcast(in_shape(static_cast<int>(k)), os);
+        }
+        for (int d = 0; d < os.rank; ++d) l.push.push_back(u32(st[static_cast<std::size_t>(d)]));
+      }
+      l.groups = linear_groups(os.numel());
+      return l;
+    }
+    case Op::reduce_sum:
+    case Op::reduce_max:
+    case Op::softmax: {
+      const Shape& xs = in_shape(0);
+      std::int64_t outer = 1, inner = 1;
+      for (int i = 0; i < n.attrs.axis; ++i) outer *= xs[i];
+      for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
+      l.push = {u32(outer * inner), u32(xs[n.attrs.axis]), u32(inner)};
+      l.groups = linear_groups(outer * inner);
+      return l;
+    }
+    case Op::matmul: {
+      const Shape& as = in_shape(0);
+      const Shape& bs = in_shape(1);
+      bool ta = n.attrs.transpose_a, tb = n.attrs.transpose_b;
+      std::int64_t m = os.back(1), nn = os.back(0), k = ta ? as.back(1) : as.back(0);
+      l.push = {u32(m), u32(nn), u32(k), u32(ta ? 1 : k), u32(ta ? m : 1), u32(tb ? 1 : nn), u32(tb ? k : 1)};
+      Shape batch, ab, bb;
+      for (int i = 0; i + 2 < os.rank; ++i) batch.push_back(os[i]);
+      for (int i = 0; i + 2 < as.rank; ++i) ab.push_back(as[i]);
+      for (int i = 0; i + 2 < bs.rank; ++i) bb.push_back(bs[i]);
+      auto sa = broadcast(ab, batch), sb = broadcast(bb, batch);
+      for (int i = 0; i < batch.rank; ++i) l.push.push_back(u32(batch[i]));
+      for (int i = 0; i < batch.rank; ++i) l.push.push_back(u32(sa[static_cast<std::size_t>(i)] * m * k));
+      for (int i = 0; i < batch.rank; ++i) l.push.push_back(u32(sb[static_cast<std::size_t>(i)] * k * nn));
+      l.groups = {u32((nn + kTile - 1) / kTile), u32((m + kTile - 1) / kTile), u32(batch.numel())};
+      if (l.groups[0] == 0) l.groups[0] = 1;
+      if (l.groups[1] == 0) l.groups[1] = 1;
+      return l;
+    }
+    case Op::input:
+    case Op::reshape: break;
+  }
+  QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
+}
+
+std::string emit_glsl(const ir::Graph& g) {
+  std::string out;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const Node& n = g.nodes()[i];
+    if (!has_kernel(n)) continue;
+    KernelSource k = kernel_source(g, static_cast<ir::ValueId>(i));
+    out += "// ---- %" + std::to_string(i) + " = " + std::string(ir::op_name(n.op)) + " : " + g.type_string(static_cast<ir::ValueId>(i)) +
+           " (kernel " + k.name + ")\n" + k.glsl + "\n";
+  }
+  return out;
+}
+
+}  // namespace qkv::codegen

@@ -1,0 +1,42 @@
+// IR nodes to GLSL compute shaders. A shader's source depends only on the op, its attributes and
+// ranks; concrete sizes and strides travel as push constants, so one compiled shader serves
+// every shape.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.hpp"
+
+namespace qkv::codegen {
+
+/// Push constants are 32 uint words (the 128 bytes every Vulkan device offers).
+inline constexpr int kMaxPushWords = 32;
+inline constexpr std::uint32_t kWorkgroupSize = 256;
+
+struct KernelSource {
+  std::string name;  // e.g. "binary_add_r3"; equal names mean equal sources
+  std::string glsl;
+  int buffers = 0;   // storage buffer bindings: the inputs in order, then the output
+};
+
+struct KernelLaunch {
+  std::vector<std::uint32_t> push;
+  std::array<std::uint32_t, 3> groups{1, 1, 1};
+};
+
+/// Whether a node runs as a kernel (inputs are uploaded; reshapes alias their operand).
+bool has_kernel(const ir::Node& n);
+/// Why the Vulkan code generator cannot handle a node, or nullopt when it can.
+std::optional<std::string> unsupported_reason(const ir::Graph& g, const ir::Node& n);
+/// The shader of node `v`.
+KernelSource kernel_source(const ir::Graph& g, ir::ValueId v);
+/// Push constants and workgroup counts of node `v` for concrete shapes (one per node).
+KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes);
+/// Every kernel of a graph, each headed by the node it computes: what `qkv dump --glsl` prints.
+std::string emit_glsl(const ir::Graph& g);
+
+}  // namespace qkv::codegen

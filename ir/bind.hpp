@@ -1,0 +1,25 @@
+// Binding a graph's symbolic dims to the shapes of the tensors it runs on.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/graph.hpp"
+#include "ir/tensor.hpp"
+
+namespace qkv::ir {
+
+/// The concrete shape of every node when the graph runs on `inputs`. Checks that every input is
+/// given with its declared dtype and rank, that static dims match, that each symbol gets one
+/// value, and re-runs each node's shape rule on the concrete shapes. Throws ShapeError naming
+/// the tensor, op and dims; extra tensors the graph has no input for are an error too.
+std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs);
+
+/// Row-major element count of a concrete shape.
+inline std::int64_t numel(const Shape& s) { return s.numel(); }
+
+/// std::vector form of a concrete shape.
+std::vector<std::int64_t> to_vector(const Shape& s);
+
+}  // namespace qkv::ir

@@ -1,0 +1,41 @@
+// Decompositions of composite ops, one case per composite in ops.def.
+#include "ir/decompositions.hpp"
+
+#include "ir/error.hpp"
+
+namespace qkv::ir {
+
+ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
+  switch (n.op) {
+    case Op::softmax: {
+      // softmax(x) = exp(x - max(x)) / sum(exp(x - max(x))): subtracting the max keeps exp <= 1.
+      Attrs reduce;
+      reduce.axis = n.attrs.axis;
+      reduce.keepdim = true;
+      ValueId m = g.add(Op::reduce_max, {in[0]}, reduce);
+      ValueId e = g.add(Op::exp, {g.add(Op::sub, {in[0], m})});
+      return g.add(Op::div, {e, g.add(Op::reduce_sum, {e}, reduce)});
+    }
+    case Op::input:
+    case Op::constant:
+    case Op::neg:
+    case Op::exp:
+    case Op::log:
+    case Op::sqrt:
+    case Op::add:
+    case Op::sub:
+    case Op::mul:
+    case Op::div:
+    case Op::max:
+    case Op::where:
+    case Op::reduce_sum:
+    case Op::reduce_max:
+    case Op::matmul:
+    case Op::permute:
+    case Op::reshape:
+    case Op::causal_mask: break;
+  }
+  QKV_UNREACHABLE(std::string(op_name(n.op)) + " is not a composite");
+}
+
+}  // namespace qkv::ir

@@ -1,0 +1,55 @@
+// The qkv error family (user errors) and QKV_ASSERT / QKV_UNREACHABLE (our own bugs).
+#pragma once
+
+#include <source_location>
+#include <stdexcept>
+#include <string>
+
+namespace qkv {
+
+/// Base of every error qkv reports to users. Messages are lowercase and name op, tensor and dims.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+/// Shapes or dtypes that do not fit an op, or inputs that do not fit a graph.
+class ShapeError : public Error {
+ public:
+  using Error::Error;
+};
+/// A backend or device cannot do what was asked (an op it does not support, a missing device).
+class UnsupportedError : public Error {
+ public:
+  using Error::Error;
+};
+/// A backend failed while starting or running (a Vulkan call, a shader compile).
+class BackendError : public Error {
+ public:
+  using Error::Error;
+};
+/// Files that cannot be read, written or parsed.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+/// IR text that does not parse, or a graph that does not verify.
+class IrError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+[[noreturn]] void assert_failed(const char* cond, const std::string& message,
+                                std::source_location where = std::source_location::current());
+}  // namespace detail
+
+}  // namespace qkv
+
+/// Checks an invariant of qkv itself; a failure is a bug in qkv, never a user error.
+#define QKV_ASSERT(cond, message)                                 \
+  do {                                                            \
+    if (!(cond)) ::qkv::detail::assert_failed(#cond, (message)); \
+  } while (false)
+
+/// Marks code after an exhaustive switch.
+#define QKV_UNREACHABLE(message) ::qkv::detail::assert_failed("unreachable", (message))

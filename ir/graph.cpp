@@ -1,0 +1,170 @@
+// Graph construction with inference and structural sharing.
+#include "ir/graph.hpp"
+
+#include <functional>
+
+#include "ir/error.hpp"
+
+namespace qkv::ir {
+
+namespace {
+void hash_mix(std::size_t& h, std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); }
+}  // namespace
+
+std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a) {
+  std::size_t h = static_cast<std::size_t>(op);
+  for (ValueId v : inputs) hash_mix(h, static_cast<std::size_t>(v));
+  hash_mix(h, static_cast<std::size_t>(a.axis));
+  hash_mix(h, (a.keepdim ? 1u : 0u) | (a.transpose_a ? 2u : 0u) | (a.transpose_b ? 4u : 0u));
+  hash_mix(h, static_cast<std::size_t>(a.align));
+  for (int i = 0; i < a.shape.rank; ++i) hash_mix(h, static_cast<std::size_t>(a.shape[i]));
+  for (auto p : a.perm) hash_mix(h, static_cast<std::size_t>(p));
+  hash_mix(h, std::hash<double>{}(a.value));
+  return h;
+}
+
+Dim Graph::symbol(std::string_view name) {
+  Dim id = symbol_id(name);
+  auto [it, inserted] = symbols_.emplace(id, std::string(name));
+  if (!inserted && it->second != name)
+    throw IrError("dim names '" + it->second + "' and '" + std::string(name) + "' collide");
+  return id;
+}
+
+std::string Graph::dim_name(Dim d) const {
+  if (!is_symbol(d)) return std::to_string(d);
+  auto it = symbols_.find(d);
+  return it == symbols_.end() ? "?" + std::to_string(-d) : it->second;
+}
+
+std::string Graph::type_string(DType dtype, const Shape& shape) const {
+  std::string s(dtype_name(dtype));
+  s += '[';
+  for (int i = 0; i < shape.rank; ++i) {
+    if (i) s += ',';
+    s += dim_name(shape[i]);
+  }
+  return s + ']';
+}
+
+ValueId Graph::add_input(std::string_view name, DType dtype, const Shape& shape) {
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = nodes_[i];
+    if (n.op != Op::input || n.name != name) continue;
+    if (n.dtype != dtype || !(n.shape == shape))
+      throw ShapeError("input '" + std::string(name) + "' declared twice: " + type_string(n.dtype, n.shape) +
+                       " and " + type_string(dtype, shape));
+    return static_cast<ValueId>(i);
+  }
+  Node n;
+  n.op = Op::input;
+  n.attrs.shape = shape;
+  n.attrs.dtype = dtype;
+  n.dtype = dtype;
+  n.shape = shape;
+  n.name = std::string(name);
+  return append_unchecked(std::move(n));
+}
+
+ValueId Graph::constant(double value, const Shape& shape) {
+  Attrs a;
+  a.value = value;
+  a.shape = shape;
+  return add(Op::constant, {}, a);
+}
+
+std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<std::string>& types) {
+  std::string m(op_name(op));
+  m += ": ";
+  m += shape_err_name(r.error);
+  auto operand = [&](int i) {
+    return i < static_cast<int>(types.size()) ? types[static_cast<std::size_t>(i)] : std::string("?");
+  };
+  switch (r.error) {
+    case ShapeErr::none: break;
+    case ShapeErr::inner_dims_differ:
+    case ShapeErr::not_broadcastable:
+    case ShapeErr::element_count_differs:
+      m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + ")";
+      break;
+    case ShapeErr::axis_out_of_range: m += " (axis " + std::to_string(r.lhs) + " for rank " + std::to_string(r.rhs) + ")"; break;
+    case ShapeErr::bad_permutation: m += " (entry " + std::to_string(r.lhs) + " for rank " + std::to_string(r.rhs) + ")"; break;
+    case ShapeErr::rank_too_small: m += " (operand " + std::to_string(r.operand) + " has rank " + std::to_string(r.lhs) + ", needs " + std::to_string(r.rhs) + ")"; break;
+    case ShapeErr::rank_too_large: m += " (" + std::to_string(r.lhs) + ")"; break;
+    case ShapeErr::not_float:
+    case ShapeErr::not_bool:
+    case ShapeErr::dtypes_differ: m += " (operand " + std::to_string(r.operand) + " is " + operand(r.operand) + ")"; break;
+  }
+  if (!types.empty()) {
+    m += "; operands ";
+    for (std::size_t i = 0; i < types.size(); ++i) m += (i ? ", " : "") + types[i];
+  }
+  return m;
+}
+
+ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
+  QKV_ASSERT(op != Op::input, "use add_input for inputs");
+  const OpInfo& info = op_info(op);
+  if (static_cast<int>(inputs.size()) != info.arity)
+    throw IrError(std::string(info.name) + ": expects " + std::to_string(info.arity) + " inputs, got " +
+                  std::to_string(inputs.size()));
+  std::vector<Operand> operands;
+  for (ValueId v : inputs) {
+    if (v < 0 || static_cast<std::size_t>(v) >= nodes_.size())
+      throw IrError(std::string(info.name) + ": operand %" + std::to_string(v) + " does not exist");
+    operands.push_back({node(v).shape, node(v).dtype});
+  }
+  if (info.attrs & kAttrAxis) {
+    int rank = operands.empty() ? 0 : operands[0].shape.rank;
+    if (attrs.axis < 0) attrs.axis += rank;
+  }
+  ShapeResult r = infer_shape(op, operands, attrs);
+  if (!r.ok()) {
+    std::vector<std::string> types;
+    for (ValueId v : inputs) types.push_back(type_string(v));
+    throw ShapeError(shape_error_message(op, r, types));
+  }
+  std::size_t h = node_hash(op, inputs, attrs);
+  auto [lo, hi] = index_.equal_range(h);
+  for (auto it = lo; it != hi; ++it) {
+    const Node& n = node(it->second);
+    if (n.op == op && n.inputs == inputs && n.attrs == attrs) return it->second;
+  }
+  Node n;
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.attrs = attrs;
+  n.dtype = r.dtype;
+  n.shape = r.shape;
+  ValueId id = append_unchecked(std::move(n));
+  index_.emplace(h, id);
+  return id;
+}
+
+ValueId Graph::append_unchecked(Node n) {
+  nodes_.push_back(std::move(n));
+  return static_cast<ValueId>(nodes_.size() - 1);
+}
+
+void Graph::set_output(std::string_view name, ValueId value) {
+  if (value < 0 || static_cast<std::size_t>(value) >= nodes_.size())
+    throw IrError("output '" + std::string(name) + "' names a value that does not exist");
+  for (const auto& [n, v] : outputs_)
+    if (n == name) throw IrError("output '" + std::string(name) + "' is named twice");
+  outputs_.emplace_back(std::string(name), value);
+}
+
+std::vector<ValueId> Graph::inputs() const {
+  std::vector<ValueId> r;
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    if (nodes_[i].op == Op::input) r.push_back(static_cast<ValueId>(i));
+  return r;
+}
+
+ValueId Graph::output(std::string_view name) const {
+  for (const auto& [n, v] : outputs_)
+    if (n == name) return v;
+  throw IrError("graph has no output '" + std::string(name) + "'");
+}
+
+}  // namespace qkv::ir

@@ -1,0 +1,76 @@
+// ir::Graph: values in topological order, named inputs and outputs, symbolic dims.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ir/op.hpp"
+#include "ir/op_rules.hpp"
+
+namespace qkv::ir {
+
+using ValueId = std::int32_t;
+
+/// One node: an op applied to earlier values. Each node defines one value.
+struct Node {
+  Op op = Op::input;
+  std::vector<ValueId> inputs;
+  Attrs attrs;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::string name;  // inputs: the input's name; otherwise empty
+};
+
+/// A dataflow graph in SSA form. Nodes are appended in topological order; `add` infers shape
+/// and dtype with the registry's rules (throwing ShapeError) and shares structurally equal
+/// nodes, so building a graph never creates a common subexpression twice.
+class Graph {
+ public:
+  /// Declares a named dim and returns its symbol.
+  Dim symbol(std::string_view name);
+  /// Adds a named input; adding the same name again with the same type returns the same value.
+  ValueId add_input(std::string_view name, DType dtype, const Shape& shape);
+  /// Adds a node, or returns an existing equal one.
+  ValueId add(Op op, std::vector<ValueId> inputs, Attrs attrs = {});
+  ValueId constant(double value, const Shape& shape = {});
+  /// Names `value` as an output; names are unique.
+  void set_output(std::string_view name, ValueId value);
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const Node& node(ValueId v) const { return nodes_.at(static_cast<std::size_t>(v)); }
+  std::size_t size() const { return nodes_.size(); }
+  /// Input values in the order they were added.
+  std::vector<ValueId> inputs() const;
+  const std::vector<std::pair<std::string, ValueId>>& outputs() const { return outputs_; }
+  ValueId output(std::string_view name) const;
+  const std::map<Dim, std::string>& symbols() const { return symbols_; }
+
+  /// "N" for a symbol, "64" for a size.
+  std::string dim_name(Dim d) const;
+  /// "f32[B,N,64]".
+  std::string type_string(DType dtype, const Shape& shape) const;
+  std::string type_string(ValueId v) const { return type_string(node(v).dtype, node(v).shape); }
+
+  /// Appends a node without inference or sharing; the verifier checks it. For parsers and passes.
+  ValueId append_unchecked(Node n);
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<std::pair<std::string, ValueId>> outputs_;
+  std::map<Dim, std::string> symbols_;
+  std::unordered_multimap<std::size_t, ValueId> index_;
+};
+
+/// The one-line message for a rule failure: "matmul: inner dimensions differ (64 vs 8)".
+std::string shape_error_message(Op op, const ShapeResult& r,
+                                const std::vector<std::string>& operand_types);
+
+/// Hash of a node's op, inputs and attributes (for structural sharing).
+std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a);
+
+}  // namespace qkv::ir

@@ -1,0 +1,93 @@
+// Ops, their attributes and their registry entries, generated from ops.def.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "ir/dtype.hpp"
+#include "ir/shape.hpp"
+
+namespace qkv::ir {
+
+enum class Op : std::uint8_t {
+#define QKV_OP(id, arity, category, attrs, doc) id,
+#include "ir/ops.def"
+#undef QKV_OP
+};
+
+inline constexpr int kNumOps = 0
+#define QKV_OP(id, arity, category, attrs, doc) +1
+#include "ir/ops.def"
+#undef QKV_OP
+    ;
+
+enum class OpCategory : std::uint8_t {
+  source, unary, binary, select, reduce, contract, layout, mask, composite
+};
+
+/// Which attribute fields an op reads (and prints).
+enum AttrFlag : std::uint32_t {
+  kAttrAxis = 1u << 0,
+  kAttrKeepdim = 1u << 1,
+  kAttrTranspose = 1u << 2,
+  kAttrPerm = 1u << 3,
+  kAttrShape = 1u << 4,
+  kAttrValue = 1u << 5,
+  kAttrDtype = 1u << 6,
+  kAttrAlign = 1u << 7,
+};
+
+enum class CausalAlign : std::uint8_t { top_left, bottom_right };
+
+/// Attributes of a node. One flat literal struct: each op reads the fields its registry entry
+/// names; the others keep their defaults so that equal nodes compare equal.
+struct Attrs {
+  int axis = 0;
+  bool keepdim = true;
+  bool transpose_a = false;
+  bool transpose_b = false;
+  CausalAlign align = CausalAlign::top_left;
+  std::array<std::int8_t, kMaxRank> perm{};
+  Shape shape{};
+  DType dtype = DType::f32;
+  double value = 0.0;
+
+  friend constexpr bool operator==(const Attrs& a, const Attrs& b) {
+    return a.axis == b.axis && a.keepdim == b.keepdim && a.transpose_a == b.transpose_a &&
+           a.transpose_b == b.transpose_b && a.align == b.align && a.perm == b.perm &&
+           a.shape == b.shape && a.dtype == b.dtype &&
+           (a.value == b.value || (a.value != a.value && b.value != b.value));
+  }
+};
+
+struct OpInfo {
+  std::string_view name;
+  int arity;
+  OpCategory category;
+  std::uint32_t attrs;
+  std::string_view doc;
+};
+
+inline constexpr std::array<OpInfo, kNumOps> kOpInfos = {{
+#define QKV_OP(id, arity, category, attrs, doc) {#id, arity, OpCategory::category, attrs, doc},
+#include "ir/ops.def"
+#undef QKV_OP
+}};
+
+constexpr const OpInfo& op_info(Op op) { return kOpInfos[static_cast<std::size_t>(op)]; }
+constexpr std::string_view op_name(Op op) { return op_info(op).name; }
+constexpr bool is_elementwise(Op op) {
+  auto c = op_info(op).category;
+  return c == OpCategory::unary || c == OpCategory::binary || c == OpCategory::select;
+}
+
+/// All ops, in registry order.
+constexpr std::array<Op, kNumOps> all_ops() {
+  std::array<Op, kNumOps> ops{};
+  for (int i = 0; i < kNumOps; ++i) ops[static_cast<std::size_t>(i)] = static_cast<Op>(i);
+  return ops;
+}
+
+}  // namespace qkv::ir

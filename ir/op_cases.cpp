@@ -1,0 +1,107 @@
+// Test cases of every op: broadcasting, odd sizes, every axis and attribute.
+#include "ir/op_cases.hpp"
+
+namespace qkv::ir {
+
+namespace {
+
+Attrs axis(int a, bool keepdim = true) {
+  Attrs r;
+  r.axis = a;
+  r.keepdim = keepdim;
+  return r;
+}
+Attrs transpose(bool ta, bool tb) {
+  Attrs r;
+  r.transpose_a = ta;
+  r.transpose_b = tb;
+  return r;
+}
+Attrs perm(std::initializer_list<int> p) {
+  Attrs r;
+  int i = 0;
+  for (int v : p) r.perm[static_cast<std::size_t>(i++)] = static_cast<std::int8_t>(v);
+  return r;
+}
+Attrs shape(std::initializer_list<Dim> s, double value = 0.0) {
+  Attrs r;
+  r.shape = Shape(s);
+  r.value = value;
+  return r;
+}
+Attrs align(CausalAlign a) {
+  Attrs r;
+  r.align = a;
+  return r;
+}
+
+std::vector<OpCase> unary(Fill fill) {
+  return {{"3x5", {{{3, 5}, fill}}, {}}, {"2x3x17", {{{2, 3, 17}, fill}}, {}}, {"scalar", {{{}, fill}}, {}}};
+}
+std::vector<OpCase> binary(Fill rhs = Fill::normal) {
+  return {{"same 4x7", {{{4, 7}}, {{4, 7}, rhs}}, {}},
+          {"row broadcast", {{{3, 4, 5}}, {{1, 5}, rhs}}, {}},
+          {"both broadcast", {{{3, 1, 5}}, {{4, 1}, rhs}}, {}},
+          {"scalar rhs", {{{2, 6}}, {{}, rhs}}, {}}};
+}
+
+}  // namespace
+
+std::vector<OpCase> op_cases(Op op) {
+  switch (op) {
+    case Op::input: return {{"2x3", {}, shape({2, 3})}};
+    case Op::constant: return {{"scalar", {}, shape({}, 0.125)}, {"2x3 fill", {}, shape({2, 3}, -1.5)}};
+    case Op::neg:
+    case Op::exp: return unary(Fill::normal);
+    case Op::log:
+    case Op::sqrt: return unary(Fill::positive);
+    case Op::add:
+    case Op::sub:
+    case Op::mul:
+    case Op::max: return binary();
+    case Op::div: return binary(Fill::positive);
+    case Op::where:
+      return {{"same", {{{3, 4}, Fill::boolean}, {{3, 4}}, {{3, 4}}}, {}},
+              {"broadcast mask", {{{4, 5}, Fill::boolean}, {{2, 4, 5}}, {{}}}, {}}};
+    case Op::reduce_sum:
+    case Op::reduce_max:
+      return {{"last axis", {{{3, 33}}}, axis(1)},
+              {"first axis", {{{5, 4}}}, axis(0)},
+              {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}};
+    case Op::matmul:
+      return {{"2d", {{{5, 7}}, {{7, 3}}}, {}},
+              {"batched", {{{2, 3, 4}}, {{2, 4, 6}}}, {}},
+              {"broadcast batch", {{{2, 1, 3, 8}}, {{3, 8, 5}}}, {}},
+              {"transpose b", {{{2, 6, 9}}, {{2, 5, 9}}}, transpose(false, true)},
+              {"transpose a", {{{9, 6}}, {{9, 5}}}, transpose(true, false)},
+              {"transpose both odd", {{{3, 17, 19}}, {{3, 23, 17}}}, transpose(true, true)},
+              {"tile edges 33x65x31", {{{33, 65}}, {{65, 31}}}, {}}};
+    case Op::permute:
+      return {{"2d transpose", {{{3, 5}}}, perm({1, 0})}, {"4d heads", {{{2, 3, 4, 5}}}, perm({0, 2, 1, 3})}};
+    case Op::reshape: return {{"split", {{{4, 6}}}, shape({2, 2, 6})}, {"flatten", {{{2, 3, 4}}}, shape({24})}};
+    case Op::causal_mask:
+      return {{"square", {{{2, 5, 5}}}, align(CausalAlign::top_left)},
+              {"top-left Lq<Lk", {{{3, 6}}}, align(CausalAlign::top_left)},
+              {"bottom-right Lq<Lk", {{{3, 6}}}, align(CausalAlign::bottom_right)}};
+    case Op::softmax:
+      return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}, {"rows of 300", {{{2, 300}}}, axis(1)}};
+  }
+  return {};
+}
+
+Graph case_graph(Op op, const OpCase& c) {
+  Graph g;
+  std::vector<ValueId> ins;
+  for (std::size_t i = 0; i < c.inputs.size(); ++i) {
+    Shape s;
+    for (auto d : c.inputs[i].shape) s.push_back(d);
+    ins.push_back(g.add_input("x" + std::to_string(i), c.inputs[i].fill == Fill::boolean ? DType::boolean : DType::f32, s));
+  }
+  ValueId out = 0;
+  if (op == Op::input) out = g.add_input("x0", c.attrs.dtype, c.attrs.shape);
+  else out = g.add(op, ins, c.attrs);
+  g.set_output("out", out);
+  return g;
+}
+
+}  // namespace qkv::ir

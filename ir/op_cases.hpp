@@ -1,0 +1,31 @@
+// The cases the conformance and gradient tests sweep for each op in the registry.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/graph.hpp"
+
+namespace qkv::ir {
+
+/// How a case's input is filled.
+enum class Fill { normal, positive, boolean };
+
+struct CaseInput {
+  std::vector<std::int64_t> shape;
+  Fill fill = Fill::normal;
+};
+
+struct OpCase {
+  std::string label;
+  std::vector<CaseInput> inputs;  // one per operand, named x0, x1, ...
+  Attrs attrs;
+};
+
+/// The cases of `op` (at least one for every op; see op_cases.cpp).
+std::vector<OpCase> op_cases(Op op);
+
+/// A graph applying `op` to inputs x0.. of the case's shapes, with one output "out".
+Graph case_graph(Op op, const OpCase& c);
+
+}  // namespace qkv::ir

@@ -1,0 +1,221 @@
+// Shape and dtype rules of every op, usable in constant expressions: the DSL evaluates them at
+// compile time on static dims, the graph builder at run time, with the same code.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "ir/op.hpp"
+
+namespace qkv::ir {
+
+/// Why a shape or dtype rule rejected its operands.
+enum class ShapeErr : std::uint8_t {
+  none,
+  rank_too_small,       // operand `operand` has rank `lhs`, the op needs at least `rhs`
+  rank_too_large,       // the result would have rank `lhs` > kMaxRank
+  inner_dims_differ,    // matmul: contraction dims `lhs` vs `rhs`
+  not_broadcastable,    // dims `lhs` vs `rhs` at result axis `axis`
+  axis_out_of_range,    // axis `lhs` for rank `rhs`
+  bad_permutation,      // perm is not a permutation of 0..rank-1
+  element_count_differs,// reshape: `lhs` elements into `rhs`
+  not_float,            // operand `operand` must be f32 or f64
+  not_bool,             // operand `operand` (a condition) must be bool
+  dtypes_differ,        // operands of one computation must share a dtype
+};
+
+constexpr std::string_view shape_err_name(ShapeErr e) {
+  switch (e) {
+    case ShapeErr::none: return "none";
+    case ShapeErr::rank_too_small: return "rank too small";
+    case ShapeErr::rank_too_large: return "rank too large";
+    case ShapeErr::inner_dims_differ: return "inner dimensions differ";
+    case ShapeErr::not_broadcastable: return "shapes do not broadcast";
+    case ShapeErr::axis_out_of_range: return "axis out of range";
+    case ShapeErr::bad_permutation: return "not a permutation";
+    case ShapeErr::element_count_differs: return "element count differs";
+    case ShapeErr::not_float: return "operand is not a float tensor";
+    case ShapeErr::not_bool: return "condition is not a bool tensor";
+    case ShapeErr::dtypes_differ: return "dtypes differ";
+  }
+  return "?";
+}
+
+struct Operand {
+  Shape shape;
+  DType dtype = DType::f32;
+};
+
+/// The result of a rule: a shape and dtype, or an error with the dims that caused it.
+struct ShapeResult {
+  Shape shape{};
+  DType dtype = DType::f32;
+  ShapeErr error = ShapeErr::none;
+  Dim lhs = 0;
+  Dim rhs = 0;
+  int operand = 0;
+  int axis = 0;
+  constexpr bool ok() const { return error == ShapeErr::none; }
+};
+
+namespace rules {
+
+constexpr ShapeResult fail(ShapeErr e, Dim lhs = 0, Dim rhs = 0, int operand = 0, int axis = 0) {
+  ShapeResult r;
+  r.error = e;
+  r.lhs = lhs;
+  r.rhs = rhs;
+  r.operand = operand;
+  r.axis = axis;
+  return r;
+}
+
+constexpr int normalize_axis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
+
+/// NumPy broadcasting of any number of shapes (right-aligned; 1 stretches).
+constexpr ShapeResult broadcast(std::span<const Operand> in) {
+  int rank = 0;
+  for (const auto& o : in) rank = o.shape.rank > rank ? o.shape.rank : rank;
+  ShapeResult r;
+  r.shape.rank = rank;
+  for (int i = 0; i < rank; ++i) {
+    Dim out = 1;
+    for (const auto& o : in) {
+      int j = i - (rank - o.shape.rank);
+      if (j < 0) continue;
+      Dim d = o.shape[j];
+      if (d == 1) continue;
+      if (out == 1) {
+        out = d;
+      } else if (!dims_compatible(out, d)) {
+        return fail(ShapeErr::not_broadcastable, out, d, 0, i);
+      } else {
+        out = unify_dims(out, d);
+      }
+    }
+    r.shape[i] = out;
+  }
+  return r;
+}
+
+constexpr ShapeResult require_float(std::span<const Operand> in, int first) {
+  for (int i = first; i < static_cast<int>(in.size()); ++i) {
+    if (!is_float(in[static_cast<std::size_t>(i)].dtype)) return fail(ShapeErr::not_float, 0, 0, i);
+    if (in[static_cast<std::size_t>(i)].dtype != in[static_cast<std::size_t>(first)].dtype)
+      return fail(ShapeErr::dtypes_differ, 0, 0, i);
+  }
+  return {};
+}
+
+constexpr ShapeResult elementwise(std::span<const Operand> in) {
+  if (auto r = require_float(in, 0); !r.ok()) return r;
+  ShapeResult r = broadcast(in);
+  r.dtype = in[0].dtype;
+  return r;
+}
+
+constexpr ShapeResult select(std::span<const Operand> in) {
+  if (in[0].dtype != DType::boolean) return fail(ShapeErr::not_bool, 0, 0, 0);
+  if (auto r = require_float(in, 1); !r.ok()) return r;
+  ShapeResult r = broadcast(in);
+  r.dtype = in[1].dtype;
+  return r;
+}
+
+constexpr ShapeResult reduce(const Operand& x, const Attrs& a) {
+  if (!is_float(x.dtype)) return fail(ShapeErr::not_float);
+  int ax = normalize_axis(a.axis, x.shape.rank);
+  if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
+  ShapeResult r;
+  r.dtype = x.dtype;
+  for (int i = 0; i < x.shape.rank; ++i) {
+    if (i != ax) r.shape.push_back(x.shape[i]);
+    else if (a.keepdim) r.shape.push_back(1);
+  }
+  return r;
+}
+
+constexpr ShapeResult softmax(const Operand& x, const Attrs& a) {
+  if (!is_float(x.dtype)) return fail(ShapeErr::not_float);
+  int ax = normalize_axis(a.axis, x.shape.rank);
+  if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
+  return {x.shape, x.dtype};
+}
+
+constexpr ShapeResult matmul(std::span<const Operand> in, const Attrs& at) {
+  if (auto r = require_float(in, 0); !r.ok()) return r;
+  const Shape& a = in[0].shape;
+  const Shape& b = in[1].shape;
+  if (a.rank < 2) return fail(ShapeErr::rank_too_small, a.rank, 2, 0);
+  if (b.rank < 2) return fail(ShapeErr::rank_too_small, b.rank, 2, 1);
+  Dim m = at.transpose_a ? a.back(0) : a.back(1);
+  Dim ka = at.transpose_a ? a.back(1) : a.back(0);
+  Dim kb = at.transpose_b ? b.back(0) : b.back(1);
+  Dim n = at.transpose_b ? b.back(1) : b.back(0);
+  if (!dims_compatible(ka, kb)) return fail(ShapeErr::inner_dims_differ, ka, kb);
+  Operand batch[2] = {{{}, in[0].dtype}, {{}, in[1].dtype}};
+  for (int i = 0; i + 2 < a.rank; ++i) batch[0].shape.push_back(a[i]);
+  for (int i = 0; i + 2 < b.rank; ++i) batch[1].shape.push_back(b[i]);
+  ShapeResult r = broadcast(batch);
+  if (!r.ok()) return r;
+  r.shape.push_back(m);
+  r.shape.push_back(n);
+  r.dtype = in[0].dtype;
+  return r;
+}
+
+constexpr ShapeResult permute(const Operand& x, const Attrs& a) {
+  ShapeResult r;
+  r.dtype = x.dtype;
+  bool seen[kMaxRank] = {};
+  for (int i = 0; i < x.shape.rank; ++i) {
+    int p = a.perm[static_cast<std::size_t>(i)];
+    if (p < 0 || p >= x.shape.rank || seen[p]) return fail(ShapeErr::bad_permutation, p, x.shape.rank);
+    seen[p] = true;
+    r.shape.push_back(x.shape[p]);
+  }
+  return r;
+}
+
+constexpr ShapeResult reshape(const Operand& x, const Attrs& a) {
+  if (x.shape.is_static() && a.shape.is_static() && x.shape.numel() != a.shape.numel())
+    return fail(ShapeErr::element_count_differs, x.shape.numel(), a.shape.numel());
+  return {a.shape, x.dtype};
+}
+
+constexpr ShapeResult causal_mask(const Operand& x) {
+  if (x.shape.rank < 2) return fail(ShapeErr::rank_too_small, x.shape.rank, 2, 0);
+  return {Shape{x.shape.back(1), x.shape.back(0)}, DType::boolean};
+}
+
+}  // namespace rules
+
+/// Shape and dtype of `op` applied to `in` (in.size() == arity) with attributes `a`.
+constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attrs& a) {
+  ShapeResult r;
+  switch (op) {
+    case Op::input: r = {a.shape, a.dtype}; break;
+    case Op::constant: r = {a.shape, DType::f32}; break;
+    case Op::neg:
+    case Op::exp:
+    case Op::log:
+    case Op::sqrt:
+    case Op::add:
+    case Op::sub:
+    case Op::mul:
+    case Op::div:
+    case Op::max: r = rules::elementwise(in); break;
+    case Op::where: r = rules::select(in); break;
+    case Op::reduce_sum:
+    case Op::reduce_max: r = rules::reduce(in[0], a); break;
+    case Op::matmul: r = rules::matmul(in, a); break;
+    case Op::permute: r = rules::permute(in[0], a); break;
+    case Op::reshape: r = rules::reshape(in[0], a); break;
+    case Op::causal_mask: r = rules::causal_mask(in[0]); break;
+    case Op::softmax: r = rules::softmax(in[0], a); break;
+  }
+  if (r.ok() && r.shape.rank > kMaxRank) return rules::fail(ShapeErr::rank_too_large, r.shape.rank);
+  return r;
+}
+
+}  // namespace qkv::ir

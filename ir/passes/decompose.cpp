@@ -1,0 +1,14 @@
+// Decomposition of the composites a backend does not implement directly.
+#include "ir/decompositions.hpp"
+#include "ir/passes/passes.hpp"
+
+namespace qkv::ir {
+
+Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)>& keep) {
+  return rebuild(g, [&](Graph& out, const Node& n, std::span<const ValueId> inputs) -> ValueId {
+    if (!is_composite(n.op) || keep(n)) return -1;
+    return decompose(out, n, inputs);
+  });
+}
+
+}  // namespace qkv::ir

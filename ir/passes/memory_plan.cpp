@@ -1,0 +1,53 @@
+// First-fit memory planning over value lifetimes.
+#include "ir/passes/memory_plan.hpp"
+
+#include <algorithm>
+
+namespace qkv::ir {
+
+MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
+                       std::int64_t alignment) {
+  const std::size_t n = g.size();
+  MemoryPlan plan;
+  plan.offset.assign(n, -1);
+  plan.storage_of.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Node& node = g.nodes()[i];
+    plan.storage_of[i] = node.op == Op::reshape ? plan.storage_of[static_cast<std::size_t>(node.inputs[0])] : static_cast<ValueId>(i);
+  }
+  // Last reader of each storage root; outputs are read at the end.
+  std::vector<std::size_t> last_use(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    last_use[static_cast<std::size_t>(plan.storage_of[i])] = std::max(last_use[static_cast<std::size_t>(plan.storage_of[i])], i);
+    for (ValueId v : g.nodes()[i].inputs) {
+      auto root = static_cast<std::size_t>(plan.storage_of[static_cast<std::size_t>(v)]);
+      last_use[root] = std::max(last_use[root], i);
+    }
+  }
+  for (const auto& [name, v] : g.outputs()) last_use[static_cast<std::size_t>(plan.storage_of[static_cast<std::size_t>(v)])] = n;
+
+  struct Block {
+    std::int64_t offset, size;
+    std::size_t until;
+  };
+  std::vector<Block> live;
+  auto round_up = [&](std::int64_t x) { return (x + alignment - 1) / alignment * alignment; };
+  for (std::size_t i = 0; i < n; ++i) {
+    std::erase_if(live, [&](const Block& b) { return b.until < i; });
+    const Node& node = g.nodes()[i];
+    if (plan.storage_of[i] != static_cast<ValueId>(i) || in_place(node)) continue;
+    std::int64_t size = round_up(std::max<std::int64_t>(bytes[i], 1));
+    std::sort(live.begin(), live.end(), [](const Block& a, const Block& b) { return a.offset < b.offset; });
+    std::int64_t at = 0;
+    for (const Block& b : live) {
+      if (at + size <= b.offset) break;
+      at = std::max(at, round_up(b.offset + b.size));
+    }
+    plan.offset[i] = at;
+    live.push_back({at, size, last_use[i]});
+    plan.total_bytes = std::max(plan.total_bytes, at + size);
+  }
+  return plan;
+}
+
+}  // namespace qkv::ir

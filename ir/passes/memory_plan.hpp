@@ -1,0 +1,29 @@
+// Memory planning: offsets of every value's storage in one arena, reusing the storage of values
+// that are no longer needed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "ir/graph.hpp"
+
+namespace qkv::ir {
+
+struct MemoryPlan {
+  /// Byte offset of each value's storage in the arena; -1 for values with no storage of their
+  /// own (inputs read in place, and aliases).
+  std::vector<std::int64_t> offset;
+  /// The value whose storage each value reads: itself, or for a reshape the value it aliases.
+  std::vector<ValueId> storage_of;
+  std::int64_t total_bytes = 0;
+};
+
+/// Plans storage for `g` run in node order. `bytes[v]` is the size of value v; `in_place(n)` says
+/// a node needs no storage (an input read where the caller keeps it). Reshapes alias their
+/// operand. Outputs live to the end; every other storage is reused after its last reader.
+/// Offsets are multiples of `alignment`.
+MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
+                       std::int64_t alignment);
+
+}  // namespace qkv::ir

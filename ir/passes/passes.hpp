@@ -1,0 +1,30 @@
+// The IR passes, each a pure Graph -> Graph function defined in its own file, and the pipeline
+// that runs them in order.
+#pragma once
+
+#include <functional>
+#include <string_view>
+
+#include "ir/graph.hpp"
+
+namespace qkv::ir {
+
+/// Common subexpression elimination: structurally equal nodes become one (cse.cpp).
+Graph eliminate_common_subexpressions(const Graph& g);
+
+/// Dead code elimination: drops nodes no output depends on; inputs always stay (dce.cpp).
+Graph eliminate_dead_code(const Graph& g);
+
+/// Replaces each composite node for which `keep` is false with its decomposition
+/// (decompose.cpp). Backends keep the composites they implement directly.
+Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)>& keep);
+
+/// Copies `g` node by node into a new graph through Graph::add (sharing equal nodes).
+/// `rewrite`, when given, may emit a replacement for a node and return it, or return -1 to copy.
+Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite = {});
+
+/// Runs the passes a backend's compile runs, in order: decompose, CSE, DCE; verifies after each
+/// and prints the IR to stderr after each when QKV_PRINT_IR=after-all (pipeline.cpp).
+Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite);
+
+}  // namespace qkv::ir

@@ -1,0 +1,31 @@
+// The pass pipeline a backend's compile runs, listed in order.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "ir/passes/passes.hpp"
+#include "ir/printer.hpp"
+#include "ir/verifier.hpp"
+
+namespace qkv::ir {
+
+namespace {
+void after(const char* pass, const Graph& g) {
+  verify(g);
+  const char* env = std::getenv("QKV_PRINT_IR");
+  if (env && std::string(env) == "after-all") std::fprintf(stderr, "// IR after %s\n%s", pass, print(g).c_str());
+}
+}  // namespace
+
+Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite) {
+  after("input", g);
+  Graph r = decompose_composites(g, keep_composite);
+  after("decompose-composites", r);
+  r = eliminate_common_subexpressions(r);
+  after("cse", r);
+  r = eliminate_dead_code(r);
+  after("dce", r);
+  return r;
+}
+
+}  // namespace qkv::ir

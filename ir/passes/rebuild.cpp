@@ -1,0 +1,23 @@
+// Node-by-node copy of a graph, the base of the rewriting passes.
+#include "ir/passes/passes.hpp"
+
+namespace qkv::ir {
+
+Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite) {
+  Graph out;
+  for (const auto& [id, name] : g.symbols()) out.symbol(name);
+  std::vector<ValueId> map(g.size(), -1);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const Node& n = g.nodes()[i];
+    std::vector<ValueId> inputs;
+    for (ValueId v : n.inputs) inputs.push_back(map[static_cast<std::size_t>(v)]);
+    ValueId r = -1;
+    if (rewrite) r = rewrite(out, n, inputs);
+    if (r < 0) r = n.op == Op::input ? out.add_input(n.name, n.dtype, n.shape) : out.add(n.op, std::move(inputs), n.attrs);
+    map[i] = r;
+  }
+  for (const auto& [name, v] : g.outputs()) out.set_output(name, map[static_cast<std::size_t>(v)]);
+  return out;
+}
+
+}  // namespace qkv::ir

@@ -1,0 +1,20 @@
+// The IR's text form (deterministic, parsed back by parse_graph) and its Graphviz drawing.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "ir/graph.hpp"
+
+namespace qkv::ir {
+
+/// The graph as text, one node per line; equal graphs print equal text.
+std::string print(const Graph& g);
+/// Parses print()'s text back into a verified graph. Throws IrError naming the line.
+Graph parse_graph(std::string_view text);
+/// A Graphviz DOT drawing of the graph.
+std::string to_dot(const Graph& g);
+/// One node's attributes as printed inside braces ("" when it has none).
+std::string print_attrs(const Graph& g, const Node& n);
+
+}  // namespace qkv::ir

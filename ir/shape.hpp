@@ -1,0 +1,68 @@
+// Dims and shapes usable in constant expressions: the DSL checks shapes at compile time and the
+// graph checks them at run time with the same code.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+namespace qkv::ir {
+
+/// A dim: a size >= 0, or a symbol (< 0) bound when a graph runs. Symbols are derived from
+/// their names by `symbol_id`, so the same name always means the same symbol.
+using Dim = std::int64_t;
+
+inline constexpr int kMaxRank = 8;
+
+constexpr bool is_symbol(Dim d) { return d < 0; }
+
+/// The symbol id of a dim name (FNV-1a, mapped to the negative numbers).
+constexpr Dim symbol_id(std::string_view name) {
+  std::uint32_t h = 2166136261u;
+  for (char c : name) {
+    h ^= static_cast<std::uint8_t>(c);
+    h *= 16777619u;
+  }
+  return -static_cast<Dim>(h) - 1;
+}
+
+/// A shape of rank <= kMaxRank. Structural, so it can be a template argument.
+struct Shape {
+  std::array<Dim, kMaxRank> dims{};
+  int rank = 0;
+
+  constexpr Shape() = default;
+  constexpr Shape(std::initializer_list<Dim> ds) {
+    for (Dim d : ds) dims[static_cast<std::size_t>(rank++)] = d;
+  }
+  constexpr Dim operator[](int i) const { return dims[static_cast<std::size_t>(i)]; }
+  constexpr Dim& operator[](int i) { return dims[static_cast<std::size_t>(i)]; }
+  constexpr void push_back(Dim d) { dims[static_cast<std::size_t>(rank++)] = d; }
+  /// Dim counted from the end: back(0) is the last dim.
+  constexpr Dim back(int i = 0) const { return (*this)[rank - 1 - i]; }
+  constexpr bool is_static() const {
+    for (int i = 0; i < rank; ++i)
+      if (is_symbol((*this)[i])) return false;
+    return true;
+  }
+  /// Product of the dims; only meaningful when is_static().
+  constexpr std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= (*this)[i];
+    return n;
+  }
+  friend constexpr bool operator==(const Shape& a, const Shape& b) {
+    if (a.rank != b.rank) return false;
+    for (int i = 0; i < a.rank; ++i)
+      if (a[i] != b[i]) return false;
+    return true;
+  }
+};
+
+/// Whether two dims can be equal: static dims must match; a symbol matches anything until bound.
+constexpr bool dims_compatible(Dim a, Dim b) { return a == b || is_symbol(a) || is_symbol(b); }
+
+/// The more precise of two compatible dims (a static size beats a symbol).
+constexpr Dim unify_dims(Dim a, Dim b) { return is_symbol(a) ? b : a; }
+
+}  // namespace qkv::ir

@@ -1,0 +1,60 @@
+// Host tensors.
+#include "ir/tensor.hpp"
+
+namespace qkv {
+
+namespace {
+std::int64_t count(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) {
+    if (d < 0) throw ShapeError("tensor: negative dim " + std::to_string(d));
+    n *= d;
+  }
+  return n;
+}
+}  // namespace
+
+Tensor::Tensor(DType dtype, std::vector<std::int64_t> shape)
+    : dtype_(dtype), shape_(std::move(shape)), bytes_(static_cast<std::size_t>(count(shape_)) * dtype_size(dtype)) {}
+
+std::int64_t Tensor::numel() const { return count(shape_); }
+
+double Tensor::at(std::int64_t i) const {
+  switch (dtype_) {
+    case DType::f32: return data<float>()[i];
+    case DType::f64: return data<double>()[i];
+    case DType::boolean: return data<std::uint8_t>()[i] ? 1.0 : 0.0;
+  }
+  QKV_UNREACHABLE("dtype");
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == dtype_) return *this;
+  Tensor r(dtype, shape_);
+  std::int64_t n = numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    double v = at(i);
+    switch (dtype) {
+      case DType::f32: r.data<float>()[i] = static_cast<float>(v); break;
+      case DType::f64: r.data<double>()[i] = v; break;
+      case DType::boolean: r.data<std::uint8_t>()[i] = v != 0.0; break;
+    }
+  }
+  return r;
+}
+
+Tensor Tensor::reshaped(std::vector<std::int64_t> shape) const {
+  if (count(shape) != numel()) throw ShapeError("tensor: cannot reshape " + type_string() + " to " + std::to_string(count(shape)) + " elements");
+  Tensor r = *this;
+  r.shape_ = std::move(shape);
+  return r;
+}
+
+std::string Tensor::type_string() const {
+  std::string s(dtype_name(dtype_));
+  s += '[';
+  for (std::size_t i = 0; i < shape_.size(); ++i) s += (i ? "," : "") + std::to_string(shape_[i]);
+  return s + ']';
+}
+
+}  // namespace qkv

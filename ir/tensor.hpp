@@ -1,0 +1,86 @@
+// qkv::Tensor: a dense, row-major host tensor that owns its bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ir/dtype.hpp"
+#include "ir/error.hpp"
+
+namespace qkv {
+
+class Tensor {
+ public:
+  Tensor() = default;
+  /// A zero-filled tensor.
+  Tensor(DType dtype, std::vector<std::int64_t> shape);
+  /// A tensor holding `values` (f32 or f64 from the element type; bool stored as bytes).
+  template <class T>
+  static Tensor from(std::vector<std::int64_t> shape, const std::vector<T>& values) {
+    Tensor t(dtype_of<T>(), std::move(shape));
+    if (static_cast<std::size_t>(t.numel()) != values.size())
+      throw ShapeError("tensor: " + std::to_string(values.size()) + " values for shape " + t.type_string());
+    if constexpr (std::is_same_v<T, bool>) {
+      for (std::size_t i = 0; i < values.size(); ++i) t.bytes_[i] = static_cast<std::byte>(values[i] ? 1 : 0);
+    } else {
+      std::memcpy(t.bytes_.data(), values.data(), t.nbytes());
+    }
+    return t;
+  }
+
+  DType dtype() const { return dtype_; }
+  const std::vector<std::int64_t>& shape() const { return shape_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  std::int64_t numel() const;
+  std::size_t nbytes() const { return bytes_.size(); }
+  bool empty() const { return shape_.empty() && bytes_.empty(); }
+
+  /// Typed element access; T must match the dtype (float, double, or std::uint8_t for bool).
+  template <class T>
+  T* data() {
+    check_type<T>();
+    return reinterpret_cast<T*>(bytes_.data());
+  }
+  template <class T>
+  const T* data() const {
+    check_type<T>();
+    return reinterpret_cast<const T*>(bytes_.data());
+  }
+  std::byte* raw() { return bytes_.data(); }
+  const std::byte* raw() const { return bytes_.data(); }
+
+  /// Element i (row-major) as a double, whatever the dtype.
+  double at(std::int64_t i) const;
+  /// A copy converted to `dtype` (bool: nonzero is true).
+  Tensor to(DType dtype) const;
+  /// The same elements under another shape of equal element count.
+  Tensor reshaped(std::vector<std::int64_t> shape) const;
+  /// "f32[2,3]".
+  std::string type_string() const;
+
+  template <class T>
+  static constexpr DType dtype_of() {
+    if constexpr (std::is_same_v<T, float>) return DType::f32;
+    else if constexpr (std::is_same_v<T, double>) return DType::f64;
+    else {
+      static_assert(std::is_same_v<T, bool> || std::is_same_v<T, std::uint8_t>, "tensor elements are float, double or bool");
+      return DType::boolean;
+    }
+  }
+
+ private:
+  template <class T>
+  void check_type() const {
+    QKV_ASSERT(dtype_of<T>() == dtype_, "tensor element type does not match its dtype");
+  }
+  DType dtype_ = DType::f32;
+  std::vector<std::int64_t> shape_;
+  std::vector<std::byte> bytes_;
+};
+
+}  // namespace qkv

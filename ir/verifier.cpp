@@ -1,0 +1,54 @@
+// Graph invariants, checked against the registry's rules.
+#include "ir/verifier.hpp"
+
+#include <set>
+
+#include "ir/error.hpp"
+#include "ir/printer.hpp"
+
+namespace qkv::ir {
+
+namespace {
+
+std::string check(const Graph& g) {
+  std::set<std::string> names;
+  auto check_symbols = [&](const Shape& s) {
+    for (int i = 0; i < s.rank; ++i)
+      if (is_symbol(s[i]) && !g.symbols().contains(s[i])) return false;
+    return true;
+  };
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const Node& n = g.nodes()[i];
+    std::string where = "%" + std::to_string(i) + " (" + std::string(op_name(n.op)) + "): ";
+    if (static_cast<int>(n.inputs.size()) != op_info(n.op).arity) return where + "wrong number of inputs";
+    std::vector<Operand> operands;
+    for (ValueId v : n.inputs) {
+      if (v < 0 || static_cast<std::size_t>(v) >= i) return where + "operand %" + std::to_string(v) + " is not defined before use";
+      operands.push_back({g.node(v).shape, g.node(v).dtype});
+    }
+    if (!check_symbols(n.shape)) return where + "undeclared dim symbol";
+    if (n.op == Op::input) {
+      if (n.name.empty()) return where + "input without a name";
+      if (!names.insert(n.name).second) return where + "input name '" + n.name + "' used twice";
+    }
+    ShapeResult r = infer_shape(n.op, operands, n.attrs);
+    if (!r.ok()) return where + shape_error_message(n.op, r, {});
+    if (!(r.shape == n.shape) || r.dtype != n.dtype)
+      return where + "recorded type " + g.type_string(n.dtype, n.shape) + " but rules infer " + g.type_string(r.dtype, r.shape);
+  }
+  std::set<std::string> outs;
+  for (const auto& [name, v] : g.outputs()) {
+    if (v < 0 || static_cast<std::size_t>(v) >= g.size()) return "output '" + name + "' names no value";
+    if (!outs.insert(name).second) return "output '" + name + "' named twice";
+  }
+  return {};
+}
+
+}  // namespace
+
+void verify(const Graph& g) {
+  std::string problem = check(g);
+  if (!problem.empty()) throw IrError("invalid IR: " + problem + "\n" + print(g));
+}
+
+}  // namespace qkv::ir

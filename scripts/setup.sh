@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package qkv needs to build, test and benchmark. Safe to rerun.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git python3
+  libopenblas-dev
+  libvulkan-dev vulkan-tools mesa-vulkan-drivers vulkan-validationlayers
+  glslc libshaderc-dev spirv-tools
+  libboost-dev libcli11-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
