@@ -49,7 +49,7 @@ std::vector<OpCase> binary(Fill rhs = Fill::normal) {
 
 std::vector<OpCase> op_cases(Op op) {
   switch (op) {
-    case Op::input: return {{"2x3", {}, shape({2, 3})}};
+    case Op::input: return {{"2x3", {{{2, 3}}}, shape({2, 3})}};
     case Op::constant: return {{"scalar", {}, shape({}, 0.125)}, {"2x3 fill", {}, shape({2, 3}, -1.5)}};
     case Op::neg:
     case Op::exp: return unary(Fill::normal);
@@ -98,7 +98,7 @@ Graph case_graph(Op op, const OpCase& c) {
     ins.push_back(g.add_input("x" + std::to_string(i), c.inputs[i].fill == Fill::boolean ? DType::boolean : DType::f32, s));
   }
   ValueId out = 0;
-  if (op == Op::input) out = g.add_input("x0", c.attrs.dtype, c.attrs.shape);
+  if (op == Op::input) out = ins.at(0);  // the case's one input, declared like any other
   else out = g.add(op, ins, c.attrs);
   g.set_output("out", out);
   return g;

@@ -72,6 +72,10 @@ class VulkanExecutable final : public Executable {
     shapes_ = ir::bind_shapes(graph_, inputs);
     const auto& dev = ctx_->device();
     dev.waitIdle();
+    // Release what the previous plan recorded, users before what they use.
+    command_buffer_ = nullptr;
+    descriptor_sets_.clear();
+    descriptor_pool_ = nullptr;
     std::vector<std::int64_t> bytes(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * 4;
     auto align = static_cast<std::int64_t>(std::max<vk::DeviceSize>(ctx_->properties().limits.minStorageBufferOffsetAlignment, 16));
@@ -102,8 +106,6 @@ class VulkanExecutable final : public Executable {
     std::uint32_t descriptors = 0;
     for (const auto& k : kernels_) descriptors += static_cast<std::uint32_t>(k.pipeline->buffers);
     vk::DescriptorPoolSize pool_size(vk::DescriptorType::eStorageBuffer, std::max(descriptors, 1u));
-    descriptor_pool_ = nullptr;
-    descriptor_sets_.clear();
     descriptor_pool_ = vk::raii::DescriptorPool(
         dev, vk::DescriptorPoolCreateInfo(vk::DescriptorPoolCreateFlagBits::eFreeDescriptorSet,
                                           std::max<std::uint32_t>(static_cast<std::uint32_t>(kernels_.size()), 1), pool_size));
@@ -132,7 +134,6 @@ class VulkanExecutable final : public Executable {
   void record(const std::vector<vk::BufferCopy>& uploads, const std::vector<vk::BufferCopy>& downloads) {
     const auto& dev = ctx_->device();
     if (!*fence_) fence_ = vk::raii::Fence(dev, vk::FenceCreateInfo());
-    command_buffer_ = nullptr;
     command_buffer_ = std::move(vk::raii::CommandBuffers(dev, vk::CommandBufferAllocateInfo(*ctx_->command_pool(), vk::CommandBufferLevel::ePrimary, 1))[0]);
     auto& cb = command_buffer_;
     cb.begin(vk::CommandBufferBeginInfo());

@@ -32,8 +32,15 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, c
   };
   std::vector<Block> live;
   auto round_up = [&](std::int64_t x) { return (x + alignment - 1) / alignment * alignment; };
-  for (std::size_t i = 0; i < n; ++i) {
-    std::erase_if(live, [&](const Block& b) { return b.until < i; });
+  // Inputs are placed first: their storage is written before the graph runs, so it must not
+  // share bytes with any value computed before the input's position in the node order.
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < n; ++i)
+    if (g.nodes()[i].op == Op::input) order.push_back(i);
+  for (std::size_t i = 0; i < n; ++i)
+    if (g.nodes()[i].op != Op::input) order.push_back(i);
+  for (std::size_t i : order) {
+    if (g.nodes()[i].op != Op::input) std::erase_if(live, [&](const Block& b) { return b.until < i; });
     const Node& node = g.nodes()[i];
     if (plan.storage_of[i] != static_cast<ValueId>(i) || in_place(node)) continue;
     std::int64_t size = round_up(std::max<std::int64_t>(bytes[i], 1));

@@ -1,0 +1,126 @@
+// Cross-backend comparison against the float64 reference.
+#include "backends/equivalence.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+
+#include "backends/reference/reference_backend.hpp"
+
+namespace qkv::backend {
+
+namespace {
+bool finite(double x) { return std::isfinite(x); }
+}  // namespace
+
+OutputComparison compare_output(const std::string& name, const Tensor& actual, const Tensor& oracle, const Tensor& plain, double factor) {
+  OutputComparison c;
+  c.output = name;
+  if (actual.shape() != oracle.shape()) {
+    c.max_abs_error = std::numeric_limits<double>::infinity();
+    return c;
+  }
+  double scale = 0, err32 = 0, err = 0;
+  for (std::int64_t i = 0; i < oracle.numel(); ++i) {
+    double o = oracle.at(i), a = actual.at(i), p = plain.at(i);
+    if (finite(o)) scale = std::max(scale, std::fabs(o));
+    auto diff = [&](double x) {
+      if (!finite(o) || !finite(x)) return (std::isnan(o) && std::isnan(x)) || o == x ? 0.0 : std::numeric_limits<double>::infinity();
+      return std::fabs(x - o);
+    };
+    err32 = std::max(err32, diff(p));
+    err = std::max(err, diff(a));
+  }
+  constexpr double eps = std::numeric_limits<float>::epsilon();
+  c.max_abs_error = err;
+  c.max_rel_error = scale > 0 ? err / scale : err;
+  c.budget = (finite(err32) ? factor * err32 : 0.0) + 4 * eps * std::max(scale, 1e-30);
+  c.pass = err <= c.budget;
+  return c;
+}
+
+bool EquivalenceReport::pass() const {
+  for (const auto& b : backends)
+    if (!b.pass) return false;
+  return !backends.empty();
+}
+
+std::string EquivalenceReport::table() const {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-10s %-10s %13s %13s %13s  %s\n", "backend", "output", "max abs err", "max rel err", "budget", "result");
+  out += line;
+  for (const auto& b : backends) {
+    if (!b.error.empty()) {
+      std::snprintf(line, sizeof line, "%-10s %-10s %13s %13s %13s  FAIL: ", b.backend.c_str(), "-", "-", "-", "-");
+      out += line + b.error + "\n";
+      continue;
+    }
+    for (const auto& o : b.outputs) {
+      std::snprintf(line, sizeof line, "%-10s %-10s %13.3e %13.3e %13.3e  %s\n", b.backend.c_str(), o.output.c_str(), o.max_abs_error,
+                    o.max_rel_error, o.budget, o.pass ? "pass" : "FAIL");
+      out += line;
+    }
+  }
+  return out;
+}
+
+EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs, const std::vector<std::string>& backends, double factor) {
+  TensorMap oracle = make_reference_backend({Precision::f64, true})->compile(g)->run(inputs);
+  TensorMap plain = make_reference_backend({Precision::f32, true})->compile(g)->run(inputs);
+  EquivalenceReport report;
+  for (const auto& name : backends) {
+    BackendReport b;
+    b.backend = name;
+    try {
+      auto backend = create(name);
+      b.device = backend->device();
+      TensorMap got = backend->compile(g)->run(inputs);
+      b.pass = true;
+      for (const auto& [out, t] : oracle) {
+        OutputComparison c = compare_output(out, got.at(out), t, plain.at(out), factor);
+        b.pass &= c.pass;
+        b.outputs.push_back(c);
+      }
+    } catch (const Error& e) {
+      b.error = e.what();
+      b.pass = false;
+    }
+    report.backends.push_back(std::move(b));
+  }
+  return report;
+}
+
+TensorMap random_inputs(const ir::Graph& g, const std::map<std::string, std::int64_t>& dims, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  std::bernoulli_distribution keep(0.7);
+  TensorMap r;
+  for (ir::ValueId v : g.inputs()) {
+    const ir::Node& n = g.node(v);
+    std::vector<std::int64_t> shape;
+    for (int i = 0; i < n.shape.rank; ++i) {
+      ir::Dim d = n.shape[i];
+      if (!ir::is_symbol(d)) {
+        shape.push_back(d);
+        continue;
+      }
+      auto it = dims.find(g.dim_name(d));
+      if (it == dims.end()) throw ShapeError("input '" + n.name + "': no size given for dim " + g.dim_name(d));
+      shape.push_back(it->second);
+    }
+    Tensor t(n.dtype, shape);
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      switch (n.dtype) {
+        case DType::f32: t.data<float>()[i] = static_cast<float>(normal(rng)); break;
+        case DType::f64: t.data<double>()[i] = normal(rng); break;
+        case DType::boolean: t.data<std::uint8_t>()[i] = keep(rng); break;
+      }
+    }
+    r.emplace(n.name, std::move(t));
+  }
+  return r;
+}
+
+}  // namespace qkv::backend

@@ -1,0 +1,55 @@
+// Cross-backend equivalence: run one graph on several backends and compare each output with the
+// double-precision reference, within error budgets anchored to double precision.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backends/backend.hpp"
+
+namespace qkv::backend {
+
+struct OutputComparison {
+  std::string output;
+  double max_abs_error = 0;  // max |backend - float64 reference|
+  double max_rel_error = 0;  // max_abs_error / max |float64 reference| (normwise)
+  double budget = 0;         // allowed max_abs_error
+  bool pass = false;
+};
+
+struct BackendReport {
+  std::string backend;
+  std::string device;
+  std::string error;  // why it did not run (unavailable, unsupported op); empty when it ran
+  std::vector<OutputComparison> outputs;
+  bool pass = false;
+};
+
+struct EquivalenceReport {
+  std::vector<BackendReport> backends;
+  bool pass() const;
+  /// A fixed-width table: backend, output, max abs error, max rel error, budget, pass/fail.
+  std::string table() const;
+};
+
+/// Budget for one output: `factor` times the error a plain float32 computation of the same graph
+/// makes against float64 (the reference backend in single precision), plus a floor of a few
+/// float32 ulps of the output's largest magnitude, so exact-in-f32 graphs still get a budget.
+inline constexpr double kDefaultBudgetFactor = 8.0;
+
+/// Runs `g` on each named backend and compares with the float64 reference. A backend that cannot
+/// start or run the graph fails with its error in the report (never skipped silently).
+EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs, const std::vector<std::string>& backends,
+                                    double factor = kDefaultBudgetFactor);
+
+/// Compares `actual` with the float64 `oracle` given the plain-f32 result `plain`.
+OutputComparison compare_output(const std::string& name, const Tensor& actual, const Tensor& oracle, const Tensor& plain,
+                                double factor = kDefaultBudgetFactor);
+
+/// Random inputs for every graph input: floats ~ N(0, 1), booleans true with probability 0.7.
+/// Named dims take their sizes from `dims`; throws ShapeError naming a dim that is missing.
+TensorMap random_inputs(const ir::Graph& g, const std::map<std::string, std::int64_t>& dims, std::uint64_t seed);
+
+}  // namespace qkv::backend

@@ -1,0 +1,84 @@
+// Attention building blocks written with the DSL's primitives.
+#pragma once
+
+#include <cmath>
+#include <optional>
+#include <type_traits>
+
+#include "dsl/ops.hpp"
+
+namespace qkv::dsl {
+
+/// Option tag: mask out future keys (see causal_mask for the two alignments).
+template <ir::CausalAlign Align>
+struct CausalTag {};
+inline constexpr CausalTag<ir::CausalAlign::top_left> causal{};
+inline constexpr CausalTag<ir::CausalAlign::bottom_right> causal_bottom_right{};
+
+/// Option: multiply the scores by this instead of 1/sqrt(d_k).
+struct Scale {
+  double value;
+};
+constexpr Scale scale(double s) { return {s}; }
+
+namespace detail {
+template <class T> struct is_causal : std::false_type {};
+template <ir::CausalAlign A> struct is_causal<CausalTag<A>> : std::true_type {};
+
+template <class T> constexpr bool is_mask() {
+  if constexpr (Expr<T>) return T::dtype == DType::boolean;
+  else return false;
+}
+
+constexpr std::optional<double> scale_of(Scale s) { return s.value; }
+template <class T> constexpr std::optional<double> scale_of(const T&) { return std::nullopt; }
+
+template <ir::CausalAlign A>
+constexpr std::integral_constant<ir::CausalAlign, A> align_of(CausalTag<A>) { return {}; }
+
+template <class S, class Opt>
+constexpr auto apply_option(S scores, Opt opt) {
+  if constexpr (is_causal<Opt>::value) return where(causal_mask<decltype(align_of(opt))::value>(scores), scores, kNegInf);
+  else if constexpr (is_mask<Opt>()) return where(opt, scores, kNegInf);
+  else return scores;
+}
+
+template <class S>
+constexpr auto apply_options(S scores) { return scores; }
+template <class S, class O, class... Rest>
+constexpr auto apply_options(S scores, O o, Rest... rest) { return apply_options(apply_option(scores, o), rest...); }
+}  // namespace detail
+
+/// softmax(q kᵀ · scale + masks) over the keys: the attention weights, shape [..., Lq, Lk].
+/// q is [..., Lq, D], k is [..., Lk, D]; batch dims broadcast. Options, in any order: `causal` or
+/// `causal_bottom_right`; a boolean mask expression broadcasting to [..., Lq, Lk] in which true
+/// keeps a key (the scaled dot-product convention); scale(x) (default 1/sqrt(D), which needs a
+/// static D). A query row whose keys are all masked has no defined weights (NaN).
+template <Expr Q, Expr K, class... Opts>
+constexpr auto attention_weights(Q q, K k, Opts... opts) {
+  static_assert(((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || std::is_same_v<Opts, Scale>) && ...),
+                "qkv: attention options are causal, causal_bottom_right, a boolean mask expression or scale(x)");
+  constexpr bool explicit_scale = (std::is_same_v<Opts, Scale> || ...);
+  constexpr ir::Dim d = Q::shape.back(0);
+  static_assert(explicit_scale || !ir::is_symbol(d),
+                "qkv: the head dim of q is named, so the default scale 1/sqrt(d) is unknown; pass scale(x)");
+  double s = 1.0 / std::sqrt(static_cast<double>(d < 1 ? 1 : d));
+  ((s = detail::scale_of(opts).value_or(s)), ...);
+  auto scores = matmul<false, true>(q, k) * s;
+  return softmax<-1>(detail::apply_options(scores, opts...));
+}
+
+/// Scaled dot-product attention: attention_weights(q, k, opts...) @ v, shape [..., Lq, Dv].
+/// Example:
+/// \code
+///   auto q = input<"q">(dim<"B">, dim<"N">, dim<64>);
+///   auto k = input<"k">(dim<"B">, dim<"M">, dim<64>);
+///   auto v = input<"v">(dim<"B">, dim<"M">, dim<64>);
+///   auto out = scaled_dot_product_attention(q, k, v, causal);
+/// \endcode
+template <Expr Q, Expr K, Expr V, class... Opts>
+constexpr auto scaled_dot_product_attention(Q q, K k, V v, Opts... opts) {
+  return matmul(attention_weights(q, k, opts...), v);
+}
+
+}  // namespace qkv::dsl

@@ -1,0 +1,12 @@
+// The qkv DSL: include this to write attention as expressions and lower them to ir::Graph.
+#pragma once
+
+#include "dsl/attention.hpp"
+#include "dsl/dims.hpp"
+#include "dsl/expr.hpp"
+#include "dsl/lower.hpp"
+#include "dsl/ops.hpp"
+
+namespace qkv {
+using namespace dsl;  // the DSL's names are qkv's names: qkv::input, qkv::lower, ...
+}  // namespace qkv

@@ -1,0 +1,83 @@
+// The DSL: static shapes, named dims, lowering with shared subexpressions.
+#include <gtest/gtest.h>
+
+#include "dsl/dsl.hpp"
+#include "ir/printer.hpp"
+#include "ir/verifier.hpp"
+
+namespace qkv {
+namespace {
+
+TEST(Dsl, StaticShapesAreComputedAtCompileTime) {
+  auto q = input<"q">(dim<2>, dim<5>, dim<8>);
+  auto k = input<"k">(dim<2>, dim<7>, dim<8>);
+  using Scores = decltype(matmul<false, true>(q, k));
+  static_assert(Scores::shape == ir::Shape{2, 5, 7});
+  using Summed = decltype(sum<-1, false>(matmul<false, true>(q, k)));
+  static_assert(Summed::shape == ir::Shape{2, 5});
+  using Permuted = decltype(permute<1, 0, 2>(q));
+  static_assert(Permuted::shape == ir::Shape{5, 2, 8});
+  using Split = decltype(reshape(q, dim<2>, dim<5>, dim<2>, dim<4>));
+  static_assert(Split::shape == ir::Shape{2, 5, 2, 4});
+  SUCCEED();
+}
+
+TEST(Dsl, NamedDimsLowerToSymbols) {
+  auto x = input<"x">(dim<"B">, dim<"N">, dim<16>);
+  ir::Graph g = lower(softmax(x));
+  EXPECT_EQ(g.type_string(g.inputs()[0]), "f32[B,N,16]");
+  EXPECT_EQ(g.outputs()[0].first, "out");
+}
+
+TEST(Dsl, LoweringSharesSubexpressions) {
+  auto x = input<"x">(dim<4>, dim<4>);
+  auto e = exp(x);
+  ir::Graph g = lower(e * e + e);  // exp(x) appears three times in the expression tree
+  int exps = 0;
+  for (const auto& n : g.nodes()) exps += n.op == ir::Op::exp;
+  EXPECT_EQ(exps, 1);
+  ir::verify(g);
+}
+
+TEST(Dsl, ScaledDotProductAttentionGraph) {
+  auto q = input<"q">(dim<"B">, dim<"N">, dim<64>);
+  auto k = input<"k">(dim<"B">, dim<"M">, dim<64>);
+  auto v = input<"v">(dim<"B">, dim<"M">, dim<32>);
+  auto w = attention_weights(q, k, causal);
+  auto out = matmul(w, v);
+  static_assert(decltype(out)::shape.back(0) == 32);
+  ir::Graph g = lower(named<"out">(out), named<"weights">(w));
+  std::string text = ir::print(g);
+  EXPECT_NE(text.find("transpose_b=true"), std::string::npos);
+  EXPECT_NE(text.find("value=0.125"), std::string::npos);
+  EXPECT_NE(text.find("causal_mask"), std::string::npos);
+  EXPECT_NE(text.find("softmax"), std::string::npos);
+  EXPECT_EQ(g.outputs().size(), 2u);
+  // The weights output is the softmax the attention output reads: shared, not computed twice.
+  int softmaxes = 0;
+  for (const auto& n : g.nodes()) softmaxes += n.op == ir::Op::softmax;
+  EXPECT_EQ(softmaxes, 1);
+}
+
+TEST(Dsl, ExplicitScaleAndMask) {
+  auto q = input<"q">(dim<"N">, dim<"D">);
+  auto k = input<"k">(dim<"M">, dim<"D">);
+  auto v = input<"v">(dim<"M">, dim<"D">);
+  auto mask = input<"mask", DType::boolean>(dim<"N">, dim<"M">);
+  ir::Graph g = lower(scaled_dot_product_attention(q, k, v, mask, scale(0.5)));
+  EXPECT_NE(ir::print(g).find("value=0.5"), std::string::npos);
+  EXPECT_NE(ir::print(g).find("where"), std::string::npos);
+}
+
+TEST(Dsl, ExpressionsOutliveTheirParts) {
+  auto make = [] {
+    auto x = input<"x">(dim<3>);
+    return exp(x) + 1.0;  // children held by value: nothing dangles after x goes out of scope
+  };
+  auto e = make();
+  ir::Graph g = lower(e);
+  EXPECT_EQ(g.size(), 4u);
+}
+
+}  // namespace
+}  // namespace qkv

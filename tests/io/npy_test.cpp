@@ -1,0 +1,79 @@
+// .npy reading and writing: round trips, a file as NumPy writes it, malformed files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "io/npy.hpp"
+
+namespace qkv::io {
+namespace {
+
+TEST(Npy, RoundTripsEveryDtype) {
+  for (DType dt : {DType::f32, DType::f64, DType::boolean}) {
+    Tensor t(dt, {2, 3});
+    for (std::int64_t i = 0; i < 6; ++i) {
+      if (dt == DType::f32) t.data<float>()[i] = static_cast<float>(i) * 0.5f;
+      if (dt == DType::f64) t.data<double>()[i] = static_cast<double>(i) * -0.25;
+      if (dt == DType::boolean) t.data<std::uint8_t>()[i] = i % 2;
+    }
+    Tensor r = parse_npy(format_npy(t), "mem");
+    EXPECT_EQ(r.dtype(), dt);
+    EXPECT_EQ(r.shape(), t.shape());
+    for (std::int64_t i = 0; i < 6; ++i) EXPECT_EQ(r.at(i), t.at(i));
+  }
+}
+
+TEST(Npy, ReadsNumpyLayout) {
+  // np.save of np.arange(3, dtype=np.float32): header as NumPy 1.24 writes it.
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }";
+  header.append(128 - 10 - header.size() - 1, ' ');
+  header += '\n';
+  std::string bytes = std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(header.size()) + '\0' + header;
+  float v[3] = {0, 1, 2};
+  bytes.append(reinterpret_cast<const char*>(v), sizeof v);
+  Tensor t = parse_npy(bytes, "arange.npy");
+  EXPECT_EQ(t.shape(), std::vector<std::int64_t>{3});
+  EXPECT_EQ(t.at(2), 2.0);
+}
+
+TEST(Npy, ScalarAndEmptyShapes) {
+  Tensor s(DType::f32, {});
+  s.data<float>()[0] = 7;
+  EXPECT_EQ(parse_npy(format_npy(s), "s").numel(), 1);
+  Tensor e(DType::f32, {0, 4});
+  EXPECT_EQ(parse_npy(format_npy(e), "e").shape(), (std::vector<std::int64_t>{0, 4}));
+}
+
+TEST(Npy, MalformedFilesGiveClearErrors) {
+  auto message = [](const std::string& bytes) {
+    try {
+      parse_npy(bytes, "bad.npy");
+    } catch (const IoError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("hello"), "bad.npy: not a .npy file (bad magic)");
+  Tensor t(DType::f32, {4});
+  std::string good = format_npy(t);
+  EXPECT_NE(message(good.substr(0, good.size() - 4)).find("data holds 12 bytes"), std::string::npos);
+  std::string i4 = good;
+  i4.replace(i4.find("<f4"), 3, "<i4");
+  EXPECT_NE(message(i4).find("unsupported dtype '<i4'"), std::string::npos);
+  std::string fortran = good;
+  fortran.replace(fortran.find("False"), 5, "True ");
+  EXPECT_NE(message(fortran).find("Fortran-order"), std::string::npos);
+  EXPECT_THROW(read_npy("/nonexistent/x.npy"), IoError);
+}
+
+TEST(Npy, WriteLeavesNoPartialFileOnFailure) {
+  EXPECT_THROW(write_npy("/nonexistent-dir/x.npy", Tensor(DType::f32, {2})), IoError);
+  auto path = std::filesystem::temp_directory_path() / "qkv_npy_test.npy";
+  write_npy(path.string(), Tensor(DType::f32, {2}));
+  EXPECT_EQ(read_npy(path.string()).numel(), 2);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace qkv::io

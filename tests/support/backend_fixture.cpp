@@ -1,0 +1,50 @@
+// Backend helpers for tests.
+#include "tests/support/backend_fixture.hpp"
+
+#include <cstdlib>
+#include <map>
+
+#include "backends/reference/reference_backend.hpp"
+
+namespace qkv::testing {
+
+bool vulkan_required() {
+  const char* env = std::getenv("QKV_REQUIRE_VULKAN");
+  return env && std::string(env) == "1";
+}
+
+std::shared_ptr<backend::Backend> backend_or_reason(const std::string& name, std::string& why) {
+  static std::map<std::string, std::shared_ptr<backend::Backend>> cache;
+  static std::map<std::string, std::string> failures;
+  if (auto it = cache.find(name); it != cache.end()) return it->second;
+  if (auto it = failures.find(name); it != failures.end()) {
+    why = it->second;
+    return nullptr;
+  }
+  try {
+    return cache[name] = backend::create(name);
+  } catch (const Error& e) {
+    why = failures[name] = e.what();
+    return nullptr;
+  }
+}
+
+void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name) {
+  std::string why;
+  auto b = backend_or_reason(backend_name, why);
+  if (!b) {
+    if (vulkan_required()) FAIL() << "backend " << backend_name << ": " << why;
+    GTEST_SKIP() << "backend " << backend_name << " unavailable: " << why;
+  }
+  auto oracle = backend::make_reference_backend({backend::Precision::f64, true})->compile(g)->run(inputs);
+  auto plain = backend::make_reference_backend({backend::Precision::f32, true})->compile(g)->run(inputs);
+  auto got = b->compile(g)->run(inputs);
+  for (const auto& [name, t] : oracle) {
+    ASSERT_TRUE(got.contains(name)) << "missing output " << name;
+    ASSERT_EQ(got.at(name).shape(), t.shape()) << name;
+    auto c = backend::compare_output(name, got.at(name), t, plain.at(name));
+    EXPECT_TRUE(c.pass) << backend_name << " output " << name << ": max abs error " << c.max_abs_error << " > budget " << c.budget;
+  }
+}
+
+}  // namespace qkv::testing

@@ -1,0 +1,34 @@
+// Helpers for tests that run graphs on every backend.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "backends/backend.hpp"
+#include "backends/equivalence.hpp"
+
+namespace qkv::testing {
+
+/// The backend, or nullptr after GTEST_SKIP-worthy reason in `why`. When the backend cannot
+/// start and QKV_REQUIRE_VULKAN=1 (CI), the caller must fail instead of skipping.
+std::shared_ptr<backend::Backend> backend_or_reason(const std::string& name, std::string& why);
+
+/// Whether a missing Vulkan device fails tests (CI sets QKV_REQUIRE_VULKAN=1).
+bool vulkan_required();
+
+/// Runs `g` on `backend_name` with `inputs` and expects every output within budget against the
+/// float64 reference. Skips (or fails, where required) when the backend cannot start.
+void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name);
+
+}  // namespace qkv::testing
+
+/// Gets a backend by name into `var`, or skips the test with the reason (fails in CI for Vulkan).
+#define QKV_GET_BACKEND_OR_SKIP(var, name)                                                  \
+  std::string var##_why;                                                                    \
+  auto var = ::qkv::testing::backend_or_reason(name, var##_why);                            \
+  if (!var) {                                                                               \
+    if (::qkv::testing::vulkan_required()) FAIL() << "backend " << (name) << ": " << var##_why; \
+    GTEST_SKIP() << "backend " << (name) << " unavailable: " << var##_why;                  \
+  }
