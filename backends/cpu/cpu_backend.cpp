@@ -108,7 +108,7 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   std::string device() const override {
-    return "host CPU, OpenBLAS " + std::string(openblas_get_config()) + ", " + std::to_string(openblas_get_num_threads()) + " threads";
+    return "host CPU, " + std::string(openblas_get_config()) + ", " + std::to_string(openblas_get_num_threads()) + " threads";
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {

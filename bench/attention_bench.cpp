@@ -1,0 +1,156 @@
+// Scaled dot-product attention on each backend, with OpenBLAS sgemm (the limit: the same FLOPs
+// as two plain matrix products) and a plain sgemm-softmax-sgemm measured as peers in the same
+// run. FLOPs are counted as 4*B*H*N^2*D per forward. Run: build/default/bench/qkv_bench
+// (QKV_BENCH_BACKENDS=cpu,vulkan picks backends; --benchmark_filter narrows the rows).
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "backends/equivalence.hpp"
+#include "dsl/dsl.hpp"
+
+namespace {
+
+using qkv::backend::TensorMap;
+
+struct Shape {
+  std::int64_t b, h, n, d;
+  double flops() const { return 4.0 * static_cast<double>(b * h * n * n * d); }
+  std::string label() const {
+    return "B" + std::to_string(b) + "_H" + std::to_string(h) + "_N" + std::to_string(n) + "_D" + std::to_string(d);
+  }
+};
+
+const std::vector<Shape> kShapes = {{1, 8, 128, 64}, {4, 8, 512, 64}, {1, 4, 1024, 64}, {1, 1, 16, 8}};
+
+qkv::ir::Graph sdpa_graph(double scale) {
+  using namespace qkv;
+  auto q = input<"q">(dim<"B">, dim<"H">, dim<"N">, dim<"D">);
+  auto k = input<"k">(dim<"B">, dim<"H">, dim<"N">, dim<"D">);
+  auto v = input<"v">(dim<"B">, dim<"H">, dim<"N">, dim<"D">);
+  return lower(scaled_dot_product_attention(q, k, v, qkv::scale(scale)));
+}
+
+TensorMap inputs_for(const qkv::ir::Graph& g, const Shape& s) {
+  return qkv::backend::random_inputs(g, {{"B", s.b}, {"H", s.h}, {"N", s.n}, {"D", s.d}}, 42);
+}
+
+void set_rate(benchmark::State& state, double flops) {
+  state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void bench_backend(benchmark::State& state, const std::string& name, Shape s) {
+  std::unique_ptr<qkv::backend::Backend> backend;
+  try {
+    backend = qkv::backend::create(name);
+  } catch (const qkv::Error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  auto g = sdpa_graph(1.0 / std::sqrt(static_cast<double>(s.d)));
+  auto exe = backend->compile(g);
+  auto in = inputs_for(g, s);
+  exe->run(in);  // plans buffers and kernels once
+  for (auto _ : state) benchmark::DoNotOptimize(exe->run(in));
+  set_rate(state, s.flops());
+}
+
+/// The limit: the two products of attention as plain sgemm calls, no softmax.
+void bench_sgemm(benchmark::State& state, Shape s) {
+  std::vector<float> q(static_cast<std::size_t>(s.n * s.d), 0.5f), scores(static_cast<std::size_t>(s.n * s.n), 0.25f),
+      out(static_cast<std::size_t>(s.n * s.d));
+  const int n = static_cast<int>(s.n), d = static_cast<int>(s.d);
+  for (auto _ : state)
+    for (std::int64_t bh = 0; bh < s.b * s.h; ++bh) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, 1.0f, q.data(), d, q.data(), d, 0.0f, scores.data(), n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f, scores.data(), n, q.data(), d, 0.0f, out.data(), d);
+      benchmark::DoNotOptimize(out.data());
+    }
+  set_rate(state, s.flops());
+}
+
+/// The plain composition: sgemm, a scalar softmax loop, sgemm (the score matrix materialised).
+void bench_sgemm_softmax_sgemm(benchmark::State& state, Shape s) {
+  std::vector<float> q(static_cast<std::size_t>(s.n * s.d), 0.5f), scores(static_cast<std::size_t>(s.n * s.n)),
+      out(static_cast<std::size_t>(s.n * s.d));
+  const int n = static_cast<int>(s.n), d = static_cast<int>(s.d);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (auto _ : state)
+    for (std::int64_t bh = 0; bh < s.b * s.h; ++bh) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, scale, q.data(), d, q.data(), d, 0.0f, scores.data(), n);
+      for (int i = 0; i < n; ++i) {
+        float* row = scores.data() + static_cast<std::size_t>(i) * static_cast<std::size_t>(n);
+        float m = row[0], total = 0;
+        for (int j = 1; j < n; ++j) m = std::max(m, row[j]);
+        for (int j = 0; j < n; ++j) total += row[j] = std::exp(row[j] - m);
+        for (int j = 0; j < n; ++j) row[j] /= total;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f, scores.data(), n, q.data(), d, 0.0f, out.data(), d);
+      benchmark::DoNotOptimize(out.data());
+    }
+  set_rate(state, s.flops());
+}
+
+/// Prints Google Benchmark's table, then each row's GFLOP/s as a ratio of sgemm's for its shape.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      if (r.error_occurred) continue;
+      auto it = r.counters.find("GFLOP/s");
+      if (it == r.counters.end()) continue;
+      std::string name = r.benchmark_name();
+      auto slash = name.find('/');
+      rates_.push_back({name.substr(0, slash), name.substr(slash + 1), it->second.value});
+    }
+  }
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    std::map<std::string, double> peer;
+    for (const auto& r : rates_)
+      if (r.what == "sgemm") peer[r.shape] = r.gflops;
+    std::printf("\n%-24s %-22s %12s %14s\n", "shape", "implementation", "GFLOP/s", "vs sgemm");
+    for (const auto& r : rates_)
+      std::printf("%-24s %-22s %12.2f %13.1f%%\n", r.shape.c_str(), r.what.c_str(), r.gflops,
+                  peer.contains(r.shape) ? 100.0 * r.gflops / peer[r.shape] : 0.0);
+  }
+
+ private:
+  struct Rate {
+    std::string what, shape;
+    double gflops;
+  };
+  std::vector<Rate> rates_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> backends = {"cpu", "vulkan"};
+  if (const char* env = std::getenv("QKV_BENCH_BACKENDS")) {
+    backends.clear();
+    std::stringstream ss(env);
+    for (std::string b; std::getline(ss, b, ',');) backends.push_back(b);
+  }
+  for (const auto& s : kShapes) {
+    benchmark::RegisterBenchmark(("sgemm/" + s.label()).c_str(), bench_sgemm, s)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("sgemm-softmax-sgemm/" + s.label()).c_str(), bench_sgemm_softmax_sgemm, s)->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (const auto& b : backends) {
+      if (b == "reference" && s.n > 128) continue;  // plain double loops: minutes per run
+      if (b == "vulkan" && s.n > 512 && std::getenv("QKV_BENCH_SMALL_VULKAN")) continue;
+      benchmark::RegisterBenchmark((b + "/" + s.label()).c_str(), bench_backend, b, s)->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+}
