@@ -25,6 +25,9 @@ class Executable {
   virtual TensorMap run(const TensorMap& inputs) = 0;
   /// The graph as the backend runs it, after its lowering passes.
   virtual const ir::Graph& graph() const = 0;
+  /// Bytes of intermediate and output storage the last run planned (0 before the first run);
+  /// inputs the backend reads in place are not counted.
+  virtual std::int64_t planned_bytes() const = 0;
 };
 
 class Backend {

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "backends/backend.hpp"
@@ -42,6 +44,18 @@ TensorMap inputs_for(const qkv::ir::Graph& g, const Shape& s) {
   return qkv::backend::random_inputs(g, {{"B", s.b}, {"H", s.h}, {"N", s.n}, {"D", s.d}}, 42);
 }
 
+/// Runs fn(first, last) over [0, n) split across every core with single-threaded sgemm: the peers'
+/// best use of OpenBLAS on independent heads (toggling OpenBLAS's own threads between rows
+/// measured unstable), and the same ownership of threads as the cpu backend.
+template <class F>
+void on_all_cores(std::int64_t n, F fn) {
+  const auto cores = std::min<std::int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  if (cores <= 1) return fn(0, n);
+  std::vector<std::thread> threads;
+  for (std::int64_t t = 0; t < cores; ++t) threads.emplace_back([&, t] { fn(n * t / cores, n * (t + 1) / cores); });
+  for (auto& t : threads) t.join();
+}
+
 void set_rate(benchmark::State& state, double flops) {
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -64,37 +78,47 @@ void bench_backend(benchmark::State& state, const std::string& name, Shape s) {
 
 /// The limit: the two products of attention as plain sgemm calls, no softmax.
 void bench_sgemm(benchmark::State& state, Shape s) {
-  std::vector<float> q(static_cast<std::size_t>(s.n * s.d), 0.5f), scores(static_cast<std::size_t>(s.n * s.n), 0.25f),
-      out(static_cast<std::size_t>(s.n * s.d));
+  const auto heads = s.b * s.h;
+  std::vector<float> q(static_cast<std::size_t>(heads * s.n * s.d), 0.5f), scores(static_cast<std::size_t>(heads * s.n * s.n), 0.25f),
+      out(q.size());
   const int n = static_cast<int>(s.n), d = static_cast<int>(s.d);
   for (auto _ : state)
-    for (std::int64_t bh = 0; bh < s.b * s.h; ++bh) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, 1.0f, q.data(), d, q.data(), d, 0.0f, scores.data(), n);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f, scores.data(), n, q.data(), d, 0.0f, out.data(), d);
-      benchmark::DoNotOptimize(out.data());
-    }
+    on_all_cores(heads, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t h = first; h < last; ++h) {
+        float* qh = q.data() + h * s.n * s.d;
+        float* sh = scores.data() + h * s.n * s.n;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, 1.0f, qh, d, qh, d, 0.0f, sh, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f, sh, n, qh, d, 0.0f, out.data() + h * s.n * s.d, d);
+      }
+    });
+  benchmark::DoNotOptimize(out.data());
   set_rate(state, s.flops());
 }
 
 /// The plain composition: sgemm, a scalar softmax loop, sgemm (the score matrix materialised).
 void bench_sgemm_softmax_sgemm(benchmark::State& state, Shape s) {
-  std::vector<float> q(static_cast<std::size_t>(s.n * s.d), 0.5f), scores(static_cast<std::size_t>(s.n * s.n)),
-      out(static_cast<std::size_t>(s.n * s.d));
+  const auto heads = s.b * s.h;
+  std::vector<float> q(static_cast<std::size_t>(heads * s.n * s.d), 0.5f), scores(static_cast<std::size_t>(heads * s.n * s.n)),
+      out(q.size());
   const int n = static_cast<int>(s.n), d = static_cast<int>(s.d);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (auto _ : state)
-    for (std::int64_t bh = 0; bh < s.b * s.h; ++bh) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, scale, q.data(), d, q.data(), d, 0.0f, scores.data(), n);
-      for (int i = 0; i < n; ++i) {
-        float* row = scores.data() + static_cast<std::size_t>(i) * static_cast<std::size_t>(n);
-        float m = row[0], total = 0;
-        for (int j = 1; j < n; ++j) m = std::max(m, row[j]);
-        for (int j = 0; j < n; ++j) total += row[j] = std::exp(row[j] - m);
-        for (int j = 0; j < n; ++j) row[j] /= total;
+    on_all_cores(heads, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t h = first; h < last; ++h) {
+        float* qh = q.data() + h * s.n * s.d;
+        float* sh = scores.data() + h * s.n * s.n;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, scale, qh, d, qh, d, 0.0f, sh, n);
+        for (int i = 0; i < n; ++i) {
+          float* row = sh + static_cast<std::ptrdiff_t>(i) * n;
+          float m = row[0], total = 0;
+          for (int j = 1; j < n; ++j) m = std::max(m, row[j]);
+          for (int j = 0; j < n; ++j) total += row[j] = std::exp(row[j] - m);
+          for (int j = 0; j < n; ++j) row[j] /= total;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f, sh, n, qh, d, 0.0f, out.data() + h * s.n * s.d, d);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f, scores.data(), n, q.data(), d, 0.0f, out.data(), d);
-      benchmark::DoNotOptimize(out.data());
-    }
+    });
+  benchmark::DoNotOptimize(out.data());
   set_rate(state, s.flops());
 }
 
@@ -134,6 +158,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
+  openblas_set_num_threads(1);  // every row owns threads itself (see on_all_cores)
   std::vector<std::string> backends = {"cpu", "vulkan"};
   if (const char* env = std::getenv("QKV_BENCH_BACKENDS")) {
     backends.clear();

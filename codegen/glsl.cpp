@@ -35,7 +35,9 @@ std::string elementwise_expr(Op op) {
     case Op::matmul:
     case Op::reshape:
     case Op::causal_mask:
-    case Op::softmax: break;
+    case Op::softmax:
+    case Op::attention:
+    case Op::masked_attention: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(op)) + " has no elementwise expression");
 }
@@ -174,6 +176,21 @@ KernelSource matmul_source(int batch_rank) {
 
 }  // namespace
 
+bool implements(const Node& n) {
+  switch (ir::op_info(n.op).category) {
+    case OpCategory::composite: return n.op == Op::softmax;
+    case OpCategory::source:
+    case OpCategory::unary:
+    case OpCategory::binary:
+    case OpCategory::select:
+    case OpCategory::reduce:
+    case OpCategory::contract:
+    case OpCategory::layout:
+    case OpCategory::mask: return true;
+  }
+  return false;
+}
+
 bool has_kernel(const Node& n) { return n.op != Op::input && n.op != Op::reshape; }
 
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n) {
@@ -217,7 +234,9 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::matmul: return matmul_source(n.shape.rank - 2);
     case Op::causal_mask: return causal_mask_source();
     case Op::input:
-    case Op::reshape: break;
+    case Op::reshape:
+    case Op::attention:  // decomposed before code generation
+    case Op::masked_attention: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
@@ -313,7 +332,9 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       return l;
     }
     case Op::input:
-    case Op::reshape: break;
+    case Op::reshape:
+    case Op::attention:  // decomposed before code generation
+    case Op::masked_attention: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }

@@ -28,6 +28,9 @@ struct KernelLaunch {
   std::array<std::uint32_t, 3> groups{1, 1, 1};
 };
 
+/// Whether the generator has a kernel of its own for this node; composites it has none for are
+/// decomposed before code generation (softmax has one; attention is decomposed).
+bool implements(const ir::Node& n);
 /// Whether a node runs as a kernel (inputs are uploaded; reshapes alias their operand).
 bool has_kernel(const ir::Node& n);
 /// Why the Vulkan code generator cannot handle a node, or nullopt when it can.

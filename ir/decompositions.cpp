@@ -1,6 +1,8 @@
 // Decompositions of composite ops, one case per composite in ops.def.
 #include "ir/decompositions.hpp"
 
+#include <cmath>
+
 #include "ir/error.hpp"
 
 namespace qkv::ir {
@@ -15,6 +17,23 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
       ValueId m = g.add(Op::reduce_max, {in[0]}, reduce);
       ValueId e = g.add(Op::exp, {g.add(Op::sub, {in[0], m})});
       return g.add(Op::div, {e, g.add(Op::reduce_sum, {e}, reduce)});
+    }
+    case Op::attention:
+    case Op::masked_attention: {
+      // softmax(q kT * scale, masked to -inf where the mask or causality drops a key) v.
+      Attrs tb;
+      tb.transpose_b = true;
+      ValueId s = g.add(Op::mul, {g.add(Op::matmul, {in[0], in[1]}, tb), g.constant(n.attrs.value)});
+      ValueId neg_inf = g.constant(-HUGE_VAL);
+      if (n.op == Op::masked_attention) s = g.add(Op::where, {in[3], s, neg_inf});
+      if (n.attrs.causal) {
+        Attrs align;
+        align.align = n.attrs.align;
+        s = g.add(Op::where, {g.add(Op::causal_mask, {s}, align), s, neg_inf});
+      }
+      Attrs last;
+      last.axis = g.node(s).shape.rank - 1;
+      return g.add(Op::matmul, {g.add(Op::softmax, {s}, last), in[2]});
     }
     case Op::input:
     case Op::constant:

@@ -16,7 +16,7 @@ std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a)
   for (ValueId v : inputs) hash_mix(h, static_cast<std::size_t>(v));
   hash_mix(h, static_cast<std::size_t>(a.axis));
   hash_mix(h, (a.keepdim ? 1u : 0u) | (a.transpose_a ? 2u : 0u) | (a.transpose_b ? 4u : 0u));
-  hash_mix(h, static_cast<std::size_t>(a.align));
+  hash_mix(h, static_cast<std::size_t>(a.align) | (a.causal ? 8u : 0u));
   for (int i = 0; i < a.shape.rank; ++i) hash_mix(h, static_cast<std::size_t>(a.shape[i]));
   for (auto p : a.perm) hash_mix(h, static_cast<std::size_t>(p));
   hash_mix(h, std::hash<double>{}(a.value));

@@ -37,6 +37,7 @@ enum AttrFlag : std::uint32_t {
   kAttrValue = 1u << 5,
   kAttrDtype = 1u << 6,
   kAttrAlign = 1u << 7,
+  kAttrCausal = 1u << 8,
 };
 
 enum class CausalAlign : std::uint8_t { top_left, bottom_right };
@@ -49,6 +50,7 @@ struct Attrs {
   bool transpose_a = false;
   bool transpose_b = false;
   CausalAlign align = CausalAlign::top_left;
+  bool causal = false;
   std::array<std::int8_t, kMaxRank> perm{};
   Shape shape{};
   DType dtype = DType::f32;
@@ -56,7 +58,7 @@ struct Attrs {
 
   friend constexpr bool operator==(const Attrs& a, const Attrs& b) {
     return a.axis == b.axis && a.keepdim == b.keepdim && a.transpose_a == b.transpose_a &&
-           a.transpose_b == b.transpose_b && a.align == b.align && a.perm == b.perm &&
+           a.transpose_b == b.transpose_b && a.align == b.align && a.causal == b.causal && a.perm == b.perm &&
            a.shape == b.shape && a.dtype == b.dtype &&
            (a.value == b.value || (a.value != a.value && b.value != b.value));
   }

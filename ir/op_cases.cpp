@@ -83,6 +83,24 @@ std::vector<OpCase> op_cases(Op op) {
       return {{"square", {{{2, 5, 5}}}, align(CausalAlign::top_left)},
               {"top-left Lq<Lk", {{{3, 6}}}, align(CausalAlign::top_left)},
               {"bottom-right Lq<Lk", {{{3, 6}}}, align(CausalAlign::bottom_right)}};
+    case Op::attention: {
+      Attrs plain = shape({}, 0.35);
+      Attrs causal = plain;
+      causal.causal = true;
+      Attrs bottom = causal;
+      bottom.align = CausalAlign::bottom_right;
+      return {{"batched", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}}, plain},
+              {"causal heads broadcast k v", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}}, causal},
+              {"causal bottom-right Lq<Lk", {{{4, 8}}, {{9, 8}}, {{9, 3}}}, bottom},
+              {"long rows", {{{1, 3, 16}}, {{1, 700, 16}}, {{1, 700, 16}}}, plain}};
+    }
+    case Op::masked_attention: {
+      Attrs plain = shape({}, 0.25);
+      Attrs causal = plain;
+      causal.causal = true;
+      return {{"padding mask", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 8}}, {{2, 1, 7}, Fill::keep_first}}, plain},
+              {"full mask causal", {{{6, 4}}, {{6, 4}}, {{6, 2}}, {{6, 6}, Fill::keep_first}}, causal}};
+    }
     case Op::softmax:
       return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}, {"rows of 300", {{{2, 300}}}, axis(1)}};
   }
@@ -95,7 +113,7 @@ Graph case_graph(Op op, const OpCase& c) {
   for (std::size_t i = 0; i < c.inputs.size(); ++i) {
     Shape s;
     for (auto d : c.inputs[i].shape) s.push_back(d);
-    ins.push_back(g.add_input("x" + std::to_string(i), c.inputs[i].fill == Fill::boolean ? DType::boolean : DType::f32, s));
+    ins.push_back(g.add_input("x" + std::to_string(i), (c.inputs[i].fill == Fill::boolean || c.inputs[i].fill == Fill::keep_first) ? DType::boolean : DType::f32, s));
   }
   ValueId out = 0;
   if (op == Op::input) out = ins.at(0);  // the case's one input, declared like any other

@@ -9,7 +9,9 @@
 namespace qkv::ir {
 
 /// How a case's input is filled.
-enum class Fill { normal, positive, boolean };
+/// How a case's input is filled. keep_first: a boolean mask, random but keeping the first entry
+/// of its last dim, so that no attention row loses every key.
+enum class Fill { normal, positive, boolean, keep_first };
 
 struct CaseInput {
   std::vector<std::int64_t> shape;

@@ -183,6 +183,24 @@ constexpr ShapeResult reshape(const Operand& x, const Attrs& a) {
   return {a.shape, x.dtype};
 }
 
+/// attention: out = softmax(q kT) v; with a mask, the mask must broadcast to the scores' shape.
+constexpr ShapeResult attention(std::span<const Operand> in) {
+  ir::Attrs tb;
+  tb.transpose_b = true;
+  const Operand qk[2] = {in[0], in[1]};
+  ShapeResult scores = matmul(qk, tb);
+  if (!scores.ok()) return scores;
+  if (in.size() == 4) {
+    if (in[3].dtype != DType::boolean) return fail(ShapeErr::not_bool, 0, 0, 3);
+    const Operand sm[2] = {{scores.shape, scores.dtype}, in[3]};
+    ShapeResult b = broadcast(sm);
+    if (!b.ok()) return b;
+    if (!(b.shape == scores.shape)) return fail(ShapeErr::not_broadcastable, b.shape.rank, scores.shape.rank, 3);
+  }
+  const Operand sv[2] = {{scores.shape, scores.dtype}, in[2]};
+  return matmul(sv, {});
+}
+
 constexpr ShapeResult causal_mask(const Operand& x) {
   if (x.shape.rank < 2) return fail(ShapeErr::rank_too_small, x.shape.rank, 2, 0);
   return {Shape{x.shape.back(1), x.shape.back(0)}, DType::boolean};
@@ -213,6 +231,8 @@ constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attr
     case Op::reshape: r = rules::reshape(in[0], a); break;
     case Op::causal_mask: r = rules::causal_mask(in[0]); break;
     case Op::softmax: r = rules::softmax(in[0], a); break;
+    case Op::attention:
+    case Op::masked_attention: r = rules::attention(in); break;
   }
   if (r.ok() && r.shape.rank > kMaxRank) return rules::fail(ShapeErr::rank_too_large, r.shape.rank);
   return r;

@@ -5,7 +5,9 @@
 
 #include <cstring>
 
+#include "backends/cpu/attention.hpp"
 #include "backends/cpu/kernels.hpp"
+#include "backends/cpu/thread_pool.hpp"
 #include "backends/shape_cache.hpp"
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
@@ -23,6 +25,7 @@ class CpuExecutable final : public Executable {
  public:
   explicit CpuExecutable(ir::Graph g) : graph_(std::move(g)) {}
   const ir::Graph& graph() const override { return graph_; }
+  std::int64_t planned_bytes() const override { return memory_.total_bytes; }
 
   TensorMap run(const TensorMap& inputs) override {
     if (!signature_.matches(graph_, inputs)) plan(inputs);
@@ -93,6 +96,13 @@ class CpuExecutable final : public Executable {
       case Op::reshape: return;  // aliases its operand's storage
       case Op::causal_mask: return cpu::causal_mask(n.attrs.align, out);
       case Op::softmax: return cpu::softmax(in(0), n.attrs.axis, out);
+      case Op::attention:
+      case Op::masked_attention: {
+        cpu::ConstView mask{};
+        if (n.op == Op::masked_attention) mask = in(3);
+        return cpu::attention({in(0), in(1), in(2), n.op == Op::masked_attention ? &mask : nullptr, static_cast<float>(n.attrs.value),
+                               n.attrs.causal, n.attrs.align, out});
+      }
     }
     QKV_UNREACHABLE("op");
   }
@@ -108,10 +118,12 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   std::string device() const override {
-    return "host CPU, " + std::string(openblas_get_config()) + ", " + std::to_string(openblas_get_num_threads()) + " threads";
+    return "host CPU, " + std::string(openblas_get_config()) + ", " + std::to_string(cpu::ThreadPool::global().size()) +
+           " threads (OpenBLAS on 1, qkv's pool owns the cores)";
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
+    cpu::ThreadPool::global();  // pins OpenBLAS to one thread before any sgemm runs
     return std::make_unique<CpuExecutable>(ir::lower_for_backend(g, [this](const Node& n) { return supports(n); }));
   }
 };

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "backends/cpu/thread_pool.hpp"
+#include "backends/cpu/vector_math.hpp"
 #include "backends/scalar_ops.hpp"
 
 namespace qkv::backend::cpu {
@@ -100,6 +102,27 @@ void reduce(ir::Op op, ConstView x, int axis, View out) {
 
 void softmax(ConstView x, int axis, View out) {
   AxisSplit s = split_at(x.shape, axis);
+  if (s.inner == 1) {  // rows are contiguous: vectorised exp, rows spread over the pool
+    const std::int64_t per_task = std::max<std::int64_t>(1, (1 << 14) / std::max<std::int64_t>(s.n, 1));
+    const std::int64_t tasks = (s.outer + per_task - 1) / per_task;
+    auto task = [&](std::int64_t t) {
+      for (std::int64_t o = t * per_task; o < std::min(s.outer, (t + 1) * per_task); ++o) {
+        const float* src = x.data + o * s.n;
+        float* dst = out.data + o * s.n;
+        const float m = max_of(src, s.n, -std::numeric_limits<float>::infinity());
+        std::copy_n(src, s.n, dst);
+        // An all -inf row has no defined softmax: NaN, as exp(x - max) / sum gives in the decomposition.
+        if (m == -std::numeric_limits<float>::infinity()) {
+          std::fill_n(dst, s.n, std::numeric_limits<float>::quiet_NaN());
+          continue;
+        }
+        scale_inplace(dst, s.n, 1.0f / exp_shifted_sum(dst, s.n, m));
+      }
+    };
+    if (tasks == 1) task(0);
+    else ThreadPool::global().parallel_for(tasks, task);
+    return;
+  }
   for (std::int64_t o = 0; o < s.outer; ++o)
     for (std::int64_t i = 0; i < s.inner; ++i) {
       const float* src = x.data + o * s.n * s.inner + i;
@@ -115,12 +138,31 @@ void softmax(ConstView x, int axis, View out) {
 
 void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
   MatmulDims d = matmul_dims(a.shape, b.shape, out.shape, ta);
-  OffsetWalker<2> w{d.batch_shape, {d.a_batch, d.b_batch}};
-  for (std::int64_t bt = 0; bt < d.batch; ++bt, w.next()) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(d.m),
-                static_cast<int>(d.n), static_cast<int>(d.k), 1.0f, a.data + w.offset[0] * d.m * d.k, static_cast<int>(ta ? d.m : d.k),
-                b.data + w.offset[1] * d.k * d.n, static_cast<int>(tb ? d.k : d.n), 0.0f, out.data + bt * d.m * d.n,
-                static_cast<int>(d.n));
+  // Tasks: each batch's product, its rows split into chunks when there are fewer batches than
+  // threads to keep busy. Small products run inline.
+  ThreadPool& pool = ThreadPool::global();
+  const bool small = d.m * d.n * d.k < (1 << 15);
+  std::int64_t chunks = 1;
+  if (!small && d.batch < 2 * pool.size() && d.m >= 32) chunks = std::min<std::int64_t>(2 * pool.size(), d.m / 16);
+  const std::int64_t rows = (d.m + chunks - 1) / chunks;
+  auto task = [&](std::int64_t t) {
+    const std::int64_t bt = t / chunks, r0 = (t % chunks) * rows, r = std::min(rows, d.m - r0);
+    if (r <= 0) return;
+    std::int64_t oa = 0, ob = 0, rem = bt;
+    for (int i = d.batch_shape.rank - 1; i >= 0; --i) {
+      oa += (rem % d.batch_shape[i]) * d.a_batch[static_cast<std::size_t>(i)];
+      ob += (rem % d.batch_shape[i]) * d.b_batch[static_cast<std::size_t>(i)];
+      rem /= d.batch_shape[i];
+    }
+    const float* pa = a.data + oa * d.m * d.k + (ta ? r0 : r0 * d.k);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(r), static_cast<int>(d.n),
+                static_cast<int>(d.k), 1.0f, pa, static_cast<int>(ta ? d.m : d.k), b.data + ob * d.k * d.n, static_cast<int>(tb ? d.k : d.n),
+                0.0f, out.data + bt * d.m * d.n + r0 * d.n, static_cast<int>(d.n));
+  };
+  if (small) {
+    for (std::int64_t t = 0; t < d.batch * chunks; ++t) task(t);
+  } else {
+    pool.parallel_for(d.batch * chunks, task);
   }
 }
 

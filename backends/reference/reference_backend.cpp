@@ -23,10 +23,13 @@ class ReferenceExecutable final : public Executable {
   ReferenceExecutable(ir::Graph g, bool f64_outputs) : graph_(std::move(g)), f64_outputs_(f64_outputs) {}
 
   const ir::Graph& graph() const override { return graph_; }
+  std::int64_t planned_bytes() const override { return planned_bytes_; }
 
   TensorMap run(const TensorMap& inputs) override {
     std::vector<Shape> shapes = ir::bind_shapes(graph_, inputs);
     std::vector<std::vector<T>> values(graph_.size());
+    planned_bytes_ = 0;
+    for (const auto& s : shapes) planned_bytes_ += s.numel() * static_cast<std::int64_t>(sizeof(T));
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       values[i].resize(static_cast<std::size_t>(shapes[i].numel()));
       eval(graph_.nodes()[i], shapes, values, i, inputs);
@@ -137,13 +140,16 @@ class ReferenceExecutable final : public Executable {
           for (std::int64_t j = 0; j < lk; ++j) out[static_cast<std::size_t>(i * lk + j)] = j <= i + shift ? T(1) : T(0);
         return;
       }
-      case Op::softmax: break;
+      case Op::softmax:
+      case Op::attention:
+      case Op::masked_attention: break;
     }
     QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " reached the reference backend undecomposed");
   }
 
   ir::Graph graph_;
   bool f64_outputs_;
+  std::int64_t planned_bytes_ = 0;
 };
 
 class ReferenceBackend final : public Backend {

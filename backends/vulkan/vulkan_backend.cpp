@@ -41,6 +41,7 @@ class VulkanExecutable final : public Executable {
     }
   }
   const ir::Graph& graph() const override { return graph_; }
+  std::int64_t planned_bytes() const override { return memory_.total_bytes; }
 
   TensorMap run(const TensorMap& inputs) override {
     return guarded("run", [&] {
@@ -183,7 +184,7 @@ class VulkanBackend final : public Backend {
   explicit VulkanBackend(const VulkanOptions& o) : ctx_(Context::get(o)) {}
   std::string name() const override { return "vulkan"; }
   std::string device() const override { return ctx_->device_name(); }
-  bool supports(const Node& n) const override { return n.op == Op::softmax || ir::op_info(n.op).category != ir::OpCategory::composite; }
+  bool supports(const Node& n) const override { return codegen::implements(n); }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     for (const Node& n : lowered.nodes())

@@ -15,6 +15,11 @@ Graph eliminate_common_subexpressions(const Graph& g);
 /// Dead code elimination: drops nodes no output depends on; inputs always stay (dce.cpp).
 Graph eliminate_dead_code(const Graph& g);
 
+/// Attention fusion: matmul(softmax(where*(q kT * c)), v), with each intermediate used once, becomes
+/// one attention (or masked_attention) node; a where with a causal_mask condition becomes its
+/// causal attribute (fuse_attention.cpp). Backends that do not keep attention decompose it back.
+Graph fuse_attention(const Graph& g);
+
 /// Replaces each composite node for which `keep` is false with its decomposition
 /// (decompose.cpp). Backends keep the composites they implement directly.
 Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)>& keep);
@@ -23,7 +28,7 @@ Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)
 /// `rewrite`, when given, may emit a replacement for a node and return it, or return -1 to copy.
 Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite = {});
 
-/// Runs the passes a backend's compile runs, in order: decompose, CSE, DCE; verifies after each
+/// Runs the passes a backend's compile runs, in order: fuse attention, decompose, CSE, DCE; verifies after each
 /// and prints the IR to stderr after each when QKV_PRINT_IR=after-all (pipeline.cpp).
 Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite);
 

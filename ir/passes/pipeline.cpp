@@ -19,7 +19,9 @@ void after(const char* pass, const Graph& g) {
 
 Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite) {
   after("input", g);
-  Graph r = decompose_composites(g, keep_composite);
+  Graph r = fuse_attention(g);
+  after("fuse-attention", r);
+  r = decompose_composites(r, keep_composite);
   after("decompose-composites", r);
   r = eliminate_common_subexpressions(r);
   after("cse", r);

@@ -1,0 +1,27 @@
+// The CPU backend's fused attention: softmax(q kT * scale, masked) v without materialising the
+// score matrix.
+#pragma once
+
+#include "backends/cpu/kernels.hpp"
+
+namespace qkv::backend::cpu {
+
+struct AttentionArgs {
+  ConstView q, k, v;          // [..., N, D], [..., M, D], [..., M, Dv]; batch dims broadcast
+  const ConstView* mask;      // nullptr, or a 0/1 keep-mask broadcasting to [..., N, M]
+  float scale;
+  bool causal;
+  ir::CausalAlign align;
+  View out;                   // [..., N, Dv]
+};
+
+/// Query blocks of kQueryBlock rows stream over key blocks of kKeyBlock keys with an online
+/// softmax (running max and sum per row), so each thread holds kQueryBlock x (kKeyBlock + Dv)
+/// floats whatever N and M are. Key blocks wholly above the causal diagonal are skipped. A row
+/// whose keys are all masked gives NaN, as the decomposition does.
+void attention(const AttentionArgs& args);
+
+inline constexpr std::int64_t kQueryBlock = 128;
+inline constexpr std::int64_t kKeyBlock = 256;
+
+}  // namespace qkv::backend::cpu

@@ -1,0 +1,93 @@
+// Vector math with GCC vector extensions (8 float lanes; one AVX register, two SSE registers),
+// cloned for x86-64-v3 (AVX2 + FMA) with a portable fallback.
+#include "backends/cpu/vector_math.hpp"
+
+#include <cstring>
+
+// The helpers below pass 32-byte vectors by value; they have internal linkage and are always
+// inlined into the cloned functions, so the ABI note GCC gives for the SSE fallback is moot.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace qkv::backend::cpu {
+
+namespace {
+
+using v8f = float __attribute__((vector_size(32)));
+using v8i = std::int32_t __attribute__((vector_size(32)));
+
+[[gnu::always_inline]] inline v8f load(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline void store(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline v8f splat(float x) { return v8f{} + x; }
+
+/// exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2], exp(r) by the
+/// Cephes polynomial (about 2 ulp). Below -87.3 (and -inf) gives exactly 0.
+[[gnu::always_inline]] inline v8f exp8(v8f x) {
+  const v8i underflow = x < -87.3f;
+  x = x < -87.3f ? splat(-87.3f) : x;
+  x = x > 88.3f ? splat(88.3f) : x;
+  const v8f round = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting rounds to an integer
+  v8f k = (x * 1.44269504088896341f + round) - round;
+  v8f r = x - k * 0.693359375f - k * -2.12194440e-4f;
+  v8f p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  v8i bits = (__builtin_convertvector(k, v8i) + 127) << 23;
+  v8f e = p * __builtin_bit_cast(v8f, bits);
+  return underflow ? splat(0.0f) : e;
+}
+
+[[gnu::always_inline]] inline float hsum(v8f v) {
+  float s = 0;
+  for (int i = 0; i < 8; ++i) s += v[i];
+  return s;
+}
+
+}  // namespace
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) float exp_shifted_sum(float* x, std::int64_t n, float shift) {
+  v8f acc = {};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    v8f e = exp8(load(x + i) - shift);
+    store(x + i, e);
+    acc += e;
+  }
+  float total = hsum(acc);
+  if (i < n) {  // the tail, through a padded vector
+    float tail[8];
+    for (int j = 0; j < 8; ++j) tail[j] = i + j < n ? x[i + j] - shift : -1e30f;
+    v8f e = exp8(load(tail));
+    for (std::int64_t j = 0; i + j < n; ++j) x[i + j] = e[j];
+    total += hsum(e);
+  }
+  return total;
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) float max_of(const float* x, std::int64_t n, float init) {
+  v8f acc = splat(init);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    v8f v = load(x + i);
+    acc = v > acc ? v : acc;
+  }
+  float m = init;
+  for (int j = 0; j < 8; ++j) m = acc[j] > m ? acc[j] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void scale_inplace(float* y, std::int64_t n, float s) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store(y + i, load(y + i) * s);
+  for (; i < n; ++i) y[i] *= s;
+}
+
+}  // namespace qkv::backend::cpu
