@@ -76,7 +76,7 @@ Tensor parse_npy(const std::string& bytes, const std::string& what) {
   std::size_t data_start = header_start + header_len;
   if (bytes.size() - data_start != t.nbytes())
     bad(what, "data holds " + std::to_string(bytes.size() - data_start) + " bytes, shape " + shape_text + " needs " + std::to_string(t.nbytes()));
-  std::memcpy(t.raw(), bytes.data() + data_start, t.nbytes());
+  if (t.nbytes()) std::memcpy(t.raw(), bytes.data() + data_start, t.nbytes());
   if (dtype == DType::boolean)
     for (std::int64_t i = 0; i < t.numel(); ++i)
       if (t.data<std::uint8_t>()[i] > 1) bad(what, "bool array holds a byte other than 0 or 1");

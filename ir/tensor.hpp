@@ -28,7 +28,7 @@ class Tensor {
     if constexpr (std::is_same_v<T, bool>) {
       for (std::size_t i = 0; i < values.size(); ++i) t.bytes_[i] = static_cast<std::byte>(values[i] ? 1 : 0);
     } else {
-      std::memcpy(t.bytes_.data(), values.data(), t.nbytes());
+      if (t.nbytes()) std::memcpy(t.bytes_.data(), values.data(), t.nbytes());
     }
     return t;
   }

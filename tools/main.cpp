@@ -1,6 +1,7 @@
 // The qkv program: run, check and inspect attention models on any backend.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "codegen/glsl.hpp"
 #include "io/npy.hpp"
+#include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "tools/models/models.hpp"
@@ -122,6 +124,50 @@ SdpaInputs prepare_sdpa(const std::map<std::string, std::string>& files, bool& h
   return r;
 }
 
+/// Prints a result whose matrices are small enough to read (at most 16 x 16 per batch entry).
+void print_small(const char* name, const Tensor& t) {
+  const std::int64_t rows = t.shape().end()[-2], cols = t.shape().back(), batches = t.numel() / std::max<std::int64_t>(rows * cols, 1);
+  if (rows > 16 || cols > 16 || batches > 4) return;
+  std::printf("%s:\n", name);
+  for (std::int64_t b = 0; b < batches; ++b) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+      std::printf("  ");
+      for (std::int64_t j = 0; j < cols; ++j) std::printf(" %8.4f", t.at((b * rows + i) * cols + j));
+      std::printf("\n");
+    }
+    if (b + 1 < batches) std::printf("\n");
+  }
+}
+
+/// The op x backend support table, from the registry and each backend's supports().
+int cmd_ops() {
+  std::vector<std::pair<std::string, std::unique_ptr<qkv::backend::Backend>>> backends;
+  for (const auto& name : qkv::backend::backend_names()) {
+    try {
+      backends.emplace_back(name, qkv::backend::create(name));
+    } catch (const qkv::Error&) {
+      backends.emplace_back(name, nullptr);
+    }
+  }
+  std::printf("| op | inputs |");
+  for (const auto& [name, b] : backends) std::printf(" %s |", name.c_str());
+  std::printf(" meaning |\n|---|---|");
+  for (std::size_t i = 0; i < backends.size(); ++i) std::printf("---|");
+  std::printf("---|\n");
+  for (qkv::ir::Op op : qkv::ir::all_ops()) {
+    const auto& info = qkv::ir::op_info(op);
+    qkv::ir::Graph g = qkv::ir::case_graph(op, qkv::ir::op_cases(op).at(0));
+    const qkv::ir::Node& node = g.node(g.output("out"));
+    std::printf("| `%s` | %d |", std::string(info.name).c_str(), info.arity);
+    for (const auto& [name, b] : backends) {
+      const char* cell = !b ? "unavailable" : b->supports(node) ? "kernel" : "decomposed";
+      std::printf(" %s |", cell);
+    }
+    std::printf(" %s |\n", std::string(info.doc).c_str());
+  }
+  return 0;
+}
+
 int cmd_devices() {
   for (const auto& s : qkv::backend::probe_backends())
     std::printf("%-10s %-11s %s\n", s.name.c_str(), s.available ? "available" : "unavailable", s.detail.c_str());
@@ -171,6 +217,7 @@ int cmd_run(const ModelFlags& f, const std::string& backend_name, const std::vec
     std::printf("  %s %s -> %s\n", name.c_str(), shape_string(shape).c_str(), file.c_str());
   }
   if (out_files.empty()) std::printf("  (no --out given; outputs not written)\n");
+  for (const char* name : {"weights", "out"}) print_small(name, r.at(name));
   return 0;
 }
 
@@ -212,6 +259,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   app.add_subcommand("devices", "list backends, their devices, and why one is unavailable");
+  app.add_subcommand("ops", "the op x backend support table, generated from the op registry");
 
   ModelFlags run_flags;
   std::string backend = qkv::backend::default_backend_name();
@@ -252,6 +300,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (app.got_subcommand("devices")) return cmd_devices();
+    if (app.got_subcommand("ops")) return cmd_ops();
     if (run->parsed()) return cmd_run(run_flags, backend, ins, outs);
     if (check->parsed()) return cmd_check(check_flags, backends, seed, check_mask);
     if (dump->parsed()) return cmd_dump(dump_flags, ir, dot, glsl, dump_backend);

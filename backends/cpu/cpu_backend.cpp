@@ -38,7 +38,7 @@ class CpuExecutable final : public Executable {
       if (t.dtype() == DType::boolean) {
         for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;
       } else {
-        std::memcpy(t.raw(), src, t.nbytes());
+        if (t.nbytes()) std::memcpy(t.raw(), src, t.nbytes());
       }
       out.emplace(name, std::move(t));
     }

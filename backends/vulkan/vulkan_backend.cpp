@@ -23,7 +23,7 @@ using vk_detail::guarded;
 /// Host <-> staging conversion: device buffers hold every value, booleans too, as float.
 void write_staging(const Tensor& t, void* dst) {
   if (t.dtype() == DType::f32) {
-    std::memcpy(dst, t.raw(), t.nbytes());
+    if (t.nbytes()) std::memcpy(dst, t.raw(), t.nbytes());
     return;
   }
   auto* f = static_cast<float*>(dst);
@@ -60,7 +60,7 @@ class VulkanExecutable final : public Executable {
         if (t.dtype() == DType::boolean) {
           for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;
         } else {
-          std::memcpy(t.raw(), src, t.nbytes());
+          if (t.nbytes()) std::memcpy(t.raw(), src, t.nbytes());
         }
         out.emplace(name, std::move(t));
       }

@@ -145,3 +145,22 @@ INSTANTIATE_TEST_SUITE_P(All, AttentionBackends, ::testing::Values("reference", 
 
 }  // namespace
 }  // namespace qkv
+
+namespace qkv {
+namespace {
+
+class EmptyTensors : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EmptyTensors, ZeroSizedDimsRunAndGiveEmptyOutputs) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  auto x = input<"x">(dim<"N">, dim<3>);
+  auto exe = b->compile(lower(exp(x) + 1.0));
+  auto r = exe->run({{"x", Tensor(DType::f32, {0, 3})}});
+  EXPECT_EQ(r.at("out").shape(), (std::vector<std::int64_t>{0, 3}));
+  EXPECT_EQ(exe->run({{"x", Tensor::from<float>({1, 3}, {0, 0, 0})}}).at("out").at(2), 2.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, EmptyTensors, ::testing::Values("reference", "cpu", "vulkan"));
+
+}  // namespace
+}  // namespace qkv

@@ -51,6 +51,7 @@ TEST_F(Cli, RunWritesOutputsWithBatchDimsKept) {
                    " --in v=" + path("v.npy") + " --out out=" + path("out.npy") + " --out weights=" + path("w.npy"));
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_NE(r.output.find("out (1, 1, 1, 2) -> "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("weights:\n     0.7311   0.2689"), std::string::npos) << r.output;
     qkv::Tensor out = qkv::io::read_npy(path("out.npy"));
     qkv::Tensor w = qkv::io::read_npy(path("w.npy"));
     EXPECT_EQ(out.shape(), (std::vector<std::int64_t>{1, 1, 1, 2}));
@@ -129,6 +130,10 @@ TEST_F(Cli, HelpVersionDevices) {
   Result v = run("--version");
   EXPECT_EQ(v.status, 0);
   EXPECT_NE(v.output.find("qkv 0.1.0"), std::string::npos);
+  Result ops = run("ops");
+  EXPECT_EQ(ops.status, 0);
+  EXPECT_NE(ops.output.find("| `masked_attention` | 4 |"), std::string::npos) << ops.output;
+  EXPECT_NE(ops.output.find("| `softmax` | 1 | decomposed | kernel |"), std::string::npos) << ops.output;
   Result d = run("devices");
   EXPECT_EQ(d.status, 0);
   EXPECT_NE(d.output.find("reference"), std::string::npos);
