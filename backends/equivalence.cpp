@@ -116,6 +116,7 @@ TensorMap random_inputs(const ir::Graph& g, const std::map<std::string, std::int
         case DType::f32: t.data<float>()[i] = static_cast<float>(normal(rng)); break;
         case DType::f64: t.data<double>()[i] = normal(rng); break;
         case DType::boolean: t.data<std::uint8_t>()[i] = keep(rng); break;
+        case DType::i32: t.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng() % 8); break;
       }
     }
     r.emplace(n.name, std::move(t));

@@ -48,7 +48,8 @@ EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs,
 OutputComparison compare_output(const std::string& name, const Tensor& actual, const Tensor& oracle, const Tensor& plain,
                                 double factor = kDefaultBudgetFactor);
 
-/// Random inputs for every graph input: floats ~ N(0, 1), booleans true with probability 0.7.
+/// Random inputs for every graph input: floats ~ N(0, 1), booleans true with probability 0.7,
+/// i32 in [0, 8).
 /// Named dims take their sizes from `dims`; throws ShapeError naming a dim that is missing.
 TensorMap random_inputs(const ir::Graph& g, const std::map<std::string, std::int64_t>& dims, std::uint64_t seed);
 

@@ -27,6 +27,8 @@ constexpr T apply_binary(ir::Op op, T a, T b) {
     case ir::Op::mul: return a * b;
     case ir::Op::div: return a / b;
     case ir::Op::max: return a > b || std::isnan(a) ? a : b;
+    case ir::Op::equal: return a == b ? T(1) : T(0);
+    case ir::Op::greater: return a > b ? T(1) : T(0);
     default: QKV_UNREACHABLE("not a binary op");
   }
 }

@@ -27,7 +27,10 @@ std::string elementwise_expr(Op op) {
     case Op::div: return "a / b";
     case Op::max: return "(isnan(a) || a > b) ? a : b";
     case Op::where: return "c != 0.0 ? a : b";
-    case Op::permute: return "a";
+    case Op::equal: return "a == b ? 1.0 : 0.0";
+    case Op::greater: return "a > b ? 1.0 : 0.0";
+    case Op::permute:
+    case Op::broadcast_to: return "a";
     case Op::input:
     case Op::constant:
     case Op::reduce_sum:
@@ -35,7 +38,10 @@ std::string elementwise_expr(Op op) {
     case Op::matmul:
     case Op::reshape:
     case Op::causal_mask:
+    case Op::one_hot:
     case Op::softmax:
+    case Op::log_softmax:
+    case Op::reduce_mean:
     case Op::attention:
     case Op::masked_attention: break;
   }
@@ -103,6 +109,12 @@ KernelSource constant_source() {
   std::string s = header(0) + "// p[0] = elements, p[1] = the value's float bits\nvoid main() {\n" + kLinearIndex +
                   "  y[i] = uintBitsToFloat(pc.p[1]);\n}\n";
   return {"constant", s, 1};
+}
+
+KernelSource one_hot_source() {
+  std::string s = header(1) + "// p[0] = elements, p[1] = depth\nvoid main() {\n" + kLinearIndex +
+                  "  y[i] = x0[i / pc.p[1]] == float(i % pc.p[1]) ? 1.0 : 0.0;\n}\n";
+  return {"one_hot", s, 2};
 }
 
 KernelSource causal_mask_source() {
@@ -183,6 +195,7 @@ bool implements(const Node& n) {
     case OpCategory::unary:
     case OpCategory::binary:
     case OpCategory::select:
+    case OpCategory::compare:
     case OpCategory::reduce:
     case OpCategory::contract:
     case OpCategory::layout:
@@ -199,6 +212,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
     case OpCategory::unary:
     case OpCategory::binary:
     case OpCategory::select:
+    case OpCategory::compare:
     case OpCategory::layout: words = 1 + n.shape.rank * (1 + static_cast<int>(n.inputs.size())); break;
     case OpCategory::contract: words = 7 + 3 * (n.shape.rank - 2); break;
     case OpCategory::source:
@@ -227,7 +241,11 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::div:
     case Op::max:
     case Op::where:
+    case Op::equal:
+    case Op::greater:
+    case Op::broadcast_to:
     case Op::permute: return elementwise_source(g, n);
+    case Op::one_hot: return one_hot_source();
     case Op::reduce_sum:
     case Op::reduce_max:
     case Op::softmax: return axis_source(n.op);
@@ -235,7 +253,9 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::causal_mask: return causal_mask_source();
     case Op::input:
     case Op::reshape:
-    case Op::attention:  // decomposed before code generation
+    case Op::log_softmax:  // decomposed before code generation
+    case Op::reduce_mean:
+    case Op::attention:
     case Op::masked_attention: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
@@ -285,6 +305,9 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
     case Op::div:
     case Op::max:
     case Op::where:
+    case Op::equal:
+    case Op::greater:
+    case Op::broadcast_to:
     case Op::permute: {
       l.push.push_back(u32(os.numel()));
       for (int d = 0; d < os.rank; ++d) l.push.push_back(u32(os[d]));
@@ -331,9 +354,15 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       if (l.groups[1] == 0) l.groups[1] = 1;
       return l;
     }
+    case Op::one_hot:
+      l.push = {u32(os.numel()), u32(n.attrs.depth)};
+      l.groups = linear_groups(os.numel());
+      return l;
     case Op::input:
     case Op::reshape:
-    case Op::attention:  // decomposed before code generation
+    case Op::log_softmax:
+    case Op::reduce_mean:
+    case Op::attention:
     case Op::masked_attention: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");

@@ -51,10 +51,13 @@ Tensor parse_npy(const std::string& bytes, const std::string& what) {
   std::string order = header_value(header, "fortran_order", what);
   std::string shape_text = header_value(header, "shape", what);
   DType dtype;
+  bool int64 = false;  // NumPy's default integer: read and narrowed to i32
   if (descr == "'<f4'") dtype = DType::f32;
   else if (descr == "'<f8'") dtype = DType::f64;
   else if (descr == "'|b1'") dtype = DType::boolean;
-  else bad(what, "unsupported dtype " + descr + " (qkv reads float32, float64 and bool)");
+  else if (descr == "'<i4'") dtype = DType::i32;
+  else if (descr == "'<i8'") dtype = DType::i32, int64 = true;
+  else bad(what, "unsupported dtype " + descr + " (qkv reads float32, float64, int32, int64 and bool)");
   if (order != "False") bad(what, "Fortran-order arrays are not supported (save with C order)");
   std::vector<std::int64_t> shape;
   std::string inner = shape_text.substr(1, shape_text.size() - 2);
@@ -74,9 +77,19 @@ Tensor parse_npy(const std::string& bytes, const std::string& what) {
   }
   Tensor t(dtype, shape);
   std::size_t data_start = header_start + header_len;
-  if (bytes.size() - data_start != t.nbytes())
-    bad(what, "data holds " + std::to_string(bytes.size() - data_start) + " bytes, shape " + shape_text + " needs " + std::to_string(t.nbytes()));
-  if (t.nbytes()) std::memcpy(t.raw(), bytes.data() + data_start, t.nbytes());
+  const std::size_t need = int64 ? t.nbytes() * 2 : t.nbytes();
+  if (bytes.size() - data_start != need)
+    bad(what, "data holds " + std::to_string(bytes.size() - data_start) + " bytes, shape " + shape_text + " needs " + std::to_string(need));
+  if (int64) {
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      std::int64_t v;
+      std::memcpy(&v, bytes.data() + data_start + static_cast<std::size_t>(i) * 8, 8);
+      if (v < INT32_MIN || v > INT32_MAX) bad(what, "int64 value " + std::to_string(v) + " does not fit in int32");
+      t.data<std::int32_t>()[i] = static_cast<std::int32_t>(v);
+    }
+  } else if (t.nbytes()) {
+    std::memcpy(t.raw(), bytes.data() + data_start, t.nbytes());
+  }
   if (dtype == DType::boolean)
     for (std::int64_t i = 0; i < t.numel(); ++i)
       if (t.data<std::uint8_t>()[i] > 1) bad(what, "bool array holds a byte other than 0 or 1");
@@ -91,7 +104,13 @@ Tensor read_npy(const std::string& path) {
 }
 
 std::string format_npy(const Tensor& t) {
-  std::string descr = t.dtype() == DType::f32 ? "<f4" : t.dtype() == DType::f64 ? "<f8" : "|b1";
+  std::string descr;
+  switch (t.dtype()) {
+    case DType::f32: descr = "<f4"; break;
+    case DType::f64: descr = "<f8"; break;
+    case DType::boolean: descr = "|b1"; break;
+    case DType::i32: descr = "<i4"; break;
+  }
   std::string shape = "(";
   for (std::size_t i = 0; i < t.shape().size(); ++i) shape += std::to_string(t.shape()[i]) + (t.shape().size() == 1 || i + 1 < t.shape().size() ? "," : "");
   shape += ")";

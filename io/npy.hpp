@@ -7,7 +7,8 @@
 
 namespace qkv::io {
 
-/// Reads a .npy file (format 1.0-3.0; '<f4', '<f8', '|b1'; C order). Throws IoError naming the
+/// Reads a .npy file (format 1.0-3.0; '<f4', '<f8', '<i4', '|b1', and '<i8' narrowed to i32;
+/// C order). Throws IoError naming the
 /// file and what is wrong with it.
 Tensor read_npy(const std::string& path);
 /// Writes a .npy file (format 1.0). Writes to a temporary file and renames it, so a failed write

@@ -35,6 +35,30 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
       last.axis = g.node(s).shape.rank - 1;
       return g.add(Op::matmul, {g.add(Op::softmax, {s}, last), in[2]});
     }
+    case Op::log_softmax: {
+      // log_softmax(x) = (x - max) - log(sum(exp(x - max))).
+      Attrs reduce;
+      reduce.axis = n.attrs.axis;
+      ValueId s = g.add(Op::sub, {in[0], g.add(Op::reduce_max, {in[0]}, reduce)});
+      return g.add(Op::sub, {s, g.add(Op::log, {g.add(Op::reduce_sum, {g.add(Op::exp, {s})}, reduce)})});
+    }
+    case Op::reduce_mean: {
+      // mean(x) = sum(x) / sum(ones) over the axis; the ones span only that axis, so the count
+      // costs one axis of memory and works for named dims.
+      Shape axis_only;
+      const Shape& xs = g.node(in[0]).shape;
+      for (int i = 0; i < xs.rank; ++i) axis_only.push_back(i == n.attrs.axis ? xs[i] : 1);
+      Attrs keep;
+      keep.axis = n.attrs.axis;
+      ValueId count = g.add(Op::reduce_sum, {g.constant(1.0, axis_only)}, keep);
+      Attrs r = n.attrs;
+      ValueId sum = g.add(Op::reduce_sum, {in[0]}, r);
+      if (!n.attrs.keepdim) {
+        Attrs scalar;  // the count is [1, ..., 1]: as a scalar it broadcasts against any result
+        count = g.add(Op::reshape, {count}, scalar);
+      }
+      return g.add(Op::div, {sum, count});
+    }
     case Op::input:
     case Op::constant:
     case Op::neg:
@@ -47,6 +71,10 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
     case Op::div:
     case Op::max:
     case Op::where:
+    case Op::equal:
+    case Op::greater:
+    case Op::broadcast_to:
+    case Op::one_hot:
     case Op::reduce_sum:
     case Op::reduce_max:
     case Op::matmul:

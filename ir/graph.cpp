@@ -17,6 +17,7 @@ std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a)
   hash_mix(h, static_cast<std::size_t>(a.axis));
   hash_mix(h, (a.keepdim ? 1u : 0u) | (a.transpose_a ? 2u : 0u) | (a.transpose_b ? 4u : 0u));
   hash_mix(h, static_cast<std::size_t>(a.align) | (a.causal ? 8u : 0u));
+  hash_mix(h, static_cast<std::size_t>(a.depth));
   for (int i = 0; i < a.shape.rank; ++i) hash_mix(h, static_cast<std::size_t>(a.shape[i]));
   for (auto p : a.perm) hash_mix(h, static_cast<std::size_t>(p));
   hash_mix(h, std::hash<double>{}(a.value));
@@ -91,6 +92,8 @@ std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<s
     case ShapeErr::bad_permutation: m += " (entry " + std::to_string(r.lhs) + " for rank " + std::to_string(r.rhs) + ")"; break;
     case ShapeErr::rank_too_small: m += " (operand " + std::to_string(r.operand) + " has rank " + std::to_string(r.lhs) + ", needs " + std::to_string(r.rhs) + ")"; break;
     case ShapeErr::rank_too_large: m += " (" + std::to_string(r.lhs) + ")"; break;
+    case ShapeErr::not_broadcast_target: m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + ")"; break;
+    case ShapeErr::not_integer:
     case ShapeErr::not_float:
     case ShapeErr::not_bool:
     case ShapeErr::dtypes_differ: m += " (operand " + std::to_string(r.operand) + " is " + operand(r.operand) + ")"; break;

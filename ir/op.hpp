@@ -24,7 +24,7 @@ inline constexpr int kNumOps = 0
     ;
 
 enum class OpCategory : std::uint8_t {
-  source, unary, binary, select, reduce, contract, layout, mask, composite
+  source, unary, binary, select, compare, reduce, contract, layout, mask, composite
 };
 
 /// Which attribute fields an op reads (and prints).
@@ -38,6 +38,7 @@ enum AttrFlag : std::uint32_t {
   kAttrDtype = 1u << 6,
   kAttrAlign = 1u << 7,
   kAttrCausal = 1u << 8,
+  kAttrDepth = 1u << 9,
 };
 
 enum class CausalAlign : std::uint8_t { top_left, bottom_right };
@@ -51,6 +52,7 @@ struct Attrs {
   bool transpose_b = false;
   CausalAlign align = CausalAlign::top_left;
   bool causal = false;
+  std::int64_t depth = 0;
   std::array<std::int8_t, kMaxRank> perm{};
   Shape shape{};
   DType dtype = DType::f32;
@@ -58,7 +60,7 @@ struct Attrs {
 
   friend constexpr bool operator==(const Attrs& a, const Attrs& b) {
     return a.axis == b.axis && a.keepdim == b.keepdim && a.transpose_a == b.transpose_a &&
-           a.transpose_b == b.transpose_b && a.align == b.align && a.causal == b.causal && a.perm == b.perm &&
+           a.transpose_b == b.transpose_b && a.align == b.align && a.causal == b.causal && a.depth == b.depth && a.perm == b.perm &&
            a.shape == b.shape && a.dtype == b.dtype &&
            (a.value == b.value || (a.value != a.value && b.value != b.value));
   }

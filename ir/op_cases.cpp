@@ -60,6 +60,18 @@ std::vector<OpCase> op_cases(Op op) {
     case Op::mul:
     case Op::max: return binary();
     case Op::div: return binary(Fill::positive);
+    case Op::equal:
+    case Op::greater:
+      return {{"same", {{{3, 4}}, {{3, 4}}}, {}}, {"broadcast", {{{2, 3, 4}}, {{1, 4}}}, {}}};
+    case Op::broadcast_to: return {{"rows", {{{1, 5}}}, shape({3, 5})}, {"new leading dims", {{{4, 1}}}, shape({2, 4, 6})}};
+    case Op::one_hot: {
+      Attrs d;
+      d.depth = 5;
+      return {{"ids 2x3", {{{2, 3}, Fill::ids}}, d}};
+    }
+    case Op::log_softmax: return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}};
+    case Op::reduce_mean:
+      return {{"last axis", {{{3, 33}}}, axis(1)}, {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}};
     case Op::where:
       return {{"same", {{{3, 4}, Fill::boolean}, {{3, 4}}, {{3, 4}}}, {}},
               {"broadcast mask", {{{4, 5}, Fill::boolean}, {{2, 4, 5}}, {{}}}, {}}};
@@ -107,13 +119,24 @@ std::vector<OpCase> op_cases(Op op) {
   return {};
 }
 
+DType fill_dtype(Fill f) {
+  switch (f) {
+    case Fill::normal:
+    case Fill::positive: return DType::f32;
+    case Fill::boolean:
+    case Fill::keep_first: return DType::boolean;
+    case Fill::ids: return DType::i32;
+  }
+  return DType::f32;
+}
+
 Graph case_graph(Op op, const OpCase& c) {
   Graph g;
   std::vector<ValueId> ins;
   for (std::size_t i = 0; i < c.inputs.size(); ++i) {
     Shape s;
     for (auto d : c.inputs[i].shape) s.push_back(d);
-    ins.push_back(g.add_input("x" + std::to_string(i), (c.inputs[i].fill == Fill::boolean || c.inputs[i].fill == Fill::keep_first) ? DType::boolean : DType::f32, s));
+    ins.push_back(g.add_input("x" + std::to_string(i), fill_dtype(c.inputs[i].fill), s));
   }
   ValueId out = 0;
   if (op == Op::input) out = ins.at(0);  // the case's one input, declared like any other

@@ -11,7 +11,8 @@ namespace qkv::ir {
 /// How a case's input is filled.
 /// How a case's input is filled. keep_first: a boolean mask, random but keeping the first entry
 /// of its last dim, so that no attention row loses every key.
-enum class Fill { normal, positive, boolean, keep_first };
+/// ids: i32 values in [-1, 6], some outside [0, 5) on purpose.
+enum class Fill { normal, positive, boolean, keep_first, ids };
 
 struct CaseInput {
   std::vector<std::int64_t> shape;
@@ -26,6 +27,9 @@ struct OpCase {
 
 /// The cases of `op` (at least one for every op; see op_cases.cpp).
 std::vector<OpCase> op_cases(Op op);
+
+/// The dtype of inputs filled this way.
+DType fill_dtype(Fill f);
 
 /// A graph applying `op` to inputs x0.. of the case's shapes, with one output "out".
 Graph case_graph(Op op, const OpCase& c);

@@ -22,6 +22,8 @@ enum class ShapeErr : std::uint8_t {
   not_float,            // operand `operand` must be f32 or f64
   not_bool,             // operand `operand` (a condition) must be bool
   dtypes_differ,        // operands of one computation must share a dtype
+  not_integer,          // operand `operand` must be i32
+  not_broadcast_target, // broadcast_to: dims `lhs` vs `rhs` at axis `axis`
 };
 
 constexpr std::string_view shape_err_name(ShapeErr e) {
@@ -37,6 +39,8 @@ constexpr std::string_view shape_err_name(ShapeErr e) {
     case ShapeErr::not_float: return "operand is not a float tensor";
     case ShapeErr::not_bool: return "condition is not a bool tensor";
     case ShapeErr::dtypes_differ: return "dtypes differ";
+    case ShapeErr::not_integer: return "operand is not an i32 tensor";
+    case ShapeErr::not_broadcast_target: return "operand does not broadcast to the target shape";
   }
   return "?";
 }
@@ -111,6 +115,30 @@ constexpr ShapeResult elementwise(std::span<const Operand> in) {
   if (auto r = require_float(in, 0); !r.ok()) return r;
   ShapeResult r = broadcast(in);
   r.dtype = in[0].dtype;
+  return r;
+}
+
+constexpr ShapeResult compare(std::span<const Operand> in) {
+  ShapeResult r = elementwise(in);
+  r.dtype = DType::boolean;
+  return r;
+}
+
+constexpr ShapeResult broadcast_to(const Operand& x, const Attrs& a) {
+  const Operand both[2] = {x, {a.shape, x.dtype}};
+  ShapeResult r = broadcast(both);
+  if (!r.ok()) return r;
+  if (r.shape.rank != a.shape.rank) return fail(ShapeErr::not_broadcast_target, x.shape.rank, a.shape.rank);
+  for (int i = 0; i < r.shape.rank; ++i)
+    if (!dims_compatible(r.shape[i], a.shape[i])) return fail(ShapeErr::not_broadcast_target, r.shape[i], a.shape[i], 0, i);
+  return {a.shape, x.dtype};
+}
+
+constexpr ShapeResult one_hot(const Operand& x, const Attrs& a) {
+  if (x.dtype != DType::i32) return fail(ShapeErr::not_integer);
+  ShapeResult r{x.shape, DType::f32};
+  if (r.shape.rank >= kMaxRank) return fail(ShapeErr::rank_too_large, r.shape.rank + 1);
+  r.shape.push_back(a.depth);
   return r;
 }
 
@@ -224,6 +252,12 @@ constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attr
     case Op::div:
     case Op::max: r = rules::elementwise(in); break;
     case Op::where: r = rules::select(in); break;
+    case Op::equal:
+    case Op::greater: r = rules::compare(in); break;
+    case Op::broadcast_to: r = rules::broadcast_to(in[0], a); break;
+    case Op::one_hot: r = rules::one_hot(in[0], a); break;
+    case Op::log_softmax: r = rules::softmax(in[0], a); break;
+    case Op::reduce_mean: r = rules::reduce(in[0], a); break;
     case Op::reduce_sum:
     case Op::reduce_max: r = rules::reduce(in[0], a); break;
     case Op::matmul: r = rules::matmul(in, a); break;

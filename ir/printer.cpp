@@ -56,6 +56,7 @@ std::string print_attrs(const Graph& g, const Node& n) {
   }
   if ((f & kAttrShape) && n.op != Op::input) add("shape=" + format_dims(g, a.shape));
   if (f & kAttrValue) add("value=" + format_double(a.value));
+  if (f & kAttrDepth) add("depth=" + std::to_string(a.depth));
   if (f & kAttrCausal) add(std::string("causal=") + (a.causal ? "true" : "false"));
   if (f & kAttrAlign) add("align=" + std::string(align_name(a.align)));
   return s;
@@ -246,6 +247,7 @@ class Parser {
     else if (key == "transpose_a") a.transpose_a = boolean();
     else if (key == "transpose_b") a.transpose_b = boolean();
     else if (key == "causal") a.causal = boolean();
+    else if (key == "depth") a.depth = integer();
     else if (key == "value") a.value = number();
     else if (key == "shape") a.shape = dims();
     else if (key == "align") {

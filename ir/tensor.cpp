@@ -24,6 +24,7 @@ double Tensor::at(std::int64_t i) const {
     case DType::f32: return data<float>()[i];
     case DType::f64: return data<double>()[i];
     case DType::boolean: return data<std::uint8_t>()[i] ? 1.0 : 0.0;
+    case DType::i32: return data<std::int32_t>()[i];
   }
   QKV_UNREACHABLE("dtype");
 }
@@ -38,6 +39,7 @@ Tensor Tensor::to(DType dtype) const {
       case DType::f32: r.data<float>()[i] = static_cast<float>(v); break;
       case DType::f64: r.data<double>()[i] = v; break;
       case DType::boolean: r.data<std::uint8_t>()[i] = v != 0.0; break;
+      case DType::i32: r.data<std::int32_t>()[i] = static_cast<std::int32_t>(v); break;
     }
   }
   return r;

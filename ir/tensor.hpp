@@ -40,7 +40,8 @@ class Tensor {
   std::size_t nbytes() const { return bytes_.size(); }
   bool empty() const { return shape_.empty() && bytes_.empty(); }
 
-  /// Typed element access; T must match the dtype (float, double, or std::uint8_t for bool).
+  /// Typed element access; T must match the dtype (float, double, std::int32_t, or std::uint8_t
+  /// for bool).
   template <class T>
   T* data() {
     check_type<T>();
@@ -67,8 +68,9 @@ class Tensor {
   static constexpr DType dtype_of() {
     if constexpr (std::is_same_v<T, float>) return DType::f32;
     else if constexpr (std::is_same_v<T, double>) return DType::f64;
+    else if constexpr (std::is_same_v<T, std::int32_t>) return DType::i32;
     else {
-      static_assert(std::is_same_v<T, bool> || std::is_same_v<T, std::uint8_t>, "tensor elements are float, double or bool");
+      static_assert(std::is_same_v<T, bool> || std::is_same_v<T, std::uint8_t>, "tensor elements are float, double, int32 or bool");
       return DType::boolean;
     }
   }

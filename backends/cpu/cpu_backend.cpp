@@ -19,7 +19,17 @@ namespace {
 using ir::Node;
 using ir::Op;
 
-bool cpu_supports(const Node&) { return true; }
+/// Composites with a kernel of their own; the others run as their decompositions.
+bool cpu_supports(const Node& n) {
+  switch (n.op) {
+    case Op::softmax:
+    case Op::log_softmax:
+    case Op::attention:
+    case Op::masked_attention: return true;
+    case Op::reduce_mean: return false;
+    default: return ir::op_info(n.op).category != ir::OpCategory::composite;
+  }
+}
 
 class CpuExecutable final : public Executable {
  public:
@@ -38,7 +48,7 @@ class CpuExecutable final : public Executable {
       if (t.dtype() == DType::boolean) {
         for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;
       } else {
-        if (t.nbytes()) std::memcpy(t.raw(), src, t.nbytes());
+        if (t.nbytes()) std::memcpy(t.raw(), src, t.nbytes());  // graph outputs are f32 or bool
       }
       out.emplace(name, std::move(t));
     }
@@ -50,7 +60,7 @@ class CpuExecutable final : public Executable {
     shapes_ = ir::bind_shapes(graph_, inputs);
     std::vector<std::int64_t> bytes(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * static_cast<std::int64_t>(sizeof(float));
-    // f32 inputs are read where the caller keeps them; bool inputs are widened into the arena.
+    // f32 inputs are read where the caller keeps them; bool and i32 inputs are widened into the arena.
     memory_ = ir::plan_memory(graph_, bytes, [](const Node& n) { return n.op == Op::input && n.dtype == DType::f32; }, 64);
     arena_.assign(static_cast<std::size_t>(memory_.total_bytes / 4 + 16), 0.0f);
     signature_.record(graph_, inputs);
@@ -87,7 +97,13 @@ class CpuExecutable final : public Executable {
       case Op::sub:
       case Op::mul:
       case Op::div:
-      case Op::max: return cpu::binary(n.op, in(0), in(1), out);
+      case Op::max:
+      case Op::equal:
+      case Op::greater: return cpu::binary(n.op, in(0), in(1), out);
+      case Op::broadcast_to: return cpu::broadcast(in(0), out);
+      case Op::one_hot: return cpu::one_hot(in(0), n.attrs.depth, out);
+      case Op::log_softmax: return cpu::log_softmax(in(0), n.attrs.axis, out);
+      case Op::reduce_mean: break;  // decomposed
       case Op::where: return cpu::select(in(0), in(1), in(2), out);
       case Op::reduce_sum:
       case Op::reduce_max: return cpu::reduce(n.op, in(0), n.attrs.axis, out);

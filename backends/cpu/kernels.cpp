@@ -74,6 +74,8 @@ void binary(ir::Op op, ConstView a, ConstView b, View out) {
     case ir::Op::mul: return binary_impl<ir::Op::mul>(a, b, out);
     case ir::Op::div: return binary_impl<ir::Op::div>(a, b, out);
     case ir::Op::max: return binary_impl<ir::Op::max>(a, b, out);
+    case ir::Op::equal: return binary_impl<ir::Op::equal>(a, b, out);
+    case ir::Op::greater: return binary_impl<ir::Op::greater>(a, b, out);
     default: QKV_UNREACHABLE("not a binary op");
   }
 }
@@ -134,6 +136,42 @@ void softmax(ConstView x, int axis, View out) {
       const float inv = 1.0f / total;
       for (std::int64_t k = 0; k < s.n; ++k) dst[k * s.inner] *= inv;
     }
+}
+
+void log_softmax(ConstView x, int axis, View out) {
+  AxisSplit s = split_at(x.shape, axis);
+  for (std::int64_t o = 0; o < s.outer; ++o)
+    for (std::int64_t i = 0; i < s.inner; ++i) {
+      const float* src = x.data + o * s.n * s.inner + i;
+      float* dst = out.data + o * s.n * s.inner + i;
+      float m = -std::numeric_limits<float>::infinity();
+      for (std::int64_t k = 0; k < s.n; ++k) m = std::max(m, src[k * s.inner]);
+      float total = 0.0f;
+      for (std::int64_t k = 0; k < s.n; ++k) total += std::exp(src[k * s.inner] - m);
+      const float shift = m + std::log(total);
+      for (std::int64_t k = 0; k < s.n; ++k) dst[k * s.inner] = src[k * s.inner] - shift;
+    }
+}
+
+void broadcast(ConstView x, View out) {
+  const ir::Shape& os = out.shape;
+  Strides st = broadcast_strides(x.shape, os);
+  std::int64_t inner = os.rank ? os.back() : 1;
+  std::int64_t step = os.rank ? st[static_cast<std::size_t>(os.rank - 1)] : 0;
+  ir::Shape rows = leading(os);
+  std::int64_t nrows = rows.numel();
+  OffsetWalker<1> w{rows, {st}};
+  for (std::int64_t r = 0; r < nrows; ++r, w.next())
+    for (std::int64_t i = 0; i < inner; ++i) out.data[r * inner + i] = x.data[w.offset[0] + i * step];
+}
+
+void one_hot(ConstView ids, std::int64_t depth, View out) {
+  std::fill_n(out.data, out.shape.numel(), 0.0f);
+  const std::int64_t n = ids.shape.numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto id = static_cast<std::int64_t>(ids.data[i]);
+    if (id >= 0 && id < depth) out.data[i * depth + id] = 1.0f;
+  }
 }
 
 void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {

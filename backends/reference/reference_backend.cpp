@@ -45,6 +45,7 @@ class ReferenceExecutable final : public Executable {
           case DType::f32: t.data<float>()[j] = static_cast<float>(vals[j]); break;
           case DType::f64: t.data<double>()[j] = static_cast<double>(vals[j]); break;
           case DType::boolean: t.data<std::uint8_t>()[j] = vals[j] != T(0); break;
+          case DType::i32: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(vals[j]); break;
         }
       }
       out.emplace(name, std::move(t));
@@ -76,7 +77,9 @@ class ReferenceExecutable final : public Executable {
       case Op::sub:
       case Op::mul:
       case Op::div:
-      case Op::max: {
+      case Op::max:
+      case Op::equal:
+      case Op::greater: {
         OffsetWalker<2> w{os, {broadcast_strides(in_shape(0), os), broadcast_strides(in_shape(1), os)}};
         for (std::size_t j = 0; j < out.size(); ++j, w.next())
           out[j] = apply_binary(n.op, in(0)[static_cast<std::size_t>(w.offset[0])], in(1)[static_cast<std::size_t>(w.offset[1])]);
@@ -133,6 +136,20 @@ class ReferenceExecutable final : public Executable {
         return;
       }
       case Op::reshape: out = in(0); return;
+      case Op::broadcast_to: {
+        OffsetWalker<1> w{os, {broadcast_strides(in_shape(0), os)}};
+        for (std::size_t j = 0; j < out.size(); ++j, w.next()) out[j] = in(0)[static_cast<std::size_t>(w.offset[0])];
+        return;
+      }
+      case Op::one_hot: {
+        const auto depth = n.attrs.depth;
+        std::fill(out.begin(), out.end(), T(0));
+        for (std::size_t j = 0; j < in(0).size(); ++j) {
+          auto id = static_cast<std::int64_t>(in(0)[j]);
+          if (id >= 0 && id < depth) out[j * static_cast<std::size_t>(depth) + static_cast<std::size_t>(id)] = T(1);
+        }
+        return;
+      }
       case Op::causal_mask: {
         std::int64_t lq = os[0], lk = os[1];
         std::int64_t shift = n.attrs.align == ir::CausalAlign::bottom_right ? lk - lq : 0;
@@ -141,6 +158,8 @@ class ReferenceExecutable final : public Executable {
         return;
       }
       case Op::softmax:
+      case Op::log_softmax:
+      case Op::reduce_mean:
       case Op::attention:
       case Op::masked_attention: break;
     }

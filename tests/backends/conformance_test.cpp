@@ -34,8 +34,7 @@ backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed) {
   backend::TensorMap m;
   for (std::size_t i = 0; i < c.inputs.size(); ++i) {
     const auto& in = c.inputs[i];
-    const bool mask = in.fill == ir::Fill::boolean || in.fill == ir::Fill::keep_first;
-    Tensor t(mask ? DType::boolean : DType::f32, in.shape);
+    Tensor t(ir::fill_dtype(in.fill), in.shape);
     const std::int64_t last = in.shape.empty() ? 1 : in.shape.back();
     for (std::int64_t j = 0; j < t.numel(); ++j) {
       switch (in.fill) {
@@ -43,6 +42,7 @@ backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed) {
         case ir::Fill::positive: t.data<float>()[j] = static_cast<float>(positive(rng)); break;
         case ir::Fill::boolean: t.data<std::uint8_t>()[j] = coin(rng); break;
         case ir::Fill::keep_first: t.data<std::uint8_t>()[j] = j % last == 0 || coin(rng); break;
+        case ir::Fill::ids: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 8) - 1; break;
       }
     }
     m.emplace("x" + std::to_string(i), std::move(t));

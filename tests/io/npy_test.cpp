@@ -10,12 +10,13 @@ namespace qkv::io {
 namespace {
 
 TEST(Npy, RoundTripsEveryDtype) {
-  for (DType dt : {DType::f32, DType::f64, DType::boolean}) {
+  for (DType dt : {DType::f32, DType::f64, DType::boolean, DType::i32}) {
     Tensor t(dt, {2, 3});
     for (std::int64_t i = 0; i < 6; ++i) {
       if (dt == DType::f32) t.data<float>()[i] = static_cast<float>(i) * 0.5f;
       if (dt == DType::f64) t.data<double>()[i] = static_cast<double>(i) * -0.25;
       if (dt == DType::boolean) t.data<std::uint8_t>()[i] = i % 2;
+      if (dt == DType::i32) t.data<std::int32_t>()[i] = static_cast<std::int32_t>(i) - 3;
     }
     Tensor r = parse_npy(format_npy(t), "mem");
     EXPECT_EQ(r.dtype(), dt);
@@ -60,7 +61,11 @@ TEST(Npy, MalformedFilesGiveClearErrors) {
   EXPECT_NE(message(good.substr(0, good.size() - 4)).find("data holds 12 bytes"), std::string::npos);
   std::string i4 = good;
   i4.replace(i4.find("<f4"), 3, "<i4");
-  EXPECT_NE(message(i4).find("unsupported dtype '<i4'"), std::string::npos);
+  i4.replace(i4.find("<i4"), 3, "<u2");
+  EXPECT_NE(message(i4).find("unsupported dtype '<u2'"), std::string::npos);
+  std::string i8 = good;  // 4 int64 values need 32 bytes; the file has 16
+  i8.replace(i8.find("<f4"), 3, "<i8");
+  EXPECT_NE(message(i8).find("data holds 16 bytes"), std::string::npos);
   std::string fortran = good;
   fortran.replace(fortran.find("False"), 5, "True ");
   EXPECT_NE(message(fortran).find("Fortran-order"), std::string::npos);
