@@ -9,7 +9,7 @@ std::vector<std::int64_t> to_vector(const Shape& s) {
   return v;
 }
 
-std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs) {
+std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs, bool f64_for_f32) {
   std::map<Dim, std::pair<std::int64_t, std::string>> bound;  // symbol -> (value, input that bound it)
   std::vector<Shape> shapes(g.size());
   std::size_t used = 0;
@@ -20,7 +20,7 @@ std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tenso
     ++used;
     const Tensor& t = it->second;
     std::string expected = g.type_string(v);
-    if (t.dtype() != n.dtype)
+    if (t.dtype() != n.dtype && !(f64_for_f32 && n.dtype == DType::f32 && t.dtype() == DType::f64))
       throw ShapeError("input '" + n.name + "': expected " + expected + ", got " + t.type_string() + " (dtype differs)");
     if (t.rank() != n.shape.rank)
       throw ShapeError("input '" + n.name + "': expected " + expected + ", got " + t.type_string() + " (rank differs)");

@@ -14,7 +14,9 @@ namespace qkv::ir {
 /// given with its declared dtype and rank, that static dims match, that each symbol gets one
 /// value, and re-runs each node's shape rule on the concrete shapes. Throws ShapeError naming
 /// the tensor, op and dims; extra tensors the graph has no input for are an error too.
-std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs);
+/// With `f64_for_f32`, f64 tensors are accepted for f32 inputs (the reference backend's
+/// double-precision mode, for finite differences).
+std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs, bool f64_for_f32 = false);
 
 /// Row-major element count of a concrete shape.
 inline std::int64_t numel(const Shape& s) { return s.numel(); }

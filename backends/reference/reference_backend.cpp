@@ -20,13 +20,14 @@ using ir::Shape;
 template <class T>
 class ReferenceExecutable final : public Executable {
  public:
-  ReferenceExecutable(ir::Graph g, bool f64_outputs) : graph_(std::move(g)), f64_outputs_(f64_outputs) {}
+  ReferenceExecutable(ir::Graph g, bool f64_outputs, bool f64_inputs)
+      : graph_(std::move(g)), f64_outputs_(f64_outputs), f64_inputs_(f64_inputs) {}
 
   const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return planned_bytes_; }
 
   TensorMap run(const TensorMap& inputs) override {
-    std::vector<Shape> shapes = ir::bind_shapes(graph_, inputs);
+    std::vector<Shape> shapes = ir::bind_shapes(graph_, inputs, f64_inputs_);
     std::vector<std::vector<T>> values(graph_.size());
     planned_bytes_ = 0;
     for (const auto& s : shapes) planned_bytes_ += s.numel() * static_cast<std::int64_t>(sizeof(T));
@@ -168,6 +169,7 @@ class ReferenceExecutable final : public Executable {
 
   ir::Graph graph_;
   bool f64_outputs_;
+  bool f64_inputs_;
   std::int64_t planned_bytes_ = 0;
 };
 
@@ -181,8 +183,9 @@ class ReferenceBackend final : public Backend {
   bool supports(const Node& n) const override { return ir::op_info(n.op).category != ir::OpCategory::composite; }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
-    if (options_.precision == Precision::f64) return std::make_unique<ReferenceExecutable<double>>(std::move(lowered), options_.f64_outputs);
-    return std::make_unique<ReferenceExecutable<float>>(std::move(lowered), options_.f64_outputs);
+    if (options_.precision == Precision::f64)
+      return std::make_unique<ReferenceExecutable<double>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs);
+    return std::make_unique<ReferenceExecutable<float>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs);
   }
 
  private:

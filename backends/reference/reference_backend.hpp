@@ -15,6 +15,8 @@ struct ReferenceOptions {
   Precision precision = Precision::f64;
   /// Return float outputs as f64 tensors instead of the graph's f32.
   bool f64_outputs = false;
+  /// Accept f64 tensors for f32 inputs (finite differences in double precision).
+  bool f64_inputs = false;
 };
 
 std::unique_ptr<Backend> make_reference_backend(ReferenceOptions options = {});

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <vector>
 #include <string_view>
 
+#include "ir/gradients.hpp"
 #include "ir/graph.hpp"
 
 namespace qkv::ir {
@@ -27,6 +30,22 @@ Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)
 /// Copies `g` node by node into a new graph through Graph::add (sharing equal nodes).
 /// `rewrite`, when given, may emit a replacement for a node and return it, or return -1 to copy.
 Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite = {});
+
+/// What to differentiate: a scalar output `loss` (seeded with 1), and/or outputs in `seeds`, each
+/// seeded from a new input named "d" + output ("dout" for "out"); gradients with respect to the
+/// float inputs named in `wrt`.
+struct GradientSpec {
+  std::string loss;
+  std::vector<std::string> wrt;
+  std::vector<std::string> seeds;
+};
+
+/// Reverse-mode autodiff (autodiff.cpp): one graph computing the forward outputs and, for each
+/// input x in spec.wrt, an output "d_x" of x's shape. Forward values the rules need are reused,
+/// not recomputed; composites whose rule is GradKind::decompose are differentiated through their
+/// decompositions; `rules` is the registry's gradient column (replaceable for tests). Throws
+/// ShapeError for a bad spec and UnsupportedError naming an op without a rule.
+Graph build_backward(const Graph& g, const GradientSpec& spec, const std::function<GradientInfo(Op)>& rules = gradient_info);
 
 /// Runs the passes a backend's compile runs, in order: fuse attention, decompose, CSE, DCE; verifies after each
 /// and prints the IR to stderr after each when QKV_PRINT_IR=after-all (pipeline.cpp).

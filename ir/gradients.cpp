@@ -1,0 +1,161 @@
+// Gradient rules, one case per op in ops.def. Each rule is IR ops with a one-line math comment;
+// `unbroadcast` undoes NumPy broadcasting of an operand.
+#include "ir/gradients.hpp"
+
+#include "ir/error.hpp"
+
+namespace qkv::ir {
+
+GradientInfo gradient_info(Op op) {
+  switch (op) {
+    case Op::input:
+    case Op::constant: return {GradKind::zero, "a source: gradients accumulate on it"};
+    case Op::equal:
+    case Op::greater: return {GradKind::zero, "boolean output"};
+    case Op::causal_mask: return {GradKind::zero, "boolean output that depends only on its operand's shape"};
+    case Op::one_hot: return {GradKind::zero, "integer input"};
+    case Op::reduce_mean: return {GradKind::decompose, "sum / count: the rules of reduce_sum and div"};
+    case Op::attention:
+    case Op::masked_attention: return {GradKind::decompose, "the rules of matmul, mul, where and softmax"};
+    case Op::neg:
+    case Op::exp:
+    case Op::log:
+    case Op::sqrt:
+    case Op::add:
+    case Op::sub:
+    case Op::mul:
+    case Op::div:
+    case Op::max:
+    case Op::where:
+    case Op::reduce_sum:
+    case Op::reduce_max:
+    case Op::matmul:
+    case Op::permute:
+    case Op::reshape:
+    case Op::broadcast_to:
+    case Op::softmax:
+    case Op::log_softmax: return {GradKind::rule, {}};
+  }
+  return {};
+}
+
+ValueId unbroadcast(Graph& g, ValueId grad, const Shape& target) {
+  Attrs sum_first;  // axis 0, dropped
+  sum_first.keepdim = false;
+  while (g.node(grad).shape.rank > target.rank) grad = g.add(Op::reduce_sum, {grad}, sum_first);
+  for (int i = 0; i < target.rank; ++i) {
+    if (target[i] != 1 || g.node(grad).shape[i] == 1) continue;
+    Attrs keep;
+    keep.axis = i;
+    grad = g.add(Op::reduce_sum, {grad}, keep);
+  }
+  return grad;
+}
+
+namespace {
+
+/// dy of a reduction over `axis`, broadcast back to the operand's shape `xs`.
+ValueId expand(Graph& g, ValueId dy, const Attrs& reduce, const Shape& xs) {
+  if (!reduce.keepdim) {
+    Attrs kept;
+    for (int i = 0; i < xs.rank; ++i) kept.shape.push_back(i == reduce.axis ? 1 : xs[i]);
+    dy = g.add(Op::reshape, {dy}, kept);
+  }
+  Attrs to;
+  to.shape = xs;
+  return g.add(Op::broadcast_to, {dy}, to);
+}
+
+Attrs matmul_attrs(bool ta, bool tb) {
+  Attrs a;
+  a.transpose_a = ta;
+  a.transpose_b = tb;
+  return a;
+}
+
+}  // namespace
+
+std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId dy, std::span<const ValueId> in) {
+  auto shape = [&](ValueId v) -> const Shape& { return g.node(v).shape; };
+  auto unb = [&](ValueId grad, int operand) { return unbroadcast(g, grad, shape(in[static_cast<std::size_t>(operand)])); };
+  const ValueId zero = g.constant(0.0);
+  switch (n.op) {
+    // d/dx -x = -dy
+    case Op::neg: return {g.add(Op::neg, {dy})};
+    // d/dx e^x = dy * e^x
+    case Op::exp: return {g.add(Op::mul, {dy, y})};
+    // d/dx log x = dy / x
+    case Op::log: return {g.add(Op::div, {dy, in[0]})};
+    // d/dx sqrt x = dy / (2 sqrt x)
+    case Op::sqrt: return {g.add(Op::div, {g.add(Op::mul, {dy, g.constant(0.5)}), y})};
+    // d/da (a + b) = dy, d/db = dy
+    case Op::add: return {unb(dy, 0), unb(dy, 1)};
+    // d/da (a - b) = dy, d/db = -dy
+    case Op::sub: return {unb(dy, 0), unb(g.add(Op::neg, {dy}), 1)};
+    // d/da (a * b) = dy * b, d/db = dy * a
+    case Op::mul: return {unb(g.add(Op::mul, {dy, in[1]}), 0), unb(g.add(Op::mul, {dy, in[0]}), 1)};
+    // d/da (a / b) = dy / b, d/db = -dy * (a / b) / b
+    case Op::div:
+      return {unb(g.add(Op::div, {dy, in[1]}), 0), unb(g.add(Op::neg, {g.add(Op::div, {g.add(Op::mul, {dy, y}), in[1]})}), 1)};
+    // d/da max(a, b) = dy where a >= b, d/db = dy where b > a
+    case Op::max: {
+      ValueId b_wins = g.add(Op::greater, {in[1], in[0]});
+      return {unb(g.add(Op::where, {b_wins, zero, dy}), 0), unb(g.add(Op::where, {b_wins, dy, zero}), 1)};
+    }
+    // d/da where(c, a, b) = dy where c, d/db = dy where not c; c gets none
+    case Op::where: return {-1, unb(g.add(Op::where, {in[0], dy, zero}), 1), unb(g.add(Op::where, {in[0], zero, dy}), 2)};
+    // d/dx sum(x) = dy broadcast over the axis
+    case Op::reduce_sum: return {expand(g, dy, n.attrs, shape(in[0]))};
+    // d/dx max(x) = dy at the maxima (every maximum of a tie), 0 elsewhere
+    case Op::reduce_max: {
+      ValueId at_max = g.add(Op::equal, {in[0], expand(g, y, n.attrs, shape(in[0]))});
+      return {g.add(Op::where, {at_max, expand(g, dy, n.attrs, shape(in[0])), zero})};
+    }
+    // C = op(A) op(B): d op(A) = dC op(B)^T, d op(B) = op(A)^T dC; transposed operands swap roles
+    case Op::matmul: {
+      const bool ta = n.attrs.transpose_a, tb = n.attrs.transpose_b;
+      ValueId da = ta ? g.add(Op::matmul, {in[1], dy}, matmul_attrs(tb, true)) : g.add(Op::matmul, {dy, in[1]}, matmul_attrs(false, !tb));
+      ValueId db = tb ? g.add(Op::matmul, {dy, in[0]}, matmul_attrs(true, ta)) : g.add(Op::matmul, {in[0], dy}, matmul_attrs(!ta, false));
+      return {unb(da, 0), unb(db, 1)};
+    }
+    // d/dx permute(x, p) = permute(dy, p^-1)
+    case Op::permute: {
+      Attrs inverse;
+      for (int i = 0; i < n.shape.rank; ++i) inverse.perm[static_cast<std::size_t>(n.attrs.perm[static_cast<std::size_t>(i)])] = static_cast<std::int8_t>(i);
+      return {g.add(Op::permute, {dy}, inverse)};
+    }
+    // d/dx reshape(x) = reshape(dy) back to x's shape
+    case Op::reshape: {
+      Attrs back;
+      back.shape = shape(in[0]);
+      return {g.add(Op::reshape, {dy}, back)};
+    }
+    // d/dx broadcast_to(x) = dy summed over the broadcast dims
+    case Op::broadcast_to: return {unb(dy, 0)};
+    // d/dx softmax(x) = y * (dy - sum(dy * y))
+    case Op::softmax: {
+      Attrs keep;
+      keep.axis = n.attrs.axis;
+      ValueId dot = g.add(Op::reduce_sum, {g.add(Op::mul, {dy, y})}, keep);
+      return {g.add(Op::mul, {y, g.add(Op::sub, {dy, dot})})};
+    }
+    // d/dx log_softmax(x) = dy - exp(y) * sum(dy)
+    case Op::log_softmax: {
+      Attrs keep;
+      keep.axis = n.attrs.axis;
+      return {g.add(Op::sub, {dy, g.add(Op::mul, {g.add(Op::exp, {y}), g.add(Op::reduce_sum, {dy}, keep)})})};
+    }
+    case Op::input:
+    case Op::constant:
+    case Op::equal:
+    case Op::greater:
+    case Op::causal_mask:
+    case Op::one_hot:
+    case Op::reduce_mean:
+    case Op::attention:
+    case Op::masked_attention: break;
+  }
+  QKV_UNREACHABLE(std::string(op_name(n.op)) + " has no gradient rule to emit");
+}
+
+}  // namespace qkv::ir

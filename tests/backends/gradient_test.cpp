@@ -1,0 +1,126 @@
+// Gradients of every op in the registry: finite differences on the float64 reference, and the
+// backward graph on every backend against the reference.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "ir/op_cases.hpp"
+#include "ir/passes/passes.hpp"
+#include "tests/support/backend_fixture.hpp"
+#include "tests/support/gradcheck.hpp"
+
+namespace qkv {
+namespace {
+
+struct Param {
+  ir::Op op;
+  std::size_t index;
+  ir::OpCase c;
+};
+
+/// Differentiable ops with float outputs and at least one float input, every case.
+std::vector<Param> differentiable_cases() {
+  std::vector<Param> r;
+  for (ir::Op op : ir::all_ops()) {
+    auto kind = ir::gradient_info(op).kind;
+    if (kind != ir::GradKind::rule && kind != ir::GradKind::decompose) continue;
+    auto cases = ir::op_cases(op);
+    for (std::size_t i = 0; i < cases.size(); ++i) r.push_back({op, i, cases[i]});
+  }
+  return r;
+}
+
+std::vector<std::string> float_inputs(const ir::OpCase& c) {
+  std::vector<std::string> r;
+  for (std::size_t i = 0; i < c.inputs.size(); ++i)
+    if (ir::fill_dtype(c.inputs[i].fill) == DType::f32) r.push_back("x" + std::to_string(i));
+  return r;
+}
+
+backend::TensorMap inputs_for(const ir::Graph& g, const ir::OpCase& c, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> positive(0.5, 3.0);
+  std::bernoulli_distribution coin(0.5);
+  backend::TensorMap m = backend::random_inputs(g, {}, seed);  // w_out and anything else
+  for (std::size_t i = 0; i < c.inputs.size(); ++i) {
+    Tensor& t = m.at("x" + std::to_string(i));
+    const std::int64_t last = c.inputs[i].shape.empty() ? 1 : c.inputs[i].shape.back();
+    for (std::int64_t j = 0; j < t.numel(); ++j) {
+      switch (c.inputs[i].fill) {
+        case ir::Fill::normal: t.data<float>()[j] = static_cast<float>(normal(rng)); break;
+        case ir::Fill::positive: t.data<float>()[j] = static_cast<float>(positive(rng)); break;
+        case ir::Fill::boolean: t.data<std::uint8_t>()[j] = coin(rng); break;
+        case ir::Fill::keep_first: t.data<std::uint8_t>()[j] = j % last == 0 || coin(rng); break;
+        case ir::Fill::ids: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 5); break;
+      }
+    }
+  }
+  return m;
+}
+
+class Gradients : public ::testing::TestWithParam<Param> {};
+
+TEST_P(Gradients, MatchFiniteDifferencesInDoublePrecision) {
+  const Param& p = GetParam();
+  auto wrt = float_inputs(p.c);
+  if (wrt.empty()) GTEST_SKIP() << "no float input";
+  ir::Graph g = testing::with_weighted_sum_loss(ir::case_graph(p.op, p.c));
+  testing::expect_gradients_match_finite_differences(g, inputs_for(g, p.c, 99 + p.index), wrt);
+}
+
+TEST_P(Gradients, BackwardGraphMatchesReferenceOnEveryBackend) {
+  const Param& p = GetParam();
+  auto wrt = float_inputs(p.c);
+  if (wrt.empty()) GTEST_SKIP() << "no float input";
+  ir::Graph g = testing::with_weighted_sum_loss(ir::case_graph(p.op, p.c));
+  ir::Graph backward = ir::build_backward(g, {"loss", wrt, {}});
+  auto in = inputs_for(g, p.c, 7 + p.index);
+  for (const char* b : {"cpu", "vulkan"}) {
+    SCOPED_TRACE(b);
+    testing::expect_equivalent(backward, in, b);
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<Param>& p) {
+  return std::string(ir::op_name(p.param.op)) + "_" + std::to_string(p.param.index);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, Gradients, ::testing::ValuesIn(differentiable_cases()), case_name);
+
+TEST(GradientCoverage, EveryOpChoosesHowItIsDifferentiated) {
+  for (ir::Op op : ir::all_ops()) {
+    auto info = ir::gradient_info(op);
+    EXPECT_NE(info.kind, ir::GradKind::missing) << ir::op_name(op) << " has no gradient rule";
+    if (info.kind == ir::GradKind::zero || info.kind == ir::GradKind::decompose) {
+      EXPECT_FALSE(info.why.empty()) << ir::op_name(op) << " says no reason";
+    }
+    if (info.kind == ir::GradKind::decompose) {
+      EXPECT_EQ(ir::op_info(op).category, ir::OpCategory::composite) << ir::op_name(op);
+    }
+  }
+}
+
+TEST(GradientCoverage, AnOpWithoutARuleIsReportedByName) {
+  ir::Graph g = testing::with_weighted_sum_loss(ir::case_graph(ir::Op::exp, ir::op_cases(ir::Op::exp)[0]));
+  auto without_exp = [](ir::Op op) {
+    return op == ir::Op::exp ? ir::GradientInfo{ir::GradKind::missing, {}} : ir::gradient_info(op);
+  };
+  try {
+    ir::build_backward(g, {"loss", {"x0"}, {}}, without_exp);
+    FAIL() << "no error";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("op 'exp'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GradientSpec, BadRequestsAreClearErrors) {
+  ir::Graph g = testing::with_weighted_sum_loss(ir::case_graph(ir::Op::where, ir::op_cases(ir::Op::where)[0]));
+  EXPECT_THROW(ir::build_backward(g, {"loss", {"x0"}, {}}), ShapeError);     // a bool input
+  EXPECT_THROW(ir::build_backward(g, {"loss", {"nope"}, {}}), ShapeError);   // no such input
+  EXPECT_THROW(ir::build_backward(g, {"out", {"x1"}, {}}), ShapeError);      // not a scalar
+  EXPECT_THROW(ir::build_backward(g, {"", {"x1"}, {}}), ShapeError);         // nothing to seed
+}
+
+}  // namespace
+}  // namespace qkv
