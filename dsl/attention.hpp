@@ -29,6 +29,10 @@ template <class T> constexpr bool is_mask() {
   if constexpr (Expr<T>) return T::dtype == DType::boolean;
   else return false;
 }
+template <class T> constexpr bool is_bias() {
+  if constexpr (Expr<T>) return T::dtype == DType::f32;
+  else return false;
+}
 
 constexpr std::optional<double> scale_of(Scale s) { return s.value; }
 template <class T> constexpr std::optional<double> scale_of(const T&) { return std::nullopt; }
@@ -40,6 +44,7 @@ template <class S, class Opt>
 constexpr auto apply_option(S scores, Opt opt) {
   if constexpr (is_causal<Opt>::value) return where(causal_mask<decltype(align_of(opt))::value>(scores), scores, kNegInf);
   else if constexpr (is_mask<Opt>()) return where(opt, scores, kNegInf);
+  else if constexpr (is_bias<Opt>()) return scores + opt;
   else return scores;
 }
 
@@ -52,12 +57,14 @@ constexpr auto apply_options(S scores, O o, Rest... rest) { return apply_options
 /// softmax(q kᵀ · scale + masks) over the keys: the attention weights, shape [..., Lq, Lk].
 /// q is [..., Lq, D], k is [..., Lk, D]; batch dims broadcast. Options, in any order: `causal` or
 /// `causal_bottom_right`; a boolean mask expression broadcasting to [..., Lq, Lk] in which true
-/// keeps a key (the scaled dot-product convention); scale(x) (default 1/sqrt(D), which needs a
-/// static D). A query row whose keys are all masked has no defined weights (NaN).
+/// keeps a key (the scaled dot-product convention); a float expression broadcasting to the same,
+/// added to the scores (an additive mask or bias: -inf or a large negative drops a key, and it is
+/// differentiable); scale(x) (default 1/sqrt(D), which needs a static D). A query row whose keys
+/// are all masked has no defined weights (NaN).
 template <Expr Q, Expr K, class... Opts>
 constexpr auto attention_weights(Q q, K k, Opts... opts) {
-  static_assert(((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || std::is_same_v<Opts, Scale>) && ...),
-                "qkv: attention options are causal, causal_bottom_right, a boolean mask expression or scale(x)");
+  static_assert(((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || detail::is_bias<Opts>() || std::is_same_v<Opts, Scale>) && ...),
+                "qkv: attention options are causal, causal_bottom_right, a boolean mask or float bias expression, or scale(x)");
   constexpr bool explicit_scale = (std::is_same_v<Opts, Scale> || ...);
   constexpr ir::Dim d = Q::shape.back(0);
   static_assert(explicit_scale || !ir::is_symbol(d),

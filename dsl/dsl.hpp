@@ -4,6 +4,8 @@
 #include "dsl/attention.hpp"
 #include "dsl/dims.hpp"
 #include "dsl/expr.hpp"
+#include "dsl/grad.hpp"
+#include "dsl/losses.hpp"
 #include "dsl/lower.hpp"
 #include "dsl/ops.hpp"
 

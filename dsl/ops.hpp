@@ -2,6 +2,7 @@
 // layout, masks and softmax. Each checks shapes where it is called.
 #pragma once
 
+#include <cstdint>
 #include <limits>
 
 #include "dsl/expr.hpp"
@@ -66,6 +67,54 @@ constexpr auto sum(X x) { return make_node<ir::Op::reduce_sum, detail::axis_attr
 /// Maximum over Axis, like sum.
 template <int Axis, bool KeepDim = true, Expr X>
 constexpr auto max(X x) { return make_node<ir::Op::reduce_max, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis, KeepDim)>(x); }
+/// Mean over Axis, like sum.
+template <int Axis, bool KeepDim = true, Expr X>
+constexpr auto mean(X x) { return make_node<ir::Op::reduce_mean, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis, KeepDim)>(x); }
+/// log(softmax(x)) over Axis (default: the last), computed stably.
+template <int Axis = -1, Expr X>
+constexpr auto log_softmax(X x) { return make_node<ir::Op::log_softmax, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis)>(x); }
+
+/// Sum of every element: a scalar.
+template <Expr X>
+constexpr auto sum_all(X x) {
+  if constexpr (X::shape.rank == 0) return x;
+  else return sum_all(sum<0, false>(x));
+}
+/// Mean of every element: a scalar.
+template <Expr X>
+constexpr auto mean_all(X x) {
+  if constexpr (X::shape.rank == 0) return x;
+  else return mean_all(mean<0, false>(x));
+}
+
+/// a == b and a > b elementwise, as boolean tensors.
+template <class A, class B> requires detail::Operands<A, B>
+constexpr auto equal(A a, B b) { return make_node<ir::Op::equal>(detail::as_expr(a), detail::as_expr(b)); }
+template <class A, class B> requires detail::Operands<A, B>
+constexpr auto greater(A a, B b) { return make_node<ir::Op::greater>(detail::as_expr(a), detail::as_expr(b)); }
+
+/// f32 [..., Depth] from i32 ids [...]: 1 at each id.
+template <std::int64_t Depth, Expr Ids>
+constexpr auto one_hot(Ids ids) {
+  constexpr ir::Attrs attrs = [] {
+    ir::Attrs a;
+    a.depth = Depth;
+    return a;
+  }();
+  return make_node<ir::Op::one_hot, attrs>(ids);
+}
+
+/// x repeated to a shape it broadcasts to: broadcast_to(x, dim<"B">, dim<"N">, dim<64>).
+template <Expr X, DimArg... Ds>
+constexpr auto broadcast_to(X x, DimC<Ds>...) {
+  constexpr ir::Attrs attrs = [] {
+    ir::Attrs a;
+    a.shape = DimList<Ds...>::shape();
+    return a;
+  }();
+  return make_node<ir::Op::broadcast_to, attrs, DimList<Ds...>>(x);
+}
+
 /// Numerically stable softmax over Axis (default: the last).
 template <int Axis = -1, Expr X>
 constexpr auto softmax(X x) { return make_node<ir::Op::softmax, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis)>(x); }
