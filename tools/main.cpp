@@ -55,8 +55,8 @@ struct SdpaInputs {
 
 SdpaInputs prepare_sdpa(const std::map<std::string, std::string>& files, bool& has_mask) {
   for (const auto& [name, file] : files)
-    if (name != "q" && name != "k" && name != "v" && name != "mask")
-      throw UsageError("sdpa has no input '" + name + "' (inputs: q, k, v, mask)");
+    if (name != "q" && name != "k" && name != "v" && name != "mask" && name != "dout")
+      throw UsageError("sdpa has no input '" + name + "' (inputs: q, k, v, mask, and dout with --grad)");
   for (const char* need : {"q", "k", "v"})
     if (!files.contains(need)) throw UsageError(std::string("missing --in ") + need + "=FILE.npy");
   std::map<std::string, Tensor> t;
@@ -93,6 +93,16 @@ SdpaInputs prepare_sdpa(const std::map<std::string, std::string>& files, bool& h
   r.tensors.emplace("q", q.reshaped({b, r.n, r.d}));
   r.tensors.emplace("k", k.reshaped({b, r.m, r.d}));
   r.tensors.emplace("v", v.reshaped({b, r.m, r.dv}));
+  if (t.contains("dout")) {
+    const Tensor& dout = t.at("dout");
+    std::vector<std::int64_t> want = r.batch;
+    want.push_back(r.n);
+    want.push_back(r.dv);
+    if (dout.shape() != want)
+      throw UsageError(files.at("dout") + ": tensor 'dout' (the gradient of out) has shape " + shape_string(dout.shape()) + ", out has " +
+                       shape_string(want));
+    r.tensors.emplace("dout", dout.reshaped({b, r.n, r.dv}));
+  }
   has_mask = t.contains("mask");
   if (has_mask) {
     // Broadcast the mask (..., N, M) over the batch dims on the host.
@@ -192,14 +202,26 @@ void add_model_flags(CLI::App* app, ModelFlags& f) {
   app->add_option("--scale", f.scale, "score scale (default 1/sqrt(D))");
 }
 
-int cmd_run(const ModelFlags& f, const std::string& backend_name, const std::vector<std::string>& ins, const std::vector<std::string>& outs) {
+/// The sdpa graph, or with `grad` its backward: out seeded from input "dout", outputs d_q, d_k, d_v.
+qkv::ir::Graph sdpa_graph(const qkv::models::SdpaOptions& o, bool grad) {
+  qkv::ir::Graph g = qkv::models::sdpa(o);
+  return grad ? qkv::ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}}) : g;
+}
+
+int cmd_run(const ModelFlags& f, const std::string& backend_name, const std::vector<std::string>& ins, const std::vector<std::string>& outs,
+            bool grad) {
   bool has_mask = false;
   SdpaInputs in = prepare_sdpa(pairs(ins, "--in"), has_mask);
+  if (grad != in.tensors.contains("dout"))
+    throw UsageError(grad ? "--grad needs --in dout=FILE.npy (the gradient of out)" : "--in dout is only for --grad");
   auto out_files = pairs(outs, "--out");
+  const std::vector<std::string> known = grad ? std::vector<std::string>{"out", "weights", "d_q", "d_k", "d_v"}
+                                              : std::vector<std::string>{"out", "weights"};
   for (const auto& [name, file] : out_files)
-    if (name != "out" && name != "weights") throw UsageError("sdpa has no output '" + name + "' (outputs: out, weights)");
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      throw UsageError("sdpa has no output '" + name + "' (outputs: out, weights" + (grad ? ", d_q, d_k, d_v)" : "; d_q, d_k, d_v with --grad)"));
   double scale = f.scale.value_or(1.0 / std::sqrt(static_cast<double>(in.d)));
-  qkv::ir::Graph g = qkv::models::sdpa({f.causal, has_mask, scale});
+  qkv::ir::Graph g = sdpa_graph({f.causal, has_mask, scale}, grad);
   auto backend = qkv::backend::create(backend_name);
   auto exe = backend->compile(g);
   auto t0 = std::chrono::steady_clock::now();
@@ -210,31 +232,33 @@ int cmd_run(const ModelFlags& f, const std::string& backend_name, const std::vec
               shape_string(in.tensors.at("v").shape()).c_str(), f.causal ? ", causal" : "", ms);
   for (const auto& [name, file] : out_files) {
     std::vector<std::int64_t> shape = in.batch;
-    shape.push_back(in.n);
-    shape.push_back(name == "out" ? in.dv : in.m);
+    const std::int64_t rows = name == "d_k" || name == "d_v" ? in.m : in.n;
+    const std::int64_t cols = name == "out" || name == "d_v" ? in.dv : name == "weights" ? in.m : in.d;
+    shape.push_back(rows);
+    shape.push_back(cols);
     Tensor t = r.at(name).reshaped(shape);
     qkv::io::write_npy(file, t);
     std::printf("  %s %s -> %s\n", name.c_str(), shape_string(shape).c_str(), file.c_str());
   }
   if (out_files.empty()) std::printf("  (no --out given; outputs not written)\n");
-  for (const char* name : {"weights", "out"}) print_small(name, r.at(name));
+  for (const auto& [name, t] : r) print_small(name.c_str(), t);
   return 0;
 }
 
-int cmd_check(const ModelFlags& f, const std::string& backends, std::uint64_t seed, bool with_mask) {
+int cmd_check(const ModelFlags& f, const std::string& backends, std::uint64_t seed, bool with_mask, bool grad) {
   std::vector<std::string> names;
   std::stringstream ss(backends);
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) names.push_back(item);
   if (names.empty()) throw UsageError("--backends lists no backend");
   const std::int64_t d = 16;
-  qkv::ir::Graph g = qkv::models::sdpa({f.causal, with_mask, f.scale.value_or(1.0 / std::sqrt(static_cast<double>(d)))});
+  qkv::ir::Graph g = sdpa_graph({f.causal, with_mask, f.scale.value_or(1.0 / std::sqrt(static_cast<double>(d)))}, grad);
   auto inputs = qkv::backend::random_inputs(g, {{"B", 3}, {"N", 17}, {"M", 23}, {"D", d}, {"Dv", 12}}, seed);
   if (with_mask)
     for (std::int64_t r = 0; r < 3 * 17; ++r) inputs.at("mask").data<std::uint8_t>()[r * 23] = 1;
   auto report = qkv::backend::check_equivalence(g, inputs, names);
-  std::printf("sdpa%s%s, B=3 N=17 M=23 D=16 Dv=12, seed %llu, against the float64 reference:\n", f.causal ? " causal" : "",
-              with_mask ? " masked" : "", static_cast<unsigned long long>(seed));
+  std::printf("sdpa%s%s%s, B=3 N=17 M=23 D=16 Dv=12, seed %llu, against the float64 reference:\n", grad ? " backward" : "",
+              f.causal ? " causal" : "", with_mask ? " masked" : "", static_cast<unsigned long long>(seed));
   std::fputs(report.table().c_str(), stdout);
   std::printf("%s\n", report.pass() ? "all backends within budget" : "FAILED: a backend is outside its budget or did not run");
   return report.pass() ? 0 : 1;
@@ -264,7 +288,9 @@ int main(int argc, char** argv) {
   ModelFlags run_flags;
   std::string backend = qkv::backend::default_backend_name();
   std::vector<std::string> ins, outs;
+  bool run_grad = false;
   auto* run = app.add_subcommand("run", "run a model on .npy inputs and write .npy outputs");
+  run->add_flag("--grad", run_grad, "also run the backward graph: --in dout=FILE.npy, outputs d_q, d_k, d_v");
   add_model_flags(run, run_flags);
   run->add_option("--backend", backend, "reference, cpu or vulkan (default: $QKV_BACKEND or cpu)");
   run->add_option("--in", ins, "an input: NAME=FILE.npy (q, k, v: float, shape (..., N, D); mask: bool (..., N, M), true keeps)");
@@ -279,6 +305,8 @@ int main(int argc, char** argv) {
   check->add_option("--backends", backends, "comma-separated backends")->capture_default_str();
   check->add_option("--seed", seed, "random seed")->capture_default_str();
   check->add_flag("--mask", check_mask, "add a random boolean mask input");
+  bool check_grad = false;
+  check->add_flag("--grad", check_grad, "check the backward graph (d_q, d_k, d_v from a random dout) too");
 
   ModelFlags dump_flags;
   bool ir = false, dot = false, glsl = false;
@@ -301,8 +329,8 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("devices")) return cmd_devices();
     if (app.got_subcommand("ops")) return cmd_ops();
-    if (run->parsed()) return cmd_run(run_flags, backend, ins, outs);
-    if (check->parsed()) return cmd_check(check_flags, backends, seed, check_mask);
+    if (run->parsed()) return cmd_run(run_flags, backend, ins, outs, run_grad);
+    if (check->parsed()) return cmd_check(check_flags, backends, seed, check_mask, check_grad);
     if (dump->parsed()) return cmd_dump(dump_flags, ir, dot, glsl, dump_backend);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "qkv: %s\n", e.what());

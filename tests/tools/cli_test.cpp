@@ -141,3 +141,36 @@ TEST_F(Cli, HelpVersionDevices) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(Cli, RunGradWritesInputGradients) {
+  // One query, one key: the weight is 1 whatever q and k are, so d_q = d_k = 0 and d_v = dout.
+  write("q.npy", qkv::Tensor::from<float>({1, 2}, {0.3f, -0.2f}));
+  write("k.npy", qkv::Tensor::from<float>({1, 2}, {0.5f, 0.1f}));
+  write("v.npy", qkv::Tensor::from<float>({1, 3}, {1, 2, 3}));
+  write("dout.npy", qkv::Tensor::from<float>({1, 3}, {0.5f, -1, 2}));
+  std::string base = "run sdpa --backend cpu --in q=" + path("q.npy") + " --in k=" + path("k.npy") + " --in v=" + path("v.npy");
+  Result r = run(base + " --grad --in dout=" + path("dout.npy") + " --out d_v=" + path("dv.npy") + " --out d_q=" + path("dq.npy"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  qkv::Tensor dv = qkv::io::read_npy(path("dv.npy")), dq = qkv::io::read_npy(path("dq.npy"));
+  EXPECT_EQ(dv.shape(), (std::vector<std::int64_t>{1, 3}));
+  EXPECT_NEAR(dv.at(2), 2.0, 1e-6);
+  EXPECT_EQ(dq.shape(), (std::vector<std::int64_t>{1, 2}));
+  EXPECT_NEAR(dq.at(0), 0.0, 1e-6);
+  Result no_dout = run(base + " --grad");
+  EXPECT_EQ(no_dout.status, 2);
+  EXPECT_NE(no_dout.output.find("--grad needs --in dout"), std::string::npos) << no_dout.output;
+  write("bad.npy", qkv::Tensor::from<float>({1, 2}, {0, 0}));
+  Result bad = run(base + " --grad --in dout=" + path("bad.npy"));
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.output.find("tensor 'dout' (the gradient of out) has shape (1, 2), out has (1, 3)"), std::string::npos) << bad.output;
+}
+
+TEST_F(Cli, CheckGradPassesOnHostBackends) {
+  Result r = run("check sdpa --grad --causal --backends reference,cpu");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("d_k"), std::string::npos) << r.output;
+}
+
+}  // namespace
