@@ -25,6 +25,13 @@ class Executable {
   virtual TensorMap run(const TensorMap& inputs) = 0;
   /// The graph as the backend runs it, after its lowering passes.
   virtual const ir::Graph& graph() const = 0;
+  /// Holds `tensors` on the backend as the values of the inputs they name, for every later run
+  /// until set again: runs no longer pass them, and the graph's updates write back into them,
+  /// so parameters and optimizer state stay on the device between training steps. Replaces
+  /// whatever was held before.
+  virtual void set_state(const TensorMap& tensors) = 0;
+  /// The held inputs' current values, after every update so far (copied to the host).
+  virtual TensorMap state() = 0;
   /// Bytes of intermediate and output storage the last run planned (0 before the first run);
   /// inputs the backend reads in place are not counted.
   virtual std::int64_t planned_bytes() const = 0;

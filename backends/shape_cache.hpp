@@ -1,8 +1,7 @@
-// Caches what an executable planned for one set of input shapes, so that repeated runs with the
-// same shapes skip binding and planning.
+// What every executable does with a run's tensors: gather them from the call and from the state
+// it holds (no copies), and remember the shapes its plan was made for.
 #pragma once
 
-#include <optional>
 #include <vector>
 
 #include "backends/backend.hpp"
@@ -10,29 +9,33 @@
 
 namespace qkv::backend {
 
+/// The tensor of each graph input (in g.inputs() order) for one run: from `inputs`, or from
+/// `state` for inputs held on the backend. Throws ShapeError for a missing input, an input the
+/// graph does not have, an input given both ways, or an updated input that is not held.
+std::vector<const Tensor*> gather_inputs(const ir::Graph& g, const TensorMap& inputs, const TensorMap& state);
+
+/// Copies of the gathered tensors by name (for binding shapes when planning, which is rare).
+TensorMap merged_inputs(const ir::Graph& g, const std::vector<const Tensor*>& tensors);
+
+/// Checks `tensors` are inputs of `g` before they are held as state.
+void check_state_names(const ir::Graph& g, const TensorMap& tensors);
+
 /// The input shapes a plan was made for, in the graph's input order.
 class InputSignature {
  public:
-  /// Whether `inputs` have exactly the shapes and dtypes recorded; cheap, no allocation.
-  bool matches(const ir::Graph& g, const TensorMap& inputs) const {
-    if (!valid_ || inputs.size() != entries_.size()) return false;
-    std::size_t i = 0;
-    for (ir::ValueId v : input_ids_) {
-      auto it = inputs.find(g.node(v).name);
-      if (it == inputs.end() || it->second.dtype() != entries_[i].dtype || it->second.shape() != entries_[i].shape) return false;
-      ++i;
-    }
+  /// Whether `tensors` have exactly the recorded shapes and dtypes; cheap, no allocation.
+  bool matches(const std::vector<const Tensor*>& tensors) const {
+    if (!valid_ || tensors.size() != entries_.size()) return false;
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      if (tensors[i]->dtype() != entries_[i].dtype || tensors[i]->shape() != entries_[i].shape) return false;
     return true;
   }
-  void record(const ir::Graph& g, const TensorMap& inputs) {
-    input_ids_ = g.inputs();
+  void record(const std::vector<const Tensor*>& tensors) {
     entries_.clear();
-    for (ir::ValueId v : input_ids_) {
-      const Tensor& t = inputs.find(g.node(v).name)->second;
-      entries_.push_back({t.dtype(), t.shape()});
-    }
+    for (const Tensor* t : tensors) entries_.push_back({t->dtype(), t->shape()});
     valid_ = true;
   }
+  void invalidate() { valid_ = false; }
 
  private:
   struct Entry {
@@ -40,7 +43,6 @@ class InputSignature {
     std::vector<std::int64_t> shape;
   };
   bool valid_ = false;
-  std::vector<ir::ValueId> input_ids_;
   std::vector<Entry> entries_;
 };
 

@@ -157,6 +157,34 @@ void Graph::set_output(std::string_view name, ValueId value) {
   outputs_.emplace_back(std::string(name), value);
 }
 
+void Graph::set_update(std::string_view input, ValueId value) {
+  if (value < 0 || static_cast<std::size_t>(value) >= nodes_.size())
+    throw IrError("update of '" + std::string(input) + "' names a value that does not exist");
+  for (const auto& [n, v] : updates_)
+    if (n == input) throw IrError("input '" + std::string(input) + "' is updated twice");
+  for (ValueId in : inputs()) {
+    const Node& n = node(in);
+    if (n.name != input) continue;
+    if (n.dtype != node(value).dtype || !(n.shape == node(value).shape))
+      throw ShapeError("update of input '" + n.name + "' (" + type_string(in) + ") with a value of type " + type_string(value));
+    updates_.emplace_back(std::string(input), value);
+    return;
+  }
+  throw IrError("update of '" + std::string(input) + "': the graph has no such input");
+}
+
+std::vector<ValueId> Graph::result_values() const {
+  std::vector<ValueId> r;
+  for (const auto& [n, v] : outputs_) r.push_back(v);
+  for (const auto& [n, v] : updates_) r.push_back(v);
+  return r;
+}
+
+void Graph::copy_results(const Graph& src, const std::vector<ValueId>& map) {
+  for (const auto& [name, v] : src.outputs()) set_output(name, map[static_cast<std::size_t>(v)]);
+  for (const auto& [name, v] : src.updates()) set_update(name, map[static_cast<std::size_t>(v)]);
+}
+
 std::vector<ValueId> Graph::inputs() const {
   std::vector<ValueId> r;
   for (std::size_t i = 0; i < nodes_.size(); ++i)

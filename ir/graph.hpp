@@ -40,6 +40,9 @@ class Graph {
   ValueId constant(double value, const Shape& shape = {});
   /// Names `value` as an output; names are unique.
   void set_output(std::string_view name, ValueId value);
+  /// After each run, input `input` takes `value` (same dtype and shape): how a training step
+  /// writes back parameters and optimizer state that the backend holds between runs.
+  void set_update(std::string_view input, ValueId value);
 
   const std::vector<Node>& nodes() const { return nodes_; }
   const Node& node(ValueId v) const { return nodes_.at(static_cast<std::size_t>(v)); }
@@ -48,6 +51,11 @@ class Graph {
   std::vector<ValueId> inputs() const;
   const std::vector<std::pair<std::string, ValueId>>& outputs() const { return outputs_; }
   ValueId output(std::string_view name) const;
+  const std::vector<std::pair<std::string, ValueId>>& updates() const { return updates_; }
+  /// Output values and update values: what a run must compute and keep to its end.
+  std::vector<ValueId> result_values() const;
+  /// Copies `src`'s outputs and updates into this graph through `map` (src value -> value here).
+  void copy_results(const Graph& src, const std::vector<ValueId>& map);
   const std::map<Dim, std::string>& symbols() const { return symbols_; }
 
   /// "N" for a symbol, "64" for a size.
@@ -62,6 +70,7 @@ class Graph {
  private:
   std::vector<Node> nodes_;
   std::vector<std::pair<std::string, ValueId>> outputs_;
+  std::vector<std::pair<std::string, ValueId>> updates_;
   std::map<Dim, std::string> symbols_;
   std::unordered_multimap<std::size_t, ValueId> index_;
 };

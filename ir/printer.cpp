@@ -76,6 +76,12 @@ std::string print(const Graph& g) {
     if (std::string attrs = print_attrs(g, n); !attrs.empty()) out += " {" + attrs + "}";
     out += " : " + g.type_string(i) + "\n";
   }
+  if (!g.updates().empty()) {
+    out += "  update";
+    for (std::size_t i = 0; i < g.updates().size(); ++i)
+      out += (i ? ", " : " ") + g.updates()[i].first + "=%" + std::to_string(g.updates()[i].second);
+    out += "\n";
+  }
   out += "  return";
   for (std::size_t i = 0; i < g.outputs().size(); ++i)
     out += (i ? ", " : " ") + g.outputs()[i].first + "=%" + std::to_string(g.outputs()[i].second);
@@ -96,10 +102,12 @@ class Parser {
       if (peek() == '}') break;
       if (peek() == '%') {
         parse_node();
-      } else {
-        expect_word("return");
-        parse_outputs();
+        continue;
       }
+      std::string keyword = word();
+      if (keyword == "update") parse_updates();
+      else if (keyword == "return") parse_outputs();
+      else fail("expected a node, 'update' or 'return', got '" + keyword + "'");
     }
     expect('}');
     skip_space();
@@ -262,6 +270,13 @@ class Parser {
       fail("unknown attribute '" + key + "'");
     }
   }
+  void parse_updates() {
+    do {
+      std::string name = word();
+      expect('=');
+      g_.set_update(name, value_ref());
+    } while (accept(','));
+  }
   void parse_outputs() {
     do {
       std::string name = word();
@@ -290,6 +305,8 @@ std::string to_dot(const Graph& g) {
     out += "  n" + std::to_string(i) + " [label=\"" + label + "\"" + (n.op == Op::input ? ", shape=ellipse" : "") + "];\n";
     for (ValueId v : n.inputs) out += "  n" + std::to_string(v) + " -> n" + std::to_string(i) + ";\n";
   }
+  for (const auto& [name, v] : g.updates())
+    out += "  \"update_" + name + "\" [label=\"" + name + " :=\", shape=plaintext];\n  n" + std::to_string(v) + " -> \"update_" + name + "\";\n";
   for (const auto& [name, v] : g.outputs())
     out += "  \"out_" + name + "\" [label=\"" + name + "\", shape=plaintext];\n  n" + std::to_string(v) + " -> \"out_" + name + "\";\n";
   return out + "}\n";

@@ -36,6 +36,15 @@ std::string check(const Graph& g) {
     if (!(r.shape == n.shape) || r.dtype != n.dtype)
       return where + "recorded type " + g.type_string(n.dtype, n.shape) + " but rules infer " + g.type_string(r.dtype, r.shape);
   }
+  std::set<std::string> updated;
+  for (const auto& [name, v] : g.updates()) {
+    if (v < 0 || static_cast<std::size_t>(v) >= g.size()) return "update of '" + name + "' names no value";
+    if (!updated.insert(name).second) return "input '" + name + "' updated twice";
+    bool ok = false;
+    for (ValueId in : g.inputs())
+      ok = ok || (g.node(in).name == name && g.node(in).dtype == g.node(v).dtype && g.node(in).shape == g.node(v).shape);
+    if (!ok) return "update of '" + name + "' does not match an input of the same type";
+  }
   std::set<std::string> outs;
   for (const auto& [name, v] : g.outputs()) {
     if (v < 0 || static_cast<std::size_t>(v) >= g.size()) return "output '" + name + "' names no value";

@@ -33,22 +33,38 @@ bool cpu_supports(const Node& n) {
 
 class CpuExecutable final : public Executable {
  public:
-  explicit CpuExecutable(ir::Graph g) : graph_(std::move(g)) {}
+  explicit CpuExecutable(ir::Graph g) : graph_(std::move(g)), input_ids_(graph_.inputs()), slot_(graph_.size(), -1) {
+    for (std::size_t i = 0; i < input_ids_.size(); ++i) slot_[static_cast<std::size_t>(input_ids_[i])] = static_cast<int>(i);
+  }
   const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return memory_.total_bytes; }
 
+  void set_state(const TensorMap& tensors) override {
+    check_state_names(graph_, tensors);
+    state_ = tensors;
+    signature_.invalidate();  // tensors may live elsewhere now
+  }
+  TensorMap state() override { return state_; }
+
   TensorMap run(const TensorMap& inputs) override {
-    if (!signature_.matches(graph_, inputs)) plan(inputs);
-    for (std::size_t i = 0; i < graph_.size(); ++i) execute(i, inputs);
+    tensors_ = gather_inputs(graph_, inputs, state_);
+    if (!signature_.matches(tensors_)) plan();
+    for (std::size_t i = 0; i < graph_.size(); ++i) execute(i);
+    // Updates write back into the held tensors once every kernel has read the old values.
+    for (const auto& [name, v] : graph_.updates()) {
+      const float* src = value_ptr(static_cast<std::size_t>(v));
+      Tensor& held = state_.at(name);
+      if (src != held.data<float>() && held.nbytes()) std::memcpy(held.data<float>(), src, held.nbytes());
+    }
     TensorMap out;
     for (const auto& [name, v] : graph_.outputs()) {
       auto vi = static_cast<std::size_t>(v);
       Tensor t(graph_.node(v).dtype, ir::to_vector(shapes_[vi]));
-      const float* src = value_ptr(vi, inputs);
+      const float* src = value_ptr(vi);
       if (t.dtype() == DType::boolean) {
         for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;
-      } else {
-        if (t.nbytes()) std::memcpy(t.raw(), src, t.nbytes());  // graph outputs are f32 or bool
+      } else if (t.nbytes()) {
+        std::memcpy(t.raw(), src, t.nbytes());  // graph outputs are f32 or bool
       }
       out.emplace(name, std::move(t));
     }
@@ -56,35 +72,36 @@ class CpuExecutable final : public Executable {
   }
 
  private:
-  void plan(const TensorMap& inputs) {
-    shapes_ = ir::bind_shapes(graph_, inputs);
+  void plan() {
+    shapes_ = ir::bind_shapes(graph_, merged_inputs(graph_, tensors_));
     std::vector<std::int64_t> bytes(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * static_cast<std::int64_t>(sizeof(float));
     // f32 inputs are read where the caller keeps them; bool and i32 inputs are widened into the arena.
     memory_ = ir::plan_memory(graph_, bytes, [](const Node& n) { return n.op == Op::input && n.dtype == DType::f32; }, 64);
     arena_.assign(static_cast<std::size_t>(memory_.total_bytes / 4 + 16), 0.0f);
-    signature_.record(graph_, inputs);
+    signature_.record(tensors_);
   }
 
-  const float* value_ptr(std::size_t v, const TensorMap& inputs) const {
+  const Tensor& input_tensor(std::size_t v) const { return *tensors_[static_cast<std::size_t>(slot_[v])]; }
+  const float* value_ptr(std::size_t v) const {
     auto root = static_cast<std::size_t>(memory_.storage_of[v]);
-    if (memory_.offset[root] < 0) return inputs.find(graph_.nodes()[root].name)->second.data<float>();
+    if (memory_.offset[root] < 0) return input_tensor(root).data<float>();
     return arena_.data() + memory_.offset[root] / 4;
   }
   float* out_ptr(std::size_t v) { return arena_.data() + memory_.offset[v] / 4; }
 
-  void execute(std::size_t i, const TensorMap& inputs) {
+  void execute(std::size_t i) {
     const Node& n = graph_.nodes()[i];
     auto in = [&](int k) {
       auto v = static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)]);
-      return cpu::ConstView{value_ptr(v, inputs), shapes_[v]};
+      return cpu::ConstView{value_ptr(v), shapes_[v]};
     };
     cpu::View out{nullptr, shapes_[i]};
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
     switch (n.op) {
       case Op::input:
         if (out.data) {
-          const Tensor& t = inputs.find(n.name)->second;
+          const Tensor& t = input_tensor(i);
           for (std::int64_t j = 0; j < t.numel(); ++j) out.data[j] = static_cast<float>(t.at(j));
         }
         return;
@@ -124,6 +141,10 @@ class CpuExecutable final : public Executable {
   }
 
   ir::Graph graph_;
+  std::vector<ir::ValueId> input_ids_;
+  std::vector<int> slot_;                // node -> index into tensors_ (inputs only)
+  std::vector<const Tensor*> tensors_;   // this run's input tensors, in input order
+  TensorMap state_;
   InputSignature signature_;
   std::vector<ir::Shape> shapes_;
   ir::MemoryPlan memory_;

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "backends/kernel_util.hpp"
+#include "backends/shape_cache.hpp"
 #include "backends/scalar_ops.hpp"
 #include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
@@ -26,7 +27,14 @@ class ReferenceExecutable final : public Executable {
   const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return planned_bytes_; }
 
-  TensorMap run(const TensorMap& inputs) override {
+  void set_state(const TensorMap& tensors) override {
+    check_state_names(graph_, tensors);
+    state_ = tensors;
+  }
+  TensorMap state() override { return state_; }
+
+  TensorMap run(const TensorMap& call_inputs) override {
+    const TensorMap inputs = merged_inputs(graph_, gather_inputs(graph_, call_inputs, state_));
     std::vector<Shape> shapes = ir::bind_shapes(graph_, inputs, f64_inputs_);
     std::vector<std::vector<T>> values(graph_.size());
     planned_bytes_ = 0;
@@ -34,6 +42,14 @@ class ReferenceExecutable final : public Executable {
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       values[i].resize(static_cast<std::size_t>(shapes[i].numel()));
       eval(graph_.nodes()[i], shapes, values, i, inputs);
+    }
+    for (const auto& [name, v] : graph_.updates()) {
+      Tensor& held = state_.at(name);
+      const auto& vals = values[static_cast<std::size_t>(v)];
+      for (std::size_t j = 0; j < vals.size(); ++j) {
+        if (held.dtype() == DType::f64) held.data<double>()[j] = static_cast<double>(vals[j]);
+        else held.data<float>()[j] = static_cast<float>(vals[j]);
+      }
     }
     TensorMap out;
     for (const auto& [name, v] : graph_.outputs()) {
@@ -170,6 +186,7 @@ class ReferenceExecutable final : public Executable {
   ir::Graph graph_;
   bool f64_outputs_;
   bool f64_inputs_;
+  TensorMap state_;
   std::int64_t planned_bytes_ = 0;
 };
 

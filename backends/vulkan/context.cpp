@@ -162,6 +162,20 @@ Buffer Context::make_buffer(vk::DeviceSize size, vk::BufferUsageFlags usage, boo
   });
 }
 
+void Context::submit_and_wait(const std::function<void(const vk::raii::CommandBuffer&)>& record) const {
+  guarded("transfer", [&] {
+    vk::raii::CommandBuffers cbs(device_, vk::CommandBufferAllocateInfo(*pool_, vk::CommandBufferLevel::ePrimary, 1));
+    const vk::raii::CommandBuffer& cb = cbs[0];
+    cb.begin(vk::CommandBufferBeginInfo(vk::CommandBufferUsageFlagBits::eOneTimeSubmit));
+    record(cb);
+    cb.end();
+    vk::raii::Fence fence(device_, vk::FenceCreateInfo());
+    vk::CommandBuffer handle = *cb;
+    queue_.submit(vk::SubmitInfo({}, {}, handle), *fence);
+    if (device_.waitForFences(*fence, VK_TRUE, UINT64_MAX) != vk::Result::eSuccess) throw BackendError("vulkan: waiting for a transfer failed");
+  });
+}
+
 const Pipeline& Context::pipeline(const codegen::KernelSource& k) {
   std::string key = k.name + "#" + std::to_string(codegen::content_hash(k.glsl));
   std::lock_guard lock(mutex_);

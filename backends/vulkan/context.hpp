@@ -4,6 +4,7 @@
 
 #include <vulkan/vulkan_raii.hpp>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -45,6 +46,8 @@ class Context {
   /// A buffer of `size` bytes; host-visible ones are persistently mapped. Device-local memory is
   /// preferred for the rest.
   Buffer make_buffer(vk::DeviceSize size, vk::BufferUsageFlags usage, bool host_visible) const;
+  /// Records commands with `record` into a one-off command buffer, submits it and waits.
+  void submit_and_wait(const std::function<void(const vk::raii::CommandBuffer&)>& record) const;
   /// The pipeline of a kernel, compiled on first use and cached by name and source.
   const Pipeline& pipeline(const codegen::KernelSource& k);
 

@@ -32,7 +32,7 @@ void write_staging(const Tensor& t, void* dst) {
 
 class VulkanExecutable final : public Executable {
  public:
-  VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g) : ctx_(std::move(ctx)), graph_(std::move(g)) {
+  VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g) : ctx_(std::move(ctx)), graph_(std::move(g)), input_ids_(graph_.inputs()) {
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       const Node& n = graph_.nodes()[i];
       if (!codegen::has_kernel(n)) continue;
@@ -43,16 +43,30 @@ class VulkanExecutable final : public Executable {
   const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return memory_.total_bytes; }
 
+  void set_state(const TensorMap& tensors) override {
+    check_state_names(graph_, tensors);
+    state_ = tensors;
+    device_newer_ = false;
+    signature_.invalidate();  // the next run plans again and uploads the new state once
+  }
+
+  TensorMap state() override {
+    if (device_newer_) guarded("state download", [&] { download_state(); });
+    return state_;
+  }
+
   TensorMap run(const TensorMap& inputs) override {
     return guarded("run", [&] {
-      if (!signature_.matches(graph_, inputs)) plan(inputs);
-      for (const auto& [v, offset] : input_staging_)
-        write_staging(inputs.find(graph_.node(v).name)->second, static_cast<std::byte*>(staging_in_.mapped) + offset);
+      std::vector<const Tensor*> tensors = gather_inputs(graph_, inputs, state_);
+      if (!signature_.matches(tensors)) plan(tensors);
+      for (std::size_t i = 0; i < input_ids_.size(); ++i)
+        if (staging_offset_[i] >= 0) write_staging(*tensors[i], static_cast<std::byte*>(staging_in_.mapped) + staging_offset_[i]);
       ctx_->device().resetFences(*fence_);
       vk::CommandBuffer cb = *command_buffer_;
       ctx_->queue().submit(vk::SubmitInfo({}, {}, cb), *fence_);
       if (ctx_->device().waitForFences(*fence_, VK_TRUE, UINT64_MAX) != vk::Result::eSuccess)
         throw BackendError("vulkan: waiting for the run failed");
+      if (!graph_.updates().empty()) device_newer_ = true;
       TensorMap out;
       for (const auto& [name, v] : graph_.outputs()) {
         const auto* src = reinterpret_cast<const float*>(static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.at(name));
@@ -69,14 +83,21 @@ class VulkanExecutable final : public Executable {
   }
 
  private:
-  void plan(const TensorMap& inputs) {
-    shapes_ = ir::bind_shapes(graph_, inputs);
+  std::int64_t bytes_of(ir::ValueId v) const { return shapes_[static_cast<std::size_t>(v)].numel() * 4; }
+  std::int64_t offset_of(ir::ValueId v) const {
+    return memory_.offset[static_cast<std::size_t>(memory_.storage_of[static_cast<std::size_t>(v)])];
+  }
+  bool held(ir::ValueId input) const { return state_.contains(graph_.node(input).name); }
+
+  void plan(const std::vector<const Tensor*>& tensors) {
     const auto& dev = ctx_->device();
     dev.waitIdle();
+    if (device_newer_) download_state();  // the arena is about to be replaced
     // Release what the previous plan recorded, users before what they use.
     command_buffer_ = nullptr;
     descriptor_sets_.clear();
     descriptor_pool_ = nullptr;
+    shapes_ = ir::bind_shapes(graph_, merged_inputs(graph_, tensors));
     std::vector<std::int64_t> bytes(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * 4;
     auto align = static_cast<std::int64_t>(std::max<vk::DeviceSize>(ctx_->properties().limits.minStorageBufferOffsetAlignment, 16));
@@ -84,21 +105,22 @@ class VulkanExecutable final : public Executable {
 
     using U = vk::BufferUsageFlagBits;
     arena_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(memory_.total_bytes), U::eStorageBuffer | U::eTransferSrc | U::eTransferDst, false);
+    // Per-run uploads: the inputs not held as state. Per-run downloads: the outputs.
     std::vector<vk::BufferCopy> uploads, downloads;
-    input_staging_.clear();
+    staging_offset_.assign(input_ids_.size(), -1);
     output_staging_.clear();
     std::int64_t in_bytes = 0, out_bytes = 0;
-    for (ir::ValueId v : graph_.inputs()) {
-      auto vi = static_cast<std::size_t>(v);
-      input_staging_.emplace_back(v, in_bytes);
-      if (bytes[vi]) uploads.emplace_back(in_bytes, memory_.offset[vi], bytes[vi]);
-      in_bytes += (bytes[vi] + 15) / 16 * 16;
+    for (std::size_t i = 0; i < input_ids_.size(); ++i) {
+      ir::ValueId v = input_ids_[i];
+      if (held(v)) continue;
+      staging_offset_[i] = in_bytes;
+      if (bytes_of(v)) uploads.emplace_back(in_bytes, offset_of(v), bytes_of(v));
+      in_bytes += (bytes_of(v) + 15) / 16 * 16;
     }
     for (const auto& [name, v] : graph_.outputs()) {
-      auto root = static_cast<std::size_t>(memory_.storage_of[static_cast<std::size_t>(v)]);
       output_staging_[name] = out_bytes;
-      if (bytes[static_cast<std::size_t>(v)]) downloads.emplace_back(memory_.offset[root], out_bytes, bytes[static_cast<std::size_t>(v)]);
-      out_bytes += (bytes[static_cast<std::size_t>(v)] + 15) / 16 * 16;
+      if (bytes_of(v)) downloads.emplace_back(offset_of(v), out_bytes, bytes_of(v));
+      out_bytes += (bytes_of(v) + 15) / 16 * 16;
     }
     staging_in_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(in_bytes), U::eTransferSrc, true);
     staging_out_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(out_bytes), U::eTransferDst, true);
@@ -114,9 +136,8 @@ class VulkanExecutable final : public Executable {
     for (const auto& k : kernels_) layouts.push_back(*k.pipeline->set_layout);
     if (!layouts.empty()) descriptor_sets_ = vk::raii::DescriptorSets(dev, vk::DescriptorSetAllocateInfo(*descriptor_pool_, layouts));
     auto range = [&](ir::ValueId v) {
-      auto root = static_cast<std::size_t>(memory_.storage_of[static_cast<std::size_t>(v)]);
-      return vk::DescriptorBufferInfo(*arena_.buffer, static_cast<vk::DeviceSize>(memory_.offset[root]),
-                                      static_cast<vk::DeviceSize>(std::max<std::int64_t>(bytes[static_cast<std::size_t>(v)], 4)));
+      return vk::DescriptorBufferInfo(*arena_.buffer, static_cast<vk::DeviceSize>(offset_of(v)),
+                                      static_cast<vk::DeviceSize>(std::max<std::int64_t>(bytes_of(v), 4)));
     };
     for (std::size_t k = 0; k < kernels_.size(); ++k) {
       const Node& n = graph_.node(kernels_[k].value);
@@ -128,11 +149,71 @@ class VulkanExecutable final : public Executable {
         writes.emplace_back(*descriptor_sets_[k], static_cast<std::uint32_t>(b), 0, 1, vk::DescriptorType::eStorageBuffer, nullptr, &infos[b]);
       dev.updateDescriptorSets(writes, {});
     }
-    record(uploads, downloads);
-    signature_.record(graph_, inputs);
+    // Updates: each updated input's region takes its new value at the end of every run.
+    std::vector<vk::BufferCopy> updates;
+    for (const auto& [name, v] : graph_.updates()) {
+      ir::ValueId target = -1;
+      for (ir::ValueId in : input_ids_)
+        if (graph_.node(in).name == name) target = in;
+      if (offset_of(v) != offset_of(target) && bytes_of(v)) updates.emplace_back(offset_of(v), offset_of(target), bytes_of(v));
+    }
+    record(uploads, downloads, updates);
+    upload_state();
+    signature_.record(tensors);
   }
 
-  void record(const std::vector<vk::BufferCopy>& uploads, const std::vector<vk::BufferCopy>& downloads) {
+  /// Copies the held tensors into their arena regions (once per plan or set_state).
+  void upload_state() {
+    if (state_.empty()) return;
+    std::int64_t total = 0;
+    for (const auto& [name, t] : state_) total += (static_cast<std::int64_t>(t.numel()) * 4 + 15) / 16 * 16;
+    Buffer staging = ctx_->make_buffer(static_cast<vk::DeviceSize>(total), vk::BufferUsageFlagBits::eTransferSrc, true);
+    std::vector<vk::BufferCopy> copies;
+    std::int64_t at = 0;
+    for (ir::ValueId v : input_ids_) {
+      auto it = state_.find(graph_.node(v).name);
+      if (it == state_.end()) continue;
+      write_staging(it->second, static_cast<std::byte*>(staging.mapped) + at);
+      if (bytes_of(v)) copies.emplace_back(at, offset_of(v), bytes_of(v));
+      at += (bytes_of(v) + 15) / 16 * 16;
+    }
+    ctx_->submit_and_wait([&](const vk::raii::CommandBuffer& cb) {
+      if (!copies.empty()) cb.copyBuffer(*staging.buffer, *arena_.buffer, copies);
+      cb.pipelineBarrier(vk::PipelineStageFlagBits::eTransfer, vk::PipelineStageFlagBits::eComputeShader | vk::PipelineStageFlagBits::eTransfer, {},
+                         vk::MemoryBarrier(vk::AccessFlagBits::eTransferWrite, vk::AccessFlagBits::eShaderRead | vk::AccessFlagBits::eTransferRead),
+                         {}, {});
+    });
+    device_newer_ = false;
+  }
+
+  /// Copies the held inputs' current values from the arena back to the host.
+  void download_state() {
+    std::int64_t total = 0;
+    for (const auto& [name, t] : state_) total += (static_cast<std::int64_t>(t.numel()) * 4 + 15) / 16 * 16;
+    Buffer staging = ctx_->make_buffer(static_cast<vk::DeviceSize>(total), vk::BufferUsageFlagBits::eTransferDst, true);
+    std::vector<std::pair<ir::ValueId, std::int64_t>> where;
+    std::vector<vk::BufferCopy> copies;
+    std::int64_t at = 0;
+    for (ir::ValueId v : input_ids_) {
+      if (!held(v)) continue;
+      where.emplace_back(v, at);
+      if (bytes_of(v)) copies.emplace_back(offset_of(v), at, bytes_of(v));
+      at += (bytes_of(v) + 15) / 16 * 16;
+    }
+    ctx_->submit_and_wait([&](const vk::raii::CommandBuffer& cb) {
+      if (!copies.empty()) cb.copyBuffer(*arena_.buffer, *staging.buffer, copies);
+      cb.pipelineBarrier(vk::PipelineStageFlagBits::eTransfer, vk::PipelineStageFlagBits::eHost, {},
+                         vk::MemoryBarrier(vk::AccessFlagBits::eTransferWrite, vk::AccessFlagBits::eHostRead), {}, {});
+    });
+    for (const auto& [v, offset] : where) {
+      Tensor& t = state_.at(graph_.node(v).name);
+      if (t.nbytes()) std::memcpy(t.raw(), static_cast<const std::byte*>(staging.mapped) + offset, t.nbytes());
+    }
+    device_newer_ = false;
+  }
+
+  void record(const std::vector<vk::BufferCopy>& uploads, const std::vector<vk::BufferCopy>& downloads,
+              const std::vector<vk::BufferCopy>& updates) {
     const auto& dev = ctx_->device();
     if (!*fence_) fence_ = vk::raii::Fence(dev, vk::FenceCreateInfo());
     command_buffer_ = std::move(vk::raii::CommandBuffers(dev, vk::CommandBufferAllocateInfo(*ctx_->command_pool(), vk::CommandBufferLevel::ePrimary, 1))[0]);
@@ -152,10 +233,16 @@ class VulkanExecutable final : public Executable {
       cb.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *kernel.pipeline->layout, 0, *descriptor_sets_[k], {});
       cb.pushConstants<std::uint32_t>(*kernel.pipeline->layout, vk::ShaderStageFlagBits::eCompute, 0, launch.push);
       cb.dispatch(launch.groups[0], launch.groups[1], launch.groups[2]);
-      barrier(A::eShaderWrite, A::eShaderRead | A::eShaderWrite | A::eTransferRead, S::eComputeShader, S::eComputeShader | S::eTransfer);
+      barrier(A::eShaderWrite, A::eShaderRead | A::eShaderWrite | A::eTransferRead | A::eTransferWrite, S::eComputeShader,
+              S::eComputeShader | S::eTransfer);
     }
     if (!downloads.empty()) cb.copyBuffer(*arena_.buffer, *staging_out_.buffer, downloads);
-    barrier(A::eTransferWrite, A::eHostRead, S::eTransfer, S::eHost);
+    if (!updates.empty()) {
+      // The outputs are read before the updated inputs are overwritten.
+      barrier(A::eTransferRead, A::eTransferWrite, S::eTransfer, S::eTransfer);
+      cb.copyBuffer(*arena_.buffer, *arena_.buffer, updates);
+    }
+    barrier(A::eTransferWrite, A::eHostRead | A::eShaderRead | A::eTransferRead, S::eTransfer, S::eHost | S::eComputeShader | S::eTransfer);
     cb.end();
   }
 
@@ -166,13 +253,16 @@ class VulkanExecutable final : public Executable {
 
   std::shared_ptr<Context> ctx_;
   ir::Graph graph_;
+  std::vector<ir::ValueId> input_ids_;
   std::vector<Kernel> kernels_;
   InputSignature signature_;
   std::vector<ir::Shape> shapes_;
   ir::MemoryPlan memory_;
   Buffer arena_, staging_in_, staging_out_;
-  std::vector<std::pair<ir::ValueId, std::int64_t>> input_staging_;
+  std::vector<std::int64_t> staging_offset_;  // per input: its place in staging_in_, -1 when held
   std::map<std::string, std::int64_t, std::less<>> output_staging_;
+  TensorMap state_;            // host copies of the held inputs
+  bool device_newer_ = false;  // runs have updated the held inputs since the last download
   vk::raii::DescriptorPool descriptor_pool_{nullptr};
   vk::raii::DescriptorSets descriptor_sets_{nullptr};
   vk::raii::Fence fence_{nullptr};

@@ -50,7 +50,7 @@ Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::
     for (ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
     map[i] = n.op == Op::input ? out.add_input(n.name, n.dtype, n.shape) : out.add(n.op, std::move(ins), n.attrs);
   }
-  for (const auto& [name, v] : f.outputs()) out.set_output(name, map[static_cast<std::size_t>(v)]);
+  out.copy_results(f, map);
 
   // Only nodes that depend on a wrt input and feed a seeded output need gradients.
   std::vector<bool> depends(f.size(), false), feeds(f.size(), false);

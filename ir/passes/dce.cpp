@@ -5,7 +5,7 @@ namespace qkv::ir {
 
 Graph eliminate_dead_code(const Graph& g) {
   std::vector<bool> live(g.size(), false);
-  for (const auto& [name, v] : g.outputs()) live[static_cast<std::size_t>(v)] = true;
+  for (ValueId v : g.result_values()) live[static_cast<std::size_t>(v)] = true;
   for (std::size_t i = g.size(); i-- > 0;) {
     const Node& n = g.nodes()[i];
     if (n.op == Op::input) live[i] = true;
@@ -22,7 +22,7 @@ Graph eliminate_dead_code(const Graph& g) {
     for (ValueId v : n.inputs) inputs.push_back(map[static_cast<std::size_t>(v)]);
     map[i] = n.op == Op::input ? out.add_input(n.name, n.dtype, n.shape) : out.add(n.op, std::move(inputs), n.attrs);
   }
-  for (const auto& [name, v] : g.outputs()) out.set_output(name, map[static_cast<std::size_t>(v)]);
+  out.copy_results(g, map);
   return out;
 }
 

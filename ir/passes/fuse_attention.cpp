@@ -70,7 +70,7 @@ Graph fuse_attention(const Graph& g) {
   for (const Node& n : g.nodes())
     if (n.op != Op::causal_mask)
       for (ValueId v : n.inputs) ++uses[static_cast<std::size_t>(v)];
-  for (const auto& [name, v] : g.outputs()) uses[static_cast<std::size_t>(v)] += 2;  // an output is never fused away
+  for (ValueId v : g.result_values()) uses[static_cast<std::size_t>(v)] += 2;  // a result is never fused away
   std::vector<ValueId> map(g.size(), -1);
   Graph r;
   for (const auto& [id, name] : g.symbols()) r.symbol(name);
@@ -91,7 +91,7 @@ Graph fuse_attention(const Graph& g) {
     for (ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
     map[i] = n.op == Op::input ? r.add_input(n.name, n.dtype, n.shape) : r.add(n.op, std::move(ins), n.attrs);
   }
-  for (const auto& [name, v] : g.outputs()) r.set_output(name, map[static_cast<std::size_t>(v)]);
+  r.copy_results(g, map);
   return r;
 }
 

@@ -24,7 +24,9 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, c
       last_use[root] = std::max(last_use[root], i);
     }
   }
-  for (const auto& [name, v] : g.outputs()) last_use[static_cast<std::size_t>(plan.storage_of[static_cast<std::size_t>(v)])] = n;
+  // Results live to the end; so do inputs, which may be held between runs as state.
+  for (ValueId v : g.result_values()) last_use[static_cast<std::size_t>(plan.storage_of[static_cast<std::size_t>(v)])] = n;
+  for (ValueId v : g.inputs()) last_use[static_cast<std::size_t>(v)] = n;
 
   struct Block {
     std::int64_t offset, size;

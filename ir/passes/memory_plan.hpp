@@ -21,7 +21,8 @@ struct MemoryPlan {
 
 /// Plans storage for `g` run in node order. `bytes[v]` is the size of value v; `in_place(n)` says
 /// a node needs no storage (an input read where the caller keeps it). Reshapes alias their
-/// operand. Inputs live from the start (they are written before the run), outputs to the end; every other storage is reused after its last reader.
+/// operand. Inputs live the whole run (they are written before it and may be held between runs),
+/// outputs and update values to the end; every other storage is reused after its last reader.
 /// Offsets are multiples of `alignment`.
 MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
                        std::int64_t alignment);

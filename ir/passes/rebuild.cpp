@@ -16,7 +16,7 @@ Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, s
     if (r < 0) r = n.op == Op::input ? out.add_input(n.name, n.dtype, n.shape) : out.add(n.op, std::move(inputs), n.attrs);
     map[i] = r;
   }
-  for (const auto& [name, v] : g.outputs()) out.set_output(name, map[static_cast<std::size_t>(v)]);
+  out.copy_results(g, map);
   return out;
 }
 

@@ -1,0 +1,56 @@
+// Gathering a run's tensors from the call and from held state.
+#include "backends/shape_cache.hpp"
+
+namespace qkv::backend {
+
+std::vector<const Tensor*> gather_inputs(const ir::Graph& g, const TensorMap& inputs, const TensorMap& state) {
+  std::vector<const Tensor*> r;
+  std::size_t used = 0;
+  for (ir::ValueId v : g.inputs()) {
+    const std::string& name = g.node(v).name;
+    auto given = inputs.find(name);
+    auto held = state.find(name);
+    if (given != inputs.end() && held != state.end())
+      throw ShapeError("input '" + name + "' is held on the backend as state; do not also pass it to run");
+    if (given != inputs.end()) {
+      r.push_back(&given->second);
+      ++used;
+    } else if (held != state.end()) {
+      r.push_back(&held->second);
+    } else {
+      throw ShapeError("missing input '" + name + "' (" + g.type_string(v) + ")");
+    }
+  }
+  if (used != inputs.size())
+    for (const auto& [name, t] : inputs) {
+      bool known = false;
+      for (ir::ValueId v : g.inputs()) known = known || g.node(v).name == name;
+      if (!known) throw ShapeError("graph has no input '" + name + "'");
+    }
+  for (const auto& [name, v] : g.updates())
+    if (!state.contains(name))
+      throw ShapeError("input '" + name + "' is updated by the graph, so it must be held on the backend (set_state)");
+  return r;
+}
+
+TensorMap merged_inputs(const ir::Graph& g, const std::vector<const Tensor*>& tensors) {
+  TensorMap m;
+  std::size_t i = 0;
+  for (ir::ValueId v : g.inputs()) m.emplace(g.node(v).name, *tensors[i++]);
+  return m;
+}
+
+void check_state_names(const ir::Graph& g, const TensorMap& tensors) {
+  for (const auto& [name, t] : tensors) {
+    bool found = false;
+    for (ir::ValueId v : g.inputs())
+      if (g.node(v).name == name) {
+        found = true;
+        if (t.dtype() != g.node(v).dtype)
+          throw ShapeError("state '" + name + "': expected " + g.type_string(v) + ", got " + t.type_string());
+      }
+    if (!found) throw ShapeError("state '" + name + "': the graph has no such input");
+  }
+}
+
+}  // namespace qkv::backend
