@@ -23,6 +23,10 @@ Graph eliminate_dead_code(const Graph& g);
 /// causal attribute (fuse_attention.cpp). Backends that do not keep attention decompose it back.
 Graph fuse_attention(const Graph& g);
 
+/// The graph with only the outputs named in `keep` (in that order) and all its updates; nodes
+/// that only dropped outputs needed go too (select_outputs.cpp).
+Graph select_outputs(const Graph& g, const std::vector<std::string>& keep);
+
 /// Replaces each composite node for which `keep` is false with its decomposition
 /// (decompose.cpp). Backends keep the composites they implement directly.
 Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)>& keep);
