@@ -161,9 +161,9 @@ int cmd_ops() {
   }
   std::printf("| op | inputs |");
   for (const auto& [name, b] : backends) std::printf(" %s |", name.c_str());
-  std::printf(" meaning |\n|---|---|");
+  std::printf(" gradient | meaning |\n|---|---|");
   for (std::size_t i = 0; i < backends.size(); ++i) std::printf("---|");
-  std::printf("---|\n");
+  std::printf("---|---|\n");
   for (qkv::ir::Op op : qkv::ir::all_ops()) {
     const auto& info = qkv::ir::op_info(op);
     qkv::ir::Graph g = qkv::ir::case_graph(op, qkv::ir::op_cases(op).at(0));
@@ -173,7 +173,12 @@ int cmd_ops() {
       const char* cell = !b ? "unavailable" : b->supports(node) ? "kernel" : "decomposed";
       std::printf(" %s |", cell);
     }
-    std::printf(" %s |\n", std::string(info.doc).c_str());
+    const auto grad = qkv::ir::gradient_info(op);
+    const char* kind = grad.kind == qkv::ir::GradKind::rule        ? "rule"
+                       : grad.kind == qkv::ir::GradKind::zero      ? "none"
+                       : grad.kind == qkv::ir::GradKind::decompose ? "via decomposition"
+                                                                   : "MISSING";
+    std::printf(" %s%s%s | %s |\n", kind, grad.why.empty() ? "" : ": ", std::string(grad.why).c_str(), std::string(info.doc).c_str());
   }
   return 0;
 }
@@ -264,8 +269,8 @@ int cmd_check(const ModelFlags& f, const std::string& backends, std::uint64_t se
   return report.pass() ? 0 : 1;
 }
 
-int cmd_dump(const ModelFlags& f, bool ir, bool dot, bool glsl, const std::string& backend_name) {
-  qkv::ir::Graph g = qkv::models::sdpa({f.causal, f.mask, f.scale.value_or(0.125)});
+int cmd_dump(const ModelFlags& f, bool ir, bool dot, bool glsl, bool backward, const std::string& backend_name) {
+  qkv::ir::Graph g = sdpa_graph({f.causal, f.mask, f.scale.value_or(0.125)}, backward);
   if (dot) std::fputs(qkv::ir::to_dot(g).c_str(), stdout);
   if (glsl) {
     auto backend = qkv::backend::create(backend_name.empty() ? "vulkan" : backend_name);
@@ -317,6 +322,8 @@ int main(int argc, char** argv) {
   dump->add_flag("--ir", ir, "the lowered IR (default)");
   dump->add_flag("--dot", dot, "a Graphviz DOT drawing");
   dump->add_flag("--glsl", glsl, "the GLSL compute shaders the vulkan backend generates");
+  bool dump_backward = false;
+  dump->add_flag("--backward", dump_backward, "the backward graph (input dout; outputs d_q, d_k, d_v) instead of the forward");
   dump->add_option("--backend", dump_backend, "backend whose lowering --glsl shows (default vulkan)");
 
   try {
@@ -331,7 +338,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("ops")) return cmd_ops();
     if (run->parsed()) return cmd_run(run_flags, backend, ins, outs, run_grad);
     if (check->parsed()) return cmd_check(check_flags, backends, seed, check_mask, check_grad);
-    if (dump->parsed()) return cmd_dump(dump_flags, ir, dot, glsl, dump_backend);
+    if (dump->parsed()) return cmd_dump(dump_flags, ir, dot, glsl, dump_backward, dump_backend);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "qkv: %s\n", e.what());
     return 2;

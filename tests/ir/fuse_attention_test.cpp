@@ -59,3 +59,24 @@ TEST(FuseAttention, DecompositionRestoresThePrimitives) {
 
 }  // namespace
 }  // namespace qkv
+
+namespace qkv {
+namespace {
+
+TEST(Autodiff, BackwardReusesForwardActivations) {
+  auto q = input<"q">(dim<"B">, dim<"N">, dim<16>);
+  auto k = input<"k">(dim<"B">, dim<"M">, dim<16>);
+  auto v = input<"v">(dim<"B">, dim<"M">, dim<16>);
+  ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal)));
+  ir::Graph g = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
+  ir::verify(g);
+  // One softmax (the forward's, read again by the backward), not a second one recomputed; the
+  // backward adds four products (d_weights, d_v, d_q, d_k) to the forward's two.
+  EXPECT_EQ(count(g, ir::Op::softmax), 1) << ir::print(g);
+  EXPECT_EQ(count(g, ir::Op::matmul), 6) << ir::print(g);
+  EXPECT_EQ(count(g, ir::Op::exp), 0);
+  EXPECT_EQ(g.type_string(g.output("d_k")), "f32[B,M,16]");
+}
+
+}  // namespace
+}  // namespace qkv

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "io/npy.hpp"
 
@@ -120,6 +121,10 @@ TEST_F(Cli, DumpPrintsIrDotAndGlsl) {
   Result ir = run("dump sdpa --ir --causal");
   EXPECT_EQ(ir.status, 0);
   EXPECT_NE(ir.output.find("causal_mask"), std::string::npos);
+  Result backward = run("dump sdpa --backward --causal");
+  EXPECT_EQ(backward.status, 0);
+  EXPECT_NE(backward.output.find("input \"dout\""), std::string::npos) << backward.output;
+  EXPECT_NE(backward.output.find("d_k=%"), std::string::npos) << backward.output;
   Result dot = run("dump sdpa --dot");
   EXPECT_NE(dot.output.find("digraph qkv"), std::string::npos);
 }
@@ -133,7 +138,9 @@ TEST_F(Cli, HelpVersionDevices) {
   Result ops = run("ops");
   EXPECT_EQ(ops.status, 0);
   EXPECT_NE(ops.output.find("| `masked_attention` | 4 |"), std::string::npos) << ops.output;
-  EXPECT_NE(ops.output.find("| `softmax` | 1 | decomposed | kernel |"), std::string::npos) << ops.output;
+  EXPECT_NE(ops.output.find("| `softmax` | 1 | decomposed | kernel | kernel | rule |"), std::string::npos) << ops.output;
+  EXPECT_NE(ops.output.find("| `one_hot` | 1 | kernel | kernel | kernel | none: integer input |"), std::string::npos) << ops.output;
+  EXPECT_EQ(ops.output.find("MISSING"), std::string::npos) << ops.output;
   Result d = run("devices");
   EXPECT_EQ(d.status, 0);
   EXPECT_NE(d.output.find("reference"), std::string::npos);
@@ -171,6 +178,22 @@ TEST_F(Cli, CheckGradPassesOnHostBackends) {
   Result r = run("check sdpa --grad --causal --backends reference,cpu");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("d_k"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Readme, OpsTableIsGenerated) {
+  if (run("devices").output.find("vulkan     unavailable") != std::string::npos && !std::getenv("QKV_REQUIRE_VULKAN"))
+    GTEST_SKIP() << "the table's vulkan column needs a Vulkan device";
+  std::ifstream in(std::string(QKV_SOURCE_DIR) + "/README.md");
+  std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string begin = "<!-- qkv ops -->\n", end = "<!-- end qkv ops -->";
+  auto b = readme.find(begin), e = readme.find(end);
+  ASSERT_NE(b, std::string::npos);
+  ASSERT_NE(e, std::string::npos);
+  EXPECT_EQ(readme.substr(b + begin.size(), e - b - begin.size()), run("ops").output) << "regenerate it with: qkv ops";
 }
 
 }  // namespace
