@@ -67,6 +67,10 @@ ValueId Graph::add_input(std::string_view name, DType dtype, const Shape& shape)
   return append_unchecked(std::move(n));
 }
 
+ValueId Graph::add_like(const Node& n, std::vector<ValueId> inputs) {
+  return n.op == Op::input ? add_input(n.name, n.dtype, n.shape) : add(n.op, std::move(inputs), n.attrs);
+}
+
 ValueId Graph::constant(double value, const Shape& shape) {
   Attrs a;
   a.value = value;

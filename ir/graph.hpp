@@ -38,6 +38,9 @@ class Graph {
   /// Adds a node, or returns an existing equal one.
   ValueId add(Op op, std::vector<ValueId> inputs, Attrs attrs = {});
   ValueId constant(double value, const Shape& shape = {});
+  /// A node like `n` (from another graph) with operands `inputs` of this graph: add_input for
+  /// inputs, add otherwise. What passes that copy graphs use.
+  ValueId add_like(const Node& n, std::vector<ValueId> inputs);
   /// Names `value` as an output; names are unique.
   void set_output(std::string_view name, ValueId value);
   /// After each run, input `input` takes `value` (same dtype and shape): how a training step

@@ -22,6 +22,19 @@ ir::Shape leading(const ir::Shape& s) {
   return r;
 }
 
+/// out[i] = src[offset of i under `strides`]: the copy behind permute and broadcast_to, a walker
+/// over the leading dims and a strided inner loop.
+void strided_copy(const float* src, const Strides& strides, View out) {
+  const ir::Shape& os = out.shape;
+  const std::int64_t inner = os.rank ? os.back() : 1;
+  const std::int64_t step = os.rank ? strides[static_cast<std::size_t>(os.rank - 1)] : 0;
+  ir::Shape rows = leading(os);
+  const std::int64_t nrows = rows.numel();
+  OffsetWalker<1> w{rows, {strides}};
+  for (std::int64_t r = 0; r < nrows; ++r, w.next())
+    for (std::int64_t i = 0; i < inner; ++i) out.data[r * inner + i] = src[w.offset[0] + i * step];
+}
+
 template <ir::Op O>
 void binary_rows(const float* a, const float* b, float* out, std::int64_t n, std::int64_t sa, std::int64_t sb) {
   if (sa == 1 && sb == 1) {
@@ -153,17 +166,7 @@ void log_softmax(ConstView x, int axis, View out) {
     }
 }
 
-void broadcast(ConstView x, View out) {
-  const ir::Shape& os = out.shape;
-  Strides st = broadcast_strides(x.shape, os);
-  std::int64_t inner = os.rank ? os.back() : 1;
-  std::int64_t step = os.rank ? st[static_cast<std::size_t>(os.rank - 1)] : 0;
-  ir::Shape rows = leading(os);
-  std::int64_t nrows = rows.numel();
-  OffsetWalker<1> w{rows, {st}};
-  for (std::int64_t r = 0; r < nrows; ++r, w.next())
-    for (std::int64_t i = 0; i < inner; ++i) out.data[r * inner + i] = x.data[w.offset[0] + i * step];
-}
+void broadcast(ConstView x, View out) { strided_copy(x.data, broadcast_strides(x.shape, out.shape), out); }
 
 void one_hot(ConstView ids, std::int64_t depth, View out) {
   std::fill_n(out.data, out.shape.numel(), 0.0f);
@@ -205,19 +208,9 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
 }
 
 void permute(ConstView x, const std::array<std::int8_t, ir::kMaxRank>& perm, View out) {
-  const ir::Shape& os = out.shape;
   Strides src = contiguous_strides(x.shape), st{};
-  for (int i = 0; i < os.rank; ++i) st[static_cast<std::size_t>(i)] = src[static_cast<std::size_t>(perm[static_cast<std::size_t>(i)])];
-  std::int64_t inner = os.rank ? os.back() : 1;
-  std::int64_t step = os.rank ? st[static_cast<std::size_t>(os.rank - 1)] : 0;
-  ir::Shape rows = leading(os);
-  std::int64_t nrows = rows.numel();
-  OffsetWalker<1> w{rows, {st}};
-  for (std::int64_t r = 0; r < nrows; ++r, w.next()) {
-    const float* s = x.data + w.offset[0];
-    float* dst = out.data + r * inner;
-    for (std::int64_t i = 0; i < inner; ++i) dst[i] = s[i * step];
-  }
+  for (int i = 0; i < out.shape.rank; ++i) st[static_cast<std::size_t>(i)] = src[static_cast<std::size_t>(perm[static_cast<std::size_t>(i)])];
+  strided_copy(x.data, st, out);
 }
 
 void causal_mask(ir::CausalAlign align, View out) {

@@ -48,7 +48,7 @@ Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::
     const Node& n = f.nodes()[i];
     std::vector<ValueId> ins;
     for (ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
-    map[i] = n.op == Op::input ? out.add_input(n.name, n.dtype, n.shape) : out.add(n.op, std::move(ins), n.attrs);
+    map[i] = out.add_like(n, std::move(ins));
   }
   out.copy_results(f, map);
 

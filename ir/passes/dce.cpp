@@ -20,7 +20,7 @@ Graph eliminate_dead_code(const Graph& g) {
     const Node& n = g.nodes()[i];
     std::vector<ValueId> inputs;
     for (ValueId v : n.inputs) inputs.push_back(map[static_cast<std::size_t>(v)]);
-    map[i] = n.op == Op::input ? out.add_input(n.name, n.dtype, n.shape) : out.add(n.op, std::move(inputs), n.attrs);
+    map[i] = out.add_like(n, std::move(inputs));
   }
   out.copy_results(g, map);
   return out;

@@ -89,7 +89,7 @@ Graph fuse_attention(const Graph& g) {
     }
     std::vector<ValueId> ins;
     for (ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
-    map[i] = n.op == Op::input ? r.add_input(n.name, n.dtype, n.shape) : r.add(n.op, std::move(ins), n.attrs);
+    map[i] = r.add_like(n, std::move(ins));
   }
   r.copy_results(g, map);
   return r;

@@ -13,7 +13,7 @@ Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, s
     for (ValueId v : n.inputs) inputs.push_back(map[static_cast<std::size_t>(v)]);
     ValueId r = -1;
     if (rewrite) r = rewrite(out, n, inputs);
-    if (r < 0) r = n.op == Op::input ? out.add_input(n.name, n.dtype, n.shape) : out.add(n.op, std::move(inputs), n.attrs);
+    if (r < 0) r = out.add_like(n, std::move(inputs));
     map[i] = r;
   }
   out.copy_results(g, map);

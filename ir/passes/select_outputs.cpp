@@ -11,7 +11,7 @@ Graph select_outputs(const Graph& g, const std::vector<std::string>& keep) {
     const Node& n = g.nodes()[i];
     std::vector<ValueId> ins;
     for (ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
-    map[i] = n.op == Op::input ? r.add_input(n.name, n.dtype, n.shape) : r.add(n.op, std::move(ins), n.attrs);
+    map[i] = r.add_like(n, std::move(ins));
   }
   for (const auto& name : keep) r.set_output(name, map[static_cast<std::size_t>(g.output(name))]);
   for (const auto& [name, v] : g.updates()) r.set_update(name, map[static_cast<std::size_t>(v)]);

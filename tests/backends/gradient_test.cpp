@@ -2,8 +2,6 @@
 // backward graph on every backend against the reference.
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
 #include "tests/support/backend_fixture.hpp"
@@ -37,25 +35,10 @@ std::vector<std::string> float_inputs(const ir::OpCase& c) {
   return r;
 }
 
+/// The case's inputs plus the loss weights (and anything else the graph reads).
 backend::TensorMap inputs_for(const ir::Graph& g, const ir::OpCase& c, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal;
-  std::uniform_real_distribution<double> positive(0.5, 3.0);
-  std::bernoulli_distribution coin(0.5);
-  backend::TensorMap m = backend::random_inputs(g, {}, seed);  // w_out and anything else
-  for (std::size_t i = 0; i < c.inputs.size(); ++i) {
-    Tensor& t = m.at("x" + std::to_string(i));
-    const std::int64_t last = c.inputs[i].shape.empty() ? 1 : c.inputs[i].shape.back();
-    for (std::int64_t j = 0; j < t.numel(); ++j) {
-      switch (c.inputs[i].fill) {
-        case ir::Fill::normal: t.data<float>()[j] = static_cast<float>(normal(rng)); break;
-        case ir::Fill::positive: t.data<float>()[j] = static_cast<float>(positive(rng)); break;
-        case ir::Fill::boolean: t.data<std::uint8_t>()[j] = coin(rng); break;
-        case ir::Fill::keep_first: t.data<std::uint8_t>()[j] = j % last == 0 || coin(rng); break;
-        case ir::Fill::ids: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 5); break;
-      }
-    }
-  }
+  backend::TensorMap m = backend::random_inputs(g, {}, seed);
+  for (auto& [name, t] : testing::case_inputs(c, seed)) m.at(name) = std::move(t);
   return m;
 }
 

@@ -8,6 +8,7 @@
 
 #include "backends/backend.hpp"
 #include "backends/equivalence.hpp"
+#include "ir/op_cases.hpp"
 
 namespace qkv::testing {
 
@@ -17,6 +18,11 @@ std::shared_ptr<backend::Backend> backend_or_reason(const std::string& name, std
 
 /// Whether a missing Vulkan device fails tests (CI sets QKV_REQUIRE_VULKAN=1).
 bool vulkan_required();
+
+/// Inputs x0, x1, ... for one of the registry's op cases, filled as the case says: normal floats,
+/// positive floats in [0.25, 4), booleans, keep-first masks, or i32 ids in [-1, 6] (some outside
+/// one_hot's depth on purpose).
+backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed);
 
 /// Runs `g` on `backend_name` with `inputs` and expects every output within budget against the
 /// float64 reference. Skips (or fails, where required) when the backend cannot start.
