@@ -54,6 +54,11 @@ class Backend {
 /// The backends qkv knows, in order: reference, cpu, vulkan.
 std::vector<std::string> backend_names();
 
+/// Whether the named backend runs `n` itself (true) or as its decomposition, decided by the
+/// backend's code without starting it (no device needed). Throws UnsupportedError for an unknown
+/// name.
+bool backend_supports(std::string_view name, const ir::Node& n);
+
 /// Creates a backend by name. Throws UnsupportedError for an unknown name, BackendError when it
 /// cannot start (no Vulkan loader or device); never substitutes another backend.
 std::unique_ptr<Backend> create(std::string_view name);

@@ -13,16 +13,25 @@ namespace {
 struct Entry {
   std::string_view name;
   std::unique_ptr<Backend> (*make)();
+  bool (*supports)(const ir::Node&);
 };
 std::unique_ptr<Backend> make_reference() { return make_reference_backend(); }
 std::unique_ptr<Backend> make_vulkan() { return make_vulkan_backend(); }
-constexpr Entry kBackends[] = {{"reference", make_reference}, {"cpu", make_cpu_backend}, {"vulkan", make_vulkan}};
+constexpr Entry kBackends[] = {{"reference", make_reference, reference_supports},
+                               {"cpu", make_cpu_backend, cpu_supports},
+                               {"vulkan", make_vulkan, vulkan_supports}};
 }  // namespace
 
 std::vector<std::string> backend_names() {
   std::vector<std::string> r;
   for (const auto& e : kBackends) r.emplace_back(e.name);
   return r;
+}
+
+bool backend_supports(std::string_view name, const ir::Node& n) {
+  for (const auto& e : kBackends)
+    if (e.name == name) return e.supports(n);
+  return create(name)->supports(n);  // reports the unknown name
 }
 
 std::unique_ptr<Backend> create(std::string_view name) {

@@ -46,7 +46,7 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
       // mean(x) = sum(x) / sum(ones) over the axis; the ones span only that axis, so the count
       // costs one axis of memory and works for named dims.
       Shape axis_only;
-      const Shape& xs = g.node(in[0]).shape;
+      const Shape xs = g.node(in[0]).shape;  // a copy: adding nodes may move the graph's storage
       for (int i = 0; i < xs.rank; ++i) axis_only.push_back(i == n.attrs.axis ? xs[i] : 1);
       Attrs keep;
       keep.axis = n.attrs.axis;

@@ -76,7 +76,8 @@ Attrs matmul_attrs(bool ta, bool tb) {
 }  // namespace
 
 std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId dy, std::span<const ValueId> in) {
-  auto shape = [&](ValueId v) -> const Shape& { return g.node(v).shape; };
+  // Shapes by value: adding nodes may move the graph's node storage.
+  auto shape = [&](ValueId v) -> Shape { return g.node(v).shape; };
   auto unb = [&](ValueId grad, int operand) { return unbroadcast(g, grad, shape(in[static_cast<std::size_t>(operand)])); };
   const ValueId zero = g.constant(0.0);
   switch (n.op) {

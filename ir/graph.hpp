@@ -48,6 +48,7 @@ class Graph {
   void set_update(std::string_view input, ValueId value);
 
   const std::vector<Node>& nodes() const { return nodes_; }
+  /// The node defining `v`. The reference is invalidated by adding nodes: copy what you need.
   const Node& node(ValueId v) const { return nodes_.at(static_cast<std::size_t>(v)); }
   std::size_t size() const { return nodes_.size(); }
   /// Input values in the order they were added.

@@ -43,7 +43,7 @@ void sgd(Graph& g, const std::string& p, ValueId w, ValueId grad, const Sgd& o) 
 
 void adamw(Graph& g, const std::string& p, ValueId w, ValueId grad, const AdamW& o, ValueId step) {
   Emitter e{g};
-  const ir::Shape& s = g.node(w).shape;
+  const ir::Shape s = g.node(w).shape;  // a copy: adding inputs moves the node storage
   ValueId m = g.add_input(p + ".m", DType::f32, s), v = g.add_input(p + ".v", DType::f32, s);
   ValueId m1 = e.add(e.mul(e.c(o.beta1), m), e.mul(e.c(1 - o.beta1), grad));
   ValueId v1 = e.add(e.mul(e.c(o.beta2), v), e.mul(e.c(1 - o.beta2), e.mul(grad, grad)));

@@ -19,18 +19,6 @@ namespace {
 using ir::Node;
 using ir::Op;
 
-/// Composites with a kernel of their own; the others run as their decompositions.
-bool cpu_supports(const Node& n) {
-  switch (n.op) {
-    case Op::softmax:
-    case Op::log_softmax:
-    case Op::attention:
-    case Op::masked_attention: return true;
-    case Op::reduce_mean: return false;
-    default: return ir::op_info(n.op).category != ir::OpCategory::composite;
-  }
-}
-
 class CpuExecutable final : public Executable {
  public:
   explicit CpuExecutable(ir::Graph g) : graph_(std::move(g)), input_ids_(graph_.inputs()), slot_(graph_.size(), -1) {
@@ -166,6 +154,17 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+bool cpu_supports(const Node& n) {
+  switch (n.op) {
+    case Op::softmax:
+    case Op::log_softmax:
+    case Op::attention:
+    case Op::masked_attention: return true;
+    case Op::reduce_mean: return false;
+    default: return ir::op_info(n.op).category != ir::OpCategory::composite;
+  }
+}
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 

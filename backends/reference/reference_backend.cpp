@@ -197,7 +197,7 @@ class ReferenceBackend final : public Backend {
   std::string device() const override {
     return options_.precision == Precision::f64 ? "host, plain loops in double precision" : "host, plain loops in single precision";
   }
-  bool supports(const Node& n) const override { return ir::op_info(n.op).category != ir::OpCategory::composite; }
+  bool supports(const Node& n) const override { return reference_supports(n); }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     if (options_.precision == Precision::f64)
@@ -210,6 +210,8 @@ class ReferenceBackend final : public Backend {
 };
 
 }  // namespace
+
+bool reference_supports(const ir::Node& n) { return ir::op_info(n.op).category != ir::OpCategory::composite; }
 
 std::unique_ptr<Backend> make_reference_backend(ReferenceOptions options) { return std::make_unique<ReferenceBackend>(options); }
 

@@ -21,4 +21,7 @@ struct ReferenceOptions {
 
 std::unique_ptr<Backend> make_reference_backend(ReferenceOptions options = {});
 
+/// Every primitive; composites run as their decompositions.
+bool reference_supports(const ir::Node& n);
+
 }  // namespace qkv::backend

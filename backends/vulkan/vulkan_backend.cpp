@@ -274,7 +274,7 @@ class VulkanBackend final : public Backend {
   explicit VulkanBackend(const VulkanOptions& o) : ctx_(Context::get(o)) {}
   std::string name() const override { return "vulkan"; }
   std::string device() const override { return ctx_->device_name(); }
-  bool supports(const Node& n) const override { return codegen::implements(n); }
+  bool supports(const Node& n) const override { return vulkan_supports(n); }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     for (const Node& n : lowered.nodes())
@@ -287,6 +287,8 @@ class VulkanBackend final : public Backend {
 };
 
 }  // namespace
+
+bool vulkan_supports(const ir::Node& n) { return codegen::implements(n); }
 
 std::unique_ptr<Backend> make_vulkan_backend(const VulkanOptions& options) { return std::make_unique<VulkanBackend>(options); }
 

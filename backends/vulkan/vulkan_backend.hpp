@@ -24,6 +24,9 @@ VulkanOptions vulkan_options_from_env();
 /// Starts Vulkan. Throws BackendError naming what is missing (loader, device, layer).
 std::unique_ptr<Backend> make_vulkan_backend(const VulkanOptions& options = vulkan_options_from_env());
 
+/// What the code generator has kernels for (codegen::implements); no device needed.
+bool vulkan_supports(const ir::Node& n);
+
 /// Every Vulkan device the loader sees, with its type ("NVIDIA H100 (discrete)"). Throws
 /// BackendError when there is no loader.
 std::vector<std::string> vulkan_devices();

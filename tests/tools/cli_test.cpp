@@ -185,8 +185,6 @@ TEST_F(Cli, CheckGradPassesOnHostBackends) {
 namespace {
 
 TEST(Readme, OpsTableIsGenerated) {
-  if (run("devices").output.find("vulkan     unavailable") != std::string::npos && !std::getenv("QKV_REQUIRE_VULKAN"))
-    GTEST_SKIP() << "the table's vulkan column needs a Vulkan device";
   std::ifstream in(std::string(QKV_SOURCE_DIR) + "/README.md");
   std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string begin = "<!-- qkv ops -->\n", end = "<!-- end qkv ops -->";
