@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <string_view>
@@ -47,8 +48,8 @@ class Graph {
   /// writes back parameters and optimizer state that the backend holds between runs.
   void set_update(std::string_view input, ValueId value);
 
-  const std::vector<Node>& nodes() const { return nodes_; }
-  /// The node defining `v`. The reference is invalidated by adding nodes: copy what you need.
+  const std::deque<Node>& nodes() const { return nodes_; }
+  /// The node defining `v`; references stay valid while nodes are added (deque storage).
   const Node& node(ValueId v) const { return nodes_.at(static_cast<std::size_t>(v)); }
   std::size_t size() const { return nodes_.size(); }
   /// Input values in the order they were added.
@@ -72,7 +73,7 @@ class Graph {
   ValueId append_unchecked(Node n);
 
  private:
-  std::vector<Node> nodes_;
+  std::deque<Node> nodes_;  // a deque: adding nodes never moves existing ones
   std::vector<std::pair<std::string, ValueId>> outputs_;
   std::vector<std::pair<std::string, ValueId>> updates_;
   std::map<Dim, std::string> symbols_;
