@@ -15,6 +15,8 @@ constexpr T apply_unary(ir::Op op, T x) {
     case ir::Op::exp: return std::exp(x);
     case ir::Op::log: return std::log(x);
     case ir::Op::sqrt: return std::sqrt(x);
+    case ir::Op::tanh: return std::tanh(x);
+    case ir::Op::erf: return std::erf(x);
     default: QKV_UNREACHABLE("not a unary op");
   }
 }

@@ -21,6 +21,8 @@ std::string elementwise_expr(Op op) {
     case Op::exp: return "exp(a)";
     case Op::log: return "log(a)";
     case Op::sqrt: return "sqrt(a)";
+    case Op::tanh: return "tanh(a)";
+    case Op::erf: return "qkv_erf(a)";
     case Op::add: return "a + b";
     case Op::sub: return "a - b";
     case Op::mul: return "a * b";
@@ -66,6 +68,34 @@ std::string header(int inputs, std::uint32_t local_x = kWorkgroupSize, std::uint
   return s;
 }
 
+/// erf for GLSL, which has none. Below |x| = 1 its Taylor series in x^2 (coefficients
+/// 2/sqrt(pi) (-1)^n / (n! (2n+1)), n <= 12; alternating with largest term 1, so float keeps its
+/// precision even where erf is small); above, Abramowitz and Stegun 7.1.26 (absolute error
+/// below 1.5e-7, where erf >= 0.84).
+const char* kErf =
+    "float qkv_erf(float x) {\n"
+    "  if (abs(x) < 1.0) {\n"
+    "    float x2 = x * x;\n"
+    "    float p = 9.422759065e-11;\n"
+    "    p = p * x2 + -1.229055530e-09;\n"
+    "    p = p * x2 + 1.480719282e-08;\n"
+    "    p = p * x2 + -1.636584469e-07;\n"
+    "    p = p * x2 + 1.646211437e-06;\n"
+    "    p = p * x2 + -1.492565036e-05;\n"
+    "    p = p * x2 + 1.205533298e-04;\n"
+    "    p = p * x2 + -8.548327023e-04;\n"
+    "    p = p * x2 + 5.223977625e-03;\n"
+    "    p = p * x2 + -2.686617065e-02;\n"
+    "    p = p * x2 + 1.128379167e-01;\n"
+    "    p = p * x2 + -3.761263890e-01;\n"
+    "    p = p * x2 + 1.128379167e+00;\n"
+    "    return x * p;\n"
+    "  }\n"
+    "  float t = 1.0 / (1.0 + 0.3275911 * abs(x));\n"
+    "  float q = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));\n"
+    "  return sign(x) * (1.0 - q * exp(-x * x));\n"
+    "}\n";
+
 const char* kLinearIndex =
     "  uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;\n"
     "  if (i >= pc.p[0]) return;\n";
@@ -88,6 +118,7 @@ KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
   int arity = static_cast<int>(n.inputs.size());
   auto names = operand_names(n.op, arity);
   std::string s = header(arity);
+  if (n.op == Op::erf) s += kErf;
   s += "// p[0] = elements, p[1..rank] = output dims, then each operand's strides\n";
   s += "void main() {\n" + std::string(kLinearIndex);
   s += "  uint rem = i;\n";
@@ -143,9 +174,10 @@ KernelSource axis_source(Op op) {
     case Op::softmax:
       s += "  float m = uintBitsToFloat(0xff800000u);\n"
            "  for (uint k = 0u; k < n; ++k) m = max(m, x0[base + k * inner]);\n"
+           "  if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
            "  float total = 0.0;\n"
            "  for (uint k = 0u; k < n; ++k) total += exp(x0[base + k * inner] - m);\n"
-           "  float inv = 1.0 / total;\n"
+           "  float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
            "  for (uint k = 0u; k < n; ++k) y[base + k * inner] = exp(x0[base + k * inner] - m) * inv;\n";
       break;
     default: QKV_UNREACHABLE("not an axis op");
@@ -235,6 +267,8 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::exp:
     case Op::log:
     case Op::sqrt:
+    case Op::tanh:
+    case Op::erf:
     case Op::add:
     case Op::sub:
     case Op::mul:
@@ -299,6 +333,8 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
     case Op::exp:
     case Op::log:
     case Op::sqrt:
+    case Op::tanh:
+    case Op::erf:
     case Op::add:
     case Op::sub:
     case Op::mul:

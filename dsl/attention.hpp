@@ -21,6 +21,12 @@ struct Scale {
 };
 constexpr Scale scale(double s) { return {s}; }
 
+/// Option: divide the (scaled) scores by a temperature; above 1 flattens the weights.
+struct Temperature {
+  double value;
+};
+constexpr Temperature temperature(double t) { return {t}; }
+
 namespace detail {
 template <class T> struct is_causal : std::false_type {};
 template <ir::CausalAlign A> struct is_causal<CausalTag<A>> : std::true_type {};
@@ -36,6 +42,8 @@ template <class T> constexpr bool is_bias() {
 
 constexpr std::optional<double> scale_of(Scale s) { return s.value; }
 template <class T> constexpr std::optional<double> scale_of(const T&) { return std::nullopt; }
+constexpr double temperature_of(Temperature t) { return t.value; }
+template <class T> constexpr double temperature_of(const T&) { return 1.0; }
 
 template <ir::CausalAlign A>
 constexpr std::integral_constant<ir::CausalAlign, A> align_of(CausalTag<A>) { return {}; }
@@ -59,18 +67,22 @@ constexpr auto apply_options(S scores, O o, Rest... rest) { return apply_options
 /// `causal_bottom_right`; a boolean mask expression broadcasting to [..., Lq, Lk] in which true
 /// keeps a key (the scaled dot-product convention); a float expression broadcasting to the same,
 /// added to the scores (an additive mask or bias: -inf or a large negative drops a key, and it is
-/// differentiable); scale(x) (default 1/sqrt(D), which needs a static D). A query row whose keys
-/// are all masked has no defined weights (NaN).
+/// differentiable); scale(x) (default 1/sqrt(D), which needs a static D); temperature(t) (divides
+/// the scores by t after scaling). A query row whose keys are all masked gets zero weights, so
+/// zero output and zero gradient, rather than NaN.
 template <Expr Q, Expr K, class... Opts>
 constexpr auto attention_weights(Q q, K k, Opts... opts) {
-  static_assert(((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || detail::is_bias<Opts>() || std::is_same_v<Opts, Scale>) && ...),
-                "qkv: attention options are causal, causal_bottom_right, a boolean mask or float bias expression, or scale(x)");
+  static_assert(((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || detail::is_bias<Opts>() || std::is_same_v<Opts, Scale> ||
+                  std::is_same_v<Opts, Temperature>) &&
+                 ...),
+                "qkv: attention options are causal, causal_bottom_right, a boolean mask or float bias expression, scale(x) or temperature(t)");
   constexpr bool explicit_scale = (std::is_same_v<Opts, Scale> || ...);
   constexpr ir::Dim d = Q::shape.back(0);
   static_assert(explicit_scale || !ir::is_symbol(d),
                 "qkv: the head dim of q is named, so the default scale 1/sqrt(d) is unknown; pass scale(x)");
   double s = 1.0 / std::sqrt(static_cast<double>(d < 1 ? 1 : d));
   ((s = detail::scale_of(opts).value_or(s)), ...);
+  ((s /= detail::temperature_of(opts)), ...);
   auto scores = matmul<false, true>(q, k) * s;
   return softmax<-1>(detail::apply_options(scores, opts...));
 }

@@ -5,6 +5,7 @@
 #include "dsl/dims.hpp"
 #include "dsl/expr.hpp"
 #include "dsl/grad.hpp"
+#include "dsl/layers.hpp"
 #include "dsl/losses.hpp"
 #include "dsl/lower.hpp"
 #include "dsl/ops.hpp"

@@ -53,6 +53,8 @@ constexpr auto maximum(A a, B b) { return make_node<ir::Op::max>(detail::as_expr
 template <Expr A> constexpr auto exp(A a) { return make_node<ir::Op::exp>(a); }
 template <Expr A> constexpr auto log(A a) { return make_node<ir::Op::log>(a); }
 template <Expr A> constexpr auto sqrt(A a) { return make_node<ir::Op::sqrt>(a); }
+template <Expr A> constexpr auto tanh(A a) { return make_node<ir::Op::tanh>(a); }
+template <Expr A> constexpr auto erf(A a) { return make_node<ir::Op::erf>(a); }
 
 /// cond ? a : b elementwise, cond boolean (true keeps a). A number for a or b becomes a scalar.
 template <Expr C, class A, class B>

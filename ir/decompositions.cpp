@@ -11,12 +11,17 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
   switch (n.op) {
     case Op::softmax: {
       // softmax(x) = exp(x - max(x)) / sum(exp(x - max(x))): subtracting the max keeps exp <= 1.
+      // A row of -inf (every key masked) gives zeros, not NaN: its max counts as 0 and its sum
+      // of zeros as 1.
       Attrs reduce;
       reduce.axis = n.attrs.axis;
       reduce.keepdim = true;
+      ValueId zero = g.constant(0.0), one = g.constant(1.0);
       ValueId m = g.add(Op::reduce_max, {in[0]}, reduce);
+      m = g.add(Op::where, {g.add(Op::equal, {m, g.constant(-HUGE_VAL)}), zero, m});
       ValueId e = g.add(Op::exp, {g.add(Op::sub, {in[0], m})});
-      return g.add(Op::div, {e, g.add(Op::reduce_sum, {e}, reduce)});
+      ValueId s = g.add(Op::reduce_sum, {e}, reduce);
+      return g.add(Op::div, {e, g.add(Op::where, {g.add(Op::equal, {s, zero}), one, s})});
     }
     case Op::attention:
     case Op::masked_attention: {
@@ -65,6 +70,8 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
     case Op::exp:
     case Op::log:
     case Op::sqrt:
+    case Op::tanh:
+    case Op::erf:
     case Op::add:
     case Op::sub:
     case Op::mul:

@@ -21,6 +21,8 @@ GradientInfo gradient_info(Op op) {
     case Op::exp:
     case Op::log:
     case Op::sqrt:
+    case Op::tanh:
+    case Op::erf:
     case Op::add:
     case Op::sub:
     case Op::mul:
@@ -89,6 +91,13 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
     case Op::log: return {g.add(Op::div, {dy, in[0]})};
     // d/dx sqrt x = dy / (2 sqrt x)
     case Op::sqrt: return {g.add(Op::div, {g.add(Op::mul, {dy, g.constant(0.5)}), y})};
+    // d/dx tanh x = dy * (1 - tanh^2 x)
+    case Op::tanh: return {g.add(Op::mul, {dy, g.add(Op::sub, {g.constant(1.0), g.add(Op::mul, {y, y})})})};
+    // d/dx erf x = dy * 2/sqrt(pi) * exp(-x^2)
+    case Op::erf: {
+      ValueId gauss = g.add(Op::exp, {g.add(Op::neg, {g.add(Op::mul, {in[0], in[0]})})});
+      return {g.add(Op::mul, {dy, g.add(Op::mul, {gauss, g.constant(1.1283791670955126)})})};
+    }
     // d/da (a + b) = dy, d/db = dy
     case Op::add: return {unb(dy, 0), unb(dy, 1)};
     // d/da (a - b) = dy, d/db = -dy

@@ -52,7 +52,9 @@ std::vector<OpCase> op_cases(Op op) {
     case Op::input: return {{"2x3", {{{2, 3}}}, shape({2, 3})}};
     case Op::constant: return {{"scalar", {}, shape({}, 0.125)}, {"2x3 fill", {}, shape({2, 3}, -1.5)}};
     case Op::neg:
-    case Op::exp: return unary(Fill::normal);
+    case Op::exp:
+    case Op::tanh:
+    case Op::erf: return unary(Fill::normal);
     case Op::log:
     case Op::sqrt: return unary(Fill::positive);
     case Op::add:

@@ -246,6 +246,8 @@ constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attr
     case Op::exp:
     case Op::log:
     case Op::sqrt:
+    case Op::tanh:
+    case Op::erf:
     case Op::add:
     case Op::sub:
     case Op::mul:

@@ -109,7 +109,11 @@ void attention(const AttentionArgs& a) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(dv), static_cast<int>(cols), 1.0f, s,
                   static_cast<int>(kKeyBlock), v + j0 * dv, static_cast<int>(dv), 1.0f, o, static_cast<int>(dv));
     }
-    for (std::int64_t i = 0; i < rows; ++i) scale_inplace(o + i * dv, dv, 1.0f / l_buf[static_cast<std::size_t>(i)]);
+    // A query with no key left (l = 0) gives zeros, as softmax defines for a row of -inf.
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float l = l_buf[static_cast<std::size_t>(i)];
+      scale_inplace(o + i * dv, dv, l == 0.0f ? 0.0f : 1.0f / l);
+    }
   });
 }
 

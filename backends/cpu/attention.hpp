@@ -18,7 +18,7 @@ struct AttentionArgs {
 /// Query blocks of kQueryBlock rows stream over key blocks of kKeyBlock keys with an online
 /// softmax (running max and sum per row), so each thread holds kQueryBlock x (kKeyBlock + Dv)
 /// floats whatever N and M are. Key blocks wholly above the causal diagonal are skipped. A row
-/// whose keys are all masked gives NaN, as the decomposition does.
+/// whose keys are all masked gives zeros, as the decomposition does.
 void attention(const AttentionArgs& args);
 
 inline constexpr std::int64_t kQueryBlock = 128;

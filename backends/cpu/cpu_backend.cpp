@@ -97,7 +97,9 @@ class CpuExecutable final : public Executable {
       case Op::neg:
       case Op::exp:
       case Op::log:
-      case Op::sqrt: return cpu::unary(n.op, in(0), out);
+      case Op::sqrt:
+      case Op::tanh:
+      case Op::erf: return cpu::unary(n.op, in(0), out);
       case Op::add:
       case Op::sub:
       case Op::mul:

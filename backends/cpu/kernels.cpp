@@ -76,6 +76,8 @@ void unary(ir::Op op, ConstView x, View out) {
     case ir::Op::exp: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::exp(x.data[i]); return;
     case ir::Op::log: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::log(x.data[i]); return;
     case ir::Op::sqrt: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::sqrt(x.data[i]); return;
+    case ir::Op::tanh: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::tanh(x.data[i]); return;
+    case ir::Op::erf: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::erf(x.data[i]); return;
     default: QKV_UNREACHABLE("not a unary op");
   }
 }
@@ -126,9 +128,9 @@ void softmax(ConstView x, int axis, View out) {
         float* dst = out.data + o * s.n;
         const float m = max_of(src, s.n, -std::numeric_limits<float>::infinity());
         std::copy_n(src, s.n, dst);
-        // An all -inf row has no defined softmax: NaN, as exp(x - max) / sum gives in the decomposition.
+        // A row of -inf (every key masked) gives zeros, as the decomposition defines.
         if (m == -std::numeric_limits<float>::infinity()) {
-          std::fill_n(dst, s.n, std::numeric_limits<float>::quiet_NaN());
+          std::fill_n(dst, s.n, 0.0f);
           continue;
         }
         scale_inplace(dst, s.n, 1.0f / exp_shifted_sum(dst, s.n, m));
@@ -144,9 +146,10 @@ void softmax(ConstView x, int axis, View out) {
       float* dst = out.data + o * s.n * s.inner + i;
       float m = -std::numeric_limits<float>::infinity();
       for (std::int64_t k = 0; k < s.n; ++k) m = std::max(m, src[k * s.inner]);
+      if (m == -std::numeric_limits<float>::infinity()) m = 0.0f;  // a row of -inf gives zeros
       float total = 0.0f;
       for (std::int64_t k = 0; k < s.n; ++k) total += dst[k * s.inner] = std::exp(src[k * s.inner] - m);
-      const float inv = 1.0f / total;
+      const float inv = total == 0.0f ? 0.0f : 1.0f / total;
       for (std::int64_t k = 0; k < s.n; ++k) dst[k * s.inner] *= inv;
     }
 }

@@ -88,6 +88,8 @@ class ReferenceExecutable final : public Executable {
       case Op::exp:
       case Op::log:
       case Op::sqrt:
+      case Op::tanh:
+      case Op::erf:
         for (std::size_t j = 0; j < out.size(); ++j) out[j] = apply_unary(n.op, in(0)[j]);
         return;
       case Op::add:
