@@ -8,6 +8,7 @@
 #include "dsl/layers.hpp"
 #include "dsl/losses.hpp"
 #include "dsl/lower.hpp"
+#include "dsl/multi_head.hpp"
 #include "dsl/ops.hpp"
 
 namespace qkv {

@@ -26,7 +26,8 @@ namespace detail {
 
 template <DimArg... Ds>
 void declare(ir::Graph& g, DimList<Ds...>) {
-  ((Ds.is_named() ? (void)g.symbol(Ds.name_view()) : (void)0), ...);
+  // Unnamed symbols come from shapes the DSL derived; inputs declared their names already.
+  ((Ds.is_named() && !Ds.name_view().empty() ? (void)g.symbol(Ds.name_view()) : (void)0), ...);
 }
 
 class Lowerer {

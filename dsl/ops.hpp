@@ -172,6 +172,19 @@ constexpr auto reshape(X x, DimC<Ds>...) {
   return make_node<ir::Op::reshape, attrs, DimList<Ds...>>(x);
 }
 
+namespace detail {
+/// Reshape to a shape computed from other expressions' shapes (its symbols are already named).
+template <ir::Shape S, Expr X>
+constexpr auto reshape_to(X x) {
+  constexpr ir::Attrs attrs = [] {
+    ir::Attrs a;
+    a.shape = S;
+    return a;
+  }();
+  return make_node<ir::Op::reshape, attrs>(x);
+}
+}  // namespace detail
+
 /// Boolean [Lq, Lk] keep-mask from x's last two dims: query i sees key j when j <= i
 /// (top-left aligned) or j <= i + Lk - Lq (bottom-right aligned).
 template <ir::CausalAlign Align = ir::CausalAlign::top_left, Expr X>
