@@ -3,10 +3,11 @@
 
 namespace qkv::backend {
 
-std::vector<const Tensor*> gather_inputs(const ir::Graph& g, const TensorMap& inputs, const TensorMap& state) {
-  std::vector<const Tensor*> r;
+void gather_inputs(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids, const TensorMap& inputs, const TensorMap& state,
+                   std::vector<const Tensor*>& r) {
+  r.clear();
   std::size_t used = 0;
-  for (ir::ValueId v : g.inputs()) {
+  for (ir::ValueId v : input_ids) {
     const std::string& name = g.node(v).name;
     auto given = inputs.find(name);
     auto held = state.find(name);
@@ -30,7 +31,6 @@ std::vector<const Tensor*> gather_inputs(const ir::Graph& g, const TensorMap& in
   for (const auto& [name, v] : g.updates())
     if (!state.contains(name))
       throw ShapeError("input '" + name + "' is updated by the graph, so it must be held on the backend (set_state)");
-  return r;
 }
 
 TensorMap merged_inputs(const ir::Graph& g, const std::vector<const Tensor*>& tensors) {

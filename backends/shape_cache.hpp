@@ -9,10 +9,12 @@
 
 namespace qkv::backend {
 
-/// The tensor of each graph input (in g.inputs() order) for one run: from `inputs`, or from
-/// `state` for inputs held on the backend. Throws ShapeError for a missing input, an input the
-/// graph does not have, an input given both ways, or an updated input that is not held.
-std::vector<const Tensor*> gather_inputs(const ir::Graph& g, const TensorMap& inputs, const TensorMap& state);
+/// The tensor of each graph input (in `input_ids` order, the graph's inputs) for one run, into
+/// `out` (its capacity is reused: no allocation per run): from `inputs`, or from `state` for
+/// inputs held on the backend. Throws ShapeError for a missing input, an input the graph does not
+/// have, an input given both ways, or an updated input that is not held.
+void gather_inputs(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids, const TensorMap& inputs, const TensorMap& state,
+                   std::vector<const Tensor*>& out);
 
 /// Copies of the gathered tensors by name (for binding shapes when planning, which is rare).
 TensorMap merged_inputs(const ir::Graph& g, const std::vector<const Tensor*>& tensors);

@@ -35,7 +35,7 @@ class CpuExecutable final : public Executable {
   TensorMap state() override { return state_; }
 
   TensorMap run(const TensorMap& inputs) override {
-    tensors_ = gather_inputs(graph_, inputs, state_);
+    gather_inputs(graph_, input_ids_, inputs, state_, tensors_);
     if (!signature_.matches(tensors_)) plan();
     for (std::size_t i = 0; i < graph_.size(); ++i) execute(i);
     // Updates write back into the held tensors once every kernel has read the old values.

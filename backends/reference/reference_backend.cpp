@@ -34,7 +34,9 @@ class ReferenceExecutable final : public Executable {
   TensorMap state() override { return state_; }
 
   TensorMap run(const TensorMap& call_inputs) override {
-    const TensorMap inputs = merged_inputs(graph_, gather_inputs(graph_, call_inputs, state_));
+    std::vector<const Tensor*> tensors;
+    gather_inputs(graph_, graph_.inputs(), call_inputs, state_, tensors);
+    const TensorMap inputs = merged_inputs(graph_, tensors);
     std::vector<Shape> shapes = ir::bind_shapes(graph_, inputs, f64_inputs_);
     std::vector<std::vector<T>> values(graph_.size());
     planned_bytes_ = 0;

@@ -57,7 +57,8 @@ class VulkanExecutable final : public Executable {
 
   TensorMap run(const TensorMap& inputs) override {
     return guarded("run", [&] {
-      std::vector<const Tensor*> tensors = gather_inputs(graph_, inputs, state_);
+      std::vector<const Tensor*>& tensors = tensors_;
+      gather_inputs(graph_, input_ids_, inputs, state_, tensors);
       if (!signature_.matches(tensors)) plan(tensors);
       for (std::size_t i = 0; i < input_ids_.size(); ++i)
         if (staging_offset_[i] >= 0) write_staging(*tensors[i], static_cast<std::byte*>(staging_in_.mapped) + staging_offset_[i]);
@@ -254,6 +255,7 @@ class VulkanExecutable final : public Executable {
   std::shared_ptr<Context> ctx_;
   ir::Graph graph_;
   std::vector<ir::ValueId> input_ids_;
+  std::vector<const Tensor*> tensors_;  // this run's input tensors (capacity reused)
   std::vector<Kernel> kernels_;
   InputSignature signature_;
   std::vector<ir::Shape> shapes_;
