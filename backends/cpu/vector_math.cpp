@@ -4,8 +4,9 @@
 
 #include <cstring>
 
-// The helpers below pass 32-byte vectors by value; they have internal linkage and are always
-// inlined into the cloned functions, so the ABI note GCC gives for the SSE fallback is moot.
+// The helpers below return 32-byte vectors (and take them by reference); they have internal
+// linkage and are always inlined into the cloned functions, so GCC's ABI warning for the SSE
+// fallback is moot.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace qkv::backend::cpu {
@@ -20,12 +21,13 @@ using v8i = std::int32_t __attribute__((vector_size(32)));
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-[[gnu::always_inline]] inline void store(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline void store(float* p, const v8f& v) { std::memcpy(p, &v, sizeof v); }
 [[gnu::always_inline]] inline v8f splat(float x) { return v8f{} + x; }
 
 /// exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2], exp(r) by the
 /// Cephes polynomial (about 2 ulp). Below -87.3 (and -inf) gives exactly 0.
-[[gnu::always_inline]] inline v8f exp8(v8f x) {
+[[gnu::always_inline]] inline v8f exp8(const v8f& in) {
+  v8f x = in;
   const v8i underflow = x < -87.3f;
   x = x < -87.3f ? splat(-87.3f) : x;
   x = x > 88.3f ? splat(88.3f) : x;
@@ -44,7 +46,7 @@ using v8i = std::int32_t __attribute__((vector_size(32)));
   return underflow ? splat(0.0f) : e;
 }
 
-[[gnu::always_inline]] inline float hsum(v8f v) {
+[[gnu::always_inline]] inline float hsum(const v8f& v) {
   float s = 0;
   for (int i = 0; i < 8; ++i) s += v[i];
   return s;
