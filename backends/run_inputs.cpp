@@ -1,5 +1,5 @@
 // Gathering a run's tensors from the call and from held state.
-#include "backends/shape_cache.hpp"
+#include "backends/run_inputs.hpp"
 
 namespace qkv::backend {
 

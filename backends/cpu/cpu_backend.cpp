@@ -8,7 +8,7 @@
 #include "backends/cpu/attention.hpp"
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/thread_pool.hpp"
-#include "backends/shape_cache.hpp"
+#include "backends/run_inputs.hpp"
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
 

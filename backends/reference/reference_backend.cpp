@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "backends/kernel_util.hpp"
-#include "backends/shape_cache.hpp"
+#include "backends/run_inputs.hpp"
 #include "backends/scalar_ops.hpp"
 #include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "backends/shape_cache.hpp"
+#include "backends/run_inputs.hpp"
 #include "backends/vulkan/context.hpp"
 #include "codegen/glsl.hpp"
 #include "ir/passes/memory_plan.hpp"
