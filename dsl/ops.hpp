@@ -28,6 +28,12 @@ constexpr auto as_expr(T x) {
 template <class A, class B>
 concept Operands = (Expr<A> && (Expr<B> || std::is_arithmetic_v<B>)) || (std::is_arithmetic_v<A> && Expr<B>);
 
+constexpr ir::Attrs shape_attrs(const ir::Shape& shape) {
+  ir::Attrs a;
+  a.shape = shape;
+  return a;
+}
+
 constexpr ir::Attrs axis_attrs(int axis, bool keepdim = true) {
   ir::Attrs a;
   a.axis = axis;
@@ -109,12 +115,7 @@ constexpr auto one_hot(Ids ids) {
 /// x repeated to a shape it broadcasts to: broadcast_to(x, dim<"B">, dim<"N">, dim<64>).
 template <Expr X, DimArg... Ds>
 constexpr auto broadcast_to(X x, DimC<Ds>...) {
-  constexpr ir::Attrs attrs = [] {
-    ir::Attrs a;
-    a.shape = DimList<Ds...>::shape();
-    return a;
-  }();
-  return make_node<ir::Op::broadcast_to, attrs, DimList<Ds...>>(x);
+  return make_node<ir::Op::broadcast_to, detail::shape_attrs(DimList<Ds...>::shape()), DimList<Ds...>>(x);
 }
 
 /// Numerically stable softmax over Axis (default: the last).
@@ -164,24 +165,14 @@ constexpr auto transpose(X x) {
 /// The same elements in a new shape: reshape(x, dim<"B">, dim<"N">, dim<8>, dim<64>).
 template <Expr X, DimArg... Ds>
 constexpr auto reshape(X x, DimC<Ds>...) {
-  constexpr ir::Attrs attrs = [] {
-    ir::Attrs a;
-    a.shape = DimList<Ds...>::shape();
-    return a;
-  }();
-  return make_node<ir::Op::reshape, attrs, DimList<Ds...>>(x);
+  return make_node<ir::Op::reshape, detail::shape_attrs(DimList<Ds...>::shape()), DimList<Ds...>>(x);
 }
 
 namespace detail {
 /// Reshape to a shape computed from other expressions' shapes (its symbols are already named).
 template <ir::Shape S, Expr X>
 constexpr auto reshape_to(X x) {
-  constexpr ir::Attrs attrs = [] {
-    ir::Attrs a;
-    a.shape = S;
-    return a;
-  }();
-  return make_node<ir::Op::reshape, attrs>(x);
+  return make_node<ir::Op::reshape, shape_attrs(S)>(x);
 }
 }  // namespace detail
 

@@ -29,8 +29,7 @@ class CpuExecutable final : public Executable {
 
   void set_state(const TensorMap& tensors) override {
     check_state_names(graph_, tensors);
-    state_ = tensors;
-    signature_.invalidate();  // tensors may live elsewhere now
+    state_ = tensors;  // read in place by the next runs; their shapes are part of the plan's signature
   }
   TensorMap state() override { return state_; }
 

@@ -8,19 +8,14 @@ namespace qkv {
 namespace {
 
 struct Param {
-  ir::Op op;
-  std::size_t index;
-  ir::OpCase c;
+  testing::RegistryCase rc;
   std::string backend;
 };
 
 std::vector<Param> all_params() {
   std::vector<Param> r;
-  for (ir::Op op : ir::all_ops()) {
-    auto cases = ir::op_cases(op);
-    for (std::size_t i = 0; i < cases.size(); ++i)
-      for (const char* b : {"reference", "cpu", "vulkan"}) r.push_back({op, i, cases[i], b});
-  }
+  for (const auto& rc : testing::registry_cases())
+    for (const char* b : {"reference", "cpu", "vulkan"}) r.push_back({rc, b});
   return r;
 }
 
@@ -28,13 +23,12 @@ class Conformance : public ::testing::TestWithParam<Param> {};
 
 TEST_P(Conformance, MatchesFloat64Reference) {
   const Param& p = GetParam();
-  ir::Graph g = ir::case_graph(p.op, p.c);
-  testing::expect_equivalent(g, testing::case_inputs(p.c, 1234 + p.index), p.backend);
+  ir::Graph g = ir::case_graph(p.rc.op, p.rc.c);
+  testing::expect_equivalent(g, testing::case_inputs(p.rc.c, 1234 + p.rc.index), p.backend);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  std::string s = std::string(ir::op_name(info.param.op)) + "_" + std::to_string(info.param.index) + "_" + info.param.backend;
-  return s;
+  return testing::case_label(info.param.rc) + "_" + info.param.backend;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, Conformance, ::testing::ValuesIn(all_params()), param_name);

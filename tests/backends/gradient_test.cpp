@@ -10,22 +10,14 @@
 namespace qkv {
 namespace {
 
-struct Param {
-  ir::Op op;
-  std::size_t index;
-  ir::OpCase c;
-};
+using Param = testing::RegistryCase;
 
-/// Differentiable ops with float outputs and at least one float input, every case.
+/// Every case of the differentiable ops (cases without a float input are skipped in the tests).
 std::vector<Param> differentiable_cases() {
-  std::vector<Param> r;
-  for (ir::Op op : ir::all_ops()) {
+  return testing::registry_cases([](ir::Op op) {
     auto kind = ir::gradient_info(op).kind;
-    if (kind != ir::GradKind::rule && kind != ir::GradKind::decompose) continue;
-    auto cases = ir::op_cases(op);
-    for (std::size_t i = 0; i < cases.size(); ++i) r.push_back({op, i, cases[i]});
-  }
-  return r;
+    return kind == ir::GradKind::rule || kind == ir::GradKind::decompose;
+  });
 }
 
 std::vector<std::string> float_inputs(const ir::OpCase& c) {
@@ -65,9 +57,7 @@ TEST_P(Gradients, BackwardGraphMatchesReferenceOnEveryBackend) {
   }
 }
 
-std::string case_name(const ::testing::TestParamInfo<Param>& p) {
-  return std::string(ir::op_name(p.param.op)) + "_" + std::to_string(p.param.index);
-}
+std::string case_name(const ::testing::TestParamInfo<Param>& p) { return testing::case_label(p.param); }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, Gradients, ::testing::ValuesIn(differentiable_cases()), case_name);
 

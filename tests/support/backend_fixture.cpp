@@ -30,6 +30,18 @@ std::shared_ptr<backend::Backend> backend_or_reason(const std::string& name, std
   }
 }
 
+std::vector<RegistryCase> registry_cases(bool (*keep)(ir::Op)) {
+  std::vector<RegistryCase> r;
+  for (ir::Op op : ir::all_ops()) {
+    if (keep && !keep(op)) continue;
+    auto cases = ir::op_cases(op);
+    for (std::size_t i = 0; i < cases.size(); ++i) r.push_back({op, i, cases[i]});
+  }
+  return r;
+}
+
+std::string case_label(const RegistryCase& c) { return std::string(ir::op_name(c.op)) + "_" + std::to_string(c.index); }
+
 backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal;

@@ -19,6 +19,17 @@ std::shared_ptr<backend::Backend> backend_or_reason(const std::string& name, std
 /// Whether a missing Vulkan device fails tests (CI sets QKV_REQUIRE_VULKAN=1).
 bool vulkan_required();
 
+/// One of the registry's op cases: the op, the case's index among the op's cases, the case.
+struct RegistryCase {
+  ir::Op op;
+  std::size_t index;
+  ir::OpCase c;
+};
+/// Every case of every op for which `keep(op)` holds, in registry order.
+std::vector<RegistryCase> registry_cases(bool (*keep)(ir::Op) = nullptr);
+/// "matmul_3": a test-name part for a case.
+std::string case_label(const RegistryCase& c);
+
 /// Inputs x0, x1, ... for one of the registry's op cases, filled as the case says: normal floats,
 /// positive floats in [0.25, 4), booleans, keep-first masks, or i32 ids in [-1, 6] (some outside
 /// one_hot's depth on purpose).
