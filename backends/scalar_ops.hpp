@@ -17,6 +17,9 @@ constexpr T apply_unary(ir::Op op, T x) {
     case ir::Op::sqrt: return std::sqrt(x);
     case ir::Op::tanh: return std::tanh(x);
     case ir::Op::erf: return std::erf(x);
+    case ir::Op::sin: return std::sin(x);
+    case ir::Op::cos: return std::cos(x);
+    case ir::Op::cast: return x;  // host backends hold ids and booleans as numbers already
     default: QKV_UNREACHABLE("not a unary op");
   }
 }

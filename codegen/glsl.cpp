@@ -4,6 +4,7 @@
 #include <bit>
 
 #include "ir/error.hpp"
+#include "ir/random.hpp"
 
 namespace qkv::codegen {
 
@@ -23,6 +24,9 @@ std::string elementwise_expr(Op op) {
     case Op::sqrt: return "sqrt(a)";
     case Op::tanh: return "tanh(a)";
     case Op::erf: return "qkv_erf(a)";
+    case Op::sin: return "sin(a)";
+    case Op::cos: return "cos(a)";
+    case Op::cast: return "a";  // buffers hold ids and booleans as floats already
     case Op::add: return "a + b";
     case Op::sub: return "a - b";
     case Op::mul: return "a * b";
@@ -41,6 +45,10 @@ std::string elementwise_expr(Op op) {
     case Op::reshape:
     case Op::causal_mask:
     case Op::one_hot:
+    case Op::slice:
+    case Op::concat:
+    case Op::iota:
+    case Op::dropout_mask:
     case Op::softmax:
     case Op::log_softmax:
     case Op::reduce_mean:
@@ -150,12 +158,59 @@ KernelSource one_hot_source() {
 
 KernelSource causal_mask_source() {
   std::string s = header(1) +
-                  "// p[0] = elements, p[1] = Lk, p[2] = shift (Lk - Lq for bottom-right, else 0) as int bits\n"
+                  "// p[0] = elements, p[1] = Lk, p[2] = shift (Lk - Lq for bottom-right, else 0) as int bits,\n"
+                  "// p[3] = sliding window (0: none)\n"
                   "void main() {\n" +
                   kLinearIndex +
                   "  int row = int(i / pc.p[1]);\n  int col = int(i % pc.p[1]);\n"
-                  "  y[i] = col <= row + int(pc.p[2]) ? 1.0 : 0.0;\n}\n";
+                  "  int limit = row + int(pc.p[2]), window = int(pc.p[3]);\n"
+                  "  y[i] = (col <= limit && (window == 0 || col > limit - window)) ? 1.0 : 0.0;\n}\n";
   return {"causal_mask", s, 2};
+}
+
+/// Slices and joins along one axis, the tensors seen as [outer, n, inner].
+KernelSource slice_source() {
+  std::string s = header(1) + "// p[0] = elements, p[1] = inner, p[2] = n out, p[3] = n in, p[4] = begin\nvoid main() {\n" +
+                  kLinearIndex +
+                  "  uint inner = pc.p[1], per = pc.p[2] * inner;\n"
+                  "  uint o = i / per, j = (i % per) / inner, r = i % inner;\n"
+                  "  y[i] = x0[(o * pc.p[3] + pc.p[4] + j) * inner + r];\n}\n";
+  return {"slice", s, 2};
+}
+
+KernelSource concat_source() {
+  std::string s = header(2) + "// p[0] = elements, p[1] = inner, p[2] = n of a, p[3] = n of b\nvoid main() {\n" + kLinearIndex +
+                  "  uint inner = pc.p[1], na = pc.p[2], nb = pc.p[3], per = (na + nb) * inner;\n"
+                  "  uint o = i / per, j = (i % per) / inner, r = i % inner;\n"
+                  "  y[i] = j < na ? x0[(o * na + j) * inner + r] : x1[(o * nb + j - na) * inner + r];\n}\n";
+  return {"concat", s, 3};
+}
+
+KernelSource iota_source() {
+  std::string s = header(1) + "// p[0] = elements, p[1] = inner, p[2] = the axis' size\nvoid main() {\n" + kLinearIndex +
+                  "  y[i] = float((i / pc.p[1]) % pc.p[2]);\n}\n";
+  return {"iota", s, 2};
+}
+
+/// Philox4x32-10 as ir/random.hpp defines it; umulExtended gives the 64-bit products.
+KernelSource dropout_mask_source() {
+  std::string s = header(2) +
+                  "// p[0] = elements, p[1] = drop threshold (2^32 p), p[2] = the kept value's float bits; x1[0] = seed\n"
+                  "uint qkv_philox(uint index, uint seed) {\n"
+                  "  uvec4 c = uvec4(index, 0u, 0u, 0u);\n"
+                  "  uvec2 k = uvec2(seed, " + std::to_string(ir::kDropoutKey1) + "u);\n"
+                  "  for (int round = 0; round < 10; ++round) {\n"
+                  "    uint hi0, lo0, hi1, lo1;\n"
+                  "    umulExtended(" + std::to_string(ir::kPhiloxM0) + "u, c.x, hi0, lo0);\n"
+                  "    umulExtended(" + std::to_string(ir::kPhiloxM1) + "u, c.z, hi1, lo1);\n"
+                  "    c = uvec4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);\n"
+                  "    k += uvec2(" + std::to_string(ir::kPhiloxW0) + "u, " + std::to_string(ir::kPhiloxW1) + "u);\n"
+                  "  }\n"
+                  "  return c.x;\n"
+                  "}\n"
+                  "void main() {\n" + kLinearIndex +
+                  "  y[i] = qkv_philox(i, uint(x1[0])) >= pc.p[1] ? uintBitsToFloat(pc.p[2]) : 0.0;\n}\n";
+  return {"dropout_mask", s, 3};
 }
 
 /// Reductions and softmax over one axis, seen as [outer, n, inner]: one invocation per row.
@@ -249,7 +304,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
     case OpCategory::contract: words = 7 + 3 * (n.shape.rank - 2); break;
     case OpCategory::source:
     case OpCategory::reduce:
-    case OpCategory::mask: words = 3; break;
+    case OpCategory::mask: words = 4; break;
     case OpCategory::composite: words = n.op == Op::softmax ? 3 : kMaxPushWords + 1; break;
   }
   (void)g;
@@ -269,6 +324,9 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::sqrt:
     case Op::tanh:
     case Op::erf:
+    case Op::sin:
+    case Op::cos:
+    case Op::cast:
     case Op::add:
     case Op::sub:
     case Op::mul:
@@ -279,6 +337,10 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::greater:
     case Op::broadcast_to:
     case Op::permute: return elementwise_source(g, n);
+    case Op::slice: return slice_source();
+    case Op::concat: return concat_source();
+    case Op::iota: return iota_source();
+    case Op::dropout_mask: return dropout_mask_source();
     case Op::one_hot: return one_hot_source();
     case Op::reduce_sum:
     case Op::reduce_max:
@@ -325,16 +387,36 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       return l;
     case Op::causal_mask: {
       std::int64_t shift = n.attrs.align == ir::CausalAlign::bottom_right ? os[1] - os[0] : 0;
-      l.push = {u32(os.numel()), u32(os[1]), static_cast<std::uint32_t>(static_cast<std::int32_t>(shift))};
+      l.push = {u32(os.numel()), u32(os[1]), static_cast<std::uint32_t>(static_cast<std::int32_t>(shift)), u32(n.attrs.window)};
       l.groups = linear_groups(os.numel());
       return l;
     }
+    case Op::slice:
+    case Op::concat:
+    case Op::iota: {
+      const Shape& xs = n.op == Op::iota ? os : in_shape(0);
+      std::int64_t inner = 1;
+      for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
+      if (n.op == Op::slice) l.push = {u32(os.numel()), u32(inner), u32(os[n.attrs.axis]), u32(xs[n.attrs.axis]), u32(n.attrs.begin)};
+      else if (n.op == Op::concat) l.push = {u32(os.numel()), u32(inner), u32(xs[n.attrs.axis]), u32(in_shape(1)[n.attrs.axis])};
+      else l.push = {u32(os.numel()), u32(inner), u32(os[n.attrs.axis])};
+      l.groups = linear_groups(os.numel());
+      return l;
+    }
+    case Op::dropout_mask:
+      l.push = {u32(os.numel()), ir::dropout_threshold(n.attrs.value),
+                std::bit_cast<std::uint32_t>(static_cast<float>(1.0 / (1.0 - n.attrs.value)))};
+      l.groups = linear_groups(os.numel());
+      return l;
     case Op::neg:
     case Op::exp:
     case Op::log:
     case Op::sqrt:
     case Op::tanh:
     case Op::erf:
+    case Op::sin:
+    case Op::cos:
+    case Op::cast:
     case Op::add:
     case Op::sub:
     case Op::mul:

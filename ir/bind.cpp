@@ -47,15 +47,17 @@ std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tenso
       if (!known) throw ShapeError("graph has no input '" + name + "'");
     }
   }
+  // A symbol's value: bound by an input, or (a derived dim) the sum of its parts.
+  auto value_of = [&](auto& self, Dim d, const Node& n) -> std::int64_t {
+    if (!is_symbol(d)) return d;
+    if (auto b = bound.find(d); b != bound.end()) return b->second.first;
+    if (auto p = g.derived_dims().find(d); p != g.derived_dims().end())
+      return self(self, p->second.first, n) + self(self, p->second.second, n);
+    throw ShapeError(std::string(op_name(n.op)) + ": dim " + g.dim_name(d) + " is bound by no input");
+  };
   auto resolve = [&](const Shape& s, const Node& n) {
     Shape r = s;
-    for (int i = 0; i < r.rank; ++i) {
-      if (!is_symbol(r[i])) continue;
-      auto b = bound.find(r[i]);
-      if (b == bound.end())
-        throw ShapeError(std::string(op_name(n.op)) + ": dim " + g.dim_name(r[i]) + " is bound by no input");
-      r[i] = b->second.first;
-    }
+    for (int i = 0; i < r.rank; ++i) r[i] = value_of(value_of, r[i], n);
     return r;
   };
   for (std::size_t i = 0; i < g.size(); ++i) {

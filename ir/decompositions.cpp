@@ -34,6 +34,7 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
       if (n.attrs.causal) {
         Attrs align;
         align.align = n.attrs.align;
+        align.window = n.attrs.window;
         s = g.add(Op::where, {g.add(Op::causal_mask, {s}, align), s, neg_inf});
       }
       Attrs last;
@@ -72,6 +73,13 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
     case Op::sqrt:
     case Op::tanh:
     case Op::erf:
+    case Op::sin:
+    case Op::cos:
+    case Op::cast:
+    case Op::slice:
+    case Op::concat:
+    case Op::iota:
+    case Op::dropout_mask:
     case Op::add:
     case Op::sub:
     case Op::mul:

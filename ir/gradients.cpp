@@ -14,6 +14,9 @@ GradientInfo gradient_info(Op op) {
     case Op::greater: return {GradKind::zero, "boolean output"};
     case Op::causal_mask: return {GradKind::zero, "boolean output that depends only on its operand's shape"};
     case Op::one_hot: return {GradKind::zero, "integer input"};
+    case Op::cast: return {GradKind::zero, "integer or boolean input"};
+    case Op::iota: return {GradKind::zero, "depends only on its operand's shape"};
+    case Op::dropout_mask: return {GradKind::zero, "random bits keyed by an integer seed; its operand gives only the shape"};
     case Op::reduce_mean: return {GradKind::decompose, "sum / count: the rules of reduce_sum and div"};
     case Op::attention:
     case Op::masked_attention: return {GradKind::decompose, "the rules of matmul, mul, where and softmax"};
@@ -23,6 +26,10 @@ GradientInfo gradient_info(Op op) {
     case Op::sqrt:
     case Op::tanh:
     case Op::erf:
+    case Op::sin:
+    case Op::cos:
+    case Op::slice:
+    case Op::concat:
     case Op::add:
     case Op::sub:
     case Op::mul:
@@ -68,6 +75,12 @@ ValueId expand(Graph& g, ValueId dy, const Attrs& reduce, const Shape& xs) {
   return g.add(Op::broadcast_to, {dy}, to);
 }
 
+Attrs shape_attrs(const Shape& s) {
+  Attrs a;
+  a.shape = s;
+  return a;
+}
+
 Attrs matmul_attrs(bool ta, bool tb) {
   Attrs a;
   a.transpose_a = ta;
@@ -97,6 +110,42 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
     case Op::erf: {
       ValueId gauss = g.add(Op::exp, {g.add(Op::neg, {g.add(Op::mul, {in[0], in[0]})})});
       return {g.add(Op::mul, {dy, g.add(Op::mul, {gauss, g.constant(1.1283791670955126)})})};
+    }
+    // d/dx sin x = dy * cos x
+    case Op::sin: return {g.add(Op::mul, {dy, g.add(Op::cos, {in[0]})})};
+    // d/dx cos x = -dy * sin x
+    case Op::cos: return {g.add(Op::neg, {g.add(Op::mul, {dy, g.add(Op::sin, {in[0]})})})};
+    // d/dx x[begin:end] = dy placed at [begin:end] in zeros of x's shape
+    case Op::slice: {
+      const Shape xs = shape(in[0]);
+      const int ax = n.attrs.axis;
+      Attrs join;
+      join.axis = ax;
+      ValueId dx = dy;
+      if (n.attrs.begin > 0) {
+        Shape before = xs;
+        before[ax] = n.attrs.begin;
+        dx = g.add(Op::concat, {g.add(Op::broadcast_to, {zero}, shape_attrs(before)), dx}, join);
+      }
+      if (n.attrs.end < xs[ax]) {
+        Shape after = xs;
+        after[ax] = xs[ax] - n.attrs.end;
+        dx = g.add(Op::concat, {dx, g.add(Op::broadcast_to, {zero}, shape_attrs(after))}, join);
+      }
+      return {dx};
+    }
+    // d/da concat(a, b) = dy[:na], d/db = dy[na:] along the axis
+    case Op::concat: {
+      const int ax = n.attrs.axis;
+      const Dim na = shape(in[0])[ax], total = n.shape[ax];
+      if (is_symbol(na) || is_symbol(total))
+        throw UnsupportedError("concat: no gradient along the named dim " + g.dim_name(is_symbol(na) ? na : total) +
+                               " (slices need static bounds)");
+      Attrs first, second;
+      first.axis = second.axis = ax;
+      first.end = second.begin = na;
+      second.end = total;
+      return {g.add(Op::slice, {dy}, first), g.add(Op::slice, {dy}, second)};
     }
     // d/da (a + b) = dy, d/db = dy
     case Op::add: return {unb(dy, 0), unb(dy, 1)};
@@ -161,6 +210,9 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
     case Op::greater:
     case Op::causal_mask:
     case Op::one_hot:
+    case Op::cast:
+    case Op::iota:
+    case Op::dropout_mask:
     case Op::reduce_mean:
     case Op::attention:
     case Op::masked_attention: break;

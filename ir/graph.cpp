@@ -18,6 +18,8 @@ std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a)
   hash_mix(h, (a.keepdim ? 1u : 0u) | (a.transpose_a ? 2u : 0u) | (a.transpose_b ? 4u : 0u));
   hash_mix(h, static_cast<std::size_t>(a.align) | (a.causal ? 8u : 0u));
   hash_mix(h, static_cast<std::size_t>(a.depth));
+  hash_mix(h, static_cast<std::size_t>(a.begin) * 31u + static_cast<std::size_t>(a.end));
+  hash_mix(h, static_cast<std::size_t>(a.window));
   for (int i = 0; i < a.shape.rank; ++i) hash_mix(h, static_cast<std::size_t>(a.shape[i]));
   for (auto p : a.perm) hash_mix(h, static_cast<std::size_t>(p));
   hash_mix(h, std::hash<double>{}(a.value));
@@ -30,6 +32,29 @@ Dim Graph::symbol(std::string_view name) {
   if (!inserted && it->second != name)
     throw IrError("dim names '" + it->second + "' and '" + std::string(name) + "' collide");
   return id;
+}
+
+void Graph::copy_symbols(const Graph& other) {
+  for (const auto& [id, name] : other.symbols_)
+    if (!other.derived_.contains(id)) symbol(name);
+  // A derived dim's parts first, so that its name is built from theirs.
+  auto define = [&](auto& self, Dim d) -> void {
+    auto it = other.derived_.find(d);
+    if (it == other.derived_.end() || symbols_.contains(d)) return;
+    self(self, it->second.first);
+    self(self, it->second.second);
+    sum_dim(it->second.first, it->second.second);
+  };
+  for (const auto& entry : other.derived_) define(define, entry.first);
+}
+
+Dim Graph::sum_dim(Dim a, Dim b) {
+  Dim d = sum_dims(a, b);
+  if (is_symbol(d) && !symbols_.count(d)) {
+    symbols_.emplace(d, dim_name(a) + "+" + dim_name(b));
+    derived_.emplace(d, std::make_pair(a, b));
+  }
+  return d;
 }
 
 std::string Graph::dim_name(Dim d) const {
@@ -97,6 +122,9 @@ std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<s
     case ShapeErr::rank_too_small: m += " (operand " + std::to_string(r.operand) + " has rank " + std::to_string(r.lhs) + ", needs " + std::to_string(r.rhs) + ")"; break;
     case ShapeErr::rank_too_large: m += " (" + std::to_string(r.lhs) + ")"; break;
     case ShapeErr::not_broadcast_target: m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + ")"; break;
+    case ShapeErr::bad_range: m += " (" + std::to_string(r.lhs) + ", " + std::to_string(r.rhs) + " at axis " + std::to_string(r.axis) + ")"; break;
+    case ShapeErr::dims_differ: m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + " at axis " + std::to_string(r.axis) + ")"; break;
+    case ShapeErr::not_castable:
     case ShapeErr::not_integer:
     case ShapeErr::not_float:
     case ShapeErr::not_bool:
@@ -137,6 +165,7 @@ ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
     const Node& n = node(it->second);
     if (n.op == op && n.inputs == inputs && n.attrs == attrs) return it->second;
   }
+  if (op == Op::concat) sum_dim(operands[0].shape[attrs.axis], operands[1].shape[attrs.axis]);  // names a derived dim
   Node n;
   n.op = op;
   n.inputs = std::move(inputs);

@@ -34,6 +34,10 @@ class Graph {
  public:
   /// Declares a named dim and returns its symbol.
   Dim symbol(std::string_view name);
+  /// Declares every symbol of `other` here, derived ones included (what passes that copy graphs do).
+  void copy_symbols(const Graph& other);
+  /// The dim a + b (see sum_dims), its name "A+B" recorded when it is a symbol.
+  Dim sum_dim(Dim a, Dim b);
   /// Adds a named input; adding the same name again with the same type returns the same value.
   ValueId add_input(std::string_view name, DType dtype, const Shape& shape);
   /// Adds a node, or returns an existing equal one.
@@ -62,6 +66,8 @@ class Graph {
   /// Copies `src`'s outputs and updates into this graph through `map` (src value -> value here).
   void copy_results(const Graph& src, const std::vector<ValueId>& map);
   const std::map<Dim, std::string>& symbols() const { return symbols_; }
+  /// Derived symbols (from concat) and the two dims they sum.
+  const std::map<Dim, std::pair<Dim, Dim>>& derived_dims() const { return derived_; }
 
   /// "N" for a symbol, "64" for a size.
   std::string dim_name(Dim d) const;
@@ -77,6 +83,7 @@ class Graph {
   std::vector<std::pair<std::string, ValueId>> outputs_;
   std::vector<std::pair<std::string, ValueId>> updates_;
   std::map<Dim, std::string> symbols_;
+  std::map<Dim, std::pair<Dim, Dim>> derived_;
   std::unordered_multimap<std::size_t, ValueId> index_;
 };
 

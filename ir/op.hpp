@@ -39,6 +39,8 @@ enum AttrFlag : std::uint32_t {
   kAttrAlign = 1u << 7,
   kAttrCausal = 1u << 8,
   kAttrDepth = 1u << 9,
+  kAttrRange = 1u << 10,
+  kAttrWindow = 1u << 11,
 };
 
 enum class CausalAlign : std::uint8_t { top_left, bottom_right };
@@ -53,6 +55,9 @@ struct Attrs {
   CausalAlign align = CausalAlign::top_left;
   bool causal = false;
   std::int64_t depth = 0;
+  std::int64_t begin = 0;   // slice
+  std::int64_t end = 0;     // slice
+  std::int64_t window = 0;  // causal masks: keep only the last `window` keys (0: all)
   std::array<std::int8_t, kMaxRank> perm{};
   Shape shape{};
   DType dtype = DType::f32;
@@ -60,7 +65,8 @@ struct Attrs {
 
   friend constexpr bool operator==(const Attrs& a, const Attrs& b) {
     return a.axis == b.axis && a.keepdim == b.keepdim && a.transpose_a == b.transpose_a &&
-           a.transpose_b == b.transpose_b && a.align == b.align && a.causal == b.causal && a.depth == b.depth && a.perm == b.perm &&
+           a.transpose_b == b.transpose_b && a.align == b.align && a.causal == b.causal && a.depth == b.depth && a.begin == b.begin && a.end == b.end &&
+           a.window == b.window && a.perm == b.perm &&
            a.shape == b.shape && a.dtype == b.dtype &&
            (a.value == b.value || (a.value != a.value && b.value != b.value));
   }

@@ -29,9 +29,16 @@ Attrs shape(std::initializer_list<Dim> s, double value = 0.0) {
   r.value = value;
   return r;
 }
-Attrs align(CausalAlign a) {
+Attrs align(CausalAlign a, std::int64_t window = 0) {
   Attrs r;
   r.align = a;
+  r.window = window;
+  return r;
+}
+Attrs range(int ax, std::int64_t begin, std::int64_t end) {
+  Attrs r = axis(ax);
+  r.begin = begin;
+  r.end = end;
   return r;
 }
 
@@ -54,7 +61,23 @@ std::vector<OpCase> op_cases(Op op) {
     case Op::neg:
     case Op::exp:
     case Op::tanh:
-    case Op::erf: return unary(Fill::normal);
+    case Op::erf:
+    case Op::sin:
+    case Op::cos: return unary(Fill::normal);
+    case Op::cast: return {{"ids 2x3", {{{2, 3}, Fill::ids}}, {}}, {"bool 3x4", {{{3, 4}, Fill::boolean}}, {}}};
+    case Op::slice:
+      return {{"middle of the last axis", {{{3, 10}}}, range(1, 2, 7)},
+              {"leading rows", {{{6, 4, 5}}}, range(0, 0, 3)},
+              {"tail of a middle axis", {{{2, 8, 3}}}, range(1, 5, 8)}};
+    case Op::concat:
+      return {{"rows", {{{2, 3}}, {{4, 3}}}, axis(0)},
+              {"last axis", {{{2, 3, 4}}, {{2, 3, 5}}}, axis(2)},
+              {"middle axis", {{{2, 1, 3}}, {{2, 4, 3}}}, axis(1)}};
+    case Op::iota: return {{"axis 1 of 3x5", {{{3, 5}}}, axis(1)}, {"axis 0 of 2x3x4", {{{2, 3, 4}}}, axis(0)}};
+    case Op::dropout_mask: {
+      Attrs p = shape({}, 0.3), none = shape({}, 0.0);
+      return {{"p 0.3", {{{4, 33}}, {{}, Fill::seed}}, p}, {"p 0", {{{3, 5}}, {{}, Fill::seed}}, none}};
+    }
     case Op::log:
     case Op::sqrt: return unary(Fill::positive);
     case Op::add:
@@ -96,17 +119,21 @@ std::vector<OpCase> op_cases(Op op) {
     case Op::causal_mask:
       return {{"square", {{{2, 5, 5}}}, align(CausalAlign::top_left)},
               {"top-left Lq<Lk", {{{3, 6}}}, align(CausalAlign::top_left)},
-              {"bottom-right Lq<Lk", {{{3, 6}}}, align(CausalAlign::bottom_right)}};
+              {"bottom-right Lq<Lk", {{{3, 6}}}, align(CausalAlign::bottom_right)},
+              {"sliding window 3", {{{7, 9}}}, align(CausalAlign::bottom_right, 3)}};
     case Op::attention: {
       Attrs plain = shape({}, 0.35);
       Attrs causal = plain;
       causal.causal = true;
       Attrs bottom = causal;
       bottom.align = CausalAlign::bottom_right;
+      Attrs window = bottom;
+      window.window = 70;
       return {{"batched", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}}, plain},
               {"causal heads broadcast k v", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}}, causal},
               {"causal bottom-right Lq<Lk", {{{4, 8}}, {{9, 8}}, {{9, 3}}}, bottom},
-              {"long rows", {{{1, 3, 16}}, {{1, 700, 16}}, {{1, 700, 16}}}, plain}};
+              {"long rows", {{{1, 3, 16}}, {{1, 700, 16}}, {{1, 700, 16}}}, plain},
+              {"sliding window skips key blocks", {{{1, 300, 8}}, {{1, 640, 8}}, {{1, 640, 4}}}, window}};
     }
     case Op::masked_attention: {
       Attrs plain = shape({}, 0.25);
@@ -127,7 +154,8 @@ DType fill_dtype(Fill f) {
     case Fill::positive: return DType::f32;
     case Fill::boolean:
     case Fill::keep_first: return DType::boolean;
-    case Fill::ids: return DType::i32;
+    case Fill::ids:
+    case Fill::seed: return DType::i32;
   }
   return DType::f32;
 }

@@ -12,7 +12,7 @@ namespace qkv::ir {
 /// How a case's input is filled. keep_first: a boolean mask, random but keeping the first entry
 /// of its last dim, so that no attention row loses every key.
 /// ids: i32 values in [-1, 6], some outside [0, 5) on purpose.
-enum class Fill { normal, positive, boolean, keep_first, ids };
+enum class Fill { normal, positive, boolean, keep_first, ids, seed };  // seed: an i32 in [0, 1000)
 
 struct CaseInput {
   std::vector<std::int64_t> shape;

@@ -24,6 +24,9 @@ enum class ShapeErr : std::uint8_t {
   dtypes_differ,        // operands of one computation must share a dtype
   not_integer,          // operand `operand` must be i32
   not_broadcast_target, // broadcast_to: dims `lhs` vs `rhs` at axis `axis`
+  bad_range,            // slice: [lhs, rhs) is not within the axis; or an attribute out of range
+  not_castable,         // cast: operand `operand` must be i32 or bool, the result f32
+  dims_differ,          // concat: dims `lhs` vs `rhs` at axis `axis` (outside the joined axis)
 };
 
 constexpr std::string_view shape_err_name(ShapeErr e) {
@@ -41,6 +44,9 @@ constexpr std::string_view shape_err_name(ShapeErr e) {
     case ShapeErr::dtypes_differ: return "dtypes differ";
     case ShapeErr::not_integer: return "operand is not an i32 tensor";
     case ShapeErr::not_broadcast_target: return "operand does not broadcast to the target shape";
+    case ShapeErr::bad_range: return "range or attribute out of bounds";
+    case ShapeErr::not_castable: return "cast takes an i32 or bool tensor to f32";
+    case ShapeErr::dims_differ: return "dims differ outside the joined axis";
   }
   return "?";
 }
@@ -229,6 +235,51 @@ constexpr ShapeResult attention(std::span<const Operand> in) {
   return matmul(sv, {});
 }
 
+constexpr ShapeResult cast(const Operand& x, const Attrs& a) {
+  if (x.dtype != DType::i32 && x.dtype != DType::boolean) return fail(ShapeErr::not_castable);
+  if (a.dtype != DType::f32) return fail(ShapeErr::not_castable);
+  return {x.shape, DType::f32};
+}
+
+constexpr ShapeResult slice(const Operand& x, const Attrs& a) {
+  int ax = normalize_axis(a.axis, x.shape.rank);
+  if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
+  const Dim d = x.shape[ax];
+  if (is_symbol(d) || a.begin < 0 || a.end < a.begin || a.end > d) return fail(ShapeErr::bad_range, a.begin, a.end, 0, ax);
+  ShapeResult r{x.shape, x.dtype};
+  r.shape[ax] = a.end - a.begin;
+  return r;
+}
+
+constexpr ShapeResult concat(std::span<const Operand> in, const Attrs& a) {
+  const Operand& x = in[0];
+  const Operand& y = in[1];
+  if (x.dtype != y.dtype) return fail(ShapeErr::dtypes_differ, 0, 0, 1);
+  if (x.shape.rank != y.shape.rank) return fail(ShapeErr::dims_differ, x.shape.rank, y.shape.rank, 1);
+  int ax = normalize_axis(a.axis, x.shape.rank);
+  if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
+  ShapeResult r{x.shape, x.dtype};
+  for (int i = 0; i < x.shape.rank; ++i) {
+    if (i == ax) r.shape[i] = sum_dims(x.shape[i], y.shape[i]);
+    else if (!dims_compatible(x.shape[i], y.shape[i])) return fail(ShapeErr::dims_differ, x.shape[i], y.shape[i], 1, i);
+    else r.shape[i] = unify_dims(x.shape[i], y.shape[i]);
+  }
+  return r;
+}
+
+constexpr ShapeResult iota(const Operand& x, const Attrs& a) {
+  int ax = normalize_axis(a.axis, x.shape.rank);
+  if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
+  return {x.shape, DType::f32};
+}
+
+constexpr ShapeResult dropout_mask(std::span<const Operand> in, const Attrs& a) {
+  if (in[1].dtype != DType::i32) return fail(ShapeErr::not_integer, 0, 0, 1);
+  if (in[1].shape.rank != 0) return fail(ShapeErr::rank_too_large, in[1].shape.rank, 0, 1);
+  if (!(a.value >= 0.0 && a.value < 1.0)) return fail(ShapeErr::bad_range);
+  return {in[0].shape, DType::f32};
+}
+
 constexpr ShapeResult causal_mask(const Operand& x) {
   if (x.shape.rank < 2) return fail(ShapeErr::rank_too_small, x.shape.rank, 2, 0);
   return {Shape{x.shape.back(1), x.shape.back(0)}, DType::boolean};
@@ -248,6 +299,8 @@ constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attr
     case Op::sqrt:
     case Op::tanh:
     case Op::erf:
+    case Op::sin:
+    case Op::cos:
     case Op::add:
     case Op::sub:
     case Op::mul:
@@ -265,10 +318,19 @@ constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attr
     case Op::matmul: r = rules::matmul(in, a); break;
     case Op::permute: r = rules::permute(in[0], a); break;
     case Op::reshape: r = rules::reshape(in[0], a); break;
-    case Op::causal_mask: r = rules::causal_mask(in[0]); break;
+    case Op::causal_mask:
+      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::causal_mask(in[0]);
+      break;
+    case Op::cast: r = rules::cast(in[0], a); break;
+    case Op::slice: r = rules::slice(in[0], a); break;
+    case Op::concat: r = rules::concat(in, a); break;
+    case Op::iota: r = rules::iota(in[0], a); break;
+    case Op::dropout_mask: r = rules::dropout_mask(in, a); break;
     case Op::softmax: r = rules::softmax(in[0], a); break;
     case Op::attention:
-    case Op::masked_attention: r = rules::attention(in); break;
+    case Op::masked_attention:
+      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::attention(in);
+      break;
   }
   if (r.ok() && r.shape.rank > kMaxRank) return rules::fail(ShapeErr::rank_too_large, r.shape.rank);
   return r;

@@ -57,8 +57,13 @@ std::string print_attrs(const Graph& g, const Node& n) {
   if ((f & kAttrShape) && n.op != Op::input) add("shape=" + format_dims(g, a.shape));
   if (f & kAttrValue) add("value=" + format_double(a.value));
   if (f & kAttrDepth) add("depth=" + std::to_string(a.depth));
+  if (f & kAttrRange) {
+    add("begin=" + std::to_string(a.begin));
+    add("end=" + std::to_string(a.end));
+  }
   if (f & kAttrCausal) add(std::string("causal=") + (a.causal ? "true" : "false"));
   if (f & kAttrAlign) add("align=" + std::string(align_name(a.align)));
+  if ((f & kAttrWindow) && a.window != 0) add("window=" + std::to_string(a.window));  // printed when set
   return s;
 }
 
@@ -164,7 +169,12 @@ class Parser {
   }
   Dim dim() {
     skip_space();
-    std::string w = word();
+    return dim_of(word());
+  }
+  /// "64", "N", or a derived dim "P+1" (left to right, as concat names them).
+  Dim dim_of(const std::string& w) {
+    if (auto plus = w.rfind('+'); plus != std::string::npos && plus > 0)
+      return g_.sum_dim(dim_of(w.substr(0, plus)), dim_of(w.substr(plus + 1)));
     if (std::isdigit(static_cast<unsigned char>(w[0]))) {
       std::int64_t v = 0;
       auto [p, ec] = std::from_chars(w.data(), w.data() + w.size(), v);
@@ -236,6 +246,7 @@ class Parser {
     if (!dt) fail("unknown dtype '" + t + "'");
     n.dtype = *dt;
     n.shape = dims();
+    if (n.op == Op::cast) n.attrs.dtype = n.dtype;  // the result type says it
     if (n.op == Op::input) {
       n.attrs.dtype = n.dtype;
       n.attrs.shape = n.shape;
@@ -256,6 +267,9 @@ class Parser {
     else if (key == "transpose_b") a.transpose_b = boolean();
     else if (key == "causal") a.causal = boolean();
     else if (key == "depth") a.depth = integer();
+    else if (key == "begin") a.begin = integer();
+    else if (key == "end") a.end = integer();
+    else if (key == "window") a.window = integer();
     else if (key == "value") a.value = number();
     else if (key == "shape") a.shape = dims();
     else if (key == "align") {

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
 
 namespace qkv::ir {
@@ -24,6 +25,20 @@ constexpr Dim symbol_id(std::string_view name) {
     h *= 16777619u;
   }
   return -static_cast<Dim>(h) - 1;
+}
+
+/// The dim a + b (what concat makes of two dims): a size when both are; otherwise a symbol
+/// derived from both (graphs name it "A+B" and bind it from A and B), distinct from every named
+/// symbol.
+constexpr Dim sum_dims(Dim a, Dim b) {
+  if (!is_symbol(a) && !is_symbol(b)) return a + b;
+  std::uint64_t h = 1469598103934665603ull;
+  for (Dim d : {a, b})
+    for (int i = 0; i < 8; ++i) {
+      h ^= (static_cast<std::uint64_t>(d) >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  return -(Dim{1} << 32) - static_cast<Dim>(h >> 33) - 1;
 }
 
 /// A shape of rank <= kMaxRank. Structural, so it can be a template argument.

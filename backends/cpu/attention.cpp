@@ -79,7 +79,9 @@ void attention(const AttentionArgs& a) {
     std::fill_n(o, rows * dv, 0.0f);
     // Keys past the causal limit of this block's last row are never needed.
     const std::int64_t key_end = a.causal ? std::clamp<std::int64_t>(i0 + rows + shift, 0, m) : m;
-    for (std::int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+    // With a sliding window, keys before the first row's window are never needed either.
+    const std::int64_t key_begin = a.causal && a.window > 0 ? std::clamp<std::int64_t>(i0 + shift - a.window + 1, 0, m) : 0;
+    for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
       float* s = s_buf.data();
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(d), a.scale, q,
@@ -93,6 +95,8 @@ void attention(const AttentionArgs& a) {
         if (a.causal) {
           const std::int64_t limit = i0 + i + shift - j0;  // keys j <= limit are kept
           for (std::int64_t j = std::max<std::int64_t>(limit + 1, 0); j < cols; ++j) row[j] = kNegInf;
+          if (a.window > 0)  // keys j <= limit - window are outside the window
+            for (std::int64_t j = 0; j < std::min<std::int64_t>(limit - a.window + 1, cols); ++j) row[j] = kNegInf;
         }
         float& mi = m_buf[static_cast<std::size_t>(i)];
         float& li = l_buf[static_cast<std::size_t>(i)];

@@ -12,12 +12,14 @@ struct AttentionArgs {
   float scale;
   bool causal;
   ir::CausalAlign align;
+  std::int64_t window;        // with causal and > 0: only the last `window` keys (sliding window)
   View out;                   // [..., N, Dv]
 };
 
 /// Query blocks of kQueryBlock rows stream over key blocks of kKeyBlock keys with an online
 /// softmax (running max and sum per row), so each thread holds kQueryBlock x (kKeyBlock + Dv)
-/// floats whatever N and M are. Key blocks wholly above the causal diagonal are skipped. A row
+/// floats whatever N and M are. Key blocks wholly above the causal diagonal, or wholly before a
+/// sliding window, are skipped. A row
 /// whose keys are all masked gives zeros, as the decomposition does.
 void attention(const AttentionArgs& args);
 

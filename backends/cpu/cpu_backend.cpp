@@ -98,7 +98,10 @@ class CpuExecutable final : public Executable {
       case Op::log:
       case Op::sqrt:
       case Op::tanh:
-      case Op::erf: return cpu::unary(n.op, in(0), out);
+      case Op::erf:
+      case Op::sin:
+      case Op::cos:
+      case Op::cast: return cpu::unary(n.op, in(0), out);
       case Op::add:
       case Op::sub:
       case Op::mul:
@@ -116,14 +119,18 @@ class CpuExecutable final : public Executable {
       case Op::matmul: return cpu::matmul(in(0), in(1), n.attrs.transpose_a, n.attrs.transpose_b, out);
       case Op::permute: return cpu::permute(in(0), n.attrs.perm, out);
       case Op::reshape: return;  // aliases its operand's storage
-      case Op::causal_mask: return cpu::causal_mask(n.attrs.align, out);
+      case Op::causal_mask: return cpu::causal_mask(n.attrs.align, n.attrs.window, out);
+      case Op::slice: return cpu::slice(in(0), n.attrs.axis, n.attrs.begin, out);
+      case Op::concat: return cpu::concat(in(0), in(1), n.attrs.axis, out);
+      case Op::iota: return cpu::iota(n.attrs.axis, out);
+      case Op::dropout_mask: return cpu::dropout_mask(in(1), n.attrs.value, out);
       case Op::softmax: return cpu::softmax(in(0), n.attrs.axis, out);
       case Op::attention:
       case Op::masked_attention: {
         cpu::ConstView mask{};
         if (n.op == Op::masked_attention) mask = in(3);
         return cpu::attention({in(0), in(1), in(2), n.op == Op::masked_attention ? &mask : nullptr, static_cast<float>(n.attrs.value),
-                               n.attrs.causal, n.attrs.align, out});
+                               n.attrs.causal, n.attrs.align, n.attrs.window, out});
       }
     }
     QKV_UNREACHABLE("op");

@@ -9,6 +9,7 @@
 
 #include "backends/cpu/thread_pool.hpp"
 #include "backends/cpu/vector_math.hpp"
+#include "backends/host_kernels.hpp"
 #include "backends/scalar_ops.hpp"
 
 namespace qkv::backend::cpu {
@@ -78,6 +79,9 @@ void unary(ir::Op op, ConstView x, View out) {
     case ir::Op::sqrt: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::sqrt(x.data[i]); return;
     case ir::Op::tanh: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::tanh(x.data[i]); return;
     case ir::Op::erf: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::erf(x.data[i]); return;
+    case ir::Op::sin: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::sin(x.data[i]); return;
+    case ir::Op::cos: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::cos(x.data[i]); return;
+    case ir::Op::cast: std::copy_n(x.data, n, out.data); return;
     default: QKV_UNREACHABLE("not a unary op");
   }
 }
@@ -216,11 +220,24 @@ void permute(ConstView x, const std::array<std::int8_t, ir::kMaxRank>& perm, Vie
   strided_copy(x.data, st, out);
 }
 
-void causal_mask(ir::CausalAlign align, View out) {
-  std::int64_t lq = out.shape[0], lk = out.shape[1];
-  std::int64_t shift = align == ir::CausalAlign::bottom_right ? lk - lq : 0;
-  for (std::int64_t i = 0; i < lq; ++i)
-    for (std::int64_t j = 0; j < lk; ++j) out.data[i * lk + j] = j <= i + shift ? 1.0f : 0.0f;
+void causal_mask(ir::CausalAlign align, std::int64_t window, View out) {
+  causal_mask_kernel(out.shape[0], out.shape[1], align, window, out.data);
+}
+
+void slice(ConstView x, int axis, std::int64_t begin, View out) {
+  AxisSplit s = split_at(x.shape, axis);
+  slice_rows(x.data, s.outer, s.n, s.inner, begin, out.shape[axis], out.data);
+}
+
+void concat(ConstView a, ConstView b, int axis, View out) {
+  AxisSplit s = split_at(a.shape, axis);
+  concat_rows(a.data, s.n, b.data, b.shape[axis], s.outer, s.inner, out.data);
+}
+
+void iota(int axis, View out) { iota_kernel(split_at(out.shape, axis), out.data); }
+
+void dropout_mask(ConstView seed, double p, View out) {
+  dropout_mask_kernel(dropout_seed(seed.data[0]), p, out.shape.numel(), out.data);
 }
 
 }  // namespace qkv::backend::cpu

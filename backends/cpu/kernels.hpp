@@ -29,6 +29,10 @@ void broadcast(ConstView x, View out);
 void one_hot(ConstView ids, std::int64_t depth, View out);
 void matmul(ConstView a, ConstView b, bool transpose_a, bool transpose_b, View out);
 void permute(ConstView x, const std::array<std::int8_t, ir::kMaxRank>& perm, View out);
-void causal_mask(ir::CausalAlign align, View out);
+void causal_mask(ir::CausalAlign align, std::int64_t window, View out);
+void slice(ConstView x, int axis, std::int64_t begin, View out);
+void concat(ConstView a, ConstView b, int axis, View out);
+void iota(int axis, View out);
+void dropout_mask(ConstView seed, double p, View out);
 
 }  // namespace qkv::backend::cpu

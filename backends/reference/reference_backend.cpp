@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "backends/host_kernels.hpp"
 #include "backends/kernel_util.hpp"
 #include "backends/run_inputs.hpp"
 #include "backends/scalar_ops.hpp"
@@ -92,6 +93,9 @@ class ReferenceExecutable final : public Executable {
       case Op::sqrt:
       case Op::tanh:
       case Op::erf:
+      case Op::sin:
+      case Op::cos:
+      case Op::cast:
         for (std::size_t j = 0; j < out.size(); ++j) out[j] = apply_unary(n.op, in(0)[j]);
         return;
       case Op::add:
@@ -171,13 +175,18 @@ class ReferenceExecutable final : public Executable {
         }
         return;
       }
-      case Op::causal_mask: {
-        std::int64_t lq = os[0], lk = os[1];
-        std::int64_t shift = n.attrs.align == ir::CausalAlign::bottom_right ? lk - lq : 0;
-        for (std::int64_t i = 0; i < lq; ++i)
-          for (std::int64_t j = 0; j < lk; ++j) out[static_cast<std::size_t>(i * lk + j)] = j <= i + shift ? T(1) : T(0);
-        return;
+      case Op::causal_mask: return causal_mask_kernel(os[0], os[1], n.attrs.align, n.attrs.window, out.data());
+      case Op::slice: {
+        AxisSplit s = split_at(in_shape(0), n.attrs.axis);
+        return slice_rows(in(0).data(), s.outer, s.n, s.inner, n.attrs.begin, os[n.attrs.axis], out.data());
       }
+      case Op::concat: {
+        AxisSplit s = split_at(in_shape(0), n.attrs.axis);
+        return concat_rows(in(0).data(), s.n, in(1).data(), in_shape(1)[n.attrs.axis], s.outer, s.inner, out.data());
+      }
+      case Op::iota: return iota_kernel(split_at(os, n.attrs.axis), out.data());
+      case Op::dropout_mask:
+        return dropout_mask_kernel(dropout_seed(in(1)[0]), n.attrs.value, static_cast<std::int64_t>(out.size()), out.data());
       case Op::softmax:
       case Op::log_softmax:
       case Op::reduce_mean:

@@ -42,7 +42,7 @@ Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::
   const Graph f = decompose_composites(forward, [&](const Node& n) { return rules(n.op).kind != GradKind::decompose; });
 
   Graph out;
-  for (const auto& [id, name] : f.symbols()) out.symbol(name);
+  out.copy_symbols(f);
   std::vector<ValueId> map(f.size(), -1);
   for (std::size_t i = 0; i < f.size(); ++i) {
     const Node& n = f.nodes()[i];

@@ -13,7 +13,7 @@ Graph eliminate_dead_code(const Graph& g) {
     for (ValueId v : n.inputs) live[static_cast<std::size_t>(v)] = true;
   }
   Graph out;
-  for (const auto& [id, name] : g.symbols()) out.symbol(name);
+  out.copy_symbols(g);
   std::vector<ValueId> map(g.size(), -1);
   for (std::size_t i = 0; i < g.size(); ++i) {
     if (!live[i]) continue;

@@ -12,6 +12,7 @@ struct Match {
   double scale = 1.0;
   bool causal = false;
   CausalAlign align = CausalAlign::top_left;
+  std::int64_t window = 0;
 };
 
 bool is_scalar_constant(const Graph& g, ValueId v, double* value = nullptr) {
@@ -40,6 +41,7 @@ bool match(const Graph& g, const std::vector<int>& uses, ValueId out, Match& m) 
     if (cond.op == Op::causal_mask && !m.causal) {
       m.causal = true;
       m.align = cond.attrs.align;
+      m.window = cond.attrs.window;
     } else if (!have_mask) {
       have_mask = true;
       m.mask = w.inputs[0];
@@ -73,7 +75,7 @@ Graph fuse_attention(const Graph& g) {
   for (ValueId v : g.result_values()) uses[static_cast<std::size_t>(v)] += 2;  // a result is never fused away
   std::vector<ValueId> map(g.size(), -1);
   Graph r;
-  for (const auto& [id, name] : g.symbols()) r.symbol(name);
+  r.copy_symbols(g);
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];
     Match m;
@@ -82,6 +84,7 @@ Graph fuse_attention(const Graph& g) {
       a.value = m.scale;
       a.causal = m.causal;
       a.align = m.align;
+      a.window = m.window;
       auto at = [&](ValueId v) { return map[static_cast<std::size_t>(v)]; };
       map[i] = m.mask < 0 ? r.add(Op::attention, {at(m.q), at(m.k), at(m.v)}, a)
                           : r.add(Op::masked_attention, {at(m.q), at(m.k), at(m.v), at(m.mask)}, a);

@@ -5,7 +5,7 @@ namespace qkv::ir {
 
 Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite) {
   Graph out;
-  for (const auto& [id, name] : g.symbols()) out.symbol(name);
+  out.copy_symbols(g);
   std::vector<ValueId> map(g.size(), -1);
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];

@@ -5,7 +5,7 @@ namespace qkv::ir {
 
 Graph select_outputs(const Graph& g, const std::vector<std::string>& keep) {
   Graph r;
-  for (const auto& [id, name] : g.symbols()) r.symbol(name);
+  r.copy_symbols(g);
   std::vector<ValueId> map(g.size(), -1);
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];

@@ -59,6 +59,7 @@ backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed) {
         case ir::Fill::boolean: t.data<std::uint8_t>()[j] = coin(rng); break;
         case ir::Fill::keep_first: t.data<std::uint8_t>()[j] = j % last == 0 || coin(rng); break;
         case ir::Fill::ids: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 8) - 1; break;
+        case ir::Fill::seed: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 1000); break;
       }
     }
     m.emplace("x" + std::to_string(i), std::move(t));
