@@ -5,7 +5,7 @@
 #include <optional>
 #include <type_traits>
 
-#include "dsl/ops.hpp"
+#include "dsl/layers.hpp"
 
 namespace qkv::dsl {
 
@@ -27,9 +27,38 @@ struct Temperature {
 };
 constexpr Temperature temperature(double t) { return {t}; }
 
+/// Option: causal attention to the last W keys only (sliding-window attention, as Mistral's):
+/// query i sees keys j with i + s - W < j <= i + s, s = Lk - Lq (bottom-right aligned, so a
+/// query appended after cached keys sees the W keys before it).
+template <std::int64_t W>
+struct SlidingWindow {
+  static_assert(W > 0, "qkv: a sliding window holds at least one key");
+};
+template <std::int64_t W>
+inline constexpr SlidingWindow<W> sliding_window{};
+
+/// Option: logit soft-capping of the scores before masking, cap * tanh(s / cap) (Gemma 2).
+struct SoftCap {
+  double cap;
+};
+constexpr SoftCap softcap_scores(double cap) { return {cap}; }
+
+/// Option: dropout on the attention weights with probability p (training only: pass p = 0, or
+/// leave the option out, to evaluate), keyed by an i32 scalar seed input; see dropout().
+template <Expr S>
+struct AttnDropout {
+  S seed;
+  double p;
+};
+template <Expr S>
+constexpr AttnDropout<S> attn_dropout(double p, S seed) { return {seed, p}; }
+
 namespace detail {
 template <class T> struct is_causal : std::false_type {};
 template <ir::CausalAlign A> struct is_causal<CausalTag<A>> : std::true_type {};
+template <std::int64_t W> struct is_causal<SlidingWindow<W>> : std::true_type {};
+template <class T> struct is_dropout : std::false_type {};
+template <class S> struct is_dropout<AttnDropout<S>> : std::true_type {};
 
 template <class T> constexpr bool is_mask() {
   if constexpr (Expr<T>) return T::dtype == DType::boolean;
@@ -47,10 +76,14 @@ template <class T> constexpr double temperature_of(const T&) { return 1.0; }
 
 template <ir::CausalAlign A>
 constexpr std::integral_constant<ir::CausalAlign, A> align_of(CausalTag<A>) { return {}; }
+template <std::int64_t W>
+constexpr std::integral_constant<ir::CausalAlign, ir::CausalAlign::bottom_right> align_of(SlidingWindow<W>) { return {}; }
+template <class T> constexpr std::int64_t window_of(T) { return 0; }
+template <std::int64_t W> constexpr std::int64_t window_of(SlidingWindow<W>) { return W; }
 
 template <class S, class Opt>
 constexpr auto apply_option(S scores, Opt opt) {
-  if constexpr (is_causal<Opt>::value) return where(causal_mask<decltype(align_of(opt))::value>(scores), scores, kNegInf);
+  if constexpr (is_causal<Opt>::value) return where(causal_mask<decltype(align_of(opt))::value, window_of(Opt{})>(scores), scores, kNegInf);
   else if constexpr (is_mask<Opt>()) return where(opt, scores, kNegInf);
   else if constexpr (is_bias<Opt>()) return scores + opt;
   else return scores;
@@ -60,6 +93,24 @@ template <class S>
 constexpr auto apply_options(S scores) { return scores; }
 template <class S, class O, class... Rest>
 constexpr auto apply_options(S scores, O o, Rest... rest) { return apply_options(apply_option(scores, o), rest...); }
+
+/// Soft-capping comes first, before masks and biases.
+template <class S>
+constexpr auto apply_softcap(S scores) { return scores; }
+template <class S, class O, class... Rest>
+constexpr auto apply_softcap(S scores, O o, Rest... rest) {
+  if constexpr (std::is_same_v<O, SoftCap>) return apply_softcap(softcap(scores, o.cap), rest...);
+  else return apply_softcap(scores, rest...);
+}
+
+/// Dropout on the weights, after the softmax.
+template <class W>
+constexpr auto apply_dropout(W weights) { return weights; }
+template <class W, class O, class... Rest>
+constexpr auto apply_dropout(W weights, O o, Rest... rest) {
+  if constexpr (is_dropout<O>::value) return apply_dropout(dropout(weights, o.seed, o.p), rest...);
+  else return apply_dropout(weights, rest...);
+}
 }  // namespace detail
 
 /// softmax(q kᵀ · scale + masks) over the keys: the attention weights, shape [..., Lq, Lk].
@@ -68,14 +119,20 @@ constexpr auto apply_options(S scores, O o, Rest... rest) { return apply_options
 /// keeps a key (the scaled dot-product convention); a float expression broadcasting to the same,
 /// added to the scores (an additive mask or bias: -inf or a large negative drops a key, and it is
 /// differentiable); scale(x) (default 1/sqrt(D), which needs a static D); temperature(t) (divides
-/// the scores by t after scaling). A query row whose keys are all masked gets zero weights, so
-/// zero output and zero gradient, rather than NaN.
+/// the scores by t after scaling); sliding_window<W> (causal, the last W keys); softcap_scores(c);
+/// attn_dropout(p, seed) (dropout on the returned weights, as torch does). A query row whose keys
+/// are all masked gets zero weights, so zero output and zero gradient, rather than NaN.
+/// Masks: here true *keeps* a key (torch.nn.functional.scaled_dot_product_attention's
+/// convention); torch.nn.MultiheadAttention's key_padding_mask is the opposite (true drops), see
+/// key_padding_bias.
 template <Expr Q, Expr K, class... Opts>
 constexpr auto attention_weights(Q q, K k, Opts... opts) {
   static_assert(((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || detail::is_bias<Opts>() || std::is_same_v<Opts, Scale> ||
-                  std::is_same_v<Opts, Temperature>) &&
+                  std::is_same_v<Opts, Temperature> || std::is_same_v<Opts, SoftCap> || detail::is_dropout<Opts>::value) &&
                  ...),
-                "qkv: attention options are causal, causal_bottom_right, a boolean mask or float bias expression, scale(x) or temperature(t)");
+                "qkv: attention options are causal, causal_bottom_right, sliding_window<W>, a boolean mask or float bias expression, "
+                "scale(x), temperature(t), softcap_scores(c) or attn_dropout(p, seed)");
+  static_assert((detail::is_causal<Opts>::value + ... + 0) <= 1, "qkv: give one of causal, causal_bottom_right, sliding_window<W>");
   constexpr bool explicit_scale = (std::is_same_v<Opts, Scale> || ...);
   constexpr ir::Dim d = Q::shape.back(0);
   static_assert(explicit_scale || !ir::is_symbol(d),
@@ -83,8 +140,8 @@ constexpr auto attention_weights(Q q, K k, Opts... opts) {
   double s = 1.0 / std::sqrt(static_cast<double>(d < 1 ? 1 : d));
   ((s = detail::scale_of(opts).value_or(s)), ...);
   ((s /= detail::temperature_of(opts)), ...);
-  auto scores = matmul<false, true>(q, k) * s;
-  return softmax<-1>(detail::apply_options(scores, opts...));
+  auto scores = detail::apply_softcap(matmul<false, true>(q, k) * s, opts...);
+  return detail::apply_dropout(softmax<-1>(detail::apply_options(scores, opts...)), opts...);
 }
 
 /// Scaled dot-product attention: attention_weights(q, k, opts...) @ v, shape [..., Lq, Dv].

@@ -15,11 +15,27 @@ inline constexpr std::size_t kMaxNameLength = 31;
 template <std::size_t N>
 struct FixedString {
   std::array<char, N> chars{};
+  constexpr FixedString() = default;
   constexpr FixedString(const char (&s)[N]) {
     for (std::size_t i = 0; i < N; ++i) chars[i] = s[i];
   }
   constexpr std::string_view view() const { return {chars.data(), N - 1}; }
 };
+
+/// "prefix" + ".name", or "name" when the prefix is empty: PyTorch's parameter paths
+/// ("self_attn.in_proj_weight").
+template <FixedString Prefix, FixedString Name>
+constexpr auto param_path() {
+  constexpr std::size_t p = Prefix.view().size(), n = Name.view().size();
+  constexpr std::size_t size = p == 0 ? n : p + 1 + n;
+  FixedString<size + 1> r;
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < p; ++i) r.chars[k++] = Prefix.chars[i];
+  if (p != 0) r.chars[k++] = '.';
+  for (std::size_t i = 0; i < n; ++i) r.chars[k++] = Name.chars[i];
+  r.chars[k] = '\0';
+  return r;
+}
 
 /// A dim as a template argument: an integer size or a name.
 struct DimArg {

@@ -65,6 +65,13 @@ struct Node : ExprBase {
   hana::tuple<Cs...> children;
 };
 
+/// A node whose `value` attribute is known only at run time (a dropout probability): its type
+/// checks the shape with A, and lowering sets attrs.value = value.
+template <ir::Op O, ir::Attrs A, class Names, Expr... Cs>
+struct ValueNode : Node<O, A, Names, Cs...> {
+  double value = 0.0;
+};
+
 /// Instantiated only when a rule fails: the compiler prints its template arguments (the op, the
 /// error and the two dims involved) under the static assertion.
 template <ir::Op O, ir::ShapeErr Error, ir::Dim Lhs, ir::Dim Rhs>

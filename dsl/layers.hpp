@@ -19,6 +19,17 @@ constexpr auto linear(X x, W w, B b) { return matmul<false, true>(x, w) + b; }
 template <Expr X, Expr W>
 constexpr auto linear(X x, W w) { return matmul<false, true>(x, w); }
 
+/// The bias of a layer built with bias=False.
+struct NoBias {};
+inline constexpr NoBias no_bias{};
+template <Expr X, Expr W>
+constexpr auto linear(X x, W w, NoBias) { return matmul<false, true>(x, w); }
+/// b + x, or x for no_bias.
+template <Expr X, Expr B>
+constexpr auto add_bias(X x, B b) { return x + b; }
+template <Expr X>
+constexpr auto add_bias(X x, NoBias) { return x; }
+
 /// Layer normalisation over the last dim, as torch.nn.functional.layer_norm: (x - mean) /
 /// sqrt(var + eps) * gamma + beta, with the biased variance.
 template <Expr X, Expr G, Expr B>

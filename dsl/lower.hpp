@@ -50,6 +50,15 @@ class Lowerer {
     hana::for_each(n.children, [&](const auto& child) { ids.push_back(emit(child)); });
     return g_.add(O, std::move(ids), A);
   }
+  template <ir::Op O, ir::Attrs A, class Names, Expr... Cs>
+  ir::ValueId emit(const ValueNode<O, A, Names, Cs...>& n) {
+    if (O == ir::Op::dropout_mask && n.value == 0.0) return g_.constant(1.0);  // evaluation: no mask drawn
+    std::vector<ir::ValueId> ids;
+    hana::for_each(n.children, [&](const auto& child) { ids.push_back(emit(child)); });
+    ir::Attrs attrs = A;
+    attrs.value = n.value;
+    return g_.add(O, std::move(ids), attrs);
+  }
 
  private:
   ir::Graph g_;

@@ -71,16 +71,137 @@ constexpr auto mean_over_heads(W w) { return mean<1, false>(w); }
 /// key_padding_mask).
 /// \code
 ///   auto x = input<"x">(dim<"B">, dim<"T">, dim<64>);
-///   auto [out, w] = multi_head_attention<8>(x, x, x, wq, wk, wv, bq, bk, bv, wo, bo, causal);
+///   auto [out, weights] = multi_head_attention<8>(
+///       x, x, x, input<"wq">(dim<64>, dim<64>), input<"wk">(dim<64>, dim<64>), input<"wv">(dim<64>, dim<64>),
+///       input<"bq">(dim<64>), input<"bk">(dim<64>), input<"bv">(dim<64>), input<"wo">(dim<64>, dim<64>), input<"bo">(dim<64>), causal);
 /// \endcode
-template <std::int64_t H, Expr Q, Expr K, Expr V, Expr Wq, Expr Wk, Expr Wv, Expr Bq, Expr Bk, Expr Bv, Expr Wo, Expr Bo, class... Opts>
+template <std::int64_t H, Expr Q, Expr K, Expr V, Expr Wq, Expr Wk, Expr Wv, class Bq, class Bk, class Bv, Expr Wo, class Bo, class... Opts>
 constexpr auto multi_head_attention(Q query, K key, V value, Wq wq, Wk wk, Wv wv, Bq bq, Bk bk, Bv bv, Wo wo, Bo bo, Opts... opts) {
-  auto q = split_heads<H>(linear(query, wq, bq));
-  auto k = split_heads<H>(linear(key, wk, bk));
-  auto v = split_heads<H>(linear(value, wv, bv));
+  auto q = split_heads<H>(add_bias(linear(query, wq), bq));
+  auto k = split_heads<H>(add_bias(linear(key, wk), bk));
+  auto v = split_heads<H>(add_bias(linear(value, wv), bv));
   auto w = attention_weights(q, k, opts...);
-  return HeadsResult<decltype(linear(merge_heads(matmul(w, v)), wo, bo)), decltype(w)>{linear(merge_heads(matmul(w, v)), wo, bo), w};
+  auto out = add_bias(linear(merge_heads(matmul(w, v)), wo), bo);
+  return HeadsResult<decltype(out), decltype(w)>{out, w};
 }
+
+/// The parameters of torch.nn.MultiheadAttention as expressions: projection weights [out, in]
+/// and biases (or no_bias), usually made by mha_params or mha_params_kv.
+template <class Wq, class Wk, class Wv, class Bq, class Bk, class Bv, class Wo, class Bo>
+struct MhaParams {
+  Wq wq;
+  Wk wk;
+  Wv wv;
+  Bq bq;
+  Bk bk;
+  Bv bv;
+  Wo wo;
+  Bo bo;
+};
+template <class... Ts>
+constexpr MhaParams<Ts...> make_mha_params(Ts... ts) { return {ts...}; }
+
+/// Inputs named as torch.nn.MultiheadAttention(E, H, bias=Bias)'s state_dict under `Prefix`:
+/// "<Prefix>.in_proj_weight" [3E, E] (its row blocks are W_q, W_k, W_v), "<Prefix>.in_proj_bias"
+/// [3E], "<Prefix>.out_proj.weight" [E, E], "<Prefix>.out_proj.bias" [E]. Slices take the blocks
+/// without copies of the parameters in the user's files.
+/// \code
+///   auto x = input<"x">(dim<"B">, dim<"T">, dim<64>);
+///   auto [out, w] = multi_head_attention<8>(x, x, x, mha_params<"self_attn", 64>(), causal);
+/// \endcode
+template <FixedString Prefix, std::int64_t E, bool Bias = true>
+constexpr auto mha_params() {
+  auto w = input<param_path<Prefix, "in_proj_weight">()>(dim<3 * E>, dim<E>);
+  auto wo = input<param_path<Prefix, "out_proj.weight">()>(dim<E>, dim<E>);
+  if constexpr (Bias) {
+    auto b = input<param_path<Prefix, "in_proj_bias">()>(dim<3 * E>);
+    return make_mha_params(slice<0, 0, E>(w), slice<0, E, 2 * E>(w), slice<0, 2 * E, 3 * E>(w), slice<0, 0, E>(b),
+                           slice<0, E, 2 * E>(b), slice<0, 2 * E, 3 * E>(b), wo, input<param_path<Prefix, "out_proj.bias">()>(dim<E>));
+  } else {
+    return make_mha_params(slice<0, 0, E>(w), slice<0, E, 2 * E>(w), slice<0, 2 * E, 3 * E>(w), no_bias, no_bias, no_bias, wo, no_bias);
+  }
+}
+
+/// torch.nn.MultiheadAttention(E, H, kdim=Kdim, vdim=Vdim)'s parameters, stored separately when
+/// kdim or vdim differ from E: "<Prefix>.q_proj_weight" [E, E], "k_proj_weight" [E, Kdim],
+/// "v_proj_weight" [E, Vdim], "in_proj_bias" [3E], "out_proj.weight", "out_proj.bias".
+template <FixedString Prefix, std::int64_t E, std::int64_t Kdim, std::int64_t Vdim, bool Bias = true>
+constexpr auto mha_params_kv() {
+  auto wq = input<param_path<Prefix, "q_proj_weight">()>(dim<E>, dim<E>);
+  auto wk = input<param_path<Prefix, "k_proj_weight">()>(dim<E>, dim<Kdim>);
+  auto wv = input<param_path<Prefix, "v_proj_weight">()>(dim<E>, dim<Vdim>);
+  auto wo = input<param_path<Prefix, "out_proj.weight">()>(dim<E>, dim<E>);
+  if constexpr (Bias) {
+    auto b = input<param_path<Prefix, "in_proj_bias">()>(dim<3 * E>);
+    return make_mha_params(wq, wk, wv, slice<0, 0, E>(b), slice<0, E, 2 * E>(b), slice<0, 2 * E, 3 * E>(b), wo,
+                           input<param_path<Prefix, "out_proj.bias">()>(dim<E>));
+  } else {
+    return make_mha_params(wq, wk, wv, no_bias, no_bias, no_bias, wo, no_bias);
+  }
+}
+
+/// Multi-head attention with a parameter bundle; see the long form above.
+template <std::int64_t H, Expr Q, Expr K, Expr V, class... Ps, class... Opts>
+constexpr auto multi_head_attention(Q query, K key, V value, MhaParams<Ps...> p, Opts... opts) {
+  return multi_head_attention<H>(query, key, value, p.wq, p.wk, p.wv, p.bq, p.bk, p.bv, p.wo, p.bo, opts...);
+}
+
+/// Self-attention: queries, keys and values from one sequence x [B, T, E].
+template <std::int64_t H, Expr X, class... Ps, class... Opts>
+constexpr auto self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
+  return multi_head_attention<H>(x, x, x, p, opts...);
+}
+/// Causal self-attention: position t attends to positions <= t.
+template <std::int64_t H, Expr X, class... Ps, class... Opts>
+constexpr auto causal_self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
+  return multi_head_attention<H>(x, x, x, p, causal, opts...);
+}
+/// Cross-attention: queries from x [B, N, E], keys and values from memory [B, M, Ek] (another
+/// sequence, of another length: an encoder's output).
+/// \code
+///   auto dec = input<"dec">(dim<"B">, dim<5>, dim<16>);
+///   auto enc = input<"enc">(dim<"B">, dim<8>, dim<16>);
+///   auto [ctx, w] = cross_attention<2>(dec, enc, mha_params<"cross", 16>());  // w: [B, 2, 5, 8]
+/// \endcode
+template <std::int64_t H, Expr X, Expr M, class... Ps, class... Opts>
+constexpr auto cross_attention(X x, M memory, MhaParams<Ps...> p, Opts... opts) {
+  return multi_head_attention<H>(x, memory, memory, p, opts...);
+}
+
+/// Self-attention with no weights (the first step of most tutorials): softmax(x xᵀ) x over
+/// x [..., T, D], unscaled.
+/// \code
+///   auto x = input<"x">(dim<6>, dim<3>);
+///   auto context = simple_self_attention(x);  // [6, 3]
+/// \endcode
+template <Expr X>
+constexpr auto simple_self_attention(X x) {
+  return matmul(softmax<-1>(matmul<false, true>(x, x)), x);
+}
+
+/// Self-attention with raw weight matrices W [D_in, D_out] (x @ W, no bias), scaled by
+/// 1/sqrt(D_out); `opts` as scaled_dot_product_attention's.
+/// \code
+///   auto x = input<"x">(dim<6>, dim<3>);
+///   auto ctx = self_attention_raw(x, input<"W_query">(dim<3>, dim<2>), input<"W_key">(dim<3>, dim<2>),
+///                                 input<"W_value">(dim<3>, dim<2>), causal);
+/// \endcode
+template <Expr X, Expr Wq, Expr Wk, Expr Wv, class... Opts>
+constexpr auto self_attention_raw(X x, Wq wq, Wk wk, Wv wv, Opts... opts) {
+  return scaled_dot_product_attention(matmul(x, wq), matmul(x, wk), matmul(x, wv), opts...);
+}
+
+/// Joins per-head results along the last dim: the "multi-head wrapper" of independent
+/// single-head attentions (each its own weights), concatenated.
+/// \code
+///   auto x = input<"x">(dim<"B">, dim<6>, dim<3>);
+///   auto heads = concat_heads(self_attention_raw(x, input<"q0">(dim<3>, dim<2>), input<"k0">(dim<3>, dim<2>), input<"v0">(dim<3>, dim<2>), causal),
+///                             self_attention_raw(x, input<"q1">(dim<3>, dim<2>), input<"k1">(dim<3>, dim<2>), input<"v1">(dim<3>, dim<2>), causal));
+/// \endcode
+template <Expr A>
+constexpr auto concat_heads(A a) { return a; }
+template <Expr A, Expr B, Expr... Rest>
+constexpr auto concat_heads(A a, B b, Rest... rest) { return concat_heads(concat<-1>(a, b), rest...); }
 
 /// Grouped-query attention: H query heads share Hkv key/value heads (Hkv divides H; Hkv = 1 is
 /// multi-query attention). q [B, N, H * Dh], k and v [B, M, Hkv * Dh], already projected; the

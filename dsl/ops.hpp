@@ -62,6 +62,64 @@ template <Expr A> constexpr auto sqrt(A a) { return make_node<ir::Op::sqrt>(a); 
 template <Expr A> constexpr auto tanh(A a) { return make_node<ir::Op::tanh>(a); }
 template <Expr A> constexpr auto erf(A a) { return make_node<ir::Op::erf>(a); }
 
+template <Expr A> constexpr auto sin(A a) { return make_node<ir::Op::sin>(a); }
+template <Expr A> constexpr auto cos(A a) { return make_node<ir::Op::cos>(a); }
+
+/// An i32 or bool tensor as f32 (true is 1): token ids and masks in arithmetic.
+template <Expr A>
+constexpr auto cast(A a) { return make_node<ir::Op::cast>(a); }
+
+/// x[Begin:End] along Axis (negative counts from the end); the bounds and that axis are static.
+/// \code
+///   auto w = input<"in_proj_weight">(dim<192>, dim<64>);
+///   auto wq = slice<0, 0, 64>(w);  // the first 64 rows: [64, 64]
+/// \endcode
+template <int Axis, std::int64_t Begin, std::int64_t End, Expr X>
+constexpr auto slice(X x) {
+  constexpr ir::Attrs attrs = [] {
+    ir::Attrs a;
+    a.axis = Axis < 0 ? Axis + X::shape.rank : Axis;
+    a.begin = Begin;
+    a.end = End;
+    return a;
+  }();
+  return make_node<ir::Op::slice, attrs>(x);
+}
+
+/// a then b along Axis (negative counts from the end); the other dims must agree. Joining along a
+/// named dim N and M gives the derived dim "N+M".
+template <int Axis, Expr A, Expr B>
+constexpr auto concat(A a, B b) {
+  return make_node<ir::Op::concat, detail::axis_attrs(Axis < 0 ? Axis + A::shape.rank : Axis)>(a, b);
+}
+
+/// f32 of x's shape holding each element's index along Axis: positions without an input.
+template <int Axis, Expr X>
+constexpr auto iota(X x) { return make_node<ir::Op::iota, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis)>(x); }
+
+/// A zero tensor of the shape `S` (dims may be named; they bind from the graph's inputs).
+template <ir::Shape S>
+constexpr Constant<S> zeros() { return Constant<S>{{}, 0.0}; }
+
+/// x with each element zeroed with probability p and the rest scaled by 1/(1-p) (inverted
+/// dropout). The mask is Philox4x32-10 keyed by `seed` (an i32 scalar input in [0, 2^24)) and
+/// the element's position, so a seed gives the same mask on every backend and in the backward
+/// graph; feed a new seed each training step. With p = 0 (evaluation) no mask is drawn: x * 1.
+/// \code
+///   auto x = input<"x">(dim<"B">, dim<16>);
+///   auto y = dropout(x, input<"seed", DType::i32>(), 0.1);
+/// \endcode
+template <Expr X, Expr S>
+constexpr auto dropout(X x, S seed, double p) {
+  static_assert(S::dtype == DType::i32 && S::shape.rank == 0, "qkv: the dropout seed is an i32 scalar");
+  using Mask = ValueNode<ir::Op::dropout_mask, ir::Attrs{}, DimList<>, X, S>;
+  static_assert(Mask::result.ok());
+  Mask mask{};
+  mask.children = hana::make_tuple(x, seed);
+  mask.value = p;
+  return x * mask;
+}
+
 /// cond ? a : b elementwise, cond boolean (true keeps a). A number for a or b becomes a scalar.
 template <Expr C, class A, class B>
   requires(Expr<A> || std::is_arithmetic_v<A>) && (Expr<B> || std::is_arithmetic_v<B>)
@@ -178,15 +236,22 @@ constexpr auto reshape_to(X x) {
 
 /// Boolean [Lq, Lk] keep-mask from x's last two dims: query i sees key j when j <= i
 /// (top-left aligned) or j <= i + Lk - Lq (bottom-right aligned).
-template <ir::CausalAlign Align = ir::CausalAlign::top_left, Expr X>
+template <ir::CausalAlign Align = ir::CausalAlign::top_left, std::int64_t Window = 0, Expr X>
 constexpr auto causal_mask(X x) {
   constexpr ir::Attrs attrs = [] {
     ir::Attrs a;
     a.align = Align;
+    a.window = Window;
     return a;
   }();
   return make_node<ir::Op::causal_mask, attrs>(x);
 }
+/// The look-ahead mask of a decoder: causal_mask, named as tutorials name it.
+template <Expr X>
+constexpr auto look_ahead_mask(X x) { return causal_mask(x); }
+/// Boolean [Lq, Lk] keep-mask of sliding-window attention over the last W keys (bottom-right).
+template <std::int64_t W, Expr X>
+constexpr auto sliding_window_mask(X x) { return causal_mask<ir::CausalAlign::bottom_right, W>(x); }
 
 inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 

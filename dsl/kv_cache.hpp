@@ -1,0 +1,37 @@
+// Incremental decoding: causal self-attention over new tokens and a key/value cache.
+#pragma once
+
+#include "dsl/multi_head.hpp"
+
+namespace qkv::dsl {
+
+/// One decoding step of causal multi-head self-attention with a key/value cache. x [B, T, E] are
+/// the new tokens (T = 1 when generating), past_k and past_v [B, H, P, E/H] the cached keys and
+/// values of the P earlier tokens (P may be 0). Returns the output for the new tokens and the
+/// cache after appending them, keys and values [B, H, P+T, E/H]; the new queries attend to every
+/// cached key and causally among themselves (bottom-right), so the output equals the full causal
+/// computation's last T rows.
+/// \code
+///   auto x = input<"x">(dim<1>, dim<"T">, dim<32>);
+///   auto past_k = input<"past_k">(dim<1>, dim<4>, dim<"P">, dim<8>);
+///   auto past_v = input<"past_v">(dim<1>, dim<4>, dim<"P">, dim<8>);
+///   auto step = cached_self_attention<4>(x, past_k, past_v, mha_params<"attn", 32>());
+///   ir::Graph g = lower(named<"out">(step.output), named<"k">(step.keys), named<"v">(step.values));
+/// \endcode
+template <class O, class K, class V>
+struct CachedAttention {
+  O output;
+  K keys;
+  V values;
+};
+
+template <std::int64_t H, Expr X, Expr PK, Expr PV, class... Ps, class... Opts>
+constexpr auto cached_self_attention(X x, PK past_k, PV past_v, MhaParams<Ps...> p, Opts... opts) {
+  auto q = split_heads<H>(add_bias(linear(x, p.wq), p.bq));
+  auto k = concat<2>(past_k, split_heads<H>(add_bias(linear(x, p.wk), p.bk)));
+  auto v = concat<2>(past_v, split_heads<H>(add_bias(linear(x, p.wv), p.bv)));
+  auto out = add_bias(linear(merge_heads(scaled_dot_product_attention(q, k, v, causal_bottom_right, opts...)), p.wo), p.bo);
+  return CachedAttention<decltype(out), decltype(k), decltype(v)>{out, k, v};
+}
+
+}  // namespace qkv::dsl
