@@ -52,6 +52,15 @@ constexpr auto key_padding_bias(K key_padding_mask) {
   return detail::reshape_to<s>(where(key_padding_mask, kNegInf, 0.0));
 }
 
+/// torch.nn.MultiheadAttention's boolean attn_mask (true: the query may *not* attend that key),
+/// [N, M] or [B, H, N, M], as an additive bias (-inf where true). The scaled dot-product
+/// convention is the opposite; see attention_weights.
+template <Expr M>
+constexpr auto attn_mask_bias(M attn_mask) {
+  static_assert(M::dtype == DType::boolean, "qkv: attn_mask_bias takes torch's boolean attn_mask; a float mask is a bias already");
+  return where(attn_mask, kNegInf, 0.0);
+}
+
 /// The result of multi-head attention: the output [B, N, E] and the weights per head
 /// [B, H, N, M] (mean_over_heads gives torch's average_attn_weights=True).
 template <class Out, class W>

@@ -1,0 +1,131 @@
+// Every backend against PyTorch 1.13: fixtures written by tests/fixtures/make_torch_fixtures.py
+// (inputs, parameters under torch's state_dict names, outputs, and gradients of sum(out * dout)).
+// PyTorch's numbers must lie within the float64 reference's error budget (so qkv computes what
+// torch computes), and each backend within twice that budget of PyTorch's.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "backends/equivalence.hpp"
+#include "backends/reference/reference_backend.hpp"
+#include "dsl/dsl.hpp"
+#include "io/npy.hpp"
+#include "tests/support/backend_fixture.hpp"
+
+namespace qkv {
+namespace {
+
+struct Fixture {
+  backend::TensorMap inputs;    // what the graph reads
+  backend::TensorMap expected;  // torch's results for the graph's outputs
+};
+
+/// The fixture folder's tensors split into the graph's inputs and the expected values of its outputs.
+Fixture load(const std::string& name, const ir::Graph& g) {
+  const std::filesystem::path dir = std::filesystem::path(QKV_SOURCE_DIR) / "tests/fixtures/torch" / name;
+  backend::TensorMap all;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    all.emplace(entry.path().stem().string(), io::read_npy(entry.path().string()));
+  Fixture f;
+  for (ir::ValueId v : g.inputs()) f.inputs.emplace(g.node(v).name, all.at(g.node(v).name));
+  for (const auto& [out, v] : g.outputs()) {
+    auto it = all.find(out);
+    if (it == all.end()) throw std::runtime_error("fixture " + name + " has no " + out);
+    f.expected.emplace(out, it->second);
+  }
+  return f;
+}
+
+void expect_matches_torch(const ir::Graph& g, const std::string& fixture, const std::string& backend_name) {
+  QKV_GET_BACKEND_OR_SKIP(b, backend_name);
+  Fixture f = load(fixture, g);
+  auto oracle = backend::make_reference_backend({backend::Precision::f64, true})->compile(g)->run(f.inputs);
+  auto plain = backend::make_reference_backend({backend::Precision::f32, true})->compile(g)->run(f.inputs);
+  auto got = b->compile(g)->run(f.inputs);
+  for (const auto& [out, torch_value] : f.expected) {
+    auto torch_vs_f64 = backend::compare_output(out, torch_value, oracle.at(out), plain.at(out));
+    EXPECT_TRUE(torch_vs_f64.pass) << fixture << ": torch's " << out << " is " << torch_vs_f64.max_abs_error
+                                   << " from the float64 reference, budget " << torch_vs_f64.budget;
+    double worst = 0;
+    for (std::int64_t i = 0; i < torch_value.numel(); ++i) worst = std::max(worst, std::abs(got.at(out).at(i) - torch_value.at(i)));
+    EXPECT_LE(worst, 2 * torch_vs_f64.budget) << fixture << ": " << backend_name << "'s " << out << " vs torch";
+  }
+}
+
+class Torch : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Torch, ScaledDotProductAttention) {
+  auto q = input<"q">(dim<2>, dim<5>, dim<8>);
+  auto k = input<"k">(dim<2>, dim<7>, dim<8>);
+  auto v = input<"v">(dim<2>, dim<7>, dim<4>);
+  auto mask = input<"mask", DType::boolean>(dim<5>, dim<7>);
+  auto w = attention_weights(q, k, mask);
+  ir::Graph g = lower(named<"out">(matmul(w, v)), named<"weights">(w));
+  expect_matches_torch(g, "sdpa", GetParam());
+  expect_matches_torch(ir::build_backward(lower(named<"out">(matmul(w, v))), {"", {"q", "k", "v"}, {"out"}}), "sdpa", GetParam());
+}
+
+TEST_P(Torch, MultiheadAttentionWithMasksAndWeights) {
+  auto query = input<"query">(dim<2>, dim<5>, dim<16>);
+  auto memory = input<"memory">(dim<2>, dim<7>, dim<16>);
+  auto attn_mask = input<"attn_mask", DType::boolean>(dim<5>, dim<7>);
+  auto kpm = input<"key_padding_mask", DType::boolean>(dim<2>, dim<7>);
+  auto r = multi_head_attention<4>(query, memory, memory, mha_params<"", 16>(), attn_mask_bias(attn_mask), key_padding_bias(kpm));
+  ir::Graph g = lower(named<"out">(r.output), named<"weights">(mean_over_heads(r.weights)), named<"weights_per_head">(r.weights));
+  expect_matches_torch(g, "mha", GetParam());
+  expect_matches_torch(ir::build_backward(lower(named<"out">(r.output)),
+                                          {"", {"query", "memory", "in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}, {"out"}}),
+                       "mha", GetParam());
+}
+
+TEST_P(Torch, MultiheadAttentionWithKdimAndVdim) {
+  auto query = input<"query">(dim<2>, dim<4>, dim<16>);
+  auto key = input<"key">(dim<2>, dim<3>, dim<6>);
+  auto value = input<"value">(dim<2>, dim<3>, dim<5>);
+  auto r = multi_head_attention<2>(query, key, value, mha_params_kv<"", 16, 6, 5>());
+  expect_matches_torch(lower(named<"out">(r.output), named<"weights">(mean_over_heads(r.weights))), "mha_kdim_vdim", GetParam());
+  expect_matches_torch(ir::build_backward(lower(named<"out">(r.output)),
+                                          {"",
+                                           {"query", "key", "value", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
+                                            "out_proj.weight", "out_proj.bias"},
+                                           {"out"}}),
+                       "mha_kdim_vdim", GetParam());
+}
+
+std::vector<std::string> parameter_names(const ir::Graph& g, std::initializer_list<std::string> data) {
+  std::vector<std::string> names(data);
+  for (ir::ValueId v : g.inputs())
+    if (std::find(names.begin(), names.end(), g.node(v).name) == names.end()) names.push_back(g.node(v).name);
+  return names;
+}
+
+TEST_P(Torch, PreNormDecoderBlockIsTransformerEncoderLayerWithACausalMask) {
+  auto x = input<"x">(dim<2>, dim<6>, dim<16>);
+  ir::Graph g = lower(named<"out">(decoder_block<"", 16, 2, 32, Activation::gelu>(x)));
+  expect_matches_torch(g, "decoder_block", GetParam());
+  expect_matches_torch(ir::build_backward(g, {"", parameter_names(g, {"x"}), {"out"}}), "decoder_block", GetParam());
+}
+
+TEST_P(Torch, EncoderDecoderBlockIsTransformerDecoderLayer) {
+  auto tgt = input<"tgt">(dim<2>, dim<5>, dim<16>);
+  auto memory = input<"memory">(dim<2>, dim<7>, dim<16>);
+  ir::Graph g = lower(named<"out">(encoder_decoder_block<"", 16, 2, 32>(tgt, memory)));
+  expect_matches_torch(g, "encoder_decoder_block", GetParam());
+  expect_matches_torch(ir::build_backward(g, {"", parameter_names(g, {"tgt", "memory"}), {"out"}}), "encoder_decoder_block", GetParam());
+}
+
+TEST_P(Torch, LayerNormGeluAndCrossEntropy) {
+  auto x = input<"x">(dim<3>, dim<4>, dim<10>);
+  auto logits = input<"logits">(dim<4>, dim<6>, dim<10>);
+  auto targets = input<"targets", DType::i32>(dim<4>, dim<6>);
+  ir::Graph g = lower(named<"layer_norm">(layer_norm(x, input<"weight">(dim<10>), input<"bias">(dim<10>))), named<"gelu">(gelu(x)),
+                      named<"gelu_tanh">(gelu_tanh(x)), named<"cross_entropy">(cross_entropy(logits, targets)));
+  expect_matches_torch(g, "functions", GetParam());
+  expect_matches_torch(ir::build_backward(g, {"", {"x", "weight", "bias", "logits"}, {"layer_norm", "gelu", "gelu_tanh", "cross_entropy"}}),
+                       "functions", GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Torch, ::testing::Values("reference", "cpu", "vulkan"));
+
+}  // namespace
+}  // namespace qkv
