@@ -19,6 +19,10 @@ constexpr auto attention_entropy(W w) {
 }
 
 /// The largest weight of each query row: [..., Lq].
+/// \code
+///   auto q = input<"q">(dim<"N">, dim<16>);
+///   auto peak = max_weight(attention_weights(q, q, causal));  // [N]
+/// \endcode
 template <Expr W>
 constexpr auto max_weight(W w) { return max<-1, false>(w); }
 

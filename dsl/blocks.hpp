@@ -18,6 +18,10 @@ constexpr auto activate(X x) {
 
 /// torch's feed-forward of a transformer layer: linear2(activation(linear1(x))), parameters
 /// "<Prefix>.linear1.weight" [F, E], ".linear1.bias" [F], ".linear2.weight" [E, F], ".linear2.bias".
+/// \code
+///   auto x = input<"x">(dim<"B">, dim<"T">, dim<32>);
+///   auto y = feed_forward<"mlp", 32, 128, Activation::gelu>(x);
+/// \endcode
 template <FixedString Prefix, std::int64_t E, std::int64_t F, Activation A = Activation::relu, Expr X>
 constexpr auto feed_forward(X x) {
   auto h = linear(x, input<param_path<Prefix, "linear1.weight">()>(dim<F>, dim<E>), input<param_path<Prefix, "linear1.bias">()>(dim<F>));

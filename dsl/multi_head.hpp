@@ -45,6 +45,12 @@ constexpr auto merge_heads(X x) {
 
 /// PyTorch's key_padding_mask (true: the key is padding and is ignored, the opposite of the
 /// scaled dot-product convention) [B, M] as an additive bias [B, 1, 1, M] for per-head scores.
+/// \code
+///   auto x = input<"x">(dim<"B">, dim<"T">, dim<16>);
+///   auto kpm = input<"key_padding_mask", DType::boolean>(dim<"B">, dim<"T">);
+///   auto [out, w] = self_attention<4>(x, mha_params<"attn", 16>(), key_padding_bias(kpm));
+///   auto avg = mean_over_heads(w);  // torch's average_attn_weights=True: [B, T, T]
+/// \endcode
 template <Expr K>
 constexpr auto key_padding_bias(K key_padding_mask) {
   static_assert(K::dtype == DType::boolean && K::shape.rank == 2, "qkv: key_padding_mask is bool [batch, keys]");
@@ -161,6 +167,10 @@ constexpr auto self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
   return multi_head_attention<H>(x, x, x, p, opts...);
 }
 /// Causal self-attention: position t attends to positions <= t.
+/// \code
+///   auto x = input<"x">(dim<"B">, dim<"T">, dim<32>);
+///   auto y = causal_self_attention<4>(x, mha_params<"attn", 32>()).output;
+/// \endcode
 template <std::int64_t H, Expr X, class... Ps, class... Opts>
 constexpr auto causal_self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
   return multi_head_attention<H>(x, x, x, p, causal, opts...);
@@ -213,7 +223,13 @@ template <Expr A, Expr B, Expr... Rest>
 constexpr auto concat_heads(A a, B b, Rest... rest) { return concat_heads(concat<-1>(a, b), rest...); }
 
 /// Grouped-query attention: H query heads share Hkv key/value heads (Hkv divides H; Hkv = 1 is
-/// multi-query attention). q [B, N, H * Dh], k and v [B, M, Hkv * Dh], already projected; the
+/// multi-query attention).
+/// \code
+///   auto q = input<"q">(dim<"B">, dim<"N">, dim<64>);  // 8 heads of 8
+///   auto k = input<"k">(dim<"B">, dim<"N">, dim<16>);  // 2 key/value heads of 8
+///   auto v = input<"v">(dim<"B">, dim<"N">, dim<16>);
+///   auto out = grouped_query_attention<8, 2>(q, k, v, causal);  // [B, N, 64]
+/// \endcode q [B, N, H * Dh], k and v [B, M, Hkv * Dh], already projected; the
 /// result is [B, N, H * Dh]. Query heads h * G .. h * G + G - 1 (G = H / Hkv) read key/value head
 /// h, as in Llama's repeat_kv; nothing is copied: the batched matmul broadcasts the shared heads.
 template <std::int64_t H, std::int64_t Hkv, Expr Q, Expr K, Expr V, class... Opts>

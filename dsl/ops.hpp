@@ -250,6 +250,11 @@ constexpr auto causal_mask(X x) {
 template <Expr X>
 constexpr auto look_ahead_mask(X x) { return causal_mask(x); }
 /// Boolean [Lq, Lk] keep-mask of sliding-window attention over the last W keys (bottom-right).
+/// \code
+///   auto q = input<"q">(dim<"N">, dim<16>);
+///   auto scores = matmul<false, true>(q, q);
+///   auto same = where(sliding_window_mask<4>(scores), scores, kNegInf);  // the sliding_window<4> option
+/// \endcode
 template <std::int64_t W, Expr X>
 constexpr auto sliding_window_mask(X x) { return causal_mask<ir::CausalAlign::bottom_right, W>(x); }
 

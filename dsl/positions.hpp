@@ -58,6 +58,10 @@ constexpr auto embedding(Ids ids, Table table) {
 
 /// Learned absolute positions: x + table[position_ids], table [max_len, D], position ids i32
 /// [N] (or [B, N]), as GPT-2's wpe with position_ids.
+/// \code
+///   auto tokens = embedding(input<"ids", DType::i32>(dim<"B">, dim<"N">), input<"wte">(dim<50>, dim<32>));
+///   auto x = learned_positions(tokens, input<"pos", DType::i32>(dim<"N">), input<"wpe">(dim<64>, dim<32>));
+/// \endcode
 template <Expr X, Expr P, Expr Table>
 constexpr auto learned_positions(X x, P position_ids, Table table) {
   return x + embedding(position_ids, table);

@@ -344,6 +344,32 @@ TEST_P(Library, AnalysisHelpers) {
   for (std::int64_t i = 0; i < d.numel(); ++i) EXPECT_TRUE(std::isfinite(d.at(i))) << i;
 }
 
+TEST_P(Library, ModulesForwardAndBackward) {
+  // Token and learned position embeddings, a padding mask from the ids, causal self-attention,
+  // grouped-query attention and cross-attention in one graph.
+  auto ids = input<"ids", DType::i32>(dim<2>, dim<"T">);
+  auto pos_ids = input<"pos_ids", DType::i32>(dim<"T">);
+  auto x = learned_positions(embedding(ids, input<"wte">(dim<8>, dim<16>)), pos_ids, input<"wpe">(dim<12>, dim<16>));
+  auto memory = input<"memory">(dim<2>, dim<"S">, dim<16>);
+  auto self = causal_self_attention<4>(x, mha_params<"sa", 16>(), padding_mask(ids, 0));
+  auto gqa = grouped_query_attention<4, 2>(self.output, linear(x, input<"wk">(dim<8>, dim<16>)), linear(x, input<"wv">(dim<8>, dim<16>)),
+                                           causal);
+  auto cross = cross_attention<2>(gqa, memory, mha_params<"ca", 16>());
+  ir::Graph g = lower(named<"out">(cross.output), named<"entropy">(attention_entropy(self.weights)));
+  auto in = backend::random_inputs(g, {{"T", 6}, {"S", 4}}, 12);
+  for (std::int32_t t = 0; t < 6; ++t) in.at("pos_ids").data<std::int32_t>()[t] = t;
+  in.at("ids").data<std::int32_t>()[0] = 3;  // the first token of each sequence is never padding
+  in.at("ids").data<std::int32_t>()[6] = 5;
+  scale_inputs(in, "w", 0.3f);
+  scale_inputs(in, "sa.", 0.3f);
+  scale_inputs(in, "ca.", 0.3f);
+  testing::expect_equivalent(g, in, GetParam());
+  ir::Graph backward = ir::build_backward(
+      lower(named<"out">(cross.output)), {"", {"wte", "wpe", "memory", "sa.in_proj_weight", "wk", "wv", "ca.out_proj.bias"}, {"out"}});
+  in.emplace("dout", backend::random_inputs(backward, {{"T", 6}, {"S", 4}}, 13).at("dout"));
+  testing::expect_equivalent(backward, in, GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(All, Library, ::testing::Values("reference", "cpu", "vulkan"));
 
 TEST(LibraryGradients, NewBuildingBlocksMatchFiniteDifferences) {

@@ -40,6 +40,8 @@ std::vector<RegistryCase> registry_cases(bool (*keep)(ir::Op)) {
   return r;
 }
 
+void PrintTo(const RegistryCase& c, std::ostream* os) { *os << case_label(c) << " (" << c.c.label << ")"; }
+
 std::string case_label(const RegistryCase& c) { return std::string(ir::op_name(c.op)) + "_" + std::to_string(c.index); }
 
 backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed) {

@@ -1,6 +1,8 @@
 // Helpers for tests that run graphs on every backend.
 #pragma once
 
+#include <ostream>
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -29,6 +31,8 @@ struct RegistryCase {
 std::vector<RegistryCase> registry_cases(bool (*keep)(ir::Op) = nullptr);
 /// "matmul_3": a test-name part for a case.
 std::string case_label(const RegistryCase& c);
+/// How GoogleTest prints a case (instead of its bytes): "matmul_3 (transpose b)".
+void PrintTo(const RegistryCase& c, std::ostream* os);
 
 /// Inputs x0, x1, ... for one of the registry's op cases, filled as the case says: normal floats,
 /// positive floats in [0.25, 4), booleans, keep-first masks, or i32 ids in [-1, 6] (some outside
