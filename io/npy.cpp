@@ -1,10 +1,10 @@
 // .npy reading and writing.
 #include "io/npy.hpp"
 
+#include "io/file.hpp"
+
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 
 namespace qkv::io {
@@ -96,12 +96,7 @@ Tensor parse_npy(const std::string& bytes, const std::string& what) {
   return t;
 }
 
-Tensor read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(path + ": cannot open");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_npy(bytes, path);
-}
+Tensor read_npy(const std::string& path) { return parse_npy(read_file(path), path); }
 
 std::string format_npy(const Tensor& t) {
   std::string descr;
@@ -128,24 +123,6 @@ std::string format_npy(const Tensor& t) {
   return out;
 }
 
-void write_npy(const std::string& path, const Tensor& t) {
-  std::string bytes = format_npy(t);
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) throw IoError(path + ": cannot write");
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out) {
-      std::filesystem::remove(tmp);
-      throw IoError(path + ": write failed");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw IoError(path + ": cannot write (" + ec.message() + ")");
-  }
-}
+void write_npy(const std::string& path, const Tensor& t) { write_file_atomic(path, format_npy(t)); }
 
 }  // namespace qkv::io

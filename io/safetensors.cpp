@@ -1,0 +1,167 @@
+// safetensors reading and writing, the header parsed with nlohmann::json.
+#include "io/safetensors.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "io/file.hpp"
+
+namespace qkv::io {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what, const std::string& why) { throw IoError(what + ": " + why); }
+
+std::uint64_t read_u64_le(const char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+/// IEEE half to float (every half, subnormals and NaN included, is exact in float).
+float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) {
+    if (mant == 0) return std::bit_cast<float>(sign);
+    int e = -1;  // normalise the subnormal
+    do {
+      ++e;
+      mant <<= 1;
+    } while ((mant & 0x400u) == 0);
+    return std::bit_cast<float>(sign | ((112u - static_cast<std::uint32_t>(e)) << 23) | ((mant & 0x3ffu) << 13));
+  }
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+struct DtypeInfo {
+  const char* name;
+  std::size_t size;
+};
+constexpr DtypeInfo kDtypes[] = {{"F32", 4}, {"F64", 8}, {"BOOL", 1}, {"I32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}};
+
+const char* safetensors_dtype(DType d) {
+  switch (d) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::boolean: return "BOOL";
+    case DType::i32: return "I32";
+  }
+  return "?";
+}
+
+Tensor decode(const std::string& dtype, std::vector<std::int64_t> shape, const char* p, std::size_t bytes, const std::string& what) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  auto size_of = [&]() -> std::size_t {
+    for (const auto& d : kDtypes)
+      if (dtype == d.name) return d.size;
+    bad(what, "unsupported dtype '" + dtype + "' (F32, F64, F16, BF16, BOOL, I32, I64)");
+  }();
+  if (bytes != static_cast<std::size_t>(n) * size_of)
+    bad(what, "holds " + std::to_string(bytes) + " bytes, but " + dtype + " of " + std::to_string(n) + " elements needs " +
+                  std::to_string(static_cast<std::size_t>(n) * size_of));
+  if (dtype == "F16" || dtype == "BF16") {
+    Tensor t(DType::f32, std::move(shape));
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::uint16_t h = 0;
+      std::memcpy(&h, p + 2 * i, 2);
+      t.data<float>()[i] = dtype == "F16" ? half_to_float(h) : std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
+    }
+    return t;
+  }
+  if (dtype == "I64") {
+    Tensor t(DType::i32, std::move(shape));
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int64_t v = 0;
+      std::memcpy(&v, p + 8 * i, 8);
+      if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())
+        bad(what, "I64 value " + std::to_string(v) + " does not fit i32");
+      t.data<std::int32_t>()[i] = static_cast<std::int32_t>(v);
+    }
+    return t;
+  }
+  const DType d = dtype == "F32" ? DType::f32 : dtype == "F64" ? DType::f64 : dtype == "BOOL" ? DType::boolean : DType::i32;
+  Tensor t(d, std::move(shape));
+  if (bytes) std::memcpy(t.raw(), p, bytes);
+  if (d == DType::boolean)
+    for (std::int64_t i = 0; i < n; ++i)
+      if (t.data<std::uint8_t>()[i] > 1) bad(what, "BOOL tensor holds a byte other than 0 or 1");
+  return t;
+}
+
+}  // namespace
+
+TensorFile parse_safetensors(const std::string& bytes, const std::string& what) {
+  if (bytes.size() < 8) bad(what, "not a safetensors file (shorter than its 8-byte header length)");
+  const std::uint64_t header_len = read_u64_le(bytes.data());
+  if (header_len > bytes.size() - 8) bad(what, "header length " + std::to_string(header_len) + " runs past the end of the file");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
+  } catch (const nlohmann::json::exception& e) {
+    bad(what, std::string("header is not valid JSON (") + e.what() + ")");
+  }
+  if (!header.is_object()) bad(what, "header is not a JSON object");
+  const char* data = bytes.data() + 8 + header_len;
+  const std::size_t data_size = bytes.size() - 8 - header_len;
+  TensorFile out;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = what + ": tensor '" + name + "'";
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
+      bad(where, "needs dtype, shape and data_offsets");
+    if (!entry["dtype"].is_string()) bad(where, "dtype is not a string");
+    std::vector<std::int64_t> shape;
+    if (!entry["shape"].is_array()) bad(where, "shape is not an array");
+    for (const auto& d : entry["shape"]) {
+      if (!d.is_number_integer() || d.get<std::int64_t>() < 0) bad(where, "shape holds something other than a size");
+      shape.push_back(d.get<std::int64_t>());
+    }
+    const auto& off = entry["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      bad(where, "data_offsets is not [begin, end]");
+    const auto begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
+    if (begin > end || end > data_size)
+      bad(where, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside the " + std::to_string(data_size) +
+                     " data bytes");
+    ranges.emplace_back(begin, end);
+    out.emplace(name, decode(entry["dtype"].get<std::string>(), std::move(shape), data + begin, end - begin, where));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (std::size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second) bad(what, "tensors' data overlap");
+  return out;
+}
+
+TensorFile read_safetensors(const std::string& path) { return parse_safetensors(read_file(path), path); }
+
+std::string format_safetensors(const TensorFile& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", safetensors_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  out += json;
+  for (const auto& [name, t] : tensors) out.append(reinterpret_cast<const char*>(t.raw()), t.nbytes());
+  return out;
+}
+
+void write_safetensors(const std::string& path, const TensorFile& tensors, const std::map<std::string, std::string>& metadata) {
+  write_file_atomic(path, format_safetensors(tensors, metadata));
+}
+
+}  // namespace qkv::io

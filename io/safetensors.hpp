@@ -1,0 +1,28 @@
+// safetensors files (https://github.com/huggingface/safetensors): an 8-byte little-endian header
+// length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then the
+// tensors' bytes. What PyTorch users export weights with.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "ir/tensor.hpp"
+
+namespace qkv::io {
+
+using TensorFile = std::map<std::string, Tensor, std::less<>>;
+
+/// Reads every tensor of a .safetensors file. F32, F64, BOOL and I32 as they are; F16 and BF16
+/// widened to f32; I64 narrowed to i32 with a range check. Throws IoError naming the file and
+/// what is wrong (truncated header, bad JSON, offsets outside the data or overlapping, sizes that
+/// disagree with shape and dtype, unknown dtypes).
+TensorFile read_safetensors(const std::string& path);
+/// Writes tensors as a .safetensors file (sorted by name, data aligned to 8 bytes), through a
+/// temporary file renamed into place, so a failed write leaves nothing half-written.
+void write_safetensors(const std::string& path, const TensorFile& tensors, const std::map<std::string, std::string>& metadata = {});
+
+/// The same, from and to memory.
+TensorFile parse_safetensors(const std::string& bytes, const std::string& what);
+std::string format_safetensors(const TensorFile& tensors, const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace qkv::io

@@ -1,0 +1,90 @@
+// safetensors: files written by PyTorch's tensors through the format's specification (fixtures
+// from tests/fixtures/make_torch_fixtures.py), round trips, and malformed files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "io/npy.hpp"
+#include "io/safetensors.hpp"
+
+namespace qkv::io {
+namespace {
+
+const std::string kFixtures = std::string(QKV_SOURCE_DIR) + "/tests/fixtures/torch/";
+
+TEST(Safetensors, ReadsEveryDtypeTorchWrites) {
+  TensorFile f = read_safetensors(kFixtures + "dtypes.safetensors");
+  for (const auto& entry : std::filesystem::directory_iterator(kFixtures + "dtypes")) {
+    const std::string name = entry.path().stem().string();
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(f.contains(name));
+    Tensor expected = read_npy(entry.path().string());
+    const Tensor& got = f.at(name);
+    EXPECT_EQ(got.shape(), expected.shape());
+    ASSERT_EQ(got.numel(), expected.numel());
+    for (std::int64_t i = 0; i < got.numel(); ++i) EXPECT_EQ(got.at(i), expected.at(i)) << i;
+  }
+  EXPECT_EQ(f.at("f16").dtype(), DType::f32);   // widened
+  EXPECT_EQ(f.at("i64").dtype(), DType::i32);   // narrowed
+  EXPECT_EQ(f.at("mask").dtype(), DType::boolean);
+  EXPECT_EQ(f.size(), 9u);
+}
+
+TEST(Safetensors, RoundTripsAndWritesAlignedData) {
+  TensorFile t;
+  t.emplace("a.weight", Tensor::from<float>({2, 2}, {1, 2, 3, 4}));
+  t.emplace("b", Tensor::from<std::int32_t>({3}, {-1, 0, 5}));
+  t.emplace("m", Tensor::from<bool>({2}, {true, false}));
+  const std::string bytes = format_safetensors(t, {{"format", "pt"}});
+  std::uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = (header << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  EXPECT_EQ((8 + header) % 8, 0u);
+  TensorFile back = parse_safetensors(bytes, "memory");
+  ASSERT_EQ(back.size(), 3u);
+  for (const auto& [name, tensor] : t) {
+    EXPECT_EQ(back.at(name).dtype(), tensor.dtype()) << name;
+    for (std::int64_t i = 0; i < tensor.numel(); ++i) EXPECT_EQ(back.at(name).at(i), tensor.at(i)) << name;
+  }
+  const std::string path = ::testing::TempDir() + "/qkv_roundtrip.safetensors";
+  write_safetensors(path, t);
+  EXPECT_EQ(read_safetensors(path).size(), 3u);
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
+std::string with_header(const std::string& json, const std::string& data) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  return out + json + data;
+}
+
+void expect_error(const std::string& bytes, const std::string& fragment) {
+  try {
+    parse_safetensors(bytes, "bad.safetensors");
+    ADD_FAILURE() << "no error; expected one mentioning '" << fragment << "'";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("bad.safetensors", 0), 0u) << "names the file: " << e.what();
+  }
+}
+
+TEST(Safetensors, MalformedFilesGiveClearErrors) {
+  expect_error("abc", "shorter than");
+  expect_error(with_header("{}", "").substr(0, 8) + std::string("\xff", 1), "runs past the end");
+  std::string huge(8, '\xff');
+  expect_error(huge + "{}", "runs past the end");
+  expect_error(with_header("{not json", ""), "not valid JSON");
+  expect_error(with_header("[1,2]", ""), "not a JSON object");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[2]}})", ""), "needs dtype, shape and data_offsets");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "1234"), "outside the 4 data bytes");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "12345678"), "needs 12");
+  expect_error(with_header(R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", "12345678"), "unsupported dtype 'C64'");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "1234"), "shape holds");
+  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                           "12345678"),
+               "overlap");
+  expect_error(with_header(R"({"m":{"dtype":"BOOL","shape":[1],"data_offsets":[0,1]}})", "\x02"), "other than 0 or 1");
+  EXPECT_THROW(read_safetensors("/nonexistent/file.safetensors"), IoError);
+}
+
+}  // namespace
+}  // namespace qkv::io
