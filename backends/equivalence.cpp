@@ -1,6 +1,8 @@
 // Cross-backend comparison against the float64 reference.
 #include "backends/equivalence.hpp"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -47,19 +49,22 @@ bool EquivalenceReport::pass() const {
 }
 
 std::string EquivalenceReport::table() const {
+  int w = 10;  // the output column fits the longest output name
+  for (const auto& b : backends)
+    for (const auto& o : b.outputs) w = std::max(w, static_cast<int>(o.output.size()));
   std::string out;
-  char line[256];
-  std::snprintf(line, sizeof line, "%-10s %-10s %13s %13s %13s  %s\n", "backend", "output", "max abs err", "max rel err", "budget", "result");
+  char line[512];
+  std::snprintf(line, sizeof line, "%-10s %-*s %13s %13s %13s  %s\n", "backend", w, "output", "max abs err", "max rel err", "budget", "result");
   out += line;
   for (const auto& b : backends) {
     if (!b.error.empty()) {
-      std::snprintf(line, sizeof line, "%-10s %-10s %13s %13s %13s  FAIL: ", b.backend.c_str(), "-", "-", "-", "-");
+      std::snprintf(line, sizeof line, "%-10s %-*s %13s %13s %13s  FAIL: ", b.backend.c_str(), w, "-", "-", "-", "-");
       out += line + b.error + "\n";
       continue;
     }
     for (const auto& o : b.outputs) {
-      std::snprintf(line, sizeof line, "%-10s %-10s %13.3e %13.3e %13.3e  %s\n", b.backend.c_str(), o.output.c_str(), o.max_abs_error,
-                    o.max_rel_error, o.budget, o.pass ? "pass" : "FAIL");
+      std::snprintf(line, sizeof line, "%-10s %-*s %13.3e %13.3e %13.3e  %s\n", b.backend.c_str(), w, o.output.substr(0, 200).c_str(),
+                    o.max_abs_error, o.max_rel_error, o.budget, o.pass ? "pass" : "FAIL");
       out += line;
     }
   }

@@ -1,6 +1,7 @@
 // The built-in models the qkv tool runs, each written in the DSL (models/*.cpp).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -11,14 +12,59 @@
 
 namespace qkv::models {
 
-struct SdpaOptions {
-  bool causal = false;
-  bool mask = false;     // a boolean input "mask" [B, N, M]; true keeps a key
-  double scale = 0.125;  // usually 1/sqrt(D)
+/// --set values of one model, read with the types its options declare; errors name the option.
+class Options {
+ public:
+  Options() = default;
+  explicit Options(std::map<std::string, std::string> values) : values_(std::move(values)) {}
+  bool flag(const std::string& name) const;
+  double number(const std::string& name) const;
+  std::int64_t integer(const std::string& name) const;
+  const std::string& text(const std::string& name) const;
+  const std::map<std::string, std::string>& values() const { return values_; }
+
+ private:
+  std::map<std::string, std::string> values_;
 };
 
+struct OptionSpec {
+  std::string name;
+  std::string default_value;
+  std::string help;
+};
+
+/// Sizes of named dims (B, N, ...).
+using Dims = std::map<std::string, std::int64_t>;
+
+/// A built-in model: a DSL function of its options. Inputs listed in `data` are data; the other
+/// inputs are parameters, named as the PyTorch module the model mirrors names them.
+struct ModelSpec {
+  std::string name;
+  std::string summary;
+  std::vector<OptionSpec> options;
+  std::vector<std::string> data;
+  Dims dims;  // default sizes of the named dims, for random inputs
+  /// The forward graph for options and the dims bound so far (sdpa's default scale reads D).
+  std::function<ir::Graph(const Options&, const Dims&)> build;
+};
+
+/// Every built-in model, in the order `qkv models` lists them.
+const std::vector<ModelSpec>& all_models();
+/// The model called `name`; throws std::invalid_argument listing the models.
+const ModelSpec& find_model(const std::string& name);
+/// `set` checked against the model's options (unknown names and bad values throw
+/// std::invalid_argument) and completed with defaults.
+Options resolve_options(const ModelSpec& model, const std::map<std::string, std::string>& set);
+
 /// Scaled dot-product attention over q [B, N, D], k [B, M, D], v [B, M, Dv]; outputs "out"
-/// [B, N, Dv] and "weights" [B, N, M] (the attention probabilities).
+/// [B, N, Dv] and "weights" [B, N, M]. Options: causal, mask (a bool input [B, N, M], true keeps),
+/// scale (default 1/sqrt(D)).
+struct SdpaOptions {
+  bool causal = false;
+  bool mask = false;
+  double scale = 0.125;
+  bool weights = true;  // also output the weights (which keeps the score matrix)
+};
 ir::Graph sdpa(const SdpaOptions& options);
 
 /// The copy task: L random symbols, a separator, the same L symbols again; each position predicts
@@ -38,7 +84,14 @@ std::map<std::string, Tensor, std::less<>> copy_task_batch(std::int64_t batch, s
 /// The loss of guessing uniformly among the symbols at the scored positions.
 double copy_task_chance_loss();
 
+/// The sinusoidal position encoding [N, 64] (output "pe"), its length bound by input "x" [N, 64].
+ir::Graph sinusoidal_positions_graph();
+
 /// Names of the built-in models.
 std::vector<std::string> model_names();
+
+/// Random values for the parameters of `g` (every input not in `data`): Xavier-uniform matrices,
+/// ones for norm weights, zeros for biases, from `seed`.
+std::map<std::string, Tensor, std::less<>> random_parameters(const ir::Graph& g, const std::vector<std::string>& data, std::uint64_t seed);
 
 }  // namespace qkv::models

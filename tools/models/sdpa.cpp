@@ -1,28 +1,40 @@
 // The sdpa model: the DSL's scaled_dot_product_attention with named dims.
+#include <cmath>
+
 #include "dsl/dsl.hpp"
-#include "tools/models/models.hpp"
+#include "tools/models/builders.hpp"
 
 namespace qkv::models {
 
 namespace {
 template <class... Opts>
-ir::Graph build(double s, Opts... opts) {
+ir::Graph build(double s, bool weights, Opts... opts) {
   auto q = input<"q">(dim<"B">, dim<"N">, dim<"D">);
   auto k = input<"k">(dim<"B">, dim<"M">, dim<"D">);
   auto v = input<"v">(dim<"B">, dim<"M">, dim<"Dv">);
   auto w = attention_weights(q, k, scale(s), opts...);
+  // Without the weights as an output nothing else reads the scores, and backends fuse.
+  if (!weights) return lower(named<"out">(matmul(w, v)));
   return lower(named<"out">(matmul(w, v)), named<"weights">(w));
 }
 }  // namespace
 
 ir::Graph sdpa(const SdpaOptions& o) {
   auto mask = input<"mask", DType::boolean>(dim<"B">, dim<"N">, dim<"M">);
-  if (o.causal && o.mask) return build(o.scale, mask, causal);
-  if (o.causal) return build(o.scale, causal);
-  if (o.mask) return build(o.scale, mask);
-  return build(o.scale);
+  if (o.causal && o.mask) return build(o.scale, o.weights, mask, causal);
+  if (o.causal) return build(o.scale, o.weights, causal);
+  if (o.mask) return build(o.scale, o.weights, mask);
+  return build(o.scale, o.weights);
 }
 
-std::vector<std::string> model_names() { return {"sdpa"}; }
+ir::Graph build_sdpa(const Options& o, const Dims& dims) {
+  const std::string& s = o.text("scale");
+  const double scale = s == "auto" ? 1.0 / std::sqrt(static_cast<double>(dims.at("D"))) : o.number("scale");
+  return sdpa({o.flag("causal"), o.flag("mask"), scale, o.flag("weights")});
+}
+
+ir::Graph sinusoidal_positions_graph() {
+  return lower(named<"pe">(sinusoidal_positions(input<"x">(dim<"N">, dim<64>))));
+}
 
 }  // namespace qkv::models

@@ -1,0 +1,239 @@
+// qkv check, explain and bench.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "backends/equivalence.hpp"
+#include "backends/reference/reference_backend.hpp"
+#include "codegen/glsl.hpp"
+#include "io/file.hpp"
+#include "io/npy.hpp"
+#include "ir/bind.hpp"
+#include "ir/printer.hpp"
+#include "tools/commands.hpp"
+#include "tools/models/models.hpp"
+
+namespace qkv::tool {
+
+namespace {
+
+std::vector<std::string> split_list(const std::string& list, const char* what) {
+  std::vector<std::string> names;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) names.push_back(item);
+  if (names.empty()) throw UsageError(std::string(what) + " lists nothing");
+  return names;
+}
+
+std::vector<std::string> backend_list(const std::string& list) {
+  if (list == "all") return backend::backend_names();
+  auto names = split_list(list, "--backends");
+  for (const auto& n : names) {
+    const auto known = backend::backend_names();
+    if (std::find(known.begin(), known.end(), n) == known.end()) throw UsageError("no backend '" + n + "' (backends: reference, cpu, vulkan)");
+  }
+  return names;
+}
+
+/// The graph with every float or bool value an output "v<i>", so each node can be compared.
+ir::Graph every_value(const ir::Graph& g) {
+  ir::Graph all = g;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const ir::Node& n = g.nodes()[i];
+    if (n.op == ir::Op::input || n.op == ir::Op::constant) continue;
+    bool named = false;
+    for (const auto& [o, v] : g.outputs()) named |= v == static_cast<ir::ValueId>(i);
+    if (!named) all.set_output("v" + std::to_string(i), static_cast<ir::ValueId>(i));
+  }
+  return all;
+}
+
+/// Finds the first node whose value on `backend_name` leaves its budget, prints it, and with a
+/// dump folder writes its operands (float64 reference values) and a one-node graph to re-run.
+void localise(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name, const std::string& dump_dir,
+              double factor) {
+  ir::Graph all = every_value(g);
+  const auto shapes = ir::bind_shapes(g, inputs, true);
+  backend::TensorMap oracle, plain, got;
+  try {
+    oracle = backend::make_reference_backend({backend::Precision::f64, true})->compile(all)->run(inputs);
+    plain = backend::make_reference_backend({backend::Precision::f32, true})->compile(all)->run(inputs);
+    got = backend::create(backend_name)->compile(all)->run(inputs);
+  } catch (const Error& e) {
+    std::printf("  (could not run every node of the graph on %s: %s)\n", backend_name.c_str(), e.what());
+    return;
+  }
+  auto key = [&](std::size_t i) {
+    for (const auto& [o, v] : all.outputs())
+      if (v == static_cast<ir::ValueId>(i)) return o;
+    return std::string();
+  };
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const std::string k = key(i);
+    if (k.empty() || !got.contains(k)) continue;
+    auto c = backend::compare_output(k, got.at(k), oracle.at(k), plain.at(k), factor);
+    if (c.pass) continue;
+    const ir::Node& n = g.nodes()[i];
+    std::printf("  first node outside its budget on %s: %%%zu = %s : %s (max abs error %.3g, budget %.3g)\n", backend_name.c_str(), i,
+                std::string(ir::op_name(n.op)).c_str(), g.type_string(static_cast<ir::ValueId>(i)).c_str(), c.max_abs_error, c.budget);
+    if (dump_dir.empty()) {
+      std::printf("  (--dump-dir DIR writes its inputs and a command that reproduces it)\n");
+      return;
+    }
+    std::filesystem::create_directories(dump_dir);
+    ir::Graph one;
+    char factor_text[32];
+    std::snprintf(factor_text, sizeof factor_text, "%g", factor);
+    std::string cmd = "qkv check " + dump_dir + "/node.qkv --backends reference," + backend_name + " --budget-factor " + factor_text;
+    std::vector<ir::ValueId> ins;
+    for (std::size_t k2 = 0; k2 < n.inputs.size(); ++k2) {
+      const ir::ValueId operand = n.inputs[k2];
+      const std::string name = "x" + std::to_string(k2);
+      const std::string ok = key(static_cast<std::size_t>(operand));
+      Tensor value;
+      if (g.node(operand).op == ir::Op::input) {
+        value = inputs.at(g.node(operand).name);
+      } else if (g.node(operand).op == ir::Op::constant) {
+        value = Tensor(DType::f32, ir::to_vector(shapes[static_cast<std::size_t>(operand)]));
+        for (std::int64_t e = 0; e < value.numel(); ++e) value.data<float>()[e] = static_cast<float>(g.node(operand).attrs.value);
+      } else {
+        value = oracle.at(ok);
+      }
+      if (value.dtype() == DType::f64) value = value.to(DType::f32);
+      ir::Shape s;
+      for (auto d : value.shape()) s.push_back(d);
+      ins.push_back(one.add_input(name, value.dtype(), s));
+      const std::string file = dump_dir + "/" + name + ".npy";
+      io::write_npy(file, value);
+      cmd += " --in " + name + "=" + file;
+    }
+    one.set_output("out", one.add(n.op, ins, n.attrs));
+    io::write_file_atomic(dump_dir + "/node.qkv", ir::print(one));
+    std::printf("  wrote its inputs and graph to %s; reproduce with:\n    %s\n", dump_dir.c_str(), cmd.c_str());
+    return;
+  }
+  std::printf("  every node is within budget when computed separately: the failure comes from how %s fuses or schedules them\n",
+              backend_name.c_str());
+}
+
+}  // namespace
+
+int cmd_check(const Request& r, const std::string& backends, const std::string& dump_dir, double factor) {
+  if (!(factor >= 0)) throw UsageError("--budget-factor must be >= 0");
+  std::vector<std::string> targets = r.target == "all" ? models::model_names() : std::vector<std::string>{r.target};
+  const auto names = backend_list(backends);
+  bool pass = true;
+  for (const auto& target : targets) {
+    Request one = r;
+    one.target = target;
+    Prepared p = prepare(one);
+    auto report = backend::check_equivalence(p.graph, p.inputs, names, factor);
+    std::printf("%s, seed %llu, against the float64 reference:\n", p.title.c_str(), static_cast<unsigned long long>(r.seed));
+    std::fputs(report.table().c_str(), stdout);
+    std::printf("%s\n\n", report.pass() ? "all backends within budget" : "FAILED: a backend is outside its budget or did not run");
+    if (!report.pass()) {
+      pass = false;
+      for (const auto& b : report.backends)
+        if (!b.pass && b.error.empty()) localise(p.graph, p.inputs, b.backend, dump_dir, factor);
+    }
+  }
+  return pass ? 0 : 1;
+}
+
+namespace {
+
+std::string kernel_name(const std::string& backend_name, const ir::Graph& g, ir::ValueId v) {
+  const ir::Node& n = g.node(v);
+  if (n.op == ir::Op::input) return "(input)";
+  if (n.op == ir::Op::reshape) return "(view)";
+  if (backend_name == "vulkan") return "glsl " + codegen::kernel_source(g, v).name;
+  if (backend_name == "reference") return "loop";
+  switch (n.op) {
+    case ir::Op::matmul: return "sgemm";
+    case ir::Op::attention:
+    case ir::Op::masked_attention: return "fused attention (online softmax)";
+    case ir::Op::softmax:
+    case ir::Op::log_softmax: return "row softmax";
+    default: return "loop";
+  }
+}
+
+}  // namespace
+
+int cmd_explain(const Request& r, const std::string& backend_name) {
+  Prepared p = prepare(r);
+  auto be = backend::create(backend_name);
+  auto exe = be->compile(p.graph);
+  exe->run(p.inputs);
+  const ir::Graph& g = exe->graph();
+  auto shapes = ir::bind_shapes(g, p.inputs);
+  std::printf("%s on %s (%s)\n", p.title.c_str(), be->name().c_str(), be->device().c_str());
+  std::printf("%-5s %-18s %-22s %-34s %12s %12s\n", "node", "op", "shape", "kernel", "MFLOP", "MB moved");
+  double flops = 0, bytes = 0;
+  std::string scores;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const auto v = static_cast<ir::ValueId>(i);
+    const ir::Node& n = g.node(v);
+    double moved = 0;
+    if (n.op != ir::Op::input && n.op != ir::Op::reshape) {
+      moved = 4.0 * static_cast<double>(shapes[i].numel());
+      for (ir::ValueId in : n.inputs) moved += 4.0 * static_cast<double>(shapes[static_cast<std::size_t>(in)].numel());
+    }
+    const double f = node_flops(g, v, shapes);
+    flops += f;
+    bytes += moved;
+    if ((n.op == ir::Op::attention || n.op == ir::Op::masked_attention) && scores.empty())
+      scores = "not materialised: fused attention at %" + std::to_string(i) + " streams key blocks";
+    std::printf("%%%-4zu %-18s %-22s %-34s %12.3f %12.3f\n", i, std::string(ir::op_name(n.op)).c_str(),
+                shape_string(ir::to_vector(shapes[i])).c_str(), kernel_name(be->name(), g, v).c_str(), f / 1e6, moved / 1e6);
+  }
+  if (scores.empty()) {  // no fused attention: a softmax of the model's graph holds its scores
+    auto model_shapes = ir::bind_shapes(p.graph, p.inputs);
+    for (std::size_t i = 0; i < p.graph.size() && scores.empty(); ++i)
+      if (p.graph.nodes()[i].op == ir::Op::softmax)
+        scores = "materialised: the softmax over " + shape_string(ir::to_vector(model_shapes[i])) + " (%" + std::to_string(i) +
+                 " of the model's graph) is computed in full";
+  }
+  std::printf("total: %.3f MFLOP, %.3f MB moved, %.3f MB held for intermediates and outputs\n", flops / 1e6, bytes / 1e6,
+              static_cast<double>(exe->planned_bytes()) / 1e6);
+  std::printf("score matrix: %s\n", scores.empty() ? "none (no attention in this graph)" : scores.c_str());
+  return 0;
+}
+
+int cmd_bench(const Request& r, const std::string& backends, int repeat) {
+  if (repeat < 1) throw UsageError("--repeat must be at least 1");
+  Prepared p = prepare(r);
+  std::printf("%s: median of %d runs after one warm-up\n", p.title.c_str(), repeat);
+  std::printf("%-10s %12s %12s %10s\n", "backend", "median ms", "min ms", "GFLOP/s");
+  for (const auto& name : backend_list(backends)) {
+    std::unique_ptr<backend::Backend> be;
+    try {
+      be = backend::create(name);
+    } catch (const BackendError& e) {
+      std::printf("%-10s unavailable: %s\n", name.c_str(), e.what());
+      continue;
+    }
+    auto exe = be->compile(p.graph);
+    exe->run(p.inputs);
+    const ir::Graph& g = exe->graph();
+    auto shapes = ir::bind_shapes(g, p.inputs);
+    double flops = 0;
+    for (std::size_t i = 0; i < g.size(); ++i) flops += node_flops(g, static_cast<ir::ValueId>(i), shapes);
+    std::vector<double> ms;
+    for (int i = 0; i < repeat; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      exe->run(p.inputs);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[ms.size() / 2];
+    std::printf("%-10s %12.4f %12.4f %10.2f\n", name.c_str(), median, ms.front(), flops / (median * 1e-3) / 1e9);
+  }
+  return 0;
+}
+
+}  // namespace qkv::tool

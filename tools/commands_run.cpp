@@ -1,0 +1,158 @@
+// qkv run, dump, models, devices and ops.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "backends/vulkan/vulkan_backend.hpp"
+#include "codegen/glsl.hpp"
+#include "io/npy.hpp"
+#include "ir/gradients.hpp"
+#include "ir/op_cases.hpp"
+#include "ir/printer.hpp"
+#include "tools/commands.hpp"
+#include "tools/models/models.hpp"
+
+namespace qkv::tool {
+
+namespace {
+
+/// Prints a result whose matrices are small enough to read (at most 16 x 16, 4 of them).
+void print_small(const std::string& name, const Tensor& t) {
+  if (t.rank() < 2) {
+    if (t.numel() <= 16) {
+      std::printf("%s:", name.c_str());
+      for (std::int64_t i = 0; i < t.numel(); ++i) std::printf(" %.4f", t.at(i));
+      std::printf("\n");
+    }
+    return;
+  }
+  const std::int64_t rows = t.shape().end()[-2], cols = t.shape().back(), batches = t.numel() / std::max<std::int64_t>(rows * cols, 1);
+  if (rows > 16 || cols > 16 || batches > 4) return;
+  std::printf("%s:\n", name.c_str());
+  for (std::int64_t b = 0; b < batches; ++b) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+      std::printf("  ");
+      for (std::int64_t j = 0; j < cols; ++j) std::printf(" %8.4f", t.at((b * rows + i) * cols + j));
+      std::printf("\n");
+    }
+    if (b + 1 < batches) std::printf("\n");
+  }
+}
+
+/// `t` without the `n` leading dims of size 1 that prepare() added to the inputs.
+Tensor unpromote(const Tensor& t, int n) {
+  std::vector<std::int64_t> s = t.shape();
+  int dropped = 0;
+  while (dropped < n && !s.empty() && s.front() == 1) {
+    s.erase(s.begin());
+    ++dropped;
+  }
+  return t.reshaped(s);
+}
+
+}  // namespace
+
+int cmd_devices() {
+  for (const auto& s : backend::probe_backends())
+    std::printf("%-10s %-11s %s\n", s.name.c_str(), s.available ? "available" : "unavailable", s.detail.c_str());
+  try {
+    auto devices = backend::vulkan_devices();
+    for (std::size_t i = 0; i < devices.size(); ++i) std::printf("  vulkan device %zu: %s\n", i, devices[i].c_str());
+  } catch (const Error&) {
+  }
+  return 0;
+}
+
+int cmd_ops() {
+  const auto backends = backend::backend_names();
+  std::printf("| op | inputs |");
+  for (const auto& name : backends) std::printf(" %s |", name.c_str());
+  std::printf(" gradient | meaning |\n|---|---|");
+  for (std::size_t i = 0; i < backends.size(); ++i) std::printf("---|");
+  std::printf("---|---|\n");
+  for (ir::Op op : ir::all_ops()) {
+    const auto& info = ir::op_info(op);
+    ir::Graph g = ir::case_graph(op, ir::op_cases(op).at(0));
+    const ir::Node& node = g.node(g.output("out"));
+    std::printf("| `%s` | %d |", std::string(info.name).c_str(), info.arity);
+    for (const auto& name : backends) std::printf(" %s |", backend::backend_supports(name, node) ? "kernel" : "decomposed");
+    const auto grad = ir::gradient_info(op);
+    const char* kind = grad.kind == ir::GradKind::rule        ? "rule"
+                       : grad.kind == ir::GradKind::zero      ? "none"
+                       : grad.kind == ir::GradKind::decompose ? "via decomposition"
+                                                              : "MISSING";
+    std::printf(" %s%s%s | %s |\n", kind, grad.why.empty() ? "" : ": ", std::string(grad.why).c_str(), std::string(info.doc).c_str());
+  }
+  return 0;
+}
+
+int cmd_models() {
+  for (const auto& m : models::all_models()) {
+    std::printf("%s\n  %s\n", m.name.c_str(), m.summary.c_str());
+    Request r;
+    r.target = m.name;
+    Prepared p = prepare(r);
+    std::string data, params;
+    for (ir::ValueId v : p.graph.inputs()) {
+      const std::string item = p.graph.node(v).name + " " + p.graph.type_string(v);
+      const bool is_data = std::find(p.data.begin(), p.data.end(), p.graph.node(v).name) != p.data.end();
+      (is_data ? data : params) += (is_data ? data : params).empty() ? item : ", " + item;
+    }
+    std::string outs;
+    for (const auto& [name, v] : p.graph.outputs()) outs += (outs.empty() ? "" : ", ") + name + " " + p.graph.type_string(v);
+    std::printf("  inputs:  %s\n", data.c_str());
+    if (!params.empty()) std::printf("  weights: %s\n", params.c_str());
+    std::printf("  outputs: %s\n", outs.c_str());
+    for (const auto& o : m.options) std::printf("  --set %s=%s  %s\n", o.name.c_str(), o.default_value.c_str(), o.help.c_str());
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int cmd_run(const Request& r, const std::string& backend_name, const std::vector<std::string>& outs) {
+  Prepared p = prepare(r);
+  auto out_files = pairs(outs, "--out");
+  auto has_output = [&](const std::string& name) {
+    for (const auto& [o, v] : p.graph.outputs())
+      if (o == name) return true;
+    return false;
+  };
+  for (const auto& [name, file] : out_files)
+    if (!has_output(name)) {
+      std::string list;
+      for (const auto& [o, v] : p.graph.outputs()) list += (list.empty() ? "" : ", ") + o;
+      throw UsageError(p.title + " has no output '" + name + "' (outputs: " + list + ")");
+    }
+  auto be = backend::create(backend_name);
+  auto exe = be->compile(p.graph);
+  auto t0 = std::chrono::steady_clock::now();
+  backend::TensorMap result = exe->run(p.inputs);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s on %s (%s): %.3f ms\n", p.title.c_str(), be->name().c_str(), be->device().c_str(), ms);
+  for (ir::ValueId v : p.graph.inputs()) {
+    const auto& name = p.graph.node(v).name;
+    std::printf("  in  %-24s %-16s from %s\n", name.c_str(), shape_string(p.inputs.at(name).shape()).c_str(), p.sources[name].c_str());
+  }
+  for (const auto& [name, v] : p.graph.outputs()) {
+    Tensor t = unpromote(result.at(name), p.promoted);
+    auto f = out_files.find(name);
+    if (f != out_files.end()) io::write_npy(f->second, t);
+    std::printf("  out %-24s %-16s %s\n", name.c_str(), shape_string(t.shape()).c_str(),
+                f != out_files.end() ? ("-> " + f->second).c_str() : "(not written; --out NAME=FILE.npy)");
+  }
+  for (const auto& [name, v] : p.graph.outputs()) print_small(name, unpromote(result.at(name), p.promoted));
+  return 0;
+}
+
+int cmd_dump(const Request& r, bool ir, bool dot, bool glsl, const std::string& backend_name) {
+  Prepared p = prepare(r);
+  if (dot) std::fputs(ir::to_dot(p.graph).c_str(), stdout);
+  if (glsl) {
+    auto be = backend::create(backend_name.empty() ? "vulkan" : backend_name);
+    std::fputs(codegen::emit_glsl(be->compile(p.graph)->graph()).c_str(), stdout);
+  }
+  if (ir || (!dot && !glsl)) std::fputs(ir::print(p.graph).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace qkv::tool

@@ -1,0 +1,149 @@
+// The built-in models, their options and default sizes, and random parameters for them.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+#include "tools/models/builders.hpp"
+
+namespace qkv::models {
+
+namespace {
+
+[[noreturn]] void bad_value(const std::string& name, const std::string& value, const char* want) {
+  throw std::invalid_argument("option " + name + "=" + value + ": expected " + want);
+}
+
+/// Sizes are compiled in (see builders.hpp); the options say which, and accept only those.
+const std::vector<OptionSpec> kMultiHead = {{"embed", std::to_string(kModelEmbed), "embedding size E (built for this size)"},
+                                            {"heads", std::to_string(kModelHeads), "number of heads H (built for this size)"}};
+const std::vector<OptionSpec> kGqa = {{"embed", std::to_string(kGqaEmbed), "embedding size E (built for this size)"},
+                                      {"heads", std::to_string(kGqaHeads), "query heads H (built for this size)"},
+                                      {"kv_heads", std::to_string(kGqaKvHeads), "key/value heads (built for this size)"}};
+
+std::vector<OptionSpec> with(std::vector<OptionSpec> base, std::vector<OptionSpec> more) {
+  base.insert(base.end(), more.begin(), more.end());
+  return base;
+}
+
+}  // namespace
+
+const std::string& Options::text(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw std::invalid_argument("no option " + name);
+  return it->second;
+}
+bool Options::flag(const std::string& name) const {
+  const std::string& v = text(name);
+  if (v == "true" || v == "1" || v == "yes") return true;
+  if (v == "false" || v == "0" || v == "no") return false;
+  bad_value(name, v, "true or false");
+}
+double Options::number(const std::string& name) const {
+  const std::string& v = text(name);
+  try {
+    std::size_t used = 0;
+    double d = std::stod(v, &used);
+    if (used == v.size() && std::isfinite(d)) return d;
+  } catch (const std::exception&) {
+  }
+  bad_value(name, v, "a number");
+}
+std::int64_t Options::integer(const std::string& name) const {
+  const std::string& v = text(name);
+  try {
+    std::size_t used = 0;
+    long long i = std::stoll(v, &used);
+    if (used == v.size() && i > 0) return i;
+  } catch (const std::exception&) {
+  }
+  bad_value(name, v, "a positive integer");
+}
+
+const std::vector<ModelSpec>& all_models() {
+  static const std::vector<ModelSpec> models = {
+      {"sdpa", "scaled dot-product attention: softmax(q kT * scale [masked]) v",
+       {{"causal", "false", "mask future keys"}, {"mask", "false", "a bool input mask [B, N, M] (true keeps a key)"},
+        {"scale", "auto", "score scale (auto: 1/sqrt(D))"},
+        {"weights", "true", "also output the weights [B, N, M] (false lets backends fuse: no score matrix)"}},
+       {"q", "k", "v", "mask"}, {{"B", 2}, {"N", 8}, {"M", 8}, {"D", 16}, {"Dv", 16}}, build_sdpa},
+      {"mha", "torch.nn.MultiheadAttention(E, H, batch_first=True): query, key, value and torch's parameter names",
+       with(kMultiHead, {{"causal", "false", "mask future keys (bottom-right aligned)"}}), {"query", "key", "value"},
+       {{"B", 2}, {"N", 8}, {"M", 8}}, build_mha},
+      {"self-attention", "multi-head self-attention over x [B, N, E] (nn.MultiheadAttention(x, x, x))", kMultiHead, {"x"},
+       {{"B", 2}, {"N", 8}}, build_self_attention},
+      {"cross-attention", "multi-head cross-attention: queries from x [B, N, E], keys and values from memory [B, M, E]", kMultiHead,
+       {"x", "memory"}, {{"B", 2}, {"N", 5}, {"M", 8}}, build_cross_attention},
+      {"causal-self-attention", "multi-head self-attention where position t sees positions <= t", kMultiHead, {"x"},
+       {{"B", 2}, {"N", 8}}, build_causal_self_attention},
+      {"gqa", "Llama-style causal grouped-query attention (q_proj, k_proj, v_proj, o_proj; no biases)",
+       with(kGqa, {{"rope", "false", "rotary embeddings on queries and keys (half-split)"}}),
+       {"x"}, {{"B", 2}, {"N", 8}}, build_gqa},
+      {"decoder-block", "pre-norm causal transformer block (torch TransformerEncoderLayer(norm_first=True), causal); FFN 4E",
+       with(kMultiHead, {{"activation", "relu", "relu or gelu"}}), {"x"}, {{"B", 2}, {"N", 8}}, build_decoder_block},
+      {"encoder-decoder-block", "pre-norm decoder layer with cross-attention to memory (torch TransformerDecoderLayer(norm_first=True))",
+       with(kMultiHead, {{"activation", "relu", "relu or gelu"}}), {"x", "memory"}, {{"B", 2}, {"N", 5}, {"M", 8}},
+       build_encoder_decoder_block},
+  };
+  return models;
+}
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const auto& m : all_models()) names.push_back(m.name);
+  return names;
+}
+
+const ModelSpec& find_model(const std::string& name) {
+  for (const auto& m : all_models())
+    if (m.name == name) return m;
+  std::string list;
+  for (const auto& n : model_names()) list += (list.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("no model '" + name + "' (models: " + list + ")");
+}
+
+Options resolve_options(const ModelSpec& model, const std::map<std::string, std::string>& set) {
+  std::map<std::string, std::string> values;
+  for (const auto& o : model.options) values[o.name] = o.default_value;
+  for (const auto& [name, value] : set) {
+    if (!values.contains(name)) {
+      std::string list;
+      for (const auto& o : model.options) list += (list.empty() ? "" : ", ") + o.name;
+      throw std::invalid_argument(model.name + " has no option '" + name + "' (options: " + (list.empty() ? "none" : list) + ")");
+    }
+    values[name] = value;
+  }
+  Options o(std::move(values));
+  // Compiled-in sizes: any other value is an error that says which size this build has.
+  for (const auto& spec : model.options)
+    if ((spec.name == "embed" || spec.name == "heads" || spec.name == "kv_heads") && o.integer(spec.name) != std::stoll(spec.default_value))
+      throw std::invalid_argument(model.name + " is built for " + spec.name + "=" + spec.default_value + ", got " + o.text(spec.name) +
+                                  " (write a model of that size with the DSL, or run its IR with qkv run FILE.qkv)");
+  return o;
+}
+
+std::map<std::string, Tensor, std::less<>> random_parameters(const ir::Graph& g, const std::vector<std::string>& data, std::uint64_t seed) {
+  std::map<std::string, Tensor, std::less<>> out;
+  for (ir::ValueId v : g.inputs()) {
+    const ir::Node& n = g.node(v);
+    if (std::find(data.begin(), data.end(), n.name) != data.end() || n.dtype != DType::f32) continue;
+    std::vector<std::int64_t> shape;
+    for (int i = 0; i < n.shape.rank; ++i) {
+      if (ir::is_symbol(n.shape[i])) throw std::invalid_argument("parameter '" + n.name + "' has a named dim");
+      shape.push_back(n.shape[i]);
+    }
+    Tensor t(DType::f32, shape);
+    const bool bias = n.name.find("bias") != std::string::npos;
+    const bool norm = n.name.find("norm") != std::string::npos;
+    std::mt19937_64 rng(seed ^ std::hash<std::string>{}(n.name));
+    // torch layout [out, in]: Xavier/Glorot uniform with bound sqrt(6 / (in + out)).
+    const double bound = shape.size() == 2 ? std::sqrt(6.0 / static_cast<double>(shape[0] + shape[1])) : 0.0;
+    std::uniform_real_distribution<double> u(-bound, bound);
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      t.data<float>()[i] = bias ? 0.0f : norm ? 1.0f : static_cast<float>(bound > 0 ? u(rng) : 0.0);
+    out.emplace(n.name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace qkv::models
