@@ -2,7 +2,7 @@
 // command line: it learns to copy a sequence of symbols after a separator. Parameters and the
 // optimizer's state (SGD with momentum) stay on the backend; each step uploads a batch and reads
 // back the loss.
-//   example_train_copy [backend] [steps]
+//   example_08_train_tiny_transformer [backend] [steps]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
