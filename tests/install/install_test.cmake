@@ -1,0 +1,20 @@
+# Installs the build tree into a fresh prefix, then configures, builds and runs a consumer project
+# that finds it with find_package(qkv). Arguments: BUILD_DIR, SOURCE_DIR, WORK_DIR, GENERATOR.
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+function(step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+if(NOT EXISTS ${WORK_DIR}/prefix/include/qkv/dsl/dsl.hpp OR NOT EXISTS ${WORK_DIR}/prefix/bin/qkv)
+  message(FATAL_ERROR "headers or the qkv program were not installed")
+endif()
+step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/consumer -B ${WORK_DIR}/build -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
+     -DCMAKE_BUILD_TYPE=Debug)
+step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+step(${WORK_DIR}/build/consumer)
+step(${WORK_DIR}/prefix/bin/qkv --version)
