@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -164,6 +165,19 @@ TEST_F(Cli, ExplainBenchVizTrain) {
   ASSERT_EQ(train.status, 0) << train.output;
   EXPECT_NE(train.output.find("step   40/40 [##############################]"), std::string::npos) << train.output;
   EXPECT_EQ(qkv::io::png_size(path("loss.png")), (std::pair<std::int64_t, std::int64_t>{640, 360}));
+}
+
+TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
+  Result devices = run("devices");
+  if (devices.output.find("vulkan     available") == std::string::npos) {
+    if (const char* req = std::getenv("QKV_REQUIRE_VULKAN"); req && std::string(req) == "1") FAIL() << devices.output;
+    GTEST_SKIP() << "no Vulkan device: " << devices.output;
+  }
+  for (const std::string& c : std::vector<std::string>{"run gqa --set rope=true", "run decoder-block --grad", "explain encoder-decoder-block",
+                              "bench cross-attention --repeat 2", "viz causal-self-attention --png " + path("v"), "train --steps 2"}) {
+    Result r = run(c + " --backend vulkan");
+    EXPECT_EQ(r.status, 0) << c << "\n" << r.output;
+  }
 }
 
 TEST_F(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
