@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <deque>
 
 #include "backends/backend.hpp"
 #include "tools/commands.hpp"
@@ -17,12 +18,11 @@ using qkv::tool::Request;
 struct RawPairs {
   std::vector<std::string> set, in, dims;
 };
-std::vector<std::pair<Request*, RawPairs*>> g_requests;
+std::deque<std::pair<Request*, RawPairs>> g_requests;  // a deque: the options keep references into it
 
 /// The options every model command shares.
 void add_model_options(CLI::App* app, Request& r) {
-  auto* raw = new RawPairs;  // lives as long as the program
-  g_requests.emplace_back(&r, raw);
+  RawPairs* raw = &g_requests.emplace_back(&r, RawPairs{}).second;
   app->add_option("model", r.target, "a built-in model (qkv models) or a graph's IR text FILE.qkv (qkv dump --ir writes one)")
       ->required();
   app->add_option("--set", raw->set, "a model option: NAME=VALUE (qkv models lists them)");
@@ -126,9 +126,9 @@ int main(int argc, char** argv) {
   using namespace qkv::tool;
   try {
     for (auto& [request, raw] : g_requests) {
-      request->set = pairs(raw->set, "--set");
-      request->in = pairs(raw->in, "--in");
-      request->dims = pairs(raw->dims, "--dim");
+      request->set = pairs(raw.set, "--set");
+      request->in = pairs(raw.in, "--in");
+      request->dims = pairs(raw.dims, "--dim");
     }
     if (app.got_subcommand("devices")) return cmd_devices();
     if (app.got_subcommand("ops")) return cmd_ops();
