@@ -49,6 +49,9 @@ class Backend {
   virtual bool supports(const ir::Node& n) const = 0;
   /// Lowers and compiles a graph. Throws UnsupportedError naming the op it cannot run.
   virtual std::unique_ptr<Executable> compile(const ir::Graph& g) = 0;
+  /// The kernel that computes node `v` of a graph this backend lowered (Executable::graph()), in
+  /// words: what `qkv explain` shows.
+  virtual std::string kernel_name(const ir::Graph& lowered, ir::ValueId v) const = 0;
 };
 
 /// The backends qkv knows, in order: reference, cpu, vulkan.

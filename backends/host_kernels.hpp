@@ -50,7 +50,7 @@ void causal_mask_kernel(std::int64_t lq, std::int64_t lk, ir::CausalAlign align,
 /// The seed operand of dropout_mask as Philox's key word, checked against its documented range.
 template <class T>
 std::uint32_t dropout_seed(T seed) {
-  if (!(seed >= T(0) && seed < T(1 << 24)))
+  if (!ir::dropout_seed_ok(static_cast<double>(seed)))
     throw ShapeError("dropout_mask: seed " + std::to_string(static_cast<double>(seed)) + " is outside [0, 2^24)");
   return static_cast<std::uint32_t>(seed);
 }

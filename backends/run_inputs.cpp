@@ -1,6 +1,10 @@
 // Gathering a run's tensors from the call and from held state.
 #include "backends/run_inputs.hpp"
 
+#include <algorithm>
+
+#include "ir/random.hpp"
+
 namespace qkv::backend {
 
 void gather_inputs(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids, const TensorMap& inputs, const TensorMap& state,
@@ -31,6 +35,22 @@ void gather_inputs(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids
   for (const auto& [name, v] : g.updates())
     if (!state.contains(name))
       throw ShapeError("input '" + name + "' is updated by the graph, so it must be held on the backend (set_state)");
+}
+
+InputValueChecks::InputValueChecks(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids) {
+  for (const ir::Node& n : g.nodes()) {
+    if (n.op != ir::Op::dropout_mask) continue;
+    for (std::size_t i = 0; i < input_ids.size(); ++i)
+      if (input_ids[i] == n.inputs[1] &&
+          std::find_if(seeds_.begin(), seeds_.end(), [&](const auto& s) { return s.first == i; }) == seeds_.end())
+        seeds_.emplace_back(i, g.node(input_ids[i]).name);
+  }
+}
+
+void InputValueChecks::check_seed(const Tensor& t, const std::string& name) {
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    if (!ir::dropout_seed_ok(t.at(i)))
+      throw ShapeError("input '" + name + "': dropout seed " + std::to_string(t.at(i)) + " is outside [0, 2^24)");
 }
 
 TensorMap merged_inputs(const ir::Graph& g, const std::vector<const Tensor*>& tensors) {

@@ -16,6 +16,22 @@ namespace qkv::backend {
 void gather_inputs(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids, const TensorMap& inputs, const TensorMap& state,
                    std::vector<const Tensor*>& out);
 
+/// Inputs whose values an op constrains (dropout_mask's seed lies in [0, 2^24)), checked on every
+/// backend before it runs, so none computes with a value the op does not define. Found once per
+/// graph; a graph without such inputs checks nothing.
+class InputValueChecks {
+ public:
+  InputValueChecks(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids);
+  /// Throws ShapeError naming the input and its value. `tensors` as gather_inputs gives them.
+  void check(const std::vector<const Tensor*>& tensors) const {
+    for (const auto& [position, name] : seeds_) check_seed(*tensors[position], name);
+  }
+
+ private:
+  static void check_seed(const Tensor& t, const std::string& name);
+  std::vector<std::pair<std::size_t, std::string>> seeds_;  // input position, input name
+};
+
 /// Copies of the gathered tensors by name (for binding shapes when planning, which is rare).
 TensorMap merged_inputs(const ir::Graph& g, const std::vector<const Tensor*>& tensors);
 

@@ -28,11 +28,7 @@ constexpr auto as_expr(T x) {
 template <class A, class B>
 concept Operands = (Expr<A> && (Expr<B> || std::is_arithmetic_v<B>)) || (std::is_arithmetic_v<A> && Expr<B>);
 
-constexpr ir::Attrs shape_attrs(const ir::Shape& shape) {
-  ir::Attrs a;
-  a.shape = shape;
-  return a;
-}
+using ir::shape_attrs;
 
 constexpr ir::Attrs axis_attrs(int axis, bool keepdim = true) {
   ir::Attrs a;

@@ -2,6 +2,8 @@
 // 3-d embeddings; scores are dot products x xᵀ, weights their softmax per row, context vectors
 // the weighted sums of the tokens. No trainable weights yet.
 //   example_01_simplified_self_attention [backend]
+#include <cmath>
+
 #include "dsl/dsl.hpp"
 #include "examples/example.hpp"
 

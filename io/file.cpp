@@ -1,6 +1,9 @@
 // Whole-file reads and atomic writes.
 #include "io/file.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -16,7 +19,9 @@ std::string read_file(const std::string& path) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
+  // A name of its own per process and call, so that writers of the same path never share one.
+  static std::atomic<unsigned> counter{0};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   {
     std::ofstream out(tmp, std::ios::binary);
     if (!out) throw IoError(path + ": cannot write");

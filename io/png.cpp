@@ -8,8 +8,8 @@
 #include <cmath>
 #include <csetjmp>
 #include <cstdio>
-#include <filesystem>
 
+#include "io/file.hpp"
 #include "ir/error.hpp"
 
 namespace qkv::io {
@@ -31,18 +31,18 @@ void Image::paste(const Image& other, std::int64_t x, std::int64_t y) {
 }
 
 void write_png(const std::string& path, const Image& image) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw IoError(path + ": cannot write");
+  // Encoded in memory, then written like every other format (io/file.hpp).
+  std::string bytes;
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
   png_infop info = png ? png_create_info_struct(png) : nullptr;
   if (!png || !info || setjmp(png_jmpbuf(png))) {
     png_destroy_write_struct(&png, &info);
-    std::fclose(f);
-    std::filesystem::remove(tmp);
     throw IoError(path + ": PNG encoding failed");
   }
-  png_init_io(png, f);
+  png_set_write_fn(
+      png, &bytes,
+      [](png_structp p, png_bytep data, png_size_t n) { static_cast<std::string*>(png_get_io_ptr(p))->append(reinterpret_cast<char*>(data), n); },
+      nullptr);
   png_set_IHDR(png, info, static_cast<png_uint_32>(image.width), static_cast<png_uint_32>(image.height), 8, PNG_COLOR_TYPE_RGB,
                PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
   png_write_info(png, info);
@@ -50,13 +50,7 @@ void write_png(const std::string& path, const Image& image) {
     png_write_row(png, const_cast<png_bytep>(image.rgb.data() + y * image.width * 3));
   png_write_end(png, nullptr);
   png_destroy_write_struct(&png, &info);
-  const bool ok = std::fclose(f) == 0;
-  std::error_code ec;
-  if (ok) std::filesystem::rename(tmp, path, ec);
-  if (!ok || ec) {
-    std::filesystem::remove(tmp);
-    throw IoError(path + ": cannot write");
-  }
+  write_file_atomic(path, bytes);
 }
 
 std::pair<std::int64_t, std::int64_t> png_size(const std::string& path) {

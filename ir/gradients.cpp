@@ -75,12 +75,6 @@ ValueId expand(Graph& g, ValueId dy, const Attrs& reduce, const Shape& xs) {
   return g.add(Op::broadcast_to, {dy}, to);
 }
 
-Attrs shape_attrs(const Shape& s) {
-  Attrs a;
-  a.shape = s;
-  return a;
-}
-
 Attrs matmul_attrs(bool ta, bool tb) {
   Attrs a;
   a.transpose_a = ta;

@@ -72,6 +72,13 @@ struct Attrs {
   }
 };
 
+/// Attributes carrying only a shape (reshape, broadcast_to, constant).
+constexpr Attrs shape_attrs(const Shape& s) {
+  Attrs a;
+  a.shape = s;
+  return a;
+}
+
 struct OpInfo {
   std::string_view name;
   int arity;

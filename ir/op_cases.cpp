@@ -24,8 +24,7 @@ Attrs perm(std::initializer_list<int> p) {
   return r;
 }
 Attrs shape(std::initializer_list<Dim> s, double value = 0.0) {
-  Attrs r;
-  r.shape = Shape(s);
+  Attrs r = shape_attrs(Shape(s));
   r.value = value;
   return r;
 }

@@ -8,10 +8,10 @@
 
 #include "backends/equivalence.hpp"
 #include "backends/reference/reference_backend.hpp"
-#include "codegen/glsl.hpp"
 #include "io/file.hpp"
 #include "io/npy.hpp"
 #include "ir/bind.hpp"
+#include "ir/op_cost.hpp"
 #include "ir/printer.hpp"
 #include "tools/commands.hpp"
 #include "tools/models/models.hpp"
@@ -144,26 +144,6 @@ int cmd_check(const Request& r, const std::string& backends, const std::string& 
   return pass ? 0 : 1;
 }
 
-namespace {
-
-std::string kernel_name(const std::string& backend_name, const ir::Graph& g, ir::ValueId v) {
-  const ir::Node& n = g.node(v);
-  if (n.op == ir::Op::input) return "(input)";
-  if (n.op == ir::Op::reshape) return "(view)";
-  if (backend_name == "vulkan") return "glsl " + codegen::kernel_source(g, v).name;
-  if (backend_name == "reference") return "loop";
-  switch (n.op) {
-    case ir::Op::matmul: return "sgemm";
-    case ir::Op::attention:
-    case ir::Op::masked_attention: return "fused attention (online softmax)";
-    case ir::Op::softmax:
-    case ir::Op::log_softmax: return "row softmax";
-    default: return "loop";
-  }
-}
-
-}  // namespace
-
 int cmd_explain(const Request& r, const std::string& backend_name) {
   Prepared p = prepare(r);
   auto be = backend::create(backend_name);
@@ -183,13 +163,13 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
       moved = 4.0 * static_cast<double>(shapes[i].numel());
       for (ir::ValueId in : n.inputs) moved += 4.0 * static_cast<double>(shapes[static_cast<std::size_t>(in)].numel());
     }
-    const double f = node_flops(g, v, shapes);
+    const double f = ir::estimated_flops(g, v, shapes);
     flops += f;
     bytes += moved;
     if ((n.op == ir::Op::attention || n.op == ir::Op::masked_attention) && scores.empty())
       scores = "not materialised: fused attention at %" + std::to_string(i) + " streams key blocks";
     std::printf("%%%-4zu %-18s %-22s %-34s %12.3f %12.3f\n", i, std::string(ir::op_name(n.op)).c_str(),
-                shape_string(ir::to_vector(shapes[i])).c_str(), kernel_name(be->name(), g, v).c_str(), f / 1e6, moved / 1e6);
+                shape_string(ir::to_vector(shapes[i])).c_str(), be->kernel_name(g, v).c_str(), f / 1e6, moved / 1e6);
   }
   if (scores.empty()) {  // no fused attention: a softmax of the model's graph holds its scores
     auto model_shapes = ir::bind_shapes(p.graph, p.inputs);
@@ -222,7 +202,7 @@ int cmd_bench(const Request& r, const std::string& backends, int repeat) {
     const ir::Graph& g = exe->graph();
     auto shapes = ir::bind_shapes(g, p.inputs);
     double flops = 0;
-    for (std::size_t i = 0; i < g.size(); ++i) flops += node_flops(g, static_cast<ir::ValueId>(i), shapes);
+    for (std::size_t i = 0; i < g.size(); ++i) flops += ir::estimated_flops(g, static_cast<ir::ValueId>(i), shapes);
     std::vector<double> ms;
     for (int i = 0; i < repeat; ++i) {
       auto t0 = std::chrono::steady_clock::now();

@@ -89,17 +89,15 @@ int cmd_ops() {
 int cmd_models() {
   for (const auto& m : models::all_models()) {
     std::printf("%s\n  %s\n", m.name.c_str(), m.summary.c_str());
-    Request r;
-    r.target = m.name;
-    Prepared p = prepare(r);
+    const ir::Graph g = m.build(models::resolve_options(m, {}), m.dims);  // the defaults; no inputs are made
     std::string data, params;
-    for (ir::ValueId v : p.graph.inputs()) {
-      const std::string item = p.graph.node(v).name + " " + p.graph.type_string(v);
-      const bool is_data = std::find(p.data.begin(), p.data.end(), p.graph.node(v).name) != p.data.end();
+    for (ir::ValueId v : g.inputs()) {
+      const std::string item = g.node(v).name + " " + g.type_string(v);
+      const bool is_data = std::find(m.data.begin(), m.data.end(), g.node(v).name) != m.data.end();
       (is_data ? data : params) += (is_data ? data : params).empty() ? item : ", " + item;
     }
     std::string outs;
-    for (const auto& [name, v] : p.graph.outputs()) outs += (outs.empty() ? "" : ", ") + name + " " + p.graph.type_string(v);
+    for (const auto& [name, v] : g.outputs()) outs += (outs.empty() ? "" : ", ") + name + " " + g.type_string(v);
     std::printf("  inputs:  %s\n", data.c_str());
     if (!params.empty()) std::printf("  weights: %s\n", params.c_str());
     std::printf("  outputs: %s\n", outs.c_str());

@@ -11,6 +11,7 @@
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "tools/models/models.hpp"
+#include "train/init.hpp"
 
 namespace qkv::tool {
 
@@ -86,6 +87,23 @@ backend::TensorMap load_weights(const std::string& path) {
   return w;
 }
 
+/// Parameters of `g` (the f32 inputs not in `data`) from the seed, as PyTorch's modules start:
+/// Xavier-uniform weights, zero biases, norm weights of one.
+backend::TensorMap random_parameters(const ir::Graph& g, const std::vector<std::string>& data, std::uint64_t seed) {
+  std::vector<std::string> weights, biases, norms;
+  for (ir::ValueId v : g.inputs()) {
+    const ir::Node& n = g.node(v);
+    if (n.dtype != DType::f32 || std::find(data.begin(), data.end(), n.name) != data.end()) continue;
+    if (n.name.find("bias") != std::string::npos) biases.push_back(n.name);
+    else if (n.name.find("norm") != std::string::npos) norms.push_back(n.name);
+    else weights.push_back(n.name);
+  }
+  backend::TensorMap out = train::initialize(g, weights, {train::Init::xavier_uniform}, seed);
+  out.merge(train::initialize(g, biases, {train::Init::zeros}, seed));
+  out.merge(train::initialize(g, norms, {train::Init::ones}, seed));
+  return out;
+}
+
 }  // namespace
 
 void fill_missing(const ir::Graph& graph, backend::TensorMap& given, std::map<std::string, std::int64_t> dims, std::uint64_t seed) {
@@ -112,7 +130,8 @@ Prepared prepare(const Request& r) {
       throw UsageError("--dim " + name + "=" + value + ": expected a size");
     }
   }
-  std::function<ir::Graph()> build;
+  std::map<std::string, Tensor> files;  // each --in file, read once
+  for (const auto& [name, file] : r.in) files.emplace(name, io::read_npy(file));
   if (is_graph_file(r.target)) {
     if (!r.set.empty()) throw UsageError("--set is for built-in models; " + r.target + " is a graph already");
     std::string text = io::read_file(r.target);
@@ -149,7 +168,7 @@ Prepared prepare(const Request& r) {
     // Dims the input files bind (sdpa's default scale reads D), then the graph again with them.
     for (const auto& [name, file] : r.in)
       if (const ir::Node* n = find_input(p.graph, name); n) {
-        Tensor t = io::read_npy(file);
+        Tensor t = files.at(name);
         fit(p.graph, *n, t, file);
         bind_dims(p.graph, *n, t, dims);
       }
@@ -161,7 +180,7 @@ Prepared prepare(const Request& r) {
     if (r.grad && name.size() > 1 && name[0] == 'd') continue;  // seeds of the backward, below
     const ir::Node* n = find_input(p.graph, name);
     if (!n) throw UsageError(p.title + " has no input '" + name + "' (inputs: " + input_list(p.graph) + ")");
-    Tensor t = io::read_npy(file);
+    Tensor t = files.at(name);
     const int added = fit(p.graph, *n, t, file);
     promoted = promoted < 0 ? added : std::min(promoted, added);
     bind_dims(p.graph, *n, t, dims);
@@ -184,7 +203,7 @@ Prepared prepare(const Request& r) {
     }
   }
   // The rest from the seed: parameters at Xavier scale, data ~ N(0, 1).
-  for (auto& [name, t] : models::random_parameters(p.graph, p.data, r.seed))
+  for (auto& [name, t] : random_parameters(p.graph, p.data, r.seed))
     if (!p.inputs.contains(name)) {
       p.sources[name] = "seed " + std::to_string(r.seed);
       p.inputs.emplace(name, std::move(t));
@@ -204,7 +223,7 @@ Prepared prepare(const Request& r) {
       if (name.size() > 1 && name[0] == 'd' && !find_input(p.graph, name)) {
         const ir::Node* n = find_input(backward, name);
         if (!n) throw UsageError(p.title + " --grad has no input '" + name + "' (seeds are d<output>)");
-        Tensor t = io::read_npy(file);
+        Tensor t = files.at(name);
         fit(backward, *n, t, file);
         p.inputs.emplace(name, std::move(t));
         p.sources[name] = file;
@@ -214,36 +233,6 @@ Prepared prepare(const Request& r) {
     p.title += " backward";
   }
   return p;
-}
-
-double node_flops(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes) {
-  const ir::Node& n = g.node(v);
-  const ir::Shape& os = shapes[static_cast<std::size_t>(v)];
-  auto in = [&](int k) -> const ir::Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
-  const double out = static_cast<double>(os.numel());
-  switch (ir::op_info(n.op).category) {
-    case ir::OpCategory::contract: {
-      const double k = static_cast<double>(n.attrs.transpose_a ? in(0).back(1) : in(0).back(0));
-      return 2.0 * out * k;
-    }
-    case ir::OpCategory::composite:
-      if (n.op == ir::Op::attention || n.op == ir::Op::masked_attention) {
-        // q kT and weights v: 2 N M (D + Dv) per batch; causal skips about half.
-        const double d = static_cast<double>(in(0).back(0));
-        const double m = static_cast<double>(in(1).back(1)), dv = static_cast<double>(in(2).back(0));
-        return out / dv * m * 2.0 * (d + dv) / (n.attrs.causal ? 2.0 : 1.0);
-      }
-      return 5.0 * static_cast<double>(in(0).numel());
-    case ir::OpCategory::reduce: return static_cast<double>(in(0).numel());
-    case ir::OpCategory::unary:
-    case ir::OpCategory::binary:
-    case ir::OpCategory::select:
-    case ir::OpCategory::compare: return out;
-    case ir::OpCategory::source:
-    case ir::OpCategory::layout:
-    case ir::OpCategory::mask: return 0.0;
-  }
-  return 0.0;
 }
 
 }  // namespace qkv::tool

@@ -49,7 +49,4 @@ Prepared prepare(const Request& r);
 /// Inputs for `graph` that `given` lacks, random from `seed` (named dims from `dims`, others 8).
 void fill_missing(const ir::Graph& graph, backend::TensorMap& given, std::map<std::string, std::int64_t> dims, std::uint64_t seed);
 
-/// Estimated floating-point operations of one run of node `v` with concrete shapes.
-double node_flops(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes);
-
 }  // namespace qkv::tool

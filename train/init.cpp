@@ -20,6 +20,7 @@ Tensor initialize(const std::vector<std::int64_t>& shape, const InitSpec& spec, 
   };
   switch (spec.kind) {
     case Init::zeros: break;
+    case Init::ones: fill([](auto&) { return 1.0; }); break;
     case Init::uniform: fill(std::uniform_real_distribution<double>(spec.a, spec.b)); break;
     case Init::normal: fill(std::normal_distribution<double>(spec.a, spec.b)); break;
     case Init::xavier_uniform: {

@@ -9,7 +9,7 @@
 
 namespace qkv::train {
 
-enum class Init { zeros, uniform, normal, xavier_uniform, xavier_normal };
+enum class Init { zeros, ones, uniform, normal, xavier_uniform, xavier_normal };
 
 struct InitSpec {
   Init kind = Init::xavier_uniform;

@@ -35,6 +35,7 @@ class CpuExecutable final : public Executable {
 
   TensorMap run(const TensorMap& inputs) override {
     gather_inputs(graph_, input_ids_, inputs, state_, tensors_);
+    value_checks_.check(tensors_);
     if (!signature_.matches(tensors_)) plan();
     for (std::size_t i = 0; i < graph_.size(); ++i) execute(i);
     // Updates write back into the held tensors once every kernel has read the old values.
@@ -138,6 +139,7 @@ class CpuExecutable final : public Executable {
 
   ir::Graph graph_;
   std::vector<ir::ValueId> input_ids_;
+  InputValueChecks value_checks_{graph_, input_ids_};
   std::vector<int> slot_;                // node -> index into tensors_ (inputs only)
   std::vector<const Tensor*> tensors_;   // this run's input tensors, in input order
   TensorMap state_;
@@ -155,6 +157,18 @@ class CpuBackend final : public Backend {
            " threads (OpenBLAS on 1, qkv's pool owns the cores)";
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
+  std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
+    switch (g.node(v).op) {
+      case Op::input: return g.node(v).dtype == DType::f32 ? "(input, read in place)" : "(input, widened to f32)";
+      case Op::reshape: return "(view of its operand)";
+      case Op::matmul: return "sgemm";
+      case Op::attention:
+      case Op::masked_attention: return "fused attention (online softmax)";
+      case Op::softmax:
+      case Op::log_softmax: return "row softmax";
+      default: return "loop";
+    }
+  }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     cpu::ThreadPool::global();  // pins OpenBLAS to one thread before any sgemm runs
     return std::make_unique<CpuExecutable>(ir::lower_for_backend(g, [this](const Node& n) { return supports(n); }));

@@ -37,6 +37,7 @@ class ReferenceExecutable final : public Executable {
   TensorMap run(const TensorMap& call_inputs) override {
     std::vector<const Tensor*> tensors;
     gather_inputs(graph_, graph_.inputs(), call_inputs, state_, tensors);
+    value_checks_.check(tensors);
     const TensorMap inputs = merged_inputs(graph_, tensors);
     std::vector<Shape> shapes = ir::bind_shapes(graph_, inputs, f64_inputs_);
     std::vector<std::vector<T>> values(graph_.size());
@@ -197,6 +198,7 @@ class ReferenceExecutable final : public Executable {
   }
 
   ir::Graph graph_;
+  InputValueChecks value_checks_{graph_, graph_.inputs()};
   bool f64_outputs_;
   bool f64_inputs_;
   TensorMap state_;
@@ -211,6 +213,10 @@ class ReferenceBackend final : public Backend {
     return options_.precision == Precision::f64 ? "host, plain loops in double precision" : "host, plain loops in single precision";
   }
   bool supports(const Node& n) const override { return reference_supports(n); }
+  std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
+    if (g.node(v).op == Op::input) return "(input)";
+    return options_.precision == Precision::f64 ? "loop in double" : "loop in float";
+  }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     if (options_.precision == Precision::f64)

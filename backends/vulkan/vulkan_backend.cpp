@@ -59,6 +59,7 @@ class VulkanExecutable final : public Executable {
     return guarded("run", [&] {
       std::vector<const Tensor*>& tensors = tensors_;
       gather_inputs(graph_, input_ids_, inputs, state_, tensors);
+      value_checks_.check(tensors);
       if (!signature_.matches(tensors)) plan(tensors);
       for (std::size_t i = 0; i < input_ids_.size(); ++i)
         if (staging_offset_[i] >= 0) write_staging(*tensors[i], static_cast<std::byte*>(staging_in_.mapped) + staging_offset_[i]);
@@ -255,6 +256,7 @@ class VulkanExecutable final : public Executable {
   std::shared_ptr<Context> ctx_;
   ir::Graph graph_;
   std::vector<ir::ValueId> input_ids_;
+  InputValueChecks value_checks_{graph_, input_ids_};
   std::vector<const Tensor*> tensors_;  // this run's input tensors (capacity reused)
   std::vector<Kernel> kernels_;
   InputSignature signature_;
@@ -277,6 +279,10 @@ class VulkanBackend final : public Backend {
   std::string name() const override { return "vulkan"; }
   std::string device() const override { return ctx_->device_name(); }
   bool supports(const Node& n) const override { return vulkan_supports(n); }
+  std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
+    if (!codegen::has_kernel(g.node(v))) return g.node(v).op == ir::Op::input ? "(input, uploaded)" : "(view of its operand)";
+    return "glsl " + codegen::kernel_source(g, v).name;
+  }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     for (const Node& n : lowered.nodes())

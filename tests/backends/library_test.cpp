@@ -54,6 +54,15 @@ TEST_P(Library, DropoutMasksAreTheSameBitsOnEveryBackendAndInTheBackward) {
   std::int64_t same = 0;
   for (std::int64_t i = 0; i < out.numel(); ++i) same += (other.at(i) == 0.0) == (out.at(i) == 0.0);
   EXPECT_LT(same, out.numel() - 50);
+  // A seed outside [0, 2^24) is refused before anything runs, on every backend alike.
+  for (std::int32_t bad : {-1, 1 << 24}) {
+    try {
+      b->compile(g)->run(with_seed(in, bad));
+      ADD_FAILURE() << "seed " << bad << " was accepted";
+    } catch (const ShapeError& e) {
+      EXPECT_NE(std::string(e.what()).find("input 'seed': dropout seed"), std::string::npos) << e.what();
+    }
+  }
   auto none = b->compile(lower(dropout(x, seed, 0.0)))->run({{"x", in.at("x")}}).at("out");
   for (std::int64_t i = 0; i < none.numel(); ++i) EXPECT_EQ(none.at(i), in.at("x").at(i));
 }
@@ -98,6 +107,26 @@ TEST_P(Library, SlidingWindowSeesOnlyTheLastWKeys) {
   testing::expect_equivalent(g, in, GetParam());
   ir::Graph backward = ir::build_backward(lower(scaled_dot_product_attention(q, k, v, sliding_window<3>)), {"", {"q", "k", "v"}, {"out"}});
   in.emplace("dout", backend::random_inputs(backward, {{"N", 10}}, 6).at("dout"));
+  testing::expect_equivalent(backward, in, GetParam());
+}
+
+TEST_P(Library, SoftcapScoresCapsTheScoresBeforeMasking) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  auto q = input<"q">(dim<"N">, dim<8>);
+  auto k = input<"k">(dim<"N">, dim<8>);
+  auto v = input<"v">(dim<"N">, dim<4>);
+  const double s = 1.0 / std::sqrt(8.0);
+  auto manual = softmax<-1>(where(causal_mask(matmul<false, true>(q, k)), softcap(matmul<false, true>(q, k) * s, 2.0), kNegInf));
+  ir::Graph g = lower(named<"capped">(attention_weights(q, k, causal, softcap_scores(2.0))), named<"manual">(manual),
+                      named<"out">(scaled_dot_product_attention(q, k, v, causal, softcap_scores(2.0))));
+  auto in = backend::random_inputs(g, {{"N", 7}}, 8);
+  scale_inputs(in, "q", 3.0f);  // scores well beyond the cap
+  auto r = b->compile(g)->run(in);
+  for (std::int64_t i = 0; i < r.at("capped").numel(); ++i) EXPECT_NEAR(r.at("capped").at(i), r.at("manual").at(i), 1e-6) << i;
+  testing::expect_equivalent(g, in, GetParam());
+  ir::Graph backward = ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, k, v, causal, softcap_scores(2.0)))),
+                                          {"", {"q", "k", "v"}, {"out"}});
+  in.emplace("dout", backend::random_inputs(backward, {{"N", 7}}, 9).at("dout"));
   testing::expect_equivalent(backward, in, GetParam());
 }
 

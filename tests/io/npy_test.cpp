@@ -1,6 +1,9 @@
 // .npy reading and writing: round trips, a file as NumPy writes it, malformed files.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include <filesystem>
 #include <fstream>
 
@@ -77,6 +80,27 @@ TEST(Npy, WriteLeavesNoPartialFileOnFailure) {
   auto path = std::filesystem::temp_directory_path() / "qkv_npy_test.npy";
   write_npy(path.string(), Tensor(DType::f32, {2}));
   EXPECT_EQ(read_npy(path.string()).numel(), 2);
+  std::filesystem::remove(path);
+}
+
+TEST(Npy, ConcurrentWritersOfOnePathNeverClobberEachOther) {
+  // Each writer has a temporary of its own: every write lands whole, none fails.
+  const auto path = (std::filesystem::temp_directory_path() / "qkv_npy_concurrent.npy").string();
+  std::vector<std::thread> writers;
+  std::atomic<int> failures{0};
+  for (int w = 0; w < 4; ++w)
+    writers.emplace_back([&, w] {
+      for (int i = 0; i < 50; ++i) {
+        try {
+          write_npy(path, Tensor::from<float>({3}, {static_cast<float>(w), 1, 2}));
+        } catch (const IoError&) {
+          ++failures;
+        }
+      }
+    });
+  for (auto& t : writers) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(read_npy(path).numel(), 3);
   std::filesystem::remove(path);
 }
 

@@ -90,8 +90,5 @@ ir::Graph sinusoidal_positions_graph();
 /// Names of the built-in models.
 std::vector<std::string> model_names();
 
-/// Random values for the parameters of `g` (every input not in `data`): Xavier-uniform matrices,
-/// ones for norm weights, zeros for biases, from `seed`.
-std::map<std::string, Tensor, std::less<>> random_parameters(const ir::Graph& g, const std::vector<std::string>& data, std::uint64_t seed);
 
 }  // namespace qkv::models

@@ -1,7 +1,6 @@
 // The built-in models, their options and default sizes, and random parameters for them.
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <stdexcept>
 
 #include "tools/models/builders.hpp"
@@ -120,30 +119,6 @@ Options resolve_options(const ModelSpec& model, const std::map<std::string, std:
       throw std::invalid_argument(model.name + " is built for " + spec.name + "=" + spec.default_value + ", got " + o.text(spec.name) +
                                   " (write a model of that size with the DSL, or run its IR with qkv run FILE.qkv)");
   return o;
-}
-
-std::map<std::string, Tensor, std::less<>> random_parameters(const ir::Graph& g, const std::vector<std::string>& data, std::uint64_t seed) {
-  std::map<std::string, Tensor, std::less<>> out;
-  for (ir::ValueId v : g.inputs()) {
-    const ir::Node& n = g.node(v);
-    if (std::find(data.begin(), data.end(), n.name) != data.end() || n.dtype != DType::f32) continue;
-    std::vector<std::int64_t> shape;
-    for (int i = 0; i < n.shape.rank; ++i) {
-      if (ir::is_symbol(n.shape[i])) throw std::invalid_argument("parameter '" + n.name + "' has a named dim");
-      shape.push_back(n.shape[i]);
-    }
-    Tensor t(DType::f32, shape);
-    const bool bias = n.name.find("bias") != std::string::npos;
-    const bool norm = n.name.find("norm") != std::string::npos;
-    std::mt19937_64 rng(seed ^ std::hash<std::string>{}(n.name));
-    // torch layout [out, in]: Xavier/Glorot uniform with bound sqrt(6 / (in + out)).
-    const double bound = shape.size() == 2 ? std::sqrt(6.0 / static_cast<double>(shape[0] + shape[1])) : 0.0;
-    std::uniform_real_distribution<double> u(-bound, bound);
-    for (std::int64_t i = 0; i < t.numel(); ++i)
-      t.data<float>()[i] = bias ? 0.0f : norm ? 1.0f : static_cast<float>(bound > 0 ? u(rng) : 0.0);
-    out.emplace(n.name, std::move(t));
-  }
-  return out;
 }
 
 }  // namespace qkv::models

@@ -1,0 +1,60 @@
+// Estimated floating-point work, one case per op.
+#include "ir/op_cost.hpp"
+
+namespace qkv::ir {
+
+double estimated_flops(const Node& n, std::span<const Shape> in, const Shape& out) {
+  const double elements = static_cast<double>(out.numel());
+  switch (n.op) {
+    case Op::input:
+    case Op::constant:
+    case Op::cast:
+    case Op::permute:
+    case Op::reshape:
+    case Op::broadcast_to:
+    case Op::slice:
+    case Op::concat:
+    case Op::one_hot:
+    case Op::causal_mask:
+    case Op::iota:
+    case Op::dropout_mask: return 0.0;
+    case Op::neg:
+    case Op::exp:
+    case Op::log:
+    case Op::sqrt:
+    case Op::tanh:
+    case Op::erf:
+    case Op::sin:
+    case Op::cos:
+    case Op::add:
+    case Op::sub:
+    case Op::mul:
+    case Op::div:
+    case Op::max:
+    case Op::where:
+    case Op::equal:
+    case Op::greater: return elements;
+    case Op::reduce_sum:
+    case Op::reduce_max:
+    case Op::reduce_mean: return static_cast<double>(in[0].numel());
+    case Op::softmax:
+    case Op::log_softmax: return 5.0 * elements;
+    case Op::matmul: return 2.0 * elements * static_cast<double>(n.attrs.transpose_a ? in[0].back(1) : in[0].back(0));
+    case Op::attention:
+    case Op::masked_attention: {
+      // q kT and weights @ v: 2 N M (D + Dv) per batch entry; causal masking skips about half.
+      const double d = static_cast<double>(in[0].back(0)), m = static_cast<double>(in[1].back(1)), dv = static_cast<double>(in[2].back(0));
+      return elements / dv * m * 2.0 * (d + dv) / (n.attrs.causal ? 2.0 : 1.0);
+    }
+  }
+  return 0.0;
+}
+
+double estimated_flops(const Graph& g, ValueId v, const std::vector<Shape>& shapes) {
+  const Node& n = g.node(v);
+  std::vector<Shape> in;
+  for (ValueId operand : n.inputs) in.push_back(shapes[static_cast<std::size_t>(operand)]);
+  return estimated_flops(n, in, shapes[static_cast<std::size_t>(v)]);
+}
+
+}  // namespace qkv::ir
