@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <vector>
 
 #include "io/file.hpp"
@@ -57,13 +58,15 @@ const char* safetensors_dtype(DType d) {
 }
 
 Tensor decode(const std::string& dtype, std::vector<std::int64_t> shape, const char* p, std::size_t bytes, const std::string& what) {
-  std::int64_t n = 1;
-  for (auto d : shape) n *= d;
   auto size_of = [&]() -> std::size_t {
     for (const auto& d : kDtypes)
       if (dtype == d.name) return d.size;
     bad(what, "unsupported dtype '" + dtype + "' (F32, F64, F16, BF16, BOOL, I32, I64)");
   }();
+  // Sizes are checked against the bytes present before anything is allocated.
+  const auto count = Tensor::checked_numel(shape, size_of);
+  if (!count) bad(what, "shape has more elements than memory can address");
+  const std::int64_t n = *count;
   if (bytes != static_cast<std::size_t>(n) * size_of)
     bad(what, "holds " + std::to_string(bytes) + " bytes, but " + dtype + " of " + std::to_string(n) + " elements needs " +
                   std::to_string(static_cast<std::size_t>(n) * size_of));
@@ -101,13 +104,33 @@ Tensor decode(const std::string& dtype, std::vector<std::int64_t> shape, const c
 TensorFile parse_safetensors(const std::string& bytes, const std::string& what) {
   if (bytes.size() < 8) bad(what, "not a safetensors file (shorter than its 8-byte header length)");
   const std::uint64_t header_len = read_u64_le(bytes.data());
-  if (header_len > bytes.size() - 8) bad(what, "header length " + std::to_string(header_len) + " runs past the end of the file");
+  if (header_len > bytes.size() - 8) {
+    // A header that starts like JSON but is cut short is a truncated file; anything else is not
+    // a safetensors file at all (a .npy file given to --weights, say).
+    if (bytes.size() > 8 && bytes[8] == '{' && header_len < (std::uint64_t{1} << 32))
+      bad(what, "truncated safetensors file (header of " + std::to_string(header_len) + " bytes, " + std::to_string(bytes.size() - 8) +
+                    " present)");
+    bad(what, "not a safetensors file (its first 8 bytes are no header length that fits the file)");
+  }
+  if (header_len == 0 || bytes[8] != '{') bad(what, "not a safetensors file (the header is not a JSON object)");
   nlohmann::json header;
+  std::string duplicate;
+  // nlohmann keeps the last of duplicate keys; a tensor named twice is an error instead.
+  std::vector<std::set<std::string>> keys_at_depth;
+  nlohmann::json::parser_callback_t check_duplicates = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::object_start) keys_at_depth.emplace_back();
+    else if (event == nlohmann::json::parse_event_t::object_end && !keys_at_depth.empty()) keys_at_depth.pop_back();
+    else if (event == nlohmann::json::parse_event_t::key && !keys_at_depth.empty() && parsed.is_string() &&
+             !keys_at_depth.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = (depth == 1 ? "tensor '" : "key '") + parsed.get<std::string>() + "'";
+    return true;
+  };
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
+    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_len), check_duplicates);
   } catch (const nlohmann::json::exception& e) {
     bad(what, std::string("header is not valid JSON (") + e.what() + ")");
   }
+  if (!duplicate.empty()) bad(what, "the header names " + duplicate + " twice");
   if (!header.is_object()) bad(what, "header is not a JSON object");
   const char* data = bytes.data() + 8 + header_len;
   const std::size_t data_size = bytes.size() - 8 - header_len;
@@ -122,15 +145,17 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& what) 
     std::vector<std::int64_t> shape;
     if (!entry["shape"].is_array()) bad(where, "shape is not an array");
     for (const auto& d : entry["shape"]) {
-      if (!d.is_number_integer() || d.get<std::int64_t>() < 0) bad(where, "shape holds something other than a size");
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        bad(where, "shape holds something other than a size");
       shape.push_back(d.get<std::int64_t>());
     }
     const auto& off = entry["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       bad(where, "data_offsets is not [begin, end]");
     const auto begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
-    if (begin > end || end > data_size)
-      bad(where, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside the " + std::to_string(data_size) +
+    if (begin > end) bad(where, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] begin after they end");
+    if (end > data_size)
+      bad(where, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") run past the " + std::to_string(data_size) +
                      " data bytes");
     ranges.emplace_back(begin, end);
     out.emplace(name, decode(entry["dtype"].get<std::string>(), std::move(shape), data + begin, end - begin, where));

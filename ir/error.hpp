@@ -32,6 +32,11 @@ class IoError : public Error {
  public:
   using Error::Error;
 };
+/// Memory that cannot be had: names the tensor or value and the bytes asked for.
+class ResourceError : public Error {
+ public:
+  using Error::Error;
+};
 /// IR text that does not parse, or a graph that does not verify.
 class IrError : public Error {
  public:

@@ -1,21 +1,58 @@
 // Host tensors.
 #include "ir/tensor.hpp"
 
+#include <limits>
+#include <new>
+
 namespace qkv {
 
 namespace {
-std::int64_t count(const std::vector<std::int64_t>& shape) {
-  std::int64_t n = 1;
-  for (auto d : shape) {
-    if (d < 0) throw ShapeError("tensor: negative dim " + std::to_string(d));
-    n *= d;
-  }
-  return n;
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
 }
+
+std::int64_t count(const std::vector<std::int64_t>& shape, std::size_t elem_size = 1) {
+  for (auto d : shape)
+    if (d < 0) throw ShapeError("tensor: negative dim " + std::to_string(d) + " in shape " + shape_text(shape));
+  auto n = Tensor::checked_numel(shape, elem_size);
+  if (!n) throw ShapeError("tensor: shape " + shape_text(shape) + " has more elements than memory can address");
+  return *n;
+}
+
+std::vector<std::byte> allocate(DType dtype, const std::vector<std::int64_t>& shape) {
+  const auto bytes = static_cast<std::size_t>(count(shape, dtype_size(dtype))) * dtype_size(dtype);
+  try {
+    return std::vector<std::byte>(bytes);
+  } catch (const std::bad_alloc&) {
+    throw ResourceError("out of memory: " + std::string(dtype_name(dtype)) + shape_text(shape) + " needs " + std::to_string(bytes) + " bytes");
+  }
+}
+
 }  // namespace
 
-Tensor::Tensor(DType dtype, std::vector<std::int64_t> shape)
-    : dtype_(dtype), shape_(std::move(shape)), bytes_(static_cast<std::size_t>(count(shape_)) * dtype_size(dtype)) {}
+std::optional<std::int64_t> Tensor::checked_numel(const std::vector<std::int64_t>& shape, std::size_t elem_size) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const auto size = static_cast<std::int64_t>(elem_size == 0 ? 1 : elem_size);
+  std::int64_t n = 1;
+  bool zero = false;
+  for (auto d : shape) {
+    if (d < 0) return std::nullopt;
+    zero |= d == 0;
+    if (d != 0 && n > kMax / d) {
+      if (!zero) n = -1;  // overflow, unless a later dim is 0 (checked below)
+      continue;
+    }
+    if (n >= 0) n *= d;
+  }
+  if (zero) return 0;
+  if (n < 0 || n > kMax / size) return std::nullopt;
+  return n;
+}
+
+Tensor::Tensor(DType dtype, std::vector<std::int64_t> shape) : dtype_(dtype), shape_(std::move(shape)), bytes_(allocate(dtype_, shape_)) {}
 
 std::int64_t Tensor::numel() const { return count(shape_); }
 

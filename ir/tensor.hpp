@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -17,8 +18,13 @@ namespace qkv {
 class Tensor {
  public:
   Tensor() = default;
-  /// A zero-filled tensor.
+  /// A zero-filled tensor. Throws ShapeError for a negative dim or a size that overflows, and
+  /// ResourceError (naming the type and bytes) when the memory cannot be had.
   Tensor(DType dtype, std::vector<std::int64_t> shape);
+  /// Elements of `shape`, or nullopt when a dim is negative or the count of elements or of
+  /// `elem_size`-byte bytes overflows 63 bits: check sizes read from files with this before
+  /// allocating anything.
+  static std::optional<std::int64_t> checked_numel(const std::vector<std::int64_t>& shape, std::size_t elem_size = 1);
   /// A tensor holding `values` (f32 or f64 from the element type; bool stored as bytes).
   template <class T>
   static Tensor from(std::vector<std::int64_t> shape, const std::vector<T>& values) {

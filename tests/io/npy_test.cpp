@@ -106,3 +106,70 @@ TEST(Npy, ConcurrentWritersOfOnePathNeverClobberEachOther) {
 
 }  // namespace
 }  // namespace qkv::io
+
+namespace qkv::io {
+namespace {
+
+/// A .npy file with `header` (padded as NumPy pads it) and `data`.
+std::string npy_with(const std::string& header, const std::string& data = "") {
+  std::string h = header;
+  h.append((64 - (10 + h.size() + 1) % 64) % 64, ' ');
+  h += '\n';
+  return std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(h.size() & 0xff) + static_cast<char>(h.size() >> 8) + h + data;
+}
+
+void expect_npy_error(const std::string& bytes, const std::string& needle) {
+  try {
+    parse_npy(bytes, "bad.npy");
+    ADD_FAILURE() << "accepted; expected an error containing '" << needle << "'";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("bad.npy: ", 0), 0u) << e.what();
+  }
+}
+
+TEST(Npy, SizesAreCheckedBeforeAnythingIsAllocated) {
+  // 40 GB claimed by a 20-byte payload: refused from the header, not by running out of memory.
+  expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (100000, 100000), }", std::string(20, 'x')),
+                   "needs 40000000000");
+  // An element count that overflows 64 bits (it wrapped to 4 before).
+  expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387905, 4), }", std::string(16, 'x')),
+                   "more elements than memory can address");
+  expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }"), "does not fit in 64 bits");
+  // A header length past the end of the file.
+  expect_npy_error(std::string("\x93NUMPY\x02\x00\xff\xff\xff\x7f{", 13), "truncated .npy header");
+}
+
+TEST(Npy, TheHeaderIsReadAsPythonReadsIt) {
+  expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': 5, }"), "'shape' is not a tuple");
+  expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (2abc, 1e9), }"), "not a non-negative integer");
+  expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }"), "not a non-negative integer");
+  expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'extra': 1, }"), "unknown key 'extra'");
+  expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False}"), "no 'shape'");
+  expect_npy_error(npy_with("{'descr': '<f4"), "unterminated string");
+  // A later duplicate key wins, as in a Python dict (NumPy keeps the last 'descr').
+  float v[2] = {1.5f, -2.0f};
+  Tensor t = parse_npy(npy_with("{'descr': '<i4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
+                                std::string(reinterpret_cast<const char*>(v), sizeof v)),
+                       "dup.npy");
+  EXPECT_EQ(t.dtype(), DType::f32);
+  EXPECT_EQ(t.at(1), -2.0);
+}
+
+TEST(Npy, BigEndianFilesAreRead) {
+  // np.array([1.5, -2], dtype='>f4') and np.array([7, -1], dtype='>i8').
+  const std::string f32("\x3f\xc0\x00\x00\xc0\x00\x00\x00", 8);
+  Tensor t = parse_npy(npy_with("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", f32), "be.npy");
+  EXPECT_EQ(t.at(0), 1.5);
+  EXPECT_EQ(t.at(1), -2.0);
+  const std::string i64("\x00\x00\x00\x00\x00\x00\x00\x07\xff\xff\xff\xff\xff\xff\xff\xff", 16);
+  std::string stored;
+  Tensor ids = parse_npy(npy_with("{'descr': '>i8', 'fortran_order': False, 'shape': (2,), }", i64), "be_ids.npy", &stored);
+  EXPECT_EQ(ids.dtype(), DType::i32);
+  EXPECT_EQ(ids.at(0), 7);
+  EXPECT_EQ(ids.at(1), -1);
+  EXPECT_EQ(stored, "int64");  // messages name the file's own dtype, not the i32 it is read as
+}
+
+}  // namespace
+}  // namespace qkv::io

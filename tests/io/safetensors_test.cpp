@@ -68,15 +68,27 @@ void expect_error(const std::string& bytes, const std::string& fragment) {
   }
 }
 
+TEST(Safetensors, SizesAndOffsetsAreCheckedBeforeUse) {
+  // [2^40, 2^40] elements overflowed to "0 elements" before.
+  expect_error(with_header(R"({"w":{"dtype":"F16","shape":[1099511627776,1099511627776],"data_offsets":[0,0]}})", ""),
+               "more elements than memory can address");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", "12345678"), "[8, 4] begin after they end");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                           "1234"),
+               "names tensor 'w' twice");
+  // A .npy file given as weights is "not a safetensors file", not a header length.
+  expect_error(std::string("\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", 64), "not a safetensors file");
+}
+
 TEST(Safetensors, MalformedFilesGiveClearErrors) {
   expect_error("abc", "shorter than");
-  expect_error(with_header("{}", "").substr(0, 8) + std::string("\xff", 1), "runs past the end");
+  expect_error(with_header("{}", "").substr(0, 8) + std::string("\xff", 1), "not a safetensors file");
   std::string huge(8, '\xff');
-  expect_error(huge + "{}", "runs past the end");
+  expect_error(huge + "{}", "not a safetensors file");
   expect_error(with_header("{not json", ""), "not valid JSON");
   expect_error(with_header("[1,2]", ""), "not a JSON object");
   expect_error(with_header(R"({"w":{"dtype":"F32","shape":[2]}})", ""), "needs dtype, shape and data_offsets");
-  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "1234"), "outside the 4 data bytes");
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "1234"), "run past the 4 data bytes");
   expect_error(with_header(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "12345678"), "needs 12");
   expect_error(with_header(R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", "12345678"), "unsupported dtype 'C64'");
   expect_error(with_header(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "1234"), "shape holds");
