@@ -1,6 +1,8 @@
 // Gathering a run's tensors from the call and from held state.
 #include "backends/run_inputs.hpp"
 
+#include "ir/printer.hpp"
+
 #include <algorithm>
 
 #include "ir/random.hpp"
@@ -50,7 +52,7 @@ InputValueChecks::InputValueChecks(const ir::Graph& g, const std::vector<ir::Val
 void InputValueChecks::check_seed(const Tensor& t, const std::string& name) {
   for (std::int64_t i = 0; i < t.numel(); ++i)
     if (!ir::dropout_seed_ok(t.at(i)))
-      throw ShapeError("input '" + name + "': dropout seed " + std::to_string(t.at(i)) + " is outside [0, 2^24)");
+      throw ShapeError("input '" + name + "': dropout seed " + ir::format_number(t.at(i)) + " is outside [0, 2^24)");
 }
 
 TensorMap merged_inputs(const ir::Graph& g, const std::vector<const Tensor*>& tensors) {

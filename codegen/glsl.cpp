@@ -3,6 +3,7 @@
 
 #include <bit>
 
+#include "ir/bind.hpp"
 #include "ir/error.hpp"
 #include "ir/random.hpp"
 
@@ -228,7 +229,7 @@ KernelSource axis_source(Op op) {
       break;
     case Op::softmax:
       s += "  float m = uintBitsToFloat(0xff800000u);\n"
-           "  for (uint k = 0u; k < n; ++k) m = max(m, x0[base + k * inner]);\n"
+           "  for (uint k = 0u; k < n; ++k) { float v = x0[base + k * inner]; m = (isnan(v) || v > m) ? v : m; }\n"
            "  if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
            "  float total = 0.0;\n"
            "  for (uint k = 0u; k < n; ++k) total += exp(x0[base + k * inner] - m);\n"
@@ -382,7 +383,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
   };
   switch (n.op) {
     case Op::constant:
-      l.push = {u32(os.numel()), std::bit_cast<std::uint32_t>(static_cast<float>(n.attrs.value))};
+      l.push = {u32(os.numel()), std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, n, shapes)))};
       l.groups = linear_groups(os.numel());
       return l;
     case Op::causal_mask: {

@@ -118,7 +118,7 @@ constexpr auto apply_dropout(W weights, O o, Rest... rest) {
 /// `causal_bottom_right`; a boolean mask expression broadcasting to [..., Lq, Lk] in which true
 /// keeps a key (the scaled dot-product convention); a float expression broadcasting to the same,
 /// added to the scores (an additive mask or bias: -inf or a large negative drops a key, and it is
-/// differentiable); scale(x) (default 1/sqrt(D), which needs a static D); temperature(t) (divides
+/// differentiable); scale(x) (default 1/sqrt(D), for a named D resolved when D is bound); temperature(t) (divides
 /// the scores by t after scaling); sliding_window<W> (causal, the last W keys); softcap_scores(c);
 /// attn_dropout(p, seed) (dropout on the returned weights, as torch does). A query row whose keys
 /// are all masked gets zero weights, so zero output and zero gradient, rather than NaN.
@@ -135,11 +135,12 @@ constexpr auto attention_weights(Q q, K k, Opts... opts) {
   static_assert((detail::is_causal<Opts>::value + ... + 0) <= 1, "qkv: give one of causal, causal_bottom_right, sliding_window<W>");
   constexpr bool explicit_scale = (std::is_same_v<Opts, Scale> || ...);
   constexpr ir::Dim d = Q::shape.back(0);
-  static_assert(explicit_scale || !ir::is_symbol(d),
-                "qkv: the head dim of q is named, so the default scale 1/sqrt(d) is unknown; pass scale(x)");
-  double s = 1.0 / std::sqrt(static_cast<double>(d < 1 ? 1 : d));
-  ((s = detail::scale_of(opts).value_or(s)), ...);
-  ((s /= detail::temperature_of(opts)), ...);
+  // The default scale of a named head dim is 1/sqrt(D) resolved when D is bound, so the graph
+  // means the same at every size.
+  Constant<> s{{}, 1.0, !explicit_scale && ir::is_symbol(d) ? d : ir::Dim{0}};
+  if (!ir::is_symbol(d)) s.value = 1.0 / std::sqrt(static_cast<double>(d < 1 ? 1 : d));
+  ((s.value = detail::scale_of(opts).value_or(s.value)), ...);
+  ((s.value /= detail::temperature_of(opts)), ...);
   auto scores = detail::apply_softcap(matmul<false, true>(q, k) * s, opts...);
   return detail::apply_dropout(softmax<-1>(detail::apply_options(scores, opts...)), opts...);
 }

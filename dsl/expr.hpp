@@ -33,12 +33,14 @@ struct Input : ExprBase {
   static constexpr std::string_view name() { return Name.view(); }
 };
 
-/// A tensor of a static shape filled with one value (a scalar by default).
+/// A tensor of a static shape filled with one value (a scalar by default); with `rsqrt_of` (a
+/// named dim), the value divided by the square root of that dim's size when the graph is bound.
 template <ir::Shape S = ir::Shape{}>
 struct Constant : ExprBase {
   static constexpr ir::Shape shape = S;
   static constexpr DType dtype = DType::f32;
   double value = 0.0;
+  ir::Dim rsqrt_of = 0;
 };
 
 namespace detail {

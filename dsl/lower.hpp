@@ -41,7 +41,7 @@ class Lowerer {
   }
   template <ir::Shape S>
   ir::ValueId emit(const Constant<S>& c) {
-    return g_.constant(c.value, S);
+    return g_.constant(c.value, S, c.rsqrt_of);
   }
   template <ir::Op O, ir::Attrs A, class Names, Expr... Cs>
   ir::ValueId emit(const Node<O, A, Names, Cs...>& n) {

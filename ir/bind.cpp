@@ -1,12 +1,32 @@
 // Shape binding.
 #include "ir/bind.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 namespace qkv::ir {
 
 std::vector<std::int64_t> to_vector(const Shape& s) {
   std::vector<std::int64_t> v;
   for (int i = 0; i < s.rank; ++i) v.push_back(s[i]);
   return v;
+}
+
+std::int64_t bound_dim(const Graph& g, const std::vector<Shape>& shapes, Dim d) {
+  if (!is_symbol(d)) return d;
+  if (auto p = g.derived_dims().find(d); p != g.derived_dims().end())
+    return bound_dim(g, shapes, p->second.first) + bound_dim(g, shapes, p->second.second);
+  for (ValueId v : g.inputs()) {
+    const Node& n = g.node(v);
+    for (int i = 0; i < n.shape.rank; ++i)
+      if (n.shape[i] == d) return shapes[static_cast<std::size_t>(v)][i];
+  }
+  throw ShapeError("dim " + g.dim_name(d) + " is bound by no input");
+}
+
+double bound_value(const Graph& g, const Node& n, const std::vector<Shape>& shapes) {
+  if (n.attrs.rsqrt_of == 0) return n.attrs.value;
+  return n.attrs.value / std::sqrt(static_cast<double>(std::max<std::int64_t>(bound_dim(g, shapes, n.attrs.rsqrt_of), 1)));
 }
 
 std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs, bool f64_for_f32) {

@@ -18,6 +18,15 @@ namespace qkv::ir {
 /// double-precision mode, for finite differences).
 std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs, bool f64_for_f32 = false);
 
+/// The size of dim `d` of `g` once bound to `shapes` (as bind_shapes gives them): a static dim
+/// itself, a named dim the size of an input that declares it, a derived dim the sum of its parts.
+/// Throws ShapeError for a dim no input binds.
+std::int64_t bound_dim(const Graph& g, const std::vector<Shape>& shapes, Dim d);
+
+/// A node's `value` attribute as it runs: scaled by 1/sqrt(size) of its `rsqrt_of` dim if set
+/// (the default attention scale of a named head dim).
+double bound_value(const Graph& g, const Node& n, const std::vector<Shape>& shapes);
+
 /// Row-major element count of a concrete shape.
 inline std::int64_t numel(const Shape& s) { return s.numel(); }
 

@@ -28,7 +28,7 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
       // softmax(q kT * scale, masked to -inf where the mask or causality drops a key) v.
       Attrs tb;
       tb.transpose_b = true;
-      ValueId s = g.add(Op::mul, {g.add(Op::matmul, {in[0], in[1]}, tb), g.constant(n.attrs.value)});
+      ValueId s = g.add(Op::mul, {g.add(Op::matmul, {in[0], in[1]}, tb), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
       ValueId neg_inf = g.constant(-HUGE_VAL);
       if (n.op == Op::masked_attention) s = g.add(Op::where, {in[3], s, neg_inf});
       if (n.attrs.causal) {

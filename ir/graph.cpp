@@ -23,6 +23,7 @@ std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a)
   for (int i = 0; i < a.shape.rank; ++i) hash_mix(h, static_cast<std::size_t>(a.shape[i]));
   for (auto p : a.perm) hash_mix(h, static_cast<std::size_t>(p));
   hash_mix(h, std::hash<double>{}(a.value));
+  hash_mix(h, static_cast<std::size_t>(a.rsqrt_of));
   return h;
 }
 
@@ -96,10 +97,11 @@ ValueId Graph::add_like(const Node& n, std::vector<ValueId> inputs) {
   return n.op == Op::input ? add_input(n.name, n.dtype, n.shape) : add(n.op, std::move(inputs), n.attrs);
 }
 
-ValueId Graph::constant(double value, const Shape& shape) {
+ValueId Graph::constant(double value, const Shape& shape, Dim rsqrt_of) {
   Attrs a;
   a.value = value;
   a.shape = shape;
+  a.rsqrt_of = rsqrt_of;
   return add(Op::constant, {}, a);
 }
 
@@ -124,6 +126,7 @@ std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<s
     case ShapeErr::not_broadcast_target: m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + ")"; break;
     case ShapeErr::bad_range: m += " (" + std::to_string(r.lhs) + ", " + std::to_string(r.rhs) + " at axis " + std::to_string(r.axis) + ")"; break;
     case ShapeErr::dims_differ: m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + " at axis " + std::to_string(r.axis) + ")"; break;
+    case ShapeErr::bad_probability: break;
     case ShapeErr::not_castable:
     case ShapeErr::not_integer:
     case ShapeErr::not_float:

@@ -42,7 +42,8 @@ class Graph {
   ValueId add_input(std::string_view name, DType dtype, const Shape& shape);
   /// Adds a node, or returns an existing equal one.
   ValueId add(Op op, std::vector<ValueId> inputs, Attrs attrs = {});
-  ValueId constant(double value, const Shape& shape = {});
+  /// A constant; with `rsqrt_of` (a dim), value / sqrt(that dim's size) once bound.
+  ValueId constant(double value, const Shape& shape = {}, Dim rsqrt_of = 0);
   /// A node like `n` (from another graph) with operands `inputs` of this graph: add_input for
   /// inputs, add otherwise. What passes that copy graphs use.
   ValueId add_like(const Node& n, std::vector<ValueId> inputs);

@@ -62,12 +62,15 @@ struct Attrs {
   Shape shape{};
   DType dtype = DType::f32;
   double value = 0.0;
+  /// With kAttrValue: a dim (0: none) whose size scales the value by 1/sqrt(size) when the graph
+  /// is bound, so a default attention scale 1/sqrt(D) means the same at every D.
+  Dim rsqrt_of = 0;
 
   friend constexpr bool operator==(const Attrs& a, const Attrs& b) {
     return a.axis == b.axis && a.keepdim == b.keepdim && a.transpose_a == b.transpose_a &&
            a.transpose_b == b.transpose_b && a.align == b.align && a.causal == b.causal && a.depth == b.depth && a.begin == b.begin && a.end == b.end &&
            a.window == b.window && a.perm == b.perm &&
-           a.shape == b.shape && a.dtype == b.dtype &&
+           a.shape == b.shape && a.dtype == b.dtype && a.rsqrt_of == b.rsqrt_of &&
            (a.value == b.value || (a.value != a.value && b.value != b.value));
   }
 };

@@ -27,6 +27,7 @@ enum class ShapeErr : std::uint8_t {
   bad_range,            // slice: [lhs, rhs) is not within the axis; or an attribute out of range
   not_castable,         // cast: operand `operand` must be i32 or bool, the result f32
   dims_differ,          // concat: dims `lhs` vs `rhs` at axis `axis` (outside the joined axis)
+  bad_probability,      // dropout_mask: p is not in [0, 1)
 };
 
 constexpr std::string_view shape_err_name(ShapeErr e) {
@@ -47,6 +48,7 @@ constexpr std::string_view shape_err_name(ShapeErr e) {
     case ShapeErr::bad_range: return "range or attribute out of bounds";
     case ShapeErr::not_castable: return "cast takes an i32 or bool tensor to f32";
     case ShapeErr::dims_differ: return "dims differ outside the joined axis";
+    case ShapeErr::bad_probability: return "the dropout probability p must lie in [0, 1)";
   }
   return "?";
 }
@@ -276,7 +278,7 @@ constexpr ShapeResult iota(const Operand& x, const Attrs& a) {
 constexpr ShapeResult dropout_mask(std::span<const Operand> in, const Attrs& a) {
   if (in[1].dtype != DType::i32) return fail(ShapeErr::not_integer, 0, 0, 1);
   if (in[1].shape.rank != 0) return fail(ShapeErr::rank_too_large, in[1].shape.rank, 0, 1);
-  if (!(a.value >= 0.0 && a.value < 1.0)) return fail(ShapeErr::bad_range);
+  if (!(a.value >= 0.0 && a.value < 1.0)) return fail(ShapeErr::bad_probability);
   return {in[0].shape, DType::f32};
 }
 

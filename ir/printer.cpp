@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <optional>
 
 #include "ir/error.hpp"
@@ -14,13 +15,19 @@ namespace qkv::ir {
 
 namespace {
 
-std::string format_double(double v) {
+}  // namespace
+
+std::string format_number(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
 }
+
+namespace {
+
+std::string format_double(double v) { return format_number(v); }
 
 std::string format_dims(const Graph& g, const Shape& s) {
   std::string r = "[";
@@ -56,6 +63,7 @@ std::string print_attrs(const Graph& g, const Node& n) {
   }
   if ((f & kAttrShape) && n.op != Op::input) add("shape=" + format_dims(g, a.shape));
   if (f & kAttrValue) add("value=" + format_double(a.value));
+  if ((f & kAttrValue) && a.rsqrt_of != 0) add("rsqrt_of=" + g.dim_name(a.rsqrt_of));  // printed when set
   if (f & kAttrDepth) add("depth=" + std::to_string(a.depth));
   if (f & kAttrRange) {
     add("begin=" + std::to_string(a.begin));
@@ -95,6 +103,13 @@ std::string print(const Graph& g) {
 
 namespace {
 
+/// The largest static dim the text parser accepts (2^40): sizes beyond it cannot be allocated,
+/// and sums and products of such dims stay far from overflow.
+constexpr std::int64_t kMaxParsedDim = std::int64_t{1} << 40;
+
+/// The most parts a derived dim "A+B+..." may sum (concat makes one per join).
+constexpr int kMaxDimParts = 64;
+
 class Parser {
  public:
   explicit Parser(std::string_view text) : text_(text) {}
@@ -114,6 +129,7 @@ class Parser {
       else if (keyword == "return") parse_outputs();
       else fail("expected a node, 'update' or 'return', got '" + keyword + "'");
     }
+    if (!seen_return_) fail("the graph has no 'return' line (end it with 'return NAME=%N')");
     expect('}');
     skip_space();
     if (pos_ != text_.size()) fail("text after the closing brace");
@@ -161,6 +177,12 @@ class Parser {
     if (ec != std::errc() || p != w.data() + w.size()) fail("expected an integer, got '" + w + "'");
     return v;
   }
+  /// An integer in [lo, hi]; `what` names it in the error.
+  std::int64_t bounded(std::int64_t lo, std::int64_t hi, const char* what) {
+    const std::int64_t v = integer();
+    if (v < lo || v > hi) fail(std::string(what) + " " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return v;
+  }
   ValueId value_ref() {
     expect('%');
     std::int64_t v = integer();
@@ -171,17 +193,47 @@ class Parser {
     skip_space();
     return dim_of(word());
   }
-  /// "64", "N", or a derived dim "P+1" (left to right, as concat names them).
+  /// "64", "N", or a derived dim "P+1+Q" (summed left to right, as concat names them).
   Dim dim_of(const std::string& w) {
-    if (auto plus = w.rfind('+'); plus != std::string::npos && plus > 0)
-      return g_.sum_dim(dim_of(w.substr(0, plus)), dim_of(w.substr(plus + 1)));
+    Dim sum = 0;
+    std::size_t start = 0;
+    int parts = 0;
+    for (bool first = true;; first = false) {
+      // Each partial sum is a named dim of its own: a bound on the parts bounds their names.
+      if (++parts > kMaxDimParts) fail("a dim sums more than " + std::to_string(kMaxDimParts) + " parts");
+      const std::size_t plus = w.find('+', start);
+      const Dim d = single_dim(w.substr(start, plus == std::string::npos ? std::string::npos : plus - start), w);
+      if (first) sum = d;
+      else if (!is_symbol(sum) && !is_symbol(d) && sum > kMaxParsedDim - d) fail("dim '" + w + "' is larger than " + std::to_string(kMaxParsedDim));
+      else sum = g_.sum_dim(sum, d);
+      if (plus == std::string::npos) return sum;
+      start = plus + 1;
+    }
+  }
+  Dim single_dim(const std::string& w, const std::string& whole) {
+    if (w.empty()) fail("bad dim '" + whole + "'");
     if (std::isdigit(static_cast<unsigned char>(w[0]))) {
       std::int64_t v = 0;
       auto [p, ec] = std::from_chars(w.data(), w.data() + w.size(), v);
-      if (ec != std::errc() || p != w.data() + w.size()) fail("bad dim '" + w + "'");
+      if (ec != std::errc() || p != w.data() + w.size()) fail("bad dim '" + whole + "'");
+      if (v > kMaxParsedDim) fail("dim " + w + " is larger than " + std::to_string(kMaxParsedDim));
       return v;
     }
-    return g_.symbol(w);
+    if (!std::isalpha(static_cast<unsigned char>(w[0])) && w[0] != '_') fail("bad dim '" + whole + "'");
+    try {
+      return g_.symbol(w);
+    } catch (const Error& e) {
+      fail(e.what());
+    }
+  }
+  /// A static shape's element count must fit in 63 bits (sizes are checked again when bound).
+  void check_numel(const Shape& s) {
+    std::int64_t n = 1;
+    for (int i = 0; i < s.rank; ++i) {
+      if (is_symbol(s[i])) continue;
+      if (s[i] != 0 && n > std::numeric_limits<std::int64_t>::max() / s[i]) fail("shape has more elements than 64 bits count");
+      n *= s[i];
+    }
   }
   Shape dims() {
     Shape s;
@@ -192,6 +244,7 @@ class Parser {
       s.push_back(dim());
     } while (accept(','));
     expect(']');
+    check_numel(s);
     return s;
   }
   bool boolean() {
@@ -250,27 +303,45 @@ class Parser {
     if (n.op == Op::input) {
       n.attrs.dtype = n.dtype;
       n.attrs.shape = n.shape;
+      for (ValueId v : g_.inputs())
+        if (g_.node(v).name == n.name) fail("input name '" + n.name + "' used twice");
     }
+    // The node's own rules, checked here so that an error names its line.
+    if (static_cast<int>(n.inputs.size()) != op_info(n.op).arity)
+      fail(name + " takes " + std::to_string(op_info(n.op).arity) + " operands, got " + std::to_string(n.inputs.size()));
+    std::vector<Operand> operands;
+    std::vector<std::string> types;
+    for (ValueId v : n.inputs) {
+      operands.push_back({g_.node(v).shape, g_.node(v).dtype});
+      types.push_back(g_.type_string(v));
+    }
+    const ShapeResult r = infer_shape(n.op, operands, n.attrs);
+    if (!r.ok()) fail(shape_error_message(n.op, r, types));
+    if (!(r.shape == n.shape) || r.dtype != n.dtype)
+      fail("%" + std::to_string(id) + " is written " + g_.type_string(n.dtype, n.shape) + " but " + name + " gives " + g_.type_string(r.dtype, r.shape));
     if (g_.append_unchecked(std::move(n)) != id) fail("values must be numbered in order");
   }
   ValueId value_ref_decl() {
     expect('%');
-    return static_cast<ValueId>(integer());
+    const std::int64_t v = integer();
+    if (v != static_cast<std::int64_t>(g_.size())) fail("values must be numbered in order (expected %" + std::to_string(g_.size()) + ")");
+    return static_cast<ValueId>(v);
   }
   void parse_attr(Node& n) {
     std::string key = word();
     expect('=');
     Attrs& a = n.attrs;
-    if (key == "axis") a.axis = static_cast<int>(integer());
+    if (key == "axis") a.axis = static_cast<int>(bounded(-kMaxRank, kMaxRank, "axis"));
     else if (key == "keepdim") a.keepdim = boolean();
     else if (key == "transpose_a") a.transpose_a = boolean();
     else if (key == "transpose_b") a.transpose_b = boolean();
     else if (key == "causal") a.causal = boolean();
-    else if (key == "depth") a.depth = integer();
-    else if (key == "begin") a.begin = integer();
-    else if (key == "end") a.end = integer();
-    else if (key == "window") a.window = integer();
+    else if (key == "depth") a.depth = bounded(0, kMaxParsedDim, "depth");
+    else if (key == "begin") a.begin = bounded(0, kMaxParsedDim, "begin");
+    else if (key == "end") a.end = bounded(0, kMaxParsedDim, "end");
+    else if (key == "window") a.window = bounded(0, kMaxParsedDim, "window");
     else if (key == "value") a.value = number();
+    else if (key == "rsqrt_of") a.rsqrt_of = dim();
     else if (key == "shape") a.shape = dims();
     else if (key == "align") {
       std::string w = word();
@@ -279,7 +350,10 @@ class Parser {
       else fail("bad align '" + w + "'");
     } else if (key == "perm") {
       Shape p = dims();
-      for (int i = 0; i < p.rank; ++i) a.perm[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(p[i]);
+      for (int i = 0; i < p.rank; ++i) {
+        if (p[i] < 0 || p[i] >= kMaxRank) fail("perm entry " + g_.dim_name(p[i]) + " is not an axis");
+        a.perm[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(p[i]);
+      }
     } else {
       fail("unknown attribute '" + key + "'");
     }
@@ -288,16 +362,29 @@ class Parser {
     do {
       std::string name = word();
       expect('=');
-      g_.set_update(name, value_ref());
+      const ValueId v = value_ref();
+      try {
+        g_.set_update(name, v);
+      } catch (const Error& e) {
+        fail(e.what());
+      }
     } while (accept(','));
   }
   void parse_outputs() {
+    seen_return_ = true;
+    if (peek() == '}') return;  // a graph with no outputs prints as a bare 'return'
     do {
       std::string name = word();
       expect('=');
-      g_.set_output(name, value_ref());
+      const ValueId v = value_ref();
+      try {
+        g_.set_output(name, v);
+      } catch (const Error& e) {
+        fail(e.what());
+      }
     } while (accept(','));
   }
+  bool seen_return_ = false;
 
   std::string_view text_;
   std::size_t pos_ = 0;

@@ -8,6 +8,10 @@
 
 namespace qkv::ir {
 
+/// A number for messages and IR text: integers without a fraction ("33554432"), others with up
+/// to 17 significant digits, and inf, -inf, nan.
+std::string format_number(double v);
+
 /// The graph as text, one node per line; equal graphs print equal text.
 std::string print(const Graph& g);
 /// Parses print()'s text back into a verified graph. Throws IrError naming the line.

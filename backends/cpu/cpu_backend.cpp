@@ -66,7 +66,18 @@ class CpuExecutable final : public Executable {
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * static_cast<std::int64_t>(sizeof(float));
     // f32 inputs are read where the caller keeps them; bool and i32 inputs are widened into the arena.
     memory_ = ir::plan_memory(graph_, bytes, [](const Node& n) { return n.op == Op::input && n.dtype == DType::f32; }, 64);
-    arena_.assign(static_cast<std::size_t>(memory_.total_bytes / 4 + 16), 0.0f);
+    try {
+      arena_.assign(static_cast<std::size_t>(memory_.total_bytes / 4 + 16), 0.0f);
+    } catch (const std::bad_alloc&) {
+      std::size_t largest = 0;
+      for (std::size_t i = 1; i < bytes.size(); ++i)
+        if (bytes[i] > bytes[largest]) largest = i;
+      throw ResourceError("cpu: out of memory: the plan for these shapes needs " + std::to_string(memory_.total_bytes) +
+                          " bytes; the largest value is %" + std::to_string(largest) + " " +
+                          std::string(ir::op_name(graph_.nodes()[largest].op)) + " " +
+                          graph_.type_string(graph_.nodes()[largest].dtype, shapes_[largest]) + " (" + std::to_string(bytes[largest]) +
+                          " bytes)");
+    }
     signature_.record(tensors_);
   }
 
@@ -93,7 +104,7 @@ class CpuExecutable final : public Executable {
           for (std::int64_t j = 0; j < t.numel(); ++j) out.data[j] = static_cast<float>(t.at(j));
         }
         return;
-      case Op::constant: return cpu::fill(out, static_cast<float>(n.attrs.value));
+      case Op::constant: return cpu::fill(out, static_cast<float>(ir::bound_value(graph_, n, shapes_)));
       case Op::neg:
       case Op::exp:
       case Op::log:
@@ -130,7 +141,8 @@ class CpuExecutable final : public Executable {
       case Op::masked_attention: {
         cpu::ConstView mask{};
         if (n.op == Op::masked_attention) mask = in(3);
-        return cpu::attention({in(0), in(1), in(2), n.op == Op::masked_attention ? &mask : nullptr, static_cast<float>(n.attrs.value),
+        return cpu::attention({in(0), in(1), in(2), n.op == Op::masked_attention ? &mask : nullptr,
+                               static_cast<float>(ir::bound_value(graph_, n, shapes_)),
                                n.attrs.causal, n.attrs.align, n.attrs.window, out});
       }
     }

@@ -44,7 +44,13 @@ class ReferenceExecutable final : public Executable {
     planned_bytes_ = 0;
     for (const auto& s : shapes) planned_bytes_ += s.numel() * static_cast<std::int64_t>(sizeof(T));
     for (std::size_t i = 0; i < graph_.size(); ++i) {
-      values[i].resize(static_cast<std::size_t>(shapes[i].numel()));
+      try {
+        values[i].resize(static_cast<std::size_t>(shapes[i].numel()));
+      } catch (const std::bad_alloc&) {
+        throw ResourceError("reference: out of memory: %" + std::to_string(i) + " " + std::string(ir::op_name(graph_.nodes()[i].op)) + " " +
+                            graph_.type_string(graph_.nodes()[i].dtype, shapes[i]) + " needs " +
+                            std::to_string(shapes[i].numel() * static_cast<std::int64_t>(sizeof(T))) + " bytes");
+      }
       eval(graph_.nodes()[i], shapes, values, i, inputs);
     }
     for (const auto& [name, v] : graph_.updates()) {
@@ -87,7 +93,7 @@ class ReferenceExecutable final : public Executable {
         for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(t.at(static_cast<std::int64_t>(j)));
         return;
       }
-      case Op::constant: std::fill(out.begin(), out.end(), static_cast<T>(n.attrs.value)); return;
+      case Op::constant: std::fill(out.begin(), out.end(), static_cast<T>(ir::bound_value(graph_, n, shapes))); return;
       case Op::neg:
       case Op::exp:
       case Op::log:

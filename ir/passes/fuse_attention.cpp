@@ -10,15 +10,17 @@ namespace {
 struct Match {
   ValueId q = -1, k = -1, v = -1, mask = -1;
   double scale = 1.0;
+  Dim scale_rsqrt_of = 0;  // the scale's dim, when it is 1/sqrt of a named one
   bool causal = false;
   CausalAlign align = CausalAlign::top_left;
   std::int64_t window = 0;
 };
 
-bool is_scalar_constant(const Graph& g, ValueId v, double* value = nullptr) {
+bool is_scalar_constant(const Graph& g, ValueId v, double* value = nullptr, Dim* rsqrt_of = nullptr) {
   const Node& n = g.node(v);
-  if (n.op != Op::constant || n.shape.rank != 0) return false;
+  if (n.op != Op::constant || n.shape.rank != 0 || (!rsqrt_of && n.attrs.rsqrt_of != 0)) return false;
   if (value) *value = n.attrs.value;
+  if (rsqrt_of) *rsqrt_of = n.attrs.rsqrt_of;
   return true;
 }
 
@@ -52,8 +54,8 @@ bool match(const Graph& g, const std::vector<int>& uses, ValueId out, Match& m) 
   }
   if (g.node(s).op == Op::mul && single(s)) {
     const Node& mul = g.node(s);
-    if (is_scalar_constant(g, mul.inputs[1], &m.scale)) s = mul.inputs[0];
-    else if (is_scalar_constant(g, mul.inputs[0], &m.scale)) s = mul.inputs[1];
+    if (is_scalar_constant(g, mul.inputs[1], &m.scale, &m.scale_rsqrt_of)) s = mul.inputs[0];
+    else if (is_scalar_constant(g, mul.inputs[0], &m.scale, &m.scale_rsqrt_of)) s = mul.inputs[1];
     else return false;
   }
   const Node& mm = g.node(s);
@@ -82,6 +84,7 @@ Graph fuse_attention(const Graph& g) {
     if (n.op == Op::matmul && match(g, uses, static_cast<ValueId>(i), m)) {
       Attrs a;
       a.value = m.scale;
+      a.rsqrt_of = m.scale_rsqrt_of;
       a.causal = m.causal;
       a.align = m.align;
       a.window = m.window;

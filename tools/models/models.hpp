@@ -58,11 +58,11 @@ Options resolve_options(const ModelSpec& model, const std::map<std::string, std:
 
 /// Scaled dot-product attention over q [B, N, D], k [B, M, D], v [B, M, Dv]; outputs "out"
 /// [B, N, Dv] and "weights" [B, N, M]. Options: causal, mask (a bool input [B, N, M], true keeps),
-/// scale (default 1/sqrt(D)).
+/// scale (default 1/sqrt(D), resolved when the graph is bound: one graph serves every D).
 struct SdpaOptions {
   bool causal = false;
   bool mask = false;
-  double scale = 0.125;
+  std::optional<double> scale;  // none: 1/sqrt(D), resolved when D is bound
   bool weights = true;  // also output the weights (which keeps the score matrix)
 };
 ir::Graph sdpa(const SdpaOptions& options);

@@ -8,14 +8,19 @@ namespace qkv::models {
 
 namespace {
 template <class... Opts>
-ir::Graph build(double s, bool weights, Opts... opts) {
+ir::Graph build_with(bool weights, Opts... opts) {
   auto q = input<"q">(dim<"B">, dim<"N">, dim<"D">);
   auto k = input<"k">(dim<"B">, dim<"M">, dim<"D">);
   auto v = input<"v">(dim<"B">, dim<"M">, dim<"Dv">);
-  auto w = attention_weights(q, k, scale(s), opts...);
+  auto w = attention_weights(q, k, opts...);
   // Without the weights as an output nothing else reads the scores, and backends fuse.
   if (!weights) return lower(named<"out">(matmul(w, v)));
   return lower(named<"out">(matmul(w, v)), named<"weights">(w));
+}
+
+template <class... Opts>
+ir::Graph build(std::optional<double> s, bool weights, Opts... opts) {
+  return s ? build_with(weights, scale(*s), opts...) : build_with(weights, opts...);
 }
 }  // namespace
 
@@ -27,9 +32,9 @@ ir::Graph sdpa(const SdpaOptions& o) {
   return build(o.scale, o.weights);
 }
 
-ir::Graph build_sdpa(const Options& o, const Dims& dims) {
-  const std::string& s = o.text("scale");
-  const double scale = s == "auto" ? 1.0 / std::sqrt(static_cast<double>(dims.at("D"))) : o.number("scale");
+ir::Graph build_sdpa(const Options& o, const Dims&) {
+  std::optional<double> scale;
+  if (o.text("scale") != "auto") scale = o.number("scale");
   return sdpa({o.flag("causal"), o.flag("mask"), scale, o.flag("weights")});
 }
 
