@@ -63,6 +63,17 @@ void attention(const AttentionArgs& a) {
   const std::int64_t shift = a.align == ir::CausalAlign::bottom_right ? m - n : 0;
   const std::int64_t blocks = (n + kQueryBlock - 1) / kQueryBlock;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // Skipping key blocks that causality or the window masks is exact only while those keys'
+  // values are finite: the meaning (softmax weights @ v) multiplies a masked key's value by a
+  // weight of 0, and 0 * NaN or 0 * inf is NaN. A batch whose v holds one processes every block.
+  std::vector<std::uint8_t> nonfinite_v(static_cast<std::size_t>(a.causal ? batches : 0), 0);
+  if (a.causal)
+    ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
+      const float* v = a.v.data + offset_at(b, batch, vs);
+      bool bad = false;
+      for (std::int64_t i = 0; i < m * dv; ++i) bad |= !std::isfinite(v[i]);
+      nonfinite_v[static_cast<std::size_t>(b)] = bad;
+    });
 
   ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
     thread_local std::vector<float> s_buf, m_buf, l_buf;
@@ -77,10 +88,11 @@ void attention(const AttentionArgs& a) {
     m_buf.assign(static_cast<std::size_t>(rows), kNegInf);
     l_buf.assign(static_cast<std::size_t>(rows), 0.0f);
     std::fill_n(o, rows * dv, 0.0f);
-    // Keys past the causal limit of this block's last row are never needed.
-    const std::int64_t key_end = a.causal ? std::clamp<std::int64_t>(i0 + rows + shift, 0, m) : m;
-    // With a sliding window, keys before the first row's window are never needed either.
-    const std::int64_t key_begin = a.causal && a.window > 0 ? std::clamp<std::int64_t>(i0 + shift - a.window + 1, 0, m) : 0;
+    // Keys past the causal limit of this block's last row are never needed, nor (with a sliding
+    // window) keys before the first row's window: unless v holds a NaN or inf (above).
+    const bool skip = a.causal && !nonfinite_v[static_cast<std::size_t>(b)];
+    const std::int64_t key_end = skip ? std::clamp<std::int64_t>(i0 + rows + shift, 0, m) : m;
+    const std::int64_t key_begin = skip && a.window > 0 ? std::clamp<std::int64_t>(i0 + shift - a.window + 1, 0, m) : 0;
     for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
       float* s = s_buf.data();

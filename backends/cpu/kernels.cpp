@@ -132,6 +132,10 @@ void softmax(ConstView x, int axis, View out) {
         float* dst = out.data + o * s.n;
         const float m = max_of(src, s.n, -std::numeric_limits<float>::infinity());
         std::copy_n(src, s.n, dst);
+        if (m != m) {  // a NaN in the row: every weight is NaN, as exp(x - max) / sum defines
+          std::fill_n(dst, s.n, m);
+          continue;
+        }
         // A row of -inf (every key masked) gives zeros, as the decomposition defines.
         if (m == -std::numeric_limits<float>::infinity()) {
           std::fill_n(dst, s.n, 0.0f);
@@ -149,7 +153,7 @@ void softmax(ConstView x, int axis, View out) {
       const float* src = x.data + o * s.n * s.inner + i;
       float* dst = out.data + o * s.n * s.inner + i;
       float m = -std::numeric_limits<float>::infinity();
-      for (std::int64_t k = 0; k < s.n; ++k) m = std::max(m, src[k * s.inner]);
+      for (std::int64_t k = 0; k < s.n; ++k) m = apply_binary(ir::Op::max, m, src[k * s.inner]);  // NaN propagates
       if (m == -std::numeric_limits<float>::infinity()) m = 0.0f;  // a row of -inf gives zeros
       float total = 0.0f;
       for (std::int64_t k = 0; k < s.n; ++k) total += dst[k * s.inner] = std::exp(src[k * s.inner] - m);
@@ -165,7 +169,7 @@ void log_softmax(ConstView x, int axis, View out) {
       const float* src = x.data + o * s.n * s.inner + i;
       float* dst = out.data + o * s.n * s.inner + i;
       float m = -std::numeric_limits<float>::infinity();
-      for (std::int64_t k = 0; k < s.n; ++k) m = std::max(m, src[k * s.inner]);
+      for (std::int64_t k = 0; k < s.n; ++k) m = apply_binary(ir::Op::max, m, src[k * s.inner]);  // NaN propagates
       float total = 0.0f;
       for (std::int64_t k = 0; k < s.n; ++k) total += std::exp(src[k * s.inner] - m);
       const float shift = m + std::log(total);

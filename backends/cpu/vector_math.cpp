@@ -3,6 +3,7 @@
 #include "backends/cpu/vector_math.hpp"
 
 #include <cstring>
+#include <limits>
 
 // The helpers below return 32-byte vectors (and take them by reference); they have internal
 // linkage and are always inlined into the cloned functions, so GCC's ABI warning for the SSE
@@ -25,7 +26,8 @@ using v8i = std::int32_t __attribute__((vector_size(32)));
 [[gnu::always_inline]] inline v8f splat(float x) { return v8f{} + x; }
 
 /// exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2], exp(r) by the
-/// Cephes polynomial (about 2 ulp). Below -87.3 (and -inf) gives exactly 0.
+/// Cephes polynomial (about 2 ulp). Below -87.3 (and -inf) gives exactly 0; NaN stays NaN (the
+/// clamps below may compile to min/max instructions that drop a NaN, so it is restored last).
 [[gnu::always_inline]] inline v8f exp8(const v8f& in) {
   v8f x = in;
   const v8i underflow = x < -87.3f;
@@ -43,7 +45,8 @@ using v8i = std::int32_t __attribute__((vector_size(32)));
   p = p * r * r + r + 1.0f;
   v8i bits = (__builtin_convertvector(k, v8i) + 127) << 23;
   v8f e = p * __builtin_bit_cast(v8f, bits);
-  return underflow ? splat(0.0f) : e;
+  const v8i nan = in != in;
+  return nan ? in : underflow ? splat(0.0f) : e;
 }
 
 [[gnu::always_inline]] inline float hsum(const v8f& v) {
@@ -75,15 +78,24 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) float exp_shifted_su
 
 __attribute__((target_clones("arch=x86-64-v3", "default"))) float max_of(const float* x, std::int64_t n, float init) {
   v8f acc = splat(init);
+  v8i nan = {};
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     v8f v = load(x + i);
+    nan |= v != v;
     acc = v > acc ? v : acc;
   }
   float m = init;
-  for (int j = 0; j < 8; ++j) m = acc[j] > m ? acc[j] : m;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
+  bool any_nan = init != init;
+  for (int j = 0; j < 8; ++j) {
+    any_nan |= nan[j] != 0;
+    m = acc[j] > m ? acc[j] : m;
+  }
+  for (; i < n; ++i) {
+    any_nan |= x[i] != x[i];
+    m = x[i] > m ? x[i] : m;
+  }
+  return any_nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void scale_inplace(float* y, std::int64_t n, float s) {

@@ -6,10 +6,11 @@
 namespace qkv::backend::cpu {
 
 /// x[i] = exp(x[i] - shift) for i < n; returns the sum of the results. A polynomial exp (Cephes
-/// coefficients, about 2 ulp) that the compiler vectorises; inputs below -87.3 (and -inf) give exactly 0.
+/// coefficients, about 2 ulp) that the compiler vectorises; inputs below -87.3 (and -inf) give exactly 0,
+/// NaN gives NaN.
 float exp_shifted_sum(float* x, std::int64_t n, float shift);
 
-/// The maximum of init and x[0..n) (NaNs are ignored).
+/// The maximum of init and x[0..n); NaN if any of them is NaN (NaN propagates as in max).
 float max_of(const float* x, std::int64_t n, float init);
 
 /// y[i] *= s for i < n.
