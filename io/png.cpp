@@ -30,14 +30,15 @@ void Image::paste(const Image& other, std::int64_t x, std::int64_t y) {
     }
 }
 
-void write_png(const std::string& path, const Image& image) {
-  // Encoded in memory, then written like every other format (io/file.hpp).
+void write_png(const std::string& path, const Image& image) { write_file_atomic(path, encode_png(image)); }
+
+std::string encode_png(const Image& image) {
   std::string bytes;
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
   png_infop info = png ? png_create_info_struct(png) : nullptr;
   if (!png || !info || setjmp(png_jmpbuf(png))) {
     png_destroy_write_struct(&png, &info);
-    throw IoError(path + ": PNG encoding failed");
+    throw IoError("PNG encoding failed");
   }
   png_set_write_fn(
       png, &bytes,
@@ -50,7 +51,7 @@ void write_png(const std::string& path, const Image& image) {
     png_write_row(png, const_cast<png_bytep>(image.rgb.data() + y * image.width * 3));
   png_write_end(png, nullptr);
   png_destroy_write_struct(&png, &info);
-  write_file_atomic(path, bytes);
+  return bytes;
 }
 
 std::pair<std::int64_t, std::int64_t> png_size(const std::string& path) {
@@ -114,11 +115,15 @@ constexpr Glyph kFont[] = {
     {':', {0x00, 0x0C, 0x0C, 0x00, 0x0C, 0x0C, 0x00}}, {'/', {0x00, 0x01, 0x02, 0x04, 0x08, 0x10, 0x00}},
     {'_', {0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x1F}}, {'=', {0x00, 0x00, 0x1F, 0x00, 0x1F, 0x00, 0x00}},
     {'(', {0x02, 0x04, 0x08, 0x08, 0x08, 0x04, 0x02}}, {')', {0x08, 0x04, 0x02, 0x02, 0x02, 0x04, 0x08}},
+    {'+', {0x00, 0x04, 0x04, 0x1F, 0x04, 0x04, 0x00}}, {',', {0x00, 0x00, 0x00, 0x00, 0x0C, 0x04, 0x08}},
+    {'>', {0x08, 0x04, 0x02, 0x01, 0x02, 0x04, 0x08}}, {'<', {0x02, 0x04, 0x08, 0x10, 0x08, 0x04, 0x02}},
+    {'[', {0x0E, 0x08, 0x08, 0x08, 0x08, 0x08, 0x0E}}, {']', {0x0E, 0x02, 0x02, 0x02, 0x02, 0x02, 0x0E}},
+    {'%', {0x18, 0x19, 0x02, 0x04, 0x08, 0x13, 0x03}},
 };
 
 }  // namespace
 
-void draw_text(Image& image, std::int64_t x, std::int64_t y, const std::string& text, int scale) {
+void draw_text(Image& image, std::int64_t x, std::int64_t y, const std::string& text, int scale, bool vertical) {
   for (char ch : text) {
     const char c = (ch >= 'a' && ch <= 'z') ? static_cast<char>(ch - 'a' + 'A') : ch;
     for (const auto& g : kFont) {
@@ -129,11 +134,22 @@ void draw_text(Image& image, std::int64_t x, std::int64_t y, const std::string& 
             for (int dy = 0; dy < scale; ++dy)
               for (int dx = 0; dx < scale; ++dx) image.set(x + (col * scale) + dx, y + r * scale + dy, 0, 0, 0);
     }
-    x += 6 * scale;
+    (vertical ? y : x) += (vertical ? 9 : 6) * scale;
   }
 }
 
-Image heatmap(const std::vector<double>& values, std::int64_t rows, std::int64_t cols, std::int64_t cell, double lo, double hi) {
+std::int64_t text_width(const std::string& text, int scale) { return static_cast<std::int64_t>(text.size()) * 6 * scale; }
+
+std::string tick_label(double v) {
+  char buf[32];
+  if (v == 0) return "0";
+  if (std::abs(v) >= 1e-2 && std::abs(v) < 1e4) std::snprintf(buf, sizeof buf, "%.3g", v);
+  else std::snprintf(buf, sizeof buf, "%.1e", v);
+  return buf;
+}
+
+Image heatmap(const std::vector<double>& values, std::int64_t rows, std::int64_t cols, std::int64_t cell, double lo, double hi,
+              const std::vector<std::uint8_t>* masked) {
   if (lo == hi && !values.empty()) {
     auto [mn, mx] = std::minmax_element(values.begin(), values.end());
     lo = *mn;
@@ -143,25 +159,67 @@ Image heatmap(const std::vector<double>& values, std::int64_t rows, std::int64_t
   Image img(cols * cell, rows * cell);
   for (std::int64_t i = 0; i < rows; ++i)
     for (std::int64_t j = 0; j < cols; ++j) {
-      auto c = viridis((values[static_cast<std::size_t>(i * cols + j)] - lo) / span);
+      const auto k = static_cast<std::size_t>(i * cols + j);
+      const bool hidden = masked && (*masked)[k];
+      auto c = viridis((values[k] - lo) / span);
       for (std::int64_t y = 0; y < cell; ++y)
-        for (std::int64_t x = 0; x < cell; ++x) img.set(j * cell + x, i * cell + y, c[0], c[1], c[2]);
+        for (std::int64_t x = 0; x < cell; ++x) {
+          if (hidden) {
+            const std::uint8_t g = (x + y) % 6 == 0 ? 170 : 225;  // grey with a hatch: "no weight here"
+            img.set(j * cell + x, i * cell + y, g, g, g);
+          } else {
+            img.set(j * cell + x, i * cell + y, c[0], c[1], c[2]);
+          }
+        }
     }
   return img;
 }
 
-Image line_plot(const std::vector<double>& ys, std::int64_t width, std::int64_t height) {
+Image colour_bar(double lo, double hi, std::int64_t height, const std::string& label) {
+  const std::int64_t bar = 16, top = 14;
+  const std::string labels[3] = {tick_label(hi), tick_label((lo + hi) / 2), tick_label(lo)};
+  std::int64_t text = text_width(label);
+  for (const auto& l : labels) text = std::max(text, bar + 6 + text_width(l));
+  Image img(text + 2, height + top + 4);
+  draw_text(img, 0, 0, label);
+  for (std::int64_t y = 0; y < height; ++y) {
+    auto c = viridis(1.0 - static_cast<double>(y) / static_cast<double>(std::max<std::int64_t>(height - 1, 1)));
+    for (std::int64_t x = 0; x < bar; ++x) img.set(x, top + y, c[0], c[1], c[2]);
+  }
+  for (int t = 0; t < 3; ++t) {
+    const std::int64_t y = top + (height - 1) * t / 2;
+    for (std::int64_t x = bar; x < bar + 4; ++x) img.set(x, y, 0, 0, 0);
+    draw_text(img, bar + 6, std::clamp<std::int64_t>(y - 3, top, top + height - 7), labels[t]);
+  }
+  return img;
+}
+
+Image line_plot(const std::vector<double>& ys, std::int64_t width, std::int64_t height, const std::string& x_name, const std::string& y_name) {
   Image img(width, height);
-  const std::int64_t left = 40, right = 10, top = 10, bottom = 20;
+  auto [mn, mx] = ys.empty() ? std::pair{ys.end(), ys.end()} : std::minmax_element(ys.begin(), ys.end());
+  const double lo = ys.empty() ? 0.0 : std::min(0.0, *mn), hi = ys.empty() ? 1.0 : (*mx > lo ? *mx : lo + 1);
+  const std::string y_ticks[3] = {tick_label(hi), tick_label((lo + hi) / 2), tick_label(lo)};
+  std::int64_t tick_w = 0;
+  for (const auto& t : y_ticks) tick_w = std::max(tick_w, text_width(t));
+  const std::int64_t left = 14 + tick_w + 8, right = 12, top = 8, bottom = 30;
+  if (!y_name.empty()) draw_text(img, 2, top + (height - top - bottom) / 2 - 9 * static_cast<std::int64_t>(y_name.size()) / 2, y_name, 1, true);
   for (std::int64_t x = left; x < width - right; ++x) img.set(x, height - bottom, 0, 0, 0);
   for (std::int64_t y = top; y <= height - bottom; ++y) img.set(left, y, 0, 0, 0);
+  for (int t = 0; t < 3; ++t) {
+    const std::int64_t y = top + (height - bottom - top) * t / 2;
+    for (std::int64_t x = left - 4; x < left; ++x) img.set(x, y, 0, 0, 0);
+    draw_text(img, left - 6 - text_width(y_ticks[t]), std::max<std::int64_t>(y - 3, 0), y_ticks[t]);
+  }
+  const std::size_t last = ys.empty() ? 0 : ys.size() - 1;
+  for (int t = 0; t < 3; ++t) {
+    const std::size_t step = last * static_cast<std::size_t>(t) / 2;
+    const std::int64_t x = left + static_cast<std::int64_t>(step) * (width - left - right - 1) / static_cast<std::int64_t>(std::max<std::size_t>(last, 1));
+    for (std::int64_t y = height - bottom; y < height - bottom + 4; ++y) img.set(x, y, 0, 0, 0);
+    const std::string label = std::to_string(step);
+    draw_text(img, std::clamp<std::int64_t>(x - text_width(label) / 2, 0, width - text_width(label)), height - bottom + 6, label);
+  }
+  if (!x_name.empty()) draw_text(img, left + (width - left - right) / 2 - text_width(x_name) / 2, height - 10, x_name);
   if (ys.empty()) return img;
-  auto [mn, mx] = std::minmax_element(ys.begin(), ys.end());
-  const double lo = std::min(0.0, *mn), hi = *mx > lo ? *mx : lo + 1;
-  draw_text(img, 2, top, std::to_string(hi).substr(0, 5));
-  draw_text(img, 2, height - bottom - 7, std::to_string(lo).substr(0, 5));
-  draw_text(img, left, height - bottom + 6, "0");
-  draw_text(img, width - right - 30, height - bottom + 6, std::to_string(ys.size() - 1));
   auto px = [&](std::size_t i) {
     return left + static_cast<std::int64_t>(std::lround(static_cast<double>(i) * static_cast<double>(width - left - right - 1) /
                                                         static_cast<double>(std::max<std::size_t>(ys.size() - 1, 1))));

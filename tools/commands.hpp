@@ -13,7 +13,7 @@ int cmd_ops();
 int cmd_models();
 int cmd_run(const Request& r, const std::string& backend, const std::vector<std::string>& outs);
 int cmd_check(const Request& r, const std::string& backends, const std::string& dump_dir, double budget_factor);
-int cmd_dump(const Request& r, bool ir, bool dot, bool glsl, const std::string& backend);
+int cmd_dump(const Request& r, bool ir, bool dot, bool glsl);
 int cmd_explain(const Request& r, const std::string& backend);
 int cmd_bench(const Request& r, const std::string& backends, int repeat);
 int cmd_viz(const Request& r, const std::string& backend, const std::string& dir, const std::string& labels);
@@ -22,7 +22,7 @@ struct TrainFlags {
   int steps = 100;
   int batch = 32;
   double lr = 0.3;
-  std::uint64_t seed = 7;
+  std::uint64_t seed = 1;
   std::string png;
 };
 int cmd_train(const TrainFlags& f);

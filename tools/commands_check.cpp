@@ -31,7 +31,7 @@ std::vector<std::string> split_list(const std::string& list, const char* what) {
 
 std::vector<std::string> backend_list(const std::string& list) {
   if (list == "all") return backend::backend_names();
-  auto names = split_list(list, "--backends");
+  auto names = split_list(list, "--backend");
   for (const auto& n : names) {
     const auto known = backend::backend_names();
     if (std::find(known.begin(), known.end(), n) == known.end()) throw UsageError("no backend '" + n + "' (backends: reference, cpu, vulkan)");
@@ -84,11 +84,11 @@ void localise(const ir::Graph& g, const backend::TensorMap& inputs, const std::s
       std::printf("  (--dump-dir DIR writes its inputs and a command that reproduces it)\n");
       return;
     }
-    std::filesystem::create_directories(dump_dir);
+    io::make_dirs(dump_dir);
     ir::Graph one;
     char factor_text[32];
     std::snprintf(factor_text, sizeof factor_text, "%g", factor);
-    std::string cmd = "qkv check " + dump_dir + "/node.qkv --backends reference," + backend_name + " --budget-factor " + factor_text;
+    std::string cmd = "qkv check " + dump_dir + "/node.qkv --backend reference," + backend_name + " --budget-factor " + factor_text;
     std::vector<ir::ValueId> ins;
     for (std::size_t k2 = 0; k2 < n.inputs.size(); ++k2) {
       const ir::ValueId operand = n.inputs[k2];
@@ -99,7 +99,7 @@ void localise(const ir::Graph& g, const backend::TensorMap& inputs, const std::s
         value = inputs.at(g.node(operand).name);
       } else if (g.node(operand).op == ir::Op::constant) {
         value = Tensor(DType::f32, ir::to_vector(shapes[static_cast<std::size_t>(operand)]));
-        for (std::int64_t e = 0; e < value.numel(); ++e) value.data<float>()[e] = static_cast<float>(g.node(operand).attrs.value);
+        for (std::int64_t e = 0; e < value.numel(); ++e) value.data<float>()[e] = static_cast<float>(ir::bound_value(g, g.node(operand), shapes));
       } else {
         value = oracle.at(ok);
       }
@@ -124,6 +124,7 @@ void localise(const ir::Graph& g, const backend::TensorMap& inputs, const std::s
 
 int cmd_check(const Request& r, const std::string& backends, const std::string& dump_dir, double factor) {
   if (!(factor >= 0)) throw UsageError("--budget-factor must be >= 0");
+  if (!dump_dir.empty()) io::check_writable_dir(dump_dir);
   std::vector<std::string> targets = r.target == "all" ? models::model_names() : std::vector<std::string>{r.target};
   const auto names = backend_list(backends);
   bool pass = true;

@@ -5,6 +5,7 @@
 
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "codegen/glsl.hpp"
+#include "io/file.hpp"
 #include "io/npy.hpp"
 #include "ir/gradients.hpp"
 #include "ir/op_cases.hpp"
@@ -37,17 +38,6 @@ void print_small(const std::string& name, const Tensor& t) {
     }
     if (b + 1 < batches) std::printf("\n");
   }
-}
-
-/// `t` without the `n` leading dims of size 1 that prepare() added to the inputs.
-Tensor unpromote(const Tensor& t, int n) {
-  std::vector<std::int64_t> s = t.shape();
-  int dropped = 0;
-  while (dropped < n && !s.empty() && s.front() == 1) {
-    s.erase(s.begin());
-    ++dropped;
-  }
-  return t.reshaped(s);
 }
 
 }  // namespace
@@ -115,38 +105,43 @@ int cmd_run(const Request& r, const std::string& backend_name, const std::vector
       if (o == name) return true;
     return false;
   };
-  for (const auto& [name, file] : out_files)
+  for (const auto& [name, file] : out_files) {
     if (!has_output(name)) {
       std::string list;
       for (const auto& [o, v] : p.graph.outputs()) list += (list.empty() ? "" : ", ") + o;
       throw UsageError(p.title + " has no output '" + name + "' (outputs: " + list + ")");
     }
+    io::check_writable(file);  // before any work: a bad destination fails the run at once
+  }
   auto be = backend::create(backend_name);
   auto exe = be->compile(p.graph);
   auto t0 = std::chrono::steady_clock::now();
   backend::TensorMap result = exe->run(p.inputs);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // Every output file is written, or none.
+  io::OutputBatch files;
+  for (const auto& [name, file] : out_files) files.add(file, io::format_npy(as_given(p, result.at(name))));
+  files.commit();
   std::printf("%s on %s (%s): %.3f ms\n", p.title.c_str(), be->name().c_str(), be->device().c_str(), ms);
   for (ir::ValueId v : p.graph.inputs()) {
     const auto& name = p.graph.node(v).name;
     std::printf("  in  %-24s %-16s from %s\n", name.c_str(), shape_string(p.inputs.at(name).shape()).c_str(), p.sources[name].c_str());
   }
   for (const auto& [name, v] : p.graph.outputs()) {
-    Tensor t = unpromote(result.at(name), p.promoted);
+    Tensor t = as_given(p, result.at(name));
     auto f = out_files.find(name);
-    if (f != out_files.end()) io::write_npy(f->second, t);
     std::printf("  out %-24s %-16s %s\n", name.c_str(), shape_string(t.shape()).c_str(),
                 f != out_files.end() ? ("-> " + f->second).c_str() : "(not written; --out NAME=FILE.npy)");
   }
-  for (const auto& [name, v] : p.graph.outputs()) print_small(name, unpromote(result.at(name), p.promoted));
+  for (const auto& [name, v] : p.graph.outputs()) print_small(name, as_given(p, result.at(name)));
   return 0;
 }
 
-int cmd_dump(const Request& r, bool ir, bool dot, bool glsl, const std::string& backend_name) {
+int cmd_dump(const Request& r, bool ir, bool dot, bool glsl) {
   Prepared p = prepare(r);
   if (dot) std::fputs(ir::to_dot(p.graph).c_str(), stdout);
   if (glsl) {
-    auto be = backend::create(backend_name.empty() ? "vulkan" : backend_name);
+    auto be = backend::create("vulkan");  // the only backend that runs shaders
     std::fputs(codegen::emit_glsl(be->compile(p.graph)->graph()).c_str(), stdout);
   }
   if (ir || (!dot && !glsl)) std::fputs(ir::print(p.graph).c_str(), stdout);

@@ -1,8 +1,11 @@
 // qkv viz (attention heatmaps as PNG) and qkv train (the copy task with a loss curve).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 
+#include "io/file.hpp"
 #include "io/png.hpp"
 #include "tools/commands.hpp"
 #include "tools/models/models.hpp"
@@ -13,7 +16,7 @@ namespace qkv::tool {
 
 namespace {
 
-constexpr std::int64_t kCell = 24, kMargin = 70;
+constexpr std::int64_t kCell = 24;
 
 std::vector<std::string> split_labels(const std::string& labels) {
   std::vector<std::string> out;
@@ -29,25 +32,55 @@ std::vector<double> matrix(const Tensor& t, std::int64_t index, std::int64_t row
   return m;
 }
 
-/// A weights heatmap in [0, 1] with a title and, when given, token labels down the left (queries)
-/// and across the top (keys, first letters).
-io::Image weights_image(const std::vector<double>& m, std::int64_t rows, std::int64_t cols, const std::string& title,
-                        const std::vector<std::string>& labels) {
-  io::Image img(cols * kCell + kMargin + 10, rows * kCell + kMargin + 10);
-  img.paste(io::heatmap(m, rows, cols, kCell, 0.0, 1.0), kMargin, kMargin);
-  io::draw_text(img, 4, 4, title);
-  for (std::int64_t i = 0; i < rows && static_cast<std::size_t>(i) < labels.size(); ++i)
-    io::draw_text(img, 4, kMargin + i * kCell + kCell / 2 - 3, labels[static_cast<std::size_t>(i)].substr(0, 10));
-  for (std::int64_t j = 0; j < cols && static_cast<std::size_t>(j) < labels.size(); ++j)
-    io::draw_text(img, kMargin + j * kCell + 2, kMargin - 12, labels[static_cast<std::size_t>(j)].substr(0, 3));
+/// A figure: `title` on top, `x_name` and labels across the top, `y_name` and labels down the
+/// left, the heatmap, and a colour bar for [lo, hi] named `bar` at the right.
+io::Image figure(const io::Image& map, const std::string& title, const std::string& x_name, const std::string& y_name,
+                 const std::vector<std::string>& x_labels, const std::vector<std::string>& y_labels, std::int64_t cell, double lo, double hi,
+                 const std::string& bar, const std::string& note) {
+  std::int64_t label_w = 0;
+  for (const auto& l : y_labels) label_w = std::max(label_w, io::text_width(l.substr(0, 10)));
+  const bool x_labelled = !x_labels.empty();
+  const std::int64_t left = 14 + label_w + (label_w ? 6 : 0), top = 14 + 12 + (x_labelled ? 12 : 0);
+  const io::Image key = io::colour_bar(lo, hi, map.height, bar);
+  const std::int64_t width = std::max(left + map.width + 12 + key.width + 4, io::text_width(title) + 8);
+  const std::int64_t height = top + map.height + (note.empty() ? 6 : 20);
+  io::Image img(width, height);
+  io::draw_text(img, 4, 2, title);
+  io::draw_text(img, left + map.width / 2 - io::text_width(x_name) / 2, 14, x_name);
+  io::draw_text(img, 2, top + map.height / 2 - 9 * static_cast<std::int64_t>(y_name.size()) / 2, y_name, 1, true);
+  for (std::size_t j = 0; j < x_labels.size() && static_cast<std::int64_t>(j) * cell < map.width; ++j)
+    io::draw_text(img, left + static_cast<std::int64_t>(j) * cell + 2, top - 11, x_labels[j].substr(0, static_cast<std::size_t>(std::max<std::int64_t>((cell - 4) / 6, 1))));
+  for (std::size_t i = 0; i < y_labels.size() && static_cast<std::int64_t>(i) * cell < map.height; ++i)
+    io::draw_text(img, 12, top + static_cast<std::int64_t>(i) * cell + cell / 2 - 3, y_labels[i].substr(0, 10));
+  img.paste(map, left, top);
+  img.paste(key, left + map.width + 12, top - 14);
+  if (!note.empty()) io::draw_text(img, 4, top + map.height + 8, note);
   return img;
+}
+
+/// An attention-weights figure: queries down, keys across, the colour scale fitted to the largest
+/// weight (random attention at about 1/N is not one flat block), masked keys (weight exactly 0)
+/// hatched grey.
+io::Image weights_figure(const std::vector<double>& m, std::int64_t rows, std::int64_t cols, const std::string& title,
+                         const std::vector<std::string>& labels) {
+  std::vector<std::uint8_t> masked(m.size());
+  double hi = 0;
+  bool any_masked = false;
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    masked[i] = m[i] == 0.0;
+    any_masked |= m[i] == 0.0;
+    if (std::isfinite(m[i])) hi = std::max(hi, m[i]);
+  }
+  if (hi <= 0) hi = 1;
+  const std::int64_t cell = std::clamp<std::int64_t>(480 / std::max(rows, cols), 2, kCell);
+  return figure(io::heatmap(m, rows, cols, cell, 0.0, hi, &masked), title, "key", "query", labels, labels, cell, 0.0, hi, "weight",
+                any_masked ? "grey: masked (weight 0)" : "");
 }
 
 }  // namespace
 
 int cmd_viz(const Request& r, const std::string& backend_name, const std::string& dir, const std::string& labels_text) {
-  if (dir.empty()) throw UsageError("--png DIR is required");
-  std::filesystem::create_directories(dir);
+  io::check_writable_dir(dir);  // before any work
   const auto labels = split_labels(labels_text);
   auto be = backend::create(backend_name);
   auto weights_of = [&](const Request& req) {
@@ -56,12 +89,7 @@ int cmd_viz(const Request& r, const std::string& backend_name, const std::string
     return std::make_pair(p, out);
   };
   auto [p, out] = weights_of(r);
-  std::vector<std::string> written;
-  auto save = [&](const io::Image& img, const std::string& name) {
-    const std::string path = dir + "/" + name;
-    io::write_png(path, img);
-    written.push_back(path);
-  };
+  std::vector<std::pair<std::string, io::Image>> images;  // file name, image: written together at the end
   for (const auto& [name, t] : out) {
     if (name.rfind("weights", 0) != 0 || t.rank() < 2) continue;
     const std::int64_t rows = t.shape().end()[-2], cols = t.shape().back();
@@ -71,34 +99,40 @@ int cmd_viz(const Request& r, const std::string& backend_name, const std::string
       for (std::int64_t h = 0; h < heads; ++h) {
         auto m = matrix(t, h, rows, cols);
         for (std::size_t i = 0; i < m.size(); ++i) mean[i] += m[i] / static_cast<double>(heads);
-        save(weights_image(m, rows, cols, "head " + std::to_string(h), labels), name + "_head" + std::to_string(h) + ".png");
+        images.emplace_back(name + "_" + std::to_string(h) + ".png", weights_figure(m, rows, cols, name + ": head " + std::to_string(h), labels));
       }
-      save(weights_image(mean, rows, cols, "mean over heads", labels), name + "_mean.png");
+      images.emplace_back(name + "_mean.png", weights_figure(mean, rows, cols, name + ": mean over heads", labels));
     } else {
-      save(weights_image(matrix(t, 0, rows, cols), rows, cols, name, labels), name + ".png");
+      images.emplace_back(name + ".png", weights_figure(matrix(t, 0, rows, cols), rows, cols, name, labels));
     }
   }
-  // Causal next to full, for models with a causal option.
-  const auto& spec_opts = [&]() -> std::vector<models::OptionSpec> {
+  if (images.empty()) {
+    std::string outs;
+    for (const auto& [name, v] : p.graph.outputs()) outs += (outs.empty() ? "" : ", ") + name;
+    std::printf("%s has no attention weights to draw (outputs: %s)%s; drawing the positional encoding only\n", p.title.c_str(), outs.c_str(),
+                r.set.contains("weights") ? "" : "; models with a weights option draw them with --set weights=true");
+  }
+  // Causal next to full, for models with a causal option that output weights.
+  const auto spec_opts = [&]() -> std::vector<models::OptionSpec> {
     try {
       return models::find_model(r.target).options;
     } catch (const std::invalid_argument&) {
       return {};
     }
   }();
-  if (std::any_of(spec_opts.begin(), spec_opts.end(), [](const auto& o) { return o.name == "causal"; })) {
+  if (!images.empty() && std::any_of(spec_opts.begin(), spec_opts.end(), [](const auto& o) { return o.name == "causal"; })) {
     Request full = r, causal = r;
     full.set["causal"] = "false";
     causal.set["causal"] = "true";
     auto a = weights_of(full).second.at("weights");
     auto b = weights_of(causal).second.at("weights");
     const std::int64_t rows = a.shape().end()[-2], cols = a.shape().back();
-    auto left = weights_image(matrix(a, 0, rows, cols), rows, cols, "full", labels);
-    auto right = weights_image(matrix(b, 0, rows, cols), rows, cols, "causal", labels);
-    io::Image both(left.width + right.width, left.height);
+    auto left = weights_figure(matrix(a, 0, rows, cols), rows, cols, "full", labels);
+    auto right = weights_figure(matrix(b, 0, rows, cols), rows, cols, "causal", labels);
+    io::Image both(left.width + right.width + 10, std::max(left.height, right.height));
     both.paste(left, 0, 0);
-    both.paste(right, left.width, 0);
-    save(both, "causal_vs_full.png");
+    both.paste(right, left.width + 10, 0);
+    images.emplace_back("causal_vs_full.png", both);
   }
   // The sinusoidal position encoding for the model's sequence length.
   std::int64_t n = 0;
@@ -107,10 +141,19 @@ int cmd_viz(const Request& r, const std::string& backend_name, const std::string
   n = std::max<std::int64_t>(n, 32);  // enough rows to see the waves
   ir::Graph pe_graph = models::sinusoidal_positions_graph();
   auto pe = be->compile(pe_graph)->run({{"x", Tensor(DType::f32, {n, 64})}}).at("pe");
-  io::Image pe_img(64 * 8 + kMargin, n * 8 + kMargin);
-  pe_img.paste(io::heatmap(matrix(pe, 0, n, 64), n, 64, 8, -1.0, 1.0), kMargin, kMargin);
-  io::draw_text(pe_img, 4, 4, "sinusoidal positions: " + std::to_string(n) + " x 64");
-  save(pe_img, "positions.png");
+  const std::int64_t cell = std::clamp<std::int64_t>(512 / n, 2, 8);
+  images.emplace_back("positions.png", figure(io::heatmap(matrix(pe, 0, n, 64), n, 64, cell, -1.0, 1.0),
+                                              "sinusoidal positions: " + std::to_string(n) + " x 64", "dimension 0-63", "position 0-" + std::to_string(n - 1),
+                                              {}, {}, cell, -1.0, 1.0, "value", ""));
+  io::make_dirs(dir);
+  io::OutputBatch files;
+  std::vector<std::string> written;
+  for (const auto& [name, img] : images) {
+    const std::string path = (std::filesystem::path(dir) / name).string();
+    files.add(path, io::encode_png(img));
+    written.push_back(path);
+  }
+  files.commit();
   std::printf("%s on %s: wrote\n", p.title.c_str(), be->name().c_str());
   for (const auto& w : written) std::printf("  %s\n", w.c_str());
   return 0;
@@ -118,6 +161,7 @@ int cmd_viz(const Request& r, const std::string& backend_name, const std::string
 
 int cmd_train(const TrainFlags& f) {
   if (f.steps < 1 || f.batch < 1 || !(f.lr > 0)) throw UsageError("--steps and --batch must be positive, --lr above 0");
+  if (!f.png.empty()) io::check_writable(f.png);  // before training, not after
   auto be = backend::create(f.backend);
   ir::Graph model = models::copy_task_model();
   auto params = models::copy_task_params();
@@ -134,8 +178,10 @@ int cmd_train(const TrainFlags& f) {
   }
   std::printf("loss %.4f -> %.4f\n", losses.front(), losses.back());
   if (!f.png.empty()) {
-    io::Image img = io::line_plot(losses, 640, 360);
-    io::draw_text(img, 60, 12, "copy task loss per step");
+    io::Image plot = io::line_plot(losses, 640, 340, "SGD step", "loss");
+    io::Image img(plot.width, plot.height + 16);
+    io::draw_text(img, 8, 4, "copy task: cross-entropy loss per step (chance " + io::tick_label(models::copy_task_chance_loss()) + ")");
+    img.paste(plot, 0, 16);
     io::write_png(f.png, img);
     std::printf("loss curve -> %s\n", f.png.c_str());
   }

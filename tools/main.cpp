@@ -5,6 +5,9 @@
 
 #include <cstdio>
 #include <deque>
+#include <exception>
+#include <filesystem>
+#include <new>
 
 #include "backends/backend.hpp"
 #include "tools/commands.hpp"
@@ -14,14 +17,26 @@ namespace {
 
 using qkv::tool::Request;
 
+/// --seed: a non-negative integer (CLI11 would wrap -1 to 2^64 - 1).
+void add_seed_option(CLI::App* app, std::uint64_t& seed, const char* help) {
+  const CLI::Validator whole_number(
+      [](std::string& text) {
+        const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        return digits ? std::string() : "a seed is a whole number >= 0, got '" + text + "'";
+      },
+      "UINT");
+  app->add_option("--seed", seed, help)->capture_default_str()->check(whole_number);
+}
+
 /// NAME=VALUE options as given, turned into Request maps after parsing.
 struct RawPairs {
   std::vector<std::string> set, in, dims;
 };
 std::deque<std::pair<Request*, RawPairs>> g_requests;  // a deque: the options keep references into it
 
-/// The options every model command shares.
-void add_model_options(CLI::App* app, Request& r) {
+/// The options every model command shares. `grad_help` says what --grad does for this command;
+/// empty where it does not apply.
+void add_model_options(CLI::App* app, Request& r, const char* grad_help) {
   RawPairs* raw = &g_requests.emplace_back(&r, RawPairs{}).second;
   app->add_option("model", r.target, "a built-in model (qkv models) or a graph's IR text FILE.qkv (qkv dump --ir writes one)")
       ->required();
@@ -29,8 +44,49 @@ void add_model_options(CLI::App* app, Request& r) {
   app->add_option("--in", raw->in, "an input: NAME=FILE.npy (random from --seed when not given)");
   app->add_option("--weights", r.weights, "parameters: a .safetensors file or a folder of NAME.npy, under PyTorch's names");
   app->add_option("--dim", raw->dims, "the size of a named dim no input gives: NAME=SIZE");
-  app->add_option("--seed", r.seed, "seed of the random inputs and parameters")->capture_default_str();
-  app->add_flag("--grad", r.grad, "the backward graph: inputs d<output> (random unless given), outputs d_<input>");
+  add_seed_option(app, r.seed, "seed of the random inputs and parameters");
+  if (grad_help[0]) app->add_flag("--grad", r.grad, grad_help);
+}
+
+/// The exit status and one-line message of every error qkv reports: 2 for what the user can fix
+/// (usage, input files, shapes, an unsupported request), 1 for failures (a backend, memory, our
+/// own bug). No exception leaves main unnamed.
+int report(std::exception_ptr error) {
+  auto say = [](const std::string& message) { std::fprintf(stderr, "qkv: %s\n", message.c_str()); };
+  try {
+    std::rethrow_exception(error);
+  } catch (const qkv::tool::UsageError& e) {
+    say(e.what());
+    return 2;
+  } catch (const qkv::ShapeError& e) {
+    say(e.what());
+    return 2;
+  } catch (const qkv::IoError& e) {
+    say(e.what());
+    return 2;
+  } catch (const qkv::IrError& e) {
+    say(e.what());
+    return 2;
+  } catch (const qkv::UnsupportedError& e) {
+    say(e.what());
+    return 2;
+  } catch (const qkv::Error& e) {  // BackendError, ResourceError
+    say(e.what());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    const std::string reason = e.code().message();
+    say((e.path1().empty() ? std::string("file system") : e.path1().string()) + ": " + reason);
+    return 2;
+  } catch (const std::bad_alloc&) {
+    say("out of memory");
+    return 1;
+  } catch (const std::exception& e) {
+    say(std::string("internal error: ") + e.what() + " (please report it)");
+    return 1;
+  } catch (...) {
+    say("internal error: an unknown exception (please report it)");
+    return 1;
+  }
 }
 
 }  // namespace
@@ -51,49 +107,46 @@ int main(int argc, char** argv) {
   Request run_r;
   std::vector<std::string> outs;
   auto* run = app.add_subcommand("run", "run a model on .npy inputs and write .npy outputs");
-  add_model_options(run, run_r);
+  add_model_options(run, run_r, "run the backward graph: inputs d<output> (random unless given), outputs d_<input>");
   run->add_option("--backend", backend, backend_help);
   run->add_option("--out", outs, "an output to write: NAME=FILE.npy");
 
   Request check_r;
   std::string backends = "reference,cpu,vulkan", dump_dir;
   auto* check = app.add_subcommand("check", "run a model (or all) on each backend and compare with the float64 reference");
-  add_model_options(check, check_r);
-  check->add_option("--backends", backends, "comma-separated backends, or all")->capture_default_str();
+  add_model_options(check, check_r, "check the backward graph (gradients) instead of the forward");
+  check->add_option("--backend", backends, "a backend, a comma-separated list, or all")->capture_default_str();
   double budget_factor = 8.0;
   check->add_option("--budget-factor", budget_factor, "budget = this x a plain float32 run's error, plus a few ulps")->capture_default_str();
   check->add_option("--dump-dir", dump_dir, "on failure, write the first failing node's inputs and a command reproducing it here");
 
   Request dump_r;
   bool ir = false, dot = false, glsl = false;
-  std::string dump_backend;
   auto* dump = app.add_subcommand("dump", "print a model's IR, Graphviz drawing, generated shaders or backward graph");
-  add_model_options(dump, dump_r);
+  add_model_options(dump, dump_r, "the backward graph instead of the forward");
   dump->add_flag("--ir", ir, "the IR text (default); qkv run FILE.qkv runs it");
   dump->add_flag("--dot", dot, "a Graphviz DOT drawing");
-  dump->add_flag("--glsl", glsl, "the GLSL compute shaders the backend generates");
-  dump->add_flag("--backward", dump_r.grad, "the backward graph (as --grad)");
-  dump->add_option("--backend", dump_backend, "backend whose lowering --glsl shows (default vulkan)");
+  dump->add_flag("--glsl", glsl, "the GLSL compute shaders the vulkan backend generates for the graph");
 
   Request explain_r;
   auto* explain = app.add_subcommand("explain", "per node: the kernel chosen, FLOPs, bytes; totals; whether the score matrix is materialised");
-  add_model_options(explain, explain_r);
+  add_model_options(explain, explain_r, "explain the backward graph instead of the forward");
   explain->add_option("--backend", backend, backend_help);
 
   Request bench_r;
   std::string bench_backends = backend;
   int repeat = 20;
   auto* bench = app.add_subcommand("bench", "median time and GFLOP/s over repeated runs");
-  add_model_options(bench, bench_r);
+  add_model_options(bench, bench_r, "time the backward graph (gradients) instead of the forward");
   bench->add_option("--backend", bench_backends, "a backend, a comma-separated list, or all");
   bench->add_option("--repeat", repeat, "timed runs")->capture_default_str();
 
   Request viz_r;
   std::string png_dir, labels;
   auto* viz = app.add_subcommand("viz", "attention-weight heatmaps (per head, mean, causal vs full) and the positional encoding, as PNG");
-  add_model_options(viz, viz_r);
+  add_model_options(viz, viz_r, "");
   viz->add_option("--backend", backend, backend_help);
-  viz->add_option("--png", png_dir, "folder to write the PNG files to")->required();
+  viz->add_option("--png-dir", png_dir, "folder to write the PNG files to (made if missing)")->required();
   viz->add_option("--labels", labels, "token labels, comma-separated (queries down, keys across)");
 
   qkv::tool::TrainFlags train_f;
@@ -103,7 +156,7 @@ int main(int argc, char** argv) {
   train->add_option("--steps", train_f.steps, "SGD steps")->capture_default_str();
   train->add_option("--batch", train_f.batch, "sequences per step")->capture_default_str();
   train->add_option("--lr", train_f.lr, "learning rate")->capture_default_str();
-  train->add_option("--seed", train_f.seed, "seed of the parameters and batches")->capture_default_str();
+  add_seed_option(train, train_f.seed, "seed of the parameters and batches");
   train->add_option("--png", train_f.png, "write the loss curve to this PNG file");
 
   if (argc > 1 && argv[1][0] != '-') {  // an unknown command, named in the error
@@ -135,26 +188,13 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("models")) return cmd_models();
     if (run->parsed()) return cmd_run(run_r, backend, outs);
     if (check->parsed()) return cmd_check(check_r, backends, dump_dir, budget_factor);
-    if (dump->parsed()) return cmd_dump(dump_r, ir, dot, glsl, dump_backend);
+    if (dump->parsed()) return cmd_dump(dump_r, ir, dot, glsl);
     if (explain->parsed()) return cmd_explain(explain_r, backend);
     if (bench->parsed()) return cmd_bench(bench_r, bench_backends, repeat);
     if (viz->parsed()) return cmd_viz(viz_r, backend, png_dir, labels);
     if (train->parsed()) return cmd_train(train_f);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "qkv: %s\n", e.what());
-    return 2;
-  } catch (const qkv::ShapeError& e) {
-    std::fprintf(stderr, "qkv: %s\n", e.what());
-    return 2;
-  } catch (const qkv::IoError& e) {
-    std::fprintf(stderr, "qkv: %s\n", e.what());
-    return 2;
-  } catch (const qkv::UnsupportedError& e) {
-    std::fprintf(stderr, "qkv: %s\n", e.what());
-    return 2;
-  } catch (const qkv::Error& e) {
-    std::fprintf(stderr, "qkv: %s\n", e.what());
-    return 1;
+  } catch (...) {
+    return report(std::current_exception());
   }
   return 0;
 }

@@ -2,12 +2,17 @@
 #include "tools/prepare.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <optional>
 #include <filesystem>
+#include <set>
 
 #include "backends/equivalence.hpp"
 #include "io/file.hpp"
 #include "io/npy.hpp"
 #include "io/safetensors.hpp"
+#include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "tools/models/models.hpp"
@@ -20,7 +25,8 @@ std::map<std::string, std::string> pairs(const std::vector<std::string>& items, 
   for (const auto& item : items) {
     auto eq = item.find('=');
     if (eq == std::string::npos || eq == 0) throw UsageError(std::string(what) + " expects NAME=VALUE, got '" + item + "'");
-    r[item.substr(0, eq)] = item.substr(eq + 1);
+    if (!r.emplace(item.substr(0, eq), item.substr(eq + 1)).second)
+      throw UsageError(std::string(what) + " " + item.substr(0, eq) + " is given twice");
   }
   return r;
 }
@@ -29,6 +35,14 @@ std::string shape_string(const std::vector<std::int64_t>& s) {
   std::string r = "(";
   for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
   return r + (s.size() == 1 ? ",)" : ")");
+}
+
+std::int64_t parse_size(const std::string& flag, const std::string& name, const std::string& value) {
+  std::int64_t v = -1;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (value.empty() || ec != std::errc() || end != value.data() + value.size() || v < 0)
+    throw UsageError(flag + " " + name + "=" + value + ": expected a size (a whole number >= 0)");
+  return v;
 }
 
 namespace {
@@ -48,16 +62,17 @@ std::string input_list(const ir::Graph& g) {
 }
 
 /// The tensor from `file` for graph input `n`: converted to its dtype where that loses nothing,
-/// with leading dims of size 1 added up to its rank. Returns how many were added.
-int fit(const ir::Graph& g, const ir::Node& n, Tensor& t, const std::string& file) {
+/// with leading dims of size 1 added up to its rank (a file of at least two dims: a matrix for a
+/// batch of them). `stored` is the file's own dtype, for messages. Returns how many were added.
+int fit(const ir::Graph& g, const ir::Node& n, Tensor& t, const std::string& file, const std::string& stored) {
   if (t.dtype() != n.dtype) {
     if (is_float(t.dtype()) && is_float(n.dtype)) t = t.to(n.dtype);
     else
       throw UsageError(file + ": input '" + n.name + "' must be " + std::string(dtype_name(n.dtype)) + ", got " +
-                       std::string(dtype_name(t.dtype())));
+                       (stored.empty() ? std::string(dtype_name(t.dtype())) : stored));
   }
   int added = 0;
-  if (t.rank() < n.shape.rank) {
+  if (t.rank() < n.shape.rank && t.rank() >= std::min(2, n.shape.rank)) {
     std::vector<std::int64_t> s(static_cast<std::size_t>(n.shape.rank - t.rank()), 1);
     added = static_cast<int>(s.size());
     s.insert(s.end(), t.shape().begin(), t.shape().end());
@@ -74,16 +89,21 @@ void bind_dims(const ir::Graph& g, const ir::Node& n, const Tensor& t, std::map<
     if (ir::is_symbol(n.shape[i]) && !g.derived_dims().contains(n.shape[i])) dims[g.dim_name(n.shape[i])] = t.shape()[static_cast<std::size_t>(i)];
 }
 
-backend::TensorMap load_weights(const std::string& path) {
-  backend::TensorMap w;
+struct WeightFile {
+  Tensor tensor;
+  std::string file;  // the .npy file, or the safetensors file
+};
+
+std::map<std::string, WeightFile> load_weights(const std::string& path) {
+  std::map<std::string, WeightFile> w;
   if (std::filesystem::is_directory(path)) {
     for (const auto& e : std::filesystem::directory_iterator(path))
-      if (e.path().extension() == ".npy") w.emplace(e.path().stem().string(), io::read_npy(e.path().string()));
+      if (e.path().extension() == ".npy") w.emplace(e.path().stem().string(), WeightFile{io::read_npy(e.path().string()), e.path().string()});
     if (w.empty()) throw UsageError(path + ": no .npy files in the folder");
     return w;
   }
   if (!std::filesystem::exists(path)) throw UsageError(path + ": no such file or folder");
-  for (auto& [name, t] : io::read_safetensors(path)) w.emplace(name, std::move(t));
+  for (auto& [name, t] : io::read_safetensors(path)) w.emplace(name, WeightFile{std::move(t), path});
   return w;
 }
 
@@ -120,18 +140,70 @@ void fill_missing(const ir::Graph& graph, backend::TensorMap& given, std::map<st
   }
 }
 
+namespace {
+
+/// NumPy broadcasting of two leading shapes; nullopt when they do not broadcast.
+std::optional<std::vector<std::int64_t>> broadcast_shapes(std::vector<std::int64_t> a, std::vector<std::int64_t> b) {
+  if (a.size() < b.size()) std::swap(a, b);
+  b.insert(b.begin(), a.size() - b.size(), 1);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i] || b[i] == 1) continue;
+    if (a[i] != 1) return std::nullopt;
+    a[i] = b[i];
+  }
+  return a;
+}
+
+/// `t` [lead..., rest...] broadcast to [batch..., rest...] and folded to [prod(batch), rest...].
+Tensor fold_batch(const Tensor& t, std::size_t lead, const std::vector<std::int64_t>& batch) {
+  std::vector<std::int64_t> rest(t.shape().begin() + static_cast<std::ptrdiff_t>(lead), t.shape().end());
+  std::int64_t inner = 1, outer = 1;
+  for (auto d : rest) inner *= d;
+  for (auto d : batch) outer *= d;
+  std::vector<std::int64_t> shape{outer};
+  shape.insert(shape.end(), rest.begin(), rest.end());
+  Tensor out(t.dtype(), shape);
+  std::vector<std::int64_t> lead_shape(t.shape().begin(), t.shape().begin() + static_cast<std::ptrdiff_t>(lead));
+  lead_shape.insert(lead_shape.begin(), batch.size() - lead_shape.size(), 1);
+  const std::size_t esize = dtype_size(t.dtype());
+  for (std::int64_t o = 0; o < outer; ++o) {
+    std::int64_t rem = o, src = 0, stride = 1;
+    for (std::size_t i = batch.size(); i-- > 0;) {
+      const std::int64_t idx = rem % batch[i];
+      rem /= batch[i];
+      if (lead_shape[i] != 1) src += idx * stride;
+      stride *= lead_shape[i];
+    }
+    std::memcpy(out.raw() + static_cast<std::size_t>(o * inner) * esize, t.raw() + static_cast<std::size_t>(src * inner) * esize,
+                static_cast<std::size_t>(inner) * esize);
+  }
+  return out;
+}
+
+std::string symbol_list(const ir::Graph& g) {
+  std::string s;
+  for (const auto& [id, name] : g.symbols())
+    if (!g.derived_dims().contains(id)) s += (s.empty() ? "" : ", ") + name;
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
 Prepared prepare(const Request& r) {
   Prepared p;
   std::map<std::string, std::int64_t> dims;
-  for (const auto& [name, value] : r.dims) {
-    try {
-      dims[name] = std::stoll(value);
-    } catch (const std::exception&) {
-      throw UsageError("--dim " + name + "=" + value + ": expected a size");
-    }
+  for (const auto& [name, value] : r.dims) dims[name] = parse_size("--dim", name, value);
+  struct InFile {
+    Tensor tensor;
+    std::string stored;  // the file's dtype as NumPy names it
+  };
+  std::map<std::string, InFile> files;  // each --in file, read once
+  for (const auto& [name, file] : r.in) {
+    InFile f;
+    f.tensor = io::read_npy(file, &f.stored);
+    files.emplace(name, std::move(f));
   }
-  std::map<std::string, Tensor> files;  // each --in file, read once
-  for (const auto& [name, file] : r.in) files.emplace(name, io::read_npy(file));
+  const models::ModelSpec* spec = nullptr;
   if (is_graph_file(r.target)) {
     if (!r.set.empty()) throw UsageError("--set is for built-in models; " + r.target + " is a graph already");
     std::string text = io::read_file(r.target);
@@ -140,10 +212,10 @@ Prepared prepare(const Request& r) {
     } catch (const IrError& e) {
       throw UsageError(r.target + ": " + e.what());
     }
+    if (p.graph.outputs().empty()) throw UsageError(r.target + ": the graph returns nothing (end it with 'return NAME=%N')");
     for (ir::ValueId v : p.graph.inputs()) p.data.push_back(p.graph.node(v).name);
     p.title = r.target;
   } else {
-    const models::ModelSpec* spec = nullptr;
     models::Options options;
     try {
       spec = &models::find_model(r.target);
@@ -157,31 +229,68 @@ Prepared prepare(const Request& r) {
     std::string opts;
     for (const auto& [name, value] : options.values()) opts += (opts.empty() ? "" : ", ") + name + "=" + value;
     if (!opts.empty()) p.title += " (" + opts + ")";
-    auto build_model = [spec, options](const std::map<std::string, std::int64_t>& d) {
-      try {
-        return spec->build(options, d);
-      } catch (const std::invalid_argument& e) {
-        throw UsageError(e.what());
-      }
-    };
-    p.graph = build_model(dims);
-    // Dims the input files bind (sdpa's default scale reads D), then the graph again with them.
-    for (const auto& [name, file] : r.in)
-      if (const ir::Node* n = find_input(p.graph, name); n) {
-        Tensor t = files.at(name);
-        fit(p.graph, *n, t, file);
-        bind_dims(p.graph, *n, t, dims);
-      }
-    p.graph = build_model(dims);
+    try {
+      p.graph = spec->build(options, dims);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
   }
-  // Data from files.
+  // --dim names the graph's own named dims.
+  std::set<std::string> symbols;
+  for (const auto& [id, name] : p.graph.symbols())
+    if (!p.graph.derived_dims().contains(id)) symbols.insert(name);
+  for (const auto& [name, value] : r.dims)
+    if (!symbols.contains(name))
+      throw UsageError("--dim " + name + "=" + value + ": " + p.title + " has no dim '" + name + "' (named dims: " + symbol_list(p.graph) + ")");
+  // The backward graph, and the exact names of its gradient seeds (inputs d<output>).
+  std::optional<ir::Graph> backward;
+  std::set<std::string> seeds;
+  if (r.grad) {
+    std::vector<std::string> wrt, outs;
+    for (ir::ValueId v : p.graph.inputs())
+      if (is_float(p.graph.node(v).dtype)) wrt.push_back(p.graph.node(v).name);
+    for (const auto& [name, v] : p.graph.outputs())
+      if (is_float(p.graph.node(v).dtype)) outs.push_back(name);
+    backward = ir::build_backward(p.graph, {"", wrt, outs});
+    for (ir::ValueId v : backward->inputs())
+      if (!find_input(p.graph, backward->node(v).name)) seeds.insert(backward->node(v).name);
+  }
+  // Data from files. Files with more leading dims than the graph's first (batch) dim are
+  // broadcast against each other and folded into it, as torch's sdpa takes (..., N, D).
+  std::vector<std::pair<std::string, std::size_t>> folded;  // input, leading dims folded
+  for (const auto& [name, file] : r.in) {
+    const ir::Node* n = find_input(p.graph, name);
+    if (!n && seeds.contains(name)) continue;  // a seed of the backward, below
+    if (!n) {
+      std::string seed_list;
+      for (const auto& sd : seeds) seed_list += (seed_list.empty() ? "" : ", ") + sd;
+      throw UsageError("--in " + name + "=" + file + ": " + p.title + " has no input '" + name + "' (inputs: " + input_list(p.graph) +
+                       (seeds.empty() ? "" : "; gradient seeds with --grad: " + seed_list) + ")");
+    }
+    const Tensor& t = files.at(name).tensor;
+    const bool batch_first = n->shape.rank >= 1 && ir::is_symbol(n->shape[0]) && p.graph.dim_name(n->shape[0]) == "B";
+    if (spec && batch_first && t.rank() > n->shape.rank) folded.emplace_back(name, static_cast<std::size_t>(t.rank() - n->shape.rank + 1));
+  }
+  std::map<std::string, Tensor> loaded;
+  for (const auto& [name, f] : files) loaded.emplace(name, f.tensor);
+  if (!folded.empty()) {
+    std::vector<std::int64_t> batch;
+    for (const auto& [name, lead] : folded) {
+      const auto& s = loaded.at(name).shape();
+      auto b = broadcast_shapes(batch, {s.begin(), s.begin() + static_cast<std::ptrdiff_t>(lead)});
+      if (!b) throw UsageError(r.in.at(name) + ": leading dims " + shape_string({s.begin(), s.begin() + static_cast<std::ptrdiff_t>(lead)}) +
+                               " of input '" + name + "' do not broadcast with the other inputs' " + shape_string(batch));
+      batch = *b;
+    }
+    for (const auto& [name, lead] : folded) loaded[name] = fold_batch(loaded.at(name), lead, batch);
+    p.batch = batch;
+  }
   int promoted = -1;
   for (const auto& [name, file] : r.in) {
-    if (r.grad && name.size() > 1 && name[0] == 'd') continue;  // seeds of the backward, below
     const ir::Node* n = find_input(p.graph, name);
-    if (!n) throw UsageError(p.title + " has no input '" + name + "' (inputs: " + input_list(p.graph) + ")");
-    Tensor t = files.at(name);
-    const int added = fit(p.graph, *n, t, file);
+    if (!n) continue;
+    Tensor t = loaded.at(name);
+    const int added = fit(p.graph, *n, t, file, files.at(name).stored);
     promoted = promoted < 0 ? added : std::min(promoted, added);
     bind_dims(p.graph, *n, t, dims);
     p.inputs.emplace(name, std::move(t));
@@ -189,17 +298,21 @@ Prepared prepare(const Request& r) {
   }
   p.promoted = std::max(promoted, 0);
   // Parameters from the weights file.
+  std::vector<std::string> parameters;
+  for (ir::ValueId v : p.graph.inputs())
+    if (std::find(p.data.begin(), p.data.end(), p.graph.node(v).name) == p.data.end()) parameters.push_back(p.graph.node(v).name);
   if (!r.weights.empty()) {
-    backend::TensorMap w = load_weights(r.weights);
+    if (parameters.empty()) throw UsageError("--weights " + r.weights + ": " + p.title + " has no weights (its inputs are data: " + input_list(p.graph) + ")");
+    auto w = load_weights(r.weights);
     for (ir::ValueId v : p.graph.inputs()) {
       const ir::Node& n = p.graph.node(v);
-      if (std::find(p.data.begin(), p.data.end(), n.name) != p.data.end() || p.inputs.contains(n.name)) continue;
+      if (std::find(parameters.begin(), parameters.end(), n.name) == parameters.end() || p.inputs.contains(n.name)) continue;
       auto it = w.find(n.name);
       if (it == w.end()) throw UsageError(r.weights + ": no tensor '" + n.name + "' (" + p.graph.type_string(v) + ")");
-      Tensor t = it->second;
-      fit(p.graph, n, t, r.weights);
+      Tensor t = it->second.tensor;
+      fit(p.graph, n, t, it->second.file, "");
       p.inputs.emplace(n.name, std::move(t));
-      p.sources[n.name] = r.weights;
+      p.sources[n.name] = it->second.file;
     }
   }
   // The rest from the seed: parameters at Xavier scale, data ~ N(0, 1).
@@ -211,28 +324,52 @@ Prepared prepare(const Request& r) {
   for (ir::ValueId v : p.graph.inputs())
     if (!p.inputs.contains(p.graph.node(v).name)) p.sources[p.graph.node(v).name] = "seed " + std::to_string(r.seed);
   fill_missing(p.graph, p.inputs, dims, r.seed);
+  check_binding(p.graph, p.inputs, p.sources);
   if (r.grad) {
-    std::vector<std::string> wrt, seeds;
-    for (ir::ValueId v : p.graph.inputs())
-      if (is_float(p.graph.node(v).dtype)) wrt.push_back(p.graph.node(v).name);
-    for (const auto& [name, v] : p.graph.outputs())
-      if (is_float(p.graph.node(v).dtype)) seeds.push_back(name);
-    ir::Graph backward = ir::build_backward(p.graph, {"", wrt, seeds});
-    // Seeds d<output> from --in, or random.
     for (const auto& [name, file] : r.in)
-      if (name.size() > 1 && name[0] == 'd' && !find_input(p.graph, name)) {
-        const ir::Node* n = find_input(backward, name);
-        if (!n) throw UsageError(p.title + " --grad has no input '" + name + "' (seeds are d<output>)");
-        Tensor t = files.at(name);
-        fit(backward, *n, t, file);
+      if (seeds.contains(name)) {
+        const ir::Node* n = find_input(*backward, name);
+        Tensor t = loaded.at(name);
+        fit(*backward, *n, t, file, files.at(name).stored);
         p.inputs.emplace(name, std::move(t));
         p.sources[name] = file;
       }
-    fill_missing(backward, p.inputs, dims, r.seed + 1);
-    p.graph = std::move(backward);
+    fill_missing(*backward, p.inputs, dims, r.seed + 1);
+    for (const auto& sd : seeds)
+      if (!p.sources.contains(sd)) p.sources[sd] = "seed " + std::to_string(r.seed + 1);
+    p.graph = std::move(*backward);
+    check_binding(p.graph, p.inputs, p.sources);
     p.title += " backward";
   }
   return p;
+}
+
+Tensor as_given(const Prepared& p, const Tensor& t) {
+  std::vector<std::int64_t> s = t.shape();
+  int dropped = 0;
+  while (dropped < p.promoted && !s.empty() && s.front() == 1) {
+    s.erase(s.begin());
+    ++dropped;
+  }
+  std::int64_t folded = 1;
+  for (auto d : p.batch) folded *= d;
+  if (!p.batch.empty() && !s.empty() && s.front() == folded) {
+    s.erase(s.begin());
+    s.insert(s.begin(), p.batch.begin(), p.batch.end());
+  }
+  return t.reshaped(s);
+}
+
+void check_binding(const ir::Graph& g, const backend::TensorMap& inputs, const std::map<std::string, std::string>& sources) {
+  try {
+    ir::bind_shapes(g, inputs);
+  } catch (const ShapeError& e) {
+    // Name where each tensor the message mentions came from.
+    std::string msg = e.what(), from;
+    for (const auto& [name, source] : sources)
+      if (msg.find("'" + name + "'") != std::string::npos) from += (from.empty() ? "" : "; ") + name + " from " + source;
+    throw ShapeError(from.empty() ? msg : msg + " (" + from + ")");
+  }
 }
 
 }  // namespace qkv::tool

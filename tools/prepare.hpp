@@ -9,16 +9,18 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "ir/error.hpp"
 #include "ir/graph.hpp"
 
 namespace qkv::tool {
 
 /// Bad usage or input: exit status 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct UsageError : Error {
+  using Error::Error;
 };
 
-/// NAME=VALUE pairs from repeated options; `what` names the option in errors.
+/// NAME=VALUE pairs from repeated options; `what` names the option in errors, and a NAME given
+/// twice is one.
 std::map<std::string, std::string> pairs(const std::vector<std::string>& items, const char* what);
 std::string shape_string(const std::vector<std::int64_t>& s);
 
@@ -39,12 +41,24 @@ struct Prepared {
   std::vector<std::string> data; // inputs that are data (the rest are parameters)
   std::map<std::string, std::string> sources;  // input -> where it came from (file, weights, seed)
   int promoted = 0;              // leading dims of size 1 added to every data file (removed from outputs)
+  std::vector<std::int64_t> batch;  // leading dims of the files folded into the graph's batch dim B (restored in outputs)
 };
 
 /// The forward (or backward) graph of a built-in model or a FILE.qkv, and every input it needs:
 /// from --in files (a file of lower rank gets leading dims of size 1), from --weights, or random
 /// from the seed. Throws UsageError for what the user can fix.
 Prepared prepare(const Request& r);
+
+/// An output of `p.graph` in the shape the inputs were given: without the leading dims of size 1
+/// prepare() added, with the folded batch dims restored.
+Tensor as_given(const Prepared& p, const Tensor& t);
+
+/// The size of --dim NAME=VALUE or another flag's size: a whole number >= 0, else UsageError
+/// naming the flag.
+std::int64_t parse_size(const std::string& flag, const std::string& name, const std::string& value);
+
+/// Binds `inputs` to `g`'s shapes; a ShapeError names where each tensor it mentions came from.
+void check_binding(const ir::Graph& g, const backend::TensorMap& inputs, const std::map<std::string, std::string>& sources);
 
 /// Inputs for `graph` that `given` lacks, random from `seed` (named dims from `dims`, others 8).
 void fill_missing(const ir::Graph& graph, backend::TensorMap& given, std::map<std::string, std::int64_t> dims, std::uint64_t seed);
