@@ -8,6 +8,7 @@ packages=(
   glslc libshaderc-dev spirv-tools
   libboost-dev libcli11-dev nlohmann-json3-dev libpng-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,7 @@
+// libFuzzer entry point for the npy target (tests/fuzz/targets.hpp).
+#include "tests/fuzz/targets.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  qkv::fuzz::npy(data, size);
+  return 0;
+}
