@@ -1,6 +1,9 @@
 // The DSL: static shapes, named dims, lowering with shared subexpressions.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "backends/backend.hpp"
 #include "dsl/dsl.hpp"
 #include "ir/printer.hpp"
 #include "ir/verifier.hpp"
@@ -77,6 +80,29 @@ TEST(Dsl, ExpressionsOutliveTheirParts) {
   auto e = make();
   ir::Graph g = lower(e);
   EXPECT_EQ(g.size(), 4u);
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+TEST(Lower, DefaultScaleOfANamedHeadDimIsResolvedWhenBound) {
+  // One graph for every D: at D = 3 the default scale is 1/sqrt(3), at D = 5 it is 1/sqrt(5).
+  auto q = input<"q">(dim<"N">, dim<"D">);
+  const ir::Graph auto_scale = lower(attention_weights(q, q));
+  for (std::int64_t d : {3, 5}) {
+    const ir::Graph fixed = lower(attention_weights(q, q, scale(1.0 / std::sqrt(static_cast<double>(d)))));
+    std::vector<float> x(static_cast<std::size_t>(4 * d));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::cos(static_cast<float>(i) * 0.7f);
+    const backend::TensorMap in{{"q", Tensor::from<float>({4, d}, x)}};
+    for (const char* name : {"reference", "cpu"}) {
+      auto be = backend::create(name);
+      const Tensor a = be->compile(auto_scale)->run(in).at("out"), b = be->compile(fixed)->run(in).at("out");
+      for (std::int64_t i = 0; i < a.numel(); ++i) EXPECT_NEAR(a.at(i), b.at(i), 1e-6) << name << " D=" << d << " at " << i;
+    }
+  }
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ TEST(NewOps, BadOperandsAndAttributesAreNamed) {
   Attrs p;
   p.value = 1.0;
   EXPECT_EQ(error_of([&] { g.add(Op::dropout_mask, {x, seed}, p); }),
-            "dropout_mask: range or attribute out of bounds (0, 0 at axis 0); operands f32[3,10], i32[]");
+            "dropout_mask: the dropout probability p must lie in [0, 1); operands f32[3,10], i32[]");
   EXPECT_EQ(error_of([&] { g.add(Op::dropout_mask, {x, ids}); }), "dropout_mask: rank too large (1); operands f32[3,10], i32[3]");
   Attrs window;
   window.window = -1;

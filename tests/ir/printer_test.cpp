@@ -76,3 +76,70 @@ TEST(Dot, DrawsNodesEdgesAndOutputs) {
 
 }  // namespace
 }  // namespace qkv::ir
+
+namespace qkv::ir {
+namespace {
+
+void expect_parse_error(const std::string& text, const std::string& needle) {
+  try {
+    parse_graph(text);
+    ADD_FAILURE() << "parsed:\n" << text.substr(0, 300);
+  } catch (const IrError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+std::string one_input(const std::string& type, const std::string& rest = "  return out=%0\n") {
+  return "graph {\n  %0 = input \"a\" : " + type + "\n" + rest + "}\n";
+}
+
+TEST(Parser, IntegersOutOfRangeAreErrorsNotTruncations) {
+  // Each of these read as a smaller number before (%0, axis 1, perm [1,0]).
+  expect_parse_error(one_input("f32[2]", "  return out=%4294967296\n"), "line 3: %4294967296 is not defined before use");
+  expect_parse_error(one_input("f32[2,3]", "  %1 = softmax(%0) {axis=4294967297} : f32[2,3]\n  return out=%1\n"),
+                     "line 3: axis 4294967297 is outside [-8, 8]");
+  expect_parse_error(one_input("f32[2,3]", "  %1 = permute(%0) {perm=[257,256]} : f32[3,2]\n  return out=%1\n"), "perm entry 257 is not an axis");
+  expect_parse_error("graph {\n  %4294967296 = input \"a\" : f32[2]\n  return out=%0\n}\n", "values must be numbered in order");
+}
+
+TEST(Parser, DimsAndElementCountsAreBounded) {
+  expect_parse_error(one_input("f32[9223372036854775807+9223372036854775807]"), "larger than 1099511627776");
+  expect_parse_error(one_input("f32[1099511627776,1099511627776,1099511627776]"), "more elements than 64 bits count");
+  // A long dim sum is refused after 64 parts instead of recursing and naming every partial sum
+  // (a 100 KB one took 2.4 GB and overflowed the stack).
+  std::string sum = "N";
+  for (int i = 0; i < 30000; ++i) sum += "+N";
+  expect_parse_error(one_input("f32[" + sum + "]"), "sums more than 64 parts");
+  // Up to the bound, derived dims parse and print back.
+  const Graph g = parse_graph(one_input("f32[N+M+1]"));
+  EXPECT_EQ(g.type_string(0), "f32[N+M+1]");
+}
+
+TEST(Parser, EveryErrorNamesItsLine) {
+  expect_parse_error(one_input("f32[2]", "  %1 = exp(%0) : f32[3]\n  return out=%1\n"), "line 3: %1 is written f32[3] but exp gives f32[2]");
+  expect_parse_error(one_input("f32[2]", "  return out=%0, out=%0\n"), "line 3: output 'out' is named twice");
+  expect_parse_error(one_input("f32[2]", "  %1 = exp(%0) : f32[2]\n  update a=%1, a=%1\n  return out=%1\n"), "line 4:");
+  expect_parse_error(one_input("f32[2]", "  %1 = reduce_sum(%0) {axis=0, keepdim=false} : f32[]\n  update a=%1\n  return out=%1\n"),
+                     "line 4: update of input 'a'");
+  expect_parse_error("graph {\n  %0 = input \"a\" : f32[2]\n  %1 = input \"a\" : f32[2]\n  return out=%0\n}\n", "line 3: input name 'a' used twice");
+  expect_parse_error("graph {\n  %0 = input \"a\" : f32[2]\n}\n", "no 'return' line");
+}
+
+TEST(Parser, AGraphWithoutOutputsRoundTrips) {
+  Graph g;
+  const ValueId w = g.add_input("w", DType::f32, {2});
+  g.set_update("w", g.add(Op::neg, {w}));
+  const std::string text = print(g);
+  EXPECT_NE(text.find("  return\n"), std::string::npos) << text;
+  EXPECT_EQ(print(parse_graph(text)), text);
+}
+
+TEST(Parser, ScaleOfANamedDimRoundTrips) {
+  const std::string text =
+      "graph {\n  %0 = input \"q\" : f32[N,D]\n  %1 = constant {shape=[], value=1, rsqrt_of=D} : f32[]\n  %2 = mul(%0, %1) : f32[N,D]\n"
+      "  return out=%2\n}\n";
+  EXPECT_EQ(print(parse_graph(text)), text);
+}
+
+}  // namespace
+}  // namespace qkv::ir
