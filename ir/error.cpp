@@ -6,9 +6,8 @@
 
 namespace qkv::detail {
 
-void assert_failed(const char* cond, const std::string& message, std::source_location where) {
-  std::fprintf(stderr, "qkv internal error: %s (%s) at %s:%u\n", message.c_str(), cond,
-               where.file_name(), static_cast<unsigned>(where.line()));
+void assert_failed(const char* cond, const std::string& message, const char* file, int line) {
+  std::fprintf(stderr, "qkv internal error: %s (%s) at %s:%d\n", message.c_str(), cond, file, line);
   std::abort();
 }
 

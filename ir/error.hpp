@@ -1,7 +1,6 @@
 // The qkv error family (user errors) and QKV_ASSERT / QKV_UNREACHABLE (our own bugs).
 #pragma once
 
-#include <source_location>
 #include <stdexcept>
 #include <string>
 
@@ -44,8 +43,9 @@ class IrError : public Error {
 };
 
 namespace detail {
-[[noreturn]] void assert_failed(const char* cond, const std::string& message,
-                                std::source_location where = std::source_location::current());
+// __FILE__ and __LINE__ rather than std::source_location, which clang 14 (the fuzz build's
+// compiler) cannot provide with libstdc++ 12.
+[[noreturn]] void assert_failed(const char* cond, const std::string& message, const char* file, int line);
 }  // namespace detail
 
 }  // namespace qkv
@@ -53,8 +53,8 @@ namespace detail {
 /// Checks an invariant of qkv itself; a failure is a bug in qkv, never a user error.
 #define QKV_ASSERT(cond, message)                                 \
   do {                                                            \
-    if (!(cond)) ::qkv::detail::assert_failed(#cond, (message)); \
+    if (!(cond)) ::qkv::detail::assert_failed(#cond, (message), __FILE__, __LINE__); \
   } while (false)
 
 /// Marks code after an exhaustive switch.
-#define QKV_UNREACHABLE(message) ::qkv::detail::assert_failed("unreachable", (message))
+#define QKV_UNREACHABLE(message) ::qkv::detail::assert_failed("unreachable", (message), __FILE__, __LINE__)
