@@ -21,9 +21,9 @@ std::string elementwise_expr(Op op) {
   switch (op) {
     case Op::neg: return "-a";
     case Op::exp: return "exp(a)";
-    case Op::log: return "log(a)";
+    case Op::log: return "qkv_log(a)";
     case Op::sqrt: return "sqrt(a)";
-    case Op::tanh: return "tanh(a)";
+    case Op::tanh: return "qkv_tanh(a)";
     case Op::erf: return "qkv_erf(a)";
     case Op::sin: return "sin(a)";
     case Op::cos: return "cos(a)";
@@ -77,6 +77,42 @@ std::string header(int inputs, std::uint32_t local_x = kWorkgroupSize, std::uint
   return s;
 }
 
+/// log for GLSL: the built-in may be off by 2^-21 absolute in [0.5, 2] (the spec's bound, and
+/// lavapipe's), several times the float64-anchored budget where log is near 0 (found by the
+/// random-graph test). Here log(m 2^e) = e ln 2 + 2 atanh(s), s = (m - 1) / (m + 1), m in
+/// [sqrt(1/2), sqrt(2)), so |s| < 0.172 and the odd series to s^11 is exact to float; special
+/// values as IEEE log.
+const char* kLog =
+    "float qkv_log(float x) {\n"
+    "  if (isnan(x) || x < 0.0) return uintBitsToFloat(0x7fc00000u);\n"
+    "  if (x == 0.0) return uintBitsToFloat(0xff800000u);\n"
+    "  if (isinf(x)) return x;\n"
+    "  int e;\n"
+    "  float m = frexp(x, e);\n"
+    "  if (m < 0.70710678) { m *= 2.0; e -= 1; }\n"
+    "  float s = (m - 1.0) / (m + 1.0), s2 = s * s;\n"
+    "  float p = s2 * (0.33333333 + s2 * (0.2 + s2 * (0.14285714 + s2 * (0.11111111 + s2 * 0.09090909))));\n"
+    "  return float(e) * 0.69314718 + (2.0 * s + 2.0 * s * p);\n"
+    "}\n";
+
+/// tanh for GLSL: lavapipe's built-in loses the relative precision of small arguments (about
+/// 1e-7 absolute on tanh of a softmax weight, 30x the budget; found by the random-graph test).
+/// Below |x| = 0.25 the odd Taylor series to x^11 (the next term is 2e-10 relative); above,
+/// (1 - e^-2|x|) / (1 + e^-2|x|) with the sign, which never overflows.
+const char* kTanh =
+    "float qkv_tanh(float x) {\n"
+    "  float a = abs(x);\n"
+    "  if (a < 0.25) {\n"
+    "    float x2 = x * x;\n"
+    "    float p = 0.021869488536155203 + x2 * -0.0088632355299021973;\n"
+    "    p = 0.13333333333333333 + x2 * (-0.053968253968253971 + x2 * p);\n"
+    "    return x + x * x2 * (-0.33333333333333333 + x2 * p);\n"
+    "  }\n"
+    "  if (isnan(x)) return x;\n"
+    "  float e = exp(-2.0 * a);\n"
+    "  return sign(x) * ((1.0 - e) / (1.0 + e));\n"
+    "}\n";
+
 /// erf for GLSL, which has none. Below |x| = 1 its Taylor series in x^2 (coefficients
 /// 2/sqrt(pi) (-1)^n / (n! (2n+1)), n <= 12; alternating with largest term 1, so float keeps its
 /// precision even where erf is small); above, Abramowitz and Stegun 7.1.26 (absolute error
@@ -128,6 +164,8 @@ KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
   auto names = operand_names(n.op, arity);
   std::string s = header(arity);
   if (n.op == Op::erf) s += kErf;
+  if (n.op == Op::log) s += kLog;
+  if (n.op == Op::tanh) s += kTanh;
   s += "// p[0] = elements, p[1..rank] = output dims, then each operand's strides\n";
   s += "void main() {\n" + std::string(kLinearIndex);
   s += "  uint rem = i;\n";

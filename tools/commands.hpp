@@ -26,5 +26,17 @@ struct TrainFlags {
   std::string png;
 };
 int cmd_train(const TrainFlags& f);
+struct FuzzFlags {
+  int graphs = 200;
+  int ops = 6;
+  std::uint64_t seed = 1;
+  bool grad = false;
+  double budget_factor = 8.0;
+  int max_failures = 1;
+  std::string dump_dir;
+};
+int cmd_fuzz(const FuzzFlags& f, const std::vector<std::string>& backends);
+/// The backends a --backend list names ("all" for every one); UsageError for an unknown name.
+std::vector<std::string> backend_list(const std::string& list);
 
 }  // namespace qkv::tool

@@ -29,6 +29,8 @@ std::vector<std::string> split_list(const std::string& list, const char* what) {
   return names;
 }
 
+}  // namespace
+
 std::vector<std::string> backend_list(const std::string& list) {
   if (list == "all") return backend::backend_names();
   auto names = split_list(list, "--backend");
@@ -38,6 +40,8 @@ std::vector<std::string> backend_list(const std::string& list) {
   }
   return names;
 }
+
+namespace {
 
 /// The graph with every float or bool value an output "v<i>", so each node can be compared.
 ir::Graph every_value(const ir::Graph& g) {

@@ -159,6 +159,18 @@ int main(int argc, char** argv) {
   add_seed_option(train, train_f.seed, "seed of the parameters and batches");
   train->add_option("--png", train_f.png, "write the loss curve to this PNG file");
 
+  qkv::tool::FuzzFlags fuzz_f;
+  std::string fuzz_backends = "reference,cpu,vulkan";
+  auto* fuzz = app.add_subcommand("fuzz", "random graphs from the op registry on every backend against the float64 reference; a failure is shrunk and written as a repro");
+  fuzz->add_option("--graphs", fuzz_f.graphs, "how many graphs")->capture_default_str();
+  fuzz->add_option("--ops", fuzz_f.ops, "ops drawn per graph")->capture_default_str();
+  add_seed_option(fuzz, fuzz_f.seed, "seed of the first graph (graph i uses seed + i)");
+  fuzz->add_option("--backend", fuzz_backends, "a backend, a comma-separated list, or all")->capture_default_str();
+  fuzz->add_flag("--grad", fuzz_f.grad, "also check each graph's backward graph");
+  fuzz->add_option("--budget-factor", fuzz_f.budget_factor, "budget = this x a plain float32 run's error, plus a few ulps")->capture_default_str();
+  fuzz->add_option("--max-failures", fuzz_f.max_failures, "stop after this many failing graphs")->capture_default_str();
+  fuzz->add_option("--dump-dir", fuzz_f.dump_dir, "write each failure's smallest graph, its inputs and the command that reproduces it here");
+
   if (argc > 1 && argv[1][0] != '-') {  // an unknown command, named in the error
     bool known = false;
     for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) known |= sub->get_name() == argv[1];
@@ -193,6 +205,7 @@ int main(int argc, char** argv) {
     if (bench->parsed()) return cmd_bench(bench_r, bench_backends, repeat);
     if (viz->parsed()) return cmd_viz(viz_r, backend, png_dir, labels);
     if (train->parsed()) return cmd_train(train_f);
+    if (fuzz->parsed()) return cmd_fuzz(fuzz_f, backend_list(fuzz_backends));
   } catch (...) {
     return report(std::current_exception());
   }

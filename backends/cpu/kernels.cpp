@@ -141,7 +141,7 @@ void softmax(ConstView x, int axis, View out) {
           std::fill_n(dst, s.n, 0.0f);
           continue;
         }
-        scale_inplace(dst, s.n, 1.0f / exp_shifted_sum(dst, s.n, m));
+        divide_inplace(dst, s.n, exp_shifted_sum(dst, s.n, m));
       }
     };
     if (tasks == 1) task(0);

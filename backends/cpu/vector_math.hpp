@@ -13,6 +13,9 @@ float exp_shifted_sum(float* x, std::int64_t n, float shift);
 /// The maximum of init and x[0..n); NaN if any of them is NaN (NaN propagates as in max).
 float max_of(const float* x, std::int64_t n, float init);
 
+/// y[i] /= d for i < n (a division, not a multiplication by 1/d, which rounds twice).
+void divide_inplace(float* y, std::int64_t n, float d);
+
 /// y[i] *= s for i < n.
 void scale_inplace(float* y, std::int64_t n, float s);
 

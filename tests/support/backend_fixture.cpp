@@ -1,6 +1,8 @@
 // Backend helpers for tests.
 #include "tests/support/backend_fixture.hpp"
 
+#include "backends/random_graph.hpp"
+
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -46,26 +48,8 @@ std::string case_label(const RegistryCase& c) { return std::string(ir::op_name(c
 
 backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal;
-  std::uniform_real_distribution<double> positive(0.25, 4.0);
-  std::bernoulli_distribution coin(0.5);
   backend::TensorMap m;
-  for (std::size_t i = 0; i < c.inputs.size(); ++i) {
-    const auto& in = c.inputs[i];
-    Tensor t(ir::fill_dtype(in.fill), in.shape);
-    const std::int64_t last = in.shape.empty() ? 1 : in.shape.back();
-    for (std::int64_t j = 0; j < t.numel(); ++j) {
-      switch (in.fill) {
-        case ir::Fill::normal: t.data<float>()[j] = static_cast<float>(normal(rng)); break;
-        case ir::Fill::positive: t.data<float>()[j] = static_cast<float>(positive(rng)); break;
-        case ir::Fill::boolean: t.data<std::uint8_t>()[j] = coin(rng); break;
-        case ir::Fill::keep_first: t.data<std::uint8_t>()[j] = j % last == 0 || coin(rng); break;
-        case ir::Fill::ids: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 8) - 1; break;
-        case ir::Fill::seed: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 1000); break;
-      }
-    }
-    m.emplace("x" + std::to_string(i), std::move(t));
-  }
+  for (std::size_t i = 0; i < c.inputs.size(); ++i) m.emplace("x" + std::to_string(i), backend::filled_tensor(c.inputs[i].fill, c.inputs[i].shape, rng));
   return m;
 }
 
