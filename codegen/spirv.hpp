@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,5 +16,13 @@ std::vector<std::uint32_t> compile_spirv(const std::string& name, const std::str
 
 /// 64-bit FNV-1a hash, as used for cache keys.
 std::uint64_t content_hash(const std::string& text);
+
+/// The disk cache's entries: a header (magic, key, word count, a checksum of the words) before
+/// the SPIR-V. load_cached_spirv returns the words only when every part checks out (a truncated,
+/// corrupted or foreign file gives nullopt, and compile_spirv then recompiles and rewrites it).
+/// store_cached_spirv writes a temporary unique to this process and call, checks the write, and
+/// renames it into place; it returns false (and leaves nothing) when it could not.
+std::optional<std::vector<std::uint32_t>> load_cached_spirv(const std::filesystem::path& file, std::uint64_t key);
+bool store_cached_spirv(const std::filesystem::path& file, std::uint64_t key, const std::vector<std::uint32_t>& words);
 
 }  // namespace qkv::codegen

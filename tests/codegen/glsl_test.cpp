@@ -1,6 +1,11 @@
 // Every kernel the code generator emits for the registry's op cases compiles to SPIR-V.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
 #include "ir/error.hpp"
@@ -44,6 +49,35 @@ TEST(Glsl, EmitGraphNamesEachNode) {
 
 TEST(Spirv, CompileErrorsAreBackendErrors) {
   EXPECT_THROW(compile_spirv("broken", "#version 450\nvoid main() { nope(); }\n"), BackendError);
+}
+
+}  // namespace
+}  // namespace qkv::codegen
+
+namespace qkv::codegen {
+namespace {
+
+TEST(ShaderCache, BadEntriesAreRecompiledNotTrusted) {
+  const auto dir = std::filesystem::temp_directory_path() / ("qkv_cache_" + std::to_string(::getpid()));
+  const auto file = dir / "entry.qkvspv";
+  const std::vector<std::uint32_t> words{0x07230203u, 0x00010300u, 7, 8, 9};
+  ASSERT_TRUE(store_cached_spirv(file, 42, words));
+  EXPECT_EQ(load_cached_spirv(file, 42), words);
+  EXPECT_EQ(load_cached_spirv(file, 43), std::nullopt);  // another key's entry
+  const auto size = std::filesystem::file_size(file);
+  std::filesystem::resize_file(file, size - 3);  // truncated
+  EXPECT_EQ(load_cached_spirv(file, 42), std::nullopt);
+  ASSERT_TRUE(store_cached_spirv(file, 42, words));
+  {  // one flipped bit in the words
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size - 2));
+    f.put('\x55');
+  }
+  EXPECT_EQ(load_cached_spirv(file, 42), std::nullopt);
+  std::ofstream(file, std::ios::binary) << "\x03\x02\x23\x07 not a cache entry";  // a raw .spv of old
+  EXPECT_EQ(load_cached_spirv(file, 42), std::nullopt);
+  for (const auto& e : std::filesystem::directory_iterator(dir)) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -397,3 +397,36 @@ TEST_F(Cli, VizSaysWhenThereAreNoWeightsToDraw) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(Cli, ACorruptShaderCacheIsRecompiled) {
+  // A truncated cache entry broke every Vulkan run until the user deleted it.
+  Result devices = run("devices");
+  if (devices.output.find("vulkan     available") == std::string::npos) {
+    if (const char* req = std::getenv("QKV_REQUIRE_VULKAN"); req && std::string(req) == "1") FAIL() << devices.output;
+    GTEST_SKIP() << "no Vulkan device: " << devices.output;
+  }
+  const std::string env = "env -u QKV_NO_SHADER_CACHE XDG_CACHE_HOME=" + path("cache") + " ";
+  auto run_vulkan = [&] {
+    std::string cmd = env + QKV_BINARY + " run sdpa --backend vulkan --dim N=3 --dim M=3 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    return Result{WEXITSTATUS(pclose(p)), out};
+  };
+  Result first = run_vulkan();
+  ASSERT_EQ(first.status, 0) << first.output;
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(path("cache/qkv"))) {
+    fs::resize_file(e.path(), fs::file_size(e.path()) / 2);
+    ++entries;
+  }
+  ASSERT_GT(entries, 0);
+  Result second = run_vulkan();
+  EXPECT_EQ(second.status, 0) << second.output;
+  for (const auto& e : fs::directory_iterator(path("cache/qkv"))) EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+}  // namespace
