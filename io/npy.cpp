@@ -18,7 +18,7 @@ namespace {
 
 /// A value of the header's Python dict literal: a quoted string, True/False, or a tuple of sizes.
 struct HeaderValue {
-  enum class Kind { string, boolean, tuple } kind = Kind::string;
+  enum class Kind { string, boolean, tuple, number } kind = Kind::string;
   std::string text;                 // the string, or the value as written (for messages)
   bool flag = false;                // boolean
   std::vector<std::int64_t> sizes;  // tuple
@@ -92,6 +92,11 @@ class HeaderParser {
       }
       return v;
     }
+    if (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {  // read only to say it is not a tuple
+      v.kind = HeaderValue::Kind::number;
+      v.text = std::to_string(size());
+      return v;
+    }
     for (const char* word : {"True", "False"})
       if (text_.substr(pos_).starts_with(word)) {
         pos_ += std::strlen(word);
@@ -113,7 +118,7 @@ class HeaderParser {
       ++digits;
     }
     if (pos_ < text_.size() && text_[pos_] == 'L') ++pos_;  // Python 2's long suffix
-    if (digits == 0 || (pos_ < text_.size() && text_[pos_] != ',' && text_[pos_] != ')' && text_[pos_] != ' '))
+    if (digits == 0 || (pos_ < text_.size() && text_[pos_] != ',' && text_[pos_] != ')' && text_[pos_] != '}' && text_[pos_] != ' '))
       fail("a dim of the shape is not a non-negative integer");
     return d;
   }
