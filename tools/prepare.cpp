@@ -210,7 +210,9 @@ Prepared prepare(const Request& r) {
     try {
       p.graph = ir::parse_graph(text);
     } catch (const IrError& e) {
-      throw UsageError(r.target + ": " + e.what());
+      // One line: the verifier's message goes on with the whole graph, which the file already is.
+      const std::string what = e.what();
+      throw UsageError(r.target + ": " + what.substr(0, what.find('\n')));
     }
     if (p.graph.outputs().empty()) throw UsageError(r.target + ": the graph returns nothing (end it with 'return NAME=%N')");
     for (ir::ValueId v : p.graph.inputs()) p.data.push_back(p.graph.node(v).name);
