@@ -97,8 +97,10 @@ const char* kLog =
 
 /// tanh for GLSL: lavapipe's built-in loses the relative precision of small arguments (about
 /// 1e-7 absolute on tanh of a softmax weight, 30x the budget; found by the random-graph test).
-/// Below |x| = 0.25 the odd Taylor series to x^11 (the next term is 2e-10 relative); above,
-/// (1 - e^-2|x|) / (1 + e^-2|x|) with the sign, which never overflows.
+/// Below |x| = 0.25 the odd Taylor series to x^11 (the next term is 2e-10 relative); up to 0.55,
+/// (1 - e) / (1 + e) with e = e^-2|x|; beyond, 1 - 2e / (1 + e), whose small correction carries
+/// exp's error at a fraction of an ulp of the result (1 - tanh^2, tanh's gradient, magnifies any
+/// error near saturation). Never overflows; the sign restored last.
 const char* kTanh =
     "float qkv_tanh(float x) {\n"
     "  float a = abs(x);\n"
@@ -110,7 +112,7 @@ const char* kTanh =
     "  }\n"
     "  if (isnan(x)) return x;\n"
     "  float e = exp(-2.0 * a);\n"
-    "  return sign(x) * ((1.0 - e) / (1.0 + e));\n"
+    "  return sign(x) * (a < 0.55 ? (1.0 - e) / (1.0 + e) : 1.0 - 2.0 * e / (1.0 + e));\n"
     "}\n";
 
 /// erf for GLSL, which has none. Below |x| = 1 its Taylor series in x^2 (coefficients

@@ -55,24 +55,14 @@ int report(std::exception_ptr error) {
   auto say = [](const std::string& message) { std::fprintf(stderr, "qkv: %s\n", message.c_str()); };
   try {
     std::rethrow_exception(error);
-  } catch (const qkv::tool::UsageError& e) {
+  } catch (const qkv::Error& e) {
     say(e.what());
-    return 2;
-  } catch (const qkv::ShapeError& e) {
-    say(e.what());
-    return 2;
-  } catch (const qkv::IoError& e) {
-    say(e.what());
-    return 2;
-  } catch (const qkv::IrError& e) {
-    say(e.what());
-    return 2;
-  } catch (const qkv::UnsupportedError& e) {
-    say(e.what());
-    return 2;
-  } catch (const qkv::Error& e) {  // BackendError, ResourceError
-    say(e.what());
-    return 1;
+    // What the user can fix (usage, shapes, files, IR text, an unsupported request) exits 2;
+    // a backend's failure, memory, or anything else of ours exits 1.
+    const bool user = dynamic_cast<const qkv::tool::UsageError*>(&e) || dynamic_cast<const qkv::ShapeError*>(&e) ||
+                      dynamic_cast<const qkv::IoError*>(&e) || dynamic_cast<const qkv::IrError*>(&e) ||
+                      dynamic_cast<const qkv::UnsupportedError*>(&e);
+    return user ? 2 : 1;
   } catch (const std::filesystem::filesystem_error& e) {
     const std::string reason = e.code().message();
     say((e.path1().empty() ? std::string("file system") : e.path1().string()) + ": " + reason);
