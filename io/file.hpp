@@ -7,7 +7,8 @@
 
 namespace qkv::io {
 
-/// The bytes of `path`; throws IoError "PATH: cannot open".
+/// The bytes of `path`, a regular file; throws IoError "PATH: cannot open (reason)", or naming a
+/// folder, device or pipe as such.
 std::string read_file(const std::string& path);
 /// Writes `bytes` to a temporary file beside `path` (named for this process and call), flushes it
 /// to disk and renames it into place, so a failed write leaves nothing half-written and concurrent

@@ -191,10 +191,11 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
 
 int cmd_bench(const Request& r, const std::string& backends, int repeat) {
   if (repeat < 1) throw UsageError("--repeat must be at least 1");
+  const auto names = backend_list(backends);  // before any output
   Prepared p = prepare(r);
   std::printf("%s: median of %d runs after one warm-up\n", p.title.c_str(), repeat);
   std::printf("%-10s %12s %12s %10s\n", "backend", "median ms", "min ms", "GFLOP/s");
-  for (const auto& name : backend_list(backends)) {
+  for (const auto& name : names) {
     std::unique_ptr<backend::Backend> be;
     try {
       be = backend::create(name);

@@ -25,6 +25,7 @@ std::map<std::string, std::string> pairs(const std::vector<std::string>& items, 
   for (const auto& item : items) {
     auto eq = item.find('=');
     if (eq == std::string::npos || eq == 0) throw UsageError(std::string(what) + " expects NAME=VALUE, got '" + item + "'");
+    if (eq + 1 == item.size()) throw UsageError(std::string(what) + " " + item + ": no value after '='");
     if (!r.emplace(item.substr(0, eq), item.substr(eq + 1)).second)
       throw UsageError(std::string(what) + " " + item.substr(0, eq) + " is given twice");
   }

@@ -385,6 +385,9 @@ TEST_F(Cli, EveryBadInputIsOneLineAndExitTwo) {
   expect("viz sdpa --png-dir " + path("q.npy"), "is a file; name a folder");
   expect("viz sdpa --grad --png-dir " + path("v"), "--grad");
   expect("run sdpa --in q=" + path("unreadable/none.npy"), "cannot open (No such file or directory)");
+  expect("run sdpa --in q=/dev/zero", "/dev/zero: is not a regular file");  // was read forever
+  expect("run sdpa --in q=", "--in q=: no value after '='");
+  expect("bench sdpa --backend nope", "no backend 'nope'");
 }
 
 TEST_F(Cli, VizSaysWhenThereAreNoWeightsToDraw) {
