@@ -21,7 +21,8 @@ struct Result {
 };
 
 Result run(const std::string& args) {
-  std::string cmd = std::string(QKV_BINARY) + " " + args + " 2>&1";
+  // Under AddressSanitizer a failed allocation returns null (and new throws), as without it.
+  std::string cmd = "ASAN_OPTIONS=allocator_may_return_null=1 " + std::string(QKV_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -430,6 +431,21 @@ TEST_F(Cli, ACorruptShaderCacheIsRecompiled) {
   Result second = run_vulkan();
   EXPECT_EQ(second.status, 0) << second.output;
   for (const auto& e : fs::directory_iterator(path("cache/qkv"))) EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(Cli, OutOfMemoryIsAnErrorNamingTheValueAndBytes) {
+  // A 10^6 x 10^6 score matrix: bad_alloc after 16 s and an abort before; now exit 1 at planning.
+  // (Under AddressSanitizer the allocator must return null, as the real one does, rather than abort.)
+  for (const char* backend : {"cpu", "reference"}) {
+    Result r = run(std::string("run sdpa --backend ") + backend + " --dim B=1 --dim D=1 --dim Dv=1 --dim N=1000000 --dim M=1000000");
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find(std::string(backend) + ": out of memory"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("matmul f32[1,1000000,1000000]"), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace
