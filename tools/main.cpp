@@ -24,7 +24,7 @@ void add_seed_option(CLI::App* app, std::uint64_t& seed, const char* help) {
         const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
         return digits ? std::string() : "a seed is a whole number >= 0, got '" + text + "'";
       },
-      "UINT");
+      "");
   app->add_option("--seed", seed, help)->capture_default_str()->check(whole_number);
 }
 
