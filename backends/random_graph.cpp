@@ -74,6 +74,26 @@ std::optional<ir::Graph> name_leading_dim(const ir::Graph& g, std::int64_t size)
   return r;
 }
 
+/// `g` with only the nodes its results read, unused inputs included.
+ir::Graph live_part(const ir::Graph& g) {
+  std::vector<char> live(g.size(), 0);
+  for (ir::ValueId v : g.result_values()) live[static_cast<std::size_t>(v)] = 1;
+  for (std::size_t i = g.size(); i-- > 0;)
+    if (live[i])
+      for (ir::ValueId v : g.nodes()[i].inputs) live[static_cast<std::size_t>(v)] = 1;
+  ir::Graph r;
+  r.copy_symbols(g);
+  std::vector<ir::ValueId> map(g.size(), -1);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (!live[i]) continue;
+    std::vector<ir::ValueId> ins;
+    for (ir::ValueId v : g.nodes()[i].inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
+    map[i] = r.add_like(g.nodes()[i], std::move(ins));
+  }
+  r.copy_results(g, map);
+  return r;
+}
+
 }  // namespace
 
 RandomGraph random_graph(std::uint64_t seed, int ops) {
@@ -216,7 +236,7 @@ ir::Graph shrink_failure(const ir::Graph& g, const TensorMap& inputs, const std:
     if (n.op == ir::Op::input || n.op == ir::Op::constant || n.dtype == DType::i32) continue;
     ir::Graph one = g;
     one.set_output("shrunk", static_cast<ir::ValueId>(i));
-    one = ir::select_outputs(one, {"shrunk"});
+    one = live_part(ir::select_outputs(one, {"shrunk"}));
     TensorMap used;
     for (ir::ValueId v : one.inputs()) used.emplace(one.node(v).name, inputs.at(one.node(v).name));
     try {
