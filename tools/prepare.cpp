@@ -300,10 +300,13 @@ Prepared prepare(const Request& r) {
     p.sources[name] = file;
   }
   p.promoted = std::max(promoted, 0);
-  // Parameters from the weights file.
+  // Parameters from the weights file: every non-data input of a model, or those inputs of a graph
+  // file that no --in gives and the weights name.
   std::vector<std::string> parameters;
-  for (ir::ValueId v : p.graph.inputs())
-    if (std::find(p.data.begin(), p.data.end(), p.graph.node(v).name) == p.data.end()) parameters.push_back(p.graph.node(v).name);
+  for (ir::ValueId v : p.graph.inputs()) {
+    const std::string& name = p.graph.node(v).name;
+    if (spec ? std::find(p.data.begin(), p.data.end(), name) == p.data.end() : !r.in.contains(name)) parameters.push_back(name);
+  }
   if (!r.weights.empty()) {
     if (parameters.empty()) throw UsageError("--weights " + r.weights + ": " + p.title + " has no weights (its inputs are data: " + input_list(p.graph) + ")");
     auto w = load_weights(r.weights);
@@ -311,6 +314,7 @@ Prepared prepare(const Request& r) {
       const ir::Node& n = p.graph.node(v);
       if (std::find(parameters.begin(), parameters.end(), n.name) == parameters.end() || p.inputs.contains(n.name)) continue;
       auto it = w.find(n.name);
+      if (it == w.end() && !spec) continue;  // a graph file's inputs the weights do not name are random
       if (it == w.end()) throw UsageError(r.weights + ": no tensor '" + n.name + "' (" + p.graph.type_string(v) + ")");
       Tensor t = it->second.tensor;
       fit(p.graph, n, t, it->second.file, "");

@@ -450,3 +450,17 @@ TEST_F(Cli, OutOfMemoryIsAnErrorNamingTheValueAndBytes) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(Cli, AGraphFileTakesTheWeightsTheFileNames) {
+  // Before, --weights was silently ignored for a graph file; now the inputs it names come from it.
+  std::ofstream(path("w.qkv")) << "graph {\n  %0 = input \"x\" : f32[2,32]\n  %1 = input \"in_proj_bias\" : f32[96]\n"
+                                  "  %2 = add(%0, %0) : f32[2,32]\n  return out=%2, b=%1\n}\n";
+  Result r = run("run " + path("w.qkv") + " --weights " + QKV_SOURCE_DIR + "/tests/fixtures/torch/mha32.safetensors");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("in_proj_bias             (96,)            from " + std::string(QKV_SOURCE_DIR)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("x                        (2, 32)          from seed 1"), std::string::npos) << r.output;
+}
+
+}  // namespace
