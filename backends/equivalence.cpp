@@ -115,7 +115,14 @@ TensorMap random_inputs(const ir::Graph& g, const std::map<std::string, std::int
       if (it == dims.end()) throw ShapeError("input '" + n.name + "': no size given for dim " + g.dim_name(d));
       shape.push_back(it->second);
     }
-    Tensor t(n.dtype, shape);
+    Tensor t;
+    try {
+      t = Tensor(n.dtype, shape);
+    } catch (const ResourceError& e) {
+      throw ResourceError("input '" + n.name + "': " + e.what());
+    } catch (const ShapeError& e) {
+      throw ShapeError("input '" + n.name + "': " + e.what());
+    }
     for (std::int64_t i = 0; i < t.numel(); ++i) {
       switch (n.dtype) {
         case DType::f32: t.data<float>()[i] = static_cast<float>(normal(rng)); break;

@@ -447,6 +447,9 @@ TEST_F(Cli, OutOfMemoryIsAnErrorNamingTheValueAndBytes) {
     EXPECT_NE(r.output.find(std::string(backend) + ": out of memory"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("matmul f32[1,1000000,1000000]"), std::string::npos) << r.output;
   }
+  Result input = run("run sdpa --dim N=100000000000");  // the random q itself cannot be had
+  EXPECT_EQ(input.status, 1) << input.output;
+  EXPECT_NE(input.output.find("input 'q': out of memory: f32[2,100000000000,16] needs 12800000000000 bytes"), std::string::npos) << input.output;
 }
 
 }  // namespace
