@@ -54,7 +54,11 @@ std::string elementwise_expr(Op op) {
     case Op::log_softmax:
     case Op::reduce_mean:
     case Op::attention:
-    case Op::masked_attention: break;
+    case Op::masked_attention:
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::attention_grad:
+    case Op::masked_attention_grad: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(op)) + " has no elementwise expression");
 }
@@ -393,7 +397,11 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::log_softmax:  // decomposed before code generation
     case Op::reduce_mean:
     case Op::attention:
-    case Op::masked_attention: break;
+    case Op::masked_attention:
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::attention_grad:
+    case Op::masked_attention_grad: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
@@ -522,7 +530,11 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
     case Op::log_softmax:
     case Op::reduce_mean:
     case Op::attention:
-    case Op::masked_attention: break;
+    case Op::masked_attention:
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::attention_grad:
+    case Op::masked_attention_grad: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }

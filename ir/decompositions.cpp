@@ -7,6 +7,32 @@
 
 namespace qkv::ir {
 
+namespace {
+
+Attrs transposed(bool a, bool b) {
+  Attrs t;
+  t.transpose_a = a;
+  t.transpose_b = b;
+  return t;
+}
+
+/// Attention's scores q kT * scale, -inf where the keep-mask (when mask >= 0), causality or the
+/// sliding window drops a key.
+ValueId masked_scores(Graph& g, const Node& n, ValueId q, ValueId k, ValueId mask) {
+  ValueId s = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
+  ValueId neg_inf = g.constant(-HUGE_VAL);
+  if (mask >= 0) s = g.add(Op::where, {mask, s, neg_inf});
+  if (n.attrs.causal) {
+    Attrs align;
+    align.align = n.attrs.align;
+    align.window = n.attrs.window;
+    s = g.add(Op::where, {g.add(Op::causal_mask, {s}, align), s, neg_inf});
+  }
+  return s;
+}
+
+}  // namespace
+
 ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
   switch (n.op) {
     case Op::softmax: {
@@ -25,21 +51,36 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
     }
     case Op::attention:
     case Op::masked_attention: {
-      // softmax(q kT * scale, masked to -inf where the mask or causality drops a key) v.
-      Attrs tb;
-      tb.transpose_b = true;
-      ValueId s = g.add(Op::mul, {g.add(Op::matmul, {in[0], in[1]}, tb), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
-      ValueId neg_inf = g.constant(-HUGE_VAL);
-      if (n.op == Op::masked_attention) s = g.add(Op::where, {in[3], s, neg_inf});
-      if (n.attrs.causal) {
-        Attrs align;
-        align.align = n.attrs.align;
-        align.window = n.attrs.window;
-        s = g.add(Op::where, {g.add(Op::causal_mask, {s}, align), s, neg_inf});
-      }
+      // softmax(s) v over the masked scores s.
+      ValueId s = masked_scores(g, n, in[0], in[1], n.op == Op::masked_attention ? in[3] : -1);
       Attrs last;
       last.axis = g.node(s).shape.rank - 1;
       return g.add(Op::matmul, {g.add(Op::softmax, {s}, last), in[2]});
+    }
+    case Op::attention_lse:
+    case Op::masked_attention_lse: {
+      // lse = m + log(sum(exp(s - m))), m the row max (0 for a row of -inf, whose lse is -inf).
+      ValueId s = masked_scores(g, n, in[0], in[1], n.op == Op::masked_attention_lse ? in[2] : -1);
+      Attrs keep;
+      keep.axis = g.node(s).shape.rank - 1;
+      ValueId m = g.add(Op::reduce_max, {s}, keep);
+      m = g.add(Op::where, {g.add(Op::equal, {m, g.constant(-HUGE_VAL)}), g.constant(0.0), m});
+      ValueId sum = g.add(Op::reduce_sum, {g.add(Op::exp, {g.add(Op::sub, {s, m})})}, keep);
+      return g.add(Op::add, {m, g.add(Op::log, {sum})});
+    }
+    case Op::attention_grad:
+    case Op::masked_attention_grad: {
+      // p = exp(s - lse), 0 where s = -inf (masked);  dv = pT dy;  ds = p (dy vT - delta);
+      // dq = ds k * scale;  dk = dsT q * scale.
+      ValueId q = in[0], k = in[1], v = in[2], dy = in[3], lse = in[4], delta = in[5];
+      ValueId s = masked_scores(g, n, q, k, n.op == Op::masked_attention_grad ? in[6] : -1);
+      ValueId p = g.add(Op::where, {g.add(Op::equal, {s, g.constant(-HUGE_VAL)}), g.constant(0.0),
+                                    g.add(Op::exp, {g.add(Op::sub, {s, lse})})});
+      if (n.attrs.wrt == 2) return g.add(Op::matmul, {p, dy}, transposed(true, false));
+      ValueId ds = g.add(Op::mul, {p, g.add(Op::sub, {g.add(Op::matmul, {dy, v}, transposed(false, true)), delta})});
+      ValueId scale = g.constant(n.attrs.value, {}, n.attrs.rsqrt_of);
+      if (n.attrs.wrt == 0) return g.add(Op::mul, {g.add(Op::matmul, {ds, k}), scale});
+      return g.add(Op::mul, {g.add(Op::matmul, {ds, q}, transposed(true, false)), scale});
     }
     case Op::log_softmax: {
       // log_softmax(x) = (x - max) - log(sum(exp(x - max))).

@@ -18,8 +18,10 @@ GradientInfo gradient_info(Op op) {
     case Op::iota: return {GradKind::zero, "depends only on its operand's shape"};
     case Op::dropout_mask: return {GradKind::zero, "random bits keyed by an integer seed; its operand gives only the shape"};
     case Op::reduce_mean: return {GradKind::decompose, "sum / count: the rules of reduce_sum and div"};
-    case Op::attention:
-    case Op::masked_attention: return {GradKind::decompose, "the rules of matmul, mul, where and softmax"};
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::attention_grad:
+    case Op::masked_attention_grad: return {GradKind::decompose, "second order, through the decomposition"};
     case Op::neg:
     case Op::exp:
     case Op::log:
@@ -43,7 +45,9 @@ GradientInfo gradient_info(Op op) {
     case Op::reshape:
     case Op::broadcast_to:
     case Op::softmax:
-    case Op::log_softmax: return {GradKind::rule, {}};
+    case Op::log_softmax:
+    case Op::attention:
+    case Op::masked_attention: return {GradKind::rule, {}};
   }
   return {};
 }
@@ -207,9 +211,34 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
     case Op::cast:
     case Op::iota:
     case Op::dropout_mask:
-    case Op::reduce_mean:
+    // FlashAttention-2's backward: lse = the rows' log-sum-exp, delta = sum(dy * y) over the last
+    // axis; attention_grad recomputes p = exp(s - lse) tile by tile, so no N x M matrix is kept.
+    // The mask gets no gradient.
     case Op::attention:
-    case Op::masked_attention: break;
+    case Op::masked_attention: {
+      const bool masked = n.op == Op::masked_attention;
+      Attrs a = n.attrs;
+      std::vector<ValueId> qk = {in[0], in[1]};
+      if (masked) qk.push_back(in[3]);
+      ValueId lse = g.add(masked ? Op::masked_attention_lse : Op::attention_lse, qk, a);
+      Attrs last;
+      last.axis = n.shape.rank - 1;
+      ValueId delta = g.add(Op::reduce_sum, {g.add(Op::mul, {dy, y})}, last);
+      std::vector<ValueId> grads;
+      for (int wrt = 0; wrt < 3; ++wrt) {
+        std::vector<ValueId> args = {in[0], in[1], in[2], dy, lse, delta};
+        if (masked) args.push_back(in[3]);
+        a.wrt = static_cast<std::int8_t>(wrt);
+        grads.push_back(unb(g.add(masked ? Op::masked_attention_grad : Op::attention_grad, args, a), wrt));
+      }
+      if (masked) grads.push_back(-1);
+      return grads;
+    }
+    case Op::reduce_mean:
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::attention_grad:
+    case Op::masked_attention_grad: break;
   }
   QKV_UNREACHABLE(std::string(op_name(n.op)) + " has no gradient rule to emit");
 }

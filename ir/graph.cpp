@@ -20,6 +20,7 @@ std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a)
   hash_mix(h, static_cast<std::size_t>(a.depth));
   hash_mix(h, static_cast<std::size_t>(a.begin) * 31u + static_cast<std::size_t>(a.end));
   hash_mix(h, static_cast<std::size_t>(a.window));
+  hash_mix(h, static_cast<std::size_t>(a.wrt));
   for (int i = 0; i < a.shape.rank; ++i) hash_mix(h, static_cast<std::size_t>(a.shape[i]));
   for (auto p : a.perm) hash_mix(h, static_cast<std::size_t>(p));
   hash_mix(h, std::hash<double>{}(a.value));

@@ -41,6 +41,7 @@ enum AttrFlag : std::uint32_t {
   kAttrDepth = 1u << 9,
   kAttrRange = 1u << 10,
   kAttrWindow = 1u << 11,
+  kAttrWrt = 1u << 12,
 };
 
 enum class CausalAlign : std::uint8_t { top_left, bottom_right };
@@ -58,6 +59,7 @@ struct Attrs {
   std::int64_t begin = 0;   // slice
   std::int64_t end = 0;     // slice
   std::int64_t window = 0;  // causal masks: keep only the last `window` keys (0: all)
+  std::int8_t wrt = 0;      // attention_grad: the operand differentiated (0 q, 1 k, 2 v)
   std::array<std::int8_t, kMaxRank> perm{};
   Shape shape{};
   DType dtype = DType::f32;
@@ -69,7 +71,7 @@ struct Attrs {
   friend constexpr bool operator==(const Attrs& a, const Attrs& b) {
     return a.axis == b.axis && a.keepdim == b.keepdim && a.transpose_a == b.transpose_a &&
            a.transpose_b == b.transpose_b && a.align == b.align && a.causal == b.causal && a.depth == b.depth && a.begin == b.begin && a.end == b.end &&
-           a.window == b.window && a.perm == b.perm &&
+           a.window == b.window && a.wrt == b.wrt && a.perm == b.perm &&
            a.shape == b.shape && a.dtype == b.dtype && a.rsqrt_of == b.rsqrt_of &&
            (a.value == b.value || (a.value != a.value && b.value != b.value));
   }

@@ -141,6 +141,57 @@ std::vector<OpCase> op_cases(Op op) {
       return {{"padding mask", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 8}}, {{2, 1, 7}, Fill::keep_first}}, plain},
               {"full mask causal", {{{6, 4}}, {{6, 4}}, {{6, 2}}, {{6, 6}, Fill::keep_first}}, causal}};
     }
+    case Op::attention_lse: {
+      Attrs plain = shape({}, 0.35);
+      Attrs window = plain;
+      window.causal = true;
+      window.align = CausalAlign::bottom_right;
+      window.window = 20;
+      return {{"batched", {{{2, 5, 8}}, {{2, 7, 8}}}, plain},
+              {"sliding window skips key blocks", {{{1, 130, 8}}, {{1, 300, 8}}}, window}};
+    }
+    case Op::masked_attention_lse: {
+      Attrs causal = shape({}, 0.25);
+      causal.causal = true;
+      return {{"padding mask causal", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 1, 7}, Fill::keep_first}}, causal}};
+    }
+    case Op::attention_grad: {
+      // (q, k, v, dy, lse, delta): lse and delta are free inputs here, so every term is exercised;
+      // lse is positive, so that p = exp(s - lse) stays near 1 as it does in use.
+      Attrs a = shape({}, 0.35);
+      auto wrt = [&](int w, bool causal, std::int64_t window = 0) {
+        Attrs r = a;
+        r.wrt = static_cast<std::int8_t>(w);
+        r.causal = causal;
+        r.align = window > 0 ? CausalAlign::bottom_right : CausalAlign::top_left;
+        r.window = window;
+        return r;
+      };
+      const std::vector<CaseInput> batched = {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 6}}, {{2, 5, 1}, Fill::positive}, {{2, 5, 1}}};
+      const std::vector<CaseInput> heads = {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{2, 3, 6, 4}}, {{2, 3, 6, 1}, Fill::positive}, {{2, 3, 6, 1}}};
+      const std::vector<CaseInput> window = {{{1, 130, 8}}, {{1, 300, 8}}, {{1, 300, 4}}, {{1, 130, 4}}, {{1, 130, 1}, Fill::positive}, {{1, 130, 1}}};
+      return {{"dq batched", batched, wrt(0, false)},
+              {"dk batched", batched, wrt(1, false)},
+              {"dv batched", batched, wrt(2, false)},
+              {"dq causal heads broadcast k v", heads, wrt(0, true)},
+              {"dk causal heads broadcast k v", heads, wrt(1, true)},
+              {"dv causal heads broadcast k v", heads, wrt(2, true)},
+              {"dq sliding window skips blocks", window, wrt(0, true, 20)},
+              {"dk sliding window skips blocks", window, wrt(1, true, 20)},
+              {"dv sliding window skips blocks", window, wrt(2, true, 20)}};
+    }
+    case Op::masked_attention_grad: {
+      std::vector<OpCase> r;
+      for (int w = 0; w < 3; ++w) {
+        Attrs a = shape({}, 0.25);
+        a.wrt = static_cast<std::int8_t>(w);
+        a.causal = w == 1;
+        r.push_back({std::string("d") + "qkv"[w] + " padding mask" + (a.causal ? " causal" : ""),
+                     {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 3}}, {{2, 5, 3}}, {{2, 5, 1}, Fill::positive}, {{2, 5, 1}}, {{2, 1, 7}, Fill::keep_first}},
+                     a});
+      }
+      return r;
+    }
     case Op::softmax:
       return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}, {"rows of 300", {{{2, 300}}}, axis(1)}};
   }

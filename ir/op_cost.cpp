@@ -46,6 +46,23 @@ double estimated_flops(const Node& n, std::span<const Shape> in, const Shape& ou
       const double d = static_cast<double>(in[0].back(0)), m = static_cast<double>(in[1].back(1)), dv = static_cast<double>(in[2].back(0));
       return elements / dv * m * 2.0 * (d + dv) / (n.attrs.causal ? 2.0 : 1.0);
     }
+    case Op::attention_lse:
+    case Op::masked_attention_lse: {
+      // q kT: 2 N M D per batch entry.
+      const double d = static_cast<double>(in[0].back(0)), m = static_cast<double>(in[1].back(1));
+      return elements * m * 2.0 * d / (n.attrs.causal ? 2.0 : 1.0);
+    }
+    case Op::attention_grad:
+    case Op::masked_attention_grad: {
+      // Recomputing q kT, then pT dy (dv), or dy vT and ds k or dsT q (dq, dk): per batch entry
+      // 2 N M (D + Dv) for dv, 2 N M (2 D + Dv) for dq and dk.
+      const Shape& q = in[0];
+      const double nq = static_cast<double>(q.back(1)), d = static_cast<double>(q.back(0)),
+                   m = static_cast<double>(in[1].back(1)), dv = static_cast<double>(in[2].back(0));
+      const double batches = elements / static_cast<double>(out.back(0) * out.back(1));
+      const double per = n.attrs.wrt == 2 ? d + dv : 2.0 * d + dv;
+      return batches * 2.0 * nq * m * per / (n.attrs.causal ? 2.0 : 1.0);
+    }
   }
   return 0.0;
 }

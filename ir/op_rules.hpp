@@ -237,6 +237,50 @@ constexpr ShapeResult attention(std::span<const Operand> in) {
   return matmul(sv, {});
 }
 
+/// attention_lse(q, k [, mask]): the masked scores' shape with one column, [..,N,1].
+constexpr ShapeResult attention_lse(std::span<const Operand> in) {
+  const Operand q = in[0], k = in[1];
+  Shape vs = k.shape;  // a stand-in v [..,M,1] makes the forward rule give [..,N,1]
+  vs[vs.rank - 1] = 1;
+  if (k.shape.rank < 2) return attention(in);  // reports the rank
+  if (in.size() == 3) {
+    const Operand args[4] = {q, k, {vs, k.dtype}, in[2]};
+    ShapeResult r = attention(args);
+    if (r.operand == 3) r.operand = 2;  // the mask's place here
+    return r;
+  }
+  const Operand args[3] = {q, k, {vs, k.dtype}};
+  return attention(args);
+}
+
+/// attention_grad(q, k, v, dy, lse, delta [, mask]) {wrt}: operand wrt's last two dims under the
+/// broadcast batch dims; dy has the forward's shape, lse and delta that shape with one column.
+constexpr ShapeResult attention_grad(std::span<const Operand> in, const Attrs& a) {
+  if (a.wrt < 0 || a.wrt > 2) return fail(ShapeErr::bad_range, a.wrt, 2);
+  Operand fwd[4] = {in[0], in[1], in[2], {}};
+  if (in.size() == 7) fwd[3] = in[6];
+  ShapeResult y = attention(std::span<const Operand>(fwd, in.size() == 7 ? 4 : 3));
+  if (!y.ok()) {
+    if (y.operand == 3) y.operand = 6;  // the mask's place here
+    return y;
+  }
+  Shape row = y.shape;
+  row[row.rank - 1] = 1;
+  const Shape expected[3] = {y.shape, row, row};
+  for (int i = 0; i < 3; ++i) {
+    const Operand& o = in[static_cast<std::size_t>(3 + i)];
+    if (o.dtype != y.dtype) return fail(ShapeErr::dtypes_differ, 0, 0, 3 + i);
+    if (o.shape.rank != expected[i].rank) return fail(ShapeErr::not_broadcastable, o.shape.rank, expected[i].rank, 3 + i);
+    for (int d = 0; d < o.shape.rank; ++d)
+      if (!dims_compatible(o.shape[d], expected[i][d])) return fail(ShapeErr::not_broadcastable, o.shape[d], expected[i][d], 3 + i, d);
+  }
+  const Shape& w = in[static_cast<std::size_t>(a.wrt)].shape;
+  Shape r = y.shape;
+  r[r.rank - 2] = w.back(1);
+  r[r.rank - 1] = w.back(0);
+  return {r, y.dtype};
+}
+
 constexpr ShapeResult cast(const Operand& x, const Attrs& a) {
   if (x.dtype != DType::i32 && x.dtype != DType::boolean) return fail(ShapeErr::not_castable);
   if (a.dtype != DType::f32) return fail(ShapeErr::not_castable);
@@ -332,6 +376,14 @@ constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attr
     case Op::attention:
     case Op::masked_attention:
       r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::attention(in);
+      break;
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::attention_lse(in);
+      break;
+    case Op::attention_grad:
+    case Op::masked_attention_grad:
+      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::attention_grad(in, a);
       break;
   }
   if (r.ok() && r.shape.rank > kMaxRank) return rules::fail(ShapeErr::rank_too_large, r.shape.rank);

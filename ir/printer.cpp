@@ -72,6 +72,7 @@ std::string print_attrs(const Graph& g, const Node& n) {
   if (f & kAttrCausal) add(std::string("causal=") + (a.causal ? "true" : "false"));
   if (f & kAttrAlign) add("align=" + std::string(align_name(a.align)));
   if ((f & kAttrWindow) && a.window != 0) add("window=" + std::to_string(a.window));  // printed when set
+  if (f & kAttrWrt) add("wrt=" + std::to_string(a.wrt));
   return s;
 }
 
@@ -340,6 +341,7 @@ class Parser {
     else if (key == "begin") a.begin = bounded(0, kMaxParsedDim, "begin");
     else if (key == "end") a.end = bounded(0, kMaxParsedDim, "end");
     else if (key == "window") a.window = bounded(0, kMaxParsedDim, "window");
+    else if (key == "wrt") a.wrt = static_cast<std::int8_t>(bounded(0, 2, "wrt"));
     else if (key == "value") a.value = number();
     else if (key == "rsqrt_of") a.rsqrt_of = dim();
     else if (key == "shape") a.shape = dims();

@@ -1,5 +1,5 @@
-// Fused attention: per (batch, query block) task, stream key blocks through sgemm and an online
-// softmax.
+// Fused attention: per (batch, query block) or (batch, key block) task, stream the other
+// operand's blocks through sgemm, so no task holds more than a tile of scores.
 #include "backends/cpu/attention.hpp"
 
 #include <cblas.h>
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/thread_pool.hpp"
@@ -15,6 +16,8 @@
 namespace qkv::backend::cpu {
 
 namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 /// Element offset of linear batch index b under `strides` over `shape`.
 std::int64_t offset_at(std::int64_t b, const ir::Shape& shape, const Strides& strides) {
@@ -39,77 +42,133 @@ Strides batch_strides(const ir::Shape& s, const ir::Shape& batch, std::int64_t m
   return st;
 }
 
+int to_int(std::int64_t v) { return static_cast<int>(v); }
+
+bool all_finite(const float* x, std::int64_t n) {
+  bool ok = true;
+  for (std::int64_t i = 0; i < n; ++i) ok &= std::isfinite(x[i]);
+  return ok;
+}
+
+/// The masked scores of one attention, tile by tile, over the batch dims `batch` of the
+/// kernel's output.
+class Scores {
+ public:
+  Scores(const ScoreArgs& a, const ir::Shape& batch)
+      : a_(a), batch_(batch), n_(a.q.shape.back(1)), m_(a.k.shape.back(1)), d_(a.q.shape.back(0)),
+        qs_(batch_strides(a.q.shape, batch, n_ * d_)), ks_(batch_strides(a.k.shape, batch, m_ * d_)),
+        shift_(a.align == ir::CausalAlign::bottom_right ? m_ - n_ : 0) {
+    if (!a.mask) return;
+    ir::Shape scores = batch;
+    scores.push_back(n_);
+    scores.push_back(m_);
+    Strides full = broadcast_strides(a.mask->shape, scores);
+    for (int i = 0; i < batch.rank; ++i) ms_[static_cast<std::size_t>(i)] = full[static_cast<std::size_t>(i)];
+    mask_row_ = full[static_cast<std::size_t>(scores.rank - 2)];
+    mask_col_ = full[static_cast<std::size_t>(scores.rank - 1)];
+  }
+
+  std::int64_t n() const { return n_; }
+  std::int64_t m() const { return m_; }
+  std::int64_t d() const { return d_; }
+  std::int64_t batches() const { return batch_.numel(); }
+  const ir::Shape& batch() const { return batch_; }
+  float scale() const { return a_.scale; }
+  const float* q(std::int64_t b) const { return a_.q.data + offset_at(b, batch_, qs_); }
+  const float* k(std::int64_t b) const { return a_.k.data + offset_at(b, batch_, ks_); }
+
+  /// s[i * ld + j] = the score of query i0 + i and key j0 + j (i < rows, j < cols), -inf where
+  /// masked. Only the columns that causality or the window cut are visited for masking.
+  void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) const {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(d_), a_.scale, q(b) + i0 * d_, to_int(d_),
+                k(b) + j0 * d_, to_int(d_), 0.0f, s, to_int(ld));
+    const float* mask = a_.mask ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      float* row = s + i * ld;
+      if (mask) {
+        const float* mr = mask + (i0 + i) * mask_row_ + j0 * mask_col_;
+        for (std::int64_t j = 0; j < cols; ++j) row[j] = mr[j * mask_col_] != 0.0f ? row[j] : kNegInf;
+      }
+      if (a_.causal) {
+        const std::int64_t limit = i0 + i + shift_ - j0;  // keys j <= limit are kept
+        for (std::int64_t j = std::max<std::int64_t>(limit + 1, 0); j < cols; ++j) row[j] = kNegInf;
+        if (a_.window > 0)  // keys j <= limit - window are outside the window
+          for (std::int64_t j = 0; j < std::min<std::int64_t>(limit - a_.window + 1, cols); ++j) row[j] = kNegInf;
+      }
+    }
+  }
+
+  /// The keys [begin, end) that queries [i0, i0 + rows) may keep: all of them unless causal.
+  std::pair<std::int64_t, std::int64_t> keys_for(std::int64_t i0, std::int64_t rows) const {
+    if (!a_.causal) return {0, m_};
+    const std::int64_t end = std::clamp<std::int64_t>(i0 + rows + shift_, 0, m_);
+    const std::int64_t begin = a_.window > 0 ? std::clamp<std::int64_t>(i0 + shift_ - a_.window + 1, 0, m_) : 0;
+    return {std::min(begin, end), end};
+  }
+
+  /// The queries [begin, end) that may keep one of keys [j0, j0 + cols): all unless causal.
+  std::pair<std::int64_t, std::int64_t> queries_for(std::int64_t j0, std::int64_t cols) const {
+    if (!a_.causal) return {0, n_};
+    const std::int64_t begin = std::clamp<std::int64_t>(j0 - shift_, 0, n_);
+    const std::int64_t end = a_.window > 0 ? std::clamp<std::int64_t>(j0 + cols - 1 - shift_ + a_.window, 0, n_) : n_;
+    return {begin, std::max(begin, end)};
+  }
+
+ private:
+  const ScoreArgs& a_;
+  ir::Shape batch_;
+  std::int64_t n_, m_, d_;
+  Strides qs_, ks_, ms_{};
+  std::int64_t mask_row_ = 0, mask_col_ = 0;
+  std::int64_t shift_;
+};
+
+std::int64_t blocks_of(std::int64_t n, std::int64_t block) { return (n + block - 1) / block; }
+
+/// p = exp(s - lse) over a row of scores, 0 where s = -inf (a masked key) whatever lse is.
+void probabilities(float* row, std::int64_t cols, float lse) {
+  if (std::isfinite(lse)) {
+    exp_shifted(row, cols, lse);  // exp(-inf - lse) is exactly 0
+    return;
+  }
+  for (std::int64_t j = 0; j < cols; ++j) row[j] = row[j] == kNegInf ? 0.0f : std::exp(row[j] - lse);
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a) {
   const ir::Shape& os = a.out.shape;
-  const std::int64_t n = os.back(1), dv = os.back(0), d = a.q.shape.back(0), m = a.k.shape.back(1);
-  const ir::Shape batch = batch_of(os);
-  const std::int64_t batches = batch.numel();
-  const Strides qs = batch_strides(a.q.shape, batch, n * d), ks = batch_strides(a.k.shape, batch, m * d),
-                vs = batch_strides(a.v.shape, batch, m * dv);
-  // The mask over the full score shape [batch..., N, M]: batch, row and column strides.
-  ir::Shape scores = batch;
-  scores.push_back(n);
-  scores.push_back(m);
-  Strides ms{};
-  std::int64_t mask_row = 0, mask_col = 0;
-  if (a.mask) {
-    Strides full = broadcast_strides(a.mask->shape, scores);
-    for (int i = 0; i < batch.rank; ++i) ms[static_cast<std::size_t>(i)] = full[static_cast<std::size_t>(i)];
-    mask_row = full[static_cast<std::size_t>(scores.rank - 2)];
-    mask_col = full[static_cast<std::size_t>(scores.rank - 1)];
-  }
-  const std::int64_t shift = a.align == ir::CausalAlign::bottom_right ? m - n : 0;
-  const std::int64_t blocks = (n + kQueryBlock - 1) / kQueryBlock;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const Scores sc(a.s, batch_of(os));
+  const std::int64_t n = sc.n(), dv = os.back(0), m = sc.m();
+  const std::int64_t batches = sc.batches();
+  const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dv);
+  const std::int64_t blocks = blocks_of(n, kQueryBlock);
   // Skipping key blocks that causality or the window masks is exact only while those keys'
   // values are finite: the meaning (softmax weights @ v) multiplies a masked key's value by a
   // weight of 0, and 0 * NaN or 0 * inf is NaN. A batch whose v holds one processes every block.
-  std::vector<std::uint8_t> nonfinite_v(static_cast<std::size_t>(a.causal ? batches : 0), 0);
-  if (a.causal)
+  std::vector<std::uint8_t> finite_v(static_cast<std::size_t>(batches), 1);
+  if (a.s.causal)
     ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
-      const float* v = a.v.data + offset_at(b, batch, vs);
-      bool bad = false;
-      for (std::int64_t i = 0; i < m * dv; ++i) bad |= !std::isfinite(v[i]);
-      nonfinite_v[static_cast<std::size_t>(b)] = bad;
+      finite_v[static_cast<std::size_t>(b)] = all_finite(a.v.data + offset_at(b, sc.batch(), vs), m * dv);
     });
 
   ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
     thread_local std::vector<float> s_buf, m_buf, l_buf;
     const std::int64_t b = task / blocks, i0 = (task % blocks) * kQueryBlock;
     const std::int64_t rows = std::min(kQueryBlock, n - i0);
-    const float* q = a.q.data + offset_at(b, batch, qs) + i0 * d;
-    const float* k = a.k.data + offset_at(b, batch, ks);
-    const float* v = a.v.data + offset_at(b, batch, vs);
-    const float* mask = a.mask ? a.mask->data + offset_at(b, batch, ms) : nullptr;
+    const float* v = a.v.data + offset_at(b, sc.batch(), vs);
     float* o = a.out.data + b * n * dv + i0 * dv;
     s_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
     m_buf.assign(static_cast<std::size_t>(rows), kNegInf);
     l_buf.assign(static_cast<std::size_t>(rows), 0.0f);
     std::fill_n(o, rows * dv, 0.0f);
-    // Keys past the causal limit of this block's last row are never needed, nor (with a sliding
-    // window) keys before the first row's window: unless v holds a NaN or inf (above).
-    const bool skip = a.causal && !nonfinite_v[static_cast<std::size_t>(b)];
-    const std::int64_t key_end = skip ? std::clamp<std::int64_t>(i0 + rows + shift, 0, m) : m;
-    const std::int64_t key_begin = skip && a.window > 0 ? std::clamp<std::int64_t>(i0 + shift - a.window + 1, 0, m) : 0;
+    const auto [key_begin, key_end] = finite_v[static_cast<std::size_t>(b)] ? sc.keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m};
     for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
       float* s = s_buf.data();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(d), a.scale, q,
-                  static_cast<int>(d), k + j0 * d, static_cast<int>(d), 0.0f, s, static_cast<int>(kKeyBlock));
+      sc.compute(b, i0, rows, j0, cols, s, kKeyBlock);
       for (std::int64_t i = 0; i < rows; ++i) {
         float* row = s + i * kKeyBlock;
-        if (mask) {
-          const float* mr = mask + (i0 + i) * mask_row + j0 * mask_col;
-          for (std::int64_t j = 0; j < cols; ++j) row[j] = mr[j * mask_col] != 0.0f ? row[j] : kNegInf;
-        }
-        if (a.causal) {
-          const std::int64_t limit = i0 + i + shift - j0;  // keys j <= limit are kept
-          for (std::int64_t j = std::max<std::int64_t>(limit + 1, 0); j < cols; ++j) row[j] = kNegInf;
-          if (a.window > 0)  // keys j <= limit - window are outside the window
-            for (std::int64_t j = 0; j < std::min<std::int64_t>(limit - a.window + 1, cols); ++j) row[j] = kNegInf;
-        }
         float& mi = m_buf[static_cast<std::size_t>(i)];
         float& li = l_buf[static_cast<std::size_t>(i)];
         const float mx = max_of(row, cols, mi);
@@ -122,13 +181,128 @@ void attention(const AttentionArgs& a) {
         if (correction != 1.0f) scale_inplace(o + i * dv, dv, correction);
         mi = mx;
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(dv), static_cast<int>(cols), 1.0f, s,
-                  static_cast<int>(kKeyBlock), v + j0 * dv, static_cast<int>(dv), 1.0f, o, static_cast<int>(dv));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(dv), to_int(cols), 1.0f, s, to_int(kKeyBlock),
+                  v + j0 * dv, to_int(dv), 1.0f, o, to_int(dv));
     }
     // A query with no key left (l = 0) gives zeros, as softmax defines for a row of -inf.
     for (std::int64_t i = 0; i < rows; ++i) {
       const float l = l_buf[static_cast<std::size_t>(i)];
       scale_inplace(o + i * dv, dv, l == 0.0f ? 0.0f : 1.0f / l);
+    }
+  });
+}
+
+void attention_lse(const ScoreArgs& args, View out) {
+  const Scores sc(args, batch_of(out.shape));
+  const std::int64_t n = sc.n(), blocks = blocks_of(n, kQueryBlock);
+  // Masked keys add exp(-inf) = 0 whatever the operands hold, so skipping their blocks is exact.
+  ThreadPool::global().parallel_for(sc.batches() * blocks, [&](std::int64_t task) {
+    thread_local std::vector<float> s_buf;
+    const std::int64_t b = task / blocks, i0 = (task % blocks) * kQueryBlock;
+    const std::int64_t rows = std::min(kQueryBlock, n - i0);
+    float* lse = out.data + b * n + i0;
+    std::vector<float> mx(static_cast<std::size_t>(rows), kNegInf);
+    std::vector<double> sum(static_cast<std::size_t>(rows), 0.0);
+    s_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
+    const auto [key_begin, key_end] = sc.keys_for(i0, rows);
+    for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
+      const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
+      sc.compute(b, i0, rows, j0, cols, s_buf.data(), kKeyBlock);
+      for (std::int64_t i = 0; i < rows; ++i) {
+        float* row = s_buf.data() + i * kKeyBlock;
+        float& mi = mx[static_cast<std::size_t>(i)];
+        const float m_new = max_of(row, cols, mi);
+        if (m_new == kNegInf) continue;
+        double& si = sum[static_cast<std::size_t>(i)];
+        if (mi != kNegInf && m_new != mi) si *= std::exp(static_cast<double>(mi) - m_new);
+        si += exp_shifted_sum(row, cols, m_new);
+        mi = m_new;
+      }
+    }
+    // lse = m + log(sum): -inf for a row without keys (log 0), NaN where a score was NaN.
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float mi = mx[static_cast<std::size_t>(i)];
+      lse[i] = mi == kNegInf ? kNegInf : static_cast<float>(mi + std::log(sum[static_cast<std::size_t>(i)]));
+    }
+  });
+}
+
+void attention_grad(const AttentionGradArgs& a) {
+  const Scores sc(a.s, batch_of(a.out.shape));
+  const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dv = a.v.shape.back(0), batches = sc.batches();
+  const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dv);
+  auto v_at = [&](std::int64_t b) { return a.v.data + offset_at(b, sc.batch(), vs); };
+  // dy, lse and delta have the output's batch dims: contiguous per batch entry.
+  auto dy_at = [&](std::int64_t b) { return a.dy.data + b * n * dv; };
+  auto row_stat = [&](const ConstView& x, std::int64_t b) { return x.data + b * n; };
+
+  // Skipping masked blocks is exact only while no NaN or inf meets a masked zero (see attention).
+  std::vector<std::uint8_t> finite(static_cast<std::size_t>(batches), 1);
+  if (a.s.causal)
+    ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
+      finite[static_cast<std::size_t>(b)] = all_finite(sc.q(b), n * d) && all_finite(sc.k(b), m * d) && all_finite(v_at(b), m * dv) &&
+                                            all_finite(dy_at(b), n * dv) && all_finite(row_stat(a.delta, b), n);
+    });
+
+  if (a.wrt == 0) {
+    // dq: per query block, over its key blocks.
+    const std::int64_t blocks = blocks_of(n, kQueryBlock);
+    ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
+      thread_local std::vector<float> p_buf, ds_buf;
+      const std::int64_t b = task / blocks, i0 = (task % blocks) * kQueryBlock;
+      const std::int64_t rows = std::min(kQueryBlock, n - i0);
+      const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
+      float* dq = a.out.data + b * n * d + i0 * d;
+      p_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
+      ds_buf.resize(p_buf.size());
+      std::fill_n(dq, rows * d, 0.0f);
+      const auto [key_begin, key_end] = finite[static_cast<std::size_t>(b)] ? sc.keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m};
+      for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
+        const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
+        float *p = p_buf.data(), *ds = ds_buf.data();
+        sc.compute(b, i0, rows, j0, cols, p, kKeyBlock);
+        // ds = dy vT, then p (ds - delta)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(dv), 1.0f, dy, to_int(dv),
+                    v_at(b) + j0 * dv, to_int(dv), 0.0f, ds, to_int(kKeyBlock));
+        for (std::int64_t i = 0; i < rows; ++i) {
+          probabilities(p + i * kKeyBlock, cols, lse[i]);
+          times_difference(ds + i * kKeyBlock, p + i * kKeyBlock, cols, delta[i]);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(d), to_int(cols), sc.scale(), ds, to_int(kKeyBlock),
+                    sc.k(b) + j0 * d, to_int(d), 1.0f, dq, to_int(d));
+      }
+    });
+    return;
+  }
+
+  // dk or dv: per key block, over its query blocks.
+  const std::int64_t blocks = blocks_of(m, kKeyBlock), width = a.wrt == 1 ? d : dv;
+  ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
+    thread_local std::vector<float> p_buf, ds_buf;
+    const std::int64_t b = task / blocks, j0 = (task % blocks) * kKeyBlock;
+    const std::int64_t cols = std::min(kKeyBlock, m - j0);
+    float* acc = a.out.data + b * m * width + j0 * width;
+    p_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
+    ds_buf.resize(p_buf.size());
+    std::fill_n(acc, cols * width, 0.0f);
+    const auto [query_begin, query_end] = finite[static_cast<std::size_t>(b)] ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
+    for (std::int64_t i0 = query_begin; i0 < query_end; i0 += kQueryBlock) {
+      const std::int64_t rows = std::min(kQueryBlock, query_end - i0);
+      const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
+      float *p = p_buf.data(), *ds = ds_buf.data();
+      sc.compute(b, i0, rows, j0, cols, p, kKeyBlock);
+      for (std::int64_t i = 0; i < rows; ++i) probabilities(p + i * kKeyBlock, cols, lse[i]);
+      if (a.wrt == 2) {  // dv += pT dy
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(dv), to_int(rows), 1.0f, p, to_int(kKeyBlock), dy,
+                    to_int(dv), 1.0f, acc, to_int(dv));
+        continue;
+      }
+      // ds = p (dy vT - delta); dk += dsT q * scale
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(dv), 1.0f, dy, to_int(dv),
+                  v_at(b) + j0 * dv, to_int(dv), 0.0f, ds, to_int(kKeyBlock));
+      for (std::int64_t i = 0; i < rows; ++i) times_difference(ds + i * kKeyBlock, p + i * kKeyBlock, cols, delta[i]);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
+                  sc.q(b) + i0 * d, to_int(d), 1.0f, acc, to_int(d));
     }
   });
 }

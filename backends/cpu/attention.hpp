@@ -1,27 +1,52 @@
-// The CPU backend's fused attention: softmax(q kT * scale, masked) v without materialising the
-// score matrix.
+// The CPU backend's fused attention, forward and backward, without materialising the score
+// matrix: softmax(q kT * scale, masked) v, its rows' log-sum-exp, and its gradients.
 #pragma once
 
 #include "backends/cpu/kernels.hpp"
 
 namespace qkv::backend::cpu {
 
-struct AttentionArgs {
-  ConstView q, k, v;          // [..., N, D], [..., M, D], [..., M, Dv]; batch dims broadcast
+/// The scores every attention kernel computes tile by tile: s = q kT * scale, -inf where the
+/// keep-mask, causality or the sliding window drops a key.
+struct ScoreArgs {
+  ConstView q, k;             // [..., N, D], [..., M, D]; batch dims broadcast
   const ConstView* mask;      // nullptr, or a 0/1 keep-mask broadcasting to [..., N, M]
   float scale;
   bool causal;
   ir::CausalAlign align;
   std::int64_t window;        // with causal and > 0: only the last `window` keys (sliding window)
+};
+
+struct AttentionArgs {
+  ScoreArgs s;
+  ConstView v;                // [..., M, Dv]
   View out;                   // [..., N, Dv]
 };
 
 /// Query blocks of kQueryBlock rows stream over key blocks of kKeyBlock keys with an online
 /// softmax (running max and sum per row), so each thread holds kQueryBlock x (kKeyBlock + Dv)
 /// floats whatever N and M are. Key blocks wholly above the causal diagonal, or wholly before a
-/// sliding window, are skipped. A row
-/// whose keys are all masked gives zeros, as the decomposition does.
+/// sliding window, are skipped. A row whose keys are all masked gives zeros, as the
+/// decomposition does.
 void attention(const AttentionArgs& args);
+
+/// out [..., N, 1] = log(sum(exp(s))) over each query's keys (-inf when it has none): one pass of
+/// q kT with a running max, skipping masked key blocks like the forward.
+void attention_lse(const ScoreArgs& args, View out);
+
+struct AttentionGradArgs {
+  ScoreArgs s;
+  ConstView v, dy, lse, delta;  // [..., M, Dv], [..., N, Dv], [..., N, 1], [..., N, 1]
+  int wrt;                      // 0: dq, 1: dk, 2: dv
+  View out;                     // operand wrt's last two dims under the broadcast batch dims
+};
+
+/// FlashAttention-2's backward for one operand: p = exp(s - lse) (0 where s is masked) is
+/// recomputed tile by tile; dv = pT dy, ds = p (dy vT - delta), dq = ds k * scale,
+/// dk = dsT q * scale. dq streams key blocks per query block; dk and dv stream query blocks per
+/// key block, so no task writes another's rows. Masked blocks are skipped unless the batch entry
+/// holds a NaN or inf (whose products with the masked zeros the meaning keeps).
+void attention_grad(const AttentionGradArgs& args);
 
 inline constexpr std::int64_t kQueryBlock = 128;
 inline constexpr std::int64_t kKeyBlock = 256;

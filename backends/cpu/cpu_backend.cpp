@@ -95,6 +95,13 @@ class CpuExecutable final : public Executable {
       auto v = static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)]);
       return cpu::ConstView{value_ptr(v), shapes_[v]};
     };
+    // The attention ops' scores: q, k, the keep-mask operand at `mask_at` (none when < 0) held
+    // in `mask`, the bound scale and the causal attributes.
+    auto scores = [&](const Node& node, int mask_at, cpu::ConstView& mask) {
+      if (mask_at >= 0) mask = in(mask_at);
+      return cpu::ScoreArgs{in(0), in(1), mask_at >= 0 ? &mask : nullptr, static_cast<float>(ir::bound_value(graph_, node, shapes_)),
+                            node.attrs.causal, node.attrs.align, node.attrs.window};
+    };
     cpu::View out{nullptr, shapes_[i]};
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
     switch (n.op) {
@@ -140,10 +147,18 @@ class CpuExecutable final : public Executable {
       case Op::attention:
       case Op::masked_attention: {
         cpu::ConstView mask{};
-        if (n.op == Op::masked_attention) mask = in(3);
-        return cpu::attention({in(0), in(1), in(2), n.op == Op::masked_attention ? &mask : nullptr,
-                               static_cast<float>(ir::bound_value(graph_, n, shapes_)),
-                               n.attrs.causal, n.attrs.align, n.attrs.window, out});
+        return cpu::attention({scores(n, n.op == Op::masked_attention ? 3 : -1, mask), in(2), out});
+      }
+      case Op::attention_lse:
+      case Op::masked_attention_lse: {
+        cpu::ConstView mask{};
+        return cpu::attention_lse(scores(n, n.op == Op::masked_attention_lse ? 2 : -1, mask), out);
+      }
+      case Op::attention_grad:
+      case Op::masked_attention_grad: {
+        cpu::ConstView mask{};
+        return cpu::attention_grad({scores(n, n.op == Op::masked_attention_grad ? 6 : -1, mask), in(2), in(3), in(4), in(5),
+                                    n.attrs.wrt, out});
       }
     }
     QKV_UNREACHABLE("op");
@@ -176,6 +191,10 @@ class CpuBackend final : public Backend {
       case Op::matmul: return "sgemm";
       case Op::attention:
       case Op::masked_attention: return "fused attention (online softmax)";
+      case Op::attention_lse:
+      case Op::masked_attention_lse: return "fused attention row log-sum-exp";
+      case Op::attention_grad:
+      case Op::masked_attention_grad: return "fused attention backward (FlashAttention-2)";
       case Op::softmax:
       case Op::log_softmax: return "row softmax";
       default: return "loop";
@@ -194,7 +213,11 @@ bool cpu_supports(const Node& n) {
     case Op::softmax:
     case Op::log_softmax:
     case Op::attention:
-    case Op::masked_attention: return true;
+    case Op::masked_attention:
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::attention_grad:
+    case Op::masked_attention_grad: return true;
     case Op::reduce_mean: return false;
     default: return ir::op_info(n.op).category != ir::OpCategory::composite;
   }

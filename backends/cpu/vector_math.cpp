@@ -27,11 +27,13 @@ using v4d = double __attribute__((vector_size(32)));
 [[gnu::always_inline]] inline v8f splat(float x) { return v8f{} + x; }
 
 /// exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2], exp(r) by the
-/// Cephes polynomial (about 2 ulp). Below -87.3 (and -inf) gives exactly 0; NaN stays NaN (the
-/// clamps below may compile to min/max instructions that drop a NaN, so it is restored last).
+/// Cephes polynomial (about 2 ulp). Below -87.3 (and -inf) gives exactly 0, above 88.72 (where
+/// float overflows) +inf; NaN stays NaN (the clamps below may compile to min/max instructions
+/// that drop a NaN, so it is restored last).
 [[gnu::always_inline]] inline v8f exp8(const v8f& in) {
   v8f x = in;
   const v8i underflow = x < -87.3f;
+  const v8i overflow = x > 88.72283f;
   x = x < -87.3f ? splat(-87.3f) : x;
   x = x > 88.3f ? splat(88.3f) : x;
   const v8f round = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting rounds to an integer
@@ -47,7 +49,7 @@ using v4d = double __attribute__((vector_size(32)));
   v8i bits = (__builtin_convertvector(k, v8i) + 127) << 23;
   v8f e = p * __builtin_bit_cast(v8f, bits);
   const v8i nan = in != in;
-  return nan ? in : underflow ? splat(0.0f) : e;
+  return nan ? in : underflow ? splat(0.0f) : overflow ? splat(std::numeric_limits<float>::infinity()) : e;
 }
 
 [[gnu::always_inline]] inline float hsum(const v8f& v) {
@@ -82,6 +84,23 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) float exp_shifted_su
   }
   const v4d both = lo + hi;
   return static_cast<float>((both[0] + both[1]) + (both[2] + both[3]));
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void exp_shifted(float* x, std::int64_t n, float shift) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store(x + i, exp8(load(x + i) - shift));
+  if (i < n) {
+    float tail[8];
+    for (int j = 0; j < 8; ++j) tail[j] = i + j < n ? x[i + j] - shift : 0.0f;
+    v8f e = exp8(load(tail));
+    for (std::int64_t j = 0; i + j < n; ++j) x[i + j] = e[j];
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void times_difference(float* y, const float* p, std::int64_t n, float c) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store(y + i, load(p + i) * (load(y + i) - c));
+  for (; i < n; ++i) y[i] = p[i] * (y[i] - c);
 }
 
 __attribute__((target_clones("arch=x86-64-v3", "default"))) float max_of(const float* x, std::int64_t n, float init) {

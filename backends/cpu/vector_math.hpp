@@ -10,6 +10,12 @@ namespace qkv::backend::cpu {
 /// NaN gives NaN.
 float exp_shifted_sum(float* x, std::int64_t n, float shift);
 
+/// x[i] = exp(x[i] - shift) for i < n, the same exp as exp_shifted_sum.
+void exp_shifted(float* x, std::int64_t n, float shift);
+
+/// y[i] = p[i] * (y[i] - c) for i < n (attention's backward: ds = p (dp - delta)).
+void times_difference(float* y, const float* p, std::int64_t n, float c);
+
 /// The maximum of init and x[0..n); NaN if any of them is NaN (NaN propagates as in max).
 float max_of(const float* x, std::int64_t n, float init);
 

@@ -198,7 +198,11 @@ class ReferenceExecutable final : public Executable {
       case Op::log_softmax:
       case Op::reduce_mean:
       case Op::attention:
-      case Op::masked_attention: break;
+      case Op::masked_attention:
+      case Op::attention_lse:
+      case Op::masked_attention_lse:
+      case Op::attention_grad:
+      case Op::masked_attention_grad: break;
     }
     QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " reached the reference backend undecomposed");
   }

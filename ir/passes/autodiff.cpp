@@ -38,8 +38,10 @@ void check_spec(const Graph& g, const GradientSpec& spec) {
 
 Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::function<GradientInfo(Op)>& rules) {
   check_spec(forward, spec);
-  // Composites without a rule of their own are differentiated through their decompositions.
-  const Graph f = decompose_composites(forward, [&](const Node& n) { return rules(n.op).kind != GradKind::decompose; });
+  // Attention is fused first, so that its own rule (a fused backward) applies rather than the
+  // rules of the softmax it would otherwise keep; composites without a rule of their own are
+  // differentiated through their decompositions.
+  const Graph f = decompose_composites(fuse_attention(forward), [&](const Node& n) { return rules(n.op).kind != GradKind::decompose; });
 
   Graph out;
   out.copy_symbols(f);

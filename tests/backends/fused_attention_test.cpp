@@ -4,6 +4,7 @@
 #include "backends/backend.hpp"
 #include "backends/equivalence.hpp"
 #include "dsl/dsl.hpp"
+#include "ir/passes/passes.hpp"
 
 namespace qkv {
 namespace {
@@ -22,6 +23,33 @@ TEST(FusedAttention, CpuMemoryIsLinearInSequenceLength) {
   auto unfused = backend::create("reference")->compile(g);
   unfused->run(backend::random_inputs(g, {{"B", 1}, {"N", 64}}, 1));
   EXPECT_GE(unfused->planned_bytes(), 64 * 64 * 8) << "the reference materialises the scores";
+}
+
+TEST(FusedAttention, CpuBackwardKeepsAttentionFusedAndMemoryLinear) {
+  auto q = input<"q">(dim<1>, dim<"N">, dim<64>);
+  auto k = input<"k">(dim<1>, dim<"N">, dim<64>);
+  auto v = input<"v">(dim<1>, dim<"N">, dim<64>);
+  ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal)));
+  ir::Graph g = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
+  auto cpu = backend::create("cpu");
+  auto exe = cpu->compile(g);
+  int fused = 0;
+  for (std::size_t i = 0; i < exe->graph().size(); ++i) {
+    const ir::Node& n = exe->graph().nodes()[i];
+    EXPECT_NE(n.op, ir::Op::softmax);
+    EXPECT_NE(n.op, ir::Op::matmul);
+    if (n.op == ir::Op::attention_grad) {
+      ++fused;
+      EXPECT_EQ(cpu->kernel_name(exe->graph(), static_cast<ir::ValueId>(i)), "fused attention backward (FlashAttention-2)");
+    }
+  }
+  EXPECT_EQ(fused, 3);
+  const std::int64_t n = 4096;
+  auto out = exe->run(backend::random_inputs(g, {{"N", n}}, 3));
+  for (const char* name : {"d_q", "d_k", "d_v"}) EXPECT_EQ(out.at(name).numel(), n * 64) << name;
+  // The output, lse and delta, the three gradients and dy * y: about 6 N x 64 floats (6 MiB);
+  // one N x N matrix would be 64 MiB.
+  EXPECT_LE(exe->planned_bytes(), 8 * n * 64 * 4);
 }
 
 }  // namespace

@@ -63,19 +63,27 @@ TEST(FuseAttention, DecompositionRestoresThePrimitives) {
 namespace qkv {
 namespace {
 
-TEST(Autodiff, BackwardReusesForwardActivations) {
+
+TEST(Autodiff, BackwardKeepsAttentionFused) {
   auto q = input<"q">(dim<"B">, dim<"N">, dim<16>);
   auto k = input<"k">(dim<"B">, dim<"M">, dim<16>);
   auto v = input<"v">(dim<"B">, dim<"M">, dim<16>);
   ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal)));
   ir::Graph g = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
   ir::verify(g);
-  // One softmax (the forward's, read again by the backward), not a second one recomputed; the
-  // backward adds four products (d_weights, d_v, d_q, d_k) to the forward's two.
-  EXPECT_EQ(count(g, ir::Op::softmax), 1) << ir::print(g);
-  EXPECT_EQ(count(g, ir::Op::matmul), 6) << ir::print(g);
-  EXPECT_EQ(count(g, ir::Op::exp), 0);
+  // The forward fused, its rows' log-sum-exp, and one fused gradient per operand: no N x M
+  // value anywhere in the graph.
+  EXPECT_EQ(count(g, ir::Op::attention), 1) << ir::print(g);
+  EXPECT_EQ(count(g, ir::Op::attention_lse), 1) << ir::print(g);
+  EXPECT_EQ(count(g, ir::Op::attention_grad), 3) << ir::print(g);
+  EXPECT_EQ(count(g, ir::Op::softmax), 0) << ir::print(g);
+  EXPECT_EQ(count(g, ir::Op::matmul), 0) << ir::print(g);
   EXPECT_EQ(g.type_string(g.output("d_k")), "f32[B,M,16]");
+  // A backend that runs the decompositions shares the scores among them: the forward's two
+  // products and the backward's four (dv, dy vT shared by dq and dk, dq, dk), as unfused
+  // autodiff had.
+  ir::Graph unfused = ir::lower_for_backend(g, [](const ir::Node&) { return false; });
+  EXPECT_EQ(count(unfused, ir::Op::matmul), 6) << ir::print(unfused);
 }
 
 }  // namespace
