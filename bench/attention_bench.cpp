@@ -1,7 +1,10 @@
 // Scaled dot-product attention on each backend, with OpenBLAS sgemm (the limit: the same FLOPs
 // as two plain matrix products) and a plain sgemm-softmax-sgemm measured as peers in the same
-// run. FLOPs are counted as 4*B*H*N^2*D per forward. Run: build/default/bench/qkv_bench
-// (QKV_BENCH_BACKENDS=cpu,vulkan picks backends; --benchmark_filter narrows the rows).
+// run. FLOPs are counted as 4*B*H*N^2*D per forward, also for causal rows (so their rate over the
+// full rows' is the speed-up of skipping masked blocks), and as 3x that for forward + backward
+// rows (the training graph: dq, dk, dv from an output gradient). Each backend row reports the
+// memory its plan holds ("MiB"). Run: build/default/bench/qkv_bench (QKV_BENCH_BACKENDS=cpu,vulkan
+// picks backends; --benchmark_filter narrows the rows).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -17,6 +20,7 @@
 #include "backends/backend.hpp"
 #include "backends/equivalence.hpp"
 #include "dsl/dsl.hpp"
+#include "ir/passes/passes.hpp"
 
 namespace {
 
@@ -31,28 +35,37 @@ struct Shape {
 };
 
 const std::vector<Shape> kShapes = {{1, 8, 128, 64}, {4, 8, 512, 64}, {1, 4, 1024, 64}, {1, 1, 16, 8}};
+/// Long sequences: forward + backward on cpu only (the memory row of the flex-attention issue).
+const std::vector<Shape> kLongShapes = {{1, 8, 8192, 64}};
 
-qkv::ir::Graph sdpa_graph(double scale) {
+enum class Mode { forward, causal, backward };
+
+const char* mode_suffix(Mode m) { return m == Mode::forward ? "" : m == Mode::causal ? "-causal" : "-fwd+bwd"; }
+
+qkv::ir::Graph sdpa_graph(double scale, Mode mode) {
   using namespace qkv;
   auto q = input<"q">(dim<"B">, dim<"H">, dim<"N">, dim<"D">);
   auto k = input<"k">(dim<"B">, dim<"H">, dim<"N">, dim<"D">);
   auto v = input<"v">(dim<"B">, dim<"H">, dim<"N">, dim<"D">);
-  return lower(scaled_dot_product_attention(q, k, v, qkv::scale(scale)));
+  if (mode == Mode::causal) return lower(scaled_dot_product_attention(q, k, v, causal, qkv::scale(scale)));
+  ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale))));
+  if (mode == Mode::backward) return ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}});
+  return g;
 }
 
 TensorMap inputs_for(const qkv::ir::Graph& g, const Shape& s) {
   return qkv::backend::random_inputs(g, {{"B", s.b}, {"H", s.h}, {"N", s.n}, {"D", s.d}}, 42);
 }
 
-/// Runs fn(first, last) over [0, n) split across every core with single-threaded sgemm: the peers'
+/// Runs fn(first, last, thread) over [0, n) split across every core with single-threaded sgemm: the peers'
 /// best use of OpenBLAS on independent heads (toggling OpenBLAS's own threads between rows
 /// measured unstable), and the same ownership of threads as the cpu backend.
 template <class F>
 void on_all_cores(std::int64_t n, F fn) {
   const auto cores = std::min<std::int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
-  if (cores <= 1) return fn(0, n);
+  if (cores <= 1) return fn(0, n, 0);
   std::vector<std::thread> threads;
-  for (std::int64_t t = 0; t < cores; ++t) threads.emplace_back([&, t] { fn(n * t / cores, n * (t + 1) / cores); });
+  for (std::int64_t t = 0; t < cores; ++t) threads.emplace_back([&, t] { fn(n * t / cores, n * (t + 1) / cores, t); });
   for (auto& t : threads) t.join();
 }
 
@@ -60,7 +73,7 @@ void set_rate(benchmark::State& state, double flops) {
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void bench_backend(benchmark::State& state, const std::string& name, Shape s) {
+void bench_backend(benchmark::State& state, const std::string& name, Shape s, Mode mode) {
   std::unique_ptr<qkv::backend::Backend> backend;
   try {
     backend = qkv::backend::create(name);
@@ -68,25 +81,28 @@ void bench_backend(benchmark::State& state, const std::string& name, Shape s) {
     state.SkipWithError(e.what());
     return;
   }
-  auto g = sdpa_graph(1.0 / std::sqrt(static_cast<double>(s.d)));
+  auto g = sdpa_graph(1.0 / std::sqrt(static_cast<double>(s.d)), mode);
   auto exe = backend->compile(g);
   auto in = inputs_for(g, s);
   exe->run(in);  // plans buffers and kernels once
   for (auto _ : state) benchmark::DoNotOptimize(exe->run(in));
-  set_rate(state, s.flops());
+  set_rate(state, (mode == Mode::backward ? 3.0 : 1.0) * s.flops());
+  state.counters["MiB"] = static_cast<double>(exe->planned_bytes()) / (1 << 20);
 }
 
-/// The limit: the two products of attention as plain sgemm calls, no softmax.
+/// The limit: the two products of attention as plain sgemm calls, no softmax; one N x N score
+/// buffer per thread.
 void bench_sgemm(benchmark::State& state, Shape s) {
   const auto heads = s.b * s.h;
-  std::vector<float> q(static_cast<std::size_t>(heads * s.n * s.d), 0.5f), scores(static_cast<std::size_t>(heads * s.n * s.n), 0.25f),
+  const auto threads = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<float> q(static_cast<std::size_t>(heads * s.n * s.d), 0.5f), scores(static_cast<std::size_t>(threads * s.n * s.n), 0.25f),
       out(q.size());
   const int n = static_cast<int>(s.n), d = static_cast<int>(s.d);
   for (auto _ : state)
-    on_all_cores(heads, [&](std::int64_t first, std::int64_t last) {
+    on_all_cores(heads, [&](std::int64_t first, std::int64_t last, std::int64_t thread) {
+      float* sh = scores.data() + thread * s.n * s.n;
       for (std::int64_t h = first; h < last; ++h) {
         float* qh = q.data() + h * s.n * s.d;
-        float* sh = scores.data() + h * s.n * s.n;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, 1.0f, qh, d, qh, d, 0.0f, sh, n);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, 1.0f, sh, n, qh, d, 0.0f, out.data() + h * s.n * s.d, d);
       }
@@ -103,7 +119,7 @@ void bench_sgemm_softmax_sgemm(benchmark::State& state, Shape s) {
   const int n = static_cast<int>(s.n), d = static_cast<int>(s.d);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (auto _ : state)
-    on_all_cores(heads, [&](std::int64_t first, std::int64_t last) {
+    on_all_cores(heads, [&](std::int64_t first, std::int64_t last, std::int64_t) {
       for (std::int64_t h = first; h < last; ++h) {
         float* qh = q.data() + h * s.n * s.d;
         float* sh = scores.data() + h * s.n * s.n;
@@ -128,12 +144,15 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const auto& r : runs) {
-      if (r.error_occurred) continue;
+      // One row per benchmark: its median over repetitions, or its one run.
+      if (r.error_occurred || (r.run_type == Run::RT_Aggregate && r.aggregate_name != "median")) continue;
+      if (r.run_type == Run::RT_Iteration && r.repetitions > 1) continue;
       auto it = r.counters.find("GFLOP/s");
       if (it == r.counters.end()) continue;
-      std::string name = r.benchmark_name();
+      const std::string& name = r.run_name.function_name;
       auto slash = name.find('/');
-      rates_.push_back({name.substr(0, slash), name.substr(slash + 1), it->second.value});
+      auto mib = r.counters.find("MiB");
+      rates_.push_back({name.substr(0, slash), name.substr(slash + 1), it->second.value, mib == r.counters.end() ? -1.0 : mib->second.value});
     }
   }
   void Finalize() override {
@@ -141,16 +160,20 @@ class RatioReporter : public benchmark::ConsoleReporter {
     std::map<std::string, double> peer;
     for (const auto& r : rates_)
       if (r.what == "sgemm") peer[r.shape] = r.gflops;
-    std::printf("\n%-24s %-22s %12s %14s\n", "shape", "implementation", "GFLOP/s", "vs sgemm");
-    for (const auto& r : rates_)
-      std::printf("%-24s %-22s %12.2f %13.1f%%\n", r.shape.c_str(), r.what.c_str(), r.gflops,
+    std::printf("\n%-24s %-22s %12s %14s %12s\n", "shape", "implementation", "GFLOP/s", "vs sgemm", "plan MiB");
+    for (const auto& r : rates_) {
+      std::printf("%-24s %-22s %12.2f %13.1f%%", r.shape.c_str(), r.what.c_str(), r.gflops,
                   peer.contains(r.shape) ? 100.0 * r.gflops / peer[r.shape] : 0.0);
+      if (r.mib >= 0) std::printf(" %12.1f", r.mib);
+      std::printf("\n");
+    }
   }
 
  private:
   struct Rate {
     std::string what, shape;
     double gflops;
+    double mib;  // the backend's planned memory, or -1 for peers
   };
   std::vector<Rate> rates_;
 };
@@ -171,8 +194,20 @@ int main(int argc, char** argv) {
     for (const auto& b : backends) {
       if (b == "reference" && s.n > 128) continue;  // plain double loops: minutes per run
       if (b == "vulkan" && s.n > 512 && std::getenv("QKV_BENCH_SMALL_VULKAN")) continue;
-      benchmark::RegisterBenchmark((b + "/" + s.label()).c_str(), bench_backend, b, s)->Unit(benchmark::kMillisecond)->UseRealTime();
+      for (Mode m : {Mode::forward, Mode::causal, Mode::backward}) {
+        if (b == "reference" && m != Mode::forward) continue;
+        benchmark::RegisterBenchmark((b + mode_suffix(m) + "/" + s.label()).c_str(), bench_backend, b, s, m)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
     }
+  }
+  for (const auto& s : kLongShapes) {
+    benchmark::RegisterBenchmark(("sgemm/" + s.label()).c_str(), bench_sgemm, s)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("cpu-fwd+bwd/" + s.label()).c_str(), bench_backend, std::string("cpu"), s, Mode::backward)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->Iterations(1);
   }
   benchmark::Initialize(&argc, argv);
   RatioReporter reporter;

@@ -224,13 +224,16 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
       Attrs last;
       last.axis = n.shape.rank - 1;
       ValueId delta = g.add(Op::reduce_sum, {g.add(Op::mul, {dy, y})}, last);
+      // The three gradients are emitted next to each other (then unbroadcast), so that a backend
+      // can compute them in one pass.
       std::vector<ValueId> grads;
       for (int wrt = 0; wrt < 3; ++wrt) {
         std::vector<ValueId> args = {in[0], in[1], in[2], dy, lse, delta};
         if (masked) args.push_back(in[3]);
         a.wrt = static_cast<std::int8_t>(wrt);
-        grads.push_back(unb(g.add(masked ? Op::masked_attention_grad : Op::attention_grad, args, a), wrt));
+        grads.push_back(g.add(masked ? Op::masked_attention_grad : Op::attention_grad, args, a));
       }
+      for (int wrt = 0; wrt < 3; ++wrt) grads[static_cast<std::size_t>(wrt)] = unb(grads[static_cast<std::size_t>(wrt)], wrt);
       if (masked) grads.push_back(-1);
       return grads;
     }

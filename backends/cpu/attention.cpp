@@ -189,6 +189,11 @@ void attention(const AttentionArgs& a) {
       const float l = l_buf[static_cast<std::size_t>(i)];
       scale_inplace(o + i * dv, dv, l == 0.0f ? 0.0f : 1.0f / l);
     }
+    if (a.lse)  // m + log(l): -inf for a row without keys, NaN where a score was NaN
+      for (std::int64_t i = 0; i < rows; ++i) {
+        const float mi = m_buf[static_cast<std::size_t>(i)];
+        a.lse[b * n + i0 + i] = mi == kNegInf ? kNegInf : mi + std::log(l_buf[static_cast<std::size_t>(i)]);
+      }
   });
 }
 
@@ -303,6 +308,53 @@ void attention_grad(const AttentionGradArgs& a) {
       for (std::int64_t i = 0; i < rows; ++i) times_difference(ds + i * kKeyBlock, p + i * kKeyBlock, cols, delta[i]);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
                   sc.q(b) + i0 * d, to_int(d), 1.0f, acc, to_int(d));
+    }
+  });
+}
+
+void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv) {
+  const Scores sc(a.s, batch_of(a.dy.shape));
+  const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dvw = a.v.shape.back(0);
+  const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dvw);
+  ThreadPool::global().parallel_for(sc.batches(), [&](std::int64_t b) {
+    thread_local std::vector<float> p_buf, ds_buf;
+    p_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
+    ds_buf.resize(p_buf.size());
+    const float *q = sc.q(b), *k = sc.k(b), *v = a.v.data + offset_at(b, sc.batch(), vs), *dy_b = a.dy.data + b * n * dvw;
+    const float *lse_b = a.lse.data + b * n, *delta_b = a.delta.data + b * n;
+    float* dq_b = dq ? dq + b * n * d : nullptr;
+    float* dk_b = dk ? dk + b * m * d : nullptr;
+    float* dv_b = dv ? dv + b * m * dvw : nullptr;
+    if (dq_b) std::fill_n(dq_b, n * d, 0.0f);
+    if (dk_b) std::fill_n(dk_b, m * d, 0.0f);
+    if (dv_b) std::fill_n(dv_b, m * dvw, 0.0f);
+    // Skipping masked blocks is exact only while no NaN or inf meets a masked zero (see attention).
+    const bool skip = !a.s.causal || (all_finite(q, n * d) && all_finite(k, m * d) && all_finite(v, m * dvw) &&
+                                      all_finite(dy_b, n * dvw) && all_finite(delta_b, n));
+    for (std::int64_t j0 = 0; j0 < m; j0 += kKeyBlock) {
+      const std::int64_t cols = std::min(kKeyBlock, m - j0);
+      const auto [query_begin, query_end] = skip ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
+      for (std::int64_t i0 = query_begin; i0 < query_end; i0 += kQueryBlock) {
+        const std::int64_t rows = std::min(kQueryBlock, query_end - i0);
+        const float* dy = dy_b + i0 * dvw;
+        float *p = p_buf.data(), *ds = ds_buf.data();
+        sc.compute(b, i0, rows, j0, cols, p, kKeyBlock);
+        for (std::int64_t i = 0; i < rows; ++i) probabilities(p + i * kKeyBlock, cols, lse_b[i0 + i]);
+        if (dv_b)  // dv += pT dy
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(dvw), to_int(rows), 1.0f, p, to_int(kKeyBlock), dy,
+                      to_int(dvw), 1.0f, dv_b + j0 * dvw, to_int(dvw));
+        if (!dq_b && !dk_b) continue;
+        // ds = p (dy vT - delta); dk += dsT q * scale; dq += ds k * scale
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(dvw), 1.0f, dy, to_int(dvw),
+                    v + j0 * dvw, to_int(dvw), 0.0f, ds, to_int(kKeyBlock));
+        for (std::int64_t i = 0; i < rows; ++i) times_difference(ds + i * kKeyBlock, p + i * kKeyBlock, cols, delta_b[i0 + i]);
+        if (dk_b)
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
+                      q + i0 * d, to_int(d), 1.0f, dk_b + j0 * d, to_int(d));
+        if (dq_b)
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(d), to_int(cols), sc.scale(), ds, to_int(kKeyBlock),
+                      k + j0 * d, to_int(d), 1.0f, dq_b + i0 * d, to_int(d));
+      }
     }
   });
 }

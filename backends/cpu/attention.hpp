@@ -21,6 +21,7 @@ struct AttentionArgs {
   ScoreArgs s;
   ConstView v;                // [..., M, Dv]
   View out;                   // [..., N, Dv]
+  float* lse = nullptr;       // when given: [..., N] rows' log-sum-exp, as attention_lse computes
 };
 
 /// Query blocks of kQueryBlock rows stream over key blocks of kKeyBlock keys with an online
@@ -47,6 +48,12 @@ struct AttentionGradArgs {
 /// key block, so no task writes another's rows. Masked blocks are skipped unless the batch entry
 /// holds a NaN or inf (whose products with the masked zeros the meaning keeps).
 void attention_grad(const AttentionGradArgs& args);
+
+/// dq, dk and dv (each nullptr when not wanted) in one pass per batch entry: each tile's p and ds
+/// feed all three, so the scores are computed once instead of three times. A task owns a whole
+/// batch entry (its dq rows are written by every key block), so this is the faster choice only
+/// when there are at least as many batch entries as threads. `args.out` and `args.wrt` are not read.
+void attention_grads(const AttentionGradArgs& args, float* dq, float* dk, float* dv);
 
 inline constexpr std::int64_t kQueryBlock = 128;
 inline constexpr std::int64_t kKeyBlock = 256;

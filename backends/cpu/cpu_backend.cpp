@@ -23,6 +23,7 @@ class CpuExecutable final : public Executable {
  public:
   explicit CpuExecutable(ir::Graph g) : graph_(std::move(g)), input_ids_(graph_.inputs()), slot_(graph_.size(), -1) {
     for (std::size_t i = 0; i < input_ids_.size(); ++i) slot_[static_cast<std::size_t>(input_ids_[i])] = static_cast<int>(i);
+    find_kernel_groups();
   }
   const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return memory_.total_bytes; }
@@ -37,7 +38,8 @@ class CpuExecutable final : public Executable {
     gather_inputs(graph_, input_ids_, inputs, state_, tensors_);
     value_checks_.check(tensors_);
     if (!signature_.matches(tensors_)) plan();
-    for (std::size_t i = 0; i < graph_.size(); ++i) execute(i);
+    for (std::size_t i = 0; i < graph_.size(); ++i)
+      if (!computed_with_leader(i)) execute(i);
     // Updates write back into the held tensors once every kernel has read the old values.
     for (const auto& [name, v] : graph_.updates()) {
       const float* src = value_ptr(static_cast<std::size_t>(v));
@@ -66,6 +68,7 @@ class CpuExecutable final : public Executable {
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * static_cast<std::int64_t>(sizeof(float));
     // f32 inputs are read where the caller keeps them; bool and i32 inputs are widened into the arena.
     memory_ = ir::plan_memory(graph_, bytes, [](const Node& n) { return n.op == Op::input && n.dtype == DType::f32; }, 64);
+    plan_kernel_groups();
     try {
       arena_.assign(static_cast<std::size_t>(memory_.total_bytes / 4 + 16), 0.0f);
     } catch (const std::bad_alloc&) {
@@ -88,6 +91,70 @@ class CpuExecutable final : public Executable {
     return arena_.data() + memory_.offset[root] / 4;
   }
   float* out_ptr(std::size_t v) { return arena_.data() + memory_.offset[v] / 4; }
+
+  /// Nodes one kernel computes together when they are adjacent: attention and the attention_lse
+  /// of its operands (placed next to it by the pipeline), and attention's gradients with respect
+  /// to q, k and v (three nodes with the same operands, emitted together by autodiff). The
+  /// group's first node is its leader; the others point to it.
+  void find_kernel_groups() {
+    leader_.assign(graph_.size(), -1);
+    group_.assign(graph_.size(), {});
+    for (std::size_t i = 0; i + 1 < graph_.size(); ++i) {
+      const Node& n = graph_.nodes()[i];
+      if (n.op != Op::attention && n.op != Op::masked_attention) continue;
+      const Node& s = graph_.nodes()[i + 1];
+      std::vector<ir::ValueId> qk = {n.inputs[0], n.inputs[1]};
+      if (n.op == Op::masked_attention) qk.push_back(n.inputs[3]);
+      if (s.op != (n.op == Op::attention ? Op::attention_lse : Op::masked_attention_lse) || s.inputs != qk || !(s.attrs == n.attrs)) continue;
+      group_[i] = {i, i + 1};
+      leader_[i + 1] = static_cast<ir::ValueId>(i);
+    }
+    for (std::size_t i = 0; i < graph_.size(); ++i) {
+      const Node& n = graph_.nodes()[i];
+      if ((n.op != Op::attention_grad && n.op != Op::masked_attention_grad) || leader_[i] >= 0) continue;
+      group_[i].push_back(i);
+      for (std::size_t j = i + 1; j < graph_.size() && group_[i].size() < 3; ++j) {
+        const Node& s = graph_.nodes()[j];
+        ir::Attrs same = s.attrs;
+        same.wrt = n.attrs.wrt;
+        if (s.op != n.op || s.inputs != n.inputs || !(same == n.attrs)) break;
+        group_[i].push_back(j);
+        leader_[j] = static_cast<ir::ValueId>(i);
+      }
+      if (group_[i].size() == 1) group_[i].clear();
+    }
+  }
+
+  /// Whether each group runs as one kernel for the planned shapes: only if the plan gave its
+  /// outputs disjoint bytes (it does for adjacent nodes with the same operands; checked, not
+  /// assumed), and for gradients only with a batch entry per thread at least (the joint kernel's
+  /// unit of work).
+  void plan_kernel_groups() {
+    group_fused_.assign(graph_.size(), false);
+    for (std::size_t i = 0; i < graph_.size(); ++i) {
+      if (group_[i].empty()) continue;
+      bool ok = true;
+      const Node& n = graph_.nodes()[i];
+      if (n.op == Op::attention_grad || n.op == Op::masked_attention_grad) {
+        const ir::Shape& dy = shapes_[static_cast<std::size_t>(n.inputs[3])];
+        std::int64_t batches = 1;
+        for (int d = 0; d + 2 < dy.rank; ++d) batches *= dy[d];
+        ok = batches >= static_cast<std::int64_t>(cpu::ThreadPool::global().size());
+      }
+      for (std::size_t a : group_[i])
+        for (std::size_t b : group_[i]) {
+          if (a >= b) continue;
+          const std::int64_t a0 = memory_.offset[a], b0 = memory_.offset[b];
+          const std::int64_t a1 = a0 + shapes_[a].numel() * 4, b1 = b0 + shapes_[b].numel() * 4;
+          ok = ok && a0 >= 0 && b0 >= 0 && (a1 <= b0 || b1 <= a0);
+        }
+      group_fused_[i] = ok;
+    }
+  }
+
+  bool computed_with_leader(std::size_t i) const {
+    return leader_[i] >= 0 && group_fused_[static_cast<std::size_t>(leader_[i])];
+  }
 
   void execute(std::size_t i) {
     const Node& n = graph_.nodes()[i];
@@ -147,7 +214,8 @@ class CpuExecutable final : public Executable {
       case Op::attention:
       case Op::masked_attention: {
         cpu::ConstView mask{};
-        return cpu::attention({scores(n, n.op == Op::masked_attention ? 3 : -1, mask), in(2), out});
+        float* lse = group_fused_[i] ? out_ptr(group_[i][1]) : nullptr;  // with its attention_lse
+        return cpu::attention({scores(n, n.op == Op::masked_attention ? 3 : -1, mask), in(2), out, lse});
       }
       case Op::attention_lse:
       case Op::masked_attention_lse: {
@@ -157,14 +225,21 @@ class CpuExecutable final : public Executable {
       case Op::attention_grad:
       case Op::masked_attention_grad: {
         cpu::ConstView mask{};
-        return cpu::attention_grad({scores(n, n.op == Op::masked_attention_grad ? 6 : -1, mask), in(2), in(3), in(4), in(5),
-                                    n.attrs.wrt, out});
+        const cpu::AttentionGradArgs args{scores(n, n.op == Op::masked_attention_grad ? 6 : -1, mask), in(2), in(3), in(4), in(5),
+                                          n.attrs.wrt, out};
+        if (!group_fused_[i]) return cpu::attention_grad(args);
+        float* grads[3] = {nullptr, nullptr, nullptr};
+        for (std::size_t member : group_[i]) grads[graph_.nodes()[member].attrs.wrt] = out_ptr(member);
+        return cpu::attention_grads(args, grads[0], grads[1], grads[2]);
       }
     }
     QKV_UNREACHABLE("op");
   }
 
   ir::Graph graph_;
+  std::vector<ir::ValueId> leader_;              // node -> its kernel group's leader, or -1
+  std::vector<std::vector<std::size_t>> group_;  // leader -> its group's nodes (empty otherwise)
+  std::vector<bool> group_fused_;                // leader -> the group runs as one kernel
   std::vector<ir::ValueId> input_ids_;
   InputValueChecks value_checks_{graph_, input_ids_};
   std::vector<int> slot_;                // node -> index into tensors_ (inputs only)

@@ -23,6 +23,11 @@ Graph eliminate_dead_code(const Graph& g);
 /// causal attribute (fuse_attention.cpp). Backends that do not keep attention decompose it back.
 Graph fuse_attention(const Graph& g);
 
+/// Moves each attention_lse (attention's backward reads it) to right after the attention node
+/// with the same operands and attributes, so a backend can compute both in one pass; the order
+/// is otherwise kept (place_attention_lse.cpp).
+Graph place_attention_lse(const Graph& g);
+
 /// The graph with only the outputs named in `keep` (in that order) and all its updates; nodes
 /// that only dropped outputs needed go too (select_outputs.cpp).
 Graph select_outputs(const Graph& g, const std::vector<std::string>& keep);
@@ -51,7 +56,8 @@ struct GradientSpec {
 /// ShapeError for a bad spec and UnsupportedError naming an op without a rule.
 Graph build_backward(const Graph& g, const GradientSpec& spec, const std::function<GradientInfo(Op)>& rules = gradient_info);
 
-/// Runs the passes a backend's compile runs, in order: fuse attention, decompose, CSE, DCE; verifies after each
+/// Runs the passes a backend's compile runs, in order: fuse attention, decompose, CSE, DCE, place
+/// attention_lse; verifies after each
 /// and prints the IR to stderr after each when QKV_PRINT_IR=after-all (pipeline.cpp).
 Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite);
 

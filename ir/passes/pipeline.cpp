@@ -27,6 +27,8 @@ Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& 
   after("cse", r);
   r = eliminate_dead_code(r);
   after("dce", r);
+  r = place_attention_lse(r);
+  after("place-attention-lse", r);
   return r;
 }
 

@@ -4,6 +4,7 @@
 #include "backends/backend.hpp"
 #include "backends/equivalence.hpp"
 #include "dsl/dsl.hpp"
+#include "tests/support/backend_fixture.hpp"
 #include "ir/passes/passes.hpp"
 
 namespace qkv {
@@ -50,6 +51,31 @@ TEST(FusedAttention, CpuBackwardKeepsAttentionFusedAndMemoryLinear) {
   // The output, lse and delta, the three gradients and dy * y: about 6 N x 64 floats (6 MiB);
   // one N x N matrix would be 64 MiB.
   EXPECT_LE(exe->planned_bytes(), 8 * n * 64 * 4);
+}
+
+/// With a batch entry per thread or more, the cpu backend computes dq, dk and dv in one kernel
+/// (one pass over the scores); with fewer, one kernel each (B = 1 here on machines with more than
+/// two threads; the registry sweep of attention_grad runs the separate kernels everywhere).
+/// Against the reference, with broadcast k and v (grouped heads), a padding mask, and a sliding
+/// window that skips blocks.
+TEST(FusedAttention, CpuBackwardMatchesReferenceJointAndSeparate) {
+  auto q = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<16>);
+  auto k = input<"k">(dim<"B">, dim<1>, dim<"M">, dim<16>);
+  auto v = input<"v">(dim<"B">, dim<1>, dim<"M">, dim<8>);
+  auto keep = input<"keep", DType::boolean>(dim<"B">, dim<1>, dim<1>, dim<"M">);
+  auto loss = [](auto y) { return named<"loss">(sum_all(y * y)); };
+  const ir::Graph graphs[] = {
+      lower(loss(scaled_dot_product_attention(q, k, v, sliding_window<40>))),
+      lower(loss(scaled_dot_product_attention(q, k, v, keep))),
+  };
+  for (const ir::Graph& forward : graphs) {
+    ir::Graph g = ir::build_backward(forward, {"loss", {"q", "k", "v"}, {}});
+    for (std::int64_t batch : {1, 40}) {
+      SCOPED_TRACE(batch);
+      auto in = backend::random_inputs(g, {{"B", batch}, {"N", 150}, {"M", 300}}, 5);
+      testing::expect_equivalent(g, in, "cpu");
+    }
+  }
 }
 
 }  // namespace

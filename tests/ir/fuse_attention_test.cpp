@@ -79,6 +79,14 @@ TEST(Autodiff, BackwardKeepsAttentionFused) {
   EXPECT_EQ(count(g, ir::Op::softmax), 0) << ir::print(g);
   EXPECT_EQ(count(g, ir::Op::matmul), 0) << ir::print(g);
   EXPECT_EQ(g.type_string(g.output("d_k")), "f32[B,M,16]");
+  // A backend that keeps attention gets the forward's row statistic right after it, where one
+  // kernel can compute both.
+  ir::Graph kept = ir::lower_for_backend(g, [](const ir::Node&) { return true; });
+  ir::ValueId at = -1;
+  for (std::size_t i = 0; i < kept.size(); ++i)
+    if (kept.nodes()[i].op == ir::Op::attention) at = static_cast<ir::ValueId>(i);
+  ASSERT_GE(at, 0);
+  EXPECT_EQ(kept.node(at + 1).op, ir::Op::attention_lse) << ir::print(kept);
   // A backend that runs the decompositions shares the scores among them: the forward's two
   // products and the backward's four (dv, dy vT shared by dq and dk, dq, dk), as unfused
   // autodiff had.
