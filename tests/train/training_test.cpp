@@ -9,6 +9,7 @@
 #include "backends/equivalence.hpp"
 #include "dsl/dsl.hpp"
 #include "io/npy.hpp"
+#include "ir/printer.hpp"
 #include "tests/support/backend_fixture.hpp"
 #include "tools/models/models.hpp"
 #include "train/init.hpp"
@@ -128,6 +129,23 @@ TEST_P(Training, LearnsTheCopyTaskWithEitherOptimizer) {
     auto l = losses(*b, 70, optimizer);
     EXPECT_LT(l.back(), 0.25 * models::copy_task_chance_loss()) << name << ": first " << l.front();
   }
+}
+
+TEST(Training, KeepsAttentionFused) {
+  // The copy task's step graph runs attention forward and backward as fused nodes: no softmax
+  // over the scores, and no score-sized value in the cpu backend's plan.
+  ir::Graph model = models::copy_task_model();
+  auto params = models::copy_task_params();
+  auto cpu = backend::create("cpu");
+  train::Trainer t(model, "loss", params, kSgd, *cpu, train::initialize(model, params, {train::Init::xavier_uniform}, 7));
+  int forward = 0, backward = 0;
+  for (const ir::Node& n : t.graph().nodes()) {
+    forward += n.op == ir::Op::attention || n.op == ir::Op::masked_attention;
+    backward += n.op == ir::Op::attention_grad || n.op == ir::Op::masked_attention_grad;
+    EXPECT_NE(n.op, ir::Op::softmax);
+  }
+  EXPECT_GE(forward, 1) << ir::print(t.graph());
+  EXPECT_EQ(backward, 3 * forward) << ir::print(t.graph());
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Training, ::testing::Values("cpu", "vulkan"));
