@@ -134,6 +134,21 @@ void probabilities(float* row, std::int64_t cols, float lse) {
   for (std::int64_t j = 0; j < cols; ++j) row[j] = row[j] == kNegInf ? 0.0f : std::exp(row[j] - lse);
 }
 
+/// One tile of attention's backward, rows [i0, i0 + rows) by keys [j0, j0 + cols) of batch entry
+/// b: p = exp(s - lse) into `p` and, when ds is given, ds = p (dy vT - delta) into `ds` (both
+/// with row stride kKeyBlock). dy, lse and delta point at row i0, v at key j0.
+void backward_tile(const Scores& sc, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
+                   const float* dy, const float* v, std::int64_t dv, const float* lse, const float* delta, float* p, float* ds) {
+  sc.compute(b, i0, rows, j0, cols, p, kKeyBlock);
+  if (ds)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(dv), 1.0f, dy, to_int(dv), v, to_int(dv), 0.0f,
+                ds, to_int(kKeyBlock));
+  for (std::int64_t i = 0; i < rows; ++i) {
+    probabilities(p + i * kKeyBlock, cols, lse[i]);
+    if (ds) times_difference(ds + i * kKeyBlock, p + i * kKeyBlock, cols, delta[i]);
+  }
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a) {
@@ -264,15 +279,8 @@ void attention_grad(const AttentionGradArgs& a) {
       const auto [key_begin, key_end] = finite[static_cast<std::size_t>(b)] ? sc.keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m};
       for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
         const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
-        float *p = p_buf.data(), *ds = ds_buf.data();
-        sc.compute(b, i0, rows, j0, cols, p, kKeyBlock);
-        // ds = dy vT, then p (ds - delta)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(dv), 1.0f, dy, to_int(dv),
-                    v_at(b) + j0 * dv, to_int(dv), 0.0f, ds, to_int(kKeyBlock));
-        for (std::int64_t i = 0; i < rows; ++i) {
-          probabilities(p + i * kKeyBlock, cols, lse[i]);
-          times_difference(ds + i * kKeyBlock, p + i * kKeyBlock, cols, delta[i]);
-        }
+        float* ds = ds_buf.data();
+        backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p_buf.data(), ds);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(d), to_int(cols), sc.scale(), ds, to_int(kKeyBlock),
                     sc.k(b) + j0 * d, to_int(d), 1.0f, dq, to_int(d));
       }
@@ -294,18 +302,14 @@ void attention_grad(const AttentionGradArgs& a) {
     for (std::int64_t i0 = query_begin; i0 < query_end; i0 += kQueryBlock) {
       const std::int64_t rows = std::min(kQueryBlock, query_end - i0);
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
-      float *p = p_buf.data(), *ds = ds_buf.data();
-      sc.compute(b, i0, rows, j0, cols, p, kKeyBlock);
-      for (std::int64_t i = 0; i < rows; ++i) probabilities(p + i * kKeyBlock, cols, lse[i]);
+      float *p = p_buf.data(), *ds = a.wrt == 1 ? ds_buf.data() : nullptr;
+      backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
       if (a.wrt == 2) {  // dv += pT dy
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(dv), to_int(rows), 1.0f, p, to_int(kKeyBlock), dy,
                     to_int(dv), 1.0f, acc, to_int(dv));
         continue;
       }
-      // ds = p (dy vT - delta); dk += dsT q * scale
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(dv), 1.0f, dy, to_int(dv),
-                  v_at(b) + j0 * dv, to_int(dv), 0.0f, ds, to_int(kKeyBlock));
-      for (std::int64_t i = 0; i < rows; ++i) times_difference(ds + i * kKeyBlock, p + i * kKeyBlock, cols, delta[i]);
+      // dk += dsT q * scale
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
                   sc.q(b) + i0 * d, to_int(d), 1.0f, acc, to_int(d));
     }
@@ -337,17 +341,13 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
       for (std::int64_t i0 = query_begin; i0 < query_end; i0 += kQueryBlock) {
         const std::int64_t rows = std::min(kQueryBlock, query_end - i0);
         const float* dy = dy_b + i0 * dvw;
-        float *p = p_buf.data(), *ds = ds_buf.data();
-        sc.compute(b, i0, rows, j0, cols, p, kKeyBlock);
-        for (std::int64_t i = 0; i < rows; ++i) probabilities(p + i * kKeyBlock, cols, lse_b[i0 + i]);
+        float *p = p_buf.data(), *ds = dq_b || dk_b ? ds_buf.data() : nullptr;
+        backward_tile(sc, b, i0, rows, j0, cols, dy, v + j0 * dvw, dvw, lse_b + i0, delta_b + i0, p, ds);
         if (dv_b)  // dv += pT dy
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(dvw), to_int(rows), 1.0f, p, to_int(kKeyBlock), dy,
                       to_int(dvw), 1.0f, dv_b + j0 * dvw, to_int(dvw));
-        if (!dq_b && !dk_b) continue;
-        // ds = p (dy vT - delta); dk += dsT q * scale; dq += ds k * scale
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(dvw), 1.0f, dy, to_int(dvw),
-                    v + j0 * dvw, to_int(dvw), 0.0f, ds, to_int(kKeyBlock));
-        for (std::int64_t i = 0; i < rows; ++i) times_difference(ds + i * kKeyBlock, p + i * kKeyBlock, cols, delta_b[i0 + i]);
+        if (!ds) continue;
+        // dk += dsT q * scale; dq += ds k * scale
         if (dk_b)
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
                       q + i0 * d, to_int(d), 1.0f, dk_b + j0 * d, to_int(d));

@@ -19,6 +19,40 @@ namespace {
 using ir::Node;
 using ir::Op;
 
+/// Nodes one kernel computes together when they are adjacent: attention and the attention_lse
+/// of its operands (placed next to it by the pipeline), and attention's gradients with respect
+/// to q, k and v (three nodes with the same operands, emitted together by autodiff). Indexed by
+/// the group's first node (its leader): the group's nodes; empty for the others.
+std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
+  std::vector<std::vector<std::size_t>> group(g.size());
+  std::vector<bool> member(g.size(), false);
+  for (std::size_t i = 0; i + 1 < g.size(); ++i) {
+    const Node& n = g.nodes()[i];
+    if (n.op != Op::attention && n.op != Op::masked_attention) continue;
+    const Node& s = g.nodes()[i + 1];
+    std::vector<ir::ValueId> qk = {n.inputs[0], n.inputs[1]};
+    if (n.op == Op::masked_attention) qk.push_back(n.inputs[3]);
+    if (s.op != (n.op == Op::attention ? Op::attention_lse : Op::masked_attention_lse) || s.inputs != qk || !(s.attrs == n.attrs)) continue;
+    group[i] = {i, i + 1};
+    member[i + 1] = true;
+  }
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const Node& n = g.nodes()[i];
+    if ((n.op != Op::attention_grad && n.op != Op::masked_attention_grad) || member[i]) continue;
+    std::vector<std::size_t> members = {i};
+    for (std::size_t j = i + 1; j < g.size() && members.size() < 3; ++j) {
+      const Node& s = g.nodes()[j];
+      ir::Attrs same = s.attrs;
+      same.wrt = n.attrs.wrt;
+      if (s.op != n.op || s.inputs != n.inputs || !(same == n.attrs)) break;
+      members.push_back(j);
+      member[j] = true;
+    }
+    if (members.size() > 1) group[i] = std::move(members);
+  }
+  return group;
+}
+
 class CpuExecutable final : public Executable {
  public:
   explicit CpuExecutable(ir::Graph g) : graph_(std::move(g)), input_ids_(graph_.inputs()), slot_(graph_.size(), -1) {
@@ -92,37 +126,11 @@ class CpuExecutable final : public Executable {
   }
   float* out_ptr(std::size_t v) { return arena_.data() + memory_.offset[v] / 4; }
 
-  /// Nodes one kernel computes together when they are adjacent: attention and the attention_lse
-  /// of its operands (placed next to it by the pipeline), and attention's gradients with respect
-  /// to q, k and v (three nodes with the same operands, emitted together by autodiff). The
-  /// group's first node is its leader; the others point to it.
   void find_kernel_groups() {
+    group_ = kernel_groups(graph_);
     leader_.assign(graph_.size(), -1);
-    group_.assign(graph_.size(), {});
-    for (std::size_t i = 0; i + 1 < graph_.size(); ++i) {
-      const Node& n = graph_.nodes()[i];
-      if (n.op != Op::attention && n.op != Op::masked_attention) continue;
-      const Node& s = graph_.nodes()[i + 1];
-      std::vector<ir::ValueId> qk = {n.inputs[0], n.inputs[1]};
-      if (n.op == Op::masked_attention) qk.push_back(n.inputs[3]);
-      if (s.op != (n.op == Op::attention ? Op::attention_lse : Op::masked_attention_lse) || s.inputs != qk || !(s.attrs == n.attrs)) continue;
-      group_[i] = {i, i + 1};
-      leader_[i + 1] = static_cast<ir::ValueId>(i);
-    }
-    for (std::size_t i = 0; i < graph_.size(); ++i) {
-      const Node& n = graph_.nodes()[i];
-      if ((n.op != Op::attention_grad && n.op != Op::masked_attention_grad) || leader_[i] >= 0) continue;
-      group_[i].push_back(i);
-      for (std::size_t j = i + 1; j < graph_.size() && group_[i].size() < 3; ++j) {
-        const Node& s = graph_.nodes()[j];
-        ir::Attrs same = s.attrs;
-        same.wrt = n.attrs.wrt;
-        if (s.op != n.op || s.inputs != n.inputs || !(same == n.attrs)) break;
-        group_[i].push_back(j);
-        leader_[j] = static_cast<ir::ValueId>(i);
-      }
-      if (group_[i].size() == 1) group_[i].clear();
-    }
+    for (std::size_t i = 0; i < graph_.size(); ++i)
+      for (std::size_t j = 1; j < group_[i].size(); ++j) leader_[group_[i][j]] = static_cast<ir::ValueId>(i);
   }
 
   /// Whether each group runs as one kernel for the planned shapes: only if the plan gave its
@@ -267,9 +275,18 @@ class CpuBackend final : public Backend {
       case Op::attention:
       case Op::masked_attention: return "fused attention (online softmax)";
       case Op::attention_lse:
-      case Op::masked_attention_lse: return "fused attention row log-sum-exp";
+      case Op::masked_attention_lse:
       case Op::attention_grad:
-      case Op::masked_attention_grad: return "fused attention backward (FlashAttention-2)";
+      case Op::masked_attention_grad: {
+        // A group's other nodes are computed by its leader's kernel (see kernel_groups).
+        const auto groups = kernel_groups(g);
+        const bool lse = g.node(v).op == Op::attention_lse || g.node(v).op == Op::masked_attention_lse;
+        for (std::size_t i = 0; i < groups.size(); ++i)
+          for (std::size_t j = 1; j < groups[i].size(); ++j)
+            if (groups[i][j] == static_cast<std::size_t>(v))
+              return "(in %" + std::to_string(i) + "'s kernel" + (lse ? ")" : " with a batch entry per thread)");
+        return lse ? "fused attention row log-sum-exp" : "fused attention backward (FlashAttention-2)";
+      }
       case Op::softmax:
       case Op::log_softmax: return "row softmax";
       default: return "loop";
