@@ -134,6 +134,12 @@ void probabilities(float* row, std::int64_t cols, float lse) {
   for (std::int64_t j = 0; j < cols; ++j) row[j] = row[j] == kNegInf ? 0.0f : std::exp(row[j] - lse);
 }
 
+/// This thread's p and ds tiles, kQueryBlock x kKeyBlock floats each.
+std::pair<float*, float*> tile_buffers() {
+  thread_local std::vector<float> p(static_cast<std::size_t>(kQueryBlock * kKeyBlock)), ds(p.size());
+  return {p.data(), ds.data()};
+}
+
 /// One tile of attention's backward, rows [i0, i0 + rows) by keys [j0, j0 + cols) of batch entry
 /// b: p = exp(s - lse) into `p` and, when ds is given, ds = p (dy vT - delta) into `ds` (both
 /// with row stride kKeyBlock). dy, lse and delta point at row i0, v at key j0.
@@ -268,19 +274,16 @@ void attention_grad(const AttentionGradArgs& a) {
     // dq: per query block, over its key blocks.
     const std::int64_t blocks = blocks_of(n, kQueryBlock);
     ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
-      thread_local std::vector<float> p_buf, ds_buf;
+      const auto [p, ds] = tile_buffers();
       const std::int64_t b = task / blocks, i0 = (task % blocks) * kQueryBlock;
       const std::int64_t rows = std::min(kQueryBlock, n - i0);
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
       float* dq = a.out.data + b * n * d + i0 * d;
-      p_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
-      ds_buf.resize(p_buf.size());
       std::fill_n(dq, rows * d, 0.0f);
       const auto [key_begin, key_end] = finite[static_cast<std::size_t>(b)] ? sc.keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m};
       for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
         const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
-        float* ds = ds_buf.data();
-        backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p_buf.data(), ds);
+        backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(d), to_int(cols), sc.scale(), ds, to_int(kKeyBlock),
                     sc.k(b) + j0 * d, to_int(d), 1.0f, dq, to_int(d));
       }
@@ -291,18 +294,16 @@ void attention_grad(const AttentionGradArgs& a) {
   // dk or dv: per key block, over its query blocks.
   const std::int64_t blocks = blocks_of(m, kKeyBlock), width = a.wrt == 1 ? d : dv;
   ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
-    thread_local std::vector<float> p_buf, ds_buf;
+    const auto [p, ds_tile] = tile_buffers();
     const std::int64_t b = task / blocks, j0 = (task % blocks) * kKeyBlock;
     const std::int64_t cols = std::min(kKeyBlock, m - j0);
     float* acc = a.out.data + b * m * width + j0 * width;
-    p_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
-    ds_buf.resize(p_buf.size());
     std::fill_n(acc, cols * width, 0.0f);
     const auto [query_begin, query_end] = finite[static_cast<std::size_t>(b)] ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
     for (std::int64_t i0 = query_begin; i0 < query_end; i0 += kQueryBlock) {
       const std::int64_t rows = std::min(kQueryBlock, query_end - i0);
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
-      float *p = p_buf.data(), *ds = a.wrt == 1 ? ds_buf.data() : nullptr;
+      float* ds = a.wrt == 1 ? ds_tile : nullptr;
       backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
       if (a.wrt == 2) {  // dv += pT dy
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(dv), to_int(rows), 1.0f, p, to_int(kKeyBlock), dy,
@@ -321,9 +322,7 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
   const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dvw = a.v.shape.back(0);
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dvw);
   ThreadPool::global().parallel_for(sc.batches(), [&](std::int64_t b) {
-    thread_local std::vector<float> p_buf, ds_buf;
-    p_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
-    ds_buf.resize(p_buf.size());
+    const auto [p, ds_tile] = tile_buffers();
     const float *q = sc.q(b), *k = sc.k(b), *v = a.v.data + offset_at(b, sc.batch(), vs), *dy_b = a.dy.data + b * n * dvw;
     const float *lse_b = a.lse.data + b * n, *delta_b = a.delta.data + b * n;
     float* dq_b = dq ? dq + b * n * d : nullptr;
@@ -341,7 +340,7 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
       for (std::int64_t i0 = query_begin; i0 < query_end; i0 += kQueryBlock) {
         const std::int64_t rows = std::min(kQueryBlock, query_end - i0);
         const float* dy = dy_b + i0 * dvw;
-        float *p = p_buf.data(), *ds = dq_b || dk_b ? ds_buf.data() : nullptr;
+        float* ds = dq_b || dk_b ? ds_tile : nullptr;
         backward_tile(sc, b, i0, rows, j0, cols, dy, v + j0 * dvw, dvw, lse_b + i0, delta_b + i0, p, ds);
         if (dv_b)  // dv += pT dy
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(dvw), to_int(rows), 1.0f, p, to_int(kKeyBlock), dy,
