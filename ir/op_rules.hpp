@@ -240,9 +240,9 @@ constexpr ShapeResult attention(std::span<const Operand> in) {
 /// attention_lse(q, k [, mask]): the masked scores' shape with one column, [..,N,1].
 constexpr ShapeResult attention_lse(std::span<const Operand> in) {
   const Operand q = in[0], k = in[1];
+  if (k.shape.rank < 2) return fail(ShapeErr::rank_too_small, k.shape.rank, 2, 1);
   Shape vs = k.shape;  // a stand-in v [..,M,1] makes the forward rule give [..,N,1]
   vs[vs.rank - 1] = 1;
-  if (k.shape.rank < 2) return attention(in);  // reports the rank
   if (in.size() == 3) {
     const Operand args[4] = {q, k, {vs, k.dtype}, in[2]};
     ShapeResult r = attention(args);

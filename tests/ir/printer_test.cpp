@@ -123,6 +123,12 @@ TEST(Parser, EveryErrorNamesItsLine) {
                      "line 4: update of input 'a'");
   expect_parse_error("graph {\n  %0 = input \"a\" : f32[2]\n  %1 = input \"a\" : f32[2]\n  return out=%0\n}\n", "line 3: input name 'a' used twice");
   expect_parse_error("graph {\n  %0 = input \"a\" : f32[2]\n}\n", "no 'return' line");
+  // Attention's backward ops check their operands' ranks before reading any dim.
+  expect_parse_error(one_input("f32[2]", "  %1 = attention_lse(%0, %0) {value=1, causal=false, align=top_left} : f32[2,1]\n  return out=%1\n"),
+                     "line 3:");
+  expect_parse_error(one_input("f32[]", "  %1 = attention_grad(%0, %0, %0, %0, %0, %0) {value=1, causal=false, align=top_left, wrt=1} : f32[]\n"
+                                        "  return out=%1\n"),
+                     "line 3:");
 }
 
 TEST(Parser, AGraphWithoutOutputsRoundTrips) {
