@@ -134,9 +134,10 @@ class CpuExecutable final : public Executable {
   }
 
   /// Whether each group runs as one kernel for the planned shapes: only if the plan gave its
-  /// outputs disjoint bytes (it does for adjacent nodes with the same operands; checked, not
-  /// assumed), and for gradients only with a batch entry per thread at least (the joint kernel's
-  /// unit of work).
+  /// outputs bytes apart from each other and from every operand the leader reads (the plan may
+  /// reuse an operand that only the leader reads, such as attention's v, for a later member's
+  /// output; checked, not assumed), and for gradients only with a batch entry per thread at least
+  /// (the joint kernel's unit of work).
   void plan_kernel_groups() {
     group_fused_.assign(graph_.size(), false);
     for (std::size_t i = 0; i < graph_.size(); ++i) {
@@ -149,13 +150,22 @@ class CpuExecutable final : public Executable {
         for (int d = 0; d + 2 < dy.rank; ++d) batches *= dy[d];
         ok = batches >= static_cast<std::int64_t>(cpu::ThreadPool::global().size());
       }
-      for (std::size_t a : group_[i])
-        for (std::size_t b : group_[i]) {
-          if (a >= b) continue;
-          const std::int64_t a0 = memory_.offset[a], b0 = memory_.offset[b];
-          const std::int64_t a1 = a0 + shapes_[a].numel() * 4, b1 = b0 + shapes_[b].numel() * 4;
-          ok = ok && a0 >= 0 && b0 >= 0 && (a1 <= b0 || b1 <= a0);
-        }
+      // Byte ranges in the arena (empty for values read where the caller keeps them).
+      auto bytes_of = [&](std::size_t v) {
+        const auto root = static_cast<std::size_t>(memory_.storage_of[v]);
+        const std::int64_t at = memory_.offset[root];
+        return std::pair<std::int64_t, std::int64_t>{at, at < 0 ? at : at + shapes_[root].numel() * 4};
+      };
+      auto apart = [](std::pair<std::int64_t, std::int64_t> a, std::pair<std::int64_t, std::int64_t> b) {
+        return a.first < 0 || b.first < 0 || a.second <= b.first || b.second <= a.first;
+      };
+      for (std::size_t a : group_[i]) {
+        ok = ok && memory_.offset[a] >= 0;
+        for (std::size_t b : group_[i])
+          if (a < b) ok = ok && apart(bytes_of(a), bytes_of(b));
+        if (a != i)
+          for (ir::ValueId operand : n.inputs) ok = ok && apart(bytes_of(a), bytes_of(static_cast<std::size_t>(operand)));
+      }
       group_fused_[i] = ok;
     }
   }

@@ -6,6 +6,7 @@
 #include "dsl/dsl.hpp"
 #include "tests/support/backend_fixture.hpp"
 #include "ir/passes/passes.hpp"
+#include "ir/printer.hpp"
 
 namespace qkv {
 namespace {
@@ -78,6 +79,22 @@ TEST(FusedAttention, CpuBackwardMatchesReferenceJointAndSeparate) {
       testing::expect_equivalent(g, in, "cpu");
     }
   }
+}
+
+/// The forward kernel writes attention_lse's rows while it still reads v; when v is a value only
+/// attention reads, the plan may give the lse v's bytes, and the two must then run apart.
+TEST(FusedAttention, CpuLseBesideTheForwardNeverOverwritesItsOperands) {
+  ir::Graph g = ir::parse_graph(
+      "graph {\n"
+      "  %0 = input \"q\" : f32[2,300,8]\n"
+      "  %1 = input \"k\" : f32[2,300,8]\n"
+      "  %2 = input \"x\" : f32[2,300,8]\n"
+      "  %3 = exp(%2) : f32[2,300,8]\n"
+      "  %4 = attention(%0, %1, %3) {value=0.35, causal=true, align=top_left} : f32[2,300,8]\n"
+      "  %5 = attention_lse(%0, %1) {value=0.35, causal=true, align=top_left} : f32[2,300,1]\n"
+      "  return y=%4, lse=%5\n"
+      "}\n");
+  testing::expect_equivalent(g, backend::random_inputs(g, {}, 11), "cpu");
 }
 
 }  // namespace
