@@ -155,6 +155,14 @@ void backward_tile(const Scores& sc, std::int64_t b, std::int64_t i0, std::int64
   }
 }
 
+/// Whether the backward may skip batch entry b's masked blocks: only while no NaN or inf among
+/// q, k, v, dy and delta meets a masked zero (see attention). v, dy and delta point at entry b.
+bool backward_may_skip(const Scores& sc, std::int64_t b, const float* v, std::int64_t dv, const float* dy, const float* delta) {
+  const std::int64_t n = sc.n(), m = sc.m(), d = sc.d();
+  return all_finite(sc.q(b), n * d) && all_finite(sc.k(b), m * d) && all_finite(v, m * dv) && all_finite(dy, n * dv) &&
+         all_finite(delta, n);
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& a) {
@@ -223,19 +231,20 @@ void attention_lse(const ScoreArgs& args, View out) {
   const std::int64_t n = sc.n(), blocks = blocks_of(n, kQueryBlock);
   // Masked keys add exp(-inf) = 0 whatever the operands hold, so skipping their blocks is exact.
   ThreadPool::global().parallel_for(sc.batches() * blocks, [&](std::int64_t task) {
-    thread_local std::vector<float> s_buf;
+    thread_local std::vector<float> mx;
+    thread_local std::vector<double> sum;
+    float* s = tile_buffers().first;
     const std::int64_t b = task / blocks, i0 = (task % blocks) * kQueryBlock;
     const std::int64_t rows = std::min(kQueryBlock, n - i0);
     float* lse = out.data + b * n + i0;
-    std::vector<float> mx(static_cast<std::size_t>(rows), kNegInf);
-    std::vector<double> sum(static_cast<std::size_t>(rows), 0.0);
-    s_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
+    mx.assign(static_cast<std::size_t>(rows), kNegInf);
+    sum.assign(static_cast<std::size_t>(rows), 0.0);
     const auto [key_begin, key_end] = sc.keys_for(i0, rows);
     for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
-      sc.compute(b, i0, rows, j0, cols, s_buf.data(), kKeyBlock);
+      sc.compute(b, i0, rows, j0, cols, s, kKeyBlock);
       for (std::int64_t i = 0; i < rows; ++i) {
-        float* row = s_buf.data() + i * kKeyBlock;
+        float* row = s + i * kKeyBlock;
         float& mi = mx[static_cast<std::size_t>(i)];
         const float m_new = max_of(row, cols, mi);
         if (m_new == kNegInf) continue;
@@ -266,8 +275,7 @@ void attention_grad(const AttentionGradArgs& a) {
   std::vector<std::uint8_t> finite(static_cast<std::size_t>(batches), 1);
   if (a.s.causal)
     ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
-      finite[static_cast<std::size_t>(b)] = all_finite(sc.q(b), n * d) && all_finite(sc.k(b), m * d) && all_finite(v_at(b), m * dv) &&
-                                            all_finite(dy_at(b), n * dv) && all_finite(row_stat(a.delta, b), n);
+      finite[static_cast<std::size_t>(b)] = backward_may_skip(sc, b, v_at(b), dv, dy_at(b), row_stat(a.delta, b));
     });
 
   if (a.wrt == 0) {
@@ -332,8 +340,7 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
     if (dk_b) std::fill_n(dk_b, m * d, 0.0f);
     if (dv_b) std::fill_n(dv_b, m * dvw, 0.0f);
     // Skipping masked blocks is exact only while no NaN or inf meets a masked zero (see attention).
-    const bool skip = !a.s.causal || (all_finite(q, n * d) && all_finite(k, m * d) && all_finite(v, m * dvw) &&
-                                      all_finite(dy_b, n * dvw) && all_finite(delta_b, n));
+    const bool skip = !a.s.causal || backward_may_skip(sc, b, v, dvw, dy_b, delta_b);
     for (std::int64_t j0 = 0; j0 < m; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, m - j0);
       const auto [query_begin, query_end] = skip ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
