@@ -3,6 +3,8 @@
 
 #include <bit>
 
+#include "codegen/attention_glsl.hpp"
+#include "codegen/glsl_detail.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
 #include "ir/random.hpp"
@@ -81,12 +83,14 @@ std::string header(int inputs, std::uint32_t local_x = kWorkgroupSize, std::uint
   return s;
 }
 
+}  // namespace
+
 /// log for GLSL: the built-in may be off by 2^-21 absolute in [0.5, 2] (the spec's bound, and
 /// lavapipe's), several times the float64-anchored budget where log is near 0 (found by the
 /// random-graph test). Here log(m 2^e) = e ln 2 + 2 atanh(s), s = (m - 1) / (m + 1), m in
 /// [sqrt(1/2), sqrt(2)), so |s| < 0.172 and the odd series to s^11 is exact to float; special
 /// values as IEEE log.
-const char* kLog =
+const char* const detail::kGlslLog =
     "float qkv_log(float x) {\n"
     "  if (isnan(x) || x < 0.0) return uintBitsToFloat(0x7fc00000u);\n"
     "  if (x == 0.0) return uintBitsToFloat(0xff800000u);\n"
@@ -98,6 +102,15 @@ const char* kLog =
     "  float p = s2 * (0.33333333 + s2 * (0.2 + s2 * (0.14285714 + s2 * (0.11111111 + s2 * 0.09090909))));\n"
     "  return float(e) * 0.69314718 + (2.0 * s + 2.0 * s * p);\n"
     "}\n";
+
+std::uint32_t detail::push_word(std::int64_t v) {
+  QKV_ASSERT(v >= 0 && v <= 0xffffffffll, "push constant out of range");
+  return static_cast<std::uint32_t>(v);
+}
+
+namespace {
+
+using detail::kGlslLog;
 
 /// tanh for GLSL: lavapipe's built-in loses the relative precision of small arguments (about
 /// 1e-7 absolute on tanh of a softmax weight, 30x the budget; found by the random-graph test).
@@ -158,10 +171,7 @@ std::array<std::uint32_t, 3> linear_groups(std::int64_t total) {
   return {static_cast<std::uint32_t>(x), static_cast<std::uint32_t>((groups + x - 1) / x), 1};
 }
 
-std::uint32_t u32(std::int64_t v) {
-  QKV_ASSERT(v >= 0 && v <= 0xffffffffll, "push constant out of range");
-  return static_cast<std::uint32_t>(v);
-}
+std::uint32_t u32(std::int64_t v) { return detail::push_word(v); }
 
 /// Elementwise family: out index -> per-operand offsets through strides (0 where broadcast).
 KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
@@ -170,7 +180,7 @@ KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
   auto names = operand_names(n.op, arity);
   std::string s = header(arity);
   if (n.op == Op::erf) s += kErf;
-  if (n.op == Op::log) s += kLog;
+  if (n.op == Op::log) s += kGlslLog;
   if (n.op == Op::tanh) s += kTanh;
   s += "// p[0] = elements, p[1..rank] = output dims, then each operand's strides\n";
   s += "void main() {\n" + std::string(kLinearIndex);
@@ -322,7 +332,7 @@ KernelSource matmul_source(int batch_rank) {
 
 bool implements(const Node& n) {
   switch (ir::op_info(n.op).category) {
-    case OpCategory::composite: return n.op == Op::softmax;
+    case OpCategory::composite: return n.op == Op::softmax || (detail::is_attention(n.op) && detail::attention_fits(n));
     case OpCategory::source:
     case OpCategory::unary:
     case OpCategory::binary:
@@ -350,7 +360,9 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
     case OpCategory::source:
     case OpCategory::reduce:
     case OpCategory::mask: words = 4; break;
-    case OpCategory::composite: words = n.op == Op::softmax ? 3 : kMaxPushWords + 1; break;
+    case OpCategory::composite:
+      words = n.op == Op::softmax ? 3 : detail::is_attention(n.op) ? detail::attention_push_words(n) : kMaxPushWords + 1;
+      break;
   }
   (void)g;
   if (words > kMaxPushWords)
@@ -392,19 +404,21 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::softmax: return axis_source(n.op);
     case Op::matmul: return matmul_source(n.shape.rank - 2);
     case Op::causal_mask: return causal_mask_source();
-    case Op::input:
-    case Op::reshape:
-    case Op::log_softmax:  // decomposed before code generation
-    case Op::reduce_mean:
     case Op::attention:
     case Op::masked_attention:
     case Op::attention_lse:
     case Op::masked_attention_lse:
     case Op::attention_grad:
-    case Op::masked_attention_grad: break;
+    case Op::masked_attention_grad: return detail::attention_source(n);
+    case Op::input:
+    case Op::reshape:
+    case Op::log_softmax:  // decomposed before code generation
+    case Op::reduce_mean: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
+
+bool specialized(const Node& n) { return detail::is_attention(n.op); }
 
 KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes) {
   const Node& n = g.node(v);
@@ -525,16 +539,16 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       l.push = {u32(os.numel()), u32(n.attrs.depth)};
       l.groups = linear_groups(os.numel());
       return l;
-    case Op::input:
-    case Op::reshape:
-    case Op::log_softmax:
-    case Op::reduce_mean:
     case Op::attention:
     case Op::masked_attention:
     case Op::attention_lse:
     case Op::masked_attention_lse:
     case Op::attention_grad:
-    case Op::masked_attention_grad: break;
+    case Op::masked_attention_grad: return detail::attention_launch(g, v, shapes);
+    case Op::input:
+    case Op::reshape:
+    case Op::log_softmax:
+    case Op::reduce_mean: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }

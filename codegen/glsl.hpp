@@ -26,10 +26,15 @@ struct KernelSource {
 struct KernelLaunch {
   std::vector<std::uint32_t> push;
   std::array<std::uint32_t, 3> groups{1, 1, 1};
+  /// Values of the shader's specialization constants (constant_id 0, 1, ...), for kernels whose
+  /// register and shared-memory arrays are sized by the bound shapes (the head dims of the flash-
+  /// attention kernels); empty for the rest. The pipeline is created per distinct list.
+  std::vector<std::uint32_t> specialization;
 };
 
 /// Whether the generator has a kernel of its own for this node; composites it has none for are
-/// decomposed before code generation (softmax has one; attention is decomposed).
+/// decomposed before code generation (softmax and the attention family have one, the latter up
+/// to four batch dims).
 bool implements(const ir::Node& n);
 /// Whether a node runs as a kernel (inputs are uploaded; reshapes alias their operand).
 bool has_kernel(const ir::Node& n);
@@ -37,6 +42,8 @@ bool has_kernel(const ir::Node& n);
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const ir::Node& n);
 /// The shader of node `v`.
 KernelSource kernel_source(const ir::Graph& g, ir::ValueId v);
+/// Whether node `v`'s pipeline depends on the bound shapes (KernelLaunch::specialization).
+bool specialized(const ir::Node& n);
 /// Push constants and workgroup counts of node `v` for concrete shapes (one per node).
 KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes);
 /// Every kernel of a graph, each headed by the node it computes: what `qkv dump --glsl` prints.

@@ -176,8 +176,9 @@ void Context::submit_and_wait(const std::function<void(const vk::raii::CommandBu
   });
 }
 
-const Pipeline& Context::pipeline(const codegen::KernelSource& k) {
+const Pipeline& Context::pipeline(const codegen::KernelSource& k, const std::vector<std::uint32_t>& specialization) {
   std::string key = k.name + "#" + std::to_string(codegen::content_hash(k.glsl));
+  for (std::uint32_t c : specialization) key += "/" + std::to_string(c);
   std::lock_guard lock(mutex_);
   if (auto it = pipelines_.find(key); it != pipelines_.end()) return *it->second;
   auto spirv = codegen::compile_spirv(k.name, k.glsl);
@@ -192,7 +193,10 @@ const Pipeline& Context::pipeline(const codegen::KernelSource& k) {
     vk::DescriptorSetLayout set_layout = *p->set_layout;
     p->layout = vk::raii::PipelineLayout(device_, vk::PipelineLayoutCreateInfo({}, set_layout, push));
     vk::raii::ShaderModule module(device_, vk::ShaderModuleCreateInfo({}, spirv));
-    vk::PipelineShaderStageCreateInfo stage({}, vk::ShaderStageFlagBits::eCompute, *module, "main");
+    std::vector<vk::SpecializationMapEntry> entries;
+    for (std::uint32_t i = 0; i < specialization.size(); ++i) entries.emplace_back(i, i * 4, 4);
+    vk::SpecializationInfo constants(static_cast<std::uint32_t>(entries.size()), entries.data(), specialization.size() * 4, specialization.data());
+    vk::PipelineShaderStageCreateInfo stage({}, vk::ShaderStageFlagBits::eCompute, *module, "main", specialization.empty() ? nullptr : &constants);
     p->pipeline = vk::raii::Pipeline(device_, nullptr, vk::ComputePipelineCreateInfo({}, stage, *p->layout));
     return *(pipelines_[key] = std::move(p));
   });

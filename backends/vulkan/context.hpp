@@ -48,8 +48,9 @@ class Context {
   Buffer make_buffer(vk::DeviceSize size, vk::BufferUsageFlags usage, bool host_visible) const;
   /// Records commands with `record` into a one-off command buffer, submits it and waits.
   void submit_and_wait(const std::function<void(const vk::raii::CommandBuffer&)>& record) const;
-  /// The pipeline of a kernel, compiled on first use and cached by name and source.
-  const Pipeline& pipeline(const codegen::KernelSource& k);
+  /// The pipeline of a kernel with these specialization constants (constant_id 0, 1, ...),
+  /// compiled on first use and cached by name, source and constants.
+  const Pipeline& pipeline(const codegen::KernelSource& k, const std::vector<std::uint32_t>& specialization = {});
 
  private:
   vk::raii::Context context_;

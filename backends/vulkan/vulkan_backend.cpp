@@ -37,7 +37,11 @@ class VulkanExecutable final : public Executable {
       const Node& n = graph_.nodes()[i];
       if (!codegen::has_kernel(n)) continue;
       auto v = static_cast<ir::ValueId>(i);
-      kernels_.push_back({v, &ctx_->pipeline(codegen::kernel_source(graph_, v))});
+      Kernel k{v, codegen::kernel_source(graph_, v), nullptr};
+      // Compiled now, so that a shader error surfaces at compile(); specialized kernels get their
+      // pipelines once the shapes are bound.
+      if (!codegen::specialized(n)) k.pipeline = &ctx_->pipeline(k.source);
+      kernels_.push_back(std::move(k));
     }
   }
   const ir::Graph& graph() const override { return graph_; }
@@ -126,6 +130,13 @@ class VulkanExecutable final : public Executable {
     }
     staging_in_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(in_bytes), U::eTransferSrc, true);
     staging_out_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(out_bytes), U::eTransferDst, true);
+
+    // Launch parameters per kernel for these shapes, and the pipelines specialized for them.
+    launches_.clear();
+    for (auto& k : kernels_) {
+      launches_.push_back(codegen::kernel_launch(graph_, k.value, shapes_));
+      if (codegen::specialized(graph_.node(k.value))) k.pipeline = &ctx_->pipeline(k.source, launches_.back().specialization);
+    }
 
     // One descriptor set per kernel, binding its operands' and result's ranges of the arena.
     std::uint32_t descriptors = 0;
@@ -230,7 +241,7 @@ class VulkanExecutable final : public Executable {
     barrier(A::eTransferWrite, A::eShaderRead | A::eShaderWrite, S::eTransfer, S::eComputeShader);
     for (std::size_t k = 0; k < kernels_.size(); ++k) {
       const auto& kernel = kernels_[k];
-      auto launch = codegen::kernel_launch(graph_, kernel.value, shapes_);
+      const auto& launch = launches_[k];
       cb.bindPipeline(vk::PipelineBindPoint::eCompute, *kernel.pipeline->pipeline);
       cb.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *kernel.pipeline->layout, 0, *descriptor_sets_[k], {});
       cb.pushConstants<std::uint32_t>(*kernel.pipeline->layout, vk::ShaderStageFlagBits::eCompute, 0, launch.push);
@@ -250,7 +261,8 @@ class VulkanExecutable final : public Executable {
 
   struct Kernel {
     ir::ValueId value;
-    const vk_detail::Pipeline* pipeline;
+    codegen::KernelSource source;
+    const vk_detail::Pipeline* pipeline;  // for the bound shapes when the kernel is specialized
   };
 
   std::shared_ptr<Context> ctx_;
@@ -259,6 +271,7 @@ class VulkanExecutable final : public Executable {
   InputValueChecks value_checks_{graph_, input_ids_};
   std::vector<const Tensor*> tensors_;  // this run's input tensors (capacity reused)
   std::vector<Kernel> kernels_;
+  std::vector<codegen::KernelLaunch> launches_;  // per kernel, for shapes_
   InputSignature signature_;
   std::vector<ir::Shape> shapes_;
   ir::MemoryPlan memory_;

@@ -1,8 +1,13 @@
-// The CPU backend runs attention fused: no score matrix in its memory plan.
+// The cpu and vulkan backends run attention fused, forward and backward: no score matrix in their
+// memory plans, and the same numbers as the reference, NaN included.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
 
 #include "backends/backend.hpp"
 #include "backends/equivalence.hpp"
+#include "backends/reference/reference_backend.hpp"
 #include "dsl/dsl.hpp"
 #include "tests/support/backend_fixture.hpp"
 #include "ir/passes/passes.hpp"
@@ -95,6 +100,78 @@ TEST(FusedAttention, CpuLseBesideTheForwardNeverOverwritesItsOperands) {
       "  return y=%4, lse=%5\n"
       "}\n");
   testing::expect_equivalent(g, backend::random_inputs(g, {}, 11), "cpu");
+}
+
+/// Vulkan runs the forward, the lse and the three gradients as flash-attention shaders; forward +
+/// backward at N = 4096 plans O(N D) memory (one N x N matrix would be 64 MiB).
+TEST(FusedAttention, VulkanForwardAndBackwardAreFlashKernelsInLinearMemory) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  auto q = input<"q">(dim<1>, dim<"N">, dim<64>);
+  auto k = input<"k">(dim<1>, dim<"N">, dim<64>);
+  auto v = input<"v">(dim<1>, dim<"N">, dim<64>);
+  ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal)));
+  ir::Graph g = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
+  auto exe = vulkan->compile(g);
+  std::vector<std::string> kernels;
+  for (std::size_t i = 0; i < exe->graph().size(); ++i) {
+    const ir::Node& n = exe->graph().nodes()[i];
+    EXPECT_NE(n.op, ir::Op::softmax);
+    EXPECT_NE(n.op, ir::Op::matmul);
+    const std::string kernel = vulkan->kernel_name(exe->graph(), static_cast<ir::ValueId>(i));
+    if (kernel.find("flash_attention") != std::string::npos) kernels.push_back(kernel);
+  }
+  EXPECT_EQ(kernels, (std::vector<std::string>{"glsl flash_attention_forward_causal_b1", "glsl flash_attention_lse_causal_b1",
+                                               "glsl flash_attention_dq_causal_b1", "glsl flash_attention_dk_causal_b1",
+                                               "glsl flash_attention_dv_causal_b1"}));
+  const std::int64_t n = 4096;
+  auto out = exe->run(backend::random_inputs(g, {{"N", n}}, 3));
+  for (const char* name : {"d_q", "d_k", "d_v"}) EXPECT_EQ(out.at(name).numel(), n * 64) << name;
+  // The arena also holds the four inputs: with the output, its three gradients, dy * y, lse and
+  // delta, about 9 N x 64 floats (9 MiB); one N x N matrix would be 64 MiB.
+  EXPECT_LE(exe->planned_bytes(), 10 * n * 64 * 4);
+}
+
+/// The vulkan kernels against the reference where tiles are skipped (causal, a sliding window),
+/// with grouped heads (k and v broadcast), a padding mask, and head dims that are not multiples
+/// of 4, forward and backward.
+TEST(FusedAttention, VulkanMatchesReferenceWithSkippedTilesMasksAndOddHeadDims) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  auto q = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<13>);
+  auto k = input<"k">(dim<"B">, dim<1>, dim<"M">, dim<13>);
+  auto v = input<"v">(dim<"B">, dim<1>, dim<"M">, dim<6>);
+  auto keep = input<"keep", DType::boolean>(dim<"B">, dim<1>, dim<1>, dim<"M">);
+  auto loss = [](auto y) { return named<"loss">(sum_all(y * y)); };
+  const ir::Graph graphs[] = {
+      lower(loss(scaled_dot_product_attention(q, k, v, sliding_window<40>))),
+      lower(loss(scaled_dot_product_attention(q, k, v, causal_bottom_right))),
+      lower(loss(scaled_dot_product_attention(q, k, v, keep, causal))),
+  };
+  for (const ir::Graph& forward : graphs) {
+    ir::Graph g = ir::build_backward(forward, {"loss", {"q", "k", "v"}, {}});
+    testing::expect_equivalent(g, backend::random_inputs(g, {{"B", 2}, {"N", 150}, {"M", 200}}, 5), "vulkan");
+  }
+}
+
+/// A NaN that only masked scores meet, in a tile the causal kernels would skip, still gives NaN
+/// as in the decomposition (0 * NaN): in v for the forward, in the output gradient for the
+/// backward. The kernels check before they skip.
+TEST(FusedAttention, NaNBehindSkippedTilesPropagatesOnEveryBackend) {
+  auto q = input<"q">(dim<1>, dim<"N">, dim<8>);
+  auto k = input<"k">(dim<1>, dim<"N">, dim<8>);
+  auto v = input<"v">(dim<1>, dim<"N">, dim<8>);
+  ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal)));
+  ir::Graph g = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
+  const std::int64_t n = 300;
+  auto in = backend::random_inputs(g, {{"N", n}}, 9);
+  in.at("v").data<float>()[250 * 8 + 3] = std::numeric_limits<float>::quiet_NaN();    // key 250, masked for rows < 250
+  in.at("dout").data<float>()[20 * 8 + 5] = std::numeric_limits<float>::quiet_NaN();  // query 20, masked for keys > 20
+  auto want = backend::make_reference_backend({backend::Precision::f64, true})->compile(g)->run(in);
+  EXPECT_TRUE(std::isnan(want.at("out").at(3))) << "row 0 meets key 250's NaN only through a masked zero";
+  for (const char* name : {"cpu", "vulkan"}) {
+    SCOPED_TRACE(name);
+    QKV_GET_BACKEND_OR_SKIP(b, name);
+    testing::expect_equivalent(g, in, name);
+  }
 }
 
 }  // namespace

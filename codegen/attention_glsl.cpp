@@ -1,0 +1,517 @@
+// Flash-attention shaders. Each kernel gives a workgroup BR rows of one batch entry, RPT rows per
+// invocation: the queries for the forward, its log-sum-exp and dq, the keys for dk and dv. The row
+// operands live in registers as vec4s (arrays sized by the head dims, which are specialization
+// constants), and the other side streams through shared memory BC rows at a time; each vec4 read
+// from a tile feeds RPT rows, 4 RPT multiply-adds. (Reads of shared memory are what bound these
+// kernels on lavapipe: with one row per invocation and scalar reads they ran 10x slower.) The forward keeps a running
+// max and sum per row (FlashAttention's online softmax) and rescales its accumulator once per
+// tile; the gradients recompute p = exp(s - lse) per tile from the forward's saved lse
+// (FlashAttention-2), so nothing of size N x M is stored.
+//
+// Masked scores follow the decomposition exactly: a masked p is 0, and 0 * inf or 0 * NaN in
+// the products that follow is NaN. Causal and sliding-window tiles that are wholly masked are
+// skipped only after the workgroup has checked that the values they would have multiplied by
+// those zeros are finite; otherwise it visits every tile.
+#include "codegen/attention_glsl.hpp"
+
+#include <algorithm>
+#include <bit>
+
+#include "codegen/glsl_detail.hpp"
+#include "ir/bind.hpp"
+#include "ir/error.hpp"
+
+namespace qkv::codegen::detail {
+
+namespace {
+
+using ir::Node;
+using ir::Op;
+using ir::Shape;
+
+constexpr std::uint32_t kInvocations = 16;  // per workgroup
+constexpr std::uint32_t kRowsPerInvocation = 4;
+constexpr std::uint32_t kRows = kInvocations * kRowsPerInvocation;  // BR
+constexpr int kMaxBatchRank = 4;          // 9 + 5 * 4 = 29 push-constant words
+constexpr std::int64_t kSharedBytes = 16384;  // the smallest maxComputeSharedMemorySize Vulkan allows
+
+enum class Kind { forward, lse, dq, dk, dv };
+
+Kind kind_of(const Node& n) {
+  switch (n.op) {
+    case Op::attention:
+    case Op::masked_attention: return Kind::forward;
+    case Op::attention_lse:
+    case Op::masked_attention_lse: return Kind::lse;
+    default: return n.attrs.wrt == 0 ? Kind::dq : n.attrs.wrt == 1 ? Kind::dk : Kind::dv;
+  }
+}
+
+bool masked(const Node& n) {
+  return n.op == Op::masked_attention || n.op == Op::masked_attention_lse || n.op == Op::masked_attention_grad;
+}
+
+/// The output's batch dims are the operands' broadcast batch dims, for every kind.
+int batch_rank(const Node& n) { return n.shape.rank - 2; }
+
+/// A buffer the kernel reads: its GLSL array, the offset of this workgroup's batch entry, and
+/// its row width: a head dim (vec4 rows: D4 or DV4 vec4s, DR or DVR floats) or one float (lse
+/// and delta).
+struct Operand {
+  const char* array;
+  const char* tile;        // its shared tile when streamed
+  const char* at;
+  const char* vec4s;       // spec constant: vec4s per row, or nullptr for one float per row
+  const char* real_width;  // the bound size in floats: DR, DVR or 1u
+};
+
+const Operand kQ{"Q", "q_tile", "q_at", "D4", "DR"}, kK{"K", "k_tile", "k_at", "D4", "DR"}, kV{"V", "v_tile", "v_at", "DV4", "DVR"},
+    kDy{"DY", "dy_tile", "dy_at", "DV4", "DVR"}, kLse{"LSE", "lse_tile", "stat_at", nullptr, "1u"},
+    kDelta{"DELTA", "delta_tile", "stat_at", nullptr, "1u"};
+
+/// The operands each kind streams through shared memory (tiles of BC rows).
+std::vector<Operand> streamed(Kind k) {
+  switch (k) {
+    case Kind::forward: return {kK, kV};
+    case Kind::lse: return {kK};
+    case Kind::dq: return {kK, kV};
+    case Kind::dk: return {kQ, kDy, kLse, kDelta};
+    case Kind::dv: return {kQ, kDy, kLse};
+  }
+  return {};
+}
+
+/// Before skipping masked tiles: the streamed operands whose skipped rows, and the row operands
+/// whose own rows, meet a masked zero in a product (see the file comment).
+std::vector<Operand> checked_skipped(Kind k) {
+  switch (k) {
+    case Kind::forward: return {kV};  // y = sum p v
+    case Kind::lse: return {};        // exp(-inf) is 0 whatever the operands hold
+    case Kind::dq: return {kK, kV};   // dq = sum p (dy . v - delta) k
+    case Kind::dk: return {kQ, kDy, kDelta};
+    case Kind::dv: return {kDy};  // dv = sum p dy
+  }
+  return {};
+}
+std::vector<Operand> checked_own(Kind k) {
+  switch (k) {
+    case Kind::dq: return {kDy, kDelta};
+    case Kind::dk: return {kV};
+    case Kind::forward:
+    case Kind::lse:
+    case Kind::dv: return {};
+  }
+  return {};
+}
+
+std::string kind_name(Kind k) {
+  switch (k) {
+    case Kind::forward: return "forward";
+    case Kind::lse: return "lse";
+    case Kind::dq: return "dq";
+    case Kind::dk: return "dk";
+    case Kind::dv: return "dv";
+  }
+  return "";
+}
+
+/// Floats of shared memory per streamed row, for head dims of d4 and dv4 vec4s.
+std::int64_t tile_row_floats(Kind k, std::int64_t d4, std::int64_t dv4) {
+  std::int64_t f = 0;
+  for (const Operand& o : streamed(k)) f += !o.vec4s ? 1 : std::string(o.vec4s) == "D4" ? 4 * d4 : 4 * dv4;
+  return f;
+}
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+/// `text` with each $NAME replaced by its value, longer names first (so $AT is not $A then T).
+std::string fill(std::string text, std::vector<std::pair<std::string, std::string>> values) {
+  std::sort(values.begin(), values.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (const auto& [name, value] : values)
+    for (std::size_t at = text.find("$" + name); at != std::string::npos; at = text.find("$" + name, at + value.size()))
+      text.replace(at, name.size() + 1, value);
+  return text;
+}
+
+}  // namespace
+
+bool is_attention(Op op) {
+  switch (op) {
+    case Op::attention:
+    case Op::masked_attention:
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::attention_grad:
+    case Op::masked_attention_grad: return true;
+    default: return false;
+  }
+}
+
+bool attention_fits(const Node& n) { return batch_rank(n) <= kMaxBatchRank; }
+
+int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n); }
+
+KernelSource attention_source(const Node& n) {
+  const Kind kind = kind_of(n);
+  const int r = batch_rank(n);
+  const bool causal = n.attrs.causal, mask = masked(n);
+  const bool key_rows = kind == Kind::dk || kind == Kind::dv;  // rows are keys, streaming queries
+  const std::string own_count = key_rows ? "M" : "N", other_count = key_rows ? "N" : "M";
+
+  // Bindings: the node's operands in order, then the output.
+  std::vector<std::string> arrays = kind == Kind::forward ? std::vector<std::string>{"Q", "K", "V"}
+                                    : kind == Kind::lse   ? std::vector<std::string>{"Q", "K"}
+                                                          : std::vector<std::string>{"Q", "K", "V", "DY", "LSE", "DELTA"};
+  if (mask) arrays.emplace_back("KEEP");
+  std::string bindings;
+  for (std::size_t i = 0; i < arrays.size(); ++i)
+    bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(i)) + ") readonly buffer B" + arrays[i] + " { float " + arrays[i] + "[]; };\n";
+  bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size())) + ") writeonly buffer BOUT { float OUT[]; };\n";
+
+  // Shared tiles, and a reader per head-dim operand: elements 4g..4g+3 of a row, 0 past its end.
+  std::string tiles, readers;
+  for (const Operand& o : streamed(kind))
+    tiles += o.vec4s ? std::string("shared vec4 ") + o.tile + "[BC * " + o.vec4s + "];\n" : std::string("shared float ") + o.tile + "[BC];\n";
+  for (const Operand& o : {kQ, kK, kV, kDy}) {
+    if (std::find(arrays.begin(), arrays.end(), o.array) == arrays.end()) continue;
+    readers += fill(R"(vec4 row4_$A(uint row, uint g) {
+  uint at = $AT + row * $W, d = 4u * g;
+  return vec4(d < $W ? $A[at + d] : 0.0, d + 1u < $W ? $A[at + d + 1u] : 0.0,
+              d + 2u < $W ? $A[at + d + 2u] : 0.0, d + 3u < $W ? $A[at + d + 3u] : 0.0);
+}
+)",
+                    {{"AT", o.at}, {"A", o.array}, {"W", o.real_width}});
+  }
+
+  std::string s = fill(R"(#version 450
+#extension GL_EXT_control_flow_attributes : require
+// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
+// and streams the $OTHERS through shared memory BC at a time.
+// p[0] N queries, p[1] M keys, p[2] D, p[3] Dv, p[4] scale (float bits), p[5] causal shift
+// (int bits), p[6] window, p[7..8] the keep-mask's query and key strides, p[9..] $R batch dims,
+// then the batch strides of q, k, v and the keep-mask (elements).
+layout(local_size_x = $INV) in;
+layout(constant_id = 0) const uint D4 = 1u;   // q and k's head dim in vec4s (rounded up)
+layout(constant_id = 1) const uint DV4 = 1u;  // v's head dim in vec4s
+layout(constant_id = 2) const uint BC = 1u;   // streamed rows per shared tile
+const uint INV = $INVu, RPT = $RPTu, BR = INV * RPT;
+const int R = $R;
+$BINDINGSlayout(push_constant) uniform Params { uint p[$WORDS]; } pc;
+
+$TILESshared uint nonfinite;
+
+uint N, M, DR, DVR;  // the bound sizes
+float scale;
+int shift, window;
+uint q_at, k_at, v_at, mask_at, dy_at, stat_at;  // this batch entry's first element in each operand
+uint r0, lid;
+
+float neg_inf() { return uintBitsToFloat(0xff800000u); }
+float qkv_max(float a, float b) { return (isnan(a) || a > b) ? a : b; }  // NaN wins, as max does
+bool finite(float x) { return !isnan(x) && !isinf(x); }
+float sum4(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
+uint own(uint t) { return r0 + t * INV + lid; }  // row t of this invocation
+$READERS
+// Whether query i keeps key j: causality keeps j <= i + shift, a window only the last `window`.
+bool kept(uint i, uint j) {
+  bool keep = true;
+$KEPT  return keep;
+}
+
+void main() {
+  N = pc.p[0]; M = pc.p[1]; DR = pc.p[2]; DVR = pc.p[3];
+  scale = uintBitsToFloat(pc.p[4]); shift = int(pc.p[5]); window = int(pc.p[6]);
+  uint batches = 1u;
+  for (int d = 0; d < R; ++d) batches *= pc.p[9 + d];
+  uint b = gl_WorkGroupID.y + gl_WorkGroupID.z * gl_NumWorkGroups.y;
+  if (b >= batches) return;  // uniform: the whole workgroup
+  q_at = 0u; k_at = 0u; v_at = 0u; mask_at = 0u;
+  uint rem = b;
+  for (int d = R - 1; d >= 0; --d) {
+    uint idx = rem % pc.p[9 + d];
+    rem /= pc.p[9 + d];
+    q_at += idx * pc.p[9 + R + d];
+    k_at += idx * pc.p[9 + 2 * R + d];
+    v_at += idx * pc.p[9 + 3 * R + d];
+    mask_at += idx * pc.p[9 + 4 * R + d];
+  }
+  dy_at = b * N * DVR;
+  stat_at = b * N;
+  lid = gl_LocalInvocationIndex;
+  r0 = gl_WorkGroupID.x * BR;
+  uint rows = min(BR, $OWNCOUNT - min(r0, $OWNCOUNT));
+  uint lo = 0u, hi = $OTHERCOUNT;  // the streamed rows visited
+)",
+                       {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "")},
+                        {"ROWS", key_rows ? "keys" : "queries"},
+                        {"OTHERS", key_rows ? "queries" : "keys"},
+                        {"INV", str(kInvocations)},
+                        {"RPT", str(kRowsPerInvocation)},
+                        {"R", str(r)},
+                        {"BINDINGS", bindings},
+                        {"WORDS", str(kMaxPushWords)},
+                        {"TILES", tiles},
+                        {"READERS", readers + (kind == Kind::lse ? kGlslLog : "")},
+                        {"KEPT", std::string(causal ? "  int limit = int(i) + shift;\n"
+                                                      "  keep = int(j) <= limit && (window == 0 || int(j) > limit - window);\n"
+                                                    : "") +
+                                     (mask ? "  keep = keep && KEEP[mask_at + i * pc.p[7] + j * pc.p[8]] != 0.0;\n" : "")},
+                        {"OWNCOUNT", own_count},
+                        {"OTHERCOUNT", other_count}});
+
+  // Causality and the window narrow the streamed rows; skipping the rest is exact only if what
+  // their zero probabilities would multiply is finite.
+  if (causal) {
+    s += key_rows ? "  lo = uint(clamp(int(r0) - shift, 0, int(N)));\n"
+                    "  if (window > 0) hi = uint(clamp(int(r0 + rows) - 1 - shift + window, 0, int(N)));\n"
+                  : "  hi = uint(clamp(int(r0 + rows) + shift, 0, int(M)));\n"
+                    "  if (window > 0) lo = uint(clamp(int(r0) + shift - window + 1, 0, int(M)));\n";
+    const auto skipped = checked_skipped(kind), own = checked_own(kind);
+    if (!skipped.empty() || !own.empty()) {
+      s += "  if (lid == 0u) nonfinite = 0u;\n  barrier();\n";
+      for (const Operand& o : skipped)
+        s += fill(R"(  for (uint x = lid; x < ($OTHERCOUNT - (hi - lo)) * $W; x += INV) {
+    uint j = x / $W;
+    j = j < lo ? j : j + (hi - lo);
+    if (!finite($A[$AT + j * $W + x % $W])) atomicOr(nonfinite, 1u);
+  }
+)",
+                  {{"OTHERCOUNT", other_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}});
+      for (const Operand& o : own)
+        s += fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t)
+    if (own(t) < $OWNCOUNT)
+      for (uint d = 0u; d < $W; ++d)
+        if (!finite($A[$AT + own(t) * $W + d])) atomicOr(nonfinite, 1u);
+)",
+                  {{"OWNCOUNT", own_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}});
+      s += "  barrier();\n  if (nonfinite != 0u) { lo = 0u; hi = " + other_count + "; }\n";
+    }
+  }
+
+  // The row operands, in registers; rows past the end hold zeros.
+  auto load_rows = [&](const char* reg, const Operand& o) {
+    return fill(R"(  vec4 $REG[RPT * $G];
+  [[unroll]] for (uint t = 0u; t < RPT; ++t)
+    [[unroll]] for (uint g = 0u; g < $G; ++g) $REG[t * $G + g] = own(t) < $OWNCOUNT ? row4_$A(own(t), g) : vec4(0.0);
+)",
+                {{"REG", reg}, {"G", o.vec4s}, {"OWNCOUNT", own_count}, {"A", o.array}});
+  };
+  auto zeros = [](const char* reg, const char* g) {
+    return fill("  vec4 $REG[RPT * $G];\n  [[unroll]] for (uint x = 0u; x < RPT * $G; ++x) $REG[x] = vec4(0.0);\n", {{"REG", reg}, {"G", g}});
+  };
+  switch (kind) {
+    case Kind::forward:
+      s += load_rows("q", kQ) + zeros("o", "DV4") +
+           "  float m[RPT], l[RPT];  // per row: the running max, and the sum of exp(s - m)\n"
+           "  [[unroll]] for (uint t = 0u; t < RPT; ++t) { m[t] = neg_inf(); l[t] = 0.0; }\n";
+      break;
+    case Kind::lse:
+      s += load_rows("q", kQ) + "  float m[RPT], l[RPT];\n  [[unroll]] for (uint t = 0u; t < RPT; ++t) { m[t] = neg_inf(); l[t] = 0.0; }\n";
+      break;
+    case Kind::dq:
+      s += load_rows("q", kQ) + load_rows("dy", kDy) + zeros("acc", "D4") +
+           "  float lse_r[RPT], delta_r[RPT];\n"
+           "  [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n"
+           "    lse_r[t] = own(t) < N ? LSE[stat_at + own(t)] : 0.0;\n"
+           "    delta_r[t] = own(t) < N ? DELTA[stat_at + own(t)] : 0.0;\n  }\n";
+      break;
+    case Kind::dk: s += load_rows("kr", kK) + load_rows("vr", kV) + zeros("acc", "D4"); break;
+    case Kind::dv: s += load_rows("kr", kK) + zeros("acc", "DV4"); break;
+  }
+
+  // The tile loop: load the tiles, then each invocation's rows against every tile row c.
+  s += "  for (uint t0 = lo; t0 < hi; t0 += BC) {\n"
+       "    uint cols = min(BC, hi - t0);\n"
+       "    barrier();  // everyone is done with the previous tiles\n";
+  for (const Operand& o : streamed(kind))
+    s += o.vec4s ? fill("    for (uint x = lid; x < BC * $G; x += INV) $TILE[x] = x / $G < cols ? row4_$A(t0 + x / $G, x % $G) : vec4(0.0);\n",
+                        {{"G", o.vec4s}, {"TILE", o.tile}, {"A", o.array}})
+                 : fill("    for (uint x = lid; x < BC; x += INV) $TILE[x] = x < cols ? $A[$AT + t0 + x] : 0.0;\n",
+                        {{"TILE", o.tile}, {"A", o.array}, {"AT", o.at}});
+  s += "    barrier();\n";
+  // dot[t] = row t . tile row c (the score before scaling); `a` the registers, `tile` the tile.
+  auto dots = [](const char* out, const char* a, const char* tile, const char* g) {
+    return fill(R"(      vec4 $OUT4[RPT];
+      [[unroll]] for (uint t = 0u; t < RPT; ++t) $OUT4[t] = vec4(0.0);
+      [[unroll]] for (uint g = 0u; g < $G; ++g) {
+        vec4 x = $TILE[c * $G + g];
+        [[unroll]] for (uint t = 0u; t < RPT; ++t) $OUT4[t] += $A[t * $G + g] * x;
+      }
+)",
+                {{"OUT", out}, {"A", a}, {"TILE", tile}, {"G", g}});
+  };
+  // p = exp(s - lse), 0 where the score is masked (or -inf), for row t and tile row c.
+  const std::string qi = key_rows ? "t0 + c" : "own(t)", kj = key_rows ? "own(t)" : "t0 + c";
+  const std::string prob = fill(R"(        float sc = sum4(s4[t]) * scale;
+        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;
+)",
+                                {{"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}, {"LSE", key_rows ? "lse_tile[c]" : "lse_r[t]"}});
+  switch (kind) {
+    case Kind::forward:
+    case Kind::lse:
+      s += "    float s[RPT * BC];  // this tile's scores, then their exp(s - m)\n"
+           "    for (uint c = 0u; c < cols; ++c) {\n" +
+           dots("s", "q", "k_tile", "D4") +
+           "      [[unroll]] for (uint t = 0u; t < RPT; ++t)\n"
+           "        s[t * BC + c] = own(t) < N && kept(own(t), t0 + c) ? sum4(s4[t]) * scale : neg_inf();\n"
+           "    }\n"
+           "    [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n"
+           "      float tile_max = neg_inf();\n"
+           "      for (uint c = 0u; c < cols; ++c) tile_max = qkv_max(tile_max, s[t * BC + c]);\n"
+           "      float m_new = qkv_max(m[t], tile_max);\n"
+           "      float base = m_new == neg_inf() ? 0.0 : m_new;  // no key yet: every exp is 0\n"
+           "      float alpha = exp(m[t] - base);\n"
+           "      l[t] *= alpha;\n";
+      if (kind == Kind::forward) s += "      [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n";
+      s += "      for (uint c = 0u; c < cols; ++c) {\n"
+           "        s[t * BC + c] = exp(s[t * BC + c] - base);\n"
+           "        l[t] += s[t * BC + c];\n"
+           "      }\n"
+           "      m[t] = m_new;\n"
+           "    }\n";
+      if (kind == Kind::forward)
+        s += "    for (uint c = 0u; c < cols; ++c)\n"
+             "      [[unroll]] for (uint g = 0u; g < DV4; ++g) {\n"
+             "        vec4 x = v_tile[c * DV4 + g];\n"
+             "        [[unroll]] for (uint t = 0u; t < RPT; ++t) o[t * DV4 + g] += s[t * BC + c] * x;\n"
+             "      }\n";
+      break;
+    case Kind::dq:
+      s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", "q", "k_tile", "D4") + dots("dp", "dy", "v_tile", "DV4") +
+           "      float ds[RPT];\n"
+           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
+           "        ds[t] = pr * (sum4(dp4[t]) - delta_r[t]);\n"
+           "      }\n"
+           "      [[unroll]] for (uint g = 0u; g < D4; ++g) {\n"
+           "        vec4 x = k_tile[c * D4 + g];\n"
+           "        [[unroll]] for (uint t = 0u; t < RPT; ++t) acc[t * D4 + g] += ds[t] * x;\n"
+           "      }\n"
+           "    }\n";
+      break;
+    case Kind::dk:
+      s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", "kr", "q_tile", "D4") + dots("dp", "vr", "dy_tile", "DV4") +
+           "      float ds[RPT];\n"
+           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
+           "        ds[t] = pr * (sum4(dp4[t]) - delta_tile[c]);\n"
+           "      }\n"
+           "      [[unroll]] for (uint g = 0u; g < D4; ++g) {\n"
+           "        vec4 x = q_tile[c * D4 + g];\n"
+           "        [[unroll]] for (uint t = 0u; t < RPT; ++t) acc[t * D4 + g] += ds[t] * x;\n"
+           "      }\n"
+           "    }\n";
+      break;
+    case Kind::dv:
+      s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", "kr", "q_tile", "D4") +
+           "      float p[RPT];\n"
+           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
+           "        p[t] = pr;\n"
+           "      }\n"
+           "      [[unroll]] for (uint g = 0u; g < DV4; ++g) {\n"
+           "        vec4 x = dy_tile[c * DV4 + g];\n"
+           "        [[unroll]] for (uint t = 0u; t < RPT; ++t) acc[t * DV4 + g] += p[t] * x;\n"
+           "      }\n"
+           "    }\n";
+      break;
+  }
+  s += "  }\n\n";
+
+  // Each row's result.
+  auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
+    return fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t) {
+    if (own(t) >= $COUNT) continue;
+    [[unroll]] for (uint g = 0u; g < $G; ++g)
+      [[unroll]] for (uint e = 0u; e < 4u; ++e)
+        if (4u * g + e < $W) OUT[(b * $COUNT + own(t)) * $W + 4u * g + e] = $VALUE;
+  }
+)",
+                {{"COUNT", count}, {"G", g}, {"W", width}, {"VALUE", fill(value, {{"REG", reg}})}});
+  };
+  switch (kind) {
+    case Kind::forward:
+      s += "  // A row with no key has l = 0 and o = a sum of 0 * v: zeros, or NaN where v holds inf or NaN.\n" +
+           store("o", "DV4", "DVR", "N", "l[t] == 0.0 ? $REG[t * DV4 + g][e] : $REG[t * DV4 + g][e] / l[t]");
+      break;
+    case Kind::lse:
+      s += "  [[unroll]] for (uint t = 0u; t < RPT; ++t)  // -inf for a row with no key\n"
+           "    if (own(t) < N) OUT[b * N + own(t)] = (m[t] == neg_inf() ? 0.0 : m[t]) + qkv_log(l[t]);\n";
+      break;
+    case Kind::dq: s += store("acc", "D4", "DR", "N", "$REG[t * D4 + g][e] * scale"); break;
+    case Kind::dk: s += store("acc", "D4", "DR", "M", "$REG[t * D4 + g][e] * scale"); break;
+    case Kind::dv: s += store("acc", "DV4", "DVR", "M", "$REG[t * DV4 + g][e]"); break;
+  }
+  s += "}\n";
+  std::string name = "flash_attention_" + kind_name(kind) + (causal ? "_causal" : "") + (mask ? "_masked" : "") + "_b" + str(r);
+  return {name, s, static_cast<int>(arrays.size()) + 1};
+}
+
+KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes) {
+  const Node& n = g.node(v);
+  const Kind kind = kind_of(n);
+  const int r = batch_rank(n);
+  auto in = [&](std::size_t k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[k])]; };
+  const Shape& out = shapes[static_cast<std::size_t>(v)];
+  const Shape& qs = in(0);
+  const Shape& ks = in(1);
+  const std::int64_t nq = qs.back(1), mk = ks.back(1), d = qs.back(0);
+  const std::int64_t dv = kind == Kind::forward ? out.back(0) : kind == Kind::lse ? 0 : in(2).back(0);
+  const Shape* mask = nullptr;
+  if (masked(n)) mask = &in(kind == Kind::forward ? 3 : kind == Kind::lse ? 2 : 6);
+
+  // Strides of `s` against the target rank's dims (0 where it broadcasts), aligned at the end.
+  auto strides = [](const Shape& s, int target_rank) {
+    std::vector<std::int64_t> contiguous(static_cast<std::size_t>(s.rank)), st(static_cast<std::size_t>(target_rank), 0);
+    std::int64_t acc = 1;
+    for (int i = s.rank - 1; i >= 0; --i) {
+      contiguous[static_cast<std::size_t>(i)] = acc;
+      acc *= s[i];
+    }
+    for (int t = 0; t < target_rank; ++t) {
+      int j = t - (target_rank - s.rank);
+      if (j >= 0 && s[j] != 1) st[static_cast<std::size_t>(t)] = contiguous[static_cast<std::size_t>(j)];
+    }
+    return st;
+  };
+  KernelLaunch l;
+  const std::int64_t shift = n.attrs.causal && n.attrs.align == ir::CausalAlign::bottom_right ? mk - nq : 0;
+  const auto mask_st = mask ? strides(*mask, r + 2) : std::vector<std::int64_t>(static_cast<std::size_t>(r + 2), 0);
+  l.push = {push_word(nq),
+            push_word(mk),
+            push_word(d),
+            push_word(dv),
+            std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, n, shapes))),
+            static_cast<std::uint32_t>(static_cast<std::int32_t>(shift)),
+            push_word(n.attrs.window),
+            push_word(mask_st[static_cast<std::size_t>(r)]),
+            push_word(mask_st[static_cast<std::size_t>(r + 1)])};
+  std::int64_t batches = 1;
+  for (int i = 0; i < r; ++i) {
+    l.push.push_back(push_word(out[i]));
+    batches *= out[i];
+  }
+  const Shape none;
+  const Shape* operands[4] = {&qs, &ks, kind == Kind::lse ? &none : &in(2), mask};
+  for (const Shape* s : operands) {
+    auto st = s ? strides(*s, r + 2) : std::vector<std::int64_t>(static_cast<std::size_t>(r + 2), 0);
+    for (int i = 0; i < r; ++i) l.push.push_back(push_word(st[static_cast<std::size_t>(i)]));
+  }
+
+  // Head dims size the registers and tiles; the tile height keeps shared memory within the
+  // minimum every Vulkan device has.
+  const std::int64_t d4 = std::max<std::int64_t>((d + 3) / 4, 1), dv4 = std::max<std::int64_t>((dv + 3) / 4, 1);
+  std::int64_t bc = 32;
+  while (bc > 1 && bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > kSharedBytes) bc /= 2;
+  if (bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > kSharedBytes)
+    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " needs more than " + str(kSharedBytes) +
+                           " bytes of shared memory for one row of keys");
+  l.specialization = {push_word(d4), push_word(dv4), push_word(bc)};
+
+  const std::int64_t rows = kind == Kind::dk || kind == Kind::dv ? mk : nq;
+  const std::int64_t x = std::max<std::int64_t>((rows + kRows - 1) / kRows, 1);
+  const std::int64_t y = std::clamp<std::int64_t>(batches, 1, 65535), z = std::max<std::int64_t>((batches + y - 1) / y, 1);
+  if (x > 65535 || z > 65535)
+    throw UnsupportedError("vulkan: attention over " + str(rows) + " rows and " + str(batches) + " batch entries exceeds the dispatch limits");
+  l.groups = {push_word(x), push_word(y), push_word(z)};
+  return l;
+}
+
+}  // namespace qkv::codegen::detail

@@ -1,0 +1,21 @@
+// Flash-attention compute shaders: attention, its rows' log-sum-exp and its three gradients, each
+// one dispatch that streams tiles of keys (or queries) through shared memory with an online
+// softmax, so no score matrix is ever stored. Internal to codegen; glsl.cpp dispatches here.
+#pragma once
+
+#include <vector>
+
+#include "codegen/glsl.hpp"
+
+namespace qkv::codegen::detail {
+
+/// attention, masked_attention, their _lse and _grad ops.
+bool is_attention(ir::Op op);
+/// Whether the flash kernels take this attention node: its batch dims fit the push constants.
+bool attention_fits(const ir::Node& n);
+/// Push-constant words the node's kernel needs.
+int attention_push_words(const ir::Node& n);
+KernelSource attention_source(const ir::Node& n);
+KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes);
+
+}  // namespace qkv::codegen::detail
