@@ -24,6 +24,8 @@ class Trainer {
   backend::TensorMap parameters();
   /// The step graph: forward, backward and optimizer updates.
   const ir::Graph& graph() const { return step_graph_; }
+  /// The step graph as the backend runs it (fused and lowered for it).
+  const ir::Graph& compiled_graph() const { return exe_->graph(); }
   /// Memory the backend planned for one step (activations kept for the backward included).
   std::int64_t planned_bytes() const { return exe_->planned_bytes(); }
 
