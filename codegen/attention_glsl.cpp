@@ -135,18 +135,6 @@ std::string fill(std::string text, std::vector<std::pair<std::string, std::strin
 
 }  // namespace
 
-bool is_attention(Op op) {
-  switch (op) {
-    case Op::attention:
-    case Op::masked_attention:
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-    case Op::attention_grad:
-    case Op::masked_attention_grad: return true;
-    default: return false;
-  }
-}
-
 bool attention_fits(const Node& n) { return batch_rank(n) <= kMaxBatchRank; }
 
 int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n); }
@@ -377,29 +365,23 @@ void main() {
              "      }\n";
       break;
     case Kind::dq:
-      s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", "q", "k_tile", "D4") + dots("dp", "dy", "v_tile", "DV4") +
+    case Kind::dk: {
+      // ds = p (dy . v - delta); dq += ds k for query rows, dk += ds q for key rows.
+      const bool q_rows = kind == Kind::dq;
+      s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", q_rows ? "q" : "kr", q_rows ? "k_tile" : "q_tile", "D4") +
+           dots("dp", q_rows ? "dy" : "vr", q_rows ? "v_tile" : "dy_tile", "DV4") +
            "      float ds[RPT];\n"
            "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
-           "        ds[t] = pr * (sum4(dp4[t]) - delta_r[t]);\n"
-           "      }\n"
-           "      [[unroll]] for (uint g = 0u; g < D4; ++g) {\n"
-           "        vec4 x = k_tile[c * D4 + g];\n"
-           "        [[unroll]] for (uint t = 0u; t < RPT; ++t) acc[t * D4 + g] += ds[t] * x;\n"
-           "      }\n"
-           "    }\n";
+           fill("        ds[t] = pr * (sum4(dp4[t]) - $DELTA);\n"
+                "      }\n"
+                "      [[unroll]] for (uint g = 0u; g < D4; ++g) {\n"
+                "        vec4 x = $TILE[c * D4 + g];\n"
+                "        [[unroll]] for (uint t = 0u; t < RPT; ++t) acc[t * D4 + g] += ds[t] * x;\n"
+                "      }\n"
+                "    }\n",
+                {{"DELTA", q_rows ? "delta_r[t]" : "delta_tile[c]"}, {"TILE", q_rows ? "k_tile" : "q_tile"}});
       break;
-    case Kind::dk:
-      s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", "kr", "q_tile", "D4") + dots("dp", "vr", "dy_tile", "DV4") +
-           "      float ds[RPT];\n"
-           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
-           "        ds[t] = pr * (sum4(dp4[t]) - delta_tile[c]);\n"
-           "      }\n"
-           "      [[unroll]] for (uint g = 0u; g < D4; ++g) {\n"
-           "        vec4 x = q_tile[c * D4 + g];\n"
-           "        [[unroll]] for (uint t = 0u; t < RPT; ++t) acc[t * D4 + g] += ds[t] * x;\n"
-           "      }\n"
-           "    }\n";
-      break;
+    }
     case Kind::dv:
       s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", "kr", "q_tile", "D4") +
            "      float p[RPT];\n"

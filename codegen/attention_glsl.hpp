@@ -9,8 +9,6 @@
 
 namespace qkv::codegen::detail {
 
-/// attention, masked_attention, their _lse and _grad ops.
-bool is_attention(ir::Op op);
 /// Whether the flash kernels take this attention node: its batch dims fit the push constants.
 bool attention_fits(const ir::Node& n);
 /// Push-constant words the node's kernel needs.

@@ -332,7 +332,7 @@ KernelSource matmul_source(int batch_rank) {
 
 bool implements(const Node& n) {
   switch (ir::op_info(n.op).category) {
-    case OpCategory::composite: return n.op == Op::softmax || (detail::is_attention(n.op) && detail::attention_fits(n));
+    case OpCategory::composite: return n.op == Op::softmax || (ir::is_fused_attention(n.op) && detail::attention_fits(n));
     case OpCategory::source:
     case OpCategory::unary:
     case OpCategory::binary:
@@ -361,7 +361,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
     case OpCategory::reduce:
     case OpCategory::mask: words = 4; break;
     case OpCategory::composite:
-      words = n.op == Op::softmax ? 3 : detail::is_attention(n.op) ? detail::attention_push_words(n) : kMaxPushWords + 1;
+      words = n.op == Op::softmax ? 3 : ir::is_fused_attention(n.op) ? detail::attention_push_words(n) : kMaxPushWords + 1;
       break;
   }
   (void)g;
@@ -418,7 +418,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
 
-bool specialized(const Node& n) { return detail::is_attention(n.op); }
+bool specialized(const Node& n) { return ir::is_fused_attention(n.op); }
 
 KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes) {
   const Node& n = g.node(v);

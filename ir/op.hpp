@@ -105,6 +105,13 @@ constexpr bool is_elementwise(Op op) {
   return c == OpCategory::unary || c == OpCategory::binary || c == OpCategory::select;
 }
 
+/// Fused attention and the ops of its fused backward: the ops a backend with a flash-attention
+/// kernel keeps instead of decomposing.
+constexpr bool is_fused_attention(Op op) {
+  return op == Op::attention || op == Op::masked_attention || op == Op::attention_lse || op == Op::masked_attention_lse ||
+         op == Op::attention_grad || op == Op::masked_attention_grad;
+}
+
 /// All ops, in registry order.
 constexpr std::array<Op, kNumOps> all_ops() {
   std::array<Op, kNumOps> ops{};

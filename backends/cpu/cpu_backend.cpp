@@ -313,15 +313,9 @@ class CpuBackend final : public Backend {
 bool cpu_supports(const Node& n) {
   switch (n.op) {
     case Op::softmax:
-    case Op::log_softmax:
-    case Op::attention:
-    case Op::masked_attention:
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-    case Op::attention_grad:
-    case Op::masked_attention_grad: return true;
+    case Op::log_softmax: return true;
     case Op::reduce_mean: return false;
-    default: return ir::op_info(n.op).category != ir::OpCategory::composite;
+    default: return ir::is_fused_attention(n.op) || ir::op_info(n.op).category != ir::OpCategory::composite;
   }
 }
 
