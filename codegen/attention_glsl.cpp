@@ -440,23 +440,9 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   const Shape* mask = nullptr;
   if (masked(n)) mask = &in(kind == Kind::forward ? 3 : kind == Kind::lse ? 2 : 6);
 
-  // Strides of `s` against the target rank's dims (0 where it broadcasts), aligned at the end.
-  auto strides = [](const Shape& s, int target_rank) {
-    std::vector<std::int64_t> contiguous(static_cast<std::size_t>(s.rank)), st(static_cast<std::size_t>(target_rank), 0);
-    std::int64_t acc = 1;
-    for (int i = s.rank - 1; i >= 0; --i) {
-      contiguous[static_cast<std::size_t>(i)] = acc;
-      acc *= s[i];
-    }
-    for (int t = 0; t < target_rank; ++t) {
-      int j = t - (target_rank - s.rank);
-      if (j >= 0 && s[j] != 1) st[static_cast<std::size_t>(t)] = contiguous[static_cast<std::size_t>(j)];
-    }
-    return st;
-  };
   KernelLaunch l;
   const std::int64_t shift = n.attrs.causal && n.attrs.align == ir::CausalAlign::bottom_right ? mk - nq : 0;
-  const auto mask_st = mask ? strides(*mask, r + 2) : std::vector<std::int64_t>(static_cast<std::size_t>(r + 2), 0);
+  const auto mask_st = mask ? broadcast_strides(*mask, r + 2) : std::array<std::int64_t, ir::kMaxRank>{};
   l.push = {push_word(nq),
             push_word(mk),
             push_word(d),
@@ -474,7 +460,7 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   const Shape none;
   const Shape* operands[4] = {&qs, &ks, kind == Kind::lse ? &none : &in(2), mask};
   for (const Shape* s : operands) {
-    auto st = s ? strides(*s, r + 2) : std::vector<std::int64_t>(static_cast<std::size_t>(r + 2), 0);
+    auto st = s ? broadcast_strides(*s, r + 2) : std::array<std::int64_t, ir::kMaxRank>{};
     for (int i = 0; i < r; ++i) l.push.push_back(push_word(st[static_cast<std::size_t>(i)]));
   }
 

@@ -108,6 +108,26 @@ std::uint32_t detail::push_word(std::int64_t v) {
   return static_cast<std::uint32_t>(v);
 }
 
+std::array<std::int64_t, ir::kMaxRank> detail::contiguous_strides(const Shape& s) {
+  std::array<std::int64_t, ir::kMaxRank> st{};
+  std::int64_t acc = 1;
+  for (int i = s.rank - 1; i >= 0; --i) {
+    st[static_cast<std::size_t>(i)] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+std::array<std::int64_t, ir::kMaxRank> detail::broadcast_strides(const Shape& in, int rank) {
+  auto c = contiguous_strides(in);
+  std::array<std::int64_t, ir::kMaxRank> st{};
+  for (int i = 0; i < rank; ++i) {
+    int j = i - (rank - in.rank);
+    st[static_cast<std::size_t>(i)] = (j < 0 || in[j] == 1) ? 0 : c[static_cast<std::size_t>(j)];
+  }
+  return st;
+}
+
 namespace {
 
 using detail::kGlslLog;
@@ -171,7 +191,7 @@ std::array<std::uint32_t, 3> linear_groups(std::int64_t total) {
   return {static_cast<std::uint32_t>(x), static_cast<std::uint32_t>((groups + x - 1) / x), 1};
 }
 
-std::uint32_t u32(std::int64_t v) { return detail::push_word(v); }
+using detail::push_word;
 
 /// Elementwise family: out index -> per-operand offsets through strides (0 where broadcast).
 KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
@@ -425,32 +445,14 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
   const Shape& os = shapes[static_cast<std::size_t>(v)];
   auto in_shape = [&](int k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
   KernelLaunch l;
-  auto contiguous = [](const Shape& s) {
-    std::array<std::int64_t, ir::kMaxRank> st{};
-    std::int64_t acc = 1;
-    for (int i = s.rank - 1; i >= 0; --i) {
-      st[static_cast<std::size_t>(i)] = acc;
-      acc *= s[i];
-    }
-    return st;
-  };
-  auto broadcast = [&](const Shape& in, const Shape& out) {
-    auto c = contiguous(in);
-    std::array<std::int64_t, ir::kMaxRank> st{};
-    for (int i = 0; i < out.rank; ++i) {
-      int j = i - (out.rank - in.rank);
-      st[static_cast<std::size_t>(i)] = (j < 0 || in[j] == 1) ? 0 : c[static_cast<std::size_t>(j)];
-    }
-    return st;
-  };
   switch (n.op) {
     case Op::constant:
-      l.push = {u32(os.numel()), std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, n, shapes)))};
+      l.push = {push_word(os.numel()), std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, n, shapes)))};
       l.groups = linear_groups(os.numel());
       return l;
     case Op::causal_mask: {
       std::int64_t shift = n.attrs.align == ir::CausalAlign::bottom_right ? os[1] - os[0] : 0;
-      l.push = {u32(os.numel()), u32(os[1]), static_cast<std::uint32_t>(static_cast<std::int32_t>(shift)), u32(n.attrs.window)};
+      l.push = {push_word(os.numel()), push_word(os[1]), static_cast<std::uint32_t>(static_cast<std::int32_t>(shift)), push_word(n.attrs.window)};
       l.groups = linear_groups(os.numel());
       return l;
     }
@@ -460,14 +462,14 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       const Shape& xs = n.op == Op::iota ? os : in_shape(0);
       std::int64_t inner = 1;
       for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
-      if (n.op == Op::slice) l.push = {u32(os.numel()), u32(inner), u32(os[n.attrs.axis]), u32(xs[n.attrs.axis]), u32(n.attrs.begin)};
-      else if (n.op == Op::concat) l.push = {u32(os.numel()), u32(inner), u32(xs[n.attrs.axis]), u32(in_shape(1)[n.attrs.axis])};
-      else l.push = {u32(os.numel()), u32(inner), u32(os[n.attrs.axis])};
+      if (n.op == Op::slice) l.push = {push_word(os.numel()), push_word(inner), push_word(os[n.attrs.axis]), push_word(xs[n.attrs.axis]), push_word(n.attrs.begin)};
+      else if (n.op == Op::concat) l.push = {push_word(os.numel()), push_word(inner), push_word(xs[n.attrs.axis]), push_word(in_shape(1)[n.attrs.axis])};
+      else l.push = {push_word(os.numel()), push_word(inner), push_word(os[n.attrs.axis])};
       l.groups = linear_groups(os.numel());
       return l;
     }
     case Op::dropout_mask:
-      l.push = {u32(os.numel()), ir::dropout_threshold(n.attrs.value),
+      l.push = {push_word(os.numel()), ir::dropout_threshold(n.attrs.value),
                 std::bit_cast<std::uint32_t>(static_cast<float>(1.0 / (1.0 - n.attrs.value)))};
       l.groups = linear_groups(os.numel());
       return l;
@@ -490,17 +492,17 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
     case Op::greater:
     case Op::broadcast_to:
     case Op::permute: {
-      l.push.push_back(u32(os.numel()));
-      for (int d = 0; d < os.rank; ++d) l.push.push_back(u32(os[d]));
+      l.push.push_back(push_word(os.numel()));
+      for (int d = 0; d < os.rank; ++d) l.push.push_back(push_word(os[d]));
       for (std::size_t k = 0; k < n.inputs.size(); ++k) {
         std::array<std::int64_t, ir::kMaxRank> st{};
         if (n.op == Op::permute) {
-          auto c = contiguous(in_shape(0));
+          auto c = detail::contiguous_strides(in_shape(0));
           for (int d = 0; d < os.rank; ++d) st[static_cast<std::size_t>(d)] = c[static_cast<std::size_t>(n.attrs.perm[static_cast<std::size_t>(d)])];
         } else {
-          st = broadcast(in_shape(static_cast<int>(k)), os);
+          st = detail::broadcast_strides(in_shape(static_cast<int>(k)), os.rank);
         }
-        for (int d = 0; d < os.rank; ++d) l.push.push_back(u32(st[static_cast<std::size_t>(d)]));
+        for (int d = 0; d < os.rank; ++d) l.push.push_back(push_word(st[static_cast<std::size_t>(d)]));
       }
       l.groups = linear_groups(os.numel());
       return l;
@@ -512,7 +514,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       std::int64_t outer = 1, inner = 1;
       for (int i = 0; i < n.attrs.axis; ++i) outer *= xs[i];
       for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
-      l.push = {u32(outer * inner), u32(xs[n.attrs.axis]), u32(inner)};
+      l.push = {push_word(outer * inner), push_word(xs[n.attrs.axis]), push_word(inner)};
       l.groups = linear_groups(outer * inner);
       return l;
     }
@@ -521,22 +523,22 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       const Shape& bs = in_shape(1);
       bool ta = n.attrs.transpose_a, tb = n.attrs.transpose_b;
       std::int64_t m = os.back(1), nn = os.back(0), k = ta ? as.back(1) : as.back(0);
-      l.push = {u32(m), u32(nn), u32(k), u32(ta ? 1 : k), u32(ta ? m : 1), u32(tb ? 1 : nn), u32(tb ? k : 1)};
+      l.push = {push_word(m), push_word(nn), push_word(k), push_word(ta ? 1 : k), push_word(ta ? m : 1), push_word(tb ? 1 : nn), push_word(tb ? k : 1)};
       Shape batch, ab, bb;
       for (int i = 0; i + 2 < os.rank; ++i) batch.push_back(os[i]);
       for (int i = 0; i + 2 < as.rank; ++i) ab.push_back(as[i]);
       for (int i = 0; i + 2 < bs.rank; ++i) bb.push_back(bs[i]);
-      auto sa = broadcast(ab, batch), sb = broadcast(bb, batch);
-      for (int i = 0; i < batch.rank; ++i) l.push.push_back(u32(batch[i]));
-      for (int i = 0; i < batch.rank; ++i) l.push.push_back(u32(sa[static_cast<std::size_t>(i)] * m * k));
-      for (int i = 0; i < batch.rank; ++i) l.push.push_back(u32(sb[static_cast<std::size_t>(i)] * k * nn));
-      l.groups = {u32((nn + kTile - 1) / kTile), u32((m + kTile - 1) / kTile), u32(batch.numel())};
+      auto sa = detail::broadcast_strides(ab, batch.rank), sb = detail::broadcast_strides(bb, batch.rank);
+      for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(batch[i]));
+      for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(sa[static_cast<std::size_t>(i)] * m * k));
+      for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(sb[static_cast<std::size_t>(i)] * k * nn));
+      l.groups = {push_word((nn + kTile - 1) / kTile), push_word((m + kTile - 1) / kTile), push_word(batch.numel())};
       if (l.groups[0] == 0) l.groups[0] = 1;
       if (l.groups[1] == 0) l.groups[1] = 1;
       return l;
     }
     case Op::one_hot:
-      l.push = {u32(os.numel()), u32(n.attrs.depth)};
+      l.push = {push_word(os.numel()), push_word(n.attrs.depth)};
       l.groups = linear_groups(os.numel());
       return l;
     case Op::attention:

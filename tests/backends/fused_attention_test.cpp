@@ -152,6 +152,22 @@ TEST(FusedAttention, VulkanMatchesReferenceWithSkippedTilesMasksAndOddHeadDims) 
   }
 }
 
+/// Head dims whose single row of keys and values overflows the 16 KiB of shared memory every
+/// Vulkan device has are refused by name at planning, not run out of bounds.
+TEST(FusedAttention, VulkanRefusesHeadDimsBeyondSharedMemory) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  auto q = input<"q">(dim<1>, dim<4>, dim<"D">);
+  ir::Graph g = lower(scaled_dot_product_attention(q, q, q));
+  auto exe = vulkan->compile(g);
+  try {
+    exe->run(backend::random_inputs(g, {{"D", 4096}}, 1));
+    FAIL() << "ran with 32 KiB of keys and values per row";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("head dims 4096 and 4096"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(exe->run(backend::random_inputs(g, {{"D", 64}}, 1)).begin()->second.numel(), 4 * 64) << "smaller dims still run";
+}
+
 /// A NaN that only masked scores meet, in a tile the causal kernels would skip, still gives NaN
 /// as in the decomposition (0 * NaN): in v for the forward, in the output gradient for the
 /// backward. The kernels check before they skip.
