@@ -15,6 +15,12 @@ namespace qkv::backend {
 /// Tensors by name: a graph's inputs or outputs.
 using TensorMap = std::map<std::string, Tensor, std::less<>>;
 
+/// One kernel's share of a run, measured on the device.
+struct KernelTime {
+  ir::ValueId value;  // the node of Executable::graph() the kernel computes
+  double seconds;     // from the end of the previous kernel (or of the uploads) to its own end
+};
+
 /// A graph compiled for one backend. Runs reuse what the first run with the same input shapes
 /// planned (buffers, kernels, command buffers).
 class Executable {
@@ -35,6 +41,13 @@ class Executable {
   /// Bytes of intermediate and output storage the last run planned (0 before the first run);
   /// inputs the backend reads in place are not counted.
   virtual std::int64_t planned_bytes() const = 0;
+  /// Turns per-kernel device timing on or off for later runs (off by default). Backends that
+  /// cannot time their kernels ignore it.
+  virtual void set_profiling(bool /*on*/) {}
+  /// The last run's kernels in launch order with their device times, when profiling was on and
+  /// the device can time them (vulkan with timestamp queries); otherwise empty. Uploads and
+  /// downloads are not included: the sum is the time the device spent computing.
+  virtual std::vector<KernelTime> profile() const { return {}; }
 };
 
 class Backend {

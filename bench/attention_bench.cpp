@@ -4,10 +4,14 @@
 // full rows' is the speed-up of skipping masked blocks), and as 3x that for forward + backward
 // rows (the training graph: dq, dk, dv from an output gradient). Each backend row reports the
 // memory its plan holds ("MiB"). Run: build/default/bench/qkv_bench (QKV_BENCH_BACKENDS=cpu,vulkan
-// picks backends; --benchmark_filter narrows the rows).
+// picks backends; QKV_BENCH_SHAPES=1,8,4096,64;4,8,512,64 replaces the shapes; --benchmark_filter
+// narrows the rows). QKV_BENCH_DEVICE_TIME=1 times vulkan rows by the device's kernel timestamps
+// (Executable::profile) instead of the wall clock, which on a discrete GPU also counts the PCIe
+// uploads of q, k, v and the download of the output on every run.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -73,6 +77,8 @@ void set_rate(benchmark::State& state, double flops) {
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+bool uses_device_time(const std::string& backend) { return backend == "vulkan" && std::getenv("QKV_BENCH_DEVICE_TIME"); }
+
 void bench_backend(benchmark::State& state, const std::string& name, Shape s, Mode mode) {
   std::unique_ptr<qkv::backend::Backend> backend;
   try {
@@ -84,8 +90,20 @@ void bench_backend(benchmark::State& state, const std::string& name, Shape s, Mo
   auto g = sdpa_graph(1.0 / std::sqrt(static_cast<double>(s.d)), mode);
   auto exe = backend->compile(g);
   auto in = inputs_for(g, s);
+  const bool device_time = uses_device_time(name);
+  exe->set_profiling(device_time);
   exe->run(in);  // plans buffers and kernels once
-  for (auto _ : state) benchmark::DoNotOptimize(exe->run(in));
+  if (device_time && exe->profile().empty()) {
+    state.SkipWithError("QKV_BENCH_DEVICE_TIME: this device writes no timestamps");
+    return;
+  }
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(exe->run(in));
+    if (!device_time) continue;
+    double seconds = 0;
+    for (const auto& k : exe->profile()) seconds += k.seconds;
+    state.SetIterationTime(seconds);
+  }
   set_rate(state, (mode == Mode::backward ? 3.0 : 1.0) * s.flops());
   state.counters["MiB"] = static_cast<double>(exe->planned_bytes()) / (1 << 20);
 }
@@ -188,7 +206,20 @@ int main(int argc, char** argv) {
     std::stringstream ss(env);
     for (std::string b; std::getline(ss, b, ',');) backends.push_back(b);
   }
-  for (const auto& s : kShapes) {
+  std::vector<Shape> shapes = kShapes;
+  if (const char* env = std::getenv("QKV_BENCH_SHAPES")) {
+    shapes.clear();
+    std::stringstream ss(env);
+    for (std::string item; std::getline(ss, item, ';');) {
+      Shape s{};
+      if (std::sscanf(item.c_str(), "%" SCNd64 ",%" SCNd64 ",%" SCNd64 ",%" SCNd64, &s.b, &s.h, &s.n, &s.d) != 4 || s.b < 1 || s.h < 1 || s.n < 1 || s.d < 1) {
+        std::fprintf(stderr, "QKV_BENCH_SHAPES: '%s' is not B,H,N,D\n", item.c_str());
+        return 2;
+      }
+      shapes.push_back(s);
+    }
+  }
+  for (const auto& s : shapes) {
     benchmark::RegisterBenchmark(("sgemm/" + s.label()).c_str(), bench_sgemm, s)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark(("sgemm-softmax-sgemm/" + s.label()).c_str(), bench_sgemm_softmax_sgemm, s)->Unit(benchmark::kMillisecond)->UseRealTime();
     for (const auto& b : backends) {
@@ -196,9 +227,12 @@ int main(int argc, char** argv) {
       if (b == "vulkan" && s.n > 512 && std::getenv("QKV_BENCH_SMALL_VULKAN")) continue;
       for (Mode m : {Mode::forward, Mode::causal, Mode::backward}) {
         if (b == "reference" && m != Mode::forward) continue;
-        benchmark::RegisterBenchmark((b + mode_suffix(m) + "/" + s.label()).c_str(), bench_backend, b, s, m)
-            ->Unit(benchmark::kMillisecond)
-            ->UseRealTime();
+        auto* row = benchmark::RegisterBenchmark((b + mode_suffix(m) + "/" + s.label()).c_str(), bench_backend, b, s, m)
+                        ->Unit(benchmark::kMillisecond);
+        if (uses_device_time(b))
+          row->UseManualTime();
+        else
+          row->UseRealTime();
       }
     }
   }

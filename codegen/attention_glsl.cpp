@@ -2,9 +2,11 @@
 // invocation: the queries for the forward, its log-sum-exp and dq, the keys for dk and dv. The row
 // operands live in registers as vec4s (arrays sized by the head dims, which are specialization
 // constants), and the other side streams through shared memory BC rows at a time; each vec4 read
-// from a tile feeds RPT rows, 4 RPT multiply-adds. (Reads of shared memory bound these kernels on
-// lavapipe, which loads each lane's value separately: with one row per invocation and scalar
-// reads the forward ran at 1.4 GFLOP/s, with this layout about 5.) The forward keeps a running max
+// from a tile feeds RPT rows, 4 RPT multiply-adds. The geometry (INV invocations, RPT, BC) is
+// chosen per device (Target) and specialized, not written into the source: on lavapipe, whose
+// shared-memory reads are loaded lane by lane, 16 x 4 (with one row per invocation and scalar
+// reads the forward ran at 1.4 GFLOP/s, with this layout about 5); on a GPU 64 x 1, which ran
+// the H100 backward 3x faster than 16 x 4 (whose rows spilled registers). The forward keeps a running max
 // and sum per row (FlashAttention's online softmax) and rescales its accumulator once per tile;
 // the gradients recompute p = exp(s - lse) per tile from the forward's saved lse
 // (FlashAttention-2), so nothing of size N x M is stored.
@@ -30,11 +32,15 @@ using ir::Node;
 using ir::Op;
 using ir::Shape;
 
-constexpr std::uint32_t kInvocations = 16;  // per workgroup
-constexpr std::uint32_t kRowsPerInvocation = 4;
-constexpr std::uint32_t kRows = kInvocations * kRowsPerInvocation;  // BR
+/// Invocations per workgroup and rows per invocation (BR = their product), per target: on
+/// lavapipe 16 x 4, so each vec4 read from a tile feeds 16 multiply-adds; on a GPU 64 x 1, so a
+/// head of N = 4096 queries is 64 workgroups of two warps and a row's registers (q, the output
+/// accumulator and, for dq, dy) stay within what an invocation has without spilling.
+struct Geometry {
+  std::uint32_t invocations, rows_per_invocation;
+};
+Geometry geometry(const Target& t) { return t.cpu ? Geometry{16, 4} : Geometry{64, 1}; }
 constexpr int kMaxBatchRank = 4;  // 9 + 5 * 4 = 29 push-constant words
-constexpr std::int64_t kSharedBytes = 16384;  // the smallest maxComputeSharedMemorySize Vulkan allows
 
 enum class Kind { forward, lse, dq, dk, dv };
 
@@ -179,11 +185,12 @@ KernelSource attention_source(const Node& n) {
 // p[0] N queries, p[1] M keys, p[2] D, p[3] Dv, p[4] scale (float bits), p[5] causal shift
 // (int bits), p[6] window, p[7..8] the keep-mask's query and key strides, p[9..] $R batch dims,
 // then the batch strides of q, k, v and the keep-mask (elements).
-layout(local_size_x = $INV) in;
+layout(local_size_x_id = 3) in;               // INV invocations, chosen per device
 layout(constant_id = 0) const uint D4 = 1u;   // q and k's head dim in vec4s (rounded up)
 layout(constant_id = 1) const uint DV4 = 1u;  // v's head dim in vec4s
 layout(constant_id = 2) const uint BC = 1u;   // streamed rows per shared tile
-const uint INV = $INVu, RPT = $RPTu, BR = INV * RPT;
+layout(constant_id = 4) const uint RPT = 1u;  // rows per invocation, chosen per device
+const uint INV = gl_WorkGroupSize.x, BR = INV * RPT;
 const int R = $R;
 $BINDINGSlayout(push_constant) uniform Params { uint p[$WORDS]; } pc;
 
@@ -234,8 +241,6 @@ void main() {
                        {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "")},
                         {"ROWS", key_rows ? "keys" : "queries"},
                         {"OTHERS", key_rows ? "queries" : "keys"},
-                        {"INV", str(kInvocations)},
-                        {"RPT", str(kRowsPerInvocation)},
                         {"R", str(r)},
                         {"BINDINGS", bindings},
                         {"WORDS", str(kMaxPushWords)},
@@ -427,7 +432,7 @@ void main() {
   return {name, s, static_cast<int>(arrays.size()) + 1};
 }
 
-KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes) {
+KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
   const Node& n = g.node(v);
   const Kind kind = kind_of(n);
   const int r = batch_rank(n);
@@ -464,18 +469,26 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
     for (int i = 0; i < r; ++i) l.push.push_back(push_word(st[static_cast<std::size_t>(i)]));
   }
 
-  // Head dims size the registers and tiles; the tile height keeps shared memory within the
-  // minimum every Vulkan device has.
+  // Head dims size the registers and tiles; the tile height keeps shared memory within what the
+  // device has (halved from 32 rows on lavapipe, from 64 on a GPU, where a taller tile halves
+  // the barriers per key).
   const std::int64_t d4 = std::max<std::int64_t>((d + 3) / 4, 1), dv4 = std::max<std::int64_t>((dv + 3) / 4, 1);
-  std::int64_t bc = 32;
-  while (bc > 1 && bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > kSharedBytes) bc /= 2;
-  if (bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > kSharedBytes)
-    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " needs more than " + str(kSharedBytes) +
+  // Rows live in registers: past D + Dv = 4096 floats a row no device holds them, and drivers
+  // take tens of seconds compiling the spills (NVIDIA, D = Dv = 4096).
+  if (d4 + dv4 > 1024)
+    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " exceeds the flash kernels' 4096 floats of registers per row");
+  const std::int64_t shared = std::max<std::int64_t>(target.shared_bytes, 16384);
+  std::int64_t bc = target.cpu ? 32 : 64;
+  while (bc > 1 && bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > shared) bc /= 2;
+  if (bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > shared)
+    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " needs more than " + str(shared) +
                            " bytes of shared memory for one row of keys");
-  l.specialization = {push_word(d4), push_word(dv4), push_word(bc)};
+  const Geometry geo = geometry(target);
+  l.specialization = {push_word(d4), push_word(dv4), push_word(bc), geo.invocations, geo.rows_per_invocation};
 
   const std::int64_t rows = kind == Kind::dk || kind == Kind::dv ? mk : nq;
-  const std::int64_t x = std::max<std::int64_t>((rows + kRows - 1) / kRows, 1);
+  const std::int64_t per_group = geo.invocations * geo.rows_per_invocation;  // BR
+  const std::int64_t x = std::max<std::int64_t>((rows + per_group - 1) / per_group, 1);
   const std::int64_t y = std::clamp<std::int64_t>(batches, 1, 65535), z = std::max<std::int64_t>((batches + y - 1) / y, 1);
   if (x > 65535 || z > 65535)
     throw UnsupportedError("vulkan: attention over " + str(rows) + " rows and " + str(batches) + " batch entries exceeds the dispatch limits");

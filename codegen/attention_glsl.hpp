@@ -14,6 +14,6 @@ bool attention_fits(const ir::Node& n);
 /// Push-constant words the node's kernel needs.
 int attention_push_words(const ir::Node& n);
 KernelSource attention_source(const ir::Node& n);
-KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes);
+KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target);
 
 }  // namespace qkv::codegen::detail

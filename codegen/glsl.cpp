@@ -440,7 +440,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
 
 bool specialized(const Node& n) { return ir::is_fused_attention(n.op); }
 
-KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes) {
+KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
   const Node& n = g.node(v);
   const Shape& os = shapes[static_cast<std::size_t>(v)];
   auto in_shape = [&](int k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
@@ -546,7 +546,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
     case Op::attention_lse:
     case Op::masked_attention_lse:
     case Op::attention_grad:
-    case Op::masked_attention_grad: return detail::attention_launch(g, v, shapes);
+    case Op::masked_attention_grad: return detail::attention_launch(g, v, shapes, target);
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:

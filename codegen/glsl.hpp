@@ -23,6 +23,18 @@ struct KernelSource {
   int buffers = 0;   // storage buffer bindings: the inputs in order, then the output
 };
 
+/// What code generation knows of the device that will run its kernels: launch geometry (not the
+/// GLSL, which stays device-independent and cached by content) is chosen from it.
+struct Target {
+  /// A CPU device (lavapipe): few, wide invocations that keep several rows each, since every
+  /// shared-memory read is scalarised per lane. Otherwise a GPU: many invocations with one row
+  /// each, so that the device has enough warps to hide memory latency and no row spills
+  /// registers.
+  bool cpu = true;
+  /// Shared memory a workgroup may use (maxComputeSharedMemorySize; 16 KiB on every device).
+  std::int64_t shared_bytes = 16384;
+};
+
 struct KernelLaunch {
   std::vector<std::uint32_t> push;
   std::array<std::uint32_t, 3> groups{1, 1, 1};
@@ -45,7 +57,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v);
 /// Whether node `v`'s pipeline depends on the bound shapes (KernelLaunch::specialization).
 bool specialized(const ir::Node& n);
 /// Push constants and workgroup counts of node `v` for concrete shapes (one per node).
-KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes);
+KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target = {});
 /// Every kernel of a graph, each headed by the node it computes: what `qkv dump --glsl` prints.
 std::string emit_glsl(const ir::Graph& g);
 

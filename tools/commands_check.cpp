@@ -189,7 +189,36 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
   return 0;
 }
 
-int cmd_bench(const Request& r, const std::string& backends, int repeat) {
+namespace {
+
+/// The median of each kernel's device time over the runs, with its share of their sum: where
+/// a backend's time goes (qkv bench --profile).
+void print_profile(const backend::Backend& be, const ir::Graph& g, const std::vector<std::vector<backend::KernelTime>>& runs) {
+  if (runs.empty() || runs.front().empty()) {
+    std::printf("  (%s does not time its kernels on this device)\n", be.name().c_str());
+    return;
+  }
+  std::vector<double> median(runs.front().size());
+  for (std::size_t k = 0; k < median.size(); ++k) {
+    std::vector<double> t;
+    for (const auto& run : runs) t.push_back(run[k].seconds);
+    std::sort(t.begin(), t.end());
+    median[k] = t[t.size() / 2] * 1e3;
+  }
+  double total = 0;
+  for (double m : median) total += m;
+  std::printf("  %-5s %-20s %-44s %12s %7s\n", "node", "op", "kernel", "device ms", "share");
+  for (std::size_t k = 0; k < median.size(); ++k) {
+    const ir::ValueId v = runs.front()[k].value;
+    std::printf("  %%%-4d %-20s %-44s %12.4f %6.1f%%\n", v, std::string(ir::op_name(g.node(v).op)).c_str(), be.kernel_name(g, v).c_str(), median[k],
+                total > 0 ? 100.0 * median[k] / total : 0.0);
+  }
+  std::printf("  %-71s %12.4f (kernels only: no uploads or downloads)\n", "total", total);
+}
+
+}  // namespace
+
+int cmd_bench(const Request& r, const std::string& backends, int repeat, bool profile) {
   if (repeat < 1) throw UsageError("--repeat must be at least 1");
   const auto names = backend_list(backends);  // before any output
   Prepared p = prepare(r);
@@ -204,20 +233,24 @@ int cmd_bench(const Request& r, const std::string& backends, int repeat) {
       continue;
     }
     auto exe = be->compile(p.graph);
+    exe->set_profiling(profile);
     exe->run(p.inputs);
     const ir::Graph& g = exe->graph();
     auto shapes = ir::bind_shapes(g, p.inputs);
     double flops = 0;
     for (std::size_t i = 0; i < g.size(); ++i) flops += ir::estimated_flops(g, static_cast<ir::ValueId>(i), shapes);
     std::vector<double> ms;
+    std::vector<std::vector<backend::KernelTime>> profiles;
     for (int i = 0; i < repeat; ++i) {
       auto t0 = std::chrono::steady_clock::now();
       exe->run(p.inputs);
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      if (profile) profiles.push_back(exe->profile());
     }
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
     std::printf("%-10s %12.4f %12.4f %10.2f\n", name.c_str(), median, ms.front(), flops / (median * 1e-3) / 1e9);
+    if (profile) print_profile(*be, g, profiles);
   }
   return 0;
 }

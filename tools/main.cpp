@@ -130,6 +130,8 @@ int main(int argc, char** argv) {
   add_model_options(bench, bench_r, "time the backward graph (gradients) instead of the forward");
   bench->add_option("--backend", bench_backends, "a backend, a comma-separated list, or all");
   bench->add_option("--repeat", repeat, "timed runs")->capture_default_str();
+  bool profile = false;
+  bench->add_flag("--profile", profile, "per kernel: its median device time and share (vulkan, from timestamp queries)");
 
   Request viz_r;
   std::string png_dir, labels;
@@ -192,7 +194,7 @@ int main(int argc, char** argv) {
     if (check->parsed()) return cmd_check(check_r, backends, dump_dir, budget_factor);
     if (dump->parsed()) return cmd_dump(dump_r, ir, dot, glsl);
     if (explain->parsed()) return cmd_explain(explain_r, backend);
-    if (bench->parsed()) return cmd_bench(bench_r, bench_backends, repeat);
+    if (bench->parsed()) return cmd_bench(bench_r, bench_backends, repeat, profile);
     if (viz->parsed()) return cmd_viz(viz_r, backend, png_dir, labels);
     if (train->parsed()) return cmd_train(train_f);
     if (fuzz->parsed()) return cmd_fuzz(fuzz_f, backend_list(fuzz_backends));

@@ -53,6 +53,12 @@ VulkanOptions vulkan_options_from_env() {
   VulkanOptions o;
   if (const char* d = std::getenv("QKV_VULKAN_DEVICE")) o.device_filter = d;
   if (const char* v = std::getenv("QKV_VULKAN_VALIDATION")) o.validation = std::string(v) == "1";
+  if (const char* t = std::getenv("QKV_VULKAN_TUNING")) {
+    const std::string s = t;
+    if (s == "cpu") o.tuning = VulkanOptions::Tuning::cpu;
+    else if (s == "gpu") o.tuning = VulkanOptions::Tuning::gpu;
+    else if (!s.empty() && s != "auto") throw BackendError("vulkan: QKV_VULKAN_TUNING is '" + s + "'; give cpu, gpu or auto");
+  }
   return o;
 }
 
@@ -113,6 +119,7 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
     for (std::uint32_t i = 0; i < families.size(); ++i)
       if (families[i].queueFlags & vk::QueueFlagBits::eCompute) {
         queue_family_ = i;
+        if (families[i].timestampValidBits) timestamp_period_ns_ = properties_.limits.timestampPeriod;
         break;
       }
     float priority = 1.0f;
@@ -124,14 +131,16 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
 }
 
 std::shared_ptr<Context> Context::get(const VulkanOptions& options) {
+  // Contexts live until the process exits (never destroyed: their drivers may be unloaded by
+  // then). Creating and destroying instances over and over is not only slow: NVIDIA's driver
+  // (580, headless) refuses vkCreateInstance with ErrorIncompatibleDriver after a handful of
+  // cycles, which the benchmarks, creating a backend per row, ran into.
   static std::mutex mutex;
-  static std::map<std::pair<std::string, bool>, std::weak_ptr<Context>> contexts;
+  static auto* contexts = new std::map<std::pair<std::string, bool>, std::shared_ptr<Context>>;
   std::lock_guard lock(mutex);
-  auto& slot = contexts[{options.device_filter, options.validation}];
-  if (auto c = slot.lock()) return c;
-  auto c = std::make_shared<Context>(options);
-  slot = c;
-  return c;
+  auto& slot = (*contexts)[{options.device_filter, options.validation}];
+  if (!slot) slot = std::make_shared<Context>(options);
+  return slot;
 }
 
 std::string Context::device_name() const {

@@ -42,6 +42,8 @@ class Context {
   const vk::raii::CommandPool& command_pool() const { return pool_; }
   const vk::PhysicalDeviceProperties& properties() const { return properties_; }
   std::string device_name() const;
+  /// Nanoseconds per timestamp tick on the compute queue, or 0 when it cannot write timestamps.
+  double timestamp_period_ns() const { return timestamp_period_ns_; }
 
   /// A buffer of `size` bytes; host-visible ones are persistently mapped. Device-local memory is
   /// preferred for the rest.
@@ -60,6 +62,7 @@ class Context {
   vk::PhysicalDeviceProperties properties_;
   vk::PhysicalDeviceMemoryProperties memory_properties_;
   std::uint32_t queue_family_ = 0;
+  double timestamp_period_ns_ = 0;
   vk::raii::Device device_{nullptr};
   vk::raii::Queue queue_{nullptr};
   vk::raii::CommandPool pool_{nullptr};

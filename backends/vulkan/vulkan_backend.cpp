@@ -32,7 +32,8 @@ void write_staging(const Tensor& t, void* dst) {
 
 class VulkanExecutable final : public Executable {
  public:
-  VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g) : ctx_(std::move(ctx)), graph_(std::move(g)), input_ids_(graph_.inputs()) {
+  VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g, codegen::Target target)
+      : ctx_(std::move(ctx)), target_(target), graph_(std::move(g)), input_ids_(graph_.inputs()) {
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       const Node& n = graph_.nodes()[i];
       if (!codegen::has_kernel(n)) continue;
@@ -46,6 +47,13 @@ class VulkanExecutable final : public Executable {
   }
   const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return memory_.total_bytes; }
+  void set_profiling(bool on) override {
+    if (on == profiling_) return;
+    profiling_ = on;
+    last_profile_.clear();
+    signature_.invalidate();  // the next run records its command buffer with (or without) timestamps
+  }
+  std::vector<KernelTime> profile() const override { return last_profile_; }
 
   void set_state(const TensorMap& tensors) override {
     check_state_names(graph_, tensors);
@@ -73,6 +81,7 @@ class VulkanExecutable final : public Executable {
       if (ctx_->device().waitForFences(*fence_, VK_TRUE, UINT64_MAX) != vk::Result::eSuccess)
         throw BackendError("vulkan: waiting for the run failed");
       if (!graph_.updates().empty()) device_newer_ = true;
+      if (*query_pool_) read_timestamps();
       TensorMap out;
       for (const auto& [name, v] : graph_.outputs()) {
         const auto* src = reinterpret_cast<const float*>(static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.at(name));
@@ -95,12 +104,26 @@ class VulkanExecutable final : public Executable {
   }
   bool held(ir::ValueId input) const { return state_.contains(graph_.node(input).name); }
 
+  /// Turns the timestamps written around each kernel into the last run's profile.
+  void read_timestamps() {
+    const auto count = static_cast<std::uint32_t>(kernels_.size() + 1);
+    std::vector<std::uint64_t> ticks(count);
+    const auto result = (*ctx_->device()).getQueryPoolResults(*query_pool_, 0, count, ticks.size() * sizeof(std::uint64_t), ticks.data(),
+                                                              sizeof(std::uint64_t), vk::QueryResultFlagBits::e64 | vk::QueryResultFlagBits::eWait);
+    if (result != vk::Result::eSuccess) throw BackendError("vulkan: reading the kernel timestamps failed");
+    last_profile_.clear();
+    const double period = ctx_->timestamp_period_ns() * 1e-9;
+    for (std::size_t k = 0; k < kernels_.size(); ++k)
+      last_profile_.push_back({kernels_[k].value, static_cast<double>(ticks[k + 1] - ticks[k]) * period});
+  }
+
   void plan(const std::vector<const Tensor*>& tensors) {
     const auto& dev = ctx_->device();
     dev.waitIdle();
     if (device_newer_) download_state();  // the arena is about to be replaced
     // Release what the previous plan recorded, users before what they use.
     command_buffer_ = nullptr;
+    query_pool_ = nullptr;
     descriptor_sets_.clear();
     descriptor_pool_ = nullptr;
     shapes_ = ir::bind_shapes(graph_, merged_inputs(graph_, tensors));
@@ -134,7 +157,7 @@ class VulkanExecutable final : public Executable {
     // Launch parameters per kernel for these shapes, and the pipelines specialized for them.
     launches_.clear();
     for (auto& k : kernels_) {
-      launches_.push_back(codegen::kernel_launch(graph_, k.value, shapes_));
+      launches_.push_back(codegen::kernel_launch(graph_, k.value, shapes_, target_));
       if (codegen::specialized(graph_.node(k.value))) k.pipeline = &ctx_->pipeline(k.source, launches_.back().specialization);
     }
 
@@ -170,6 +193,8 @@ class VulkanExecutable final : public Executable {
         if (graph_.node(in).name == name) target = in;
       if (offset_of(v) != offset_of(target) && bytes_of(v)) updates.emplace_back(offset_of(v), offset_of(target), bytes_of(v));
     }
+    if (profiling_ && ctx_->timestamp_period_ns() > 0)
+      query_pool_ = vk::raii::QueryPool(dev, vk::QueryPoolCreateInfo({}, vk::QueryType::eTimestamp, static_cast<std::uint32_t>(kernels_.size() + 1)));
     record(uploads, downloads, updates);
     upload_state();
     signature_.record(tensors);
@@ -237,8 +262,14 @@ class VulkanExecutable final : public Executable {
     auto barrier = [&](vk::AccessFlags src, vk::AccessFlags dst, vk::PipelineStageFlags from, vk::PipelineStageFlags to) {
       cb.pipelineBarrier(from, to, {}, vk::MemoryBarrier(src, dst), {}, {});
     };
+    // With profiling: timestamp 0 once the uploads are done, k + 1 once kernel k is done.
+    auto timestamp = [&](std::size_t index) {
+      if (*query_pool_) cb.writeTimestamp(S::eBottomOfPipe, *query_pool_, static_cast<std::uint32_t>(index));
+    };
+    if (*query_pool_) cb.resetQueryPool(*query_pool_, 0, static_cast<std::uint32_t>(kernels_.size() + 1));
     if (!uploads.empty()) cb.copyBuffer(*staging_in_.buffer, *arena_.buffer, uploads);
     barrier(A::eTransferWrite, A::eShaderRead | A::eShaderWrite, S::eTransfer, S::eComputeShader);
+    timestamp(0);
     for (std::size_t k = 0; k < kernels_.size(); ++k) {
       const auto& kernel = kernels_[k];
       const auto& launch = launches_[k];
@@ -248,6 +279,7 @@ class VulkanExecutable final : public Executable {
       cb.dispatch(launch.groups[0], launch.groups[1], launch.groups[2]);
       barrier(A::eShaderWrite, A::eShaderRead | A::eShaderWrite | A::eTransferRead | A::eTransferWrite, S::eComputeShader,
               S::eComputeShader | S::eTransfer);
+      timestamp(k + 1);
     }
     if (!downloads.empty()) cb.copyBuffer(*arena_.buffer, *staging_out_.buffer, downloads);
     if (!updates.empty()) {
@@ -266,6 +298,7 @@ class VulkanExecutable final : public Executable {
   };
 
   std::shared_ptr<Context> ctx_;
+  codegen::Target target_;
   ir::Graph graph_;
   std::vector<ir::ValueId> input_ids_;
   InputValueChecks value_checks_{graph_, input_ids_};
@@ -282,13 +315,20 @@ class VulkanExecutable final : public Executable {
   bool device_newer_ = false;  // runs have updated the held inputs since the last download
   vk::raii::DescriptorPool descriptor_pool_{nullptr};
   vk::raii::DescriptorSets descriptor_sets_{nullptr};
+  vk::raii::QueryPool query_pool_{nullptr};  // kernel timestamps, when profiling
+  bool profiling_ = false;
+  std::vector<KernelTime> last_profile_;
   vk::raii::Fence fence_{nullptr};
   vk::raii::CommandBuffer command_buffer_{nullptr};
 };
 
 class VulkanBackend final : public Backend {
  public:
-  explicit VulkanBackend(const VulkanOptions& o) : ctx_(Context::get(o)) {}
+  explicit VulkanBackend(const VulkanOptions& o) : ctx_(Context::get(o)) {
+    target_.cpu = o.tuning == VulkanOptions::Tuning::automatic ? ctx_->properties().deviceType == vk::PhysicalDeviceType::eCpu
+                                                               : o.tuning == VulkanOptions::Tuning::cpu;
+    target_.shared_bytes = ctx_->properties().limits.maxComputeSharedMemorySize;
+  }
   std::string name() const override { return "vulkan"; }
   std::string device() const override { return ctx_->device_name(); }
   bool supports(const Node& n) const override { return vulkan_supports(n); }
@@ -300,11 +340,12 @@ class VulkanBackend final : public Backend {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     for (const Node& n : lowered.nodes())
       if (auto why = codegen::unsupported_reason(lowered, n)) throw UnsupportedError("vulkan: " + *why);
-    return std::make_unique<VulkanExecutable>(ctx_, std::move(lowered));
+    return std::make_unique<VulkanExecutable>(ctx_, std::move(lowered), target_);
   }
 
  private:
   std::shared_ptr<Context> ctx_;
+  codegen::Target target_;
 };
 
 }  // namespace

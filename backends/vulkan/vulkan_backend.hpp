@@ -16,6 +16,10 @@ struct VulkanOptions {
   std::string device_filter;
   /// Enables VK_LAYER_KHRONOS_validation and counts its messages (QKV_VULKAN_VALIDATION=1).
   bool validation = false;
+  /// The kernels' launch geometry (codegen::Target, QKV_VULKAN_TUNING=cpu|gpu): by default
+  /// "cpu" for a CPU device (lavapipe) and "gpu" for the rest. Results are the same either way
+  /// (within the float budgets); tests run both geometries on whatever device they have.
+  enum class Tuning { automatic, cpu, gpu } tuning = Tuning::automatic;
 };
 
 /// Options from the environment variables named above.

@@ -8,6 +8,7 @@
 
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
+#include "ir/bind.hpp"
 #include "ir/error.hpp"
 #include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
@@ -38,6 +39,42 @@ TEST(Glsl, SourceDependsOnOpAndRankNotSizes) {
   };
   EXPECT_EQ(source_for({3, 4}), source_for({30, 40}));
   EXPECT_NE(source_for({3, 4}), source_for({3, 4, 5}));
+}
+
+/// The flash-attention kernels take their launch geometry from the target (specialization
+/// constants 3 and 4: invocations and rows per invocation), not from their source: one shader
+/// serves lavapipe's 16 x 4 rows per workgroup and a GPU's 64 x 1.
+TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
+  ir::Graph g;
+  auto q = g.add_input("q", DType::f32, {8, 4096, 64});
+  ir::Attrs a;
+  a.value = 0.125;
+  auto y = g.add(ir::Op::attention, {q, q, q}, a);
+  g.set_output("y", y);
+  auto shapes = ir::bind_shapes(g, {{"q", Tensor(DType::f32, {8, 4096, 64})}});
+  const KernelLaunch cpu = kernel_launch(g, y, shapes, Target{true}), gpu = kernel_launch(g, y, shapes, Target{false});
+  EXPECT_EQ(cpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 16, 4}));
+  EXPECT_EQ(gpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 64, 1}));
+  EXPECT_EQ(cpu.groups, (std::array<std::uint32_t, 3>{64, 8, 1}));  // 4096 queries / 64 per workgroup, 8 heads
+  EXPECT_EQ(gpu.groups, (std::array<std::uint32_t, 3>{64, 8, 1}));
+  EXPECT_EQ(cpu.push, gpu.push);
+  // Where the device has 48 KiB of shared memory, a GPU streams 64 keys per tile (2 x 16 KiB).
+  EXPECT_EQ(kernel_launch(g, y, shapes, Target{false, 49152}).specialization, (std::vector<std::uint32_t>{16, 16, 64, 64, 1}));
+  // Head dims 2048: the registers suffice, one row of keys and values (16 KiB) does not fit in
+  // the 16 KiB every device has, but does in 48 KiB.
+  ir::Graph wide;
+  auto w = wide.add_input("q", DType::f32, {1, 8, 2048});
+  auto wy = wide.add(ir::Op::attention, {w, w, w}, a);
+  auto wide_shapes = ir::bind_shapes(wide, {{"q", Tensor(DType::f32, {1, 8, 2048})}});
+  try {
+    kernel_launch(wide, wy, wide_shapes, Target{false, 16384});
+    ADD_FAILURE() << "16 KiB of keys and values per row in 16 KiB of shared memory";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("head dims 2048 and 2048 needs more than 16384 bytes of shared memory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(kernel_launch(wide, wy, wide_shapes, Target{false, 49152}).specialization[2], 2u);  // BC: two rows per tile
+  auto words = compile_spirv(kernel_source(g, y).name, kernel_source(g, y).glsl);
+  EXPECT_FALSE(words.empty());
 }
 
 TEST(Glsl, EmitGraphNamesEachNode) {

@@ -60,9 +60,14 @@ void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, con
     if (vulkan_required()) FAIL() << "backend " << backend_name << ": " << why;
     GTEST_SKIP() << "backend " << backend_name << " unavailable: " << why;
   }
+  expect_equivalent(g, inputs, *b);
+}
+
+void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, backend::Backend& b) {
+  const std::string backend_name = b.name();
   auto oracle = backend::make_reference_backend({backend::Precision::f64, true})->compile(g)->run(inputs);
   auto plain = backend::make_reference_backend({backend::Precision::f32, true})->compile(g)->run(inputs);
-  auto got = b->compile(g)->run(inputs);
+  auto got = b.compile(g)->run(inputs);
   for (const auto& [name, t] : oracle) {
     ASSERT_TRUE(got.contains(name)) << "missing output " << name;
     ASSERT_EQ(got.at(name).shape(), t.shape()) << name;

@@ -42,6 +42,8 @@ backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed);
 /// Runs `g` on `backend_name` with `inputs` and expects every output within budget against the
 /// float64 reference. Skips (or fails, where required) when the backend cannot start.
 void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name);
+/// The same on a backend made by the caller (e.g. vulkan with other options).
+void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, backend::Backend& b);
 
 }  // namespace qkv::testing
 

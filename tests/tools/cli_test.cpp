@@ -178,6 +178,11 @@ TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
     Result r = run(c + " --backend vulkan");
     EXPECT_EQ(r.status, 0) << c << "\n" << r.output;
   }
+  Result profile = run("bench sdpa --backend vulkan,cpu --repeat 3 --profile");
+  ASSERT_EQ(profile.status, 0) << profile.output;
+  EXPECT_NE(profile.output.find("device ms"), std::string::npos) << profile.output;
+  EXPECT_NE(profile.output.find("glsl softmax"), std::string::npos) << profile.output;
+  EXPECT_NE(profile.output.find("cpu does not time its kernels"), std::string::npos) << profile.output;
 }
 
 TEST_F(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
