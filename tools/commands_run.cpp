@@ -47,7 +47,10 @@ int cmd_devices() {
     std::printf("%-10s %-11s %s\n", s.name.c_str(), s.available ? "available" : "unavailable", s.detail.c_str());
   try {
     auto devices = backend::vulkan_devices();
-    for (std::size_t i = 0; i < devices.size(); ++i) std::printf("  vulkan device %zu: %s\n", i, devices[i].c_str());
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      const auto& d = devices[i];
+      std::printf("  vulkan device %zu: %s (%s, Vulkan %s)\n    %s\n", i, d.name.c_str(), d.type.c_str(), d.api.c_str(), d.capabilities().c_str());
+    }
   } catch (const Error&) {
   }
   return 0;

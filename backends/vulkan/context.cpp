@@ -32,16 +32,6 @@ int device_rank(vk::PhysicalDeviceType t) {
   return 5;
 }
 
-const char* device_type_name(vk::PhysicalDeviceType t) {
-  switch (t) {
-    case vk::PhysicalDeviceType::eDiscreteGpu: return "discrete";
-    case vk::PhysicalDeviceType::eIntegratedGpu: return "integrated";
-    case vk::PhysicalDeviceType::eVirtualGpu: return "virtual";
-    case vk::PhysicalDeviceType::eCpu: return "cpu";
-    case vk::PhysicalDeviceType::eOther: return "other";
-  }
-  return "?";
-}
 
 constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
 
@@ -63,6 +53,17 @@ VulkanOptions vulkan_options_from_env() {
 }
 
 namespace vk_detail {
+
+const char* device_type_name(vk::PhysicalDeviceType t) {
+  switch (t) {
+    case vk::PhysicalDeviceType::eDiscreteGpu: return "discrete";
+    case vk::PhysicalDeviceType::eIntegratedGpu: return "integrated";
+    case vk::PhysicalDeviceType::eVirtualGpu: return "virtual";
+    case vk::PhysicalDeviceType::eCpu: return "cpu";
+    case vk::PhysicalDeviceType::eOther: return "other";
+  }
+  return "?";
+}
 
 namespace {
 vk::raii::Context make_loader_context() {

@@ -70,6 +70,9 @@ class Context {
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
 };
 
+/// "discrete", "integrated", "virtual", "cpu" or "other".
+const char* device_type_name(vk::PhysicalDeviceType t);
+
 /// Runs `f`, turning Vulkan and loader exceptions into BackendError naming the call.
 template <class F>
 auto guarded(const char* what, F&& f) -> decltype(f()) {

@@ -354,13 +354,57 @@ bool vulkan_supports(const ir::Node& n) { return codegen::implements(n); }
 
 std::unique_ptr<Backend> make_vulkan_backend(const VulkanOptions& options) { return std::make_unique<VulkanBackend>(options); }
 
-std::vector<std::string> vulkan_devices() {
+std::string VulkanDeviceInfo::capabilities() const {
+  auto yes = [](bool b) { return b ? "yes" : "no"; };
+  std::string ops;
+  if (subgroup_arithmetic) ops += "arithmetic";
+  if (subgroup_shuffle) ops += std::string(ops.empty() ? "" : ", ") + "shuffle";
+  return "subgroup " + std::to_string(subgroup_size) + " (" + (ops.empty() ? "basic" : ops) + "), " + std::to_string(shared_memory_bytes / 1024) +
+         " KiB shared memory, " + std::to_string(max_invocations) + " invocations per workgroup, f16 " + yes(float16) + ", int8 " + yes(int8) +
+         ", 16-bit storage " + yes(storage16) + ", cooperative matrix " + yes(cooperative_matrix) + ", timestamps " + yes(timestamps);
+}
+
+std::vector<VulkanDeviceInfo> vulkan_devices() {
   return guarded("device listing", [] {
     vk::raii::Context context;
     vk::ApplicationInfo app("qkv", 1, "qkv", 1, VK_API_VERSION_1_1);
     vk::raii::Instance instance(context, vk::InstanceCreateInfo({}, &app));
-    std::vector<std::string> r;
-    for (auto& d : vk::raii::PhysicalDevices(instance)) r.push_back(std::string(d.getProperties().deviceName.data()));
+    std::vector<VulkanDeviceInfo> r;
+    for (auto& d : vk::raii::PhysicalDevices(instance)) {
+      VulkanDeviceInfo info;
+      const auto chain = d.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceSubgroupProperties>();
+      const auto& p = chain.get<vk::PhysicalDeviceProperties2>().properties;
+      const auto& sub = chain.get<vk::PhysicalDeviceSubgroupProperties>();
+      info.name = p.deviceName.data();
+      info.type = vk_detail::device_type_name(p.deviceType);
+      info.api = std::to_string(VK_API_VERSION_MAJOR(p.apiVersion)) + "." + std::to_string(VK_API_VERSION_MINOR(p.apiVersion));
+      info.subgroup_size = sub.subgroupSize;
+      const bool compute = static_cast<bool>(sub.supportedStages & vk::ShaderStageFlagBits::eCompute);
+      info.subgroup_arithmetic = compute && static_cast<bool>(sub.supportedOperations & vk::SubgroupFeatureFlagBits::eArithmetic);
+      info.subgroup_shuffle = compute && static_cast<bool>(sub.supportedOperations & vk::SubgroupFeatureFlagBits::eShuffle);
+      info.shared_memory_bytes = p.limits.maxComputeSharedMemorySize;
+      info.max_invocations = p.limits.maxComputeWorkGroupInvocations;
+      // Feature structures are chained only where the device has their extension.
+      std::vector<std::string> extensions;
+      for (const auto& e : d.enumerateDeviceExtensionProperties()) extensions.emplace_back(e.extensionName.data());
+      auto has = [&](std::string_view name) { return std::find(extensions.begin(), extensions.end(), name) != extensions.end(); };
+      if (has("VK_KHR_shader_float16_int8")) {
+        const auto f = d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceShaderFloat16Int8Features>();
+        info.float16 = f.get<vk::PhysicalDeviceShaderFloat16Int8Features>().shaderFloat16;
+        info.int8 = f.get<vk::PhysicalDeviceShaderFloat16Int8Features>().shaderInt8;
+      }
+      if (has("VK_KHR_16bit_storage") || p.apiVersion >= VK_API_VERSION_1_1)
+        info.storage16 = d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDevice16BitStorageFeatures>()
+                             .get<vk::PhysicalDevice16BitStorageFeatures>()
+                             .storageBuffer16BitAccess;
+      info.cooperative_matrix = has("VK_KHR_cooperative_matrix") || has("VK_NV_cooperative_matrix");
+      for (const auto& q : d.getQueueFamilyProperties())
+        if (q.queueFlags & vk::QueueFlagBits::eCompute) {
+          info.timestamps = q.timestampValidBits != 0 && p.limits.timestampPeriod > 0;
+          break;
+        }
+      r.push_back(std::move(info));
+    }
     return r;
   });
 }

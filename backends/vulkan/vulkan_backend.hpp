@@ -31,9 +31,27 @@ std::unique_ptr<Backend> make_vulkan_backend(const VulkanOptions& options = vulk
 /// What the code generator has kernels for (codegen::implements); no device needed.
 bool vulkan_supports(const ir::Node& n);
 
-/// Every Vulkan device the loader sees, with its type ("NVIDIA H100 (discrete)"). Throws
-/// BackendError when there is no loader.
-std::vector<std::string> vulkan_devices();
+/// A Vulkan device and what it offers kernels (what qkv devices prints).
+struct VulkanDeviceInfo {
+  std::string name;                       // "NVIDIA H100 80GB HBM3"
+  std::string type;                       // discrete, integrated, virtual, cpu or other
+  std::string api;                        // "1.3"
+  std::uint32_t subgroup_size = 0;        // invocations per subgroup (a warp, a wave, a SIMD width)
+  bool subgroup_arithmetic = false;       // subgroupAdd/subgroupMax in compute shaders
+  bool subgroup_shuffle = false;          // subgroupShuffle in compute shaders
+  std::uint32_t shared_memory_bytes = 0;  // maxComputeSharedMemorySize
+  std::uint32_t max_invocations = 0;      // maxComputeWorkGroupInvocations
+  bool float16 = false;                   // shaderFloat16 (f16 arithmetic)
+  bool int8 = false;                      // shaderInt8
+  bool storage16 = false;                 // storageBuffer16BitAccess (f16 buffers)
+  bool cooperative_matrix = false;        // VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix
+  bool timestamps = false;                // its compute queue writes timestamps (profiling)
+  /// "subgroup 32 (arithmetic, shuffle), 48 KiB shared memory, ..." on one line.
+  std::string capabilities() const;
+};
+
+/// Every Vulkan device the loader sees. Throws BackendError when there is no loader.
+std::vector<VulkanDeviceInfo> vulkan_devices();
 
 /// Validation-layer warnings and errors seen so far in this process (tests require none).
 std::uint64_t vulkan_validation_messages();

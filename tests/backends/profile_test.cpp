@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "backends/vulkan/vulkan_backend.hpp"
 #include "dsl/dsl.hpp"
 #include "tests/support/backend_fixture.hpp"
 
@@ -51,6 +52,32 @@ TEST(Profile, VulkanTimesEveryKernelOfTheLastRun) {
   exe->set_profiling(false);
   exe->run(in);
   EXPECT_TRUE(exe->profile().empty());
+}
+
+/// Every device reports what kernels may use, within what Vulkan guarantees; the one the
+/// backend picked can write the timestamps profiling needs exactly when the listing says so.
+TEST(Profile, VulkanDevicesReportTheirCapabilities) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  const auto devices = backend::vulkan_devices();
+  ASSERT_FALSE(devices.empty());
+  bool picked = false;
+  for (const auto& d : devices) {
+    SCOPED_TRACE(d.name + ": " + d.capabilities());
+    EXPECT_GE(d.subgroup_size, 1u);
+    EXPECT_EQ(d.subgroup_size & (d.subgroup_size - 1), 0u) << "a power of two";
+    EXPECT_GE(d.shared_memory_bytes, 16384u);  // Vulkan's minimum
+    EXPECT_GE(d.max_invocations, 128u);
+    EXPECT_NE(d.capabilities().find("subgroup " + std::to_string(d.subgroup_size)), std::string::npos);
+    if (vulkan->device().starts_with(d.name + " (")) {
+      picked = true;
+      ir::Graph g = attention_with_weights();
+      auto exe = vulkan->compile(g);
+      exe->set_profiling(true);
+      exe->run(backend::random_inputs(g, {{"N", 4}}, 1));
+      EXPECT_EQ(!exe->profile().empty(), d.timestamps);
+    }
+  }
+  EXPECT_TRUE(picked) << vulkan->device();
 }
 
 /// Backends that cannot time kernels ignore profiling and report nothing.

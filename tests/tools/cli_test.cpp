@@ -234,6 +234,11 @@ TEST_F(Cli, HelpOnEveryCommandVersionDevicesOps) {
   Result d = run("devices");
   EXPECT_EQ(d.status, 0);
   EXPECT_NE(d.output.find("vulkan"), std::string::npos);
+  if (d.output.find("vulkan     available") != std::string::npos) {  // each device's capabilities under it
+    EXPECT_NE(d.output.find("  vulkan device 0: "), std::string::npos) << d.output;
+    EXPECT_NE(d.output.find(" KiB shared memory, "), std::string::npos) << d.output;
+    EXPECT_NE(d.output.find(", cooperative matrix "), std::string::npos) << d.output;
+  }
 }
 
 TEST_F(Cli, DumpPrintsIrDotGlslAndBackward) {
