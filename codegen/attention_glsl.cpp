@@ -5,10 +5,12 @@
 // from a tile feeds RPT rows, 4 RPT multiply-adds. The geometry (INV invocations, RPT, BC) is
 // chosen per device (Target) and specialized, not written into the source: on lavapipe, whose
 // shared-memory reads are loaded lane by lane, 16 x 4 (with one row per invocation and scalar
-// reads the forward ran at 1.4 GFLOP/s, with this layout about 5); on a GPU 64 x 1, which ran
-// the H100 backward 3x faster than 16 x 4 (whose rows spilled registers). The forward keeps a running max
-// and sum per row (FlashAttention's online softmax) and rescales its accumulator once per tile;
-// the gradients recompute p = exp(s - lse) per tile from the forward's saved lse
+// reads the forward ran at 1.4 GFLOP/s, with this layout about 5); on a GPU 128 x 1, where more
+// rows per invocation spill registers (see geometry()). The forward keeps a running max and sum
+// per row (FlashAttention's online softmax), four keys at a time with their scores in a vec4, and
+// rescales its accumulator only when a chunk raises the max (an array of a tile's scores lived in
+// local memory on the H100: this doubled the forward there, and gave lavapipe 1.6x); the
+// gradients recompute p = exp(s - lse) per tile from the forward's saved lse
 // (FlashAttention-2), so nothing of size N x M is stored.
 //
 // Masked scores follow the decomposition exactly: a masked p is 0, and 0 * inf or 0 * NaN in
@@ -32,17 +34,30 @@ using ir::Node;
 using ir::Op;
 using ir::Shape;
 
-/// Invocations per workgroup and rows per invocation (BR = their product), per target: on
-/// lavapipe 16 x 4, so each vec4 read from a tile feeds 16 multiply-adds; on a GPU 64 x 1, so a
-/// head of N = 4096 queries is 64 workgroups of two warps and a row's registers (q, the output
-/// accumulator and, for dq, dy) stay within what an invocation has without spilling.
-struct Geometry {
-  std::uint32_t invocations, rows_per_invocation;
-};
-Geometry geometry(const Target& t) { return t.cpu ? Geometry{16, 4} : Geometry{64, 1}; }
 constexpr int kMaxBatchRank = 4;  // 9 + 5 * 4 = 29 push-constant words
 
 enum class Kind { forward, lse, dq, dk, dv };
+
+/// Invocations per workgroup and rows per invocation (BR = their product), per target and kind.
+/// On lavapipe, which loads shared memory lane by lane, rows per invocation multiply what each
+/// read feeds: the forward and lse take 8 x 8 (one SIMD-8 subgroup; at (1, 8, 128, 64) 11.4
+/// GFLOP/s against 7.0 at 16 x 4), the gradients 16 x 4, since with 8 rows LLVM spends 4x as
+/// long compiling them (6.3 s against 1.6 s for the five kernels). On a GPU 128 x 1, so a row's
+/// registers (q, the output accumulator and, for dq, dy) stay within what an invocation has
+/// without spilling. Measured on an H100 at (1, 8, 4096, 64) with QKV_VULKAN_ATTENTION_GEOMETRY:
+/// forward / forward + backward TFLOP/s 13.5 / 5.5 at 128 x 1 with 32-row tiles, 11.1 / 5.5 at
+/// 64 x 1, 6.1 / 3.8 at 64 x 1 with 64-row tiles (32 KiB of shared memory per workgroup: fewer
+/// resident), 3.2 / 2.4 at 64 x 2, 2.5 / 1.6 at 32 x 1.
+struct Geometry {
+  std::uint32_t invocations, rows_per_invocation;
+};
+Geometry geometry(const Target& t, Kind kind) {
+  const bool rows_side = kind == Kind::forward || kind == Kind::lse;
+  Geometry g = !t.cpu ? Geometry{128, 1} : rows_side ? Geometry{8, 8} : Geometry{16, 4};
+  if (t.attention_invocations) g.invocations = t.attention_invocations;
+  if (t.attention_rows) g.rows_per_invocation = t.attention_rows;
+  return g;
+}
 
 Kind kind_of(const Node& n) {
   switch (n.op) {
@@ -343,32 +358,40 @@ void main() {
   switch (kind) {
     case Kind::forward:
     case Kind::lse:
-      s += "    float s[RPT * BC];  // this tile's scores, then their exp(s - m)\n"
-           "    for (uint c = 0u; c < cols; ++c) {\n" +
+      // Four keys at a time, their scores in a vec4 per row (registers: an array of a tile's
+      // scores would live in local memory on a GPU). The running max moves, and the sum and
+      // accumulator are rescaled, only when a chunk raises it.
+      s += "    for (uint c0 = 0u; c0 < cols; c0 += 4u) {\n"
+           "      vec4 sc[RPT];  // the chunk's scores, then exp(score - m)\n"
+           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) sc[t] = vec4(neg_inf());\n"
+           "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
+           "        uint c = c0 + j;\n"
+           "        if (c >= cols) break;\n" +
            dots("s", "q", "k_tile", "D4") +
-           "      [[unroll]] for (uint t = 0u; t < RPT; ++t)\n"
-           "        s[t * BC + c] = own(t) < N && kept(own(t), t0 + c) ? sum4(s4[t]) * scale : neg_inf();\n"
-           "    }\n"
-           "    [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n"
-           "      float tile_max = neg_inf();\n"
-           "      for (uint c = 0u; c < cols; ++c) tile_max = qkv_max(tile_max, s[t * BC + c]);\n"
-           "      float m_new = qkv_max(m[t], tile_max);\n"
-           "      float base = m_new == neg_inf() ? 0.0 : m_new;  // no key yet: every exp is 0\n"
-           "      float alpha = exp(m[t] - base);\n"
-           "      l[t] *= alpha;\n";
-      if (kind == Kind::forward) s += "      [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n";
-      s += "      for (uint c = 0u; c < cols; ++c) {\n"
-           "        s[t * BC + c] = exp(s[t * BC + c] - base);\n"
-           "        l[t] += s[t * BC + c];\n"
+           "        [[unroll]] for (uint t = 0u; t < RPT; ++t)\n"
+           "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = sum4(s4[t]) * scale;\n"
            "      }\n"
-           "      m[t] = m_new;\n"
-           "    }\n";
+           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n"
+           "        float m_new = qkv_max(m[t], qkv_max(qkv_max(sc[t].x, sc[t].y), qkv_max(sc[t].z, sc[t].w)));\n"
+           "        if (m_new != m[t]) {  // also NaN, which then reaches l and o as in the decomposition\n"
+           "          float alpha = exp(m[t] - (m_new == neg_inf() ? 0.0 : m_new));\n"
+           "          l[t] *= alpha;\n";
+      if (kind == Kind::forward) s += "          [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n";
+      s += "          m[t] = m_new;\n"
+           "        }\n"
+           "        sc[t] = exp(sc[t] - vec4(m[t] == neg_inf() ? 0.0 : m[t]));  // no key yet: every exp is 0\n"
+           "        l[t] += sum4(sc[t]);\n"
+           "      }\n";
       if (kind == Kind::forward)
-        s += "    for (uint c = 0u; c < cols; ++c)\n"
-             "      [[unroll]] for (uint g = 0u; g < DV4; ++g) {\n"
-             "        vec4 x = v_tile[c * DV4 + g];\n"
-             "        [[unroll]] for (uint t = 0u; t < RPT; ++t) o[t * DV4 + g] += s[t * BC + c] * x;\n"
+        s += "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
+             "        uint c = c0 + j;\n"
+             "        if (c >= cols) break;\n"
+             "        [[unroll]] for (uint g = 0u; g < DV4; ++g) {\n"
+             "          vec4 x = v_tile[c * DV4 + g];\n"
+             "          [[unroll]] for (uint t = 0u; t < RPT; ++t) o[t * DV4 + g] += sc[t][j] * x;\n"
+             "        }\n"
              "      }\n";
+      s += "    }\n";
       break;
     case Kind::dq:
     case Kind::dk: {
@@ -469,21 +492,20 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
     for (int i = 0; i < r; ++i) l.push.push_back(push_word(st[static_cast<std::size_t>(i)]));
   }
 
-  // Head dims size the registers and tiles; the tile height keeps shared memory within what the
-  // device has (halved from 32 rows on lavapipe, from 64 on a GPU, where a taller tile halves
-  // the barriers per key).
+  // Head dims size the registers and tiles; the tile height (at most 32 rows) keeps shared
+  // memory within what the device has.
   const std::int64_t d4 = std::max<std::int64_t>((d + 3) / 4, 1), dv4 = std::max<std::int64_t>((dv + 3) / 4, 1);
   // Rows live in registers: past D + Dv = 4096 floats a row no device holds them, and drivers
   // take tens of seconds compiling the spills (NVIDIA, D = Dv = 4096).
   if (d4 + dv4 > 1024)
     throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " exceeds the flash kernels' 4096 floats of registers per row");
   const std::int64_t shared = std::max<std::int64_t>(target.shared_bytes, 16384);
-  std::int64_t bc = target.cpu ? 32 : 64;
+  std::int64_t bc = target.attention_tile ? target.attention_tile : 32;
   while (bc > 1 && bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > shared) bc /= 2;
   if (bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > shared)
     throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " needs more than " + str(shared) +
                            " bytes of shared memory for one row of keys");
-  const Geometry geo = geometry(target);
+  const Geometry geo = geometry(target, kind);
   l.specialization = {push_word(d4), push_word(dv4), push_word(bc), geo.invocations, geo.rows_per_invocation};
 
   const std::int64_t rows = kind == Kind::dk || kind == Kind::dv ? mk : nq;

@@ -33,6 +33,9 @@ struct Target {
   bool cpu = true;
   /// Shared memory a workgroup may use (maxComputeSharedMemorySize; 16 KiB on every device).
   std::int64_t shared_bytes = 16384;
+  /// Overrides of the flash-attention geometry for tuning experiments (0: chosen from `cpu`):
+  /// invocations per workgroup, rows per invocation, and the most rows per shared tile.
+  std::uint32_t attention_invocations = 0, attention_rows = 0, attention_tile = 0;
 };
 
 struct KernelLaunch {

@@ -49,6 +49,17 @@ VulkanOptions vulkan_options_from_env() {
     else if (s == "gpu") o.tuning = VulkanOptions::Tuning::gpu;
     else if (!s.empty() && s != "auto") throw BackendError("vulkan: QKV_VULKAN_TUNING is '" + s + "'; give cpu, gpu or auto");
   }
+  if (const char* g = std::getenv("QKV_VULKAN_ATTENTION_GEOMETRY"); g && *g) {
+    unsigned inv = 0, rows = 0, tile = 0;
+    char extra = 0;
+    if (std::sscanf(g, "%u,%u,%u%c", &inv, &rows, &tile, &extra) != 3 || inv < 1 || inv > 1024 || (inv & (inv - 1)) || rows < 1 || rows > 8 ||
+        tile < 1 || tile > 256)
+      throw BackendError(std::string("vulkan: QKV_VULKAN_ATTENTION_GEOMETRY is '") + g +
+                         "'; give INVOCATIONS,ROWS,TILE (a power of two up to 1024, 1 to 8, 1 to 256)");
+    o.attention_invocations = inv;
+    o.attention_rows = rows;
+    o.attention_tile = tile;
+  }
   return o;
 }
 

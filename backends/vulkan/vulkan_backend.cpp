@@ -328,6 +328,12 @@ class VulkanBackend final : public Backend {
     target_.cpu = o.tuning == VulkanOptions::Tuning::automatic ? ctx_->properties().deviceType == vk::PhysicalDeviceType::eCpu
                                                                : o.tuning == VulkanOptions::Tuning::cpu;
     target_.shared_bytes = ctx_->properties().limits.maxComputeSharedMemorySize;
+    if (o.attention_invocations > ctx_->properties().limits.maxComputeWorkGroupInvocations)
+      throw BackendError("vulkan: " + std::to_string(o.attention_invocations) + " invocations per workgroup exceed the device's " +
+                         std::to_string(ctx_->properties().limits.maxComputeWorkGroupInvocations));
+    target_.attention_invocations = o.attention_invocations;
+    target_.attention_rows = o.attention_rows;
+    target_.attention_tile = o.attention_tile;
   }
   std::string name() const override { return "vulkan"; }
   std::string device() const override { return ctx_->device_name(); }

@@ -20,6 +20,10 @@ struct VulkanOptions {
   /// "cpu" for a CPU device (lavapipe) and "gpu" for the rest. Results are the same either way
   /// (within the float budgets); tests run both geometries on whatever device they have.
   enum class Tuning { automatic, cpu, gpu } tuning = Tuning::automatic;
+  /// For tuning experiments: the flash-attention kernels' invocations per workgroup, rows per
+  /// invocation and most rows per shared tile (QKV_VULKAN_ATTENTION_GEOMETRY=64,1,64; 0 or
+  /// unset: chosen by `tuning`).
+  std::uint32_t attention_invocations = 0, attention_rows = 0, attention_tile = 0;
 };
 
 /// Options from the environment variables named above.

@@ -134,8 +134,8 @@ TEST(FusedAttention, VulkanForwardAndBackwardAreFlashKernelsInLinearMemory) {
 
 /// The vulkan kernels against the reference where tiles are skipped (causal, a sliding window),
 /// with grouped heads (k and v broadcast), a padding mask, and head dims that are not multiples
-/// of 4, forward and backward, in both launch geometries (lavapipe's 16 x 4 rows per workgroup
-/// and a GPU's 64 x 1), whichever device runs the test.
+/// of 4, forward and backward, in both launch geometries (lavapipe's 8 x 8 and 16 x 4 rows per workgroup
+/// and a GPU's 128 x 1), whichever device runs the test.
 TEST(FusedAttention, VulkanMatchesReferenceWithSkippedTilesMasksAndOddHeadDims) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   std::vector<std::unique_ptr<backend::Backend>> tunings;

@@ -43,7 +43,7 @@ TEST(Glsl, SourceDependsOnOpAndRankNotSizes) {
 
 /// The flash-attention kernels take their launch geometry from the target (specialization
 /// constants 3 and 4: invocations and rows per invocation), not from their source: one shader
-/// serves lavapipe's 16 x 4 rows per workgroup and a GPU's 64 x 1.
+/// serves lavapipe's 8 x 8 rows per workgroup (forward) and a GPU's 128 x 1.
 TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
   ir::Graph g;
   auto q = g.add_input("q", DType::f32, {8, 4096, 64});
@@ -53,13 +53,17 @@ TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
   g.set_output("y", y);
   auto shapes = ir::bind_shapes(g, {{"q", Tensor(DType::f32, {8, 4096, 64})}});
   const KernelLaunch cpu = kernel_launch(g, y, shapes, Target{true}), gpu = kernel_launch(g, y, shapes, Target{false});
-  EXPECT_EQ(cpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 16, 4}));
-  EXPECT_EQ(gpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 64, 1}));
-  EXPECT_EQ(cpu.groups, (std::array<std::uint32_t, 3>{64, 8, 1}));  // 4096 queries / 64 per workgroup, 8 heads
-  EXPECT_EQ(gpu.groups, (std::array<std::uint32_t, 3>{64, 8, 1}));
+  EXPECT_EQ(cpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 8, 8}));
+  EXPECT_EQ(gpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 128, 1}));
+  EXPECT_EQ(cpu.groups, (std::array<std::uint32_t, 3>{64, 8, 1}));  // 4096 queries / 64 per workgroup (8 x 8), 8 heads
+  EXPECT_EQ(gpu.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));  // 128 per workgroup
   EXPECT_EQ(cpu.push, gpu.push);
-  // Where the device has 48 KiB of shared memory, a GPU streams 64 keys per tile (2 x 16 KiB).
-  EXPECT_EQ(kernel_launch(g, y, shapes, Target{false, 49152}).specialization, (std::vector<std::uint32_t>{16, 16, 64, 64, 1}));
+  // Where the device has 48 KiB of shared memory, tiles of 32 keys fit (2 x 8 KiB).
+  EXPECT_EQ(kernel_launch(g, y, shapes, Target{false, 49152}).specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1}));
+  // A tuning experiment's override (QKV_VULKAN_ATTENTION_GEOMETRY=32,4,8): 128 rows per workgroup.
+  const KernelLaunch tuned = kernel_launch(g, y, shapes, Target{false, 49152, 32, 4, 8});
+  EXPECT_EQ(tuned.specialization, (std::vector<std::uint32_t>{16, 16, 8, 32, 4}));
+  EXPECT_EQ(tuned.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));
   // Head dims 2048: the registers suffice, one row of keys and values (16 KiB) does not fit in
   // the 16 KiB every device has, but does in 48 KiB.
   ir::Graph wide;
