@@ -338,6 +338,16 @@ void main() {
                  : fill("    for (uint x = lid; x < BC; x += INV) $TILE[x] = x < cols ? $A[$AT + t0 + x] : 0.0;\n",
                         {{"TILE", o.tile}, {"A", o.array}, {"AT", o.at}});
   s += "    barrier();\n";
+  // `text` with `by` before each of its lines (a block nested one level deeper).
+  auto indented = [](const std::string& text, const std::string& by) {
+    std::string out;
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t end = std::min(text.find('\n', at), text.size() - 1) + 1;
+      out += by + text.substr(at, end - at);
+      at = end;
+    }
+    return out;
+  };
   // dot[t] = row t . tile row c (the score before scaling); `a` the registers, `tile` the tile.
   auto dots = [](const char* out, const char* a, const char* tile, const char* g) {
     return fill(R"(      vec4 $OUT4[RPT];
@@ -367,7 +377,7 @@ void main() {
            "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
            "        uint c = c0 + j;\n"
            "        if (c >= cols) break;\n" +
-           dots("s", "q", "k_tile", "D4") +
+           indented(dots("s", "q", "k_tile", "D4"), "  ") +
            "        [[unroll]] for (uint t = 0u; t < RPT; ++t)\n"
            "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = sum4(s4[t]) * scale;\n"
            "      }\n"
