@@ -3,10 +3,10 @@
 // operands live in registers as vec4s (arrays sized by the head dims, which are specialization
 // constants), and the other side streams through shared memory BC rows at a time; each vec4 read
 // from a tile feeds RPT rows, 4 RPT multiply-adds. The geometry (INV invocations, RPT, BC) is
-// chosen per device (Target) and specialized, not written into the source: on lavapipe, whose
-// shared-memory reads are loaded lane by lane, 16 x 4 (with one row per invocation and scalar
-// reads the forward ran at 1.4 GFLOP/s, with this layout about 5); on a GPU 128 x 1, where more
-// rows per invocation spill registers (see geometry()). The forward keeps a running max and sum
+// chosen per device and kernel (Target, geometry()) and specialized, not written into the
+// source: on lavapipe, whose shared-memory reads are loaded lane by lane, several rows per
+// invocation (with one row and scalar reads the forward ran at 1.4 GFLOP/s, with 16 x 4 and vec4
+// reads about 5, now 8 x 8); on a GPU 128 x 1, where more rows per invocation spill registers. The forward keeps a running max and sum
 // per row (FlashAttention's online softmax), four keys at a time with their scores in a vec4, and
 // rescales its accumulator only when a chunk raises the max (an array of a tile's scores lived in
 // local memory on the H100: this doubled the forward there, and gave lavapipe 1.6x); the

@@ -32,7 +32,6 @@ int device_rank(vk::PhysicalDeviceType t) {
   return 5;
 }
 
-
 constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
 
 }  // namespace
@@ -131,7 +130,8 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
     for (std::uint32_t i = 0; i < families.size(); ++i)
       if (families[i].queueFlags & vk::QueueFlagBits::eCompute) {
         queue_family_ = i;
-        if (families[i].timestampValidBits) timestamp_period_ns_ = properties_.limits.timestampPeriod;
+        timestamp_bits_ = families[i].timestampValidBits;
+        if (timestamp_bits_) timestamp_period_ns_ = properties_.limits.timestampPeriod;
         break;
       }
     float priority = 1.0f;

@@ -44,6 +44,11 @@ class Context {
   std::string device_name() const;
   /// Nanoseconds per timestamp tick on the compute queue, or 0 when it cannot write timestamps.
   double timestamp_period_ns() const { return timestamp_period_ns_; }
+  /// Ticks between two timestamps written in this order: the counter has only
+  /// timestampValidBits bits and may wrap between them.
+  std::uint64_t ticks_between(std::uint64_t first, std::uint64_t second) const {
+    return timestamp_bits_ >= 64 ? second - first : (second - first) & ((std::uint64_t{1} << timestamp_bits_) - 1);
+  }
 
   /// A buffer of `size` bytes; host-visible ones are persistently mapped. Device-local memory is
   /// preferred for the rest.
@@ -63,6 +68,7 @@ class Context {
   vk::PhysicalDeviceMemoryProperties memory_properties_;
   std::uint32_t queue_family_ = 0;
   double timestamp_period_ns_ = 0;
+  std::uint32_t timestamp_bits_ = 0;
   vk::raii::Device device_{nullptr};
   vk::raii::Queue queue_{nullptr};
   vk::raii::CommandPool pool_{nullptr};

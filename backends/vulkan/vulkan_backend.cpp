@@ -114,7 +114,7 @@ class VulkanExecutable final : public Executable {
     last_profile_.clear();
     const double period = ctx_->timestamp_period_ns() * 1e-9;
     for (std::size_t k = 0; k < kernels_.size(); ++k)
-      last_profile_.push_back({kernels_[k].value, static_cast<double>(ticks[k + 1] - ticks[k]) * period});
+      last_profile_.push_back({kernels_[k].value, static_cast<double>(ctx_->ticks_between(ticks[k], ticks[k + 1])) * period});
   }
 
   void plan(const std::vector<const Tensor*>& tensors) {

@@ -20,8 +20,9 @@ struct Result {
   std::string output;
 };
 
-Result run(const std::string& args) {
-  std::string cmd = std::string(QKV_BINARY) + " " + args + " 2>&1";
+/// Runs qkv with `args`; `env` (e.g. "-u A B=1") changes its environment through env(1).
+Result run(const std::string& args, const std::string& env = "") {
+  std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(QKV_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -413,6 +414,23 @@ TEST_F(Cli, VizSaysWhenThereAreNoWeightsToDraw) {
 
 namespace {
 
+/// Malformed Vulkan tuning variables name themselves and what they take, wherever the backend
+/// would start (no device is needed to see the mistake).
+TEST_F(Cli, BadVulkanTuningVariablesAreNamed) {
+  for (const auto& [env, message] : std::vector<std::pair<std::string, std::string>>{
+           {"QKV_VULKAN_TUNING=fast", "QKV_VULKAN_TUNING is 'fast'; give cpu, gpu or auto"},
+           {"QKV_VULKAN_ATTENTION_GEOMETRY=3,1,32", "QKV_VULKAN_ATTENTION_GEOMETRY is '3,1,32'; give INVOCATIONS,ROWS,TILE"},
+           {"QKV_VULKAN_ATTENTION_GEOMETRY=64,1", "QKV_VULKAN_ATTENTION_GEOMETRY is '64,1'"},
+           {"QKV_VULKAN_ATTENTION_GEOMETRY=64,1,32x", "QKV_VULKAN_ATTENTION_GEOMETRY is '64,1,32x'"}}) {
+    Result devices = run("devices", env);
+    EXPECT_EQ(devices.status, 0) << env;
+    EXPECT_NE(devices.output.find("vulkan     unavailable vulkan: " + message), std::string::npos) << env << "\n" << devices.output;
+    Result r = run("run sdpa --backend vulkan --dim N=3 --dim M=3", env);
+    EXPECT_NE(r.status, 0) << env;
+    EXPECT_NE(r.output.find(message), std::string::npos) << env << "\n" << r.output;
+  }
+}
+
 TEST_F(Cli, ACorruptShaderCacheIsRecompiled) {
   // A truncated cache entry broke every Vulkan run until the user deleted it.
   Result devices = run("devices");
@@ -420,15 +438,7 @@ TEST_F(Cli, ACorruptShaderCacheIsRecompiled) {
     if (const char* req = std::getenv("QKV_REQUIRE_VULKAN"); req && std::string(req) == "1") FAIL() << devices.output;
     GTEST_SKIP() << "no Vulkan device: " << devices.output;
   }
-  const std::string env = "env -u QKV_NO_SHADER_CACHE XDG_CACHE_HOME=" + path("cache") + " ";
-  auto run_vulkan = [&] {
-    std::string cmd = env + QKV_BINARY + " run sdpa --backend vulkan --dim N=3 --dim M=3 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-    return Result{WEXITSTATUS(pclose(p)), out};
-  };
+  auto run_vulkan = [&] { return run("run sdpa --backend vulkan --dim N=3 --dim M=3", "-u QKV_NO_SHADER_CACHE XDG_CACHE_HOME=" + path("cache")); };
   Result first = run_vulkan();
   ASSERT_EQ(first.status, 0) << first.output;
   int entries = 0;
