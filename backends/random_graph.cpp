@@ -26,6 +26,11 @@ Tensor filled_tensor(ir::Fill fill, const std::vector<std::int64_t>& shape, std:
       case ir::Fill::keep_first: t.data<std::uint8_t>()[j] = j % last == 0 || coin(rng); break;
       case ir::Fill::ids: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 8) - 1; break;
       case ir::Fill::seed: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 1000); break;
+      case ir::Fill::segments: {
+        const std::int64_t len = shape.empty() ? 1 : std::max<std::int64_t>(*std::max_element(shape.begin(), shape.end()), 1), i = j % len;
+        t.data<std::int32_t>()[j] = i == len - 1 ? -1 : static_cast<std::int32_t>(i * 3 / len);
+        break;
+      }
     }
   }
   return t;
@@ -65,7 +70,7 @@ std::optional<ir::Graph> name_leading_dim(const ir::Graph& g, std::int64_t size)
       }
       std::vector<ir::ValueId> ins;
       for (ir::ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
-      map[i] = r.add(n.op, ins, n.attrs);
+      map[i] = r.add(n.op, ins, n.attrs, n.region);
     }
     r.copy_results(g, map);
   } catch (const Error&) {
@@ -148,7 +153,7 @@ RandomGraph random_graph(std::uint64_t seed, int ops) {
       if (!same.empty() && rng() % 6 != 0) operands.push_back(same[rng() % same.size()]->id);
       else operands.push_back(fresh(in));
     }
-    last = g.add(op, operands, c.attrs);
+    last = g.add(op, operands, c.attrs, c.region);
     const ir::Node& n = g.node(last);
     if (n.dtype == DType::f32 && op != ir::Op::exp) pool.push_back({last, dims_of(n.shape), n.dtype});
   }

@@ -60,7 +60,10 @@ std::string elementwise_expr(Op op) {
     case Op::attention_lse:
     case Op::masked_attention_lse:
     case Op::attention_grad:
-    case Op::masked_attention_grad: break;
+    case Op::masked_attention_grad:
+    case Op::flex_attention:
+    case Op::flex_attention_lse:
+    case Op::flex_attention_grad: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(op)) + " has no elementwise expression");
 }
@@ -352,7 +355,9 @@ KernelSource matmul_source(int batch_rank) {
 
 bool implements(const Node& n) {
   switch (ir::op_info(n.op).category) {
-    case OpCategory::composite: return n.op == Op::softmax || (ir::is_fused_attention(n.op) && detail::attention_fits(n));
+    case OpCategory::composite:
+      // Flex attention is decomposed here for now: its modifier is not yet emitted as GLSL.
+      return n.op == Op::softmax || (ir::is_fused_attention(n.op) && !ir::is_flex_attention(n.op) && detail::attention_fits(n));
     case OpCategory::source:
     case OpCategory::unary:
     case OpCategory::binary:
@@ -433,7 +438,10 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:  // decomposed before code generation
-    case Op::reduce_mean: break;
+    case Op::reduce_mean:
+    case Op::flex_attention:
+    case Op::flex_attention_lse:
+    case Op::flex_attention_grad: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
@@ -550,7 +558,10 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:
-    case Op::reduce_mean: break;
+    case Op::reduce_mean:
+    case Op::flex_attention:
+    case Op::flex_attention_lse:
+    case Op::flex_attention_grad: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }

@@ -81,18 +81,30 @@ constexpr std::integral_constant<ir::CausalAlign, ir::CausalAlign::bottom_right>
 template <class T> constexpr std::int64_t window_of(T) { return 0; }
 template <std::int64_t W> constexpr std::int64_t window_of(SlidingWindow<W>) { return W; }
 
-template <class S, class Opt>
+/// Options apply in three passes, as FlexAttention applies score_mod before mask_mod: biases
+/// (in the order given), then boolean masks, then causality. A masked key stays masked whatever
+/// its bias (even +inf or NaN), and the masks are the outermost ops, which fusion turns into the
+/// kernel's block skipping.
+enum class Pass { biases, masks, causality };
+
+template <Pass P, class S, class Opt>
 constexpr auto apply_option(S scores, Opt opt) {
-  if constexpr (is_causal<Opt>::value) return where(causal_mask<decltype(align_of(opt))::value, window_of(Opt{})>(scores), scores, kNegInf);
-  else if constexpr (is_mask<Opt>()) return where(opt, scores, kNegInf);
-  else if constexpr (is_bias<Opt>()) return scores + opt;
+  if constexpr (P == Pass::causality && is_causal<Opt>::value)
+    return where(causal_mask<decltype(align_of(opt))::value, window_of(Opt{})>(scores), scores, kNegInf);
+  else if constexpr (P == Pass::masks && is_mask<Opt>()) return where(opt, scores, kNegInf);
+  else if constexpr (P == Pass::biases && is_bias<Opt>()) return scores + opt;
   else return scores;
 }
 
-template <class S>
-constexpr auto apply_options(S scores) { return scores; }
-template <class S, class O, class... Rest>
-constexpr auto apply_options(S scores, O o, Rest... rest) { return apply_options(apply_option(scores, o), rest...); }
+template <Pass P, class S>
+constexpr auto apply_pass(S scores) { return scores; }
+template <Pass P, class S, class O, class... Rest>
+constexpr auto apply_pass(S scores, O o, Rest... rest) { return apply_pass<P>(apply_option<P>(scores, o), rest...); }
+
+template <class S, class... Opts>
+constexpr auto apply_options(S scores, Opts... opts) {
+  return apply_pass<Pass::causality>(apply_pass<Pass::masks>(apply_pass<Pass::biases>(scores, opts...), opts...), opts...);
+}
 
 /// Soft-capping comes first, before masks and biases.
 template <class S>
@@ -118,7 +130,7 @@ constexpr auto apply_dropout(W weights, O o, Rest... rest) {
 /// `causal_bottom_right`; a boolean mask expression broadcasting to [..., Lq, Lk] in which true
 /// keeps a key (the scaled dot-product convention); a float expression broadcasting to the same,
 /// added to the scores (an additive mask or bias: -inf or a large negative drops a key, and it is
-/// differentiable); scale(x) (default 1/sqrt(D), for a named D resolved when D is bound); temperature(t) (divides
+/// differentiable; biases apply before the masks and causality, so a masked key stays masked); scale(x) (default 1/sqrt(D), for a named D resolved when D is bound); temperature(t) (divides
 /// the scores by t after scaling); sliding_window<W> (causal, the last W keys); softcap_scores(c);
 /// attn_dropout(p, seed) (dropout on the returned weights, as torch does). A query row whose keys
 /// are all masked gets zero weights, so zero output and zero gradient, rather than NaN.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ir/error.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::ir {
 
@@ -16,19 +17,43 @@ Attrs transposed(bool a, bool b) {
   return t;
 }
 
+/// `s` with -inf where attention's causality or sliding window (node n's attributes) drops a key.
+ValueId causal(Graph& g, const Node& n, ValueId s) {
+  if (!n.attrs.causal) return s;
+  Attrs align;
+  align.align = n.attrs.align;
+  align.window = n.attrs.window;
+  return g.add(Op::where, {g.add(Op::causal_mask, {s}, align), s, g.constant(-HUGE_VAL)});
+}
+
 /// Attention's scores q kT * scale, -inf where the keep-mask (when mask >= 0), causality or the
 /// sliding window drops a key.
 ValueId masked_scores(Graph& g, const Node& n, ValueId q, ValueId k, ValueId mask) {
   ValueId s = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
-  ValueId neg_inf = g.constant(-HUGE_VAL);
-  if (mask >= 0) s = g.add(Op::where, {mask, s, neg_inf});
-  if (n.attrs.causal) {
-    Attrs align;
-    align.align = n.attrs.align;
-    align.window = n.attrs.window;
-    s = g.add(Op::where, {g.add(Op::causal_mask, {s}, align), s, neg_inf});
-  }
-  return s;
+  if (mask >= 0) s = g.add(Op::where, {mask, s, g.constant(-HUGE_VAL)});
+  return causal(g, n, s);
+}
+
+/// Flex attention's scores: its region applied to q kT * scale, then causality and the window.
+/// `tensors` are the region's tensor operands.
+ValueId modified_scores(Graph& g, const Node& n, ValueId q, ValueId k, std::span<const ValueId> tensors) {
+  ValueId s = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
+  return causal(g, n, inline_region(g, *n.region, s, tensors));
+}
+
+/// lse = m + log(sum(exp(s - m))), m the row max (0 for a row of -inf, whose lse is -inf).
+ValueId row_lse(Graph& g, ValueId s) {
+  Attrs keep;
+  keep.axis = g.node(s).shape.rank - 1;
+  ValueId m = g.add(Op::reduce_max, {s}, keep);
+  m = g.add(Op::where, {g.add(Op::equal, {m, g.constant(-HUGE_VAL)}), g.constant(0.0), m});
+  ValueId sum = g.add(Op::reduce_sum, {g.add(Op::exp, {g.add(Op::sub, {s, m})})}, keep);
+  return g.add(Op::add, {m, g.add(Op::log, {sum})});
+}
+
+/// The probabilities p = exp(s - lse), 0 where s = -inf (masked).
+ValueId probabilities(Graph& g, ValueId s, ValueId lse) {
+  return g.add(Op::where, {g.add(Op::equal, {s, g.constant(-HUGE_VAL)}), g.constant(0.0), g.add(Op::exp, {g.add(Op::sub, {s, lse})})});
 }
 
 }  // namespace
@@ -60,13 +85,7 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
     case Op::attention_lse:
     case Op::masked_attention_lse: {
       // lse = m + log(sum(exp(s - m))), m the row max (0 for a row of -inf, whose lse is -inf).
-      ValueId s = masked_scores(g, n, in[0], in[1], n.op == Op::masked_attention_lse ? in[2] : -1);
-      Attrs keep;
-      keep.axis = g.node(s).shape.rank - 1;
-      ValueId m = g.add(Op::reduce_max, {s}, keep);
-      m = g.add(Op::where, {g.add(Op::equal, {m, g.constant(-HUGE_VAL)}), g.constant(0.0), m});
-      ValueId sum = g.add(Op::reduce_sum, {g.add(Op::exp, {g.add(Op::sub, {s, m})})}, keep);
-      return g.add(Op::add, {m, g.add(Op::log, {sum})});
+      return row_lse(g, masked_scores(g, n, in[0], in[1], n.op == Op::masked_attention_lse ? in[2] : -1));
     }
     case Op::attention_grad:
     case Op::masked_attention_grad: {
@@ -74,13 +93,36 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
       // dq = ds k * scale;  dk = dsT q * scale.
       ValueId q = in[0], k = in[1], v = in[2], dy = in[3], lse = in[4], delta = in[5];
       ValueId s = masked_scores(g, n, q, k, n.op == Op::masked_attention_grad ? in[6] : -1);
-      ValueId p = g.add(Op::where, {g.add(Op::equal, {s, g.constant(-HUGE_VAL)}), g.constant(0.0),
-                                    g.add(Op::exp, {g.add(Op::sub, {s, lse})})});
+      ValueId p = probabilities(g, s, lse);
       if (n.attrs.wrt == 2) return g.add(Op::matmul, {p, dy}, transposed(true, false));
       ValueId ds = g.add(Op::mul, {p, g.add(Op::sub, {g.add(Op::matmul, {dy, v}, transposed(false, true)), delta})});
       ValueId scale = g.constant(n.attrs.value, {}, n.attrs.rsqrt_of);
       if (n.attrs.wrt == 0) return g.add(Op::mul, {g.add(Op::matmul, {ds, k}), scale});
       return g.add(Op::mul, {g.add(Op::matmul, {ds, q}, transposed(true, false)), scale});
+    }
+    case Op::flex_attention: {
+      // softmax(mod(s)) v: the region inlined over the whole score matrix.
+      ValueId s = modified_scores(g, n, in[0], in[1], in.subspan(3));
+      Attrs last;
+      last.axis = g.node(s).shape.rank - 1;
+      return g.add(Op::matmul, {g.add(Op::softmax, {s}, last), in[2]});
+    }
+    case Op::flex_attention_lse: return row_lse(g, modified_scores(g, n, in[0], in[1], in.subspan(2)));
+    case Op::flex_attention_grad: {
+      // As attention_grad over m = mod(s): dm = p (dy vT - delta); the chain rule through the
+      // modifier multiplies by its derivative, d mod/d s for q and k, d mod/d ti for tensor i.
+      ValueId q = in[0], k = in[1], v = in[2], dy = in[3], lse = in[4], delta = in[5];
+      const std::span<const ValueId> tensors = in.subspan(6);
+      const ValueId scaled = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
+      const ValueId p = probabilities(g, causal(g, n, inline_region(g, *n.region, scaled, tensors)), lse);
+      if (n.attrs.wrt == 2) return g.add(Op::matmul, {p, dy}, transposed(true, false));
+      const ValueId dm = g.add(Op::mul, {p, g.add(Op::sub, {g.add(Op::matmul, {dy, v}, transposed(false, true)), delta})});
+      const int wrt = n.attrs.wrt < 3 ? kRegionScore : kRegionFixedInputs + n.attrs.wrt - 3;
+      const ValueId d = g.add(Op::mul, {dm, inline_region(g, differentiate_region(*n.region, wrt), scaled, tensors)});
+      if (n.attrs.wrt >= 3) return d;
+      ValueId scale = g.constant(n.attrs.value, {}, n.attrs.rsqrt_of);
+      if (n.attrs.wrt == 0) return g.add(Op::mul, {g.add(Op::matmul, {d, k}), scale});
+      return g.add(Op::mul, {g.add(Op::matmul, {d, q}, transposed(true, false)), scale});
     }
     case Op::log_softmax: {
       // log_softmax(x) = (x - max) - log(sum(exp(x - max))).

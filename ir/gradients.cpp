@@ -3,6 +3,7 @@
 #include "ir/gradients.hpp"
 
 #include "ir/error.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::ir {
 
@@ -21,7 +22,9 @@ GradientInfo gradient_info(Op op) {
     case Op::attention_lse:
     case Op::masked_attention_lse:
     case Op::attention_grad:
-    case Op::masked_attention_grad: return {GradKind::decompose, "second order, through the decomposition"};
+    case Op::masked_attention_grad:
+    case Op::flex_attention_lse:
+    case Op::flex_attention_grad: return {GradKind::decompose, "second order, through the decomposition"};
     case Op::neg:
     case Op::exp:
     case Op::log:
@@ -47,7 +50,8 @@ GradientInfo gradient_info(Op op) {
     case Op::softmax:
     case Op::log_softmax:
     case Op::attention:
-    case Op::masked_attention: return {GradKind::rule, {}};
+    case Op::masked_attention:
+    case Op::flex_attention: return {GradKind::rule, {}};
   }
   return {};
 }
@@ -237,11 +241,47 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
       if (masked) grads.push_back(-1);
       return grads;
     }
+    // The same for flex attention, whose grads also chain through the score modifier; each f32
+    // tensor the modifier reads (a bias, a position table, slopes) gets ds * d mod/d t summed
+    // over the dims it was broadcast along. That one is score-shaped before the sum: only a
+    // trained modifier tensor asks for it (the rest are dropped as dead code).
+    case Op::flex_attention: {
+      Attrs a = n.attrs;
+      const std::span<const ValueId> tensors = in.subspan(3);
+      std::vector<ValueId> qk = {in[0], in[1]};
+      qk.insert(qk.end(), tensors.begin(), tensors.end());
+      ValueId lse = g.add(Op::flex_attention_lse, qk, a, n.region);
+      Attrs last;
+      last.axis = n.shape.rank - 1;
+      ValueId delta = g.add(Op::reduce_sum, {g.add(Op::mul, {dy, y})}, last);
+      std::vector<ValueId> args = {in[0], in[1], in[2], dy, lse, delta};
+      args.insert(args.end(), tensors.begin(), tensors.end());
+      std::vector<ValueId> grads;
+      for (int wrt = 0; wrt < 3; ++wrt) {
+        a.wrt = static_cast<std::int8_t>(wrt);
+        grads.push_back(g.add(Op::flex_attention_grad, args, a, n.region));
+      }
+      for (int wrt = 0; wrt < 3; ++wrt) grads[static_cast<std::size_t>(wrt)] = unb(grads[static_cast<std::size_t>(wrt)], wrt);
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        // Integer and boolean tensors, and those the modifier only compares, get none.
+        const Graph d = differentiate_region(*n.region, kRegionFixedInputs + static_cast<int>(i));
+        const Node& derivative = d.node(d.outputs()[0].second);
+        if (g.node(tensors[i]).dtype != DType::f32 || (derivative.op == Op::constant && derivative.attrs.value == 0.0)) {
+          grads.push_back(-1);
+          continue;
+        }
+        a.wrt = static_cast<std::int8_t>(3 + i);
+        grads.push_back(unb(g.add(Op::flex_attention_grad, args, a, n.region), static_cast<int>(3 + i)));
+      }
+      return grads;
+    }
     case Op::reduce_mean:
     case Op::attention_lse:
     case Op::masked_attention_lse:
     case Op::attention_grad:
-    case Op::masked_attention_grad: break;
+    case Op::masked_attention_grad:
+    case Op::flex_attention_lse:
+    case Op::flex_attention_grad: break;
   }
   QKV_UNREACHABLE(std::string(op_name(n.op)) + " has no gradient rule to emit");
 }

@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "ir/error.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::ir {
 
@@ -11,7 +12,7 @@ namespace {
 void hash_mix(std::size_t& h, std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); }
 }  // namespace
 
-std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a) {
+std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a, const Graph* region) {
   std::size_t h = static_cast<std::size_t>(op);
   for (ValueId v : inputs) hash_mix(h, static_cast<std::size_t>(v));
   hash_mix(h, static_cast<std::size_t>(a.axis));
@@ -25,6 +26,7 @@ std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a)
   for (auto p : a.perm) hash_mix(h, static_cast<std::size_t>(p));
   hash_mix(h, std::hash<double>{}(a.value));
   hash_mix(h, static_cast<std::size_t>(a.rsqrt_of));
+  if (region) hash_mix(h, region_hash(region));
   return h;
 }
 
@@ -95,7 +97,7 @@ ValueId Graph::add_input(std::string_view name, DType dtype, const Shape& shape)
 }
 
 ValueId Graph::add_like(const Node& n, std::vector<ValueId> inputs) {
-  return n.op == Op::input ? add_input(n.name, n.dtype, n.shape) : add(n.op, std::move(inputs), n.attrs);
+  return n.op == Op::input ? add_input(n.name, n.dtype, n.shape) : add(n.op, std::move(inputs), n.attrs, n.region);
 }
 
 ValueId Graph::constant(double value, const Shape& shape, Dim rsqrt_of) {
@@ -141,12 +143,14 @@ std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<s
   return m;
 }
 
-ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
+ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs, std::shared_ptr<const Graph> region) {
   QKV_ASSERT(op != Op::input, "use add_input for inputs");
   const OpInfo& info = op_info(op);
-  if (static_cast<int>(inputs.size()) != info.arity)
-    throw IrError(std::string(info.name) + ": expects " + std::to_string(info.arity) + " inputs, got " +
-                  std::to_string(inputs.size()));
+  if (!arity_accepts(op, inputs.size()))
+    throw IrError(std::string(info.name) + ": expects " + std::to_string(fixed_operands(op)) + (info.arity < 0 ? " or more" : "") +
+                  " inputs, got " + std::to_string(inputs.size()));
+  if (is_flex_attention(op) != (region != nullptr))
+    throw IrError(std::string(info.name) + (region ? ": takes no region" : ": needs its score modifier region"));
   std::vector<Operand> operands;
   for (ValueId v : inputs) {
     if (v < 0 || static_cast<std::size_t>(v) >= nodes_.size())
@@ -163,11 +167,16 @@ ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
     for (ValueId v : inputs) types.push_back(type_string(v));
     throw ShapeError(shape_error_message(op, r, types));
   }
-  std::size_t h = node_hash(op, inputs, attrs);
+  if (region) {
+    std::vector<DType> tensors;
+    for (std::size_t i = fixed_operands(op); i < operands.size(); ++i) tensors.push_back(operands[i].dtype);
+    if (std::string why = check_region(*region, tensors); !why.empty()) throw IrError(std::string(info.name) + ": " + why);
+  }
+  std::size_t h = node_hash(op, inputs, attrs, region.get());
   auto [lo, hi] = index_.equal_range(h);
   for (auto it = lo; it != hi; ++it) {
     const Node& n = node(it->second);
-    if (n.op == op && n.inputs == inputs && n.attrs == attrs) return it->second;
+    if (n.op == op && n.inputs == inputs && n.attrs == attrs && same_region(n.region.get(), region.get())) return it->second;
   }
   if (op == Op::concat) sum_dim(operands[0].shape[attrs.axis], operands[1].shape[attrs.axis]);  // names a derived dim
   Node n;
@@ -176,6 +185,7 @@ ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs) {
   n.attrs = attrs;
   n.dtype = r.dtype;
   n.shape = r.shape;
+  n.region = std::move(region);
   ValueId id = append_unchecked(std::move(n));
   index_.emplace(h, id);
   return id;

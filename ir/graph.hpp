@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -17,6 +18,8 @@ namespace qkv::ir {
 
 using ValueId = std::int32_t;
 
+class Graph;
+
 /// One node: an op applied to earlier values. Each node defines one value.
 struct Node {
   Op op = Op::input;
@@ -25,6 +28,9 @@ struct Node {
   DType dtype = DType::f32;
   Shape shape;
   std::string name;  // inputs: the input's name; otherwise empty
+  /// Flex attention ops: the score modifier (ir/region.hpp), shared and never changed; null for
+  /// every other op.
+  std::shared_ptr<const Graph> region;
 };
 
 /// A dataflow graph in SSA form. Nodes are appended in topological order; `add` infers shape
@@ -40,8 +46,9 @@ class Graph {
   Dim sum_dim(Dim a, Dim b);
   /// Adds a named input; adding the same name again with the same type returns the same value.
   ValueId add_input(std::string_view name, DType dtype, const Shape& shape);
-  /// Adds a node, or returns an existing equal one.
-  ValueId add(Op op, std::vector<ValueId> inputs, Attrs attrs = {});
+  /// Adds a node, or returns an existing equal one. Flex attention ops take their score
+  /// modifier as `region` (checked against their tensor operands); other ops take none.
+  ValueId add(Op op, std::vector<ValueId> inputs, Attrs attrs = {}, std::shared_ptr<const Graph> region = nullptr);
   /// A constant; with `rsqrt_of` (a dim), value / sqrt(that dim's size) once bound.
   ValueId constant(double value, const Shape& shape = {}, Dim rsqrt_of = 0);
   /// A node like `n` (from another graph) with operands `inputs` of this graph: add_input for
@@ -92,7 +99,7 @@ class Graph {
 std::string shape_error_message(Op op, const ShapeResult& r,
                                 const std::vector<std::string>& operand_types);
 
-/// Hash of a node's op, inputs and attributes (for structural sharing).
-std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a);
+/// Hash of a node's op, inputs, attributes and region (for structural sharing).
+std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a, const Graph* region = nullptr);
 
 }  // namespace qkv::ir

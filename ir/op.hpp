@@ -109,7 +109,26 @@ constexpr bool is_elementwise(Op op) {
 /// kernel keeps instead of decomposing.
 constexpr bool is_fused_attention(Op op) {
   return op == Op::attention || op == Op::masked_attention || op == Op::attention_lse || op == Op::masked_attention_lse ||
-         op == Op::attention_grad || op == Op::masked_attention_grad;
+         op == Op::attention_grad || op == Op::masked_attention_grad || op == Op::flex_attention ||
+         op == Op::flex_attention_lse || op == Op::flex_attention_grad;
+}
+
+/// The flex attention ops: their score modifier is the node's region, their operands after
+/// fixed_operands(op) are the tensors it reads.
+constexpr bool is_flex_attention(Op op) {
+  return op == Op::flex_attention || op == Op::flex_attention_lse || op == Op::flex_attention_grad;
+}
+
+/// Whether `op` takes `n` operands: its arity, or at least -arity for a variadic op.
+constexpr bool arity_accepts(Op op, std::size_t n) {
+  const int a = op_info(op).arity;
+  return a >= 0 ? n == static_cast<std::size_t>(a) : n >= static_cast<std::size_t>(-a);
+}
+
+/// The fixed operands of a variadic op (its arity's magnitude), before the modifier's tensors.
+constexpr std::size_t fixed_operands(Op op) {
+  const int a = op_info(op).arity;
+  return static_cast<std::size_t>(a < 0 ? -a : a);
 }
 
 /// All ops, in registry order.

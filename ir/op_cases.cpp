@@ -1,6 +1,10 @@
 // Test cases of every op: broadcasting, odd sizes, every axis and attribute.
 #include "ir/op_cases.hpp"
 
+#include <cmath>
+
+#include "ir/region.hpp"
+
 namespace qkv::ir {
 
 namespace {
@@ -34,6 +38,35 @@ Attrs align(CausalAlign a, std::int64_t window = 0) {
   r.window = window;
   return r;
 }
+/// Score modifiers for the flex attention cases: soft-capping at 2 (so that random scores feel
+/// it), an ALiBi-like bias slope t0 * (kv_idx - q_idx), an additive bias t0 after soft-capping,
+/// and a document mask keeping keys whose id t1 equals the query's id t0.
+enum class Mod { softcap, slope, capped_bias, document };
+std::shared_ptr<const Graph> modifier(Mod m) {
+  const std::vector<DType> f32 = {DType::f32}, ids = {DType::i32, DType::i32};
+  Graph r = make_region(m == Mod::softcap ? std::span<const DType>{} : m == Mod::document ? std::span<const DType>(ids) : std::span<const DType>(f32));
+  const ValueId score = kRegionScore, t0 = kRegionFixedInputs;
+  auto cap = [&](ValueId s) {
+    const ValueId c = r.constant(2.0);
+    return r.add(Op::mul, {r.add(Op::tanh, {r.add(Op::div, {s, c})}), c});
+  };
+  ValueId mod = score;
+  switch (m) {
+    case Mod::softcap: mod = cap(score); break;
+    case Mod::slope: mod = r.add(Op::add, {score, r.add(Op::mul, {t0, r.add(Op::sub, {kRegionKvIdx, kRegionQIdx})})}); break;
+    case Mod::capped_bias: mod = r.add(Op::add, {cap(score), t0}); break;
+    case Mod::document: {
+      Attrs f32_cast;
+      f32_cast.dtype = DType::f32;
+      const ValueId same = r.add(Op::equal, {r.add(Op::cast, {t0}, f32_cast), r.add(Op::cast, {t0 + 1}, f32_cast)});
+      mod = r.add(Op::where, {same, score, r.constant(-HUGE_VAL)});
+      break;
+    }
+  }
+  r.set_output("mod", mod);
+  return std::make_shared<const Graph>(std::move(r));
+}
+
 Attrs range(int ax, std::int64_t begin, std::int64_t end) {
   Attrs r = axis(ax);
   r.begin = begin;
@@ -192,6 +225,48 @@ std::vector<OpCase> op_cases(Op op) {
       }
       return r;
     }
+    case Op::flex_attention: {
+      Attrs plain = shape({}, 0.35);
+      Attrs causal = plain;
+      causal.causal = true;
+      Attrs window = causal;
+      window.align = CausalAlign::bottom_right;
+      window.window = 40;
+      return {{"softcap", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}}, plain, modifier(Mod::softcap)},
+              {"slopes per head causal", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}}, causal, modifier(Mod::slope)},
+              {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 7}}}, plain, modifier(Mod::capped_bias)},
+              {"document ids, empty rows", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 1}, Fill::segments}, {{2, 1, 7}, Fill::segments}}, plain, modifier(Mod::document)},
+              {"long rows sliding window slopes", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}, {{1}, Fill::positive}}, window, modifier(Mod::slope)}};
+    }
+    case Op::flex_attention_lse: {
+      Attrs causal = shape({}, 0.35);
+      causal.causal = true;
+      return {{"softcap causal", {{{2, 5, 8}}, {{2, 7, 8}}}, causal, modifier(Mod::softcap)},
+              {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 5, 7}}}, shape({}, 0.35), modifier(Mod::capped_bias)}};
+    }
+    case Op::flex_attention_grad: {
+      // As attention_grad's cases, and the gradients of the modifier's tensors (wrt 3).
+      std::vector<OpCase> r;
+      const std::vector<CaseInput> heads = {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{2, 3, 6, 4}}, {{2, 3, 6, 1}, Fill::positive}, {{2, 3, 6, 1}}};
+      const std::vector<CaseInput> batched = {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 6}}, {{2, 5, 1}, Fill::positive}, {{2, 5, 1}}};
+      for (int w = 0; w < 4; ++w) {
+        Attrs a = shape({}, 0.35);
+        a.wrt = static_cast<std::int8_t>(w);
+        a.causal = w != 1;
+        std::vector<CaseInput> slopes = heads, bias = batched;
+        slopes.push_back({{3, 1, 1}, Fill::positive});
+        bias.push_back({{2, 5, 7}});
+        const std::string name = w < 3 ? std::string("d") + "qkv"[w] : std::string("dt0");
+        r.push_back({name + " slopes per head" + (a.causal ? " causal" : ""), slopes, a, modifier(Mod::slope)});
+        r.push_back({name + " softcap then bias" + (a.causal ? " causal" : ""), bias, a, modifier(Mod::capped_bias)});
+      }
+      Attrs dq = shape({}, 0.35);
+      std::vector<CaseInput> docs = batched;
+      docs.push_back({{2, 5, 1}, Fill::segments});
+      docs.push_back({{2, 1, 7}, Fill::segments});
+      r.push_back({"dq document ids, empty rows", docs, dq, modifier(Mod::document)});
+      return r;
+    }
     case Op::softmax:
       return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}, {"rows of 300", {{{2, 300}}}, axis(1)}};
   }
@@ -205,7 +280,8 @@ DType fill_dtype(Fill f) {
     case Fill::boolean:
     case Fill::keep_first: return DType::boolean;
     case Fill::ids:
-    case Fill::seed: return DType::i32;
+    case Fill::seed:
+    case Fill::segments: return DType::i32;
   }
   return DType::f32;
 }
@@ -220,7 +296,7 @@ Graph case_graph(Op op, const OpCase& c) {
   }
   ValueId out = 0;
   if (op == Op::input) out = ins.at(0);  // the case's one input, declared like any other
-  else out = g.add(op, ins, c.attrs);
+  else out = g.add(op, ins, c.attrs, c.region);
   g.set_output("out", out);
   return g;
 }

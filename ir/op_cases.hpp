@@ -12,7 +12,9 @@ namespace qkv::ir {
 /// How a case's input is filled. keep_first: a boolean mask, random but keeping the first entry
 /// of its last dim, so that no attention row loses every key.
 /// ids: i32 values in [-1, 6], some outside [0, 5) on purpose.
-enum class Fill { normal, positive, boolean, keep_first, ids, seed };  // seed: an i32 in [0, 1000)
+/// segments: sorted i32 document ids along the longest dim (three documents), its last entry -1
+/// (padding: a query there sees no key, a key there is seen by none).
+enum class Fill { normal, positive, boolean, keep_first, ids, seed, segments };  // seed: an i32 in [0, 1000)
 
 struct CaseInput {
   std::vector<std::int64_t> shape;
@@ -23,6 +25,7 @@ struct OpCase {
   std::string label;
   std::vector<CaseInput> inputs;  // one per operand, named x0, x1, ...
   Attrs attrs;
+  std::shared_ptr<const Graph> region = nullptr;  // flex attention's score modifier
 };
 
 /// The cases of `op` (at least one for every op; see op_cases.cpp).

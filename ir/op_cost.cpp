@@ -52,6 +52,26 @@ double estimated_flops(const Node& n, std::span<const Shape> in, const Shape& ou
       const double d = static_cast<double>(in[0].back(0)), m = static_cast<double>(in[1].back(1));
       return elements * m * 2.0 * d / (n.attrs.causal ? 2.0 : 1.0);
     }
+    case Op::flex_attention: {
+      // attention's, and the modifier's ops on each of the N M scores.
+      const double d = static_cast<double>(in[0].back(0)), m = static_cast<double>(in[1].back(1)), dv = static_cast<double>(in[2].back(0));
+      const double mod = static_cast<double>(n.region->size());
+      return elements / dv * m * (2.0 * (d + dv) + mod) / (n.attrs.causal ? 2.0 : 1.0);
+    }
+    case Op::flex_attention_lse: {
+      const double d = static_cast<double>(in[0].back(0)), m = static_cast<double>(in[1].back(1));
+      return elements * m * (2.0 * d + static_cast<double>(n.region->size())) / (n.attrs.causal ? 2.0 : 1.0);
+    }
+    case Op::flex_attention_grad: {
+      // attention_grad's, the modifier and its derivative on each score; a tensor's gradient
+      // (wrt >= 3) recomputes the scores and dy vT.
+      const Shape& q = in[0];
+      const double nq = static_cast<double>(q.back(1)), d = static_cast<double>(q.back(0)),
+                   m = static_cast<double>(in[1].back(1)), dv = static_cast<double>(in[2].back(0));
+      const double batches = n.attrs.wrt >= 3 ? elements / (nq * m) : elements / static_cast<double>(out.back(0) * out.back(1));
+      const double per = n.attrs.wrt == 2 ? d + dv : n.attrs.wrt >= 3 ? d + dv : 2.0 * d + dv;
+      return batches * nq * m * (2.0 * per + 3.0 * static_cast<double>(n.region->size())) / (n.attrs.causal ? 2.0 : 1.0);
+    }
     case Op::attention_grad:
     case Op::masked_attention_grad: {
       // Recomputing q kT, then pT dy (dv), or dy vT and ds k or dsT q (dq, dk): per batch entry

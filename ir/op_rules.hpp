@@ -281,6 +281,60 @@ constexpr ShapeResult attention_grad(std::span<const Operand> in, const Attrs& a
   return {r, y.dtype};
 }
 
+/// The modifier tensors of a flex attention op, operands `first` on, each broadcasting to the
+/// scores' shape `scores`.
+constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t first, const Shape& scores) {
+  for (std::size_t i = first; i < in.size(); ++i) {
+    const Operand sm[2] = {{scores, DType::f32}, in[i]};
+    ShapeResult b = broadcast(sm);
+    if (!b.ok()) {
+      b.operand = static_cast<int>(i);
+      return b;
+    }
+    if (!(b.shape == scores)) return fail(ShapeErr::not_broadcast_target, b.shape.rank, scores.rank, static_cast<int>(i));
+  }
+  return {scores, DType::f32};
+}
+
+/// flex_attention(q, k, v, t...): attention's shape; each t broadcasts to the scores.
+constexpr ShapeResult flex_attention(std::span<const Operand> in) {
+  ShapeResult y = attention(in.first(3));
+  if (!y.ok()) return y;
+  ir::Attrs tb;
+  tb.transpose_b = true;
+  ShapeResult scores = matmul(in.first(2), tb);
+  ShapeResult t = modifier_tensors(in, 3, scores.shape);
+  return t.ok() ? y : t;
+}
+
+/// flex_attention_lse(q, k, t...): the scores' shape with one column.
+constexpr ShapeResult flex_attention_lse(std::span<const Operand> in) {
+  ShapeResult r = attention_lse(in.first(2));
+  if (!r.ok()) return r;
+  ir::Attrs tb;
+  tb.transpose_b = true;
+  ShapeResult scores = matmul(in.first(2), tb);
+  ShapeResult t = modifier_tensors(in, 2, scores.shape);
+  return t.ok() ? r : t;
+}
+
+/// flex_attention_grad(q, k, v, dy, lse, delta, t...) {wrt}: attention_grad's shapes for wrt < 3;
+/// the scores' shape [..,N,M] for wrt = 3 + i (ti's gradient before it is summed to ti's shape).
+constexpr ShapeResult flex_attention_grad(std::span<const Operand> in, const Attrs& a) {
+  const int tensors = static_cast<int>(in.size()) - 6;
+  if (a.wrt < 0 || a.wrt >= 3 + tensors) return fail(ShapeErr::bad_range, a.wrt, 2 + tensors);
+  Attrs fixed = a;
+  if (a.wrt >= 3) fixed.wrt = 0;
+  ShapeResult r = attention_grad(in.first(6), fixed);
+  if (!r.ok()) return r;
+  ir::Attrs tb;
+  tb.transpose_b = true;
+  ShapeResult scores = matmul(in.first(2), tb);
+  ShapeResult t = modifier_tensors(in, 6, scores.shape);
+  if (!t.ok()) return t;
+  return a.wrt >= 3 ? scores : r;
+}
+
 constexpr ShapeResult cast(const Operand& x, const Attrs& a) {
   if (x.dtype != DType::i32 && x.dtype != DType::boolean) return fail(ShapeErr::not_castable);
   if (a.dtype != DType::f32) return fail(ShapeErr::not_castable);
@@ -384,6 +438,15 @@ constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attr
     case Op::attention_grad:
     case Op::masked_attention_grad:
       r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::attention_grad(in, a);
+      break;
+    case Op::flex_attention:
+      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::flex_attention(in);
+      break;
+    case Op::flex_attention_lse:
+      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::flex_attention_lse(in);
+      break;
+    case Op::flex_attention_grad:
+      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::flex_attention_grad(in, a);
       break;
   }
   if (r.ok() && r.shape.rank > kMaxRank) return rules::fail(ShapeErr::rank_too_large, r.shape.rank);

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "ir/error.hpp"
+#include "ir/region.hpp"
 #include "ir/verifier.hpp"
 
 namespace qkv::ir {
@@ -76,11 +77,14 @@ std::string print_attrs(const Graph& g, const Node& n) {
   return s;
 }
 
-std::string print(const Graph& g) {
+namespace {
+
+/// print() with every line after the first indented by `indent` more spaces (nested regions).
+std::string print_indented(const Graph& g, const std::string& indent) {
   std::string out = "graph {\n";
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];
-    out += "  %" + std::to_string(i) + " = " + std::string(op_name(n.op));
+    out += indent + "  %" + std::to_string(i) + " = " + std::string(op_name(n.op));
     if (n.op == Op::input) out += " \"" + n.name + "\"";
     if (!n.inputs.empty()) {
       out += "(";
@@ -88,19 +92,25 @@ std::string print(const Graph& g) {
       out += ")";
     }
     if (std::string attrs = print_attrs(g, n); !attrs.empty()) out += " {" + attrs + "}";
-    out += " : " + g.type_string(i) + "\n";
+    out += " : " + g.type_string(i);
+    if (n.region) out += " " + print_indented(*n.region, indent + "  ");  // the score modifier
+    out += "\n";
   }
   if (!g.updates().empty()) {
-    out += "  update";
+    out += indent + "  update";
     for (std::size_t i = 0; i < g.updates().size(); ++i)
       out += (i ? ", " : " ") + g.updates()[i].first + "=%" + std::to_string(g.updates()[i].second);
     out += "\n";
   }
-  out += "  return";
+  out += indent + "  return";
   for (std::size_t i = 0; i < g.outputs().size(); ++i)
     out += (i ? ", " : " ") + g.outputs()[i].first + "=%" + std::to_string(g.outputs()[i].second);
-  return out + "\n}\n";
+  return out + "\n" + indent + "}";
 }
+
+}  // namespace
+
+std::string print(const Graph& g) { return print_indented(g, "") + "\n"; }
 
 namespace {
 
@@ -113,9 +123,19 @@ constexpr int kMaxDimParts = 64;
 
 class Parser {
  public:
-  explicit Parser(std::string_view text) : text_(text) {}
+  explicit Parser(std::string_view text, std::size_t pos = 0) : text_(text), pos_(pos) {}
 
   Graph parse() {
+    parse_body();
+    skip_space();
+    if (pos_ != text_.size()) fail("text after the closing brace");
+    verify(g_);
+    return std::move(g_);
+  }
+
+ private:
+  /// "graph { ... }" from the current position, unverified.
+  void parse_body() {
     expect_word("graph");
     expect('{');
     while (true) {
@@ -132,13 +152,16 @@ class Parser {
     }
     if (!seen_return_) fail("the graph has no 'return' line (end it with 'return NAME=%N')");
     expect('}');
-    skip_space();
-    if (pos_ != text_.size()) fail("text after the closing brace");
-    verify(g_);
-    return std::move(g_);
   }
-
- private:
+  /// A nested graph (a flex attention node's score modifier) from the current position.
+  std::shared_ptr<const Graph> region() {
+    if (++depth_ > 1) fail("a score modifier cannot hold another");
+    Parser nested(text_, pos_);
+    nested.depth_ = depth_;
+    nested.parse_body();
+    pos_ = nested.pos_;
+    return std::make_shared<const Graph>(std::move(nested.g_));
+  }
   [[noreturn]] void fail(const std::string& what) const {
     int line = 1;
     for (std::size_t i = 0; i < pos_ && i < text_.size(); ++i) line += text_[i] == '\n';
@@ -300,6 +323,9 @@ class Parser {
     if (!dt) fail("unknown dtype '" + t + "'");
     n.dtype = *dt;
     n.shape = dims();
+    const std::size_t after_type = pos_;
+    if (peek() == 'g') n.region = region();
+    else pos_ = after_type;  // errors below name this node's line
     if (n.op == Op::cast) n.attrs.dtype = n.dtype;  // the result type says it
     if (n.op == Op::input) {
       n.attrs.dtype = n.dtype;
@@ -308,8 +334,16 @@ class Parser {
         if (g_.node(v).name == n.name) fail("input name '" + n.name + "' used twice");
     }
     // The node's own rules, checked here so that an error names its line.
-    if (static_cast<int>(n.inputs.size()) != op_info(n.op).arity)
-      fail(name + " takes " + std::to_string(op_info(n.op).arity) + " operands, got " + std::to_string(n.inputs.size()));
+    if (!arity_accepts(n.op, n.inputs.size()))
+      fail(name + " takes " + std::to_string(fixed_operands(n.op)) + (op_info(n.op).arity < 0 ? " or more" : "") + " operands, got " +
+           std::to_string(n.inputs.size()));
+    if (is_flex_attention(n.op) != (n.region != nullptr))
+      fail(name + (n.region ? " takes no score modifier" : " needs its score modifier: ': TYPE graph { ... }' after its type"));
+    if (n.region) {
+      std::vector<DType> tensors;
+      for (std::size_t i = fixed_operands(n.op); i < n.inputs.size(); ++i) tensors.push_back(g_.node(n.inputs[i]).dtype);
+      if (std::string why = check_region(*n.region, tensors); !why.empty()) fail(name + ": " + why);
+    }
     std::vector<Operand> operands;
     std::vector<std::string> types;
     for (ValueId v : n.inputs) {
@@ -341,7 +375,7 @@ class Parser {
     else if (key == "begin") a.begin = bounded(0, kMaxParsedDim, "begin");
     else if (key == "end") a.end = bounded(0, kMaxParsedDim, "end");
     else if (key == "window") a.window = bounded(0, kMaxParsedDim, "window");
-    else if (key == "wrt") a.wrt = static_cast<std::int8_t>(bounded(0, 2, "wrt"));
+    else if (key == "wrt") a.wrt = static_cast<std::int8_t>(bounded(0, 127, "wrt"));
     else if (key == "value") a.value = number();
     else if (key == "rsqrt_of") a.rsqrt_of = dim();
     else if (key == "shape") a.shape = dims();
@@ -387,6 +421,7 @@ class Parser {
     } while (accept(','));
   }
   bool seen_return_ = false;
+  int depth_ = 0;
 
   std::string_view text_;
   std::size_t pos_ = 0;

@@ -5,6 +5,7 @@
 
 #include "ir/error.hpp"
 #include "ir/printer.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::ir {
 
@@ -20,7 +21,8 @@ std::string check(const Graph& g) {
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];
     std::string where = "%" + std::to_string(i) + " (" + std::string(op_name(n.op)) + "): ";
-    if (static_cast<int>(n.inputs.size()) != op_info(n.op).arity) return where + "wrong number of inputs";
+    if (!arity_accepts(n.op, n.inputs.size())) return where + "wrong number of inputs";
+    if (is_flex_attention(n.op) != (n.region != nullptr)) return where + (n.region ? "a region on an op that takes none" : "no score modifier region");
     std::vector<Operand> operands;
     for (ValueId v : n.inputs) {
       if (v < 0 || static_cast<std::size_t>(v) >= i) return where + "operand %" + std::to_string(v) + " is not defined before use";
@@ -30,6 +32,11 @@ std::string check(const Graph& g) {
     if (n.op == Op::input) {
       if (n.name.empty()) return where + "input without a name";
       if (!names.insert(n.name).second) return where + "input name '" + n.name + "' used twice";
+    }
+    if (n.region) {
+      std::vector<DType> tensors;
+      for (std::size_t j = fixed_operands(n.op); j < operands.size(); ++j) tensors.push_back(operands[j].dtype);
+      if (std::string why = check_region(*n.region, tensors); !why.empty()) return where + why;
     }
     ShapeResult r = infer_shape(n.op, operands, n.attrs);
     if (!r.ok()) return where + shape_error_message(n.op, r, {});

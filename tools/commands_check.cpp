@@ -13,6 +13,7 @@
 #include "ir/bind.hpp"
 #include "ir/op_cost.hpp"
 #include "ir/printer.hpp"
+#include "ir/region.hpp"
 #include "tools/commands.hpp"
 #include "tools/models/models.hpp"
 
@@ -173,6 +174,9 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
     bytes += moved;
     if ((n.op == ir::Op::attention || n.op == ir::Op::masked_attention) && scores.empty())
       scores = "not materialised: fused attention at %" + std::to_string(i) + " streams key blocks";
+    if (n.op == ir::Op::flex_attention && scores.empty())
+      scores = "not materialised: fused flex attention at %" + std::to_string(i) + " streams key blocks, its modifier " +
+               ir::region_expression(*n.region) + " applied to each tile";
     std::printf("%%%-4zu %-18s %-22s %-34s %12.3f %12.3f\n", i, std::string(ir::op_name(n.op)).c_str(),
                 shape_string(ir::to_vector(shapes[i])).c_str(), be->kernel_name(g, v).c_str(), f / 1e6, moved / 1e6);
   }

@@ -67,7 +67,7 @@ int cmd_ops() {
     const auto& info = ir::op_info(op);
     ir::Graph g = ir::case_graph(op, ir::op_cases(op).at(0));
     const ir::Node& node = g.node(g.output("out"));
-    std::printf("| `%s` | %d |", std::string(info.name).c_str(), info.arity);
+    std::printf("| `%s` | %zu%s |", std::string(info.name).c_str(), ir::fixed_operands(op), info.arity < 0 ? "+" : "");
     for (const auto& name : backends) std::printf(" %s |", backend::backend_supports(name, node) ? "kernel" : "decomposed");
     const auto grad = ir::gradient_info(op);
     const char* kind = grad.kind == ir::GradKind::rule        ? "rule"

@@ -74,17 +74,22 @@ class Scores {
   std::int64_t batches() const { return batch_.numel(); }
   const ir::Shape& batch() const { return batch_; }
   float scale() const { return a_.scale; }
+  /// Whether ds must be multiplied by the modifier's derivative.
+  bool has_derivative() const { return a_.mod && a_.mod->has_derivative(); }
   const float* q(std::int64_t b) const { return a_.q.data + offset_at(b, batch_, qs_); }
   const float* k(std::int64_t b) const { return a_.k.data + offset_at(b, batch_, ks_); }
 
   /// s[i * ld + j] = the score of query i0 + i and key j0 + j (i < rows, j < cols), -inf where
   /// masked. Only the columns that causality or the window cut are visited for masking.
-  void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) const {
+  /// With a modifier and `dmod`, dmod (same layout) gets d mod/d score.
+  void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld,
+               float* dmod = nullptr) const {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(d_), a_.scale, q(b) + i0 * d_, to_int(d_),
                 k(b) + j0 * d_, to_int(d_), 0.0f, s, to_int(ld));
     const float* mask = a_.mask ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
     for (std::int64_t i = 0; i < rows; ++i) {
       float* row = s + i * ld;
+      if (a_.mod) a_.mod->apply_row(b, i0 + i, j0, cols, row, dmod ? dmod + i * ld : nullptr);
       if (mask) {
         const float* mr = mask + (i0 + i) * mask_row_ + j0 * mask_col_;
         for (std::int64_t j = 0; j < cols; ++j) row[j] = mr[j * mask_col_] != 0.0f ? row[j] : kNegInf;
@@ -140,18 +145,27 @@ std::pair<float*, float*> tile_buffers() {
   return {p.data(), ds.data()};
 }
 
+/// This thread's d mod/d score tile, kQueryBlock x kKeyBlock floats.
+float* derivative_buffer() {
+  thread_local std::vector<float> dmod(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
+  return dmod.data();
+}
+
 /// One tile of attention's backward, rows [i0, i0 + rows) by keys [j0, j0 + cols) of batch entry
 /// b: p = exp(s - lse) into `p` and, when ds is given, ds = p (dy vT - delta) into `ds` (both
 /// with row stride kKeyBlock). dy, lse and delta point at row i0, v at key j0.
 void backward_tile(const Scores& sc, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
                    const float* dy, const float* v, std::int64_t dv, const float* lse, const float* delta, float* p, float* ds) {
-  sc.compute(b, i0, rows, j0, cols, p, kKeyBlock);
+  float* dmod = ds && sc.has_derivative() ? derivative_buffer() : nullptr;
+  sc.compute(b, i0, rows, j0, cols, p, kKeyBlock, dmod);
   if (ds)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(dv), 1.0f, dy, to_int(dv), v, to_int(dv), 0.0f,
                 ds, to_int(kKeyBlock));
   for (std::int64_t i = 0; i < rows; ++i) {
     probabilities(p + i * kKeyBlock, cols, lse[i]);
     if (ds) times_difference(ds + i * kKeyBlock, p + i * kKeyBlock, cols, delta[i]);
+    if (dmod)  // the chain rule through the modifier
+      for (std::int64_t j = 0; j < cols; ++j) ds[i * kKeyBlock + j] *= dmod[i * kKeyBlock + j];
   }
 }
 

@@ -3,11 +3,13 @@
 #pragma once
 
 #include "backends/cpu/kernels.hpp"
+#include "backends/cpu/score_mod.hpp"
 
 namespace qkv::backend::cpu {
 
-/// The scores every attention kernel computes tile by tile: s = q kT * scale, -inf where the
-/// keep-mask, causality or the sliding window drops a key.
+/// The scores every attention kernel computes tile by tile: s = q kT * scale, through flex
+/// attention's modifier when there is one, -inf where the keep-mask, causality or the sliding
+/// window drops a key.
 struct ScoreArgs {
   ConstView q, k;             // [..., N, D], [..., M, D]; batch dims broadcast
   const ConstView* mask;      // nullptr, or a 0/1 keep-mask broadcasting to [..., N, M]
@@ -15,6 +17,7 @@ struct ScoreArgs {
   bool causal;
   ir::CausalAlign align;
   std::int64_t window;        // with causal and > 0: only the last `window` keys (sliding window)
+  const ScoreModifier* mod = nullptr;  // flex attention's modifier (with its derivative for the backward)
 };
 
 struct AttentionArgs {
@@ -44,7 +47,7 @@ struct AttentionGradArgs {
 
 /// FlashAttention-2's backward for one operand: p = exp(s - lse) (0 where s is masked) is
 /// recomputed tile by tile; dv = pT dy, ds = p (dy vT - delta), dq = ds k * scale,
-/// dk = dsT q * scale. dq streams key blocks per query block; dk and dv stream query blocks per
+/// dk = dsT q * scale, ds times d mod/d score under a modifier. dq streams key blocks per query block; dk and dv stream query blocks per
 /// key block, so no task writes another's rows. Masked blocks are skipped unless the batch entry
 /// holds a NaN or inf (whose products with the masked zeros the meaning keeps).
 void attention_grad(const AttentionGradArgs& args);

@@ -11,6 +11,7 @@
 #include "backends/run_inputs.hpp"
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::backend {
 
@@ -28,23 +29,23 @@ std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
   std::vector<bool> member(g.size(), false);
   for (std::size_t i = 0; i + 1 < g.size(); ++i) {
     const Node& n = g.nodes()[i];
-    if (n.op != Op::attention && n.op != Op::masked_attention) continue;
+    if (n.op != Op::attention && n.op != Op::masked_attention && n.op != Op::flex_attention) continue;
     const Node& s = g.nodes()[i + 1];
-    std::vector<ir::ValueId> qk = {n.inputs[0], n.inputs[1]};
-    if (n.op == Op::masked_attention) qk.push_back(n.inputs[3]);
-    if (s.op != (n.op == Op::attention ? Op::attention_lse : Op::masked_attention_lse) || s.inputs != qk || !(s.attrs == n.attrs)) continue;
+    const ir::LseCall lse = ir::lse_of(n);
+    if (s.op != lse.op || s.inputs != lse.inputs || !(s.attrs == n.attrs) || !ir::same_region(s.region.get(), n.region.get())) continue;
     group[i] = {i, i + 1};
     member[i + 1] = true;
   }
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];
-    if ((n.op != Op::attention_grad && n.op != Op::masked_attention_grad) || member[i]) continue;
+    if ((n.op != Op::attention_grad && n.op != Op::masked_attention_grad && n.op != Op::flex_attention_grad) || n.attrs.wrt > 2 || member[i])
+      continue;
     std::vector<std::size_t> members = {i};
     for (std::size_t j = i + 1; j < g.size() && members.size() < 3; ++j) {
       const Node& s = g.nodes()[j];
       ir::Attrs same = s.attrs;
       same.wrt = n.attrs.wrt;
-      if (s.op != n.op || s.inputs != n.inputs || !(same == n.attrs)) break;
+      if (s.op != n.op || s.inputs != n.inputs || !(same == n.attrs) || s.attrs.wrt > 2 || !ir::same_region(s.region.get(), n.region.get())) break;
       members.push_back(j);
       member[j] = true;
     }
@@ -187,6 +188,15 @@ class CpuExecutable final : public Executable {
       return cpu::ScoreArgs{in(0), in(1), mask_at >= 0 ? &mask : nullptr, static_cast<float>(ir::bound_value(graph_, node, shapes_)),
                             node.attrs.causal, node.attrs.align, node.attrs.window};
     };
+    // Flex attention's modifier over its tensors (operands `first` on), iterated like the
+    // kernel's scores: over the output's batch dims.
+    auto modifier = [&](const Node& node, std::size_t first, bool derivative) {
+      std::vector<cpu::ConstView> tensors;
+      for (std::size_t k = first; k < node.inputs.size(); ++k) tensors.push_back(in(static_cast<int>(k)));
+      ir::Shape batch;
+      for (int r = 0; r + 2 < shapes_[i].rank; ++r) batch.push_back(shapes_[i][r]);
+      return cpu::ScoreModifier(*node.region, derivative, std::move(tensors), batch, in(0).shape.back(1), in(1).shape.back(1));
+    };
     cpu::View out{nullptr, shapes_[i]};
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
     switch (n.op) {
@@ -250,6 +260,32 @@ class CpuExecutable final : public Executable {
         for (std::size_t member : group_[i]) grads[graph_.nodes()[member].attrs.wrt] = out_ptr(member);
         return cpu::attention_grads(args, grads[0], grads[1], grads[2]);
       }
+      case Op::flex_attention: {
+        cpu::ConstView none{};
+        const cpu::ScoreModifier mod = modifier(n, 3, false);
+        cpu::ScoreArgs s = scores(n, -1, none);
+        s.mod = &mod;
+        float* lse = group_fused_[i] ? out_ptr(group_[i][1]) : nullptr;  // with its flex_attention_lse
+        return cpu::attention({s, in(2), out, lse});
+      }
+      case Op::flex_attention_lse: {
+        cpu::ConstView none{};
+        const cpu::ScoreModifier mod = modifier(n, 2, false);
+        cpu::ScoreArgs s = scores(n, -1, none);
+        s.mod = &mod;
+        return cpu::attention_lse(s, out);
+      }
+      case Op::flex_attention_grad: {  // q, k and v (cpu_supports): a modifier tensor's is decomposed
+        cpu::ConstView none{};
+        const cpu::ScoreModifier mod = modifier(n, 6, true);
+        cpu::ScoreArgs s = scores(n, -1, none);
+        s.mod = &mod;
+        const cpu::AttentionGradArgs args{s, in(2), in(3), in(4), in(5), n.attrs.wrt, out};
+        if (!group_fused_[i]) return cpu::attention_grad(args);
+        float* grads[3] = {nullptr, nullptr, nullptr};
+        for (std::size_t member : group_[i]) grads[graph_.nodes()[member].attrs.wrt] = out_ptr(member);
+        return cpu::attention_grads(args, grads[0], grads[1], grads[2]);
+      }
     }
     QKV_UNREACHABLE("op");
   }
@@ -284,13 +320,18 @@ class CpuBackend final : public Backend {
       case Op::matmul: return "sgemm";
       case Op::attention:
       case Op::masked_attention: return "fused attention (online softmax)";
+      // The modifier is named: explain says what was fused.
+      case Op::flex_attention: return "fused flex attention (online softmax), mod = " + ir::region_expression(*g.node(v).region);
       case Op::attention_lse:
       case Op::masked_attention_lse:
+      case Op::flex_attention_lse:
       case Op::attention_grad:
-      case Op::masked_attention_grad: {
+      case Op::masked_attention_grad:
+      case Op::flex_attention_grad: {
         // A group's other nodes are computed by its leader's kernel (see kernel_groups).
         const auto groups = kernel_groups(g);
-        const bool lse = g.node(v).op == Op::attention_lse || g.node(v).op == Op::masked_attention_lse;
+        const Op op = g.node(v).op;
+        const bool lse = op == Op::attention_lse || op == Op::masked_attention_lse || op == Op::flex_attention_lse;
         for (std::size_t i = 0; i < groups.size(); ++i)
           for (std::size_t j = 1; j < groups[i].size(); ++j)
             if (groups[i][j] == static_cast<std::size_t>(v))
@@ -315,6 +356,8 @@ bool cpu_supports(const Node& n) {
     case Op::softmax:
     case Op::log_softmax: return true;
     case Op::reduce_mean: return false;
+    // The gradient of a modifier tensor (wrt >= 3) is score-shaped before its sum: decomposed.
+    case Op::flex_attention_grad: return n.attrs.wrt <= 2;
     default: return ir::is_fused_attention(n.op) || ir::op_info(n.op).category != ir::OpCategory::composite;
   }
 }

@@ -202,7 +202,10 @@ class ReferenceExecutable final : public Executable {
       case Op::attention_lse:
       case Op::masked_attention_lse:
       case Op::attention_grad:
-      case Op::masked_attention_grad: break;
+      case Op::masked_attention_grad:
+      case Op::flex_attention:
+      case Op::flex_attention_lse:
+      case Op::flex_attention_grad: break;
     }
     QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " reached the reference backend undecomposed");
   }

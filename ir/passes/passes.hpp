@@ -23,6 +23,15 @@ Graph eliminate_dead_code(const Graph& g);
 /// causal attribute (fuse_attention.cpp). Backends that do not keep attention decompose it back.
 Graph fuse_attention(const Graph& g);
 
+/// The attention_lse op and operands that belong to attention node `attention` (attention,
+/// masked_attention or flex_attention): what the backward asks for and what a backend computes
+/// in the same pass. Same attributes (and region) as the attention node.
+struct LseCall {
+  Op op;
+  std::vector<ValueId> inputs;
+};
+LseCall lse_of(const Node& attention);
+
 /// Moves each attention_lse (attention's backward reads it) to right after the attention node
 /// with the same operands and attributes, so a backend can compute both in one pass; the order
 /// is otherwise kept (place_attention_lse.cpp).

@@ -1,32 +1,49 @@
 // Moves each attention_lse next to the attention with its operands and attributes.
+#include "ir/error.hpp"
 #include "ir/passes/passes.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::ir {
 
+LseCall lse_of(const Node& attention) {
+  switch (attention.op) {
+    case Op::attention: return {Op::attention_lse, {attention.inputs[0], attention.inputs[1]}};
+    case Op::masked_attention: return {Op::masked_attention_lse, {attention.inputs[0], attention.inputs[1], attention.inputs[3]}};
+    case Op::flex_attention: {
+      LseCall c{Op::flex_attention_lse, {attention.inputs[0], attention.inputs[1]}};
+      c.inputs.insert(c.inputs.end(), attention.inputs.begin() + 3, attention.inputs.end());
+      return c;
+    }
+    default: QKV_UNREACHABLE(std::string(op_name(attention.op)) + " has no attention_lse");
+  }
+}
+
+namespace {
+
+bool is_forward_attention(Op op) { return op == Op::attention || op == Op::masked_attention || op == Op::flex_attention; }
+
+}  // namespace
+
 Graph place_attention_lse(const Graph& g) {
   // The row statistics attention's backward asks for, by the forward node they belong to.
-  auto lse_of = [](Op op) { return op == Op::attention ? Op::attention_lse : Op::masked_attention_lse; };
-  auto operands = [](const Node& attention) {
-    std::vector<ValueId> qk = {attention.inputs[0], attention.inputs[1]};
-    if (attention.op == Op::masked_attention) qk.push_back(attention.inputs[3]);
-    return qk;
-  };
   std::vector<bool> wanted(g.size(), false);
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];
-    if (n.op != Op::attention && n.op != Op::masked_attention) continue;
+    if (!is_forward_attention(n.op)) continue;
+    const LseCall lse = lse_of(n);
     for (std::size_t j = i + 1; j < g.size(); ++j) {
       const Node& s = g.nodes()[j];
-      if (s.op == lse_of(n.op) && s.inputs == operands(n) && s.attrs == n.attrs) wanted[i] = true;
+      if (s.op == lse.op && s.inputs == lse.inputs && s.attrs == n.attrs && same_region(s.region.get(), n.region.get())) wanted[i] = true;
     }
   }
   std::size_t at = 0;  // rebuild visits the nodes in order
   return rebuild(g, [&](Graph& out, const Node& n, std::span<const ValueId> in) -> ValueId {
     if (!wanted[at++]) return -1;
-    ValueId y = out.add_like(n, std::vector<ValueId>(in.begin(), in.end()));
-    std::vector<ValueId> qk = {in[0], in[1]};
-    if (n.op == Op::masked_attention) qk.push_back(in[3]);
-    out.add(lse_of(n.op), qk, n.attrs);  // the original, copied later, is shared with this one
+    Node mapped = n;
+    mapped.inputs.assign(in.begin(), in.end());
+    const ValueId y = out.add_like(mapped, mapped.inputs);
+    const LseCall lse = lse_of(mapped);
+    out.add(lse.op, lse.inputs, n.attrs, n.region);  // the original, copied later, is shared with this one
     return y;
   });
 }

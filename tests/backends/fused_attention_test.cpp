@@ -62,6 +62,50 @@ TEST(FusedAttention, CpuBackwardKeepsAttentionFusedAndMemoryLinear) {
   EXPECT_LE(exe->planned_bytes(), 8 * n * 64 * 4);
 }
 
+/// Score modifiers the attention library writes (soft-capping, ALiBi with causality, a float bias
+/// and a boolean mask after soft-capping) run as fused flex attention on the cpu, forward and
+/// backward: no softmax left, linear memory at N = 2048, and the reference's
+/// numbers (forward and the gradients of q, k, v and a trained bias).
+TEST(FusedAttention, CpuFlexModifiersRunFusedForwardAndBackward) {
+  auto q = input<"q">(dim<1>, dim<4>, dim<"N">, dim<64>);
+  auto k = input<"k">(dim<1>, dim<4>, dim<"N">, dim<64>);
+  auto v = input<"v">(dim<1>, dim<4>, dim<"N">, dim<64>);
+  auto mask = input<"mask", DType::boolean>(dim<"N">, dim<"N">);
+  auto bias = input<"bias">(dim<4>, dim<1>, dim<"N">);
+  const std::vector<std::pair<std::string, ir::Graph>> models = {
+      {"softcap", lower(named<"out">(scaled_dot_product_attention(q, k, v, softcap_scores(2.0))))},
+      {"alibi causal", lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right, alibi_bias<4>(k))))},
+      {"bias", lower(named<"out">(scaled_dot_product_attention(q, k, v, bias)))},
+      {"mask after softcap", lower(named<"out">(scaled_dot_product_attention(q, k, v, mask, softcap_scores(3.0))))}};
+  auto cpu = backend::create("cpu");
+  for (const auto& [name, forward] : models) {
+    std::vector<std::string> wrt = {"q", "k", "v"};
+    if (name == "bias") wrt.push_back("bias");
+    ir::Graph g = ir::build_backward(forward, {"", wrt, {"out"}});
+    auto exe = cpu->compile(g);
+    int flex = 0, grads = 0;
+    for (std::size_t i = 0; i < exe->graph().size(); ++i) {
+      const ir::Node& n = exe->graph().nodes()[i];
+      EXPECT_NE(n.op, ir::Op::softmax) << name;
+      flex += n.op == ir::Op::flex_attention;
+      grads += n.op == ir::Op::flex_attention_grad && n.attrs.wrt < 3;
+      if (n.op == ir::Op::flex_attention) {
+        EXPECT_NE(cpu->kernel_name(exe->graph(), static_cast<ir::ValueId>(i)).find("fused flex attention (online softmax), mod = "), std::string::npos);
+      }
+    }
+    EXPECT_EQ(flex, 1) << name << "\n" << ir::print(exe->graph());
+    EXPECT_EQ(grads, 3) << name << "\n" << ir::print(exe->graph());
+    testing::expect_equivalent(g, backend::random_inputs(g, {{"N", 37}}, 5), "cpu");
+    if (name == "bias") continue;  // a trained bias's gradient is score-sized before its sum
+    const std::int64_t n = 2048;
+    exe->run(backend::random_inputs(g, {{"N", n}}, 3));
+    // Per head: output, lse, delta, three gradients, dy * y (N x 64 each); a mask is N x N bytes
+    // widened to floats (an input, 16 MiB here); the scores would be 64 MiB.
+    const std::int64_t inputs = name == "mask after softcap" ? n * n * 4 : 0;
+    EXPECT_LE(exe->planned_bytes(), inputs + 4 * 8 * n * 64 * 4) << name;
+  }
+}
+
 /// With a batch entry per thread or more, the cpu backend computes dq, dk and dv in one kernel
 /// (one pass over the scores); with fewer, one kernel each (B = 1 here on machines with more than
 /// two threads; the registry sweep of attention_grad runs the separate kernels everywhere).

@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 
 #include "dsl/dsl.hpp"
+#include "ir/error.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
+#include "ir/region.hpp"
 #include "ir/verifier.hpp"
 
 namespace qkv {
@@ -37,6 +39,113 @@ TEST(FuseAttention, MaskAndCausalInEitherOrder) {
     EXPECT_EQ(count(f, ir::Op::masked_attention), 1) << ir::print(f);
     EXPECT_EQ(count(f, ir::Op::causal_mask), 0);
   }
+}
+
+/// The one flex_attention node of `g` (fused and without dead code), or a failure.
+std::string fused_modifier(const ir::Graph& g) {
+  ir::Graph f = ir::eliminate_dead_code(ir::fuse_attention(g));
+  ir::verify(f);
+  EXPECT_EQ(count(f, ir::Op::softmax), 0) << ir::print(f);
+  for (const auto& n : f.nodes())
+    if (n.op == ir::Op::flex_attention) return ir::region_expression(*n.region);
+  ADD_FAILURE() << "no flex_attention in\n" << ir::print(f);
+  return {};
+}
+
+TEST(FuseAttention, EveryLibraryModifierIsFusedAsARegion) {
+  auto q = input<"q">(dim<"B">, dim<4>, dim<"N">, dim<16>);
+  auto k = input<"k">(dim<"B">, dim<4>, dim<"M">, dim<16>);
+  auto bias = input<"bias">(dim<"N">, dim<"M">);
+  auto mask = input<"mask", DType::boolean>(dim<"N">, dim<"M">);
+  EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(q, k, k, softcap_scores(30)))), "tanh(score / 30) * 30");
+  EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(q, k, k, bias))), "score + t0");
+  // Soft-capping comes first whatever the order written; a boolean mask after it joins the region.
+  EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(q, k, k, mask, softcap_scores(5)))), "where(t0, tanh(score / 5) * 5, -inf)");
+  // ALiBi's [H, 1, M] bias is a tensor the region reads; causality stays the node's attribute.
+  ir::Graph alibi = ir::eliminate_dead_code(ir::fuse_attention(lower(scaled_dot_product_attention(q, k, k, causal_bottom_right, alibi_bias<4>(k)))));
+  EXPECT_EQ(count(alibi, ir::Op::flex_attention), 1) << ir::print(alibi);
+  EXPECT_NE(ir::print(alibi).find("causal=true, align=bottom_right"), std::string::npos) << ir::print(alibi);
+  EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(q, k, k, causal_bottom_right, alibi_bias<4>(k)))), "score + t0");
+  // Temperature and scale only change the scale: plain attention.
+  ir::Graph warm = ir::fuse_attention(lower(scaled_dot_product_attention(q, k, k, temperature(2.0))));
+  EXPECT_EQ(count(warm, ir::Op::attention), 1) << ir::print(warm);
+}
+
+TEST(FuseAttention, PositionsFromIotaBecomeTheQueryAndKeyIndices) {
+  // A relative-position bias slope * (j - i) written over an N x M grid: the grid is recomputed
+  // per score from the indices, not kept as a tensor.
+  auto q = input<"q">(dim<"N">, dim<8>);
+  auto slope = input<"slope">(dim<1>);
+  auto grid = matmul<false, true>(q, q);  // any [N, N] value: iota reads only its shape
+  auto rel = (iota<-1>(grid) - iota<-2>(grid)) * slope;
+  ir::Graph g = ir::eliminate_dead_code(ir::fuse_attention(lower(scaled_dot_product_attention(q, q, q, rel))));
+  int flex = 0;
+  for (const auto& n : g.nodes())
+    if (n.op == ir::Op::flex_attention) {
+      ++flex;
+      EXPECT_EQ(ir::region_expression(*n.region), "score + (kv_idx - q_idx) * t0");
+      EXPECT_EQ(n.inputs.size(), 4u);  // q, k, v and the slope
+    }
+  EXPECT_EQ(flex, 1) << ir::print(g);
+}
+
+TEST(FuseAttention, AModifierValueUsedElsewhereIsNotFused) {
+  // The capped scores are also an output: the chain must stay materialised.
+  auto q = input<"q">(dim<"N">, dim<4>);
+  auto capped = softcap(matmul<false, true>(q, q) * 0.5, 3.0);
+  ir::Graph g = ir::fuse_attention(lower(named<"out">(matmul(softmax<-1>(capped), q)), named<"capped">(capped)));
+  EXPECT_EQ(count(g, ir::Op::flex_attention), 0) << ir::print(g);
+  EXPECT_EQ(count(g, ir::Op::softmax), 1);
+}
+
+TEST(FuseAttention, FlexAttentionPrintsParsesAndRoundTrips) {
+  auto q = input<"q">(dim<"B">, dim<4>, dim<"N">, dim<16>);
+  auto mask = input<"mask", DType::boolean>(dim<"N">, dim<"N">);
+  ir::Graph g = ir::fuse_attention(lower(scaled_dot_product_attention(q, q, q, mask, softcap_scores(5), causal)));
+  const std::string text = ir::print(g);
+  EXPECT_NE(text.find("flex_attention("), std::string::npos) << text;
+  EXPECT_NE(text.find("    %0 = input \"score\" : f32[]"), std::string::npos) << text;
+  EXPECT_EQ(ir::print(ir::parse_graph(text)), text);
+  // Equal regions are shared like any node; a different one is not.
+  ir::Graph twice;
+  twice.copy_symbols(g);
+  std::vector<ir::ValueId> map;
+  for (const auto& n : g.nodes()) {
+    std::vector<ir::ValueId> ins;
+    for (ir::ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
+    map.push_back(twice.add_like(n, ins));
+  }
+  const ir::Node& flex = g.node(g.outputs()[0].second);
+  ASSERT_EQ(flex.op, ir::Op::flex_attention);
+  std::vector<ir::ValueId> ins;
+  for (ir::ValueId v : flex.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
+  auto copy = std::make_shared<const ir::Graph>(ir::parse_graph(ir::print(*flex.region)));
+  EXPECT_EQ(twice.add(ir::Op::flex_attention, ins, flex.attrs, copy), map.back());
+  ir::Graph other = ir::make_region(std::vector<DType>{DType::boolean});
+  other.set_output("mod", other.add(ir::Op::neg, {ir::kRegionScore}));
+  EXPECT_NE(twice.add(ir::Op::flex_attention, ins, flex.attrs, std::make_shared<const ir::Graph>(std::move(other))), map.back());
+}
+
+TEST(FuseAttention, BadRegionsAreRejectedByName) {
+  auto q = input<"q">(dim<"N">, dim<4>);
+  ir::Graph g = lower(named<"q">(q));
+  const ir::ValueId x = g.inputs()[0];
+  ir::Graph wrong = ir::make_region({});
+  wrong.set_output("mod", wrong.add(ir::Op::greater, {ir::kRegionScore, ir::kRegionQIdx}));  // bool, not f32
+  try {
+    g.add(ir::Op::flex_attention, {x, x, x}, {}, std::make_shared<const ir::Graph>(std::move(wrong)));
+    ADD_FAILURE() << "a boolean modifier was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("flex_attention: its modifier's result is not f32"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(g.add(ir::Op::flex_attention, {x, x, x}), Error);  // no region
+  ir::Graph plain = ir::make_region({});
+  plain.set_output("mod", ir::kRegionScore);
+  EXPECT_THROW(g.add(ir::Op::attention, {x, x, x}, {}, std::make_shared<const ir::Graph>(plain)), Error);  // not a flex op
+  // A region reading a tensor the node does not pass.
+  EXPECT_THROW(g.add(ir::Op::flex_attention, {x, x, x, x}, {}, std::make_shared<const ir::Graph>(plain)), Error);
+  EXPECT_THROW(ir::parse_graph("graph {\n  %0 = input \"q\" : f32[3,4]\n  %1 = flex_attention(%0, %0, %0) {value=1, causal=false, align=top_left} : f32[3,4]\n  return o=%1\n}\n"),
+               Error);
 }
 
 TEST(FuseAttention, ReturnedWeightsAreNotFusedAway) {

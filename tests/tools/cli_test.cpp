@@ -152,6 +152,12 @@ TEST_F(Cli, ExplainBenchVizTrain) {
   ASSERT_EQ(fused.status, 0) << fused.output;
   EXPECT_NE(fused.output.find("fused attention (online softmax)"), std::string::npos) << fused.output;
   EXPECT_NE(fused.output.find("score matrix: not materialised"), std::string::npos) << fused.output;
+  // A score modifier: flex attention, fused on the cpu, its modifier named.
+  Result capped = run("explain sdpa --set weights=false --set softcap=30 --set causal=true --dim N=64 --dim M=64 --grad");
+  ASSERT_EQ(capped.status, 0) << capped.output;
+  EXPECT_NE(capped.output.find("fused flex attention (online softmax), mod = tanh(score / 30) * 30"), std::string::npos) << capped.output;
+  EXPECT_NE(capped.output.find("score matrix: not materialised: fused flex attention"), std::string::npos) << capped.output;
+  EXPECT_EQ(capped.output.find(" softmax "), std::string::npos) << capped.output;  // no softmax node
   Result full = run("explain sdpa --backend reference");
   EXPECT_NE(full.output.find("score matrix: materialised"), std::string::npos) << full.output;
   Result bench = run("bench sdpa --backend reference,cpu --repeat 3");
@@ -203,10 +209,10 @@ TEST_F(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
   expect("run sdpa --in k=" + path("junk.npy"), "not a .npy file");
   expect("run sdpa --in q=" + path("q.npy") + " --in k=" + path("k.npy"), "dim D is 5, but input 'q' set it to 4");
   expect("run sdpa --in q=" + path("ids.npy"), "input 'q' must be f32, got int32");
-  expect("run sdpa --in nope=" + path("q.npy"), "sdpa (causal=false, mask=false, scale=auto, weights=true) has no input 'nope'");
+  expect("run sdpa --in nope=" + path("q.npy"), "sdpa (causal=false, mask=false, scale=auto, softcap=none, weights=true) has no input 'nope'");
   expect("run sdpa --in q", "--in expects NAME=VALUE, got 'q'");
   expect("run sdpa --out nope=" + path("o.npy"), "has no output 'nope' (outputs: out, weights)");
-  expect("run sdpa --set nope=1", "sdpa has no option 'nope' (options: causal, mask, scale, weights)");
+  expect("run sdpa --set nope=1", "sdpa has no option 'nope' (options: causal, mask, scale, softcap, weights)");
   expect("run sdpa --set causal=maybe", "option causal=maybe: expected true or false");
   expect("run mha --set embed=48", "mha is built for embed=32, got 48");
   expect("run nosuchmodel", "no model 'nosuchmodel' (models: sdpa, mha");
@@ -383,13 +389,13 @@ TEST_F(Cli, EveryBadInputIsOneLineAndExitTwo) {
     EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
   };
-  expect("run sdpa --dim n=4", "--dim n=4: sdpa (causal=false, mask=false, scale=auto, weights=true) has no dim 'n'");
+  expect("run sdpa --dim n=4", "--dim n=4: sdpa (causal=false, mask=false, scale=auto, softcap=none, weights=true) has no dim 'n'");
   expect("run sdpa --dim N=8abc", "--dim N=8abc: expected a size");
   expect("run sdpa --dim N=-1", "--dim N=-1: expected a size");
   expect("run sdpa --seed -1", "a seed is a whole number >= 0, got '-1'");
   expect("run sdpa --in q=" + dir_.string(), "is a folder, not a file");
   expect("run sdpa --in q=" + path("q.npy") + " --in q=" + path("q.npy"), "--in q is given twice");
-  expect("run sdpa --weights " + path("q.npy"), "sdpa (causal=false, mask=false, scale=auto, weights=true) has no weights");
+  expect("run sdpa --weights " + path("q.npy"), "sdpa (causal=false, mask=false, scale=auto, softcap=none, weights=true) has no weights");
   expect("run " + path("noreturn.qkv"), "no 'return' line");
   expect("run " + path("typo.qkv"), "line 3: %1 is written f32[3] but exp gives f32[2]");
   expect("run sdpa --in q=" + path("ids64.npy"), "input 'q' must be f32, got int64");

@@ -64,6 +64,7 @@ struct SdpaOptions {
   bool mask = false;
   std::optional<double> scale;  // none: 1/sqrt(D), resolved when D is bound
   bool weights = true;  // also output the weights (which keeps the score matrix)
+  std::optional<double> softcap;  // soft-cap the scores at this value (a score modifier)
 };
 ir::Graph sdpa(const SdpaOptions& options);
 

@@ -64,6 +64,7 @@ const std::vector<ModelSpec>& all_models() {
       {"sdpa", "scaled dot-product attention: softmax(q kT * scale [masked]) v",
        {{"causal", "false", "mask future keys"}, {"mask", "false", "a bool input mask [B, N, M] (true keeps a key)"},
         {"scale", "auto", "score scale (auto: 1/sqrt(D))"},
+        {"softcap", "none", "soft-cap the scores: c * tanh(s / c) (a score modifier, fused as flex attention)"},
         {"weights", "true", "also output the weights [B, N, M] (false lets backends fuse: no score matrix)"}},
        {"q", "k", "v", "mask"}, {{"B", 2}, {"N", 8}, {"M", 8}, {"D", 16}, {"Dv", 16}}, build_sdpa},
       {"mha", "torch.nn.MultiheadAttention(E, H, batch_first=True): query, key, value and torch's parameter names",

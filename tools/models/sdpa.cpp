@@ -19,23 +19,29 @@ ir::Graph build_with(bool weights, Opts... opts) {
 }
 
 template <class... Opts>
-ir::Graph build(std::optional<double> s, bool weights, Opts... opts) {
+ir::Graph build_scaled(std::optional<double> s, bool weights, Opts... opts) {
   return s ? build_with(weights, scale(*s), opts...) : build_with(weights, opts...);
+}
+
+template <class... Opts>
+ir::Graph build(const SdpaOptions& o, Opts... opts) {
+  return o.softcap ? build_scaled(o.scale, o.weights, softcap_scores(*o.softcap), opts...) : build_scaled(o.scale, o.weights, opts...);
 }
 }  // namespace
 
 ir::Graph sdpa(const SdpaOptions& o) {
   auto mask = input<"mask", DType::boolean>(dim<"B">, dim<"N">, dim<"M">);
-  if (o.causal && o.mask) return build(o.scale, o.weights, mask, causal);
-  if (o.causal) return build(o.scale, o.weights, causal);
-  if (o.mask) return build(o.scale, o.weights, mask);
-  return build(o.scale, o.weights);
+  if (o.causal && o.mask) return build(o, mask, causal);
+  if (o.causal) return build(o, causal);
+  if (o.mask) return build(o, mask);
+  return build(o);
 }
 
 ir::Graph build_sdpa(const Options& o, const Dims&) {
-  std::optional<double> scale;
+  std::optional<double> scale, softcap;
   if (o.text("scale") != "auto") scale = o.number("scale");
-  return sdpa({o.flag("causal"), o.flag("mask"), scale, o.flag("weights")});
+  if (o.text("softcap") != "none") softcap = o.number("softcap");
+  return sdpa({o.flag("causal"), o.flag("mask"), scale, o.flag("weights"), softcap});
 }
 
 ir::Graph sinusoidal_positions_graph() {

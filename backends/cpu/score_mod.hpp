@@ -1,0 +1,45 @@
+// Flex attention's score modifier on the CPU: the region (ir/region.hpp) interpreted over rows
+// of a score tile, one op at a time over the whole row so that each op is a vector loop.
+#pragma once
+
+#include <vector>
+
+#include "backends/cpu/kernels.hpp"
+#include "ir/graph.hpp"
+
+namespace qkv::backend::cpu {
+
+class ScoreModifier {
+ public:
+  /// `region` over `tensors` (its t0, t1, ... as f32, broadcasting to the scores
+  /// [batch..., N, M]). With `derivative`, apply_row also gives d mod / d score.
+  ScoreModifier(const ir::Graph& region, bool derivative, std::vector<ConstView> tensors, const ir::Shape& batch, std::int64_t n,
+                std::int64_t m);
+
+  /// Query i of batch entry b over keys [j0, j0 + cols): s[j] becomes mod(s[j], i, j0 + j, t...)
+  /// and, when built with its derivative, dmod[j] = d mod / d score there.
+  void apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod) const;
+
+  bool has_derivative() const { return dmod_ >= 0; }
+
+ private:
+  /// One node of the program: an input (loaded per row), a constant or an elementwise op on
+  /// earlier registers (one register per node).
+  struct Step {
+    ir::Op op;
+    int a = -1, b = -1, c = -1;  // operand registers
+    float value = 0;             // constants
+    int input = -1;              // inputs: which (ir::kRegionScore, ...)
+  };
+  struct Operand {
+    const float* data;
+    Strides batch;            // element strides over the batch dims
+    std::int64_t row, col;    // strides along the queries and the keys (0 where broadcast)
+  };
+  std::vector<Step> steps_;
+  std::vector<Operand> tensors_;
+  ir::Shape batch_;
+  int mod_ = -1, dmod_ = -1;  // result registers
+};
+
+}  // namespace qkv::backend::cpu

@@ -1,0 +1,233 @@
+// Score modifier regions: construction, checks, inlining, forward-mode derivatives, printing.
+#include "ir/region.hpp"
+
+#include <functional>
+#include <optional>
+
+#include "ir/error.hpp"
+#include "ir/printer.hpp"
+#include "ir/verifier.hpp"
+
+namespace qkv::ir {
+
+namespace {
+
+std::string input_name(int i) {
+  static constexpr std::string_view fixed[kRegionFixedInputs] = {"score", "q_idx", "kv_idx"};
+  return i < kRegionFixedInputs ? std::string(fixed[i]) : "t" + std::to_string(i - kRegionFixedInputs);
+}
+
+bool region_op(Op op) {
+  const OpCategory c = op_info(op).category;
+  return c == OpCategory::unary || c == OpCategory::binary || c == OpCategory::select || c == OpCategory::compare;
+}
+
+}  // namespace
+
+Graph make_region(std::span<const DType> tensors) {
+  Graph r;
+  for (int i = 0; i < kRegionFixedInputs; ++i) r.add_input(input_name(i), DType::f32, {});
+  for (std::size_t i = 0; i < tensors.size(); ++i) r.add_input(input_name(kRegionFixedInputs + static_cast<int>(i)), tensors[i], {});
+  return r;
+}
+
+std::string check_region(const Graph& r, std::span<const DType> tensors) {
+  const std::size_t inputs = kRegionFixedInputs + tensors.size();
+  if (r.size() < inputs) return "its modifier region declares " + std::to_string(r.size()) + " values, fewer than its " + std::to_string(inputs) + " inputs";
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    const Node& n = r.nodes()[i];
+    const std::string where = "modifier %" + std::to_string(i) + " (" + std::string(op_name(n.op)) + ")";
+    if (n.shape.rank != 0) return where + " is not a scalar";
+    if (i < inputs) {
+      const DType want = i < kRegionFixedInputs ? DType::f32 : tensors[i - kRegionFixedInputs];
+      if (n.op != Op::input || n.name != input_name(static_cast<int>(i)) || n.dtype != want)
+        return where + " should be input \"" + input_name(static_cast<int>(i)) + "\" of " + std::string(dtype_name(want)) +
+               " (the modifier's inputs are score, q_idx, kv_idx, then one per tensor operand)";
+    } else if (n.op == Op::input) {
+      return where + ": \"" + n.name + "\" is not one of the modifier's inputs";
+    } else if (n.op == Op::constant) {
+      if (n.attrs.rsqrt_of != 0) return where + " depends on a dim";
+    } else if (!region_op(n.op)) {
+      return where + " is not elementwise";
+    }
+  }
+  if (r.outputs().size() != 1 || r.outputs()[0].first != "mod") return "its modifier region must return one value named mod";
+  if (!r.updates().empty()) return "its modifier region updates inputs";
+  if (r.node(r.outputs()[0].second).dtype != DType::f32) return "its modifier's result is not f32";
+  try {
+    verify(r);
+  } catch (const Error& e) {
+    return std::string("its modifier region is not valid IR: ") + e.what();
+  }
+  return {};
+}
+
+std::size_t region_tensors(const Graph& r) {
+  std::size_t n = 0;
+  for (const Node& node : r.nodes()) n += node.op == Op::input;
+  return n - kRegionFixedInputs;
+}
+
+bool same_region(const Graph* a, const Graph* b) {
+  if (a == b) return true;
+  if (!a || !b || a->size() != b->size() || a->outputs() != b->outputs()) return false;
+  for (std::size_t i = 0; i < a->size(); ++i) {
+    const Node& x = a->nodes()[i];
+    const Node& y = b->nodes()[i];
+    if (x.op != y.op || x.inputs != y.inputs || !(x.attrs == y.attrs) || x.dtype != y.dtype || x.name != y.name) return false;
+  }
+  return true;
+}
+
+std::size_t region_hash(const Graph* r) {
+  if (!r) return 0;
+  std::size_t h = r->size();
+  for (const Node& n : r->nodes()) h = h * 1000003u ^ node_hash(n.op, n.inputs, n.attrs);
+  for (const auto& [name, v] : r->outputs()) h = h * 1000003u ^ static_cast<std::size_t>(v);
+  return h;
+}
+
+ValueId inline_region(Graph& g, const Graph& r, ValueId score, std::span<const ValueId> tensors) {
+  const Shape scores = g.node(score).shape;  // a copy: adding nodes never moves them, but be plain
+  std::vector<ValueId> map(r.size(), -1);
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    const Node& n = r.nodes()[i];
+    if (n.op == Op::input) {
+      Attrs axis;
+      if (i == kRegionScore) map[i] = score;
+      else if (i == kRegionQIdx || i == kRegionKvIdx) {
+        axis.axis = scores.rank - (i == kRegionQIdx ? 2 : 1);
+        map[i] = g.add(Op::iota, {score}, axis);
+      } else {
+        map[i] = tensors[i - kRegionFixedInputs];
+      }
+      continue;
+    }
+    std::vector<ValueId> ins;
+    for (ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
+    map[i] = g.add(n.op, std::move(ins), n.attrs);
+  }
+  ValueId mod = map[static_cast<std::size_t>(r.outputs()[0].second)];
+  if (!(g.node(mod).shape == scores)) mod = g.add(Op::broadcast_to, {mod}, shape_attrs(scores));
+  return mod;
+}
+
+Graph differentiate_region(const Graph& r, int wrt, bool keep_primal) {
+  Graph d;
+  std::vector<ValueId> map(r.size(), -1);
+  std::vector<std::optional<ValueId>> tangent(r.size());  // nullopt: structurally zero
+  // The inputs first, in their places, then the seed dwrt/dwrt = 1.
+  for (std::size_t i = 0; i < r.size(); ++i)
+    if (r.nodes()[i].op == Op::input) map[i] = d.add_like(r.nodes()[i], {});
+  tangent[static_cast<std::size_t>(wrt)] = d.constant(1.0);
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    const Node& n = r.nodes()[i];
+    if (n.op == Op::input) continue;
+    std::vector<ValueId> in;
+    for (ValueId v : n.inputs) in.push_back(map[static_cast<std::size_t>(v)]);
+    const ValueId y = map[i] = d.add_like(n, in);
+    auto t = [&](int k) { return tangent[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
+    auto mul = [&](ValueId a, ValueId b) { return d.add(Op::mul, {a, b}); };
+    auto zero = [&] { return d.constant(0.0); };
+    std::optional<ValueId> da = n.inputs.empty() ? std::nullopt : t(0);
+    std::optional<ValueId> out;
+    switch (n.op) {
+      // Inputs are handled above; constants, comparisons and casts are piecewise constant.
+      case Op::input:
+      case Op::constant:
+      case Op::equal:
+      case Op::greater:
+      case Op::cast: break;
+      // d(-a) = -da;  d e^a = e^a da;  d log a = da / a;  d sqrt a = da / (2 sqrt a)
+      case Op::neg: if (da) out = d.add(Op::neg, {*da}); break;
+      case Op::exp: if (da) out = mul(*da, y); break;
+      case Op::log: if (da) out = d.add(Op::div, {*da, in[0]}); break;
+      case Op::sqrt: if (da) out = d.add(Op::div, {mul(*da, d.constant(0.5)), y}); break;
+      // d tanh a = (1 - tanh^2 a) da;  d erf a = 2/sqrt(pi) e^(-a^2) da
+      case Op::tanh: if (da) out = mul(*da, d.add(Op::sub, {d.constant(1.0), mul(y, y)})); break;
+      case Op::erf:
+        if (da) out = mul(*da, mul(d.add(Op::exp, {d.add(Op::neg, {mul(in[0], in[0])})}), d.constant(1.1283791670955126)));
+        break;
+      // d sin a = cos a da;  d cos a = -sin a da
+      case Op::sin: if (da) out = mul(*da, d.add(Op::cos, {in[0]})); break;
+      case Op::cos: if (da) out = d.add(Op::neg, {mul(*da, d.add(Op::sin, {in[0]}))}); break;
+      // d(a ± b) = da ± db;  d(a b) = da b + a db;  d(a / b) = (da - y db) / b
+      case Op::add:
+      case Op::sub: {
+        std::optional<ValueId> db = t(1);
+        if (da && db) out = d.add(n.op, {*da, *db});
+        else if (da) out = da;
+        else if (db) out = n.op == Op::add ? *db : d.add(Op::neg, {*db});
+        break;
+      }
+      case Op::mul: {
+        std::optional<ValueId> db = t(1);
+        if (da) out = mul(*da, in[1]);
+        if (db) out = out ? d.add(Op::add, {*out, mul(in[0], *db)}) : mul(in[0], *db);
+        break;
+      }
+      case Op::div: {
+        std::optional<ValueId> db = t(1);
+        if (da || db) {
+          ValueId num = da ? *da : zero();
+          if (db) num = d.add(Op::sub, {num, mul(y, *db)});
+          out = d.add(Op::div, {num, in[1]});
+        }
+        break;
+      }
+      // max(a, b) follows a where a >= b (autodiff's rule);  where(c, a, b) selects the tangent
+      case Op::max: {
+        std::optional<ValueId> db = t(1);
+        if (da || db) out = d.add(Op::where, {d.add(Op::greater, {in[1], in[0]}), db ? *db : zero(), da ? *da : zero()});
+        break;
+      }
+      case Op::where: {
+        std::optional<ValueId> ta = t(1), tb = t(2);
+        if (ta || tb) out = d.add(Op::where, {in[0], ta ? *ta : zero(), tb ? *tb : zero()});
+        break;
+      }
+      default: QKV_UNREACHABLE(std::string(op_name(n.op)) + " in a score modifier");
+    }
+    tangent[i] = out;
+  }
+  const std::optional<ValueId> result = tangent[static_cast<std::size_t>(r.outputs()[0].second)];
+  d.set_output("mod", result ? *result : d.constant(0.0));
+  if (keep_primal) d.set_output("primal", map[static_cast<std::size_t>(r.outputs()[0].second)]);
+  return d;
+}
+
+bool region_reads(const Graph& r, int input) {
+  std::vector<bool> reads(r.size(), false);
+  reads[static_cast<std::size_t>(input)] = true;
+  for (std::size_t i = 0; i < r.size(); ++i)
+    for (ValueId v : r.nodes()[i].inputs) reads[i] = reads[i] || reads[static_cast<std::size_t>(v)];
+  return reads[static_cast<std::size_t>(r.outputs()[0].second)];
+}
+
+std::string region_expression(const Graph& r) {
+  // Precedence: 0 a sum, 1 a product, 2 an atom; operands print parenthesised when looser.
+  std::function<std::pair<std::string, int>(ValueId)> expr = [&](ValueId v) -> std::pair<std::string, int> {
+    const Node& n = r.node(v);
+    auto at = [&](int k, int need) {
+      auto [s, p] = expr(n.inputs[static_cast<std::size_t>(k)]);
+      return p < need ? "(" + s + ")" : s;
+    };
+    switch (n.op) {
+      case Op::input: return {n.name, 2};
+      case Op::constant: return {format_number(n.attrs.value), n.attrs.value < 0 ? 0 : 2};
+      case Op::add: return {at(0, 0) + " + " + at(1, 1), 0};
+      case Op::sub: return {at(0, 0) + " - " + at(1, 1), 0};
+      case Op::mul: return {at(0, 1) + " * " + at(1, 2), 1};
+      case Op::div: return {at(0, 1) + " / " + at(1, 2), 1};
+      case Op::neg: return {"-" + at(0, 2), 1};
+      case Op::equal: return {at(0, 0) + " == " + at(1, 0), -1};
+      case Op::greater: return {at(0, 0) + " > " + at(1, 0), -1};
+      case Op::where: return {"where(" + expr(n.inputs[0]).first + ", " + expr(n.inputs[1]).first + ", " + expr(n.inputs[2]).first + ")", 2};
+      case Op::max: return {"max(" + expr(n.inputs[0]).first + ", " + expr(n.inputs[1]).first + ")", 2};
+      default: return {std::string(op_name(n.op)) + "(" + expr(n.inputs[0]).first + ")", 2};
+    }
+  };
+  return expr(r.outputs()[0].second).first;
+}
+
+}  // namespace qkv::ir

@@ -1,0 +1,56 @@
+// Score modifiers: the region a flex attention node carries, a small graph over one score.
+//
+// A region is an ir::Graph of rank-0 values. Its inputs are, in order, "score" (the scaled
+// score q·k * scale), "q_idx" and "kv_idx" (the query's and the key's index along the scores'
+// last two axes, as f32), then one "t<i>" per tensor operand of the node (the element of operand
+// fixed_operands(op) + i that broadcasts to that score). Its other nodes are elementwise ops and
+// rank-0 constants; its one output, "mod", is the modified score (f32; -inf drops the key).
+// Every backend reads the same region: `reference` inlines it into the decomposition, `cpu`
+// interprets it on score tiles, `vulkan` emits it as GLSL.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "ir/graph.hpp"
+
+namespace qkv::ir {
+
+/// The fixed inputs of every region, before its tensors.
+inline constexpr int kRegionScore = 0, kRegionQIdx = 1, kRegionKvIdx = 2, kRegionFixedInputs = 3;
+
+/// A region with its inputs declared and nothing else: score, q_idx, kv_idx, then "t<i>" of
+/// dtype tensors[i]. Add nodes and set_output("mod", ...) to finish it.
+Graph make_region(std::span<const DType> tensors);
+
+/// Why `r` is not a region over tensors of dtypes `tensors`, or empty when it is one.
+std::string check_region(const Graph& r, std::span<const DType> tensors);
+
+/// The number of tensor inputs of a well-formed region.
+std::size_t region_tensors(const Graph& r);
+
+/// Structural equality (node by node, outputs included) and a hash agreeing with it; null
+/// regions are equal to each other only.
+bool same_region(const Graph* a, const Graph* b);
+std::size_t region_hash(const Graph* r);
+
+/// Appends `r`'s computation to `g` over whole tensors: score is `score` ([..,N,M]), q_idx and
+/// kv_idx are iotas over its last two axes, t<i> is tensors[i] (broadcasting). Returns the
+/// modified scores, of score's shape.
+ValueId inline_region(Graph& g, const Graph& r, ValueId score, std::span<const ValueId> tensors);
+
+/// The derivative of r's result with respect to its input `wrt` (kRegionScore, or
+/// kRegionFixedInputs + i for tensor i), as a region over the same inputs (forward mode:
+/// tangents of comparisons, casts and constants are zero). With `keep_primal`, a second output
+/// "primal" is r's own result (what a kernel evaluating both at once reads).
+Graph differentiate_region(const Graph& r, int wrt, bool keep_primal = false);
+
+/// Whether the result depends on input `input` at all.
+bool region_reads(const Graph& r, int input);
+
+/// The modifier as one infix expression over its inputs' names, e.g.
+/// "tanh(score / 30) * 30 + t0": how explain, dot and dump name it.
+std::string region_expression(const Graph& r);
+
+}  // namespace qkv::ir
