@@ -155,9 +155,9 @@ class Parser {
   }
   /// A nested graph (a flex attention node's score modifier) from the current position.
   std::shared_ptr<const Graph> region() {
-    if (++depth_ > 1) fail("a score modifier cannot hold another");
+    if (nested_) fail("a score modifier cannot hold another");
     Parser nested(text_, pos_);
-    nested.depth_ = depth_;
+    nested.nested_ = true;
     nested.parse_body();
     pos_ = nested.pos_;
     return std::make_shared<const Graph>(std::move(nested.g_));
@@ -421,7 +421,7 @@ class Parser {
     } while (accept(','));
   }
   bool seen_return_ = false;
-  int depth_ = 0;
+  bool nested_ = false;  // parsing a region
 
   std::string_view text_;
   std::size_t pos_ = 0;

@@ -126,6 +126,17 @@ TEST(FuseAttention, FlexAttentionPrintsParsesAndRoundTrips) {
   EXPECT_NE(twice.add(ir::Op::flex_attention, ins, flex.attrs, std::make_shared<const ir::Graph>(std::move(other))), map.back());
 }
 
+TEST(FuseAttention, ABackwardGraphWithManyRegionsRoundTrips) {
+  // The forward, its lse and three gradients each carry the modifier.
+  auto q = input<"q">(dim<"N">, dim<8>);
+  ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, q, q, softcap_scores(4.0), causal)));
+  const std::string text = ir::print(ir::build_backward(forward, {"", {"q"}, {"out"}}));
+  std::size_t regions = 0;
+  for (std::size_t at = text.find("input \"score\""); at != std::string::npos; at = text.find("input \"score\"", at + 1)) ++regions;
+  EXPECT_EQ(regions, 5u) << text;
+  EXPECT_EQ(ir::print(ir::parse_graph(text)), text);
+}
+
 TEST(FuseAttention, BadRegionsAreRejectedByName) {
   auto q = input<"q">(dim<"N">, dim<4>);
   ir::Graph g = lower(named<"q">(q));
