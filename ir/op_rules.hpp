@@ -282,39 +282,35 @@ constexpr ShapeResult attention_grad(std::span<const Operand> in, const Attrs& a
 }
 
 /// The modifier tensors of a flex attention op, operands `first` on, each broadcasting to the
-/// scores' shape `scores`.
-constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t first, const Shape& scores) {
+/// scores q kT (operands 0 and 1): the scores' shape when they do.
+constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t first) {
+  ir::Attrs tb;
+  tb.transpose_b = true;
+  const ShapeResult scores = matmul(in.first(2), tb);
+  if (!scores.ok()) return scores;
   for (std::size_t i = first; i < in.size(); ++i) {
-    const Operand sm[2] = {{scores, DType::f32}, in[i]};
+    const Operand sm[2] = {{scores.shape, DType::f32}, in[i]};
     ShapeResult b = broadcast(sm);
     if (!b.ok()) {
       b.operand = static_cast<int>(i);
       return b;
     }
-    if (!(b.shape == scores)) return fail(ShapeErr::not_broadcast_target, b.shape.rank, scores.rank, static_cast<int>(i));
+    if (!(b.shape == scores.shape)) return fail(ShapeErr::not_broadcast_target, b.shape.rank, scores.shape.rank, static_cast<int>(i));
   }
-  return {scores, DType::f32};
+  return {scores.shape, DType::f32};
 }
 
 /// flex_attention(q, k, v, t...): attention's shape; each t broadcasts to the scores.
 constexpr ShapeResult flex_attention(std::span<const Operand> in) {
-  ShapeResult y = attention(in.first(3));
-  if (!y.ok()) return y;
-  ir::Attrs tb;
-  tb.transpose_b = true;
-  ShapeResult scores = matmul(in.first(2), tb);
-  ShapeResult t = modifier_tensors(in, 3, scores.shape);
+  const ShapeResult y = attention(in.first(3));
+  const ShapeResult t = y.ok() ? modifier_tensors(in, 3) : y;
   return t.ok() ? y : t;
 }
 
 /// flex_attention_lse(q, k, t...): the scores' shape with one column.
 constexpr ShapeResult flex_attention_lse(std::span<const Operand> in) {
-  ShapeResult r = attention_lse(in.first(2));
-  if (!r.ok()) return r;
-  ir::Attrs tb;
-  tb.transpose_b = true;
-  ShapeResult scores = matmul(in.first(2), tb);
-  ShapeResult t = modifier_tensors(in, 2, scores.shape);
+  const ShapeResult r = attention_lse(in.first(2));
+  const ShapeResult t = r.ok() ? modifier_tensors(in, 2) : r;
   return t.ok() ? r : t;
 }
 
@@ -325,14 +321,10 @@ constexpr ShapeResult flex_attention_grad(std::span<const Operand> in, const Att
   if (a.wrt < 0 || a.wrt >= 3 + tensors) return fail(ShapeErr::bad_range, a.wrt, 2 + tensors);
   Attrs fixed = a;
   if (a.wrt >= 3) fixed.wrt = 0;
-  ShapeResult r = attention_grad(in.first(6), fixed);
-  if (!r.ok()) return r;
-  ir::Attrs tb;
-  tb.transpose_b = true;
-  ShapeResult scores = matmul(in.first(2), tb);
-  ShapeResult t = modifier_tensors(in, 6, scores.shape);
+  const ShapeResult r = attention_grad(in.first(6), fixed);
+  const ShapeResult t = r.ok() ? modifier_tensors(in, 6) : r;
   if (!t.ok()) return t;
-  return a.wrt >= 3 ? scores : r;
+  return a.wrt >= 3 ? t : r;
 }
 
 constexpr ShapeResult cast(const Operand& x, const Attrs& a) {

@@ -196,14 +196,6 @@ Graph differentiate_region(const Graph& r, int wrt, bool keep_primal) {
   return d;
 }
 
-bool region_reads(const Graph& r, int input) {
-  std::vector<bool> reads(r.size(), false);
-  reads[static_cast<std::size_t>(input)] = true;
-  for (std::size_t i = 0; i < r.size(); ++i)
-    for (ValueId v : r.nodes()[i].inputs) reads[i] = reads[i] || reads[static_cast<std::size_t>(v)];
-  return reads[static_cast<std::size_t>(r.outputs()[0].second)];
-}
-
 std::string region_expression(const Graph& r) {
   // Precedence: 0 a sum, 1 a product, 2 an atom; operands print parenthesised when looser.
   std::function<std::pair<std::string, int>(ValueId)> expr = [&](ValueId v) -> std::pair<std::string, int> {

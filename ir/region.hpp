@@ -46,9 +46,6 @@ ValueId inline_region(Graph& g, const Graph& r, ValueId score, std::span<const V
 /// "primal" is r's own result (what a kernel evaluating both at once reads).
 Graph differentiate_region(const Graph& r, int wrt, bool keep_primal = false);
 
-/// Whether the result depends on input `input` at all.
-bool region_reads(const Graph& r, int input);
-
 /// The modifier as one infix expression over its inputs' names, e.g.
 /// "tanh(score / 30) * 30 + t0": how explain, dot and dump name it.
 std::string region_expression(const Graph& r);
