@@ -13,6 +13,13 @@
 // gradients recompute p = exp(s - lse) per tile from the forward's saved lse
 // (FlashAttention-2), so nothing of size N x M is stored.
 //
+// Flex attention's score modifier (ir/region.hpp) is emitted as a GLSL function of the scaled
+// score and its query and key indices, `score_mod`, called where each score is formed; the
+// tensors it reads are bound after the fixed operands and addressed per batch entry from which
+// of the scores' dims they span (specialization constants, so one shader serves every length).
+// dq and dk evaluate the modifier's forward-mode derivative with it (`score_mod_d`) and multiply
+// ds by d mod / d score, as the cpu and the decomposition do.
+//
 // Masked scores follow the decomposition exactly: a masked p is 0, and 0 * inf or 0 * NaN in
 // the products that follow is NaN. Causal and sliding-window tiles that are wholly masked are
 // skipped only after the workgroup has checked that the values they would have multiplied by
@@ -21,10 +28,12 @@
 
 #include <algorithm>
 #include <bit>
+#include <optional>
 
 #include "codegen/glsl_detail.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::codegen::detail {
 
@@ -62,9 +71,11 @@ Geometry geometry(const Target& t, Kind kind) {
 Kind kind_of(const Node& n) {
   switch (n.op) {
     case Op::attention:
-    case Op::masked_attention: return Kind::forward;
+    case Op::masked_attention:
+    case Op::flex_attention: return Kind::forward;
     case Op::attention_lse:
-    case Op::masked_attention_lse: return Kind::lse;
+    case Op::masked_attention_lse:
+    case Op::flex_attention_lse: return Kind::lse;
     default: return n.attrs.wrt == 0 ? Kind::dq : n.attrs.wrt == 1 ? Kind::dk : Kind::dv;
   }
 }
@@ -72,6 +83,12 @@ Kind kind_of(const Node& n) {
 bool masked(const Node& n) {
   return n.op == Op::masked_attention || n.op == Op::masked_attention_lse || n.op == Op::masked_attention_grad;
 }
+
+/// A flex node's tensor operands (those its score modifier reads), after its fixed operands.
+std::size_t modifier_tensors(const Node& n) { return ir::is_flex_attention(n.op) ? n.inputs.size() - ir::fixed_operands(n.op) : 0; }
+
+/// The first specialization constant of the modifier's tensors: tensor i's dims are constant 5 + i.
+constexpr int kFirstTensorConstant = 5;
 
 /// The output's batch dims are the operands' broadcast batch dims, for every kind.
 int batch_rank(const Node& n) { return n.shape.rank - 2; }
@@ -157,7 +174,12 @@ std::string fill(std::string text, std::vector<std::pair<std::string, std::strin
 
 }  // namespace
 
-bool attention_fits(const Node& n) { return batch_rank(n) <= kMaxBatchRank; }
+bool attention_fits(const Node& n) {
+  // The modifier's tensor gradients are score-shaped (they are summed over broadcast dims after):
+  // the decomposition computes those.
+  if (n.op == Op::flex_attention_grad && n.attrs.wrt > 2) return false;
+  return batch_rank(n) <= kMaxBatchRank;
+}
 
 int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n); }
 
@@ -173,6 +195,8 @@ KernelSource attention_source(const Node& n) {
                                     : kind == Kind::lse   ? std::vector<std::string>{"Q", "K"}
                                                           : std::vector<std::string>{"Q", "K", "V", "DY", "LSE", "DELTA"};
   if (mask) arrays.emplace_back("KEEP");
+  const std::size_t tensors = modifier_tensors(n);
+  for (std::size_t i = 0; i < tensors; ++i) arrays.push_back("T" + str(static_cast<std::int64_t>(i)));
   std::string bindings;
   for (std::size_t i = 0; i < arrays.size(); ++i)
     bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(i)) + ") readonly buffer B" + arrays[i] + " { float " + arrays[i] + "[]; };\n";
@@ -193,6 +217,42 @@ KernelSource attention_source(const Node& n) {
                     {{"AT", o.at}, {"A", o.array}, {"W", o.real_width}});
   }
 
+  // The score modifier: a function of the scaled score and its indices, reading the tensors T<i>
+  // at offsets set per batch entry from which of the scores' dims each spans (a specialization
+  // constant: the sizes come from the push constants). dq and dk also need its derivative.
+  const bool with_derivative = kind == Kind::dq || kind == Kind::dk;
+  std::optional<ir::Graph> modifier;
+  std::string specs, tensor_globals, modifier_text, tensor_at, tensor_strides;
+  if (n.region) {
+    modifier = with_derivative ? ir::differentiate_region(*n.region, ir::kRegionScore, true) : *n.region;
+    for (std::size_t i = 0; i < tensors; ++i) {
+      const std::string t = str(static_cast<std::int64_t>(i));
+      specs += "layout(constant_id = " + str(kFirstTensorConstant + static_cast<std::int64_t>(i)) + ") const uint T" + t +
+               "_DIMS = 0u;  // the scores' dims t" + t + " spans (bit d: dim d)\n";
+      tensor_globals += "uint t" + t + "_at, t" + t + "_row, t" + t + "_col;  // t" + t + "'s offset and query, key strides\n";
+      tensor_at += "    t" + t + "_at += idx * tensor_stride(T" + t + "_DIMS, d);\n";
+      tensor_strides += "  t" + t + "_row = tensor_stride(T" + t + "_DIMS, R);\n  t" + t + "_col = tensor_stride(T" + t + "_DIMS, R + 1);\n";
+    }
+    if (tensors > 0)
+      modifier_text += R"(uint score_dim(int d) { return d < R ? pc.p[9 + d] : d == R ? N : M; }
+// A tensor's element stride along the scores' dim d: 0 where it broadcasts, else the product of
+// the later dims it spans.
+uint tensor_stride(uint dims, int d) {
+  if (((dims >> uint(d)) & 1u) == 0u) return 0u;
+  uint st = 1u;
+  for (int e = d + 1; e < R + 2; ++e)
+    if (((dims >> uint(e)) & 1u) != 0u) st *= score_dim(e);
+  return st;
+}
+)";
+    modifier_text += "// The score modifier, mod = " + ir::region_expression(*n.region) +
+                     (with_derivative ? ", and its derivative d mod / d score: vec2(mod, d mod).\n" : ".\n") +
+                     region_function(*modifier, with_derivative ? "score_mod_d" : "score_mod",
+                                     with_derivative ? std::vector<std::string>{"primal", "mod"} : std::vector<std::string>{"mod"});
+  }
+  std::string tensor_zero;  // t<i>_at accumulates over the batch dims
+  for (std::size_t i = 0; i < tensors; ++i) tensor_zero += " t" + str(static_cast<std::int64_t>(i)) + "_at = 0u;";
+
   std::string s = fill(R"(#version 450
 #extension GL_EXT_control_flow_attributes : require
 // Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
@@ -205,7 +265,7 @@ layout(constant_id = 0) const uint D4 = 1u;   // q and k's head dim in vec4s (ro
 layout(constant_id = 1) const uint DV4 = 1u;  // v's head dim in vec4s
 layout(constant_id = 2) const uint BC = 1u;   // streamed rows per shared tile
 layout(constant_id = 4) const uint RPT = 1u;  // rows per invocation, chosen per device
-const uint INV = gl_WorkGroupSize.x, BR = INV * RPT;
+$SPECSconst uint INV = gl_WorkGroupSize.x, BR = INV * RPT;
 const int R = $R;
 $BINDINGSlayout(push_constant) uniform Params { uint p[$WORDS]; } pc;
 
@@ -216,13 +276,13 @@ float scale;
 int shift, window;
 uint q_at, k_at, v_at, mask_at, dy_at, stat_at;  // this batch entry's first element in each operand
 uint r0, lid;
-
+$TGLOBALS
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
 float qkv_max(float a, float b) { return (isnan(a) || a > b) ? a : b; }  // NaN wins, as max does
 bool finite(float x) { return !isnan(x) && !isinf(x); }
 float sum4(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 uint own(uint t) { return r0 + t * INV + lid; }  // row t of this invocation
-$READERS
+$READERS$MODIFIER
 // Whether query i keeps key j: causality keeps j <= i + shift, a window only the last `window`.
 bool kept(uint i, uint j) {
   bool keep = true;
@@ -236,7 +296,7 @@ void main() {
   for (int d = 0; d < R; ++d) batches *= pc.p[9 + d];
   uint b = gl_WorkGroupID.y + gl_WorkGroupID.z * gl_NumWorkGroups.y;
   if (b >= batches) return;  // uniform: the whole workgroup
-  q_at = 0u; k_at = 0u; v_at = 0u; mask_at = 0u;
+  q_at = 0u; k_at = 0u; v_at = 0u; mask_at = 0u;$TENSORZERO
   uint rem = b;
   for (int d = R - 1; d >= 0; --d) {
     uint idx = rem % pc.p[9 + d];
@@ -245,22 +305,28 @@ void main() {
     k_at += idx * pc.p[9 + 2 * R + d];
     v_at += idx * pc.p[9 + 3 * R + d];
     mask_at += idx * pc.p[9 + 4 * R + d];
-  }
-  dy_at = b * N * DVR;
+$TENSORAT  }
+$TENSORSTRIDES  dy_at = b * N * DVR;
   stat_at = b * N;
   lid = gl_LocalInvocationIndex;
   r0 = gl_WorkGroupID.x * BR;
   uint rows = min(BR, $OWNCOUNT - min(r0, $OWNCOUNT));
   uint lo = 0u, hi = $OTHERCOUNT;  // the streamed rows visited
 )",
-                       {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "")},
+                       {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "") + (n.region ? ", with a score modifier" : "")},
                         {"ROWS", key_rows ? "keys" : "queries"},
                         {"OTHERS", key_rows ? "queries" : "keys"},
                         {"R", str(r)},
                         {"BINDINGS", bindings},
                         {"WORDS", str(kMaxPushWords)},
                         {"TILES", tiles},
-                        {"READERS", readers + (kind == Kind::lse ? kGlslLog : "")},
+                        {"READERS", readers + (n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? kGlslLog : "")},
+                        {"SPECS", specs},
+                        {"TGLOBALS", tensor_globals},
+                        {"MODIFIER", modifier_text},
+                        {"TENSORAT", tensor_at},
+                        {"TENSORSTRIDES", tensor_strides},
+                        {"TENSORZERO", tensor_zero},
                         {"KEPT", std::string(causal ? "  int limit = int(i) + shift;\n"
                                                       "  keep = int(j) <= limit && (window == 0 || int(j) > limit - window);\n"
                                                     : "") +
@@ -361,10 +427,18 @@ void main() {
   };
   // p = exp(s - lse), 0 where the score is masked (or -inf), for row t and tile row c.
   const std::string qi = key_rows ? "t0 + c" : "own(t)", kj = key_rows ? "own(t)" : "t0 + c";
+  // With a modifier, mod(s) takes the score's place and dq, dk multiply by d mod / d score; both
+  // are evaluated wherever the tile is visited, kept or not, as on the cpu.
+  const std::string modified = !n.region ? ""
+                               : with_derivative
+                                   ? "        float dmod = 0.0;\n"
+                                     "        if (own(t) < $OWNCOUNT) { vec2 md = score_mod_d(sc, $QI, $KJ); sc = md.x; dmod = md.y; }\n"
+                                   : "        if (own(t) < $OWNCOUNT) sc = score_mod(sc, $QI, $KJ);\n";
+  const std::vector<std::pair<std::string, std::string>> at_tile = {{"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}};
   const std::string prob = fill(R"(        float sc = sum4(s4[t]) * scale;
-        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;
+$MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;
 )",
-                                {{"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}, {"LSE", key_rows ? "lse_tile[c]" : "lse_r[t]"}});
+                                {{"MODIFIED", fill(modified, at_tile)}, {"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}, {"LSE", key_rows ? "lse_tile[c]" : "lse_r[t]"}});
   switch (kind) {
     case Kind::forward:
     case Kind::lse:
@@ -378,8 +452,9 @@ void main() {
            "        uint c = c0 + j;\n"
            "        if (c >= cols) break;\n" +
            indented(dots("s", "q", "k_tile", "D4"), "  ") +
-           "        [[unroll]] for (uint t = 0u; t < RPT; ++t)\n"
-           "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = sum4(s4[t]) * scale;\n"
+           "        [[unroll]] for (uint t = 0u; t < RPT; ++t)\n" +
+           (n.region ? "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = score_mod(sum4(s4[t]) * scale, own(t), t0 + c);\n"
+                     : "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = sum4(s4[t]) * scale;\n") +
            "      }\n"
            "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n"
            "        float m_new = qkv_max(m[t], qkv_max(qkv_max(sc[t].x, sc[t].y), qkv_max(sc[t].z, sc[t].w)));\n"
@@ -411,14 +486,14 @@ void main() {
            dots("dp", q_rows ? "dy" : "vr", q_rows ? "v_tile" : "dy_tile", "DV4") +
            "      float ds[RPT];\n"
            "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
-           fill("        ds[t] = pr * (sum4(dp4[t]) - $DELTA);\n"
+           fill("        ds[t] = pr * (sum4(dp4[t]) - $DELTA)$DMOD;\n"
                 "      }\n"
                 "      [[unroll]] for (uint g = 0u; g < D4; ++g) {\n"
                 "        vec4 x = $TILE[c * D4 + g];\n"
                 "        [[unroll]] for (uint t = 0u; t < RPT; ++t) acc[t * D4 + g] += ds[t] * x;\n"
                 "      }\n"
                 "    }\n",
-                {{"DELTA", q_rows ? "delta_r[t]" : "delta_tile[c]"}, {"TILE", q_rows ? "k_tile" : "q_tile"}});
+                {{"DELTA", q_rows ? "delta_r[t]" : "delta_tile[c]"}, {"DMOD", n.region ? " * dmod" : ""}, {"TILE", q_rows ? "k_tile" : "q_tile"}});
       break;
     }
     case Kind::dv:
@@ -461,7 +536,7 @@ void main() {
     case Kind::dv: s += store("acc", "DV4", "DVR", "M", "$REG[t * DV4 + g][e]"); break;
   }
   s += "}\n";
-  std::string name = "flash_attention_" + kind_name(kind) + (causal ? "_causal" : "") + (mask ? "_masked" : "") + "_b" + str(r);
+  std::string name = "flash_attention_" + kind_name(kind) + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") + "_b" + str(r);
   return {name, s, static_cast<int>(arrays.size()) + 1};
 }
 
@@ -517,6 +592,16 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
                            " bytes of shared memory for one row of keys");
   const Geometry geo = geometry(target, kind);
   l.specialization = {push_word(d4), push_word(dv4), push_word(bc), geo.invocations, geo.rows_per_invocation};
+  // The modifier's tensors: which of the scores' r + 2 dims each spans (constant 5 + i).
+  for (std::size_t i = ir::fixed_operands(n.op); i < n.inputs.size() && ir::is_flex_attention(n.op); ++i) {
+    const Shape& ts = in(i);
+    std::uint32_t dims = 0;
+    for (int dim = 0; dim < r + 2; ++dim) {
+      const int j = dim - (r + 2 - ts.rank);
+      if (j >= 0 && ts[j] != 1) dims |= 1u << dim;
+    }
+    l.specialization.push_back(dims);
+  }
 
   const std::int64_t rows = kind == Kind::dk || kind == Kind::dv ? mk : nq;
   const std::int64_t per_group = geo.invocations * geo.rows_per_invocation;  // BR

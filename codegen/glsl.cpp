@@ -2,12 +2,16 @@
 #include "codegen/glsl.hpp"
 
 #include <bit>
+#include <cctype>
+#include <cstdio>
 
 #include "codegen/attention_glsl.hpp"
 #include "codegen/glsl_detail.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
+#include "ir/printer.hpp"
 #include "ir/random.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::codegen {
 
@@ -196,6 +200,70 @@ std::array<std::uint32_t, 3> linear_groups(std::int64_t total) {
 
 using detail::push_word;
 
+/// `expr` with the operand names a, b, c (whole identifiers only) replaced by `values`.
+std::string substitute(const std::string& expr, const std::vector<std::string>& names, const std::vector<std::string>& values) {
+  std::string out;
+  auto ident = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; };
+  for (std::size_t i = 0; i < expr.size(); ++i) {
+    const bool alone = (i == 0 || !ident(expr[i - 1])) && (i + 1 == expr.size() || !ident(expr[i + 1]));
+    std::size_t k = 0;
+    while (k < names.size() && !(alone && names[k].size() == 1 && names[k][0] == expr[i])) ++k;
+    out += k < names.size() ? values[k] : std::string(1, expr[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string detail::math_helpers(const ir::Graph& region, bool log) {
+  bool uses_log = log, uses_tanh = false, uses_erf = false;
+  for (const Node& n : region.nodes()) {
+    uses_log |= n.op == Op::log;
+    uses_tanh |= n.op == Op::tanh;
+    uses_erf |= n.op == Op::erf;
+  }
+  return std::string(uses_log ? kGlslLog : "") + (uses_tanh ? kTanh : "") + (uses_erf ? kErf : "");
+}
+
+std::string detail::region_function(const ir::Graph& region, const std::string& name, const std::vector<std::string>& outputs) {
+  QKV_ASSERT(outputs.size() == 1 || outputs.size() == 2, "a region function returns a float or a vec2");
+  std::string s = std::string(outputs.size() == 1 ? "float " : "vec2 ") + name + "(float score, uint q_idx, uint kv_idx) {\n";
+  auto value = [](ir::ValueId v) { return "v" + std::to_string(v); };
+  for (std::size_t i = 0; i < region.size(); ++i) {
+    const Node& n = region.nodes()[i];
+    const auto v = static_cast<ir::ValueId>(i);
+    std::string rhs;
+    if (n.op == Op::input) {
+      if (v == ir::kRegionScore) rhs = "score";
+      else if (v == ir::kRegionQIdx) rhs = "float(q_idx)";
+      else if (v == ir::kRegionKvIdx) rhs = "float(kv_idx)";
+      else {
+        const std::string t = std::to_string(v - ir::kRegionFixedInputs);
+        rhs = "T" + t + "[t" + t + "_at + q_idx * t" + t + "_row + kv_idx * t" + t + "_col]";
+      }
+      rhs += ";  // " + n.name;
+    } else if (n.op == Op::constant) {
+      // Bit-exact, infinities and NaN included.
+      const auto bits = std::bit_cast<std::uint32_t>(static_cast<float>(n.attrs.value));
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "0x%08xu", bits);
+      rhs = std::string("uintBitsToFloat(") + hex + ");  // " + ir::format_number(n.attrs.value);
+    } else {
+      std::vector<std::string> operands;
+      for (ir::ValueId in : n.inputs) operands.push_back(value(in));
+      const auto names = operand_names(n.op, static_cast<int>(n.inputs.size()));
+      // where's operands are (c, a, b) in binding order; its inputs are (condition, then, else).
+      rhs = substitute(elementwise_expr(n.op), names, operands) + ";";
+    }
+    s += "  float " + value(v) + " = " + rhs + "\n";
+  }
+  if (outputs.size() == 1) s += "  return " + value(region.output(outputs[0])) + ";\n}\n";
+  else s += "  return vec2(" + value(region.output(outputs[0])) + ", " + value(region.output(outputs[1])) + ");\n}\n";
+  return s;
+}
+
+namespace {
+
 /// Elementwise family: out index -> per-operand offsets through strides (0 where broadcast).
 KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
   int rank = n.shape.rank;
@@ -356,8 +424,7 @@ KernelSource matmul_source(int batch_rank) {
 bool implements(const Node& n) {
   switch (ir::op_info(n.op).category) {
     case OpCategory::composite:
-      // Flex attention is decomposed here for now: its modifier is not yet emitted as GLSL.
-      return n.op == Op::softmax || (ir::is_fused_attention(n.op) && !ir::is_flex_attention(n.op) && detail::attention_fits(n));
+      return n.op == Op::softmax || (ir::is_fused_attention(n.op) && detail::attention_fits(n));
     case OpCategory::source:
     case OpCategory::unary:
     case OpCategory::binary:
@@ -434,14 +501,14 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::attention_lse:
     case Op::masked_attention_lse:
     case Op::attention_grad:
-    case Op::masked_attention_grad: return detail::attention_source(n);
+    case Op::masked_attention_grad:
+    case Op::flex_attention:
+    case Op::flex_attention_lse:
+    case Op::flex_attention_grad: return detail::attention_source(n);
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:  // decomposed before code generation
-    case Op::reduce_mean:
-    case Op::flex_attention:
-    case Op::flex_attention_lse:
-    case Op::flex_attention_grad: break;
+    case Op::reduce_mean: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
@@ -554,14 +621,14 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
     case Op::attention_lse:
     case Op::masked_attention_lse:
     case Op::attention_grad:
-    case Op::masked_attention_grad: return detail::attention_launch(g, v, shapes, target);
+    case Op::masked_attention_grad:
+    case Op::flex_attention:
+    case Op::flex_attention_lse:
+    case Op::flex_attention_grad: return detail::attention_launch(g, v, shapes, target);
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:
-    case Op::reduce_mean:
-    case Op::flex_attention:
-    case Op::flex_attention_lse:
-    case Op::flex_attention_grad: break;
+    case Op::reduce_mean: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }

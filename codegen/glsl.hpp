@@ -18,7 +18,8 @@ inline constexpr int kMaxPushWords = 32;
 inline constexpr std::uint32_t kWorkgroupSize = 256;
 
 struct KernelSource {
-  std::string name;  // e.g. "binary_add_r3"; equal names mean equal sources
+  std::string name;  // e.g. "binary_add_r3"; a family (flex attention kernels of different
+                     // modifiers share one), so pipelines are keyed by content
   std::string glsl;
   int buffers = 0;   // storage buffer bindings: the inputs in order, then the output
 };
@@ -49,7 +50,7 @@ struct KernelLaunch {
 
 /// Whether the generator has a kernel of its own for this node; composites it has none for are
 /// decomposed before code generation (softmax and the attention family have one, the latter up
-/// to four batch dims).
+/// to four batch dims; a flex modifier's score-shaped tensor gradient is decomposed).
 bool implements(const ir::Node& n);
 /// Whether a node runs as a kernel (inputs are uploaded; reshapes alias their operand).
 bool has_kernel(const ir::Node& n);

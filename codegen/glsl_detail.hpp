@@ -3,8 +3,11 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
+#include <vector>
 
-#include "ir/shape.hpp"
+#include "ir/graph.hpp"
+
 
 namespace qkv::codegen::detail {
 
@@ -17,5 +20,14 @@ std::array<std::int64_t, ir::kMaxRank> contiguous_strides(const ir::Shape& s);
 std::array<std::int64_t, ir::kMaxRank> broadcast_strides(const ir::Shape& in, int rank);
 /// GLSL `float qkv_log(float)`: log to float precision near 1 (the built-in is not; see glsl.cpp).
 extern const char* const kGlslLog;
+
+/// The GLSL helpers (qkv_log, qkv_tanh, qkv_erf) that a region's ops call, with qkv_log also
+/// when `log`: each once, to be placed before the region's functions.
+std::string math_helpers(const ir::Graph& region, bool log);
+/// A flex-attention score modifier (ir/region.hpp) as a GLSL function
+/// `float name(float score, uint q_idx, uint kv_idx)` returning its output `outputs[0]`, or with
+/// two outputs a `vec2 name(...)` of both. Tensor input t<i> reads T<i>[t<i>_at + q_idx * t<i>_row
+/// + kv_idx * t<i>_col]: the caller declares those arrays and offsets. One line per region node.
+std::string region_function(const ir::Graph& region, const std::string& name, const std::vector<std::string>& outputs);
 
 }  // namespace qkv::codegen::detail

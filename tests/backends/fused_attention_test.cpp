@@ -204,6 +204,61 @@ TEST(FusedAttention, VulkanMatchesReferenceWithSkippedTilesMasksAndOddHeadDims) 
   }
 }
 
+/// The same modifiers on vulkan, plus a relative-position bias slope * (kv_idx - q_idx) from
+/// iotas: each runs as generated flash kernels with the modifier inlined as GLSL (forward, lse,
+/// dq, dk, dv; a trained tensor's score-shaped gradient is the decomposition's), the reference's
+/// numbers in both launch geometries, and forward + backward at N = 2048 in linear memory.
+TEST(FusedAttention, VulkanFlexModifiersRunAsGeneratedFlashKernels) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  std::vector<std::unique_ptr<backend::Backend>> tunings;
+  for (auto t : {backend::VulkanOptions::Tuning::cpu, backend::VulkanOptions::Tuning::gpu}) {
+    auto options = backend::vulkan_options_from_env();
+    options.tuning = t;
+    tunings.push_back(backend::make_vulkan_backend(options));
+  }
+  auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<24>);
+  auto k = input<"k">(dim<1>, dim<2>, dim<"N">, dim<24>);
+  auto v = input<"v">(dim<1>, dim<2>, dim<"N">, dim<24>);
+  auto mask = input<"mask", DType::boolean>(dim<"N">, dim<"N">);
+  auto bias = input<"bias">(dim<2>, dim<1>, dim<"N">);
+  auto slope = input<"slope">(dim<1>);
+  auto grid = matmul<false, true>(q, k);  // iota reads only its shape
+  auto rel = (iota<-1>(grid) - iota<-2>(grid)) * slope;
+  const std::vector<std::tuple<std::string, ir::Graph, std::vector<std::string>>> models = {
+      {"softcap", lower(named<"out">(scaled_dot_product_attention(q, k, v, softcap_scores(2.0)))), {}},
+      {"alibi causal", lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right, alibi_bias<2>(k)))), {}},
+      {"bias", lower(named<"out">(scaled_dot_product_attention(q, k, v, bias))), {"bias"}},
+      {"mask after softcap", lower(named<"out">(scaled_dot_product_attention(q, k, v, mask, softcap_scores(3.0)))), {}},
+      {"relative position", lower(named<"out">(scaled_dot_product_attention(q, k, v, rel, causal))), {"slope"}}};
+  for (const auto& [name, forward, trained] : models) {
+    SCOPED_TRACE(name);
+    std::vector<std::string> wrt = {"q", "k", "v"};
+    wrt.insert(wrt.end(), trained.begin(), trained.end());
+    ir::Graph g = ir::build_backward(forward, {"", wrt, {"out"}});
+    auto exe = vulkan->compile(g);
+    std::vector<std::string> kernels;
+    for (std::size_t i = 0; i < exe->graph().size(); ++i) {
+      const ir::Node& n = exe->graph().nodes()[i];
+      EXPECT_NE(n.op, ir::Op::softmax);
+      const std::string kernel = vulkan->kernel_name(exe->graph(), static_cast<ir::ValueId>(i));
+      if (kernel.find("flash_attention") == std::string::npos) continue;
+      EXPECT_NE(kernel.find("_flex"), std::string::npos) << kernel;
+      kernels.push_back(kernel.substr(0, kernel.find("_flex")));
+    }
+    EXPECT_EQ(kernels, (std::vector<std::string>{"glsl flash_attention_forward", "glsl flash_attention_lse", "glsl flash_attention_dq",
+                                                 "glsl flash_attention_dk", "glsl flash_attention_dv"}))
+        << ir::print(exe->graph());
+    for (auto& b : tunings) testing::expect_equivalent(g, backend::random_inputs(g, {{"N", 70}}, 5), *b);
+    if (!trained.empty()) continue;  // a trained tensor's gradient is score-sized before its sum
+    const std::int64_t n = 2048;
+    exe->run(backend::random_inputs(g, {{"N", n}}, 3));
+    // The inputs, output, lse, delta, three gradients and dy * y, per head about 10 N x 24 floats
+    // (a mask: N x N floats, an input); the scores would be N x N floats per head, 32 MiB.
+    const std::int64_t inputs = name == "mask after softcap" ? n * n * 4 : 0;
+    EXPECT_LE(exe->planned_bytes(), inputs + 2 * 12 * n * 24 * 4);
+  }
+}
+
 /// Head dims beyond what the flash kernels hold per row (registers; on small devices shared
 /// memory, see Glsl.AttentionGeometryIsPerTargetNotPerSource) are refused by name at planning,
 /// not run out of bounds or compiled for half a minute.

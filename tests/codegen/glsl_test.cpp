@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 
 #include "codegen/glsl.hpp"
@@ -79,6 +80,45 @@ TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
   EXPECT_EQ(kernel_launch(wide, wy, wide_shapes, Target{false, 49152}).specialization[2], 2u);  // BC: two rows per tile
   auto words = compile_spirv(kernel_source(g, y).name, kernel_source(g, y).glsl);
   EXPECT_FALSE(words.empty());
+}
+
+/// Flex attention's modifier is inlined as a GLSL function of the score and its indices, its
+/// expression in a comment; each tensor it reads is addressed by which of the scores' dims it
+/// spans, a specialization constant (here per-head slopes [3, 1, 1] of scores [2, 3, 6, 8]: the
+/// head dim only), so one shader serves every sequence length. The gradients evaluate the
+/// modifier and its derivative together.
+TEST(Glsl, FlexModifierIsInlinedWithItsTensorsDims) {
+  auto find = [](ir::Op op, const std::string& label) {
+    for (const ir::OpCase& c : ir::op_cases(op))
+      if (c.label == label) return c;
+    ADD_FAILURE() << "no case " << label;
+    return ir::OpCase{};
+  };
+  const ir::OpCase forward = find(ir::Op::flex_attention, "slopes per head causal");
+  ir::Graph g = ir::case_graph(ir::Op::flex_attention, forward);
+  const ir::ValueId y = g.output("out");
+  const KernelSource k = kernel_source(g, y);
+  EXPECT_EQ(k.name, "flash_attention_forward_flex_causal_b2");
+  EXPECT_EQ(k.buffers, 5);  // q, k, v, the slopes, the output
+  EXPECT_NE(k.glsl.find("// The score modifier, mod = score + t0 * (kv_idx - q_idx).\nfloat score_mod(float score, uint q_idx, uint kv_idx) {"),
+            std::string::npos)
+      << k.glsl;
+  EXPECT_NE(k.glsl.find("T0[t0_at + q_idx * t0_row + kv_idx * t0_col]"), std::string::npos);
+  EXPECT_NE(k.glsl.find("sc[t][j] = score_mod(sum4(s4[t]) * scale, own(t), t0 + c)"), std::string::npos);
+  std::map<std::string, Tensor, std::less<>> in;
+  for (std::size_t i = 0; i < forward.inputs.size(); ++i)
+    in.emplace("x" + std::to_string(i), Tensor(DType::f32, forward.inputs[i].shape));
+  const KernelLaunch l = kernel_launch(g, y, ir::bind_shapes(g, in), Target{true});
+  ASSERT_EQ(l.specialization.size(), 6u);
+  EXPECT_EQ(l.specialization[5], 0b0010u) << "the slopes span the heads (dim 1 of 4) only";
+  EXPECT_FALSE(compile_spirv(k.name, k.glsl).empty());
+
+  ir::Graph grad = ir::case_graph(ir::Op::flex_attention_grad, find(ir::Op::flex_attention_grad, "dq slopes per head causal"));
+  const KernelSource kd = kernel_source(grad, grad.output("out"));
+  EXPECT_EQ(kd.name, "flash_attention_dq_flex_causal_b2");
+  EXPECT_NE(kd.glsl.find("vec2 score_mod_d(float score, uint q_idx, uint kv_idx)"), std::string::npos) << kd.glsl;
+  EXPECT_NE(kd.glsl.find("ds[t] = pr * (sum4(dp4[t]) - delta_r[t]) * dmod;"), std::string::npos) << kd.glsl;
+  EXPECT_FALSE(compile_spirv(kd.name, kd.glsl).empty());
 }
 
 TEST(Glsl, EmitGraphNamesEachNode) {
