@@ -2,7 +2,10 @@
 // as two plain matrix products) and a plain sgemm-softmax-sgemm measured as peers in the same
 // run. FLOPs are counted as 4*B*H*N^2*D per forward, also for causal rows (so their rate over the
 // full rows' is the speed-up of skipping masked blocks), and as 3x that for forward + backward
-// rows (the training graph: dq, dk, dv from an output gradient). Each backend row reports the
+// rows (the training graph: dq, dk, dv from an output gradient). Flex rows add a score modifier
+// (-softcap: 30 tanh(s / 30); -alibi-causal: ALiBi's per-head slopes with causality, counted as
+// full rows like -causal); vulkan's -unfused row also returns the weights, so its scores are
+// materialised (the path every vulkan run took before the flash kernels). Each backend row reports the
 // memory its plan holds ("MiB"). Run: build/default/bench/qkv_bench (QKV_BENCH_BACKENDS=cpu,vulkan
 // picks backends; QKV_BENCH_SHAPES=1,8,4096,64;4,8,512,64 replaces the shapes; --benchmark_filter
 // narrows the rows). QKV_BENCH_DEVICE_TIME=1 times vulkan rows by the device's kernel timestamps
@@ -42,19 +45,57 @@ const std::vector<Shape> kShapes = {{1, 8, 128, 64}, {4, 8, 512, 64}, {1, 4, 102
 /// Long sequences: forward + backward on cpu only (the memory row of the flex-attention issue).
 const std::vector<Shape> kLongShapes = {{1, 8, 8192, 64}};
 
-enum class Mode { forward, causal, backward };
+/// What a row runs: plain attention forward, causal, forward + backward; flex attention with a
+/// score modifier (soft-capping at 30; ALiBi with causality; soft-capping forward + backward);
+/// and the unfused path (the softmax weights are also returned, so the scores are materialised).
+enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, unfused };
 
-const char* mode_suffix(Mode m) { return m == Mode::forward ? "" : m == Mode::causal ? "-causal" : "-fwd+bwd"; }
+const char* mode_suffix(Mode m) {
+  switch (m) {
+    case Mode::forward: return "";
+    case Mode::causal: return "-causal";
+    case Mode::backward: return "-fwd+bwd";
+    case Mode::softcap: return "-softcap";
+    case Mode::alibi: return "-alibi-causal";
+    case Mode::softcap_backward: return "-softcap-fwd+bwd";
+    case Mode::unfused: return "-unfused";
+  }
+  return "";
+}
+
+bool is_backward(Mode m) { return m == Mode::backward || m == Mode::softcap_backward; }
+
+/// ALiBi's slopes need a static head count and alibi_bias a static head dim: H = 8, D = 64 (rows
+/// of other shapes skip it).
+qkv::ir::Graph alibi_graph(double scale) {
+  using namespace qkv;
+  auto q = input<"q">(dim<"B">, dim<8>, dim<"N">, dim<64>);
+  auto k = input<"k">(dim<"B">, dim<8>, dim<"N">, dim<64>);
+  auto v = input<"v">(dim<"B">, dim<8>, dim<"N">, dim<64>);
+  return lower(scaled_dot_product_attention(q, k, v, causal, alibi_bias<8>(k), qkv::scale(scale)));
+}
 
 qkv::ir::Graph sdpa_graph(double scale, Mode mode) {
   using namespace qkv;
   auto q = input<"q">(dim<"B">, dim<"H">, dim<"N">, dim<"D">);
   auto k = input<"k">(dim<"B">, dim<"H">, dim<"N">, dim<"D">);
   auto v = input<"v">(dim<"B">, dim<"H">, dim<"N">, dim<"D">);
-  if (mode == Mode::causal) return lower(scaled_dot_product_attention(q, k, v, causal, qkv::scale(scale)));
-  ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale))));
-  if (mode == Mode::backward) return ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}});
-  return g;
+  switch (mode) {
+    case Mode::causal: return lower(scaled_dot_product_attention(q, k, v, causal, qkv::scale(scale)));
+    case Mode::softcap: return lower(scaled_dot_product_attention(q, k, v, softcap_scores(30.0), qkv::scale(scale)));
+    case Mode::alibi: return alibi_graph(scale);
+    case Mode::unfused: {
+      auto weights = attention_weights(q, k, qkv::scale(scale));
+      return lower(named<"out">(matmul(weights, v)), named<"weights">(weights));
+    }
+    case Mode::softcap_backward:
+      return ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, k, v, softcap_scores(30.0), qkv::scale(scale)))),
+                                {"", {"q", "k", "v"}, {"out"}});
+    case Mode::backward:
+      return ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale)))), {"", {"q", "k", "v"}, {"out"}});
+    case Mode::forward: break;
+  }
+  return lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale))));
 }
 
 TensorMap inputs_for(const qkv::ir::Graph& g, const Shape& s) {
@@ -104,7 +145,7 @@ void bench_backend(benchmark::State& state, const std::string& name, Shape s, Mo
     for (const auto& k : exe->profile()) seconds += k.seconds;
     state.SetIterationTime(seconds);
   }
-  set_rate(state, (mode == Mode::backward ? 3.0 : 1.0) * s.flops());
+  set_rate(state, (is_backward(mode) ? 3.0 : 1.0) * s.flops());
   state.counters["MiB"] = static_cast<double>(exe->planned_bytes()) / (1 << 20);
 }
 
@@ -225,8 +266,10 @@ int main(int argc, char** argv) {
     for (const auto& b : backends) {
       if (b == "reference" && s.n > 128) continue;  // plain double loops: minutes per run
       if (b == "vulkan" && s.n > 512 && std::getenv("QKV_BENCH_SMALL_VULKAN")) continue;
-      for (Mode m : {Mode::forward, Mode::causal, Mode::backward}) {
+      for (Mode m : {Mode::forward, Mode::causal, Mode::backward, Mode::softcap, Mode::alibi, Mode::softcap_backward, Mode::unfused}) {
         if (b == "reference" && m != Mode::forward) continue;
+        if (m == Mode::alibi && (s.h != 8 || s.d != 64)) continue;
+        if (m == Mode::unfused && b != "vulkan") continue;  // the cpu's own unfused peer is sgemm-softmax-sgemm
         auto* row = benchmark::RegisterBenchmark((b + mode_suffix(m) + "/" + s.label()).c_str(), bench_backend, b, s, m)
                         ->Unit(benchmark::kMillisecond);
         if (uses_device_time(b))

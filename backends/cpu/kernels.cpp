@@ -77,7 +77,7 @@ void unary(ir::Op op, ConstView x, View out) {
     case ir::Op::exp: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::exp(x.data[i]); return;
     case ir::Op::log: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::log(x.data[i]); return;
     case ir::Op::sqrt: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::sqrt(x.data[i]); return;
-    case ir::Op::tanh: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::tanh(x.data[i]); return;
+    case ir::Op::tanh: tanh_of(x.data, out.data, n); return;
     case ir::Op::erf: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::erf(x.data[i]); return;
     case ir::Op::sin: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::sin(x.data[i]); return;
     case ir::Op::cos: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::cos(x.data[i]); return;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "backends/cpu/vector_math.hpp"
 #include "backends/scalar_ops.hpp"
 #include "ir/error.hpp"
 #include "ir/region.hpp"
@@ -12,6 +13,15 @@ namespace qkv::backend::cpu {
 ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vector<ConstView> tensors, const ir::Shape& batch,
                              std::int64_t n, std::int64_t m)
     : batch_(batch) {
+  ir::Shape scores = batch;
+  scores.push_back(n);
+  scores.push_back(m);
+  for (const ConstView& t : tensors) {
+    const Strides full = broadcast_strides(t.shape, scores);
+    Operand o{t.data, {}, full[static_cast<std::size_t>(scores.rank - 2)], full[static_cast<std::size_t>(scores.rank - 1)]};
+    for (int i = 0; i < batch.rank; ++i) o.batch[static_cast<std::size_t>(i)] = full[static_cast<std::size_t>(i)];
+    tensors_.push_back(o);
+  }
   // With the derivative, the forward-mode graph holds the modifier's own nodes too: one program
   // computes both.
   const ir::Graph program = derivative ? ir::differentiate_region(region, ir::kRegionScore, true) : region;
@@ -22,6 +32,17 @@ ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vect
     if (!node.inputs.empty()) st.a = node.inputs[0];
     if (node.inputs.size() > 1) st.b = node.inputs[1];
     if (node.inputs.size() > 2) st.c = node.inputs[2];
+    // Uniform along a row: constants, the query index, tensors that do not vary with the key,
+    // and ops on uniform operands only. They are computed once per row, not once per score.
+    if (node.op == ir::Op::constant) st.uniform = true;
+    else if (node.op == ir::Op::input)
+      st.uniform = st.input == ir::kRegionQIdx ||
+                   (st.input >= ir::kRegionFixedInputs && tensors_[static_cast<std::size_t>(st.input - ir::kRegionFixedInputs)].col == 0);
+    else {
+      st.uniform = true;
+      for (int r : {st.a, st.b, st.c})
+        if (r >= 0) st.uniform = st.uniform && steps_[static_cast<std::size_t>(r)].uniform;
+    }
     steps_.push_back(st);
   }
   if (derivative) {
@@ -30,29 +51,42 @@ ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vect
   } else {
     mod_ = program.output("mod");
   }
-  ir::Shape scores = batch;
-  scores.push_back(n);
-  scores.push_back(m);
-  for (const ConstView& t : tensors) {
-    const Strides full = broadcast_strides(t.shape, scores);
-    Operand o{t.data, {}, full[static_cast<std::size_t>(scores.rank - 2)], full[static_cast<std::size_t>(scores.rank - 1)]};
-    for (int i = 0; i < batch.rank; ++i) o.batch[static_cast<std::size_t>(i)] = full[static_cast<std::size_t>(i)];
-    tensors_.push_back(o);
+  // Only the steps the results read run (an unread index or input is not filled per row).
+  steps_[static_cast<std::size_t>(mod_)].live = true;
+  if (dmod_ >= 0) steps_[static_cast<std::size_t>(dmod_)].live = true;
+  for (std::size_t k = steps_.size(); k-- > 0;) {
+    Step& st = steps_[k];
+    if (!st.live) continue;
+    for (int r : {st.a, st.b, st.c})
+      if (r >= 0) steps_[static_cast<std::size_t>(r)].live = true;
   }
 }
 
 void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod) const {
-  thread_local std::vector<float> scratch;
+  // Registers: a row of cols floats for each varying step (the score's is s itself), one float
+  // for each uniform step.
+  thread_local std::vector<float> scratch, uniform;
   const std::size_t need = steps_.size() * static_cast<std::size_t>(cols);
   if (scratch.size() < need) scratch.resize(need);
-  auto reg = [&](int r) { return scratch.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols); };
+  if (uniform.size() < steps_.size()) uniform.resize(steps_.size());
+  auto reg = [&](int r) {
+    if (r == ir::kRegionScore) return s;
+    return scratch.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols);
+  };
+  auto view = [&](int r) {
+    const Step& st = steps_[static_cast<std::size_t>(r)];
+    return st.uniform ? ConstView{&uniform[static_cast<std::size_t>(r)], {}} : ConstView{reg(r), {cols}};
+  };
   for (std::size_t k = 0; k < steps_.size(); ++k) {
     const Step& st = steps_[k];
-    float* out = reg(static_cast<int>(k));
+    if (!st.live) continue;
+    const int self = static_cast<int>(k);
+    float& u = uniform[k];
+    float* out = st.uniform ? &u : reg(self);
     switch (st.op) {
       case ir::Op::input:
-        if (st.input == ir::kRegionScore) std::copy_n(s, cols, out);
-        else if (st.input == ir::kRegionQIdx) std::fill_n(out, cols, static_cast<float>(i));
+        if (st.input == ir::kRegionScore) break;  // s itself
+        else if (st.input == ir::kRegionQIdx) u = static_cast<float>(i);
         else if (st.input == ir::kRegionKvIdx) for (std::int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(j0 + j);
         else {
           const Operand& t = tensors_[static_cast<std::size_t>(st.input - ir::kRegionFixedInputs)];
@@ -62,11 +96,11 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
             rest /= batch_[d];
           }
           const float* row = t.data + off + i * t.row + j0 * t.col;
-          if (t.col == 0) std::fill_n(out, cols, row[0]);
+          if (st.uniform) u = row[0];
           else for (std::int64_t j = 0; j < cols; ++j) out[j] = row[j * t.col];
         }
         break;
-      case ir::Op::constant: std::fill_n(out, cols, st.value); break;
+      case ir::Op::constant: u = st.value; break;
       case ir::Op::neg:
       case ir::Op::exp:
       case ir::Op::log:
@@ -75,24 +109,41 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
       case ir::Op::erf:
       case ir::Op::sin:
       case ir::Op::cos:
-      case ir::Op::cast: unary(st.op, ConstView{reg(st.a), {cols}}, View{out, {cols}}); break;
+      case ir::Op::cast:
+        if (st.uniform) u = apply_unary(st.op, uniform[static_cast<std::size_t>(st.a)]);
+        else unary(st.op, view(st.a), View{out, {cols}});
+        break;
       case ir::Op::add:
       case ir::Op::sub:
       case ir::Op::mul:
       case ir::Op::div:
       case ir::Op::max:
       case ir::Op::equal:
-      case ir::Op::greater: binary(st.op, ConstView{reg(st.a), {cols}}, ConstView{reg(st.b), {cols}}, View{out, {cols}}); break;
+      case ir::Op::greater:
+        if (st.uniform) u = apply_binary(st.op, uniform[static_cast<std::size_t>(st.a)], uniform[static_cast<std::size_t>(st.b)]);
+        else binary_row(st.op, view(st.a).data, !steps_[static_cast<std::size_t>(st.a)].uniform, view(st.b).data,
+                        !steps_[static_cast<std::size_t>(st.b)].uniform, out, cols);
+        break;
       case ir::Op::where: {
-        const float *c = reg(st.a), *x = reg(st.b), *y = reg(st.c);
-        for (std::int64_t j = 0; j < cols; ++j) out[j] = c[j] != 0.0f ? x[j] : y[j];
+        if (st.uniform) {
+          u = uniform[static_cast<std::size_t>(st.a)] != 0.0f ? uniform[static_cast<std::size_t>(st.b)] : uniform[static_cast<std::size_t>(st.c)];
+          break;
+        }
+        const ConstView c = view(st.a), x = view(st.b), y = view(st.c);
+        const bool cv = c.shape.rank > 0, xv = x.shape.rank > 0, yv = y.shape.rank > 0;  // varying along the row
+        for (std::int64_t j = 0; j < cols; ++j) out[j] = c.data[cv ? j : 0] != 0.0f ? x.data[xv ? j : 0] : y.data[yv ? j : 0];
         break;
       }
       default: QKV_UNREACHABLE(std::string(ir::op_name(st.op)) + " in a score modifier");
     }
   }
-  std::copy_n(reg(mod_), cols, s);
-  if (dmod && dmod_ >= 0) std::copy_n(reg(dmod_), cols, dmod);
+  // The results, after every step has read s.
+  auto result = [&](int r, float* to) {
+    if (steps_[static_cast<std::size_t>(r)].uniform) std::fill_n(to, cols, uniform[static_cast<std::size_t>(r)]);
+    else if (reg(r) != to) std::copy_n(reg(r), cols, to);
+  };
+  if (dmod && dmod_ >= 0) result(dmod_, dmod);
+  result(mod_, s);
 }
 
 }  // namespace qkv::backend::cpu

@@ -30,6 +30,8 @@ class ScoreModifier {
     int a = -1, b = -1, c = -1;  // operand registers
     float value = 0;             // constants
     int input = -1;              // inputs: which (ir::kRegionScore, ...)
+    bool live = false;           // read by a result
+    bool uniform = false;        // the same for every key of a row (computed once per row)
   };
   struct Operand {
     const float* data;

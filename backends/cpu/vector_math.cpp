@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "ir/op.hpp"
+
 // The helpers below return 32-byte vectors (and take them by reference); they have internal
 // linkage and are always inlined into the cloned functions, so GCC's ABI warning for the SSE
 // fallback is moot.
@@ -50,6 +52,25 @@ using v4d = double __attribute__((vector_size(32)));
   v8f e = p * __builtin_bit_cast(v8f, bits);
   const v8i nan = in != in;
   return nan ? in : underflow ? splat(0.0f) : overflow ? splat(std::numeric_limits<float>::infinity()) : e;
+}
+
+/// tanh(x): below |x| = 0.25 its odd Taylor series to x^11 (the next term is 2e-10 relative);
+/// up to 0.55, (1 - e) / (1 + e) with e = exp(-2|x|); beyond, 1 - 2e / (1 + e), whose small
+/// correction carries exp's error at a fraction of an ulp of the result. Never overflows (e <= 1);
+/// the sign restored last; NaN stays NaN. The same algorithm as the GLSL qkv_tanh.
+[[gnu::always_inline]] inline v8f tanh8(const v8f& x) {
+  const v8i negative = x < 0.0f;
+  const v8f a = negative ? -x : x;
+  const v8f x2 = x * x;
+  v8f p = 0.021869488536155203f + x2 * -0.0088632355299021973f;
+  p = 0.13333333333333333f + x2 * (-0.053968253968253971f + x2 * p);
+  const v8f small = x + x * x2 * (-0.33333333333333333f + x2 * p);
+  const v8f e = exp8(-2.0f * a);
+  const v8f r = 1.0f / (1.0f + e);  // one division for both forms
+  const v8f mid = (1.0f - e) * r, large = 1.0f - 2.0f * e * r;
+  const v8f magnitude = a < 0.55f ? mid : large;
+  const v8i nan = x != x;
+  return nan ? x : a < 0.25f ? small : negative ? -magnitude : magnitude;
 }
 
 [[gnu::always_inline]] inline float hsum(const v8f& v) {
@@ -135,6 +156,58 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void scale_inplace(f
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) store(y + i, load(y + i) * s);
   for (; i < n; ++i) y[i] *= s;
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void tanh_of(const float* x, float* y, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store(y + i, tanh8(load(x + i)));
+  if (i < n) {
+    float tail[8] = {};
+    for (std::int64_t j = 0; i + j < n; ++j) tail[j] = x[i + j];
+    const v8f t = tanh8(load(tail));
+    for (std::int64_t j = 0; i + j < n; ++j) y[i + j] = t[j];
+  }
+}
+
+namespace {
+
+template <ir::Op O>
+[[gnu::always_inline]] inline v8f apply8(const v8f& a, const v8f& b) {
+  if constexpr (O == ir::Op::add) return a + b;
+  if constexpr (O == ir::Op::sub) return a - b;
+  if constexpr (O == ir::Op::mul) return a * b;
+  if constexpr (O == ir::Op::div) return a / b;
+  if constexpr (O == ir::Op::max) return (a > b || a != a) ? a : b;
+  if constexpr (O == ir::Op::equal) return a == b ? splat(1.0f) : splat(0.0f);
+  if constexpr (O == ir::Op::greater) return a > b ? splat(1.0f) : splat(0.0f);
+}
+
+template <ir::Op O>
+[[gnu::always_inline]] inline void binary_row(const float* a, bool av, const float* b, bool bv, float* y, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store(y + i, apply8<O>(av ? load(a + i) : splat(a[0]), bv ? load(b + i) : splat(b[0])));
+  if (i < n) {
+    float ta[8] = {}, tb[8] = {};
+    for (std::int64_t j = 0; i + j < n; ++j) ta[j] = a[av ? i + j : 0], tb[j] = b[bv ? i + j : 0];
+    const v8f t = apply8<O>(load(ta), load(tb));
+    for (std::int64_t j = 0; i + j < n; ++j) y[i + j] = t[j];
+  }
+}
+
+}  // namespace
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void binary_row(ir::Op op, const float* a, bool a_varies, const float* b,
+                                                                               bool b_varies, float* y, std::int64_t n) {
+  switch (op) {
+    case ir::Op::add: return binary_row<ir::Op::add>(a, a_varies, b, b_varies, y, n);
+    case ir::Op::sub: return binary_row<ir::Op::sub>(a, a_varies, b, b_varies, y, n);
+    case ir::Op::mul: return binary_row<ir::Op::mul>(a, a_varies, b, b_varies, y, n);
+    case ir::Op::div: return binary_row<ir::Op::div>(a, a_varies, b, b_varies, y, n);
+    case ir::Op::max: return binary_row<ir::Op::max>(a, a_varies, b, b_varies, y, n);
+    case ir::Op::equal: return binary_row<ir::Op::equal>(a, a_varies, b, b_varies, y, n);
+    case ir::Op::greater: return binary_row<ir::Op::greater>(a, a_varies, b, b_varies, y, n);
+    default: return;
+  }
 }
 
 }  // namespace qkv::backend::cpu

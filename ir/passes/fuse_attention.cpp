@@ -29,6 +29,16 @@ bool is_elementwise_or_compare(Op op) {
   return c == OpCategory::unary || c == OpCategory::binary || c == OpCategory::select || c == OpCategory::compare;
 }
 
+/// Whether a value of shape `s` spans the scores' last two dims (N x M per entry) and
+/// broadcasts to the scores: computed elementwise, such a value joins the modifier and is
+/// recomputed per tile instead of kept (a position bias, a mask from document ids).
+bool spans_scores(const Shape& s, const Shape& scores) {
+  if (s.rank < 2 || s.rank > scores.rank || s.back(0) != scores.back(0) || s.back(1) != scores.back(1)) return false;
+  for (int i = 2; i < s.rank; ++i)
+    if (s.back(i) != scores.back(i) && s.back(i) != 1) return false;
+  return true;
+}
+
 /// A fused attention: its operands, attributes and (for flex attention) score modifier.
 struct Match {
   ValueId q = -1, k = -1, v = -1;
@@ -54,7 +64,8 @@ class Matcher {
     ValueId x = sm.inputs[0];
     // The outermost where(c, x, -inf) fills, in either order: one with a causal_mask condition is
     // attention's own causality (it skips key blocks), one with a boolean mask that does not read
-    // the scores is masked_attention's mask.
+    // the scores is masked_attention's mask, unless the mask is computed elementwise over N x M
+    // (from document ids, say): that one stays in the modifier, which recomputes it per tile.
     ValueId mask = -1;
     while (g_.node(x).op == Op::where && single(x)) {
       const Node& w = g_.node(x);
@@ -64,7 +75,8 @@ class Matcher {
         m.attrs.causal = true;
         m.attrs.align = c.attrs.align;
         m.attrs.window = c.attrs.window;
-      } else if (c.op != Op::causal_mask && mask < 0 && !depends(w.inputs[0])) {
+      } else if (c.op != Op::causal_mask && mask < 0 && !depends(w.inputs[0]) &&
+                 !(is_elementwise_or_compare(c.op) && spans_scores(c.shape, scores_shape_))) {
         mask = w.inputs[0];
       } else {
         break;
@@ -143,10 +155,11 @@ class Matcher {
     auto collect = [&](auto& self, ValueId v) -> bool {
       if (v == score_ || in_body.contains(v)) return true;
       const Node& n = g_.node(v);
-      if (!is_elementwise_or_compare(n.op) || !(n.shape == scores_shape_)) return false;
+      if (!is_elementwise_or_compare(n.op)) return false;
+      if (depends(v) ? !(n.shape == scores_shape_) : !spans_scores(n.shape, scores_shape_)) return false;
       for (ValueId in : n.inputs) {
         const Node& l = g_.node(in);
-        const bool pulled = is_elementwise_or_compare(l.op) && l.shape == scores_shape_;
+        const bool pulled = is_elementwise_or_compare(l.op) && spans_scores(l.shape, scores_shape_);
         if ((depends(in) || pulled) && !self(self, in)) return false;
       }
       in_body[v] = true;

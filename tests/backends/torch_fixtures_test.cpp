@@ -125,6 +125,49 @@ TEST_P(Torch, LayerNormGeluAndCrossEntropy) {
                        "functions", GetParam());
 }
 
+/// Score modifiers as torch users write them out (make_torch_fixtures.py: soft-capping, ALiBi's
+/// slope_h * (j - i), a causal document mask from ids), written with the attention library's
+/// options; on cpu and vulkan each runs as one fused flex attention forward and backward.
+TEST_P(Torch, FlexModifiersWrittenAsTorchUsersWriteThem) {
+  auto flex_only = [&](const ir::Graph& g) {
+    if (GetParam() == "reference") return;
+    QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+    auto exe = b->compile(g);
+    int flex = 0;
+    for (const ir::Node& n : exe->graph().nodes()) {
+      EXPECT_NE(n.op, ir::Op::softmax);
+      flex += n.op == ir::Op::flex_attention;
+    }
+    EXPECT_EQ(flex, 1);
+  };
+  auto check = [&](const ir::Graph& forward, const std::string& fixture) {
+    SCOPED_TRACE(fixture);
+    ir::Graph backward = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
+    expect_matches_torch(forward, fixture, GetParam());
+    expect_matches_torch(backward, fixture, GetParam());
+    flex_only(backward);
+  };
+  {
+    auto q = input<"q">(dim<2>, dim<3>, dim<6>, dim<8>);
+    auto k = input<"k">(dim<2>, dim<3>, dim<6>, dim<8>);
+    auto v = input<"v">(dim<2>, dim<3>, dim<6>, dim<4>);
+    check(lower(named<"out">(scaled_dot_product_attention(q, k, v, softcap_scores(2.0), causal))), "flex_softcap");
+  }
+  {
+    auto q = input<"q">(dim<2>, dim<4>, dim<7>, dim<8>);
+    auto k = input<"k">(dim<2>, dim<4>, dim<7>, dim<8>);
+    auto v = input<"v">(dim<2>, dim<4>, dim<7>, dim<8>);
+    check(lower(named<"out">(scaled_dot_product_attention(q, k, v, causal, alibi_bias<4>(k)))), "flex_alibi");
+  }
+  {
+    auto q = input<"q">(dim<2>, dim<2>, dim<8>, dim<8>);
+    auto k = input<"k">(dim<2>, dim<2>, dim<8>, dim<8>);
+    auto v = input<"v">(dim<2>, dim<2>, dim<8>, dim<4>);
+    auto docs = input<"docs", DType::i32>(dim<2>, dim<8>);
+    check(lower(named<"out">(scaled_dot_product_attention(q, k, v, document_mask(docs, docs), causal))), "flex_document");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, Torch, ::testing::Values("reference", "cpu", "vulkan"));
 
 }  // namespace

@@ -71,6 +71,25 @@ TEST(FuseAttention, EveryLibraryModifierIsFusedAsARegion) {
   EXPECT_EQ(count(warm, ir::Op::attention), 1) << ir::print(warm);
 }
 
+/// A keep-mask computed elementwise over N x M (document masking from ids) joins the modifier:
+/// it is recomputed per tile from the two id vectors, never kept N x M; causality stays the
+/// node's attribute. A mask that is an input stays masked_attention's operand.
+TEST(FuseAttention, ADocumentMaskFromIdsIsRecomputedPerTile) {
+  auto q = input<"q">(dim<"B">, dim<4>, dim<"N">, dim<16>);
+  auto docs = input<"docs", DType::i32>(dim<"B">, dim<"N">);
+  const ir::Graph g = lower(scaled_dot_product_attention(q, q, q, document_mask(docs, docs), causal));
+  EXPECT_EQ(fused_modifier(g), "where(t0 == t1, score, -inf)");
+  ir::Graph f = ir::eliminate_dead_code(ir::fuse_attention(g));
+  for (const auto& n : f.nodes()) {
+    if (n.op != ir::Op::flex_attention) continue;
+    EXPECT_TRUE(n.attrs.causal);
+    ASSERT_EQ(n.inputs.size(), 5u);
+    EXPECT_EQ(f.type_string(DType::f32, f.node(n.inputs[3]).shape), "f32[B,1,N,1]");
+    EXPECT_EQ(f.type_string(DType::f32, f.node(n.inputs[4]).shape), "f32[B,1,1,N]");
+  }
+  EXPECT_EQ(count(f, ir::Op::equal), 0) << "the N x N comparison is left to the modifier\n" << ir::print(f);
+}
+
 TEST(FuseAttention, PositionsFromIotaBecomeTheQueryAndKeyIndices) {
   // A relative-position bias slope * (j - i) written over an N x M grid: the grid is recomputed
   // per score from the indices, not kept as a tensor.
