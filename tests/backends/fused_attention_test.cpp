@@ -176,18 +176,25 @@ TEST(FusedAttention, VulkanForwardAndBackwardAreFlashKernelsInLinearMemory) {
   EXPECT_LE(exe->planned_bytes(), 10 * n * 64 * 4);
 }
 
-/// The vulkan kernels against the reference where tiles are skipped (causal, a sliding window),
-/// with grouped heads (k and v broadcast), a padding mask, and head dims that are not multiples
-/// of 4, forward and backward, in both launch geometries (lavapipe's 8 x 8 and 16 x 4 rows per workgroup
-/// and a GPU's 128 x 1), whichever device runs the test.
-TEST(FusedAttention, VulkanMatchesReferenceWithSkippedTilesMasksAndOddHeadDims) {
-  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+/// The vulkan backend in both launch geometries (lavapipe's rows per invocation, a GPU's one),
+/// whichever device runs the test.
+std::vector<std::unique_ptr<backend::Backend>> vulkan_tunings() {
   std::vector<std::unique_ptr<backend::Backend>> tunings;
   for (auto t : {backend::VulkanOptions::Tuning::cpu, backend::VulkanOptions::Tuning::gpu}) {
     auto options = backend::vulkan_options_from_env();
     options.tuning = t;
     tunings.push_back(backend::make_vulkan_backend(options));
   }
+  return tunings;
+}
+
+/// The vulkan kernels against the reference where tiles are skipped (causal, a sliding window),
+/// with grouped heads (k and v broadcast), a padding mask, and head dims that are not multiples
+/// of 4, forward and backward, in both launch geometries (lavapipe's 8 x 8 and 16 x 4 rows per workgroup
+/// and a GPU's 128 x 1), whichever device runs the test.
+TEST(FusedAttention, VulkanMatchesReferenceWithSkippedTilesMasksAndOddHeadDims) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  const auto tunings = vulkan_tunings();
   auto q = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<13>);
   auto k = input<"k">(dim<"B">, dim<1>, dim<"M">, dim<13>);
   auto v = input<"v">(dim<"B">, dim<1>, dim<"M">, dim<6>);
@@ -210,12 +217,7 @@ TEST(FusedAttention, VulkanMatchesReferenceWithSkippedTilesMasksAndOddHeadDims) 
 /// numbers in both launch geometries, and forward + backward at N = 2048 in linear memory.
 TEST(FusedAttention, VulkanFlexModifiersRunAsGeneratedFlashKernels) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  std::vector<std::unique_ptr<backend::Backend>> tunings;
-  for (auto t : {backend::VulkanOptions::Tuning::cpu, backend::VulkanOptions::Tuning::gpu}) {
-    auto options = backend::vulkan_options_from_env();
-    options.tuning = t;
-    tunings.push_back(backend::make_vulkan_backend(options));
-  }
+  const auto tunings = vulkan_tunings();
   auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<24>);
   auto k = input<"k">(dim<1>, dim<2>, dim<"N">, dim<24>);
   auto v = input<"v">(dim<1>, dim<2>, dim<"N">, dim<24>);
