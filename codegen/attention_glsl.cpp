@@ -593,8 +593,8 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   const Geometry geo = geometry(target, kind);
   l.specialization = {push_word(d4), push_word(dv4), push_word(bc), geo.invocations, geo.rows_per_invocation};
   // The modifier's tensors: which of the scores' r + 2 dims each spans (constant 5 + i).
-  for (std::size_t i = ir::fixed_operands(n.op); i < n.inputs.size() && ir::is_flex_attention(n.op); ++i) {
-    const Shape& ts = in(i);
+  for (std::size_t i = 0; i < modifier_tensors(n); ++i) {
+    const Shape& ts = in(ir::fixed_operands(n.op) + i);
     std::uint32_t dims = 0;
     for (int dim = 0; dim < r + 2; ++dim) {
       const int j = dim - (r + 2 - ts.rank);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "backends/cpu/thread_pool.hpp"
 #include "backends/cpu/vector_math.hpp"
@@ -86,17 +87,32 @@ void unary(ir::Op op, ConstView x, View out) {
   }
 }
 
-void binary(ir::Op op, ConstView a, ConstView b, View out) {
+namespace {
+
+/// f(std::integral_constant<ir::Op, op>{}) for a binary elementwise op: one switch for the kernels
+/// instantiated per op.
+template <class F>
+void with_binary_op(ir::Op op, F f) {
   switch (op) {
-    case ir::Op::add: return binary_impl<ir::Op::add>(a, b, out);
-    case ir::Op::sub: return binary_impl<ir::Op::sub>(a, b, out);
-    case ir::Op::mul: return binary_impl<ir::Op::mul>(a, b, out);
-    case ir::Op::div: return binary_impl<ir::Op::div>(a, b, out);
-    case ir::Op::max: return binary_impl<ir::Op::max>(a, b, out);
-    case ir::Op::equal: return binary_impl<ir::Op::equal>(a, b, out);
-    case ir::Op::greater: return binary_impl<ir::Op::greater>(a, b, out);
+    case ir::Op::add: return f(std::integral_constant<ir::Op, ir::Op::add>{});
+    case ir::Op::sub: return f(std::integral_constant<ir::Op, ir::Op::sub>{});
+    case ir::Op::mul: return f(std::integral_constant<ir::Op, ir::Op::mul>{});
+    case ir::Op::div: return f(std::integral_constant<ir::Op, ir::Op::div>{});
+    case ir::Op::max: return f(std::integral_constant<ir::Op, ir::Op::max>{});
+    case ir::Op::equal: return f(std::integral_constant<ir::Op, ir::Op::equal>{});
+    case ir::Op::greater: return f(std::integral_constant<ir::Op, ir::Op::greater>{});
     default: QKV_UNREACHABLE("not a binary op");
   }
+}
+
+}  // namespace
+
+void binary(ir::Op op, ConstView a, ConstView b, View out) {
+  with_binary_op(op, [&](auto o) { binary_impl<decltype(o)::value>(a, b, out); });
+}
+
+void binary_row(ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* out, std::int64_t n) {
+  with_binary_op(op, [&](auto o) { binary_rows<decltype(o)::value>(a, b, out, n, a_varies ? 1 : 0, b_varies ? 1 : 0); });
 }
 
 void select(ConstView cond, ConstView a, ConstView b, View out) {

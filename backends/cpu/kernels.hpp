@@ -21,6 +21,9 @@ struct ConstView {
 void fill(View out, float value);
 void unary(ir::Op op, ConstView x, View out);
 void binary(ir::Op op, ConstView a, ConstView b, View out);
+/// One row of a binary op: out[i] = a[i] op b[i] for i < n, an operand that does not vary read
+/// at [0] for every i (a score modifier's step over a row of scores).
+void binary_row(ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* out, std::int64_t n);
 void select(ConstView cond, ConstView a, ConstView b, View out);
 void reduce(ir::Op op, ConstView x, int axis, View out);
 void softmax(ConstView x, int axis, View out);

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "backends/cpu/vector_math.hpp"
 #include "backends/scalar_ops.hpp"
 #include "ir/error.hpp"
 #include "ir/region.hpp"
@@ -77,18 +76,25 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
     const Step& st = steps_[static_cast<std::size_t>(r)];
     return st.uniform ? ConstView{&uniform[static_cast<std::size_t>(r)], {}} : ConstView{reg(r), {cols}};
   };
+  auto varies = [&](int r) { return !steps_[static_cast<std::size_t>(r)].uniform; };
+  auto u_at = [&](int r) { return uniform[static_cast<std::size_t>(r)]; };
   for (std::size_t k = 0; k < steps_.size(); ++k) {
     const Step& st = steps_[k];
     if (!st.live) continue;
     const int self = static_cast<int>(k);
     float& u = uniform[k];
     float* out = st.uniform ? &u : reg(self);
-    switch (st.op) {
-      case ir::Op::input:
-        if (st.input == ir::kRegionScore) break;  // s itself
-        else if (st.input == ir::kRegionQIdx) u = static_cast<float>(i);
-        else if (st.input == ir::kRegionKvIdx) for (std::int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(j0 + j);
-        else {
+    switch (ir::op_info(st.op).category) {
+      case ir::OpCategory::source:
+        if (st.op == ir::Op::constant) {
+          u = st.value;
+        } else if (st.input == ir::kRegionScore) {
+          // s itself
+        } else if (st.input == ir::kRegionQIdx) {
+          u = static_cast<float>(i);
+        } else if (st.input == ir::kRegionKvIdx) {
+          for (std::int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(j0 + j);
+        } else {
           const Operand& t = tensors_[static_cast<std::size_t>(st.input - ir::kRegionFixedInputs)];
           std::int64_t off = 0, rest = b;
           for (int d = batch_.rank - 1; d >= 0; --d) {
@@ -100,41 +106,30 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
           else for (std::int64_t j = 0; j < cols; ++j) out[j] = row[j * t.col];
         }
         break;
-      case ir::Op::constant: u = st.value; break;
-      case ir::Op::neg:
-      case ir::Op::exp:
-      case ir::Op::log:
-      case ir::Op::sqrt:
-      case ir::Op::tanh:
-      case ir::Op::erf:
-      case ir::Op::sin:
-      case ir::Op::cos:
-      case ir::Op::cast:
-        if (st.uniform) u = apply_unary(st.op, uniform[static_cast<std::size_t>(st.a)]);
+      case ir::OpCategory::unary:
+        if (st.uniform) u = apply_unary(st.op, u_at(st.a));
         else unary(st.op, view(st.a), View{out, {cols}});
         break;
-      case ir::Op::add:
-      case ir::Op::sub:
-      case ir::Op::mul:
-      case ir::Op::div:
-      case ir::Op::max:
-      case ir::Op::equal:
-      case ir::Op::greater:
-        if (st.uniform) u = apply_binary(st.op, uniform[static_cast<std::size_t>(st.a)], uniform[static_cast<std::size_t>(st.b)]);
-        else binary_row(st.op, view(st.a).data, !steps_[static_cast<std::size_t>(st.a)].uniform, view(st.b).data,
-                        !steps_[static_cast<std::size_t>(st.b)].uniform, out, cols);
+      case ir::OpCategory::binary:
+      case ir::OpCategory::compare:
+        if (st.uniform) u = apply_binary(st.op, u_at(st.a), u_at(st.b));
+        else binary_row(st.op, view(st.a).data, varies(st.a), view(st.b).data, varies(st.b), out, cols);
         break;
-      case ir::Op::where: {
+      case ir::OpCategory::select: {
         if (st.uniform) {
-          u = uniform[static_cast<std::size_t>(st.a)] != 0.0f ? uniform[static_cast<std::size_t>(st.b)] : uniform[static_cast<std::size_t>(st.c)];
+          u = u_at(st.a) != 0.0f ? u_at(st.b) : u_at(st.c);
           break;
         }
-        const ConstView c = view(st.a), x = view(st.b), y = view(st.c);
-        const bool cv = c.shape.rank > 0, xv = x.shape.rank > 0, yv = y.shape.rank > 0;  // varying along the row
-        for (std::int64_t j = 0; j < cols; ++j) out[j] = c.data[cv ? j : 0] != 0.0f ? x.data[xv ? j : 0] : y.data[yv ? j : 0];
+        const float *c = view(st.a).data, *x = view(st.b).data, *y = view(st.c).data;
+        const bool cv = varies(st.a), xv = varies(st.b), yv = varies(st.c);
+        for (std::int64_t j = 0; j < cols; ++j) out[j] = c[cv ? j : 0] != 0.0f ? x[xv ? j : 0] : y[yv ? j : 0];
         break;
       }
-      default: QKV_UNREACHABLE(std::string(ir::op_name(st.op)) + " in a score modifier");
+      case ir::OpCategory::reduce:
+      case ir::OpCategory::contract:
+      case ir::OpCategory::layout:
+      case ir::OpCategory::mask:
+      case ir::OpCategory::composite: QKV_UNREACHABLE(std::string(ir::op_name(st.op)) + " in a score modifier");
     }
   }
   // The results, after every step has read s.

@@ -5,8 +5,6 @@
 #include <cstring>
 #include <limits>
 
-#include "ir/op.hpp"
-
 // The helpers below return 32-byte vectors (and take them by reference); they have internal
 // linkage and are always inlined into the cloned functions, so GCC's ABI warning for the SSE
 // fallback is moot.
@@ -166,47 +164,6 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void tanh_of(const f
     for (std::int64_t j = 0; i + j < n; ++j) tail[j] = x[i + j];
     const v8f t = tanh8(load(tail));
     for (std::int64_t j = 0; i + j < n; ++j) y[i + j] = t[j];
-  }
-}
-
-namespace {
-
-template <ir::Op O>
-[[gnu::always_inline]] inline v8f apply8(const v8f& a, const v8f& b) {
-  if constexpr (O == ir::Op::add) return a + b;
-  if constexpr (O == ir::Op::sub) return a - b;
-  if constexpr (O == ir::Op::mul) return a * b;
-  if constexpr (O == ir::Op::div) return a / b;
-  if constexpr (O == ir::Op::max) return (a > b || a != a) ? a : b;
-  if constexpr (O == ir::Op::equal) return a == b ? splat(1.0f) : splat(0.0f);
-  if constexpr (O == ir::Op::greater) return a > b ? splat(1.0f) : splat(0.0f);
-}
-
-template <ir::Op O>
-[[gnu::always_inline]] inline void binary_row(const float* a, bool av, const float* b, bool bv, float* y, std::int64_t n) {
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) store(y + i, apply8<O>(av ? load(a + i) : splat(a[0]), bv ? load(b + i) : splat(b[0])));
-  if (i < n) {
-    float ta[8] = {}, tb[8] = {};
-    for (std::int64_t j = 0; i + j < n; ++j) ta[j] = a[av ? i + j : 0], tb[j] = b[bv ? i + j : 0];
-    const v8f t = apply8<O>(load(ta), load(tb));
-    for (std::int64_t j = 0; i + j < n; ++j) y[i + j] = t[j];
-  }
-}
-
-}  // namespace
-
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void binary_row(ir::Op op, const float* a, bool a_varies, const float* b,
-                                                                               bool b_varies, float* y, std::int64_t n) {
-  switch (op) {
-    case ir::Op::add: return binary_row<ir::Op::add>(a, a_varies, b, b_varies, y, n);
-    case ir::Op::sub: return binary_row<ir::Op::sub>(a, a_varies, b, b_varies, y, n);
-    case ir::Op::mul: return binary_row<ir::Op::mul>(a, a_varies, b, b_varies, y, n);
-    case ir::Op::div: return binary_row<ir::Op::div>(a, a_varies, b, b_varies, y, n);
-    case ir::Op::max: return binary_row<ir::Op::max>(a, a_varies, b, b_varies, y, n);
-    case ir::Op::equal: return binary_row<ir::Op::equal>(a, a_varies, b, b_varies, y, n);
-    case ir::Op::greater: return binary_row<ir::Op::greater>(a, a_varies, b, b_varies, y, n);
-    default: return;
   }
 }
 

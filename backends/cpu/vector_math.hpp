@@ -3,8 +3,6 @@
 
 #include <cstdint>
 
-#include "ir/op.hpp"
-
 namespace qkv::backend::cpu {
 
 /// x[i] = exp(x[i] - shift) for i < n; returns the sum of the results. A polynomial exp (Cephes
@@ -30,10 +28,5 @@ void scale_inplace(float* y, std::int64_t n, float s);
 /// y[i] = tanh(x[i]) for i < n (x == y allowed): a few ulp, vectorised (series near 0, exp
 /// beyond), NaN gives NaN. Soft-capping evaluates it on every score.
 void tanh_of(const float* x, float* y, std::int64_t n);
-
-/// y[i] = a[i] op b[i] for i < n, op a binary elementwise op (add, sub, mul, div, max, equal,
-/// greater; as backends/scalar_ops.hpp defines them); an operand that does not vary is read at
-/// [0] for every i. A score modifier's step over a row.
-void binary_row(ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* y, std::int64_t n);
 
 }  // namespace qkv::backend::cpu
