@@ -41,9 +41,13 @@ void gather_inputs(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids
 
 InputValueChecks::InputValueChecks(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids) {
   for (const ir::Node& n : g.nodes()) {
-    if (n.op != ir::Op::dropout_mask) continue;
+    // dropout_mask's seed, and fused attention's (its last operand) when it drops weights.
+    ir::ValueId seed = -1;
+    if (n.op == ir::Op::dropout_mask) seed = n.inputs[1];
+    else if (ir::has_dropout_seed(n.op, n.attrs)) seed = n.inputs.back();
+    else continue;
     for (std::size_t i = 0; i < input_ids.size(); ++i)
-      if (input_ids[i] == n.inputs[1] &&
+      if (input_ids[i] == seed &&
           std::find_if(seeds_.begin(), seeds_.end(), [&](const auto& s) { return s.first == i; }) == seeds_.end())
         seeds_.emplace_back(i, g.node(input_ids[i]).name);
   }

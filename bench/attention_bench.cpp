@@ -4,7 +4,8 @@
 // full rows' is the speed-up of skipping masked blocks), and as 3x that for forward + backward
 // rows (the training graph: dq, dk, dv from an output gradient). Flex rows add a score modifier
 // (-softcap: 30 tanh(s / 30); -alibi-causal: ALiBi's per-head slopes with causality, counted as
-// full rows like -causal); vulkan's -unfused row also returns the weights, so its scores are
+// full rows like -causal; -dropout-fwd+bwd: dropout 0.1 on the weights, drawn inside the fused
+// kernels, forward + backward); vulkan's -unfused row also returns the weights, so its scores are
 // materialised (the path every vulkan run took before the flash kernels). Each backend row reports the
 // memory its plan holds ("MiB"). Run: build/default/bench/qkv_bench (QKV_BENCH_BACKENDS=cpu,vulkan
 // picks backends; QKV_BENCH_SHAPES=1,8,4096,64;4,8,512,64 replaces the shapes; --benchmark_filter
@@ -47,8 +48,9 @@ const std::vector<Shape> kLongShapes = {{1, 8, 8192, 64}};
 
 /// What a row runs: plain attention forward, causal, forward + backward; flex attention with a
 /// score modifier (soft-capping at 30; ALiBi with causality; soft-capping forward + backward);
-/// and the unfused path (the softmax weights are also returned, so the scores are materialised).
-enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, unfused };
+/// dropout on the weights forward + backward (training); and the unfused path (the softmax
+/// weights are also returned, so the scores are materialised).
+enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, dropout_backward, unfused };
 
 const char* mode_suffix(Mode m) {
   switch (m) {
@@ -58,12 +60,13 @@ const char* mode_suffix(Mode m) {
     case Mode::softcap: return "-softcap";
     case Mode::alibi: return "-alibi-causal";
     case Mode::softcap_backward: return "-softcap-fwd+bwd";
+    case Mode::dropout_backward: return "-dropout-fwd+bwd";
     case Mode::unfused: return "-unfused";
   }
   return "";
 }
 
-bool is_backward(Mode m) { return m == Mode::backward || m == Mode::softcap_backward; }
+bool is_backward(Mode m) { return m == Mode::backward || m == Mode::softcap_backward || m == Mode::dropout_backward; }
 
 /// ALiBi's slopes need a static head count and alibi_bias a static head dim: H = 8, D = 64 (rows
 /// of other shapes skip it).
@@ -91,6 +94,11 @@ qkv::ir::Graph sdpa_graph(double scale, Mode mode) {
     case Mode::softcap_backward:
       return ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, k, v, softcap_scores(30.0), qkv::scale(scale)))),
                                 {"", {"q", "k", "v"}, {"out"}});
+    case Mode::dropout_backward: {
+      auto seed = input<"seed", DType::i32>();
+      return ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, k, v, attn_dropout(0.1, seed), qkv::scale(scale)))),
+                                {"", {"q", "k", "v"}, {"out"}});
+    }
     case Mode::backward:
       return ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale)))), {"", {"q", "k", "v"}, {"out"}});
     case Mode::forward: break;
@@ -266,7 +274,8 @@ int main(int argc, char** argv) {
     for (const auto& b : backends) {
       if (b == "reference" && s.n > 128) continue;  // plain double loops: minutes per run
       if (b == "vulkan" && s.n > 512 && std::getenv("QKV_BENCH_SMALL_VULKAN")) continue;
-      for (Mode m : {Mode::forward, Mode::causal, Mode::backward, Mode::softcap, Mode::alibi, Mode::softcap_backward, Mode::unfused}) {
+      for (Mode m : {Mode::forward, Mode::causal, Mode::backward, Mode::softcap, Mode::alibi, Mode::softcap_backward, Mode::dropout_backward,
+                     Mode::unfused}) {
         if (b == "reference" && m != Mode::forward) continue;
         if (m == Mode::alibi && (s.h != 8 || s.d != 64)) continue;
         if (m == Mode::unfused && b != "vulkan") continue;  // the cpu's own unfused peer is sgemm-softmax-sgemm

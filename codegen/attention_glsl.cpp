@@ -33,6 +33,8 @@
 #include "codegen/glsl_detail.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
+#include "ir/printer.hpp"
+#include "ir/random.hpp"
 #include "ir/region.hpp"
 
 namespace qkv::codegen::detail {
@@ -85,7 +87,9 @@ bool masked(const Node& n) {
 }
 
 /// A flex node's tensor operands (those its score modifier reads), after its fixed operands.
-std::size_t modifier_tensors(const Node& n) { return ir::is_flex_attention(n.op) ? n.inputs.size() - ir::fixed_operands(n.op) : 0; }
+std::size_t modifier_tensors(const Node& n) {
+  return ir::is_flex_attention(n.op) ? ir::modifier_tensor_count(n.op, n.attrs, n.inputs.size()) : 0;
+}
 
 /// The first specialization constant of the modifier's tensors: tensor i's dims are constant 5 + i.
 constexpr int kFirstTensorConstant = 5;
@@ -186,7 +190,7 @@ int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n); }
 KernelSource attention_source(const Node& n) {
   const Kind kind = kind_of(n);
   const int r = batch_rank(n);
-  const bool causal = n.attrs.causal, mask = masked(n);
+  const bool causal = n.attrs.causal, mask = masked(n), drop = ir::has_dropout_seed(n.op, n.attrs);
   const bool key_rows = kind == Kind::dk || kind == Kind::dv;  // rows are keys, streaming queries
   const std::string own_count = key_rows ? "M" : "N", other_count = key_rows ? "N" : "M";
 
@@ -197,6 +201,7 @@ KernelSource attention_source(const Node& n) {
   if (mask) arrays.emplace_back("KEEP");
   const std::size_t tensors = modifier_tensors(n);
   for (std::size_t i = 0; i < tensors; ++i) arrays.push_back("T" + str(static_cast<std::int64_t>(i)));
+  if (drop) arrays.emplace_back("SEED");  // dropout's seed, the last operand
   std::string bindings;
   for (std::size_t i = 0; i < arrays.size(); ++i)
     bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(i)) + ") readonly buffer B" + arrays[i] + " { float " + arrays[i] + "[]; };\n";
@@ -250,6 +255,19 @@ uint tensor_stride(uint dims, int d) {
                      region_function(*modifier, with_derivative ? "score_mod_d" : "score_mod",
                                      with_derivative ? std::vector<std::string>{"primal", "mod"} : std::vector<std::string>{"mod"});
   }
+  // Dropout on the weights: the factor dropout_mask gives the same element of the weights
+  // [batch, N, M] (bits keyed by the seed and its index), with p and 1 / (1 - p) written in.
+  std::string dropout_text, dropout_setup;
+  if (drop) {
+    dropout_text = "\n// Dropout (p = " + ir::format_number(n.attrs.dropout) + "): dropout_mask's factor for weight (i, j) of this batch entry.\n" +
+                   philox_function() + "const uint DROP_THRESHOLD = " + str(ir::dropout_threshold(n.attrs.dropout)) + "u;\n" +
+                   "float dropout_factor(uint i, uint j) {\n"
+                   "  float keep = uintBitsToFloat(" + str(std::bit_cast<std::uint32_t>(static_cast<float>(1.0 / (1.0 - n.attrs.dropout)))) +
+                   "u);  // 1 / (1 - p)\n"
+                   "  return qkv_philox((batch_index * N + i) * M + j, drop_seed) >= DROP_THRESHOLD ? keep : 0.0;\n"
+                   "}\n";
+    dropout_setup = "  batch_index = b;\n  drop_seed = uint(SEED[0]);\n";
+  }
   std::string tensor_zero;  // t<i>_at accumulates over the batch dims
   for (std::size_t i = 0; i < tensors; ++i) tensor_zero += " t" + str(static_cast<std::int64_t>(i)) + "_at = 0u;";
 
@@ -276,13 +294,14 @@ float scale;
 int shift, window;
 uint q_at, k_at, v_at, mask_at, dy_at, stat_at;  // this batch entry's first element in each operand
 uint r0, lid;
+uint batch_index, drop_seed;  // dropout's: this workgroup's batch entry and the seed
 $TGLOBALS
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
 float qkv_max(float a, float b) { return (isnan(a) || a > b) ? a : b; }  // NaN wins, as max does
 bool finite(float x) { return !isnan(x) && !isinf(x); }
 float sum4(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 uint own(uint t) { return r0 + t * INV + lid; }  // row t of this invocation
-$READERS$MODIFIER
+$READERS$MODIFIER$DROPOUT
 // Whether query i keeps key j: causality keeps j <= i + shift, a window only the last `window`.
 bool kept(uint i, uint j) {
   bool keep = true;
@@ -306,14 +325,14 @@ void main() {
     v_at += idx * pc.p[9 + 3 * R + d];
     mask_at += idx * pc.p[9 + 4 * R + d];
 $TENSORAT  }
-$TENSORSTRIDES  dy_at = b * N * DVR;
+$TENSORSTRIDES$DROPSETUP  dy_at = b * N * DVR;
   stat_at = b * N;
   lid = gl_LocalInvocationIndex;
   r0 = gl_WorkGroupID.x * BR;
   uint rows = min(BR, $OWNCOUNT - min(r0, $OWNCOUNT));
   uint lo = 0u, hi = $OTHERCOUNT;  // the streamed rows visited
 )",
-                       {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "") + (n.region ? ", with a score modifier" : "")},
+                       {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "") + (n.region ? ", with a score modifier" : "") + (drop ? ", with dropout" : "")},
                         {"ROWS", key_rows ? "keys" : "queries"},
                         {"OTHERS", key_rows ? "queries" : "keys"},
                         {"R", str(r)},
@@ -327,6 +346,8 @@ $TENSORSTRIDES  dy_at = b * N * DVR;
                         {"TENSORAT", tensor_at},
                         {"TENSORSTRIDES", tensor_strides},
                         {"TENSORZERO", tensor_zero},
+                        {"DROPOUT", dropout_text},
+                        {"DROPSETUP", dropout_setup},
                         {"KEPT", std::string(causal ? "  int limit = int(i) + shift;\n"
                                                       "  keep = int(j) <= limit && (window == 0 || int(j) > limit - window);\n"
                                                     : "") +
@@ -465,8 +486,12 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
       s += "          m[t] = m_new;\n"
            "        }\n"
            "        sc[t] = exp(sc[t] - vec4(m[t] == neg_inf() ? 0.0 : m[t]));  // no key yet: every exp is 0\n"
-           "        l[t] += sum4(sc[t]);\n"
-           "      }\n";
+           "        l[t] += sum4(sc[t]);\n";
+      if (kind == Kind::forward && drop)  // the sum normalises the undropped weights; v meets the dropped ones
+        s += "        if (own(t) < N)\n"
+             "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
+             "            if (c0 + j < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j);\n";
+      s += "      }\n";
       if (kind == Kind::forward)
         s += "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
              "        uint c = c0 + j;\n"
@@ -480,27 +505,31 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
       break;
     case Kind::dq:
     case Kind::dk: {
-      // ds = p (dy . v - delta); dq += ds k for query rows, dk += ds q for key rows.
+      // ds = p (dy . v - delta); dq += ds k for query rows, dk += ds q for key rows. With
+      // dropout's factor z: ds = p (z dy . v - delta).
       const bool q_rows = kind == Kind::dq;
       s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", q_rows ? "q" : "kr", q_rows ? "k_tile" : "q_tile", "D4") +
            dots("dp", q_rows ? "dy" : "vr", q_rows ? "v_tile" : "dy_tile", "DV4") +
            "      float ds[RPT];\n"
            "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
-           fill("        ds[t] = pr * (sum4(dp4[t]) - $DELTA)$DMOD;\n"
+           fill("        ds[t] = pr * (sum4(dp4[t])$DROP - $DELTA)$DMOD;\n"
                 "      }\n"
                 "      [[unroll]] for (uint g = 0u; g < D4; ++g) {\n"
                 "        vec4 x = $TILE[c * D4 + g];\n"
                 "        [[unroll]] for (uint t = 0u; t < RPT; ++t) acc[t * D4 + g] += ds[t] * x;\n"
                 "      }\n"
                 "    }\n",
-                {{"DELTA", q_rows ? "delta_r[t]" : "delta_tile[c]"}, {"DMOD", n.region ? " * dmod" : ""}, {"TILE", q_rows ? "k_tile" : "q_tile"}});
+                {{"DELTA", q_rows ? "delta_r[t]" : "delta_tile[c]"},
+                 {"DMOD", n.region ? " * dmod" : ""},
+                 {"DROP", drop ? " * dropout_factor(" + qi + ", " + kj + ")" : ""},
+                 {"TILE", q_rows ? "k_tile" : "q_tile"}});
       break;
     }
     case Kind::dv:
       s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", "kr", "q_tile", "D4") +
            "      float p[RPT];\n"
            "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
-           "        p[t] = pr;\n"
+           (drop ? "        p[t] = pr * dropout_factor(" + qi + ", " + kj + ");  // dv = (p z)T dy\n" : "        p[t] = pr;\n") +
            "      }\n"
            "      [[unroll]] for (uint g = 0u; g < DV4; ++g) {\n"
            "        vec4 x = dy_tile[c * DV4 + g];\n"
@@ -536,7 +565,8 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
     case Kind::dv: s += store("acc", "DV4", "DVR", "M", "$REG[t * DV4 + g][e]"); break;
   }
   s += "}\n";
-  std::string name = "flash_attention_" + kind_name(kind) + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") + "_b" + str(r);
+  std::string name = "flash_attention_" + kind_name(kind) + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
+                     (drop ? "_dropout" : "") + "_b" + str(r);
   return {name, s, static_cast<int>(arrays.size()) + 1};
 }
 

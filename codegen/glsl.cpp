@@ -97,6 +97,22 @@ std::string header(int inputs, std::uint32_t local_x = kWorkgroupSize, std::uint
 /// random-graph test). Here log(m 2^e) = e ln 2 + 2 atanh(s), s = (m - 1) / (m + 1), m in
 /// [sqrt(1/2), sqrt(2)), so |s| < 0.172 and the odd series to s^11 is exact to float; special
 /// values as IEEE log.
+/// Philox4x32-10 as ir/random.hpp defines it; umulExtended gives the 64-bit products.
+std::string detail::philox_function() {
+  return "uint qkv_philox(uint index, uint seed) {\n"
+         "  uvec4 c = uvec4(index, 0u, 0u, 0u);\n"
+         "  uvec2 k = uvec2(seed, " + std::to_string(ir::kDropoutKey1) + "u);\n"
+         "  for (int round = 0; round < 10; ++round) {\n"
+         "    uint hi0, lo0, hi1, lo1;\n"
+         "    umulExtended(" + std::to_string(ir::kPhiloxM0) + "u, c.x, hi0, lo0);\n"
+         "    umulExtended(" + std::to_string(ir::kPhiloxM1) + "u, c.z, hi1, lo1);\n"
+         "    c = uvec4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);\n"
+         "    k += uvec2(" + std::to_string(ir::kPhiloxW0) + "u, " + std::to_string(ir::kPhiloxW1) + "u);\n"
+         "  }\n"
+         "  return c.x;\n"
+         "}\n";
+}
+
 const char* const detail::kGlslLog =
     "float qkv_log(float x) {\n"
     "  if (isnan(x) || x < 0.0) return uintBitsToFloat(0x7fc00000u);\n"
@@ -338,23 +354,10 @@ KernelSource iota_source() {
   return {"iota", s, 2};
 }
 
-/// Philox4x32-10 as ir/random.hpp defines it; umulExtended gives the 64-bit products.
 KernelSource dropout_mask_source() {
   std::string s = header(2) +
-                  "// p[0] = elements, p[1] = drop threshold (2^32 p), p[2] = the kept value's float bits; x1[0] = seed\n"
-                  "uint qkv_philox(uint index, uint seed) {\n"
-                  "  uvec4 c = uvec4(index, 0u, 0u, 0u);\n"
-                  "  uvec2 k = uvec2(seed, " + std::to_string(ir::kDropoutKey1) + "u);\n"
-                  "  for (int round = 0; round < 10; ++round) {\n"
-                  "    uint hi0, lo0, hi1, lo1;\n"
-                  "    umulExtended(" + std::to_string(ir::kPhiloxM0) + "u, c.x, hi0, lo0);\n"
-                  "    umulExtended(" + std::to_string(ir::kPhiloxM1) + "u, c.z, hi1, lo1);\n"
-                  "    c = uvec4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);\n"
-                  "    k += uvec2(" + std::to_string(ir::kPhiloxW0) + "u, " + std::to_string(ir::kPhiloxW1) + "u);\n"
-                  "  }\n"
-                  "  return c.x;\n"
-                  "}\n"
-                  "void main() {\n" + kLinearIndex +
+                  "// p[0] = elements, p[1] = drop threshold (2^32 p), p[2] = the kept value's float bits; x1[0] = seed\n" +
+                  detail::philox_function() + "void main() {\n" + kLinearIndex +
                   "  y[i] = qkv_philox(i, uint(x1[0])) >= pc.p[1] ? uintBitsToFloat(pc.p[2]) : 0.0;\n}\n";
   return {"dropout_mask", s, 3};
 }

@@ -20,6 +20,9 @@ std::array<std::int64_t, ir::kMaxRank> contiguous_strides(const ir::Shape& s);
 std::array<std::int64_t, ir::kMaxRank> broadcast_strides(const ir::Shape& in, int rank);
 /// GLSL `float qkv_log(float)`: log to float precision near 1 (the built-in is not; see glsl.cpp).
 extern const char* const kGlslLog;
+/// GLSL `uint qkv_philox(uint index, uint seed)`: the first word of Philox4x32-10 as
+/// ir/random.hpp defines it for dropout masks (counter (index, 0, 0, 0), key (seed, kDropoutKey1)).
+std::string philox_function();
 
 /// The GLSL helpers (qkv_log, qkv_tanh, qkv_erf) that a region's ops call, with qkv_log also
 /// when `log`: each once, to be placed before the region's functions.

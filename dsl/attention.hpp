@@ -132,7 +132,8 @@ constexpr auto apply_dropout(W weights, O o, Rest... rest) {
 /// added to the scores (an additive mask or bias: -inf or a large negative drops a key, and it is
 /// differentiable; biases apply before the masks and causality, so a masked key stays masked); scale(x) (default 1/sqrt(D), for a named D resolved when D is bound); temperature(t) (divides
 /// the scores by t after scaling); sliding_window<W> (causal, the last W keys); softcap_scores(c);
-/// attn_dropout(p, seed) (dropout on the returned weights, as torch does). A query row whose keys
+/// attn_dropout(p, seed) (dropout on the returned weights, as torch does; fused attention draws the
+/// same bits inside its kernels, forward and backward). A query row whose keys
 /// are all masked gets zero weights, so zero output and zero gradient, rather than NaN.
 /// Masks: here true *keeps* a key (torch.nn.functional.scaled_dot_product_attention's
 /// convention); torch.nn.MultiheadAttention's key_padding_mask is the opposite (true drops), see

@@ -51,6 +51,15 @@ ValueId row_lse(Graph& g, ValueId s) {
   return g.add(Op::add, {m, g.add(Op::log, {sum})});
 }
 
+/// x (shaped as flex attention node n's weights) times its dropout mask when n drops weights:
+/// dropout_mask(x, seed) {value = p}, the seed n's last operand `in.back()`.
+ValueId dropped(Graph& g, const Node& n, std::span<const ValueId> in, ValueId x) {
+  if (!has_dropout_seed(n.op, n.attrs)) return x;
+  Attrs p;
+  p.value = n.attrs.dropout;
+  return g.add(Op::mul, {x, g.add(Op::dropout_mask, {x, in.back()}, p)});
+}
+
 /// The probabilities p = exp(s - lse), 0 where s = -inf (masked).
 ValueId probabilities(Graph& g, ValueId s, ValueId lse) {
   return g.add(Op::where, {g.add(Op::equal, {s, g.constant(-HUGE_VAL)}), g.constant(0.0), g.add(Op::exp, {g.add(Op::sub, {s, lse})})});
@@ -101,22 +110,26 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
       return g.add(Op::mul, {g.add(Op::matmul, {ds, q}, transposed(true, false)), scale});
     }
     case Op::flex_attention: {
-      // softmax(mod(s)) v: the region inlined over the whole score matrix.
-      ValueId s = modified_scores(g, n, in[0], in[1], in.subspan(3));
+      // softmax(mod(s)) v, the region inlined over the whole score matrix; with dropout, the
+      // weights times dropout_mask(weights, seed) first (the bits of the unfused graph).
+      const std::span<const ValueId> tensors = in.subspan(3, modifier_tensor_count(n.op, n.attrs, in.size()));
+      ValueId s = modified_scores(g, n, in[0], in[1], tensors);
       Attrs last;
       last.axis = g.node(s).shape.rank - 1;
-      return g.add(Op::matmul, {g.add(Op::softmax, {s}, last), in[2]});
+      return g.add(Op::matmul, {dropped(g, n, in, g.add(Op::softmax, {s}, last)), in[2]});
     }
     case Op::flex_attention_lse: return row_lse(g, modified_scores(g, n, in[0], in[1], in.subspan(2)));
     case Op::flex_attention_grad: {
       // As attention_grad over m = mod(s): dm = p (dy vT - delta); the chain rule through the
       // modifier multiplies by its derivative, d mod/d s for q and k, d mod/d ti for tensor i.
+      // With dropout's mask z: dv = (p z)T dy and dm = p (z (dy vT) - delta).
       ValueId q = in[0], k = in[1], v = in[2], dy = in[3], lse = in[4], delta = in[5];
-      const std::span<const ValueId> tensors = in.subspan(6);
+      const std::span<const ValueId> tensors = in.subspan(6, modifier_tensor_count(n.op, n.attrs, in.size()));
       const ValueId scaled = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
       const ValueId p = probabilities(g, causal(g, n, inline_region(g, *n.region, scaled, tensors)), lse);
-      if (n.attrs.wrt == 2) return g.add(Op::matmul, {p, dy}, transposed(true, false));
-      const ValueId dm = g.add(Op::mul, {p, g.add(Op::sub, {g.add(Op::matmul, {dy, v}, transposed(false, true)), delta})});
+      if (n.attrs.wrt == 2) return g.add(Op::matmul, {dropped(g, n, in, p), dy}, transposed(true, false));
+      const ValueId dp = dropped(g, n, in, g.add(Op::matmul, {dy, v}, transposed(false, true)));
+      const ValueId dm = g.add(Op::mul, {p, g.add(Op::sub, {dp, delta})});
       const int wrt = n.attrs.wrt < 3 ? kRegionScore : kRegionFixedInputs + n.attrs.wrt - 3;
       const ValueId d = g.add(Op::mul, {dm, inline_region(g, differentiate_region(*n.region, wrt), scaled, tensors)});
       if (n.attrs.wrt >= 3) return d;

@@ -247,15 +247,19 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
     // trained modifier tensor asks for it (the rest are dropped as dead code).
     case Op::flex_attention: {
       Attrs a = n.attrs;
-      const std::span<const ValueId> tensors = in.subspan(3);
+      const std::span<const ValueId> tensors = in.subspan(3, modifier_tensor_count(n.op, n.attrs, in.size()));
       std::vector<ValueId> qk = {in[0], in[1]};
       qk.insert(qk.end(), tensors.begin(), tensors.end());
-      ValueId lse = g.add(Op::flex_attention_lse, qk, a, n.region);
+      Attrs undropped = a;  // the lse is dropout's too: it normalises the weights before the mask
+      undropped.dropout = 0.0;
+      ValueId lse = g.add(Op::flex_attention_lse, qk, undropped, n.region);
       Attrs last;
       last.axis = n.shape.rank - 1;
       ValueId delta = g.add(Op::reduce_sum, {g.add(Op::mul, {dy, y})}, last);
+      // delta = rowsum(dy * y) as without dropout: y already holds the mask's zeros and scale.
       std::vector<ValueId> args = {in[0], in[1], in[2], dy, lse, delta};
       args.insert(args.end(), tensors.begin(), tensors.end());
+      if (has_dropout_seed(n.op, n.attrs)) args.push_back(in.back());
       std::vector<ValueId> grads;
       for (int wrt = 0; wrt < 3; ++wrt) {
         a.wrt = static_cast<std::int8_t>(wrt);
@@ -273,6 +277,7 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
         a.wrt = static_cast<std::int8_t>(3 + i);
         grads.push_back(unb(g.add(Op::flex_attention_grad, args, a, n.region), static_cast<int>(3 + i)));
       }
+      if (has_dropout_seed(n.op, n.attrs)) grads.push_back(-1);  // the seed's bits have none
       return grads;
     }
     case Op::reduce_mean:

@@ -22,6 +22,7 @@ std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a,
   hash_mix(h, static_cast<std::size_t>(a.begin) * 31u + static_cast<std::size_t>(a.end));
   hash_mix(h, static_cast<std::size_t>(a.window));
   hash_mix(h, static_cast<std::size_t>(a.wrt));
+  hash_mix(h, std::hash<double>{}(a.dropout));
   for (int i = 0; i < a.shape.rank; ++i) hash_mix(h, static_cast<std::size_t>(a.shape[i]));
   for (auto p : a.perm) hash_mix(h, static_cast<std::size_t>(p));
   hash_mix(h, std::hash<double>{}(a.value));
@@ -169,7 +170,7 @@ ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs, std::shared_
   }
   if (region) {
     std::vector<DType> tensors;
-    for (std::size_t i = fixed_operands(op); i < operands.size(); ++i) tensors.push_back(operands[i].dtype);
+    for (std::size_t i = 0; i < modifier_tensor_count(op, attrs, operands.size()); ++i) tensors.push_back(operands[fixed_operands(op) + i].dtype);
     if (std::string why = check_region(*region, tensors); !why.empty()) throw IrError(std::string(info.name) + ": " + why);
   }
   std::size_t h = node_hash(op, inputs, attrs, region.get());

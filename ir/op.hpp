@@ -42,6 +42,7 @@ enum AttrFlag : std::uint32_t {
   kAttrRange = 1u << 10,
   kAttrWindow = 1u << 11,
   kAttrWrt = 1u << 12,
+  kAttrDropout = 1u << 13,
 };
 
 enum class CausalAlign : std::uint8_t { top_left, bottom_right };
@@ -60,6 +61,7 @@ struct Attrs {
   std::int64_t end = 0;     // slice
   std::int64_t window = 0;  // causal masks: keep only the last `window` keys (0: all)
   std::int8_t wrt = 0;      // attention_grad: the operand differentiated (0 q, 1 k, 2 v)
+  double dropout = 0.0;     // flex attention: dropout probability on the weights (0: none; see dropout_seed_operands)
   std::array<std::int8_t, kMaxRank> perm{};
   Shape shape{};
   DType dtype = DType::f32;
@@ -71,7 +73,7 @@ struct Attrs {
   friend constexpr bool operator==(const Attrs& a, const Attrs& b) {
     return a.axis == b.axis && a.keepdim == b.keepdim && a.transpose_a == b.transpose_a &&
            a.transpose_b == b.transpose_b && a.align == b.align && a.causal == b.causal && a.depth == b.depth && a.begin == b.begin && a.end == b.end &&
-           a.window == b.window && a.wrt == b.wrt && a.perm == b.perm &&
+           a.window == b.window && a.wrt == b.wrt && a.dropout == b.dropout && a.perm == b.perm &&
            a.shape == b.shape && a.dtype == b.dtype && a.rsqrt_of == b.rsqrt_of &&
            (a.value == b.value || (a.value != a.value && b.value != b.value));
   }
@@ -129,6 +131,19 @@ constexpr bool arity_accepts(Op op, std::size_t n) {
 constexpr std::size_t fixed_operands(Op op) {
   const int a = op_info(op).arity;
   return static_cast<std::size_t>(a < 0 ? -a : a);
+}
+
+/// Whether a flex node with these attributes drops weights: flex_attention and its gradient
+/// then take the dropout seed (an i32 scalar) as their last operand, after the modifier's tensors.
+constexpr bool has_dropout_seed(Op op, const Attrs& a) {
+  return (op == Op::flex_attention || op == Op::flex_attention_grad) && a.dropout != 0.0;
+}
+
+/// The number of tensors a flex node's modifier reads, operands fixed_operands(op) on, of
+/// `operands` in all (0 when there are too few for the op to be valid).
+constexpr std::size_t modifier_tensor_count(Op op, const Attrs& a, std::size_t operands) {
+  const std::size_t others = fixed_operands(op) + (has_dropout_seed(op, a) ? 1 : 0);
+  return operands > others ? operands - others : 0;
 }
 
 /// All ops, in registry order.

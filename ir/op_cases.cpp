@@ -40,11 +40,11 @@ Attrs align(CausalAlign a, std::int64_t window = 0) {
 }
 /// Score modifiers for the flex attention cases: soft-capping at 2 (so that random scores feel
 /// it), an ALiBi-like bias slope t0 * (kv_idx - q_idx), an additive bias t0 after soft-capping,
-/// and a document mask keeping keys whose id t1 equals the query's id t0.
-enum class Mod { softcap, slope, capped_bias, document };
+/// a document mask keeping keys whose id t1 equals the query's id t0, and none (the score itself).
+enum class Mod { softcap, slope, capped_bias, document, none };
 std::shared_ptr<const Graph> modifier(Mod m) {
   const std::vector<DType> f32 = {DType::f32}, ids = {DType::i32, DType::i32};
-  Graph r = make_region(m == Mod::softcap ? std::span<const DType>{} : m == Mod::document ? std::span<const DType>(ids) : std::span<const DType>(f32));
+  Graph r = make_region(m == Mod::softcap || m == Mod::none ? std::span<const DType>{} : m == Mod::document ? std::span<const DType>(ids) : std::span<const DType>(f32));
   const ValueId score = kRegionScore, t0 = kRegionFixedInputs;
   auto cap = [&](ValueId s) {
     const ValueId c = r.constant(2.0);
@@ -52,6 +52,7 @@ std::shared_ptr<const Graph> modifier(Mod m) {
   };
   ValueId mod = score;
   switch (m) {
+    case Mod::none: break;
     case Mod::softcap: mod = cap(score); break;
     case Mod::slope: mod = r.add(Op::add, {score, r.add(Op::mul, {t0, r.add(Op::sub, {kRegionKvIdx, kRegionQIdx})})}); break;
     case Mod::capped_bias: mod = r.add(Op::add, {cap(score), t0}); break;
@@ -65,6 +66,12 @@ std::shared_ptr<const Graph> modifier(Mod m) {
   }
   r.set_output("mod", mod);
   return std::make_shared<const Graph>(std::move(r));
+}
+
+/// `a` dropping flex attention's weights with probability p (the seed its last operand).
+Attrs dropout(Attrs a, double p) {
+  a.dropout = p;
+  return a;
 }
 
 Attrs range(int ax, std::int64_t begin, std::int64_t end) {
@@ -107,8 +114,8 @@ std::vector<OpCase> op_cases(Op op) {
               {"middle axis", {{{2, 1, 3}}, {{2, 4, 3}}}, axis(1)}};
     case Op::iota: return {{"axis 1 of 3x5", {{{3, 5}}}, axis(1)}, {"axis 0 of 2x3x4", {{{2, 3, 4}}}, axis(0)}};
     case Op::dropout_mask: {
-      Attrs p = shape({}, 0.3), none = shape({}, 0.0);
-      return {{"p 0.3", {{{4, 33}}, {{}, Fill::seed}}, p}, {"p 0", {{{3, 5}}, {{}, Fill::seed}}, none}};
+      Attrs p = shape({}, 0.3), none = shape({}, 0.0), most = shape({}, 0.9);
+      return {{"p 0.3", {{{4, 33}}, {{}, Fill::seed}}, p}, {"p 0", {{{3, 5}}, {{}, Fill::seed}}, none}, {"p 0.9", {{{5, 7}}, {{}, Fill::seed}}, most}};
     }
     case Op::log:
     case Op::sqrt: return unary(Fill::positive);
@@ -236,7 +243,14 @@ std::vector<OpCase> op_cases(Op op) {
               {"slopes per head causal", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}}, causal, modifier(Mod::slope)},
               {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 7}}}, plain, modifier(Mod::capped_bias)},
               {"document ids, empty rows", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 1}, Fill::segments}, {{2, 1, 7}, Fill::segments}}, plain, modifier(Mod::document)},
-              {"long rows sliding window slopes", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}, {{1}, Fill::positive}}, window, modifier(Mod::slope)}};
+              // Long rows train no tensor: a slope's gradient sums ds (kv_idx - q_idx) over 39,000
+              // scores, beyond f32's budgets under the random graphs' loss weights.
+              {"long rows sliding window softcap", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}}, window, modifier(Mod::softcap)},
+              {"dropout", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{}, Fill::seed}}, dropout(plain, 0.3), modifier(Mod::none)},
+              {"slopes per head causal dropout", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}, {{}, Fill::seed}},
+               dropout(causal, 0.5), modifier(Mod::slope)},
+              {"long rows sliding window dropout", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}, {{}, Fill::seed}}, dropout(window, 0.1),
+               modifier(Mod::none)}};
     }
     case Op::flex_attention_lse: {
       Attrs causal = shape({}, 0.35);
@@ -265,6 +279,16 @@ std::vector<OpCase> op_cases(Op op) {
       docs.push_back({{2, 5, 1}, Fill::segments});
       docs.push_back({{2, 1, 7}, Fill::segments});
       r.push_back({"dq document ids, empty rows", docs, dq, modifier(Mod::document)});
+      for (int w = 0; w < 4; ++w) {  // with dropout: its seed last
+        Attrs a = shape({}, 0.35);
+        a.wrt = static_cast<std::int8_t>(w);
+        a.causal = w != 1;
+        std::vector<CaseInput> bias = batched;
+        bias.push_back({{2, 5, 7}});
+        bias.push_back({{}, Fill::seed});
+        const std::string name = w < 3 ? std::string("d") + "qkv"[w] : std::string("dt0");
+        r.push_back({name + " softcap then bias dropout" + (a.causal ? " causal" : ""), bias, dropout(a, 0.2), modifier(Mod::capped_bias)});
+      }
       return r;
     }
     case Op::softmax:

@@ -283,12 +283,29 @@ constexpr ShapeResult attention_grad(std::span<const Operand> in, const Attrs& a
 
 /// The modifier tensors of a flex attention op, operands `first` on, each broadcasting to the
 /// scores q kT (operands 0 and 1): the scores' shape when they do.
-constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t first) {
+/// Whether a and b have the same rank and batch dims (all but the last two).
+constexpr bool same_batch(const Shape& a, const Shape& b) {
+  if (a.rank != b.rank) return false;
+  for (int i = 0; i + 2 < a.rank; ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
+/// With dropout (attribute p in [0, 1), nonzero), the last operand is the seed, an i32 scalar.
+constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t first, const Attrs& a) {
+  if (!(a.dropout >= 0.0 && a.dropout < 1.0)) return fail(ShapeErr::bad_probability);
+  std::size_t end = in.size();
+  if (a.dropout != 0.0) {
+    if (end <= first) return fail(ShapeErr::rank_too_small, static_cast<std::int64_t>(end), static_cast<std::int64_t>(first + 1));
+    const Operand& seed = in[--end];
+    if (seed.dtype != DType::i32) return fail(ShapeErr::not_integer, 0, 0, static_cast<int>(end));
+    if (seed.shape.rank != 0) return fail(ShapeErr::rank_too_large, seed.shape.rank, 0, static_cast<int>(end));
+  }
   ir::Attrs tb;
   tb.transpose_b = true;
   const ShapeResult scores = matmul(in.first(2), tb);
   if (!scores.ok()) return scores;
-  for (std::size_t i = first; i < in.size(); ++i) {
+  for (std::size_t i = first; i < end; ++i) {
     const Operand sm[2] = {{scores.shape, DType::f32}, in[i]};
     ShapeResult b = broadcast(sm);
     if (!b.ok()) {
@@ -300,30 +317,34 @@ constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t 
   return {scores.shape, DType::f32};
 }
 
-/// flex_attention(q, k, v, t...): attention's shape; each t broadcasts to the scores.
-constexpr ShapeResult flex_attention(std::span<const Operand> in) {
+/// flex_attention(q, k, v, t..., [seed]): attention's shape; each t broadcasts to the scores.
+constexpr ShapeResult flex_attention(std::span<const Operand> in, const Attrs& a) {
   const ShapeResult y = attention(in.first(3));
-  const ShapeResult t = y.ok() ? modifier_tensors(in, 3) : y;
-  return t.ok() ? y : t;
+  const ShapeResult t = y.ok() ? modifier_tensors(in, 3, a) : y;
+  if (!t.ok()) return t;
+  // Dropout's bits are keyed by the weights' element index: v may not add batch dims to them.
+  if (a.dropout != 0.0 && !same_batch(t.shape, y.shape)) return fail(ShapeErr::dims_differ, t.shape.rank, y.shape.rank, 2);
+  return y;
 }
 
 /// flex_attention_lse(q, k, t...): the scores' shape with one column.
 constexpr ShapeResult flex_attention_lse(std::span<const Operand> in) {
   const ShapeResult r = attention_lse(in.first(2));
-  const ShapeResult t = r.ok() ? modifier_tensors(in, 2) : r;
+  const ShapeResult t = r.ok() ? modifier_tensors(in, 2, Attrs{}) : r;
   return t.ok() ? r : t;
 }
 
-/// flex_attention_grad(q, k, v, dy, lse, delta, t...) {wrt}: attention_grad's shapes for wrt < 3;
-/// the scores' shape [..,N,M] for wrt = 3 + i (ti's gradient before it is summed to ti's shape).
+/// flex_attention_grad(q, k, v, dy, lse, delta, t..., [seed]) {wrt}: attention_grad's shapes for
+/// wrt < 3; the scores' shape [..,N,M] for wrt = 3 + i (ti's gradient before it is summed to ti's shape).
 constexpr ShapeResult flex_attention_grad(std::span<const Operand> in, const Attrs& a) {
-  const int tensors = static_cast<int>(in.size()) - 6;
+  const int tensors = static_cast<int>(in.size()) - 6 - (a.dropout != 0.0 ? 1 : 0);
   if (a.wrt < 0 || a.wrt >= 3 + tensors) return fail(ShapeErr::bad_range, a.wrt, 2 + tensors);
   Attrs fixed = a;
   if (a.wrt >= 3) fixed.wrt = 0;
   const ShapeResult r = attention_grad(in.first(6), fixed);
-  const ShapeResult t = r.ok() ? modifier_tensors(in, 6) : r;
+  const ShapeResult t = r.ok() ? modifier_tensors(in, 6, a) : r;
   if (!t.ok()) return t;
+  if (a.dropout != 0.0 && !same_batch(t.shape, in[3].shape)) return fail(ShapeErr::dims_differ, t.shape.rank, in[3].shape.rank, 3);  // as flex_attention's
   return a.wrt >= 3 ? t : r;
 }
 
@@ -432,7 +453,7 @@ constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attr
       r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::attention_grad(in, a);
       break;
     case Op::flex_attention:
-      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::flex_attention(in);
+      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::flex_attention(in, a);
       break;
     case Op::flex_attention_lse:
       r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::flex_attention_lse(in);

@@ -74,6 +74,7 @@ std::string print_attrs(const Graph& g, const Node& n) {
   if (f & kAttrAlign) add("align=" + std::string(align_name(a.align)));
   if ((f & kAttrWindow) && a.window != 0) add("window=" + std::to_string(a.window));  // printed when set
   if (f & kAttrWrt) add("wrt=" + std::to_string(a.wrt));
+  if ((f & kAttrDropout) && a.dropout != 0.0) add("dropout=" + format_double(a.dropout));  // printed when set
   return s;
 }
 
@@ -341,7 +342,8 @@ class Parser {
       fail(name + (n.region ? " takes no score modifier" : " needs its score modifier: ': TYPE graph { ... }' after its type"));
     if (n.region) {
       std::vector<DType> tensors;
-      for (std::size_t i = fixed_operands(n.op); i < n.inputs.size(); ++i) tensors.push_back(g_.node(n.inputs[i]).dtype);
+      for (std::size_t i = 0; i < modifier_tensor_count(n.op, n.attrs, n.inputs.size()); ++i)
+        tensors.push_back(g_.node(n.inputs[fixed_operands(n.op) + i]).dtype);
       if (std::string why = check_region(*n.region, tensors); !why.empty()) fail(name + ": " + why);
     }
     std::vector<Operand> operands;
@@ -377,6 +379,7 @@ class Parser {
     else if (key == "window") a.window = bounded(0, kMaxParsedDim, "window");
     else if (key == "wrt") a.wrt = static_cast<std::int8_t>(bounded(0, 127, "wrt"));
     else if (key == "value") a.value = number();
+    else if (key == "dropout") a.dropout = number();
     else if (key == "rsqrt_of") a.rsqrt_of = dim();
     else if (key == "shape") a.shape = dims();
     else if (key == "align") {

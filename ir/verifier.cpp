@@ -35,7 +35,7 @@ std::string check(const Graph& g) {
     }
     if (n.region) {
       std::vector<DType> tensors;
-      for (std::size_t j = fixed_operands(n.op); j < operands.size(); ++j) tensors.push_back(operands[j].dtype);
+      for (std::size_t j = 0; j < modifier_tensor_count(n.op, n.attrs, operands.size()); ++j) tensors.push_back(operands[fixed_operands(n.op) + j].dtype);
       if (std::string why = check_region(*n.region, tensors); !why.empty()) return where + why;
     }
     ShapeResult r = infer_shape(n.op, operands, n.attrs);

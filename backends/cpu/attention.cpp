@@ -12,6 +12,7 @@
 
 #include "backends/cpu/thread_pool.hpp"
 #include "backends/cpu/vector_math.hpp"
+#include "ir/random.hpp"
 
 namespace qkv::backend::cpu {
 
@@ -103,6 +104,15 @@ class Scores {
     }
   }
 
+  bool drops() const { return a_.dropout != 0.0; }
+
+  /// z[j] = dropout's factor for query i and key j0 + j of batch entry b (j < cols): 0 for a
+  /// dropped weight, 1/(1-p) for a kept one; the weights [batch, N, M]'s element index keys it.
+  void dropout_factors(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* z) const {
+    const auto index = static_cast<std::uint32_t>((b * n_ + i) * m_ + j0);  // wraps as dropout_mask's does
+    cpu::dropout_factors(a_.seed, threshold_, keep_, index, z, cols);
+  }
+
   /// The keys [begin, end) that queries [i0, i0 + rows) may keep: all of them unless causal.
   std::pair<std::int64_t, std::int64_t> keys_for(std::int64_t i0, std::int64_t rows) const {
     if (!a_.causal) return {0, m_};
@@ -126,7 +136,20 @@ class Scores {
   Strides qs_, ks_, ms_{};
   std::int64_t mask_row_ = 0, mask_col_ = 0;
   std::int64_t shift_;
+  std::uint32_t threshold_ = ir::dropout_threshold(a_.dropout);
+  float keep_ = static_cast<float>(1.0 / (1.0 - a_.dropout));
 };
+
+/// row[j] *= z[j] for j < n.
+void times(float* row, const float* z, std::int64_t n) {
+  for (std::int64_t j = 0; j < n; ++j) row[j] *= z[j];
+}
+
+/// This thread's row of dropout factors, kKeyBlock floats.
+float* dropout_buffer() {
+  thread_local std::vector<float> z(static_cast<std::size_t>(kKeyBlock));
+  return z.data();
+}
 
 std::int64_t blocks_of(std::int64_t n, std::int64_t block) { return (n + block - 1) / block; }
 
@@ -153,7 +176,8 @@ float* derivative_buffer() {
 
 /// One tile of attention's backward, rows [i0, i0 + rows) by keys [j0, j0 + cols) of batch entry
 /// b: p = exp(s - lse) into `p` and, when ds is given, ds = p (dy vT - delta) into `ds` (both
-/// with row stride kKeyBlock). dy, lse and delta point at row i0, v at key j0.
+/// with row stride kKeyBlock). dy, lse and delta point at row i0, v at key j0. With dropout's
+/// factors z, p z (dv's weights) and ds = p (z dy vT - delta).
 void backward_tile(const Scores& sc, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
                    const float* dy, const float* v, std::int64_t dv, const float* lse, const float* delta, float* p, float* ds) {
   float* dmod = ds && sc.has_derivative() ? derivative_buffer() : nullptr;
@@ -161,11 +185,18 @@ void backward_tile(const Scores& sc, std::int64_t b, std::int64_t i0, std::int64
   if (ds)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(dv), 1.0f, dy, to_int(dv), v, to_int(dv), 0.0f,
                 ds, to_int(kKeyBlock));
+  float* z = sc.drops() ? dropout_buffer() : nullptr;
   for (std::int64_t i = 0; i < rows; ++i) {
-    probabilities(p + i * kKeyBlock, cols, lse[i]);
-    if (ds) times_difference(ds + i * kKeyBlock, p + i * kKeyBlock, cols, delta[i]);
+    float *p_row = p + i * kKeyBlock, *ds_row = ds ? ds + i * kKeyBlock : nullptr;
+    probabilities(p_row, cols, lse[i]);
+    if (z) {  // dropout's factors z: ds = p (z dy vT - delta), and dv reads p z
+      sc.dropout_factors(b, i0 + i, j0, cols, z);
+      if (ds) times(ds_row, z, cols);
+    }
+    if (ds) times_difference(ds_row, p_row, cols, delta[i]);
+    if (z) times(p_row, z, cols);
     if (dmod)  // the chain rule through the modifier
-      for (std::int64_t j = 0; j < cols; ++j) ds[i * kKeyBlock + j] *= dmod[i * kKeyBlock + j];
+      for (std::int64_t j = 0; j < cols; ++j) ds_row[j] *= dmod[i * kKeyBlock + j];
   }
 }
 
@@ -223,6 +254,11 @@ void attention(const AttentionArgs& a) {
         li = li * correction + exp_shifted_sum(row, cols, mx);
         if (correction != 1.0f) scale_inplace(o + i * dv, dv, correction);
         mi = mx;
+        if (sc.drops()) {  // the sum normalises the undropped weights; v meets the dropped ones
+          float* z = dropout_buffer();
+          sc.dropout_factors(b, i0 + i, j0, cols, z);
+          times(row, z, cols);
+        }
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(dv), to_int(cols), 1.0f, s, to_int(kKeyBlock),
                   v + j0 * dv, to_int(dv), 1.0f, o, to_int(dv));

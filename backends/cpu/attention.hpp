@@ -9,7 +9,9 @@ namespace qkv::backend::cpu {
 
 /// The scores every attention kernel computes tile by tile: s = q kT * scale, through flex
 /// attention's modifier when there is one, -inf where the keep-mask, causality or the sliding
-/// window drops a key.
+/// window drops a key. With dropout, the weights are multiplied by dropout_mask's values for the
+/// same elements (Philox keyed by the seed and the weights' element index, ir/random.hpp), so
+/// the forward, the backward and every backend drop the same weights.
 struct ScoreArgs {
   ConstView q, k;             // [..., N, D], [..., M, D]; batch dims broadcast
   const ConstView* mask;      // nullptr, or a 0/1 keep-mask broadcasting to [..., N, M]
@@ -18,6 +20,8 @@ struct ScoreArgs {
   ir::CausalAlign align;
   std::int64_t window;        // with causal and > 0: only the last `window` keys (sliding window)
   const ScoreModifier* mod = nullptr;  // flex attention's modifier (with its derivative for the backward)
+  double dropout = 0.0;       // flex attention's dropout on the weights (0: none), keyed by `seed`
+  std::uint32_t seed = 0;
 };
 
 struct AttentionArgs {

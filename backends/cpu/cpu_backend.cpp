@@ -8,9 +8,11 @@
 #include "backends/cpu/attention.hpp"
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/thread_pool.hpp"
+#include "backends/host_kernels.hpp"
 #include "backends/run_inputs.hpp"
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
+#include "ir/printer.hpp"
 #include "ir/region.hpp"
 
 namespace qkv::backend {
@@ -32,7 +34,7 @@ std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
     if (n.op != Op::attention && n.op != Op::masked_attention && n.op != Op::flex_attention) continue;
     const Node& s = g.nodes()[i + 1];
     const ir::LseCall lse = ir::lse_of(n);
-    if (s.op != lse.op || s.inputs != lse.inputs || !(s.attrs == n.attrs) || !ir::same_region(s.region.get(), n.region.get())) continue;
+    if (s.op != lse.op || s.inputs != lse.inputs || !(s.attrs == lse.attrs) || !ir::same_region(s.region.get(), n.region.get())) continue;
     group[i] = {i, i + 1};
     member[i + 1] = true;
   }
@@ -192,10 +194,17 @@ class CpuExecutable final : public Executable {
     // kernel's scores: over the output's batch dims.
     auto modifier = [&](const Node& node, std::size_t first, bool derivative) {
       std::vector<cpu::ConstView> tensors;
-      for (std::size_t k = first; k < node.inputs.size(); ++k) tensors.push_back(in(static_cast<int>(k)));
+      for (std::size_t k = 0; k < ir::modifier_tensor_count(node.op, node.attrs, node.inputs.size()); ++k)
+        tensors.push_back(in(static_cast<int>(first + k)));
       ir::Shape batch;
       for (int r = 0; r + 2 < shapes_[i].rank; ++r) batch.push_back(shapes_[i][r]);
       return cpu::ScoreModifier(*node.region, derivative, std::move(tensors), batch, in(0).shape.back(1), in(1).shape.back(1));
+    };
+    // Flex attention's dropout: its probability, and the seed (the last operand).
+    auto dropout = [&](const Node& node, cpu::ScoreArgs& s) {
+      if (!ir::has_dropout_seed(node.op, node.attrs)) return;
+      s.dropout = node.attrs.dropout;
+      s.seed = dropout_seed(in(static_cast<int>(node.inputs.size() - 1)).data[0]);
     };
     cpu::View out{nullptr, shapes_[i]};
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
@@ -265,6 +274,7 @@ class CpuExecutable final : public Executable {
         const cpu::ScoreModifier mod = modifier(n, 3, false);
         cpu::ScoreArgs s = scores(n, -1, none);
         s.mod = &mod;
+        dropout(n, s);
         float* lse = group_fused_[i] ? out_ptr(group_[i][1]) : nullptr;  // with its flex_attention_lse
         return cpu::attention({s, in(2), out, lse});
       }
@@ -280,6 +290,7 @@ class CpuExecutable final : public Executable {
         const cpu::ScoreModifier mod = modifier(n, 6, true);
         cpu::ScoreArgs s = scores(n, -1, none);
         s.mod = &mod;
+        dropout(n, s);
         const cpu::AttentionGradArgs args{s, in(2), in(3), in(4), in(5), n.attrs.wrt, out};
         if (!group_fused_[i]) return cpu::attention_grad(args);
         float* grads[3] = {nullptr, nullptr, nullptr};
@@ -321,7 +332,11 @@ class CpuBackend final : public Backend {
       case Op::attention:
       case Op::masked_attention: return "fused attention (online softmax)";
       // The modifier is named: explain says what was fused.
-      case Op::flex_attention: return "fused flex attention (online softmax), mod = " + ir::region_expression(*g.node(v).region);
+      case Op::flex_attention: {
+        const Node& n = g.node(v);
+        return "fused flex attention (online softmax), mod = " + ir::region_expression(*n.region) +
+               (n.attrs.dropout != 0.0 ? ", dropout " + ir::format_number(n.attrs.dropout) : "");
+      }
       case Op::attention_lse:
       case Op::masked_attention_lse:
       case Op::flex_attention_lse:

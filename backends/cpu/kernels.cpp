@@ -257,7 +257,8 @@ void concat(ConstView a, ConstView b, int axis, View out) {
 void iota(int axis, View out) { iota_kernel(split_at(out.shape, axis), out.data); }
 
 void dropout_mask(ConstView seed, double p, View out) {
-  dropout_mask_kernel(dropout_seed(seed.data[0]), p, out.shape.numel(), out.data);
+  // The vectorised factors fused attention draws too (the reference's scalar kernel is the check).
+  dropout_factors(dropout_seed(seed.data[0]), ir::dropout_threshold(p), static_cast<float>(1.0 / (1.0 - p)), 0, out.data, out.shape.numel());
 }
 
 }  // namespace qkv::backend::cpu

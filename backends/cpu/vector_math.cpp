@@ -2,8 +2,14 @@
 // cloned for x86-64-v3 (AVX2 + FMA) with a portable fallback.
 #include "backends/cpu/vector_math.hpp"
 
+#include "ir/random.hpp"
+
 #include <cstring>
 #include <limits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 // The helpers below return 32-byte vectors (and take them by reference); they have internal
 // linkage and are always inlined into the cloned functions, so GCC's ABI warning for the SSE
@@ -165,6 +171,61 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void tanh_of(const f
     const v8f t = tanh8(load(tail));
     for (std::int64_t j = 0; i + j < n; ++j) y[i + j] = t[j];
   }
+}
+
+namespace {
+
+/// Eight elements of dropout_factors at a time with AVX2: Philox's 32 x 32 -> 64-bit products
+/// of the even and the odd lanes (vpmuludq), merged back into their high and low words. GCC's
+/// vectorisation of the scalar loop ran 6.0 ns per element, this 2.8 (AMD EPYC); Philox's ten
+/// rounds are throughput-bound (about 20 instructions per round for eight elements).
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void dropout_factors_avx2(std::uint32_t seed, std::uint32_t threshold, float keep, std::uint32_t index,
+                                                          float* z, std::int64_t n) {
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(ir::kPhiloxM0)), m1 = _mm256_set1_epi32(static_cast<int>(ir::kPhiloxM1));
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));  // unsigned order through signed compares
+  const __m256i below = _mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(threshold)), sign);
+  const __m256 kept = _mm256_set1_ps(keep);
+  for (std::int64_t j = 0; j < n; j += 8) {
+    __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(index + static_cast<std::uint32_t>(j))), lane);
+    __m256i c1 = _mm256_setzero_si256(), c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+    std::uint32_t k0 = seed, k1 = ir::kDropoutKey1;
+    for (int round = 0; round < 10; ++round) {  // as ir::philox4x32_10
+      const __m256i even0 = _mm256_mul_epu32(c0, m0), odd0 = _mm256_mul_epu32(_mm256_srli_epi64(c0, 32), m0);
+      const __m256i even1 = _mm256_mul_epu32(c2, m1), odd1 = _mm256_mul_epu32(_mm256_srli_epi64(c2, 32), m1);
+      const __m256i lo0 = _mm256_blend_epi32(even0, _mm256_slli_epi64(odd0, 32), 0xAA);
+      const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(even0, 32), odd0, 0xAA);
+      const __m256i lo1 = _mm256_blend_epi32(even1, _mm256_slli_epi64(odd1, 32), 0xAA);
+      const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(even1, 32), odd1, 0xAA);
+      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+      c1 = lo1;
+      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+      c3 = lo0;
+      k0 += ir::kPhiloxW0;
+      k1 += ir::kPhiloxW1;
+    }
+    const __m256i dropped = _mm256_cmpgt_epi32(below, _mm256_xor_si256(c0, sign));  // threshold > word
+    const __m256 r = _mm256_andnot_ps(_mm256_castsi256_ps(dropped), kept);
+    if (j + 8 <= n) {
+      _mm256_storeu_ps(z + j, r);
+    } else {
+      float tail[8];
+      _mm256_storeu_ps(tail, r);
+      std::memcpy(z + j, tail, static_cast<std::size_t>(n - j) * sizeof(float));
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+void dropout_factors(std::uint32_t seed, std::uint32_t threshold, float keep, std::uint32_t index, float* z, std::int64_t n) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return dropout_factors_avx2(seed, threshold, keep, index, z, n);
+#endif
+  for (std::int64_t j = 0; j < n; ++j) z[j] = ir::dropout_keeps(seed, index + static_cast<std::uint32_t>(j), threshold) ? keep : 0.0f;
 }
 
 }  // namespace qkv::backend::cpu

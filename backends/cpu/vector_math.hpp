@@ -29,4 +29,8 @@ void scale_inplace(float* y, std::int64_t n, float s);
 /// beyond), NaN gives NaN. Soft-capping evaluates it on every score.
 void tanh_of(const float* x, float* y, std::int64_t n);
 
+/// z[j] = dropout_mask's factor for element index + j, j < n: 0 where Philox4x32-10 (keyed by
+/// seed, ir/random.hpp) falls below threshold, else keep = 1/(1-p). Vectorised across elements.
+void dropout_factors(std::uint32_t seed, std::uint32_t threshold, float keep, std::uint32_t index, float* z, std::int64_t n);
+
 }  // namespace qkv::backend::cpu

@@ -1,9 +1,11 @@
-// Attention fusion: matmul(softmax(mod(q kT * c)), v) becomes one attention node, mod any chain of
-// elementwise ops over the scores (a score modifier), in whatever order the DSL emitted them.
+// Attention fusion: matmul(softmax(mod(q kT * c)) [* dropout_mask], v) becomes one attention node,
+// mod any chain of elementwise ops over the scores (a score modifier), in whatever order the DSL
+// emitted them.
 #include <algorithm>
 #include <cmath>
 #include <map>
 
+#include "ir/op_rules.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/region.hpp"
 
@@ -44,6 +46,7 @@ struct Match {
   ValueId q = -1, k = -1, v = -1;
   Attrs attrs;
   ValueId mask = -1;                      // masked_attention's keep-mask
+  ValueId seed = -1;                      // dropout's seed (attrs.dropout its probability)
   std::vector<ValueId> tensors;           // flex attention's modifier tensors
   std::shared_ptr<const Graph> region;    // null: plain or masked attention
 };
@@ -57,9 +60,32 @@ class Matcher {
   bool match(ValueId out, Match& m) {
     const Node& o = g_.node(out);
     if (o.op != Op::matmul || o.attrs.transpose_a || o.attrs.transpose_b) return false;
-    const ValueId p = o.inputs[0];
+    ValueId p = o.inputs[0];
+    // Dropout on the weights, p * dropout_mask(p, seed) in either order: the mask's bits are
+    // keyed by the weights' element index, which the kernel recomputes when v adds no batch dims.
+    // The DSL's dropout with p = 0 (evaluation) is p * 1.
+    if (const Node& d = g_.node(p); d.op == Op::mul && single(p)) {
+      for (int side = 0; side < 2; ++side) {
+        const ValueId w = d.inputs[static_cast<std::size_t>(side)], dm = d.inputs[static_cast<std::size_t>(1 - side)];
+        double one = 0;
+        if (is_scalar_constant(g_, dm, &one) && one == 1.0 && g_.node(w).op == Op::softmax) {
+          p = w;
+          break;
+        }
+        const Node& mask = g_.node(dm);
+        if (mask.op != Op::dropout_mask || mask.inputs[0] != w || !single(dm) || uses_[static_cast<std::size_t>(w)] != 2) continue;
+        if (!rules::same_batch(g_.node(w).shape, o.shape)) return false;
+        if (mask.attrs.value != 0.0) {  // p = 0 multiplies by ones: no dropout
+          m.attrs.dropout = mask.attrs.value;
+          m.seed = mask.inputs[1];
+        }
+        p = w;
+        dropout_ = true;
+        break;
+      }
+    }
     const Node& sm = g_.node(p);
-    if (sm.op != Op::softmax || sm.attrs.axis != sm.shape.rank - 1 || uses_[static_cast<std::size_t>(p)] != 1) return false;
+    if (sm.op != Op::softmax || sm.attrs.axis != sm.shape.rank - 1 || uses_[static_cast<std::size_t>(p)] != (dropout_ ? 2 : 1)) return false;
     scores_shape_ = sm.shape;
     ValueId x = sm.inputs[0];
     // The outermost where(c, x, -inf) fills, in either order: one with a causal_mask condition is
@@ -90,7 +116,7 @@ class Matcher {
     m.v = o.inputs[1];
     m.attrs.value = scale_;
     m.attrs.rsqrt_of = scale_rsqrt_of_;
-    if (x == score_) {  // plain or masked attention
+    if (x == score_ && m.seed < 0) {  // plain or masked attention
       m.mask = mask;
       return true;
     }
@@ -146,6 +172,17 @@ class Matcher {
   /// the query and key indices (iota over the scores' last two axes), scalar constants and the
   /// other tensors they read (which must broadcast to the scores and not enlarge them).
   bool build_region(ValueId x, ValueId mask, Match& m) {
+    if (x == score_) {  // no modifier but dropout: the identity, and the mask if any
+      Graph r = make_region(mask >= 0 ? std::vector<DType>{DType::boolean} : std::vector<DType>{});
+      ValueId mod = kRegionScore;
+      if (mask >= 0) {
+        m.tensors.push_back(mask);
+        mod = r.add(Op::where, {kRegionFixedInputs, mod, r.constant(-HUGE_VAL)});
+      }
+      r.set_output("mod", mod);
+      m.region = std::make_shared<const Graph>(std::move(r));
+      return true;
+    }
     // The body: the score-dependent values from score_ to x, each used only by others of them
     // (x by the softmax) and none a result, and the score-sized elementwise values they read
     // that do not depend on the scores (a bias computed from positions: recomputed per tile
@@ -220,6 +257,7 @@ class Matcher {
   const Graph& g_;
   const std::vector<int>& uses_;
   Shape scores_shape_;
+  bool dropout_ = false;  // the weights pass through a dropout mask
   ValueId qk_ = -1, score_ = -1;
   double scale_ = 1.0;
   Dim scale_rsqrt_of_ = 0;
@@ -246,6 +284,7 @@ Graph fuse_attention(const Graph& g) {
       if (m.region) {
         std::vector<ValueId> ins = {at(m.q), at(m.k), at(m.v)};
         for (ValueId t : m.tensors) ins.push_back(at(t));
+        if (m.seed >= 0) ins.push_back(at(m.seed));
         map[i] = r.add(Op::flex_attention, std::move(ins), m.attrs, m.region);
       } else {
         map[i] = m.mask < 0 ? r.add(Op::attention, {at(m.q), at(m.k), at(m.v)}, m.attrs)

@@ -29,6 +29,7 @@ Graph fuse_attention(const Graph& g);
 struct LseCall {
   Op op;
   std::vector<ValueId> inputs;
+  Attrs attrs;  // the forward's, without dropout (the lse normalises the weights before it)
 };
 LseCall lse_of(const Node& attention);
 

@@ -6,12 +6,15 @@
 namespace qkv::ir {
 
 LseCall lse_of(const Node& attention) {
+  Attrs a = attention.attrs;
+  a.dropout = 0.0;
   switch (attention.op) {
-    case Op::attention: return {Op::attention_lse, {attention.inputs[0], attention.inputs[1]}};
-    case Op::masked_attention: return {Op::masked_attention_lse, {attention.inputs[0], attention.inputs[1], attention.inputs[3]}};
+    case Op::attention: return {Op::attention_lse, {attention.inputs[0], attention.inputs[1]}, a};
+    case Op::masked_attention: return {Op::masked_attention_lse, {attention.inputs[0], attention.inputs[1], attention.inputs[3]}, a};
     case Op::flex_attention: {
-      LseCall c{Op::flex_attention_lse, {attention.inputs[0], attention.inputs[1]}};
-      c.inputs.insert(c.inputs.end(), attention.inputs.begin() + 3, attention.inputs.end());
+      LseCall c{Op::flex_attention_lse, {attention.inputs[0], attention.inputs[1]}, a};
+      const auto tensors = attention.inputs.begin() + 3;
+      c.inputs.insert(c.inputs.end(), tensors, tensors + static_cast<std::ptrdiff_t>(modifier_tensor_count(attention.op, attention.attrs, attention.inputs.size())));
       return c;
     }
     default: QKV_UNREACHABLE(std::string(op_name(attention.op)) + " has no attention_lse");
@@ -33,7 +36,7 @@ Graph place_attention_lse(const Graph& g) {
     const LseCall lse = lse_of(n);
     for (std::size_t j = i + 1; j < g.size(); ++j) {
       const Node& s = g.nodes()[j];
-      if (s.op == lse.op && s.inputs == lse.inputs && s.attrs == n.attrs && same_region(s.region.get(), n.region.get())) wanted[i] = true;
+      if (s.op == lse.op && s.inputs == lse.inputs && s.attrs == lse.attrs && same_region(s.region.get(), n.region.get())) wanted[i] = true;
     }
   }
   std::size_t at = 0;  // rebuild visits the nodes in order
@@ -43,7 +46,7 @@ Graph place_attention_lse(const Graph& g) {
     mapped.inputs.assign(in.begin(), in.end());
     const ValueId y = out.add_like(mapped, mapped.inputs);
     const LseCall lse = lse_of(mapped);
-    out.add(lse.op, lse.inputs, n.attrs, n.region);  // the original, copied later, is shared with this one
+    out.add(lse.op, lse.inputs, lse.attrs, n.region);  // the original, copied later, is shared with this one
     return y;
   });
 }

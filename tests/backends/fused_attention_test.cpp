@@ -261,6 +261,64 @@ TEST(FusedAttention, VulkanFlexModifiersRunAsGeneratedFlashKernels) {
   }
 }
 
+/// Dropout on the weights runs inside the fused kernels, forward and backward: no dropout_mask,
+/// softmax or score matrix left, and the reference's numbers, which come from the unfused meaning
+/// (weights * dropout_mask(weights, seed)): the same Philox bits for the same weight in the
+/// forward, the backward and on every backend. With and without a modifier (soft-capping, which
+/// brings its derivative into dq and dk), causal (skipped blocks) or not; linear memory at N = 2048.
+void expect_dropout_fused(backend::Backend& b) {
+  SCOPED_TRACE(b.name());
+  auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<24>);
+  auto k = input<"k">(dim<1>, dim<2>, dim<"N">, dim<24>);
+  auto v = input<"v">(dim<1>, dim<2>, dim<"N">, dim<20>);
+  auto seed = input<"seed", DType::i32>();
+  const std::vector<std::pair<std::string, ir::Graph>> models = {
+      {"causal", lower(named<"out">(scaled_dot_product_attention(q, k, v, causal, attn_dropout(0.2, seed))))},
+      {"softcap", lower(named<"out">(scaled_dot_product_attention(q, k, v, softcap_scores(2.0), attn_dropout(0.5, seed))))}};
+  for (const auto& [name, forward] : models) {
+    SCOPED_TRACE(name);
+    ir::Graph g = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
+    auto exe = b.compile(g);
+    int flex = 0, dropped_grads = 0;
+    for (std::size_t i = 0; i < exe->graph().size(); ++i) {
+      const ir::Node& n = exe->graph().nodes()[i];
+      EXPECT_NE(n.op, ir::Op::softmax);
+      EXPECT_NE(n.op, ir::Op::dropout_mask);
+      const std::string kernel = b.kernel_name(exe->graph(), static_cast<ir::ValueId>(i));
+      if (n.op == ir::Op::flex_attention) {
+        ++flex;
+        EXPECT_NE(kernel.find("dropout"), std::string::npos) << kernel;
+      }
+      dropped_grads += n.op == ir::Op::flex_attention_grad && n.attrs.dropout > 0;
+    }
+    EXPECT_EQ(flex, 1) << ir::print(exe->graph());
+    EXPECT_EQ(dropped_grads, 3) << ir::print(exe->graph());
+    auto in = backend::random_inputs(g, {{"N", 150}}, 5);
+    testing::expect_equivalent(g, in, b);
+    // Another seed drops other weights.
+    auto other = in;
+    other.at("seed").data<std::int32_t>()[0] += 1;
+    const Tensor a = exe->run(in).at("out"), c = exe->run(other).at("out");
+    double diff = 0;
+    for (std::int64_t i = 0; i < a.numel(); ++i) diff += std::abs(a.at(i) - c.at(i));
+    EXPECT_GT(diff, 1.0) << "the seed keys the mask";
+  }
+  ir::Graph g = ir::build_backward(models[0].second, {"", {"q", "k", "v"}, {"out"}});
+  const std::int64_t n = 2048;
+  auto exe = b.compile(g);
+  exe->run(backend::random_inputs(g, {{"N", n}}, 3));
+  // Inputs, output, lse, delta, three gradients and dy * y, about 12 N x 24 floats per head;
+  // the weights would be N x N floats per head, 32 MiB.
+  EXPECT_LE(exe->planned_bytes(), 2 * 12 * n * 24 * 4);
+}
+
+TEST(FusedAttention, CpuRunsDropoutInsideTheFusedKernels) { expect_dropout_fused(*backend::create("cpu")); }
+
+TEST(FusedAttention, VulkanRunsDropoutInsideTheFlashKernels) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  for (auto& b : vulkan_tunings()) expect_dropout_fused(*b);
+}
+
 /// Head dims beyond what the flash kernels hold per row (registers; on small devices shared
 /// memory, see Glsl.AttentionGeometryIsPerTargetNotPerSource) are refused by name at planning,
 /// not run out of bounds or compiled for half a minute.

@@ -90,6 +90,83 @@ TEST(FuseAttention, ADocumentMaskFromIdsIsRecomputedPerTile) {
   EXPECT_EQ(count(f, ir::Op::equal), 0) << "the N x N comparison is left to the modifier\n" << ir::print(f);
 }
 
+/// Dropout on the weights (attn_dropout: weights * dropout_mask(weights, seed)) joins the fused
+/// node: flex attention with the probability as its attribute and the seed as its last operand,
+/// after the modifier's tensors; with no modifier the region is the identity. p = 0 (evaluation)
+/// is plain attention. When v adds batch dims the weights' element index (which keys the bits)
+/// is not the output's, and nothing is fused. The backward keeps it fused: the lse without
+/// dropout, the three gradients with it.
+TEST(FuseAttention, DropoutOnTheWeightsJoinsTheKernel) {
+  auto q = input<"q">(dim<"B">, dim<4>, dim<"N">, dim<16>);
+  auto mask = input<"mask", DType::boolean>(dim<"N">, dim<"N">);
+  auto seed = input<"seed", DType::i32>();
+  auto flex_of = [](const ir::Graph& f) -> const ir::Node* {
+    for (const auto& n : f.nodes())
+      if (n.op == ir::Op::flex_attention) return &n;
+    return nullptr;
+  };
+  {
+    ir::Graph f = ir::eliminate_dead_code(ir::fuse_attention(lower(named<"out">(scaled_dot_product_attention(q, q, q, causal, attn_dropout(0.1, seed))))));
+    ir::verify(f);
+    const ir::Node* n = flex_of(f);
+    ASSERT_NE(n, nullptr) << ir::print(f);
+    EXPECT_EQ(ir::region_expression(*n->region), "score");
+    EXPECT_EQ(n->attrs.dropout, 0.1);
+    EXPECT_TRUE(n->attrs.causal);
+    ASSERT_EQ(n->inputs.size(), 4u);
+    EXPECT_EQ(f.node(n->inputs[3]).name, "seed");
+    EXPECT_EQ(count(f, ir::Op::dropout_mask), 0);
+    EXPECT_EQ(count(f, ir::Op::softmax), 0);
+    const std::string text = ir::print(f);
+    EXPECT_NE(text.find("causal=true, align=top_left, dropout=0.1"), std::string::npos) << text;
+    EXPECT_EQ(ir::print(ir::parse_graph(text)), text);
+
+    ir::Graph back = ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, q, q, causal, attn_dropout(0.1, seed)))),
+                                        {"", {"q"}, {"out"}});
+    int grads = 0, lse = 0;
+    for (const auto& node : back.nodes()) {
+      if (node.op == ir::Op::flex_attention_grad) {
+        ++grads;
+        EXPECT_EQ(node.attrs.dropout, 0.1);
+        EXPECT_EQ(back.node(node.inputs.back()).name, "seed");
+      }
+      if (node.op == ir::Op::flex_attention_lse) {
+        ++lse;
+        EXPECT_EQ(node.attrs.dropout, 0.0);
+        EXPECT_EQ(node.inputs.size(), 2u) << "the lse takes no seed";
+      }
+    }
+    EXPECT_GE(grads, 1) << ir::print(back);
+    EXPECT_EQ(lse, 1) << ir::print(back);
+    EXPECT_EQ(count(back, ir::Op::softmax), 0) << ir::print(back);
+    EXPECT_EQ(count(back, ir::Op::dropout_mask), 0) << ir::print(back);
+    EXPECT_EQ(ir::print(ir::parse_graph(ir::print(back))), ir::print(back));
+  }
+  {
+    ir::Graph f = ir::eliminate_dead_code(ir::fuse_attention(lower(scaled_dot_product_attention(q, q, q, mask, softcap_scores(5), attn_dropout(0.25, seed)))));
+    const ir::Node* n = flex_of(f);
+    ASSERT_NE(n, nullptr) << ir::print(f);
+    EXPECT_EQ(ir::region_expression(*n->region), "where(t0, tanh(score / 5) * 5, -inf)");
+    ASSERT_EQ(n->inputs.size(), 5u);  // q, k, v, the mask, the seed
+    EXPECT_EQ(f.node(n->inputs[3]).name, "mask");
+    EXPECT_EQ(f.node(n->inputs[4]).name, "seed");
+  }
+  {
+    ir::Graph f = ir::eliminate_dead_code(ir::fuse_attention(lower(scaled_dot_product_attention(q, q, q, mask, attn_dropout(0.25, seed)))));
+    const ir::Node* n = flex_of(f);
+    ASSERT_NE(n, nullptr) << ir::print(f);
+    EXPECT_EQ(ir::region_expression(*n->region), "where(t0, score, -inf)");
+  }
+  ir::Graph eval = ir::eliminate_dead_code(ir::fuse_attention(lower(scaled_dot_product_attention(q, q, q, causal, attn_dropout(0.0, seed)))));
+  EXPECT_EQ(count(eval, ir::Op::attention), 1) << ir::print(eval);
+  EXPECT_EQ(count(eval, ir::Op::dropout_mask), 0) << ir::print(eval);
+  // v [2, B, 4, N, 16] adds a batch dim the weights [B, 4, N, N] lack.
+  auto v = input<"v">(dim<2>, dim<"B">, dim<4>, dim<"N">, dim<16>);
+  ir::Graph wide = ir::fuse_attention(lower(scaled_dot_product_attention(q, q, v, attn_dropout(0.25, seed))));
+  EXPECT_EQ(count(wide, ir::Op::flex_attention), 0) << ir::print(wide);
+  EXPECT_EQ(count(wide, ir::Op::softmax), 1) << ir::print(wide);
+}
+
 TEST(FuseAttention, PositionsFromIotaBecomeTheQueryAndKeyIndices) {
   // A relative-position bias slope * (j - i) written over an N x M grid: the grid is recomputed
   // per score from the indices, not kept as a tensor.

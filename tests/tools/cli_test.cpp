@@ -158,6 +158,14 @@ TEST_F(Cli, ExplainBenchVizTrain) {
   EXPECT_NE(capped.output.find("fused flex attention (online softmax), mod = tanh(score / 30) * 30"), std::string::npos) << capped.output;
   EXPECT_NE(capped.output.find("score matrix: not materialised: fused flex attention"), std::string::npos) << capped.output;
   EXPECT_EQ(capped.output.find(" softmax "), std::string::npos) << capped.output;  // no softmax node
+  // Dropout on the weights: drawn inside the fused kernels, forward and backward; a bad p is refused.
+  Result dropped = run("explain sdpa --set weights=false --set dropout=0.1 --set causal=true --dim N=64 --dim M=64 --grad");
+  ASSERT_EQ(dropped.status, 0) << dropped.output;
+  EXPECT_NE(dropped.output.find("fused flex attention (online softmax), mod = score, dropout 0.1"), std::string::npos) << dropped.output;
+  EXPECT_EQ(dropped.output.find("dropout_mask"), std::string::npos) << dropped.output;
+  Result bad_p = run("run sdpa --set dropout=1.5");
+  EXPECT_EQ(bad_p.status, 2) << bad_p.output;
+  EXPECT_NE(bad_p.output.find("the dropout probability p must lie in [0, 1)"), std::string::npos) << bad_p.output;
   Result full = run("explain sdpa --backend reference");
   EXPECT_NE(full.output.find("score matrix: materialised"), std::string::npos) << full.output;
   Result bench = run("bench sdpa --backend reference,cpu --repeat 3");
@@ -209,10 +217,10 @@ TEST_F(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
   expect("run sdpa --in k=" + path("junk.npy"), "not a .npy file");
   expect("run sdpa --in q=" + path("q.npy") + " --in k=" + path("k.npy"), "dim D is 5, but input 'q' set it to 4");
   expect("run sdpa --in q=" + path("ids.npy"), "input 'q' must be f32, got int32");
-  expect("run sdpa --in nope=" + path("q.npy"), "sdpa (causal=false, mask=false, scale=auto, softcap=none, weights=true) has no input 'nope'");
+  expect("run sdpa --in nope=" + path("q.npy"), "sdpa (causal=false, dropout=0, mask=false, scale=auto, softcap=none, weights=true) has no input 'nope'");
   expect("run sdpa --in q", "--in expects NAME=VALUE, got 'q'");
   expect("run sdpa --out nope=" + path("o.npy"), "has no output 'nope' (outputs: out, weights)");
-  expect("run sdpa --set nope=1", "sdpa has no option 'nope' (options: causal, mask, scale, softcap, weights)");
+  expect("run sdpa --set nope=1", "sdpa has no option 'nope' (options: causal, mask, scale, softcap, dropout, weights)");
   expect("run sdpa --set causal=maybe", "option causal=maybe: expected true or false");
   expect("run mha --set embed=48", "mha is built for embed=32, got 48");
   expect("run nosuchmodel", "no model 'nosuchmodel' (models: sdpa, mha");
@@ -389,13 +397,13 @@ TEST_F(Cli, EveryBadInputIsOneLineAndExitTwo) {
     EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
   };
-  expect("run sdpa --dim n=4", "--dim n=4: sdpa (causal=false, mask=false, scale=auto, softcap=none, weights=true) has no dim 'n'");
+  expect("run sdpa --dim n=4", "--dim n=4: sdpa (causal=false, dropout=0, mask=false, scale=auto, softcap=none, weights=true) has no dim 'n'");
   expect("run sdpa --dim N=8abc", "--dim N=8abc: expected a size");
   expect("run sdpa --dim N=-1", "--dim N=-1: expected a size");
   expect("run sdpa --seed -1", "a seed is a whole number >= 0, got '-1'");
   expect("run sdpa --in q=" + dir_.string(), "is a folder, not a file");
   expect("run sdpa --in q=" + path("q.npy") + " --in q=" + path("q.npy"), "--in q is given twice");
-  expect("run sdpa --weights " + path("q.npy"), "sdpa (causal=false, mask=false, scale=auto, softcap=none, weights=true) has no weights");
+  expect("run sdpa --weights " + path("q.npy"), "sdpa (causal=false, dropout=0, mask=false, scale=auto, softcap=none, weights=true) has no weights");
   expect("run " + path("noreturn.qkv"), "no 'return' line");
   expect("run " + path("typo.qkv"), "line 3: %1 is written f32[3] but exp gives f32[2]");
   expect("run sdpa --in q=" + path("ids64.npy"), "input 'q' must be f32, got int64");

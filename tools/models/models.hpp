@@ -65,6 +65,7 @@ struct SdpaOptions {
   std::optional<double> scale;  // none: 1/sqrt(D), resolved when D is bound
   bool weights = true;  // also output the weights (which keeps the score matrix)
   std::optional<double> softcap;  // soft-cap the scores at this value (a score modifier)
+  double dropout = 0.0;           // dropout on the weights with this probability, keyed by an i32 input "seed"
 };
 ir::Graph sdpa(const SdpaOptions& options);
 

@@ -24,8 +24,14 @@ ir::Graph build_scaled(std::optional<double> s, bool weights, Opts... opts) {
 }
 
 template <class... Opts>
+ir::Graph build_dropped(const SdpaOptions& o, Opts... opts) {
+  if (o.dropout != 0.0) return build_scaled(o.scale, o.weights, attn_dropout(o.dropout, input<"seed", DType::i32>()), opts...);
+  return build_scaled(o.scale, o.weights, opts...);
+}
+
+template <class... Opts>
 ir::Graph build(const SdpaOptions& o, Opts... opts) {
-  return o.softcap ? build_scaled(o.scale, o.weights, softcap_scores(*o.softcap), opts...) : build_scaled(o.scale, o.weights, opts...);
+  return o.softcap ? build_dropped(o, softcap_scores(*o.softcap), opts...) : build_dropped(o, opts...);
 }
 }  // namespace
 
@@ -41,7 +47,7 @@ ir::Graph build_sdpa(const Options& o, const Dims&) {
   std::optional<double> scale, softcap;
   if (o.text("scale") != "auto") scale = o.number("scale");
   if (o.text("softcap") != "none") softcap = o.number("softcap");
-  return sdpa({o.flag("causal"), o.flag("mask"), scale, o.flag("weights"), softcap});
+  return sdpa({o.flag("causal"), o.flag("mask"), scale, o.flag("weights"), softcap, o.number("dropout")});
 }
 
 ir::Graph sinusoidal_positions_graph() {
