@@ -59,7 +59,7 @@ std::uint32_t dropout_seed(T seed) {
 template <class T>
 void dropout_mask_kernel(std::uint32_t seed, double p, std::int64_t n, T* out) {
   const std::uint32_t threshold = ir::dropout_threshold(p);
-  const T keep = static_cast<T>(1.0 / (1.0 - p));
+  const T keep = static_cast<T>(ir::dropout_keep_value(p));
   for (std::int64_t i = 0; i < n; ++i) out[i] = ir::dropout_keeps(seed, static_cast<std::uint32_t>(i), threshold) ? keep : T(0);
 }
 

@@ -262,7 +262,7 @@ uint tensor_stride(uint dims, int d) {
     dropout_text = "\n// Dropout (p = " + ir::format_number(n.attrs.dropout) + "): dropout_mask's factor for weight (i, j) of this batch entry.\n" +
                    philox_function() + "const uint DROP_THRESHOLD = " + str(ir::dropout_threshold(n.attrs.dropout)) + "u;\n" +
                    "float dropout_factor(uint i, uint j) {\n"
-                   "  float keep = uintBitsToFloat(" + str(std::bit_cast<std::uint32_t>(static_cast<float>(1.0 / (1.0 - n.attrs.dropout)))) +
+                   "  float keep = uintBitsToFloat(" + str(std::bit_cast<std::uint32_t>(static_cast<float>(ir::dropout_keep_value(n.attrs.dropout)))) +
                    "u);  // 1 / (1 - p)\n"
                    "  return qkv_philox((batch_index * N + i) * M + j, drop_seed) >= DROP_THRESHOLD ? keep : 0.0;\n"
                    "}\n";

@@ -548,7 +548,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
     }
     case Op::dropout_mask:
       l.push = {push_word(os.numel()), ir::dropout_threshold(n.attrs.value),
-                std::bit_cast<std::uint32_t>(static_cast<float>(1.0 / (1.0 - n.attrs.value)))};
+                std::bit_cast<std::uint32_t>(static_cast<float>(ir::dropout_keep_value(n.attrs.value)))};
       l.groups = linear_groups(os.numel());
       return l;
     case Op::neg:

@@ -37,6 +37,9 @@ inline std::uint32_t dropout_threshold(double p) {
   return t >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<std::uint32_t>(t);
 }
 
+/// The value a kept element of a dropout mask takes: 1/(1-p) (inverted dropout), p in [0, 1).
+constexpr double dropout_keep_value(double p) { return 1.0 / (1.0 - p); }
+
 /// Whether element `index` of a dropout mask with `seed` survives: the first word of
 /// philox(counter = (index, 0, 0, 0), key = (seed, kDropoutKey1)) >= threshold.
 constexpr bool dropout_keeps(std::uint32_t seed, std::uint32_t index, std::uint32_t threshold) {

@@ -137,13 +137,11 @@ class Scores {
   std::int64_t mask_row_ = 0, mask_col_ = 0;
   std::int64_t shift_;
   std::uint32_t threshold_ = ir::dropout_threshold(a_.dropout);
-  float keep_ = static_cast<float>(1.0 / (1.0 - a_.dropout));
+  float keep_ = static_cast<float>(ir::dropout_keep_value(a_.dropout));
 };
 
-/// row[j] *= z[j] for j < n.
-void times(float* row, const float* z, std::int64_t n) {
-  for (std::int64_t j = 0; j < n; ++j) row[j] *= z[j];
-}
+/// row[j] *= z[j] for j < n: the cpu's own mul row kernel.
+void times(float* row, const float* z, std::int64_t n) { binary_row(ir::Op::mul, row, true, z, true, row, n); }
 
 /// This thread's row of dropout factors, kKeyBlock floats.
 float* dropout_buffer() {

@@ -258,7 +258,7 @@ void iota(int axis, View out) { iota_kernel(split_at(out.shape, axis), out.data)
 
 void dropout_mask(ConstView seed, double p, View out) {
   // The vectorised factors fused attention draws too (the reference's scalar kernel is the check).
-  dropout_factors(dropout_seed(seed.data[0]), ir::dropout_threshold(p), static_cast<float>(1.0 / (1.0 - p)), 0, out.data, out.shape.numel());
+  dropout_factors(dropout_seed(seed.data[0]), ir::dropout_threshold(p), static_cast<float>(ir::dropout_keep_value(p)), 0, out.data, out.shape.numel());
 }
 
 }  // namespace qkv::backend::cpu
