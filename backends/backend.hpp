@@ -21,6 +21,15 @@ struct KernelTime {
   double seconds;     // from the end of the previous kernel (or of the uploads) to its own end
 };
 
+/// How many tiles of attention's scores one fused kernel computed and how many it skipped as
+/// masked (block sparsity: causality, a sliding window, a modifier that drops whole tiles).
+struct TileCount {
+  ir::ValueId value;       // the fused node of Executable::graph()
+  std::int64_t computed;   // tiles whose scores were computed
+  std::int64_t skipped;    // tiles left out: every score there is masked
+  double skipped_fraction() const { return computed + skipped == 0 ? 0.0 : static_cast<double>(skipped) / static_cast<double>(computed + skipped); }
+};
+
 /// A graph compiled for one backend. Runs reuse what the first run with the same input shapes
 /// planned (buffers, kernels, command buffers).
 class Executable {
@@ -48,6 +57,10 @@ class Executable {
   /// the device can time them (vulkan with timestamp queries); otherwise empty. Uploads and
   /// downloads are not included: the sum is the time the device spent computing.
   virtual std::vector<KernelTime> profile() const { return {}; }
+  /// The last run's tile counts of its fused attention kernels, in launch order, for backends
+  /// that count them (cpu); otherwise empty. A kernel computing several nodes counts once, under
+  /// the first.
+  virtual std::vector<TileCount> tile_counts() const { return {}; }
 };
 
 class Backend {

@@ -5,7 +5,9 @@
 // rows (the training graph: dq, dk, dv from an output gradient). Flex rows add a score modifier
 // (-softcap: 30 tanh(s / 30); -alibi-causal: ALiBi's per-head slopes with causality, counted as
 // full rows like -causal; -dropout-fwd+bwd: dropout 0.1 on the weights, drawn inside the fused
-// kernels, forward + backward); vulkan's -unfused row also returns the weights, so its scores are
+// kernels, forward + backward; -document: packed documents of 128 tokens, a mask_mod from their
+// ids, counted as full rows, so its rate over the plain row's is what block sparsity gains, and
+// its "skip%" the share of score tiles the kernels left out); vulkan's -unfused row also returns the weights, so its scores are
 // materialised (the path every vulkan run took before the flash kernels). Each backend row reports the
 // memory its plan holds ("MiB"). Run: build/default/bench/qkv_bench (QKV_BENCH_BACKENDS=cpu,vulkan
 // picks backends; QKV_BENCH_SHAPES=1,8,4096,64;4,8,512,64 replaces the shapes; --benchmark_filter
@@ -50,7 +52,7 @@ const std::vector<Shape> kLongShapes = {{1, 8, 8192, 64}};
 /// score modifier (soft-capping at 30; ALiBi with causality; soft-capping forward + backward);
 /// dropout on the weights forward + backward (training); and the unfused path (the softmax
 /// weights are also returned, so the scores are materialised).
-enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, dropout_backward, unfused };
+enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, dropout_backward, document, unfused };
 
 const char* mode_suffix(Mode m) {
   switch (m) {
@@ -61,6 +63,7 @@ const char* mode_suffix(Mode m) {
     case Mode::alibi: return "-alibi-causal";
     case Mode::softcap_backward: return "-softcap-fwd+bwd";
     case Mode::dropout_backward: return "-dropout-fwd+bwd";
+    case Mode::document: return "-document";
     case Mode::unfused: return "-unfused";
   }
   return "";
@@ -87,6 +90,12 @@ qkv::ir::Graph sdpa_graph(double scale, Mode mode) {
     case Mode::causal: return lower(scaled_dot_product_attention(q, k, v, causal, qkv::scale(scale)));
     case Mode::softcap: return lower(scaled_dot_product_attention(q, k, v, softcap_scores(30.0), qkv::scale(scale)));
     case Mode::alibi: return alibi_graph(scale);
+    case Mode::document: {
+      auto docs = input<"docs", DType::i32>(dim<"B">, dim<"N">);
+      return lower(scaled_dot_product_attention(q, k, v, qkv::scale(scale), mask_mod([=](auto b, auto, auto i, auto j) {
+        return at(docs, b, i) == at(docs, b, j);
+      })));
+    }
     case Mode::unfused: {
       auto weights = attention_weights(q, k, qkv::scale(scale));
       return lower(named<"out">(matmul(weights, v)), named<"weights">(weights));
@@ -106,8 +115,12 @@ qkv::ir::Graph sdpa_graph(double scale, Mode mode) {
   return lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale))));
 }
 
+/// Random inputs; document ids (when the graph reads them) pack documents of 128 tokens.
 TensorMap inputs_for(const qkv::ir::Graph& g, const Shape& s) {
-  return qkv::backend::random_inputs(g, {{"B", s.b}, {"H", s.h}, {"N", s.n}, {"D", s.d}}, 42);
+  auto in = qkv::backend::random_inputs(g, {{"B", s.b}, {"H", s.h}, {"N", s.n}, {"D", s.d}}, 42);
+  if (auto it = in.find("docs"); it != in.end())
+    for (std::int64_t i = 0; i < it->second.numel(); ++i) it->second.data<std::int32_t>()[i] = static_cast<std::int32_t>(i % s.n / 128);
+  return in;
 }
 
 /// Runs fn(first, last, thread) over [0, n) split across every core with single-threaded sgemm: the peers'
@@ -155,6 +168,12 @@ void bench_backend(benchmark::State& state, const std::string& name, Shape s, Mo
   }
   set_rate(state, (is_backward(mode) ? 3.0 : 1.0) * s.flops());
   state.counters["MiB"] = static_cast<double>(exe->planned_bytes()) / (1 << 20);
+  std::int64_t computed = 0, skipped = 0;
+  for (const auto& t : exe->tile_counts()) {
+    computed += t.computed;
+    skipped += t.skipped;
+  }
+  if (computed + skipped > 0) state.counters["skip%"] = 100.0 * static_cast<double>(skipped) / static_cast<double>(computed + skipped);
 }
 
 /// The limit: the two products of attention as plain sgemm calls, no softmax; one N x N score
@@ -218,8 +237,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (it == r.counters.end()) continue;
       const std::string& name = r.run_name.function_name;
       auto slash = name.find('/');
-      auto mib = r.counters.find("MiB");
-      rates_.push_back({name.substr(0, slash), name.substr(slash + 1), it->second.value, mib == r.counters.end() ? -1.0 : mib->second.value});
+      auto mib = r.counters.find("MiB"), skip = r.counters.find("skip%");
+      rates_.push_back({name.substr(0, slash), name.substr(slash + 1), it->second.value, mib == r.counters.end() ? -1.0 : mib->second.value,
+                        skip == r.counters.end() ? -1.0 : skip->second.value});
     }
   }
   void Finalize() override {
@@ -227,11 +247,12 @@ class RatioReporter : public benchmark::ConsoleReporter {
     std::map<std::string, double> peer;
     for (const auto& r : rates_)
       if (r.what == "sgemm") peer[r.shape] = r.gflops;
-    std::printf("\n%-24s %-22s %12s %14s %12s\n", "shape", "implementation", "GFLOP/s", "vs sgemm", "plan MiB");
+    std::printf("\n%-24s %-22s %12s %14s %12s %8s\n", "shape", "implementation", "GFLOP/s", "vs sgemm", "plan MiB", "skip%");
     for (const auto& r : rates_) {
       std::printf("%-24s %-22s %12.2f %13.1f%%", r.shape.c_str(), r.what.c_str(), r.gflops,
                   peer.contains(r.shape) ? 100.0 * r.gflops / peer[r.shape] : 0.0);
       if (r.mib >= 0) std::printf(" %12.1f", r.mib);
+      if (r.skip >= 0) std::printf(" %8.1f", r.skip);
       std::printf("\n");
     }
   }
@@ -240,7 +261,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
   struct Rate {
     std::string what, shape;
     double gflops;
-    double mib;  // the backend's planned memory, or -1 for peers
+    double mib;   // the backend's planned memory, or -1 for peers
+    double skip;  // the share of score tiles its kernels skipped, or -1 when not counted
   };
   std::vector<Rate> rates_;
 };
@@ -275,7 +297,7 @@ int main(int argc, char** argv) {
       if (b == "reference" && s.n > 128) continue;  // plain double loops: minutes per run
       if (b == "vulkan" && s.n > 512 && std::getenv("QKV_BENCH_SMALL_VULKAN")) continue;
       for (Mode m : {Mode::forward, Mode::causal, Mode::backward, Mode::softcap, Mode::alibi, Mode::softcap_backward, Mode::dropout_backward,
-                     Mode::unfused}) {
+                     Mode::document, Mode::unfused}) {
         if (b == "reference" && m != Mode::forward) continue;
         if (m == Mode::alibi && (s.h != 8 || s.d != 64)) continue;
         if (m == Mode::unfused && b != "vulkan") continue;  // the cpu's own unfused peer is sgemm-softmax-sgemm

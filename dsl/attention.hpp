@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "dsl/layers.hpp"
+#include "dsl/score_mods.hpp"
 
 namespace qkv::dsl {
 
@@ -81,29 +82,33 @@ constexpr std::integral_constant<ir::CausalAlign, ir::CausalAlign::bottom_right>
 template <class T> constexpr std::int64_t window_of(T) { return 0; }
 template <std::int64_t W> constexpr std::int64_t window_of(SlidingWindow<W>) { return W; }
 
-/// Options apply in three passes, as FlexAttention applies score_mod before mask_mod: biases
-/// (in the order given), then boolean masks, then causality. A masked key stays masked whatever
+/// Options apply in three passes, as FlexAttention applies score_mod before mask_mod: biases and
+/// score_mods (in the order given), then boolean masks and mask_mods, then causality. A masked key stays masked whatever
 /// its bias (even +inf or NaN), and the masks are the outermost ops, which fusion turns into the
 /// kernel's block skipping.
 enum class Pass { biases, masks, causality };
 
-template <Pass P, class S, class Opt>
-constexpr auto apply_option(S scores, Opt opt) {
+template <Pass P, class S, class Opt, class Ix>
+constexpr auto apply_option(S scores, Opt opt, const Ix& ix) {
   if constexpr (P == Pass::causality && is_causal<Opt>::value)
     return where(causal_mask<decltype(align_of(opt))::value, window_of(Opt{})>(scores), scores, kNegInf);
   else if constexpr (P == Pass::masks && is_mask<Opt>()) return where(opt, scores, kNegInf);
+  else if constexpr (P == Pass::masks && is_mask_mod<Opt>::value) return apply_mask_mod(scores, opt, ix);
   else if constexpr (P == Pass::biases && is_bias<Opt>()) return scores + opt;
+  else if constexpr (P == Pass::biases && is_score_mod<Opt>::value) return apply_score_mod(scores, opt, ix);
   else return scores;
 }
 
-template <Pass P, class S>
-constexpr auto apply_pass(S scores) { return scores; }
-template <Pass P, class S, class O, class... Rest>
-constexpr auto apply_pass(S scores, O o, Rest... rest) { return apply_pass<P>(apply_option<P>(scores, o), rest...); }
+template <Pass P, class S, class Ix>
+constexpr auto apply_pass(S scores, const Ix&) { return scores; }
+template <Pass P, class S, class Ix, class O, class... Rest>
+constexpr auto apply_pass(S scores, const Ix& ix, O o, Rest... rest) {
+  return apply_pass<P>(apply_option<P>(scores, o, ix), ix, rest...);
+}
 
-template <class S, class... Opts>
-constexpr auto apply_options(S scores, Opts... opts) {
-  return apply_pass<Pass::causality>(apply_pass<Pass::masks>(apply_pass<Pass::biases>(scores, opts...), opts...), opts...);
+template <class S, class Ix, class... Opts>
+constexpr auto apply_options(S scores, const Ix& ix, Opts... opts) {
+  return apply_pass<Pass::causality>(apply_pass<Pass::masks>(apply_pass<Pass::biases>(scores, ix, opts...), ix, opts...), ix, opts...);
 }
 
 /// Soft-capping comes first, before masks and biases.
@@ -133,7 +138,8 @@ constexpr auto apply_dropout(W weights, O o, Rest... rest) {
 /// differentiable; biases apply before the masks and causality, so a masked key stays masked); scale(x) (default 1/sqrt(D), for a named D resolved when D is bound); temperature(t) (divides
 /// the scores by t after scaling); sliding_window<W> (causal, the last W keys); softcap_scores(c);
 /// attn_dropout(p, seed) (dropout on the returned weights, as torch does; fused attention draws the
-/// same bits inside its kernels, forward and backward). A query row whose keys
+/// same bits inside its kernels, forward and backward); score_mod(f) and mask_mod(f) (a modifier
+/// written as an expression of the score and its indices, dsl/score_mods.hpp). A query row whose keys
 /// are all masked gets zero weights, so zero output and zero gradient, rather than NaN.
 /// Masks: here true *keeps* a key (torch.nn.functional.scaled_dot_product_attention's
 /// convention); torch.nn.MultiheadAttention's key_padding_mask is the opposite (true drops), see
@@ -141,10 +147,11 @@ constexpr auto apply_dropout(W weights, O o, Rest... rest) {
 template <Expr Q, Expr K, class... Opts>
 constexpr auto attention_weights(Q q, K k, Opts... opts) {
   static_assert(((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || detail::is_bias<Opts>() || std::is_same_v<Opts, Scale> ||
-                  std::is_same_v<Opts, Temperature> || std::is_same_v<Opts, SoftCap> || detail::is_dropout<Opts>::value) &&
+                  std::is_same_v<Opts, Temperature> || std::is_same_v<Opts, SoftCap> || detail::is_dropout<Opts>::value || detail::is_score_mod<Opts>::value ||
+                  detail::is_mask_mod<Opts>::value) &&
                  ...),
                 "qkv: attention options are causal, causal_bottom_right, sliding_window<W>, a boolean mask or float bias expression, "
-                "scale(x), temperature(t), softcap_scores(c) or attn_dropout(p, seed)");
+                "scale(x), temperature(t), softcap_scores(c), attn_dropout(p, seed), score_mod(f) or mask_mod(f)");
   static_assert((detail::is_causal<Opts>::value + ... + 0) <= 1, "qkv: give one of causal, causal_bottom_right, sliding_window<W>");
   constexpr bool explicit_scale = (std::is_same_v<Opts, Scale> || ...);
   constexpr ir::Dim d = Q::shape.back(0);
@@ -155,7 +162,8 @@ constexpr auto attention_weights(Q q, K k, Opts... opts) {
   ((s.value = detail::scale_of(opts).value_or(s.value)), ...);
   ((s.value /= detail::temperature_of(opts)), ...);
   auto scores = detail::apply_softcap(matmul<false, true>(q, k) * s, opts...);
-  return detail::apply_dropout(softmax<-1>(detail::apply_options(scores, opts...)), opts...);
+  const detail::ScoreIndices<Q, K> ix{q, k};
+  return detail::apply_dropout(softmax<-1>(detail::apply_options(scores, ix, opts...)), opts...);
 }
 
 /// Scaled dot-product attention: attention_weights(q, k, opts...) @ v, shape [..., Lq, Dv].

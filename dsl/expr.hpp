@@ -31,6 +31,9 @@ struct Input : ExprBase {
   static constexpr DType dtype = DT;
   using dims = DimList<Ds...>;
   static constexpr std::string_view name() { return Name.view(); }
+  /// x[i] for an index a score or mask modifier gets: at(x, i) (dsl/score_mods.hpp).
+  template <class I>
+  constexpr auto operator[](I i) const { return at(*this, i); }
 };
 
 /// A tensor of a static shape filled with one value (a scalar by default); with `rsqrt_of` (a
@@ -65,6 +68,9 @@ struct Node : ExprBase {
   static constexpr ir::Attrs attrs = A;
   using names = Names;
   hana::tuple<Cs...> children;
+  /// x[i] for an index a score or mask modifier gets: at(x, i) (dsl/score_mods.hpp).
+  template <class I>
+  constexpr auto operator[](I i) const { return at(*this, i); }
 };
 
 /// A node whose `value` attribute is known only at run time (a dropout probability): its type

@@ -155,6 +155,29 @@ constexpr auto equal(A a, B b) { return make_node<ir::Op::equal>(detail::as_expr
 template <class A, class B> requires detail::Operands<A, B>
 constexpr auto greater(A a, B b) { return make_node<ir::Op::greater>(detail::as_expr(a), detail::as_expr(b)); }
 
+/// Comparisons and logic as operators, as Halide writes them (masks and mask_mod): boolean
+/// tensors with IEEE semantics (a comparison with NaN is false, so a >= b is a > b or a == b,
+/// and NaN != x is true).
+/// &&, || and ! take boolean tensors and evaluate both sides.
+template <class A, class B> requires detail::Operands<A, B>
+constexpr auto operator==(A a, B b) { return equal(a, b); }
+template <class A, class B> requires detail::Operands<A, B>
+constexpr auto operator>(A a, B b) { return greater(a, b); }
+template <class A, class B> requires detail::Operands<A, B>
+constexpr auto operator<(A a, B b) { return greater(b, a); }
+template <Expr A> requires(A::dtype == DType::boolean)
+constexpr auto operator!(A a) { return equal(cast(a), 0.0); }
+template <Expr A, Expr B> requires(A::dtype == DType::boolean && B::dtype == DType::boolean)
+constexpr auto operator&&(A a, B b) { return greater(cast(a) * cast(b), 0.5); }
+template <Expr A, Expr B> requires(A::dtype == DType::boolean && B::dtype == DType::boolean)
+constexpr auto operator||(A a, B b) { return greater(maximum(cast(a), cast(b)), 0.5); }
+template <class A, class B> requires detail::Operands<A, B>
+constexpr auto operator!=(A a, B b) { return !(a == b); }
+template <class A, class B> requires detail::Operands<A, B>
+constexpr auto operator>=(A a, B b) { return a > b || a == b; }
+template <class A, class B> requires detail::Operands<A, B>
+constexpr auto operator<=(A a, B b) { return b > a || a == b; }
+
 /// f32 [..., Depth] from i32 ids [...]: 1 at each id.
 template <std::int64_t Depth, Expr Ids>
 constexpr auto one_hot(Ids ids) {

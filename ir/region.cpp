@@ -1,6 +1,8 @@
 // Score modifier regions: construction, checks, inlining, forward-mode derivatives, printing.
 #include "ir/region.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <optional>
 
@@ -194,6 +196,130 @@ Graph differentiate_region(const Graph& r, int wrt, bool keep_primal) {
   d.set_output("mod", result ? *result : d.constant(0.0));
   if (keep_primal) d.set_output("primal", map[static_cast<std::size_t>(r.outputs()[0].second)]);
   return d;
+}
+
+ValueRange ValueRange::exactly(double v) { return std::isnan(v) ? unknown() : ValueRange{v, v, false}; }
+
+namespace {
+
+constexpr double kInf = HUGE_VAL;
+
+/// a + b with -inf + inf (NaN) read as `fallback`: the bound of a sum of two ranges' ends.
+double sum_bound(double a, double b, double fallback) {
+  const double s = a + b;
+  return std::isnan(s) ? fallback : s;
+}
+
+ValueRange add_ranges(const ValueRange& a, const ValueRange& b) {
+  const bool inf_minus_inf = (a.lo == -kInf && b.hi == kInf) || (a.hi == kInf && b.lo == -kInf);
+  return {sum_bound(a.lo, b.lo, -kInf), sum_bound(a.hi, b.hi, kInf), a.nan || b.nan || inf_minus_inf};
+}
+
+ValueRange neg_range(const ValueRange& a) { return {-a.hi, -a.lo, a.nan}; }
+
+bool holds(const ValueRange& a, double v) { return a.lo <= v && v <= a.hi; }
+bool unbounded(const ValueRange& a) { return a.lo == -kInf || a.hi == kInf; }
+
+ValueRange mul_ranges(const ValueRange& a, const ValueRange& b) {
+  // 0 * inf is NaN: a corner product that is NaN bounds nothing (read as 0, which the other
+  // corners' signs already cover), and NaN becomes possible.
+  const bool zero_times_inf = (holds(a, 0) && unbounded(b)) || (holds(b, 0) && unbounded(a));
+  double lo = kInf, hi = -kInf;
+  for (double x : {a.lo, a.hi})
+    for (double y : {b.lo, b.hi}) {
+      double p = x * y;
+      if (std::isnan(p)) p = 0;
+      lo = std::min(lo, p);
+      hi = std::max(hi, p);
+    }
+  return {lo, hi, a.nan || b.nan || zero_times_inf};
+}
+
+ValueRange div_ranges(const ValueRange& a, const ValueRange& b) {
+  if (holds(b, 0) || (unbounded(a) && unbounded(b))) return ValueRange::unknown();
+  double lo = kInf, hi = -kInf;
+  for (double x : {a.lo, a.hi})
+    for (double y : {b.lo, b.hi}) {
+      lo = std::min(lo, x / y);
+      hi = std::max(hi, x / y);
+    }
+  return {lo, hi, a.nan || b.nan};
+}
+
+/// f increasing on [domain_lo, inf]; below it f is NaN.
+template <class F>
+ValueRange increasing(const ValueRange& a, F f, double domain_lo = -kInf) {
+  const bool below = a.lo < domain_lo;
+  const double lo = below ? f(domain_lo) : f(a.lo), hi = a.hi < domain_lo ? f(domain_lo) : f(a.hi);
+  return {lo, hi, a.nan || below};
+}
+
+ValueRange boolean(bool can_be_false, bool can_be_true) {
+  return {can_be_false ? 0.0 : 1.0, can_be_true ? 1.0 : 0.0, false};
+}
+
+ValueRange bound_node(const Node& n, const std::vector<ValueRange>& v) {
+  auto in = [&](std::size_t i) -> const ValueRange& { return v[static_cast<std::size_t>(n.inputs[i])]; };
+  switch (n.op) {
+    case Op::constant: return ValueRange::exactly(n.attrs.value);
+    case Op::neg: return neg_range(in(0));
+    case Op::exp: return increasing(in(0), [](double x) { return std::exp(x); });
+    case Op::log: return increasing(in(0), [](double x) { return std::log(x); }, 0.0);
+    case Op::sqrt: return increasing(in(0), [](double x) { return std::sqrt(x); }, 0.0);
+    case Op::tanh: return increasing(in(0), [](double x) { return std::tanh(x); });
+    case Op::erf: return increasing(in(0), [](double x) { return std::erf(x); });
+    case Op::sin:
+    case Op::cos: return {-1.0, 1.0, in(0).nan || unbounded(in(0))};
+    case Op::cast: return in(0);
+    case Op::add: return add_ranges(in(0), in(1));
+    case Op::sub: return add_ranges(in(0), neg_range(in(1)));
+    case Op::mul: return mul_ranges(in(0), in(1));
+    case Op::div: return div_ranges(in(0), in(1));
+    case Op::max: return {std::max(in(0).lo, in(1).lo), std::max(in(0).hi, in(1).hi), in(0).nan || in(1).nan};
+    case Op::equal: {  // a comparison with NaN is false
+      const ValueRange &a = in(0), &b = in(1);
+      const bool disjoint = a.hi < b.lo || b.hi < a.lo;
+      const bool one_value = !a.nan && !b.nan && a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
+      return boolean(!one_value, !disjoint);
+    }
+    case Op::greater: {
+      const ValueRange &a = in(0), &b = in(1);
+      return boolean(a.nan || b.nan || a.lo <= b.hi, a.hi > b.lo);
+    }
+    case Op::where: {
+      const ValueRange &c = in(0), &x = in(1), &y = in(2);
+      if (!c.nan && !holds(c, 0)) return x;  // always true
+      if (c.is(0)) return y;
+      return {std::min(x.lo, y.lo), std::max(x.hi, y.hi), x.nan || y.nan};
+    }
+    default: return ValueRange::unknown();
+  }
+}
+
+}  // namespace
+
+ValueRange bound_region(const Graph& r, std::span<const ValueRange> inputs, std::string_view output) {
+  std::vector<ValueRange> v;
+  v.reserve(r.size());
+  for (const Node& n : r.nodes()) {
+    if (n.op == Op::input) {
+      const std::size_t i = v.size();  // a region's inputs come first, in order
+      v.push_back(i < inputs.size() ? inputs[i] : ValueRange::unknown());
+    } else {
+      v.push_back(bound_node(n, v));
+    }
+  }
+  return v[static_cast<std::size_t>(r.output(output))];
+}
+
+bool region_masks(const Graph& r) {
+  for (const Node& n : r.nodes())
+    if (n.op == Op::where)
+      for (std::size_t i : {1u, 2u}) {
+        const Node& branch = r.node(n.inputs[i]);
+        if (branch.op == Op::constant && branch.attrs.value == -HUGE_VAL) return true;
+      }
+  return false;
 }
 
 std::string region_expression(const Graph& r) {

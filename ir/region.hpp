@@ -9,6 +9,7 @@
 // interprets it on score tiles, `vulkan` emits it as GLSL.
 #pragma once
 
+#include <cmath>
 #include <memory>
 #include <span>
 #include <string>
@@ -45,6 +46,30 @@ ValueId inline_region(Graph& g, const Graph& r, ValueId score, std::span<const V
 /// tangents of comparisons, casts and constants are zero). With `keep_primal`, a second output
 /// "primal" is r's own result (what a kernel evaluating both at once reads).
 Graph differentiate_region(const Graph& r, int wrt, bool keep_primal = false);
+
+/// The values a region input or result may take over a tile of scores: every value lies in
+/// [lo, hi] (infinities included) or, when `nan`, may also be NaN. Booleans are 0 and 1.
+struct ValueRange {
+  double lo = -HUGE_VAL, hi = HUGE_VAL;
+  bool nan = true;
+  static ValueRange exactly(double v);
+  static ValueRange between(double lo, double hi) { return {lo, hi, false}; }
+  /// Nothing known: any value, NaN included.
+  static ValueRange unknown() { return {}; }
+  /// Every value is v (and none NaN).
+  bool is(double v) const { return !nan && lo == v && hi == v; }
+  bool operator==(const ValueRange&) const = default;
+};
+
+/// Interval arithmetic over `r`: the range of its output `output` when each input i lies in
+/// inputs[i] (score, q_idx, kv_idx, t0, ...). Sound (every value the region computes from such
+/// inputs lies in the result), not tight. What block sparsity reads: a tile whose "mod" is
+/// exactly -inf is masked whatever the scores are.
+ValueRange bound_region(const Graph& r, std::span<const ValueRange> inputs, std::string_view output = "mod");
+
+/// Whether r can mask a key (its result can be -inf whatever the score: a `where` with a -inf
+/// branch): only such regions are worth bounding per tile.
+bool region_masks(const Graph& r);
 
 /// The modifier as one infix expression over its inputs' names, e.g.
 /// "tanh(score / 30) * 30 + t0": how explain, dot and dump name it.

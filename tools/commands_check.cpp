@@ -190,6 +190,12 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
   std::printf("total: %.3f MFLOP, %.3f MB moved, %.3f MB held for intermediates and outputs\n", flops / 1e6, bytes / 1e6,
               static_cast<double>(exe->planned_bytes()) / 1e6);
   std::printf("score matrix: %s\n", scores.empty() ? "none (no attention in this graph)" : scores.c_str());
+  // Block sparsity as this run found it: the tiles each fused kernel skipped because every
+  // score there is masked (from causality, a window, or the modifier over these inputs).
+  for (const backend::TileCount& t : exe->tile_counts())
+    std::printf("block sparsity: %%%d %s skipped %lld of %lld score tiles (%.1f%%) as masked\n", t.value,
+                std::string(ir::op_name(g.node(t.value).op)).c_str(), static_cast<long long>(t.skipped),
+                static_cast<long long>(t.computed + t.skipped), 100.0 * t.skipped_fraction());
   return 0;
 }
 

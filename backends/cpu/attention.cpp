@@ -106,6 +106,21 @@ class Scores {
 
   bool drops() const { return a_.dropout != 0.0; }
 
+  /// Adds one task's tiles: `total` in its share of the grid, `computed` of them computed.
+  void count_tiles(std::int64_t total, std::int64_t computed) const {
+    if (!a_.tiles) return;
+    a_.tiles->computed += computed;
+    a_.tiles->skipped += total - computed;
+  }
+
+  /// Whether blocks may be skipped: causality or a modifier that can mask whole tiles.
+  bool may_skip() const { return a_.causal || (a_.mod && a_.mod->may_mask_tiles()); }
+
+  /// Whether the modifier drops the whole tile whatever its scores (ScoreModifier::masks_tile).
+  bool tile_masked(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
+    return a_.mod && a_.mod->masks_tile(b, i0, rows, j0, cols);
+  }
+
   /// z[j] = dropout's factor for query i and key j0 + j of batch entry b (j < cols): 0 for a
   /// dropped weight, 1/(1-p) for a kept one; the weights [batch, N, M]'s element index keys it.
   void dropout_factors(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* z) const {
@@ -219,7 +234,7 @@ void attention(const AttentionArgs& a) {
   // values are finite: the meaning (softmax weights @ v) multiplies a masked key's value by a
   // weight of 0, and 0 * NaN or 0 * inf is NaN. A batch whose v holds one processes every block.
   std::vector<std::uint8_t> finite_v(static_cast<std::size_t>(batches), 1);
-  if (a.s.causal)
+  if (sc.may_skip())
     ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
       finite_v[static_cast<std::size_t>(b)] = all_finite(a.v.data + offset_at(b, sc.batch(), vs), m * dv);
     });
@@ -234,9 +249,13 @@ void attention(const AttentionArgs& a) {
     m_buf.assign(static_cast<std::size_t>(rows), kNegInf);
     l_buf.assign(static_cast<std::size_t>(rows), 0.0f);
     std::fill_n(o, rows * dv, 0.0f);
-    const auto [key_begin, key_end] = finite_v[static_cast<std::size_t>(b)] ? sc.keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m};
+    const bool skip = finite_v[static_cast<std::size_t>(b)] != 0;
+    const auto [key_begin, key_end] = skip ? sc.keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m};
+    std::int64_t computed = 0;
     for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
+      if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
+      ++computed;
       float* s = s_buf.data();
       sc.compute(b, i0, rows, j0, cols, s, kKeyBlock);
       for (std::int64_t i = 0; i < rows; ++i) {
@@ -261,6 +280,7 @@ void attention(const AttentionArgs& a) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(dv), to_int(cols), 1.0f, s, to_int(kKeyBlock),
                   v + j0 * dv, to_int(dv), 1.0f, o, to_int(dv));
     }
+    sc.count_tiles(blocks_of(m, kKeyBlock), computed);
     // A query with no key left (l = 0) gives zeros, as softmax defines for a row of -inf.
     for (std::int64_t i = 0; i < rows; ++i) {
       const float l = l_buf[static_cast<std::size_t>(i)];
@@ -288,8 +308,11 @@ void attention_lse(const ScoreArgs& args, View out) {
     mx.assign(static_cast<std::size_t>(rows), kNegInf);
     sum.assign(static_cast<std::size_t>(rows), 0.0);
     const auto [key_begin, key_end] = sc.keys_for(i0, rows);
+    std::int64_t computed = 0;
     for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
+      if (sc.tile_masked(b, i0, rows, j0, cols)) continue;
+      ++computed;
       sc.compute(b, i0, rows, j0, cols, s, kKeyBlock);
       for (std::int64_t i = 0; i < rows; ++i) {
         float* row = s + i * kKeyBlock;
@@ -302,6 +325,7 @@ void attention_lse(const ScoreArgs& args, View out) {
         mi = m_new;
       }
     }
+    sc.count_tiles(blocks_of(sc.m(), kKeyBlock), computed);
     // lse = m + log(sum): -inf for a row without keys (log 0), NaN where a score was NaN.
     for (std::int64_t i = 0; i < rows; ++i) {
       const float mi = mx[static_cast<std::size_t>(i)];
@@ -321,7 +345,7 @@ void attention_grad(const AttentionGradArgs& a) {
 
   // Skipping masked blocks is exact only while no NaN or inf meets a masked zero (see attention).
   std::vector<std::uint8_t> finite(static_cast<std::size_t>(batches), 1);
-  if (a.s.causal)
+  if (sc.may_skip())
     ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
       finite[static_cast<std::size_t>(b)] = backward_may_skip(sc, b, v_at(b), dv, dy_at(b), row_stat(a.delta, b));
     });
@@ -336,13 +360,18 @@ void attention_grad(const AttentionGradArgs& a) {
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
       float* dq = a.out.data + b * n * d + i0 * d;
       std::fill_n(dq, rows * d, 0.0f);
-      const auto [key_begin, key_end] = finite[static_cast<std::size_t>(b)] ? sc.keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m};
+      const bool skip = finite[static_cast<std::size_t>(b)] != 0;
+      const auto [key_begin, key_end] = skip ? sc.keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m};
+      std::int64_t computed = 0;
       for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
         const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
+        if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
+        ++computed;
         backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(d), to_int(cols), sc.scale(), ds, to_int(kKeyBlock),
                     sc.k(b) + j0 * d, to_int(d), 1.0f, dq, to_int(d));
       }
+      sc.count_tiles(blocks_of(m, kKeyBlock), computed);
     });
     return;
   }
@@ -355,9 +384,13 @@ void attention_grad(const AttentionGradArgs& a) {
     const std::int64_t cols = std::min(kKeyBlock, m - j0);
     float* acc = a.out.data + b * m * width + j0 * width;
     std::fill_n(acc, cols * width, 0.0f);
-    const auto [query_begin, query_end] = finite[static_cast<std::size_t>(b)] ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
+    const bool skip = finite[static_cast<std::size_t>(b)] != 0;
+    const auto [query_begin, query_end] = skip ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
+    std::int64_t computed = 0;
     for (std::int64_t i0 = query_begin; i0 < query_end; i0 += kQueryBlock) {
       const std::int64_t rows = std::min(kQueryBlock, query_end - i0);
+      if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
+      ++computed;
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
       float* ds = a.wrt == 1 ? ds_tile : nullptr;
       backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
@@ -370,6 +403,7 @@ void attention_grad(const AttentionGradArgs& a) {
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
                   sc.q(b) + i0 * d, to_int(d), 1.0f, acc, to_int(d));
     }
+    sc.count_tiles(blocks_of(n, kQueryBlock), computed);
   });
 }
 
@@ -388,12 +422,15 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
     if (dk_b) std::fill_n(dk_b, m * d, 0.0f);
     if (dv_b) std::fill_n(dv_b, m * dvw, 0.0f);
     // Skipping masked blocks is exact only while no NaN or inf meets a masked zero (see attention).
-    const bool skip = !a.s.causal || backward_may_skip(sc, b, v, dvw, dy_b, delta_b);
+    const bool skip = !sc.may_skip() || backward_may_skip(sc, b, v, dvw, dy_b, delta_b);
+    std::int64_t computed = 0;
     for (std::int64_t j0 = 0; j0 < m; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, m - j0);
       const auto [query_begin, query_end] = skip ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
       for (std::int64_t i0 = query_begin; i0 < query_end; i0 += kQueryBlock) {
         const std::int64_t rows = std::min(kQueryBlock, query_end - i0);
+        if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
+        ++computed;
         const float* dy = dy_b + i0 * dvw;
         float* ds = dq_b || dk_b ? ds_tile : nullptr;
         backward_tile(sc, b, i0, rows, j0, cols, dy, v + j0 * dvw, dvw, lse_b + i0, delta_b + i0, p, ds);
@@ -410,6 +447,7 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
                       k + j0 * d, to_int(d), 1.0f, dq_b + i0 * d, to_int(d));
       }
     }
+    sc.count_tiles(blocks_of(m, kKeyBlock) * blocks_of(n, kQueryBlock), computed);
   });
 }
 

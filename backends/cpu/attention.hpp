@@ -2,6 +2,8 @@
 // matrix: softmax(q kT * scale, masked) v, its rows' log-sum-exp, and its gradients.
 #pragma once
 
+#include <atomic>
+
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/score_mod.hpp"
 
@@ -12,6 +14,11 @@ namespace qkv::backend::cpu {
 /// window drops a key. With dropout, the weights are multiplied by dropout_mask's values for the
 /// same elements (Philox keyed by the seed and the weights' element index, ir/random.hpp), so
 /// the forward, the backward and every backend drop the same weights.
+/// Tiles a kernel computed and skipped, counted across its tasks.
+struct TileCounter {
+  std::atomic<std::int64_t> computed{0}, skipped{0};
+};
+
 struct ScoreArgs {
   ConstView q, k;             // [..., N, D], [..., M, D]; batch dims broadcast
   const ConstView* mask;      // nullptr, or a 0/1 keep-mask broadcasting to [..., N, M]
@@ -22,6 +29,7 @@ struct ScoreArgs {
   const ScoreModifier* mod = nullptr;  // flex attention's modifier (with its derivative for the backward)
   double dropout = 0.0;       // flex attention's dropout on the weights (0: none), keyed by `seed`
   std::uint32_t seed = 0;
+  TileCounter* tiles = nullptr;  // when given: counts the tiles computed and skipped
 };
 
 struct AttentionArgs {

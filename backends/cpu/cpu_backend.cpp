@@ -64,6 +64,7 @@ class CpuExecutable final : public Executable {
   }
   const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return memory_.total_bytes; }
+  std::vector<TileCount> tile_counts() const override { return tile_counts_; }
 
   void set_state(const TensorMap& tensors) override {
     check_state_names(graph_, tensors);
@@ -75,8 +76,15 @@ class CpuExecutable final : public Executable {
     gather_inputs(graph_, input_ids_, inputs, state_, tensors_);
     value_checks_.check(tensors_);
     if (!signature_.matches(tensors_)) plan();
-    for (std::size_t i = 0; i < graph_.size(); ++i)
-      if (!computed_with_leader(i)) execute(i);
+    tile_counts_.clear();
+    for (std::size_t i = 0; i < graph_.size(); ++i) {
+      if (computed_with_leader(i)) continue;
+      tiles_.computed = 0;
+      tiles_.skipped = 0;
+      execute(i);
+      if (ir::is_fused_attention(graph_.nodes()[i].op))
+        tile_counts_.push_back({static_cast<ir::ValueId>(i), tiles_.computed.load(), tiles_.skipped.load()});
+    }
     // Updates write back into the held tensors once every kernel has read the old values.
     for (const auto& [name, v] : graph_.updates()) {
       const float* src = value_ptr(static_cast<std::size_t>(v));
@@ -187,8 +195,10 @@ class CpuExecutable final : public Executable {
     // in `mask`, the bound scale and the causal attributes.
     auto scores = [&](const Node& node, int mask_at, cpu::ConstView& mask) {
       if (mask_at >= 0) mask = in(mask_at);
-      return cpu::ScoreArgs{in(0), in(1), mask_at >= 0 ? &mask : nullptr, static_cast<float>(ir::bound_value(graph_, node, shapes_)),
-                            node.attrs.causal, node.attrs.align, node.attrs.window};
+      cpu::ScoreArgs s{in(0), in(1), mask_at >= 0 ? &mask : nullptr, static_cast<float>(ir::bound_value(graph_, node, shapes_)),
+                       node.attrs.causal, node.attrs.align, node.attrs.window};
+      s.tiles = &tiles_;
+      return s;
     };
     // Flex attention's modifier over its tensors (operands `first` on), iterated like the
     // kernel's scores: over the output's batch dims.
@@ -302,6 +312,8 @@ class CpuExecutable final : public Executable {
   }
 
   ir::Graph graph_;
+  cpu::TileCounter tiles_;                       // the running kernel's tiles
+  std::vector<TileCount> tile_counts_;           // the last run's, per fused kernel
   std::vector<ir::ValueId> leader_;              // node -> its kernel group's leader, or -1
   std::vector<std::vector<std::size_t>> group_;  // leader -> its group's nodes (empty otherwise)
   std::vector<bool> group_fused_;                // leader -> the group runs as one kernel

@@ -2,6 +2,7 @@
 #include "backends/cpu/score_mod.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "backends/scalar_ops.hpp"
 #include "ir/error.hpp"
@@ -11,7 +12,7 @@ namespace qkv::backend::cpu {
 
 ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vector<ConstView> tensors, const ir::Shape& batch,
                              std::int64_t n, std::int64_t m)
-    : batch_(batch) {
+    : region_(region), masks_(ir::region_masks(region)), batch_(batch) {
   ir::Shape scores = batch;
   scores.push_back(n);
   scores.push_back(m);
@@ -61,6 +62,41 @@ ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vect
   }
 }
 
+std::int64_t ScoreModifier::batch_offset(const Operand& t, std::int64_t b) const {
+  std::int64_t off = 0;
+  for (int d = batch_.rank - 1; d >= 0; --d) {
+    off += (b % batch_[d]) * t.batch[static_cast<std::size_t>(d)];
+    b /= batch_[d];
+  }
+  return off;
+}
+
+bool ScoreModifier::masks_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
+  if (!masks_) return false;
+  thread_local std::vector<ir::ValueRange> in;
+  in.assign(static_cast<std::size_t>(ir::kRegionFixedInputs), ir::ValueRange::unknown());
+  in[ir::kRegionQIdx] = ir::ValueRange::between(static_cast<double>(i0), static_cast<double>(i0 + rows - 1));
+  in[ir::kRegionKvIdx] = ir::ValueRange::between(static_cast<double>(j0), static_cast<double>(j0 + cols - 1));
+  for (const Operand& t : tensors_) {
+    if (t.row != 0 && t.col != 0) {  // score-sized: reading it here would cost as much as the tile
+      in.push_back(ir::ValueRange::unknown());
+      continue;
+    }
+    const float* x = t.data + batch_offset(t, b) + i0 * t.row + j0 * t.col;
+    const std::int64_t count = t.row != 0 ? rows : t.col != 0 ? cols : 1, stride = t.row + t.col;
+    float lo = x[0], hi = x[0];
+    bool nan = false;
+    for (std::int64_t e = 0; e < count; ++e) {
+      const float v = x[e * stride];
+      nan |= std::isnan(v);
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    in.push_back(nan ? ir::ValueRange::unknown() : ir::ValueRange::between(lo, hi));
+  }
+  return ir::bound_region(region_, in).is(-HUGE_VAL);
+}
+
 void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod) const {
   // Registers: a row of cols floats for each varying step (the score's is s itself), one float
   // for each uniform step.
@@ -96,12 +132,7 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
           for (std::int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(j0 + j);
         } else {
           const Operand& t = tensors_[static_cast<std::size_t>(st.input - ir::kRegionFixedInputs)];
-          std::int64_t off = 0, rest = b;
-          for (int d = batch_.rank - 1; d >= 0; --d) {
-            off += (rest % batch_[d]) * t.batch[static_cast<std::size_t>(d)];
-            rest /= batch_[d];
-          }
-          const float* row = t.data + off + i * t.row + j0 * t.col;
+          const float* row = t.data + batch_offset(t, b) + i * t.row + j0 * t.col;
           if (st.uniform) u = row[0];
           else for (std::int64_t j = 0; j < cols; ++j) out[j] = row[j * t.col];
         }

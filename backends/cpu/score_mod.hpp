@@ -22,6 +22,17 @@ class ScoreModifier {
 
   bool has_derivative() const { return dmod_ >= 0; }
 
+  /// Whether the modifier drops every score of a tile (queries [i0, i0 + rows) by keys
+  /// [j0, j0 + cols) of batch entry b) whatever the scores are: interval arithmetic over the
+  /// region (ir::bound_region) from the tile's index ranges and its tensors' values there (those
+  /// laid out along the queries or the keys; one varying along both is read as unknown). Block
+  /// sparsity for masks written as expressions: document masks from ids, prefix-LM, padding
+  /// from lengths, a mask_mod over q_idx and kv_idx. False when nothing can be proved.
+  bool masks_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const;
+
+  /// Whether masks_tile can ever be true (the region has a -inf branch).
+  bool may_mask_tiles() const { return masks_; }
+
  private:
   /// One node of the program: an input (loaded per row), a constant or an elementwise op on
   /// earlier registers (one register per node).
@@ -38,6 +49,10 @@ class ScoreModifier {
     Strides batch;            // element strides over the batch dims
     std::int64_t row, col;    // strides along the queries and the keys (0 where broadcast)
   };
+  std::int64_t batch_offset(const Operand& t, std::int64_t b) const;
+
+  ir::Graph region_;
+  bool masks_ = false;
   std::vector<Step> steps_;
   std::vector<Operand> tensors_;
   ir::Shape batch_;

@@ -358,5 +358,118 @@ TEST(FusedAttention, NaNBehindSkippedTilesPropagatesOnEveryBackend) {
   }
 }
 
+
+/// Modifiers written as score_mod and mask_mod mean what the library's options mean: the same
+/// outputs on the reference, and fused on cpu and vulkan, forward and backward, within budgets.
+/// ALiBi written FlexAttention's way, slope[h] * (kv_idx - q_idx), differs from alibi_bias by a
+/// constant per row, which softmax ignores.
+TEST(FusedAttention, ScoreAndMaskModsMeanWhatTheOptionsMean) {
+  auto q = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<16>);
+  auto k = input<"k">(dim<"B">, dim<2>, dim<"N">, dim<16>);
+  auto v = input<"v">(dim<"B">, dim<2>, dim<"N">, dim<16>);
+  auto docs = input<"docs", DType::i32>(dim<"B">, dim<"N">);
+  auto slope = input<"slope">(dim<2>);
+  auto out = [](auto y) { return lower(named<"out">(y)); };
+  struct Pair {
+    std::string name;
+    ir::Graph written, option;
+  };
+  const std::vector<Pair> pairs = {
+      {"softcap", out(scaled_dot_product_attention(q, k, v, score_mod([](auto s, auto, auto, auto, auto) { return softcap(s, 2.0); }))),
+       out(scaled_dot_product_attention(q, k, v, softcap_scores(2.0)))},
+      {"causal", out(scaled_dot_product_attention(q, k, v, mask_mod([](auto, auto, auto i, auto j) { return j <= i; }))),
+       out(scaled_dot_product_attention(q, k, v, causal))},
+      {"sliding window", out(scaled_dot_product_attention(q, k, v, mask_mod([](auto, auto, auto i, auto j) { return j <= i && i - j < 5.0; }))),
+       out(scaled_dot_product_attention(q, k, v, sliding_window<5>))},
+      {"document", out(scaled_dot_product_attention(q, k, v, mask_mod([=](auto b, auto, auto i, auto j) { return at(docs, b, i) == at(docs, b, j); }))),
+       out(scaled_dot_product_attention(q, k, v, document_mask(docs, docs)))},
+      {"alibi", out(scaled_dot_product_attention(q, k, v, causal, score_mod([=](auto s, auto, auto h, auto i, auto j) { return s + slope[h] * (j - i); }))),
+       out(scaled_dot_product_attention(q, k, v, causal_bottom_right, alibi_bias<2>(k)))},
+  };
+  auto reference = backend::make_reference_backend({backend::Precision::f64, true});
+  for (const auto& [name, written, option] : pairs) {
+    SCOPED_TRACE(name);
+    auto in = backend::random_inputs(written, {{"B", 2}, {"N", 45}}, 4);
+    if (in.contains("slope")) {
+      in.at("slope").data<float>()[0] = static_cast<float>(alibi_slope(0, 2));
+      in.at("slope").data<float>()[1] = static_cast<float>(alibi_slope(1, 2));
+    }
+    if (in.contains("docs"))
+      for (std::int64_t i = 0; i < 2 * 45; ++i) in.at("docs").data<std::int32_t>()[i] = static_cast<std::int32_t>(i % 45 / 10);
+    auto option_in = backend::random_inputs(option, {{"B", 2}, {"N", 45}}, 4);
+    for (auto& [input, t] : option_in) t = in.at(input);
+    const Tensor a = reference->compile(written)->run(in).at("out"), b = reference->compile(option)->run(option_in).at("out");
+    for (std::int64_t e = 0; e < a.numel(); ++e) ASSERT_NEAR(a.at(e), b.at(e), 1e-6) << e;
+    ir::Graph g = ir::build_backward(written, {"", {"q", "k", "v"}, {"out"}});
+    auto grad_in = backend::random_inputs(g, {{"B", 2}, {"N", 45}}, 5);
+    for (auto& [input, t] : in) grad_in.at(input) = t;
+    for (const char* backend_name : {"cpu", "vulkan"}) {
+      SCOPED_TRACE(backend_name);
+      QKV_GET_BACKEND_OR_SKIP(be, backend_name);
+      auto exe = be->compile(g);
+      int flex = 0;
+      for (const auto& n : exe->graph().nodes()) {
+        EXPECT_NE(n.op, ir::Op::softmax);
+        flex += n.op == ir::Op::flex_attention;
+      }
+      EXPECT_EQ(flex, 1) << ir::print(exe->graph());
+      testing::expect_equivalent(g, grad_in, *be);
+    }
+  }
+}
+
+/// The cpu kernels skip tiles a modifier masks whole (interval arithmetic over the region, from
+/// the tile's positions and ids), forward and backward, and say so: packed documents of 128
+/// tokens at N = 512 leave 4 of the 8 forward tiles (128 queries x 256 keys) per head; causality
+/// written as a mask_mod skips what the causal attribute skips. A NaN in v behind a skipped tile
+/// still gives NaN, as the meaning does.
+TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
+  auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<16>);
+  auto docs = input<"docs", DType::i32>(dim<1>, dim<"N">);
+  const std::int64_t n = 512;
+  auto documents = [&](backend::TensorMap& in) {
+    for (std::int64_t i = 0; i < n; ++i) in.at("docs").data<std::int32_t>()[i] = static_cast<std::int32_t>(i / 128);
+  };
+  ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto i, auto j) {
+    return at(docs, b, i) == at(docs, b, j);
+  }))));
+  auto cpu = backend::create("cpu");
+  {
+    auto exe = cpu->compile(forward);
+    auto in = backend::random_inputs(forward, {{"N", n}}, 2);
+    documents(in);
+    exe->run(in);
+    ASSERT_EQ(exe->tile_counts().size(), 1u);
+    EXPECT_EQ(exe->tile_counts()[0].computed, 2 * 4);
+    EXPECT_EQ(exe->tile_counts()[0].skipped, 2 * 4);
+    testing::expect_equivalent(forward, in, "cpu");
+    // A NaN in head 0's key 300 (document 2; q, k and v are one tensor) meets the queries of
+    // the other documents only through a masked zero: the meaning gives NaN there, and the
+    // kernel does not skip that head's tiles (head 1 still skips its 4).
+    in.at("q").data<float>()[300 * 16 + 2] = std::numeric_limits<float>::quiet_NaN();
+    testing::expect_equivalent(forward, in, "cpu");
+    EXPECT_TRUE(std::isnan(exe->run(in).at("out").at(2)));
+    EXPECT_EQ(exe->tile_counts()[0].skipped, 4);
+  }
+  // Forward and backward: every kernel skips.
+  ir::Graph g = ir::build_backward(forward, {"", {"q"}, {"out"}});
+  auto in = backend::random_inputs(g, {{"N", n}}, 3);
+  documents(in);
+  auto exe = cpu->compile(g);
+  exe->run(in);
+  EXPECT_GE(exe->tile_counts().size(), 2u);
+  for (const auto& t : exe->tile_counts()) EXPECT_GT(t.skipped, 0) << ir::op_name(exe->graph().node(t.value).op);
+  testing::expect_equivalent(g, in, "cpu");
+  // Causality written as a mask_mod skips the same tiles as the causal attribute.
+  auto skipped = [&](const ir::Graph& graph) {
+    auto e = cpu->compile(graph);
+    e->run(backend::random_inputs(graph, {{"N", 1024}}, 1));
+    return e->tile_counts().at(0).skipped;
+  };
+  const auto written = skipped(lower(scaled_dot_product_attention(q, q, q, mask_mod([](auto, auto, auto i, auto j) { return j <= i; }))));
+  EXPECT_EQ(written, skipped(lower(scaled_dot_product_attention(q, q, q, causal))));
+  EXPECT_EQ(written, 2 * 12);  // of 2 heads x 8 query blocks x 4 key blocks
+}
+
 }  // namespace
 }  // namespace qkv
