@@ -21,12 +21,13 @@ struct KernelTime {
   double seconds;     // from the end of the previous kernel (or of the uploads) to its own end
 };
 
-/// How many tiles of attention's scores one fused kernel computed and how many it skipped as
-/// masked (block sparsity: causality, a sliding window, a modifier that drops whole tiles).
+/// How many of attention's scores one fused kernel computed and how many it skipped in whole
+/// masked tiles (block sparsity: causality, a sliding window, a modifier that drops whole tiles).
+/// Counted in scores, not tiles: a tile cut short at the diagonal counts what it computed.
 struct TileCount {
   ir::ValueId value;       // the fused node of Executable::graph()
-  std::int64_t computed;   // tiles whose scores were computed
-  std::int64_t skipped;    // tiles left out: every score there is masked
+  std::int64_t computed;   // scores in the tiles computed
+  std::int64_t skipped;    // scores in the tiles left out (every one of them masked)
   double skipped_fraction() const { return computed + skipped == 0 ? 0.0 : static_cast<double>(skipped) / static_cast<double>(computed + skipped); }
 };
 

@@ -106,7 +106,11 @@ class Scores {
 
   bool drops() const { return a_.dropout != 0.0; }
 
-  /// Adds one task's tiles: `total` in its share of the grid, `computed` of them computed.
+  /// Query rows per tile (kQueryBlock, or kSkippingQueryBlock when tiles may be skipped).
+  std::int64_t query_block() const { return may_skip() ? kSkippingQueryBlock : kQueryBlock; }
+
+  /// Adds one task's share of the scores: `total` scores, `computed` of them in tiles computed
+  /// (the rest were in tiles skipped as masked).
   void count_tiles(std::int64_t total, std::int64_t computed) const {
     if (!a_.tiles) return;
     a_.tiles->computed += computed;
@@ -229,7 +233,7 @@ void attention(const AttentionArgs& a) {
   const std::int64_t n = sc.n(), dv = os.back(0), m = sc.m();
   const std::int64_t batches = sc.batches();
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dv);
-  const std::int64_t blocks = blocks_of(n, kQueryBlock);
+  const std::int64_t qb = sc.query_block(), blocks = blocks_of(n, qb);
   // Skipping key blocks that causality or the window masks is exact only while those keys'
   // values are finite: the meaning (softmax weights @ v) multiplies a masked key's value by a
   // weight of 0, and 0 * NaN or 0 * inf is NaN. A batch whose v holds one processes every block.
@@ -241,8 +245,8 @@ void attention(const AttentionArgs& a) {
 
   ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
     thread_local std::vector<float> s_buf, m_buf, l_buf;
-    const std::int64_t b = task / blocks, i0 = (task % blocks) * kQueryBlock;
-    const std::int64_t rows = std::min(kQueryBlock, n - i0);
+    const std::int64_t b = task / blocks, i0 = (task % blocks) * qb;
+    const std::int64_t rows = std::min(qb, n - i0);
     const float* v = a.v.data + offset_at(b, sc.batch(), vs);
     float* o = a.out.data + b * n * dv + i0 * dv;
     s_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
@@ -255,7 +259,7 @@ void attention(const AttentionArgs& a) {
     for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
       if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
-      ++computed;
+      computed += rows * cols;
       float* s = s_buf.data();
       sc.compute(b, i0, rows, j0, cols, s, kKeyBlock);
       for (std::int64_t i = 0; i < rows; ++i) {
@@ -280,7 +284,7 @@ void attention(const AttentionArgs& a) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(dv), to_int(cols), 1.0f, s, to_int(kKeyBlock),
                   v + j0 * dv, to_int(dv), 1.0f, o, to_int(dv));
     }
-    sc.count_tiles(blocks_of(m, kKeyBlock), computed);
+    sc.count_tiles(rows * m, computed);
     // A query with no key left (l = 0) gives zeros, as softmax defines for a row of -inf.
     for (std::int64_t i = 0; i < rows; ++i) {
       const float l = l_buf[static_cast<std::size_t>(i)];
@@ -296,14 +300,14 @@ void attention(const AttentionArgs& a) {
 
 void attention_lse(const ScoreArgs& args, View out) {
   const Scores sc(args, batch_of(out.shape));
-  const std::int64_t n = sc.n(), blocks = blocks_of(n, kQueryBlock);
+  const std::int64_t n = sc.n(), qb = sc.query_block(), blocks = blocks_of(n, qb);
   // Masked keys add exp(-inf) = 0 whatever the operands hold, so skipping their blocks is exact.
   ThreadPool::global().parallel_for(sc.batches() * blocks, [&](std::int64_t task) {
     thread_local std::vector<float> mx;
     thread_local std::vector<double> sum;
     float* s = tile_buffers().first;
-    const std::int64_t b = task / blocks, i0 = (task % blocks) * kQueryBlock;
-    const std::int64_t rows = std::min(kQueryBlock, n - i0);
+    const std::int64_t b = task / blocks, i0 = (task % blocks) * qb;
+    const std::int64_t rows = std::min(qb, n - i0);
     float* lse = out.data + b * n + i0;
     mx.assign(static_cast<std::size_t>(rows), kNegInf);
     sum.assign(static_cast<std::size_t>(rows), 0.0);
@@ -312,7 +316,7 @@ void attention_lse(const ScoreArgs& args, View out) {
     for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
       if (sc.tile_masked(b, i0, rows, j0, cols)) continue;
-      ++computed;
+      computed += rows * cols;
       sc.compute(b, i0, rows, j0, cols, s, kKeyBlock);
       for (std::int64_t i = 0; i < rows; ++i) {
         float* row = s + i * kKeyBlock;
@@ -325,7 +329,7 @@ void attention_lse(const ScoreArgs& args, View out) {
         mi = m_new;
       }
     }
-    sc.count_tiles(blocks_of(sc.m(), kKeyBlock), computed);
+    sc.count_tiles(rows * sc.m(), computed);
     // lse = m + log(sum): -inf for a row without keys (log 0), NaN where a score was NaN.
     for (std::int64_t i = 0; i < rows; ++i) {
       const float mi = mx[static_cast<std::size_t>(i)];
@@ -352,11 +356,11 @@ void attention_grad(const AttentionGradArgs& a) {
 
   if (a.wrt == 0) {
     // dq: per query block, over its key blocks.
-    const std::int64_t blocks = blocks_of(n, kQueryBlock);
+    const std::int64_t qb = sc.query_block(), blocks = blocks_of(n, qb);
     ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
       const auto [p, ds] = tile_buffers();
-      const std::int64_t b = task / blocks, i0 = (task % blocks) * kQueryBlock;
-      const std::int64_t rows = std::min(kQueryBlock, n - i0);
+      const std::int64_t b = task / blocks, i0 = (task % blocks) * qb;
+      const std::int64_t rows = std::min(qb, n - i0);
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
       float* dq = a.out.data + b * n * d + i0 * d;
       std::fill_n(dq, rows * d, 0.0f);
@@ -366,18 +370,18 @@ void attention_grad(const AttentionGradArgs& a) {
       for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
         const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
         if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
-        ++computed;
+        computed += rows * cols;
         backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(d), to_int(cols), sc.scale(), ds, to_int(kKeyBlock),
                     sc.k(b) + j0 * d, to_int(d), 1.0f, dq, to_int(d));
       }
-      sc.count_tiles(blocks_of(m, kKeyBlock), computed);
+      sc.count_tiles(rows * m, computed);
     });
     return;
   }
 
   // dk or dv: per key block, over its query blocks.
-  const std::int64_t blocks = blocks_of(m, kKeyBlock), width = a.wrt == 1 ? d : dv;
+  const std::int64_t blocks = blocks_of(m, kKeyBlock), width = a.wrt == 1 ? d : dv, qb = sc.query_block();
   ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
     const auto [p, ds_tile] = tile_buffers();
     const std::int64_t b = task / blocks, j0 = (task % blocks) * kKeyBlock;
@@ -387,10 +391,10 @@ void attention_grad(const AttentionGradArgs& a) {
     const bool skip = finite[static_cast<std::size_t>(b)] != 0;
     const auto [query_begin, query_end] = skip ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
     std::int64_t computed = 0;
-    for (std::int64_t i0 = query_begin; i0 < query_end; i0 += kQueryBlock) {
-      const std::int64_t rows = std::min(kQueryBlock, query_end - i0);
+    for (std::int64_t i0 = query_begin; i0 < query_end; i0 += qb) {
+      const std::int64_t rows = std::min(qb, query_end - i0);
       if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
-      ++computed;
+      computed += rows * cols;
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
       float* ds = a.wrt == 1 ? ds_tile : nullptr;
       backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
@@ -403,13 +407,13 @@ void attention_grad(const AttentionGradArgs& a) {
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
                   sc.q(b) + i0 * d, to_int(d), 1.0f, acc, to_int(d));
     }
-    sc.count_tiles(blocks_of(n, kQueryBlock), computed);
+    sc.count_tiles(cols * n, computed);
   });
 }
 
 void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv) {
   const Scores sc(a.s, batch_of(a.dy.shape));
-  const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dvw = a.v.shape.back(0);
+  const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dvw = a.v.shape.back(0), qb = sc.query_block();
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dvw);
   ThreadPool::global().parallel_for(sc.batches(), [&](std::int64_t b) {
     const auto [p, ds_tile] = tile_buffers();
@@ -427,10 +431,10 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
     for (std::int64_t j0 = 0; j0 < m; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, m - j0);
       const auto [query_begin, query_end] = skip ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
-      for (std::int64_t i0 = query_begin; i0 < query_end; i0 += kQueryBlock) {
-        const std::int64_t rows = std::min(kQueryBlock, query_end - i0);
+      for (std::int64_t i0 = query_begin; i0 < query_end; i0 += qb) {
+        const std::int64_t rows = std::min(qb, query_end - i0);
         if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
-        ++computed;
+        computed += rows * cols;
         const float* dy = dy_b + i0 * dvw;
         float* ds = dq_b || dk_b ? ds_tile : nullptr;
         backward_tile(sc, b, i0, rows, j0, cols, dy, v + j0 * dvw, dvw, lse_b + i0, delta_b + i0, p, ds);
@@ -447,7 +451,7 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
                       k + j0 * d, to_int(d), 1.0f, dq_b + i0 * d, to_int(d));
       }
     }
-    sc.count_tiles(blocks_of(m, kKeyBlock) * blocks_of(n, kQueryBlock), computed);
+    sc.count_tiles(n * m, computed);
   });
 }
 

@@ -70,7 +70,12 @@ void attention_grad(const AttentionGradArgs& args);
 /// when there are at least as many batch entries as threads. `args.out` and `args.wrt` are not read.
 void attention_grads(const AttentionGradArgs& args, float* dq, float* dk, float* dv);
 
-inline constexpr std::int64_t kQueryBlock = 128;
+/// Query rows per tile: kQueryBlock, or kSkippingQueryBlock when tiles may be skipped (causal or
+/// a masking modifier: narrower tiles follow a diagonal or a document boundary more closely).
+/// Measured at (4, 8, 512, 64) on an AMD EPYC (Zen 5), 2 threads: 256 x 256 tiles ran the plain
+/// forward 10% faster than 128 x 256, whose causal forward was 10% faster than 256 x 256's.
+inline constexpr std::int64_t kQueryBlock = 256;
+inline constexpr std::int64_t kSkippingQueryBlock = 128;
 inline constexpr std::int64_t kKeyBlock = 256;
 
 }  // namespace qkv::backend::cpu

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backends/cpu/attention.hpp"
+#include "backends/cpu/isa.hpp"
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/thread_pool.hpp"
 #include "backends/host_kernels.hpp"
@@ -332,8 +333,8 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   std::string device() const override {
-    return "host CPU, " + std::string(openblas_get_config()) + ", " + std::to_string(cpu::ThreadPool::global().size()) +
-           " threads (OpenBLAS on 1, qkv's pool owns the cores)";
+    return "host CPU, qkv's vector kernels " + std::string(cpu::isa_name(cpu::host_isa())) + ", " + std::string(openblas_get_config()) +
+           ", " + std::to_string(cpu::ThreadPool::global().size()) + " threads (OpenBLAS on 1, qkv's pool owns the cores)";
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {

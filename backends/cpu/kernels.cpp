@@ -8,6 +8,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "backends/cpu/isa.hpp"
 #include "backends/cpu/thread_pool.hpp"
 #include "backends/cpu/vector_math.hpp"
 #include "backends/host_kernels.hpp"
@@ -38,7 +39,7 @@ void strided_copy(const float* src, const Strides& strides, View out) {
 }
 
 template <ir::Op O>
-void binary_rows(const float* a, const float* b, float* out, std::int64_t n, std::int64_t sa, std::int64_t sb) {
+[[gnu::always_inline]] inline void binary_rows(const float* a, const float* b, float* out, std::int64_t n, std::int64_t sa, std::int64_t sb) {
   if (sa == 1 && sb == 1) {
     for (std::int64_t i = 0; i < n; ++i) out[i] = apply_binary(O, a[i], b[i]);
   } else if (sa == 1) {
@@ -111,9 +112,31 @@ void binary(ir::Op op, ConstView a, ConstView b, View out) {
   with_binary_op(op, [&](auto o) { binary_impl<decltype(o)::value>(a, b, out); });
 }
 
-void binary_row(ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* out, std::int64_t n) {
-  with_binary_op(op, [&](auto o) { binary_rows<decltype(o)::value>(a, b, out, n, a_varies ? 1 : 0, b_varies ? 1 : 0); });
+namespace {
+
+/// binary_row's loops, inlined into a copy compiled per ISA (the compiler vectorises them for
+/// each; `Isa` only names the copy). A switch rather than with_binary_op: a lambda's body would
+/// be compiled once, for the baseline.
+template <Isa>
+[[gnu::always_inline]] inline void binary_row_impl(ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* out,
+                                                   std::int64_t n) {
+  const std::int64_t sa = a_varies ? 1 : 0, sb = b_varies ? 1 : 0;
+  switch (op) {
+    case ir::Op::add: return binary_rows<ir::Op::add>(a, b, out, n, sa, sb);
+    case ir::Op::sub: return binary_rows<ir::Op::sub>(a, b, out, n, sa, sb);
+    case ir::Op::mul: return binary_rows<ir::Op::mul>(a, b, out, n, sa, sb);
+    case ir::Op::div: return binary_rows<ir::Op::div>(a, b, out, n, sa, sb);
+    case ir::Op::max: return binary_rows<ir::Op::max>(a, b, out, n, sa, sb);
+    case ir::Op::equal: return binary_rows<ir::Op::equal>(a, b, out, n, sa, sb);
+    case ir::Op::greater: return binary_rows<ir::Op::greater>(a, b, out, n, sa, sb);
+    default: QKV_UNREACHABLE("not a binary op");
+  }
 }
+
+}  // namespace
+
+QKV_ISA_DISPATCH(void, binary_row, (ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* out, std::int64_t n),
+                 (op, a, a_varies, b, b_varies, out, n), Isa::avx512, Isa::baseline)
 
 void select(ConstView cond, ConstView a, ConstView b, View out) {
   const ir::Shape& os = out.shape;

@@ -4,15 +4,36 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backends/cpu/vector_math.hpp"
 #include "backends/scalar_ops.hpp"
 #include "ir/error.hpp"
 #include "ir/region.hpp"
 
 namespace qkv::backend::cpu {
 
+namespace {
+
+/// c when `r` is exactly soft-capping, tanh(score / c) * c (or c * tanh(score / c)) with c > 0 a
+/// constant; 0 otherwise.
+float softcap_of(const ir::Graph& r) {
+  auto constant = [&](ir::ValueId v) { return r.node(v).op == ir::Op::constant ? r.node(v).attrs.value : 0.0; };
+  const ir::Node& out = r.node(r.output("mod"));
+  if (out.op != ir::Op::mul) return 0;
+  for (int side : {0, 1}) {
+    const double c = constant(out.inputs[static_cast<std::size_t>(1 - side)]);
+    const ir::Node& t = r.node(out.inputs[static_cast<std::size_t>(side)]);
+    if (!(c > 0) || t.op != ir::Op::tanh) continue;
+    const ir::Node& d = r.node(t.inputs[0]);
+    if (d.op == ir::Op::div && d.inputs[0] == ir::kRegionScore && constant(d.inputs[1]) == c) return static_cast<float>(c);
+  }
+  return 0;
+}
+
+}  // namespace
+
 ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vector<ConstView> tensors, const ir::Shape& batch,
                              std::int64_t n, std::int64_t m)
-    : region_(region), masks_(ir::region_masks(region)), batch_(batch) {
+    : region_(region), masks_(ir::region_masks(region)), softcap_(softcap_of(region)), batch_(batch) {
   ir::Shape scores = batch;
   scores.push_back(n);
   scores.push_back(m);
@@ -98,6 +119,10 @@ bool ScoreModifier::masks_tile(std::int64_t b, std::int64_t i0, std::int64_t row
 }
 
 void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod) const {
+  if (softcap_ > 0) {  // the common modifier, specialised: one pass instead of three
+    softcap_row(s, dmod_ >= 0 ? dmod : nullptr, cols, softcap_);
+    return;
+  }
   // Registers: a row of cols floats for each varying step (the score's is s itself), one float
   // for each uniform step.
   thread_local std::vector<float> scratch, uniform;

@@ -53,6 +53,7 @@ class ScoreModifier {
 
   ir::Graph region_;
   bool masks_ = false;
+  float softcap_ = 0;  // > 0: the region is cap * tanh(score / cap), run as one vector pass
   std::vector<Step> steps_;
   std::vector<Operand> tensors_;
   ir::Shape batch_;

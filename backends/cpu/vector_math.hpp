@@ -29,6 +29,11 @@ void scale_inplace(float* y, std::int64_t n, float s);
 /// beyond), NaN gives NaN. Soft-capping evaluates it on every score.
 void tanh_of(const float* x, float* y, std::int64_t n);
 
+/// Soft-capping in one pass: s[i] = cap * t with t = tanh(s[i] / cap) and, when dmod is given,
+/// dmod[i] = 1 - t * t (its derivative); the same tanh as tanh_of. The cpu's score modifier
+/// takes this path for a region that is exactly cap * tanh(score / cap).
+void softcap_row(float* s, float* dmod, std::int64_t n, float cap);
+
 /// z[j] = dropout_mask's factor for element index + j, j < n: 0 where Philox4x32-10 (keyed by
 /// seed, ir/random.hpp) falls below threshold, else keep = 1/(1-p). Vectorised across elements.
 void dropout_factors(std::uint32_t seed, std::uint32_t threshold, float keep, std::uint32_t index, float* z, std::int64_t n);

@@ -420,8 +420,8 @@ TEST(FusedAttention, ScoreAndMaskModsMeanWhatTheOptionsMean) {
 
 /// The cpu kernels skip tiles a modifier masks whole (interval arithmetic over the region, from
 /// the tile's positions and ids), forward and backward, and say so: packed documents of 128
-/// tokens at N = 512 leave 4 of the 8 forward tiles (128 queries x 256 keys) per head; causality
-/// written as a mask_mod skips what the causal attribute skips. A NaN in v behind a skipped tile
+/// tokens at N = 512 leave half the forward's tiles (128 queries x 256 keys) per head; causality
+/// written as a mask_mod skips the tiles above the diagonal. A NaN in v behind a skipped tile
 /// still gives NaN, as the meaning does.
 TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
   auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<16>);
@@ -440,16 +440,16 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
     documents(in);
     exe->run(in);
     ASSERT_EQ(exe->tile_counts().size(), 1u);
-    EXPECT_EQ(exe->tile_counts()[0].computed, 2 * 4);
-    EXPECT_EQ(exe->tile_counts()[0].skipped, 2 * 4);
+    EXPECT_EQ(exe->tile_counts()[0].computed, 2 * n * n / 2);  // scores, per head half of 512 x 512
+    EXPECT_EQ(exe->tile_counts()[0].skipped, 2 * n * n / 2);
     testing::expect_equivalent(forward, in, "cpu");
     // A NaN in head 0's key 300 (document 2; q, k and v are one tensor) meets the queries of
     // the other documents only through a masked zero: the meaning gives NaN there, and the
-    // kernel does not skip that head's tiles (head 1 still skips its 4).
+    // kernel does not skip that head's tiles (head 1 still skips its half).
     in.at("q").data<float>()[300 * 16 + 2] = std::numeric_limits<float>::quiet_NaN();
     testing::expect_equivalent(forward, in, "cpu");
     EXPECT_TRUE(std::isnan(exe->run(in).at("out").at(2)));
-    EXPECT_EQ(exe->tile_counts()[0].skipped, 4);
+    EXPECT_EQ(exe->tile_counts()[0].skipped, n * n / 2);
   }
   // Forward and backward: every kernel skips.
   ir::Graph g = ir::build_backward(forward, {"", {"q"}, {"out"}});
@@ -460,15 +460,17 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
   EXPECT_GE(exe->tile_counts().size(), 2u);
   for (const auto& t : exe->tile_counts()) EXPECT_GT(t.skipped, 0) << ir::op_name(exe->graph().node(t.value).op);
   testing::expect_equivalent(g, in, "cpu");
-  // Causality written as a mask_mod skips the same tiles as the causal attribute.
+  // Causality written as a mask_mod skips the tiles wholly above the diagonal (128 x 256 scores
+  // each): 12 of 32 per head. The causal attribute also cuts each row block's keys at the
+  // diagonal: 28 of 64 squares of 128 x 128 skipped.
   auto skipped = [&](const ir::Graph& graph) {
     auto e = cpu->compile(graph);
     e->run(backend::random_inputs(graph, {{"N", 1024}}, 1));
     return e->tile_counts().at(0).skipped;
   };
   const auto written = skipped(lower(scaled_dot_product_attention(q, q, q, mask_mod([](auto, auto, auto i, auto j) { return j <= i; }))));
-  EXPECT_EQ(written, skipped(lower(scaled_dot_product_attention(q, q, q, causal))));
-  EXPECT_EQ(written, 2 * 12);  // of 2 heads x 8 query blocks x 4 key blocks
+  EXPECT_EQ(written, 2 * 12 * 128 * 256);
+  EXPECT_EQ(skipped(lower(scaled_dot_product_attention(q, q, q, causal))), 2 * 28 * 128 * 128);
 }
 
 }  // namespace

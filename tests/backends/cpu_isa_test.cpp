@@ -1,0 +1,153 @@
+// The cpu backend's vector kernels, on whichever instruction set this CPU gets (QKV_CPU_ISA caps
+// it: CTest runs this file and the cpu's fused-attention tests again under avx2 and baseline, so
+// an AVX-512 machine checks all three copies).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string_view>
+#include <vector>
+
+#include "backends/cpu/isa.hpp"
+#include "backends/cpu/kernels.hpp"
+#include "backends/cpu/vector_math.hpp"
+#include "ir/random.hpp"
+
+namespace qkv::backend::cpu {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+
+/// Lengths that leave every tail: shorter than a vector of each width, between, and longer.
+const std::int64_t kLengths[] = {1, 5, 8, 13, 16, 31, 64, 77};
+
+std::vector<float> ramp(std::int64_t n, float lo, float hi) {
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) x[static_cast<std::size_t>(i)] = lo + (hi - lo) * static_cast<float>(i) / static_cast<float>(n);
+  return x;
+}
+
+TEST(CpuIsa, TheCapIsHonoured) {
+  const char* cap = std::getenv("QKV_CPU_ISA");
+  const std::string_view c = cap ? cap : "";
+  if (c == "baseline") {
+    EXPECT_EQ(host_isa(), Isa::baseline);
+  } else if (c == "avx2") {
+    EXPECT_NE(host_isa(), Isa::avx512);
+  }
+  RecordProperty("isa", isa_name(host_isa()));
+  std::printf("vector kernels: %s\n", isa_name(host_isa()));
+}
+
+TEST(CpuIsa, ExpAndTanhMatchTheLibmOnEveryTail) {
+  for (std::int64_t n : kLengths) {
+    std::vector<float> x = ramp(n, -20.0f, 5.0f), y = x;
+    const float shift = 1.5f;
+    double want = 0;
+    for (float v : x) want += std::exp(static_cast<double>(v) - shift);
+    const float sum = exp_shifted_sum(y.data(), n, shift);
+    EXPECT_NEAR(sum, want, 1e-6 * want) << n;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float e = std::exp(x[static_cast<std::size_t>(i)] - shift);
+      EXPECT_NEAR(y[static_cast<std::size_t>(i)], e, 4e-7f * e) << n << " " << i;
+    }
+    std::vector<float> t(static_cast<std::size_t>(n));
+    tanh_of(x.data(), t.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_NEAR(t[static_cast<std::size_t>(i)], std::tanh(x[static_cast<std::size_t>(i)]), 3e-7f) << n;
+  }
+  // exp: -inf and far below give 0, far above +inf, NaN stays NaN; tanh keeps NaN.
+  std::vector<float> special = {-kInf, -100.0f, 100.0f, kNaN, 0.0f, -kInf, 1.0f, kNaN, 2.0f};
+  exp_shifted(special.data(), static_cast<std::int64_t>(special.size()), 0.0f);
+  EXPECT_EQ(special[0], 0.0f);
+  EXPECT_EQ(special[1], 0.0f);
+  EXPECT_EQ(special[2], kInf);
+  EXPECT_TRUE(std::isnan(special[3]));
+  EXPECT_EQ(special[4], 1.0f);
+  EXPECT_TRUE(std::isnan(special[7]));
+}
+
+/// The specialised soft-capping pass is cap * tanh(s / cap), its derivative 1 - tanh^2, NaN kept.
+TEST(CpuIsa, SoftcapRowIsCapTimesTanh) {
+  for (std::int64_t n : kLengths) {
+    std::vector<float> x = ramp(n, -200.0f, 200.0f);
+    x[0] = kNaN;
+    std::vector<float> s = x, d(static_cast<std::size_t>(n)), plain = x;
+    softcap_row(s.data(), d.data(), n, 30.0f);
+    softcap_row(plain.data(), nullptr, n, 30.0f);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      const double t = std::tanh(static_cast<double>(x[k]) / 30.0);
+      if (std::isnan(x[k])) {
+        EXPECT_TRUE(std::isnan(s[k]) && std::isnan(d[k]));
+        continue;
+      }
+      EXPECT_NEAR(s[k], 30.0 * t, 1e-5) << n << " " << i;
+      EXPECT_NEAR(d[k], 1.0 - t * t, 1e-6) << n << " " << i;
+      EXPECT_EQ(plain[k], s[k]);
+    }
+  }
+}
+
+TEST(CpuIsa, RowHelpersAndNaNInEveryLane) {
+  for (std::int64_t n : kLengths) {
+    std::vector<float> x = ramp(n, -3.0f, 3.0f);
+    EXPECT_EQ(max_of(x.data(), n, -kInf), x.back()) << n;
+    for (std::int64_t at = 0; at < n; ++at) {  // a NaN anywhere, vector lanes and tail alike
+      std::vector<float> y = x;
+      y[static_cast<std::size_t>(at)] = kNaN;
+      EXPECT_TRUE(std::isnan(max_of(y.data(), n, -kInf))) << n << " " << at;
+    }
+    std::vector<float> y = x, p = ramp(n, 0.0f, 1.0f);
+    times_difference(y.data(), p.data(), n, 0.5f);
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(y[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(i)] * (x[static_cast<std::size_t>(i)] - 0.5f));
+    y = x;
+    divide_inplace(y.data(), n, 3.0f);
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(y[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)] / 3.0f);
+    y = x;
+    scale_inplace(y.data(), n, 0.25f);
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(y[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)] * 0.25f);
+    // binary_row for every op, with either operand uniform.
+    for (ir::Op op : {ir::Op::add, ir::Op::sub, ir::Op::mul, ir::Op::div, ir::Op::max, ir::Op::equal, ir::Op::greater}) {
+      std::vector<float> out(static_cast<std::size_t>(n));
+      for (int uniform : {0, 1, 2}) {
+        binary_row(op, x.data(), uniform != 1, p.data(), uniform != 2, out.data(), n);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float a = x[uniform == 1 ? 0 : static_cast<std::size_t>(i)], b = p[uniform == 2 ? 0 : static_cast<std::size_t>(i)];
+          float want = 0;
+          switch (op) {
+            case ir::Op::add: want = a + b; break;
+            case ir::Op::sub: want = a - b; break;
+            case ir::Op::mul: want = a * b; break;
+            case ir::Op::div: want = a / b; break;
+            case ir::Op::max: want = a > b ? a : b; break;
+            case ir::Op::equal: want = a == b ? 1.0f : 0.0f; break;
+            default: want = a > b ? 1.0f : 0.0f; break;
+          }
+          if (std::isnan(want)) EXPECT_TRUE(std::isnan(out[static_cast<std::size_t>(i)]));
+          else EXPECT_EQ(out[static_cast<std::size_t>(i)], want) << ir::op_name(op) << " " << n << " " << i;
+        }
+      }
+    }
+  }
+}
+
+/// The vectorised Philox draws exactly the scalar definition's bits, at any start and length.
+TEST(CpuIsa, DropoutFactorsAreTheScalarBits) {
+  for (double p : {0.1, 0.5, 0.9}) {
+    const std::uint32_t threshold = ir::dropout_threshold(p);
+    const float keep = static_cast<float>(ir::dropout_keep_value(p));
+    for (std::int64_t n : kLengths)
+      for (std::uint32_t index : {0u, 7u, 4294967290u}) {  // the last wraps
+        std::vector<float> z(static_cast<std::size_t>(n), -1.0f);
+        dropout_factors(12345, threshold, keep, index, z.data(), n);
+        for (std::int64_t j = 0; j < n; ++j)
+          ASSERT_EQ(z[static_cast<std::size_t>(j)], ir::dropout_keeps(12345, index + static_cast<std::uint32_t>(j), threshold) ? keep : 0.0f)
+              << p << " " << n << " " << index << " " << j;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace qkv::backend::cpu
