@@ -117,11 +117,52 @@ class Scores {
     a_.tiles->skipped += total - computed;
   }
 
-  /// Whether blocks may be skipped: causality or a modifier that can mask whole tiles.
-  bool may_skip() const { return a_.causal || (a_.mod && a_.mod->may_mask_tiles()); }
+  /// f(j0, cols) for each key tile of queries [i0, i0 + rows) of batch entry b that is not masked
+  /// whole: the causal key range and the modifier's tiles skipped when `skip` (the operands the
+  /// masked zeros would meet are finite), every key otherwise. Counts the scores.
+  template <class F>
+  void each_key_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, bool skip, F f) const {
+    const auto [begin, end] = skip ? keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m_};
+    std::int64_t computed = 0;
+    for (std::int64_t j0 = begin; j0 < end; j0 += kKeyBlock) {
+      const std::int64_t cols = std::min(kKeyBlock, end - j0);
+      if (skip && tile_masked(b, i0, rows, j0, cols)) continue;
+      computed += rows * cols;
+      f(j0, cols);
+    }
+    count_tiles(rows * m_, computed);
+  }
 
-  /// Whether the modifier drops the whole tile whatever its scores (ScoreModifier::masks_tile).
+  /// f(i0, rows) for each query tile of keys [j0, j0 + cols), likewise.
+  template <class F>
+  void each_query_tile(std::int64_t b, std::int64_t j0, std::int64_t cols, bool skip, F f) const {
+    const auto [begin, end] = skip ? queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n_};
+    const std::int64_t qb = query_block();
+    std::int64_t computed = 0;
+    for (std::int64_t i0 = begin; i0 < end; i0 += qb) {
+      const std::int64_t rows = std::min(qb, end - i0);
+      if (skip && tile_masked(b, i0, rows, j0, cols)) continue;
+      computed += rows * cols;
+      f(i0, rows);
+    }
+    count_tiles(cols * n_, computed);
+  }
+
+  /// Whether blocks may be skipped: causality, a keep-mask laid out along the keys or the queries
+  /// only (padding), or a modifier that can mask whole tiles.
+  bool may_skip() const { return a_.causal || thin_mask() || (a_.mod && a_.mod->may_mask_tiles()); }
+
+  /// Whether the whole tile is masked whatever its scores: by the keep-mask operand (one that
+  /// varies along one of the two axes: its values for the tile's keys or queries all 0) or by
+  /// the modifier (ScoreModifier::masks_tile).
   bool tile_masked(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
+    if (thin_mask()) {
+      const float* mask = a_.mask->data + offset_at(b, batch_, ms_) + i0 * mask_row_ + j0 * mask_col_;
+      const std::int64_t count = mask_col_ != 0 ? cols : mask_row_ != 0 ? rows : 1, stride = mask_row_ + mask_col_;
+      bool dropped = true;
+      for (std::int64_t e = 0; e < count && dropped; ++e) dropped = mask[e * stride] == 0.0f;
+      if (dropped) return true;
+    }
     return a_.mod && a_.mod->masks_tile(b, i0, rows, j0, cols);
   }
 
@@ -152,6 +193,9 @@ class Scores {
   const ScoreArgs& a_;
   ir::Shape batch_;
   std::int64_t n_, m_, d_;
+  /// A keep-mask that varies along at most one of the scores' two axes: cheap to check per tile.
+  bool thin_mask() const { return a_.mask && (mask_row_ == 0 || mask_col_ == 0); }
+
   Strides qs_, ks_, ms_{};
   std::int64_t mask_row_ = 0, mask_col_ = 0;
   std::int64_t shift_;
@@ -253,13 +297,7 @@ void attention(const AttentionArgs& a) {
     m_buf.assign(static_cast<std::size_t>(rows), kNegInf);
     l_buf.assign(static_cast<std::size_t>(rows), 0.0f);
     std::fill_n(o, rows * dv, 0.0f);
-    const bool skip = finite_v[static_cast<std::size_t>(b)] != 0;
-    const auto [key_begin, key_end] = skip ? sc.keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m};
-    std::int64_t computed = 0;
-    for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
-      const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
-      if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
-      computed += rows * cols;
+    sc.each_key_tile(b, i0, rows, finite_v[static_cast<std::size_t>(b)] != 0, [&](std::int64_t j0, std::int64_t cols) {
       float* s = s_buf.data();
       sc.compute(b, i0, rows, j0, cols, s, kKeyBlock);
       for (std::int64_t i = 0; i < rows; ++i) {
@@ -283,8 +321,7 @@ void attention(const AttentionArgs& a) {
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(dv), to_int(cols), 1.0f, s, to_int(kKeyBlock),
                   v + j0 * dv, to_int(dv), 1.0f, o, to_int(dv));
-    }
-    sc.count_tiles(rows * m, computed);
+    });
     // A query with no key left (l = 0) gives zeros, as softmax defines for a row of -inf.
     for (std::int64_t i = 0; i < rows; ++i) {
       const float l = l_buf[static_cast<std::size_t>(i)];
@@ -311,12 +348,7 @@ void attention_lse(const ScoreArgs& args, View out) {
     float* lse = out.data + b * n + i0;
     mx.assign(static_cast<std::size_t>(rows), kNegInf);
     sum.assign(static_cast<std::size_t>(rows), 0.0);
-    const auto [key_begin, key_end] = sc.keys_for(i0, rows);
-    std::int64_t computed = 0;
-    for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
-      const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
-      if (sc.tile_masked(b, i0, rows, j0, cols)) continue;
-      computed += rows * cols;
+    sc.each_key_tile(b, i0, rows, true, [&](std::int64_t j0, std::int64_t cols) {
       sc.compute(b, i0, rows, j0, cols, s, kKeyBlock);
       for (std::int64_t i = 0; i < rows; ++i) {
         float* row = s + i * kKeyBlock;
@@ -328,8 +360,7 @@ void attention_lse(const ScoreArgs& args, View out) {
         si += exp_shifted_sum(row, cols, m_new);
         mi = m_new;
       }
-    }
-    sc.count_tiles(rows * sc.m(), computed);
+    });
     // lse = m + log(sum): -inf for a row without keys (log 0), NaN where a score was NaN.
     for (std::int64_t i = 0; i < rows; ++i) {
       const float mi = mx[static_cast<std::size_t>(i)];
@@ -364,56 +395,42 @@ void attention_grad(const AttentionGradArgs& a) {
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
       float* dq = a.out.data + b * n * d + i0 * d;
       std::fill_n(dq, rows * d, 0.0f);
-      const bool skip = finite[static_cast<std::size_t>(b)] != 0;
-      const auto [key_begin, key_end] = skip ? sc.keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m};
-      std::int64_t computed = 0;
-      for (std::int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
-        const std::int64_t cols = std::min(kKeyBlock, key_end - j0);
-        if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
-        computed += rows * cols;
+      sc.each_key_tile(b, i0, rows, finite[static_cast<std::size_t>(b)] != 0, [&](std::int64_t j0, std::int64_t cols) {
         backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(d), to_int(cols), sc.scale(), ds, to_int(kKeyBlock),
                     sc.k(b) + j0 * d, to_int(d), 1.0f, dq, to_int(d));
-      }
-      sc.count_tiles(rows * m, computed);
+      });
     });
     return;
   }
 
   // dk or dv: per key block, over its query blocks.
-  const std::int64_t blocks = blocks_of(m, kKeyBlock), width = a.wrt == 1 ? d : dv, qb = sc.query_block();
+  const std::int64_t blocks = blocks_of(m, kKeyBlock), width = a.wrt == 1 ? d : dv;
   ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
     const auto [p, ds_tile] = tile_buffers();
     const std::int64_t b = task / blocks, j0 = (task % blocks) * kKeyBlock;
     const std::int64_t cols = std::min(kKeyBlock, m - j0);
     float* acc = a.out.data + b * m * width + j0 * width;
     std::fill_n(acc, cols * width, 0.0f);
-    const bool skip = finite[static_cast<std::size_t>(b)] != 0;
-    const auto [query_begin, query_end] = skip ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
-    std::int64_t computed = 0;
-    for (std::int64_t i0 = query_begin; i0 < query_end; i0 += qb) {
-      const std::int64_t rows = std::min(qb, query_end - i0);
-      if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
-      computed += rows * cols;
+    sc.each_query_tile(b, j0, cols, finite[static_cast<std::size_t>(b)] != 0, [&](std::int64_t i0, std::int64_t rows) {
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
       float* ds = a.wrt == 1 ? ds_tile : nullptr;
       backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
       if (a.wrt == 2) {  // dv += pT dy
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(dv), to_int(rows), 1.0f, p, to_int(kKeyBlock), dy,
                     to_int(dv), 1.0f, acc, to_int(dv));
-        continue;
+        return;
       }
       // dk += dsT q * scale
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
                   sc.q(b) + i0 * d, to_int(d), 1.0f, acc, to_int(d));
-    }
-    sc.count_tiles(cols * n, computed);
+    });
   });
 }
 
 void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv) {
   const Scores sc(a.s, batch_of(a.dy.shape));
-  const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dvw = a.v.shape.back(0), qb = sc.query_block();
+  const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dvw = a.v.shape.back(0);
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dvw);
   ThreadPool::global().parallel_for(sc.batches(), [&](std::int64_t b) {
     const auto [p, ds_tile] = tile_buffers();
@@ -427,21 +444,16 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
     if (dv_b) std::fill_n(dv_b, m * dvw, 0.0f);
     // Skipping masked blocks is exact only while no NaN or inf meets a masked zero (see attention).
     const bool skip = !sc.may_skip() || backward_may_skip(sc, b, v, dvw, dy_b, delta_b);
-    std::int64_t computed = 0;
     for (std::int64_t j0 = 0; j0 < m; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, m - j0);
-      const auto [query_begin, query_end] = skip ? sc.queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n};
-      for (std::int64_t i0 = query_begin; i0 < query_end; i0 += qb) {
-        const std::int64_t rows = std::min(qb, query_end - i0);
-        if (skip && sc.tile_masked(b, i0, rows, j0, cols)) continue;
-        computed += rows * cols;
+      sc.each_query_tile(b, j0, cols, skip, [&](std::int64_t i0, std::int64_t rows) {
         const float* dy = dy_b + i0 * dvw;
         float* ds = dq_b || dk_b ? ds_tile : nullptr;
         backward_tile(sc, b, i0, rows, j0, cols, dy, v + j0 * dvw, dvw, lse_b + i0, delta_b + i0, p, ds);
         if (dv_b)  // dv += pT dy
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(dvw), to_int(rows), 1.0f, p, to_int(kKeyBlock), dy,
                       to_int(dvw), 1.0f, dv_b + j0 * dvw, to_int(dvw));
-        if (!ds) continue;
+        if (!ds) return;
         // dk += dsT q * scale; dq += ds k * scale
         if (dk_b)
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
@@ -449,9 +461,8 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
         if (dq_b)
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(d), to_int(cols), sc.scale(), ds, to_int(kKeyBlock),
                       k + j0 * d, to_int(d), 1.0f, dq_b + i0 * d, to_int(d));
-      }
+      });
     }
-    sc.count_tiles(n * m, computed);
   });
 }
 

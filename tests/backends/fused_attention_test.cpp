@@ -473,5 +473,35 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
   EXPECT_EQ(skipped(lower(scaled_dot_product_attention(q, q, q, causal))), 2 * 28 * 128 * 128);
 }
 
+/// Prefix-LM (the first P keys seen by every query, the rest causally) and padding from per-row
+/// lengths, both written as mask_mods: the cpu skips the tiles they mask whole (keys past a
+/// sequence's length; keys above the diagonal beyond the prefix) and agrees with the reference,
+/// forward and backward. Padding needs no score: fusion makes it masked_attention's [B, H, 1, M]
+/// keep-mask, whose tiles of all-dropped keys are skipped alike.
+TEST(FusedAttention, CpuSkipsPrefixLmAndPaddingFromLengths) {
+  auto q = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<16>);
+  auto lengths = input<"lengths", DType::i32>(dim<"B">);
+  const std::int64_t n = 600;
+  const std::vector<std::pair<std::string, ir::Graph>> models = {
+      {"prefix", lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([](auto, auto, auto i, auto j) { return j < 100.0 || j <= i; }))))},
+      {"lengths", lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto, auto j) { return j < at(lengths, b); }))))},
+  };
+  auto cpu = backend::create("cpu");
+  for (const auto& [name, forward] : models) {
+    SCOPED_TRACE(name);
+    ir::Graph g = ir::build_backward(forward, {"", {"q"}, {"out"}});
+    auto in = backend::random_inputs(g, {{"B", 2}, {"N", n}}, 6);
+    if (in.contains("lengths")) {
+      in.at("lengths").data<std::int32_t>()[0] = 200;  // keys 200.. of entry 0 are padding
+      in.at("lengths").data<std::int32_t>()[1] = 600;
+    }
+    auto exe = cpu->compile(g);
+    exe->run(in);
+    ASSERT_FALSE(exe->tile_counts().empty());
+    for (const auto& t : exe->tile_counts()) EXPECT_GT(t.skipped, 0) << ir::op_name(exe->graph().node(t.value).op);
+    testing::expect_equivalent(g, in, "cpu");
+  }
+}
+
 }  // namespace
 }  // namespace qkv
