@@ -21,9 +21,12 @@
 // ds by d mod / d score, as the cpu and the decomposition do.
 //
 // Masked scores follow the decomposition exactly: a masked p is 0, and 0 * inf or 0 * NaN in
-// the products that follow is NaN. Causal and sliding-window tiles that are wholly masked are
-// skipped only after the workgroup has checked that the values they would have multiplied by
-// those zeros are finite; otherwise it visits every tile.
+// the products that follow is NaN. Causal and sliding-window tiles that are wholly masked, and
+// tiles the modifier or a keep-mask masks whole (block sparsity: the ranges of the tensors it
+// reads over the tile, gathered in shared memory, bound the region by interval arithmetic, as
+// the cpu does with ir::bound_region), are skipped only after the workgroup has checked that the
+// values they would have multiplied by those zeros are finite; otherwise it visits every tile.
+// Each kernel adds the scores it computed to a 64-bit counter (Executable::tile_counts).
 #include "codegen/attention_glsl.hpp"
 
 #include <algorithm>
@@ -206,6 +209,8 @@ KernelSource attention_source(const Node& n) {
   for (std::size_t i = 0; i < arrays.size(); ++i)
     bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(i)) + ") readonly buffer B" + arrays[i] + " { float " + arrays[i] + "[]; };\n";
   bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size())) + ") writeonly buffer BOUT { float OUT[]; };\n";
+  bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size()) + 1) +
+              ") buffer BCOUNTS { uint COUNTS[]; };  // scores in the tiles computed: low, high word\n";
 
   // Shared tiles, and a reader per head-dim operand: elements 4g..4g+3 of a row, 0 past its end.
   std::string tiles, readers;
@@ -268,6 +273,84 @@ uint tensor_stride(uint dims, int d) {
                    "}\n";
     dropout_setup = "  batch_index = b;\n  drop_seed = uint(SEED[0]);\n";
   }
+  // Block sparsity: a tile is skipped when every score in it is masked whatever the scores are.
+  // The modifier's tensors (and a keep-mask) laid out along the queries or the keys only are
+  // reduced to their ranges over the tile's rows in shared memory, and the region is bounded
+  // from them and the tile's index ranges by interval arithmetic (ir::bound_region's rules); a
+  // keep-mask that is 0 over the tile drops it too. Three slots of ranges rotate so that one
+  // barrier per tile separates gathering, reading and clearing.
+  const bool region_skips = n.region && ir::region_masks(*n.region);
+  const bool tests_tiles = region_skips || mask;
+  struct Ranged {
+    std::string array, at, row, col;  // the buffer, this batch entry's offset, query and key strides
+  };
+  std::vector<Ranged> ranged;
+  if (region_skips)
+    for (std::size_t i = 0; i < tensors; ++i) {
+      const std::string t = str(static_cast<std::int64_t>(i));
+      ranged.push_back({"T" + t, "t" + t + "_at", "t" + t + "_row", "t" + t + "_col"});
+    }
+  if (mask) ranged.push_back({"KEEP", "mask_at", "pc.p[7]", "pc.p[8]"});
+  std::string tile_text;
+  if (tests_tiles) {
+    const std::string k = str(static_cast<std::int64_t>(ranged.size()));
+    tile_text += "\n" + interval_helpers(n.region.get());
+    if (region_skips) tile_text += region_bound_function(*n.region, "bound_mod");
+    if (!ranged.empty())
+      tile_text += fill(R"(
+// The ranges of $K operands over the tile being tested: float bits ordered as uints (for
+// atomicMin / atomicMax), and whether a NaN was seen; three slots of $K.
+shared uint range_lo[3 * $K], range_hi[3 * $K], range_nan[3 * $K];
+uint tile_tests = 0u;
+uint iv_order(float v) { uint u = floatBitsToUint(v); return (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u; }
+float iv_unorder(uint k) { return uintBitsToFloat((k & 0x80000000u) != 0u ? k & 0x7fffffffu : ~k); }
+void range_clear(uint slot) {
+  for (uint i = slot * $Ku; i < (slot + 1u) * $Ku; ++i) { range_lo[i] = 0xffffffffu; range_hi[i] = 0u; range_nan[i] = 0u; }
+}
+void range_add(uint at, float v) {
+  if (isnan(v)) { atomicOr(range_nan[at], 1u); return; }
+  atomicMin(range_lo[at], iv_order(v));
+  atomicMax(range_hi[at], iv_order(v));
+}
+// An operand varying along both the queries and the keys is not read (that costs as much as
+// the tile): unknown.
+Iv range_read(uint at, bool along_both) {
+  return along_both || range_nan[at] != 0u ? iv_unknown() : Iv(iv_unorder(range_lo[at]), iv_unorder(range_hi[at]), false);
+}
+)",
+                        {{"K", k}});
+    tile_text += "\n// Whether every score of queries [qa, qb] by keys [ka, kb] is masked whatever the scores are\n"
+                 "// (called by the whole workgroup, which gets one answer).\n"
+                 "bool tile_masked(uint qa, uint qb, uint ka, uint kb) {\n";
+    if (!ranged.empty()) tile_text += "  uint slot = tile_tests % 3u;\n  ++tile_tests;\n";
+    for (std::size_t i = 0; i < ranged.size(); ++i) {
+      const Ranged& o = ranged[i];
+      tile_text += fill(R"(  {  // $A over the tile's queries, its keys, or its one element
+    uint row = $ROW, col = $COL;
+    if (row == 0u || col == 0u) {
+      uint first = row != 0u ? qa : col != 0u ? ka : 0u, count = row != 0u ? qb - qa + 1u : col != 0u ? kb - ka + 1u : 1u;
+      for (uint x = lid; x < count; x += INV) range_add(slot * $Ku + $Iu, $A[$AT + (first + x) * (row + col)]);
+    }
+  }
+)",
+                        {{"A", o.array}, {"ROW", o.row}, {"COL", o.col}, {"AT", o.at}, {"K", k}, {"I", str(static_cast<std::int64_t>(i))}});
+    }
+    if (!ranged.empty()) tile_text += "  barrier();\n  if (lid == 0u) range_clear((slot + 2u) % 3u);  // last read two tests ago\n";
+    for (std::size_t i = 0; i < ranged.size(); ++i) {
+      const Ranged& o = ranged[i];
+      tile_text += "  Iv r" + str(static_cast<std::int64_t>(i)) + " = range_read(slot * " + k + "u + " + str(static_cast<std::int64_t>(i)) + "u, " +
+                   o.row + " != 0u && " + o.col + " != 0u);  // " + o.array + "\n";
+    }
+    if (mask) tile_text += "  if (iv_is(r" + str(static_cast<std::int64_t>(ranged.size() - 1)) + ", 0.0)) return true;  // the keep-mask drops every key\n";
+    if (region_skips) {
+      tile_text += "  return iv_is(bound_mod(Iv(float(qa), float(qb), false), Iv(float(ka), float(kb), false)";
+      for (std::size_t i = 0; i < tensors; ++i) tile_text += ", r" + str(static_cast<std::int64_t>(i));
+      tile_text += "), neg_inf());\n";
+    } else {
+      tile_text += "  return false;\n";
+    }
+    tile_text += "}\n";
+  }
   std::string tensor_zero;  // t<i>_at accumulates over the batch dims
   for (std::size_t i = 0; i < tensors; ++i) tensor_zero += " t" + str(static_cast<std::int64_t>(i)) + "_at = 0u;";
 
@@ -301,7 +384,7 @@ float qkv_max(float a, float b) { return (isnan(a) || a > b) ? a : b; }  // NaN 
 bool finite(float x) { return !isnan(x) && !isinf(x); }
 float sum4(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 uint own(uint t) { return r0 + t * INV + lid; }  // row t of this invocation
-$READERS$MODIFIER$DROPOUT
+$READERS$MODIFIER$DROPOUT$TILETEST
 // Whether query i keeps key j: causality keeps j <= i + shift, a window only the last `window`.
 bool kept(uint i, uint j) {
   bool keep = true;
@@ -347,6 +430,7 @@ $TENSORSTRIDES$DROPSETUP  dy_at = b * N * DVR;
                         {"TENSORSTRIDES", tensor_strides},
                         {"TENSORZERO", tensor_zero},
                         {"DROPOUT", dropout_text},
+                        {"TILETEST", tile_text},
                         {"DROPSETUP", dropout_setup},
                         {"KEPT", std::string(causal ? "  int limit = int(i) + shift;\n"
                                                       "  keep = int(j) <= limit && (window == 0 || int(j) > limit - window);\n"
@@ -355,34 +439,41 @@ $TENSORSTRIDES$DROPSETUP  dy_at = b * N * DVR;
                         {"OWNCOUNT", own_count},
                         {"OTHERCOUNT", other_count}});
 
-  // Causality and the window narrow the streamed rows; skipping the rest is exact only if what
-  // their zero probabilities would multiply is finite.
-  if (causal) {
+  // Causality and the window narrow the streamed rows, and tiles the modifier or a keep-mask
+  // masks whole may be skipped; skipping is exact only if what their zero probabilities would
+  // multiply is finite.
+  if (causal)
     s += key_rows ? "  lo = uint(clamp(int(r0) - shift, 0, int(N)));\n"
                     "  if (window > 0) hi = uint(clamp(int(r0 + rows) - 1 - shift + window, 0, int(N)));\n"
                   : "  hi = uint(clamp(int(r0 + rows) + shift, 0, int(M)));\n"
                     "  if (window > 0) lo = uint(clamp(int(r0) + shift - window + 1, 0, int(M)));\n";
+  // A keep-mask can drop a whole tile only when it does not vary along both axes.
+  s += std::string("  bool may_skip = ") + (region_skips ? "true" : mask ? "pc.p[7] == 0u || pc.p[8] == 0u" : "false") + ";  // tiles tested\n";
+  if (causal || tests_tiles) {
     const auto skipped = checked_skipped(kind), own = checked_own(kind);
     if (!skipped.empty() || !own.empty()) {
-      s += "  if (lid == 0u) nonfinite = 0u;\n  barrier();\n";
+      // The rows outside [lo, hi), or every row when any tile may be skipped.
+      s += "  if (lid == 0u) nonfinite = 0u;\n  barrier();\n  uint gap = may_skip ? 0u : hi - lo;  // streamed rows surely visited\n";
       for (const Operand& o : skipped)
-        s += fill(R"(  for (uint x = lid; x < ($OTHERCOUNT - (hi - lo)) * $W; x += INV) {
+        s += fill(R"(  for (uint x = lid; x < ($OTHERCOUNT - gap) * $W; x += INV) {
     uint j = x / $W;
-    j = j < lo ? j : j + (hi - lo);
+    j = j < lo ? j : j + gap;
     if (!finite($A[$AT + j * $W + x % $W])) atomicOr(nonfinite, 1u);
   }
 )",
                   {{"OTHERCOUNT", other_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}});
       for (const Operand& o : own)
         s += fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t)
-    if (own(t) < $OWNCOUNT)
+    if ($ANY && own(t) < $OWNCOUNT)
       for (uint d = 0u; d < $W; ++d)
         if (!finite($A[$AT + own(t) * $W + d])) atomicOr(nonfinite, 1u);
 )",
-                  {{"OWNCOUNT", own_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}});
-      s += "  barrier();\n  if (nonfinite != 0u) { lo = 0u; hi = " + other_count + "; }\n";
+                  {{"ANY", causal ? "true" : "may_skip"}, {"OWNCOUNT", own_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}});
+      s += "  barrier();\n  if (nonfinite != 0u) { lo = 0u; hi = " + other_count + "; may_skip = false; }\n";
     }
   }
+  s += "  uint visited = 0u;  // scores in the tiles computed\n";
+  if (!ranged.empty()) s += "  if (lid == 0u) { range_clear(0u); range_clear(1u); }\n  barrier();\n";
 
   // The row operands, in registers; rows past the end hold zeros.
   auto load_rows = [&](const char* reg, const Operand& o) {
@@ -417,7 +508,11 @@ $TENSORSTRIDES$DROPSETUP  dy_at = b * N * DVR;
 
   // The tile loop: load the tiles, then each invocation's rows against every tile row c.
   s += "  for (uint t0 = lo; t0 < hi; t0 += BC) {\n"
-       "    uint cols = min(BC, hi - t0);\n"
+       "    uint cols = min(BC, hi - t0);\n";
+  if (tests_tiles)
+    s += key_rows ? "    if (may_skip && tile_masked(t0, t0 + cols - 1u, r0, r0 + rows - 1u)) continue;\n"
+                  : "    if (may_skip && tile_masked(r0, r0 + rows - 1u, t0, t0 + cols - 1u)) continue;\n";
+  s += "    visited += rows * cols;\n"
        "    barrier();  // everyone is done with the previous tiles\n";
   for (const Operand& o : streamed(kind))
     s += o.vec4s ? fill("    for (uint x = lid; x < BC * $G; x += INV) $TILE[x] = x / $G < cols ? row4_$A(t0 + x / $G, x % $G) : vec4(0.0);\n",
@@ -540,6 +635,11 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   }
   s += "  }\n\n";
 
+  // The scores this workgroup computed, added to a 64-bit count as two words.
+  s += "  if (lid == 0u && visited > 0u) {\n"
+       "    uint before = atomicAdd(COUNTS[0], visited);\n"
+       "    if (before + visited < before) atomicAdd(COUNTS[1], 1u);  // the low word wrapped\n"
+       "  }\n";
   // Each row's result.
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
     return fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t) {
@@ -567,7 +667,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   s += "}\n";
   std::string name = "flash_attention_" + kind_name(kind) + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
                      (drop ? "_dropout" : "") + "_b" + str(r);
-  return {name, s, static_cast<int>(arrays.size()) + 1};
+  return {name, s, static_cast<int>(arrays.size()) + 2, true};
 }
 
 KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
@@ -640,6 +740,7 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   if (x > 65535 || z > 65535)
     throw UnsupportedError("vulkan: attention over " + str(rows) + " rows and " + str(batches) + " batch entries exceeds the dispatch limits");
   l.groups = {push_word(x), push_word(y), push_word(z)};
+  l.scores = batches * nq * mk;
   return l;
 }
 

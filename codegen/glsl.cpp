@@ -1,9 +1,11 @@
 // GLSL generation: one shader family per op category, elementwise expressions from one table.
 #include "codegen/glsl.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cctype>
 #include <cstdio>
+#include <optional>
 
 #include "codegen/attention_glsl.hpp"
 #include "codegen/glsl_detail.hpp"
@@ -280,6 +282,139 @@ std::string detail::region_function(const ir::Graph& region, const std::string& 
 
 namespace {
 
+/// Interval arithmetic in GLSL, rule for rule ir::bound_region's (ir/region.cpp): a bound end is
+/// never NaN (a NaN sum or product of ends is read as the other corners cover it), and NaN
+/// becomes possible exactly where the C++ rules say so. Kept beside them by the same tests: the
+/// vulkan kernels skip a tile only when this says every score there is -inf.
+const char* kIntervals = R"(// Interval arithmetic (ir::bound_region's rules): every value lies in [lo, hi] or, when nan, may be NaN.
+struct Iv { float lo; float hi; bool nan; };
+float iv_inf() { return uintBitsToFloat(0x7f800000u); }
+Iv iv_unknown() { return Iv(-iv_inf(), iv_inf(), true); }
+Iv iv_exact(float v) { return isnan(v) ? iv_unknown() : Iv(v, v, false); }
+bool iv_holds(Iv a, float v) { return a.lo <= v && v <= a.hi; }
+bool iv_unbounded(Iv a) { return a.lo == -iv_inf() || a.hi == iv_inf(); }
+bool iv_is(Iv a, float v) { return !a.nan && a.lo == v && a.hi == v; }
+Iv iv_neg(Iv a) { return Iv(-a.hi, -a.lo, a.nan); }
+float iv_end_sum(float a, float b, float fallback) { float s = a + b; return isnan(s) ? fallback : s; }
+Iv iv_add(Iv a, Iv b) {
+  bool inf_minus_inf = (a.lo == -iv_inf() && b.hi == iv_inf()) || (a.hi == iv_inf() && b.lo == -iv_inf());
+  return Iv(iv_end_sum(a.lo, b.lo, -iv_inf()), iv_end_sum(a.hi, b.hi, iv_inf()), a.nan || b.nan || inf_minus_inf);
+}
+Iv iv_sub(Iv a, Iv b) { return iv_add(a, iv_neg(b)); }
+float iv_corner(float x, float y) { float p = x * y; return isnan(p) ? 0.0 : p; }  // 0 * inf
+Iv iv_mul(Iv a, Iv b) {
+  bool zero_times_inf = (iv_holds(a, 0.0) && iv_unbounded(b)) || (iv_holds(b, 0.0) && iv_unbounded(a));
+  float p0 = iv_corner(a.lo, b.lo), p1 = iv_corner(a.lo, b.hi), p2 = iv_corner(a.hi, b.lo), p3 = iv_corner(a.hi, b.hi);
+  return Iv(min(min(p0, p1), min(p2, p3)), max(max(p0, p1), max(p2, p3)), a.nan || b.nan || zero_times_inf);
+}
+Iv iv_div(Iv a, Iv b) {
+  if (iv_holds(b, 0.0) || (iv_unbounded(a) && iv_unbounded(b))) return iv_unknown();
+  float p0 = a.lo / b.lo, p1 = a.lo / b.hi, p2 = a.hi / b.lo, p3 = a.hi / b.hi;
+  return Iv(min(min(p0, p1), min(p2, p3)), max(max(p0, p1), max(p2, p3)), a.nan || b.nan);
+}
+Iv iv_max(Iv a, Iv b) { return Iv(max(a.lo, b.lo), max(a.hi, b.hi), a.nan || b.nan); }
+Iv iv_bool(bool can_be_false, bool can_be_true) { return Iv(can_be_false ? 0.0 : 1.0, can_be_true ? 1.0 : 0.0, false); }
+Iv iv_equal(Iv a, Iv b) {  // a comparison with NaN is false
+  bool disjoint = a.hi < b.lo || b.hi < a.lo;
+  bool one_value = !a.nan && !b.nan && a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
+  return iv_bool(!one_value, !disjoint);
+}
+Iv iv_greater(Iv a, Iv b) { return iv_bool(a.nan || b.nan || a.lo <= b.hi, a.hi > b.lo); }
+Iv iv_where(Iv c, Iv x, Iv y) {
+  if (!c.nan && !iv_holds(c, 0.0)) return x;  // always true
+  if (iv_is(c, 0.0)) return y;
+  return Iv(min(x.lo, y.lo), max(x.hi, y.hi), x.nan || y.nan);
+}
+Iv iv_periodic(Iv a) { return Iv(-1.0, 1.0, a.nan || iv_unbounded(a)); }  // sin, cos
+)";
+
+/// GLSL for an increasing function's value at a bound end, infinities included (the built-ins'
+/// results there are not specified), and the start of its domain (below it the op is NaN).
+struct Increasing {
+  const char* at_end;  // of x
+  const char* domain_lo;
+};
+std::optional<Increasing> increasing(Op op) {
+  switch (op) {
+    case Op::exp: return Increasing{"x == -iv_inf() ? 0.0 : x == iv_inf() ? x : exp(x)", nullptr};
+    case Op::log: return Increasing{"x <= 0.0 ? -iv_inf() : x == iv_inf() ? x : qkv_log(x)", "0.0"};
+    case Op::sqrt: return Increasing{"x == iv_inf() ? x : sqrt(x)", "0.0"};
+    case Op::tanh: return Increasing{"qkv_tanh(x)", nullptr};  // +-1 at the infinities
+    case Op::erf: return Increasing{"qkv_erf(x)", nullptr};
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::string detail::interval_helpers(const ir::Graph* region) {
+  std::string s = kIntervals;
+  if (!region) return s;
+  std::vector<Op> done;
+  for (const Node& n : region->nodes()) {
+    const auto f = increasing(n.op);
+    if (!f || std::find(done.begin(), done.end(), n.op) != done.end()) continue;
+    done.push_back(n.op);
+    const std::string name(ir::op_name(n.op));
+    s += "float ivf_" + name + "(float x) { return " + f->at_end + "; }\n";
+    if (f->domain_lo) {
+      const std::string d = f->domain_lo;
+      s += "Iv iv_" + name + "(Iv a) {\n  bool below = a.lo < " + d + ";\n  return Iv(ivf_" + name + "(below ? " + d + " : a.lo), ivf_" + name +
+           "(a.hi < " + d + " ? " + d + " : a.hi), a.nan || below);\n}\n";
+    } else {
+      s += "Iv iv_" + name + "(Iv a) { return Iv(ivf_" + name + "(a.lo), ivf_" + name + "(a.hi), a.nan); }\n";
+    }
+  }
+  return s;
+}
+
+std::string detail::region_bound_function(const ir::Graph& region, const std::string& name) {
+  std::string s = "Iv " + name + "(Iv q_idx, Iv kv_idx";
+  for (std::size_t i = 0; i < ir::region_tensors(region); ++i) s += ", Iv t" + std::to_string(i);
+  s += ") {\n";
+  // The index and tensor inputs are the parameters, by name; every other node is a local v<i>.
+  auto value = [&](ir::ValueId v) {
+    return v != ir::kRegionScore && region.node(v).op == Op::input ? region.node(v).name : "v" + std::to_string(v);
+  };
+  for (std::size_t i = 0; i < region.size(); ++i) {
+    const Node& n = region.nodes()[i];
+    const auto v = static_cast<ir::ValueId>(i);
+    if (n.op == Op::input && v != ir::kRegionScore) continue;
+    auto arg = [&](std::size_t k) { return value(n.inputs[k]); };
+    std::string rhs, note;
+    switch (n.op) {
+      case Op::input: rhs = "iv_unknown()"; break;  // the score: anything
+      case Op::constant: {
+        const auto bits = std::bit_cast<std::uint32_t>(static_cast<float>(n.attrs.value));
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "0x%08xu", bits);
+        rhs = std::string("iv_exact(uintBitsToFloat(") + hex + "))";
+        break;
+      }
+      case Op::cast:  // i32 or bool as f32: the same values
+        rhs = arg(0);
+        note = "  // cast";
+        break;
+      case Op::neg: rhs = "iv_neg(" + arg(0) + ")"; break;
+      case Op::sin:
+      case Op::cos: rhs = "iv_periodic(" + arg(0) + ")"; break;
+      case Op::add:
+      case Op::sub:
+      case Op::mul:
+      case Op::div:
+      case Op::max:
+      case Op::equal:
+      case Op::greater: rhs = "iv_" + std::string(ir::op_name(n.op)) + "(" + arg(0) + ", " + arg(1) + ")"; break;
+      case Op::where: rhs = "iv_where(" + arg(0) + ", " + arg(1) + ", " + arg(2) + ")"; break;
+      default: rhs = increasing(n.op) ? "iv_" + std::string(ir::op_name(n.op)) + "(" + arg(0) + ")" : "iv_unknown()"; break;
+    }
+    s += "  Iv " + value(v) + " = " + rhs + ";" + note + "\n";
+  }
+  return s + "  return " + value(region.output("mod")) + ";\n}\n";
+}
+
+namespace {
+
 /// Elementwise family: out index -> per-operand offsets through strides (0 where broadcast).
 KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
   int rank = n.shape.rank;
@@ -442,6 +577,8 @@ bool implements(const Node& n) {
 }
 
 bool has_kernel(const Node& n) { return n.op != Op::input && n.op != Op::reshape; }
+
+int storage_buffers(const Node& n) { return static_cast<int>(n.inputs.size()) + 1 + (ir::is_fused_attention(n.op) ? 1 : 0); }
 
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n) {
   int words = 0;

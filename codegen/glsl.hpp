@@ -22,6 +22,9 @@ struct KernelSource {
                      // modifiers share one), so pipelines are keyed by content
   std::string glsl;
   int buffers = 0;   // storage buffer bindings: the inputs in order, then the output
+  /// The flash-attention kernels bind one more buffer after the output: two uints, the low and
+  /// high words of the scores in the tiles they computed (the rest they skipped as masked).
+  bool counts_tiles = false;
 };
 
 /// What code generation knows of the device that will run its kernels: launch geometry (not the
@@ -46,6 +49,9 @@ struct KernelLaunch {
   /// register and shared-memory arrays are sized by the bound shapes (the head dims of the flash-
   /// attention kernels); empty for the rest. The pipeline is created per distinct list.
   std::vector<std::uint32_t> specialization;
+  /// For a kernel that counts its tiles: every score it covers (batch entries x N x M), of which
+  /// those not counted as computed were skipped.
+  std::int64_t scores = 0;
 };
 
 /// Whether the generator has a kernel of its own for this node; composites it has none for are
@@ -54,6 +60,10 @@ struct KernelLaunch {
 bool implements(const ir::Node& n);
 /// Whether a node runs as a kernel (inputs are uploaded; reshapes alias their operand).
 bool has_kernel(const ir::Node& n);
+/// The storage buffers the node's kernel binds (KernelSource::buffers): its operands, its
+/// output, and the flash kernels' tile counter. A device allows a limited number per shader
+/// (maxPerStageDescriptorStorageBuffers: 32 on lavapipe); past it, the backend decomposes.
+int storage_buffers(const ir::Node& n);
 /// Why the Vulkan code generator cannot handle a node, or nullopt when it can.
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const ir::Node& n);
 /// The shader of node `v`.

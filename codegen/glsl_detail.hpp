@@ -32,5 +32,12 @@ std::string math_helpers(const ir::Graph& region, bool log);
 /// two outputs a `vec2 name(...)` of both. Tensor input t<i> reads T<i>[t<i>_at + q_idx * t<i>_row
 /// + kv_idx * t<i>_col]: the caller declares those arrays and offsets. One line per region node.
 std::string region_function(const ir::Graph& region, const std::string& name, const std::vector<std::string>& outputs);
+/// GLSL interval arithmetic with ir::bound_region's rules: `struct Iv { float lo, hi; bool nan; }`
+/// and one iv_<op> per elementwise op, with those for the increasing functions `region` uses
+/// (after math_helpers), when given.
+std::string interval_helpers(const ir::Graph* region);
+/// The region's output range as a GLSL function `Iv name(Iv q_idx, Iv kv_idx, Iv t0, ...)` of
+/// its inputs' ranges (the score is unknown): ir::bound_region emitted node by node.
+std::string region_bound_function(const ir::Graph& region, const std::string& name);
 
 }  // namespace qkv::codegen::detail

@@ -39,6 +39,12 @@ class VulkanExecutable final : public Executable {
       if (!codegen::has_kernel(n)) continue;
       auto v = static_cast<ir::ValueId>(i);
       Kernel k{v, codegen::kernel_source(graph_, v), nullptr};
+      const std::uint32_t most = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
+      QKV_ASSERT(k.source.buffers == codegen::storage_buffers(n), "codegen::storage_buffers disagrees with " + k.source.name);
+      if (static_cast<std::uint32_t>(k.source.buffers) > most)  // supports() decomposes what can be
+        throw UnsupportedError("vulkan: %" + std::to_string(v) + " " + std::string(ir::op_name(n.op)) + " (kernel " + k.source.name + ") binds " +
+                               std::to_string(k.source.buffers) + " storage buffers; this device allows " + std::to_string(most) + " per shader");
+      if (k.source.counts_tiles) k.counter = counters_++;
       // Compiled now, so that a shader error surfaces at compile(); specialized kernels get their
       // pipelines once the shapes are bound.
       if (!codegen::specialized(n)) k.pipeline = &ctx_->pipeline(k.source);
@@ -47,6 +53,7 @@ class VulkanExecutable final : public Executable {
   }
   const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return memory_.total_bytes; }
+  std::vector<TileCount> tile_counts() const override { return tile_counts_; }
   void set_profiling(bool on) override {
     if (on == profiling_) return;
     profiling_ = on;
@@ -82,6 +89,7 @@ class VulkanExecutable final : public Executable {
         throw BackendError("vulkan: waiting for the run failed");
       if (!graph_.updates().empty()) device_newer_ = true;
       if (*query_pool_) read_timestamps();
+      read_tile_counts();
       TensorMap out;
       for (const auto& [name, v] : graph_.outputs()) {
         const auto* src = reinterpret_cast<const float*>(static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.at(name));
@@ -103,6 +111,21 @@ class VulkanExecutable final : public Executable {
     return memory_.offset[static_cast<std::size_t>(memory_.storage_of[static_cast<std::size_t>(v)])];
   }
   bool held(ir::ValueId input) const { return state_.contains(graph_.node(input).name); }
+
+  /// The flash kernels' counts of the scores they computed, as the last run left them.
+  void read_tile_counts() {
+    tile_counts_.clear();
+    for (std::size_t k = 0; k < kernels_.size(); ++k) {
+      if (kernels_[k].counter < 0) continue;
+      const auto* words = reinterpret_cast<const std::uint32_t*>(static_cast<const std::byte*>(counts_.mapped) + counter_offset(kernels_[k].counter));
+      const auto computed = static_cast<std::int64_t>(words[0] | static_cast<std::uint64_t>(words[1]) << 32);
+      tile_counts_.push_back({kernels_[k].value, computed, launches_[k].scores - computed});
+    }
+  }
+  /// Where counter c lies in counts_: storage-buffer offsets keep the device's alignment.
+  vk::DeviceSize counter_offset(int c) const {
+    return static_cast<vk::DeviceSize>(c) * std::max<vk::DeviceSize>(ctx_->properties().limits.minStorageBufferOffsetAlignment, 16);
+  }
 
   /// Turns the timestamps written around each kernel into the last run's profile.
   void read_timestamps() {
@@ -153,6 +176,7 @@ class VulkanExecutable final : public Executable {
     }
     staging_in_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(in_bytes), U::eTransferSrc, true);
     staging_out_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(out_bytes), U::eTransferDst, true);
+    counts_ = ctx_->make_buffer(counter_offset(std::max(counters_, 1)), U::eStorageBuffer | U::eTransferDst, true);
 
     // Launch parameters per kernel for these shapes, and the pipelines specialized for them.
     launches_.clear();
@@ -180,6 +204,7 @@ class VulkanExecutable final : public Executable {
       std::vector<vk::DescriptorBufferInfo> infos;
       for (ir::ValueId in : n.inputs) infos.push_back(range(in));
       infos.push_back(range(kernels_[k].value));
+      if (kernels_[k].counter >= 0) infos.emplace_back(*counts_.buffer, counter_offset(kernels_[k].counter), 8);
       std::vector<vk::WriteDescriptorSet> writes;
       for (std::size_t b = 0; b < infos.size(); ++b)
         writes.emplace_back(*descriptor_sets_[k], static_cast<std::uint32_t>(b), 0, 1, vk::DescriptorType::eStorageBuffer, nullptr, &infos[b]);
@@ -268,6 +293,7 @@ class VulkanExecutable final : public Executable {
     };
     if (*query_pool_) cb.resetQueryPool(*query_pool_, 0, static_cast<std::uint32_t>(kernels_.size() + 1));
     if (!uploads.empty()) cb.copyBuffer(*staging_in_.buffer, *arena_.buffer, uploads);
+    if (counters_ > 0) cb.fillBuffer(*counts_.buffer, 0, VK_WHOLE_SIZE, 0);  // the flash kernels count from zero
     barrier(A::eTransferWrite, A::eShaderRead | A::eShaderWrite, S::eTransfer, S::eComputeShader);
     timestamp(0);
     for (std::size_t k = 0; k < kernels_.size(); ++k) {
@@ -287,7 +313,8 @@ class VulkanExecutable final : public Executable {
       barrier(A::eTransferRead, A::eTransferWrite, S::eTransfer, S::eTransfer);
       cb.copyBuffer(*arena_.buffer, *arena_.buffer, updates);
     }
-    barrier(A::eTransferWrite, A::eHostRead | A::eShaderRead | A::eTransferRead, S::eTransfer, S::eHost | S::eComputeShader | S::eTransfer);
+    barrier(A::eTransferWrite | A::eShaderWrite, A::eHostRead | A::eShaderRead | A::eTransferRead, S::eTransfer | S::eComputeShader,
+            S::eHost | S::eComputeShader | S::eTransfer);
     cb.end();
   }
 
@@ -295,6 +322,7 @@ class VulkanExecutable final : public Executable {
     ir::ValueId value;
     codegen::KernelSource source;
     const vk_detail::Pipeline* pipeline;  // for the bound shapes when the kernel is specialized
+    int counter = -1;                     // its tile counter in counts_, when it counts
   };
 
   std::shared_ptr<Context> ctx_;
@@ -309,6 +337,9 @@ class VulkanExecutable final : public Executable {
   std::vector<ir::Shape> shapes_;
   ir::MemoryPlan memory_;
   Buffer arena_, staging_in_, staging_out_;
+  Buffer counts_;     // the flash kernels' tile counters (host-visible), one aligned slot each
+  int counters_ = 0;  // kernels that count their tiles
+  std::vector<TileCount> tile_counts_;  // the last run's
   std::vector<std::int64_t> staging_offset_;  // per input: its place in staging_in_, -1 when held
   std::map<std::string, std::int64_t, std::less<>> output_staging_;
   TensorMap state_;            // host copies of the held inputs
@@ -337,7 +368,12 @@ class VulkanBackend final : public Backend {
   }
   std::string name() const override { return "vulkan"; }
   std::string device() const override { return ctx_->device_name(); }
-  bool supports(const Node& n) const override { return vulkan_supports(n); }
+  /// A kernel binding more storage buffers than the device allows per shader (a flex modifier
+  /// reading many tensors) is decomposed where the op has a decomposition.
+  bool supports(const Node& n) const override {
+    return vulkan_supports(n) &&
+           static_cast<std::uint32_t>(codegen::storage_buffers(n)) <= ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
+  }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
     if (!codegen::has_kernel(g.node(v))) return g.node(v).op == ir::Op::input ? "(input, uploaded)" : "(view of its operand)";
     return "glsl " + codegen::kernel_source(g, v).name;

@@ -3,16 +3,21 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <random>
 
 #include "backends/backend.hpp"
 #include "backends/equivalence.hpp"
 #include "backends/reference/reference_backend.hpp"
+#include "backends/vulkan/context.hpp"
 #include "backends/vulkan/vulkan_backend.hpp"
+#include "codegen/glsl.hpp"
 #include "dsl/dsl.hpp"
 #include "tests/support/backend_fixture.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
+#include "ir/region.hpp"
 
 namespace qkv {
 namespace {
@@ -471,6 +476,190 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
   const auto written = skipped(lower(scaled_dot_product_attention(q, q, q, mask_mod([](auto, auto, auto i, auto j) { return j <= i; }))));
   EXPECT_EQ(written, 2 * 12 * 128 * 256);
   EXPECT_EQ(skipped(lower(scaled_dot_product_attention(q, q, q, causal))), 2 * 28 * 128 * 128);
+}
+
+/// Vulkan's flash kernels skip the tiles a modifier masks whole, as the cpu's do: each tile
+/// gathers the range of the ids it reads over its queries and its keys in shared memory and
+/// bounds the region by interval arithmetic in GLSL. Documents of 128 tokens at N = 512 leave
+/// 3 of 4 tiles masked in both launch geometries (rows of 64 or 128 by 32 keys); a NaN behind a
+/// masked tile turns skipping off for its batch entry; the gradient kernels skip alike; prefix-LM
+/// and a padding keep-mask from lengths ([B, 1, 1, M]: all-dropped key tiles) skip too. Every
+/// result is the reference's.
+TEST(FusedAttention, VulkanSkipsTilesTheModifierMasksWhole) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  const auto tunings = vulkan_tunings();
+  auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<16>);
+  auto docs = input<"docs", DType::i32>(dim<1>, dim<"N">);
+  const std::int64_t n = 512;
+  auto documents = [&](backend::TensorMap& in) {
+    for (std::int64_t i = 0; i < n; ++i) in.at("docs").data<std::int32_t>()[i] = static_cast<std::int32_t>(i / 128);
+  };
+  ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto i, auto j) {
+    return at(docs, b, i) == at(docs, b, j);
+  }))));
+  for (auto& b : tunings) {
+    auto exe = b->compile(forward);
+    auto in = backend::random_inputs(forward, {{"N", n}}, 2);
+    documents(in);
+    exe->run(in);
+    ASSERT_EQ(exe->tile_counts().size(), 1u);
+    EXPECT_EQ(exe->tile_counts()[0].computed, 2 * n * n / 4);
+    EXPECT_EQ(exe->tile_counts()[0].skipped, 2 * n * n * 3 / 4);
+    testing::expect_equivalent(forward, in, *b);
+    // Key 300 of head 0 (document 2) holds a NaN: the meaning gives NaN wherever it meets a masked
+    // zero, so head 0 visits every tile; head 1 still skips.
+    in.at("q").data<float>()[300 * 16 + 2] = std::numeric_limits<float>::quiet_NaN();
+    testing::expect_equivalent(forward, in, *b);
+    EXPECT_TRUE(std::isnan(exe->run(in).at("out").at(2)));
+    EXPECT_EQ(exe->tile_counts()[0].skipped, n * n * 3 / 4);
+  }
+  {
+    ir::Graph g = ir::build_backward(forward, {"", {"q"}, {"out"}});
+    auto in = backend::random_inputs(g, {{"N", n}}, 3);
+    documents(in);
+    auto exe = vulkan->compile(g);
+    exe->run(in);
+    EXPECT_EQ(exe->tile_counts().size(), 5u);  // forward, lse, dq, dk, dv
+    for (const auto& t : exe->tile_counts()) EXPECT_EQ(t.skipped, 2 * n * n * 3 / 4) << ir::op_name(exe->graph().node(t.value).op);
+    testing::expect_equivalent(g, in, *vulkan);
+  }
+  auto qb = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<16>);
+  auto lengths = input<"lengths", DType::i32>(dim<"B">);
+  const std::vector<std::pair<std::string, ir::Graph>> models = {
+      {"prefix", lower(named<"out">(scaled_dot_product_attention(qb, qb, qb, mask_mod([](auto, auto, auto i, auto j) { return j < 100.0 || j <= i; }))))},
+      {"lengths", lower(named<"out">(scaled_dot_product_attention(qb, qb, qb, mask_mod([=](auto b, auto, auto, auto j) { return j < at(lengths, b); }))))},
+  };
+  for (const auto& [name, model] : models) {
+    SCOPED_TRACE(name);
+    ir::Graph g = ir::build_backward(model, {"", {"q"}, {"out"}});
+    auto in = backend::random_inputs(g, {{"B", 2}, {"N", 300}}, 6);
+    if (in.contains("lengths")) {
+      in.at("lengths").data<std::int32_t>()[0] = 120;  // keys 120.. of entry 0 are padding
+      in.at("lengths").data<std::int32_t>()[1] = 300;
+    }
+    auto exe = vulkan->compile(g);
+    exe->run(in);
+    ASSERT_FALSE(exe->tile_counts().empty());
+    for (const auto& t : exe->tile_counts()) EXPECT_GT(t.skipped, 0) << ir::op_name(exe->graph().node(t.value).op);
+    testing::expect_equivalent(g, in, *vulkan);
+  }
+}
+
+/// A random masking modifier: where(cond, score, -inf) (or -inf on the other branch), cond a
+/// random combination of comparisons between random arithmetic over q_idx, kv_idx, t0 (one value
+/// per query) and t1 (one per key) and constants; logic through casts, as the DSL writes it.
+std::shared_ptr<const ir::Graph> random_mask_region(std::mt19937& rng) {
+  const std::vector<DType> f32s = {DType::f32, DType::f32};
+  ir::Graph r = ir::make_region(f32s);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  ir::Attrs to_f32;
+  to_f32.dtype = DType::f32;
+  std::function<ir::ValueId(int)> arith = [&](int depth) -> ir::ValueId {
+    if (depth == 0 || pick(3) == 0) {
+      const int leaf = pick(5);
+      if (leaf < 4) return leaf == 0 ? ir::kRegionQIdx : leaf == 1 ? ir::kRegionKvIdx : ir::kRegionFixedInputs + (leaf - 2);
+      return r.constant(static_cast<double>(pick(300)) - 50.0);
+    }
+    const ir::ValueId a = arith(depth - 1);
+    switch (pick(6)) {
+      case 0: return r.add(ir::Op::add, {a, arith(depth - 1)});
+      case 1: return r.add(ir::Op::sub, {a, arith(depth - 1)});
+      case 2: return r.add(ir::Op::mul, {a, pick(2) == 0 ? arith(depth - 1) : r.constant(static_cast<double>(pick(7)) - 3.0)});
+      case 3: return r.add(ir::Op::max, {a, arith(depth - 1)});
+      case 4: return r.add(ir::Op::neg, {a});
+      default: return r.add(ir::Op::div, {a, r.constant(static_cast<double>(pick(5)) + 0.5)});
+    }
+  };
+  auto as_f32 = [&](ir::ValueId b) { return r.add(ir::Op::cast, {b}, to_f32); };
+  std::function<ir::ValueId(int)> condition = [&](int depth) -> ir::ValueId {
+    if (depth == 0 || pick(2) == 0) return r.add(pick(3) == 0 ? ir::Op::equal : ir::Op::greater, {arith(2), arith(2)});
+    const ir::ValueId a = condition(depth - 1);
+    switch (pick(3)) {
+      case 0: return r.add(ir::Op::greater, {r.add(ir::Op::mul, {as_f32(a), as_f32(condition(depth - 1))}), r.constant(0.5)});  // and
+      case 1: return r.add(ir::Op::greater, {r.add(ir::Op::max, {as_f32(a), as_f32(condition(depth - 1))}), r.constant(0.5)});  // or
+      default: return r.add(ir::Op::equal, {as_f32(a), r.constant(0.0)});                                                    // not
+    }
+  };
+  const ir::ValueId cond = condition(2), minus_inf = r.constant(-HUGE_VAL);
+  const ir::ValueId kept = pick(2) == 0 ? ir::kRegionScore : r.add(ir::Op::add, {ir::kRegionScore, ir::kRegionFixedInputs + 1});
+  r.set_output("mod", pick(2) == 0 ? r.add(ir::Op::where, {cond, kept, minus_inf}) : r.add(ir::Op::where, {cond, minus_inf, kept}));
+  return std::make_shared<const ir::Graph>(std::move(r));
+}
+
+/// Block sparsity is sound for any masking modifier: random regions over the indices and
+/// per-query / per-key tensors (segment ids, positions or noise), run fused on cpu and vulkan,
+/// give the reference's numbers whatever tiles the interval arithmetic (C++ on the cpu, GLSL on
+/// vulkan) lets them skip; across the regions both backends skip tiles.
+TEST(FusedAttention, RandomMaskingModifiersSkipOnlyMaskedTiles) {
+  std::vector<std::shared_ptr<backend::Backend>> backends;
+  backends.push_back(backend::create("cpu"));
+  {
+    QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+    backends.push_back(std::move(vulkan));
+  }
+  const std::int64_t n = 300, m = 520;
+  std::mt19937 rng(20261123);
+  std::vector<int> skipping(backends.size(), 0);
+  const int trials = 10;
+  for (int trial = 0; trial < trials; ++trial) {
+    const auto region = random_mask_region(rng);
+    SCOPED_TRACE("mod = " + ir::region_expression(*region));
+    ir::Graph g;
+    const ir::ValueId q = g.add_input("q", DType::f32, {1, 2, n, 8}), k = g.add_input("k", DType::f32, {1, 2, m, 8});
+    const ir::ValueId t0 = g.add_input("t0", DType::f32, {n, 1}), t1 = g.add_input("t1", DType::f32, {m});
+    ir::Attrs scale;
+    scale.value = 0.35;
+    g.set_output("out", g.add(ir::Op::flex_attention, {q, k, k, t0, t1}, scale, region));
+    auto in = backend::random_inputs(g, {}, static_cast<std::uint64_t>(trial));
+    // Ids laid out in segments, positions, or noise: what lets tiles be proved masked, or not.
+    const int layout = trial % 3;
+    const std::int64_t segment = 40 + 30 * (trial % 4);
+    for (const auto& [name, count] : {std::pair{"t0", n}, std::pair{"t1", m}})
+      for (std::int64_t i = 0; i < count; ++i)
+        in.at(name).data<float>()[i] = layout == 0   ? static_cast<float>(i / segment)
+                                       : layout == 1 ? static_cast<float>(i)
+                                                     : static_cast<float>(static_cast<int>(rng() % 5u));
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      SCOPED_TRACE(backends[b]->name());
+      testing::expect_equivalent(g, in, *backends[b]);
+      auto exe = backends[b]->compile(g);
+      exe->run(in);
+      ASSERT_EQ(exe->tile_counts().size(), 1u);
+      skipping[b] += exe->tile_counts()[0].skipped > 0;
+    }
+  }
+  for (std::size_t b = 0; b < backends.size(); ++b)
+    EXPECT_GE(skipping[b], 2) << backends[b]->name() << " skipped tiles for " << skipping[b] << " of " << trials << " regions";
+}
+
+/// A modifier reading more tensors than the device binds storage buffers per shader (lavapipe:
+/// 32; the flex forward binds q, k, v, its tensors, the output and a tile counter) is not
+/// refused: vulkan runs its decomposition instead, with the reference's numbers; where the
+/// device allows them, the kernel stays fused.
+TEST(FusedAttention, VulkanDecomposesAModifierWithMoreTensorsThanTheDeviceBinds) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  const int tensors = 31;
+  const std::vector<DType> f32s(tensors, DType::f32);
+  ir::Graph region = ir::make_region(f32s);
+  ir::ValueId mod = ir::kRegionScore;
+  for (int i = 0; i < tensors; ++i) mod = region.add(ir::Op::add, {mod, ir::kRegionFixedInputs + i});
+  region.set_output("mod", mod);
+  ir::Graph g;
+  std::vector<ir::ValueId> operands = {g.add_input("q", DType::f32, {1, 2, 40, 8})};
+  operands.push_back(operands[0]);
+  operands.push_back(operands[0]);
+  for (int i = 0; i < tensors; ++i) operands.push_back(g.add_input("t" + std::to_string(i), DType::f32, {2, 1, 1}));
+  ir::Attrs scale;
+  scale.value = 0.35;
+  const ir::ValueId y = g.add(ir::Op::flex_attention, operands, scale, std::make_shared<const ir::Graph>(std::move(region)));
+  g.set_output("out", y);
+  const std::uint32_t most = backend::vk_detail::Context::get(backend::vulkan_options_from_env())->properties().limits.maxPerStageDescriptorStorageBuffers;
+  EXPECT_EQ(codegen::storage_buffers(g.node(y)), 3 + tensors + 2);
+  auto exe = vulkan->compile(g);
+  bool fused = false;
+  for (const ir::Node& n : exe->graph().nodes()) fused |= n.op == ir::Op::flex_attention;
+  EXPECT_EQ(fused, 3u + tensors + 2u <= most) << "the device binds " << most << " storage buffers per shader";
+  testing::expect_equivalent(g, backend::random_inputs(g, {}, 4), *vulkan);
 }
 
 /// Prefix-LM (the first P keys seen by every query, the rest causally) and padding from per-row

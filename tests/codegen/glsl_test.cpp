@@ -99,7 +99,9 @@ TEST(Glsl, FlexModifierIsInlinedWithItsTensorsDims) {
   const ir::ValueId y = g.output("out");
   const KernelSource k = kernel_source(g, y);
   EXPECT_EQ(k.name, "flash_attention_forward_flex_causal_b2");
-  EXPECT_EQ(k.buffers, 5);  // q, k, v, the slopes, the output
+  EXPECT_EQ(k.buffers, 6);  // q, k, v, the slopes, the output, the tile counter
+  EXPECT_TRUE(k.counts_tiles);
+  EXPECT_EQ(k.glsl.find("tile_masked"), std::string::npos) << "slopes never mask: no tile is tested";
   EXPECT_NE(k.glsl.find("// The score modifier, mod = score + t0 * (kv_idx - q_idx).\nfloat score_mod(float score, uint q_idx, uint kv_idx) {"),
             std::string::npos)
       << k.glsl;
@@ -119,6 +121,31 @@ TEST(Glsl, FlexModifierIsInlinedWithItsTensorsDims) {
   EXPECT_NE(kd.glsl.find("vec2 score_mod_d(float score, uint q_idx, uint kv_idx)"), std::string::npos) << kd.glsl;
   EXPECT_NE(kd.glsl.find("ds[t] = pr * (sum4(dp4[t]) - delta_r[t]) * dmod;"), std::string::npos) << kd.glsl;
   EXPECT_FALSE(compile_spirv(kd.name, kd.glsl).empty());
+}
+
+/// A modifier that can mask (document ids: where(doc_q == doc_kv, score, -inf)) makes every
+/// flash kernel test its tiles: the ids' ranges over the tile's queries and keys are gathered
+/// in shared memory and the region is bounded from them by interval arithmetic in GLSL, node for
+/// node as ir::bound_region; the tile is skipped when the bound is exactly -inf.
+TEST(Glsl, MaskingModifierTestsEachTileByIntervalArithmetic) {
+  auto find = [](ir::Op op, const std::string& label) {
+    for (const ir::OpCase& c : ir::op_cases(op))
+      if (c.label == label) return c;
+    ADD_FAILURE() << "no case " << label;
+    return ir::OpCase{};
+  };
+  for (const auto& [op, label] : {std::pair{ir::Op::flex_attention, "document ids, empty rows"}, std::pair{ir::Op::flex_attention_grad, "dq document ids, empty rows"}}) {
+    ir::Graph g = ir::case_graph(op, find(op, label));
+    const KernelSource k = kernel_source(g, g.output("out"));
+    SCOPED_TRACE(k.name);
+    EXPECT_NE(k.glsl.find("Iv bound_mod(Iv q_idx, Iv kv_idx, Iv t0, Iv t1) {"), std::string::npos) << k.glsl;
+    EXPECT_NE(k.glsl.find(" = t1;  // cast"), std::string::npos) << k.glsl;
+    EXPECT_NE(k.glsl.find(" = iv_equal(v"), std::string::npos) << k.glsl;
+    EXPECT_NE(k.glsl.find(" = iv_where("), std::string::npos) << k.glsl;
+    EXPECT_NE(k.glsl.find("if (may_skip && tile_masked("), std::string::npos) << k.glsl;
+    EXPECT_NE(k.glsl.find("range_add(slot * 2u + 1u, T1["), std::string::npos) << k.glsl;
+    EXPECT_FALSE(compile_spirv(k.name, k.glsl).empty());
+  }
 }
 
 TEST(Glsl, EmitGraphNamesEachNode) {

@@ -199,6 +199,12 @@ TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
     Result r = run(c + " --backend vulkan");
     EXPECT_EQ(r.status, 0) << c << "\n" << r.output;
   }
+  // The flash kernels count the scores they compute: causal at N = M = 256 skips tiles above the
+  // diagonal in every kernel (how many depends on the device's launch geometry).
+  Result skipping = run("explain sdpa --backend vulkan --set weights=false --set causal=true --dim N=256 --dim M=256 --grad");
+  ASSERT_EQ(skipping.status, 0) << skipping.output;
+  for (const char* kernel : {"attention skipped", "attention_lse skipped", "attention_grad skipped"})
+    EXPECT_NE(skipping.output.find(kernel), std::string::npos) << kernel << "\n" << skipping.output;
   Result profile = run("bench sdpa --backend vulkan,cpu --repeat 3 --profile");
   ASSERT_EQ(profile.status, 0) << profile.output;
   EXPECT_NE(profile.output.find("device ms"), std::string::npos) << profile.output;
