@@ -27,7 +27,7 @@ struct KernelTime {
 struct TileCount {
   ir::ValueId value;       // the fused node of Executable::graph()
   std::int64_t computed;   // scores in the tiles computed
-  std::int64_t skipped;    // scores in the tiles left out (every one of them masked)
+  std::int64_t skipped;    // scores left out in tiles (or, on the cpu, slices of a tile) all masked
   double skipped_fraction() const { return computed + skipped == 0 ? 0.0 : static_cast<double>(skipped) / static_cast<double>(computed + skipped); }
 };
 

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
       long_exe->run(big);
       if (long_exe->tile_counts().empty()) std::printf("(%s does not count the tiles it skips)\n", be->name().c_str());
       for (const auto& t : long_exe->tile_counts())
-        std::printf("%-22s skipped %5.1f%% of %lld scores in whole masked tiles\n", std::string(ir::op_name(long_exe->graph().node(t.value).op)).c_str(),
+        std::printf("%-22s skipped %5.1f%% of %lld scores in blocks wholly masked\n", std::string(ir::op_name(long_exe->graph().node(t.value).op)).c_str(),
                     100.0 * t.skipped_fraction(), static_cast<long long>(t.computed + t.skipped));
       std::printf("planned memory %.1f MB (the scores alone would be %.1f MB per head)\n", static_cast<double>(long_exe->planned_bytes()) / 1e6,
                   1024.0 * 1024.0 * 4 / 1e6);

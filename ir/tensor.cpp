@@ -22,10 +22,11 @@ std::int64_t count(const std::vector<std::int64_t>& shape, std::size_t elem_size
   return *n;
 }
 
-std::vector<std::byte> allocate(DType dtype, const std::vector<std::int64_t>& shape) {
+template <class Bytes>
+Bytes allocate(DType dtype, const std::vector<std::int64_t>& shape, bool zero) {
   const auto bytes = static_cast<std::size_t>(count(shape, dtype_size(dtype))) * dtype_size(dtype);
   try {
-    return std::vector<std::byte>(bytes);
+    return zero ? Bytes(bytes, std::byte{0}) : Bytes(bytes);
   } catch (const std::bad_alloc&) {
     throw ResourceError("out of memory: " + std::string(dtype_name(dtype)) + shape_text(shape) + " needs " + std::to_string(bytes) + " bytes");
   }
@@ -52,7 +53,12 @@ std::optional<std::int64_t> Tensor::checked_numel(const std::vector<std::int64_t
   return n;
 }
 
-Tensor::Tensor(DType dtype, std::vector<std::int64_t> shape) : dtype_(dtype), shape_(std::move(shape)), bytes_(allocate(dtype_, shape_)) {}
+Tensor::Tensor(DType dtype, std::vector<std::int64_t> shape) : Tensor(dtype, std::move(shape), true) {}
+
+Tensor::Tensor(DType dtype, std::vector<std::int64_t> shape, bool zero)
+    : dtype_(dtype), shape_(std::move(shape)), bytes_(allocate<Bytes>(dtype_, shape_, zero)) {}
+
+Tensor Tensor::uninitialized(DType dtype, std::vector<std::int64_t> shape) { return Tensor(dtype, std::move(shape), false); }
 
 std::int64_t Tensor::numel() const { return count(shape_); }
 

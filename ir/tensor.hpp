@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ir/dtype.hpp"
@@ -15,12 +17,37 @@
 
 namespace qkv {
 
+namespace tensor_storage {
+/// std::allocator whose value-less construct leaves the element as it is (default-initialised):
+/// a vector of bytes sized by it is not zeroed, for storage its owner writes in full.
+template <class T>
+struct DefaultInitAllocator : std::allocator<T> {
+  using std::allocator<T>::allocator;
+  template <class U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+}  // namespace tensor_storage
+
 class Tensor {
  public:
   Tensor() = default;
   /// A zero-filled tensor. Throws ShapeError for a negative dim or a size that overflows, and
   /// ResourceError (naming the type and bytes) when the memory cannot be had.
   Tensor(DType dtype, std::vector<std::int64_t> shape);
+  /// A tensor whose elements are not set (not zeroed): for a caller that writes every one, such
+  /// as a backend copying out a result (zeroing a 4 MiB output before copying it cost a tenth of
+  /// a causal attention's run on the cpu). Throws as the constructor does.
+  static Tensor uninitialized(DType dtype, std::vector<std::int64_t> shape);
   /// Elements of `shape`, or nullopt when a dim is negative or the count of elements or of
   /// `elem_size`-byte bytes overflows 63 bits: check sizes read from files with this before
   /// allocating anything.
@@ -88,7 +115,9 @@ class Tensor {
   }
   DType dtype_ = DType::f32;
   std::vector<std::int64_t> shape_;
-  std::vector<std::byte> bytes_;
+  using Bytes = std::vector<std::byte, tensor_storage::DefaultInitAllocator<std::byte>>;
+  Tensor(DType dtype, std::vector<std::int64_t> shape, bool zero);
+  Bytes bytes_;
 };
 
 }  // namespace qkv

@@ -193,7 +193,7 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
   // Block sparsity as this run found it: the tiles each fused kernel skipped because every
   // score there is masked (from causality, a window, or the modifier over these inputs).
   for (const backend::TileCount& t : exe->tile_counts())
-    std::printf("block sparsity: %%%d %s skipped %.1f%% of its %lld scores, in whole tiles masked\n", t.value,
+    std::printf("block sparsity: %%%d %s skipped %.1f%% of its %lld scores, in blocks wholly masked\n", t.value,
                 std::string(ir::op_name(g.node(t.value).op)).c_str(), 100.0 * t.skipped_fraction(),
                 static_cast<long long>(t.computed + t.skipped));
   return 0;

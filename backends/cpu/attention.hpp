@@ -77,5 +77,8 @@ void attention_grads(const AttentionGradArgs& args, float* dq, float* dk, float*
 inline constexpr std::int64_t kQueryBlock = 256;
 inline constexpr std::int64_t kSkippingQueryBlock = 128;
 inline constexpr std::int64_t kKeyBlock = 256;
+/// A causal tile that the diagonal crosses runs as slices of this many rows, each over the keys
+/// its last row keeps, so the masked triangle is mostly not computed.
+inline constexpr std::int64_t kDiagonalSlice = 32;
 
 }  // namespace qkv::backend::cpu

@@ -95,7 +95,7 @@ class CpuExecutable final : public Executable {
     TensorMap out;
     for (const auto& [name, v] : graph_.outputs()) {
       auto vi = static_cast<std::size_t>(v);
-      Tensor t(graph_.node(v).dtype, ir::to_vector(shapes_[vi]));
+      Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[vi]));  // every element written below
       const float* src = value_ptr(vi);
       if (t.dtype() == DType::boolean) {
         for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;

@@ -93,7 +93,7 @@ class VulkanExecutable final : public Executable {
       TensorMap out;
       for (const auto& [name, v] : graph_.outputs()) {
         const auto* src = reinterpret_cast<const float*>(static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.at(name));
-        Tensor t(graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));
+        Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));  // written in full
         if (t.dtype() == DType::boolean) {
           for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;
         } else {
