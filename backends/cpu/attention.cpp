@@ -108,7 +108,7 @@ class Scores {
   bool drops() const { return a_.dropout != 0.0; }
 
   /// Query rows per tile: kSkippingQueryBlock when a mask or the modifier may drop whole tiles,
-  /// kQueryBlock otherwise (causality's diagonal is followed by diagonal_slice instead).
+  /// kQueryBlock otherwise (causality's diagonal is followed by each_slice instead).
   std::int64_t query_block() const { return thin_mask() || (a_.mod && a_.mod->may_mask_tiles()) ? kSkippingQueryBlock : kQueryBlock; }
 
   /// Adds one task's share of the scores: `total` scores, `computed` of them in tiles computed
@@ -122,7 +122,7 @@ class Scores {
   /// f(j0, cols) for each key tile of queries [i0, i0 + rows) of batch entry b that is not masked
   /// whole: the causal key range and the modifier's tiles skipped when `skip` (the operands the
   /// masked zeros would meet are finite), every key otherwise. Counts the scores; f may return
-  /// how many of the tile's it left out itself (diagonal_slice).
+  /// how many of the tile's it left out itself (each_slice).
   template <class F>
   void each_key_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, bool skip, F f) const {
     const auto [begin, end] = skip ? keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m_};
@@ -137,17 +137,25 @@ class Scores {
     count_tiles(rows * m_, computed);
   }
 
-  /// Rows [r0, r1) of a key tile [j0, j0 + cols) of queries [i0, i0 + rows), and the keys
-  /// [j0, j0 + width) they may keep: the whole tile unless causality's diagonal crosses it and
-  /// `skip` holds, then kDiagonalSlice rows over the keys their last row keeps (width may be 0).
-  struct Slice {
-    std::int64_t r1, width;
-  };
-  Slice diagonal_slice(std::int64_t i0, std::int64_t rows, std::int64_t r0, std::int64_t j0, std::int64_t cols, bool skip) const {
+  /// f(r0, r1, width) over a key tile [j0, j0 + cols) of queries [i0, i0 + rows): rows
+  /// [r0, r1) and the keys [j0, j0 + width) they may keep. The whole tile at once, unless `skip`
+  /// holds and causality's diagonal crosses it: then slices of kDiagonalSlice rows, each over
+  /// the keys its last row keeps (a slice keeping none is left out). Returns the scores left
+  /// out, for each_key_tile's count.
+  template <class F>
+  std::int64_t each_slice(std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, bool skip, F f) const {
     auto kept = [&](std::int64_t r) { return std::clamp<std::int64_t>(i0 + r + shift_ - j0 + 1, 0, cols); };  // keys row r keeps
-    if (!skip || !a_.causal || kept(r0) == cols) return {rows, cols};
-    const std::int64_t r1 = std::min(rows, r0 + kDiagonalSlice);
-    return {r1, kept(r1 - 1)};
+    if (!skip || !a_.causal || kept(0) == cols) {
+      f(0, rows, cols);
+      return 0;
+    }
+    std::int64_t left_out = 0;
+    for (std::int64_t r0 = 0; r0 < rows; r0 += kDiagonalSlice) {
+      const std::int64_t r1 = std::min(rows, r0 + kDiagonalSlice), width = kept(r1 - 1);
+      left_out += (r1 - r0) * (cols - width);
+      if (width > 0) f(r0, r1, width);
+    }
+    return left_out;
   }
 
   /// f(i0, rows) for each query tile of keys [j0, j0 + cols), likewise.
@@ -317,38 +325,31 @@ void attention(const AttentionArgs& a) {
     const bool skip = finite_v[static_cast<std::size_t>(b)] != 0;
     sc.each_key_tile(b, i0, rows, skip, [&](std::int64_t j0, std::int64_t cols) {
       // The tile whole, or in slices along the diagonal: rows [r0, r1) over keys [j0, j0 + width).
-      std::int64_t left_out = 0;
-      for (std::int64_t r0 = 0; r0 < rows;) {
-        const auto [r1, width] = sc.diagonal_slice(i0, rows, r0, j0, cols, skip);
-        left_out += (r1 - r0) * (cols - width);
-        if (width > 0) {
-          float* s = s_buf.data() + r0 * kKeyBlock;
-          sc.compute(b, i0 + r0, r1 - r0, j0, width, s, kKeyBlock);
-          for (std::int64_t i = r0; i < r1; ++i) {
-            float* row = s_buf.data() + i * kKeyBlock;
-            float& mi = m_buf[static_cast<std::size_t>(i)];
-            float& li = l_buf[static_cast<std::size_t>(i)];
-            const float mx = max_of(row, width, mi);
-            if (mx == kNegInf) {  // every key so far is masked: nothing to add
-              std::fill_n(row, width, 0.0f);
-              continue;
-            }
-            const float correction = mi == kNegInf ? 0.0f : std::exp(mi - mx);
-            li = li * correction + exp_shifted_sum(row, width, mx);
-            if (correction != 1.0f) scale_inplace(o + i * dv, dv, correction);
-            mi = mx;
-            if (sc.drops()) {  // the sum normalises the undropped weights; v meets the dropped ones
-              float* z = dropout_buffer();
-              sc.dropout_factors(b, i0 + i, j0, width, z);
-              times(row, z, width);
-            }
+      return sc.each_slice(i0, rows, j0, cols, skip, [&](std::int64_t r0, std::int64_t r1, std::int64_t width) {
+        float* s = s_buf.data() + r0 * kKeyBlock;
+        sc.compute(b, i0 + r0, r1 - r0, j0, width, s, kKeyBlock);
+        for (std::int64_t i = r0; i < r1; ++i) {
+          float* row = s_buf.data() + i * kKeyBlock;
+          float& mi = m_buf[static_cast<std::size_t>(i)];
+          float& li = l_buf[static_cast<std::size_t>(i)];
+          const float mx = max_of(row, width, mi);
+          if (mx == kNegInf) {  // every key so far is masked: nothing to add
+            std::fill_n(row, width, 0.0f);
+            continue;
           }
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(r1 - r0), to_int(dv), to_int(width), 1.0f, s, to_int(kKeyBlock),
-                      v + j0 * dv, to_int(dv), 1.0f, o + r0 * dv, to_int(dv));
+          const float correction = mi == kNegInf ? 0.0f : std::exp(mi - mx);
+          li = li * correction + exp_shifted_sum(row, width, mx);
+          if (correction != 1.0f) scale_inplace(o + i * dv, dv, correction);
+          mi = mx;
+          if (sc.drops()) {  // the sum normalises the undropped weights; v meets the dropped ones
+            float* z = dropout_buffer();
+            sc.dropout_factors(b, i0 + i, j0, width, z);
+            times(row, z, width);
+          }
         }
-        r0 = r1;
-      }
-      return left_out;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(r1 - r0), to_int(dv), to_int(width), 1.0f, s, to_int(kKeyBlock),
+                    v + j0 * dv, to_int(dv), 1.0f, o + r0 * dv, to_int(dv));
+      });
     });
     // A query with no key left (l = 0) gives zeros, as softmax defines for a row of -inf.
     for (std::int64_t i = 0; i < rows; ++i) {
@@ -377,12 +378,9 @@ void attention_lse(const ScoreArgs& args, View out) {
     mx.assign(static_cast<std::size_t>(rows), kNegInf);
     sum.assign(static_cast<std::size_t>(rows), 0.0);
     sc.each_key_tile(b, i0, rows, true, [&](std::int64_t j0, std::int64_t cols) {
-      std::int64_t left_out = 0;
-      for (std::int64_t r0 = 0; r0 < rows;) {  // along the diagonal in slices, as the forward
-        const auto [r1, width] = sc.diagonal_slice(i0, rows, r0, j0, cols, true);
-        left_out += (r1 - r0) * (cols - width);
-        if (width > 0) sc.compute(b, i0 + r0, r1 - r0, j0, width, s + r0 * kKeyBlock, kKeyBlock);
-        for (std::int64_t i = r0; i < r1 && width > 0; ++i) {
+      return sc.each_slice(i0, rows, j0, cols, true, [&](std::int64_t r0, std::int64_t r1, std::int64_t width) {
+        sc.compute(b, i0 + r0, r1 - r0, j0, width, s + r0 * kKeyBlock, kKeyBlock);
+        for (std::int64_t i = r0; i < r1; ++i) {
           float* row = s + i * kKeyBlock;
           float& mi = mx[static_cast<std::size_t>(i)];
           const float m_new = max_of(row, width, mi);
@@ -392,9 +390,7 @@ void attention_lse(const ScoreArgs& args, View out) {
           si += exp_shifted_sum(row, width, m_new);
           mi = m_new;
         }
-        r0 = r1;
-      }
-      return left_out;
+      });
     });
     // lse = m + log(sum): -inf for a row without keys (log 0), NaN where a score was NaN.
     for (std::int64_t i = 0; i < rows; ++i) {

@@ -423,21 +423,39 @@ TEST(FusedAttention, ScoreAndMaskModsMeanWhatTheOptionsMean) {
   }
 }
 
+/// Attention over q [1, 2, N, 16] (q = k = v) keeping the keys of the query's own document, its
+/// ids "docs" [1, N] read through a mask_mod; and ids packing documents of 128 tokens.
+ir::Graph document_attention() {
+  auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<16>);
+  auto docs = input<"docs", DType::i32>(dim<1>, dim<"N">);
+  return lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto i, auto j) {
+    return at(docs, b, i) == at(docs, b, j);
+  }))));
+}
+void pack_documents(backend::TensorMap& in, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) in.at("docs").data<std::int32_t>()[i] = static_cast<std::int32_t>(i / 128);
+}
+
+/// Prefix-LM (the first 100 keys seen by every query, the rest causally) and padding from per
+/// batch entry lengths, written as mask_mods over q [B, 2, N, 16] (q = k = v).
+std::vector<std::pair<std::string, ir::Graph>> prefix_and_padding_models() {
+  auto q = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<16>);
+  auto lengths = input<"lengths", DType::i32>(dim<"B">);
+  return {
+      {"prefix", lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([](auto, auto, auto i, auto j) { return j < 100.0 || j <= i; }))))},
+      {"lengths", lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto, auto j) { return j < at(lengths, b); }))))},
+  };
+}
+
 /// The cpu kernels skip tiles a modifier masks whole (interval arithmetic over the region, from
 /// the tile's positions and ids), forward and backward, and say so: packed documents of 128
 /// tokens at N = 512 leave half the forward's tiles (128 queries x 256 keys) per head; causality
 /// written as a mask_mod skips the tiles above the diagonal. A NaN in v behind a skipped tile
 /// still gives NaN, as the meaning does.
 TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
-  auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<16>);
-  auto docs = input<"docs", DType::i32>(dim<1>, dim<"N">);
   const std::int64_t n = 512;
-  auto documents = [&](backend::TensorMap& in) {
-    for (std::int64_t i = 0; i < n; ++i) in.at("docs").data<std::int32_t>()[i] = static_cast<std::int32_t>(i / 128);
-  };
-  ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto i, auto j) {
-    return at(docs, b, i) == at(docs, b, j);
-  }))));
+  auto documents = [&](backend::TensorMap& in) { pack_documents(in, n); };
+  const ir::Graph forward = document_attention();
   auto cpu = backend::create("cpu");
   {
     auto exe = cpu->compile(forward);
@@ -470,6 +488,7 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
   // diagonal and runs a tile the diagonal crosses in slices of 32 rows, each over the keys its
   // last row keeps: 31 of 64 squares of 128 x 128 skipped (28 above the diagonal and 3/8 of each
   // of the 8 on it).
+  auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<16>);
   auto skipped = [&](const ir::Graph& graph) {
     auto e = cpu->compile(graph);
     e->run(backend::random_inputs(graph, {{"N", 1024}}, 1));
@@ -490,15 +509,9 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
 TEST(FusedAttention, VulkanSkipsTilesTheModifierMasksWhole) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   const auto tunings = vulkan_tunings();
-  auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<16>);
-  auto docs = input<"docs", DType::i32>(dim<1>, dim<"N">);
   const std::int64_t n = 512;
-  auto documents = [&](backend::TensorMap& in) {
-    for (std::int64_t i = 0; i < n; ++i) in.at("docs").data<std::int32_t>()[i] = static_cast<std::int32_t>(i / 128);
-  };
-  ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto i, auto j) {
-    return at(docs, b, i) == at(docs, b, j);
-  }))));
+  auto documents = [&](backend::TensorMap& in) { pack_documents(in, n); };
+  const ir::Graph forward = document_attention();
   for (auto& b : tunings) {
     auto exe = b->compile(forward);
     auto in = backend::random_inputs(forward, {{"N", n}}, 2);
@@ -525,12 +538,7 @@ TEST(FusedAttention, VulkanSkipsTilesTheModifierMasksWhole) {
     for (const auto& t : exe->tile_counts()) EXPECT_EQ(t.skipped, 2 * n * n * 3 / 4) << ir::op_name(exe->graph().node(t.value).op);
     testing::expect_equivalent(g, in, *vulkan);
   }
-  auto qb = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<16>);
-  auto lengths = input<"lengths", DType::i32>(dim<"B">);
-  const std::vector<std::pair<std::string, ir::Graph>> models = {
-      {"prefix", lower(named<"out">(scaled_dot_product_attention(qb, qb, qb, mask_mod([](auto, auto, auto i, auto j) { return j < 100.0 || j <= i; }))))},
-      {"lengths", lower(named<"out">(scaled_dot_product_attention(qb, qb, qb, mask_mod([=](auto b, auto, auto, auto j) { return j < at(lengths, b); }))))},
-  };
+  const auto models = prefix_and_padding_models();
   for (const auto& [name, model] : models) {
     SCOPED_TRACE(name);
     ir::Graph g = ir::build_backward(model, {"", {"q"}, {"out"}});
@@ -670,13 +678,8 @@ TEST(FusedAttention, VulkanDecomposesAModifierWithMoreTensorsThanTheDeviceBinds)
 /// forward and backward. Padding needs no score: fusion makes it masked_attention's [B, H, 1, M]
 /// keep-mask, whose tiles of all-dropped keys are skipped alike.
 TEST(FusedAttention, CpuSkipsPrefixLmAndPaddingFromLengths) {
-  auto q = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<16>);
-  auto lengths = input<"lengths", DType::i32>(dim<"B">);
   const std::int64_t n = 600;
-  const std::vector<std::pair<std::string, ir::Graph>> models = {
-      {"prefix", lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([](auto, auto, auto i, auto j) { return j < 100.0 || j <= i; }))))},
-      {"lengths", lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto, auto j) { return j < at(lengths, b); }))))},
-  };
+  const auto models = prefix_and_padding_models();
   auto cpu = backend::create("cpu");
   for (const auto& [name, forward] : models) {
     SCOPED_TRACE(name);
