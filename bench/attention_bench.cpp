@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "bench/report.hpp"
 #include "backends/equivalence.hpp"
 #include "dsl/dsl.hpp"
 #include "ir/passes/passes.hpp"
@@ -230,15 +231,12 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const auto& r : runs) {
-      // One row per benchmark: its median over repetitions, or its one run.
-      if (r.error_occurred || (r.run_type == Run::RT_Aggregate && r.aggregate_name != "median")) continue;
-      if (r.run_type == Run::RT_Iteration && r.repetitions > 1) continue;
+      if (!qkv::bench::reported_row(r)) continue;
       auto it = r.counters.find("GFLOP/s");
       if (it == r.counters.end()) continue;
-      const std::string& name = r.run_name.function_name;
-      auto slash = name.find('/');
+      const auto [what, shape] = qkv::bench::row_name_parts(r);
       auto mib = r.counters.find("MiB"), skip = r.counters.find("skip%");
-      rates_.push_back({name.substr(0, slash), name.substr(slash + 1), it->second.value, mib == r.counters.end() ? -1.0 : mib->second.value,
+      rates_.push_back({what, shape, it->second.value, mib == r.counters.end() ? -1.0 : mib->second.value,
                         skip == r.counters.end() ? -1.0 : skip->second.value});
     }
   }

@@ -8,7 +8,9 @@
 #include <optional>
 
 #include "codegen/attention_glsl.hpp"
+#include "codegen/fusion.hpp"
 #include "codegen/glsl_detail.hpp"
+#include "codegen/matmul_glsl.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
 #include "ir/printer.hpp"
@@ -232,6 +234,48 @@ std::string substitute(const std::string& expr, const std::vector<std::string>& 
 }
 
 }  // namespace
+
+std::string detail::axis_body(Op op, const std::string& open, const std::string& close) {
+  auto read = [&](const std::string& index) { return open + index + close; };
+  std::string s = "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner\nvoid main() {\n" + std::string(kLinearIndex) +
+                  "  uint n = pc.p[1], inner = pc.p[2];\n  uint base = (i / inner) * n * inner + i % inner;\n";
+  switch (op) {
+    case Op::reduce_sum:
+      s += "  float acc = 0.0;\n  for (uint k = 0u; k < n; ++k) acc += " + read("base + k * inner") + ";\n  y[i] = acc;\n";
+      break;
+    case Op::reduce_max:
+      s += "  float acc = uintBitsToFloat(0xff800000u);\n"
+           "  for (uint k = 0u; k < n; ++k) { float v = " + read("base + k * inner") + "; acc = (isnan(v) || v > acc) ? v : acc; }\n"
+           "  y[i] = acc;\n";
+      break;
+    case Op::softmax:
+      s += "  float m = uintBitsToFloat(0xff800000u);\n"
+           "  for (uint k = 0u; k < n; ++k) { float v = " + read("base + k * inner") + "; m = (isnan(v) || v > m) ? v : m; }\n"
+           "  if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
+           "  float total = 0.0;\n"
+           "  for (uint k = 0u; k < n; ++k) total += exp(" + read("base + k * inner") + " - m);\n"
+           "  float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
+           "  for (uint k = 0u; k < n; ++k) y[base + k * inner] = exp(" + read("base + k * inner") + " - m) * inv;\n";
+      break;
+    default: QKV_UNREACHABLE("not an axis op");
+  }
+  return s + "}\n";
+}
+
+std::string detail::elementwise_expression(Op op, const std::vector<std::string>& operands) {
+  return substitute(elementwise_expr(op), operand_names(op, static_cast<int>(operands.size())), operands);
+}
+
+std::string detail::kernel_header(int inputs) { return header(inputs); }
+
+std::string detail::linear_index() { return kLinearIndex; }
+
+std::array<std::uint32_t, 3> detail::elementwise_groups(std::int64_t total) { return linear_groups(total); }
+
+std::string detail::math_helpers_of(const std::vector<Op>& ops) {
+  auto uses = [&](Op op) { return std::find(ops.begin(), ops.end(), op) != ops.end(); };
+  return std::string(uses(Op::log) ? kGlslLog : "") + (uses(Op::tanh) ? kTanh : "") + (uses(Op::erf) ? kErf : "");
+}
 
 std::string detail::math_helpers(const ir::Graph& region, bool log) {
   bool uses_log = log, uses_tanh = false, uses_erf = false;
@@ -498,64 +542,7 @@ KernelSource dropout_mask_source() {
 }
 
 /// Reductions and softmax over one axis, seen as [outer, n, inner]: one invocation per row.
-KernelSource axis_source(Op op) {
-  std::string s = header(1) + "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner\nvoid main() {\n" + kLinearIndex +
-                  "  uint n = pc.p[1], inner = pc.p[2];\n  uint base = (i / inner) * n * inner + i % inner;\n";
-  switch (op) {
-    case Op::reduce_sum:
-      s += "  float acc = 0.0;\n  for (uint k = 0u; k < n; ++k) acc += x0[base + k * inner];\n  y[i] = acc;\n";
-      break;
-    case Op::reduce_max:
-      s += "  float acc = uintBitsToFloat(0xff800000u);\n"
-           "  for (uint k = 0u; k < n; ++k) { float v = x0[base + k * inner]; acc = (isnan(v) || v > acc) ? v : acc; }\n"
-           "  y[i] = acc;\n";
-      break;
-    case Op::softmax:
-      s += "  float m = uintBitsToFloat(0xff800000u);\n"
-           "  for (uint k = 0u; k < n; ++k) { float v = x0[base + k * inner]; m = (isnan(v) || v > m) ? v : m; }\n"
-           "  if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
-           "  float total = 0.0;\n"
-           "  for (uint k = 0u; k < n; ++k) total += exp(x0[base + k * inner] - m);\n"
-           "  float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
-           "  for (uint k = 0u; k < n; ++k) y[base + k * inner] = exp(x0[base + k * inner] - m) * inv;\n";
-      break;
-    default: QKV_UNREACHABLE("not an axis op");
-  }
-  s += "}\n";
-  return {std::string(ir::op_name(op)), s, 2};
-}
-
-constexpr int kTile = 16;
-
-/// Tiled batched matmul: 16x16 output tiles through shared memory; operand layouts (transposes)
-/// and broadcast batch strides come as push constants.
-KernelSource matmul_source(int batch_rank) {
-  const std::string br = std::to_string(batch_rank);
-  std::string s = header(2, kTile, kTile);
-  s += "// p[0..2] = M, N, K; p[3..6] = a row/col strides, b row/col strides;\n"
-       "// then " + br + " batch dims, a's and b's batch strides (elements)\n";
-  s += "shared float ta[16][16];\nshared float tb[16][16];\n";
-  s += "void main() {\n"
-       "  uint M = pc.p[0], N = pc.p[1], K = pc.p[2];\n"
-       "  uint row = gl_WorkGroupID.y * 16u + gl_LocalInvocationID.y;\n"
-       "  uint col = gl_WorkGroupID.x * 16u + gl_LocalInvocationID.x;\n"
-       "  uint batch = gl_WorkGroupID.z, rem = batch, oa = 0u, ob = 0u;\n";
-  for (int d = batch_rank - 1; d >= 0; --d) {
-    std::string dim = std::to_string(7 + d), sa = std::to_string(7 + batch_rank + d), sb = std::to_string(7 + 2 * batch_rank + d);
-    s += "  { uint idx = rem % pc.p[" + dim + "]; rem /= pc.p[" + dim + "]; oa += idx * pc.p[" + sa + "]; ob += idx * pc.p[" + sb + "]; }\n";
-  }
-  s += "  float acc = 0.0;\n"
-       "  for (uint k0 = 0u; k0 < K; k0 += 16u) {\n"
-       "    uint ka = k0 + gl_LocalInvocationID.x, kb = k0 + gl_LocalInvocationID.y;\n"
-       "    ta[gl_LocalInvocationID.y][gl_LocalInvocationID.x] = (row < M && ka < K) ? x0[oa + row * pc.p[3] + ka * pc.p[4]] : 0.0;\n"
-       "    tb[gl_LocalInvocationID.y][gl_LocalInvocationID.x] = (kb < K && col < N) ? x1[ob + kb * pc.p[5] + col * pc.p[6]] : 0.0;\n"
-       "    barrier();\n"
-       "    for (uint k = 0u; k < 16u; ++k) acc += ta[gl_LocalInvocationID.y][k] * tb[k][gl_LocalInvocationID.x];\n"
-       "    barrier();\n"
-       "  }\n"
-       "  if (row < M && col < N) y[batch * M * N + row * N + col] = acc;\n}\n";
-  return {"matmul_b" + br, s, 3};
-}
+KernelSource axis_source(Op op) { return {std::string(ir::op_name(op)), header(1) + detail::axis_body(op, "x0[", "]"), 2}; }
 
 }  // namespace
 
@@ -588,7 +575,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
     case OpCategory::select:
     case OpCategory::compare:
     case OpCategory::layout: words = 1 + n.shape.rank * (1 + static_cast<int>(n.inputs.size())); break;
-    case OpCategory::contract: words = 7 + 3 * (n.shape.rank - 2); break;
+    case OpCategory::contract: words = detail::matmul_push_words(n.shape.rank); break;
     case OpCategory::source:
     case OpCategory::reduce:
     case OpCategory::mask: words = 4; break;
@@ -603,7 +590,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
   return std::nullopt;
 }
 
-KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
+KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
   switch (n.op) {
     case Op::constant: return constant_source();
@@ -634,7 +621,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
     case Op::reduce_sum:
     case Op::reduce_max:
     case Op::softmax: return axis_source(n.op);
-    case Op::matmul: return matmul_source(n.shape.rank - 2);
+    case Op::matmul: return detail::matmul_source(n, target);
     case Op::causal_mask: return causal_mask_source();
     case Op::attention:
     case Op::masked_attention:
@@ -653,7 +640,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v) {
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
 
-bool specialized(const Node& n) { return ir::is_fused_attention(n.op); }
+bool specialized(const Node& n) { return n.op == Op::matmul || ir::is_fused_attention(n.op); }
 
 KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
   const Node& n = g.node(v);
@@ -733,25 +720,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       l.groups = linear_groups(outer * inner);
       return l;
     }
-    case Op::matmul: {
-      const Shape& as = in_shape(0);
-      const Shape& bs = in_shape(1);
-      bool ta = n.attrs.transpose_a, tb = n.attrs.transpose_b;
-      std::int64_t m = os.back(1), nn = os.back(0), k = ta ? as.back(1) : as.back(0);
-      l.push = {push_word(m), push_word(nn), push_word(k), push_word(ta ? 1 : k), push_word(ta ? m : 1), push_word(tb ? 1 : nn), push_word(tb ? k : 1)};
-      Shape batch, ab, bb;
-      for (int i = 0; i + 2 < os.rank; ++i) batch.push_back(os[i]);
-      for (int i = 0; i + 2 < as.rank; ++i) ab.push_back(as[i]);
-      for (int i = 0; i + 2 < bs.rank; ++i) bb.push_back(bs[i]);
-      auto sa = detail::broadcast_strides(ab, batch.rank), sb = detail::broadcast_strides(bb, batch.rank);
-      for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(batch[i]));
-      for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(sa[static_cast<std::size_t>(i)] * m * k));
-      for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(sb[static_cast<std::size_t>(i)] * k * nn));
-      l.groups = {push_word((nn + kTile - 1) / kTile), push_word((m + kTile - 1) / kTile), push_word(batch.numel())};
-      if (l.groups[0] == 0) l.groups[0] = 1;
-      if (l.groups[1] == 0) l.groups[1] = 1;
-      return l;
-    }
+    case Op::matmul: return detail::matmul_launch(n, shapes, os, target);
     case Op::one_hot:
       l.push = {push_word(os.numel()), push_word(n.attrs.depth)};
       l.groups = linear_groups(os.numel());
@@ -775,12 +744,11 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
 
 std::string emit_glsl(const ir::Graph& g) {
   std::string out;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const Node& n = g.nodes()[i];
-    if (!has_kernel(n)) continue;
-    KernelSource k = kernel_source(g, static_cast<ir::ValueId>(i));
-    out += "// ---- %" + std::to_string(i) + " = " + std::string(ir::op_name(n.op)) + " : " + g.type_string(static_cast<ir::ValueId>(i)) +
-           " (kernel " + k.name + ")\n" + k.glsl + "\n";
+  for (const KernelGroup& k : plan_kernels(g)) {
+    const Node& n = g.node(k.root);
+    KernelSource source = k.fused() ? fused_source(g, k) : kernel_source(g, k.root);
+    out += "// ---- %" + std::to_string(k.root) + " = " + std::string(ir::op_name(n.op)) + " : " + g.type_string(k.root) + " (kernel " + source.name +
+           (k.fused() ? ", computing " + covered_nodes(g, k) : std::string()) + ")\n" + source.glsl + "\n";
   }
   return out;
 }

@@ -27,6 +27,20 @@ struct KernelSource {
   bool counts_tiles = false;
 };
 
+/// A matmul workgroup computes a BM x BN tile of one batch entry's output, each of its
+/// invocations TM x 4 TN4 outputs in registers, streaming A and B through shared memory BK deep.
+/// Invocations are laid out WM x WN (WM = invocations / WN), so BM = WM TM and BN = 4 WN TN4.
+struct MatmulGeometry {
+  std::uint32_t invocations = 0, tm = 0, tn4 = 0, bk = 0, wn = 0;
+  std::uint32_t bm() const { return invocations / wn * tm; }
+  std::uint32_t bn() const { return 4 * wn * tn4; }
+  std::int64_t shared_bytes() const { return 2 * static_cast<std::int64_t>(bk) * (bm() + bn()) * 4; }
+  /// Why this geometry cannot run (sizes that do not divide, more shared memory than
+  /// `shared_bytes` or invocations than `max_invocations`), or empty.
+  std::string invalid(std::int64_t shared_bytes, std::uint32_t max_invocations) const;
+  bool operator==(const MatmulGeometry&) const = default;
+};
+
 /// What code generation knows of the device that will run its kernels: launch geometry (not the
 /// GLSL, which stays device-independent and cached by content) is chosen from it.
 struct Target {
@@ -40,6 +54,12 @@ struct Target {
   /// Overrides of the flash-attention geometry for tuning experiments (0: chosen from `cpu`):
   /// invocations per workgroup, rows per invocation, and the most rows per shared tile.
   std::uint32_t attention_invocations = 0, attention_rows = 0, attention_tile = 0;
+  /// Invocations a workgroup may have (maxComputeWorkGroupInvocations; at least 128).
+  std::uint32_t max_invocations = 128;
+  /// Invocations per subgroup where kernels may broadcast within one (subgroupBroadcast), or 0.
+  std::uint32_t subgroup_size = 0;
+  /// Override of the matmul geometry for tuning experiments (invocations 0: chosen per shape).
+  MatmulGeometry matmul{};
 };
 
 struct KernelLaunch {
@@ -66,13 +86,15 @@ bool has_kernel(const ir::Node& n);
 int storage_buffers(const ir::Node& n);
 /// Why the Vulkan code generator cannot handle a node, or nullopt when it can.
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const ir::Node& n);
-/// The shader of node `v`.
-KernelSource kernel_source(const ir::Graph& g, ir::ValueId v);
-/// Whether node `v`'s pipeline depends on the bound shapes (KernelLaunch::specialization).
+/// The shader of node `v` for `target` (only matmul's depends on it: see matmul_glsl.cpp).
+KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& target = {});
+/// Whether node `v`'s pipeline depends on the bound shapes and the device (KernelLaunch::specialization:
+/// the flash kernels' head dims and geometry, the matmul's tile geometry).
 bool specialized(const ir::Node& n);
 /// Push constants and workgroup counts of node `v` for concrete shapes (one per node).
 KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target = {});
-/// Every kernel of a graph, each headed by the node it computes: what `qkv dump --glsl` prints.
+/// Every kernel of a graph (fused as the vulkan backend fuses them, for a default target), each
+/// headed by the node it stores and the nodes it computes inside: what `qkv dump --glsl` prints.
 std::string emit_glsl(const ir::Graph& g);
 
 }  // namespace qkv::codegen

@@ -24,6 +24,21 @@ extern const char* const kGlslLog;
 /// ir/random.hpp defines it for dropout masks (counter (index, 0, 0, 0), key (seed, kDropoutKey1)).
 std::string philox_function();
 
+/// An elementwise op's GLSL expression over these operand expressions (a, b, or c, a, b for where).
+std::string elementwise_expression(ir::Op op, const std::vector<std::string>& operands);
+/// main() of a reduction or softmax over one axis (p[0] = outer * inner, p[1] = the axis' size,
+/// p[2] = inner), reading its input's element e as open + e + close ("x0[" and "]" unfused).
+std::string axis_body(ir::Op op, const std::string& open, const std::string& close);
+/// The buffer and push-constant declarations of a kernel reading `inputs` buffers x0, x1, ...
+/// and writing y, with 256 invocations along x.
+std::string kernel_header(int inputs);
+/// The statements that give an elementwise kernel its element `i` (p[0] = elements) and return
+/// past the last.
+std::string linear_index();
+/// Workgroups of kernel_header's kernels for `total` elements (past 65535 along x, rows along y).
+std::array<std::uint32_t, 3> elementwise_groups(std::int64_t total);
+/// The GLSL helpers (qkv_log, qkv_tanh, qkv_erf) that any of `ops` calls, each once.
+std::string math_helpers_of(const std::vector<ir::Op>& ops);
 /// The GLSL helpers (qkv_log, qkv_tanh, qkv_erf) that a region's ops call, with qkv_log also
 /// when `log`: each once, to be placed before the region's functions.
 std::string math_helpers(const ir::Graph& region, bool log);

@@ -160,6 +160,7 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
   std::printf("%s on %s (%s)\n", p.title.c_str(), be->name().c_str(), be->device().c_str());
   std::printf("%-5s %-18s %-22s %-34s %12s %12s\n", "node", "op", "shape", "kernel", "MFLOP", "MB moved");
   double flops = 0, bytes = 0;
+  int kernels = 0, inlined = 0;  // vulkan's generated kernels, and the nodes fused into them
   std::string scores;
   for (std::size_t i = 0; i < g.size(); ++i) {
     const auto v = static_cast<ir::ValueId>(i);
@@ -177,8 +178,11 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
     if (n.op == ir::Op::flex_attention && scores.empty())
       scores = "not materialised: fused flex attention at %" + std::to_string(i) + " streams key blocks, its modifier " +
                ir::region_expression(*n.region) + " applied to each tile";
+    const std::string kernel = be->kernel_name(g, v);
+    if (kernel.starts_with("glsl ")) ++kernels;
+    if (kernel.starts_with("(in %")) ++inlined;
     std::printf("%%%-4zu %-18s %-22s %-34s %12.3f %12.3f\n", i, std::string(ir::op_name(n.op)).c_str(),
-                shape_string(ir::to_vector(shapes[i])).c_str(), be->kernel_name(g, v).c_str(), f / 1e6, moved / 1e6);
+                shape_string(ir::to_vector(shapes[i])).c_str(), kernel.c_str(), f / 1e6, moved / 1e6);
   }
   if (scores.empty()) {  // no fused attention: a softmax of the model's graph holds its scores
     auto model_shapes = ir::bind_shapes(p.graph, p.inputs);
@@ -189,6 +193,8 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
   }
   std::printf("total: %.3f MFLOP, %.3f MB moved, %.3f MB held for intermediates and outputs\n", flops / 1e6, bytes / 1e6,
               static_cast<double>(exe->planned_bytes()) / 1e6);
+  if (kernels > 0 || inlined > 0)
+    std::printf("kernels: %d, computing %d nodes more inside them (fused)\n", kernels, inlined);
   std::printf("score matrix: %s\n", scores.empty() ? "none (no attention in this graph)" : scores.c_str());
   // Block sparsity as this run found it: the tiles each fused kernel skipped because every
   // score there is masked (from causality, a window, or the modifier over these inputs).

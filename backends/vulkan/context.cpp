@@ -59,6 +59,18 @@ VulkanOptions vulkan_options_from_env() {
     o.attention_rows = rows;
     o.attention_tile = tile;
   }
+  if (const char* f = std::getenv("QKV_VULKAN_FUSION")) {
+    const std::string s = f;
+    if (s != "0" && s != "1") throw BackendError("vulkan: QKV_VULKAN_FUSION is '" + s + "'; give 1 (fuse, the default) or 0");
+    o.fusion = s == "1";
+  }
+  if (const char* g = std::getenv("QKV_VULKAN_MATMUL_GEOMETRY"); g && *g) {
+    auto& m = o.matmul_geometry;
+    char extra = 0;
+    if (std::sscanf(g, "%u,%u,%u,%u,%u%c", &m[0], &m[1], &m[2], &m[3], &m[4], &extra) != 5)
+      throw BackendError(std::string("vulkan: QKV_VULKAN_MATMUL_GEOMETRY is '") + g +
+                         "'; give INVOCATIONS,ROWS,VEC4_COLUMNS,DEPTH,ACROSS (e.g. 256,8,2,8,16)");
+  }
   return o;
 }
 
@@ -126,6 +138,12 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
     }
     properties_ = physical_.getProperties();
     memory_properties_ = physical_.getMemoryProperties();
+    if (properties_.apiVersion >= VK_API_VERSION_1_1) {
+      const auto chain = physical_.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceSubgroupProperties>();
+      const auto& sub = chain.get<vk::PhysicalDeviceSubgroupProperties>();
+      const bool compute = static_cast<bool>(sub.supportedStages & vk::ShaderStageFlagBits::eCompute);
+      if (compute && (sub.supportedOperations & vk::SubgroupFeatureFlagBits::eBallot)) subgroup_size_ = sub.subgroupSize;
+    }
     auto families = physical_.getQueueFamilyProperties();
     for (std::uint32_t i = 0; i < families.size(); ++i)
       if (families[i].queueFlags & vk::QueueFlagBits::eCompute) {

@@ -42,6 +42,9 @@ class Context {
   const vk::raii::CommandPool& command_pool() const { return pool_; }
   const vk::PhysicalDeviceProperties& properties() const { return properties_; }
   std::string device_name() const;
+  /// Invocations per subgroup where compute shaders may broadcast within one
+  /// (GL_KHR_shader_subgroup_ballot), else 0.
+  std::uint32_t subgroup_size() const { return subgroup_size_; }
   /// Nanoseconds per timestamp tick on the compute queue, or 0 when it cannot write timestamps.
   double timestamp_period_ns() const { return timestamp_period_ns_; }
   /// Ticks between two timestamps written in this order: the counter has only
@@ -66,6 +69,7 @@ class Context {
   vk::raii::PhysicalDevice physical_{nullptr};
   vk::PhysicalDeviceProperties properties_;
   vk::PhysicalDeviceMemoryProperties memory_properties_;
+  std::uint32_t subgroup_size_ = 0;
   std::uint32_t queue_family_ = 0;
   double timestamp_period_ns_ = 0;
   std::uint32_t timestamp_bits_ = 0;

@@ -2,10 +2,14 @@
 // per kernel, and one command buffer recorded once and submitted on every run.
 #include "backends/vulkan/vulkan_backend.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
+#include <set>
 
 #include "backends/run_inputs.hpp"
 #include "backends/vulkan/context.hpp"
+#include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
@@ -32,22 +36,26 @@ void write_staging(const Tensor& t, void* dst) {
 
 class VulkanExecutable final : public Executable {
  public:
-  VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g, codegen::Target target)
+  /// Fuses elementwise chains within `fusion`'s limits, or gives every node its own kernel.
+  VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g, codegen::Target target, std::optional<codegen::FusionLimits> fusion)
       : ctx_(std::move(ctx)), target_(target), graph_(std::move(g)), input_ids_(graph_.inputs()) {
-    for (std::size_t i = 0; i < graph_.size(); ++i) {
-      const Node& n = graph_.nodes()[i];
-      if (!codegen::has_kernel(n)) continue;
-      auto v = static_cast<ir::ValueId>(i);
-      Kernel k{v, codegen::kernel_source(graph_, v), nullptr};
-      const std::uint32_t most = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
-      QKV_ASSERT(k.source.buffers == codegen::storage_buffers(n), "codegen::storage_buffers disagrees with " + k.source.name);
+    const std::uint32_t most = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
+    std::vector<codegen::KernelGroup> groups = fusion ? codegen::plan_kernels(graph_, *fusion) : codegen::unfused_kernels(graph_);
+    inlined_.assign(graph_.size(), false);
+    for (auto& group : groups) {
+      const ir::ValueId v = group.root;
+      const Node& n = graph_.node(v);
+      for (ir::ValueId m : group.inlined) inlined_[static_cast<std::size_t>(m)] = true;
+      codegen::KernelSource source = group.fused() ? codegen::fused_source(graph_, group) : codegen::kernel_source(graph_, v, target_);
+      Kernel k{v, std::move(source), nullptr, -1, std::move(group)};
+      QKV_ASSERT(k.group.fused() || k.source.buffers == codegen::storage_buffers(n), "codegen::storage_buffers disagrees with " + k.source.name);
       if (static_cast<std::uint32_t>(k.source.buffers) > most)  // supports() decomposes what can be
         throw UnsupportedError("vulkan: %" + std::to_string(v) + " " + std::string(ir::op_name(n.op)) + " (kernel " + k.source.name + ") binds " +
                                std::to_string(k.source.buffers) + " storage buffers; this device allows " + std::to_string(most) + " per shader");
       if (k.source.counts_tiles) k.counter = counters_++;
       // Compiled now, so that a shader error surfaces at compile(); specialized kernels get their
       // pipelines once the shapes are bound.
-      if (!codegen::specialized(n)) k.pipeline = &ctx_->pipeline(k.source);
+      if (k.group.fused() || !codegen::specialized(n)) k.pipeline = &ctx_->pipeline(k.source);
       kernels_.push_back(std::move(k));
     }
   }
@@ -153,7 +161,15 @@ class VulkanExecutable final : public Executable {
     std::vector<std::int64_t> bytes(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * 4;
     auto align = static_cast<std::int64_t>(std::max<vk::DeviceSize>(ctx_->properties().limits.minStorageBufferOffsetAlignment, 16));
-    memory_ = ir::plan_memory(graph_, bytes, [](const Node&) { return false; }, align);
+    // A fused kernel's node reads the kernel's operands; the nodes computed inside it get no storage.
+    std::vector<std::vector<ir::ValueId>> reads(graph_.size());
+    for (std::size_t i = 0; i < graph_.size(); ++i)
+      if (!inlined_[i]) reads[i] = graph_.nodes()[i].inputs;
+    for (const auto& k : kernels_) reads[static_cast<std::size_t>(k.value)] = k.group.operands;
+    std::set<const Node*> no_storage;
+    for (std::size_t i = 0; i < graph_.size(); ++i)
+      if (inlined_[i]) no_storage.insert(&graph_.nodes()[i]);
+    memory_ = ir::plan_memory(graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads);
 
     using U = vk::BufferUsageFlagBits;
     arena_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(memory_.total_bytes), U::eStorageBuffer | U::eTransferSrc | U::eTransferDst, false);
@@ -181,6 +197,10 @@ class VulkanExecutable final : public Executable {
     // Launch parameters per kernel for these shapes, and the pipelines specialized for them.
     launches_.clear();
     for (auto& k : kernels_) {
+      if (k.group.fused()) {
+        launches_.push_back(codegen::fused_launch(graph_, k.group, shapes_));
+        continue;
+      }
       launches_.push_back(codegen::kernel_launch(graph_, k.value, shapes_, target_));
       if (codegen::specialized(graph_.node(k.value))) k.pipeline = &ctx_->pipeline(k.source, launches_.back().specialization);
     }
@@ -200,9 +220,8 @@ class VulkanExecutable final : public Executable {
                                       static_cast<vk::DeviceSize>(std::max<std::int64_t>(bytes_of(v), 4)));
     };
     for (std::size_t k = 0; k < kernels_.size(); ++k) {
-      const Node& n = graph_.node(kernels_[k].value);
       std::vector<vk::DescriptorBufferInfo> infos;
-      for (ir::ValueId in : n.inputs) infos.push_back(range(in));
+      for (ir::ValueId in : kernels_[k].group.operands) infos.push_back(range(in));
       infos.push_back(range(kernels_[k].value));
       if (kernels_[k].counter >= 0) infos.emplace_back(*counts_.buffer, counter_offset(kernels_[k].counter), 8);
       std::vector<vk::WriteDescriptorSet> writes;
@@ -323,6 +342,7 @@ class VulkanExecutable final : public Executable {
     codegen::KernelSource source;
     const vk_detail::Pipeline* pipeline;  // for the bound shapes when the kernel is specialized
     int counter = -1;                     // its tile counter in counts_, when it counts
+    codegen::KernelGroup group;           // the nodes it computes and the values it reads
   };
 
   std::shared_ptr<Context> ctx_;
@@ -332,6 +352,7 @@ class VulkanExecutable final : public Executable {
   InputValueChecks value_checks_{graph_, input_ids_};
   std::vector<const Tensor*> tensors_;  // this run's input tensors (capacity reused)
   std::vector<Kernel> kernels_;
+  std::vector<bool> inlined_;  // per node: computed inside another node's kernel (no storage)
   std::vector<codegen::KernelLaunch> launches_;  // per kernel, for shapes_
   InputSignature signature_;
   std::vector<ir::Shape> shapes_;
@@ -355,16 +376,25 @@ class VulkanExecutable final : public Executable {
 
 class VulkanBackend final : public Backend {
  public:
-  explicit VulkanBackend(const VulkanOptions& o) : ctx_(Context::get(o)) {
+  explicit VulkanBackend(const VulkanOptions& o) : ctx_(Context::get(o)), fuse_(o.fusion) {
     target_.cpu = o.tuning == VulkanOptions::Tuning::automatic ? ctx_->properties().deviceType == vk::PhysicalDeviceType::eCpu
                                                                : o.tuning == VulkanOptions::Tuning::cpu;
     target_.shared_bytes = ctx_->properties().limits.maxComputeSharedMemorySize;
+    target_.max_invocations = ctx_->properties().limits.maxComputeWorkGroupInvocations;
+    target_.subgroup_size = ctx_->subgroup_size();
     if (o.attention_invocations > ctx_->properties().limits.maxComputeWorkGroupInvocations)
       throw BackendError("vulkan: " + std::to_string(o.attention_invocations) + " invocations per workgroup exceed the device's " +
                          std::to_string(ctx_->properties().limits.maxComputeWorkGroupInvocations));
     target_.attention_invocations = o.attention_invocations;
     target_.attention_rows = o.attention_rows;
     target_.attention_tile = o.attention_tile;
+    if (o.matmul_geometry[0] != 0) {
+      const auto& m = o.matmul_geometry;
+      target_.matmul = {m[0], m[1], m[2], m[3], m[4]};
+      const std::string why = target_.matmul.invalid(target_.shared_bytes, target_.max_invocations);
+      if (!why.empty()) throw BackendError("vulkan: the matmul geometry " + std::to_string(m[0]) + "," + std::to_string(m[1]) + "," +
+                                           std::to_string(m[2]) + "," + std::to_string(m[3]) + "," + std::to_string(m[4]) + " is invalid: " + why);
+    }
   }
   std::string name() const override { return "vulkan"; }
   std::string device() const override { return ctx_->device_name(); }
@@ -376,18 +406,30 @@ class VulkanBackend final : public Backend {
   }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
     if (!codegen::has_kernel(g.node(v))) return g.node(v).op == ir::Op::input ? "(input, uploaded)" : "(view of its operand)";
-    return "glsl " + codegen::kernel_source(g, v).name;
+    if (fuse_)
+      for (const auto& k : codegen::plan_kernels(g, fusion_limits())) {
+        if (k.root == v) return "glsl " + (k.fused() ? codegen::fused_source(g, k).name : codegen::kernel_source(g, v, target_).name);
+        if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end())
+          return g.node(v).op == Op::constant ? "(inlined where it is read)" : "(in %" + std::to_string(k.root) + "'s kernel)";
+      }
+    return "glsl " + codegen::kernel_source(g, v, target_).name;
+  }
+  codegen::FusionLimits fusion_limits() const {
+    codegen::FusionLimits limits;
+    limits.storage_buffers = static_cast<int>(std::min<std::uint32_t>(ctx_->properties().limits.maxPerStageDescriptorStorageBuffers, 16));
+    return limits;
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     for (const Node& n : lowered.nodes())
       if (auto why = codegen::unsupported_reason(lowered, n)) throw UnsupportedError("vulkan: " + *why);
-    return std::make_unique<VulkanExecutable>(ctx_, std::move(lowered), target_);
+    return std::make_unique<VulkanExecutable>(ctx_, std::move(lowered), target_, fuse_ ? std::optional(fusion_limits()) : std::nullopt);
   }
 
  private:
   std::shared_ptr<Context> ctx_;
   codegen::Target target_;
+  bool fuse_ = true;
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The Vulkan backend: generated compute shaders, one command buffer per run, buffers reused.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,6 +25,13 @@ struct VulkanOptions {
   /// invocation and most rows per shared tile (QKV_VULKAN_ATTENTION_GEOMETRY=64,1,64; 0 or
   /// unset: chosen by `tuning`).
   std::uint32_t attention_invocations = 0, attention_rows = 0, attention_tile = 0;
+  /// For tuning experiments: every matmul's geometry (codegen::MatmulGeometry) as invocations,
+  /// rows per invocation, vec4 columns per invocation, tile depth and invocations across the
+  /// columns (QKV_VULKAN_MATMUL_GEOMETRY=256,8,2,8,16; all 0 or unset: chosen per device and shape).
+  std::array<std::uint32_t, 5> matmul_geometry{};
+  /// Fuses elementwise chains into one kernel each (codegen::plan_kernels; QKV_VULKAN_FUSION=0
+  /// turns it off: one kernel per node, for comparisons).
+  bool fusion = true;
 };
 
 /// Options from the environment variables named above.

@@ -6,7 +6,7 @@
 namespace qkv::ir {
 
 MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
-                       std::int64_t alignment) {
+                       std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads) {
   const std::size_t n = g.size();
   MemoryPlan plan;
   plan.offset.assign(n, -1);
@@ -19,7 +19,7 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, c
   std::vector<std::size_t> last_use(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     last_use[static_cast<std::size_t>(plan.storage_of[i])] = std::max(last_use[static_cast<std::size_t>(plan.storage_of[i])], i);
-    for (ValueId v : g.nodes()[i].inputs) {
+    for (ValueId v : reads ? (*reads)[i] : g.nodes()[i].inputs) {
       auto root = static_cast<std::size_t>(plan.storage_of[static_cast<std::size_t>(v)]);
       last_use[root] = std::max(last_use[root], i);
     }

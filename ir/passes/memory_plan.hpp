@@ -24,7 +24,10 @@ struct MemoryPlan {
 /// operand. Inputs live the whole run (they are written before it and may be held between runs),
 /// outputs and update values to the end; every other storage is reused after its last reader.
 /// Offsets are multiples of `alignment`.
+/// `reads`, when given, says per node which values it reads when it runs, in place of its
+/// operands (a backend that computes several nodes in one kernel: the kernel's node reads what
+/// the kernel reads, and the nodes computed inside it read nothing and get no storage).
 MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
-                       std::int64_t alignment);
+                       std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads = nullptr);
 
 }  // namespace qkv::ir

@@ -1,0 +1,173 @@
+// Whole graphs beside a peer measured in the same run, for the Vulkan code generator's targets:
+//   matmul/M512_N512_K512   one matmul on each backend against OpenBLAS sgemm on every core
+//                           (the peer): "vs peer" is the rate as a share of sgemm's;
+//   decoder-block/B*_N*     the built-in pre-norm decoder block (qkv models) forward, and forward
+//                           + backward (gradients of every parameter and x from an output
+//                           gradient), on vulkan against the cpu backend (the peer): "x peer" is
+//                           vulkan's time over the cpu's;
+//   tiny/B1_N16_D8          scaled dot-product attention at (1, 1, 16, 8): the cost of one run
+//                           (dispatch, upload, download) where the arithmetic is nothing.
+// Run: build/default/bench/qkv_graph_bench (QKV_BENCH_BACKENDS=cpu,vulkan picks backends;
+// QKV_BENCH_MATMUL=4096,4096,4096 the matmul shape; QKV_BENCH_DECODER=8,512 the decoder's B and N;
+// --benchmark_filter narrows the rows; --benchmark_repetitions=5 for medians on a noisy machine).
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "bench/report.hpp"
+#include "backends/equivalence.hpp"
+#include "ir/passes/passes.hpp"
+#include "tools/models/models.hpp"
+
+namespace {
+
+using qkv::backend::TensorMap;
+
+struct MatmulShape {
+  std::int64_t m = 512, n = 512, k = 512;
+  std::string label() const { return "M" + std::to_string(m) + "_N" + std::to_string(n) + "_K" + std::to_string(k); }
+  double flops() const { return 2.0 * static_cast<double>(m * n * k); }
+};
+
+qkv::ir::Graph matmul_graph() {
+  qkv::ir::Graph g;
+  const auto m = g.symbol("M"), n = g.symbol("N"), k = g.symbol("K");
+  g.set_output("out", g.add(qkv::ir::Op::matmul, {g.add_input("a", qkv::DType::f32, {m, k}), g.add_input("b", qkv::DType::f32, {k, n})}));
+  return g;
+}
+
+/// The decoder block's forward, or its forward + backward: d_x and every parameter's gradient
+/// from an output gradient "dout".
+qkv::ir::Graph decoder_graph(const qkv::models::Dims& dims, bool backward) {
+  const auto& model = qkv::models::find_model("decoder-block");
+  qkv::ir::Graph g = model.build(qkv::models::resolve_options(model, {}), dims);
+  if (!backward) return g;
+  std::vector<std::string> wrt;
+  for (auto v : g.inputs()) wrt.push_back(g.node(v).name);
+  return qkv::ir::build_backward(g, {"", wrt, {"out"}});
+}
+
+void set_rate(benchmark::State& state, double flops) {
+  if (flops > 0) state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// Times runs of `g` on backend `name`, planned once before timing.
+void bench_graph(benchmark::State& state, const std::string& name, const qkv::ir::Graph& g, const qkv::models::Dims& dims, double flops) {
+  std::unique_ptr<qkv::backend::Backend> backend;
+  std::unique_ptr<qkv::backend::Executable> exe;
+  try {
+    backend = qkv::backend::create(name);
+    exe = backend->compile(g);
+  } catch (const qkv::Error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  const TensorMap in = qkv::backend::random_inputs(g, dims, 42);
+  exe->run(in);
+  for (auto _ : state) benchmark::DoNotOptimize(exe->run(in));
+  set_rate(state, flops);
+}
+
+void bench_sgemm(benchmark::State& state, MatmulShape s) {
+  std::vector<float> a(static_cast<std::size_t>(s.m * s.k), 0.5f), b(static_cast<std::size_t>(s.k * s.n), 0.25f), c(static_cast<std::size_t>(s.m * s.n));
+  const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  set_rate(state, s.flops());
+}
+
+/// Google Benchmark's table, then per group (the part after '/') each row against the group's
+/// first row, the peer: its share of the peer's rate and its time over the peer's.
+class PeerReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      if (!qkv::bench::reported_row(r)) continue;
+      const auto [what, group] = qkv::bench::row_name_parts(r);
+      auto rate = r.counters.find("GFLOP/s");
+      rows_.push_back({group, what, r.GetAdjustedRealTime(), rate == r.counters.end() ? -1.0 : rate->second.value});
+    }
+  }
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    std::map<std::string, double> peer;
+    for (const auto& r : rows_) peer.emplace(r.group, r.ms);  // the first row of each group
+    std::printf("\n%-22s %-28s %12s %10s %12s %10s\n", "group", "implementation", "ms", "GFLOP/s", "% of peer", "x peer");
+    for (const auto& r : rows_) {
+      const double p = peer[r.group];
+      std::printf("%-22s %-28s %12.3f", r.group.c_str(), r.what.c_str(), r.ms);
+      if (r.gflops >= 0) std::printf(" %10.2f", r.gflops);
+      else std::printf(" %10s", "");
+      std::printf(" %11.2f%% %9.1fx\n", 100.0 * p / r.ms, r.ms / p);
+    }
+  }
+
+ private:
+  struct Row {
+    std::string group, what;
+    double ms, gflops;
+  };
+  std::vector<Row> rows_;
+};
+
+std::vector<std::int64_t> numbers(const char* env, std::size_t count) {
+  std::vector<std::int64_t> v;
+  const char* text = std::getenv(env);
+  if (!text) return v;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::strtoll(item.c_str(), nullptr, 10));
+  if (v.size() != count || std::any_of(v.begin(), v.end(), [](std::int64_t x) { return x < 1; })) {
+    std::fprintf(stderr, "%s: '%s' is not %zu positive sizes\n", env, text, count);
+    std::exit(2);
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  openblas_set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  std::vector<std::string> backends = {"cpu", "vulkan"};
+  if (const char* env = std::getenv("QKV_BENCH_BACKENDS")) {
+    backends.clear();
+    std::stringstream ss(env);
+    for (std::string b; std::getline(ss, b, ',');) backends.push_back(b);
+  }
+  MatmulShape mm;
+  if (auto v = numbers("QKV_BENCH_MATMUL", 3); !v.empty()) mm = {v[0], v[1], v[2]};
+  qkv::models::Dims decoder = qkv::models::find_model("decoder-block").dims;
+  if (auto v = numbers("QKV_BENCH_DECODER", 2); !v.empty()) decoder = {{"B", v[0]}, {"N", v[1]}};
+  const std::string decoder_label = "B" + std::to_string(decoder.at("B")) + "_N" + std::to_string(decoder.at("N"));
+
+  static const qkv::ir::Graph matmul = matmul_graph();
+  static const qkv::ir::Graph forward = decoder_graph(decoder, false), backward = decoder_graph(decoder, true);
+  qkv::models::SdpaOptions tiny_options;
+  tiny_options.weights = false;
+  static const qkv::ir::Graph tiny = qkv::models::sdpa(tiny_options);
+  const qkv::models::Dims mm_dims = {{"M", mm.m}, {"N", mm.n}, {"K", mm.k}};
+  const qkv::models::Dims tiny_dims = {{"B", 1}, {"N", 16}, {"M", 16}, {"D", 8}, {"Dv", 8}};
+  auto add = [](const std::string& name, auto fn, auto... args) {
+    benchmark::RegisterBenchmark(name.c_str(), fn, args...)->Unit(benchmark::kMillisecond)->UseRealTime();
+  };
+  add("sgemm/matmul_" + mm.label(), bench_sgemm, mm);
+  for (const auto& b : backends) add(b + "/matmul_" + mm.label(), bench_graph, b, matmul, mm_dims, mm.flops());
+  for (const auto& b : backends) add(b + "/decoder-block_" + decoder_label, bench_graph, b, forward, decoder, 0.0);
+  for (const auto& b : backends) add(b + "-fwd+bwd/decoder-block-fwd+bwd_" + decoder_label, bench_graph, b, backward, decoder, 0.0);
+  for (const auto& b : backends) add(b + "/tiny-sdpa_B1_N16_D8", bench_graph, b, tiny, tiny_dims, 0.0);
+  benchmark::Initialize(&argc, argv);
+  PeerReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+}
