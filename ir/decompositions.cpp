@@ -145,15 +145,20 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
       return g.add(Op::sub, {s, g.add(Op::log, {g.add(Op::reduce_sum, {g.add(Op::exp, {s})}, reduce)})});
     }
     case Op::reduce_mean: {
-      // mean(x) = sum(x) / sum(ones) over the axis; the ones span only that axis, so the count
-      // costs one axis of memory and works for named dims.
-      Shape axis_only;
+      // mean(x) = sum(x) / count: the axis' size as a constant when it is static; for a named
+      // dim, sum(ones) over the axis (the ones span only that axis: one axis of memory).
       const Shape xs = g.node(in[0]).shape;  // a copy: adding nodes may move the graph's storage
+      Attrs r = n.attrs;
+      if (!is_symbol(xs[n.attrs.axis])) {
+        const double size = static_cast<double>(xs[n.attrs.axis]);
+        ValueId sum = g.add(Op::reduce_sum, {in[0]}, r);
+        return g.add(Op::div, {sum, g.constant(size)});
+      }
+      Shape axis_only;
       for (int i = 0; i < xs.rank; ++i) axis_only.push_back(i == n.attrs.axis ? xs[i] : 1);
       Attrs keep;
       keep.axis = n.attrs.axis;
       ValueId count = g.add(Op::reduce_sum, {g.constant(1.0, axis_only)}, keep);
-      Attrs r = n.attrs;
       ValueId sum = g.add(Op::reduce_sum, {in[0]}, r);
       if (!n.attrs.keepdim) {
         Attrs scalar;  // the count is [1, ..., 1]: as a scalar it broadcasts against any result
