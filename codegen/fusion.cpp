@@ -81,31 +81,30 @@ const ir::Shape& chain_shape(const ir::Graph& g, const Node& root, const std::ve
 }
 
 void verify(const ir::Graph& g, const std::vector<KernelGroup>& plan) {
-  std::vector<int> kernel_of(g.size(), -1);
+  std::vector<int> kernel_of(g.size(), -1);  // the kernel computing each node (constants: none)
   for (std::size_t k = 0; k < plan.size(); ++k) {
     kernel_of[static_cast<std::size_t>(plan[k].root)] = static_cast<int>(k);
     for (ValueId v : plan[k].inlined) {
-      QKV_ASSERT(kernel_of[static_cast<std::size_t>(v)] == -1 || scalar_constant(g.node(v)), "kernel fusion: %" + std::to_string(v) + " in two kernels");
-      if (!scalar_constant(g.node(v))) kernel_of[static_cast<std::size_t>(v)] = static_cast<int>(k);
+      if (scalar_constant(g.node(v))) continue;
+      QKV_ASSERT(kernel_of[static_cast<std::size_t>(v)] == -1, "kernel fusion: %" + std::to_string(v) + " in two kernels");
+      kernel_of[static_cast<std::size_t>(v)] = static_cast<int>(k);
     }
   }
-  const auto results = g.result_values();
-  for (std::size_t k = 0; k < plan.size(); ++k) {
-    for (ValueId v : plan[k].inlined) {
-      if (scalar_constant(g.node(v))) continue;
-      QKV_ASSERT(std::find(results.begin(), results.end(), v) == results.end(), "kernel fusion: result %" + std::to_string(v) + " inlined");
-      for (std::size_t c = 0; c < g.size(); ++c)
-        for (ValueId in : g.nodes()[c].inputs)
-          QKV_ASSERT(in != v || kernel_of[c] == static_cast<int>(k),
-                     "kernel fusion: %" + std::to_string(v) + " is inlined but %" + std::to_string(c) + " reads it outside its kernel");
-    }
+  auto inlined = [&](ValueId v) {
+    const int k = kernel_of[static_cast<std::size_t>(v)];
+    return k >= 0 && plan[static_cast<std::size_t>(k)].root != v;
+  };
+  for (ValueId v : g.result_values()) QKV_ASSERT(!inlined(v), "kernel fusion: result %" + std::to_string(v) + " inlined");
+  for (std::size_t c = 0; c < g.size(); ++c)
+    for (ValueId in : g.nodes()[c].inputs)
+      QKV_ASSERT(!inlined(in) || kernel_of[c] == kernel_of[static_cast<std::size_t>(in)],
+                 "kernel fusion: %" + std::to_string(in) + " is inlined but %" + std::to_string(c) + " reads it outside its kernel");
+  for (std::size_t k = 0; k < plan.size(); ++k)
     for (ValueId in : plan[k].operands) {
-      const Node& n = g.node(in);
-      QKV_ASSERT(!has_kernel(n) || (kernel_of[static_cast<std::size_t>(in)] >= 0 && plan[static_cast<std::size_t>(kernel_of[static_cast<std::size_t>(in)])].root == in &&
-                                    kernel_of[static_cast<std::size_t>(in)] < static_cast<int>(k)),
+      const int at = kernel_of[static_cast<std::size_t>(in)];
+      QKV_ASSERT(!has_kernel(g.node(in)) || (at >= 0 && !inlined(in) && at < static_cast<int>(k)),
                  "kernel fusion: kernel %" + std::to_string(plan[k].root) + " reads %" + std::to_string(in) + ", which no earlier kernel stores");
     }
-  }
 }
 
 }  // namespace
@@ -167,26 +166,13 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
     std::sort(k.inlined.begin(), k.inlined.end());
     const Node& root = g.nodes()[i];
     if (elementwise(root) || k.fused()) {
-      // Constants this kernel reads are inlined when they have no kernel; the rest are operands.
-      std::vector<ValueId> members = k.inlined;
-      members.push_back(k.root);
-      for (ValueId m : members)
-        for (ValueId in : g.node(m).inputs)
-          if (inline_constant[static_cast<std::size_t>(in)] &&
-              std::find(k.inlined.begin(), k.inlined.end(), in) == k.inlined.end())
-            k.inlined.push_back(in);
+      // The constants it reads without a kernel of their own are computed inside it too.
+      const Reads reads = reads_of(g, k.root, k.inlined, inline_constant);
+      k.inlined.insert(k.inlined.end(), reads.constants.begin(), reads.constants.end());
       std::sort(k.inlined.begin(), k.inlined.end());
+      if (k.fused()) k.operands = reads.operands;
     }
-    if (k.fused()) {
-      std::vector<ValueId> members = k.inlined;
-      members.push_back(k.root);
-      for (ValueId m : members)
-        for (ValueId in : g.node(m).inputs)
-          if (std::find(members.begin(), members.end(), in) == members.end() && std::find(k.operands.begin(), k.operands.end(), in) == k.operands.end())
-            k.operands.push_back(in);
-    } else {
-      k.operands = root.inputs;
-    }
+    if (!k.fused()) k.operands = root.inputs;
     plan.push_back(std::move(k));
   }
   verify(g, plan);
@@ -200,6 +186,14 @@ std::vector<KernelGroup> unfused_kernels(const ir::Graph& g) {
   return plan;
 }
 
+std::string fused_name(const ir::Graph& g, const KernelGroup& k) {
+  const Node& root = g.node(k.root);
+  std::string name = "fused";
+  for (ValueId m : k.inlined)
+    if (!scalar_constant(g.node(m))) name += "_" + std::string(ir::op_name(g.node(m).op));
+  return name + "_" + std::string(ir::op_name(root.op)) + "_r" + std::to_string(chain_shape(g, root, nullptr, k.root).rank);
+}
+
 KernelSource fused_source(const ir::Graph& g, const KernelGroup& k) {
   const Node& root = g.node(k.root);
   const bool reduction = axis_reduction(root);
@@ -211,24 +205,14 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k) {
   for (ValueId v : k.inlined)
     if (scalar_constant(g.node(v))) constants.push_back(v);
   std::vector<Op> ops;
-  std::string name = "fused";
   std::vector<ValueId> members = k.inlined;
   if (!reduction) members.push_back(k.root);
   for (ValueId m : members) ops.push_back(g.node(m).op);
-  for (ValueId m : k.inlined)
-    if (!scalar_constant(g.node(m))) name += "_" + std::string(ir::op_name(g.node(m).op));
-  name += "_" + std::string(ir::op_name(root.op));
   auto word = [&](int w) { return "pc.p[" + std::to_string(base + w) + "]"; };
   std::string s = detail::kernel_header(operands) + detail::math_helpers_of(ops);
   s += "// computes " + covered_nodes(g, k) + "\n";
   s += "// p[" + std::to_string(base) + "..] = the " + std::to_string(rank) + " dims of the elements below, then each operand's strides, then each constant's float bits\n";
-  s += "// The value of %" + std::to_string(chain_root) + " at its element i.\nfloat qkv_chain(uint i) {\n  uint rem = i;\n";
-  for (int o = 0; o < operands; ++o) s += "  uint o" + std::to_string(o) + " = 0u;\n";
-  for (int d = rank - 1; d >= 0; --d) {
-    s += "  { uint idx = rem % " + word(d) + "; rem /= " + word(d) + ";";
-    for (int o = 0; o < operands; ++o) s += " o" + std::to_string(o) + " += idx * " + word(rank * (o + 1) + d) + ";";
-    s += " }\n";
-  }
+  s += "// The value of %" + std::to_string(chain_root) + " at its element i.\nfloat qkv_chain(uint i) {\n" + detail::operand_offsets(rank, operands, base);
   auto value = [&](ValueId v) {
     if (auto it = std::find(k.operands.begin(), k.operands.end(), v); it != k.operands.end()) {
       const auto o = std::to_string(it - k.operands.begin());
@@ -249,7 +233,7 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k) {
   s += "  return v" + std::to_string(chain_root) + ";\n}\n";
   if (reduction) s += detail::axis_body(root.op, "qkv_chain(", ")");
   else s += "void main() {\n" + detail::linear_index() + "  y[i] = qkv_chain(i);\n}\n";
-  return {name + "_r" + std::to_string(rank), s, operands + 1};
+  return {fused_name(g, k), s, operands + 1};
 }
 
 KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>& shapes) {

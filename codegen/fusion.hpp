@@ -19,9 +19,10 @@ struct KernelGroup {
   bool fused() const { return !inlined.empty(); }
 };
 
-/// Limits a fused kernel must keep: storage buffers per shader (maxPerStageDescriptorStorageBuffers).
+/// Limits a fused kernel must keep: storage buffers per shader, at most 16 and never more than
+/// the device's maxPerStageDescriptorStorageBuffers (the vulkan backend lowers the default to it).
 struct FusionLimits {
-  int storage_buffers = 8;
+  int storage_buffers = 16;
 };
 
 /// The kernels of `g`, one per node that has one, in node order. Elementwise chains are fused:
@@ -37,6 +38,8 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
 /// One kernel per node that has one, each reading its node's operands (fusion off).
 std::vector<KernelGroup> unfused_kernels(const ir::Graph& g);
 
+/// A fused kernel's name: "fused_", the ops it computes, its rank ("fused_div_mul_add_r3").
+std::string fused_name(const ir::Graph& g, const KernelGroup& k);
 /// The shader of a fused kernel: its nodes as one expression per element.
 KernelSource fused_source(const ir::Graph& g, const KernelGroup& k);
 /// Push constants and workgroups of a fused kernel for concrete shapes.

@@ -262,6 +262,18 @@ std::string detail::axis_body(Op op, const std::string& open, const std::string&
   return s + "}\n";
 }
 
+std::string detail::operand_offsets(int rank, int operands, int first_word) {
+  auto word = [&](int w) { return "pc.p[" + std::to_string(first_word + w) + "]"; };
+  std::string s = "  uint rem = i;\n";
+  for (int k = 0; k < operands; ++k) s += "  uint o" + std::to_string(k) + " = 0u;\n";
+  for (int d = rank - 1; d >= 0; --d) {
+    s += "  { uint idx = rem % " + word(d) + "; rem /= " + word(d) + ";";
+    for (int k = 0; k < operands; ++k) s += " o" + std::to_string(k) + " += idx * " + word(rank * (k + 1) + d) + ";";
+    s += " }\n";
+  }
+  return s;
+}
+
 std::string detail::elementwise_expression(Op op, const std::vector<std::string>& operands) {
   return substitute(elementwise_expr(op), operand_names(op, static_cast<int>(operands.size())), operands);
 }
@@ -469,15 +481,7 @@ KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
   if (n.op == Op::log) s += kGlslLog;
   if (n.op == Op::tanh) s += kTanh;
   s += "// p[0] = elements, p[1..rank] = output dims, then each operand's strides\n";
-  s += "void main() {\n" + std::string(kLinearIndex);
-  s += "  uint rem = i;\n";
-  for (int k = 0; k < arity; ++k) s += "  uint o" + std::to_string(k) + " = 0u;\n";
-  for (int d = rank - 1; d >= 0; --d) {
-    s += "  { uint idx = rem % pc.p[" + std::to_string(1 + d) + "]; rem /= pc.p[" + std::to_string(1 + d) + "];";
-    for (int k = 0; k < arity; ++k)
-      s += " o" + std::to_string(k) + " += idx * pc.p[" + std::to_string(1 + rank * (k + 1) + d) + "];";
-    s += " }\n";
-  }
+  s += "void main() {\n" + std::string(kLinearIndex) + detail::operand_offsets(rank, arity, 1);
   for (int k = 0; k < arity; ++k)
     s += "  float " + names[static_cast<std::size_t>(k)] + " = x" + std::to_string(k) + "[o" + std::to_string(k) + "];\n";
   s += "  y[i] = " + elementwise_expr(n.op) + ";\n}\n";

@@ -41,8 +41,9 @@ struct MatmulGeometry {
   bool operator==(const MatmulGeometry&) const = default;
 };
 
-/// What code generation knows of the device that will run its kernels: launch geometry (not the
-/// GLSL, which stays device-independent and cached by content) is chosen from it.
+/// What code generation knows of the device that will run its kernels: launch geometry is chosen
+/// from it, and so is which matmul kernel runs (the one source that depends on the device); the
+/// rest of the GLSL is device-independent, and every source is cached by content.
 struct Target {
   /// A CPU device (lavapipe): few, wide invocations that keep several rows each, since every
   /// shared-memory read is scalarised per lane. Otherwise a GPU: many invocations with one row

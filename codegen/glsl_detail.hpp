@@ -26,6 +26,10 @@ std::string philox_function();
 
 /// An elementwise op's GLSL expression over these operand expressions (a, b, or c, a, b for where).
 std::string elementwise_expression(ir::Op op, const std::vector<std::string>& operands);
+/// Statements that split element `i` into its indices along `rank` dims (pc.p[first_word + d])
+/// and give each operand k its offset o<k> through its strides (pc.p[first_word + rank (k + 1) +
+/// d], 0 where it broadcasts).
+std::string operand_offsets(int rank, int operands, int first_word);
 /// main() of a reduction or softmax over one axis (p[0] = outer * inner, p[1] = the axis' size,
 /// p[2] = inner), reading its input's element e as open + e + close ("x0[" and "]" unfused).
 std::string axis_body(ir::Op op, const std::string& open, const std::string& close);

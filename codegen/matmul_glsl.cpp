@@ -63,6 +63,28 @@ bool uses_lanes(const Target& target) {
   return target.cpu && target.matmul.invocations == 0 && sg >= 4 && sg <= 64 && (sg & (sg - 1)) == 0;
 }
 
+/// The operand and output buffers and push constants both matmul kernels declare, with the
+/// push-constant layout (matmul_launch's).
+std::string bindings(int batch_rank) {
+  return "layout(std430, binding = 0) readonly buffer In0 { float x0[]; };\n"
+         "layout(std430, binding = 1) readonly buffer In1 { float x1[]; };\n"
+         "layout(std430, binding = 2) writeonly buffer Out { float y[]; };\n"
+         "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n"
+         "// p[0..2] = M, N, K; p[3..6] = a's row and column strides, b's row and column strides;\n"
+         "// then " + std::to_string(batch_rank) + " batch dims, a's and b's batch strides (elements)\n";
+}
+
+/// Statements adding the batch entry `rem`'s offsets to oa and ob through the broadcast batch
+/// strides.
+std::string batch_offsets(int batch_rank) {
+  std::string s;
+  for (int d = batch_rank - 1; d >= 0; --d) {
+    std::string dim = std::to_string(7 + d), sa = std::to_string(7 + batch_rank + d), sb = std::to_string(7 + 2 * batch_rank + d);
+    s += "  { uint idx = rem % pc.p[" + dim + "]; rem /= pc.p[" + dim + "]; oa += idx * pc.p[" + sa + "]; ob += idx * pc.p[" + sb + "]; }\n";
+  }
+  return s;
+}
+
 }  // namespace
 
 MatmulGeometry matmul_geometry(const Target& target, std::int64_t m, std::int64_t n) {
@@ -75,6 +97,8 @@ MatmulGeometry matmul_geometry(const Target& target, std::int64_t m, std::int64_
 }
 
 int matmul_push_words(int rank) { return 7 + 3 * (rank - 2); }
+
+namespace {
 
 KernelSource matmul_tiled_source(const Node& n) {
   const int batch_rank = n.shape.rank - 2;
@@ -91,12 +115,7 @@ KernelSource matmul_tiled_source(const Node& n) {
        "layout(constant_id = 5) const uint NT = 64u;  // invocations (the local size)\n"
        "const uint WM = NT / WN, TM4 = TM / 4u, BM4 = WM * TM4, BM = 4u * BM4, BN4 = WN * TN4, BN = 4u * BN4;\n"
        "const uint LA = (BM * BK + NT - 1u) / NT, LB = (BK * BN + NT - 1u) / NT;  // words each invocation loads per tile\n";
-  s += "layout(std430, binding = 0) readonly buffer In0 { float x0[]; };\n"
-       "layout(std430, binding = 1) readonly buffer In1 { float x1[]; };\n"
-       "layout(std430, binding = 2) writeonly buffer Out { float y[]; };\n"
-       "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
-  s += "// p[0..2] = M, N, K; p[3..6] = a's row and column strides, b's row and column strides;\n"
-       "// then " + br + " batch dims, a's and b's batch strides (elements)\n";
+  s += bindings(batch_rank);
   s += "shared vec4 As[2u * BK * BM4];  // [buffer][k][row / 4]: A's tile, k-major\n"
        "shared vec4 Bs[2u * BK * BN4];  // [buffer][k][column / 4]\n";
   s += "uint M, N, K, oa, ob, m0, n0;\n"
@@ -140,10 +159,7 @@ KernelSource matmul_tiled_source(const Node& n) {
        "  m0 = gl_WorkGroupID.y * BM; n0 = gl_WorkGroupID.x * BN;\n"
        "  uint batch = gl_WorkGroupID.z, rem = batch;\n"
        "  oa = 0u; ob = 0u;\n";
-  for (int d = batch_rank - 1; d >= 0; --d) {
-    std::string dim = std::to_string(7 + d), sa = std::to_string(7 + batch_rank + d), sb = std::to_string(7 + 2 * batch_rank + d);
-    s += "  { uint idx = rem % pc.p[" + dim + "]; rem /= pc.p[" + dim + "]; oa += idx * pc.p[" + sa + "]; ob += idx * pc.p[" + sb + "]; }\n";
-  }
+  s += batch_offsets(batch_rank);
   s += "  // Invocation (ty, tx) owns rows 4 (ty + i WM) + 0..3 for i < TM4 and columns\n"
        "  // 4 (tx + j WN) + 0..3 for j < TN4: neighbours read neighbouring vec4s of B.\n"
        "  vec4 acc[TM * TN4];\n"
@@ -205,13 +221,8 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg) {
   const auto str = [](std::uint32_t v) { return std::to_string(v); };
   std::string s = "#version 450\n#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_ballot : require\n";
   s += "layout(local_size_x_id = 0) in;  // whole subgroups of " + str(sg) + " lanes\n";
-  s += "layout(std430, binding = 0) readonly buffer In0 { float x0[]; };\n"
-       "layout(std430, binding = 1) readonly buffer In1 { float x1[]; };\n"
-       "layout(std430, binding = 2) writeonly buffer Out { float y[]; };\n"
-       "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
-  s += "// p[0..2] = M, N, K; p[3..6] = a's row and column strides, b's row and column strides;\n"
-       "// then " + std::to_string(batch_rank) + " batch dims, a's and b's batch strides (elements).\n"
-       "// A subgroup computes " + str(rows) + " rows by " + str(sg * cols) + " columns; lane l owns columns c0 + j * " + str(sg) + " + l.\n";
+  s += bindings(batch_rank);
+  s += "// A subgroup computes " + str(rows) + " rows by " + str(sg * cols) + " columns; lane l owns columns c0 + j * " + str(sg) + " + l.\n";
   s += "void main() {\n"
        "  uint M = pc.p[0], N = pc.p[1], K = pc.p[2];\n"
        "  if (M == 0u || N == 0u) return;\n"
@@ -219,10 +230,7 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg) {
        "  uint r0 = (gl_WorkGroupID.y * gl_NumSubgroups + gl_SubgroupID) * " + str(rows) + "u, c0 = gl_WorkGroupID.x * " + str(sg * cols) + "u;\n"
        "  if (r0 >= M) return;  // a subgroup wholly past the last row (no barrier waits for it)\n"
        "  uint batch = gl_WorkGroupID.z, rem = batch, oa = 0u, ob = 0u;\n";
-  for (int d = batch_rank - 1; d >= 0; --d) {
-    std::string dim = std::to_string(7 + d), sa = std::to_string(7 + batch_rank + d), sb = std::to_string(7 + 2 * batch_rank + d);
-    s += "  { uint idx = rem % pc.p[" + dim + "]; rem /= pc.p[" + dim + "]; oa += idx * pc.p[" + sa + "]; ob += idx * pc.p[" + sb + "]; }\n";
-  }
+  s += batch_offsets(batch_rank);
   s += "  // Rows and columns past the matrix read its last one (so every load is in bounds) and count as 0.\n";
   for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
     s += "  uint ra" + str(i) + " = r0 + " + str(i * sg) + "u + lane; bool ka" + str(i) + " = ra" + str(i) + " < M; uint pa" + str(i) + " = oa + min(ra" + str(i) +
@@ -256,6 +264,8 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg) {
   return {name, s, 3};
 }
 
+
+}  // namespace
 
 KernelSource matmul_source(const Node& n, const Target& target) {
   return uses_lanes(target) ? matmul_lanes_source(n, target.subgroup_size) : matmul_tiled_source(n);

@@ -76,6 +76,20 @@ VulkanOptions vulkan_options_from_env() {
 
 namespace vk_detail {
 
+SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d) {
+  SubgroupSupport r;
+  if (d.getProperties().apiVersion < VK_API_VERSION_1_1) return r;
+  const auto chain = d.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceSubgroupProperties>();
+  const auto& sub = chain.get<vk::PhysicalDeviceSubgroupProperties>();
+  r.size = sub.subgroupSize;
+  if (!(sub.supportedStages & vk::ShaderStageFlagBits::eCompute)) return r;
+  using F = vk::SubgroupFeatureFlagBits;
+  r.arithmetic = static_cast<bool>(sub.supportedOperations & F::eArithmetic);
+  r.shuffle = static_cast<bool>(sub.supportedOperations & F::eShuffle);
+  r.ballot = static_cast<bool>(sub.supportedOperations & F::eBallot);
+  return r;
+}
+
 const char* device_type_name(vk::PhysicalDeviceType t) {
   switch (t) {
     case vk::PhysicalDeviceType::eDiscreteGpu: return "discrete";
@@ -138,12 +152,7 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
     }
     properties_ = physical_.getProperties();
     memory_properties_ = physical_.getMemoryProperties();
-    if (properties_.apiVersion >= VK_API_VERSION_1_1) {
-      const auto chain = physical_.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceSubgroupProperties>();
-      const auto& sub = chain.get<vk::PhysicalDeviceSubgroupProperties>();
-      const bool compute = static_cast<bool>(sub.supportedStages & vk::ShaderStageFlagBits::eCompute);
-      if (compute && (sub.supportedOperations & vk::SubgroupFeatureFlagBits::eBallot)) subgroup_size_ = sub.subgroupSize;
-    }
+    if (const SubgroupSupport sub = subgroup_support(physical_); sub.ballot) subgroup_size_ = sub.size;
     auto families = physical_.getQueueFamilyProperties();
     for (std::uint32_t i = 0; i < families.size(); ++i)
       if (families[i].queueFlags & vk::QueueFlagBits::eCompute) {

@@ -80,6 +80,13 @@ class Context {
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
 };
 
+/// A device's subgroup size and the operations compute shaders may use (none before Vulkan 1.1).
+struct SubgroupSupport {
+  std::uint32_t size = 0;
+  bool arithmetic = false, shuffle = false, ballot = false;
+};
+SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d);
+
 /// "discrete", "integrated", "virtual", "cpu" or "other".
 const char* device_type_name(vk::PhysicalDeviceType t);
 

@@ -41,11 +41,9 @@ class VulkanExecutable final : public Executable {
       : ctx_(std::move(ctx)), target_(target), graph_(std::move(g)), input_ids_(graph_.inputs()) {
     const std::uint32_t most = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
     std::vector<codegen::KernelGroup> groups = fusion ? codegen::plan_kernels(graph_, *fusion) : codegen::unfused_kernels(graph_);
-    inlined_.assign(graph_.size(), false);
     for (auto& group : groups) {
       const ir::ValueId v = group.root;
       const Node& n = graph_.node(v);
-      for (ir::ValueId m : group.inlined) inlined_[static_cast<std::size_t>(m)] = true;
       codegen::KernelSource source = group.fused() ? codegen::fused_source(graph_, group) : codegen::kernel_source(graph_, v, target_);
       Kernel k{v, std::move(source), nullptr, -1, std::move(group)};
       QKV_ASSERT(k.group.fused() || k.source.buffers == codegen::storage_buffers(n), "codegen::storage_buffers disagrees with " + k.source.name);
@@ -163,12 +161,15 @@ class VulkanExecutable final : public Executable {
     auto align = static_cast<std::int64_t>(std::max<vk::DeviceSize>(ctx_->properties().limits.minStorageBufferOffsetAlignment, 16));
     // A fused kernel's node reads the kernel's operands; the nodes computed inside it get no storage.
     std::vector<std::vector<ir::ValueId>> reads(graph_.size());
-    for (std::size_t i = 0; i < graph_.size(); ++i)
-      if (!inlined_[i]) reads[i] = graph_.nodes()[i].inputs;
-    for (const auto& k : kernels_) reads[static_cast<std::size_t>(k.value)] = k.group.operands;
+    for (std::size_t i = 0; i < graph_.size(); ++i) reads[i] = graph_.nodes()[i].inputs;
     std::set<const Node*> no_storage;
-    for (std::size_t i = 0; i < graph_.size(); ++i)
-      if (inlined_[i]) no_storage.insert(&graph_.nodes()[i]);
+    for (const auto& k : kernels_) {
+      reads[static_cast<std::size_t>(k.value)] = k.group.operands;
+      for (ir::ValueId m : k.group.inlined) {
+        reads[static_cast<std::size_t>(m)].clear();
+        no_storage.insert(&graph_.node(m));
+      }
+    }
     memory_ = ir::plan_memory(graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads);
 
     using U = vk::BufferUsageFlagBits;
@@ -352,7 +353,6 @@ class VulkanExecutable final : public Executable {
   InputValueChecks value_checks_{graph_, input_ids_};
   std::vector<const Tensor*> tensors_;  // this run's input tensors (capacity reused)
   std::vector<Kernel> kernels_;
-  std::vector<bool> inlined_;  // per node: computed inside another node's kernel (no storage)
   std::vector<codegen::KernelLaunch> launches_;  // per kernel, for shapes_
   InputSignature signature_;
   std::vector<ir::Shape> shapes_;
@@ -408,7 +408,7 @@ class VulkanBackend final : public Backend {
     if (!codegen::has_kernel(g.node(v))) return g.node(v).op == ir::Op::input ? "(input, uploaded)" : "(view of its operand)";
     if (fuse_)
       for (const auto& k : codegen::plan_kernels(g, fusion_limits())) {
-        if (k.root == v) return "glsl " + (k.fused() ? codegen::fused_source(g, k).name : codegen::kernel_source(g, v, target_).name);
+        if (k.root == v) return "glsl " + (k.fused() ? codegen::fused_name(g, k) : codegen::kernel_source(g, v, target_).name);
         if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end())
           return g.node(v).op == Op::constant ? "(inlined where it is read)" : "(in %" + std::to_string(k.root) + "'s kernel)";
       }
@@ -416,7 +416,8 @@ class VulkanBackend final : public Backend {
   }
   codegen::FusionLimits fusion_limits() const {
     codegen::FusionLimits limits;
-    limits.storage_buffers = static_cast<int>(std::min<std::uint32_t>(ctx_->properties().limits.maxPerStageDescriptorStorageBuffers, 16));
+    const std::uint32_t device = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
+    limits.storage_buffers = static_cast<int>(std::min(device, static_cast<std::uint32_t>(limits.storage_buffers)));
     return limits;
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
@@ -456,16 +457,14 @@ std::vector<VulkanDeviceInfo> vulkan_devices() {
     std::vector<VulkanDeviceInfo> r;
     for (auto& d : vk::raii::PhysicalDevices(instance)) {
       VulkanDeviceInfo info;
-      const auto chain = d.getProperties2<vk::PhysicalDeviceProperties2, vk::PhysicalDeviceSubgroupProperties>();
-      const auto& p = chain.get<vk::PhysicalDeviceProperties2>().properties;
-      const auto& sub = chain.get<vk::PhysicalDeviceSubgroupProperties>();
+      const auto p = d.getProperties();
+      const vk_detail::SubgroupSupport sub = vk_detail::subgroup_support(d);
       info.name = p.deviceName.data();
       info.type = vk_detail::device_type_name(p.deviceType);
       info.api = std::to_string(VK_API_VERSION_MAJOR(p.apiVersion)) + "." + std::to_string(VK_API_VERSION_MINOR(p.apiVersion));
-      info.subgroup_size = sub.subgroupSize;
-      const bool compute = static_cast<bool>(sub.supportedStages & vk::ShaderStageFlagBits::eCompute);
-      info.subgroup_arithmetic = compute && static_cast<bool>(sub.supportedOperations & vk::SubgroupFeatureFlagBits::eArithmetic);
-      info.subgroup_shuffle = compute && static_cast<bool>(sub.supportedOperations & vk::SubgroupFeatureFlagBits::eShuffle);
+      info.subgroup_size = sub.size;
+      info.subgroup_arithmetic = sub.arithmetic;
+      info.subgroup_shuffle = sub.shuffle;
       info.shared_memory_bytes = p.limits.maxComputeSharedMemorySize;
       info.max_invocations = p.limits.maxComputeWorkGroupInvocations;
       // Feature structures are chained only where the device has their extension.
