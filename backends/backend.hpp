@@ -79,6 +79,10 @@ class Backend {
   /// The kernel that computes node `v` of a graph this backend lowered (Executable::graph()), in
   /// words: what `qkv explain` shows.
   virtual std::string kernel_name(const ir::Graph& lowered, ir::ValueId v) const = 0;
+  /// The values the kernel computing node `v` reads from memory: its inputs, unless the backend
+  /// fuses nodes (then a fused kernel's operands, and nothing for a node computed inside another
+  /// node's kernel). What `qkv explain` counts as bytes moved.
+  virtual std::vector<ir::ValueId> kernel_reads(const ir::Graph& lowered, ir::ValueId v) const { return lowered.node(v).inputs; }
 };
 
 /// The backends qkv knows, in order: reference, cpu, vulkan.

@@ -6,7 +6,11 @@
 //                           gradient), on vulkan against the cpu backend (the peer): "x peer" is
 //                           vulkan's time over the cpu's;
 //   tiny/B1_N16_D8          scaled dot-product attention at (1, 1, 16, 8): the cost of one run
-//                           (dispatch, upload, download) where the arithmetic is nothing.
+//                           (dispatch, upload, download) where the arithmetic is nothing;
+//   rows/R4096_C256         softmax, sum and max along the rows of an R x C matrix, on vulkan
+//                           with a subgroup per row (where rows are a subgroup long) and with
+//                           one invocation per row (QKV_VULKAN_SUBGROUP_REDUCTIONS=0), against
+//                           the cpu (QKV_BENCH_ROWS=R,C).
 // Run: build/default/bench/qkv_graph_bench (QKV_BENCH_BACKENDS=cpu,vulkan picks backends;
 // QKV_BENCH_MATMUL=4096,4096,4096 the matmul shape; QKV_BENCH_DECODER=8,512 the decoder's B and N;
 // --benchmark_filter narrows the rows; --benchmark_repetitions=5 for medians on a noisy machine).
@@ -38,6 +42,18 @@ struct MatmulShape {
   double flops() const { return 2.0 * static_cast<double>(m * n * k); }
 };
 
+/// softmax, sum and max along the rows of x [R, C].
+qkv::ir::Graph rows_graph() {
+  qkv::ir::Graph g;
+  const auto x = g.add_input("x", qkv::DType::f32, {g.symbol("R"), g.symbol("C")});
+  qkv::ir::Attrs axis;
+  axis.axis = 1;
+  g.set_output("p", g.add(qkv::ir::Op::softmax, {x}, axis));
+  g.set_output("s", g.add(qkv::ir::Op::reduce_sum, {x}, axis));
+  g.set_output("m", g.add(qkv::ir::Op::reduce_max, {x}, axis));
+  return g;
+}
+
 qkv::ir::Graph matmul_graph() {
   qkv::ir::Graph g;
   const auto m = g.symbol("M"), n = g.symbol("N"), k = g.symbol("K");
@@ -60,12 +76,16 @@ void set_rate(benchmark::State& state, double flops) {
   if (flops > 0) state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-/// Times runs of `g` on backend `name`, planned once before timing.
-void bench_graph(benchmark::State& state, const std::string& name, const qkv::ir::Graph& g, const qkv::models::Dims& dims, double flops) {
+/// Times runs of `g` on backend `name`, planned once before timing; `per_invocation` turns the
+/// vulkan backend's subgroup reductions off.
+void bench_graph(benchmark::State& state, const std::string& name, const qkv::ir::Graph& g, const qkv::models::Dims& dims, double flops,
+                 bool per_invocation = false) {
   std::unique_ptr<qkv::backend::Backend> backend;
   std::unique_ptr<qkv::backend::Executable> exe;
   try {
+    if (per_invocation) setenv("QKV_VULKAN_SUBGROUP_REDUCTIONS", "0", 1);
     backend = qkv::backend::create(name);
+    if (per_invocation) unsetenv("QKV_VULKAN_SUBGROUP_REDUCTIONS");
     exe = backend->compile(g);
   } catch (const qkv::Error& e) {
     state.SkipWithError(e.what());
@@ -150,6 +170,10 @@ int main(int argc, char** argv) {
   qkv::models::Dims decoder = qkv::models::find_model("decoder-block").dims;
   if (auto v = numbers("QKV_BENCH_DECODER", 2); !v.empty()) decoder = {{"B", v[0]}, {"N", v[1]}};
   const std::string decoder_label = "B" + std::to_string(decoder.at("B")) + "_N" + std::to_string(decoder.at("N"));
+  qkv::models::Dims rows_dims = {{"R", 4096}, {"C", 256}};
+  if (auto v = numbers("QKV_BENCH_ROWS", 2); !v.empty()) rows_dims = {{"R", v[0]}, {"C", v[1]}};
+  const std::string rows_label = "R" + std::to_string(rows_dims.at("R")) + "_C" + std::to_string(rows_dims.at("C"));
+  static const qkv::ir::Graph rows = rows_graph();
 
   static const qkv::ir::Graph matmul = matmul_graph();
   static const qkv::ir::Graph forward = decoder_graph(decoder, false), backward = decoder_graph(decoder, true);
@@ -162,10 +186,14 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(name.c_str(), fn, args...)->Unit(benchmark::kMillisecond)->UseRealTime();
   };
   add("sgemm/matmul_" + mm.label(), bench_sgemm, mm);
-  for (const auto& b : backends) add(b + "/matmul_" + mm.label(), bench_graph, b, matmul, mm_dims, mm.flops());
-  for (const auto& b : backends) add(b + "/decoder-block_" + decoder_label, bench_graph, b, forward, decoder, 0.0);
-  for (const auto& b : backends) add(b + "-fwd+bwd/decoder-block-fwd+bwd_" + decoder_label, bench_graph, b, backward, decoder, 0.0);
-  for (const auto& b : backends) add(b + "/tiny-sdpa_B1_N16_D8", bench_graph, b, tiny, tiny_dims, 0.0);
+  for (const auto& b : backends) add(b + "/matmul_" + mm.label(), bench_graph, b, matmul, mm_dims, mm.flops(), false);
+  for (const auto& b : backends) add(b + "/decoder-block_" + decoder_label, bench_graph, b, forward, decoder, 0.0, false);
+  for (const auto& b : backends) add(b + "-fwd+bwd/decoder-block-fwd+bwd_" + decoder_label, bench_graph, b, backward, decoder, 0.0, false);
+  for (const auto& b : backends) add(b + "/tiny-sdpa_B1_N16_D8", bench_graph, b, tiny, tiny_dims, 0.0, false);
+  for (const auto& b : backends) {
+    add(b + "/rows_" + rows_label, bench_graph, b, rows, rows_dims, 0.0, false);
+    if (b == "vulkan") add("vulkan-per-invocation/rows_" + rows_label, bench_graph, b, rows, rows_dims, 0.0, true);
+  }
   benchmark::Initialize(&argc, argv);
   PeerReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

@@ -1,15 +1,21 @@
 // Kernel fusion: elementwise chains as one kernel each. On lavapipe every dispatch costs about
-// 0.14 ms whatever it computes (the decoder block at B = 2, N = 8 spent 53 of its 53 kernels'
+// 0.05-0.14 ms whatever it computes (the decoder block at B = 2, N = 8 spent 53 of its 53 kernels'
 // time on that), and on a GPU every unfused elementwise op is a round trip of its tensor through
 // memory; a fused kernel reads its operands once and writes one result.
 //
 // Groups are grown from the last node backwards: a node is inlined into the kernel of the node
-// that reads it when both are elementwise, it has the kernel's shape (so both are computed at
-// the same element, and the kernel's operands broadcast to that shape as before), it is not a
-// result, and every node that reads it is in that kernel. Candidates are taken in decreasing
-// node order, so when a node is considered every node that reads it has been placed. Constants
-// (one value, whatever their shape) are inlined wherever an elementwise kernel reads them (their value is a push
-// constant); a constant also read by another kernel keeps its own.
+// that reads it when both are elementwise, it is not a result, and every node that reads it is in
+// that kernel. Every node of a kernel is computed at the kernel's element: a node of a smaller
+// shape (a layer norm's per-row mean) is recomputed there, at the element it broadcasts from, so
+// its operands are read through their strides broadcast to the kernel's shape (broadcasting
+// composes). Candidates are taken in decreasing node order, so when a node is considered every
+// node that reads it has been placed. Constants (one value, whatever their shape) are inlined
+// wherever an elementwise kernel reads them (their value is a push constant); a constant also
+// read by another kernel keeps its own.
+//
+// A matmul of the kernel's shape is inlined as its epilogue: the matmul kernel computes the
+// elementwise chain (bias add, activation, residual add) on each product before it stores it,
+// so the product never reaches memory.
 #include "codegen/fusion.hpp"
 
 #include <algorithm>
@@ -17,6 +23,7 @@
 #include <queue>
 
 #include "codegen/glsl_detail.hpp"
+#include "codegen/matmul_glsl.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
 
@@ -39,6 +46,9 @@ bool elementwise(const Node& n) {
   }
 }
 
+/// An elementwise node read by more kernels than this is stored, not recomputed in each.
+constexpr std::size_t kMostRecomputingReaders = 4;
+
 /// A constant holds one value at every element whatever its shape, so a kernel that reads it
 /// (broadcast to the kernel's shape) takes that value as a push constant.
 bool scalar_constant(const Node& n) { return n.op == Op::constant; }
@@ -47,31 +57,50 @@ bool scalar_constant(const Node& n) { return n.op == Op::constant; }
 /// elementwise nodes that computes it, when those are fused into it.
 bool axis_reduction(const Node& n) { return n.op == Op::reduce_sum || n.op == Op::reduce_max || n.op == Op::softmax; }
 
-/// Push-constant words before a fused kernel's chain: elements, or a reduction's three.
-int leading_words(const Node& root) { return axis_reduction(root) ? 3 : 1; }
+/// The matmul a kernel computes its chain on (its epilogue's), or -1.
+ValueId matmul_of(const ir::Graph& g, const std::vector<ValueId>& members) {
+  for (ValueId m : members)
+    if (g.node(m).op == Op::matmul) return m;
+  return -1;
+}
 
-/// The constants a fused kernel inlines, in node order, and its other operands (memory reads).
+/// The constants a fused kernel inlines, in node order, and its other operands (memory reads):
+/// a matmul's A and B first, then what the chain reads.
 struct Reads {
   std::vector<ValueId> constants, operands;
+  bool matmul = false;
+  /// Storage buffers the kernel binds: its operands and its result.
+  int buffers() const { return static_cast<int>(operands.size()) + 1; }
 };
 
 Reads reads_of(const ir::Graph& g, ValueId root, const std::vector<ValueId>& inlined, const std::vector<bool>& inline_constant) {
   std::vector<ValueId> members = inlined;
   members.push_back(root);
   Reads r;
-  for (ValueId m : members)
+  const ValueId mm = matmul_of(g, members);
+  for (ValueId m : members) {
+    if (m == mm) continue;  // A and B are the matmul's, read by its own loads
     for (ValueId in : g.node(m).inputs) {
       if (std::find(members.begin(), members.end(), in) != members.end()) continue;
       auto& list = inline_constant[static_cast<std::size_t>(in)] ? r.constants : r.operands;
       if (std::find(list.begin(), list.end(), in) == list.end()) list.push_back(in);
     }
+  }
   std::sort(r.constants.begin(), r.constants.end());
+  if (mm >= 0) {
+    r.matmul = true;
+    r.operands.insert(r.operands.begin(), g.node(mm).inputs.begin(), g.node(mm).inputs.end());
+  }
   return r;
 }
 
-/// Push-constant words of a fused kernel: elements, dims, each operand's strides, each constant.
+/// Push-constant words of a fused kernel: elements (a reduction's kAxisPushWords, a matmul's own),
+/// dims, each operand's strides, each constant. A matmul's epilogue reads each operand through
+/// strides of the output's rank and takes the dims from the matmul's words.
 int push_words(const Node& root, int rank, const Reads& r) {
-  return leading_words(root) + rank * (1 + static_cast<int>(r.operands.size())) + static_cast<int>(r.constants.size());
+  const int operands = static_cast<int>(r.operands.size()), constants = static_cast<int>(r.constants.size());
+  if (r.matmul) return detail::matmul_push_words(rank) + rank * (operands - 2) + constants;
+  return (axis_reduction(root) ? detail::kAxisPushWords : 1) + rank * (1 + operands) + constants;
 }
 
 /// The shape every node of a fused kernel is computed over (see plan_kernels).
@@ -80,31 +109,35 @@ const ir::Shape& chain_shape(const ir::Graph& g, const Node& root, const std::ve
   return shapes ? (*shapes)[static_cast<std::size_t>(v)] : g.node(v).shape;
 }
 
-void verify(const ir::Graph& g, const std::vector<KernelGroup>& plan) {
-  std::vector<int> kernel_of(g.size(), -1);  // the kernel computing each node (constants: none)
-  for (std::size_t k = 0; k < plan.size(); ++k) {
-    kernel_of[static_cast<std::size_t>(plan[k].root)] = static_cast<int>(k);
-    for (ValueId v : plan[k].inlined) {
-      if (scalar_constant(g.node(v))) continue;
-      QKV_ASSERT(kernel_of[static_cast<std::size_t>(v)] == -1, "kernel fusion: %" + std::to_string(v) + " in two kernels");
-      kernel_of[static_cast<std::size_t>(v)] = static_cast<int>(k);
-    }
-  }
-  auto inlined = [&](ValueId v) {
-    const int k = kernel_of[static_cast<std::size_t>(v)];
-    return k >= 0 && plan[static_cast<std::size_t>(k)].root != v;
+void verify(const ir::Graph& g, const std::vector<KernelGroup>& plan, std::int64_t view_alignment) {
+  // Every value a kernel, a view or a result reads from memory is stored by an earlier kernel (or
+  // is an input or a view); nodes computed inside kernels (in one, or recomputed in several)
+  // are read only there.
+  std::vector<int> stored_by(g.size(), -1);
+  for (std::size_t k = 0; k < plan.size(); ++k) stored_by[static_cast<std::size_t>(plan[k].root)] = static_cast<int>(k);
+  auto from_memory = [&](ValueId v, int k, const std::string& reader) {
+    const int at = stored_by[static_cast<std::size_t>(v)];
+    QKV_ASSERT(!has_kernel(g, v, view_alignment) || (at >= 0 && at < k),
+               "kernel fusion: " + reader + " reads %" + std::to_string(v) + ", which no earlier kernel stores");
   };
-  for (ValueId v : g.result_values()) QKV_ASSERT(!inlined(v), "kernel fusion: result %" + std::to_string(v) + " inlined");
-  for (std::size_t c = 0; c < g.size(); ++c)
-    for (ValueId in : g.nodes()[c].inputs)
-      QKV_ASSERT(!inlined(in) || kernel_of[c] == kernel_of[static_cast<std::size_t>(in)],
-                 "kernel fusion: %" + std::to_string(in) + " is inlined but %" + std::to_string(c) + " reads it outside its kernel");
-  for (std::size_t k = 0; k < plan.size(); ++k)
-    for (ValueId in : plan[k].operands) {
-      const int at = kernel_of[static_cast<std::size_t>(in)];
-      QKV_ASSERT(!has_kernel(g.node(in)) || (at >= 0 && !inlined(in) && at < static_cast<int>(k)),
-                 "kernel fusion: kernel %" + std::to_string(plan[k].root) + " reads %" + std::to_string(in) + ", which no earlier kernel stores");
+  for (std::size_t k = 0; k < plan.size(); ++k) {
+    const KernelGroup& kg = plan[k];
+    std::vector<ValueId> members = kg.inlined;
+    members.push_back(kg.root);
+    const ValueId mm = matmul_of(g, members);
+    const std::string name = "kernel %" + std::to_string(kg.root);
+    for (ValueId m : members) {
+      if (scalar_constant(g.node(m)) && m != kg.root) continue;
+      for (ValueId in : g.node(m).inputs)
+        if (m == mm || (!kg.fused() && m == kg.root) || std::find(members.begin(), members.end(), in) == members.end())
+          from_memory(in, static_cast<int>(k), name);
     }
+    for (ValueId in : kg.operands) from_memory(in, static_cast<int>(k), name);
+  }
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (!has_kernel(g, static_cast<ValueId>(i), view_alignment))
+      for (ValueId in : g.nodes()[i].inputs) from_memory(in, static_cast<int>(plan.size()), "view %" + std::to_string(i));
+  for (ValueId v : g.result_values()) from_memory(v, static_cast<int>(plan.size()), "the results");
 }
 
 }  // namespace
@@ -123,40 +156,79 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
     inline_constant[i] = scalar_constant(g.nodes()[i]) && !is_result[i] && !readers[i].empty() &&
                          std::all_of(readers[i].begin(), readers[i].end(), [&](ValueId c) { return elementwise(g.node(c)); });
 
-  std::vector<ValueId> owner(n, -1);  // the root of the kernel computing each node
+  // Kernels are grown from roots in decreasing node order, so every reader of a candidate has
+  // been placed first. A candidate whose readers are all in the kernel is computed there alone;
+  // one that other kernels read too is recomputed in each (a layer norm's x - mean, read by the
+  // variance's sum and by the normalisation) unless some reader cannot compute it (a matmul's
+  // operand, a view's, a kernel past its limits): then it is stored, and the plan is made again
+  // with it stored, until every value read from memory is some kernel's root.
+  std::vector<bool> stored(n, false);
   std::vector<std::vector<ValueId>> inlined(n);
-  for (std::size_t i = n; i-- > 0;) {
-    const Node& root = g.nodes()[i];
-    if (owner[i] != -1 || !has_kernel(root)) continue;
-    const auto r = static_cast<ValueId>(i);
-    owner[i] = r;
-    if (!elementwise(root) && !axis_reduction(root)) continue;
-    // Every node of the kernel is computed at the same element of this shape: the root's, or a
-    // reduction's input's.
-    const ir::Shape& shape = elementwise(root) ? root.shape : g.node(root.inputs[0]).shape;
-    std::priority_queue<ValueId> candidates;
-    for (ValueId in : root.inputs) candidates.push(in);
-    while (!candidates.empty()) {
-      const ValueId v = candidates.top();
-      candidates.pop();
-      const Node& node = g.node(v);
+  std::vector<bool> root_of(n, false);
+  for (bool again = true; again;) {
+    again = false;
+    for (auto& m : inlined) m.clear();
+    std::fill(root_of.begin(), root_of.end(), false);
+    std::vector<std::vector<ValueId>> kernels_of(n);  // the kernels computing each node inside them
+    for (std::size_t i = n; i-- > 0;) {
+      const Node& root = g.nodes()[i];
+      if (!kernels_of[i].empty() || !has_kernel(g, static_cast<ValueId>(i), limits.view_alignment)) continue;
+      const auto r = static_cast<ValueId>(i);
+      root_of[i] = true;
+      if (!elementwise(root) && !axis_reduction(root)) continue;
+      // Every node of the kernel is computed at the same element of this shape: the root's, or a
+      // reduction's input's.
+      const ir::Shape& shape = elementwise(root) ? root.shape : g.node(root.inputs[0]).shape;
       auto& members = inlined[i];
-      if (std::find(members.begin(), members.end(), v) != members.end()) continue;
-      if (scalar_constant(node)) continue;  // placed with the kernel's reads below
-      if (owner[static_cast<std::size_t>(v)] != -1 || !elementwise(node) || is_result[static_cast<std::size_t>(v)] || !(node.shape == shape)) continue;
-      const auto& rs = readers[static_cast<std::size_t>(v)];
-      if (!std::all_of(rs.begin(), rs.end(), [&](ValueId c) { return owner[static_cast<std::size_t>(c)] == r; })) continue;
-      std::vector<ValueId> trial = members;
-      trial.push_back(v);
-      const Reads reads = reads_of(g, r, trial, inline_constant);
-      if (push_words(root, shape.rank, reads) > kMaxPushWords || static_cast<int>(reads.operands.size()) + 1 > limits.storage_buffers) continue;
-      members = std::move(trial);
-      owner[static_cast<std::size_t>(v)] = r;
-      for (ValueId in : node.inputs) candidates.push(in);
+      auto inside = [&](ValueId c) { return c == r || std::find(members.begin(), members.end(), c) != members.end(); };
+      std::priority_queue<ValueId> candidates;
+      for (ValueId in : root.inputs) candidates.push(in);
+      while (!candidates.empty()) {
+        const ValueId v = candidates.top();
+        candidates.pop();
+        const Node& node = g.node(v);
+        if (inside(v) || scalar_constant(node)) continue;  // constants: placed with the kernel's reads below
+        // A matmul becomes the kernel's core when it has the kernel's shape (every element of the
+        // chain is one of its products) and the kernel has none yet.
+        const bool epilogue = node.op == Op::matmul && elementwise(root) && node.shape == shape && matmul_of(g, members) < 0;
+        if (!(elementwise(node) || epilogue) || is_result[static_cast<std::size_t>(v)] || stored[static_cast<std::size_t>(v)]) continue;
+        // Read only inside this kernel (the matmul core reads its operands from memory), or an
+        // elementwise node with few readers, recomputed in each of their kernels.
+        const auto& rs = readers[static_cast<std::size_t>(v)];
+        const bool alone = std::all_of(rs.begin(), rs.end(), [&](ValueId c) { return inside(c) && g.node(c).op != Op::matmul; });
+        if (!alone && (epilogue || rs.size() > kMostRecomputingReaders)) continue;
+        std::vector<ValueId> trial = members;
+        trial.push_back(v);
+        const Reads reads = reads_of(g, r, trial, inline_constant);
+        if (push_words(root, shape.rank, reads) > kMaxPushWords || reads.buffers() > limits.storage_buffers) continue;
+        members = std::move(trial);
+        kernels_of[static_cast<std::size_t>(v)].push_back(r);
+        if (!epilogue)
+          for (ValueId in : node.inputs) candidates.push(in);
+      }
+    }
+    // A value some node reads from memory (outside a kernel computing it) must be stored.
+    auto needs_storage = [&](ValueId v) {
+      const auto j = static_cast<std::size_t>(v);
+      if (root_of[j] || inline_constant[j] || !has_kernel(g, v, limits.view_alignment)) return;
+      stored[j] = true;
+      again = true;
+    };
+    for (std::size_t c = 0; c < n; ++c) {
+      const Node& node = g.nodes()[c];
+      auto reads_in = [&](ValueId k) {  // node c's inputs, as computed in kernel k
+        const auto& ms = inlined[static_cast<std::size_t>(k)];
+        for (ValueId in : node.inputs)
+          if (node.op == Op::matmul || std::find(ms.begin(), ms.end(), in) == ms.end()) needs_storage(in);
+      };
+      if (root_of[c]) reads_in(static_cast<ValueId>(c));
+      for (ValueId k : kernels_of[c]) reads_in(k);
+      if (!root_of[c] && kernels_of[c].empty())  // inputs, views: read in place
+        for (ValueId in : node.inputs) needs_storage(in);
     }
   }
   std::vector<bool> own_kernel(n, false);
-  for (std::size_t i = 0; i < n; ++i) own_kernel[i] = owner[i] == static_cast<ValueId>(i) && has_kernel(g.nodes()[i]) && !inline_constant[i];
+  for (std::size_t i = 0; i < n; ++i) own_kernel[i] = root_of[i] && !inline_constant[i];
   std::vector<KernelGroup> plan;
   for (std::size_t i = 0; i < n; ++i) {
     if (!own_kernel[i]) continue;
@@ -175,14 +247,14 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
     if (!k.fused()) k.operands = root.inputs;
     plan.push_back(std::move(k));
   }
-  verify(g, plan);
+  verify(g, plan, limits.view_alignment);
   return plan;
 }
 
-std::vector<KernelGroup> unfused_kernels(const ir::Graph& g) {
+std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, std::int64_t view_alignment) {
   std::vector<KernelGroup> plan;
   for (std::size_t i = 0; i < g.size(); ++i)
-    if (has_kernel(g.nodes()[i])) plan.push_back({static_cast<ValueId>(i), {}, g.nodes()[i].inputs});
+    if (has_kernel(g, static_cast<ValueId>(i), view_alignment)) plan.push_back({static_cast<ValueId>(i), {}, g.nodes()[i].inputs});
   return plan;
 }
 
@@ -194,25 +266,120 @@ std::string fused_name(const ir::Graph& g, const KernelGroup& k) {
   return name + "_" + std::string(ir::op_name(root.op)) + "_r" + std::to_string(chain_shape(g, root, nullptr, k.root).rank);
 }
 
-KernelSource fused_source(const ir::Graph& g, const KernelGroup& k) {
+namespace {
+
+/// The statements computing a kernel's members in node order (`members`, the matmul of an
+/// epilogue excluded: its value is `acc`), each read through `value`.
+template <class Value>
+std::string chain_statements(const ir::Graph& g, const std::vector<ValueId>& members, Value value) {
+  std::string s;
+  for (ValueId m : members) {
+    const Node& node = g.node(m);
+    if (scalar_constant(node)) continue;
+    std::string expr;
+    if (node.op == Op::matmul) {
+      expr = "acc";
+    } else {
+      std::vector<std::string> args;
+      for (ValueId in : node.inputs) args.push_back(value(in));
+      expr = detail::elementwise_expression(node.op, args);
+    }
+    s += "  float v" + std::to_string(m) + " = " + expr + ";  // %" + std::to_string(m) + " " + std::string(ir::op_name(node.op)) + "\n";
+  }
+  return s;
+}
+
+std::vector<ValueId> constants_of(const ir::Graph& g, const KernelGroup& k) {
+  std::vector<ValueId> constants;
+  for (ValueId v : k.inlined)
+    if (scalar_constant(g.node(v))) constants.push_back(v);
+  return constants;
+}
+
+/// A matmul with its epilogue: the matmul kernel for `target`, storing the chain's value at each
+/// product. The chain reads operand k (after A and B) as x<k + 2> at o<k>: the batch entry's
+/// offset e<k> (qkv_epilogue_batch) plus row and column through its strides.
+KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId mm, const Target& target) {
+  const Node& mat = g.node(mm);
+  const int rank = mat.shape.rank, batch_rank = rank - 2, base = detail::matmul_push_words(rank);
+  const int operands = static_cast<int>(k.operands.size()) - 2;
+  const std::vector<ValueId> constants = constants_of(g, k);
+  auto word = [&](int w) { return "pc.p[" + std::to_string(base + w) + "]"; };
+  auto stride = [&](int o, int d) { return word(o * rank + d); };
+  detail::MatmulEpilogue e;
+  e.operands = operands;
+  std::string& s = e.glsl;
+  s += "// computes " + covered_nodes(g, k) + " on each product of %" + std::to_string(mm) + "\n";
+  s += "// p[" + std::to_string(base) + "..] = each operand's " + std::to_string(rank) + " strides over the output's dims, then each constant's float bits\n";
+  if (operands) {
+    s += "uint";
+    for (int o = 0; o < operands; ++o) s += std::string(o ? "," : "") + " e" + std::to_string(o);
+    s += ";  // each operand's offset at this batch entry\n";
+  }
+  s += "void qkv_epilogue_batch(uint batch) {\n";
+  if (operands) {
+    s += "  uint rem = batch;\n";
+    for (int o = 0; o < operands; ++o) s += "  e" + std::to_string(o) + " = 0u;\n";
+    for (int d = batch_rank - 1; d >= 0; --d) {
+      const std::string dim = "pc.p[" + std::to_string(7 + d) + "]";
+      s += "  { uint idx = rem % " + dim + "; rem /= " + dim + ";";
+      for (int o = 0; o < operands; ++o) s += " e" + std::to_string(o) + " += idx * " + stride(o, d) + ";";
+      s += " }\n";
+    }
+  }
+  s += "}\n";
+  s += "float qkv_epilogue(float acc, uint row, uint col) {\n";
+  for (int o = 0; o < operands; ++o)
+    s += "  uint o" + std::to_string(o) + " = e" + std::to_string(o) + " + row * " + stride(o, batch_rank) + " + col * " + stride(o, batch_rank + 1) + ";\n";
+  auto value = [&](ValueId v) -> std::string {
+    if (auto it = std::find(k.operands.begin() + 2, k.operands.end(), v); it != k.operands.end()) {
+      const auto o = it - k.operands.begin() - 2;
+      return "x" + std::to_string(o + 2) + "[o" + std::to_string(o) + "]";
+    }
+    if (auto it = std::find(constants.begin(), constants.end(), v); it != constants.end())
+      return "uintBitsToFloat(" + word(rank * operands + static_cast<int>(it - constants.begin())) + ")";
+    return "v" + std::to_string(v);
+  };
+  std::vector<ValueId> members = k.inlined;
+  members.push_back(k.root);
+  s += chain_statements(g, members, value);
+  s += "  return v" + std::to_string(k.root) + ";\n}\n";
+  std::vector<Op> ops;
+  for (ValueId m : members)
+    if (m != mm) ops.push_back(g.node(m).op);
+  s = detail::math_helpers_of(ops) + s;
+  for (ValueId m : members)
+    if (m != mm && !scalar_constant(g.node(m))) e.name += "_" + std::string(ir::op_name(g.node(m).op));
+  KernelSource source = detail::matmul_source(mat, target, &e);
+  source.name = fused_name(g, k);  // as explain and profiles name it; the source says which matmul kernel
+  return source;
+}
+
+}  // namespace
+
+bool specialized(const ir::Graph& g, const KernelGroup& k) {
+  return k.fused() ? matmul_of(g, k.inlined) >= 0 : specialized(g.node(k.root));
+}
+
+KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target& target) {
+  if (const ValueId mm = matmul_of(g, k.inlined); mm >= 0) return epilogue_source(g, k, mm, target);
   const Node& root = g.node(k.root);
   const bool reduction = axis_reduction(root);
   const ValueId chain_root = reduction ? root.inputs[0] : k.root;
   QKV_ASSERT(!reduction || std::find(k.inlined.begin(), k.inlined.end(), chain_root) != k.inlined.end(), "kernel fusion: a reduction fused without its input");
   const int rank = chain_shape(g, root, nullptr, k.root).rank;
-  const int operands = static_cast<int>(k.operands.size()), base = leading_words(root);
-  std::vector<ValueId> constants;
-  for (ValueId v : k.inlined)
-    if (scalar_constant(g.node(v))) constants.push_back(v);
+  const int operands = static_cast<int>(k.operands.size()), base = reduction ? detail::kAxisPushWords : 1;
+  const std::vector<ValueId> constants = constants_of(g, k);
   std::vector<Op> ops;
   std::vector<ValueId> members = k.inlined;
   if (!reduction) members.push_back(k.root);
   for (ValueId m : members) ops.push_back(g.node(m).op);
   auto word = [&](int w) { return "pc.p[" + std::to_string(base + w) + "]"; };
-  std::string s = detail::kernel_header(operands) + detail::math_helpers_of(ops);
+  std::string s = detail::math_helpers_of(ops);  // after the header, below
   s += "// computes " + covered_nodes(g, k) + "\n";
   s += "// p[" + std::to_string(base) + "..] = the " + std::to_string(rank) + " dims of the elements below, then each operand's strides, then each constant's float bits\n";
-  s += "// The value of %" + std::to_string(chain_root) + " at its element i.\nfloat qkv_chain(uint i) {\n" + detail::operand_offsets(rank, operands, base);
+  s += "// The value of %" + std::to_string(chain_root) + " at its element i (nodes of smaller shapes at the element they broadcast from).\n";
+  s += "float qkv_chain(uint i) {\n" + detail::operand_offsets(rank, operands, base);
   auto value = [&](ValueId v) {
     if (auto it = std::find(k.operands.begin(), k.operands.end(), v); it != k.operands.end()) {
       const auto o = std::to_string(it - k.operands.begin());
@@ -222,30 +389,37 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k) {
       return "uintBitsToFloat(" + word(rank * (1 + operands) + static_cast<int>(it - constants.begin())) + ")";
     return "v" + std::to_string(v);
   };
-  for (ValueId m : members) {
-    const Node& node = g.node(m);
-    if (scalar_constant(node)) continue;
-    std::vector<std::string> args;
-    for (ValueId in : node.inputs) args.push_back(value(in));
-    s += "  float v" + std::to_string(m) + " = " + detail::elementwise_expression(node.op, args) + ";  // %" + std::to_string(m) + " " +
-         std::string(ir::op_name(node.op)) + "\n";
-  }
+  s += chain_statements(g, members, value);
   s += "  return v" + std::to_string(chain_root) + ";\n}\n";
-  if (reduction) s += detail::axis_body(root.op, "qkv_chain(", ")");
-  else s += "void main() {\n" + detail::linear_index() + "  y[i] = qkv_chain(i);\n}\n";
+  if (reduction) s = detail::axis_shader(detail::kernel_header(operands), s + detail::axis_body(root.op, "qkv_chain(", ")", target), target);
+  else s = detail::kernel_header(operands) + s + "void main() {\n" + detail::linear_index() + "  y[i] = qkv_chain(i);\n}\n";
   return {fused_name(g, k), s, operands + 1};
 }
 
-KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>& shapes) {
+KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>& shapes, const Target& target) {
   const Node& root = g.node(k.root);
+  const ValueId mm = matmul_of(g, k.inlined);
   const ir::Shape& cs = chain_shape(g, root, &shapes, k.root);
   KernelLaunch l;
+  auto push_constants = [&] {
+    for (ValueId v : k.inlined)
+      if (scalar_constant(g.node(v))) l.push.push_back(std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, g.node(v), shapes))));
+    QKV_ASSERT(static_cast<int>(l.push.size()) <= kMaxPushWords, "kernel fusion: too many push-constant words");
+  };
+  if (mm >= 0) {
+    l = detail::matmul_launch(g.node(mm), shapes, shapes[static_cast<std::size_t>(mm)], target);
+    for (std::size_t o = 2; o < k.operands.size(); ++o) {
+      const auto st = detail::broadcast_strides(shapes[static_cast<std::size_t>(k.operands[o])], cs.rank);
+      for (int d = 0; d < cs.rank; ++d) l.push.push_back(detail::push_word(st[static_cast<std::size_t>(d)]));
+    }
+    push_constants();
+    return l;
+  }
   if (axis_reduction(root)) {
     std::int64_t outer = 1, inner = 1;
     for (int i = 0; i < root.attrs.axis; ++i) outer *= cs[i];
     for (int i = root.attrs.axis + 1; i < cs.rank; ++i) inner *= cs[i];
-    l.push = {detail::push_word(outer * inner), detail::push_word(cs[root.attrs.axis]), detail::push_word(inner)};
-    l.groups = detail::elementwise_groups(outer * inner);
+    l = detail::axis_launch(outer, cs[root.attrs.axis], inner, target);
   } else {
     l.push = {detail::push_word(cs.numel())};
     l.groups = detail::elementwise_groups(cs.numel());
@@ -255,9 +429,7 @@ KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::v
     const auto st = detail::broadcast_strides(shapes[static_cast<std::size_t>(in)], cs.rank);
     for (int d = 0; d < cs.rank; ++d) l.push.push_back(detail::push_word(st[static_cast<std::size_t>(d)]));
   }
-  for (ValueId v : k.inlined)
-    if (scalar_constant(g.node(v))) l.push.push_back(std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, g.node(v), shapes))));
-  QKV_ASSERT(static_cast<int>(l.push.size()) <= kMaxPushWords, "kernel fusion: too many push-constant words");
+  push_constants();
   return l;
 }
 

@@ -235,9 +235,12 @@ std::string substitute(const std::string& expr, const std::vector<std::string>& 
 
 }  // namespace
 
-std::string detail::axis_body(Op op, const std::string& open, const std::string& close) {
+namespace {
+
+/// One invocation per row: the invocations of a SIMD lane set take consecutive rows.
+std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close) {
   auto read = [&](const std::string& index) { return open + index + close; };
-  std::string s = "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner\nvoid main() {\n" + std::string(kLinearIndex) +
+  std::string s = "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
                   "  uint n = pc.p[1], inner = pc.p[2];\n  uint base = (i / inner) * n * inner + i % inner;\n";
   switch (op) {
     case Op::reduce_sum:
@@ -260,6 +263,113 @@ std::string detail::axis_body(Op op, const std::string& open, const std::string&
     default: QKV_UNREACHABLE("not an axis op");
   }
   return s + "}\n";
+}
+
+/// Rows in one of three ways, chosen per launch by p[3] (axis_launch): 0, an invocation per row
+/// (short rows); 1, a subgroup per row, lane l reading the row's elements l, l + S, ... (S =
+/// gl_SubgroupSize as the device runs it) and subgroupAdd or subgroupMax combining the lanes,
+/// the workgroup's subgroups taking its kRows rows in turn (so nothing assumes the subgroup size
+/// the host queried); 2, a workgroup per row (long rows on a GPU), its subgroups' results then
+/// combined through shared memory. NaN propagates as the reference has it: a lane that saw one
+/// makes the row's max NaN (through a flag's max: GLSL's max is not defined for NaN), and a
+/// softmax row of -inf gives zeros.
+std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows) {
+  auto read = [&](const std::string& index) { return open + index + close; };
+  const std::string lanes = "for (uint k = lane; k < n; k += step)";
+  std::string s = "// p[0] = rows (outer * inner), p[1] = n (the reduced axis), p[2] = inner,\n"
+                  "// p[3] = 0: an invocation per row, 1: a subgroup per row, 2: a workgroup per row\n";
+  s += "const uint kRows = " + std::to_string(rows) + "u;  // per workgroup with a subgroup per row\n";
+  s += "shared float qkv_partial[" + std::to_string(kWorkgroupSize) + "];\n";
+  s += "uint mode;  // uniform: a push constant\n";
+  for (const std::string f : {"Add", "Max"}) {
+    const std::string combine = f == "Add" ? "x += qkv_partial[s];" : "x = max(x, qkv_partial[s]);";
+    s += "float qkv_" + std::string(f == "Add" ? "sum" : "max") + "(float x) {  // of the lanes sharing a row\n"
+         "  if (mode == 0u) return x;\n"
+         "  x = subgroup" + f + "(x);\n"
+         "  if (mode == 1u) return x;\n"
+         "  barrier();  // earlier reads of qkv_partial are done\n"
+         "  if (subgroupElect()) qkv_partial[gl_SubgroupID] = x;\n"
+         "  barrier();\n"
+         "  x = qkv_partial[0];\n"
+         "  for (uint s = 1u; s < gl_NumSubgroups; ++s) " + combine + "\n"
+         "  return x;\n"
+         "}\n";
+  }
+  s += "void main() {\n"
+       "  uint rows = pc.p[0], n = pc.p[1], inner = pc.p[2];\n"
+       "  mode = pc.p[3];\n"
+       "  uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
+       "  uint first = mode == 0u ? group * gl_WorkGroupSize.x + gl_LocalInvocationID.x : mode == 1u ? group * kRows : group;\n"
+       "  uint count = mode == 1u ? kRows : 1u, r0 = mode == 1u ? gl_SubgroupID : 0u, rstep = mode == 1u ? gl_NumSubgroups : 1u;\n"
+       "  uint lane = mode == 0u ? 0u : mode == 1u ? gl_SubgroupInvocationID : gl_LocalInvocationID.x;\n"
+       "  uint step = mode == 0u ? 1u : mode == 1u ? gl_SubgroupSize : gl_WorkGroupSize.x;\n"
+       "  bool writer = mode == 0u || (mode == 1u ? subgroupElect() : gl_LocalInvocationID.x == 0u);\n"
+       "  for (uint r = r0; r < count; r += rstep) {\n"
+       "    uint i = first + r;\n"
+       "    if (i >= rows) break;  // uniform across the lanes sharing a row\n"
+       "    uint base = (i / inner) * n * inner + i % inner;\n";
+  const std::string max_pass = "    float m = uintBitsToFloat(0xff800000u), nan_seen = 0.0;\n"
+                               "    " + lanes + " { float v = " + read("base + k * inner") + "; if (isnan(v)) nan_seen = 1.0; else m = max(m, v); }\n"
+                               "    m = qkv_max(m);\n"
+                               "    if (qkv_max(nan_seen) > 0.0) m = uintBitsToFloat(0x7fc00000u);\n";
+  switch (op) {
+    case Op::reduce_sum:
+      s += "    float acc = 0.0;\n    " + lanes + " acc += " + read("base + k * inner") + ";\n"
+           "    acc = qkv_sum(acc);\n    if (writer) y[i] = acc;\n";
+      break;
+    case Op::reduce_max: s += max_pass + "    if (writer) y[i] = m;\n"; break;
+    case Op::softmax:
+      s += max_pass +
+           "    if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
+           "    float total = 0.0;\n"
+           "    " + lanes + " total += exp(" + read("base + k * inner") + " - m);\n"
+           "    total = qkv_sum(total);\n"
+           "    float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
+           "    " + lanes + " y[base + k * inner] = exp(" + read("base + k * inner") + " - m) * inv;\n";
+      break;
+    default: QKV_UNREACHABLE("not an axis op");
+  }
+  return s + "  }\n}\n";
+}
+
+/// Whether reductions share rows across lanes: on GPUs with subgroup arithmetic. Not on lavapipe,
+/// where an invocation per row was 2x to 7x faster than a subgroup per row (qkv_graph_bench
+/// rows/*: R4096_C256 11 ms against 29, R512_C4096 23 against 47, R16384_C32 6 against 32):
+/// its SIMD lanes already take 8 rows at once, and each subgroup operation is a shuffle
+/// sequence.
+bool subgroup_rows_kernel(const Target& t) { return t.subgroup_reductions && t.subgroup_size > 0 && !t.cpu; }
+
+/// Rows per workgroup of the subgroup kernel: one per subgroup of kWorkgroupSize invocations.
+std::uint32_t subgroup_rows(const Target& t) { return std::max<std::uint32_t>(kWorkgroupSize / t.subgroup_size, 1); }
+
+}  // namespace
+
+std::string detail::axis_body(Op op, const std::string& open, const std::string& close, const Target& target) {
+  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target));
+  return axis_body_per_invocation(op, open, close);
+}
+
+std::string detail::axis_shader(const std::string& header, const std::string& body, const Target& target) {
+  if (!subgroup_rows_kernel(target)) return header + body;
+  const std::size_t line = header.find('\n');  // after #version
+  return header.substr(0, line + 1) + "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_arithmetic : require\n" +
+         header.substr(line + 1) + body;
+}
+
+KernelLaunch detail::axis_launch(std::int64_t outer, std::int64_t n, std::int64_t inner, const Target& target) {
+  KernelLaunch l;
+  const std::int64_t rows = outer * inner;
+  // Rows shorter than a subgroup take an invocation each (a subgroup would idle most lanes); on
+  // a GPU rows of 2048 or more take a workgroup (a subgroup's lanes would add 32 or more each).
+  const std::uint32_t mode = !subgroup_rows_kernel(target) || n < static_cast<std::int64_t>(target.subgroup_size) ? 0 : n >= 2048 ? 2 : 1;
+  l.push = {push_word(rows), push_word(n), push_word(inner), mode};
+  if (mode == 1) {
+    const std::int64_t per_group = subgroup_rows(target);
+    l.groups = linear_groups((rows + per_group - 1) / per_group * kWorkgroupSize);
+  } else {
+    l.groups = linear_groups(mode == 2 ? rows * kWorkgroupSize : rows);
+  }
+  return l;
 }
 
 std::string detail::operand_offsets(int rank, int operands, int first_word) {
@@ -545,8 +655,11 @@ KernelSource dropout_mask_source() {
   return {"dropout_mask", s, 3};
 }
 
-/// Reductions and softmax over one axis, seen as [outer, n, inner]: one invocation per row.
-KernelSource axis_source(Op op) { return {std::string(ir::op_name(op)), header(1) + detail::axis_body(op, "x0[", "]"), 2}; }
+/// Reductions and softmax over one axis, seen as [outer, n, inner]: one invocation or one
+/// subgroup per row.
+KernelSource axis_source(Op op, const Target& target) {
+  return {std::string(ir::op_name(op)), detail::axis_shader(header(1), detail::axis_body(op, "x0[", "]", target), target), 2};
+}
 
 }  // namespace
 
@@ -569,6 +682,28 @@ bool implements(const Node& n) {
 
 bool has_kernel(const Node& n) { return n.op != Op::input && n.op != Op::reshape; }
 
+std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
+  const Node& n = g.node(v);
+  if (n.op == Op::reshape) return 0;
+  if (n.op != Op::slice || alignment <= 0) return std::nullopt;
+  const ir::Shape& in = g.node(n.inputs[0]).shape;
+  std::int64_t inner = 1;
+  for (int d = 0; d < in.rank; ++d) {
+    if (d < n.attrs.axis && in[d] != 1) return std::nullopt;
+    if (d > n.attrs.axis) {
+      if (ir::is_symbol(in[d])) return std::nullopt;
+      inner *= in[d];
+    }
+  }
+  const std::int64_t bytes = n.attrs.begin * inner * 4;
+  if (bytes % alignment != 0) return std::nullopt;
+  return bytes;
+}
+
+bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment) {
+  return has_kernel(g.node(v)) && !view_offset(g, v, view_alignment);
+}
+
 int storage_buffers(const Node& n) { return static_cast<int>(n.inputs.size()) + 1 + (ir::is_fused_attention(n.op) ? 1 : 0); }
 
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n) {
@@ -584,7 +719,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
     case OpCategory::reduce:
     case OpCategory::mask: words = 4; break;
     case OpCategory::composite:
-      words = n.op == Op::softmax ? 3 : ir::is_fused_attention(n.op) ? detail::attention_push_words(n) : kMaxPushWords + 1;
+      words = n.op == Op::softmax ? detail::kAxisPushWords : ir::is_fused_attention(n.op) ? detail::attention_push_words(n) : kMaxPushWords + 1;
       break;
   }
   (void)g;
@@ -624,7 +759,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     case Op::one_hot: return one_hot_source();
     case Op::reduce_sum:
     case Op::reduce_max:
-    case Op::softmax: return axis_source(n.op);
+    case Op::softmax: return axis_source(n.op, target);
     case Op::matmul: return detail::matmul_source(n, target);
     case Op::causal_mask: return causal_mask_source();
     case Op::attention:
@@ -720,9 +855,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       std::int64_t outer = 1, inner = 1;
       for (int i = 0; i < n.attrs.axis; ++i) outer *= xs[i];
       for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
-      l.push = {push_word(outer * inner), push_word(xs[n.attrs.axis]), push_word(inner)};
-      l.groups = linear_groups(outer * inner);
-      return l;
+      return detail::axis_launch(outer, xs[n.attrs.axis], inner, target);
     }
     case Op::matmul: return detail::matmul_launch(n, shapes, os, target);
     case Op::one_hot:
@@ -746,11 +879,16 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
 
-std::string emit_glsl(const ir::Graph& g) {
+std::string emit_glsl(const ir::Graph& g, const FusionLimits& limits, const Target& target, bool fuse) {
   std::string out;
-  for (const KernelGroup& k : plan_kernels(g)) {
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (g.nodes()[i].op == Op::slice && !has_kernel(g, static_cast<ir::ValueId>(i), limits.view_alignment))
+      out += "// ---- %" + std::to_string(i) + " = slice : " + g.type_string(static_cast<ir::ValueId>(i)) + " (no kernel: read in place, %" +
+             std::to_string(g.nodes()[i].inputs[0]) + " from byte " + std::to_string(*view_offset(g, static_cast<ir::ValueId>(i), limits.view_alignment)) +
+             ")\n";
+  for (const KernelGroup& k : fuse ? plan_kernels(g, limits) : unfused_kernels(g, limits.view_alignment)) {
     const Node& n = g.node(k.root);
-    KernelSource source = k.fused() ? fused_source(g, k) : kernel_source(g, k.root);
+    KernelSource source = k.fused() ? fused_source(g, k, target) : kernel_source(g, k.root, target);
     out += "// ---- %" + std::to_string(k.root) + " = " + std::string(ir::op_name(n.op)) + " : " + g.type_string(k.root) + " (kernel " + source.name +
            (k.fused() ? ", computing " + covered_nodes(g, k) : std::string()) + ")\n" + source.glsl + "\n";
   }

@@ -59,6 +59,9 @@ struct Target {
   std::uint32_t max_invocations = 128;
   /// Invocations per subgroup where kernels may broadcast within one (subgroupBroadcast), or 0.
   std::uint32_t subgroup_size = 0;
+  /// Reductions and softmax give each row a subgroup, combined by subgroupAdd and subgroupMax
+  /// (GL_KHR_shader_subgroup_arithmetic), rather than one invocation per row.
+  bool subgroup_reductions = false;
   /// Override of the matmul geometry for tuning experiments (invocations 0: chosen per shape).
   MatmulGeometry matmul{};
 };
@@ -81,6 +84,14 @@ struct KernelLaunch {
 bool implements(const ir::Node& n);
 /// Whether a node runs as a kernel (inputs are uploaded; reshapes alias their operand).
 bool has_kernel(const ir::Node& n);
+/// Where node v's value lies in its operand's storage when it is a view and needs no kernel: a
+/// reshape at byte 0; a slice whose elements are contiguous in its operand (every dim before
+/// the axis is 1, those after it static) at begin * inner size * 4 bytes, when that is a
+/// multiple of `alignment` (a descriptor's offset must be: minStorageBufferOffsetAlignment);
+/// alignment 0 views no slice. nullopt for every other node.
+std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::int64_t alignment);
+/// has_kernel, and not a view for this alignment.
+bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment);
 /// The storage buffers the node's kernel binds (KernelSource::buffers): its operands, its
 /// output, and the flash kernels' tile counter. A device allows a limited number per shader
 /// (maxPerStageDescriptorStorageBuffers: 32 on lavapipe); past it, the backend decomposes.
@@ -94,8 +105,5 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
 bool specialized(const ir::Node& n);
 /// Push constants and workgroup counts of node `v` for concrete shapes (one per node).
 KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target = {});
-/// Every kernel of a graph (fused as the vulkan backend fuses them, for a default target), each
-/// headed by the node it stores and the nodes it computes inside: what `qkv dump --glsl` prints.
-std::string emit_glsl(const ir::Graph& g);
 
 }  // namespace qkv::codegen

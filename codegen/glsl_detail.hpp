@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/glsl.hpp"
 #include "ir/graph.hpp"
 
 
@@ -30,9 +31,17 @@ std::string elementwise_expression(ir::Op op, const std::vector<std::string>& op
 /// and give each operand k its offset o<k> through its strides (pc.p[first_word + rank (k + 1) +
 /// d], 0 where it broadcasts).
 std::string operand_offsets(int rank, int operands, int first_word);
+/// Push-constant words of axis_body's kernels, before a fused kernel's own.
+inline constexpr int kAxisPushWords = 4;
 /// main() of a reduction or softmax over one axis (p[0] = outer * inner, p[1] = the axis' size,
-/// p[2] = inner), reading its input's element e as open + e + close ("x0[" and "]" unfused).
-std::string axis_body(ir::Op op, const std::string& open, const std::string& close);
+/// p[2] = inner, p[3] = a workgroup per row), reading its input's element e as open + e + close
+/// ("x0[" and "]" unfused): one invocation per row, or with target.subgroup_reductions a
+/// subgroup per row (a workgroup for long rows on a GPU: axis_launch).
+std::string axis_body(ir::Op op, const std::string& open, const std::string& close, const Target& target);
+/// header + body for an axis_body kernel, with the subgroup extensions it needs for `target`.
+std::string axis_shader(const std::string& header, const std::string& body, const Target& target);
+/// Push constants and workgroups of axis_body's kernel for these sizes.
+KernelLaunch axis_launch(std::int64_t outer, std::int64_t n, std::int64_t inner, const Target& target);
 /// The buffer and push-constant declarations of a kernel reading `inputs` buffers x0, x1, ...
 /// and writing y, with 256 invocations along x.
 std::string kernel_header(int inputs);

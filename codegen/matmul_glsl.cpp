@@ -65,13 +65,27 @@ bool uses_lanes(const Target& target) {
 
 /// The operand and output buffers and push constants both matmul kernels declare, with the
 /// push-constant layout (matmul_launch's).
-std::string bindings(int batch_rank) {
-  return "layout(std430, binding = 0) readonly buffer In0 { float x0[]; };\n"
-         "layout(std430, binding = 1) readonly buffer In1 { float x1[]; };\n"
-         "layout(std430, binding = 2) writeonly buffer Out { float y[]; };\n"
-         "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n"
-         "// p[0..2] = M, N, K; p[3..6] = a's row and column strides, b's row and column strides;\n"
-         "// then " + std::to_string(batch_rank) + " batch dims, a's and b's batch strides (elements)\n";
+std::string bindings(int batch_rank, const MatmulEpilogue* epilogue) {
+  const int extra = epilogue ? epilogue->operands : 0;
+  std::string s = "layout(std430, binding = 0) readonly buffer In0 { float x0[]; };\n"
+                  "layout(std430, binding = 1) readonly buffer In1 { float x1[]; };\n";
+  for (int k = 0; k < extra; ++k)
+    s += "layout(std430, binding = " + std::to_string(2 + k) + ") readonly buffer In" + std::to_string(2 + k) + " { float x" + std::to_string(2 + k) + "[]; };\n";
+  s += "layout(std430, binding = " + std::to_string(2 + extra) + ") writeonly buffer Out { float y[]; };\n"
+       "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n"
+       "// p[0..2] = M, N, K; p[3..6] = a's row and column strides, b's row and column strides;\n"
+       "// then " + std::to_string(batch_rank) + " batch dims, a's and b's batch strides (elements)\n";
+  if (epilogue) s += "\n// The epilogue: what each store writes.\n" + epilogue->glsl + "\n";
+  else s += "float qkv_epilogue(float acc, uint row, uint col) { return acc; }\nvoid qkv_epilogue_batch(uint batch) {}\n";
+  return s;
+}
+
+KernelSource named(KernelSource k, const MatmulEpilogue* epilogue) {
+  if (epilogue) {
+    k.name += epilogue->name;
+    k.buffers += epilogue->operands;
+  }
+  return k;
 }
 
 /// Statements adding the batch entry `rem`'s offsets to oa and ob through the broadcast batch
@@ -100,7 +114,7 @@ int matmul_push_words(int rank) { return 7 + 3 * (rank - 2); }
 
 namespace {
 
-KernelSource matmul_tiled_source(const Node& n) {
+KernelSource matmul_tiled_source(const Node& n, const MatmulEpilogue* epilogue) {
   const int batch_rank = n.shape.rank - 2;
   const std::string br = std::to_string(batch_rank);
   // Which index of a tile the invocations step through first when loading it: the operand's
@@ -115,7 +129,7 @@ KernelSource matmul_tiled_source(const Node& n) {
        "layout(constant_id = 5) const uint NT = 64u;  // invocations (the local size)\n"
        "const uint WM = NT / WN, TM4 = TM / 4u, BM4 = WM * TM4, BM = 4u * BM4, BN4 = WN * TN4, BN = 4u * BN4;\n"
        "const uint LA = (BM * BK + NT - 1u) / NT, LB = (BK * BN + NT - 1u) / NT;  // words each invocation loads per tile\n";
-  s += bindings(batch_rank);
+  s += bindings(batch_rank, epilogue);
   s += "shared vec4 As[2u * BK * BM4];  // [buffer][k][row / 4]: A's tile, k-major\n"
        "shared vec4 Bs[2u * BK * BN4];  // [buffer][k][column / 4]\n";
   s += "uint M, N, K, oa, ob, m0, n0;\n"
@@ -160,6 +174,7 @@ KernelSource matmul_tiled_source(const Node& n) {
        "  uint batch = gl_WorkGroupID.z, rem = batch;\n"
        "  oa = 0u; ob = 0u;\n";
   s += batch_offsets(batch_rank);
+  s += "  qkv_epilogue_batch(batch);\n";
   s += "  // Invocation (ty, tx) owns rows 4 (ty + i WM) + 0..3 for i < TM4 and columns\n"
        "  // 4 (tx + j WN) + 0..3 for j < TN4: neighbours read neighbouring vec4s of B.\n"
        "  vec4 acc[TM * TN4];\n"
@@ -196,12 +211,12 @@ KernelSource matmul_tiled_source(const Node& n) {
        "      [[unroll]] for (uint j = 0u; j < TN4; ++j) {\n"
        "        uint col = n0 + 4u * (tx + j * WN);\n"
        "        vec4 v = acc[(4u * i + c) * TN4 + j];\n"
-       "        for (uint q = 0u; q < 4u && col + q < N; ++q) y[oy + row * N + col + q] = v[q];\n"
+       "        for (uint q = 0u; q < 4u && col + q < N; ++q) y[oy + row * N + col + q] = qkv_epilogue(v[q], row, col + q);\n"
        "      }\n"
        "    }\n"
        "}\n";
   std::string name = "matmul_b" + br + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "");
-  return {name, s, 3};
+  return named({name, s, 3}, epilogue);
 }
 
 /// The matmul for CPU devices (lavapipe), where a subgroup is one SIMD register of lanes: every
@@ -215,13 +230,13 @@ KernelSource matmul_tiled_source(const Node& n) {
 /// the tiled kernel's reads from shared memory. R, TN and SG are written into the source
 /// (unrolled, so that the accumulators stay registers); the subgroups per workgroup are a
 /// specialization constant.
-KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg) {
+KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulEpilogue* epilogue) {
   const int batch_rank = n.shape.rank - 2;
   const std::uint32_t rows = kLaneRowGroups * sg, cols = kLaneColumns;
   const auto str = [](std::uint32_t v) { return std::to_string(v); };
   std::string s = "#version 450\n#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_ballot : require\n";
   s += "layout(local_size_x_id = 0) in;  // whole subgroups of " + str(sg) + " lanes\n";
-  s += bindings(batch_rank);
+  s += bindings(batch_rank, epilogue);
   s += "// A subgroup computes " + str(rows) + " rows by " + str(sg * cols) + " columns; lane l owns columns c0 + j * " + str(sg) + " + l.\n";
   s += "void main() {\n"
        "  uint M = pc.p[0], N = pc.p[1], K = pc.p[2];\n"
@@ -231,6 +246,7 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg) {
        "  if (r0 >= M) return;  // a subgroup wholly past the last row (no barrier waits for it)\n"
        "  uint batch = gl_WorkGroupID.z, rem = batch, oa = 0u, ob = 0u;\n";
   s += batch_offsets(batch_rank);
+  s += "  qkv_epilogue_batch(batch);\n";
   s += "  // Rows and columns past the matrix read its last one (so every load is in bounds) and count as 0.\n";
   for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
     s += "  uint ra" + str(i) + " = r0 + " + str(i * sg) + "u + lane; bool ka" + str(i) + " = ra" + str(i) + " < M; uint pa" + str(i) + " = oa + min(ra" + str(i) +
@@ -256,19 +272,18 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg) {
   s += "  }\n  uint oy = batch * M * N;\n";
   for (std::uint32_t r = 0; r < rows; ++r) {
     s += "  if (r0 + " + str(r) + "u < M) {";
-    for (std::uint32_t j = 0; j < cols; ++j) s += " if (kb" + str(j) + ") y[oy + (r0 + " + str(r) + "u) * N + cb" + str(j) + "] = c" + str(r) + "_" + str(j) + ";";
+    for (std::uint32_t j = 0; j < cols; ++j) s += " if (kb" + str(j) + ") y[oy + (r0 + " + str(r) + "u) * N + cb" + str(j) + "] = qkv_epilogue(c" + str(r) + "_" + str(j) + ", r0 + " + str(r) + "u, cb" + str(j) + ");";
     s += " }\n";
   }
   s += "}\n";
   std::string name = "matmul_lanes" + str(sg) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "");
-  return {name, s, 3};
+  return named({name, s, 3}, epilogue);
 }
-
 
 }  // namespace
 
-KernelSource matmul_source(const Node& n, const Target& target) {
-  return uses_lanes(target) ? matmul_lanes_source(n, target.subgroup_size) : matmul_tiled_source(n);
+KernelSource matmul_source(const Node& n, const Target& target, const MatmulEpilogue* epilogue) {
+  return uses_lanes(target) ? matmul_lanes_source(n, target.subgroup_size, epilogue) : matmul_tiled_source(n, epilogue);
 }
 
 KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, const Shape& os, const Target& target) {

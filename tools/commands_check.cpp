@@ -158,17 +158,25 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
   const ir::Graph& g = exe->graph();
   auto shapes = ir::bind_shapes(g, p.inputs);
   std::printf("%s on %s (%s)\n", p.title.c_str(), be->name().c_str(), be->device().c_str());
-  std::printf("%-5s %-18s %-22s %-34s %12s %12s\n", "node", "op", "shape", "kernel", "MFLOP", "MB moved");
+  std::vector<std::string> kernel(g.size());
+  int width = 34;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    kernel[i] = be->kernel_name(g, static_cast<ir::ValueId>(i));
+    width = std::max(width, static_cast<int>(kernel[i].size()));
+  }
+  std::printf("%-5s %-18s %-22s %-*s %12s %12s\n", "node", "op", "shape", width, "kernel", "MFLOP", "MB moved");
   double flops = 0, bytes = 0;
   int kernels = 0, inlined = 0;  // vulkan's generated kernels, and the nodes fused into them
   std::string scores;
   for (std::size_t i = 0; i < g.size(); ++i) {
     const auto v = static_cast<ir::ValueId>(i);
     const ir::Node& n = g.node(v);
+    // Bytes its kernel reads and writes: none for an input, a view, or a node computed inside
+    // another's kernel (the backends name those in parentheses).
     double moved = 0;
-    if (n.op != ir::Op::input && n.op != ir::Op::reshape) {
+    if (n.op != ir::Op::input && n.op != ir::Op::reshape && !kernel[i].starts_with("(")) {
       moved = 4.0 * static_cast<double>(shapes[i].numel());
-      for (ir::ValueId in : n.inputs) moved += 4.0 * static_cast<double>(shapes[static_cast<std::size_t>(in)].numel());
+      for (ir::ValueId in : be->kernel_reads(g, v)) moved += 4.0 * static_cast<double>(shapes[static_cast<std::size_t>(in)].numel());
     }
     const double f = ir::estimated_flops(g, v, shapes);
     flops += f;
@@ -178,11 +186,10 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
     if (n.op == ir::Op::flex_attention && scores.empty())
       scores = "not materialised: fused flex attention at %" + std::to_string(i) + " streams key blocks, its modifier " +
                ir::region_expression(*n.region) + " applied to each tile";
-    const std::string kernel = be->kernel_name(g, v);
-    if (kernel.starts_with("glsl ")) ++kernels;
-    if (kernel.starts_with("(in %")) ++inlined;
-    std::printf("%%%-4zu %-18s %-22s %-34s %12.3f %12.3f\n", i, std::string(ir::op_name(n.op)).c_str(),
-                shape_string(ir::to_vector(shapes[i])).c_str(), kernel.c_str(), f / 1e6, moved / 1e6);
+    if (kernel[i].starts_with("glsl ")) ++kernels;
+    if (kernel[i].starts_with("(in %")) ++inlined;
+    std::printf("%%%-4zu %-18s %-22s %-*s %12.3f %12.3f\n", i, std::string(ir::op_name(n.op)).c_str(),
+                shape_string(ir::to_vector(shapes[i])).c_str(), width, kernel[i].c_str(), f / 1e6, moved / 1e6);
   }
   if (scores.empty()) {  // no fused attention: a softmax of the model's graph holds its scores
     auto model_shapes = ir::bind_shapes(p.graph, p.inputs);

@@ -144,8 +144,7 @@ int cmd_dump(const Request& r, bool ir, bool dot, bool glsl) {
   Prepared p = prepare(r);
   if (dot) std::fputs(ir::to_dot(p.graph).c_str(), stdout);
   if (glsl) {
-    auto be = backend::create("vulkan");  // the only backend that runs shaders
-    std::fputs(codegen::emit_glsl(be->compile(p.graph)->graph()).c_str(), stdout);
+    std::fputs(backend::vulkan_shaders(p.graph).c_str(), stdout);  // the only backend that runs shaders
   }
   if (ir || (!dot && !glsl)) std::fputs(ir::print(p.graph).c_str(), stdout);
   return 0;

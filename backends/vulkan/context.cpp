@@ -59,6 +59,12 @@ VulkanOptions vulkan_options_from_env() {
     o.attention_rows = rows;
     o.attention_tile = tile;
   }
+  if (const char* f = std::getenv("QKV_VULKAN_SUBGROUP_REDUCTIONS")) {
+    const std::string s = f;
+    if (s != "0" && s != "1")
+      throw BackendError("vulkan: QKV_VULKAN_SUBGROUP_REDUCTIONS is '" + s + "'; give 1 (a subgroup per row where the device can, the default) or 0");
+    o.subgroup_reductions = s == "1";
+  }
   if (const char* f = std::getenv("QKV_VULKAN_FUSION")) {
     const std::string s = f;
     if (s != "0" && s != "1") throw BackendError("vulkan: QKV_VULKAN_FUSION is '" + s + "'; give 1 (fuse, the default) or 0");
@@ -152,7 +158,9 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
     }
     properties_ = physical_.getProperties();
     memory_properties_ = physical_.getMemoryProperties();
-    if (const SubgroupSupport sub = subgroup_support(physical_); sub.ballot) subgroup_size_ = sub.size;
+    const SubgroupSupport sub = subgroup_support(physical_);
+    if (sub.ballot) subgroup_size_ = sub.size;
+    subgroup_arithmetic_ = sub.ballot && sub.arithmetic;
     auto families = physical_.getQueueFamilyProperties();
     for (std::uint32_t i = 0; i < families.size(); ++i)
       if (families[i].queueFlags & vk::QueueFlagBits::eCompute) {

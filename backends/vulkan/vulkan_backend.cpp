@@ -8,6 +8,7 @@
 #include <set>
 
 #include "backends/run_inputs.hpp"
+#include "backends/vulkan/barriers.hpp"
 #include "backends/vulkan/context.hpp"
 #include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
@@ -34,17 +35,24 @@ void write_staging(const Tensor& t, void* dst) {
   for (std::int64_t i = 0; i < t.numel(); ++i) f[i] = static_cast<float>(t.at(i));
 }
 
+/// The alignment of every storage range the kernels bind: the device's
+/// minStorageBufferOffsetAlignment, at least 16. Slices read in place start at multiples of it.
+std::int64_t view_alignment(const Context& ctx) {
+  return static_cast<std::int64_t>(std::max<vk::DeviceSize>(ctx.properties().limits.minStorageBufferOffsetAlignment, 16));
+}
+
 class VulkanExecutable final : public Executable {
  public:
   /// Fuses elementwise chains within `fusion`'s limits, or gives every node its own kernel.
   VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g, codegen::Target target, std::optional<codegen::FusionLimits> fusion)
       : ctx_(std::move(ctx)), target_(target), graph_(std::move(g)), input_ids_(graph_.inputs()) {
     const std::uint32_t most = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
-    std::vector<codegen::KernelGroup> groups = fusion ? codegen::plan_kernels(graph_, *fusion) : codegen::unfused_kernels(graph_);
+    std::vector<codegen::KernelGroup> groups =
+        fusion ? codegen::plan_kernels(graph_, *fusion) : codegen::unfused_kernels(graph_, view_alignment(*ctx_));
     for (auto& group : groups) {
       const ir::ValueId v = group.root;
       const Node& n = graph_.node(v);
-      codegen::KernelSource source = group.fused() ? codegen::fused_source(graph_, group) : codegen::kernel_source(graph_, v, target_);
+      codegen::KernelSource source = group.fused() ? codegen::fused_source(graph_, group, target_) : codegen::kernel_source(graph_, v, target_);
       Kernel k{v, std::move(source), nullptr, -1, std::move(group)};
       QKV_ASSERT(k.group.fused() || k.source.buffers == codegen::storage_buffers(n), "codegen::storage_buffers disagrees with " + k.source.name);
       if (static_cast<std::uint32_t>(k.source.buffers) > most)  // supports() decomposes what can be
@@ -53,7 +61,7 @@ class VulkanExecutable final : public Executable {
       if (k.source.counts_tiles) k.counter = counters_++;
       // Compiled now, so that a shader error surfaces at compile(); specialized kernels get their
       // pipelines once the shapes are bound.
-      if (k.group.fused() || !codegen::specialized(n)) k.pipeline = &ctx_->pipeline(k.source);
+      if (!codegen::specialized(graph_, k.group)) k.pipeline = &ctx_->pipeline(k.source);
       kernels_.push_back(std::move(k));
     }
   }
@@ -114,7 +122,8 @@ class VulkanExecutable final : public Executable {
  private:
   std::int64_t bytes_of(ir::ValueId v) const { return shapes_[static_cast<std::size_t>(v)].numel() * 4; }
   std::int64_t offset_of(ir::ValueId v) const {
-    return memory_.offset[static_cast<std::size_t>(memory_.storage_of[static_cast<std::size_t>(v)])];
+    const auto i = static_cast<std::size_t>(v);
+    return memory_.offset[static_cast<std::size_t>(memory_.storage_of[i])] + memory_.view_offset[i];
   }
   bool held(ir::ValueId input) const { return state_.contains(graph_.node(input).name); }
 
@@ -158,7 +167,7 @@ class VulkanExecutable final : public Executable {
     shapes_ = ir::bind_shapes(graph_, merged_inputs(graph_, tensors));
     std::vector<std::int64_t> bytes(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * 4;
-    auto align = static_cast<std::int64_t>(std::max<vk::DeviceSize>(ctx_->properties().limits.minStorageBufferOffsetAlignment, 16));
+    const std::int64_t align = view_alignment(*ctx_);
     // A fused kernel's node reads the kernel's operands; the nodes computed inside it get no storage.
     std::vector<std::vector<ir::ValueId>> reads(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) reads[i] = graph_.nodes()[i].inputs;
@@ -170,7 +179,12 @@ class VulkanExecutable final : public Executable {
         no_storage.insert(&graph_.node(m));
       }
     }
-    memory_ = ir::plan_memory(graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads);
+    // Reshapes and contiguous slices are read in place (codegen::view_offset): they have no kernel.
+    std::vector<std::int64_t> views(graph_.size(), -1);
+    for (std::size_t i = 0; i < graph_.size(); ++i)
+      if (graph_.nodes()[i].op != Op::input && !codegen::has_kernel(graph_, static_cast<ir::ValueId>(i), align))
+        views[i] = codegen::view_offset(graph_, static_cast<ir::ValueId>(i), align).value();
+    memory_ = ir::plan_memory(graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads, &views);
 
     using U = vk::BufferUsageFlagBits;
     arena_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(memory_.total_bytes), U::eStorageBuffer | U::eTransferSrc | U::eTransferDst, false);
@@ -198,12 +212,9 @@ class VulkanExecutable final : public Executable {
     // Launch parameters per kernel for these shapes, and the pipelines specialized for them.
     launches_.clear();
     for (auto& k : kernels_) {
-      if (k.group.fused()) {
-        launches_.push_back(codegen::fused_launch(graph_, k.group, shapes_));
-        continue;
-      }
-      launches_.push_back(codegen::kernel_launch(graph_, k.value, shapes_, target_));
-      if (codegen::specialized(graph_.node(k.value))) k.pipeline = &ctx_->pipeline(k.source, launches_.back().specialization);
+      launches_.push_back(k.group.fused() ? codegen::fused_launch(graph_, k.group, shapes_, target_)
+                                          : codegen::kernel_launch(graph_, k.value, shapes_, target_));
+      if (codegen::specialized(graph_, k.group)) k.pipeline = &ctx_->pipeline(k.source, launches_.back().specialization);
     }
 
     // One descriptor set per kernel, binding its operands' and result's ranges of the arena.
@@ -243,6 +254,20 @@ class VulkanExecutable final : public Executable {
     record(uploads, downloads, updates);
     upload_state();
     signature_.record(tensors);
+  }
+
+  /// The arena ranges each kernel reads (its operands) and writes (its value, and for the flash
+  /// kernels their tile counter, in a buffer of its own and so kept apart here).
+  std::vector<KernelAccess> accesses() const {
+    std::vector<KernelAccess> out;
+    auto range = [&](ir::ValueId v) { return ByteRange{offset_of(v), offset_of(v) + bytes_of(v)}; };
+    for (const auto& k : kernels_) {
+      KernelAccess a;
+      for (ir::ValueId in : k.group.operands) a.reads.push_back(range(in));
+      a.writes.push_back(range(k.value));
+      out.push_back(std::move(a));
+    }
+    return out;
   }
 
   /// Copies the held tensors into their arena regions (once per plan or set_state).
@@ -316,17 +341,21 @@ class VulkanExecutable final : public Executable {
     if (counters_ > 0) cb.fillBuffer(*counts_.buffer, 0, VK_WHOLE_SIZE, 0);  // the flash kernels count from zero
     barrier(A::eTransferWrite, A::eShaderRead | A::eShaderWrite, S::eTransfer, S::eComputeShader);
     timestamp(0);
+    // A barrier only before a kernel that depends on one since the last barrier; profiling times
+    // each kernel alone, so there every kernel waits for the one before.
+    const std::vector<bool> wait = barriers_before(accesses());
     for (std::size_t k = 0; k < kernels_.size(); ++k) {
       const auto& kernel = kernels_[k];
       const auto& launch = launches_[k];
+      if (k > 0 && (wait[k] || *query_pool_))
+        barrier(A::eShaderWrite | A::eShaderRead, A::eShaderRead | A::eShaderWrite, S::eComputeShader, S::eComputeShader);
       cb.bindPipeline(vk::PipelineBindPoint::eCompute, *kernel.pipeline->pipeline);
       cb.bindDescriptorSets(vk::PipelineBindPoint::eCompute, *kernel.pipeline->layout, 0, *descriptor_sets_[k], {});
       cb.pushConstants<std::uint32_t>(*kernel.pipeline->layout, vk::ShaderStageFlagBits::eCompute, 0, launch.push);
       cb.dispatch(launch.groups[0], launch.groups[1], launch.groups[2]);
-      barrier(A::eShaderWrite, A::eShaderRead | A::eShaderWrite | A::eTransferRead | A::eTransferWrite, S::eComputeShader,
-              S::eComputeShader | S::eTransfer);
       timestamp(k + 1);
     }
+    barrier(A::eShaderWrite | A::eShaderRead, A::eTransferRead | A::eTransferWrite, S::eComputeShader, S::eTransfer);
     if (!downloads.empty()) cb.copyBuffer(*arena_.buffer, *staging_out_.buffer, downloads);
     if (!updates.empty()) {
       // The outputs are read before the updated inputs are overwritten.
@@ -382,6 +411,7 @@ class VulkanBackend final : public Backend {
     target_.shared_bytes = ctx_->properties().limits.maxComputeSharedMemorySize;
     target_.max_invocations = ctx_->properties().limits.maxComputeWorkGroupInvocations;
     target_.subgroup_size = ctx_->subgroup_size();
+    target_.subgroup_reductions = o.subgroup_reductions && ctx_->subgroup_arithmetic();
     if (o.attention_invocations > ctx_->properties().limits.maxComputeWorkGroupInvocations)
       throw BackendError("vulkan: " + std::to_string(o.attention_invocations) + " invocations per workgroup exceed the device's " +
                          std::to_string(ctx_->properties().limits.maxComputeWorkGroupInvocations));
@@ -405,7 +435,11 @@ class VulkanBackend final : public Backend {
            static_cast<std::uint32_t>(codegen::storage_buffers(n)) <= ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
   }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
-    if (!codegen::has_kernel(g.node(v))) return g.node(v).op == ir::Op::input ? "(input, uploaded)" : "(view of its operand)";
+    if (!codegen::has_kernel(g, v, view_alignment(*ctx_))) {
+      if (g.node(v).op == ir::Op::input) return "(input, uploaded)";
+      const std::int64_t at = codegen::view_offset(g, v, view_alignment(*ctx_)).value();
+      return "(view of %" + std::to_string(g.node(v).inputs[0]) + (at ? " at byte " + std::to_string(at) : "") + ")";
+    }
     if (fuse_)
       for (const auto& k : codegen::plan_kernels(g, fusion_limits())) {
         if (k.root == v) return "glsl " + (k.fused() ? codegen::fused_name(g, k) : codegen::kernel_source(g, v, target_).name);
@@ -414,11 +448,25 @@ class VulkanBackend final : public Backend {
       }
     return "glsl " + codegen::kernel_source(g, v, target_).name;
   }
+  std::vector<ir::ValueId> kernel_reads(const ir::Graph& g, ir::ValueId v) const override {
+    if (fuse_)
+      for (const auto& k : codegen::plan_kernels(g, fusion_limits())) {
+        if (k.root == v) return k.operands;
+        if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end()) return {};
+      }
+    return g.node(v).inputs;
+  }
   codegen::FusionLimits fusion_limits() const {
     codegen::FusionLimits limits;
     const std::uint32_t device = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
     limits.storage_buffers = static_cast<int>(std::min(device, static_cast<std::uint32_t>(limits.storage_buffers)));
+    limits.view_alignment = view_alignment(*ctx_);
     return limits;
+  }
+  /// The shaders compile(g) runs (codegen::emit_glsl for this device).
+  std::string shaders(const ir::Graph& g) {
+    const auto exe = compile(g);
+    return codegen::emit_glsl(exe->graph(), fusion_limits(), target_, fuse_);
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
@@ -438,6 +486,8 @@ class VulkanBackend final : public Backend {
 bool vulkan_supports(const ir::Node& n) { return codegen::implements(n); }
 
 std::unique_ptr<Backend> make_vulkan_backend(const VulkanOptions& options) { return std::make_unique<VulkanBackend>(options); }
+
+std::string vulkan_shaders(const ir::Graph& g, const VulkanOptions& options) { return VulkanBackend(options).shaders(g); }
 
 std::string VulkanDeviceInfo::capabilities() const {
   auto yes = [](bool b) { return b ? "yes" : "no"; };

@@ -32,6 +32,10 @@ struct VulkanOptions {
   /// Fuses elementwise chains into one kernel each (codegen::plan_kernels; QKV_VULKAN_FUSION=0
   /// turns it off: one kernel per node, for comparisons).
   bool fusion = true;
+  /// Reductions and softmax give each row a subgroup (subgroupAdd, subgroupMax) where the device
+  /// has subgroup arithmetic (QKV_VULKAN_SUBGROUP_REDUCTIONS=0: one invocation per row, for
+  /// comparisons).
+  bool subgroup_reductions = true;
 };
 
 /// Options from the environment variables named above.
@@ -39,6 +43,11 @@ VulkanOptions vulkan_options_from_env();
 
 /// Starts Vulkan. Throws BackendError naming what is missing (loader, device, layer).
 std::unique_ptr<Backend> make_vulkan_backend(const VulkanOptions& options = vulkan_options_from_env());
+
+/// The shaders the vulkan backend runs for `g` on the device `options` pick, after its lowering:
+/// each kernel with the nodes it covers, fused and specialized for the device as runs are
+/// (what `qkv dump --glsl` prints).
+std::string vulkan_shaders(const ir::Graph& g, const VulkanOptions& options = vulkan_options_from_env());
 
 /// What the code generator has kernels for (codegen::implements); no device needed.
 bool vulkan_supports(const ir::Node& n);

@@ -6,14 +6,20 @@
 namespace qkv::ir {
 
 MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
-                       std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads) {
+                       std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads, const std::vector<std::int64_t>* views) {
   const std::size_t n = g.size();
   MemoryPlan plan;
   plan.offset.assign(n, -1);
   plan.storage_of.resize(n);
+  plan.view_offset.assign(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     const Node& node = g.nodes()[i];
-    plan.storage_of[i] = node.op == Op::reshape ? plan.storage_of[static_cast<std::size_t>(node.inputs[0])] : static_cast<ValueId>(i);
+    const std::int64_t at = views ? (*views)[i] : node.op == Op::reshape ? 0 : -1;
+    plan.storage_of[i] = static_cast<ValueId>(i);
+    if (at < 0) continue;
+    const auto operand = static_cast<std::size_t>(node.inputs[0]);
+    plan.storage_of[i] = plan.storage_of[operand];
+    plan.view_offset[i] = plan.view_offset[operand] + at;
   }
   // Last reader of each storage root; outputs are read at the end.
   std::vector<std::size_t> last_use(n, 0);

@@ -14,8 +14,11 @@ struct MemoryPlan {
   /// Byte offset of each value's storage in the arena; -1 for values with no storage of their
   /// own (inputs read in place, and aliases).
   std::vector<std::int64_t> offset;
-  /// The value whose storage each value reads: itself, or for a reshape the value it aliases.
+  /// The value whose storage each value reads: itself, or for a view (a reshape, or what the
+  /// caller's `views` name) the value it aliases.
   std::vector<ValueId> storage_of;
+  /// Where each value starts inside storage_of's storage, in bytes (0 but for offset views).
+  std::vector<std::int64_t> view_offset;
   std::int64_t total_bytes = 0;
 };
 
@@ -27,7 +30,11 @@ struct MemoryPlan {
 /// `reads`, when given, says per node which values it reads when it runs, in place of its
 /// operands (a backend that computes several nodes in one kernel: the kernel's node reads what
 /// the kernel reads, and the nodes computed inside it read nothing and get no storage).
+/// `views`, when given, says per value the byte offset at which it aliases its first operand's
+/// storage, or -1 where it has storage of its own (a backend reading contiguous slices in
+/// place); without it, reshapes alias their operand at 0 and nothing else does.
 MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
-                       std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads = nullptr);
+                       std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads = nullptr,
+                       const std::vector<std::int64_t>* views = nullptr);
 
 }  // namespace qkv::ir

@@ -50,7 +50,7 @@ TEST(VulkanFusion, FusedChainsMatchTheReferenceForwardAndBackward) {
   EXPECT_NEAR(a.at("loss").at(0), b.at("loss").at(0), 1e-3 * std::abs(b.at("loss").at(0)));
 }
 
-/// The elementwise tail of x * w + b -> tanh -> * 2 is one kernel after the matmul.
+/// x * w + b -> tanh -> * 2 is one kernel: the matmul stores through its epilogue.
 TEST(VulkanFusion, CountsTheKernelsOfAKnownGraph) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   auto x = input<"x">(dim<"N">, dim<16>);
@@ -58,7 +58,7 @@ TEST(VulkanFusion, CountsTheKernelsOfAKnownGraph) {
   auto b = input<"b">(dim<8>);
   const ir::Graph g = lower(named<"y">(tanh(matmul(x, w) + b) * 2.0));
   auto exe = vulkan->compile(g);
-  EXPECT_EQ(kernels(*vulkan, exe->graph()), 2);  // the matmul, then add-tanh-mul with the constant inlined
+  EXPECT_EQ(kernels(*vulkan, exe->graph()), 1);  // the matmul with add-tanh-mul (the constant inlined) in its store
   EXPECT_EQ(kernels(*vulkan_fusing(false), exe->graph()), 5);
   testing::expect_equivalent(g, backend::random_inputs(g, {{"N", 70}}, 2), *vulkan);
 }
@@ -76,6 +76,74 @@ TEST(VulkanFusion, FusedReductionsMatchTheReference) {
   for (std::int64_t j = 0; j < 70; ++j) in.at("x").data<float>()[j] = -std::numeric_limits<float>::infinity();
   in.at("x").data<float>()[70 + 3] = std::numeric_limits<float>::quiet_NaN();
   testing::expect_equivalent(g, in, *vulkan);
+}
+
+/// Reductions and softmax with a subgroup per row and a workgroup per row (GPU tuning, rows of
+/// 2048 or more) and with an invocation per row (lavapipe's tuning, or subgroups off), over the
+/// last axis and an inner one, on rows shorter and longer than a subgroup, with a NaN and a row
+/// of -inf: the reference's numbers each way.
+TEST(VulkanFusion, SubgroupWorkgroupAndPerInvocationReductionsMatchTheReference) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  auto x = input<"x">(dim<"B">, dim<"N">, dim<"M">);
+  const ir::Graph g = lower(named<"p">(softmax<2>(x * 0.5)), named<"q">(softmax<1>(x)), named<"s">(sum<2>(exp(x))),
+                            named<"t">(sum<1>(x)), named<"m">(max<2>(x)), named<"u">(max<1>(x * x)));
+  using Tuning = backend::VulkanOptions::Tuning;
+  for (auto [subgroups, tuning] : {std::pair{true, Tuning::cpu}, {true, Tuning::gpu}, {false, Tuning::gpu}}) {
+    auto options = backend::vulkan_options_from_env();
+    options.subgroup_reductions = subgroups;
+    options.tuning = tuning;
+    auto b = backend::make_vulkan_backend(options);
+    SCOPED_TRACE(std::string(subgroups ? "subgroups" : "an invocation per row") + (tuning == Tuning::gpu ? ", gpu tuning" : ""));
+    for (auto [n, m] : {std::pair{1, 1}, {7, 3}, {65, 33}, {3, 300}, {2, 3000}}) {
+      auto in = backend::random_inputs(g, {{"B", 2}, {"N", n}, {"M", m}}, 5);
+      testing::expect_equivalent(g, in, *b);
+      in.at("x").data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+      for (std::int64_t j = 0; j < m; ++j) in.at("x").data<float>()[static_cast<std::size_t>(n * m + j) % (2 * n * m)] = -std::numeric_limits<float>::infinity();
+      testing::expect_equivalent(g, in, *b);
+    }
+  }
+}
+
+/// Row slices of a packed projection weight and bias are read in place (no kernel, no copy),
+/// of an input and of an intermediate that other kernels then overwrite; a column slice and an
+/// unaligned one are copied; results and outputs that are views match the reference.
+TEST(VulkanFusion, ContiguousSlicesAreReadInPlace) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  ir::Graph g;
+  const ir::Dim n = g.symbol("N");
+  const auto x = g.add_input("x", qkv::DType::f32, {n, 32});
+  const auto w = g.add_input("w", qkv::DType::f32, {96, 32});
+  const auto b = g.add_input("b", qkv::DType::f32, {96});
+  auto slice = [&](ir::ValueId v, int axis, std::int64_t begin, std::int64_t end) {
+    ir::Attrs a;
+    a.axis = axis;
+    a.begin = begin;
+    a.end = end;
+    return g.add(ir::Op::slice, {v}, a);
+  };
+  ir::Attrs tb;
+  tb.transpose_b = true;
+  ir::ValueId sum = -1;
+  for (std::int64_t part = 0; part < 3; ++part) {
+    const auto y = g.add(ir::Op::add, {g.add(ir::Op::matmul, {x, slice(w, 0, 32 * part, 32 * part + 32)}, tb), slice(b, 0, 32 * part, 32 * part + 32)});
+    sum = sum < 0 ? y : g.add(ir::Op::add, {sum, y});
+  }
+  const auto rows = slice(g.add(ir::Op::exp, {w}), 0, 64, 96);  // a view of an intermediate, read after other kernels ran
+  g.set_output("y", g.add(ir::Op::add, {g.add(ir::Op::matmul, {sum, rows}, tb), sum}));
+  g.set_output("rows", rows);
+  g.set_output("cols", slice(w, 1, 4, 8));
+  g.set_output("odd", slice(b, 0, 1, 33));
+  auto exe = vulkan->compile(g);
+  int views = 0;
+  for (std::size_t i = 0; i < exe->graph().size(); ++i)
+    views += vulkan->kernel_name(exe->graph(), static_cast<ir::ValueId>(i)).starts_with("(view of %");
+  EXPECT_EQ(views, 7) << "three weight rows, three bias rows and exp(w)'s last rows";
+  const ir::ValueId lowered_rows = exe->graph().output("rows");
+  EXPECT_EQ(exe->graph().node(exe->graph().node(lowered_rows).inputs[0]).op, ir::Op::exp);
+  EXPECT_EQ(vulkan->kernel_name(exe->graph(), lowered_rows),
+            "(view of %" + std::to_string(exe->graph().node(lowered_rows).inputs[0]) + " at byte " + std::to_string(64 * 32 * 4) + ")");
+  for (std::int64_t rows_n : {1, 7, 40}) testing::expect_equivalent(g, backend::random_inputs(g, {{"N", rows_n}}, 3), *vulkan);
+  testing::expect_equivalent(g, backend::random_inputs(g, {{"N", 5}}, 4), *vulkan_fusing(false));
 }
 
 /// Unfused kernels (one per node, as before fusion) against the reference on random graphs.

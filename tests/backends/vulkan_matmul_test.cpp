@@ -13,10 +13,9 @@ using qkv::DType;
 using ir::Graph;
 using ir::Op;
 
-/// out = a @ b (transposed as asked), a of shape a_batch + [M, K] (or [K, M]), b of b_batch +
-/// [K, N] (or [N, K]).
-Graph matmul_graph(const ir::Shape& a_batch, const ir::Shape& b_batch, bool ta, bool tb) {
-  Graph g;
+/// a @ b (transposed as asked), a of shape a_batch + [M, K] (or [K, M]), b of b_batch + [K, N]
+/// (or [N, K]).
+ir::ValueId add_matmul(Graph& g, const ir::Shape& a_batch, const ir::Shape& b_batch, bool ta, bool tb) {
   const ir::Dim m = g.symbol("M"), n = g.symbol("N"), k = g.symbol("K");
   ir::Shape as = a_batch, bs = b_batch;
   as.push_back(ta ? k : m);
@@ -26,7 +25,13 @@ Graph matmul_graph(const ir::Shape& a_batch, const ir::Shape& b_batch, bool ta, 
   ir::Attrs attrs;
   attrs.transpose_a = ta;
   attrs.transpose_b = tb;
-  g.set_output("out", g.add(Op::matmul, {g.add_input("a", DType::f32, as), g.add_input("b", DType::f32, bs)}, attrs));
+  return g.add(Op::matmul, {g.add_input("a", DType::f32, as), g.add_input("b", DType::f32, bs)}, attrs);
+}
+
+/// out = a @ b.
+Graph matmul_graph(const ir::Shape& a_batch, const ir::Shape& b_batch, bool ta, bool tb) {
+  Graph g;
+  g.set_output("out", add_matmul(g, a_batch, b_batch, ta, tb));
   return g;
 }
 
@@ -74,6 +79,40 @@ TEST(VulkanMatmul, BroadcastBatchesMatchTheReference) {
     testing::expect_equivalent(right, backend::random_inputs(right, {{"M", 9}, {"N", 130}, {"K", 40}}, 2), *b);
     const Graph empty = matmul_graph({}, {}, false, false);  // K = 0: zeros
     testing::expect_equivalent(empty, backend::random_inputs(empty, {{"M", 5}, {"N", 6}, {"K", 0}}, 3), *b);
+  }
+}
+
+/// The matmul's epilogue (a scale, a bias broadcast over rows and batches, an activation and a
+/// residual broadcast over one batch dim) computed in its store, in every geometry, on odd
+/// sizes and transposed operands: one kernel, the reference's numbers.
+TEST(VulkanMatmul, EpiloguesMatchTheReferenceInEveryGeometry) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  using Tuning = backend::VulkanOptions::Tuning;
+  auto epilogue_graph = [](bool ta, bool tb) {
+    Graph g;
+    const ir::ValueId mm = add_matmul(g, {2, 3}, {3}, ta, tb);
+    const ir::Dim n = g.symbol("N"), m = g.symbol("M");
+    const ir::ValueId bias = g.add_input("bias", DType::f32, {n});
+    const ir::ValueId res = g.add_input("res", DType::f32, {3, m, n});
+    const ir::ValueId scaled = g.add(Op::mul, {mm, g.constant(0.125)});
+    const ir::ValueId act = g.add(Op::tanh, {g.add(Op::add, {scaled, bias})});
+    g.set_output("out", g.add(Op::add, {act, res}));
+    return g;
+  };
+  const std::pair<std::array<std::uint32_t, 5>, Tuning> geometries[] = {
+      {{0, 0, 0, 0, 0}, Tuning::cpu}, {{0, 0, 0, 0, 0}, Tuning::gpu}, {{32, 12, 3, 5, 4}, Tuning::cpu}, {{64, 8, 2, 16, 8}, Tuning::cpu}};
+  const Graph plain = epilogue_graph(false, false), transposed = epilogue_graph(true, true);
+  for (const auto& [geometry, tuning] : geometries) {
+    auto b = vulkan_with(geometry, tuning);
+    SCOPED_TRACE(std::to_string(geometry[0]) + "," + std::to_string(geometry[1]) + "," + std::to_string(geometry[2]));
+    int launched = 0;
+    for (std::size_t v = 0; v < plain.size(); ++v) launched += b->kernel_name(plain, static_cast<ir::ValueId>(v)).starts_with("glsl ");
+    EXPECT_EQ(launched, 1) << "the epilogue is computed in the matmul's store";
+    for (std::int64_t m : {1, 7, 65})
+      for (std::int64_t n : {1, 63, 129}) {
+        const Graph& g = (m + n) % 2 ? transposed : plain;
+        testing::expect_equivalent(g, backend::random_inputs(g, {{"M", m}, {"N", n}, {"K", m == 1 ? 129 : 17}}, 9), *b);
+      }
   }
 }
 

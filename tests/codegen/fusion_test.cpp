@@ -52,7 +52,8 @@ TEST(Fusion, AnElementwiseChainIsOneKernelReadingItsInputsOnce) {
   EXPECT_EQ(l.push, (std::vector<std::uint32_t>{96, 2, 3, 16, 48, 16, 1, 0, 0, 1, 0x3f000000u}));
 }
 
-TEST(Fusion, NodesReadElsewhereOrReturnedKeepTheirKernels) {
+/// A result keeps its kernel; an elementwise node two kernels read is recomputed in both.
+TEST(Fusion, ResultsKeepTheirKernelsAndSharedNodesAreRecomputed) {
   Graph g;
   const ir::Dim n = g.symbol("N");
   const ValueId x = g.add_input("x", DType::f32, {n, 8});
@@ -65,27 +66,227 @@ TEST(Fusion, NodesReadElsewhereOrReturnedKeepTheirKernels) {
   g.set_output("r", r);
   g.set_output("s", s);
   g.set_output("t", t);
+  const auto plan = plan_kernels(g);
   std::vector<ValueId> roots;
-  for (const auto& k : plan_kernels(g)) roots.push_back(k.root);
-  // a is computed in r's kernel and m in the reduction's; e is stored (two kernels read it), and
-  // so is r (a result, also read by s).
-  EXPECT_EQ(roots, (std::vector<ValueId>{e, r, s, t}));
-  EXPECT_EQ(plan_kernels(g)[1].inlined, (std::vector<ValueId>{a}));
-  EXPECT_EQ(plan_kernels(g)[3].inlined, (std::vector<ValueId>{m}));
+  for (const auto& k : plan) roots.push_back(k.root);
+  EXPECT_EQ(roots, (std::vector<ValueId>{r, s, t}));
+  EXPECT_EQ(plan[0].inlined, (std::vector<ValueId>{e, a}));
+  EXPECT_EQ(plan[1].inlined, (std::vector<ValueId>{}));  // r is stored: a result
+  EXPECT_EQ(plan[2].inlined, (std::vector<ValueId>{e, m}));
 }
 
-TEST(Fusion, AValueOfAnotherShapeIsReadNotInlined) {
+/// A node that some reader cannot compute (a matmul's operand, a view's) is stored, and the
+/// kernels that could have recomputed it read it instead.
+TEST(Fusion, ANodeAReaderCannotComputeIsStored) {
+  Graph g;
+  const ir::Dim n = g.symbol("N");
+  const ValueId x = g.add_input("x", DType::f32, {n, 8});
+  const ValueId w = g.add_input("w", DType::f32, {8, 8});
+  const ValueId h = g.add(Op::tanh, {x});
+  const ValueId y = g.add(Op::sqrt, {h});              // could recompute h
+  const ValueId z = g.add(Op::matmul, {h, w});         // cannot: loads h from memory
+  g.set_output("y", y);
+  g.set_output("z", z);
+  const auto plan = plan_kernels(g);
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[0].root, h);
+  EXPECT_EQ(plan[1].root, y);
+  EXPECT_FALSE(plan[1].fused());
+  EXPECT_EQ(plan[2].root, z);
+}
+
+/// A layer norm written by hand: x - mean is recomputed by the variance's sum and by the
+/// normalisation, so the whole norm is three kernels (the mean's sum, the variance's sum, the
+/// normalisation) and x - mean is never stored.
+TEST(Fusion, ALayerNormIsThreeKernels) {
+  Graph g;
+  const ir::Dim n = g.symbol("N");
+  const ValueId x = g.add_input("x", DType::f32, {n, 8});
+  ir::Attrs axis;
+  axis.axis = 1;
+  axis.keepdim = true;
+  const ValueId inv = g.constant(0.125);
+  const ValueId mean = g.add(Op::mul, {g.add(Op::reduce_sum, {x}, axis), inv});
+  const ValueId d = g.add(Op::sub, {x, mean});
+  const ValueId var = g.add(Op::mul, {g.add(Op::reduce_sum, {g.add(Op::mul, {d, d})}, axis), inv});
+  const ValueId y = g.add(Op::div, {d, g.add(Op::sqrt, {g.add(Op::add, {var, g.constant(1e-5)})})});
+  g.set_output("y", y);
+  const auto plan = plan_kernels(g);
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[2].root, y);
+  for (const auto& k : plan) EXPECT_NE(k.root, d);
+  EXPECT_NE(std::find(plan[1].inlined.begin(), plan[1].inlined.end(), d), plan[1].inlined.end());
+  EXPECT_NE(std::find(plan[2].inlined.begin(), plan[2].inlined.end(), d), plan[2].inlined.end());
+  for (const auto& k : plan) {
+    if (!k.fused()) continue;
+    const KernelSource src = fused_source(g, k);
+    EXPECT_NO_THROW(compile_spirv(src.name, src.glsl));
+  }
+}
+
+/// exp(b) of shape [8] broadcast into [N, 8] is recomputed per element in add's kernel: the
+/// kernel reads b, not a stored exp(b).
+TEST(Fusion, AValueOfASmallerShapeIsRecomputedPerElement) {
   Graph g;
   const ir::Dim n = g.symbol("N");
   const ValueId x = g.add_input("x", DType::f32, {n, 8});
   const ValueId b = g.add_input("b", DType::f32, {8});
-  const ValueId eb = g.add(Op::exp, {b});  // [8], broadcast into [N, 8]
+  const ValueId eb = g.add(Op::exp, {b});
   const ValueId y = g.add(Op::add, {x, eb});
   g.set_output("y", y);
   const auto plan = plan_kernels(g);
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].root, y);
+  EXPECT_EQ(plan[0].inlined, (std::vector<ValueId>{eb}));
+  EXPECT_EQ(plan[0].operands, (std::vector<ValueId>{b, x}));  // in the order the chain reads them
+  const KernelSource k = fused_source(g, plan[0]);
+  EXPECT_NO_THROW(compile_spirv(k.name, k.glsl));
+}
+
+/// A matmul is the core of its epilogue's kernel: (x @ w) * 0.5 + bias, tanh, + residual is one
+/// kernel reading x, w (the matmul's A and B first), bias and the residual; its push words are
+/// the matmul's, then each epilogue operand's broadcast strides, then the constants.
+TEST(Fusion, AMatmulAbsorbsItsEpilogue) {
+  Graph g;
+  const ir::Dim n = g.symbol("N");
+  const ValueId x = g.add_input("x", DType::f32, {2, n, 16});
+  const ValueId w = g.add_input("w", DType::f32, {16, 8});
+  const ValueId bias = g.add_input("bias", DType::f32, {8});
+  const ValueId res = g.add_input("res", DType::f32, {2, n, 8});
+  const ValueId mm = g.add(Op::matmul, {x, w});
+  const ValueId half = g.constant(0.5);
+  const ValueId scaled = g.add(Op::mul, {mm, half});
+  const ValueId biased = g.add(Op::add, {scaled, bias});
+  const ValueId act = g.add(Op::tanh, {biased});
+  const ValueId y = g.add(Op::add, {act, res});
+  g.set_output("y", y);
+  const auto plan = plan_kernels(g);
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].root, y);
+  EXPECT_EQ(plan[0].inlined, (std::vector<ValueId>{mm, half, scaled, biased, act}));
+  EXPECT_EQ(plan[0].operands, (std::vector<ValueId>{x, w, bias, res}));
+  EXPECT_TRUE(specialized(g, plan[0]));
+  const KernelSource k = fused_source(g, plan[0]);
+  EXPECT_NE(k.glsl.find("qkv_epilogue"), std::string::npos) << k.glsl;
+  EXPECT_NO_THROW(compile_spirv(k.name, k.glsl));
+  const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {2, 5, 16})}, {"w", Tensor(DType::f32, {16, 8})},
+                                          {"bias", Tensor(DType::f32, {8})}, {"res", Tensor(DType::f32, {2, 5, 8})}});
+  const KernelLaunch l = fused_launch(g, plan[0], shapes);
+  ASSERT_GE(l.push.size(), 5u);
+  // bias: batch stride 0, row stride 0, column stride 1; res: 40, 8, 1; then 0.5.
+  const std::vector<std::uint32_t> tail(l.push.end() - 7, l.push.end());
+  EXPECT_EQ(tail, (std::vector<std::uint32_t>{0, 0, 1, 40, 8, 1, 0x3f000000u}));
+}
+
+/// A matmul whose result is read elsewhere, or whose consumer has another shape, keeps its
+/// own store.
+TEST(Fusion, AMatmulReadElsewhereIsStored) {
+  Graph g;
+  const ir::Dim n = g.symbol("N");
+  const ValueId x = g.add_input("x", DType::f32, {n, 16});
+  const ValueId w = g.add_input("w", DType::f32, {16, 8});
+  const ValueId mm = g.add(Op::matmul, {x, w});
+  const ValueId t = g.add(Op::tanh, {mm});
+  g.set_output("mm", mm);
+  g.set_output("t", t);
+  const auto plan = plan_kernels(g);
   ASSERT_EQ(plan.size(), 2u);
-  EXPECT_EQ(plan[1].operands, (std::vector<ValueId>{x, eb}));
+  EXPECT_EQ(plan[0].root, mm);
+  EXPECT_EQ(plan[1].root, t);
   EXPECT_FALSE(plan[1].fused());
+}
+
+/// A value the epilogue reads that is also the matmul's operand is stored: the matmul loads
+/// its operands from memory (x + x @ w, a residual around a projection).
+TEST(Fusion, AMatmulsOperandIsStoredEvenWhenItsEpilogueReadsIt) {
+  Graph g;
+  const ir::Dim n = g.symbol("N");
+  const ValueId x = g.add_input("x", DType::f32, {n, 8});
+  const ValueId w = g.add_input("w", DType::f32, {8, 8});
+  const ValueId h = g.add(Op::tanh, {x});
+  const ValueId y = g.add(Op::add, {g.add(Op::matmul, {h, w}), h});
+  g.set_output("y", y);
+  const auto plan = plan_kernels(g);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].root, h);
+  EXPECT_EQ(plan[1].root, y);
+  EXPECT_EQ(plan[1].operands, (std::vector<ValueId>{h, w, h}));  // A, B, then the epilogue's own read of h
+  EXPECT_NO_THROW(compile_spirv(fused_source(g, plan[1]).name, fused_source(g, plan[1]).glsl));
+}
+
+/// With subgroup arithmetic a reduction gives each row a subgroup where rows are at least a
+/// subgroup long: the fused and the unfused kernels compile, combine lanes with subgroupAdd /
+/// subgroupMax, and launch a workgroup per 256 / subgroup-size rows (mode word 1); shorter rows
+/// take an invocation each (mode 0).
+TEST(Fusion, SubgroupReductionsCompileAndCoverEveryRow) {
+  Graph g;
+  const ir::Dim n = g.symbol("N");
+  const ValueId x = g.add_input("x", DType::f32, {n, 8});
+  ir::Attrs axis;
+  axis.axis = 1;
+  const ValueId e = g.add(Op::exp, {x});
+  g.set_output("s", g.add(Op::reduce_sum, {e}, axis));
+  g.set_output("m", g.add(Op::reduce_max, {x}, axis));
+  g.set_output("p", g.add(Op::softmax, {e}, axis));
+  g.set_output("e", e);
+  Target t;
+  t.cpu = false;
+  t.subgroup_size = 8;
+  t.subgroup_reductions = true;
+  const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {37, 8})}});
+  for (const auto& k : plan_kernels(g)) {
+    const ir::Node& root = g.node(k.root);
+    if (root.op == Op::exp) continue;
+    const KernelSource src = k.fused() ? fused_source(g, k, t) : kernel_source(g, k.root, t);
+    SCOPED_TRACE(src.name);
+    EXPECT_NE(src.glsl.find(root.op == Op::reduce_sum ? "subgroupAdd(" : "subgroupMax("), std::string::npos) << src.glsl;
+    EXPECT_NO_THROW(compile_spirv(src.name, src.glsl));
+    const KernelLaunch l = k.fused() ? fused_launch(g, k, shapes, t) : kernel_launch(g, k.root, shapes, t);
+    EXPECT_EQ(l.groups[0] * l.groups[1], 2u) << "37 rows, 32 per workgroup of 256";
+    EXPECT_EQ(l.push[3], 1u);
+    Target wide = t;
+    wide.subgroup_size = 16;  // rows of 8: an invocation each
+    const KernelLaunch short_rows = k.fused() ? fused_launch(g, k, shapes, wide) : kernel_launch(g, k.root, shapes, wide);
+    EXPECT_EQ(short_rows.push[3], 0u);
+    EXPECT_EQ(short_rows.groups[0] * short_rows.groups[1], 1u);
+    Target lavapipe = t;
+    lavapipe.cpu = true;  // an invocation per row, without subgroup operations
+    const KernelSource plain = k.fused() ? fused_source(g, k, lavapipe) : kernel_source(g, k.root, lavapipe);
+    EXPECT_EQ(plain.glsl.find("subgroup"), std::string::npos);
+  }
+}
+
+/// A slice whose elements are contiguous in its operand is read in place at an aligned offset:
+/// rows of a matrix (or of a [1, R, C] tensor), not columns, not where the offset is unaligned
+/// or an inner dim is named.
+TEST(Fusion, ContiguousAlignedSlicesAreViews) {
+  Graph g;
+  const ir::Dim n = g.symbol("N");
+  const ValueId w = g.add_input("w", DType::f32, {96, 32});
+  const ValueId c = g.add_input("c", DType::f32, {1, 6, 8});
+  const ValueId x = g.add_input("x", DType::f32, {4, n});
+  auto slice = [&](ValueId v, int axis, std::int64_t begin, std::int64_t end) {
+    ir::Attrs a;
+    a.axis = axis;
+    a.begin = begin;
+    a.end = end;
+    return g.add(Op::slice, {v}, a);
+  };
+  const ValueId rows = slice(w, 0, 32, 64), cols = slice(w, 1, 0, 16), inner = slice(c, 1, 2, 4), odd = slice(c, 1, 1, 2), named = slice(x, 0, 2, 4);
+  EXPECT_EQ(view_offset(g, rows, 64), 32 * 32 * 4);
+  EXPECT_EQ(view_offset(g, cols, 64), std::nullopt);
+  EXPECT_EQ(view_offset(g, inner, 64), 2 * 8 * 4);
+  EXPECT_EQ(view_offset(g, odd, 64), std::nullopt);  // 32 bytes in
+  EXPECT_EQ(view_offset(g, odd, 16), 32);
+  EXPECT_EQ(view_offset(g, named, 16), std::nullopt);
+  EXPECT_EQ(view_offset(g, rows, 0), std::nullopt);
+  for (ValueId v : {rows, cols, inner, odd, named}) g.set_output("s" + std::to_string(v), v);
+  FusionLimits limits;
+  limits.view_alignment = 64;
+  std::vector<ValueId> roots;
+  for (const auto& k : plan_kernels(g, limits)) roots.push_back(k.root);
+  EXPECT_EQ(roots, (std::vector<ValueId>{cols, odd, named}));
+  EXPECT_EQ(plan_kernels(g).size(), 5u) << "without an alignment every slice is copied";
 }
 
 /// A reduction reads its input through the chain that computes it: sum((x - b)^2) and
@@ -117,9 +318,9 @@ TEST(Fusion, AReductionComputesTheChainItReads) {
   const KernelSource soft = fused_source(g, plan[1]);
   EXPECT_EQ(soft.name, "fused_mul_softmax_r2");
   EXPECT_NO_THROW(compile_spirv(soft.name, soft.glsl));
-  // The reduction's three words, the input's dims (5, 8), x's and b's strides, no constants.
+  // The reduction's four words, the input's dims (5, 8), x's and b's strides, no constants.
   const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {5, 8})}, {"b", Tensor(DType::f32, {8})}});
-  EXPECT_EQ(fused_launch(g, plan[0], shapes).push, (std::vector<std::uint32_t>{5, 8, 1, 5, 8, 8, 1, 0, 1}));
+  EXPECT_EQ(fused_launch(g, plan[0], shapes).push, (std::vector<std::uint32_t>{5, 8, 1, 0, 5, 8, 8, 1, 0, 1}));
 }
 
 /// A sum of 20 inputs: each kernel binds at most the limit's buffers, so the chain splits.

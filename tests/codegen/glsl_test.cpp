@@ -7,6 +7,7 @@
 #include <map>
 #include <fstream>
 
+#include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
 #include "ir/bind.hpp"

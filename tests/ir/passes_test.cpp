@@ -92,6 +92,39 @@ TEST(MemoryPlan, ReshapeAliases) {
   EXPECT_EQ(plan.offset[static_cast<std::size_t>(r)], -1);
 }
 
+/// Views the caller names alias their operand at an offset (a slice of a reshape adds up), and
+/// keep the storage they read alive until their own last reader.
+TEST(MemoryPlan, ViewsAliasAtTheirOffsetAndKeepTheirStorageAlive) {
+  Graph g;
+  auto x = g.add_input("x", DType::f32, {64});
+  auto z = g.add_input("z", DType::f32, {1, 16});
+  auto e = g.add(Op::exp, {x});
+  Attrs a;
+  a.shape = {4, 16};
+  auto r = g.add(Op::reshape, {e}, a);
+  Attrs rows;
+  rows.axis = 0;
+  rows.begin = 2;
+  rows.end = 3;
+  auto s = g.add(Op::slice, {r}, rows);   // a view at byte 128
+  auto t = g.add(Op::neg, {z});           // must not take e's storage: s still reads it
+  auto u = g.add(Op::add, {s, t});
+  g.set_output("y", u);
+  std::vector<std::int64_t> bytes = {256, 64, 256, 256, 64, 64, 64};
+  std::vector<std::int64_t> views = {-1, -1, -1, 0, 128, -1, -1};
+  auto plan = plan_memory(g, bytes, [](const Node&) { return false; }, 16, nullptr, &views);
+  EXPECT_EQ(plan.storage_of[static_cast<std::size_t>(s)], e);
+  EXPECT_EQ(plan.view_offset[static_cast<std::size_t>(s)], 128);
+  EXPECT_EQ(plan.view_offset[static_cast<std::size_t>(r)], 0);
+  EXPECT_EQ(plan.offset[static_cast<std::size_t>(s)], -1);
+  const auto at = [&](ValueId v) { return plan.offset[static_cast<std::size_t>(v)]; };
+  EXPECT_TRUE(at(t) + 64 <= at(e) || at(e) + 256 <= at(t)) << "t overwrote the storage s reads";
+  // Without views only the reshape aliases.
+  auto plain = plan_memory(g, bytes, [](const Node&) { return false; }, 16);
+  EXPECT_EQ(plain.storage_of[static_cast<std::size_t>(s)], s);
+  EXPECT_GE(plain.offset[static_cast<std::size_t>(s)], 0);
+}
+
 TEST(Bind, ResolvesSymbolsAndReportsConflicts) {
   Graph g;
   Dim n = g.symbol("N");

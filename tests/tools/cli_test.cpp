@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "io/npy.hpp"
 #include "io/png.hpp"
@@ -211,13 +212,17 @@ TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
   EXPECT_NE(profile.output.find("device ms"), std::string::npos) << profile.output;
   EXPECT_NE(profile.output.find("glsl fused_mul_softmax_r3"), std::string::npos) << profile.output;  // the scale inside the softmax
   EXPECT_NE(profile.output.find("cpu does not time its kernels"), std::string::npos) << profile.output;
-  // The decoder block's forward: 35 kernels with elementwise chains fused (51 without), the
-  // nodes inside them named by the kernel that computes them.
+  // The decoder block's forward: 17 kernels with elementwise chains, broadcasts and matmul
+  // epilogues fused, x - mean recomputed by both of a layer norm's later kernels, and the packed
+  // projection's slices read in place (51 without), the nodes inside them named by the kernel
+  // that computes them and moving no bytes of their own.
   Result fused = run("explain decoder-block --backend vulkan");
   ASSERT_EQ(fused.status, 0) << fused.output;
-  EXPECT_NE(fused.output.find("kernels: 35, computing 13 nodes more inside them (fused)"), std::string::npos) << fused.output;
-  EXPECT_NE(fused.output.find("glsl fused_div_mul_add_r3"), std::string::npos) << fused.output;
-  EXPECT_NE(fused.output.find("(in %56's kernel)"), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("kernels: 17, computing 25 nodes more inside them (fused)"), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("glsl fused_div_sub_div_add_sqrt_div_mul_add_r3"), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("glsl fused_matmul_add_max_r3"), std::string::npos) << fused.output;  // the ReLU in the store
+  EXPECT_TRUE(std::regex_search(fused.output, std::regex(R"(%58 +matmul .*\(in %62's kernel\) +0\.131 +0\.000)"))) << fused.output;
+  EXPECT_TRUE(std::regex_search(fused.output, std::regex(R"(%24 +slice +\(32, 32\) +\(view of %16 at byte 4096\) +0\.000 +0\.000)"))) << fused.output;
 }
 
 TEST_F(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
@@ -285,6 +290,14 @@ TEST_F(Cli, DumpPrintsIrDotGlslAndBackward) {
   EXPECT_NE(backward.output.find("input \"dout\""), std::string::npos) << backward.output;
   EXPECT_NE(backward.output.find("d_k=%"), std::string::npos) << backward.output;
   EXPECT_NE(run("dump sdpa --dot").output.find("digraph qkv"), std::string::npos);
+  // The shaders the device runs: the packed projection's slices read in place, the matmuls with
+  // their epilogues, each kernel headed by the nodes it computes.
+  Result glsl = run("dump decoder-block --glsl");
+  ASSERT_EQ(glsl.status, 0) << glsl.output;
+  EXPECT_NE(glsl.output.find("%24 = slice : f32[32,32] (no kernel: read in place, %16 from byte 4096)"), std::string::npos) << glsl.output;
+  EXPECT_NE(glsl.output.find("(kernel fused_matmul_add_max_r3, computing %58 matmul, %60 add, %61 constant, %62 max)"), std::string::npos)
+      << glsl.output;
+  EXPECT_NE(glsl.output.find("float qkv_epilogue(float acc, uint row, uint col)"), std::string::npos) << glsl.output;
 }
 
 TEST_F(Cli, RunGradWritesInputGradients) {
