@@ -5,7 +5,10 @@
 //
 // Groups are grown from the last node backwards: a node is inlined into the kernel of the node
 // that reads it when both are elementwise, it is not a result, and every node that reads it is in
-// that kernel. Every node of a kernel is computed at the kernel's element: a node of a smaller
+// that kernel, or every kernel that reads it (at most four) can compute it too: then each
+// recomputes it (XLA duplicates cheap producers the same way), and where one reader cannot (a
+// matmul, a view) the node is stored and the plan made again. Every node of a kernel is
+// computed at the kernel's element: a node of a smaller
 // shape (a layer norm's per-row mean) is recomputed there, at the element it broadcasts from, so
 // its operands are read through their strides broadcast to the kernel's shape (broadcasting
 // composes). Candidates are taken in decreasing node order, so when a node is considered every
