@@ -39,13 +39,16 @@ using ir::Op;
 using ir::OpCategory;
 using ir::ValueId;
 
+/// Nodes computed at each element of their kernel from their operands' values at that element
+/// (broadcast_to too: its operand is read through strides broadcast to the kernel's shape, like
+/// every operand of a smaller shape).
 bool elementwise(const Node& n) {
   switch (ir::op_info(n.op).category) {
     case OpCategory::unary:
     case OpCategory::binary:
     case OpCategory::select:
-    case OpCategory::compare: return n.op != Op::broadcast_to;
-    default: return false;
+    case OpCategory::compare: return true;
+    default: return n.op == Op::broadcast_to;
   }
 }
 

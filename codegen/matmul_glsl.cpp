@@ -52,9 +52,28 @@ constexpr MatmulGeometry kGpuTile{256, 8, 2, 8, 16};   // 128 x 128, 8 x 8 per i
 constexpr MatmulGeometry kGpuSmall{64, 8, 1, 16, 8};   // 64 x 32
 constexpr MatmulGeometry kGpuThin{32, 4, 1, 8, 32};    // 4 x 128: decoding, M = 1
 
-/// The lanes kernel (matmul_lanes_source): rows per subgroup in groups of its size, columns per
-/// lane, subgroups per workgroup.
+/// The lanes kernel's largest tile (matmul_lanes_source): rows per subgroup in groups of its
+/// size, columns per lane, subgroups per workgroup.
 constexpr std::uint32_t kLaneRowGroups = 4, kLaneColumns = 8, kLaneSubgroups = 2;
+
+/// The lanes kernel's tile for an M x N output: the largest (4 row groups by 8 columns per lane,
+/// best at 512^3, see the top of the file) unless the matrix is smaller, where a tile that fits
+/// it computes no padding (a decoder block's projections at 16 x 32: one eighth of the largest
+/// tile), and one subgroup per workgroup when one covers the rows.
+struct LaneTile {
+  std::uint32_t row_groups, columns, subgroups;
+};
+
+LaneTile lanes_tile(std::int64_t m, std::int64_t n, std::uint32_t sg) {
+  auto fit = [](std::int64_t extent, std::int64_t unit, std::uint32_t most) {
+    std::uint32_t t = 1;
+    while (t < most && t * unit < extent) t *= 2;
+    return t;
+  };
+  LaneTile t{fit(m, sg, kLaneRowGroups), fit(n, sg, kLaneColumns), 1};
+  if (m > static_cast<std::int64_t>(t.row_groups * sg)) t.subgroups = kLaneSubgroups;
+  return t;
+}
 
 /// Whether matmuls on `target` take the lanes kernel: a CPU device that can broadcast within
 /// subgroups of a size the source unrolls, unless a tiled geometry is forced.
@@ -236,24 +255,27 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulEp
   const auto str = [](std::uint32_t v) { return std::to_string(v); };
   std::string s = "#version 450\n#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_ballot : require\n";
   s += "layout(local_size_x_id = 0) in;  // whole subgroups of " + str(sg) + " lanes\n";
+  s += "// The tile, per launch (lanes_geometry): RG groups of " + str(sg) + " rows by " + str(sg) + " TN columns per subgroup. The\n"
+       "// code below is unrolled for the largest tile; what a smaller one does not use is folded away.\n";
+  s += "layout(constant_id = 1) const uint RG = " + str(kLaneRowGroups) + "u;\nlayout(constant_id = 2) const uint TN = " + str(kLaneColumns) + "u;\n";
   s += bindings(batch_rank, epilogue);
-  s += "// A subgroup computes " + str(rows) + " rows by " + str(sg * cols) + " columns; lane l owns columns c0 + j * " + str(sg) + " + l.\n";
+  s += "// A subgroup computes RG * " + str(sg) + " rows by TN * " + str(sg) + " columns; lane l owns columns c0 + j * " + str(sg) + " + l.\n";
   s += "void main() {\n"
        "  uint M = pc.p[0], N = pc.p[1], K = pc.p[2];\n"
        "  if (M == 0u || N == 0u) return;\n"
        "  uint lane = gl_SubgroupInvocationID;\n"
-       "  uint r0 = (gl_WorkGroupID.y * gl_NumSubgroups + gl_SubgroupID) * " + str(rows) + "u, c0 = gl_WorkGroupID.x * " + str(sg * cols) + "u;\n"
+       "  uint r0 = (gl_WorkGroupID.y * gl_NumSubgroups + gl_SubgroupID) * (RG * " + str(sg) + "u), c0 = gl_WorkGroupID.x * (TN * " + str(sg) + "u);\n"
        "  if (r0 >= M) return;  // a subgroup wholly past the last row (no barrier waits for it)\n"
        "  uint batch = gl_WorkGroupID.z, rem = batch, oa = 0u, ob = 0u;\n";
   s += batch_offsets(batch_rank);
   s += "  qkv_epilogue_batch(batch);\n";
-  s += "  // Rows and columns past the matrix read its last one (so every load is in bounds) and count as 0.\n";
+  s += "  // Rows and columns past the matrix (or the tile) read its last one (so every load is in bounds) and count as 0.\n";
   for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
-    s += "  uint ra" + str(i) + " = r0 + " + str(i * sg) + "u + lane; bool ka" + str(i) + " = ra" + str(i) + " < M; uint pa" + str(i) + " = oa + min(ra" + str(i) +
-         ", M - 1u) * pc.p[3];\n";
+    s += "  uint ra" + str(i) + " = r0 + " + str(i * sg) + "u + lane; bool ka" + str(i) + " = " + str(i) + "u < RG && ra" + str(i) + " < M; uint pa" + str(i) +
+         " = oa + min(ra" + str(i) + ", M - 1u) * pc.p[3];\n";
   for (std::uint32_t j = 0; j < cols; ++j)
-    s += "  uint cb" + str(j) + " = c0 + " + str(j * sg) + "u + lane; bool kb" + str(j) + " = cb" + str(j) + " < N; uint pb" + str(j) + " = ob + min(cb" + str(j) +
-         ", N - 1u) * pc.p[6];\n";
+    s += "  uint cb" + str(j) + " = c0 + " + str(j * sg) + "u + lane; bool kb" + str(j) + " = " + str(j) + "u < TN && cb" + str(j) + " < N; uint pb" + str(j) +
+         " = ob + min(cb" + str(j) + ", N - 1u) * pc.p[6];\n";
   for (std::uint32_t r = 0; r < rows; ++r) {
     s += "  float";
     for (std::uint32_t j = 0; j < cols; ++j) s += std::string(j ? "," : "") + " c" + str(r) + "_" + str(j) + " = 0.0";
@@ -261,17 +283,20 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulEp
   }
   s += "  for (uint k = 0u; k < K; ++k) {\n";
   for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
-    s += "    float a" + str(i) + " = x0[pa" + str(i) + " + k * pc.p[4]]; a" + str(i) + " = ka" + str(i) + " ? a" + str(i) + " : 0.0;\n";
+    s += "    float a" + str(i) + " = 0.0; if (" + str(i) + "u < RG) { a" + str(i) + " = x0[pa" + str(i) + " + k * pc.p[4]]; a" + str(i) + " = ka" + str(i) + " ? a" +
+         str(i) + " : 0.0; }\n";
   for (std::uint32_t j = 0; j < cols; ++j)
-    s += "    float b" + str(j) + " = x1[pb" + str(j) + " + k * pc.p[5]]; b" + str(j) + " = kb" + str(j) + " ? b" + str(j) + " : 0.0;\n";
+    s += "    float b" + str(j) + " = 0.0; if (" + str(j) + "u < TN) { b" + str(j) + " = x1[pb" + str(j) + " + k * pc.p[5]]; b" + str(j) + " = kb" + str(j) + " ? b" +
+         str(j) + " : 0.0; }\n";
   for (std::uint32_t r = 0; r < rows; ++r) {
-    s += "    { float a = subgroupBroadcast(a" + str(r / sg) + ", " + str(r % sg) + "u);";
-    for (std::uint32_t j = 0; j < cols; ++j) s += " c" + str(r) + "_" + str(j) + " = fma(a, b" + str(j) + ", c" + str(r) + "_" + str(j) + ");";
+    s += "    if (" + str(r / sg) + "u < RG) { float a = subgroupBroadcast(a" + str(r / sg) + ", " + str(r % sg) + "u);";
+    for (std::uint32_t j = 0; j < cols; ++j)
+      s += (j ? " if (" + str(j) + "u < TN)" : std::string()) + " c" + str(r) + "_" + str(j) + " = fma(a, b" + str(j) + ", c" + str(r) + "_" + str(j) + ");";
     s += " }\n";
   }
   s += "  }\n  uint oy = batch * M * N;\n";
   for (std::uint32_t r = 0; r < rows; ++r) {
-    s += "  if (r0 + " + str(r) + "u < M) {";
+    s += "  if (" + str(r / sg) + "u < RG && r0 + " + str(r) + "u < M) {";
     for (std::uint32_t j = 0; j < cols; ++j) s += " if (kb" + str(j) + ") y[oy + (r0 + " + str(r) + "u) * N + cb" + str(j) + "] = qkv_epilogue(c" + str(r) + "_" + str(j) + ", r0 + " + str(r) + "u, cb" + str(j) + ");";
     s += " }\n";
   }
@@ -302,10 +327,12 @@ KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, cons
   for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(sa[static_cast<std::size_t>(i)] * m * k));
   for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(sb[static_cast<std::size_t>(i)] * k * nn));
   if (uses_lanes(target)) {
-    const std::int64_t rows = kLaneRowGroups * kLaneSubgroups * target.subgroup_size, cols = kLaneColumns * target.subgroup_size;
+    const std::uint32_t sg = target.subgroup_size;
+    const LaneTile t = lanes_tile(m, nn, sg);
+    const std::int64_t rows = t.row_groups * t.subgroups * sg, cols = t.columns * sg;
     l.groups = {push_word(std::max<std::int64_t>(1, (nn + cols - 1) / cols)), push_word(std::max<std::int64_t>(1, (m + rows - 1) / rows)),
                 push_word(batch.numel())};
-    l.specialization = {kLaneSubgroups * target.subgroup_size};
+    l.specialization = {t.subgroups * sg, t.row_groups, t.columns};
     return l;
   }
   const MatmulGeometry g = matmul_geometry(target, m, nn);

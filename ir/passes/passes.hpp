@@ -18,6 +18,11 @@ Graph eliminate_common_subexpressions(const Graph& g);
 /// Dead code elimination: drops nodes no output depends on; inputs always stay (dce.cpp).
 Graph eliminate_dead_code(const Graph& g);
 
+/// Sums of zero-padded pieces along one axis (autodiff's gradient of a tensor read through
+/// slices) become one concatenation of the pieces: concat(dq, 0) + concat(0, dk) -> concat(dq, dk)
+/// (fold_padded_sums.cpp).
+Graph fold_padded_sums(const Graph& g);
+
 /// Attention fusion: matmul(softmax(where*(q kT * c)), v), with each intermediate used once, becomes
 /// one attention (or masked_attention) node; a where with a causal_mask condition becomes its
 /// causal attribute (fuse_attention.cpp). Backends that do not keep attention decompose it back.
@@ -66,8 +71,8 @@ struct GradientSpec {
 /// ShapeError for a bad spec and UnsupportedError naming an op without a rule.
 Graph build_backward(const Graph& g, const GradientSpec& spec, const std::function<GradientInfo(Op)>& rules = gradient_info);
 
-/// Runs the passes a backend's compile runs, in order: fuse attention, decompose, CSE, DCE, place
-/// attention_lse; verifies after each
+/// Runs the passes a backend's compile runs, in order: fuse attention, decompose, CSE, fold
+/// padded sums, DCE, place attention_lse; verifies after each
 /// and prints the IR to stderr after each when QKV_PRINT_IR=after-all (pipeline.cpp).
 Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite);
 

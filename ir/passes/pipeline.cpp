@@ -25,6 +25,8 @@ Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& 
   after("decompose-composites", r);
   r = eliminate_common_subexpressions(r);
   after("cse", r);
+  r = fold_padded_sums(r);
+  after("fold-padded-sums", r);
   r = eliminate_dead_code(r);
   after("dce", r);
   r = place_attention_lse(r);

@@ -4,6 +4,7 @@
 
 #include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
+#include "ir/printer.hpp"
 #include "tests/support/backend_fixture.hpp"
 #include "tests/support/gradcheck.hpp"
 
@@ -84,6 +85,43 @@ TEST(GradientCoverage, AnOpWithoutARuleIsReportedByName) {
     FAIL() << "no error";
   } catch (const UnsupportedError& e) {
     EXPECT_NE(std::string(e.what()).find("op 'exp'"), std::string::npos) << e.what();
+  }
+}
+
+/// A packed tensor read through slices (a packed QKV weight): the backward graph's sum of
+/// zero-padded slice gradients is folded into one concatenation when the slices are disjoint
+/// (fold_padded_sums), kept where two overlap, and right against finite differences and on
+/// every backend either way.
+TEST(GradientOfSlices, PaddedSumsFoldAndMatchFiniteDifferences) {
+  for (const std::int64_t v_begin : {6, 5}) {  // rows 5..6 read by both k and v in the second
+    SCOPED_TRACE("v from row " + std::to_string(v_begin));
+    ir::Graph g;
+    const ir::ValueId w = g.add_input("w", DType::f32, {v_begin + 3, 3});
+    const ir::ValueId x = g.add_input("x", DType::f32, {3, 3});
+    auto rows = [&](std::int64_t begin, std::int64_t end) {
+      ir::Attrs a;
+      a.axis = 0;
+      a.begin = begin;
+      a.end = end;
+      return g.add(ir::Op::slice, {w}, a);
+    };
+    const ir::ValueId q = g.add(ir::Op::matmul, {x, rows(0, 3)});
+    const ir::ValueId k = g.add(ir::Op::tanh, {rows(3, 6)});
+    const ir::ValueId v = g.add(ir::Op::mul, {rows(v_begin, v_begin + 3), rows(v_begin, v_begin + 3)});
+    g.set_output("out", g.add(ir::Op::add, {g.add(ir::Op::add, {q, k}), v}));
+    ir::Graph with_loss = testing::with_weighted_sum_loss(g);
+    auto in = backend::random_inputs(with_loss, {}, 3);
+    testing::expect_gradients_match_finite_differences(with_loss, in, {"w", "x"});
+    ir::Graph backward = ir::build_backward(with_loss, {"loss", {"w", "x"}, {}});
+    ir::Graph lowered = ir::lower_for_backend(backward, [](const ir::Node&) { return true; });
+    const ir::Node& dw = lowered.node(lowered.output("d_w"));
+    if (v_begin == 6) {
+      EXPECT_EQ(dw.op, ir::Op::concat) << ir::print(lowered);
+    }
+    for (const char* b : {"cpu", "vulkan"}) {
+      SCOPED_TRACE(b);
+      testing::expect_equivalent(backward, in, b);
+    }
   }
 }
 

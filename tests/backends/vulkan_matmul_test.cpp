@@ -67,6 +67,21 @@ TEST(VulkanMatmul, EveryGeometryMatchesTheReferenceOnOddShapes) {
   }
 }
 
+/// The lanes kernel takes a tile per launch that fits the output (1, 2 or 4 groups of 8 rows by
+/// 1, 2, 4 or 8 columns per lane, one or two subgroups): every one of them, with rows and columns
+/// on both sides of the tile's edge.
+TEST(VulkanMatmul, EveryLanesTileMatchesTheReference) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  auto b = vulkan_with({}, backend::VulkanOptions::Tuning::cpu);
+  const Graph plain = matmul_graph({2}, {}, false, false);
+  const Graph transposed = matmul_graph({}, {}, true, true);
+  for (std::int64_t m : {1, 8, 9, 16, 17, 32, 33})
+    for (std::int64_t n : {1, 9, 16, 17, 33, 64, 65}) {
+      const Graph& g = (m + n) % 2 ? transposed : plain;
+      testing::expect_equivalent(g, backend::random_inputs(g, {{"M", m}, {"N", n}, {"K", 11}}, 5), *b);
+    }
+}
+
 /// Batch dims broadcast from either side (a [2, 3, M, K] by b [K, N], a [1, M, K] by b [3, 1, K,
 /// N] transposed), each operand read in place with batch stride 0 where it broadcasts.
 TEST(VulkanMatmul, BroadcastBatchesMatchTheReference) {

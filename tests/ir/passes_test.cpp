@@ -1,6 +1,8 @@
 // Passes: CSE, DCE, decomposition, the verifier, memory planning and shape binding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
 #include "ir/passes/memory_plan.hpp"
@@ -49,6 +51,61 @@ TEST(Decompose, SoftmaxBecomesPrimitives) {
   EXPECT_NE(print(r).find("reduce_max"), std::string::npos);
   Graph kept = decompose_composites(g, [](const Node&) { return true; });
   EXPECT_EQ(print(kept), print(g));
+}
+
+/// x of shape [rows, 2] padded with zeros to [6, 2] at row `at`.
+ValueId padded(Graph& g, ValueId x, std::int64_t at) {
+  const std::int64_t rows = g.node(x).shape[0];
+  Attrs join;
+  join.axis = 0;
+  ValueId r = x;
+  if (at > 0) r = g.add(Op::concat, {g.add(Op::broadcast_to, {g.constant(0.0)}, shape_attrs({at, 2})), r}, join);
+  if (at + rows < 6) r = g.add(Op::concat, {r, g.add(Op::broadcast_to, {g.constant(0.0)}, shape_attrs({6 - at - rows, 2}))}, join);
+  return r;
+}
+
+int count(const Graph& g, Op op) {
+  return static_cast<int>(std::count_if(g.nodes().begin(), g.nodes().end(), [&](const Node& n) { return n.op == op; }));
+}
+
+/// What autodiff makes of a tensor read through three slices (a packed QKV weight):
+/// concat(a, 0) + concat(0, b, 0) + concat(0, c) becomes concat(a, b, c); a piece two operands
+/// both have is added; pieces that do not line up (a value over part of another's) stay.
+TEST(FoldPaddedSums, SlicesGradientsBecomeOneConcatenation) {
+  Graph g;
+  auto a = g.add_input("a", DType::f32, {2, 2});
+  auto b = g.add_input("b", DType::f32, {2, 2});
+  auto c = g.add_input("c", DType::f32, {2, 2});
+  auto sum = g.add(Op::add, {g.add(Op::add, {padded(g, a, 0), padded(g, b, 2)}), padded(g, c, 4)});
+  g.set_output("d", sum);
+  Graph r = eliminate_dead_code(fold_padded_sums(g));
+  verify(r);
+  EXPECT_EQ(count(r, Op::add), 0) << print(r);
+  EXPECT_EQ(count(r, Op::broadcast_to), 0) << print(r);
+  EXPECT_EQ(count(r, Op::concat), 2) << print(r);
+  const Node& out = r.node(r.output("d"));
+  ASSERT_EQ(out.op, Op::concat);
+  EXPECT_EQ(r.node(out.inputs[1]).name, "c");
+  const Node& first = r.node(out.inputs[0]);
+  ASSERT_EQ(first.op, Op::concat);
+  EXPECT_EQ(r.node(first.inputs[0]).name, "a");
+  EXPECT_EQ(r.node(first.inputs[1]).name, "b");
+
+  // The same piece on both sides is added; zeros neither side fills stay zeros.
+  Graph h;
+  auto x = h.add_input("x", DType::f32, {2, 2});
+  auto y = h.add_input("y", DType::f32, {2, 2});
+  h.set_output("d", h.add(Op::add, {padded(h, x, 2), padded(h, y, 2)}));
+  Graph folded = eliminate_dead_code(fold_padded_sums(h));
+  EXPECT_EQ(count(folded, Op::add), 1) << print(folded);
+  EXPECT_TRUE(print(folded).find("add(%0, %1)") != std::string::npos) << print(folded);
+
+  // x over rows 1..3 and y over rows 2..4 overlap without lining up: kept as it is.
+  Graph k;
+  auto p = k.add_input("p", DType::f32, {2, 2});
+  auto q = k.add_input("q", DType::f32, {2, 2});
+  k.set_output("d", k.add(Op::add, {padded(k, p, 1), padded(k, q, 2)}));
+  EXPECT_EQ(print(eliminate_dead_code(fold_padded_sums(k))), print(eliminate_dead_code(k)));
 }
 
 TEST(Verifier, CatchesWrongRecordedType) {
