@@ -19,10 +19,19 @@
 // A matmul of the kernel's shape is inlined as its epilogue: the matmul kernel computes the
 // elementwise chain (bias add, activation, residual add) on each product before it stores it,
 // so the product never reaches memory.
+//
+// Reductions, three ways. A reduction's kernel takes in a reduction of the same kind over an
+// adjacent axis (sum over B of a sum over N: autodiff's bias gradients), reducing both axes as
+// one. A reduce_sum over all of a matmul's batch dims of A^T B (autodiff's weight gradients,
+// the sum over the batch of X^T dY) is one batchless matmul whose depth runs over the batch and
+// K together. And an elementwise kernel takes in sums and maxima over one axis of values of its
+// own shape (kept dims): a row kernel computes each row's reductions in order, then the row's
+// elements (a layer norm, forward or backward, or a softmax written by hand: one kernel).
 #include "codegen/fusion.hpp"
 
 #include <algorithm>
 #include <bit>
+#include <optional>
 #include <queue>
 
 #include "codegen/glsl_detail.hpp"
@@ -62,6 +71,23 @@ bool scalar_constant(const Node& n) { return n.op == Op::constant; }
 /// Reductions and softmax over one axis: their kernel reads its input through the chain of
 /// elementwise nodes that computes it, when those are fused into it.
 bool axis_reduction(const Node& n) { return n.op == Op::reduce_sum || n.op == Op::reduce_max || n.op == Op::softmax; }
+
+/// A reduction a row kernel (an elementwise kernel over `shape`) can compute per row before its
+/// elements: a sum or max over one axis of a value of exactly that shape, its dim kept (so it
+/// broadcasts back over the row).
+bool row_reduction(const ir::Graph& g, const Node& n, const ir::Shape& shape) {
+  return (n.op == Op::reduce_sum || n.op == Op::reduce_max) && n.attrs.keepdim && g.node(n.inputs[0]).shape == shape;
+}
+
+/// The reductions of a row kernel among its members (an elementwise root's), in node order.
+std::vector<ValueId> row_reductions(const ir::Graph& g, const Node& root, const std::vector<ValueId>& members) {
+  std::vector<ValueId> r;
+  if (axis_reduction(root)) return r;
+  for (ValueId m : members)
+    if (g.node(m).op == Op::reduce_sum || g.node(m).op == Op::reduce_max) r.push_back(m);
+  std::sort(r.begin(), r.end());
+  return r;
+}
 
 /// The matmul a kernel computes its chain on (its epilogue's), or -1.
 ValueId matmul_of(const ir::Graph& g, const std::vector<ValueId>& members) {
@@ -103,15 +129,82 @@ Reads reads_of(const ir::Graph& g, ValueId root, const std::vector<ValueId>& inl
 /// Push-constant words of a fused kernel: elements (a reduction's kAxisPushWords, a matmul's own),
 /// dims, each operand's strides, each constant. A matmul's epilogue reads each operand through
 /// strides of the output's rank and takes the dims from the matmul's words.
-int push_words(const Node& root, int rank, const Reads& r) {
+int push_words(const Node& root, int rank, const Reads& r, bool rows) {
   const int operands = static_cast<int>(r.operands.size()), constants = static_cast<int>(r.constants.size());
+  if (r.matmul && axis_reduction(root)) return detail::matmul_push_words(2);  // summed over its batch (sums_batches)
   if (r.matmul) return detail::matmul_push_words(rank) + rank * (operands - 2) + constants;
-  return (axis_reduction(root) ? detail::kAxisPushWords : 1) + rank * (1 + operands) + constants;
+  return (axis_reduction(root) || rows ? detail::kAxisPushWords : 1) + rank * (1 + operands) + constants;
+}
+
+/// What a reduction kernel reduces: the input of its deepest reduction and the range of that
+/// input's axes [first, last] reduced. A reduce_sum (or reduce_max) of one over an adjacent axis
+/// is merged into the same kernel (autodiff's bias gradients sum over B, then over N): the two
+/// axes are one axis of their product, since the layout is contiguous.
+struct Reduced {
+  ValueId input;
+  int first, last;
+};
+
+/// The axes reduction `inner` (over axis b, keepdim or not) reduces together with the range
+/// [first, last] of its result's axes reduced after it, in its input's axes; nullopt when they
+/// are not one contiguous range.
+std::optional<std::pair<int, int>> merged_axes(const Node& inner, int first, int last) {
+  const int b = inner.attrs.axis;
+  if (!inner.attrs.keepdim) {  // the result lost axis b: the axes from b on move up by one
+    if (first >= b) ++first;
+    if (last >= b) ++last;
+  }
+  if (b < first - 1 || b > last + 1) return std::nullopt;
+  return std::pair{std::min(first, b), std::max(last, b)};
+}
+
+Reduced reduced_of(const ir::Graph& g, ValueId root, const std::vector<ValueId>& members) {
+  const Node& r = g.node(root);
+  Reduced d{r.inputs[0], r.attrs.axis, r.attrs.axis};
+  while (std::find(members.begin(), members.end(), d.input) != members.end() && g.node(d.input).op == r.op) {
+    const Node& inner = g.node(d.input);
+    const auto axes = merged_axes(inner, d.first, d.last);
+    QKV_ASSERT(axes.has_value(), "kernel fusion: merged reductions over axes that are not adjacent");
+    d = {inner.inputs[0], axes->first, axes->second};
+  }
+  return d;
+}
+
+/// Whether reduction kernel `root` (whose members so far are `members`) can take node `v` in:
+/// v is the reduction of the same kind it reads, over an axis next to those it reduces.
+bool merges_reduction(const ir::Graph& g, ValueId root, const std::vector<ValueId>& members, ValueId v) {
+  const Node& r = g.node(root);
+  if (r.op == Op::softmax || g.node(v).op != r.op) return false;
+  const Reduced d = reduced_of(g, root, members);
+  return d.input == v && merged_axes(g.node(v), d.first, d.last).has_value();
+}
+
+/// Whether a reduce_sum over `reduced`'s range of axes of matmul `v` sums exactly its batch dims
+/// and the matmul is A^T B with both operands over all of them: then the sum is one matmul whose
+/// depth runs over batch and K together (A as [batch K, M], B as [batch K, N], contiguous), as
+/// autodiff's weight gradients are (dW = sum over the batch of X^T dY).
+bool sums_batches(const ir::Graph& g, ValueId v, const Reduced& reduced) {
+  const Node& mm = g.node(v);
+  if (mm.op != Op::matmul || !mm.attrs.transpose_a || mm.attrs.transpose_b || mm.shape.rank < 3) return false;
+  if (reduced.input != v || reduced.first != 0 || reduced.last != mm.shape.rank - 3) return false;
+  for (ValueId in : mm.inputs) {
+    const ir::Shape& s = g.node(in).shape;
+    if (s.rank != mm.shape.rank) return false;
+    for (int d = 0; d + 2 < s.rank; ++d)
+      if (s[d] != mm.shape[d]) return false;
+  }
+  return true;
+}
+
+/// The value whose elements a fused kernel computes its chain at: the root's, or what its
+/// reductions reduce.
+ValueId chain_value(const ir::Graph& g, ValueId root, const std::vector<ValueId>& members) {
+  return axis_reduction(g.node(root)) ? reduced_of(g, root, members).input : root;
 }
 
 /// The shape every node of a fused kernel is computed over (see plan_kernels).
-const ir::Shape& chain_shape(const ir::Graph& g, const Node& root, const std::vector<ir::Shape>* shapes, ValueId root_id) {
-  const ValueId v = axis_reduction(root) ? root.inputs[0] : root_id;
+const ir::Shape& chain_shape(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>* shapes) {
+  const ValueId v = chain_value(g, k.root, k.inlined);
   return shapes ? (*shapes)[static_cast<std::size_t>(v)] : g.node(v).shape;
 }
 
@@ -182,10 +275,10 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
       const auto r = static_cast<ValueId>(i);
       root_of[i] = true;
       if (!elementwise(root) && !axis_reduction(root)) continue;
-      // Every node of the kernel is computed at the same element of this shape: the root's, or a
-      // reduction's input's.
-      const ir::Shape& shape = elementwise(root) ? root.shape : g.node(root.inputs[0]).shape;
+      // Every node of the kernel is computed at the same element of one shape: the root's, or
+      // what its reductions reduce.
       auto& members = inlined[i];
+      const ir::Shape& root_shape = elementwise(root) ? root.shape : g.node(root.inputs[0]).shape;
       auto inside = [&](ValueId c) { return c == r || std::find(members.begin(), members.end(), c) != members.end(); };
       std::priority_queue<ValueId> candidates;
       for (ValueId in : root.inputs) candidates.push(in);
@@ -196,20 +289,30 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
         if (inside(v) || scalar_constant(node)) continue;  // constants: placed with the kernel's reads below
         // A matmul becomes the kernel's core when it has the kernel's shape (every element of the
         // chain is one of its products) and the kernel has none yet.
-        const bool epilogue = node.op == Op::matmul && elementwise(root) && node.shape == shape && matmul_of(g, members) < 0;
-        if (!(elementwise(node) || epilogue) || is_result[static_cast<std::size_t>(v)] || stored[static_cast<std::size_t>(v)]) continue;
+        const std::vector<ValueId> reductions = row_reductions(g, root, members);
+        const bool epilogue = node.op == Op::matmul && elementwise(root) && node.shape == root_shape && matmul_of(g, members) < 0 && reductions.empty();
+        // A row kernel: an elementwise kernel that computes sums or maxima over its rows first
+        // (a layer norm's mean and variance, then its normalised elements).
+        const bool row = elementwise(root) && matmul_of(g, members) < 0 && row_reduction(g, node, root_shape) &&
+                         (reductions.empty() || g.node(reductions.front()).attrs.axis == node.attrs.axis);
+        const bool merged = axis_reduction(root) && merges_reduction(g, r, members, v);
+        // A reduce_sum over a matmul's batch dims: one matmul over the batch and K together.
+        const bool summed = root.op == Op::reduce_sum && matmul_of(g, members) < 0 && sums_batches(g, v, reduced_of(g, r, members));
+        if (!(elementwise(node) || epilogue || merged || summed || row) || is_result[static_cast<std::size_t>(v)] || stored[static_cast<std::size_t>(v)]) continue;
         // Read only inside this kernel (the matmul core reads its operands from memory), or an
         // elementwise node with few readers, recomputed in each of their kernels.
         const auto& rs = readers[static_cast<std::size_t>(v)];
         const bool alone = std::all_of(rs.begin(), rs.end(), [&](ValueId c) { return inside(c) && g.node(c).op != Op::matmul; });
-        if (!alone && (epilogue || rs.size() > kMostRecomputingReaders)) continue;
+        if (!alone && (epilogue || merged || summed || row || rs.size() > kMostRecomputingReaders)) continue;
         std::vector<ValueId> trial = members;
         trial.push_back(v);
         const Reads reads = reads_of(g, r, trial, inline_constant);
-        if (push_words(root, shape.rank, reads) > kMaxPushWords || reads.buffers() > limits.storage_buffers) continue;
+        const int rank = g.node(chain_value(g, r, trial)).shape.rank;
+        const bool rows = !row_reductions(g, root, trial).empty();
+        if (push_words(root, rank, reads, rows) > kMaxPushWords || reads.buffers() > limits.storage_buffers) continue;
         members = std::move(trial);
         kernels_of[static_cast<std::size_t>(v)].push_back(r);
-        if (!epilogue)
+        if (!epilogue && !summed)
           for (ValueId in : node.inputs) candidates.push(in);
       }
     }
@@ -269,7 +372,7 @@ std::string fused_name(const ir::Graph& g, const KernelGroup& k) {
   std::string name = "fused";
   for (ValueId m : k.inlined)
     if (!scalar_constant(g.node(m))) name += "_" + std::string(ir::op_name(g.node(m).op));
-  return name + "_" + std::string(ir::op_name(root.op)) + "_r" + std::to_string(chain_shape(g, root, nullptr, k.root).rank);
+  return name + "_" + std::string(ir::op_name(root.op)) + "_r" + std::to_string(chain_shape(g, k, nullptr).rank);
 }
 
 namespace {
@@ -361,6 +464,34 @@ KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId m
   return source;
 }
 
+/// The matmul a reduce_sum over its batch dims is (sums_batches), as a batchless matmul whose
+/// depth is batch * K (batch_summed_launch).
+ir::Node batch_summed_matmul(const ir::Graph& g, ValueId mm) {
+  ir::Node flat = g.node(mm);
+  flat.inputs = {0, 1};  // the shapes batch_summed_launch passes
+  flat.shape = ir::Shape{flat.shape.back(1), flat.shape.back(0)};
+  return flat;
+}
+
+KernelSource batch_summed_source(const ir::Graph& g, const KernelGroup& k, ValueId mm, const Target& target) {
+  KernelSource source = detail::matmul_source(batch_summed_matmul(g, mm), target);
+  const std::size_t line = source.glsl.find('\n') + 1;  // after #version
+  source.glsl.insert(line, "// computes " + covered_nodes(g, k) + ": the sum over %" + std::to_string(mm) +
+                               "'s batch is one matmul whose depth runs over the batch and K together\n");
+  source.name = fused_name(g, k);
+  return source;
+}
+
+KernelLaunch batch_summed_launch(const ir::Graph& g, ValueId mm, const std::vector<ir::Shape>& shapes, const Target& target) {
+  const Node& mat = g.node(mm);
+  const ir::Shape& as = shapes[static_cast<std::size_t>(mat.inputs[0])];  // [batch.., K, M]
+  const ir::Shape& bs = shapes[static_cast<std::size_t>(mat.inputs[1])];  // [batch.., K, N]
+  std::int64_t depth = as.back(1);
+  for (int d = 0; d + 2 < as.rank; ++d) depth *= as[d];
+  const std::vector<ir::Shape> flat = {ir::Shape{depth, as.back(0)}, ir::Shape{depth, bs.back(0)}};
+  return detail::matmul_launch(batch_summed_matmul(g, mm), flat, ir::Shape{as.back(0), bs.back(0)}, target);
+}
+
 }  // namespace
 
 bool specialized(const ir::Graph& g, const KernelGroup& k) {
@@ -368,24 +499,26 @@ bool specialized(const ir::Graph& g, const KernelGroup& k) {
 }
 
 KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target& target) {
-  if (const ValueId mm = matmul_of(g, k.inlined); mm >= 0) return epilogue_source(g, k, mm, target);
+  if (const ValueId mm = matmul_of(g, k.inlined); mm >= 0)
+    return axis_reduction(g.node(k.root)) ? batch_summed_source(g, k, mm, target) : epilogue_source(g, k, mm, target);
   const Node& root = g.node(k.root);
   const bool reduction = axis_reduction(root);
-  const ValueId chain_root = reduction ? root.inputs[0] : k.root;
-  QKV_ASSERT(!reduction || std::find(k.inlined.begin(), k.inlined.end(), chain_root) != k.inlined.end(), "kernel fusion: a reduction fused without its input");
-  const int rank = chain_shape(g, root, nullptr, k.root).rank;
-  const int operands = static_cast<int>(k.operands.size()), base = reduction ? detail::kAxisPushWords : 1;
+  const std::vector<ValueId> reductions = row_reductions(g, root, k.inlined);
+  const ValueId chain_root = chain_value(g, k.root, k.inlined);
+  const int rank = chain_shape(g, k, nullptr).rank;
+  const int operands = static_cast<int>(k.operands.size()), base = reduction || !reductions.empty() ? detail::kAxisPushWords : 1;
   const std::vector<ValueId> constants = constants_of(g, k);
+  auto reduced = [&](ValueId m) { return std::find(reductions.begin(), reductions.end(), m) != reductions.end(); };
   std::vector<Op> ops;
-  std::vector<ValueId> members = k.inlined;
+  std::vector<ValueId> members;  // the chain's nodes: not the reductions merged into the root, nor a row kernel's
+  for (ValueId m : k.inlined)
+    if ((!reduction || g.node(m).op != root.op) && !reduced(m)) members.push_back(m);
   if (!reduction) members.push_back(k.root);
   for (ValueId m : members) ops.push_back(g.node(m).op);
   auto word = [&](int w) { return "pc.p[" + std::to_string(base + w) + "]"; };
   std::string s = detail::math_helpers_of(ops);  // after the header, below
   s += "// computes " + covered_nodes(g, k) + "\n";
   s += "// p[" + std::to_string(base) + "..] = the " + std::to_string(rank) + " dims of the elements below, then each operand's strides, then each constant's float bits\n";
-  s += "// The value of %" + std::to_string(chain_root) + " at its element i (nodes of smaller shapes at the element they broadcast from).\n";
-  s += "float qkv_chain(uint i) {\n" + detail::operand_offsets(rank, operands, base);
   auto value = [&](ValueId v) {
     if (auto it = std::find(k.operands.begin(), k.operands.end(), v); it != k.operands.end()) {
       const auto o = std::to_string(it - k.operands.begin());
@@ -393,11 +526,33 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
     }
     if (auto it = std::find(constants.begin(), constants.end(), v); it != constants.end())
       return "uintBitsToFloat(" + word(rank * (1 + operands) + static_cast<int>(it - constants.begin())) + ")";
-    return "v" + std::to_string(v);
+    return (reduced(v) ? "r" : "v") + std::to_string(v);
   };
-  s += chain_statements(g, members, value);
-  s += "  return v" + std::to_string(chain_root) + ";\n}\n";
+  // A function of element i computing `result` from the members it depends on (a row kernel's
+  // reductions are its row's values, computed before).
+  auto function = [&](const std::string& name, ValueId result) {
+    std::vector<bool> needed(g.size(), false);
+    needed[static_cast<std::size_t>(result)] = true;
+    for (auto it = members.rbegin(); it != members.rend(); ++it)
+      if (needed[static_cast<std::size_t>(*it)])
+        for (ValueId in : g.node(*it).inputs) needed[static_cast<std::size_t>(in)] = true;
+    std::vector<ValueId> used;
+    for (ValueId m : members)
+      if (needed[static_cast<std::size_t>(m)]) used.push_back(m);
+    return "float " + name + "(uint i) {\n" + detail::operand_offsets(rank, operands, base) + chain_statements(g, used, value) + "  return " + value(result) +
+           ";\n}\n";
+  };
+  std::vector<detail::RowReduction> rows;
+  for (ValueId r : reductions) {
+    const std::string id = std::to_string(r);
+    s += "float r" + id + ";  // %" + id + " " + std::string(ir::op_name(g.node(r).op)) + ": its row's value\n";
+    s += function("qkv_in" + id, g.node(r).inputs[0]);
+    rows.push_back({g.node(r).op, "r" + id, "qkv_in" + id});
+  }
+  s += "// The value of %" + std::to_string(chain_root) + " at its element i (nodes of smaller shapes at the element they broadcast from).\n";
+  s += function("qkv_chain", chain_root);
   if (reduction) s = detail::axis_shader(detail::kernel_header(operands), s + detail::axis_body(root.op, "qkv_chain(", ")", target), target);
+  else if (!rows.empty()) s = detail::axis_shader(detail::kernel_header(operands), s + detail::row_body(rows, "qkv_chain", target), target);
   else s = detail::kernel_header(operands) + s + "void main() {\n" + detail::linear_index() + "  y[i] = qkv_chain(i);\n}\n";
   return {fused_name(g, k), s, operands + 1};
 }
@@ -405,13 +560,14 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
 KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>& shapes, const Target& target) {
   const Node& root = g.node(k.root);
   const ValueId mm = matmul_of(g, k.inlined);
-  const ir::Shape& cs = chain_shape(g, root, &shapes, k.root);
+  const ir::Shape& cs = chain_shape(g, k, &shapes);
   KernelLaunch l;
   auto push_constants = [&] {
     for (ValueId v : k.inlined)
       if (scalar_constant(g.node(v))) l.push.push_back(std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, g.node(v), shapes))));
     QKV_ASSERT(static_cast<int>(l.push.size()) <= kMaxPushWords, "kernel fusion: too many push-constant words");
   };
+  if (mm >= 0 && axis_reduction(root)) return batch_summed_launch(g, mm, shapes, target);
   if (mm >= 0) {
     l = detail::matmul_launch(g.node(mm), shapes, shapes[static_cast<std::size_t>(mm)], target);
     for (std::size_t o = 2; o < k.operands.size(); ++o) {
@@ -421,11 +577,16 @@ KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::v
     push_constants();
     return l;
   }
-  if (axis_reduction(root)) {
+  if (const auto rows = row_reductions(g, root, k.inlined); !rows.empty()) {
+    const int axis = g.node(rows.front()).attrs.axis;
     std::int64_t outer = 1, inner = 1;
-    for (int i = 0; i < root.attrs.axis; ++i) outer *= cs[i];
-    for (int i = root.attrs.axis + 1; i < cs.rank; ++i) inner *= cs[i];
-    l = detail::axis_launch(outer, cs[root.attrs.axis], inner, target);
+    for (int i = 0; i < cs.rank; ++i) (i < axis ? outer : inner) *= i == axis ? 1 : cs[i];
+    l = detail::axis_launch(outer, cs[axis], inner, target);
+  } else if (axis_reduction(root)) {
+    const Reduced d = reduced_of(g, k.root, k.inlined);
+    std::int64_t outer = 1, axis = 1, inner = 1;
+    for (int i = 0; i < cs.rank; ++i) (i < d.first ? outer : i <= d.last ? axis : inner) *= cs[i];
+    l = detail::axis_launch(outer, axis, inner, target);
   } else {
     l.push = {detail::push_word(cs.numel())};
     l.groups = detail::elementwise_groups(cs.numel());

@@ -273,9 +273,9 @@ std::string axis_body_per_invocation(Op op, const std::string& open, const std::
 /// combined through shared memory. NaN propagates as the reference has it: a lane that saw one
 /// makes the row's max NaN (through a flag's max: GLSL's max is not defined for NaN), and a
 /// softmax row of -inf gives zeros.
-std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows) {
-  auto read = [&](const std::string& index) { return open + index + close; };
-  const std::string lanes = "for (uint k = lane; k < n; k += step)";
+/// The declarations a kernel sharing rows across lanes needs: the mode (p[3]), kRows, and
+/// qkv_sum / qkv_max over the lanes sharing a row (axis_body_per_subgroup).
+std::string subgroup_row_helpers(std::uint32_t rows) {
   std::string s = "// p[0] = rows (outer * inner), p[1] = n (the reduced axis), p[2] = inner,\n"
                   "// p[3] = 0: an invocation per row, 1: a subgroup per row, 2: a workgroup per row\n";
   s += "const uint kRows = " + std::to_string(rows) + "u;  // per workgroup with a subgroup per row\n";
@@ -295,19 +295,32 @@ std::string axis_body_per_subgroup(Op op, const std::string& open, const std::st
          "  return x;\n"
          "}\n";
   }
-  s += "void main() {\n"
-       "  uint rows = pc.p[0], n = pc.p[1], inner = pc.p[2];\n"
-       "  mode = pc.p[3];\n"
-       "  uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
-       "  uint first = mode == 0u ? group * gl_WorkGroupSize.x + gl_LocalInvocationID.x : mode == 1u ? group * kRows : group;\n"
-       "  uint count = mode == 1u ? kRows : 1u, r0 = mode == 1u ? gl_SubgroupID : 0u, rstep = mode == 1u ? gl_NumSubgroups : 1u;\n"
-       "  uint lane = mode == 0u ? 0u : mode == 1u ? gl_SubgroupInvocationID : gl_LocalInvocationID.x;\n"
-       "  uint step = mode == 0u ? 1u : mode == 1u ? gl_SubgroupSize : gl_WorkGroupSize.x;\n"
-       "  bool writer = mode == 0u || (mode == 1u ? subgroupElect() : gl_LocalInvocationID.x == 0u);\n"
-       "  for (uint r = r0; r < count; r += rstep) {\n"
-       "    uint i = first + r;\n"
-       "    if (i >= rows) break;  // uniform across the lanes sharing a row\n"
-       "    uint base = (i / inner) * n * inner + i % inner;\n";
+  return s;
+}
+
+/// main()'s opening of such a kernel, up to the row's `base` inside the loop over the rows an
+/// invocation takes part in (closed by "  }\n}\n"); the row's elements are base + k * inner for
+/// k = lane, lane + step, ... below n.
+std::string subgroup_row_loop() {
+  return "  uint rows = pc.p[0], n = pc.p[1], inner = pc.p[2];\n"
+         "  mode = pc.p[3];\n"
+         "  uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
+         "  uint first = mode == 0u ? group * gl_WorkGroupSize.x + gl_LocalInvocationID.x : mode == 1u ? group * kRows : group;\n"
+         "  uint count = mode == 1u ? kRows : 1u, r0 = mode == 1u ? gl_SubgroupID : 0u, rstep = mode == 1u ? gl_NumSubgroups : 1u;\n"
+         "  uint lane = mode == 0u ? 0u : mode == 1u ? gl_SubgroupInvocationID : gl_LocalInvocationID.x;\n"
+         "  uint step = mode == 0u ? 1u : mode == 1u ? gl_SubgroupSize : gl_WorkGroupSize.x;\n"
+         "  bool writer = mode == 0u || (mode == 1u ? subgroupElect() : gl_LocalInvocationID.x == 0u);\n"
+         "  for (uint r = r0; r < count; r += rstep) {\n"
+         "    uint i = first + r;\n"
+         "    if (i >= rows) break;  // uniform across the lanes sharing a row\n"
+         "    uint base = (i / inner) * n * inner + i % inner;\n";
+}
+
+std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows) {
+  auto read = [&](const std::string& index) { return open + index + close; };
+  const std::string lanes = "for (uint k = lane; k < n; k += step)";
+  std::string s = subgroup_row_helpers(rows);
+  s += "void main() {\n" + subgroup_row_loop();
   const std::string max_pass = "    float m = uintBitsToFloat(0xff800000u), nan_seen = 0.0;\n"
                                "    " + lanes + " { float v = " + read("base + k * inner") + "; if (isnan(v)) nan_seen = 1.0; else m = max(m, v); }\n"
                                "    m = qkv_max(m);\n"
@@ -347,6 +360,33 @@ std::uint32_t subgroup_rows(const Target& t) { return std::max<std::uint32_t>(kW
 std::string detail::axis_body(Op op, const std::string& open, const std::string& close, const Target& target) {
   if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target));
   return axis_body_per_invocation(op, open, close);
+}
+
+std::string detail::row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target) {
+  const bool lanes = subgroup_rows_kernel(target);
+  std::string s;
+  if (lanes) {
+    s = subgroup_row_helpers(subgroup_rows(target)) + "void main() {\n" + subgroup_row_loop();
+  } else {
+    s = "// p[0] = outer * inner (rows), p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
+        "  uint n = pc.p[1], inner = pc.p[2], lane = 0u, step = 1u;\n  {\n    uint base = (i / inner) * n * inner + i % inner;\n";
+  }
+  const std::string elements = "for (uint k = lane; k < n; k += step)";
+  for (const RowReduction& r : reductions) {
+    const std::string at = r.function + "(base + k * inner)";
+    if (r.op == Op::reduce_sum) {
+      s += "    " + r.variable + " = 0.0;\n    " + elements + " " + r.variable + " += " + at + ";\n";
+      if (lanes) s += "    " + r.variable + " = qkv_sum(" + r.variable + ");\n";
+    } else {
+      QKV_ASSERT(r.op == Op::reduce_max, "row kernels reduce by sums and maxima");
+      s += "    " + r.variable + " = uintBitsToFloat(0xff800000u);\n    { float nan_seen = 0.0;\n"
+           "      " + elements + " { float v = " + at + "; if (isnan(v)) nan_seen = 1.0; else " + r.variable + " = max(" + r.variable + ", v); }\n";
+      if (lanes) s += "      " + r.variable + " = qkv_max(" + r.variable + "); nan_seen = qkv_max(nan_seen);\n";
+      s += "      if (nan_seen > 0.0) " + r.variable + " = uintBitsToFloat(0x7fc00000u);\n    }\n";
+    }
+  }
+  s += "    " + elements + " y[base + k * inner] = " + chain + "(base + k * inner);\n";
+  return s + "  }\n}\n";
 }
 
 std::string detail::axis_shader(const std::string& header, const std::string& body, const Target& target) {

@@ -38,6 +38,16 @@ inline constexpr int kAxisPushWords = 4;
 /// ("x0[" and "]" unfused): one invocation per row, or with target.subgroup_reductions a
 /// subgroup per row (a workgroup for long rows on a GPU: axis_launch).
 std::string axis_body(ir::Op op, const std::string& open, const std::string& close, const Target& target);
+/// A reduction a row kernel computes per row before its elements: `variable` = the sum or max
+/// over the row of `function`(element).
+struct RowReduction {
+  ir::Op op;
+  std::string variable, function;
+};
+/// main() of a row kernel (codegen/fusion.cpp): per row of n elements (the words of axis_body),
+/// each reduction in order, then y at each of the row's elements = `chain`(element), which may
+/// read the reductions' variables. The rows are taken as axis_body takes them for `target`.
+std::string row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target);
 /// header + body for an axis_body kernel, with the subgroup extensions it needs for `target`.
 std::string axis_shader(const std::string& header, const std::string& body, const Target& target);
 /// Push constants and workgroups of axis_body's kernel for these sizes.

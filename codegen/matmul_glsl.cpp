@@ -255,7 +255,7 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulEp
   const auto str = [](std::uint32_t v) { return std::to_string(v); };
   std::string s = "#version 450\n#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_ballot : require\n";
   s += "layout(local_size_x_id = 0) in;  // whole subgroups of " + str(sg) + " lanes\n";
-  s += "// The tile, per launch (lanes_geometry): RG groups of " + str(sg) + " rows by " + str(sg) + " TN columns per subgroup. The\n"
+  s += "// The tile, per launch (lanes_tile): RG groups of " + str(sg) + " rows by " + str(sg) + " TN columns per subgroup. The\n"
        "// code below is unrolled for the largest tile; what a smaller one does not use is folded away.\n";
   s += "layout(constant_id = 1) const uint RG = " + str(kLaneRowGroups) + "u;\nlayout(constant_id = 2) const uint TN = " + str(kLaneColumns) + "u;\n";
   s += bindings(batch_rank, epilogue);

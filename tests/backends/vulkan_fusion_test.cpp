@@ -84,6 +84,110 @@ TEST(VulkanFusion, BroadcastsAreComputedWhereTheyAreRead) {
   testing::expect_equivalent(g, backend::random_inputs(g, {{"N", 37}}, 4), *vulkan);
 }
 
+ir::ValueId reduce(ir::Graph& g, ir::Op op, ir::ValueId x, int axis, bool keepdim) {
+  ir::Attrs a;
+  a.axis = axis;
+  a.keepdim = keepdim;
+  return g.add(op, {x}, a);
+}
+
+/// A reduction of a reduction over an adjacent axis is one kernel over both axes (autodiff's
+/// bias gradients: a sum over B, then over N), kept or dropped dims alike; axes that are not
+/// adjacent stay two kernels. Odd sizes, the reference's numbers.
+TEST(VulkanFusion, ReductionsOverAdjacentAxesAreOneKernel) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  using ir::Op;
+  ir::Graph g;
+  const ir::Dim b = g.symbol("B"), n = g.symbol("N");
+  const auto x = g.add_input("x", qkv::DType::f32, {b, n, 3, 5});
+  g.set_output("bias", reduce(g, Op::reduce_sum, reduce(g, Op::reduce_sum, g.add(Op::exp, {x}), 0, false), 0, false));  // over B, N
+  g.set_output("rows", reduce(g, Op::reduce_max, reduce(g, Op::reduce_max, x, 3, true), 2, true));                       // over the last two
+  g.set_output("all", reduce(g, Op::reduce_sum, reduce(g, Op::reduce_sum, reduce(g, Op::reduce_sum, x, 1, false), 1, false), 0, false));
+  g.set_output("apart", reduce(g, Op::reduce_sum, reduce(g, Op::reduce_sum, x, 1, false), 2, false));                    // N, then the 5
+  EXPECT_EQ(kernels(*vulkan, vulkan->compile(g)->graph()), 5);
+  for (auto [bs, ns] : {std::pair{1, 1}, {3, 7}, {2, 65}})
+    testing::expect_equivalent(g, backend::random_inputs(g, {{"B", bs}, {"N", ns}}, 6), *vulkan);
+}
+
+/// Row kernels: a layer norm written by hand (mean, variance of x - mean, then the normalised
+/// elements) and a softmax written by hand (max, sum of exp(x - max), then the quotients), over
+/// the last axis and over an inner one, are one kernel each, which computes its rows'
+/// reductions before their elements; each way of taking rows (an invocation, a subgroup, a
+/// workgroup per row), rows of 1 to 3000 elements, with a NaN and a row of -inf: the
+/// reference's numbers.
+TEST(VulkanFusion, RowReductionsAndTheirElementsAreOneKernel) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  using ir::Op;
+  ir::Graph g;
+  const ir::Dim b = g.symbol("B"), m = g.symbol("M");
+  const auto x = g.add_input("x", qkv::DType::f32, {b, 3, m});
+  const auto gain = g.add_input("gain", qkv::DType::f32, {m});
+  auto norm = [&](int axis) {
+    const auto count = reduce(g, Op::reduce_sum, g.add(Op::broadcast_to, {g.constant(1.0)}, ir::shape_attrs(g.node(x).shape)), axis, true);
+    const auto centred = g.add(Op::sub, {x, g.add(Op::div, {reduce(g, Op::reduce_sum, x, axis, true), count})});
+    const auto var = g.add(Op::div, {reduce(g, Op::reduce_sum, g.add(Op::mul, {centred, centred}), axis, true), count});
+    return g.add(Op::div, {centred, g.add(Op::sqrt, {g.add(Op::add, {var, g.constant(1e-5)})})});
+  };
+  auto softmax = [&](int axis) {
+    const auto e = g.add(Op::exp, {g.add(Op::sub, {x, reduce(g, Op::reduce_max, x, axis, true)})});
+    return g.add(Op::div, {e, reduce(g, Op::reduce_sum, e, axis, true)});
+  };
+  g.set_output("norm", g.add(Op::mul, {norm(2), gain}));
+  g.set_output("soft", softmax(2));
+  g.set_output("inner", softmax(1));
+  using Tuning = backend::VulkanOptions::Tuning;
+  for (auto [subgroups, tuning] : {std::pair{true, Tuning::cpu}, {true, Tuning::gpu}, {false, Tuning::gpu}}) {
+    auto options = backend::vulkan_options_from_env();
+    options.subgroup_reductions = subgroups;
+    options.tuning = tuning;
+    auto device = backend::make_vulkan_backend(options);
+    SCOPED_TRACE(std::string(subgroups ? "subgroups" : "an invocation per row") + (tuning == Tuning::gpu ? ", gpu tuning" : ""));
+    auto exe = device->compile(g);
+    int rows = 0;
+    for (std::size_t v = 0; v < exe->graph().size(); ++v) rows += device->kernel_name(exe->graph(), static_cast<ir::ValueId>(v)).starts_with("glsl fused_");
+    EXPECT_EQ(rows, 3) << "a kernel per output";
+    for (auto [bs, ms] : {std::pair{1, 1}, {2, 3}, {3, 33}, {2, 300}, {1, 3000}}) {
+      auto in = backend::random_inputs(g, {{"B", bs}, {"M", ms}}, 12);
+      testing::expect_equivalent(g, in, *device);
+      in.at("x").data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+      for (std::int64_t j = 0; j < ms; ++j) in.at("x").data<float>()[static_cast<std::size_t>(ms + j)] = -std::numeric_limits<float>::infinity();
+      testing::expect_equivalent(g, in, *device);
+    }
+  }
+}
+
+/// A weight gradient, the sum over the batch of X^T dY, is one matmul whose depth runs over the
+/// batch and the rows together, with one batch dim or two (two sums merged), in each matmul
+/// kernel; where an operand broadcasts over the batch, or the product is not A^T B, the sum is
+/// its own kernel.
+TEST(VulkanFusion, BatchSummedMatmulsAreOneMatmul) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  using ir::Op;
+  ir::Graph g;
+  const ir::Dim b = g.symbol("B"), n = g.symbol("N");
+  ir::Attrs at;
+  at.transpose_a = true;
+  const auto x = g.add_input("x", qkv::DType::f32, {b, n, 5});
+  const auto dy = g.add_input("dy", qkv::DType::f32, {b, n, 7});
+  g.set_output("dw", reduce(g, Op::reduce_sum, g.add(Op::matmul, {x, dy}, at), 0, false));
+  const auto x4 = g.add_input("x4", qkv::DType::f32, {2, b, n, 3});
+  const auto dy4 = g.add_input("dy4", qkv::DType::f32, {2, b, n, 4});
+  g.set_output("dw4", reduce(g, Op::reduce_sum, reduce(g, Op::reduce_sum, g.add(Op::matmul, {x4, dy4}, at), 0, false), 0, true));
+  const auto shared = g.add_input("shared", qkv::DType::f32, {1, n, 7});
+  g.set_output("broadcast", reduce(g, Op::reduce_sum, g.add(Op::matmul, {x, shared}, at), 0, false));
+  g.set_output("plain", reduce(g, Op::reduce_sum, g.add(Op::matmul, {dy, g.add_input("w", qkv::DType::f32, {7, 2})}), 0, false));
+  using Tuning = backend::VulkanOptions::Tuning;
+  for (auto tuning : {Tuning::cpu, Tuning::gpu}) {
+    auto options = backend::vulkan_options_from_env();
+    options.tuning = tuning;
+    auto device = backend::make_vulkan_backend(options);
+    SCOPED_TRACE(tuning == Tuning::gpu ? "gpu tuning" : "cpu tuning");
+    EXPECT_EQ(kernels(*device, device->compile(g)->graph()), 6);
+    for (auto [bs, ns] : {std::pair{1, 1}, {3, 7}, {2, 65}})
+      testing::expect_equivalent(g, backend::random_inputs(g, {{"B", bs}, {"N", ns}}, 8), *device);
+  }
+}
+
 /// Softmax and row sums read through fused chains, with a masked row (-inf everywhere gives
 /// zeros) and a NaN (propagates), as the reference defines them.
 TEST(VulkanFusion, FusedReductionsMatchTheReference) {
