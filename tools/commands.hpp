@@ -14,7 +14,8 @@ int cmd_models();
 int cmd_run(const Request& r, const std::string& backend, const std::vector<std::string>& outs);
 int cmd_check(const Request& r, const std::string& backends, const std::string& dump_dir, double budget_factor);
 int cmd_dump(const Request& r, bool ir, bool dot, bool glsl);
-int cmd_explain(const Request& r, const std::string& backend);
+/// With `profile`, each kernel's median device time too (backends that time their kernels).
+int cmd_explain(const Request& r, const std::string& backend, bool profile = false);
 int cmd_bench(const Request& r, const std::string& backends, int repeat, bool profile);
 int cmd_viz(const Request& r, const std::string& backend, const std::string& dir, const std::string& labels);
 struct TrainFlags {

@@ -150,13 +150,31 @@ int cmd_check(const Request& r, const std::string& backends, const std::string& 
   return pass ? 0 : 1;
 }
 
-int cmd_explain(const Request& r, const std::string& backend_name) {
+int cmd_explain(const Request& r, const std::string& backend_name, bool profile) {
   Prepared p = prepare(r);
   auto be = backend::create(backend_name);
   auto exe = be->compile(p.graph);
+  exe->set_profiling(profile);
   exe->run(p.inputs);
   const ir::Graph& g = exe->graph();
   auto shapes = ir::bind_shapes(g, p.inputs);
+  // With --profile: each kernel's median device time over a few runs after the first.
+  std::vector<double> device_ms(g.size(), -1.0);
+  double device_total = 0;
+  if (profile) {
+    constexpr int kRuns = 7;
+    std::vector<std::vector<double>> times(g.size());
+    for (int i = 0; i < kRuns; ++i) {
+      exe->run(p.inputs);
+      for (const backend::KernelTime& t : exe->profile()) times[static_cast<std::size_t>(t.value)].push_back(t.seconds * 1e3);
+    }
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (times[i].empty()) continue;
+      std::sort(times[i].begin(), times[i].end());
+      device_ms[i] = times[i][times[i].size() / 2];
+      device_total += device_ms[i];
+    }
+  }
   std::printf("%s on %s (%s)\n", p.title.c_str(), be->name().c_str(), be->device().c_str());
   std::vector<std::string> kernel(g.size());
   int width = 34;
@@ -164,7 +182,7 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
     kernel[i] = be->kernel_name(g, static_cast<ir::ValueId>(i));
     width = std::max(width, static_cast<int>(kernel[i].size()));
   }
-  std::printf("%-5s %-18s %-22s %-*s %12s %12s\n", "node", "op", "shape", width, "kernel", "MFLOP", "MB moved");
+  std::printf("%-5s %-18s %-22s %-*s %12s %12s%s\n", "node", "op", "shape", width, "kernel", "MFLOP", "MB moved", profile ? "    device ms" : "");
   double flops = 0, bytes = 0;
   int kernels = 0, inlined = 0;  // vulkan's generated kernels, and the nodes fused into them
   std::string scores;
@@ -188,8 +206,10 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
                ir::region_expression(*n.region) + " applied to each tile";
     if (kernel[i].starts_with("glsl ")) ++kernels;
     if (kernel[i].starts_with("(in %")) ++inlined;
-    std::printf("%%%-4zu %-18s %-22s %-*s %12.3f %12.3f\n", i, std::string(ir::op_name(n.op)).c_str(),
+    std::printf("%%%-4zu %-18s %-22s %-*s %12.3f %12.3f", i, std::string(ir::op_name(n.op)).c_str(),
                 shape_string(ir::to_vector(shapes[i])).c_str(), width, kernel[i].c_str(), f / 1e6, moved / 1e6);
+    if (device_ms[i] >= 0) std::printf(" %12.4f", device_ms[i]);
+    std::printf("\n");
   }
   if (scores.empty()) {  // no fused attention: a softmax of the model's graph holds its scores
     auto model_shapes = ir::bind_shapes(p.graph, p.inputs);
@@ -202,6 +222,8 @@ int cmd_explain(const Request& r, const std::string& backend_name) {
               static_cast<double>(exe->planned_bytes()) / 1e6);
   if (kernels > 0 || inlined > 0)
     std::printf("kernels: %d, computing %d nodes more inside them (fused)\n", kernels, inlined);
+  if (profile && device_total > 0) std::printf("device time: %.4f ms in kernels (median of 7 runs each; no uploads or downloads)\n", device_total);
+  if (profile && device_total <= 0) std::printf("device time: %s does not time its kernels on this device\n", be->name().c_str());
   std::printf("score matrix: %s\n", scores.empty() ? "none (no attention in this graph)" : scores.c_str());
   // Block sparsity as this run found it: the tiles each fused kernel skipped because every
   // score there is masked (from causality, a window, or the modifier over these inputs).

@@ -122,6 +122,8 @@ int main(int argc, char** argv) {
   auto* explain = app.add_subcommand("explain", "per node: the kernel chosen, FLOPs, bytes; totals; whether the score matrix is materialised");
   add_model_options(explain, explain_r, "explain the backward graph instead of the forward");
   explain->add_option("--backend", backend, backend_help);
+  bool explain_profile = false;
+  explain->add_flag("--profile", explain_profile, "each kernel's median device time over 7 runs (vulkan, from timestamp queries)");
 
   Request bench_r;
   std::string bench_backends = backend;
@@ -193,7 +195,7 @@ int main(int argc, char** argv) {
     if (run->parsed()) return cmd_run(run_r, backend, outs);
     if (check->parsed()) return cmd_check(check_r, backends, dump_dir, budget_factor);
     if (dump->parsed()) return cmd_dump(dump_r, ir, dot, glsl);
-    if (explain->parsed()) return cmd_explain(explain_r, backend);
+    if (explain->parsed()) return cmd_explain(explain_r, backend, explain_profile);
     if (bench->parsed()) return cmd_bench(bench_r, bench_backends, repeat, profile);
     if (viz->parsed()) return cmd_viz(viz_r, backend, png_dir, labels);
     if (train->parsed()) return cmd_train(train_f);

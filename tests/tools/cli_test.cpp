@@ -225,6 +225,13 @@ TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
   EXPECT_NE(profile.output.find("device ms"), std::string::npos) << profile.output;
   EXPECT_NE(profile.output.find("glsl fused_mul_softmax_r3"), std::string::npos) << profile.output;  // the scale inside the softmax
   EXPECT_NE(profile.output.find("cpu does not time its kernels"), std::string::npos) << profile.output;
+  // explain --profile: a device-time column on each kernel's row, and their total.
+  Result timed = run("explain decoder-block --backend vulkan --profile");
+  ASSERT_EQ(timed.status, 0) << timed.output;
+  EXPECT_NE(timed.output.find("device ms"), std::string::npos) << timed.output;
+  EXPECT_NE(timed.output.find("device time: "), std::string::npos) << timed.output;
+  const std::string ln = squeezed_line(timed.output, "%15");
+  EXPECT_EQ(std::count(ln.begin(), ln.end(), ' '), 9) << "the layer norm's row has a device time (10 words): " << ln;
   // The decoder block's forward: 13 kernels with elementwise chains, broadcasts and matmul
   // epilogues fused, each layer norm one row kernel (its mean and variance, then its elements),
   // and the packed projection's slices read in place (51 without), the nodes inside them named
