@@ -49,6 +49,10 @@ using ir::Op;
 using ir::Shape;
 
 constexpr int kMaxBatchRank = 4;  // 9 + 5 * 4 = 29 push-constant words
+/// Up to two batch dims (batch and heads) the kernels also take row strides and the output's and
+/// dy's batch strides (9 + 5 * 2 + 5 + 2 * 2 = 28 words), so they read heads in place from a
+/// [B, N, H, D] projection and write [B, N, H, D] (attention_strided).
+constexpr int kMostStridedBatchRank = 2;
 
 enum class Kind { forward, lse, dq, dk, dv };
 
@@ -109,11 +113,12 @@ struct Operand {
   const char* at;
   const char* vec4s;       // spec constant: vec4s per row, or nullptr for one float per row
   const char* real_width;  // the bound size in floats: DR, DVR or 1u
+  const char* row_stride;  // elements between its rows (the width, or a head view's stride)
 };
 
-const Operand kQ{"Q", "q_tile", "q_at", "D4", "DR"}, kK{"K", "k_tile", "k_at", "D4", "DR"}, kV{"V", "v_tile", "v_at", "DV4", "DVR"},
-    kDy{"DY", "dy_tile", "dy_at", "DV4", "DVR"}, kLse{"LSE", "lse_tile", "stat_at", nullptr, "1u"},
-    kDelta{"DELTA", "delta_tile", "stat_at", nullptr, "1u"};
+const Operand kQ{"Q", "q_tile", "q_at", "D4", "DR", "q_rs"}, kK{"K", "k_tile", "k_at", "D4", "DR", "k_rs"},
+    kV{"V", "v_tile", "v_at", "DV4", "DVR", "v_rs"}, kDy{"DY", "dy_tile", "dy_at", "DV4", "DVR", "dy_rs"},
+    kLse{"LSE", "lse_tile", "stat_at", nullptr, "1u", "1u"}, kDelta{"DELTA", "delta_tile", "stat_at", nullptr, "1u", "1u"};
 
 /// The operands each kind streams through shared memory (tiles of BC rows).
 std::vector<Operand> streamed(Kind k) {
@@ -188,7 +193,9 @@ bool attention_fits(const Node& n) {
   return batch_rank(n) <= kMaxBatchRank;
 }
 
-int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n); }
+bool attention_strided(const Node& n) { return ir::is_fused_attention(n.op) && batch_rank(n) <= kMostStridedBatchRank; }
+
+int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n) + (attention_strided(n) ? 5 + 2 * batch_rank(n) : 0); }
 
 KernelSource attention_source(const Node& n) {
   const Kind kind = kind_of(n);
@@ -196,6 +203,10 @@ KernelSource attention_source(const Node& n) {
   const bool causal = n.attrs.causal, mask = masked(n), drop = ir::has_dropout_seed(n.op, n.attrs);
   const bool key_rows = kind == Kind::dk || kind == Kind::dv;  // rows are keys, streaming queries
   const std::string own_count = key_rows ? "M" : "N", other_count = key_rows ? "N" : "M";
+  // The output's rows: the forward's and dv's are Dv wide, dq's and dk's D, the lse's one float.
+  const bool strided = attention_strided(n);
+  const std::string out_width = kind == Kind::lse ? "1u" : kind == Kind::forward || kind == Kind::dv ? "DVR" : "DR";
+  const std::string out_count = own_count;
 
   // Bindings: the node's operands in order, then the output.
   std::vector<std::string> arrays = kind == Kind::forward ? std::vector<std::string>{"Q", "K", "V"}
@@ -219,12 +230,12 @@ KernelSource attention_source(const Node& n) {
   for (const Operand& o : {kQ, kK, kV, kDy}) {
     if (std::find(arrays.begin(), arrays.end(), o.array) == arrays.end()) continue;
     readers += fill(R"(vec4 row4_$A(uint row, uint g) {
-  uint at = $AT + row * $W, d = 4u * g;
+  uint at = $AT + row * $RS, d = 4u * g;
   return vec4(d < $W ? $A[at + d] : 0.0, d + 1u < $W ? $A[at + d + 1u] : 0.0,
               d + 2u < $W ? $A[at + d + 2u] : 0.0, d + 3u < $W ? $A[at + d + 3u] : 0.0);
 }
 )",
-                    {{"AT", o.at}, {"A", o.array}, {"W", o.real_width}});
+                    {{"AT", o.at}, {"A", o.array}, {"W", o.real_width}, {"RS", o.row_stride}});
   }
 
   // The score modifier: a function of the scaled score and its indices, reading the tensors T<i>
@@ -360,7 +371,7 @@ Iv range_read(uint at, bool along_both) {
 // and streams the $OTHERS through shared memory BC at a time.
 // p[0] N queries, p[1] M keys, p[2] D, p[3] Dv, p[4] scale (float bits), p[5] causal shift
 // (int bits), p[6] window, p[7..8] the keep-mask's query and key strides, p[9..] $R batch dims,
-// then the batch strides of q, k, v and the keep-mask (elements).
+// then the batch strides of q, k, v and the keep-mask (elements)$STRIDEDWORDS.
 layout(local_size_x_id = 3) in;               // INV invocations, chosen per device
 layout(constant_id = 0) const uint D4 = 1u;   // q and k's head dim in vec4s (rounded up)
 layout(constant_id = 1) const uint DV4 = 1u;  // v's head dim in vec4s
@@ -375,7 +386,8 @@ $TILESshared uint nonfinite;
 uint N, M, DR, DVR;  // the bound sizes
 float scale;
 int shift, window;
-uint q_at, k_at, v_at, mask_at, dy_at, stat_at;  // this batch entry's first element in each operand
+uint q_at, k_at, v_at, mask_at, dy_at, stat_at, out_at;  // this batch entry's first element in each operand
+uint q_rs, k_rs, v_rs, dy_rs, out_rs;  // elements between rows
 uint r0, lid;
 uint batch_index, drop_seed;  // dropout's: this workgroup's batch entry and the seed
 $TGLOBALS
@@ -398,7 +410,7 @@ void main() {
   for (int d = 0; d < R; ++d) batches *= pc.p[9 + d];
   uint b = gl_WorkGroupID.y + gl_WorkGroupID.z * gl_NumWorkGroups.y;
   if (b >= batches) return;  // uniform: the whole workgroup
-  q_at = 0u; k_at = 0u; v_at = 0u; mask_at = 0u;$TENSORZERO
+  q_at = 0u; k_at = 0u; v_at = 0u; mask_at = 0u; dy_at = 0u; out_at = 0u;$TENSORZERO
   uint rem = b;
   for (int d = R - 1; d >= 0; --d) {
     uint idx = rem % pc.p[9 + d];
@@ -407,9 +419,8 @@ void main() {
     k_at += idx * pc.p[9 + 2 * R + d];
     v_at += idx * pc.p[9 + 3 * R + d];
     mask_at += idx * pc.p[9 + 4 * R + d];
-$TENSORAT  }
-$TENSORSTRIDES$DROPSETUP  dy_at = b * N * DVR;
-  stat_at = b * N;
+$TENSORAT$STRIDEDAT  }
+$TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
   lid = gl_LocalInvocationIndex;
   r0 = gl_WorkGroupID.x * BR;
   uint rows = min(BR, $OWNCOUNT - min(r0, $OWNCOUNT));
@@ -437,7 +448,18 @@ $TENSORSTRIDES$DROPSETUP  dy_at = b * N * DVR;
                                                     : "") +
                                      (mask ? "  keep = keep && KEEP[mask_at + i * pc.p[7] + j * pc.p[8]] != 0.0;\n" : "")},
                         {"OWNCOUNT", own_count},
-                        {"OTHERCOUNT", other_count}});
+                        {"OTHERCOUNT", other_count},
+                        {"STRIDEDWORDS", strided ? ", then the row strides of q, k, v, dy and the output,\n"
+                                                   "// then the batch strides of dy and the output: heads are read and written in place"
+                                                 : ""},
+                        {"STRIDEDAT", strided ? "    dy_at += idx * pc.p[" + str(9 + 5 * r + 5) + " + d];\n"
+                                                "    out_at += idx * pc.p[" + str(9 + 5 * r + 5 + r) + " + d];\n"
+                                              : ""},
+                        {"ROWSTRIDES", strided ? "  q_rs = pc.p[" + str(9 + 5 * r) + "]; k_rs = pc.p[" + str(9 + 5 * r + 1) + "]; v_rs = pc.p[" +
+                                                     str(9 + 5 * r + 2) + "]; dy_rs = pc.p[" + str(9 + 5 * r + 3) + "]; out_rs = pc.p[" +
+                                                     str(9 + 5 * r + 4) + "];\n"
+                                               : "  q_rs = DR; k_rs = DR; v_rs = DVR; dy_rs = DVR; out_rs = " + out_width + ";\n"
+                                                 "  dy_at = b * N * DVR;\n  out_at = b * " + out_count + " * out_rs;\n"}});
 
   // Causality and the window narrow the streamed rows, and tiles the modifier or a keep-mask
   // masks whole may be skipped; skipping is exact only if what their zero probabilities would
@@ -458,17 +480,17 @@ $TENSORSTRIDES$DROPSETUP  dy_at = b * N * DVR;
         s += fill(R"(  for (uint x = lid; x < ($OTHERCOUNT - gap) * $W; x += INV) {
     uint j = x / $W;
     j = j < lo ? j : j + gap;
-    if (!finite($A[$AT + j * $W + x % $W])) atomicOr(nonfinite, 1u);
+    if (!finite($A[$AT + j * $RS + x % $W])) atomicOr(nonfinite, 1u);
   }
 )",
-                  {{"OTHERCOUNT", other_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}});
+                  {{"OTHERCOUNT", other_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
       for (const Operand& o : own)
         s += fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t)
     if ($ANY && own(t) < $OWNCOUNT)
       for (uint d = 0u; d < $W; ++d)
-        if (!finite($A[$AT + own(t) * $W + d])) atomicOr(nonfinite, 1u);
+        if (!finite($A[$AT + own(t) * $RS + d])) atomicOr(nonfinite, 1u);
 )",
-                  {{"ANY", causal ? "true" : "may_skip"}, {"OWNCOUNT", own_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}});
+                  {{"ANY", causal ? "true" : "may_skip"}, {"OWNCOUNT", own_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
       s += "  barrier();\n  if (nonfinite != 0u) { lo = 0u; hi = " + other_count + "; may_skip = false; }\n";
     }
   }
@@ -646,7 +668,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
     if (own(t) >= $COUNT) continue;
     [[unroll]] for (uint g = 0u; g < $G; ++g)
       [[unroll]] for (uint e = 0u; e < 4u; ++e)
-        if (4u * g + e < $W) OUT[(b * $COUNT + own(t)) * $W + 4u * g + e] = $VALUE;
+        if (4u * g + e < $W) OUT[out_at + own(t) * out_rs + 4u * g + e] = $VALUE;
   }
 )",
                 {{"COUNT", count}, {"G", g}, {"W", width}, {"VALUE", fill(value, {{"REG", reg}})}});
@@ -658,7 +680,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
       break;
     case Kind::lse:
       s += "  [[unroll]] for (uint t = 0u; t < RPT; ++t)  // -inf for a row with no key\n"
-           "    if (own(t) < N) OUT[b * N + own(t)] = (m[t] == neg_inf() ? 0.0 : m[t]) + qkv_log(l[t]);\n";
+           "    if (own(t) < N) OUT[out_at + own(t)] = (m[t] == neg_inf() ? 0.0 : m[t]) + qkv_log(l[t]);\n";
       break;
     case Kind::dq: s += store("acc", "D4", "DR", "N", "$REG[t * D4 + g][e] * scale"); break;
     case Kind::dk: s += store("acc", "D4", "DR", "M", "$REG[t * D4 + g][e] * scale"); break;
@@ -700,11 +722,39 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
     l.push.push_back(push_word(out[i]));
     batches *= out[i];
   }
-  const Shape none;
-  const Shape* operands[4] = {&qs, &ks, kind == Kind::lse ? &none : &in(2), mask};
-  for (const Shape* s : operands) {
-    auto st = s ? broadcast_strides(*s, r + 2) : std::array<std::int64_t, ir::kMaxRank>{};
+  // Each row operand's strides as the kernel reads it (a head view's permuted), the mask's
+  // broadcast; then, for strided kernels, the row strides and dy's and the output's batch strides.
+  using Strides = std::array<std::int64_t, ir::kMaxRank>;
+  auto read_strides = [&](std::size_t slot) {
+    const ir::ValueId x = n.inputs[slot];
+    const Shape& s = shapes[static_cast<std::size_t>(x)];
+    Strides own = contiguous_strides(s);
+    if (head_view(g, x)) {
+      const Node& p = g.node(x);
+      const Strides c = contiguous_strides(shapes[static_cast<std::size_t>(p.inputs[0])]);
+      for (int j = 0; j < s.rank; ++j) own[static_cast<std::size_t>(j)] = c[static_cast<std::size_t>(p.attrs.perm[static_cast<std::size_t>(j)])];
+    }
+    Strides st{};
+    for (int j = 0; j < s.rank; ++j)
+      if (const int at = r + 2 - s.rank + j; at >= 0) st[static_cast<std::size_t>(at)] = s[j] == 1 ? 0 : own[static_cast<std::size_t>(j)];
+    return st;
+  };
+  const bool grads = kind == Kind::dq || kind == Kind::dk || kind == Kind::dv;
+  const Strides none{};
+  const Strides q_st = read_strides(0), k_st = read_strides(1), v_st = kind == Kind::lse ? none : read_strides(2), dy_st = grads ? read_strides(3) : none;
+  for (const Strides& st : {q_st, k_st, v_st, mask ? broadcast_strides(*mask, r + 2) : none})
     for (int i = 0; i < r; ++i) l.push.push_back(push_word(st[static_cast<std::size_t>(i)]));
+  if (attention_strided(n)) {
+    Strides out_st = contiguous_strides(out);
+    if (const ir::ValueId p = placed_into(g, v); p >= 0) {  // written into the permute's storage
+      const Strides c = contiguous_strides(shapes[static_cast<std::size_t>(p)]);
+      for (int j = 0; j < out.rank; ++j) out_st[static_cast<std::size_t>(g.node(p).attrs.perm[static_cast<std::size_t>(j)])] = c[static_cast<std::size_t>(j)];
+    }
+    const auto row = static_cast<std::size_t>(r);
+    const Strides& written = out_st;
+    for (const Strides* st : {&q_st, &k_st, &v_st, &dy_st, &written}) l.push.push_back(push_word((*st)[row]));
+    for (const Strides* st : {&dy_st, &written})
+      for (int i = 0; i < r; ++i) l.push.push_back(push_word((*st)[static_cast<std::size_t>(i)]));
   }
 
   // Head dims size the registers and tiles; the tile height (at most 32 rows) keeps shared

@@ -11,6 +11,9 @@ namespace qkv::codegen::detail {
 
 /// Whether the flash kernels take this attention node: its batch dims fit the push constants.
 bool attention_fits(const ir::Node& n);
+/// Whether the node's kernel reads its row operands and writes its output through row and batch
+/// strides (up to two batch dims), so head views and placed outputs can be given to it.
+bool attention_strided(const ir::Node& n);
 /// Push-constant words the node's kernel needs.
 int attention_push_words(const ir::Node& n);
 KernelSource attention_source(const ir::Node& n);

@@ -724,7 +724,7 @@ bool has_kernel(const Node& n) { return n.op != Op::input && n.op != Op::reshape
 
 std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
   const Node& n = g.node(v);
-  if (n.op == Op::reshape) return 0;
+  if (n.op == Op::reshape || head_view(g, v)) return 0;
   if (n.op != Op::slice || alignment <= 0) return std::nullopt;
   const ir::Shape& in = g.node(n.inputs[0]).shape;
   std::int64_t inner = 1;
@@ -740,8 +740,69 @@ std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::
   return bytes;
 }
 
+namespace {
+
+/// The operand slots of a flash kernel that it reads as rows through a row stride: q, k and v
+/// (q and k for the lse), and dy for the gradients.
+bool strided_slot(const Node& reader, std::size_t slot) {
+  switch (reader.op) {
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::flex_attention_lse: return slot < 2;
+    case Op::attention_grad:
+    case Op::masked_attention_grad:
+    case Op::flex_attention_grad: return slot < 4;
+    default: return slot < 3;
+  }
+}
+
+/// A permutation that keeps the last dim last: rows stay contiguous.
+bool keeps_rows(const Node& n) { return n.op == Op::permute && n.attrs.perm[static_cast<std::size_t>(n.shape.rank - 1)] == n.shape.rank - 1; }
+
+bool is_result(const ir::Graph& g, ir::ValueId v) {
+  const auto results = g.result_values();
+  return std::find(results.begin(), results.end(), v) != results.end();
+}
+
+}  // namespace
+
+ir::ValueId placed_into(const ir::Graph& g, ir::ValueId v) {
+  const Node& n = g.node(v);
+  if (!ir::is_fused_attention(n.op) || !detail::attention_strided(n) || n.shape.rank < 2 || n.shape.back(0) == 1 || is_result(g, v)) return -1;
+  ir::ValueId only = -1;
+  for (std::size_t i = static_cast<std::size_t>(v) + 1; i < g.size(); ++i)
+    for (ir::ValueId in : g.nodes()[i].inputs)
+      if (in == v) {
+        if (only >= 0) return -1;
+        only = static_cast<ir::ValueId>(i);
+      }
+  return only >= 0 && keeps_rows(g.node(only)) ? only : -1;
+}
+
+bool head_view(const ir::Graph& g, ir::ValueId v) {
+  const Node& n = g.node(v);
+  if (!keeps_rows(n) || is_result(g, v) || placed_into(g, n.inputs[0]) >= 0) return false;
+  // Its operand is laid out contiguously: a kernel's result, an input, or reshapes of one.
+  ir::ValueId x = n.inputs[0];
+  while (g.node(x).op == Op::reshape) x = g.node(x).inputs[0];
+  if (g.node(x).op == Op::permute && head_view(g, x)) return false;
+  if (placed_into(g, x) >= 0) return false;
+  bool read = false;
+  for (std::size_t i = static_cast<std::size_t>(v) + 1; i < g.size(); ++i) {
+    const Node& reader = g.nodes()[i];
+    for (std::size_t slot = 0; slot < reader.inputs.size(); ++slot) {
+      if (reader.inputs[slot] != v) continue;
+      if (!ir::is_fused_attention(reader.op) || !detail::attention_strided(reader) || !strided_slot(reader, slot)) return false;
+      read = true;
+    }
+  }
+  return read;
+}
+
 bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment) {
-  return has_kernel(g.node(v)) && !view_offset(g, v, view_alignment);
+  const Node& n = g.node(v);
+  if (n.op == Op::permute && placed_into(g, n.inputs[0]) == v) return false;  // its operand's kernel writes it
+  return has_kernel(n) && !view_offset(g, v, view_alignment);
 }
 
 int storage_buffers(const Node& n) { return static_cast<int>(n.inputs.size()) + 1 + (ir::is_fused_attention(n.op) ? 1 : 0); }
@@ -921,11 +982,18 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
 
 std::string emit_glsl(const ir::Graph& g, const FusionLimits& limits, const Target& target, bool fuse) {
   std::string out;
-  for (std::size_t i = 0; i < g.size(); ++i)
-    if (g.nodes()[i].op == Op::slice && !has_kernel(g, static_cast<ir::ValueId>(i), limits.view_alignment))
-      out += "// ---- %" + std::to_string(i) + " = slice : " + g.type_string(static_cast<ir::ValueId>(i)) + " (no kernel: read in place, %" +
-             std::to_string(g.nodes()[i].inputs[0]) + " from byte " + std::to_string(*view_offset(g, static_cast<ir::ValueId>(i), limits.view_alignment)) +
-             ")\n";
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const auto v = static_cast<ir::ValueId>(i);
+    const Node& n = g.nodes()[i];
+    if (n.op == Op::input || n.op == Op::reshape || has_kernel(g, v, limits.view_alignment)) continue;
+    const std::string head = "// ---- %" + std::to_string(i) + " = " + std::string(ir::op_name(n.op)) + " : " + g.type_string(v) + " (no kernel: ";
+    if (n.op == Op::slice)
+      out += head + "read in place, %" + std::to_string(n.inputs[0]) + " from byte " + std::to_string(*view_offset(g, v, limits.view_alignment)) + ")\n";
+    else if (head_view(g, v))
+      out += head + "the flash kernels read %" + std::to_string(n.inputs[0]) + " in place through its strides)\n";
+    else
+      out += head + "%" + std::to_string(n.inputs[0]) + "'s kernel writes it in place through its strides)\n";
+  }
   for (const KernelGroup& k : fuse ? plan_kernels(g, limits) : unfused_kernels(g, limits.view_alignment)) {
     const Node& n = g.node(k.root);
     KernelSource source = k.fused() ? fused_source(g, k, target) : kernel_source(g, k.root, target);

@@ -90,8 +90,18 @@ bool has_kernel(const ir::Node& n);
 /// multiple of `alignment` (a descriptor's offset must be: minStorageBufferOffsetAlignment);
 /// alignment 0 views no slice. nullopt for every other node.
 std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::int64_t alignment);
-/// has_kernel, and not a view for this alignment.
+/// has_kernel, and not a view for this alignment, nor a permute its operand's kernel writes.
 bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment);
+/// Whether permute v is a head view: it keeps the last dim last, every reader is a flash kernel
+/// reading it as q, k, v or dy (which take row and batch strides), and its operand is laid out
+/// contiguously; then it has no kernel and aliases its operand at byte 0 (view_offset), read
+/// through its permuted strides ([B, N, H, D] projections read as [B, H, N, D] heads).
+bool head_view(const ir::Graph& g, ir::ValueId v);
+/// The permute (keeping the last dim last) that is the only reader of flash-kernel output v,
+/// when v is not a result: v's kernel writes its output into that permute's storage through
+/// the permuted strides ([B, H, N, D] heads stored as [B, N, H, D]), and the permute has no
+/// kernel. -1 otherwise.
+ir::ValueId placed_into(const ir::Graph& g, ir::ValueId v);
 /// The storage buffers the node's kernel binds (KernelSource::buffers): its operands, its
 /// output, and the flash kernels' tile counter. A device allows a limited number per shader
 /// (maxPerStageDescriptorStorageBuffers: 32 on lavapipe); past it, the backend decomposes.

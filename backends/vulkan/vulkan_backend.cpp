@@ -179,12 +179,18 @@ class VulkanExecutable final : public Executable {
         no_storage.insert(&graph_.node(m));
       }
     }
-    // Reshapes and contiguous slices are read in place (codegen::view_offset): they have no kernel.
+    // Reshapes, contiguous slices and head views are read in place (codegen::view_offset): they
+    // have no kernel. A flash kernel's output read only through a permute is written into that
+    // permute's storage (codegen::placed_into), which has no kernel either.
     std::vector<std::int64_t> views(graph_.size(), -1);
-    for (std::size_t i = 0; i < graph_.size(); ++i)
-      if (graph_.nodes()[i].op != Op::input && !codegen::has_kernel(graph_, static_cast<ir::ValueId>(i), align))
-        views[i] = codegen::view_offset(graph_, static_cast<ir::ValueId>(i), align).value();
-    memory_ = ir::plan_memory(graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads, &views);
+    std::vector<ir::ValueId> placed(graph_.size(), -1);
+    for (std::size_t i = 0; i < graph_.size(); ++i) {
+      const auto v = static_cast<ir::ValueId>(i);
+      if (graph_.nodes()[i].op != Op::input && !codegen::has_kernel(graph_, v, align))
+        views[i] = codegen::view_offset(graph_, v, align).value_or(-1);
+      placed[i] = codegen::placed_into(graph_, v);
+    }
+    memory_ = ir::plan_memory(graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads, &views, &placed);
 
     using U = vk::BufferUsageFlagBits;
     arena_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(memory_.total_bytes), U::eStorageBuffer | U::eTransferSrc | U::eTransferDst, false);
@@ -437,8 +443,11 @@ class VulkanBackend final : public Backend {
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
     if (!codegen::has_kernel(g, v, view_alignment(*ctx_))) {
       if (g.node(v).op == ir::Op::input) return "(input, uploaded)";
-      const std::int64_t at = codegen::view_offset(g, v, view_alignment(*ctx_)).value();
-      return "(view of %" + std::to_string(g.node(v).inputs[0]) + (at ? " at byte " + std::to_string(at) : "") + ")";
+      const std::string of = "%" + std::to_string(g.node(v).inputs[0]);
+      const auto at = codegen::view_offset(g, v, view_alignment(*ctx_));
+      if (!at) return "(written in place by " + of + "'s kernel)";
+      if (codegen::head_view(g, v)) return "(view of " + of + " read through strides)";
+      return "(view of " + of + (*at ? " at byte " + std::to_string(*at) : "") + ")";
     }
     if (fuse_)
       for (const auto& k : codegen::plan_kernels(g, fusion_limits())) {
@@ -464,9 +473,10 @@ class VulkanBackend final : public Backend {
     return limits;
   }
   /// The shaders compile(g) runs (codegen::emit_glsl for this device).
-  std::string shaders(const ir::Graph& g) {
-    const auto exe = compile(g);
-    return codegen::emit_glsl(exe->graph(), fusion_limits(), target_, fuse_);
+  /// The GLSL the device would run for g, without creating its pipelines.
+  std::string shaders(const ir::Graph& g) const {
+    const ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
+    return codegen::emit_glsl(lowered, fusion_limits(), target_, fuse_);
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
@@ -487,7 +497,26 @@ bool vulkan_supports(const ir::Node& n) { return codegen::implements(n); }
 
 std::unique_ptr<Backend> make_vulkan_backend(const VulkanOptions& options) { return std::make_unique<VulkanBackend>(options); }
 
-std::string vulkan_shaders(const ir::Graph& g, const VulkanOptions& options) { return VulkanBackend(options).shaders(g); }
+std::string vulkan_shaders(const ir::Graph& g, const VulkanOptions& options) {
+  std::unique_ptr<VulkanBackend> device;
+  try {
+    device = std::make_unique<VulkanBackend>(options);
+  } catch (const BackendError&) {  // no device here: what a GPU with common limits would run
+  }
+  if (device) return device->shaders(g);
+  codegen::Target gpu;
+  gpu.cpu = options.tuning == VulkanOptions::Tuning::cpu;
+  gpu.shared_bytes = 49152;
+  gpu.max_invocations = 1024;
+  gpu.subgroup_size = 32;
+  gpu.subgroup_reductions = options.subgroup_reductions;
+  codegen::FusionLimits limits;
+  limits.view_alignment = 64;
+  const ir::Graph lowered = ir::lower_for_backend(g, vulkan_supports);
+  return "// No Vulkan device here: the shaders for a GPU with subgroups of 32, 48 KiB of shared memory\n"
+         "// and storage offsets aligned to 64 bytes.\n" +
+         codegen::emit_glsl(lowered, limits, gpu, options.fusion);
+}
 
 std::string VulkanDeviceInfo::capabilities() const {
   auto yes = [](bool b) { return b ? "yes" : "no"; };

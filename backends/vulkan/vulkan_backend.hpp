@@ -46,7 +46,8 @@ std::unique_ptr<Backend> make_vulkan_backend(const VulkanOptions& options = vulk
 
 /// The shaders the vulkan backend runs for `g` on the device `options` pick, after its lowering:
 /// each kernel with the nodes it covers, fused and specialized for the device as runs are
-/// (what `qkv dump --glsl` prints).
+/// (what `qkv dump --glsl` prints). No pipeline is created; with no device at hand, the shaders
+/// for a GPU with common limits, said so in their first line.
 std::string vulkan_shaders(const ir::Graph& g, const VulkanOptions& options = vulkan_options_from_env());
 
 /// What the code generator has kernels for (codegen::implements); no device needed.

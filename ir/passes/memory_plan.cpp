@@ -6,17 +6,22 @@
 namespace qkv::ir {
 
 MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
-                       std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads, const std::vector<std::int64_t>* views) {
+                       std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads, const std::vector<std::int64_t>* views,
+                       const std::vector<ValueId>* placed) {
   const std::size_t n = g.size();
   MemoryPlan plan;
   plan.offset.assign(n, -1);
   plan.storage_of.resize(n);
   plan.view_offset.assign(n, 0);
+  for (std::size_t i = 0; i < n; ++i) plan.storage_of[i] = static_cast<ValueId>(i);
+  // Values written into a later value's storage: that value's storage (its own, not a view's).
+  if (placed)
+    for (std::size_t i = 0; i < n; ++i)
+      if (const ValueId into = (*placed)[i]; into >= 0) plan.storage_of[i] = into;
   for (std::size_t i = 0; i < n; ++i) {
     const Node& node = g.nodes()[i];
     const std::int64_t at = views ? (*views)[i] : node.op == Op::reshape ? 0 : -1;
-    plan.storage_of[i] = static_cast<ValueId>(i);
-    if (at < 0) continue;
+    if (at < 0 || plan.storage_of[i] != static_cast<ValueId>(i)) continue;
     const auto operand = static_cast<std::size_t>(node.inputs[0]);
     plan.storage_of[i] = plan.storage_of[operand];
     plan.view_offset[i] = plan.view_offset[operand] + at;
@@ -47,19 +52,25 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, c
     if (g.nodes()[i].op == Op::input) order.push_back(i);
   for (std::size_t i = 0; i < n; ++i)
     if (g.nodes()[i].op != Op::input) order.push_back(i);
+  // Each storage is placed when the first value in it is: its own, or one written into it.
+  std::vector<bool> placed_yet(n, false);
   for (std::size_t i : order) {
     if (g.nodes()[i].op != Op::input) std::erase_if(live, [&](const Block& b) { return b.until < i; });
     const Node& node = g.nodes()[i];
-    if (plan.storage_of[i] != static_cast<ValueId>(i) || in_place(node)) continue;
-    std::int64_t size = round_up(std::max<std::int64_t>(bytes[i], 1));
+    const bool into_later = placed && (*placed)[i] >= 0;
+    if ((plan.storage_of[i] != static_cast<ValueId>(i) && !into_later) || in_place(node)) continue;
+    const auto root = static_cast<std::size_t>(plan.storage_of[i]);
+    if (placed_yet[root]) continue;
+    placed_yet[root] = true;
+    std::int64_t size = round_up(std::max<std::int64_t>(bytes[root], 1));
     std::sort(live.begin(), live.end(), [](const Block& a, const Block& b) { return a.offset < b.offset; });
     std::int64_t at = 0;
     for (const Block& b : live) {
       if (at + size <= b.offset) break;
       at = std::max(at, round_up(b.offset + b.size));
     }
-    plan.offset[i] = at;
-    live.push_back({at, size, last_use[i]});
+    plan.offset[root] = at;
+    live.push_back({at, size, last_use[root]});
     plan.total_bytes = std::max(plan.total_bytes, at + size);
   }
   return plan;

@@ -33,8 +33,11 @@ struct MemoryPlan {
 /// `views`, when given, says per value the byte offset at which it aliases its first operand's
 /// storage, or -1 where it has storage of its own (a backend reading contiguous slices in
 /// place); without it, reshapes alias their operand at 0 and nothing else does.
+/// `placed`, when given, names per value a later value whose storage it is written into (its
+/// kernel writes there, laid out as that value needs), or -1: the storage then lives from the
+/// first value written into it.
 MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
                        std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads = nullptr,
-                       const std::vector<std::int64_t>* views = nullptr);
+                       const std::vector<std::int64_t>* views = nullptr, const std::vector<ValueId>* placed = nullptr);
 
 }  // namespace qkv::ir

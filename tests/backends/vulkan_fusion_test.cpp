@@ -12,6 +12,7 @@
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "tests/support/backend_fixture.hpp"
+#include "tests/support/gradcheck.hpp"
 
 namespace qkv {
 namespace {
@@ -184,6 +185,49 @@ TEST(VulkanFusion, BatchSummedMatmulsAreOneMatmul) {
     for (auto [bs, ns] : {std::pair{1, 1}, {3, 7}, {2, 65}})
       testing::expect_equivalent(g, backend::random_inputs(g, {{"B", bs}, {"N", ns}}, 8), *device);
   }
+}
+
+/// Multi-head attention's head permutes: q, k and v read as [B, H, N, D] heads straight from
+/// their [B, N, H, D] projections through strides, and the output written as [B, N, H, D]
+/// through strides, so the permutes have no kernel (head dim 5: rows not a multiple of vec4s);
+/// a permute also read by another kernel, or an attention output that is a result, keeps its
+/// kernel; the backward reads and writes heads in place too. The reference's numbers throughout.
+TEST(VulkanFusion, HeadsAreReadAndWrittenInPlace) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  using ir::Op;
+  ir::Graph g;
+  const ir::Dim b = g.symbol("B"), n = g.symbol("N");
+  ir::Attrs heads;
+  heads.perm = {0, 2, 1, 3};
+  auto split = [&](const char* name) {
+    const auto x = g.add_input(name, qkv::DType::f32, {b, n, 15});
+    return g.add(Op::permute, {g.add(Op::reshape, {x}, ir::shape_attrs({b, n, 3, 5}))}, heads);
+  };
+  const auto q = split("q"), k = split("k"), v = split("v");
+  ir::Attrs causal;
+  causal.value = 0.4;
+  causal.causal = true;
+  const auto o = g.add(Op::attention, {q, k, v}, causal);
+  g.set_output("y", g.add(Op::reshape, {g.add(Op::permute, {o}, heads)}, ir::shape_attrs({b, n, 15})));
+  EXPECT_EQ(kernels(*vulkan, vulkan->compile(g)->graph()), 1) << "the flash kernel alone";
+  for (auto [bs, ns] : {std::pair{1, 1}, {2, 7}, {3, 33}})
+    testing::expect_equivalent(g, backend::random_inputs(g, {{"B", bs}, {"N", ns}}, 21), *vulkan);
+
+  // Training: the same graph's backward reads q, k, v and writes dq, dk, dv in place.
+  const ir::Graph forward = testing::with_weighted_sum_loss(g);
+  const ir::Graph backward = ir::build_backward(forward, {"loss", {"q", "k", "v"}, {}});
+  auto trained = vulkan->compile(backward);
+  int permutes = 0;
+  for (std::size_t i = 0; i < trained->graph().size(); ++i)
+    permutes += trained->graph().nodes()[i].op == Op::permute && vulkan->kernel_name(trained->graph(), static_cast<ir::ValueId>(i)).starts_with("glsl ");
+  EXPECT_LE(permutes, 2) << "only the output's and dy's (also read by the delta's kernel)";
+  testing::expect_equivalent(backward, backend::random_inputs(backward, {{"B", 2}, {"N", 9}}, 22), *vulkan);
+
+  // Another reader of q's heads, and the attention output as a result: those permutes copy.
+  g.set_output("q_heads", g.add(Op::exp, {q}));
+  g.set_output("o", o);
+  EXPECT_EQ(kernels(*vulkan, vulkan->compile(g)->graph()), 4);
+  testing::expect_equivalent(g, backend::random_inputs(g, {{"B", 2}, {"N", 7}}, 23), *vulkan);
 }
 
 /// Softmax and row sums read through fused chains, with a masked row (-inf everywhere gives

@@ -182,6 +182,31 @@ TEST(MemoryPlan, ViewsAliasAtTheirOffsetAndKeepTheirStorageAlive) {
   EXPECT_GE(plain.offset[static_cast<std::size_t>(s)], 0);
 }
 
+/// A value written into a later value's storage (a flash kernel's output into the permute that
+/// reads it) shares that storage, which lives from the first value written into it: nothing
+/// computed in between may take those bytes.
+TEST(MemoryPlan, PlacedValuesLiveInTheLaterStorageFromTheirOwnNode) {
+  Graph g;
+  auto x = g.add_input("x", DType::f32, {64});
+  auto a = g.add(Op::exp, {x});   // written into p's storage
+  auto t = g.add(Op::neg, {x});   // computed while a is live: must not overlap it
+  auto u = g.add(Op::add, {a, t});
+  Attrs same;
+  same.perm = {0};
+  auto p = g.add(Op::permute, {a}, same);
+  g.set_output("y", g.add(Op::add, {u, p}));
+  std::vector<std::int64_t> bytes(g.size(), 256);
+  std::vector<ValueId> placed(g.size(), -1);
+  placed[static_cast<std::size_t>(a)] = p;
+  auto plan = plan_memory(g, bytes, [](const Node&) { return false; }, 16, nullptr, nullptr, &placed);
+  EXPECT_EQ(plan.storage_of[static_cast<std::size_t>(a)], p);
+  EXPECT_EQ(plan.offset[static_cast<std::size_t>(a)], -1);
+  const auto at = [&](ValueId v) { return plan.offset[static_cast<std::size_t>(v)]; };
+  ASSERT_GE(at(p), 0);
+  EXPECT_TRUE(at(t) + 256 <= at(p) || at(p) + 256 <= at(t)) << "t overwrote a, which p's storage holds";
+  EXPECT_TRUE(at(u) + 256 <= at(p) || at(p) + 256 <= at(u)) << "u overwrote a";
+}
+
 TEST(Bind, ResolvesSymbolsAndReportsConflicts) {
   Graph g;
   Dim n = g.symbol("N");

@@ -318,6 +318,12 @@ TEST_F(Cli, DumpPrintsIrDotGlslAndBackward) {
   EXPECT_NE(glsl.output.find("(kernel fused_matmul_add_max_r3, computing %58 matmul, %60 add, %61 constant, %62 max)"), std::string::npos)
       << glsl.output;
   EXPECT_NE(glsl.output.find("float qkv_epilogue(float acc, uint row, uint col)"), std::string::npos) << glsl.output;
+  // With no device (no driver found), the shaders a GPU with common limits would run, said so.
+  Result generic = run("dump decoder-block --glsl", "VK_ICD_FILENAMES=/nonexistent VK_DRIVER_FILES=/nonexistent");
+  ASSERT_EQ(generic.status, 0) << generic.output;
+  EXPECT_EQ(generic.output.rfind("// No Vulkan device here: the shaders for a GPU", 0), 0u) << generic.output;
+  EXPECT_NE(generic.output.find("(kernel fused_matmul_add_max_r3, computing %58 matmul, %60 add, %61 constant, %62 max)"), std::string::npos)
+      << generic.output;
 }
 
 TEST_F(Cli, RunGradWritesInputGradients) {
