@@ -232,13 +232,16 @@ TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
   EXPECT_NE(timed.output.find("device time: "), std::string::npos) << timed.output;
   const std::string ln = squeezed_line(timed.output, "%15");
   EXPECT_EQ(std::count(ln.begin(), ln.end(), ' '), 9) << "the layer norm's row has a device time (10 words): " << ln;
-  // The decoder block's forward: 13 kernels with elementwise chains, broadcasts and matmul
+  // The decoder block's forward: 9 kernels with elementwise chains, broadcasts and matmul
   // epilogues fused, each layer norm one row kernel (its mean and variance, then its elements),
-  // and the packed projection's slices read in place (51 without), the nodes inside them named
-  // by the kernel that computes them and moving no bytes of their own.
+  // the packed projection's slices read in place and the heads read and written in place by the
+  // flash kernel (51 without), the nodes inside them named by the kernel that computes them and
+  // moving no bytes of their own.
   Result fused = run("explain decoder-block --backend vulkan");
   ASSERT_EQ(fused.status, 0) << fused.output;
-  EXPECT_NE(fused.output.find("kernels: 13, computing 29 nodes more inside them (fused)"), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("kernels: 9, computing 29 nodes more inside them (fused)"), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("(view of %22 read through strides)"), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("(written in place by %36's kernel)"), std::string::npos) << fused.output;
   EXPECT_NE(fused.output.find("glsl fused_reduce_sum_div_sub_mul_reduce_sum_div_add_sqrt_div_mul_add_r3"), std::string::npos) << fused.output;
   EXPECT_NE(fused.output.find("glsl fused_matmul_add_max_r3"), std::string::npos) << fused.output;  // the ReLU in the store
   EXPECT_EQ(squeezed_line(fused.output, "%58"), "%58 matmul (2, 8, 128) (in %62's kernel) 0.131 0.000") << fused.output;
