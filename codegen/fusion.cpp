@@ -551,9 +551,16 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
   }
   s += "// The value of %" + std::to_string(chain_root) + " at its element i (nodes of smaller shapes at the element they broadcast from).\n";
   s += function("qkv_chain", chain_root);
-  if (reduction) s = detail::axis_shader(detail::kernel_header(operands), s + detail::axis_body(root.op, "qkv_chain(", ")", target), target);
-  else if (!rows.empty()) s = detail::axis_shader(detail::kernel_header(operands), s + detail::row_body(rows, "qkv_chain", target), target);
-  else s = detail::kernel_header(operands) + s + "void main() {\n" + detail::linear_index() + "  y[i] = qkv_chain(i);\n}\n";
+  if (reduction) {
+    // Reductions merged over several axes sum them in one loop: compensated, as accurate as the
+    // separate sums were.
+    const bool merged = std::any_of(k.inlined.begin(), k.inlined.end(), [&](ValueId m) { return g.node(m).op == root.op; });
+    s = detail::axis_shader(detail::kernel_header(operands), s + detail::axis_body(root.op, "qkv_chain(", ")", target, merged), target);
+  } else if (!rows.empty()) {
+    s = detail::axis_shader(detail::kernel_header(operands), s + detail::row_body(rows, "qkv_chain", target), target);
+  } else {
+    s = detail::kernel_header(operands) + s + "void main() {\n" + detail::linear_index() + "  y[i] = qkv_chain(i);\n}\n";
+  }
   return {fused_name(g, k), s, operands + 1};
 }
 

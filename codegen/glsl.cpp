@@ -238,13 +238,23 @@ std::string substitute(const std::string& expr, const std::vector<std::string>& 
 namespace {
 
 /// One invocation per row: the invocations of a SIMD lane set take consecutive rows.
-std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close) {
+/// Statements adding `value` to `acc` (a float declared before), with Kahan's compensation in
+/// `comp` when `compensated`: merged reductions sum the product of their axes in one loop, which
+/// compensated stays as accurate as the sums over each axis it replaces. `precise` keeps the
+/// compiler from reassociating the compensation away.
+std::string accumulate(const std::string& acc, const std::string& value, bool compensated) {
+  if (!compensated) return acc + " += " + value + ";";
+  return "{ precise float y_ = " + value + " - comp; precise float t_ = " + acc + " + y_; comp = (t_ - " + acc + ") - y_; " + acc + " = t_; }";
+}
+
+std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, bool compensated) {
   auto read = [&](const std::string& index) { return open + index + close; };
   std::string s = "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
                   "  uint n = pc.p[1], inner = pc.p[2];\n  uint base = (i / inner) * n * inner + i % inner;\n";
   switch (op) {
     case Op::reduce_sum:
-      s += "  float acc = 0.0;\n  for (uint k = 0u; k < n; ++k) acc += " + read("base + k * inner") + ";\n  y[i] = acc;\n";
+      s += std::string(compensated ? "  precise float acc = 0.0, comp = 0.0;\n" : "  float acc = 0.0;\n") + "  for (uint k = 0u; k < n; ++k) " + accumulate("acc", read("base + k * inner"), compensated) +
+           "\n  y[i] = acc;\n";
       break;
     case Op::reduce_max:
       s += "  float acc = uintBitsToFloat(0xff800000u);\n"
@@ -316,7 +326,7 @@ std::string subgroup_row_loop() {
          "    uint base = (i / inner) * n * inner + i % inner;\n";
 }
 
-std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows) {
+std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows, bool compensated) {
   auto read = [&](const std::string& index) { return open + index + close; };
   const std::string lanes = "for (uint k = lane; k < n; k += step)";
   std::string s = subgroup_row_helpers(rows);
@@ -327,7 +337,7 @@ std::string axis_body_per_subgroup(Op op, const std::string& open, const std::st
                                "    if (qkv_max(nan_seen) > 0.0) m = uintBitsToFloat(0x7fc00000u);\n";
   switch (op) {
     case Op::reduce_sum:
-      s += "    float acc = 0.0;\n    " + lanes + " acc += " + read("base + k * inner") + ";\n"
+      s += std::string(compensated ? "    precise float acc = 0.0, comp = 0.0;\n    " : "    float acc = 0.0;\n    ") + lanes + " " + accumulate("acc", read("base + k * inner"), compensated) + "\n"
            "    acc = qkv_sum(acc);\n    if (writer) y[i] = acc;\n";
       break;
     case Op::reduce_max: s += max_pass + "    if (writer) y[i] = m;\n"; break;
@@ -357,9 +367,9 @@ std::uint32_t subgroup_rows(const Target& t) { return std::max<std::uint32_t>(kW
 
 }  // namespace
 
-std::string detail::axis_body(Op op, const std::string& open, const std::string& close, const Target& target) {
-  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target));
-  return axis_body_per_invocation(op, open, close);
+std::string detail::axis_body(Op op, const std::string& open, const std::string& close, const Target& target, bool compensated) {
+  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target), compensated);
+  return axis_body_per_invocation(op, open, close, compensated);
 }
 
 std::string detail::row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target) {
