@@ -170,6 +170,23 @@ Reduced reduced_of(const ir::Graph& g, ValueId root, const std::vector<ValueId>&
   return d;
 }
 
+/// The axis of the reduced input's shape each reduction of a merged kernel reduces, the deepest
+/// (first applied) first; one entry when nothing is merged.
+std::vector<int> sum_order(const ir::Graph& g, ValueId root, const std::vector<ValueId>& members) {
+  const Node& r = g.node(root);
+  std::vector<int> axes{r.attrs.axis};  // the root's first, in its input's axes
+  ValueId input = r.inputs[0];
+  while (std::find(members.begin(), members.end(), input) != members.end() && g.node(input).op == r.op) {
+    const Node& inner = g.node(input);
+    if (!inner.attrs.keepdim)  // the axes from inner's on move up by one in inner's input
+      for (int& a : axes) a += a >= inner.attrs.axis ? 1 : 0;
+    axes.push_back(inner.attrs.axis);
+    input = inner.inputs[0];
+  }
+  std::reverse(axes.begin(), axes.end());
+  return axes;
+}
+
 /// Whether reduction kernel `root` (whose members so far are `members`) can take node `v` in:
 /// v is the reduction of the same kind it reads, over an axis next to those it reduces.
 bool merges_reduction(const ir::Graph& g, ValueId root, const std::vector<ValueId>& members, ValueId v) {
@@ -552,10 +569,9 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
   s += "// The value of %" + std::to_string(chain_root) + " at its element i (nodes of smaller shapes at the element they broadcast from).\n";
   s += function("qkv_chain", chain_root);
   if (reduction) {
-    // Reductions merged over several axes sum them in one loop: compensated, as accurate as the
-    // separate sums were.
-    const bool merged = std::any_of(k.inlined.begin(), k.inlined.end(), [&](ValueId m) { return g.node(m).op == root.op; });
-    s = detail::axis_shader(detail::kernel_header(operands), s + detail::axis_body(root.op, "qkv_chain(", ")", target, merged), target);
+    // Sums merged over several axes add in the order the separate sums did.
+    const std::vector<int> order = root.op == Op::reduce_sum ? sum_order(g, k.root, k.inlined) : std::vector<int>{};
+    s = detail::axis_shader(detail::kernel_header(operands), s + detail::axis_body(root.op, "qkv_chain(", ")", target, order), target);
   } else if (!rows.empty()) {
     s = detail::axis_shader(detail::kernel_header(operands), s + detail::row_body(rows, "qkv_chain", target), target);
   } else {

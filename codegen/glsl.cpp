@@ -5,6 +5,7 @@
 #include <bit>
 #include <cctype>
 #include <cstdio>
+#include <functional>
 #include <optional>
 
 #include "codegen/attention_glsl.hpp"
@@ -238,23 +239,49 @@ std::string substitute(const std::string& expr, const std::vector<std::string>& 
 namespace {
 
 /// One invocation per row: the invocations of a SIMD lane set take consecutive rows.
-/// Statements adding `value` to `acc` (a float declared before), with Kahan's compensation in
-/// `comp` when `compensated`: merged reductions sum the product of their axes in one loop, which
-/// compensated stays as accurate as the sums over each axis it replaces. `precise` keeps the
-/// compiler from reassociating the compensation away.
-std::string accumulate(const std::string& acc, const std::string& value, bool compensated) {
-  if (!compensated) return acc + " += " + value + ";";
-  return "{ precise float y_ = " + value + " - comp; precise float t_ = " + acc + " + y_; comp = (t_ - " + acc + ") - y_; " + acc + " = t_; }";
+/// Statements summing a row into `acc` (declared before), reading element e as read(e). A row
+/// of one axis: one loop over its n elements (k from `first` by `step`). A merged sum (the
+/// axes of several sums, `order` gives each one's axis of the chain's shape, the first sum's
+/// first): nested loops in the order those sums took, innermost the first's, each level's
+/// partial sum added to the next, so the rounding is the separate sums' (one flat loop over the
+/// product went past a two-level sum's error budget). The outermost loop starts at `first`.
+std::string sum_row(const std::function<std::string(const std::string&)>& read, const std::vector<int>& order, const std::string& first,
+                    const std::string& step, const std::string& indent) {
+  if (order.size() < 2) return indent + "for (uint k = " + first + "; k < n; k += " + step + ") acc += " + read("base + k * inner") + ";\n";
+  const int m = static_cast<int>(order.size());
+  const int last = *std::max_element(order.begin(), order.end());
+  auto dim = [](int d) { return "pc.p[" + std::to_string(detail::kAxisPushWords + d) + "]"; };
+  std::string s, offset;
+  for (int l = 0; l < m; ++l) {
+    std::string stride = "1u";  // in rows of `inner`: the merged axes after this one
+    for (int d = order[static_cast<std::size_t>(l)] + 1; d <= last; ++d) stride += " * " + dim(d);
+    offset += std::string(l ? " + " : "") + "k" + std::to_string(l) + " * (" + stride + ")";
+  }
+  std::string in = indent;
+  s += in + "float t" + std::to_string(m - 1) + " = 0.0;\n";
+  for (int l = m - 1; l >= 0; --l) {
+    const std::string k = "k" + std::to_string(l);
+    const bool outer = l == m - 1;
+    s += in + "for (uint " + k + " = " + (outer ? first : "0u") + "; " + k + " < " + dim(order[static_cast<std::size_t>(l)]) + "; " + k + " += " +
+         (outer ? step : "1u") + ") {\n";
+    in += "  ";
+    s += l > 0 ? in + "float t" + std::to_string(l - 1) + " = 0.0;\n" : in + "t0 += " + read("base + (" + offset + ") * inner") + ";\n";
+  }
+  for (int l = 0; l < m; ++l) {
+    in.resize(in.size() - 2);
+    s += in + "}\n";
+    if (l + 1 < m) s += in + "t" + std::to_string(l + 1) + " += t" + std::to_string(l) + ";\n";
+  }
+  return s + indent + "acc = t" + std::to_string(m - 1) + ";\n";
 }
 
-std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, bool compensated) {
+std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, const std::vector<int>& sum_order) {
   auto read = [&](const std::string& index) { return open + index + close; };
   std::string s = "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
                   "  uint n = pc.p[1], inner = pc.p[2];\n  uint base = (i / inner) * n * inner + i % inner;\n";
   switch (op) {
     case Op::reduce_sum:
-      s += std::string(compensated ? "  precise float acc = 0.0, comp = 0.0;\n" : "  float acc = 0.0;\n") + "  for (uint k = 0u; k < n; ++k) " + accumulate("acc", read("base + k * inner"), compensated) +
-           "\n  y[i] = acc;\n";
+      s += "  float acc = 0.0;\n" + sum_row(read, sum_order, "0u", "1u", "  ") + "  y[i] = acc;\n";
       break;
     case Op::reduce_max:
       s += "  float acc = uintBitsToFloat(0xff800000u);\n"
@@ -326,7 +353,7 @@ std::string subgroup_row_loop() {
          "    uint base = (i / inner) * n * inner + i % inner;\n";
 }
 
-std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows, bool compensated) {
+std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows, const std::vector<int>& sum_order) {
   auto read = [&](const std::string& index) { return open + index + close; };
   const std::string lanes = "for (uint k = lane; k < n; k += step)";
   std::string s = subgroup_row_helpers(rows);
@@ -337,7 +364,7 @@ std::string axis_body_per_subgroup(Op op, const std::string& open, const std::st
                                "    if (qkv_max(nan_seen) > 0.0) m = uintBitsToFloat(0x7fc00000u);\n";
   switch (op) {
     case Op::reduce_sum:
-      s += std::string(compensated ? "    precise float acc = 0.0, comp = 0.0;\n    " : "    float acc = 0.0;\n    ") + lanes + " " + accumulate("acc", read("base + k * inner"), compensated) + "\n"
+      s += "    float acc = 0.0;\n" + sum_row(read, sum_order, "lane", "step", "    ") +
            "    acc = qkv_sum(acc);\n    if (writer) y[i] = acc;\n";
       break;
     case Op::reduce_max: s += max_pass + "    if (writer) y[i] = m;\n"; break;
@@ -367,9 +394,9 @@ std::uint32_t subgroup_rows(const Target& t) { return std::max<std::uint32_t>(kW
 
 }  // namespace
 
-std::string detail::axis_body(Op op, const std::string& open, const std::string& close, const Target& target, bool compensated) {
-  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target), compensated);
-  return axis_body_per_invocation(op, open, close, compensated);
+std::string detail::axis_body(Op op, const std::string& open, const std::string& close, const Target& target, const std::vector<int>& sum_order) {
+  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target), sum_order);
+  return axis_body_per_invocation(op, open, close, sum_order);
 }
 
 std::string detail::row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target) {

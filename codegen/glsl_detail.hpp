@@ -37,8 +37,9 @@ inline constexpr int kAxisPushWords = 4;
 /// p[2] = inner, p[3] = a workgroup per row), reading its input's element e as open + e + close
 /// ("x0[" and "]" unfused): one invocation per row, or with target.subgroup_reductions a
 /// subgroup per row (a workgroup for long rows on a GPU: axis_launch).
-/// `compensated`: sums with Kahan's compensation (a kernel summing several merged axes).
-std::string axis_body(ir::Op op, const std::string& open, const std::string& close, const Target& target, bool compensated = false);
+/// `sum_order`: for a sum merged from several (fusion's), the chain shape's axis each of them
+/// summed, the first's first: summed in nested loops in that order (see glsl.cpp, sum_row).
+std::string axis_body(ir::Op op, const std::string& open, const std::string& close, const Target& target, const std::vector<int>& sum_order = {});
 /// A reduction a row kernel computes per row before its elements: `variable` = the sum or max
 /// over the row of `function`(element).
 struct RowReduction {
