@@ -836,9 +836,52 @@ bool head_view(const ir::Graph& g, ir::ValueId v) {
   return read;
 }
 
+namespace {
+
+/// The concats that read v.
+std::vector<ir::ValueId> concat_readers(const ir::Graph& g, ir::ValueId v) {
+  std::vector<ir::ValueId> r;
+  for (std::size_t i = static_cast<std::size_t>(v) + 1; i < g.size(); ++i) {
+    const Node& c = g.nodes()[i];
+    if (c.op == Op::concat && std::find(c.inputs.begin(), c.inputs.end(), v) != c.inputs.end()) r.push_back(static_cast<ir::ValueId>(i));
+  }
+  return r;
+}
+
+}  // namespace
+
+bool concat_in_place(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
+  const Node& c = g.node(v);
+  if (c.op != Op::concat || alignment <= 0 || c.inputs[0] == c.inputs[1]) return false;
+  // Each operand is a contiguous run of the result: every dim before the axis is 1, and the
+  // second operand starts at an aligned static offset.
+  for (int d = 0; d < c.shape.rank; ++d)
+    if (ir::is_symbol(c.shape[d]) || (d < c.attrs.axis && c.shape[d] != 1)) return false;
+  if (g.node(c.inputs[0]).shape.numel() * 4 % alignment != 0) return false;
+  for (ir::ValueId o : c.inputs) {
+    const Node& operand = g.node(o);
+    // Its own storage, written by its kernel (or by its operands', for a concat in place), and
+    // this the only concat that reads it.
+    const bool own = operand.op == Op::concat ? concat_in_place(g, o, alignment) : has_kernel(g, o, alignment) && placed_into(g, o) < 0;
+    if (operand.op == Op::input || !own || concat_readers(g, o).size() != 1) return false;
+  }
+  return true;
+}
+
+std::optional<ir::Placement> written_into(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
+  if (const ir::ValueId p = placed_into(g, v); p >= 0) return ir::Placement{p, 0};
+  for (ir::ValueId c : concat_readers(g, v)) {
+    if (!concat_in_place(g, c, alignment)) continue;
+    const Node& n = g.node(c);
+    return ir::Placement{c, n.inputs[0] == v ? 0 : g.node(n.inputs[0]).shape.numel() * 4};
+  }
+  return std::nullopt;
+}
+
 bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment) {
   const Node& n = g.node(v);
   if (n.op == Op::permute && placed_into(g, n.inputs[0]) == v) return false;  // its operand's kernel writes it
+  if (concat_in_place(g, v, view_alignment)) return false;                     // its operands' kernels write it
   return has_kernel(n) && !view_offset(g, v, view_alignment);
 }
 
@@ -1028,6 +1071,8 @@ std::string emit_glsl(const ir::Graph& g, const FusionLimits& limits, const Targ
       out += head + "read in place, %" + std::to_string(n.inputs[0]) + " from byte " + std::to_string(*view_offset(g, v, limits.view_alignment)) + ")\n";
     else if (head_view(g, v))
       out += head + "the flash kernels read %" + std::to_string(n.inputs[0]) + " in place through its strides)\n";
+    else if (n.op == Op::concat)
+      out += head + "%" + std::to_string(n.inputs[0]) + "'s and %" + std::to_string(n.inputs[1]) + "'s kernels write it in place)\n";
     else
       out += head + "%" + std::to_string(n.inputs[0]) + "'s kernel writes it in place through its strides)\n";
   }

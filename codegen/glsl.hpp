@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ir/graph.hpp"
+#include "ir/passes/memory_plan.hpp"
 
 namespace qkv::codegen {
 
@@ -102,6 +103,15 @@ bool head_view(const ir::Graph& g, ir::ValueId v);
 /// the permuted strides ([B, H, N, D] heads stored as [B, N, H, D]), and the permute has no
 /// kernel. -1 otherwise.
 ir::ValueId placed_into(const ir::Graph& g, ir::ValueId v);
+/// Whether concat v has no kernel because its operands' kernels write their results into it:
+/// each operand is a contiguous run of it (the dims before the axis are 1, every dim static, the
+/// second operand's offset a multiple of `alignment`), has storage of its own written by a
+/// kernel (or is such a concat), is no input, and is read by no other concat (the packed QKV
+/// weight's and bias's gradients, concat(concat(dq, dk), dv)).
+bool concat_in_place(const ir::Graph& g, ir::ValueId v, std::int64_t alignment);
+/// Where v's kernel writes its result when that lies in a later value's storage: an attention's
+/// output in its permute's (placed_into), a concat's operand in the concat at its byte offset.
+std::optional<ir::Placement> written_into(const ir::Graph& g, ir::ValueId v, std::int64_t alignment);
 /// The storage buffers the node's kernel binds (KernelSource::buffers): its operands, its
 /// output, and the flash kernels' tile counter. A device allows a limited number per shader
 /// (maxPerStageDescriptorStorageBuffers: 32 on lavapipe); past it, the backend decomposes.

@@ -181,14 +181,15 @@ class VulkanExecutable final : public Executable {
     }
     // Reshapes, contiguous slices and head views are read in place (codegen::view_offset): they
     // have no kernel. A flash kernel's output read only through a permute is written into that
-    // permute's storage (codegen::placed_into), which has no kernel either.
+    // permute's storage (codegen::placed_into), which has no kernel either; so are a concat's
+    // operands into the concat (codegen::concat_in_place).
     std::vector<std::int64_t> views(graph_.size(), -1);
-    std::vector<ir::ValueId> placed(graph_.size(), -1);
+    std::vector<ir::Placement> placed(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       const auto v = static_cast<ir::ValueId>(i);
       if (graph_.nodes()[i].op != Op::input && !codegen::has_kernel(graph_, v, align))
         views[i] = codegen::view_offset(graph_, v, align).value_or(-1);
-      placed[i] = codegen::placed_into(graph_, v);
+      placed[i] = codegen::written_into(graph_, v, align).value_or(ir::Placement{});
     }
     memory_ = ir::plan_memory(graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads, &views, &placed);
 
@@ -445,6 +446,7 @@ class VulkanBackend final : public Backend {
       if (g.node(v).op == ir::Op::input) return "(input, uploaded)";
       const std::string of = "%" + std::to_string(g.node(v).inputs[0]);
       const auto at = codegen::view_offset(g, v, view_alignment(*ctx_));
+      if (g.node(v).op == Op::concat) return "(its operands' kernels write it in place)";
       if (!at) return "(written in place by " + of + "'s kernel)";
       if (codegen::head_view(g, v)) return "(view of " + of + " read through strides)";
       return "(view of " + of + (*at ? " at byte " + std::to_string(*at) : "") + ")";

@@ -7,17 +7,21 @@ namespace qkv::ir {
 
 MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
                        std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads, const std::vector<std::int64_t>* views,
-                       const std::vector<ValueId>* placed) {
+                       const std::vector<Placement>* placed) {
   const std::size_t n = g.size();
   MemoryPlan plan;
   plan.offset.assign(n, -1);
   plan.storage_of.resize(n);
   plan.view_offset.assign(n, 0);
   for (std::size_t i = 0; i < n; ++i) plan.storage_of[i] = static_cast<ValueId>(i);
-  // Values written into a later value's storage: that value's storage (its own, not a view's).
+  // Values written into a later value's storage (never a view's): that value's storage, at its
+  // offset there plus theirs; later values first, so chains (a concat into a concat) resolve.
   if (placed)
-    for (std::size_t i = 0; i < n; ++i)
-      if (const ValueId into = (*placed)[i]; into >= 0) plan.storage_of[i] = into;
+    for (std::size_t i = n; i-- > 0;)
+      if (const Placement& p = (*placed)[i]; p.into >= 0) {
+        plan.storage_of[i] = plan.storage_of[static_cast<std::size_t>(p.into)];
+        plan.view_offset[i] = plan.view_offset[static_cast<std::size_t>(p.into)] + p.at;
+      }
   for (std::size_t i = 0; i < n; ++i) {
     const Node& node = g.nodes()[i];
     const std::int64_t at = views ? (*views)[i] : node.op == Op::reshape ? 0 : -1;
@@ -57,7 +61,7 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, c
   for (std::size_t i : order) {
     if (g.nodes()[i].op != Op::input) std::erase_if(live, [&](const Block& b) { return b.until < i; });
     const Node& node = g.nodes()[i];
-    const bool into_later = placed && (*placed)[i] >= 0;
+    const bool into_later = placed && (*placed)[i].into >= 0;
     if ((plan.storage_of[i] != static_cast<ValueId>(i) && !into_later) || in_place(node)) continue;
     const auto root = static_cast<std::size_t>(plan.storage_of[i]);
     if (placed_yet[root]) continue;

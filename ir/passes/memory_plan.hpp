@@ -33,11 +33,18 @@ struct MemoryPlan {
 /// `views`, when given, says per value the byte offset at which it aliases its first operand's
 /// storage, or -1 where it has storage of its own (a backend reading contiguous slices in
 /// place); without it, reshapes alias their operand at 0 and nothing else does.
-/// `placed`, when given, names per value a later value whose storage it is written into (its
-/// kernel writes there, laid out as that value needs), or -1: the storage then lives from the
-/// first value written into it.
+/// A later value whose storage a value is written into, at a byte offset (`into` -1: none).
+struct Placement {
+  ValueId into = -1;
+  std::int64_t at = 0;
+};
+
+/// `placed`, when given, names per value a later value whose storage it is written into and
+/// where (its kernel writes there: an attention's heads into the permute that reads them, a
+/// concat's operands into the concat), possibly through several such values; that storage then
+/// lives from the first value written into it.
 MemoryPlan plan_memory(const Graph& g, const std::vector<std::int64_t>& bytes, const std::function<bool(const Node&)>& in_place,
                        std::int64_t alignment, const std::vector<std::vector<ValueId>>* reads = nullptr,
-                       const std::vector<std::int64_t>* views = nullptr, const std::vector<ValueId>* placed = nullptr);
+                       const std::vector<std::int64_t>* views = nullptr, const std::vector<Placement>* placed = nullptr);
 
 }  // namespace qkv::ir

@@ -230,6 +230,43 @@ TEST(VulkanFusion, HeadsAreReadAndWrittenInPlace) {
   testing::expect_equivalent(g, backend::random_inputs(g, {{"B", 2}, {"N", 7}}, 23), *vulkan);
 }
 
+/// A concat whose operands are contiguous runs of it (the packed QKV weight's gradient, rows
+/// of three products) has no kernel: its operands' kernels write into it, nested concats
+/// included; an unaligned run, an input operand, one read by two concats, or runs that are not
+/// contiguous (a concat along columns) keep the copy. The reference's numbers each way.
+TEST(VulkanFusion, ConcatsAreWrittenInPlace) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  using ir::Op;
+  ir::Graph g;
+  const auto x = g.add_input("x", qkv::DType::f32, {8, 8});
+  const auto w = g.add_input("w", qkv::DType::f32, {8, 8});
+  ir::Attrs rows, columns;
+  columns.axis = 1;
+  const auto a = g.add(Op::exp, {x});
+  const auto b = g.add(Op::matmul, {x, w});
+  const auto c = g.add(Op::tanh, {w});
+  g.set_output("packed", g.add(Op::concat, {g.add(Op::concat, {a, b}, rows), c}, rows));  // [24, 8]
+  EXPECT_EQ(kernels(*vulkan, vulkan->compile(g)->graph()), 3) << "exp, matmul, tanh: no copies";
+  testing::expect_equivalent(g, backend::random_inputs(g, {}, 31), *vulkan);
+
+  ir::Graph h;
+  const auto y = h.add_input("y", qkv::DType::f32, {3, 3});
+  const auto e = h.add(Op::exp, {y});     // 9 floats: the second operand would start at byte 36
+  const auto t = h.add(Op::tanh, {y});
+  h.set_output("unaligned", h.add(Op::concat, {e, t}, rows));
+  h.set_output("input", h.add(Op::concat, {h.add(Op::neg, {y}), y}, rows));
+  const auto twice = h.add(Op::sqrt, {h.add(Op::mul, {y, y})});
+  h.set_output("first", h.add(Op::concat, {twice, h.add(Op::sin, {y})}, rows));
+  h.set_output("second", h.add(Op::concat, {h.add(Op::cos, {y}), twice}, rows));
+  h.set_output("columns", h.add(Op::concat, {h.add(Op::exp, {t}), h.add(Op::neg, {t})}, columns));
+  auto exe = vulkan->compile(h);
+  int copies = 0;
+  for (std::size_t i = 0; i < exe->graph().size(); ++i)
+    copies += exe->graph().nodes()[i].op == Op::concat && vulkan->kernel_name(exe->graph(), static_cast<ir::ValueId>(i)).starts_with("glsl ");
+  EXPECT_EQ(copies, 5);
+  testing::expect_equivalent(h, backend::random_inputs(h, {}, 32), *vulkan);
+}
+
 /// Softmax and row sums read through fused chains, with a masked row (-inf everywhere gives
 /// zeros) and a NaN (propagates), as the reference defines them.
 TEST(VulkanFusion, FusedReductionsMatchTheReference) {

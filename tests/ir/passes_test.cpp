@@ -196,8 +196,8 @@ TEST(MemoryPlan, PlacedValuesLiveInTheLaterStorageFromTheirOwnNode) {
   auto p = g.add(Op::permute, {a}, same);
   g.set_output("y", g.add(Op::add, {u, p}));
   std::vector<std::int64_t> bytes(g.size(), 256);
-  std::vector<ValueId> placed(g.size(), -1);
-  placed[static_cast<std::size_t>(a)] = p;
+  std::vector<Placement> placed(g.size());
+  placed[static_cast<std::size_t>(a)] = {p, 0};
   auto plan = plan_memory(g, bytes, [](const Node&) { return false; }, 16, nullptr, nullptr, &placed);
   EXPECT_EQ(plan.storage_of[static_cast<std::size_t>(a)], p);
   EXPECT_EQ(plan.offset[static_cast<std::size_t>(a)], -1);
@@ -205,6 +205,35 @@ TEST(MemoryPlan, PlacedValuesLiveInTheLaterStorageFromTheirOwnNode) {
   ASSERT_GE(at(p), 0);
   EXPECT_TRUE(at(t) + 256 <= at(p) || at(p) + 256 <= at(t)) << "t overwrote a, which p's storage holds";
   EXPECT_TRUE(at(u) + 256 <= at(p) || at(p) + 256 <= at(u)) << "u overwrote a";
+}
+
+/// Placements chain (a concat's operand into a concat placed into another) and add their
+/// offsets; the outer storage lives from the first value written into it.
+TEST(MemoryPlan, PlacementsChainAndAddTheirOffsets) {
+  Graph g;
+  auto x = g.add_input("x", DType::f32, {4});
+  auto a = g.add(Op::exp, {x});
+  auto b = g.add(Op::neg, {x});
+  auto t = g.add(Op::sqrt, {x});  // computed while a and b are live: must not take their bytes
+  Attrs rows;
+  auto ab = g.add(Op::concat, {a, b}, rows);
+  auto c = g.add(Op::concat, {ab, g.add(Op::add, {t, t})}, rows);
+  g.set_output("y", c);
+  std::vector<std::int64_t> bytes(g.size(), 16);
+  bytes[static_cast<std::size_t>(ab)] = 32;
+  bytes[static_cast<std::size_t>(c)] = 48;
+  std::vector<Placement> placed(g.size());
+  placed[static_cast<std::size_t>(a)] = {ab, 0};
+  placed[static_cast<std::size_t>(b)] = {ab, 16};
+  placed[static_cast<std::size_t>(ab)] = {c, 0};
+  placed[static_cast<std::size_t>(c - 1)] = {c, 32};
+  auto plan = plan_memory(g, bytes, [](const Node&) { return false; }, 16, nullptr, nullptr, &placed);
+  for (ValueId v : {a, b, ab, c - 1}) EXPECT_EQ(plan.storage_of[static_cast<std::size_t>(v)], c) << "%" << v;
+  EXPECT_EQ(plan.view_offset[static_cast<std::size_t>(b)], 16);
+  EXPECT_EQ(plan.view_offset[static_cast<std::size_t>(c - 1)], 32);
+  const auto at = [&](ValueId v) { return plan.offset[static_cast<std::size_t>(v)]; };
+  ASSERT_GE(at(c), 0);
+  EXPECT_TRUE(at(t) + 16 <= at(c) || at(c) + 48 <= at(t)) << "t overwrote a or b";
 }
 
 TEST(Bind, ResolvesSymbolsAndReportsConflicts) {
