@@ -238,7 +238,6 @@ std::string substitute(const std::string& expr, const std::vector<std::string>& 
 
 namespace {
 
-/// One invocation per row: the invocations of a SIMD lane set take consecutive rows.
 /// Statements summing a row into `acc` (declared before), reading element e as read(e). A row
 /// of one axis: one loop over its n elements (k from `first` by `step`). A merged sum (the
 /// axes of several sums, `order` gives each one's axis of the chain's shape, the first sum's
@@ -275,6 +274,17 @@ std::string sum_row(const std::function<std::string(const std::string&)>& read, 
   return s + indent + "acc = t" + std::to_string(m - 1) + ";\n";
 }
 
+/// Statements setting `m` (declared before) to the max over a row of `value` (an expression of
+/// its element's k, which `elements` loops over), NaN if any is NaN (through a flag: GLSL's max
+/// is not defined for NaN); with `lanes`, combined across the lanes sharing the row (qkv_max).
+std::string max_row(const std::string& m, const std::string& elements, const std::string& value, bool lanes, const std::string& indent) {
+  std::string s = indent + m + " = uintBitsToFloat(0xff800000u);\n" + indent + "{\n" + indent + "  float nan_seen = 0.0;\n" + indent + "  " + elements +
+                  " { float v = " + value + "; if (isnan(v)) nan_seen = 1.0; else " + m + " = max(" + m + ", v); }\n";
+  if (lanes) s += indent + "  " + m + " = qkv_max(" + m + ");\n" + indent + "  nan_seen = qkv_max(nan_seen);\n";
+  return s + indent + "  if (nan_seen > 0.0) " + m + " = uintBitsToFloat(0x7fc00000u);\n" + indent + "}\n";
+}
+
+/// One invocation per row: the invocations of a SIMD lane set take consecutive rows.
 std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, const std::vector<int>& sum_order) {
   auto read = [&](const std::string& index) { return open + index + close; };
   std::string s = "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
@@ -302,14 +312,6 @@ std::string axis_body_per_invocation(Op op, const std::string& open, const std::
   return s + "}\n";
 }
 
-/// Rows in one of three ways, chosen per launch by p[3] (axis_launch): 0, an invocation per row
-/// (short rows); 1, a subgroup per row, lane l reading the row's elements l, l + S, ... (S =
-/// gl_SubgroupSize as the device runs it) and subgroupAdd or subgroupMax combining the lanes,
-/// the workgroup's subgroups taking its kRows rows in turn (so nothing assumes the subgroup size
-/// the host queried); 2, a workgroup per row (long rows on a GPU), its subgroups' results then
-/// combined through shared memory. NaN propagates as the reference has it: a lane that saw one
-/// makes the row's max NaN (through a flag's max: GLSL's max is not defined for NaN), and a
-/// softmax row of -inf gives zeros.
 /// The declarations a kernel sharing rows across lanes needs: the mode (p[3]), kRows, and
 /// qkv_sum / qkv_max over the lanes sharing a row (axis_body_per_subgroup).
 std::string subgroup_row_helpers(std::uint32_t rows) {
@@ -353,15 +355,20 @@ std::string subgroup_row_loop() {
          "    uint base = (i / inner) * n * inner + i % inner;\n";
 }
 
+/// Rows in one of three ways, chosen per launch by p[3] (axis_launch): 0, an invocation per row
+/// (short rows); 1, a subgroup per row, lane l reading the row's elements l, l + S, ... (S =
+/// gl_SubgroupSize as the device runs it) and subgroupAdd or subgroupMax combining the lanes,
+/// the workgroup's subgroups taking its kRows rows in turn (so nothing assumes the subgroup size
+/// the host queried); 2, a workgroup per row (long rows on a GPU), its subgroups' results then
+/// combined through shared memory. NaN propagates as the reference has it: a lane that saw one
+/// makes the row's max NaN (through a flag's max: GLSL's max is not defined for NaN), and a
+/// softmax row of -inf gives zeros.
 std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows, const std::vector<int>& sum_order) {
   auto read = [&](const std::string& index) { return open + index + close; };
   const std::string lanes = "for (uint k = lane; k < n; k += step)";
   std::string s = subgroup_row_helpers(rows);
   s += "void main() {\n" + subgroup_row_loop();
-  const std::string max_pass = "    float m = uintBitsToFloat(0xff800000u), nan_seen = 0.0;\n"
-                               "    " + lanes + " { float v = " + read("base + k * inner") + "; if (isnan(v)) nan_seen = 1.0; else m = max(m, v); }\n"
-                               "    m = qkv_max(m);\n"
-                               "    if (qkv_max(nan_seen) > 0.0) m = uintBitsToFloat(0x7fc00000u);\n";
+  const std::string max_pass = "    float m;\n" + max_row("m", lanes, read("base + k * inner"), true, "    ");
   switch (op) {
     case Op::reduce_sum:
       s += "    float acc = 0.0;\n" + sum_row(read, sum_order, "lane", "step", "    ") +
@@ -416,10 +423,7 @@ std::string detail::row_body(const std::vector<RowReduction>& reductions, const 
       if (lanes) s += "    " + r.variable + " = qkv_sum(" + r.variable + ");\n";
     } else {
       QKV_ASSERT(r.op == Op::reduce_max, "row kernels reduce by sums and maxima");
-      s += "    " + r.variable + " = uintBitsToFloat(0xff800000u);\n    { float nan_seen = 0.0;\n"
-           "      " + elements + " { float v = " + at + "; if (isnan(v)) nan_seen = 1.0; else " + r.variable + " = max(" + r.variable + ", v); }\n";
-      if (lanes) s += "      " + r.variable + " = qkv_max(" + r.variable + "); nan_seen = qkv_max(nan_seen);\n";
-      s += "      if (nan_seen > 0.0) " + r.variable + " = uintBitsToFloat(0x7fc00000u);\n    }\n";
+      s += max_row(r.variable, elements, at, lanes, "    ");
     }
   }
   s += "    " + elements + " y[base + k * inner] = " + chain + "(base + k * inner);\n";
@@ -793,6 +797,15 @@ bool strided_slot(const Node& reader, std::size_t slot) {
   }
 }
 
+/// The nodes that read v, with the operand slot, once per slot (readers come after v).
+std::vector<std::pair<ir::ValueId, std::size_t>> readers_of(const ir::Graph& g, ir::ValueId v) {
+  std::vector<std::pair<ir::ValueId, std::size_t>> r;
+  for (std::size_t i = static_cast<std::size_t>(v) + 1; i < g.size(); ++i)
+    for (std::size_t slot = 0; slot < g.nodes()[i].inputs.size(); ++slot)
+      if (g.nodes()[i].inputs[slot] == v) r.emplace_back(static_cast<ir::ValueId>(i), slot);
+  return r;
+}
+
 /// A permutation that keeps the last dim last: rows stay contiguous.
 bool keeps_rows(const Node& n) { return n.op == Op::permute && n.attrs.perm[static_cast<std::size_t>(n.shape.rank - 1)] == n.shape.rank - 1; }
 
@@ -806,14 +819,8 @@ bool is_result(const ir::Graph& g, ir::ValueId v) {
 ir::ValueId placed_into(const ir::Graph& g, ir::ValueId v) {
   const Node& n = g.node(v);
   if (!ir::is_fused_attention(n.op) || !detail::attention_strided(n) || n.shape.rank < 2 || n.shape.back(0) == 1 || is_result(g, v)) return -1;
-  ir::ValueId only = -1;
-  for (std::size_t i = static_cast<std::size_t>(v) + 1; i < g.size(); ++i)
-    for (ir::ValueId in : g.nodes()[i].inputs)
-      if (in == v) {
-        if (only >= 0) return -1;
-        only = static_cast<ir::ValueId>(i);
-      }
-  return only >= 0 && keeps_rows(g.node(only)) ? only : -1;
+  const auto readers = readers_of(g, v);
+  return readers.size() == 1 && keeps_rows(g.node(readers.front().first)) ? readers.front().first : -1;
 }
 
 bool head_view(const ir::Graph& g, ir::ValueId v) {
@@ -824,16 +831,11 @@ bool head_view(const ir::Graph& g, ir::ValueId v) {
   while (g.node(x).op == Op::reshape) x = g.node(x).inputs[0];
   if (g.node(x).op == Op::permute && head_view(g, x)) return false;
   if (placed_into(g, x) >= 0) return false;
-  bool read = false;
-  for (std::size_t i = static_cast<std::size_t>(v) + 1; i < g.size(); ++i) {
-    const Node& reader = g.nodes()[i];
-    for (std::size_t slot = 0; slot < reader.inputs.size(); ++slot) {
-      if (reader.inputs[slot] != v) continue;
-      if (!ir::is_fused_attention(reader.op) || !detail::attention_strided(reader) || !strided_slot(reader, slot)) return false;
-      read = true;
-    }
-  }
-  return read;
+  const auto readers = readers_of(g, v);
+  return !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](const auto& r) {
+    const Node& reader = g.node(r.first);
+    return ir::is_fused_attention(reader.op) && detail::attention_strided(reader) && strided_slot(reader, r.second);
+  });
 }
 
 namespace {
@@ -841,10 +843,8 @@ namespace {
 /// The concats that read v.
 std::vector<ir::ValueId> concat_readers(const ir::Graph& g, ir::ValueId v) {
   std::vector<ir::ValueId> r;
-  for (std::size_t i = static_cast<std::size_t>(v) + 1; i < g.size(); ++i) {
-    const Node& c = g.nodes()[i];
-    if (c.op == Op::concat && std::find(c.inputs.begin(), c.inputs.end(), v) != c.inputs.end()) r.push_back(static_cast<ir::ValueId>(i));
-  }
+  for (const auto& read : readers_of(g, v))
+    if (g.node(read.first).op == Op::concat && (r.empty() || r.back() != read.first)) r.push_back(read.first);
   return r;
 }
 

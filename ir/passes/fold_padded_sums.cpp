@@ -63,12 +63,13 @@ bool lines_up(const std::vector<Piece>& mine, const std::vector<Piece>& other) {
 
 /// The rewrite of add(a, b), or -1 to keep it.
 ValueId fold(Graph& g, ValueId a, ValueId b) {
-  const Node& na = g.node(a);
-  const Node& nb = g.node(b);
-  if (!(na.shape == nb.shape) || na.dtype != nb.dtype) return -1;
+  // Copies, not references: g.add below may move the nodes.
+  const Node na = g.node(a), nb = g.node(b);
+  if (!(na.shape == nb.shape) || na.dtype != DType::f32 || nb.dtype != DType::f32) return -1;  // the zeros are f32
   const Node& joined = na.op == Op::concat ? na : nb;
   if (joined.op != Op::concat) return -1;
   const int axis = joined.attrs.axis;
+  const Shape shape = na.shape;
   const auto pa = pieces(g, a, axis), pb = pieces(g, b, axis);
   if (!pa || !pb || !lines_up(*pa, *pb) || !lines_up(*pb, *pa)) return -1;
   auto has_zeros = [](const std::vector<Piece>& ps) { return std::any_of(ps.begin(), ps.end(), [](const Piece& p) { return p.value < 0; }); };
@@ -86,7 +87,7 @@ ValueId fold(Graph& g, ValueId a, ValueId b) {
   }
   std::sort(valued.begin(), valued.end(), [](const Piece& x, const Piece& y) { return x.begin < y.begin; });
   auto zeros = [&](Dim extent) {
-    Shape s = na.shape;
+    Shape s = shape;
     s[axis] = extent;
     return g.add(Op::broadcast_to, {g.constant(0.0)}, shape_attrs(s));
   };
@@ -97,7 +98,7 @@ ValueId fold(Graph& g, ValueId a, ValueId b) {
     parts.push_back(p.value);
     at = p.end();
   }
-  if (at < na.shape[axis]) parts.push_back(zeros(na.shape[axis] - at));
+  if (at < shape[axis]) parts.push_back(zeros(shape[axis] - at));
   Attrs join;
   join.axis = axis;
   ValueId r = parts.front();
