@@ -2,8 +2,6 @@
 // operand's blocks through sgemm, so no task holds more than a tile of scores.
 #include "backends/cpu/attention.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,6 +10,7 @@
 #include <vector>
 
 #include "backends/cpu/thread_pool.hpp"
+#include "backends/cpu/tile_gemm.hpp"
 #include "backends/cpu/vector_math.hpp"
 #include "ir/random.hpp"
 
@@ -44,12 +43,28 @@ Strides batch_strides(const ir::Shape& s, const ir::Shape& batch, std::int64_t m
   return st;
 }
 
-int to_int(std::int64_t v) { return static_cast<int>(v); }
-
 bool all_finite(const float* x, std::int64_t n) {
   bool ok = true;
   for (std::int64_t i = 0; i < n; ++i) ok &= std::isfinite(x[i]);
   return ok;
+}
+
+/// Rows [j0, j0 + cols) of a row-major [.., d] matrix (k or v), transposed: B of the products
+/// with kT and vT, its columns padded with zeros to a multiple of tile_gemm_columns().
+struct Transposed {
+  const float* data;
+  std::int64_t ld;
+};
+
+/// Transposes x's `cols` rows of d into this thread's buffer `slot` (0: keys, 1: values), which
+/// the result points into until the next call for that slot.
+Transposed transposed(const float* x, std::int64_t cols, std::int64_t d, int slot) {
+  thread_local std::vector<float> buffers[2];
+  const std::int64_t unit = tile_gemm_columns(), ld = (cols + unit - 1) / unit * unit;
+  std::vector<float>& buf = buffers[slot];
+  if (buf.size() < static_cast<std::size_t>(ld * d)) buf.resize(static_cast<std::size_t>(ld * d));
+  transpose_into(x, cols, d, d, buf.data(), ld, ld);
+  return {buf.data(), ld};
 }
 
 /// The masked scores of one attention, tile by tile, over the batch dims `batch` of the
@@ -81,13 +96,18 @@ class Scores {
   const float* q(std::int64_t b) const { return a_.q.data + offset_at(b, batch_, qs_); }
   const float* k(std::int64_t b) const { return a_.k.data + offset_at(b, batch_, ks_); }
 
+  /// Keys [j0, j0 + cols) of batch entry b transposed (this thread's slot 0), for compute.
+  Transposed keys(std::int64_t b, std::int64_t j0, std::int64_t cols) const { return transposed(k(b) + j0 * d_, cols, d_, 0); }
+
   /// s[i * ld + j] = the score of query i0 + i and key j0 + j (i < rows, j < cols), -inf where
-  /// masked. Only the columns that causality or the window cut are visited for masking.
-  /// With a modifier and `dmod`, dmod (same layout) gets d mod/d score.
-  void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld,
-               float* dmod = nullptr) const {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(d_), a_.scale, q(b) + i0 * d_, to_int(d_),
-                k(b) + j0 * d_, to_int(d_), 0.0f, s, to_int(ld));
+  /// masked; `kt` holds keys [j0, j0 + cols) or more (keys()), and s's columns up to cols rounded
+  /// up to tile_gemm_columns() are written (ld must leave room for them). Only the columns that
+  /// causality or the window cut are visited for masking. With a modifier and `dmod`, dmod
+  /// (same layout) gets d mod/d score.
+  void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const Transposed& kt, float* s,
+               std::int64_t ld, float* dmod = nullptr) const {
+    const std::int64_t unit = tile_gemm_columns();
+    tile_gemm(false, rows, (cols + unit - 1) / unit * unit, d_, a_.scale, q(b) + i0 * d_, d_, kt.data, kt.ld, false, s, ld);
     const float* mask = a_.mask ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
     for (std::int64_t i = 0; i < rows; ++i) {
       float* row = s + i * ld;
@@ -107,8 +127,9 @@ class Scores {
 
   bool drops() const { return a_.dropout != 0.0; }
 
-  /// Query rows per tile: kSkippingQueryBlock when a mask or the modifier may drop whole tiles,
-  /// kQueryBlock otherwise (causality's diagonal is followed by each_slice instead).
+  /// Query rows per tile of the backward: kSkippingQueryBlock when a mask or the modifier may
+  /// drop whole tiles, kQueryBlock otherwise (the forward and the lse take kQueryBlock and follow
+  /// causality's diagonal with each_slice).
   std::int64_t query_block() const { return thin_mask() || (a_.mod && a_.mod->may_mask_tiles()) ? kSkippingQueryBlock : kQueryBlock; }
 
   /// Adds one task's share of the scores: `total` scores, `computed` of them in tiles computed
@@ -248,6 +269,16 @@ void probabilities(float* row, std::int64_t cols, float lse) {
   for (std::int64_t j = 0; j < cols; ++j) row[j] = row[j] == kNegInf ? 0.0f : std::exp(row[j] - lse);
 }
 
+/// A key tile's keys and values, transposed for the backward's products with kT and vT.
+struct KeyTile {
+  Transposed keys, values;
+};
+
+/// Keys and values [j0, j0 + cols) of batch entry b (v points at the entry's values).
+KeyTile key_tile(const Scores& sc, std::int64_t b, std::int64_t j0, std::int64_t cols, const float* v, std::int64_t dv) {
+  return {sc.keys(b, j0, cols), transposed(v + j0 * dv, cols, dv, 1)};
+}
+
 /// This thread's p and ds tiles, kQueryBlock x kKeyBlock floats each.
 std::pair<float*, float*> tile_buffers() {
   thread_local std::vector<float> p(static_cast<std::size_t>(kQueryBlock * kKeyBlock)), ds(p.size());
@@ -262,15 +293,14 @@ float* derivative_buffer() {
 
 /// One tile of attention's backward, rows [i0, i0 + rows) by keys [j0, j0 + cols) of batch entry
 /// b: p = exp(s - lse) into `p` and, when ds is given, ds = p (dy vT - delta) into `ds` (both
-/// with row stride kKeyBlock). dy, lse and delta point at row i0, v at key j0. With dropout's
-/// factors z, p z (dv's weights) and ds = p (z dy vT - delta).
+/// with row stride kKeyBlock). dy, lse and delta point at row i0; `tile` holds the keys and
+/// values [j0, j0 + cols) transposed. With dropout's factors z, p z (dv's weights) and
+/// ds = p (z dy vT - delta).
 void backward_tile(const Scores& sc, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
-                   const float* dy, const float* v, std::int64_t dv, const float* lse, const float* delta, float* p, float* ds) {
+                   const KeyTile& tile, const float* dy, std::int64_t dv, const float* lse, const float* delta, float* p, float* ds) {
   float* dmod = ds && sc.has_derivative() ? derivative_buffer() : nullptr;
-  sc.compute(b, i0, rows, j0, cols, p, kKeyBlock, dmod);
-  if (ds)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(rows), to_int(cols), to_int(dv), 1.0f, dy, to_int(dv), v, to_int(dv), 0.0f,
-                ds, to_int(kKeyBlock));
+  sc.compute(b, i0, rows, j0, cols, tile.keys, p, kKeyBlock, dmod);
+  if (ds) tile_gemm(false, rows, tile.values.ld, dv, 1.0f, dy, dv, tile.values.data, tile.values.ld, false, ds, kKeyBlock);
   float* z = sc.drops() ? dropout_buffer() : nullptr;
   for (std::int64_t i = 0; i < rows; ++i) {
     float *p_row = p + i * kKeyBlock, *ds_row = ds ? ds + i * kKeyBlock : nullptr;
@@ -302,7 +332,7 @@ void attention(const AttentionArgs& a) {
   const std::int64_t n = sc.n(), dv = os.back(0), m = sc.m();
   const std::int64_t batches = sc.batches();
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dv);
-  const std::int64_t qb = sc.query_block(), blocks = blocks_of(n, qb);
+  const std::int64_t qb = kQueryBlock, blocks = blocks_of(n, qb);
   // Skipping key blocks that causality or the window masks is exact only while those keys'
   // values are finite: the meaning (softmax weights @ v) multiplies a masked key's value by a
   // weight of 0, and 0 * NaN or 0 * inf is NaN. A batch whose v holds one processes every block.
@@ -324,10 +354,11 @@ void attention(const AttentionArgs& a) {
     std::fill_n(o, rows * dv, 0.0f);
     const bool skip = finite_v[static_cast<std::size_t>(b)] != 0;
     sc.each_key_tile(b, i0, rows, skip, [&](std::int64_t j0, std::int64_t cols) {
+      const Transposed kt = sc.keys(b, j0, cols);
       // The tile whole, or in slices along the diagonal: rows [r0, r1) over keys [j0, j0 + width).
       return sc.each_slice(i0, rows, j0, cols, skip, [&](std::int64_t r0, std::int64_t r1, std::int64_t width) {
         float* s = s_buf.data() + r0 * kKeyBlock;
-        sc.compute(b, i0 + r0, r1 - r0, j0, width, s, kKeyBlock);
+        sc.compute(b, i0 + r0, r1 - r0, j0, width, kt, s, kKeyBlock);
         for (std::int64_t i = r0; i < r1; ++i) {
           float* row = s_buf.data() + i * kKeyBlock;
           float& mi = m_buf[static_cast<std::size_t>(i)];
@@ -347,8 +378,7 @@ void attention(const AttentionArgs& a) {
             times(row, z, width);
           }
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(r1 - r0), to_int(dv), to_int(width), 1.0f, s, to_int(kKeyBlock),
-                    v + j0 * dv, to_int(dv), 1.0f, o + r0 * dv, to_int(dv));
+        tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, v + j0 * dv, dv, true, o + r0 * dv, dv);
       });
     });
     // A query with no key left (l = 0) gives zeros, as softmax defines for a row of -inf.
@@ -366,7 +396,7 @@ void attention(const AttentionArgs& a) {
 
 void attention_lse(const ScoreArgs& args, View out) {
   const Scores sc(args, batch_of(out.shape));
-  const std::int64_t n = sc.n(), qb = sc.query_block(), blocks = blocks_of(n, qb);
+  const std::int64_t n = sc.n(), qb = kQueryBlock, blocks = blocks_of(n, qb);
   // Masked keys add exp(-inf) = 0 whatever the operands hold, so skipping their blocks is exact.
   ThreadPool::global().parallel_for(sc.batches() * blocks, [&](std::int64_t task) {
     thread_local std::vector<float> mx;
@@ -378,8 +408,9 @@ void attention_lse(const ScoreArgs& args, View out) {
     mx.assign(static_cast<std::size_t>(rows), kNegInf);
     sum.assign(static_cast<std::size_t>(rows), 0.0);
     sc.each_key_tile(b, i0, rows, true, [&](std::int64_t j0, std::int64_t cols) {
+      const Transposed kt = sc.keys(b, j0, cols);
       return sc.each_slice(i0, rows, j0, cols, true, [&](std::int64_t r0, std::int64_t r1, std::int64_t width) {
-        sc.compute(b, i0 + r0, r1 - r0, j0, width, s + r0 * kKeyBlock, kKeyBlock);
+        sc.compute(b, i0 + r0, r1 - r0, j0, width, kt, s + r0 * kKeyBlock, kKeyBlock);
         for (std::int64_t i = r0; i < r1; ++i) {
           float* row = s + i * kKeyBlock;
           float& mi = mx[static_cast<std::size_t>(i)];
@@ -427,9 +458,8 @@ void attention_grad(const AttentionGradArgs& a) {
       float* dq = a.out.data + b * n * d + i0 * d;
       std::fill_n(dq, rows * d, 0.0f);
       sc.each_key_tile(b, i0, rows, finite[static_cast<std::size_t>(b)] != 0, [&](std::int64_t j0, std::int64_t cols) {
-        backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(d), to_int(cols), sc.scale(), ds, to_int(kKeyBlock),
-                    sc.k(b) + j0 * d, to_int(d), 1.0f, dq, to_int(d));
+        backward_tile(sc, b, i0, rows, j0, cols, key_tile(sc, b, j0, cols, v_at(b), dv), dy, dv, lse, delta, p, ds);
+        tile_gemm(false, rows, d, cols, sc.scale(), ds, kKeyBlock, sc.k(b) + j0 * d, d, true, dq, d);
       });
     });
     return;
@@ -443,18 +473,17 @@ void attention_grad(const AttentionGradArgs& a) {
     const std::int64_t cols = std::min(kKeyBlock, m - j0);
     float* acc = a.out.data + b * m * width + j0 * width;
     std::fill_n(acc, cols * width, 0.0f);
+    const KeyTile tile = key_tile(sc, b, j0, cols, v_at(b), dv);
     sc.each_query_tile(b, j0, cols, finite[static_cast<std::size_t>(b)] != 0, [&](std::int64_t i0, std::int64_t rows) {
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
       float* ds = a.wrt == 1 ? ds_tile : nullptr;
-      backward_tile(sc, b, i0, rows, j0, cols, dy, v_at(b) + j0 * dv, dv, lse, delta, p, ds);
+      backward_tile(sc, b, i0, rows, j0, cols, tile, dy, dv, lse, delta, p, ds);
       if (a.wrt == 2) {  // dv += pT dy
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(dv), to_int(rows), 1.0f, p, to_int(kKeyBlock), dy,
-                    to_int(dv), 1.0f, acc, to_int(dv));
+        tile_gemm(true, cols, dv, rows, 1.0f, p, kKeyBlock, dy, dv, true, acc, dv);
         return;
       }
       // dk += dsT q * scale
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
-                  sc.q(b) + i0 * d, to_int(d), 1.0f, acc, to_int(d));
+      tile_gemm(true, cols, d, rows, sc.scale(), ds, kKeyBlock, sc.q(b) + i0 * d, d, true, acc, d);
     });
   });
 }
@@ -477,21 +506,16 @@ void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv
     const bool skip = !sc.may_skip() || backward_may_skip(sc, b, v, dvw, dy_b, delta_b);
     for (std::int64_t j0 = 0; j0 < m; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, m - j0);
+      const KeyTile tile = key_tile(sc, b, j0, cols, v, dvw);
       sc.each_query_tile(b, j0, cols, skip, [&](std::int64_t i0, std::int64_t rows) {
         const float* dy = dy_b + i0 * dvw;
         float* ds = dq_b || dk_b ? ds_tile : nullptr;
-        backward_tile(sc, b, i0, rows, j0, cols, dy, v + j0 * dvw, dvw, lse_b + i0, delta_b + i0, p, ds);
-        if (dv_b)  // dv += pT dy
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(dvw), to_int(rows), 1.0f, p, to_int(kKeyBlock), dy,
-                      to_int(dvw), 1.0f, dv_b + j0 * dvw, to_int(dvw));
+        backward_tile(sc, b, i0, rows, j0, cols, tile, dy, dvw, lse_b + i0, delta_b + i0, p, ds);
+        if (dv_b) tile_gemm(true, cols, dvw, rows, 1.0f, p, kKeyBlock, dy, dvw, true, dv_b + j0 * dvw, dvw);  // dv += pT dy
         if (!ds) return;
         // dk += dsT q * scale; dq += ds k * scale
-        if (dk_b)
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(cols), to_int(d), to_int(rows), sc.scale(), ds, to_int(kKeyBlock),
-                      q + i0 * d, to_int(d), 1.0f, dk_b + j0 * d, to_int(d));
-        if (dq_b)
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(rows), to_int(d), to_int(cols), sc.scale(), ds, to_int(kKeyBlock),
-                      k + j0 * d, to_int(d), 1.0f, dq_b + i0 * d, to_int(d));
+        if (dk_b) tile_gemm(true, cols, d, rows, sc.scale(), ds, kKeyBlock, q + i0 * d, d, true, dk_b + j0 * d, d);
+        if (dq_b) tile_gemm(false, rows, d, cols, sc.scale(), ds, kKeyBlock, k + j0 * d, d, true, dq_b + i0 * d, d);
       });
     }
   });

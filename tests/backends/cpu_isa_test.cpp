@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <random>
 #include <string_view>
 #include <vector>
 
 #include "backends/cpu/isa.hpp"
 #include "backends/cpu/kernels.hpp"
+#include "backends/cpu/tile_gemm.hpp"
 #include "backends/cpu/vector_math.hpp"
 #include "ir/random.hpp"
 
@@ -147,6 +149,67 @@ TEST(CpuIsa, DropoutFactorsAreTheScalarBits) {
               << p << " " << n << " " << index << " " << j;
       }
   }
+}
+
+TEST(CpuIsa, TileGemmIsTheProductOnEveryTail) {
+  // m leaves every row tail of the register tiles (6 and 8 rows); n every column tail of one
+  // and two vectors of 8 or 16 lanes (the last columns go to OpenBLAS); k includes 0.
+  const std::int64_t ms[] = {1, 5, 6, 7, 8, 13, 17, 24};
+  const std::int64_t ns[] = {1, 7, 8, 16, 24, 32, 40, 48, 64, 70};
+  const std::int64_t ks[] = {0, 1, 3, 64};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (const bool transposed : {false, true})
+    for (const bool accumulate : {false, true})
+      for (const std::int64_t m : ms)
+        for (const std::int64_t n : ns)
+          for (const std::int64_t k : ks) {
+            // Leading dimensions wider than the matrices, so a stride mix-up reads other values.
+            const std::int64_t lda = (transposed ? m : k) + 3, ldb = n + 5, ldc = n + 2;
+            std::vector<float> a(static_cast<std::size_t>((transposed ? k : m) * lda + 1)), b(static_cast<std::size_t>(k * ldb + 1)),
+                c(static_cast<std::size_t>(m * ldc));
+            for (float& x : a) x = uniform(rng);
+            for (float& x : b) x = uniform(rng);
+            for (float& x : c) x = uniform(rng);
+            std::vector<float> want = c;
+            const float alpha = 0.75f;
+            for (std::int64_t i = 0; i < m; ++i)
+              for (std::int64_t j = 0; j < n; ++j) {
+                double sum = 0;
+                for (std::int64_t p = 0; p < k; ++p)
+                  sum += static_cast<double>(transposed ? a[static_cast<std::size_t>(p * lda + i)] : a[static_cast<std::size_t>(i * lda + p)]) *
+                         b[static_cast<std::size_t>(p * ldb + j)];
+                float& w = want[static_cast<std::size_t>(i * ldc + j)];
+                w = static_cast<float>(alpha * sum + (accumulate ? w : 0.0f));
+              }
+            tile_gemm(transposed, m, n, k, alpha, a.data(), lda, b.data(), ldb, accumulate, c.data(), ldc);
+            for (std::int64_t i = 0; i < m; ++i)
+              for (std::int64_t j = 0; j < ldc; ++j) {
+                const std::size_t e = static_cast<std::size_t>(i * ldc + j);
+                // Columns past n are left alone; the rest within k terms' rounding.
+                ASSERT_NEAR(c[e], want[e], j < n ? 1e-6 * (static_cast<double>(k) + 2) : 0.0)
+                    << "transposed " << transposed << " accumulate " << accumulate << " m " << m << " n " << n << " k " << k << " at "
+                    << i << "," << j;
+              }
+          }
+}
+
+TEST(CpuIsa, TransposeIntoPadsWithZeros) {
+  for (const std::int64_t rows : {1, 7, 8, 9, 16, 21})
+    for (const std::int64_t cols : {1, 8, 13, 64}) {
+      const std::int64_t ldx = cols + 3, padded = rows + 5, ldy = padded + 2;
+      std::vector<float> x(static_cast<std::size_t>(rows * ldx));
+      for (std::size_t e = 0; e < x.size(); ++e) x[e] = static_cast<float>(e) + 0.5f;
+      std::vector<float> y(static_cast<std::size_t>(cols * ldy), kNaN);
+      transpose_into(x.data(), rows, cols, ldx, y.data(), ldy, padded);
+      for (std::int64_t j = 0; j < cols; ++j)
+        for (std::int64_t i = 0; i < ldy; ++i) {
+          const float got = y[static_cast<std::size_t>(j * ldy + i)];
+          if (i < rows) ASSERT_EQ(got, x[static_cast<std::size_t>(i * ldx + j)]) << rows << "x" << cols << " at " << i << "," << j;
+          else if (i < padded) ASSERT_EQ(got, 0.0f) << rows << "x" << cols << " at " << i << "," << j;
+          else ASSERT_TRUE(std::isnan(got)) << "wrote past the padding: " << rows << "x" << cols << " at " << i << "," << j;
+        }
+    }
 }
 
 }  // namespace

@@ -483,11 +483,11 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
   EXPECT_GE(exe->tile_counts().size(), 2u);
   for (const auto& t : exe->tile_counts()) EXPECT_GT(t.skipped, 0) << ir::op_name(exe->graph().node(t.value).op);
   testing::expect_equivalent(g, in, "cpu");
-  // Causality written as a mask_mod skips the tiles wholly above the diagonal (128 x 256 scores
-  // each): 12 of 32 per head. The causal attribute also cuts each row block's keys at the
-  // diagonal and runs a tile the diagonal crosses in slices of 32 rows, each over the keys its
-  // last row keeps: 31 of 64 squares of 128 x 128 skipped (28 above the diagonal and 3/8 of each
-  // of the 8 on it).
+  // Causality written as a mask_mod skips the tiles wholly above the diagonal (256 x 256 scores
+  // each): 6 of 16 per head. The causal attribute also cuts each row block's keys at the
+  // diagonal and runs a tile the diagonal crosses in slices of 16 rows, each over the keys its
+  // last row keeps: the 6 tiles above the diagonal and 15/32 of each of the 4 on it (slice s of
+  // 16 leaves out 256 - 16 (s + 1) keys of each of its 16 rows).
   auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<16>);
   auto skipped = [&](const ir::Graph& graph) {
     auto e = cpu->compile(graph);
@@ -496,7 +496,7 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
   };
   const auto written = skipped(lower(scaled_dot_product_attention(q, q, q, mask_mod([](auto, auto, auto i, auto j) { return j <= i; }))));
   EXPECT_EQ(written, 2 * 12 * 128 * 256);
-  EXPECT_EQ(skipped(lower(scaled_dot_product_attention(q, q, q, causal))), 2 * 31 * 128 * 128);
+  EXPECT_EQ(skipped(lower(scaled_dot_product_attention(q, q, q, causal))), 2 * (6 * 256 * 256 + 4 * 16 * 16 * 120));
 }
 
 /// Vulkan's flash kernels skip the tiles a modifier masks whole, as the cpu's do: each tile
