@@ -54,6 +54,8 @@ bool all_finite(const float* x, std::int64_t n) {
 struct Transposed {
   const float* data;
   std::int64_t ld;
+  /// The same from column c on (c a multiple of tile_gemm_columns(), so its padding stays inside).
+  Transposed from(std::int64_t c) const { return {data + c, ld}; }
 };
 
 /// Transposes x's `cols` rows of d into this thread's buffer `slot` (0: keys, 1: values), which
@@ -158,23 +160,40 @@ class Scores {
     count_tiles(rows * m_, computed);
   }
 
-  /// f(r0, r1, width) over a key tile [j0, j0 + cols) of queries [i0, i0 + rows): rows
-  /// [r0, r1) and the keys [j0, j0 + width) they may keep. The whole tile at once, unless `skip`
-  /// holds and causality's diagonal crosses it: then slices of kDiagonalSlice rows, each over
-  /// the keys its last row keeps (a slice keeping none is left out). Returns the scores left
-  /// out, for each_key_tile's count.
+  /// f(r0, r1, k0, width) over a key tile [j0, j0 + cols) of queries [i0, i0 + rows) of batch
+  /// entry b: rows [r0, r1) and the keys [j0 + k0, j0 + k0 + width) they may keep (k0 a multiple
+  /// of kSliceKeys). The whole tile at once,
+  /// unless `skip` holds and a mask boundary crosses it: then slices of kDiagonalSlice rows,
+  /// each over the keys it may keep (a slice keeping none is left out). Causality's diagonal
+  /// gives each slice the keys up to its last row's; a masking modifier gives the span between
+  /// the first and the last chunk of kSliceKeys keys that masks_tile cannot prove masked for the
+  /// slice (document boundaries, causality written as a mask_mod). Returns the scores left out,
+  /// for each_key_tile's count.
   template <class F>
-  std::int64_t each_slice(std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, bool skip, F f) const {
+  std::int64_t each_slice(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, bool skip, F f) const {
     auto kept = [&](std::int64_t r) { return std::clamp<std::int64_t>(i0 + r + shift_ - j0 + 1, 0, cols); };  // keys row r keeps
-    if (!skip || !a_.causal || kept(0) == cols) {
-      f(0, rows, cols);
+    const bool diagonal = skip && a_.causal && kept(0) < cols;
+    const bool boundary = skip && !a_.causal && a_.mod && a_.mod->may_mask_within(b, i0, rows, j0, cols);
+    if (!diagonal && !boundary) {
+      f(0, rows, std::int64_t{0}, cols);
       return 0;
     }
     std::int64_t left_out = 0;
     for (std::int64_t r0 = 0; r0 < rows; r0 += kDiagonalSlice) {
-      const std::int64_t r1 = std::min(rows, r0 + kDiagonalSlice), width = kept(r1 - 1);
-      left_out += (r1 - r0) * (cols - width);
-      if (width > 0) f(r0, r1, width);
+      const std::int64_t r1 = std::min(rows, r0 + kDiagonalSlice);
+      std::int64_t k0 = 0, k1 = kept(r1 - 1);
+      if (boundary) {  // chunks [lo, hi) of kSliceKeys keys, the masked ones at either end dropped
+        std::int64_t lo = 0, hi = (cols + kSliceKeys - 1) / kSliceKeys;
+        auto masked = [&](std::int64_t c) {
+          return a_.mod->masks_tile(b, i0 + r0, r1 - r0, j0 + c * kSliceKeys, std::min(kSliceKeys, cols - c * kSliceKeys));
+        };
+        while (hi > lo && masked(hi - 1)) --hi;
+        while (lo < hi && masked(lo)) ++lo;
+        k0 = lo * kSliceKeys;
+        k1 = std::max(k0, std::min(cols, hi * kSliceKeys));
+      }
+      left_out += (r1 - r0) * (cols - (k1 - k0));
+      if (k1 > k0) f(r0, r1, k0, k1 - k0);
     }
     return left_out;
   }
@@ -355,10 +374,12 @@ void attention(const AttentionArgs& a) {
     const bool skip = finite_v[static_cast<std::size_t>(b)] != 0;
     sc.each_key_tile(b, i0, rows, skip, [&](std::int64_t j0, std::int64_t cols) {
       const Transposed kt = sc.keys(b, j0, cols);
-      // The tile whole, or in slices along the diagonal: rows [r0, r1) over keys [j0, j0 + width).
-      return sc.each_slice(i0, rows, j0, cols, skip, [&](std::int64_t r0, std::int64_t r1, std::int64_t width) {
+      // The tile whole, or in slices along a mask's boundary: rows [r0, r1) over keys
+      // [jk, jk + width).
+      return sc.each_slice(b, i0, rows, j0, cols, skip, [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t width) {
+        const std::int64_t jk = j0 + k0;
         float* s = s_buf.data() + r0 * kKeyBlock;
-        sc.compute(b, i0 + r0, r1 - r0, j0, width, kt, s, kKeyBlock);
+        sc.compute(b, i0 + r0, r1 - r0, jk, width, kt.from(k0), s, kKeyBlock);
         for (std::int64_t i = r0; i < r1; ++i) {
           float* row = s_buf.data() + i * kKeyBlock;
           float& mi = m_buf[static_cast<std::size_t>(i)];
@@ -374,11 +395,11 @@ void attention(const AttentionArgs& a) {
           mi = mx;
           if (sc.drops()) {  // the sum normalises the undropped weights; v meets the dropped ones
             float* z = dropout_buffer();
-            sc.dropout_factors(b, i0 + i, j0, width, z);
+            sc.dropout_factors(b, i0 + i, jk, width, z);
             times(row, z, width);
           }
         }
-        tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, v + j0 * dv, dv, true, o + r0 * dv, dv);
+        tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, v + jk * dv, dv, true, o + r0 * dv, dv);
       });
     });
     // A query with no key left (l = 0) gives zeros, as softmax defines for a row of -inf.
@@ -409,8 +430,8 @@ void attention_lse(const ScoreArgs& args, View out) {
     sum.assign(static_cast<std::size_t>(rows), 0.0);
     sc.each_key_tile(b, i0, rows, true, [&](std::int64_t j0, std::int64_t cols) {
       const Transposed kt = sc.keys(b, j0, cols);
-      return sc.each_slice(i0, rows, j0, cols, true, [&](std::int64_t r0, std::int64_t r1, std::int64_t width) {
-        sc.compute(b, i0 + r0, r1 - r0, j0, width, kt, s + r0 * kKeyBlock, kKeyBlock);
+      return sc.each_slice(b, i0, rows, j0, cols, true, [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t width) {
+        sc.compute(b, i0 + r0, r1 - r0, j0 + k0, width, kt.from(k0), s + r0 * kKeyBlock, kKeyBlock);
         for (std::int64_t i = r0; i < r1; ++i) {
           float* row = s + i * kKeyBlock;
           float& mi = mx[static_cast<std::size_t>(i)];

@@ -72,9 +72,9 @@ void attention_grads(const AttentionGradArgs& args, float* dq, float* dk, float*
 
 /// Query rows per tile: kQueryBlock; the backward takes kSkippingQueryBlock when a keep-mask or
 /// a masking modifier may drop whole tiles (narrower tiles follow a document boundary more
-/// closely). A causal tile that the diagonal crosses runs, in the forward and the lse, as
-/// slices of kDiagonalSlice rows, each over the keys its last row keeps, so the masked triangle
-/// is mostly not computed. Measured at (4, 8, 512, 64), 2 threads: 256 x 256 tiles ran the plain
+/// closely). A tile that causality's diagonal (or a masking modifier's boundary) crosses runs,
+/// in the forward and the lse, as slices of kDiagonalSlice rows, each over the keys it may keep,
+/// so the masked triangle is mostly not computed. Measured at (4, 8, 512, 64), 2 threads: 256 x 256 tiles ran the plain
 /// forward 10% faster than 128 x 256 (AMD Zen 5); with tile_gemm, slices of 16 rows ran causal
 /// 1.67-1.72x the plain forward against 1.60-1.66x for 32 (AMD Zen 4), and 256-row tiles ran
 /// documents of 128 tokens (a mask_mod) 10% faster than 128-row ones in the forward.
@@ -82,5 +82,8 @@ inline constexpr std::int64_t kQueryBlock = 256;
 inline constexpr std::int64_t kSkippingQueryBlock = 128;
 inline constexpr std::int64_t kKeyBlock = 256;
 inline constexpr std::int64_t kDiagonalSlice = 16;
+/// Keys per chunk when a slice's keys are bounded by a masking modifier (see each_slice): a
+/// multiple of the widest register tile's columns (32), so a slice's keys start on one.
+inline constexpr std::int64_t kSliceKeys = 32;
 
 }  // namespace qkv::backend::cpu

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "backends/cpu/vector_math.hpp"
 #include "backends/scalar_ops.hpp"
@@ -92,10 +93,11 @@ std::int64_t ScoreModifier::batch_offset(const Operand& t, std::int64_t b) const
   return off;
 }
 
-bool ScoreModifier::masks_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
-  if (!masks_) return false;
+ir::ValueRange ScoreModifier::bound_tile(ir::ValueRange score, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0,
+                                         std::int64_t cols) const {
   thread_local std::vector<ir::ValueRange> in;
   in.assign(static_cast<std::size_t>(ir::kRegionFixedInputs), ir::ValueRange::unknown());
+  in[ir::kRegionScore] = score;
   in[ir::kRegionQIdx] = ir::ValueRange::between(static_cast<double>(i0), static_cast<double>(i0 + rows - 1));
   in[ir::kRegionKvIdx] = ir::ValueRange::between(static_cast<double>(j0), static_cast<double>(j0 + cols - 1));
   for (const Operand& t : tensors_) {
@@ -115,7 +117,16 @@ bool ScoreModifier::masks_tile(std::int64_t b, std::int64_t i0, std::int64_t row
     }
     in.push_back(nan ? ir::ValueRange::unknown() : ir::ValueRange::between(lo, hi));
   }
-  return ir::bound_region(region_, in).is(-HUGE_VAL);
+  return ir::bound_region(region_, in);
+}
+
+bool ScoreModifier::masks_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
+  return masks_ && bound_tile(ir::ValueRange::unknown(), b, i0, rows, j0, cols).is(-HUGE_VAL);
+}
+
+bool ScoreModifier::may_mask_within(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
+  const double big = std::numeric_limits<float>::max();
+  return masks_ && bound_tile(ir::ValueRange::between(-big, big), b, i0, rows, j0, cols).lo == -HUGE_VAL;
 }
 
 void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod) const {

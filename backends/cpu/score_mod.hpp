@@ -6,6 +6,7 @@
 
 #include "backends/cpu/kernels.hpp"
 #include "ir/graph.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::backend::cpu {
 
@@ -30,6 +31,12 @@ class ScoreModifier {
   /// from lengths, a mask_mod over q_idx and kv_idx. False when nothing can be proved.
   bool masks_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const;
 
+  /// Whether the region may mask some score of the tile when the scores are finite (interval
+  /// arithmetic as masks_tile, the score anywhere in float's range): false for a tile inside a
+  /// document or below a causal diagonal written as a mask_mod, true for one a boundary
+  /// crosses. Only what the kernels look inside a tile for, never what they skip by.
+  bool may_mask_within(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const;
+
   /// Whether masks_tile can ever be true (the region has a -inf branch).
   bool may_mask_tiles() const { return masks_; }
 
@@ -50,6 +57,9 @@ class ScoreModifier {
     std::int64_t row, col;    // strides along the queries and the keys (0 where broadcast)
   };
   std::int64_t batch_offset(const Operand& t, std::int64_t b) const;
+  /// The region's range over the tile for scores in `score` (see masks_tile).
+  ir::ValueRange bound_tile(ir::ValueRange score, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0,
+                            std::int64_t cols) const;
 
   ir::Graph region_;
   bool masks_ = false;

@@ -449,9 +449,11 @@ std::vector<std::pair<std::string, ir::Graph>> prefix_and_padding_models() {
 
 /// The cpu kernels skip tiles a modifier masks whole (interval arithmetic over the region, from
 /// the tile's positions and ids), forward and backward, and say so: packed documents of 128
-/// tokens at N = 512 leave half the forward's tiles (128 queries x 256 keys) per head; causality
-/// written as a mask_mod skips the tiles above the diagonal. A NaN in v behind a skipped tile
-/// still gives NaN, as the meaning does.
+/// tokens at N = 512 leave half the forward's tiles (256 queries x 256 keys) per head, and the
+/// tiles on the diagonal run as 16-row slices over their own document's keys, so 3/4 of the
+/// scores are skipped; causality written as a mask_mod skips the tiles above the diagonal and
+/// most of the triangle in the tiles on it. A NaN in v behind a skipped tile still gives NaN, as
+/// the meaning does.
 TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
   const std::int64_t n = 512;
   auto documents = [&](backend::TensorMap& in) { pack_documents(in, n); };
@@ -463,16 +465,16 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
     documents(in);
     exe->run(in);
     ASSERT_EQ(exe->tile_counts().size(), 1u);
-    EXPECT_EQ(exe->tile_counts()[0].computed, 2 * n * n / 2);  // scores, per head half of 512 x 512
-    EXPECT_EQ(exe->tile_counts()[0].skipped, 2 * n * n / 2);
+    EXPECT_EQ(exe->tile_counts()[0].computed, 2 * n * n / 4);  // scores, per head a quarter of 512 x 512
+    EXPECT_EQ(exe->tile_counts()[0].skipped, 2 * n * n * 3 / 4);
     testing::expect_equivalent(forward, in, "cpu");
     // A NaN in head 0's key 300 (document 2; q, k and v are one tensor) meets the queries of
     // the other documents only through a masked zero: the meaning gives NaN there, and the
-    // kernel does not skip that head's tiles (head 1 still skips its half).
+    // kernel does not skip that head's tiles (head 1 still skips its 3/4).
     in.at("q").data<float>()[300 * 16 + 2] = std::numeric_limits<float>::quiet_NaN();
     testing::expect_equivalent(forward, in, "cpu");
     EXPECT_TRUE(std::isnan(exe->run(in).at("out").at(2)));
-    EXPECT_EQ(exe->tile_counts()[0].skipped, n * n / 2);
+    EXPECT_EQ(exe->tile_counts()[0].skipped, n * n * 3 / 4);
   }
   // Forward and backward: every kernel skips.
   ir::Graph g = ir::build_backward(forward, {"", {"q"}, {"out"}});
@@ -484,10 +486,12 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
   for (const auto& t : exe->tile_counts()) EXPECT_GT(t.skipped, 0) << ir::op_name(exe->graph().node(t.value).op);
   testing::expect_equivalent(g, in, "cpu");
   // Causality written as a mask_mod skips the tiles wholly above the diagonal (256 x 256 scores
-  // each): 6 of 16 per head. The causal attribute also cuts each row block's keys at the
-  // diagonal and runs a tile the diagonal crosses in slices of 16 rows, each over the keys its
-  // last row keeps: the 6 tiles above the diagonal and 15/32 of each of the 4 on it (slice s of
-  // 16 leaves out 256 - 16 (s + 1) keys of each of its 16 rows).
+  // each): 6 of 16 per head, and runs the 4 the diagonal crosses in slices of 16 rows, each over
+  // the chunks of 32 keys not wholly above its last row: slices 2t and 2t + 1 keep 32 (t + 1)
+  // keys, so each such tile leaves out 16 * 2 * sum over t < 8 of (256 - 32 (t + 1)) = 16 * 1792
+  // scores. The causal attribute cuts each slice at its last row exactly: the 6 tiles above the
+  // diagonal and 15/32 of each of the 4 on it (slice s leaves out 256 - 16 (s + 1) keys of each
+  // of its 16 rows).
   auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<16>);
   auto skipped = [&](const ir::Graph& graph) {
     auto e = cpu->compile(graph);
@@ -495,7 +499,7 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
     return e->tile_counts().at(0).skipped;
   };
   const auto written = skipped(lower(scaled_dot_product_attention(q, q, q, mask_mod([](auto, auto, auto i, auto j) { return j <= i; }))));
-  EXPECT_EQ(written, 2 * 12 * 128 * 256);
+  EXPECT_EQ(written, 2 * (6 * 256 * 256 + 4 * 16 * 1792));
   EXPECT_EQ(skipped(lower(scaled_dot_product_attention(q, q, q, causal))), 2 * (6 * 256 * 256 + 4 * 16 * 16 * 120));
 }
 
