@@ -43,12 +43,6 @@ Strides batch_strides(const ir::Shape& s, const ir::Shape& batch, std::int64_t m
   return st;
 }
 
-bool all_finite(const float* x, std::int64_t n) {
-  bool ok = true;
-  for (std::int64_t i = 0; i < n; ++i) ok &= std::isfinite(x[i]);
-  return ok;
-}
-
 /// Rows [j0, j0 + cols) of a row-major [.., d] matrix (k or v), transposed: B of the products
 /// with kT and vT, its columns padded with zeros to a multiple of tile_gemm_columns().
 struct Transposed {

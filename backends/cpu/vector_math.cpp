@@ -251,6 +251,19 @@ template <class V>
 }
 
 template <class V>
+[[gnu::always_inline]] inline bool all_finite_impl(const float* x, std::int64_t n) {
+  // x * 0 is 0 for a finite x and NaN for NaN or an infinity; NaN sticks in the sums.
+  V acc{};
+  constexpr int L = Lanes<V>::n;
+  std::int64_t i = 0;
+  for (; i + L <= n; i += L) acc += load<V>(x + i) * 0.0f;
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += x[i] * 0.0f;
+  for (int j = 0; j < L; ++j) tail += acc[j];
+  return tail == 0.0f;
+}
+
+template <class V>
 [[gnu::always_inline]] inline void divide_inplace_impl(float* y, std::int64_t n, float d) {
   rows_of<V>(y, y, n, 1.0f, [&](const V& v) __attribute__((always_inline)) { return v / d; });
 }
@@ -293,6 +306,7 @@ QKV_ISA_DISPATCH(float, exp_shifted_sum, (float* x, std::int64_t n, float shift)
 QKV_ISA_DISPATCH(void, exp_shifted, (float* x, std::int64_t n, float shift), (x, n, shift), v16f, v8f)
 QKV_ISA_DISPATCH(void, times_difference, (float* y, const float* p, std::int64_t n, float c), (y, p, n, c), v16f, v8f)
 QKV_ISA_DISPATCH(float, max_of, (const float* x, std::int64_t n, float init), (x, n, init), v16f, v8f)
+QKV_ISA_DISPATCH(bool, all_finite, (const float* x, std::int64_t n), (x, n), v16f, v8f)
 QKV_ISA_DISPATCH(void, divide_inplace, (float* y, std::int64_t n, float d), (y, n, d), v16f, v8f)
 QKV_ISA_DISPATCH(void, scale_inplace, (float* y, std::int64_t n, float s), (y, n, s), v16f, v8f)
 QKV_ISA_DISPATCH(void, tanh_of, (const float* x, float* y, std::int64_t n), (x, y, n), v16f, v8f)

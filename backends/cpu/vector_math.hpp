@@ -19,6 +19,9 @@ void times_difference(float* y, const float* p, std::int64_t n, float c);
 /// The maximum of init and x[0..n); NaN if any of them is NaN (NaN propagates as in max).
 float max_of(const float* x, std::int64_t n, float init);
 
+/// Whether no x[i], i < n, is NaN or an infinity.
+bool all_finite(const float* x, std::int64_t n);
+
 /// y[i] /= d for i < n (a division, not a multiplication by 1/d, which rounds twice).
 void divide_inplace(float* y, std::int64_t n, float d);
 

@@ -151,6 +151,20 @@ TEST(CpuIsa, DropoutFactorsAreTheScalarBits) {
   }
 }
 
+TEST(CpuIsa, AllFiniteFindsNaNAndInfinitiesInEveryLane) {
+  for (std::int64_t n : kLengths) {
+    std::vector<float> x = ramp(n, -1e30f, 1e30f);  // large but finite: x * 0 stays 0
+    EXPECT_TRUE(all_finite(x.data(), n)) << n;
+    for (std::int64_t i = 0; i < n; ++i)
+      for (const float bad : {kNaN, kInf, -kInf}) {
+        std::vector<float> y = x;
+        y[static_cast<std::size_t>(i)] = bad;
+        EXPECT_FALSE(all_finite(y.data(), n)) << n << " " << i << " " << bad;
+      }
+  }
+  EXPECT_TRUE(all_finite(nullptr, 0));
+}
+
 TEST(CpuIsa, TileGemmIsTheProductOnEveryTail) {
   // m leaves every row tail of the register tiles (6 and 8 rows); n every column tail of one
   // and two vectors of 8 or 16 lanes (the last columns go to OpenBLAS); k includes 0.
