@@ -19,9 +19,14 @@ using v8f = float __attribute__((vector_size(32)));
 using v16f = float __attribute__((vector_size(64)));
 
 /// A register tile: `rows` rows of A by two vectors V of columns. AVX-512 holds 8 x 2 sums in
-/// its 32 registers with room for B's two vectors and the broadcasts; AVX2 holds 6 x 2 of its 16
-/// (measured on an AMD EPYC (Zen 4) at the attention shapes: 8 rows ran 3% faster than 12, and
-/// both 10-15% faster than OpenBLAS's sgemm on one core).
+/// its 32 registers with room for B's two vectors and the broadcasts (measured on an AMD EPYC
+/// (Zen 4) at the attention shapes: 8 rows ran 3% faster than 12, and both 10-15% faster than
+/// OpenBLAS's sgemm on one core).
+///
+/// AVX2 has 16 registers, and GCC did not fit 6 x 2 sums, two vectors of B and a broadcast in
+/// them: it kept one of B's vectors on the stack, and fewer rows left too few sums in flight to
+/// cover the FMA's latency (the AVX2 forward ran at 42-66% of sgemm against 75% with OpenBLAS's
+/// hand-written kernel), so AVX2 and the baseline ISA keep OpenBLAS.
 template <class V, int R>
 struct Tile {
   using Vec = V;
@@ -29,7 +34,6 @@ struct Tile {
   static constexpr int lanes = static_cast<int>(sizeof(V) / sizeof(float));
 };
 using Wide = Tile<v16f, 8>;
-using Narrow = Tile<v8f, 6>;
 
 template <class V>
 [[gnu::always_inline]] inline V load(const float* p) {
@@ -110,10 +114,13 @@ template <class T>
                       : columns<T, false>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
-QKV_ISA_DISPATCH(std::int64_t, vector_columns,
-                 (bool a_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-                  const float* b, std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc),
-                 (a_transposed, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc), Wide, Narrow)
+#if defined(__x86_64__)
+QKV_TARGET_AVX512 std::int64_t vector_columns(bool a_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                                               const float* a, std::int64_t lda, const float* b, std::int64_t ldb, bool accumulate,
+                                               float* c, std::int64_t ldc) {
+  return vector_columns_impl<Wide>(a_transposed, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+}
+#endif
 
 /// y[j * ldy + i] = x[i * ldx + j] in blocks of 8 x 8 transposed in registers (unpacks, then
 /// shuffles of pairs, then of halves: AVX's eight-instruction pattern), the edges one by one.
@@ -147,7 +154,7 @@ template <class T>
 }
 
 QKV_ISA_DISPATCH(void, transpose_blocks, (const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx, float* y, std::int64_t ldy),
-                 (x, rows, cols, ldx, y, ldy), Wide, Narrow)
+                 (x, rows, cols, ldx, y, ldy), Wide, Wide)
 
 int to_int(std::int64_t v) { return static_cast<int>(v); }
 
@@ -156,8 +163,10 @@ int to_int(std::int64_t v) { return static_cast<int>(v); }
 void tile_gemm(bool a_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
                const float* b, std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc) {
   if (m <= 0 || n <= 0) return;
-  const std::int64_t done =
-      host_isa() == Isa::baseline ? 0 : vector_columns(a_transposed, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+  std::int64_t done = 0;
+#if defined(__x86_64__)
+  if (host_isa() == Isa::avx512) done = vector_columns(a_transposed, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+#endif
   if (done < n)
     cblas_sgemm(CblasRowMajor, a_transposed ? CblasTrans : CblasNoTrans, CblasNoTrans, to_int(m), to_int(n - done), to_int(k), alpha, a,
                 to_int(lda), b + done, to_int(ldb), accumulate ? 1.0f : 0.0f, c + done, to_int(ldc));
@@ -170,12 +179,7 @@ void transpose_into(const float* x, std::int64_t rows, std::int64_t cols, std::i
 }
 
 std::int64_t tile_gemm_columns() {
-  switch (host_isa()) {
-    case Isa::avx512: return 2 * Wide::lanes;
-    case Isa::avx2: return 2 * Narrow::lanes;
-    case Isa::baseline: break;
-  }
-  return 1;
+  return host_isa() == Isa::avx512 ? 2 * Wide::lanes : 1;
 }
 
 }  // namespace qkv::backend::cpu

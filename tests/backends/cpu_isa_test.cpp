@@ -166,8 +166,8 @@ TEST(CpuIsa, AllFiniteFindsNaNAndInfinitiesInEveryLane) {
 }
 
 TEST(CpuIsa, TileGemmIsTheProductOnEveryTail) {
-  // m leaves every row tail of the register tiles (6 and 8 rows); n every column tail of one
-  // and two vectors of 8 or 16 lanes (the last columns go to OpenBLAS); k includes 0.
+  // m leaves every row tail of the register tiles (8 rows); n every column tail of one and two
+  // vectors of 16 lanes (the last columns go to OpenBLAS, as all do below AVX-512); k includes 0.
   const std::int64_t ms[] = {1, 5, 6, 7, 8, 13, 17, 24};
   const std::int64_t ns[] = {1, 7, 8, 16, 24, 32, 40, 48, 64, 70};
   const std::int64_t ks[] = {0, 1, 3, 64};
