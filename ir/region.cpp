@@ -298,7 +298,7 @@ ValueRange bound_node(const Node& n, const std::vector<ValueRange>& v) {
 
 }  // namespace
 
-ValueRange bound_region(const Graph& r, std::span<const ValueRange> inputs, std::string_view output) {
+std::vector<ValueRange> bound_region_nodes(const Graph& r, std::span<const ValueRange> inputs) {
   std::vector<ValueRange> v;
   v.reserve(r.size());
   for (const Node& n : r.nodes()) {
@@ -309,7 +309,11 @@ ValueRange bound_region(const Graph& r, std::span<const ValueRange> inputs, std:
       v.push_back(bound_node(n, v));
     }
   }
-  return v[static_cast<std::size_t>(r.output(output))];
+  return v;
+}
+
+ValueRange bound_region(const Graph& r, std::span<const ValueRange> inputs, std::string_view output) {
+  return bound_region_nodes(r, inputs)[static_cast<std::size_t>(r.output(output))];
 }
 
 bool region_masks(const Graph& r) {

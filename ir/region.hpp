@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "ir/graph.hpp"
 
@@ -66,6 +67,9 @@ struct ValueRange {
 /// inputs lies in the result), not tight. What block sparsity reads: a tile whose "mod" is
 /// exactly -inf is masked whatever the scores are.
 ValueRange bound_region(const Graph& r, std::span<const ValueRange> inputs, std::string_view output = "mod");
+
+/// bound_region's ranges of every node of r, by node id.
+std::vector<ValueRange> bound_region_nodes(const Graph& r, std::span<const ValueRange> inputs);
 
 /// Whether r can mask a key (its result can be -inf whatever the score: a `where` with a -inf
 /// branch): only such regions are worth bounding per tile.

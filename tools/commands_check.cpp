@@ -227,10 +227,15 @@ int cmd_explain(const Request& r, const std::string& backend_name, bool profile)
   std::printf("score matrix: %s\n", scores.empty() ? "none (no attention in this graph)" : scores.c_str());
   // Block sparsity as this run found it: the tiles each fused kernel skipped because every
   // score there is masked (from causality, a window, or the modifier over these inputs).
-  for (const backend::TileCount& t : exe->tile_counts())
-    std::printf("block sparsity: %%%d %s skipped %.1f%% of its %lld scores, in blocks wholly masked\n", t.value,
+  for (const backend::TileCount& t : exe->tile_counts()) {
+    std::printf("block sparsity: %%%d %s skipped %.1f%% of its %lld scores, in blocks wholly masked", t.value,
                 std::string(ir::op_name(g.node(t.value).op)).c_str(), 100.0 * t.skipped_fraction(),
                 static_cast<long long>(t.computed + t.skipped));
+    if (t.unmasked > 0)  // FlexAttention's full blocks: kept whole, so their masks are not evaluated
+      std::printf("; %.1f%% of those computed in blocks wholly kept, without evaluating the mask",
+                  100.0 * static_cast<double>(t.unmasked) / static_cast<double>(t.computed));
+    std::printf("\n");
+  }
   return 0;
 }
 

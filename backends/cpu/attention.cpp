@@ -98,16 +98,20 @@ class Scores {
   /// s[i * ld + j] = the score of query i0 + i and key j0 + j (i < rows, j < cols), -inf where
   /// masked; `kt` holds keys [j0, j0 + cols) or more (keys()), and s's columns up to cols rounded
   /// up to tile_gemm_columns() are written (ld must leave room for them). Only the columns that
-  /// causality or the window cut are visited for masking. With a modifier and `dmod`, dmod
-  /// (same layout) gets d mod/d score.
+  /// causality or the window cut are visited for masking, and a tile that a keep-mask along one
+  /// axis, or the modifier's masks (ScoreModifier::keeps_tile), provably keep whole is not
+  /// masked at all. With a modifier and `dmod`, dmod (same layout) gets d mod/d score.
   void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const Transposed& kt, float* s,
                std::int64_t ld, float* dmod = nullptr) const {
     const std::int64_t unit = tile_gemm_columns();
     tile_gemm(false, rows, (cols + unit - 1) / unit * unit, d_, a_.scale, q(b) + i0 * d_, d_, kt.data, kt.ld, false, s, ld);
-    const float* mask = a_.mask ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
+    const bool mask_kept = a_.mask && mask_keeps(b, i0, rows, j0, cols);
+    const float* mask = a_.mask && !mask_kept ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
+    const bool kept = a_.mod && a_.mod->keeps_tile(b, i0, rows, j0, cols);
+    if ((mask_kept || kept) && a_.tiles) a_.tiles->unmasked += rows * cols;
     for (std::int64_t i = 0; i < rows; ++i) {
       float* row = s + i * ld;
-      if (a_.mod) a_.mod->apply_row(b, i0 + i, j0, cols, row, dmod ? dmod + i * ld : nullptr);
+      if (a_.mod) a_.mod->apply_row(b, i0 + i, j0, cols, row, dmod ? dmod + i * ld : nullptr, kept);
       if (mask) {
         const float* mr = mask + (i0 + i) * mask_row_ + j0 * mask_col_;
         for (std::int64_t j = 0; j < cols; ++j) row[j] = mr[j * mask_col_] != 0.0f ? row[j] : kNegInf;
@@ -210,6 +214,17 @@ class Scores {
   /// Whether blocks may be skipped: causality, a keep-mask laid out along the keys or the queries
   /// only (padding), or a modifier that can mask whole tiles.
   bool may_skip() const { return a_.causal || thin_mask() || (a_.mod && a_.mod->may_mask_tiles()); }
+
+  /// Whether a keep-mask that varies along at most one axis keeps every score of the tile (its
+  /// values there all nonzero).
+  bool mask_keeps(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
+    if (!thin_mask()) return false;
+    const float* mask = a_.mask->data + offset_at(b, batch_, ms_) + i0 * mask_row_ + j0 * mask_col_;
+    const std::int64_t count = mask_col_ != 0 ? cols : mask_row_ != 0 ? rows : 1, stride = mask_row_ + mask_col_;
+    for (std::int64_t e = 0; e < count; ++e)
+      if (mask[e * stride] == 0.0f) return false;
+    return true;
+  }
 
   /// Whether the whole tile is masked whatever its scores: by the keep-mask operand (one that
   /// varies along one of the two axes: its values for the tile's keys or queries all 0) or by

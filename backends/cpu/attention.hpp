@@ -17,6 +17,7 @@ namespace qkv::backend::cpu {
 /// Tiles a kernel computed and skipped, counted across its tasks.
 struct TileCounter {
   std::atomic<std::int64_t> computed{0}, skipped{0};
+  std::atomic<std::int64_t> unmasked{0};  // of the computed, in tiles the masks keep whole (not evaluated)
 };
 
 struct ScoreArgs {

@@ -82,9 +82,10 @@ class CpuExecutable final : public Executable {
       if (computed_with_leader(i)) continue;
       tiles_.computed = 0;
       tiles_.skipped = 0;
+      tiles_.unmasked = 0;
       execute(i);
       if (ir::is_fused_attention(graph_.nodes()[i].op))
-        tile_counts_.push_back({static_cast<ir::ValueId>(i), tiles_.computed.load(), tiles_.skipped.load()});
+        tile_counts_.push_back({static_cast<ir::ValueId>(i), tiles_.computed.load(), tiles_.skipped.load(), tiles_.unmasked.load()});
     }
     // Updates write back into the held tensors once every kernel has read the old values.
     for (const auto& [name, v] : graph_.updates()) {

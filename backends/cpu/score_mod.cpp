@@ -46,7 +46,8 @@ ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vect
   }
   // With the derivative, the forward-mode graph holds the modifier's own nodes too: one program
   // computes both.
-  const ir::Graph program = derivative ? ir::differentiate_region(region, ir::kRegionScore, true) : region;
+  program_ = derivative ? ir::differentiate_region(region, ir::kRegionScore, true) : region;
+  const ir::Graph& program = program_;
   for (const ir::Node& node : program.nodes()) {
     Step st{node.op};
     if (node.op == ir::Op::input) st.input = static_cast<int>(steps_.size());  // inputs come first, in order
@@ -73,15 +74,41 @@ ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vect
   } else {
     mod_ = program.output("mod");
   }
-  // Only the steps the results read run (an unread index or input is not filled per row).
-  steps_[static_cast<std::size_t>(mod_)].live = true;
-  if (dmod_ >= 0) steps_[static_cast<std::size_t>(dmod_)].live = true;
-  for (std::size_t k = steps_.size(); k-- > 0;) {
-    Step& st = steps_[k];
-    if (!st.live) continue;
-    for (int r : {st.a, st.b, st.c})
-      if (r >= 0) steps_[static_cast<std::size_t>(r)].live = true;
+  // The masking conditions: a where with a -inf branch keeps where its condition selects the
+  // other branch. Every where on such a condition (the derivative's too) is its kept branch
+  // when the tile is kept.
+  auto minus_inf = [&](int r) { return steps_[static_cast<std::size_t>(r)].op == ir::Op::constant && std::isinf(steps_[static_cast<std::size_t>(r)].value) && steps_[static_cast<std::size_t>(r)].value < 0; };
+  bool both_sides = false;
+  for (const Step& st : steps_) {
+    if (st.op != ir::Op::where || minus_inf(st.b) == minus_inf(st.c)) continue;
+    const std::pair<int, bool> cond{st.a, minus_inf(st.c)};
+    if (std::find(mask_conds_.begin(), mask_conds_.end(), cond) != mask_conds_.end()) continue;
+    both_sides |= std::find(mask_conds_.begin(), mask_conds_.end(), std::pair{st.a, !cond.second}) != mask_conds_.end();
+    mask_conds_.push_back(cond);
   }
+  if (both_sides) mask_conds_.clear();
+  for (Step& st : steps_)
+    for (const auto& [cond, when_true] : mask_conds_)
+      if (st.op == ir::Op::where && st.a == cond) st.kept = when_true ? st.b : st.c;
+  // Only the steps the results read run (an unread index or input is not filled per row); when
+  // the tile is kept, only those the kept form reads.
+  auto mark = [&](bool Step::*live, auto through) {
+    steps_[static_cast<std::size_t>(through(mod_))].*live = true;
+    if (dmod_ >= 0) steps_[static_cast<std::size_t>(through(dmod_))].*live = true;
+    for (std::size_t k = steps_.size(); k-- > 0;) {
+      Step& st = steps_[k];
+      if (!(st.*live)) continue;
+      for (int r : {st.a, st.b, st.c})
+        if (r >= 0) steps_[static_cast<std::size_t>(through(r))].*live = true;
+    }
+  };
+  mark(&Step::live, [](int r) { return r; });
+  mark(&Step::live_kept, [&](int r) { return kept_register(r); });
+}
+
+int ScoreModifier::kept_register(int r) const {
+  while (steps_[static_cast<std::size_t>(r)].kept >= 0) r = steps_[static_cast<std::size_t>(r)].kept;
+  return r;
 }
 
 std::int64_t ScoreModifier::batch_offset(const Operand& t, std::int64_t b) const {
@@ -93,8 +120,8 @@ std::int64_t ScoreModifier::batch_offset(const Operand& t, std::int64_t b) const
   return off;
 }
 
-ir::ValueRange ScoreModifier::bound_tile(ir::ValueRange score, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0,
-                                         std::int64_t cols) const {
+const std::vector<ir::ValueRange>& ScoreModifier::tile_inputs(ir::ValueRange score, std::int64_t b, std::int64_t i0, std::int64_t rows,
+                                                              std::int64_t j0, std::int64_t cols) const {
   thread_local std::vector<ir::ValueRange> in;
   in.assign(static_cast<std::size_t>(ir::kRegionFixedInputs), ir::ValueRange::unknown());
   in[ir::kRegionScore] = score;
@@ -117,19 +144,29 @@ ir::ValueRange ScoreModifier::bound_tile(ir::ValueRange score, std::int64_t b, s
     }
     in.push_back(nan ? ir::ValueRange::unknown() : ir::ValueRange::between(lo, hi));
   }
-  return ir::bound_region(region_, in);
+  return in;
 }
 
 bool ScoreModifier::masks_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
-  return masks_ && bound_tile(ir::ValueRange::unknown(), b, i0, rows, j0, cols).is(-HUGE_VAL);
+  return masks_ && ir::bound_region(region_, tile_inputs(ir::ValueRange::unknown(), b, i0, rows, j0, cols)).is(-HUGE_VAL);
 }
 
 bool ScoreModifier::may_mask_within(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
   const double big = std::numeric_limits<float>::max();
-  return masks_ && bound_tile(ir::ValueRange::between(-big, big), b, i0, rows, j0, cols).lo == -HUGE_VAL;
+  return masks_ && ir::bound_region(region_, tile_inputs(ir::ValueRange::between(-big, big), b, i0, rows, j0, cols)).lo == -HUGE_VAL;
 }
 
-void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod) const {
+bool ScoreModifier::keeps_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
+  if (mask_conds_.empty()) return false;
+  const std::vector<ir::ValueRange> ranges = ir::bound_region_nodes(program_, tile_inputs(ir::ValueRange::unknown(), b, i0, rows, j0, cols));
+  for (const auto& [cond, when_true] : mask_conds_) {
+    const ir::ValueRange& c = ranges[static_cast<std::size_t>(cond)];
+    if (!(when_true ? !c.nan && (c.lo > 0 || c.hi < 0) : c.is(0))) return false;
+  }
+  return true;
+}
+
+void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod, bool kept) const {
   if (softcap_ > 0) {  // the common modifier, specialised: one pass instead of three
     softcap_row(s, dmod_ >= 0 ? dmod : nullptr, cols, softcap_);
     return;
@@ -150,9 +187,12 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
   };
   auto varies = [&](int r) { return !steps_[static_cast<std::size_t>(r)].uniform; };
   auto u_at = [&](int r) { return uniform[static_cast<std::size_t>(r)]; };
+  // With `kept`, each operand is read through the wheres on masking conditions.
+  auto at = [&](int r) { return r >= 0 && kept ? kept_register(r) : r; };
   for (std::size_t k = 0; k < steps_.size(); ++k) {
     const Step& st = steps_[k];
-    if (!st.live) continue;
+    if (!(kept ? st.live_kept : st.live)) continue;
+    const int sa = at(st.a), sb = at(st.b), sc = at(st.c);  // the operands' registers
     const int self = static_cast<int>(k);
     float& u = uniform[k];
     float* out = st.uniform ? &u : reg(self);
@@ -174,21 +214,21 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
         }
         break;
       case ir::OpCategory::unary:
-        if (st.uniform) u = apply_unary(st.op, u_at(st.a));
-        else unary(st.op, view(st.a), View{out, {cols}});
+        if (st.uniform) u = apply_unary(st.op, u_at(sa));
+        else unary(st.op, view(sa), View{out, {cols}});
         break;
       case ir::OpCategory::binary:
       case ir::OpCategory::compare:
-        if (st.uniform) u = apply_binary(st.op, u_at(st.a), u_at(st.b));
-        else binary_row(st.op, view(st.a).data, varies(st.a), view(st.b).data, varies(st.b), out, cols);
+        if (st.uniform) u = apply_binary(st.op, u_at(sa), u_at(sb));
+        else binary_row(st.op, view(sa).data, varies(sa), view(sb).data, varies(sb), out, cols);
         break;
       case ir::OpCategory::select: {
         if (st.uniform) {
-          u = u_at(st.a) != 0.0f ? u_at(st.b) : u_at(st.c);
+          u = u_at(sa) != 0.0f ? u_at(sb) : u_at(sc);
           break;
         }
-        const float *c = view(st.a).data, *x = view(st.b).data, *y = view(st.c).data;
-        const bool cv = varies(st.a), xv = varies(st.b), yv = varies(st.c);
+        const float *c = view(sa).data, *x = view(sb).data, *y = view(sc).data;
+        const bool cv = varies(sa), xv = varies(sb), yv = varies(sc);
         for (std::int64_t j = 0; j < cols; ++j) out[j] = c[cv ? j : 0] != 0.0f ? x[xv ? j : 0] : y[yv ? j : 0];
         break;
       }
@@ -204,8 +244,8 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
     if (steps_[static_cast<std::size_t>(r)].uniform) std::fill_n(to, cols, uniform[static_cast<std::size_t>(r)]);
     else if (reg(r) != to) std::copy_n(reg(r), cols, to);
   };
-  if (dmod && dmod_ >= 0) result(dmod_, dmod);
-  result(mod_, s);
+  if (dmod && dmod_ >= 0) result(at(dmod_), dmod);
+  result(at(mod_), s);
 }
 
 }  // namespace qkv::backend::cpu

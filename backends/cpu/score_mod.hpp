@@ -2,6 +2,7 @@
 // of a score tile, one op at a time over the whole row so that each op is a vector loop.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/kernels.hpp"
@@ -18,8 +19,16 @@ class ScoreModifier {
                 std::int64_t m);
 
   /// Query i of batch entry b over keys [j0, j0 + cols): s[j] becomes mod(s[j], i, j0 + j, t...)
-  /// and, when built with its derivative, dmod[j] = d mod / d score there.
-  void apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod) const;
+  /// and, when built with its derivative, dmod[j] = d mod / d score there. With `kept` (only
+  /// for a row of a tile keeps_tile holds for), the masks are not evaluated: each `where` on a
+  /// masking condition is its kept branch, and what only the conditions read is not computed.
+  void apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod, bool kept = false) const;
+
+  /// Whether every masking condition of the region (a `where` with a -inf branch) provably keeps
+  /// every score of the tile (interval arithmetic as masks_tile): a tile inside a document, below
+  /// a causal diagonal written as a mask_mod, within a padding length. Its rows then run the
+  /// modifier without its masks (apply_row's `kept`), as FlexAttention runs its full blocks.
+  bool keeps_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const;
 
   bool has_derivative() const { return dmod_ >= 0; }
 
@@ -49,6 +58,8 @@ class ScoreModifier {
     float value = 0;             // constants
     int input = -1;              // inputs: which (ir::kRegionScore, ...)
     bool live = false;           // read by a result
+    bool live_kept = false;      // read by a result when the tile is kept
+    int kept = -1;               // a where on a masking condition: the branch that keeps
     bool uniform = false;        // the same for every key of a row (computed once per row)
   };
   struct Operand {
@@ -57,12 +68,18 @@ class ScoreModifier {
     std::int64_t row, col;    // strides along the queries and the keys (0 where broadcast)
   };
   std::int64_t batch_offset(const Operand& t, std::int64_t b) const;
-  /// The region's range over the tile for scores in `score` (see masks_tile).
-  ir::ValueRange bound_tile(ir::ValueRange score, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0,
-                            std::int64_t cols) const;
+  /// The ranges of the region's inputs over the tile for scores in `score` (see masks_tile).
+  const std::vector<ir::ValueRange>& tile_inputs(ir::ValueRange score, std::int64_t b, std::int64_t i0, std::int64_t rows,
+                                                 std::int64_t j0, std::int64_t cols) const;
+  /// The register step r reads as when the tile is kept: r, or the kept branch its where takes.
+  int kept_register(int r) const;
 
   ir::Graph region_;
+  ir::Graph program_;  // the region, or with its derivative: what steps_ run
   bool masks_ = false;
+  /// The masking conditions: (register, whether it keeps where true). Empty when the region
+  /// cannot mask, or when one condition masks on both sides (no kept form).
+  std::vector<std::pair<int, bool>> mask_conds_;
   float softcap_ = 0;  // > 0: the region is cap * tanh(score / cap), run as one vector pass
   std::vector<Step> steps_;
   std::vector<Operand> tensors_;

@@ -7,16 +7,17 @@
 #include <cstring>
 
 #include "backends/cpu/isa.hpp"
-
-// The vectors below are always inlined into the functions compiled per ISA (see vector_math.cpp).
-#pragma GCC diagnostic ignored "-Wpsabi"
+#include "backends/cpu/vectors.hpp"
 
 namespace qkv::backend::cpu {
 
 namespace {
 
-using v8f = float __attribute__((vector_size(32)));
-using v16f = float __attribute__((vector_size(64)));
+using simd::load;
+using simd::store;
+using simd::v16f;
+using simd::v8f;
+using simd::v8i;
 
 /// A register tile: `rows` rows of A by two vectors V of columns. AVX-512 holds 8 x 2 sums in
 /// its 32 registers with room for B's two vectors and the broadcasts (measured on an AMD EPYC
@@ -35,14 +36,6 @@ struct Tile {
 };
 using Wide = Tile<v16f, 8>;
 
-template <class V>
-[[gnu::always_inline]] inline V load(const float* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <class V>
-[[gnu::always_inline]] inline void store(float* p, const V& v) { std::memcpy(p, &v, sizeof v); }
 
 /// C[R x NV vectors] = alpha * A[R x k] B[k x NV vectors] (+ C): the sums stay in registers for
 /// the whole depth k.
@@ -127,7 +120,7 @@ QKV_TARGET_AVX512 std::int64_t vector_columns(bool a_transposed, std::int64_t m,
 template <class T>
 [[gnu::always_inline]] inline void transpose_blocks_impl(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx, float* y,
                                                          std::int64_t ldy) {
-  using I = std::int32_t __attribute__((vector_size(32)));
+  using I = v8i;
   const auto mix = [](v8f a, v8f b, I m) { return __builtin_shuffle(a, b, m); };
   const std::int64_t rows8 = rows / 8 * 8, cols8 = cols / 8 * 8;
   for (std::int64_t i = 0; i < rows8; i += 8)

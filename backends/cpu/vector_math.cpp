@@ -3,6 +3,7 @@
 #include "backends/cpu/vector_math.hpp"
 
 #include "backends/cpu/isa.hpp"
+#include "backends/cpu/vectors.hpp"
 #include "ir/random.hpp"
 
 #include <cstdlib>
@@ -13,11 +14,6 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
-
-// The helpers below return 32- and 64-byte vectors (and take them by reference); they have
-// internal linkage and are always inlined into the functions compiled per ISA, so GCC's ABI
-// warning for the narrower ISAs is moot.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace qkv::backend::cpu {
 
@@ -50,34 +46,16 @@ const char* isa_name(Isa isa) {
 
 namespace {
 
-using v8f = float __attribute__((vector_size(32)));
-using v8i = std::int32_t __attribute__((vector_size(32)));
-using v16f = float __attribute__((vector_size(64)));
-using v16i = std::int32_t __attribute__((vector_size(64)));
-using v4d = double __attribute__((vector_size(32)));
-using v8d = double __attribute__((vector_size(64)));
-
-/// The integer vector of a float vector's lanes, and their count.
-template <class V> struct Lanes;
-template <> struct Lanes<v8f> {
-  using I = v8i;
-  static constexpr int n = 8;
-};
-template <> struct Lanes<v16f> {
-  using I = v16i;
-  static constexpr int n = 16;
-};
-
-template <class V>
-[[gnu::always_inline]] inline V load(const float* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <class V>
-[[gnu::always_inline]] inline void store(float* p, const V& v) { std::memcpy(p, &v, sizeof v); }
-template <class V>
-[[gnu::always_inline]] inline V splat(float x) { return V{} + x; }
+using simd::Lanes;
+using simd::load;
+using simd::splat;
+using simd::store;
+using simd::v16f;
+using simd::v16i;
+using simd::v4d;
+using simd::v8d;
+using simd::v8f;
+using simd::v8i;
 
 /// exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2], exp(r) by the
 /// Cephes polynomial (about 2 ulp). Below -87.3 (and -inf) gives exactly 0, above 88.72 (where

@@ -134,7 +134,7 @@ class VulkanExecutable final : public Executable {
       if (kernels_[k].counter < 0) continue;
       const auto* words = reinterpret_cast<const std::uint32_t*>(static_cast<const std::byte*>(counts_.mapped) + counter_offset(kernels_[k].counter));
       const auto computed = static_cast<std::int64_t>(words[0] | static_cast<std::uint64_t>(words[1]) << 32);
-      tile_counts_.push_back({kernels_[k].value, computed, launches_[k].scores - computed});
+      tile_counts_.push_back({kernels_[k].value, computed, launches_[k].scores - computed, 0});
     }
   }
   /// Where counter c lies in counts_: storage-buffer offsets keep the device's alignment.

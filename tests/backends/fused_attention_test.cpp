@@ -467,6 +467,8 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
     ASSERT_EQ(exe->tile_counts().size(), 1u);
     EXPECT_EQ(exe->tile_counts()[0].computed, 2 * n * n / 4);  // scores, per head a quarter of 512 x 512
     EXPECT_EQ(exe->tile_counts()[0].skipped, 2 * n * n * 3 / 4);
+    // Every slice computed lies inside one document: its mask is not evaluated.
+    EXPECT_EQ(exe->tile_counts()[0].unmasked, 2 * n * n / 4);
     testing::expect_equivalent(forward, in, "cpu");
     // A NaN in head 0's key 300 (document 2; q, k and v are one tensor) meets the queries of
     // the other documents only through a masked zero: the meaning gives NaN there, and the
@@ -475,6 +477,8 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
     testing::expect_equivalent(forward, in, "cpu");
     EXPECT_TRUE(std::isnan(exe->run(in).at("out").at(2)));
     EXPECT_EQ(exe->tile_counts()[0].skipped, n * n * 3 / 4);
+    // Head 0 computes whole tiles, each across documents, with their masks; head 1 as before.
+    EXPECT_EQ(exe->tile_counts()[0].unmasked, n * n / 4);
   }
   // Forward and backward: every kernel skips.
   ir::Graph g = ir::build_backward(forward, {"", {"q"}, {"out"}});
@@ -603,7 +607,8 @@ std::shared_ptr<const ir::Graph> random_mask_region(std::mt19937& rng) {
 /// Block sparsity is sound for any masking modifier: random regions over the indices and
 /// per-query / per-key tensors (segment ids, positions or noise), run fused on cpu and vulkan,
 /// give the reference's numbers whatever tiles the interval arithmetic (C++ on the cpu, GLSL on
-/// vulkan) lets them skip; across the regions both backends skip tiles.
+/// vulkan) lets them skip, and whatever tiles the cpu runs without evaluating the masks (proved
+/// kept whole); across the regions both backends skip tiles, and the cpu runs some unmasked.
 TEST(FusedAttention, RandomMaskingModifiersSkipOnlyMaskedTiles) {
   std::vector<std::shared_ptr<backend::Backend>> backends;
   backends.push_back(backend::create("cpu"));
@@ -614,6 +619,7 @@ TEST(FusedAttention, RandomMaskingModifiersSkipOnlyMaskedTiles) {
   const std::int64_t n = 300, m = 520;
   std::mt19937 rng(20261123);
   std::vector<int> skipping(backends.size(), 0);
+  int unmasking = 0;  // regions for which the cpu ran tiles kept whole without their masks
   const int trials = 10;
   for (int trial = 0; trial < trials; ++trial) {
     const auto region = random_mask_region(rng);
@@ -640,8 +646,10 @@ TEST(FusedAttention, RandomMaskingModifiersSkipOnlyMaskedTiles) {
       exe->run(in);
       ASSERT_EQ(exe->tile_counts().size(), 1u);
       skipping[b] += exe->tile_counts()[0].skipped > 0;
+      if (b == 0) unmasking += exe->tile_counts()[0].unmasked > 0;
     }
   }
+  EXPECT_GE(unmasking, 2) << "the cpu ran tiles without their masks for " << unmasking << " of " << trials << " regions";
   for (std::size_t b = 0; b < backends.size(); ++b)
     EXPECT_GE(skipping[b], 2) << backends[b]->name() << " skipped tiles for " << skipping[b] << " of " << trials << " regions";
 }
