@@ -242,6 +242,9 @@ KernelSource attention_source(const Node& n) {
   // at offsets set per batch entry from which of the scores' dims each spans (a specialization
   // constant: the sizes come from the push constants). dq and dk also need its derivative.
   const bool with_derivative = kind == Kind::dq || kind == Kind::dk;
+  // A tile whose masking conditions provably keep every score runs the modifier without them
+  // (FlexAttention's full blocks): tile_masked sets tile_unmasked, and score_mod dispatches.
+  const auto masking = n.region ? ir::masking_conditions(*n.region) : std::vector<std::pair<ir::ValueId, bool>>{};
   std::optional<ir::Graph> modifier;
   std::string specs, tensor_globals, modifier_text, tensor_at, tensor_strides;
   if (n.region) {
@@ -266,10 +269,21 @@ uint tensor_stride(uint dims, int d) {
   return st;
 }
 )";
+    const std::string fn = with_derivative ? "score_mod_d" : "score_mod";
+    const auto outputs = with_derivative ? std::vector<std::string>{"primal", "mod"} : std::vector<std::string>{"mod"};
     modifier_text += "// The score modifier, mod = " + ir::region_expression(*n.region) +
-                     (with_derivative ? ", and its derivative d mod / d score: vec2(mod, d mod).\n" : ".\n") +
-                     region_function(*modifier, with_derivative ? "score_mod_d" : "score_mod",
-                                     with_derivative ? std::vector<std::string>{"primal", "mod"} : std::vector<std::string>{"mod"});
+                     (with_derivative ? ", and its derivative d mod / d score: vec2(mod, d mod).\n" : ".\n");
+    if (masking.empty()) {
+      modifier_text += region_function(*modifier, fn, outputs);
+    } else {
+      const ir::Graph unmasked = ir::unmasked_region(*n.region);
+      modifier_text += region_function(*modifier, fn + "_masked", outputs) + "// Without its masks, for tiles they keep whole: mod = " +
+                       ir::region_expression(unmasked) + ".\n" +
+                       region_function(with_derivative ? ir::differentiate_region(unmasked, ir::kRegionScore, true) : unmasked, fn + "_kept", outputs) +
+                       "bool tile_unmasked = false;  // set per tile by tile_masked\n" +
+                       (with_derivative ? "vec2" : "float") + std::string(" ") + fn + "(float score, uint q_idx, uint kv_idx) {\n  return tile_unmasked ? " + fn +
+                       "_kept(score, q_idx, kv_idx) : " + fn + "_masked(score, q_idx, kv_idx);\n}\n";
+    }
   }
   // Dropout on the weights: the factor dropout_mask gives the same element of the weights
   // [batch, N, M] (bits keyed by the seed and its index), with p and 1 / (1 - p) written in.
@@ -307,6 +321,8 @@ uint tensor_stride(uint dims, int d) {
     const std::string k = str(static_cast<std::int64_t>(ranged.size()));
     tile_text += "\n" + interval_helpers(n.region.get());
     if (region_skips) tile_text += region_bound_function(*n.region, "bound_mod");
+    if (!masking.empty()) tile_text += region_bound_function(*n.region, "keeps_mod", &masking);
+    if (mask) tile_text += "bool tile_mask_kept = false;  // the keep-mask is nonzero over the tile (set by tile_masked)\n";
     if (!ranged.empty())
       tile_text += fill(R"(
 // The ranges of $K operands over the tile being tested: float bits ordered as uints (for
@@ -332,7 +348,10 @@ Iv range_read(uint at, bool along_both) {
                         {{"K", k}});
     tile_text += "\n// Whether every score of queries [qa, qb] by keys [ka, kb] is masked whatever the scores are\n"
                  "// (called by the whole workgroup, which gets one answer).\n"
+                 "// Sets tile_unmasked (the modifier's masks keep every score) and tile_mask_kept likewise.\n"
                  "bool tile_masked(uint qa, uint qb, uint ka, uint kb) {\n";
+    if (!masking.empty()) tile_text += "  tile_unmasked = false;\n";
+    if (mask) tile_text += "  tile_mask_kept = false;\n";
     if (!ranged.empty()) tile_text += "  uint slot = tile_tests % 3u;\n  ++tile_tests;\n";
     for (std::size_t i = 0; i < ranged.size(); ++i) {
       const Ranged& o = ranged[i];
@@ -352,11 +371,17 @@ Iv range_read(uint at, bool along_both) {
       tile_text += "  Iv r" + str(static_cast<std::int64_t>(i)) + " = range_read(slot * " + k + "u + " + str(static_cast<std::int64_t>(i)) + "u, " +
                    o.row + " != 0u && " + o.col + " != 0u);  // " + o.array + "\n";
     }
-    if (mask) tile_text += "  if (iv_is(r" + str(static_cast<std::int64_t>(ranged.size() - 1)) + ", 0.0)) return true;  // the keep-mask drops every key\n";
+    if (mask) {
+      const std::string keep = "r" + str(static_cast<std::int64_t>(ranged.size() - 1));
+      tile_text += "  if (iv_is(" + keep + ", 0.0)) return true;  // the keep-mask drops every key\n";
+      tile_text += "  tile_mask_kept = !" + keep + ".nan && !iv_holds(" + keep + ", 0.0);\n";
+    }
     if (region_skips) {
-      tile_text += "  return iv_is(bound_mod(Iv(float(qa), float(qb), false), Iv(float(ka), float(kb), false)";
-      for (std::size_t i = 0; i < tensors; ++i) tile_text += ", r" + str(static_cast<std::int64_t>(i));
-      tile_text += "), neg_inf());\n";
+      std::string args = "Iv(float(qa), float(qb), false), Iv(float(ka), float(kb), false)";
+      for (std::size_t i = 0; i < tensors; ++i) args += ", r" + str(static_cast<std::int64_t>(i));
+      tile_text += "  bool masked = iv_is(bound_mod(" + args + "), neg_inf());\n";
+      if (!masking.empty()) tile_text += "  tile_unmasked = !masked && keeps_mod(" + args + ");\n";
+      tile_text += "  return masked;\n";
     } else {
       tile_text += "  return false;\n";
     }
@@ -446,7 +471,7 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                         {"KEPT", std::string(causal ? "  int limit = int(i) + shift;\n"
                                                       "  keep = int(j) <= limit && (window == 0 || int(j) > limit - window);\n"
                                                     : "") +
-                                     (mask ? "  keep = keep && KEEP[mask_at + i * pc.p[7] + j * pc.p[8]] != 0.0;\n" : "")},
+                                     (mask ? "  keep = keep && (tile_mask_kept || KEEP[mask_at + i * pc.p[7] + j * pc.p[8]] != 0.0);\n" : "")},
                         {"OWNCOUNT", own_count},
                         {"OTHERCOUNT", other_count},
                         {"STRIDEDWORDS", strided ? ", then the row strides of q, k, v, dy and the output,\n"

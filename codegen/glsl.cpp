@@ -494,9 +494,16 @@ std::string detail::region_function(const ir::Graph& region, const std::string& 
   QKV_ASSERT(outputs.size() == 1 || outputs.size() == 2, "a region function returns a float or a vec2");
   std::string s = std::string(outputs.size() == 1 ? "float " : "vec2 ") + name + "(float score, uint q_idx, uint kv_idx) {\n";
   auto value = [](ir::ValueId v) { return "v" + std::to_string(v); };
+  // Only what the results read: a tensor no result needs is not loaded.
+  std::vector<bool> live(region.size(), false);
+  for (const std::string& o : outputs) live[static_cast<std::size_t>(region.output(o))] = true;
+  for (std::size_t i = region.size(); i-- > 0;)
+    if (live[i])
+      for (ir::ValueId in : region.nodes()[i].inputs) live[static_cast<std::size_t>(in)] = true;
   for (std::size_t i = 0; i < region.size(); ++i) {
     const Node& n = region.nodes()[i];
     const auto v = static_cast<ir::ValueId>(i);
+    if (!live[i]) continue;
     std::string rhs;
     if (n.op == Op::input) {
       if (v == ir::kRegionScore) rhs = "score";
@@ -615,8 +622,9 @@ std::string detail::interval_helpers(const ir::Graph* region) {
   return s;
 }
 
-std::string detail::region_bound_function(const ir::Graph& region, const std::string& name) {
-  std::string s = "Iv " + name + "(Iv q_idx, Iv kv_idx";
+std::string detail::region_bound_function(const ir::Graph& region, const std::string& name,
+                                          const std::vector<std::pair<ir::ValueId, bool>>* keeps) {
+  std::string s = (keeps ? "bool " : "Iv ") + name + "(Iv q_idx, Iv kv_idx";
   for (std::size_t i = 0; i < ir::region_tensors(region); ++i) s += ", Iv t" + std::to_string(i);
   s += ") {\n";
   // The index and tensor inputs are the parameters, by name; every other node is a local v<i>.
@@ -657,7 +665,11 @@ std::string detail::region_bound_function(const ir::Graph& region, const std::st
     }
     s += "  Iv " + value(v) + " = " + rhs + ";" + note + "\n";
   }
-  return s + "  return " + value(region.output("mod")) + ";\n}\n";
+  if (!keeps) return s + "  return " + value(region.output("mod")) + ";\n}\n";
+  std::string all = "true";
+  for (const auto& [cond, when_true] : *keeps)
+    all += when_true ? " && !" + value(cond) + ".nan && !iv_holds(" + value(cond) + ", 0.0)" : " && iv_is(" + value(cond) + ", 0.0)";
+  return s + "  return " + all + ";\n}\n";
 }
 
 namespace {

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codegen/glsl.hpp"
@@ -77,7 +78,10 @@ std::string region_function(const ir::Graph& region, const std::string& name, co
 /// (after math_helpers), when given.
 std::string interval_helpers(const ir::Graph* region);
 /// The region's output range as a GLSL function `Iv name(Iv q_idx, Iv kv_idx, Iv t0, ...)` of
-/// its inputs' ranges (the score is unknown): ir::bound_region emitted node by node.
-std::string region_bound_function(const ir::Graph& region, const std::string& name);
+/// its inputs' ranges (the score is unknown): ir::bound_region emitted node by node. With
+/// `keeps` (ir::masking_conditions), `bool name(...)` instead: whether every one of those
+/// conditions provably selects its keeping branch over the ranges.
+std::string region_bound_function(const ir::Graph& region, const std::string& name,
+                                  const std::vector<std::pair<ir::ValueId, bool>>* keeps = nullptr);
 
 }  // namespace qkv::codegen::detail

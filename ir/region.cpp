@@ -326,6 +326,55 @@ bool region_masks(const Graph& r) {
   return false;
 }
 
+std::vector<std::pair<ValueId, bool>> masking_conditions(const Graph& r) {
+  auto minus_inf = [&](ValueId v) { return r.node(v).op == Op::constant && r.node(v).attrs.value == -HUGE_VAL; };
+  std::vector<std::pair<ValueId, bool>> conds;
+  for (const Node& n : r.nodes()) {
+    if (n.op != Op::where || minus_inf(n.inputs[1]) == minus_inf(n.inputs[2])) continue;
+    const std::pair<ValueId, bool> cond{n.inputs[0], minus_inf(n.inputs[2])};
+    if (std::find(conds.begin(), conds.end(), std::pair{cond.first, !cond.second}) != conds.end()) return {};
+    if (std::find(conds.begin(), conds.end(), cond) == conds.end()) conds.push_back(cond);
+  }
+  return conds;
+}
+
+bool conditions_keep(std::span<const ValueRange> ranges, std::span<const std::pair<ValueId, bool>> conds) {
+  for (const auto& [cond, when_true] : conds) {
+    const ValueRange& c = ranges[static_cast<std::size_t>(cond)];
+    if (!(when_true ? !c.nan && (c.lo > 0 || c.hi < 0) : c.is(0))) return false;
+  }
+  return true;
+}
+
+Graph unmasked_region(const Graph& r) {
+  const auto conds = masking_conditions(r);
+  // What each node is when the conditions keep: itself, or the branch its where selects.
+  std::vector<ValueId> alias(r.size());
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    const Node& n = r.nodes()[i];
+    alias[i] = static_cast<ValueId>(i);
+    if (n.op != Op::where) continue;
+    for (const auto& [cond, when_true] : conds)
+      if (n.inputs[0] == cond) alias[i] = alias[static_cast<std::size_t>(n.inputs[when_true ? 1 : 2])];
+  }
+  std::vector<bool> live(r.size(), false);
+  for (const auto& [name, v] : r.outputs()) live[static_cast<std::size_t>(alias[static_cast<std::size_t>(v)])] = true;
+  for (std::size_t i = r.size(); i-- > 0;)
+    if (live[i] && alias[i] == static_cast<ValueId>(i))
+      for (ValueId in : r.nodes()[i].inputs) live[static_cast<std::size_t>(alias[static_cast<std::size_t>(in)])] = true;
+  Graph u;
+  std::vector<ValueId> map(r.size(), -1);
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    const Node& n = r.nodes()[i];
+    if (n.op != Op::input && (!live[i] || alias[i] != static_cast<ValueId>(i))) continue;
+    std::vector<ValueId> in;
+    for (ValueId v : n.inputs) in.push_back(map[static_cast<std::size_t>(alias[static_cast<std::size_t>(v)])]);
+    map[i] = u.add_like(n, in);  // every input, in its place
+  }
+  for (const auto& [name, v] : r.outputs()) u.set_output(name, map[static_cast<std::size_t>(alias[static_cast<std::size_t>(v)])]);
+  return u;
+}
+
 std::string region_expression(const Graph& r) {
   // Precedence: 0 a sum, 1 a product, 2 an atom; operands print parenthesised when looser.
   std::function<std::pair<std::string, int>(ValueId)> expr = [&](ValueId v) -> std::pair<std::string, int> {

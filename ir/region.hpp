@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.hpp"
@@ -74,6 +75,21 @@ std::vector<ValueRange> bound_region_nodes(const Graph& r, std::span<const Value
 /// Whether r can mask a key (its result can be -inf whatever the score: a `where` with a -inf
 /// branch): only such regions are worth bounding per tile.
 bool region_masks(const Graph& r);
+
+/// r's masking conditions: for each `where` with a -inf branch, its condition and whether it
+/// keeps the score where the condition holds (the -inf branch is the other). Empty when a
+/// condition masks on both sides (r has no unmasked form).
+std::vector<std::pair<ValueId, bool>> masking_conditions(const Graph& r);
+
+/// r where every masking condition keeps: each `where` on such a condition (the -inf one and
+/// any other, e.g. a derivative's) replaced by the branch the condition then selects, and the
+/// nodes only the conditions read dropped; the inputs and outputs as r's. What a tile runs when
+/// the conditions provably hold over it (FlexAttention's full blocks).
+Graph unmasked_region(const Graph& r);
+
+/// Whether every condition of `conds` (masking_conditions) provably selects its keeping branch,
+/// from bound_region_nodes' ranges: unmasked_region then equals the region over those ranges.
+bool conditions_keep(std::span<const ValueRange> ranges, std::span<const std::pair<ValueId, bool>> conds);
 
 /// The modifier as one infix expression over its inputs' names, e.g.
 /// "tanh(score / 30) * 30 + t0": how explain, dot and dump name it.

@@ -74,19 +74,9 @@ ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vect
   } else {
     mod_ = program.output("mod");
   }
-  // The masking conditions: a where with a -inf branch keeps where its condition selects the
-  // other branch. Every where on such a condition (the derivative's too) is its kept branch
-  // when the tile is kept.
-  auto minus_inf = [&](int r) { return steps_[static_cast<std::size_t>(r)].op == ir::Op::constant && std::isinf(steps_[static_cast<std::size_t>(r)].value) && steps_[static_cast<std::size_t>(r)].value < 0; };
-  bool both_sides = false;
-  for (const Step& st : steps_) {
-    if (st.op != ir::Op::where || minus_inf(st.b) == minus_inf(st.c)) continue;
-    const std::pair<int, bool> cond{st.a, minus_inf(st.c)};
-    if (std::find(mask_conds_.begin(), mask_conds_.end(), cond) != mask_conds_.end()) continue;
-    both_sides |= std::find(mask_conds_.begin(), mask_conds_.end(), std::pair{st.a, !cond.second}) != mask_conds_.end();
-    mask_conds_.push_back(cond);
-  }
-  if (both_sides) mask_conds_.clear();
+  // The masking conditions (ir::masking_conditions): every where on one (the derivative's too)
+  // is its kept branch when the tile is kept, as ir::unmasked_region has it.
+  mask_conds_ = ir::masking_conditions(program_);
   for (Step& st : steps_)
     for (const auto& [cond, when_true] : mask_conds_)
       if (st.op == ir::Op::where && st.a == cond) st.kept = when_true ? st.b : st.c;
@@ -158,12 +148,7 @@ bool ScoreModifier::may_mask_within(std::int64_t b, std::int64_t i0, std::int64_
 
 bool ScoreModifier::keeps_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
   if (mask_conds_.empty()) return false;
-  const std::vector<ir::ValueRange> ranges = ir::bound_region_nodes(program_, tile_inputs(ir::ValueRange::unknown(), b, i0, rows, j0, cols));
-  for (const auto& [cond, when_true] : mask_conds_) {
-    const ir::ValueRange& c = ranges[static_cast<std::size_t>(cond)];
-    if (!(when_true ? !c.nan && (c.lo > 0 || c.hi < 0) : c.is(0))) return false;
-  }
-  return true;
+  return ir::conditions_keep(ir::bound_region_nodes(program_, tile_inputs(ir::ValueRange::unknown(), b, i0, rows, j0, cols)), mask_conds_);
 }
 
 void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod, bool kept) const {

@@ -79,7 +79,7 @@ class ScoreModifier {
   bool masks_ = false;
   /// The masking conditions: (register, whether it keeps where true). Empty when the region
   /// cannot mask, or when one condition masks on both sides (no kept form).
-  std::vector<std::pair<int, bool>> mask_conds_;
+  std::vector<std::pair<ir::ValueId, bool>> mask_conds_;
   float softcap_ = 0;  // > 0: the region is cap * tanh(score / cap), run as one vector pass
   std::vector<Step> steps_;
   std::vector<Operand> tensors_;

@@ -145,6 +145,15 @@ TEST(Glsl, MaskingModifierTestsEachTileByIntervalArithmetic) {
     EXPECT_NE(k.glsl.find(" = iv_where("), std::string::npos) << k.glsl;
     EXPECT_NE(k.glsl.find("if (may_skip && tile_masked("), std::string::npos) << k.glsl;
     EXPECT_NE(k.glsl.find("range_add(slot * 2u + 1u, T1["), std::string::npos) << k.glsl;
+    // A tile whose ids provably match runs the modifier without the mask (FlexAttention's full
+    // blocks): its condition bounded by keeps_mod, and a score_mod without the ids' reads.
+    EXPECT_NE(k.glsl.find("bool keeps_mod(Iv q_idx, Iv kv_idx, Iv t0, Iv t1) {"), std::string::npos) << k.glsl;
+    EXPECT_NE(k.glsl.find("tile_unmasked = !masked && keeps_mod("), std::string::npos) << k.glsl;
+    const std::string fn = op == ir::Op::flex_attention ? "score_mod" : "score_mod_d";
+    const std::size_t kept = k.glsl.find(fn + "_kept(float score, uint q_idx, uint kv_idx) {");
+    ASSERT_NE(kept, std::string::npos) << k.glsl;
+    EXPECT_EQ(k.glsl.substr(kept, k.glsl.find("\n}", kept) - kept).find("T1["), std::string::npos) << "the kept form reads no ids\n" << k.glsl;
+    EXPECT_NE(k.glsl.find("return tile_unmasked ? " + fn + "_kept("), std::string::npos) << k.glsl;
     EXPECT_FALSE(compile_spirv(k.name, k.glsl).empty());
   }
 }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <string_view>
 #include <type_traits>
 
 #include "backends/scalar_ops.hpp"
@@ -163,49 +164,109 @@ TEST(BoundRegion, OpsOverRangesWithInfinitiesAndNaN) {
 
 /// Soundness: every value the region computes from inputs inside their ranges lies inside the
 /// bound, for the library's modifiers on random tiles and inputs.
-TEST(BoundRegion, EveryComputedValueLiesInTheBound) {
+/// r's output `output` at one point of its inputs, in double.
+double evaluate(const ir::Graph& r, const std::vector<double>& in, std::string_view output = "mod") {
+  std::vector<double> v;
+  for (const ir::Node& n : r.nodes()) {
+    auto at_in = [&](std::size_t i) { return v[static_cast<std::size_t>(n.inputs[i])]; };
+    switch (ir::op_info(n.op).category) {
+      case ir::OpCategory::source: v.push_back(n.op == ir::Op::input ? in[v.size()] : n.attrs.value); break;
+      case ir::OpCategory::unary: v.push_back(backend::apply_unary(n.op, at_in(0))); break;
+      case ir::OpCategory::select: v.push_back(at_in(0) != 0 ? at_in(1) : at_in(2)); break;
+      default: v.push_back(backend::apply_binary(n.op, at_in(0), at_in(1)));
+    }
+  }
+  return v[static_cast<std::size_t>(r.output(output))];
+}
+
+/// Masking regions from the library's options and FlexAttention's examples.
+std::vector<ir::Graph> masking_regions() {
   auto x = input<"x">(dim<"B">, dim<4>, dim<"N">, dim<16>);
-  const ir::Graph regions[] = {
+  return {
       fused_region(lower(scaled_dot_product_attention(q, k, k, same_document, alibi_softcap))),
       fused_region(lower(scaled_dot_product_attention(q, k, k, causal_as_mask, softcap_scores(5.0)))),
       fused_region(lower(scaled_dot_product_attention(x, x, x, mask_mod([](auto, auto, auto q_idx, auto kv_idx) {
                                                         return (q_idx - kv_idx < 64.0 && kv_idx <= q_idx) || kv_idx < 4.0;
                                                       })))),
   };
-  std::mt19937 rng(7);
+}
+
+/// Random integer ranges within [-50, 50] for `inputs` region inputs (positions, ids, scores).
+std::vector<ir::ValueRange> random_ranges(std::mt19937& rng, std::size_t inputs) {
   std::uniform_real_distribution<double> u(-50, 50);
-  auto eval = [](const ir::Graph& r, const std::vector<double>& in) {
-    std::vector<double> v;
-    for (const ir::Node& n : r.nodes()) {
-      auto at_in = [&](std::size_t i) { return v[static_cast<std::size_t>(n.inputs[i])]; };
-      switch (ir::op_info(n.op).category) {
-        case ir::OpCategory::source: v.push_back(n.op == ir::Op::input ? in[v.size()] : n.attrs.value); break;
-        case ir::OpCategory::unary: v.push_back(backend::apply_unary(n.op, at_in(0))); break;
-        case ir::OpCategory::select: v.push_back(at_in(0) != 0 ? at_in(1) : at_in(2)); break;
-        default: v.push_back(backend::apply_binary(n.op, at_in(0), at_in(1)));
-      }
-    }
-    return v[static_cast<std::size_t>(r.output("mod"))];
-  };
+  std::vector<ir::ValueRange> ranges(inputs);
+  for (std::size_t i = 0; i < inputs; ++i) {
+    const double a = std::round(u(rng)), b = std::round(u(rng));
+    ranges[i] = between(std::min(a, b), std::max(a, b));
+  }
+  return ranges;
+}
+
+/// A random integer point inside `ranges`.
+std::vector<double> random_point(std::mt19937& rng, const std::vector<ir::ValueRange>& ranges) {
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<double> in(ranges.size());
+  for (std::size_t i = 0; i < ranges.size(); ++i) in[i] = std::round(ranges[i].lo + (ranges[i].hi - ranges[i].lo) * u(rng));
+  return in;
+}
+
+TEST(BoundRegion, EveryComputedValueLiesInTheBound) {
+  const std::vector<ir::Graph> regions = masking_regions();
+  std::mt19937 rng(7);
   for (const ir::Graph& r : regions) {
     const std::size_t inputs = static_cast<std::size_t>(ir::kRegionFixedInputs) + ir::region_tensors(r);
     for (int trial = 0; trial < 200; ++trial) {
-      std::vector<ir::ValueRange> ranges(inputs);
-      for (std::size_t i = 0; i < inputs; ++i) {
-        const double a = std::round(u(rng)), b = std::round(u(rng));
-        ranges[i] = between(std::min(a, b), std::max(a, b));
-      }
+      const std::vector<ir::ValueRange> ranges = random_ranges(rng, inputs);
       const ir::ValueRange bound = ir::bound_region(r, ranges);
       for (int sample = 0; sample < 20; ++sample) {
-        std::vector<double> in(inputs);
-        for (std::size_t i = 0; i < inputs; ++i)
-          in[i] = std::round(ranges[i].lo + (ranges[i].hi - ranges[i].lo) * (u(rng) + 50) / 100);
-        const double value = eval(r, in);
+        const std::vector<double> in = random_point(rng, ranges);
+        const double value = evaluate(r, in);
         if (std::isnan(value)) EXPECT_TRUE(bound.nan) << ir::region_expression(r);
         else EXPECT_TRUE(bound.lo <= value && value <= bound.hi) << ir::region_expression(r) << ": " << value << " outside [" << bound.lo << ", " << bound.hi << "]";
       }
     }
   }
+}
+
+/// A region without its masks (what a tile they keep whole runs, FlexAttention's full blocks):
+/// no where on a masking condition is left, nor what only the conditions read, and wherever
+/// interval arithmetic proves the conditions keep over a tile, it equals the region at every
+/// point of the tile, the derivative's too.
+TEST(UnmaskedRegion, EqualsTheRegionWhereTheMasksProvablyKeep) {
+  const ir::Graph doc = fused_region(lower(scaled_dot_product_attention(q, k, k, same_document)));
+  ASSERT_EQ(ir::masking_conditions(doc).size(), 1u);
+  EXPECT_TRUE(ir::masking_conditions(doc)[0].second);  // keeps where the ids are equal
+  const ir::Graph plain = ir::unmasked_region(doc);
+  EXPECT_EQ(ir::region_expression(plain), "score");
+  EXPECT_EQ(ir::region_tensors(plain), ir::region_tensors(doc));  // inputs in their places
+  for (const ir::Node& n : plain.nodes()) EXPECT_NE(n.op, ir::Op::equal);
+  // A region that does not mask has nothing to drop.
+  EXPECT_TRUE(ir::masking_conditions(fused_region(lower(scaled_dot_product_attention(q, k, k, alibi_softcap)))).empty());
+
+  const std::vector<ir::Graph> regions = masking_regions();
+  std::mt19937 rng(11);
+  int proved = 0;
+  for (const ir::Graph& region : regions) {
+    for (const ir::Graph& r : {region, ir::differentiate_region(region, ir::kRegionScore, true)}) {
+      const auto conds = ir::masking_conditions(r);
+      ASSERT_FALSE(conds.empty()) << ir::region_expression(r);
+      const ir::Graph unmasked = ir::unmasked_region(r);
+      EXPECT_LT(unmasked.size(), r.size()) << ir::region_expression(r);
+      EXPECT_FALSE(ir::region_masks(unmasked)) << ir::region_expression(unmasked);
+      const std::size_t inputs = static_cast<std::size_t>(ir::kRegionFixedInputs) + ir::region_tensors(r);
+      for (int trial = 0; trial < 300; ++trial) {
+        const std::vector<ir::ValueRange> ranges = random_ranges(rng, inputs);
+        if (!ir::conditions_keep(ir::bound_region_nodes(r, ranges), conds)) continue;
+        ++proved;
+        for (int sample = 0; sample < 20; ++sample) {
+          const std::vector<double> in = random_point(rng, ranges);
+          for (const auto& [name, v] : r.outputs())
+            EXPECT_EQ(evaluate(unmasked, in, name), evaluate(r, in, name)) << ir::region_expression(r) << " output " << name;
+        }
+      }
+    }
+  }
+  EXPECT_GT(proved, 100);  // the tiles kept whole are common, not a corner case
 }
 
 }  // namespace
