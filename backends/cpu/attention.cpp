@@ -105,7 +105,7 @@ class Scores {
                std::int64_t ld, float* dmod = nullptr) const {
     const std::int64_t unit = tile_gemm_columns();
     tile_gemm(false, rows, (cols + unit - 1) / unit * unit, d_, a_.scale, q(b) + i0 * d_, d_, kt.data, kt.ld, false, s, ld);
-    const bool mask_kept = a_.mask && mask_keeps(b, i0, rows, j0, cols);
+    const bool mask_kept = thin_mask_is(true, b, i0, rows, j0, cols);
     const float* mask = a_.mask && !mask_kept ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
     const bool kept = a_.mod && a_.mod->keeps_tile(b, i0, rows, j0, cols);
     if ((mask_kept || kept) && a_.tiles) a_.tiles->unmasked += rows * cols;
@@ -215,14 +215,14 @@ class Scores {
   /// only (padding), or a modifier that can mask whole tiles.
   bool may_skip() const { return a_.causal || thin_mask() || (a_.mod && a_.mod->may_mask_tiles()); }
 
-  /// Whether a keep-mask that varies along at most one axis keeps every score of the tile (its
-  /// values there all nonzero).
-  bool mask_keeps(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
+  /// Whether a keep-mask that varies along at most one axis keeps (`keeps`) or drops (0) every
+  /// score of the tile: it is read once per query or key of the tile, not per score.
+  bool thin_mask_is(bool keeps, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
     if (!thin_mask()) return false;
     const float* mask = a_.mask->data + offset_at(b, batch_, ms_) + i0 * mask_row_ + j0 * mask_col_;
     const std::int64_t count = mask_col_ != 0 ? cols : mask_row_ != 0 ? rows : 1, stride = mask_row_ + mask_col_;
     for (std::int64_t e = 0; e < count; ++e)
-      if (mask[e * stride] == 0.0f) return false;
+      if ((mask[e * stride] != 0.0f) != keeps) return false;
     return true;
   }
 
@@ -230,14 +230,7 @@ class Scores {
   /// varies along one of the two axes: its values for the tile's keys or queries all 0) or by
   /// the modifier (ScoreModifier::masks_tile).
   bool tile_masked(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
-    if (thin_mask()) {
-      const float* mask = a_.mask->data + offset_at(b, batch_, ms_) + i0 * mask_row_ + j0 * mask_col_;
-      const std::int64_t count = mask_col_ != 0 ? cols : mask_row_ != 0 ? rows : 1, stride = mask_row_ + mask_col_;
-      bool dropped = true;
-      for (std::int64_t e = 0; e < count && dropped; ++e) dropped = mask[e * stride] == 0.0f;
-      if (dropped) return true;
-    }
-    return a_.mod && a_.mod->masks_tile(b, i0, rows, j0, cols);
+    return thin_mask_is(false, b, i0, rows, j0, cols) || (a_.mod && a_.mod->masks_tile(b, i0, rows, j0, cols));
   }
 
   /// z[j] = dropout's factor for query i and key j0 + j of batch entry b (j < cols): 0 for a

@@ -4,7 +4,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "backends/cpu/isa.hpp"
 #include "backends/cpu/vectors.hpp"
@@ -35,7 +34,6 @@ struct Tile {
   static constexpr int lanes = static_cast<int>(sizeof(V) / sizeof(float));
 };
 using Wide = Tile<v16f, 8>;
-
 
 /// C[R x NV vectors] = alpha * A[R x k] B[k x NV vectors] (+ C): the sums stay in registers for
 /// the whole depth k.
@@ -117,6 +115,7 @@ QKV_TARGET_AVX512 std::int64_t vector_columns(bool a_transposed, std::int64_t m,
 
 /// y[j * ldy + i] = x[i * ldx + j] in blocks of 8 x 8 transposed in registers (unpacks, then
 /// shuffles of pairs, then of halves: AVX's eight-instruction pattern), the edges one by one.
+/// Every ISA's copy works on 8-lane vectors (T is only the dispatch macro's parameter).
 template <class T>
 [[gnu::always_inline]] inline void transpose_blocks_impl(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx, float* y,
                                                          std::int64_t ldy) {
