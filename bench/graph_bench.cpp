@@ -30,7 +30,7 @@
 #include "bench/report.hpp"
 #include "backends/equivalence.hpp"
 #include "ir/passes/passes.hpp"
-#include "tools/models/models.hpp"
+#include "models/models.hpp"
 
 namespace {
 

@@ -1,19 +1,21 @@
 // Expression nodes: what a DSL expression computes, with its shape and dtype checked at compile
-// time by the registry's rules. Nodes hold their children by value, so no expression dangles.
+// time by the registry's rules. A node's type is its shape and dtype; what it computes is a
+// shared, immutable term (so no expression dangles, and a subexpression used twice is one term).
 #pragma once
-
-#include <boost/hana/tuple.hpp>
 
 #include <array>
 #include <concepts>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "dsl/dims.hpp"
 #include "ir/op_rules.hpp"
 
 namespace qkv::dsl {
-
-namespace hana = boost::hana;
 
 /// Base of every expression type.
 struct ExprBase {};
@@ -24,16 +26,94 @@ concept Expr = std::is_base_of_v<ExprBase, E> && requires {
   { E::dtype } -> std::convertible_to<DType>;
 };
 
-/// A named graph input. Name and dims are part of the type.
+namespace detail {
+struct Term;
+using TermPtr = std::shared_ptr<const Term>;
+
+/// What an expression computes, at run time: one node of the DAG that lowering walks. The types
+/// carry only what the compiler checks (shape and dtype), so an expression's type stays small
+/// however deep the expression: children, attributes and names live here.
+struct Term {
+  enum class Kind : std::uint8_t { input, constant, node };
+  Kind kind = Kind::node;
+  ir::Op op{};                   // node
+  ir::Attrs attrs{};             // node
+  std::vector<TermPtr> children;  // node
+  std::string_view name;         // input
+  DType dtype = DType::f32;      // input
+  ir::Shape shape{};             // input, constant
+  double value = 0.0;            // constant
+  ir::Dim rsqrt_of = 0;          // constant: the value divided by sqrt(this dim's size) when bound
+  /// Named dims the node's shape or attributes mention, declared to the graph when lowered
+  /// (they point into template parameter objects, which live as long as the program).
+  std::vector<std::string_view> dim_names;
+
+  Term() = default;
+  Term(const Term&) = delete;
+  Term& operator=(const Term&) = delete;
+  /// Releases a chain of terms without recursion: an expression built in a loop may be a
+  /// hundred thousand terms deep, more than the stack holds frames.
+  ~Term() {
+    std::vector<TermPtr> pending = std::move(children);
+    while (!pending.empty()) {
+      TermPtr t = std::move(pending.back());
+      pending.pop_back();
+      if (t.use_count() != 1) continue;  // still shared: released by its last owner
+      // The last owner: take its children before it goes (terms are made non-const by make_shared).
+      for (TermPtr& c : const_cast<Term&>(*t).children) pending.push_back(std::move(c));
+    }
+  }
+};
+
+template <DimArg... Ds>
+std::vector<std::string_view> dim_names(DimList<Ds...>) {
+  std::vector<std::string_view> names;
+  ((Ds.is_named() && !Ds.name_view().empty() ? names.push_back(Ds.name_view()) : void()), ...);
+  return names;
+}
+
+/// Out of line on purpose: a model builds hundreds of nodes, and inlining each node's
+/// construction into one function is what made models slow to compile.
+[[gnu::noinline]] inline TermPtr make_term(ir::Op op, const ir::Attrs& attrs, std::initializer_list<TermPtr> children,
+                                           std::vector<std::string_view> names) {
+  auto t = std::make_shared<Term>();
+  t->op = op;
+  t->attrs = attrs;
+  t->children.assign(children.begin(), children.end());
+  t->dim_names = std::move(names);
+  return t;
+}
+[[gnu::noinline]] inline TermPtr make_input_term(std::string_view name, DType dtype, const ir::Shape& shape,
+                                                 std::vector<std::string_view> names) {
+  auto t = std::make_shared<Term>();
+  t->kind = Term::Kind::input;
+  t->name = name;
+  t->dtype = dtype;
+  t->shape = shape;
+  t->dim_names = std::move(names);
+  return t;
+}
+[[gnu::noinline]] inline TermPtr make_constant_term(double value, const ir::Shape& shape, ir::Dim rsqrt_of) {
+  auto t = std::make_shared<Term>();
+  t->kind = Term::Kind::constant;
+  t->shape = shape;
+  t->value = value;
+  t->rsqrt_of = rsqrt_of;
+  return t;
+}
+}  // namespace detail
+
+/// A named graph input. Name and dims are part of the type (a leaf: wrt() names inputs by type).
 template <FixedString Name, DType DT, DimArg... Ds>
 struct Input : ExprBase {
   static constexpr ir::Shape shape = DimList<Ds...>::shape();
   static constexpr DType dtype = DT;
   using dims = DimList<Ds...>;
   static constexpr std::string_view name() { return Name.view(); }
+  detail::TermPtr term() const { return detail::make_input_term(name(), DT, shape, detail::dim_names(dims{})); }
   /// x[i] for an index a score or mask modifier gets: at(x, i) (dsl/score_mods.hpp).
   template <class I>
-  constexpr auto operator[](I i) const { return at(*this, i); }
+  auto operator[](I i) const { return at(*this, i); }
 };
 
 /// A tensor of a static shape filled with one value (a scalar by default); with `rsqrt_of` (a
@@ -44,6 +124,20 @@ struct Constant : ExprBase {
   static constexpr DType dtype = DType::f32;
   double value = 0.0;
   ir::Dim rsqrt_of = 0;
+  detail::TermPtr term() const { return detail::make_constant_term(value, S, rsqrt_of); }
+};
+
+/// An op's result: its type is its shape and dtype, nothing else (what it was computed from is
+/// in `term`), so equal shapes share one type and one instantiation of every builder.
+template <ir::Shape S, DType DT>
+struct Node : ExprBase {
+  static constexpr ir::Shape shape = S;
+  static constexpr DType dtype = DT;
+  detail::TermPtr term_;
+  detail::TermPtr term() const { return term_; }
+  /// x[i] for an index a score or mask modifier gets: at(x, i) (dsl/score_mods.hpp).
+  template <class I>
+  auto operator[](I i) const { return at(*this, i); }
 };
 
 namespace detail {
@@ -58,28 +152,6 @@ constexpr ir::ShapeResult rule() {
 }
 }  // namespace detail
 
-/// An op applied to child expressions. `Names` lists the named dims its attributes mention.
-template <ir::Op O, ir::Attrs A, class Names, Expr... Cs>
-struct Node : ExprBase {
-  static constexpr ir::ShapeResult result = detail::rule<O, A, Cs...>();
-  static constexpr ir::Shape shape = result.shape;
-  static constexpr DType dtype = result.dtype;
-  static constexpr ir::Op op = O;
-  static constexpr ir::Attrs attrs = A;
-  using names = Names;
-  hana::tuple<Cs...> children;
-  /// x[i] for an index a score or mask modifier gets: at(x, i) (dsl/score_mods.hpp).
-  template <class I>
-  constexpr auto operator[](I i) const { return at(*this, i); }
-};
-
-/// A node whose `value` attribute is known only at run time (a dropout probability): its type
-/// checks the shape with A, and lowering sets attrs.value = value.
-template <ir::Op O, ir::Attrs A, class Names, Expr... Cs>
-struct ValueNode : Node<O, A, Names, Cs...> {
-  double value = 0.0;
-};
-
 /// Instantiated only when a rule fails: the compiler prints its template arguments (the op, the
 /// error and the two dims involved) under the static assertion.
 template <ir::Op O, ir::ShapeErr Error, ir::Dim Lhs, ir::Dim Rhs>
@@ -89,12 +161,13 @@ struct shape_check {
   static constexpr bool ok = true;
 };
 
-/// Builds a node after checking its shape rule at the call site.
+/// Builds a node after checking its shape rule at the call site. `Names` lists the named dims
+/// its attributes mention; `value` replaces attrs.value (a dropout probability known at run time).
 template <ir::Op O, ir::Attrs A = ir::Attrs{}, class Names = DimList<>, Expr... Cs>
-constexpr auto make_node(Cs... children) {
+auto make_node(const Cs&... children) {
   constexpr ir::ShapeResult r = detail::rule<O, A, Cs...>();
   static_assert(shape_check<O, r.error, r.lhs, r.rhs>::ok);
-  if constexpr (r.ok()) return Node<O, A, Names, Cs...>{{}, hana::make_tuple(children...)};
+  if constexpr (r.ok()) return Node<r.shape, r.dtype>{{}, detail::make_term(O, A, {children.term()...}, detail::dim_names(Names{}))};
   else return ExprBase{};
 }
 

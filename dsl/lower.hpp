@@ -1,11 +1,9 @@
 // Lowering DSL expressions to ir::Graph. Equal subexpressions become one node.
 #pragma once
 
-#include <boost/hana/for_each.hpp>
-#include <boost/hana/transform.hpp>
-#include <boost/hana/unpack.hpp>
-
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dsl/expr.hpp"
@@ -24,52 +22,56 @@ constexpr Named<Name, E> named(E e) { return {e}; }
 
 namespace detail {
 
-template <DimArg... Ds>
-void declare(ir::Graph& g, DimList<Ds...>) {
-  // Unnamed symbols come from shapes the DSL derived; inputs declared their names already.
-  ((Ds.is_named() && !Ds.name_view().empty() ? (void)g.symbol(Ds.name_view()) : (void)0), ...);
-}
-
+/// Emits the terms of expressions into one graph: children first, in order, each term once.
 class Lowerer {
  public:
   ir::Graph& graph() { return g_; }
 
-  template <FixedString Name, DType DT, DimArg... Ds>
-  ir::ValueId emit(const Input<Name, DT, Ds...>& e) {
-    declare(g_, DimList<Ds...>{});
-    return g_.add_input(e.name(), DT, Input<Name, DT, Ds...>::shape);
-  }
-  template <ir::Shape S>
-  ir::ValueId emit(const Constant<S>& c) {
-    return g_.constant(c.value, S, c.rsqrt_of);
-  }
-  template <ir::Op O, ir::Attrs A, class Names, Expr... Cs>
-  ir::ValueId emit(const Node<O, A, Names, Cs...>& n) {
-    declare(g_, Names{});
-    std::vector<ir::ValueId> ids;
-    hana::for_each(n.children, [&](const auto& child) { ids.push_back(emit(child)); });
-    return g_.add(O, std::move(ids), A);
-  }
-  template <ir::Op O, ir::Attrs A, class Names, Expr... Cs>
-  ir::ValueId emit(const ValueNode<O, A, Names, Cs...>& n) {
-    if (O == ir::Op::dropout_mask && n.value == 0.0) return g_.constant(1.0);  // evaluation: no mask drawn
-    std::vector<ir::ValueId> ids;
-    hana::for_each(n.children, [&](const auto& child) { ids.push_back(emit(child)); });
-    ir::Attrs attrs = A;
-    attrs.value = n.value;
-    return g_.add(O, std::move(ids), attrs);
+  ir::ValueId emit(const TermPtr& root) {
+    // Post-order without recursion (an expression may be thousands of nodes deep).
+    std::vector<std::pair<const Term*, std::size_t>> stack{{root.get(), 0}};
+    while (!stack.empty()) {
+      auto& [t, next] = stack.back();
+      if (emitted_.contains(t)) {
+        stack.pop_back();
+        continue;
+      }
+      if (next < t->children.size()) {
+        const Term* child = t->children[next++].get();
+        stack.emplace_back(child, 0);
+        continue;
+      }
+      emitted_.emplace(t, emit_one(*t));
+      stack.pop_back();
+    }
+    return emitted_.at(root.get());
   }
 
  private:
+  ir::ValueId emit_one(const Term& t) {
+    // Unnamed symbols come from shapes the DSL derived; inputs declared their names already.
+    for (std::string_view name : t.dim_names) g_.symbol(name);
+    switch (t.kind) {
+      case Term::Kind::input: return g_.add_input(t.name, t.dtype, t.shape);
+      case Term::Kind::constant: return g_.constant(t.value, t.shape, t.rsqrt_of);
+      case Term::Kind::node: break;
+    }
+    std::vector<ir::ValueId> ids;
+    ids.reserve(t.children.size());
+    for (const TermPtr& c : t.children) ids.push_back(emitted_.at(c.get()));
+    return g_.add(t.op, std::move(ids), t.attrs);
+  }
+
   ir::Graph g_;
+  std::unordered_map<const Term*, ir::ValueId> emitted_;
 };
 
 template <class T>
 void add_output(Lowerer& l, const T& out, int index) {
   if constexpr (Expr<T>) {
-    l.graph().set_output(index == 0 ? "out" : "out" + std::to_string(index), l.emit(out));
+    l.graph().set_output(index == 0 ? "out" : "out" + std::to_string(index), l.emit(out.term()));
   } else {
-    l.graph().set_output(T::name(), l.emit(out.expr));
+    l.graph().set_output(T::name(), l.emit(out.expr.term()));
   }
 }
 

@@ -18,7 +18,7 @@ namespace qkv::dsl {
 /// ... along that axis, broadcasting along the others) computed from q's and k's shapes only,
 /// and a subscript for tensors laid out along that axis.
 template <int FromEnd, ir::Dim Size, Expr Grid>
-struct ScoreIndex : Node<ir::Op::iota, detail::axis_attrs(Grid::shape.rank - 1 - FromEnd), DimList<>, Grid> {
+struct ScoreIndex : decltype(iota<Grid::shape.rank - 1 - FromEnd>(std::declval<Grid>())) {
   static constexpr int from_end = FromEnd;
   static constexpr ir::Dim size = Size;
 };
@@ -32,9 +32,7 @@ template <int F, ir::Dim S, class G> struct is_score_index<ScoreIndex<F, S, G>> 
 
 template <int FromEnd, ir::Dim Size, Expr Grid>
 constexpr auto score_index(Grid grid) {
-  ScoreIndex<FromEnd, Size, Grid> i{};
-  i.children = hana::make_tuple(grid);
-  return i;
+  return ScoreIndex<FromEnd, Size, Grid>{iota<Grid::shape.rank - 1 - FromEnd>(grid)};
 }
 
 /// x [d0, ..., dk] with each dim at its index's axis of the scores, 1 elsewhere: the shape

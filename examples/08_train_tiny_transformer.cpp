@@ -8,7 +8,7 @@
 #include <string>
 
 #include "backends/backend.hpp"
-#include "tools/models/models.hpp"
+#include "models/models.hpp"
 #include "train/init.hpp"
 #include "train/trainer.hpp"
 

@@ -15,7 +15,7 @@
 #include "ir/printer.hpp"
 #include "ir/region.hpp"
 #include "tools/commands.hpp"
-#include "tools/models/models.hpp"
+#include "models/models.hpp"
 
 namespace qkv::tool {
 

@@ -11,7 +11,7 @@
 #include "ir/op_cases.hpp"
 #include "ir/printer.hpp"
 #include "tools/commands.hpp"
-#include "tools/models/models.hpp"
+#include "models/models.hpp"
 
 namespace qkv::tool {
 

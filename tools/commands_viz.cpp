@@ -8,7 +8,7 @@
 #include "io/file.hpp"
 #include "io/png.hpp"
 #include "tools/commands.hpp"
-#include "tools/models/models.hpp"
+#include "models/models.hpp"
 #include "train/init.hpp"
 #include "train/trainer.hpp"
 

@@ -11,7 +11,7 @@
 
 #include "backends/backend.hpp"
 #include "tools/commands.hpp"
-#include "tools/models/models.hpp"
+#include "models/models.hpp"
 
 namespace {
 

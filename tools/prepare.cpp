@@ -15,7 +15,7 @@
 #include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
-#include "tools/models/models.hpp"
+#include "models/models.hpp"
 #include "train/init.hpp"
 
 namespace qkv::tool {

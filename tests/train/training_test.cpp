@@ -11,7 +11,7 @@
 #include "io/npy.hpp"
 #include "ir/printer.hpp"
 #include "tests/support/backend_fixture.hpp"
-#include "tools/models/models.hpp"
+#include "models/models.hpp"
 #include "train/init.hpp"
 #include "train/trainer.hpp"
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "tools/models/builders.hpp"
+#include "models/builders.hpp"
 
 namespace qkv::models {
 

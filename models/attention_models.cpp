@@ -2,7 +2,7 @@
 // modules over it (parameters named as torch names them), and Llama-style grouped-query
 // attention.
 #include "dsl/dsl.hpp"
-#include "tools/models/builders.hpp"
+#include "models/builders.hpp"
 
 namespace qkv::models {
 

@@ -2,7 +2,7 @@
 // causal mask) and the encoder-decoder block (TransformerDecoderLayer(norm_first=True)), with a
 // feed-forward width of 4 x embed.
 #include "dsl/dsl.hpp"
-#include "tools/models/builders.hpp"
+#include "models/builders.hpp"
 
 namespace qkv::models {
 

@@ -3,7 +3,7 @@
 #include <random>
 
 #include "dsl/dsl.hpp"
-#include "tools/models/models.hpp"
+#include "models/models.hpp"
 
 namespace qkv::models {
 

@@ -1,7 +1,7 @@
 // The built-in models' graph builders (one file per family), gathered by registry.cpp.
 #pragma once
 
-#include "tools/models/models.hpp"
+#include "models/models.hpp"
 
 namespace qkv::models {
 

@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "dsl/dsl.hpp"
-#include "tools/models/builders.hpp"
+#include "models/builders.hpp"
 
 namespace qkv::models {
 
