@@ -41,6 +41,16 @@ class IrError : public Error {
  public:
   using Error::Error;
 };
+/// A request that cannot be carried out as given: an unknown model, option, value or flag.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The exit status of a program that stops on `e`, the one place it is decided: 2 for what the
+/// user can fix (usage, shapes, files, IR text, an unsupported request), 1 for a failure (a
+/// backend, memory).
+int exit_code(const Error& e);
 
 namespace detail {
 // __FILE__ and __LINE__ rather than std::source_location, which clang 14 (the fuzz build's

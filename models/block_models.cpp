@@ -10,7 +10,7 @@ namespace {
 template <bool Cross>
 ir::Graph build_block(const Options& o) {
   const std::string& act = o.text("activation");
-  if (act != "relu" && act != "gelu") throw std::invalid_argument("activation must be relu or gelu, got '" + act + "'");
+  if (act != "relu" && act != "gelu") throw UsageError("activation must be relu or gelu, got '" + act + "'");
   constexpr std::int64_t E = kModelEmbed, H = kModelHeads;
   {
     auto x = input<"x">(dim<"B">, dim<"N">, dim<E>);

@@ -50,10 +50,10 @@ struct ModelSpec {
 
 /// Every built-in model, in the order `qkv models` lists them.
 const std::vector<ModelSpec>& all_models();
-/// The model called `name`; throws std::invalid_argument listing the models.
+/// The model called `name`; throws UsageError listing the models.
 const ModelSpec& find_model(const std::string& name);
 /// `set` checked against the model's options (unknown names and bad values throw
-/// std::invalid_argument) and completed with defaults.
+/// UsageError) and completed with defaults.
 Options resolve_options(const ModelSpec& model, const std::map<std::string, std::string>& set);
 
 /// Scaled dot-product attention over q [B, N, D], k [B, M, D], v [B, M, Dv]; outputs "out"

@@ -1,7 +1,6 @@
 // The built-in models, their options and default sizes, and random parameters for them.
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
 
 #include "models/builders.hpp"
 
@@ -10,7 +9,7 @@ namespace qkv::models {
 namespace {
 
 [[noreturn]] void bad_value(const std::string& name, const std::string& value, const char* want) {
-  throw std::invalid_argument("option " + name + "=" + value + ": expected " + want);
+  throw UsageError("option " + name + "=" + value + ": expected " + want);
 }
 
 /// Sizes are compiled in (see builders.hpp); the options say which, and accept only those.
@@ -29,7 +28,7 @@ std::vector<OptionSpec> with(std::vector<OptionSpec> base, std::vector<OptionSpe
 
 const std::string& Options::text(const std::string& name) const {
   auto it = values_.find(name);
-  if (it == values_.end()) throw std::invalid_argument("no option " + name);
+  QKV_ASSERT(it != values_.end(), "model option " + name + " read but not declared");
   return it->second;
 }
 bool Options::flag(const std::string& name) const {
@@ -100,7 +99,7 @@ const ModelSpec& find_model(const std::string& name) {
     if (m.name == name) return m;
   std::string list;
   for (const auto& n : model_names()) list += (list.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("no model '" + name + "' (models: " + list + ")");
+  throw UsageError("no model '" + name + "' (models: " + list + ")");
 }
 
 Options resolve_options(const ModelSpec& model, const std::map<std::string, std::string>& set) {
@@ -110,7 +109,7 @@ Options resolve_options(const ModelSpec& model, const std::map<std::string, std:
     if (!values.contains(name)) {
       std::string list;
       for (const auto& o : model.options) list += (list.empty() ? "" : ", ") + o.name;
-      throw std::invalid_argument(model.name + " has no option '" + name + "' (options: " + (list.empty() ? "none" : list) + ")");
+      throw UsageError(model.name + " has no option '" + name + "' (options: " + (list.empty() ? "none" : list) + ")");
     }
     values[name] = value;
   }
@@ -118,7 +117,7 @@ Options resolve_options(const ModelSpec& model, const std::map<std::string, std:
   // Compiled-in sizes: any other value is an error that says which size this build has.
   for (const auto& spec : model.options)
     if ((spec.name == "embed" || spec.name == "heads" || spec.name == "kv_heads") && o.integer(spec.name) != std::stoll(spec.default_value))
-      throw std::invalid_argument(model.name + " is built for " + spec.name + "=" + spec.default_value + ", got " + o.text(spec.name) +
+      throw UsageError(model.name + " is built for " + spec.name + "=" + spec.default_value + ", got " + o.text(spec.name) +
                                   " (write a model of that size with the DSL, or run its IR with qkv run FILE.qkv)");
   return o;
 }

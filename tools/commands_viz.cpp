@@ -116,7 +116,7 @@ int cmd_viz(const Request& r, const std::string& backend_name, const std::string
   const auto spec_opts = [&]() -> std::vector<models::OptionSpec> {
     try {
       return models::find_model(r.target).options;
-    } catch (const std::invalid_argument&) {
+    } catch (const UsageError&) {  // a graph's IR text, not a built-in model
       return {};
     }
   }();

@@ -57,12 +57,7 @@ int report(std::exception_ptr error) {
     std::rethrow_exception(error);
   } catch (const qkv::Error& e) {
     say(e.what());
-    // What the user can fix (usage, shapes, files, IR text, an unsupported request) exits 2;
-    // a backend's failure, memory, or anything else of ours exits 1.
-    const bool user = dynamic_cast<const qkv::tool::UsageError*>(&e) || dynamic_cast<const qkv::ShapeError*>(&e) ||
-                      dynamic_cast<const qkv::IoError*>(&e) || dynamic_cast<const qkv::IrError*>(&e) ||
-                      dynamic_cast<const qkv::UnsupportedError*>(&e);
-    return user ? 2 : 1;
+    return qkv::exit_code(e);
   } catch (const std::filesystem::filesystem_error& e) {
     const std::string reason = e.code().message();
     say((e.path1().empty() ? std::string("file system") : e.path1().string()) + ": " + reason);

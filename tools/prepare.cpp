@@ -220,23 +220,15 @@ Prepared prepare(const Request& r) {
     p.title = r.target;
   } else {
     models::Options options;
-    try {
-      spec = &models::find_model(r.target);
-      options = models::resolve_options(*spec, r.set);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
+    spec = &models::find_model(r.target);
+    options = models::resolve_options(*spec, r.set);
     for (const auto& [name, size] : spec->dims) dims.try_emplace(name, size);
     p.data = spec->data;
     p.title = spec->name;
     std::string opts;
     for (const auto& [name, value] : options.values()) opts += (opts.empty() ? "" : ", ") + name + "=" + value;
     if (!opts.empty()) p.title += " (" + opts + ")";
-    try {
-      p.graph = spec->build(options, dims);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
+    p.graph = spec->build(options, dims);
   }
   // --dim names the graph's own named dims.
   std::set<std::string> symbols;

@@ -14,10 +14,7 @@
 
 namespace qkv::tool {
 
-/// Bad usage or input: exit status 2.
-struct UsageError : Error {
-  using Error::Error;
-};
+using qkv::UsageError;
 
 /// NAME=VALUE pairs from repeated options; `what` names the option in errors, and a NAME given
 /// twice is one.
