@@ -264,9 +264,22 @@ class Matcher {
   std::map<ValueId, bool> depends_;
 };
 
+/// Whether the backend keeps `fused` (its shape and dtype filled in from its operands in `r`):
+/// what it does not run fused stays as it was, rather than being fused and decomposed again.
+bool kept(const Graph& r, Node& fused, const std::function<bool(const Node&)>& keep) {
+  if (!keep) return true;
+  std::vector<Operand> operands;
+  for (ValueId v : fused.inputs) operands.push_back({r.node(v).shape, r.node(v).dtype});
+  const ShapeResult s = infer_shape(fused.op, operands, fused.attrs);
+  if (!s.ok()) return true;  // let add report it
+  fused.shape = s.shape;
+  fused.dtype = s.dtype;
+  return keep(fused);
+}
+
 }  // namespace
 
-Graph fuse_attention(const Graph& g) {
+Graph fuse_attention(const Graph& g, const std::function<bool(const Node&)>& keep) {
   // Uses by causal_mask and iota do not count: they read only their operand's shape.
   std::vector<int> uses(g.size(), 0);
   for (const Node& n : g.nodes())
@@ -281,16 +294,23 @@ Graph fuse_attention(const Graph& g) {
     const Node& n = g.nodes()[i];
     Match m;
     if (n.op == Op::matmul && Matcher(g, uses).match(static_cast<ValueId>(i), m)) {
+      Node fused;
+      fused.attrs = m.attrs;
       if (m.region) {
-        std::vector<ValueId> ins = {at(m.q), at(m.k), at(m.v)};
-        for (ValueId t : m.tensors) ins.push_back(at(t));
-        if (m.seed >= 0) ins.push_back(at(m.seed));
-        map[i] = r.add(Op::flex_attention, std::move(ins), m.attrs, m.region);
+        fused.op = Op::flex_attention;
+        fused.inputs = {at(m.q), at(m.k), at(m.v)};
+        for (ValueId t : m.tensors) fused.inputs.push_back(at(t));
+        if (m.seed >= 0) fused.inputs.push_back(at(m.seed));
+        fused.region = m.region;
       } else {
-        map[i] = m.mask < 0 ? r.add(Op::attention, {at(m.q), at(m.k), at(m.v)}, m.attrs)
-                            : r.add(Op::masked_attention, {at(m.q), at(m.k), at(m.v), at(m.mask)}, m.attrs);
+        fused.op = m.mask < 0 ? Op::attention : Op::masked_attention;
+        fused.inputs = {at(m.q), at(m.k), at(m.v)};
+        if (m.mask >= 0) fused.inputs.push_back(at(m.mask));
       }
-      continue;
+      if (kept(r, fused, keep)) {
+        map[i] = r.add(fused.op, std::move(fused.inputs), fused.attrs, fused.region);
+        continue;
+      }
     }
     std::vector<ValueId> ins;
     for (ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);

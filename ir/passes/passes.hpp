@@ -25,8 +25,9 @@ Graph fold_padded_sums(const Graph& g);
 
 /// Attention fusion: matmul(softmax(where*(q kT * c)), v), with each intermediate used once, becomes
 /// one attention (or masked_attention) node; a where with a causal_mask condition becomes its
-/// causal attribute (fuse_attention.cpp). Backends that do not keep attention decompose it back.
-Graph fuse_attention(const Graph& g);
+/// causal attribute (fuse_attention.cpp). With `keep` (a backend's supports), only the fused
+/// nodes it keeps are made: a backend never gets attention fused only to decompose it again.
+Graph fuse_attention(const Graph& g, const std::function<bool(const Node&)>& keep = {});
 
 /// The attention_lse op and operands that belong to attention node `attention` (attention,
 /// masked_attention or flex_attention): what the backward asks for and what a backend computes

@@ -19,7 +19,7 @@ void after(const char* pass, const Graph& g) {
 
 Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite) {
   after("input", g);
-  Graph r = fuse_attention(g);
+  Graph r = fuse_attention(g, keep_composite);  // only what the backend keeps fused
   after("fuse-attention", r);
   r = decompose_composites(r, keep_composite);
   after("decompose-composites", r);

@@ -1,6 +1,8 @@
 // The attention fusion pass on graphs the DSL writes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "dsl/dsl.hpp"
 #include "ir/error.hpp"
 #include "ir/passes/passes.hpp"
@@ -28,6 +30,41 @@ TEST(FuseAttention, CausalSdpaBecomesOneNode) {
   EXPECT_EQ(count(g, ir::Op::matmul), 0);
   std::string text = ir::print(g);
   EXPECT_NE(text.find("{value=0.25, causal=true, align=bottom_right}"), std::string::npos) << text;
+}
+
+TEST(FuseAttention, FusesOnlyWhatTheBackendKeeps) {
+  // A backend that keeps no attention (the reference) gets the graph as written: nothing is
+  // fused to be decomposed again. One that keeps some gets just those fused.
+  auto q = input<"q">(dim<"B">, dim<"N">, dim<16>);
+  auto k = input<"k">(dim<"B">, dim<"N">, dim<16>);
+  auto mask = input<"mask", DType::boolean>(dim<"N">, dim<"N">);
+  ir::Graph g = lower(named<"plain">(scaled_dot_product_attention(q, q, q, causal)), named<"masked">(scaled_dot_product_attention(k, k, k, mask, sliding_window<4>)));
+  EXPECT_EQ(ir::print(ir::fuse_attention(g, [](const ir::Node&) { return false; })), ir::print(g));
+  ir::Graph some = ir::eliminate_dead_code(ir::fuse_attention(g, [](const ir::Node& n) { return n.op != ir::Op::masked_attention; }));
+  EXPECT_EQ(count(some, ir::Op::attention), 1) << ir::print(some);
+  EXPECT_EQ(count(some, ir::Op::masked_attention), 0);
+  EXPECT_EQ(count(some, ir::Op::softmax), 1);  // the masked one's, as written
+  // The predicate sees the fused node whole, shape included (vulkan's depends on the head dim).
+  std::vector<ir::Shape> seen;
+  ir::fuse_attention(g, [&](const ir::Node& n) { seen.push_back(n.shape); return true; });
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].back(), 16);
+  // The pipeline asks the backend: lowered for one keeping no composite, the graph is the
+  // pipeline's other passes over the graph as written, not over a decomposed attention.
+  auto primitives = [](const ir::Node& n) { return ir::op_info(n.op).category != ir::OpCategory::composite; };
+  const ir::Graph as_written =
+      ir::eliminate_dead_code(ir::fold_padded_sums(ir::eliminate_common_subexpressions(ir::decompose_composites(g, primitives))));
+  EXPECT_EQ(ir::print(ir::lower_for_backend(g, primitives)), ir::print(as_written));
+  std::vector<ir::Op> asked;
+  ir::lower_for_backend(g, [&](const ir::Node& n) {
+    asked.push_back(n.op);
+    return primitives(n);
+  });
+  // Fusion asks about each candidate first; declined, none exists for decomposition to ask about.
+  ASSERT_GE(asked.size(), 2u);
+  EXPECT_EQ(asked[0], ir::Op::attention);
+  EXPECT_EQ(asked[1], ir::Op::masked_attention);
+  EXPECT_EQ(std::count_if(asked.begin(), asked.end(), [](ir::Op op) { return ir::is_fused_attention(op); }), 2);
 }
 
 TEST(FuseAttention, MaskAndCausalInEitherOrder) {
