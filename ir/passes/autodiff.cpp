@@ -90,10 +90,13 @@ Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::
     GradientInfo info = rules(n.op);
     switch (info.kind) {
       case GradKind::zero: continue;
-      // Every op has a rule (Gradients.EveryOpHasARule keeps it so), and decomposed ops were
-      // decomposed above: reaching either is a bug of ours, not the user's.
-      case GradKind::missing: QKV_UNREACHABLE("autodiff: op '" + std::string(op_name(n.op)) + "' has no gradient rule");
-      case GradKind::decompose: QKV_UNREACHABLE("autodiff: op '" + std::string(op_name(n.op)) + "' is marked for decomposition but is not a composite");
+      // Not with qkv's rules (GradientCoverage keeps every op covered), but build_backward takes
+      // the caller's rule table, which may lack an op or mark a primitive for decomposition.
+      case GradKind::missing:
+        throw UnsupportedError("autodiff: op '" + std::string(op_name(n.op)) + "' (%" + std::to_string(i) +
+                               ") has no gradient rule, and a gradient must flow through it");
+      case GradKind::decompose:
+        throw UnsupportedError("autodiff: op '" + std::string(op_name(n.op)) + "' is marked for decomposition but is not a composite");
       case GradKind::rule: break;
     }
     std::vector<ValueId> ins;
