@@ -9,6 +9,7 @@
 
 #include "backends/kernel_util.hpp"
 #include "ir/error.hpp"
+#include "ir/op.hpp"
 #include "ir/random.hpp"
 
 namespace qkv::backend {
