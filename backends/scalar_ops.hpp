@@ -1,4 +1,5 @@
-// The scalar meaning of each elementwise op, shared by the host backends' kernels.
+// The scalar meaning of each elementwise op, shared by the host backends' kernels: the host
+// expressions of the registry's rows (ir/ops.def).
 #pragma once
 
 #include <cmath>
@@ -8,34 +9,26 @@
 
 namespace qkv::backend {
 
+/// f(x) for a unary op, from the registry row's host expression (ir/ops.def).
 template <class T>
 constexpr T apply_unary(ir::Op op, T x) {
-  switch (op) {
-    case ir::Op::neg: return -x;
-    case ir::Op::exp: return std::exp(x);
-    case ir::Op::log: return std::log(x);
-    case ir::Op::sqrt: return std::sqrt(x);
-    case ir::Op::tanh: return std::tanh(x);
-    case ir::Op::erf: return std::erf(x);
-    case ir::Op::sin: return std::sin(x);
-    case ir::Op::cos: return std::cos(x);
-    case ir::Op::cast: return x;  // host backends hold ids and booleans as numbers already
-    default: QKV_UNREACHABLE("not a unary op");
-  }
+#define QKV_APPLY_UNARY(id, arity, category, attrs, doc, host, glsl, ...) \
+  if (op == ir::Op::id) return host;
+  QKV_UNARY_OPS(QKV_APPLY_UNARY)
+#undef QKV_APPLY_UNARY
+  if (op == ir::Op::cast) return x;  // host backends hold ids and booleans as numbers already
+  QKV_UNREACHABLE("not a unary op");
 }
 
+/// a (op) b for a binary or comparison op, from the registry row's host expression.
 template <class T>
 constexpr T apply_binary(ir::Op op, T a, T b) {
-  switch (op) {
-    case ir::Op::add: return a + b;
-    case ir::Op::sub: return a - b;
-    case ir::Op::mul: return a * b;
-    case ir::Op::div: return a / b;
-    case ir::Op::max: return a > b || std::isnan(a) ? a : b;
-    case ir::Op::equal: return a == b ? T(1) : T(0);
-    case ir::Op::greater: return a > b ? T(1) : T(0);
-    default: QKV_UNREACHABLE("not a binary op");
-  }
+#define QKV_APPLY_BINARY(id, arity, category, attrs, doc, host, glsl, ...) \
+  if (op == ir::Op::id) return host;
+  QKV_BINARY_OPS(QKV_APPLY_BINARY)
+  QKV_COMPARE_OPS(QKV_APPLY_BINARY)
+#undef QKV_APPLY_BINARY
+  QKV_UNREACHABLE("not a binary op");
 }
 
 }  // namespace qkv::backend

@@ -85,8 +85,13 @@ Kind kind_of(const Node& n) {
     case Op::attention_lse:
     case Op::masked_attention_lse:
     case Op::flex_attention_lse: return Kind::lse;
-    default: return n.attrs.wrt == 0 ? Kind::dq : n.attrs.wrt == 1 ? Kind::dk : Kind::dv;
+    case Op::attention_grad:
+    case Op::masked_attention_grad:
+    case Op::flex_attention_grad: return n.attrs.wrt == 0 ? Kind::dq : n.attrs.wrt == 1 ? Kind::dk : Kind::dv;
+    QKV_PRIMITIVE_CASES
+    QKV_COMPOSITE_CASES break;
   }
+  QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " is not fused attention");
 }
 
 bool masked(const Node& n) {

@@ -57,8 +57,14 @@ bool elementwise(const Node& n) {
     case OpCategory::binary:
     case OpCategory::select:
     case OpCategory::compare: return true;
-    default: return n.op == Op::broadcast_to;
+    case OpCategory::layout: return n.op == Op::broadcast_to;
+    case OpCategory::source:
+    case OpCategory::reduce:
+    case OpCategory::contract:
+    case OpCategory::mask:
+    case OpCategory::composite: return false;
   }
+  return false;
 }
 
 /// An elementwise node read by more kernels than this is stored, not recomputed in each.

@@ -5,7 +5,9 @@
 #include <bit>
 #include <cctype>
 #include <cstdio>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 
 #include "codegen/attention_glsl.hpp"
@@ -29,50 +31,29 @@ using ir::Shape;
 
 /// The GLSL expression of each elementwise op over operands a, b (and condition c for where).
 std::string elementwise_expr(Op op) {
+#define QKV_GLSL_EXPR(id, arity, category, attrs, doc, host, glsl, ...) \
+  if (op == Op::id) return glsl;
+  QKV_UNARY_OPS(QKV_GLSL_EXPR)
+  QKV_BINARY_OPS(QKV_GLSL_EXPR)
+  QKV_COMPARE_OPS(QKV_GLSL_EXPR)
+#undef QKV_GLSL_EXPR
   switch (op) {
-    case Op::neg: return "-a";
-    case Op::exp: return "exp(a)";
-    case Op::log: return "qkv_log(a)";
-    case Op::sqrt: return "sqrt(a)";
-    case Op::tanh: return "qkv_tanh(a)";
-    case Op::erf: return "qkv_erf(a)";
-    case Op::sin: return "sin(a)";
-    case Op::cos: return "cos(a)";
     case Op::cast: return "a";  // buffers hold ids and booleans as floats already
-    case Op::add: return "a + b";
-    case Op::sub: return "a - b";
-    case Op::mul: return "a * b";
-    case Op::div: return "a / b";
-    case Op::max: return "(isnan(a) || a > b) ? a : b";
     case Op::where: return "c != 0.0 ? a : b";
-    case Op::equal: return "a == b ? 1.0 : 0.0";
-    case Op::greater: return "a > b ? 1.0 : 0.0";
     case Op::permute:
     case Op::broadcast_to: return "a";
-    case Op::input:
-    case Op::constant:
-    case Op::reduce_sum:
-    case Op::reduce_max:
+    QKV_UNARY_CASES
+    QKV_BINARY_CASES
+    QKV_COMPARE_CASES
+    QKV_SOURCE_CASES
+    QKV_REDUCE_CASES
+    QKV_MASK_CASES
+    QKV_ATTENTION_CASES
+    QKV_COMPOSITE_CASES
     case Op::matmul:
     case Op::reshape:
-    case Op::causal_mask:
-    case Op::one_hot:
     case Op::slice:
-    case Op::concat:
-    case Op::iota:
-    case Op::dropout_mask:
-    case Op::softmax:
-    case Op::log_softmax:
-    case Op::reduce_mean:
-    case Op::attention:
-    case Op::masked_attention:
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-    case Op::attention_grad:
-    case Op::masked_attention_grad:
-    case Op::flex_attention:
-    case Op::flex_attention_lse:
-    case Op::flex_attention_grad: break;
+    case Op::concat: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(op)) + " has no elementwise expression");
 }
@@ -289,25 +270,21 @@ std::string axis_body_per_invocation(Op op, const std::string& open, const std::
   auto read = [&](const std::string& index) { return open + index + close; };
   std::string s = "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
                   "  uint n = pc.p[1], inner = pc.p[2];\n  uint base = (i / inner) * n * inner + i % inner;\n";
-  switch (op) {
-    case Op::reduce_sum:
-      s += "  float acc = 0.0;\n" + sum_row(read, sum_order, "0u", "1u", "  ") + "  y[i] = acc;\n";
-      break;
-    case Op::reduce_max:
-      s += "  float acc = uintBitsToFloat(0xff800000u);\n"
-           "  for (uint k = 0u; k < n; ++k) { float v = " + read("base + k * inner") + "; acc = (isnan(v) || v > acc) ? v : acc; }\n"
-           "  y[i] = acc;\n";
-      break;
-    case Op::softmax:
-      s += "  float m = uintBitsToFloat(0xff800000u);\n"
-           "  for (uint k = 0u; k < n; ++k) { float v = " + read("base + k * inner") + "; m = (isnan(v) || v > m) ? v : m; }\n"
-           "  if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
-           "  float total = 0.0;\n"
-           "  for (uint k = 0u; k < n; ++k) total += exp(" + read("base + k * inner") + " - m);\n"
-           "  float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
-           "  for (uint k = 0u; k < n; ++k) y[base + k * inner] = exp(" + read("base + k * inner") + " - m) * inv;\n";
-      break;
-    default: QKV_UNREACHABLE("not an axis op");
+  QKV_ASSERT(op == Op::reduce_sum || op == Op::reduce_max || op == Op::softmax, "not an axis op");
+  if (op == Op::reduce_sum) {
+    s += "  float acc = 0.0;\n" + sum_row(read, sum_order, "0u", "1u", "  ") + "  y[i] = acc;\n";
+  } else if (op == Op::reduce_max) {
+    s += "  float acc = uintBitsToFloat(0xff800000u);\n"
+         "  for (uint k = 0u; k < n; ++k) { float v = " + read("base + k * inner") + "; acc = (isnan(v) || v > acc) ? v : acc; }\n"
+         "  y[i] = acc;\n";
+  } else {  // softmax
+    s += "  float m = uintBitsToFloat(0xff800000u);\n"
+         "  for (uint k = 0u; k < n; ++k) { float v = " + read("base + k * inner") + "; m = (isnan(v) || v > m) ? v : m; }\n"
+         "  if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
+         "  float total = 0.0;\n"
+         "  for (uint k = 0u; k < n; ++k) total += exp(" + read("base + k * inner") + " - m);\n"
+         "  float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
+         "  for (uint k = 0u; k < n; ++k) y[base + k * inner] = exp(" + read("base + k * inner") + " - m) * inv;\n";
   }
   return s + "}\n";
 }
@@ -369,22 +346,20 @@ std::string axis_body_per_subgroup(Op op, const std::string& open, const std::st
   std::string s = subgroup_row_helpers(rows);
   s += "void main() {\n" + subgroup_row_loop();
   const std::string max_pass = "    float m;\n" + max_row("m", lanes, read("base + k * inner"), true, "    ");
-  switch (op) {
-    case Op::reduce_sum:
-      s += "    float acc = 0.0;\n" + sum_row(read, sum_order, "lane", "step", "    ") +
-           "    acc = qkv_sum(acc);\n    if (writer) y[i] = acc;\n";
-      break;
-    case Op::reduce_max: s += max_pass + "    if (writer) y[i] = m;\n"; break;
-    case Op::softmax:
-      s += max_pass +
-           "    if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
-           "    float total = 0.0;\n"
-           "    " + lanes + " total += exp(" + read("base + k * inner") + " - m);\n"
-           "    total = qkv_sum(total);\n"
-           "    float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
-           "    " + lanes + " y[base + k * inner] = exp(" + read("base + k * inner") + " - m) * inv;\n";
-      break;
-    default: QKV_UNREACHABLE("not an axis op");
+  QKV_ASSERT(op == Op::reduce_sum || op == Op::reduce_max || op == Op::softmax, "not an axis op");
+  if (op == Op::reduce_sum) {
+    s += "    float acc = 0.0;\n" + sum_row(read, sum_order, "lane", "step", "    ") +
+         "    acc = qkv_sum(acc);\n    if (writer) y[i] = acc;\n";
+  } else if (op == Op::reduce_max) {
+    s += max_pass + "    if (writer) y[i] = m;\n";
+  } else {  // softmax
+    s += max_pass +
+         "    if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
+         "    float total = 0.0;\n"
+         "    " + lanes + " total += exp(" + read("base + k * inner") + " - m);\n"
+         "    total = qkv_sum(total);\n"
+         "    float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
+         "    " + lanes + " y[base + k * inner] = exp(" + read("base + k * inner") + " - m) * inv;\n";
   }
   return s + "  }\n}\n";
 }
@@ -548,13 +523,13 @@ Iv iv_exact(float v) { return isnan(v) ? iv_unknown() : Iv(v, v, false); }
 bool iv_holds(Iv a, float v) { return a.lo <= v && v <= a.hi; }
 bool iv_unbounded(Iv a) { return a.lo == -iv_inf() || a.hi == iv_inf(); }
 bool iv_is(Iv a, float v) { return !a.nan && a.lo == v && a.hi == v; }
-Iv iv_neg(Iv a) { return Iv(-a.hi, -a.lo, a.nan); }
+Iv iv_negated(Iv a) { return Iv(-a.hi, -a.lo, a.nan); }  // iv_neg, the op, is generated
 float iv_end_sum(float a, float b, float fallback) { float s = a + b; return isnan(s) ? fallback : s; }
 Iv iv_add(Iv a, Iv b) {
   bool inf_minus_inf = (a.lo == -iv_inf() && b.hi == iv_inf()) || (a.hi == iv_inf() && b.lo == -iv_inf());
   return Iv(iv_end_sum(a.lo, b.lo, -iv_inf()), iv_end_sum(a.hi, b.hi, iv_inf()), a.nan || b.nan || inf_minus_inf);
 }
-Iv iv_sub(Iv a, Iv b) { return iv_add(a, iv_neg(b)); }
+Iv iv_sub(Iv a, Iv b) { return iv_add(a, iv_negated(b)); }
 float iv_corner(float x, float y) { float p = x * y; return isnan(p) ? 0.0 : p; }  // 0 * inf
 Iv iv_mul(Iv a, Iv b) {
   bool zero_times_inf = (iv_holds(a, 0.0) && iv_unbounded(b)) || (iv_holds(b, 0.0) && iv_unbounded(a));
@@ -579,24 +554,34 @@ Iv iv_where(Iv c, Iv x, Iv y) {
   if (iv_is(c, 0.0)) return y;
   return Iv(min(x.lo, y.lo), max(x.hi, y.hi), x.nan || y.nan);
 }
-Iv iv_periodic(Iv a) { return Iv(-1.0, 1.0, a.nan || iv_unbounded(a)); }  // sin, cos
+Iv iv_periodic(Iv a) { return Iv(-1.0, 1.0, a.nan || iv_unbounded(a)); }  // Monotone::periodic
 )";
 
-/// GLSL for an increasing function's value at a bound end, infinities included (the built-ins'
-/// results there are not specified), and the start of its domain (below it the op is NaN).
-struct Increasing {
-  const char* at_end;  // of x
-  const char* domain_lo;
-};
-std::optional<Increasing> increasing(Op op) {
-  switch (op) {
-    case Op::exp: return Increasing{"x == -iv_inf() ? 0.0 : x == iv_inf() ? x : exp(x)", nullptr};
-    case Op::log: return Increasing{"x <= 0.0 ? -iv_inf() : x == iv_inf() ? x : qkv_log(x)", "0.0"};
-    case Op::sqrt: return Increasing{"x == iv_inf() ? x : sqrt(x)", "0.0"};
-    case Op::tanh: return Increasing{"qkv_tanh(x)", nullptr};  // +-1 at the infinities
-    case Op::erf: return Increasing{"qkv_erf(x)", nullptr};
-    default: return std::nullopt;
-  }
+/// A GLSL float of exactly `v`, infinities included (as iv_inf()).
+std::string glsl_float(double v) {
+  if (std::isinf(v)) return v > 0 ? "iv_inf()" : "(-iv_inf())";
+  QKV_ASSERT(!std::isnan(v), "a NaN bound");
+  char hex[48];
+  std::snprintf(hex, sizeof hex, "uintBitsToFloat(0x%08xu)", std::bit_cast<std::uint32_t>(static_cast<float>(v)));
+  return hex;
+}
+
+/// The GLSL of a monotone unary op's value at an interval's end, ivf_<op>(a): its row's GLSL
+/// expression, with the ends of its domain and +inf answered by its host expression (the GLSL
+/// built-ins' results there are not specified). nullopt for the periodic ops (iv_periodic).
+std::optional<std::string> interval_end(Op op) {
+  const ir::Monotone m = ir::unary_monotone(op);
+  if (m == ir::Monotone::periodic) return std::nullopt;
+  const double start = m == ir::Monotone::increasing_from_zero ? 0.0 : -std::numeric_limits<double>::infinity();
+  const double inf = std::numeric_limits<double>::infinity();
+  auto expr = [&](auto f, const char* glsl) {
+    return "a <= " + glsl_float(start) + " ? " + glsl_float(f(start)) + " : a == iv_inf() ? " + glsl_float(f(inf)) + " : " + glsl;
+  };
+#define QKV_INTERVAL_END(id, arity, category, attrs, doc, host, glsl, ...) \
+  if (op == Op::id) return expr([](double x) { return host; }, glsl);
+  QKV_UNARY_OPS(QKV_INTERVAL_END)
+#undef QKV_INTERVAL_END
+  return std::nullopt;
 }
 
 }  // namespace
@@ -606,17 +591,24 @@ std::string detail::interval_helpers(const ir::Graph* region) {
   if (!region) return s;
   std::vector<Op> done;
   for (const Node& n : region->nodes()) {
-    const auto f = increasing(n.op);
-    if (!f || std::find(done.begin(), done.end(), n.op) != done.end()) continue;
+    if (ir::op_info(n.op).category != OpCategory::unary || n.op == Op::cast) continue;
+    const auto end = interval_end(n.op);
+    if (!end || std::find(done.begin(), done.end(), n.op) != done.end()) continue;
     done.push_back(n.op);
     const std::string name(ir::op_name(n.op));
-    s += "float ivf_" + name + "(float x) { return " + f->at_end + "; }\n";
-    if (f->domain_lo) {
-      const std::string d = f->domain_lo;
-      s += "Iv iv_" + name + "(Iv a) {\n  bool below = a.lo < " + d + ";\n  return Iv(ivf_" + name + "(below ? " + d + " : a.lo), ivf_" + name +
-           "(a.hi < " + d + " ? " + d + " : a.hi), a.nan || below);\n}\n";
-    } else {
-      s += "Iv iv_" + name + "(Iv a) { return Iv(ivf_" + name + "(a.lo), ivf_" + name + "(a.hi), a.nan); }\n";
+    s += "float ivf_" + name + "(float a) { return " + *end + "; }\n";
+    switch (ir::unary_monotone(n.op)) {
+      case ir::Monotone::increasing:
+        s += "Iv iv_" + name + "(Iv a) { return Iv(ivf_" + name + "(a.lo), ivf_" + name + "(a.hi), a.nan); }\n";
+        break;
+      case ir::Monotone::increasing_from_zero:  // NaN below 0
+        s += "Iv iv_" + name + "(Iv a) {\n  bool below = a.lo < 0.0;\n  return Iv(ivf_" + name + "(below ? 0.0 : a.lo), ivf_" + name +
+             "(a.hi < 0.0 ? 0.0 : a.hi), a.nan || below);\n}\n";
+        break;
+      case ir::Monotone::decreasing:
+        s += "Iv iv_" + name + "(Iv a) { return Iv(ivf_" + name + "(a.hi), ivf_" + name + "(a.lo), a.nan); }\n";
+        break;
+      case ir::Monotone::periodic: break;
     }
   }
   return s;
@@ -650,18 +642,20 @@ std::string detail::region_bound_function(const ir::Graph& region, const std::st
         rhs = arg(0);
         note = "  // cast";
         break;
-      case Op::neg: rhs = "iv_neg(" + arg(0) + ")"; break;
-      case Op::sin:
-      case Op::cos: rhs = "iv_periodic(" + arg(0) + ")"; break;
-      case Op::add:
-      case Op::sub:
-      case Op::mul:
-      case Op::div:
-      case Op::max:
-      case Op::equal:
-      case Op::greater: rhs = "iv_" + std::string(ir::op_name(n.op)) + "(" + arg(0) + ", " + arg(1) + ")"; break;
+      QKV_UNARY_CASES
+        rhs = ir::unary_monotone(n.op) == ir::Monotone::periodic ? "iv_periodic(" + arg(0) + ")"
+                                                                  : "iv_" + std::string(ir::op_name(n.op)) + "(" + arg(0) + ")";
+        break;
+      QKV_BINARY_CASES
+      QKV_COMPARE_CASES rhs = "iv_" + std::string(ir::op_name(n.op)) + "(" + arg(0) + ", " + arg(1) + ")"; break;
       case Op::where: rhs = "iv_where(" + arg(0) + ", " + arg(1) + ", " + arg(2) + ")"; break;
-      default: rhs = increasing(n.op) ? "iv_" + std::string(ir::op_name(n.op)) + "(" + arg(0) + ")" : "iv_unknown()"; break;
+      // Not in a region (ir::check_region allows elementwise ops only): nothing is known.
+      QKV_REDUCE_CASES
+      QKV_CONTRACT_CASES
+      QKV_LAYOUT_CASES
+      QKV_MASK_CASES
+      QKV_COMPOSITE_CASES
+      QKV_ATTENTION_CASES rhs = "iv_unknown()"; break;
     }
     s += "  Iv " + value(v) + " = " + rhs + ";" + note + "\n";
   }
@@ -805,8 +799,13 @@ bool strided_slot(const Node& reader, std::size_t slot) {
     case Op::attention_grad:
     case Op::masked_attention_grad:
     case Op::flex_attention_grad: return slot < 4;
-    default: return slot < 3;
+    case Op::attention:
+    case Op::masked_attention:
+    case Op::flex_attention: return slot < 3;
+    QKV_PRIMITIVE_CASES
+    QKV_COMPOSITE_CASES return false;  // not a flash kernel
   }
+  return false;
 }
 
 /// The nodes that read v, with the operand slot, once per slot (readers come after v).
@@ -926,23 +925,11 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
   const Node& n = g.node(v);
   switch (n.op) {
     case Op::constant: return constant_source();
-    case Op::neg:
-    case Op::exp:
-    case Op::log:
-    case Op::sqrt:
-    case Op::tanh:
-    case Op::erf:
-    case Op::sin:
-    case Op::cos:
+    QKV_UNARY_CASES
+    QKV_BINARY_CASES
+    QKV_COMPARE_CASES
     case Op::cast:
-    case Op::add:
-    case Op::sub:
-    case Op::mul:
-    case Op::div:
-    case Op::max:
     case Op::where:
-    case Op::equal:
-    case Op::greater:
     case Op::broadcast_to:
     case Op::permute: return elementwise_source(g, n);
     case Op::slice: return slice_source();
@@ -950,20 +937,11 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     case Op::iota: return iota_source();
     case Op::dropout_mask: return dropout_mask_source();
     case Op::one_hot: return one_hot_source();
-    case Op::reduce_sum:
-    case Op::reduce_max:
+    QKV_REDUCE_CASES
     case Op::softmax: return axis_source(n.op, target);
     case Op::matmul: return detail::matmul_source(n, target);
     case Op::causal_mask: return causal_mask_source();
-    case Op::attention:
-    case Op::masked_attention:
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-    case Op::attention_grad:
-    case Op::masked_attention_grad:
-    case Op::flex_attention:
-    case Op::flex_attention_lse:
-    case Op::flex_attention_grad: return detail::attention_source(n);
+    QKV_ATTENTION_CASES return detail::attention_source(n);
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:  // decomposed before code generation
@@ -1007,23 +985,11 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
                 std::bit_cast<std::uint32_t>(static_cast<float>(ir::dropout_keep_value(n.attrs.value)))};
       l.groups = linear_groups(os.numel());
       return l;
-    case Op::neg:
-    case Op::exp:
-    case Op::log:
-    case Op::sqrt:
-    case Op::tanh:
-    case Op::erf:
-    case Op::sin:
-    case Op::cos:
+    QKV_UNARY_CASES
+    QKV_BINARY_CASES
+    QKV_COMPARE_CASES
     case Op::cast:
-    case Op::add:
-    case Op::sub:
-    case Op::mul:
-    case Op::div:
-    case Op::max:
     case Op::where:
-    case Op::equal:
-    case Op::greater:
     case Op::broadcast_to:
     case Op::permute: {
       l.push.push_back(push_word(os.numel()));
@@ -1041,8 +1007,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       l.groups = linear_groups(os.numel());
       return l;
     }
-    case Op::reduce_sum:
-    case Op::reduce_max:
+    QKV_REDUCE_CASES
     case Op::softmax: {
       const Shape& xs = in_shape(0);
       std::int64_t outer = 1, inner = 1;
@@ -1055,15 +1020,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       l.push = {push_word(os.numel()), push_word(n.attrs.depth)};
       l.groups = linear_groups(os.numel());
       return l;
-    case Op::attention:
-    case Op::masked_attention:
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-    case Op::attention_grad:
-    case Op::masked_attention_grad:
-    case Op::flex_attention:
-    case Op::flex_attention_lse:
-    case Op::flex_attention_grad: return detail::attention_launch(g, v, shapes, target);
+    QKV_ATTENTION_CASES return detail::attention_launch(g, v, shapes, target);
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:

@@ -52,14 +52,15 @@ constexpr auto operator-(A a) { return make_node<ir::Op::neg>(a); }
 
 template <class A, class B> requires detail::Operands<A, B>
 constexpr auto maximum(A a, B b) { return make_node<ir::Op::max>(detail::as_expr(a), detail::as_expr(b)); }
-template <Expr A> constexpr auto exp(A a) { return make_node<ir::Op::exp>(a); }
-template <Expr A> constexpr auto log(A a) { return make_node<ir::Op::log>(a); }
-template <Expr A> constexpr auto sqrt(A a) { return make_node<ir::Op::sqrt>(a); }
-template <Expr A> constexpr auto tanh(A a) { return make_node<ir::Op::tanh>(a); }
-template <Expr A> constexpr auto erf(A a) { return make_node<ir::Op::erf>(a); }
-
-template <Expr A> constexpr auto sin(A a) { return make_node<ir::Op::sin>(a); }
-template <Expr A> constexpr auto cos(A a) { return make_node<ir::Op::cos>(a); }
+// f(x) for every unary op of the registry (ir/ops.def), named as the op: exp, log, sqrt, tanh,
+// erf, sin, cos, and neg (also -x).
+#define QKV_DSL_UNARY(id, ...) \
+  template <Expr A>            \
+  auto id(A a) {               \
+    return make_node<ir::Op::id>(a); \
+  }
+QKV_UNARY_OPS(QKV_DSL_UNARY)
+#undef QKV_DSL_UNARY
 
 /// An i32 or bool tensor as f32 (true is 1): token ids and masks in arithmetic.
 template <Expr A>

@@ -166,37 +166,16 @@ ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
       }
       return g.add(Op::div, {sum, count});
     }
-    case Op::input:
-    case Op::constant:
-    case Op::neg:
-    case Op::exp:
-    case Op::log:
-    case Op::sqrt:
-    case Op::tanh:
-    case Op::erf:
-    case Op::sin:
-    case Op::cos:
+    QKV_SOURCE_CASES
+    QKV_UNARY_CASES
+    QKV_BINARY_CASES
+    QKV_COMPARE_CASES
+    QKV_REDUCE_CASES
+    QKV_LAYOUT_CASES
+    QKV_MASK_CASES
     case Op::cast:
-    case Op::slice:
-    case Op::concat:
-    case Op::iota:
-    case Op::dropout_mask:
-    case Op::add:
-    case Op::sub:
-    case Op::mul:
-    case Op::div:
-    case Op::max:
     case Op::where:
-    case Op::equal:
-    case Op::greater:
-    case Op::broadcast_to:
-    case Op::one_hot:
-    case Op::reduce_sum:
-    case Op::reduce_max:
-    case Op::matmul:
-    case Op::permute:
-    case Op::reshape:
-    case Op::causal_mask: break;
+    case Op::matmul: break;
   }
   QKV_UNREACHABLE(std::string(op_name(n.op)) + " is not a composite");
 }

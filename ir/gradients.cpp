@@ -9,10 +9,8 @@ namespace qkv::ir {
 
 GradientInfo gradient_info(Op op) {
   switch (op) {
-    case Op::input:
-    case Op::constant: return {GradKind::zero, "a source: gradients accumulate on it"};
-    case Op::equal:
-    case Op::greater: return {GradKind::zero, "boolean output"};
+    QKV_SOURCE_CASES return {GradKind::zero, "a source: gradients accumulate on it"};
+    QKV_COMPARE_CASES return {GradKind::zero, "boolean output"};
     case Op::causal_mask: return {GradKind::zero, "boolean output that depends only on its operand's shape"};
     case Op::one_hot: return {GradKind::zero, "integer input"};
     case Op::cast: return {GradKind::zero, "integer or boolean input"};
@@ -25,28 +23,12 @@ GradientInfo gradient_info(Op op) {
     case Op::masked_attention_grad:
     case Op::flex_attention_lse:
     case Op::flex_attention_grad: return {GradKind::decompose, "second order, through the decomposition"};
-    case Op::neg:
-    case Op::exp:
-    case Op::log:
-    case Op::sqrt:
-    case Op::tanh:
-    case Op::erf:
-    case Op::sin:
-    case Op::cos:
-    case Op::slice:
-    case Op::concat:
-    case Op::add:
-    case Op::sub:
-    case Op::mul:
-    case Op::div:
-    case Op::max:
+    QKV_UNARY_CASES
+    QKV_BINARY_CASES
+    QKV_REDUCE_CASES
+    QKV_LAYOUT_CASES
     case Op::where:
-    case Op::reduce_sum:
-    case Op::reduce_max:
     case Op::matmul:
-    case Op::permute:
-    case Op::reshape:
-    case Op::broadcast_to:
     case Op::softmax:
     case Op::log_softmax:
     case Op::attention:
@@ -90,7 +72,44 @@ Attrs matmul_attrs(bool ta, bool tb) {
   return a;
 }
 
+/// A value of a graph with arithmetic on it: what the registry's derivative column is written in
+/// (all of arithmetic and every unary op, whether today's rows use them or not).
+struct Term {
+  Graph* g;
+  ValueId v;
+  Term op(Op o, std::vector<ValueId> in) const { return {g, g->add(o, std::move(in))}; }
+  Term constant(double c) const { return {g, g->constant(c)}; }
+};
+[[maybe_unused]] Term operator+(Term a, Term b) { return a.op(Op::add, {a.v, b.v}); }
+[[maybe_unused]] Term operator-(Term a, Term b) { return a.op(Op::sub, {a.v, b.v}); }
+[[maybe_unused]] Term operator*(Term a, Term b) { return a.op(Op::mul, {a.v, b.v}); }
+[[maybe_unused]] Term operator/(Term a, Term b) { return a.op(Op::div, {a.v, b.v}); }
+[[maybe_unused]] Term operator+(Term a, double c) { return a + a.constant(c); }
+[[maybe_unused]] Term operator+(double c, Term b) { return b.constant(c) + b; }
+[[maybe_unused]] Term operator-(Term a, double c) { return a - a.constant(c); }
+[[maybe_unused]] Term operator-(double c, Term b) { return b.constant(c) - b; }
+[[maybe_unused]] Term operator*(Term a, double c) { return a * a.constant(c); }
+[[maybe_unused]] Term operator*(double c, Term b) { return b.constant(c) * b; }
+[[maybe_unused]] Term operator/(Term a, double c) { return a / a.constant(c); }
+[[maybe_unused]] Term operator/(double c, Term b) { return b.constant(c) / b; }
+[[maybe_unused]] Term operator-(Term a) { return a.op(Op::neg, {a.v}); }
+// exp(t), log(t), ...: every unary op of the registry, for derivatives that read others.
+#define QKV_TERM_FUNCTION(id, ...) \
+  [[maybe_unused]] Term id(Term a) { return a.op(Op::id, {a.v}); }
+QKV_UNARY_OPS(QKV_TERM_FUNCTION)
+#undef QKV_TERM_FUNCTION
+
 }  // namespace
+
+ValueId unary_derivative(Graph& g, Op op, ValueId x_id, ValueId y_id, ValueId seed_id) {
+  const Term x{&g, x_id}, y{&g, y_id}, seed{&g, seed_id};
+  (void)x, (void)y;  // a row's derivative may read either or neither
+#define QKV_UNARY_DERIVATIVE(id, arity, category, attrs, doc, host, glsl, derivative, monotone) \
+  if (op == Op::id) return (derivative).v;
+  QKV_UNARY_OPS(QKV_UNARY_DERIVATIVE)
+#undef QKV_UNARY_DERIVATIVE
+  QKV_UNREACHABLE(std::string(op_name(op)) + " is not a unary op");
+}
 
 std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId dy, std::span<const ValueId> in) {
   // Shapes by value: adding nodes may move the graph's node storage.
@@ -98,25 +117,8 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
   auto unb = [&](ValueId grad, int operand) { return unbroadcast(g, grad, shape(in[static_cast<std::size_t>(operand)])); };
   const ValueId zero = g.constant(0.0);
   switch (n.op) {
-    // d/dx -x = -dy
-    case Op::neg: return {g.add(Op::neg, {dy})};
-    // d/dx e^x = dy * e^x
-    case Op::exp: return {g.add(Op::mul, {dy, y})};
-    // d/dx log x = dy / x
-    case Op::log: return {g.add(Op::div, {dy, in[0]})};
-    // d/dx sqrt x = dy / (2 sqrt x)
-    case Op::sqrt: return {g.add(Op::div, {g.add(Op::mul, {dy, g.constant(0.5)}), y})};
-    // d/dx tanh x = dy * (1 - tanh^2 x)
-    case Op::tanh: return {g.add(Op::mul, {dy, g.add(Op::sub, {g.constant(1.0), g.add(Op::mul, {y, y})})})};
-    // d/dx erf x = dy * 2/sqrt(pi) * exp(-x^2)
-    case Op::erf: {
-      ValueId gauss = g.add(Op::exp, {g.add(Op::neg, {g.add(Op::mul, {in[0], in[0]})})});
-      return {g.add(Op::mul, {dy, g.add(Op::mul, {gauss, g.constant(1.1283791670955126)})})};
-    }
-    // d/dx sin x = dy * cos x
-    case Op::sin: return {g.add(Op::mul, {dy, g.add(Op::cos, {in[0]})})};
-    // d/dx cos x = -dy * sin x
-    case Op::cos: return {g.add(Op::neg, {g.add(Op::mul, {dy, g.add(Op::sin, {in[0]})})})};
+    // d/dx f(x) = dy * f'(x): the registry row's derivative column
+    QKV_UNARY_CASES return {unary_derivative(g, n.op, in[0], y, dy)};
     // d/dx x[begin:end] = dy placed at [begin:end] in zeros of x's shape
     case Op::slice: {
       const Shape xs = shape(in[0]);
@@ -206,15 +208,10 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
       keep.axis = n.attrs.axis;
       return {g.add(Op::sub, {dy, g.add(Op::mul, {g.add(Op::exp, {y}), g.add(Op::reduce_sum, {dy}, keep)})})};
     }
-    case Op::input:
-    case Op::constant:
-    case Op::equal:
-    case Op::greater:
-    case Op::causal_mask:
-    case Op::one_hot:
+    QKV_SOURCE_CASES
+    QKV_COMPARE_CASES
+    QKV_MASK_CASES
     case Op::cast:
-    case Op::iota:
-    case Op::dropout_mask:
     // FlashAttention-2's backward: lse = the rows' log-sum-exp, delta = sum(dy * y) over the last
     // axis; attention_grad recomputes p = exp(s - lse) tile by tile, so no N x M matrix is kept.
     // The mask gets no gradient.

@@ -29,6 +29,11 @@ GradientInfo gradient_info(Op op);
 /// value per operand, or -1 for an operand that gets no gradient. Only for GradKind::rule.
 std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId dy, std::span<const ValueId> in);
 
+/// seed * d op(x)/dx for a unary op with y = op(x), from the registry row's derivative column
+/// (ir/ops.def): the one place each unary op's derivative is written. Reverse mode passes the
+/// output's gradient as the seed (emit_gradient), forward mode a tangent (differentiate_region).
+ValueId unary_derivative(Graph& g, Op op, ValueId x, ValueId y, ValueId seed);
+
 /// Sums `grad` over the dims along which a value of shape `target` was broadcast, giving `target`'s
 /// shape back (the gradient of broadcasting).
 ValueId unbroadcast(Graph& g, ValueId grad, const Shape& target);

@@ -11,20 +11,55 @@
 
 namespace qkv::ir {
 
-enum class Op : std::uint8_t {
-#define QKV_OP(id, arity, category, attrs, doc) id,
 #include "ir/ops.def"
-#undef QKV_OP
+
+enum class Op : std::uint8_t {
+#define QKV_OP_ENUMERATOR(id, arity, category, attrs, doc, ...) id,
+  QKV_OPS(QKV_OP_ENUMERATOR)
+#undef QKV_OP_ENUMERATOR
 };
 
-inline constexpr int kNumOps = 0
-#define QKV_OP(id, arity, category, attrs, doc) +1
-#include "ir/ops.def"
-#undef QKV_OP
-    ;
+#define QKV_OP_ONE(id, arity, category, attrs, doc, ...) +1
+inline constexpr int kNumOps = 0 QKV_OPS(QKV_OP_ONE);
+#undef QKV_OP_ONE
+
+/// `case Op::a: case Op::b: ...` for every op of one list of ops.def, so a switch treats a list
+/// alike without naming its ops again (and stays exhaustive, without `default:`):
+/// \code
+///   switch (op) {
+///     QKV_UNARY_CASES return elementwise(...);
+///     case Op::matmul: ...
+///   }
+/// \endcode
+#define QKV_OP_CASE(id, arity, category, attrs, doc, ...) case ::qkv::ir::Op::id:
+#define QKV_SOURCE_CASES QKV_SOURCE_OPS(QKV_OP_CASE)
+#define QKV_UNARY_CASES QKV_UNARY_OPS(QKV_OP_CASE)
+#define QKV_CAST_CASES QKV_CAST_OPS(QKV_OP_CASE)
+#define QKV_BINARY_CASES QKV_BINARY_OPS(QKV_OP_CASE)
+#define QKV_SELECT_CASES QKV_SELECT_OPS(QKV_OP_CASE)
+#define QKV_COMPARE_CASES QKV_COMPARE_OPS(QKV_OP_CASE)
+#define QKV_REDUCE_CASES QKV_REDUCE_OPS(QKV_OP_CASE)
+#define QKV_CONTRACT_CASES QKV_CONTRACT_OPS(QKV_OP_CASE)
+#define QKV_LAYOUT_CASES QKV_LAYOUT_OPS(QKV_OP_CASE)
+#define QKV_MASK_CASES QKV_MASK_OPS(QKV_OP_CASE)
+#define QKV_COMPOSITE_CASES QKV_COMPOSITE_OPS(QKV_OP_CASE)
+#define QKV_ATTENTION_CASES QKV_ATTENTION_OPS(QKV_OP_CASE)
+/// Every op that is not a composite (the primitives backends must run).
+#define QKV_PRIMITIVE_CASES                                                                                   \
+  QKV_SOURCE_CASES QKV_UNARY_CASES QKV_CAST_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES \
+  QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_LAYOUT_CASES QKV_MASK_CASES
 
 enum class OpCategory : std::uint8_t {
   source, unary, binary, select, compare, reduce, contract, layout, mask, composite
+};
+
+/// How a unary op maps an interval, the registry's last column for unary ops: interval
+/// arithmetic over score modifiers (ir/region.cpp, codegen's GLSL) bounds f([lo, hi]) with it.
+enum class Monotone : std::uint8_t {
+  increasing,            // f([lo, hi]) = [f(lo), f(hi)]
+  increasing_from_zero,  // increasing on [0, inf]; NaN below 0 (log, sqrt)
+  decreasing,            // f([lo, hi]) = [f(hi), f(lo)]
+  periodic,              // within [-1, 1]; NaN at the infinities (sin, cos)
 };
 
 /// Which attribute fields an op reads (and prints).
@@ -94,11 +129,9 @@ struct OpInfo {
   std::string_view doc;
 };
 
-inline constexpr std::array<OpInfo, kNumOps> kOpInfos = {{
-#define QKV_OP(id, arity, category, attrs, doc) {#id, arity, OpCategory::category, attrs, doc},
-#include "ir/ops.def"
-#undef QKV_OP
-}};
+#define QKV_OP_INFO(id, arity, category, attrs, doc, ...) {#id, arity, OpCategory::category, attrs, doc},
+inline constexpr std::array<OpInfo, kNumOps> kOpInfos = {{QKV_OPS(QKV_OP_INFO)}};
+#undef QKV_OP_INFO
 
 constexpr const OpInfo& op_info(Op op) { return kOpInfos[static_cast<std::size_t>(op)]; }
 constexpr std::string_view op_name(Op op) { return op_info(op).name; }
@@ -107,12 +140,24 @@ constexpr bool is_elementwise(Op op) {
   return c == OpCategory::unary || c == OpCategory::binary || c == OpCategory::select;
 }
 
+/// The Monotone column of a unary op's row.
+constexpr Monotone unary_monotone(Op op) {
+#define QKV_UNARY_MONOTONE(id, arity, category, attrs, doc, host, glsl, derivative, monotone) \
+  if (op == Op::id) return Monotone::monotone;
+  QKV_UNARY_OPS(QKV_UNARY_MONOTONE)
+#undef QKV_UNARY_MONOTONE
+  return Monotone::periodic;  // not a unary op: callers ask only for unary ops
+}
+
 /// Fused attention and the ops of its fused backward: the ops a backend with a flash-attention
 /// kernel keeps instead of decomposing.
 constexpr bool is_fused_attention(Op op) {
-  return op == Op::attention || op == Op::masked_attention || op == Op::attention_lse || op == Op::masked_attention_lse ||
-         op == Op::attention_grad || op == Op::masked_attention_grad || op == Op::flex_attention ||
-         op == Op::flex_attention_lse || op == Op::flex_attention_grad;
+  switch (op) {
+    QKV_ATTENTION_CASES return true;
+    QKV_PRIMITIVE_CASES
+    QKV_COMPOSITE_CASES return false;
+  }
+  return false;
 }
 
 /// The flex attention ops: their score modifier is the node's region, their operands after

@@ -97,12 +97,8 @@ std::vector<OpCase> op_cases(Op op) {
   switch (op) {
     case Op::input: return {{"2x3", {{{2, 3}}}, shape({2, 3})}};
     case Op::constant: return {{"scalar", {}, shape({}, 0.125)}, {"2x3 fill", {}, shape({2, 3}, -1.5)}};
-    case Op::neg:
-    case Op::exp:
-    case Op::tanh:
-    case Op::erf:
-    case Op::sin:
-    case Op::cos: return unary(Fill::normal);
+    // Each unary op over its domain (its row's Monotone column says where it starts).
+    QKV_UNARY_CASES return unary(unary_monotone(op) == Monotone::increasing_from_zero ? Fill::positive : Fill::normal);
     case Op::cast: return {{"ids 2x3", {{{2, 3}, Fill::ids}}, {}}, {"bool 3x4", {{{3, 4}, Fill::boolean}}, {}}};
     case Op::slice:
       return {{"middle of the last axis", {{{3, 10}}}, range(1, 2, 7)},
@@ -117,15 +113,12 @@ std::vector<OpCase> op_cases(Op op) {
       Attrs p = shape({}, 0.3), none = shape({}, 0.0), most = shape({}, 0.9);
       return {{"p 0.3", {{{4, 33}}, {{}, Fill::seed}}, p}, {"p 0", {{{3, 5}}, {{}, Fill::seed}}, none}, {"p 0.9", {{{5, 7}}, {{}, Fill::seed}}, most}};
     }
-    case Op::log:
-    case Op::sqrt: return unary(Fill::positive);
     case Op::add:
     case Op::sub:
     case Op::mul:
     case Op::max: return binary();
     case Op::div: return binary(Fill::positive);
-    case Op::equal:
-    case Op::greater:
+    QKV_COMPARE_CASES
       return {{"same", {{{3, 4}}, {{3, 4}}}, {}}, {"broadcast", {{{2, 3, 4}}, {{1, 4}}}, {}}};
     case Op::broadcast_to: return {{"rows", {{{1, 5}}}, shape({3, 5})}, {"new leading dims", {{{4, 1}}}, shape({2, 4, 6})}};
     case Op::one_hot: {
@@ -139,8 +132,7 @@ std::vector<OpCase> op_cases(Op op) {
     case Op::where:
       return {{"same", {{{3, 4}, Fill::boolean}, {{3, 4}}, {{3, 4}}}, {}},
               {"broadcast mask", {{{4, 5}, Fill::boolean}, {{2, 4, 5}}, {{}}}, {}}};
-    case Op::reduce_sum:
-    case Op::reduce_max:
+    QKV_REDUCE_CASES
       return {{"last axis", {{{3, 33}}}, axis(1)},
               {"first axis", {{{5, 4}}}, axis(0)},
               {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}};

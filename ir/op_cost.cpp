@@ -6,36 +6,15 @@ namespace qkv::ir {
 double estimated_flops(const Node& n, std::span<const Shape> in, const Shape& out) {
   const double elements = static_cast<double>(out.numel());
   switch (n.op) {
-    case Op::input:
-    case Op::constant:
-    case Op::cast:
-    case Op::permute:
-    case Op::reshape:
-    case Op::broadcast_to:
-    case Op::slice:
-    case Op::concat:
-    case Op::one_hot:
-    case Op::causal_mask:
-    case Op::iota:
-    case Op::dropout_mask: return 0.0;
-    case Op::neg:
-    case Op::exp:
-    case Op::log:
-    case Op::sqrt:
-    case Op::tanh:
-    case Op::erf:
-    case Op::sin:
-    case Op::cos:
-    case Op::add:
-    case Op::sub:
-    case Op::mul:
-    case Op::div:
-    case Op::max:
-    case Op::where:
-    case Op::equal:
-    case Op::greater: return elements;
-    case Op::reduce_sum:
-    case Op::reduce_max:
+    QKV_SOURCE_CASES
+    QKV_LAYOUT_CASES
+    QKV_MASK_CASES
+    case Op::cast: return 0.0;
+    QKV_UNARY_CASES
+    QKV_BINARY_CASES
+    QKV_COMPARE_CASES
+    case Op::where: return elements;
+    QKV_REDUCE_CASES
     case Op::reduce_mean: return static_cast<double>(in[0].numel());
     case Op::softmax:
     case Op::log_softmax: return 5.0 * elements;

@@ -406,28 +406,15 @@ constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attr
   switch (op) {
     case Op::input: r = {a.shape, a.dtype}; break;
     case Op::constant: r = {a.shape, DType::f32}; break;
-    case Op::neg:
-    case Op::exp:
-    case Op::log:
-    case Op::sqrt:
-    case Op::tanh:
-    case Op::erf:
-    case Op::sin:
-    case Op::cos:
-    case Op::add:
-    case Op::sub:
-    case Op::mul:
-    case Op::div:
-    case Op::max: r = rules::elementwise(in); break;
+    QKV_UNARY_CASES
+    QKV_BINARY_CASES r = rules::elementwise(in); break;
     case Op::where: r = rules::select(in); break;
-    case Op::equal:
-    case Op::greater: r = rules::compare(in); break;
+    QKV_COMPARE_CASES r = rules::compare(in); break;
     case Op::broadcast_to: r = rules::broadcast_to(in[0], a); break;
     case Op::one_hot: r = rules::one_hot(in[0], a); break;
     case Op::log_softmax: r = rules::softmax(in[0], a); break;
     case Op::reduce_mean: r = rules::reduce(in[0], a); break;
-    case Op::reduce_sum:
-    case Op::reduce_max: r = rules::reduce(in[0], a); break;
+    QKV_REDUCE_CASES r = rules::reduce(in[0], a); break;
     case Op::matmul: r = rules::matmul(in, a); break;
     case Op::permute: r = rules::permute(in[0], a); break;
     case Op::reshape: r = rules::reshape(in[0], a); break;

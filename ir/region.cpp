@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "ir/error.hpp"
+#include "ir/gradients.hpp"
 #include "ir/printer.hpp"
 #include "ir/verifier.hpp"
 
@@ -135,24 +136,11 @@ Graph differentiate_region(const Graph& r, int wrt, bool keep_primal) {
     std::optional<ValueId> out;
     switch (n.op) {
       // Inputs are handled above; constants, comparisons and casts are piecewise constant.
-      case Op::input:
-      case Op::constant:
-      case Op::equal:
-      case Op::greater:
+      QKV_SOURCE_CASES
+      QKV_COMPARE_CASES
       case Op::cast: break;
-      // d(-a) = -da;  d e^a = e^a da;  d log a = da / a;  d sqrt a = da / (2 sqrt a)
-      case Op::neg: if (da) out = d.add(Op::neg, {*da}); break;
-      case Op::exp: if (da) out = mul(*da, y); break;
-      case Op::log: if (da) out = d.add(Op::div, {*da, in[0]}); break;
-      case Op::sqrt: if (da) out = d.add(Op::div, {mul(*da, d.constant(0.5)), y}); break;
-      // d tanh a = (1 - tanh^2 a) da;  d erf a = 2/sqrt(pi) e^(-a^2) da
-      case Op::tanh: if (da) out = mul(*da, d.add(Op::sub, {d.constant(1.0), mul(y, y)})); break;
-      case Op::erf:
-        if (da) out = mul(*da, mul(d.add(Op::exp, {d.add(Op::neg, {mul(in[0], in[0])})}), d.constant(1.1283791670955126)));
-        break;
-      // d sin a = cos a da;  d cos a = -sin a da
-      case Op::sin: if (da) out = mul(*da, d.add(Op::cos, {in[0]})); break;
-      case Op::cos: if (da) out = d.add(Op::neg, {mul(*da, d.add(Op::sin, {in[0]}))}); break;
+      // d f(a) = f'(a) da: the registry row's derivative column
+      QKV_UNARY_CASES if (da) out = unary_derivative(d, n.op, in[0], y, *da); break;
       // d(a ± b) = da ± db;  d(a b) = da b + a db;  d(a / b) = (da - y db) / b
       case Op::add:
       case Op::sub: {
@@ -188,7 +176,12 @@ Graph differentiate_region(const Graph& r, int wrt, bool keep_primal) {
         if (ta || tb) out = d.add(Op::where, {in[0], ta ? *ta : zero(), tb ? *tb : zero()});
         break;
       }
-      default: QKV_UNREACHABLE(std::string(op_name(n.op)) + " in a score modifier");
+      QKV_REDUCE_CASES
+      QKV_CONTRACT_CASES
+      QKV_LAYOUT_CASES
+      QKV_MASK_CASES
+      QKV_COMPOSITE_CASES
+      QKV_ATTENTION_CASES QKV_UNREACHABLE(std::string(op_name(n.op)) + " in a score modifier");
     }
     tangent[i] = out;
   }
@@ -254,6 +247,24 @@ ValueRange increasing(const ValueRange& a, F f, double domain_lo = -kInf) {
   return {lo, hi, a.nan || below};
 }
 
+/// f([a]) for a unary op: its row's Monotone column applied to its host expression.
+ValueRange unary_range(Op op, const ValueRange& a) {
+  auto range = [&](auto f) -> ValueRange {
+    switch (unary_monotone(op)) {
+      case Monotone::increasing: return increasing(a, f);
+      case Monotone::increasing_from_zero: return increasing(a, f, 0.0);
+      case Monotone::decreasing: return {f(a.hi), f(a.lo), a.nan};
+      case Monotone::periodic: return {-1.0, 1.0, a.nan || unbounded(a)};
+    }
+    return ValueRange::unknown();
+  };
+#define QKV_UNARY_RANGE(id, arity, category, attrs, doc, host, glsl, derivative, monotone) \
+  if (op == Op::id) return range([](double x) { return host; });
+  QKV_UNARY_OPS(QKV_UNARY_RANGE)
+#undef QKV_UNARY_RANGE
+  QKV_UNREACHABLE(std::string(op_name(op)) + " is not a unary op");
+}
+
 ValueRange boolean(bool can_be_false, bool can_be_true) {
   return {can_be_false ? 0.0 : 1.0, can_be_true ? 1.0 : 0.0, false};
 }
@@ -262,14 +273,7 @@ ValueRange bound_node(const Node& n, const std::vector<ValueRange>& v) {
   auto in = [&](std::size_t i) -> const ValueRange& { return v[static_cast<std::size_t>(n.inputs[i])]; };
   switch (n.op) {
     case Op::constant: return ValueRange::exactly(n.attrs.value);
-    case Op::neg: return neg_range(in(0));
-    case Op::exp: return increasing(in(0), [](double x) { return std::exp(x); });
-    case Op::log: return increasing(in(0), [](double x) { return std::log(x); }, 0.0);
-    case Op::sqrt: return increasing(in(0), [](double x) { return std::sqrt(x); }, 0.0);
-    case Op::tanh: return increasing(in(0), [](double x) { return std::tanh(x); });
-    case Op::erf: return increasing(in(0), [](double x) { return std::erf(x); });
-    case Op::sin:
-    case Op::cos: return {-1.0, 1.0, in(0).nan || unbounded(in(0))};
+    QKV_UNARY_CASES return unary_range(n.op, in(0));
     case Op::cast: return in(0);
     case Op::add: return add_ranges(in(0), in(1));
     case Op::sub: return add_ranges(in(0), neg_range(in(1)));
@@ -292,8 +296,15 @@ ValueRange bound_node(const Node& n, const std::vector<ValueRange>& v) {
       if (c.is(0)) return y;
       return {std::min(x.lo, y.lo), std::max(x.hi, y.hi), x.nan || y.nan};
     }
-    default: return ValueRange::unknown();
+    case Op::input:  // the score, an index or a tensor's element: anything
+    QKV_REDUCE_CASES
+    QKV_CONTRACT_CASES
+    QKV_LAYOUT_CASES
+    QKV_MASK_CASES
+    QKV_COMPOSITE_CASES
+    QKV_ATTENTION_CASES return ValueRange::unknown();
   }
+  return ValueRange::unknown();
 }
 
 }  // namespace
@@ -390,13 +401,22 @@ std::string region_expression(const Graph& r) {
       case Op::sub: return {at(0, 0) + " - " + at(1, 1), 0};
       case Op::mul: return {at(0, 1) + " * " + at(1, 2), 1};
       case Op::div: return {at(0, 1) + " / " + at(1, 2), 1};
-      case Op::neg: return {"-" + at(0, 2), 1};
       case Op::equal: return {at(0, 0) + " == " + at(1, 0), -1};
       case Op::greater: return {at(0, 0) + " > " + at(1, 0), -1};
       case Op::where: return {"where(" + expr(n.inputs[0]).first + ", " + expr(n.inputs[1]).first + ", " + expr(n.inputs[2]).first + ")", 2};
       case Op::max: return {"max(" + expr(n.inputs[0]).first + ", " + expr(n.inputs[1]).first + ")", 2};
-      default: return {std::string(op_name(n.op)) + "(" + expr(n.inputs[0]).first + ")", 2};
+      QKV_UNARY_CASES
+      QKV_CAST_CASES
+        if (n.op == Op::neg) return {"-" + at(0, 2), 1};
+        return {std::string(op_name(n.op)) + "(" + expr(n.inputs[0]).first + ")", 2};
+      QKV_REDUCE_CASES
+      QKV_CONTRACT_CASES
+      QKV_LAYOUT_CASES
+      QKV_MASK_CASES
+      QKV_COMPOSITE_CASES
+      QKV_ATTENTION_CASES break;  // not in a region (check_region)
     }
+    QKV_UNREACHABLE(std::string(op_name(n.op)) + " in a score modifier");
   };
   return expr(r.outputs()[0].second).first;
 }

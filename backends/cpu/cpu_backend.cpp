@@ -228,29 +228,16 @@ class CpuExecutable final : public Executable {
         }
         return;
       case Op::constant: return cpu::fill(out, static_cast<float>(ir::bound_value(graph_, n, shapes_)));
-      case Op::neg:
-      case Op::exp:
-      case Op::log:
-      case Op::sqrt:
-      case Op::tanh:
-      case Op::erf:
-      case Op::sin:
-      case Op::cos:
+      QKV_UNARY_CASES
       case Op::cast: return cpu::unary(n.op, in(0), out);
-      case Op::add:
-      case Op::sub:
-      case Op::mul:
-      case Op::div:
-      case Op::max:
-      case Op::equal:
-      case Op::greater: return cpu::binary(n.op, in(0), in(1), out);
+      QKV_BINARY_CASES
+      QKV_COMPARE_CASES return cpu::binary(n.op, in(0), in(1), out);
       case Op::broadcast_to: return cpu::broadcast(in(0), out);
       case Op::one_hot: return cpu::one_hot(in(0), n.attrs.depth, out);
       case Op::log_softmax: return cpu::log_softmax(in(0), n.attrs.axis, out);
       case Op::reduce_mean: break;  // decomposed
       case Op::where: return cpu::select(in(0), in(1), in(2), out);
-      case Op::reduce_sum:
-      case Op::reduce_max: return cpu::reduce(n.op, in(0), n.attrs.axis, out);
+      QKV_REDUCE_CASES return cpu::reduce(n.op, in(0), n.attrs.axis, out);
       case Op::matmul: return cpu::matmul(in(0), in(1), n.attrs.transpose_a, n.attrs.transpose_b, out);
       case Op::permute: return cpu::permute(in(0), n.attrs.perm, out);
       case Op::reshape: return;  // aliases its operand's storage
@@ -369,8 +356,21 @@ class CpuBackend final : public Backend {
       }
       case Op::softmax:
       case Op::log_softmax: return "row softmax";
-      default: return "loop";
+      case Op::constant:
+      QKV_UNARY_CASES
+      QKV_CAST_CASES
+      QKV_BINARY_CASES
+      QKV_SELECT_CASES
+      QKV_COMPARE_CASES
+      QKV_REDUCE_CASES
+      QKV_MASK_CASES
+      case Op::permute:
+      case Op::broadcast_to:
+      case Op::slice:
+      case Op::concat:
+      case Op::reduce_mean: return "loop";
     }
+    QKV_UNREACHABLE("an op without a kernel name");
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     cpu::ThreadPool::global();  // pins OpenBLAS to one thread before any sgemm runs
@@ -387,8 +387,17 @@ bool cpu_supports(const Node& n) {
     case Op::reduce_mean: return false;
     // The gradient of a modifier tensor (wrt >= 3) is score-shaped before its sum: decomposed.
     case Op::flex_attention_grad: return n.attrs.wrt <= 2;
-    default: return ir::is_fused_attention(n.op) || ir::op_info(n.op).category != ir::OpCategory::composite;
+    QKV_PRIMITIVE_CASES
+    case Op::attention:
+    case Op::masked_attention:
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::attention_grad:
+    case Op::masked_attention_grad:
+    case Op::flex_attention:
+    case Op::flex_attention_lse: return true;
   }
+  return false;
 }
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }

@@ -73,19 +73,21 @@ void binary_impl(ConstView a, ConstView b, View out) {
 void fill(View out, float value) { std::fill_n(out.data, out.shape.numel(), value); }
 
 void unary(ir::Op op, ConstView x, View out) {
-  std::int64_t n = out.shape.numel();
-  switch (op) {
-    case ir::Op::neg: for (std::int64_t i = 0; i < n; ++i) out.data[i] = -x.data[i]; return;
-    case ir::Op::exp: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::exp(x.data[i]); return;
-    case ir::Op::log: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::log(x.data[i]); return;
-    case ir::Op::sqrt: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::sqrt(x.data[i]); return;
-    case ir::Op::tanh: tanh_of(x.data, out.data, n); return;
-    case ir::Op::erf: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::erf(x.data[i]); return;
-    case ir::Op::sin: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::sin(x.data[i]); return;
-    case ir::Op::cos: for (std::int64_t i = 0; i < n; ++i) out.data[i] = std::cos(x.data[i]); return;
-    case ir::Op::cast: std::copy_n(x.data, n, out.data); return;
-    default: QKV_UNREACHABLE("not a unary op");
+  const std::int64_t n = out.shape.numel();
+  if (op == ir::Op::tanh) return tanh_of(x.data, out.data, n);  // vectorised (vector_math.cpp)
+  if (op == ir::Op::cast) {
+    std::copy_n(x.data, n, out.data);
+    return;
   }
+  // The others: the registry row's host expression, in a loop per op the compiler can vectorise.
+#define QKV_UNARY_LOOP(id, arity, category, attrs, doc, host, glsl, ...)                         \
+  if (op == ir::Op::id) {                                                                  \
+    for (std::int64_t i = 0; i < n; ++i) out.data[i] = apply_unary(ir::Op::id, x.data[i]); \
+    return;                                                                                \
+  }
+  QKV_UNARY_OPS(QKV_UNARY_LOOP)
+#undef QKV_UNARY_LOOP
+  QKV_UNREACHABLE("not a unary op");
 }
 
 namespace {
@@ -94,16 +96,12 @@ namespace {
 /// instantiated per op.
 template <class F>
 void with_binary_op(ir::Op op, F f) {
-  switch (op) {
-    case ir::Op::add: return f(std::integral_constant<ir::Op, ir::Op::add>{});
-    case ir::Op::sub: return f(std::integral_constant<ir::Op, ir::Op::sub>{});
-    case ir::Op::mul: return f(std::integral_constant<ir::Op, ir::Op::mul>{});
-    case ir::Op::div: return f(std::integral_constant<ir::Op, ir::Op::div>{});
-    case ir::Op::max: return f(std::integral_constant<ir::Op, ir::Op::max>{});
-    case ir::Op::equal: return f(std::integral_constant<ir::Op, ir::Op::equal>{});
-    case ir::Op::greater: return f(std::integral_constant<ir::Op, ir::Op::greater>{});
-    default: QKV_UNREACHABLE("not a binary op");
-  }
+#define QKV_WITH_BINARY(id, arity, category, attrs, doc, host, glsl, ...) \
+  if (op == ir::Op::id) return f(std::integral_constant<ir::Op, ir::Op::id>{});
+  QKV_BINARY_OPS(QKV_WITH_BINARY)
+  QKV_COMPARE_OPS(QKV_WITH_BINARY)
+#undef QKV_WITH_BINARY
+  QKV_UNREACHABLE("not a binary op");
 }
 
 }  // namespace
@@ -115,22 +113,18 @@ void binary(ir::Op op, ConstView a, ConstView b, View out) {
 namespace {
 
 /// binary_row's loops, inlined into a copy compiled per ISA (the compiler vectorises them for
-/// each; `Isa` only names the copy). A switch rather than with_binary_op: a lambda's body would
+/// each; `Isa` only names the copy). Its own chain rather than with_binary_op: a lambda's body would
 /// be compiled once, for the baseline.
 template <Isa>
 [[gnu::always_inline]] inline void binary_row_impl(ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* out,
                                                    std::int64_t n) {
   const std::int64_t sa = a_varies ? 1 : 0, sb = b_varies ? 1 : 0;
-  switch (op) {
-    case ir::Op::add: return binary_rows<ir::Op::add>(a, b, out, n, sa, sb);
-    case ir::Op::sub: return binary_rows<ir::Op::sub>(a, b, out, n, sa, sb);
-    case ir::Op::mul: return binary_rows<ir::Op::mul>(a, b, out, n, sa, sb);
-    case ir::Op::div: return binary_rows<ir::Op::div>(a, b, out, n, sa, sb);
-    case ir::Op::max: return binary_rows<ir::Op::max>(a, b, out, n, sa, sb);
-    case ir::Op::equal: return binary_rows<ir::Op::equal>(a, b, out, n, sa, sb);
-    case ir::Op::greater: return binary_rows<ir::Op::greater>(a, b, out, n, sa, sb);
-    default: QKV_UNREACHABLE("not a binary op");
-  }
+#define QKV_BINARY_ROW(id, arity, category, attrs, doc, host, glsl, ...) \
+  if (op == ir::Op::id) return binary_rows<ir::Op::id>(a, b, out, n, sa, sb);
+  QKV_BINARY_OPS(QKV_BINARY_ROW)
+  QKV_COMPARE_OPS(QKV_BINARY_ROW)
+#undef QKV_BINARY_ROW
+  QKV_UNREACHABLE("not a binary op");
 }
 
 }  // namespace

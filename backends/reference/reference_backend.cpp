@@ -94,24 +94,12 @@ class ReferenceExecutable final : public Executable {
         return;
       }
       case Op::constant: std::fill(out.begin(), out.end(), static_cast<T>(ir::bound_value(graph_, n, shapes))); return;
-      case Op::neg:
-      case Op::exp:
-      case Op::log:
-      case Op::sqrt:
-      case Op::tanh:
-      case Op::erf:
-      case Op::sin:
-      case Op::cos:
+      QKV_UNARY_CASES
       case Op::cast:
         for (std::size_t j = 0; j < out.size(); ++j) out[j] = apply_unary(n.op, in(0)[j]);
         return;
-      case Op::add:
-      case Op::sub:
-      case Op::mul:
-      case Op::div:
-      case Op::max:
-      case Op::equal:
-      case Op::greater: {
+      QKV_BINARY_CASES
+      QKV_COMPARE_CASES {
         OffsetWalker<2> w{os, {broadcast_strides(in_shape(0), os), broadcast_strides(in_shape(1), os)}};
         for (std::size_t j = 0; j < out.size(); ++j, w.next())
           out[j] = apply_binary(n.op, in(0)[static_cast<std::size_t>(w.offset[0])], in(1)[static_cast<std::size_t>(w.offset[1])]);
@@ -124,8 +112,7 @@ class ReferenceExecutable final : public Executable {
                                                                         : in(2)[static_cast<std::size_t>(w.offset[2])];
         return;
       }
-      case Op::reduce_sum:
-      case Op::reduce_max: {
+      QKV_REDUCE_CASES {
         AxisSplit s = split_at(in_shape(0), n.attrs.axis);
         const auto& x = in(0);
         for (std::int64_t o = 0; o < s.outer; ++o)
@@ -194,18 +181,8 @@ class ReferenceExecutable final : public Executable {
       case Op::iota: return iota_kernel(split_at(os, n.attrs.axis), out.data());
       case Op::dropout_mask:
         return dropout_mask_kernel(dropout_seed(in(1)[0]), n.attrs.value, static_cast<std::int64_t>(out.size()), out.data());
-      case Op::softmax:
-      case Op::log_softmax:
-      case Op::reduce_mean:
-      case Op::attention:
-      case Op::masked_attention:
-      case Op::attention_lse:
-      case Op::masked_attention_lse:
-      case Op::attention_grad:
-      case Op::masked_attention_grad:
-      case Op::flex_attention:
-      case Op::flex_attention_lse:
-      case Op::flex_attention_grad: break;
+      QKV_ATTENTION_CASES
+      QKV_COMPOSITE_CASES break;
     }
     QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " reached the reference backend undecomposed");
   }

@@ -17,8 +17,16 @@ LseCall lse_of(const Node& attention) {
       c.inputs.insert(c.inputs.end(), tensors, tensors + static_cast<std::ptrdiff_t>(modifier_tensor_count(attention.op, attention.attrs, attention.inputs.size())));
       return c;
     }
-    default: QKV_UNREACHABLE(std::string(op_name(attention.op)) + " has no attention_lse");
+    QKV_PRIMITIVE_CASES
+    QKV_COMPOSITE_CASES
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::attention_grad:
+    case Op::masked_attention_grad:
+    case Op::flex_attention_lse:
+    case Op::flex_attention_grad: break;
   }
+  QKV_UNREACHABLE(std::string(op_name(attention.op)) + " has no attention_lse");
 }
 
 namespace {

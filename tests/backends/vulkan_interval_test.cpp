@@ -54,10 +54,13 @@ ValueRange cpp_rule(const Rule& rule, const ValueRange& a, const ValueRange& b, 
 /// 3 floats (lo, hi, nan) per case and rule.
 std::vector<float> glsl_rules(backend::vk_detail::Context& ctx, const std::vector<float>& cases) {
   const std::size_t count = cases.size() / 12;
-  // The helpers of every increasing function: a region that uses them all.
+  // The helpers of every monotone unary op (generated from the registry's rows): a region that
+  // uses them all.
   ir::Graph uses = ir::make_region({});
   ir::ValueId x = ir::kRegionScore;
-  for (Op op : {Op::exp, Op::log, Op::sqrt, Op::tanh, Op::erf}) x = uses.add(op, {x});
+  for (Op op : ir::all_ops())
+    if (ir::op_info(op).category == ir::OpCategory::unary && op != Op::cast && ir::unary_monotone(op) != ir::Monotone::periodic)
+      x = uses.add(op, {x});
   uses.set_output("mod", x);
   std::string glsl = "#version 450\nlayout(local_size_x = 64) in;\n"
                      "layout(std430, binding = 0) readonly buffer BIn { float X[]; };\n"
