@@ -17,12 +17,7 @@ GradientInfo gradient_info(Op op) {
     case Op::iota: return {GradKind::zero, "depends only on its operand's shape"};
     case Op::dropout_mask: return {GradKind::zero, "random bits keyed by an integer seed; its operand gives only the shape"};
     case Op::reduce_mean: return {GradKind::decompose, "sum / count: the rules of reduce_sum and div"};
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-    case Op::attention_grad:
-    case Op::masked_attention_grad:
-    case Op::flex_attention_lse:
-    case Op::flex_attention_grad: return {GradKind::decompose, "second order, through the decomposition"};
+    QKV_ATTENTION_BACKWARD_CASES return {GradKind::decompose, "second order, through the decomposition"};
     QKV_UNARY_CASES
     QKV_BINARY_CASES
     QKV_REDUCE_CASES
@@ -277,13 +272,8 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
       if (has_dropout_seed(n.op, n.attrs)) grads.push_back(-1);  // the seed's bits have none
       return grads;
     }
-    case Op::reduce_mean:
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-    case Op::attention_grad:
-    case Op::masked_attention_grad:
-    case Op::flex_attention_lse:
-    case Op::flex_attention_grad: break;
+    QKV_ATTENTION_BACKWARD_CASES
+    case Op::reduce_mean: break;
   }
   QKV_UNREACHABLE(std::string(op_name(n.op)) + " has no gradient rule to emit");
 }

@@ -44,6 +44,15 @@ inline constexpr int kNumOps = 0 QKV_OPS(QKV_OP_ONE);
 #define QKV_MASK_CASES QKV_MASK_OPS(QKV_OP_CASE)
 #define QKV_COMPOSITE_CASES QKV_COMPOSITE_OPS(QKV_OP_CASE)
 #define QKV_ATTENTION_CASES QKV_ATTENTION_OPS(QKV_OP_CASE)
+/// The fused attention backward's ops: the row statistic the forward normalised by, and the
+/// gradients (FlashAttention-2).
+#define QKV_ATTENTION_BACKWARD_CASES                                                          \
+  case ::qkv::ir::Op::attention_lse:                                                          \
+  case ::qkv::ir::Op::masked_attention_lse:                                                   \
+  case ::qkv::ir::Op::flex_attention_lse:                                                     \
+  case ::qkv::ir::Op::attention_grad:                                                         \
+  case ::qkv::ir::Op::masked_attention_grad:                                                  \
+  case ::qkv::ir::Op::flex_attention_grad:
 /// Every op that is not a composite (the primitives backends must run).
 #define QKV_PRIMITIVE_CASES                                                                                   \
   QKV_SOURCE_CASES QKV_UNARY_CASES QKV_CAST_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES \

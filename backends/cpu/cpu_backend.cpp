@@ -338,12 +338,7 @@ class CpuBackend final : public Backend {
         return "fused flex attention (online softmax), mod = " + ir::region_expression(*n.region) +
                (n.attrs.dropout != 0.0 ? ", dropout " + ir::format_number(n.attrs.dropout) : "");
       }
-      case Op::attention_lse:
-      case Op::masked_attention_lse:
-      case Op::flex_attention_lse:
-      case Op::attention_grad:
-      case Op::masked_attention_grad:
-      case Op::flex_attention_grad: {
+      QKV_ATTENTION_BACKWARD_CASES {
         // A group's other nodes are computed by its leader's kernel (see kernel_groups).
         const auto groups = kernel_groups(g);
         const Op op = g.node(v).op;

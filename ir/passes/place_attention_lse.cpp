@@ -19,12 +19,7 @@ LseCall lse_of(const Node& attention) {
     }
     QKV_PRIMITIVE_CASES
     QKV_COMPOSITE_CASES
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-    case Op::attention_grad:
-    case Op::masked_attention_grad:
-    case Op::flex_attention_lse:
-    case Op::flex_attention_grad: break;
+    QKV_ATTENTION_BACKWARD_CASES break;
   }
   QKV_UNREACHABLE(std::string(op_name(attention.op)) + " has no attention_lse");
 }
