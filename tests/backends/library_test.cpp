@@ -401,7 +401,7 @@ TEST_P(Library, ModulesForwardAndBackward) {
 
 INSTANTIATE_TEST_SUITE_P(All, Library, ::testing::Values("reference", "cpu", "vulkan"));
 
-TEST(LibraryGradients, NewBuildingBlocksMatchFiniteDifferences) {
+TEST(LibraryGradients, RopeSlidingWindowAlibiAndEntropyMatchFiniteDifferences) {
   auto x = input<"x">(dim<2>, dim<5>, dim<8>);
   auto k = input<"k">(dim<2>, dim<5>, dim<8>);
   auto v = input<"v">(dim<2>, dim<5>, dim<8>);

@@ -1,5 +1,5 @@
-// The ops added for the attention library: readable errors for bad operands and attributes,
-// derived dims from concat (printed, parsed, bound), and where their gradients stop.
+// Errors that name the op, the operands and the bad attribute (slice, concat, cast, dropout and
+// causal masks), and derived dims from concat: printed, parsed, bound, and where their gradients stop.
 #include <gtest/gtest.h>
 
 #include "backends/backend.hpp"
@@ -29,7 +29,7 @@ Attrs range(int axis, std::int64_t begin, std::int64_t end) {
   return a;
 }
 
-TEST(NewOps, BadOperandsAndAttributesAreNamed) {
+TEST(ShapeErrors, BadOperandsAndAttributesAreNamed) {
   Graph g;
   auto x = g.add_input("x", DType::f32, {3, 10});
   auto n = g.add_input("n", DType::f32, {g.symbol("N"), 4});
@@ -52,7 +52,7 @@ TEST(NewOps, BadOperandsAndAttributesAreNamed) {
   EXPECT_NE(error_of([&] { g.add(Op::causal_mask, {x}, window); }).find("causal_mask: range or attribute out of bounds"), std::string::npos);
 }
 
-TEST(NewOps, ConcatOfNamedDimsMakesADerivedDimThatPrintsParsesAndBinds) {
+TEST(DerivedDims, ConcatOfNamedDimsMakesADerivedDimThatPrintsParsesAndBinds) {
   Graph g;
   const Dim p = g.symbol("P"), t = g.symbol("T");
   auto past = g.add_input("past", DType::f32, {2, p, 4});
@@ -77,7 +77,7 @@ TEST(NewOps, ConcatOfNamedDimsMakesADerivedDimThatPrintsParsesAndBinds) {
   EXPECT_EQ(out.at("zeros").shape(), (std::vector<std::int64_t>{2, 6, 4}));
 }
 
-TEST(NewOps, ConcatAlongANamedDimHasNoGradientAndSaysWhy) {
+TEST(DerivedDims, ConcatAlongANamedDimHasNoGradientAndSaysWhy) {
   Graph g;
   auto past = g.add_input("past", DType::f32, {g.symbol("P"), 4});
   auto now = g.add_input("now", DType::f32, {1, 4});
