@@ -73,6 +73,11 @@ class Graph {
   std::vector<ValueId> result_values() const;
   /// Copies `src`'s outputs and updates into this graph through `map` (src value -> value here).
   void copy_results(const Graph& src, const std::vector<ValueId>& map);
+  /// Forgets the outputs and updates (a pass that names others).
+  void clear_results() {
+    outputs_.clear();
+    updates_.clear();
+  }
   const std::map<Dim, std::string>& symbols() const { return symbols_; }
   /// Derived symbols (from concat) and the two dims they sum.
   const std::map<Dim, std::pair<Dim, Dim>>& derived_dims() const { return derived_; }

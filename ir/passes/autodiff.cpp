@@ -43,16 +43,8 @@ Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::
   // differentiated through their decompositions.
   const Graph f = decompose_composites(fuse_attention(forward), [&](const Node& n) { return rules(n.op).kind != GradKind::decompose; });
 
-  Graph out;
-  out.copy_symbols(f);
-  std::vector<ValueId> map(f.size(), -1);
-  for (std::size_t i = 0; i < f.size(); ++i) {
-    const Node& n = f.nodes()[i];
-    std::vector<ValueId> ins;
-    for (ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
-    map[i] = out.add_like(n, std::move(ins));
-  }
-  out.copy_results(f, map);
+  std::vector<ValueId> map;  // forward value -> its copy in the backward graph
+  Graph out = rebuild(f, {}, &map);
 
   // Only nodes that depend on a wrt input and feed a seeded output need gradients.
   std::vector<bool> depends(f.size(), false), feeds(f.size(), false);

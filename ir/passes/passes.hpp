@@ -54,7 +54,9 @@ Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)
 
 /// Copies `g` node by node into a new graph through Graph::add (sharing equal nodes).
 /// `rewrite`, when given, may emit a replacement for a node and return it, or return -1 to copy.
-Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite = {});
+/// With `map`, it holds each value of `g` as a value of the new graph.
+Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite = {},
+              std::vector<ValueId>* map = nullptr);
 
 /// What to differentiate: a scalar output `loss` (seeded with 1), and/or outputs in `seeds`, each
 /// seeded from a new input named "d" + output ("dout" for "out"); gradients with respect to the

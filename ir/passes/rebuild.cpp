@@ -3,10 +3,13 @@
 
 namespace qkv::ir {
 
-Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite) {
+Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite,
+              std::vector<ValueId>* map_out) {
   Graph out;
   out.copy_symbols(g);
-  std::vector<ValueId> map(g.size(), -1);
+  std::vector<ValueId> own;
+  std::vector<ValueId>& map = map_out ? *map_out : own;
+  map.assign(g.size(), -1);
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];
     std::vector<ValueId> inputs;
