@@ -10,23 +10,29 @@ namespace qkv::ir {
 
 namespace {
 void hash_mix(std::size_t& h, std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); }
+
+/// One attribute's hash, by its type (QKV_ATTRS).
+template <class T>
+std::size_t attr_hash(T v) { return static_cast<std::size_t>(v); }  // integers, bools, enums
+std::size_t attr_hash(double v) { return v != v ? 0x7ff8u : std::hash<double>{}(v); }  // NaNs are equal
+std::size_t attr_hash(const Shape& s) {
+  std::size_t h = static_cast<std::size_t>(s.rank);
+  for (int i = 0; i < s.rank; ++i) hash_mix(h, static_cast<std::size_t>(s[i]));
+  return h;
+}
+std::size_t attr_hash(const Perm& p) {
+  std::size_t h = 0;
+  for (auto e : p) hash_mix(h, static_cast<std::size_t>(e));
+  return h;
+}
 }  // namespace
 
 std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a, const Graph* region) {
   std::size_t h = static_cast<std::size_t>(op);
   for (ValueId v : inputs) hash_mix(h, static_cast<std::size_t>(v));
-  hash_mix(h, static_cast<std::size_t>(a.axis));
-  hash_mix(h, (a.keepdim ? 1u : 0u) | (a.transpose_a ? 2u : 0u) | (a.transpose_b ? 4u : 0u));
-  hash_mix(h, static_cast<std::size_t>(a.align) | (a.causal ? 8u : 0u));
-  hash_mix(h, static_cast<std::size_t>(a.depth));
-  hash_mix(h, static_cast<std::size_t>(a.begin) * 31u + static_cast<std::size_t>(a.end));
-  hash_mix(h, static_cast<std::size_t>(a.window));
-  hash_mix(h, static_cast<std::size_t>(a.wrt));
-  hash_mix(h, std::hash<double>{}(a.dropout));
-  for (int i = 0; i < a.shape.rank; ++i) hash_mix(h, static_cast<std::size_t>(a.shape[i]));
-  for (auto p : a.perm) hash_mix(h, static_cast<std::size_t>(p));
-  hash_mix(h, std::hash<double>{}(a.value));
-  hash_mix(h, static_cast<std::size_t>(a.rsqrt_of));
+#define QKV_ATTR_HASH(field, type, init, flag, print, kind) hash_mix(h, attr_hash(a.field));
+  QKV_ATTRS(QKV_ATTR_HASH)
+#undef QKV_ATTR_HASH
   if (region) hash_mix(h, region_hash(region));
   return h;
 }

@@ -91,35 +91,52 @@ enum AttrFlag : std::uint32_t {
 
 enum class CausalAlign : std::uint8_t { top_left, bottom_right };
 
+/// A permutation: out dim i is input dim perm[i].
+using Perm = std::array<std::int8_t, kMaxRank>;
+
+/// When an attribute is printed (and so parsed back): always when its op reads it, only when it
+/// differs from its default, or never (the node's type says it).
+enum class AttrPrint : std::uint8_t { always, when_set, never };
+
+/// Every attribute, once: X(field, type, default, flag, print, kind). The list generates the
+/// field of Attrs, equality, hashing (graph.cpp), printing and parsing (printer.cpp: text_<kind>
+/// and parse_<kind>), in this order (the order attributes print in); `flag` is the AttrFlag an
+/// op's row names to read the field.
+#define QKV_ATTRS(X)                                                                                                       \
+  X(axis, int, 0, kAttrAxis, always, axis)                                                                                \
+  X(keepdim, bool, true, kAttrKeepdim, always, boolean)                                                                   \
+  X(transpose_a, bool, false, kAttrTranspose, always, boolean)                                                            \
+  X(transpose_b, bool, false, kAttrTranspose, always, boolean)                                                            \
+  X(perm, Perm, {}, kAttrPerm, always, perm)                   /* printed over the result's rank */                        \
+  X(shape, Shape, {}, kAttrShape, always, shape)               /* an input's is its type */                               \
+  X(value, double, 0.0, kAttrValue, always, number)                                                                       \
+  X(rsqrt_of, Dim, 0, kAttrValue, when_set, dim)               /* value / sqrt(this dim's size) when bound (0: none) */    \
+  X(depth, std::int64_t, 0, kAttrDepth, always, size)                                                                     \
+  X(begin, std::int64_t, 0, kAttrRange, always, size)                                                                     \
+  X(end, std::int64_t, 0, kAttrRange, always, size)                                                                       \
+  X(causal, bool, false, kAttrCausal, always, boolean)                                                                    \
+  X(align, CausalAlign, CausalAlign::top_left, kAttrAlign, always, align)                                                 \
+  X(window, std::int64_t, 0, kAttrWindow, when_set, size)      /* keep only the last `window` keys (0: all) */             \
+  X(wrt, std::int8_t, 0, kAttrWrt, always, operand)            /* attention_grad: the operand (0 q, 1 k, 2 v, 3 + i: ti) */ \
+  X(dropout, double, 0.0, kAttrDropout, when_set, number)      /* flex attention: dropout on the weights (0: none) */      \
+  X(dtype, DType, DType::f32, kAttrDtype, never, result_dtype) /* input and cast: their result's dtype */
+
+/// An attribute's values compare equal; doubles also when both are NaN (a NaN constant is one node).
+template <class T>
+constexpr bool attr_equal(const T& a, const T& b) { return a == b; }
+constexpr bool attr_equal(double a, double b) { return a == b || (a != a && b != b); }
+
 /// Attributes of a node. One flat literal struct: each op reads the fields its registry entry
 /// names; the others keep their defaults so that equal nodes compare equal.
 struct Attrs {
-  int axis = 0;
-  bool keepdim = true;
-  bool transpose_a = false;
-  bool transpose_b = false;
-  CausalAlign align = CausalAlign::top_left;
-  bool causal = false;
-  std::int64_t depth = 0;
-  std::int64_t begin = 0;   // slice
-  std::int64_t end = 0;     // slice
-  std::int64_t window = 0;  // causal masks: keep only the last `window` keys (0: all)
-  std::int8_t wrt = 0;      // attention_grad: the operand differentiated (0 q, 1 k, 2 v)
-  double dropout = 0.0;     // flex attention: dropout probability on the weights (0: none; see dropout_seed_operands)
-  std::array<std::int8_t, kMaxRank> perm{};
-  Shape shape{};
-  DType dtype = DType::f32;
-  double value = 0.0;
-  /// With kAttrValue: a dim (0: none) whose size scales the value by 1/sqrt(size) when the graph
-  /// is bound, so a default attention scale 1/sqrt(D) means the same at every D.
-  Dim rsqrt_of = 0;
+#define QKV_ATTR_FIELD(field, type, init, flag, print, kind) type field = init;
+  QKV_ATTRS(QKV_ATTR_FIELD)
+#undef QKV_ATTR_FIELD
 
   friend constexpr bool operator==(const Attrs& a, const Attrs& b) {
-    return a.axis == b.axis && a.keepdim == b.keepdim && a.transpose_a == b.transpose_a &&
-           a.transpose_b == b.transpose_b && a.align == b.align && a.causal == b.causal && a.depth == b.depth && a.begin == b.begin && a.end == b.end &&
-           a.window == b.window && a.wrt == b.wrt && a.dropout == b.dropout && a.perm == b.perm &&
-           a.shape == b.shape && a.dtype == b.dtype && a.rsqrt_of == b.rsqrt_of &&
-           (a.value == b.value || (a.value != a.value && b.value != b.value));
+#define QKV_ATTR_EQUAL(field, type, init, flag, print, kind) &&attr_equal(a.field, b.field)
+    return true QKV_ATTRS(QKV_ATTR_EQUAL);
+#undef QKV_ATTR_EQUAL
   }
 };
 

@@ -46,35 +46,37 @@ constexpr std::string_view align_name(CausalAlign a) {
 
 }  // namespace
 
+namespace {
+
+/// One attribute's value as IR text, by its kind (QKV_ATTRS).
+std::string text_axis(const Graph&, const Node&, int v) { return std::to_string(v); }
+std::string text_size(const Graph&, const Node&, std::int64_t v) { return std::to_string(v); }
+std::string text_operand(const Graph&, const Node&, std::int8_t v) { return std::to_string(v); }
+std::string text_boolean(const Graph&, const Node&, bool v) { return v ? "true" : "false"; }
+std::string text_number(const Graph&, const Node&, double v) { return format_double(v); }
+std::string text_dim(const Graph& g, const Node&, Dim v) { return g.dim_name(v); }
+std::string text_shape(const Graph& g, const Node&, const Shape& v) { return format_dims(g, v); }
+std::string text_align(const Graph&, const Node&, CausalAlign v) { return std::string(align_name(v)); }
+std::string text_result_dtype(const Graph&, const Node&, DType v) { return std::string(dtype_name(v)); }
+std::string text_perm(const Graph&, const Node& n, const Perm& v) {  // over the result's rank
+  std::string p = "[";
+  for (int i = 0; i < n.shape.rank; ++i) p += (i ? "," : "") + std::to_string(v[static_cast<std::size_t>(i)]);
+  return p + "]";
+}
+
+}  // namespace
+
 std::string print_attrs(const Graph& g, const Node& n) {
-  std::uint32_t f = op_info(n.op).attrs;
-  const Attrs& a = n.attrs;
+  const std::uint32_t flags = op_info(n.op).attrs;
+  const Attrs defaults;
   std::string s;
-  auto add = [&](const std::string& part) { s += (s.empty() ? "" : ", ") + part; };
-  if (f & kAttrAxis) add("axis=" + std::to_string(a.axis));
-  if (f & kAttrKeepdim) add(std::string("keepdim=") + (a.keepdim ? "true" : "false"));
-  if (f & kAttrTranspose) {
-    add(std::string("transpose_a=") + (a.transpose_a ? "true" : "false"));
-    add(std::string("transpose_b=") + (a.transpose_b ? "true" : "false"));
-  }
-  if (f & kAttrPerm) {
-    std::string p = "perm=[";
-    for (int i = 0; i < n.shape.rank; ++i) p += (i ? "," : "") + std::to_string(a.perm[static_cast<std::size_t>(i)]);
-    add(p + "]");
-  }
-  if ((f & kAttrShape) && n.op != Op::input) add("shape=" + format_dims(g, a.shape));
-  if (f & kAttrValue) add("value=" + format_double(a.value));
-  if ((f & kAttrValue) && a.rsqrt_of != 0) add("rsqrt_of=" + g.dim_name(a.rsqrt_of));  // printed when set
-  if (f & kAttrDepth) add("depth=" + std::to_string(a.depth));
-  if (f & kAttrRange) {
-    add("begin=" + std::to_string(a.begin));
-    add("end=" + std::to_string(a.end));
-  }
-  if (f & kAttrCausal) add(std::string("causal=") + (a.causal ? "true" : "false"));
-  if (f & kAttrAlign) add("align=" + std::string(align_name(a.align)));
-  if ((f & kAttrWindow) && a.window != 0) add("window=" + std::to_string(a.window));  // printed when set
-  if (f & kAttrWrt) add("wrt=" + std::to_string(a.wrt));
-  if ((f & kAttrDropout) && a.dropout != 0.0) add("dropout=" + format_double(a.dropout));  // printed when set
+  auto add = [&](const char* name, const std::string& text) { s += (s.empty() ? "" : ", ") + std::string(name) + "=" + text; };
+#define QKV_PRINT_ATTR(field, type, init, flag, print, kind)                                                   \
+  if ((flags & flag) && AttrPrint::print != AttrPrint::never && !(n.op == Op::input && std::string_view(#field) == "shape") && \
+      (AttrPrint::print == AttrPrint::always || !attr_equal(n.attrs.field, defaults.field)))                   \
+    add(#field, text_##kind(g, n, n.attrs.field));
+  QKV_ATTRS(QKV_PRINT_ATTR)
+#undef QKV_PRINT_ATTR
   return s;
 }
 
@@ -364,38 +366,41 @@ class Parser {
     if (v != static_cast<std::int64_t>(g_.size())) fail("values must be numbered in order (expected %" + std::to_string(g_.size()) + ")");
     return static_cast<ValueId>(v);
   }
+  // One attribute's value from IR text, by its kind (QKV_ATTRS); `what` names it in errors.
+  int parse_axis(const char* what) { return static_cast<int>(bounded(-kMaxRank, kMaxRank, what)); }
+  std::int64_t parse_size(const char* what) { return bounded(0, kMaxParsedDim, what); }
+  std::int8_t parse_operand(const char* what) { return static_cast<std::int8_t>(bounded(0, 127, what)); }
+  bool parse_boolean(const char*) { return boolean(); }
+  double parse_number(const char*) { return number(); }
+  Dim parse_dim(const char*) { return dim(); }
+  Shape parse_shape(const char*) { return dims(); }
+  CausalAlign parse_align(const char*) {
+    std::string w = word();
+    if (w == "top_left") return CausalAlign::top_left;
+    if (w == "bottom_right") return CausalAlign::bottom_right;
+    fail("bad align '" + w + "'");
+  }
+  DType parse_result_dtype(const char* what) { fail(std::string(what) + " is not written as an attribute (the node's type says it)"); }
+  Perm parse_perm(const char*) {
+    Shape p = dims();
+    Perm v{};
+    for (int i = 0; i < p.rank; ++i) {
+      if (p[i] < 0 || p[i] >= kMaxRank) fail("perm entry " + g_.dim_name(p[i]) + " is not an axis");
+      v[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(p[i]);
+    }
+    return v;
+  }
   void parse_attr(Node& n) {
     std::string key = word();
     expect('=');
-    Attrs& a = n.attrs;
-    if (key == "axis") a.axis = static_cast<int>(bounded(-kMaxRank, kMaxRank, "axis"));
-    else if (key == "keepdim") a.keepdim = boolean();
-    else if (key == "transpose_a") a.transpose_a = boolean();
-    else if (key == "transpose_b") a.transpose_b = boolean();
-    else if (key == "causal") a.causal = boolean();
-    else if (key == "depth") a.depth = bounded(0, kMaxParsedDim, "depth");
-    else if (key == "begin") a.begin = bounded(0, kMaxParsedDim, "begin");
-    else if (key == "end") a.end = bounded(0, kMaxParsedDim, "end");
-    else if (key == "window") a.window = bounded(0, kMaxParsedDim, "window");
-    else if (key == "wrt") a.wrt = static_cast<std::int8_t>(bounded(0, 127, "wrt"));
-    else if (key == "value") a.value = number();
-    else if (key == "dropout") a.dropout = number();
-    else if (key == "rsqrt_of") a.rsqrt_of = dim();
-    else if (key == "shape") a.shape = dims();
-    else if (key == "align") {
-      std::string w = word();
-      if (w == "top_left") a.align = CausalAlign::top_left;
-      else if (w == "bottom_right") a.align = CausalAlign::bottom_right;
-      else fail("bad align '" + w + "'");
-    } else if (key == "perm") {
-      Shape p = dims();
-      for (int i = 0; i < p.rank; ++i) {
-        if (p[i] < 0 || p[i] >= kMaxRank) fail("perm entry " + g_.dim_name(p[i]) + " is not an axis");
-        a.perm[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(p[i]);
-      }
-    } else {
-      fail("unknown attribute '" + key + "'");
-    }
+#define QKV_PARSE_ATTR(field, type, init, flag, print, kind) \
+  if (key == #field) {                                       \
+    n.attrs.field = parse_##kind(#field);                    \
+    return;                                                  \
+  }
+    QKV_ATTRS(QKV_PARSE_ATTR)
+#undef QKV_PARSE_ATTR
+    fail("unknown attribute '" + key + "'");
   }
   void parse_updates() {
     do {
