@@ -29,6 +29,13 @@ using ir::Op;
 using ir::OpCategory;
 using ir::Shape;
 
+/// A GLSL float of exactly `v` as float32, by its bits: infinities and NaN included.
+std::string float_literal(double v) {
+  char hex[40];
+  std::snprintf(hex, sizeof hex, "uintBitsToFloat(0x%08xu)", std::bit_cast<std::uint32_t>(static_cast<float>(v)));
+  return hex;
+}
+
 /// The GLSL expression of each elementwise op over operands a, b (and condition c for where).
 std::string elementwise_expr(Op op) {
 #define QKV_GLSL_EXPR(id, arity, category, attrs, doc, host, glsl, ...) \
@@ -490,11 +497,7 @@ std::string detail::region_function(const ir::Graph& region, const std::string& 
       }
       rhs += ";  // " + n.name;
     } else if (n.op == Op::constant) {
-      // Bit-exact, infinities and NaN included.
-      const auto bits = std::bit_cast<std::uint32_t>(static_cast<float>(n.attrs.value));
-      char hex[16];
-      std::snprintf(hex, sizeof hex, "0x%08xu", bits);
-      rhs = std::string("uintBitsToFloat(") + hex + ");  // " + ir::format_number(n.attrs.value);
+      rhs = float_literal(n.attrs.value) + ";  // " + ir::format_number(n.attrs.value);
     } else {
       std::vector<std::string> operands;
       for (ir::ValueId in : n.inputs) operands.push_back(value(in));
@@ -557,15 +560,6 @@ Iv iv_where(Iv c, Iv x, Iv y) {
 Iv iv_periodic(Iv a) { return Iv(-1.0, 1.0, a.nan || iv_unbounded(a)); }  // Monotone::periodic
 )";
 
-/// A GLSL float of exactly `v`, infinities included (as iv_inf()).
-std::string glsl_float(double v) {
-  if (std::isinf(v)) return v > 0 ? "iv_inf()" : "(-iv_inf())";
-  QKV_ASSERT(!std::isnan(v), "a NaN bound");
-  char hex[48];
-  std::snprintf(hex, sizeof hex, "uintBitsToFloat(0x%08xu)", std::bit_cast<std::uint32_t>(static_cast<float>(v)));
-  return hex;
-}
-
 /// The GLSL of a monotone unary op's value at an interval's end, ivf_<op>(a): its row's GLSL
 /// expression, with the ends of its domain and +inf answered by its host expression (the GLSL
 /// built-ins' results there are not specified). nullopt for the periodic ops (iv_periodic).
@@ -575,7 +569,7 @@ std::optional<std::string> interval_end(Op op) {
   const double start = m == ir::Monotone::increasing_from_zero ? 0.0 : -std::numeric_limits<double>::infinity();
   const double inf = std::numeric_limits<double>::infinity();
   auto expr = [&](auto f, const char* glsl) {
-    return "a <= " + glsl_float(start) + " ? " + glsl_float(f(start)) + " : a == iv_inf() ? " + glsl_float(f(inf)) + " : " + glsl;
+    return "a <= " + float_literal(start) + " ? " + float_literal(f(start)) + " : a == iv_inf() ? " + float_literal(f(inf)) + " : " + glsl;
   };
 #define QKV_INTERVAL_END(id, arity, category, attrs, doc, host, glsl, ...) \
   if (op == Op::id) return expr([](double x) { return host; }, glsl);
@@ -631,13 +625,7 @@ std::string detail::region_bound_function(const ir::Graph& region, const std::st
     std::string rhs, note;
     switch (n.op) {
       case Op::input: rhs = "iv_unknown()"; break;  // the score: anything
-      case Op::constant: {
-        const auto bits = std::bit_cast<std::uint32_t>(static_cast<float>(n.attrs.value));
-        char hex[16];
-        std::snprintf(hex, sizeof hex, "0x%08xu", bits);
-        rhs = std::string("iv_exact(uintBitsToFloat(") + hex + "))";
-        break;
-      }
+      case Op::constant: rhs = "iv_exact(" + float_literal(n.attrs.value) + ")"; break;
       case Op::cast:  // i32 or bool as f32: the same values
         rhs = arg(0);
         note = "  // cast";

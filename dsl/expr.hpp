@@ -161,14 +161,21 @@ struct shape_check {
   static constexpr bool ok = true;
 };
 
-/// Builds a node after checking its shape rule at the call site. `Names` lists the named dims
-/// its attributes mention; `value` replaces attrs.value (a dropout probability known at run time).
+/// Builds a node whose attributes are known only at run time (a dropout probability) after
+/// checking its shape rule, with the static attributes A, at the call site. `Names` lists the
+/// named dims its attributes mention.
 template <ir::Op O, ir::Attrs A = ir::Attrs{}, class Names = DimList<>, Expr... Cs>
-auto make_node(const Cs&... children) {
+auto make_node_with(const ir::Attrs& attrs, const Cs&... children) {
   constexpr ir::ShapeResult r = detail::rule<O, A, Cs...>();
   static_assert(shape_check<O, r.error, r.lhs, r.rhs>::ok);
-  if constexpr (r.ok()) return Node<r.shape, r.dtype>{{}, detail::make_term(O, A, {children.term()...}, detail::dim_names(Names{}))};
+  if constexpr (r.ok()) return Node<r.shape, r.dtype>{{}, detail::make_term(O, attrs, {children.term()...}, detail::dim_names(Names{}))};
   else return ExprBase{};
+}
+
+/// Builds a node after checking its shape rule at the call site.
+template <ir::Op O, ir::Attrs A = ir::Attrs{}, class Names = DimList<>, Expr... Cs>
+auto make_node(const Cs&... children) {
+  return make_node_with<O, A, Names>(A, children...);
 }
 
 }  // namespace qkv::dsl

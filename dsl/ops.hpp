@@ -110,11 +110,9 @@ template <Expr X, Expr S>
 constexpr auto dropout(X x, S seed, double p) {
   static_assert(S::dtype == DType::i32 && S::shape.rank == 0, "qkv: the dropout seed is an i32 scalar");
   if (p == 0.0) return x * constant(1.0);  // evaluation: no mask drawn
-  constexpr ir::ShapeResult r = detail::rule<ir::Op::dropout_mask, ir::Attrs{}, X, S>();
-  static_assert(r.ok());
-  ir::Attrs attrs;
-  attrs.value = p;
-  return x * Node<r.shape, r.dtype>{{}, detail::make_term(ir::Op::dropout_mask, attrs, {x.term(), seed.term()}, {})};
+  ir::Attrs probability;
+  probability.value = p;
+  return x * make_node_with<ir::Op::dropout_mask>(probability, x, seed);
 }
 
 /// cond ? a : b elementwise, cond boolean (true keeps a). A number for a or b becomes a scalar.

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "ir/dtype.hpp"
+#include "ir/error.hpp"
 #include "ir/shape.hpp"
 
 namespace qkv::ir {
@@ -172,7 +173,7 @@ constexpr Monotone unary_monotone(Op op) {
   if (op == Op::id) return Monotone::monotone;
   QKV_UNARY_OPS(QKV_UNARY_MONOTONE)
 #undef QKV_UNARY_MONOTONE
-  return Monotone::periodic;  // not a unary op: callers ask only for unary ops
+  QKV_UNREACHABLE("unary_monotone of an op that is not unary");
 }
 
 /// Fused attention and the ops of its fused backward: the ops a backend with a flash-attention

@@ -14,8 +14,6 @@
 
 namespace qkv::tool {
 
-using qkv::UsageError;
-
 /// NAME=VALUE pairs from repeated options; `what` names the option in errors, and a NAME given
 /// twice is one.
 std::map<std::string, std::string> pairs(const std::vector<std::string>& items, const char* what);
