@@ -9,6 +9,7 @@
 #include <random>
 
 #include "backends/reference/reference_backend.hpp"
+#include "ir/bind.hpp"
 
 namespace qkv::backend {
 
@@ -106,14 +107,11 @@ TensorMap random_inputs(const ir::Graph& g, const std::map<std::string, std::int
     const ir::Node& n = g.node(v);
     std::vector<std::int64_t> shape;
     for (int i = 0; i < n.shape.rank; ++i) {
-      ir::Dim d = n.shape[i];
-      if (!ir::is_symbol(d)) {
-        shape.push_back(d);
-        continue;
+      try {
+        shape.push_back(ir::dim_size(g, n.shape[i], dims));
+      } catch (const ShapeError& e) {
+        throw ShapeError("input '" + n.name + "': " + e.what());
       }
-      auto it = dims.find(g.dim_name(d));
-      if (it == dims.end()) throw ShapeError("input '" + n.name + "': no size given for dim " + g.dim_name(d));
-      shape.push_back(it->second);
     }
     Tensor t;
     try {

@@ -22,14 +22,14 @@ constexpr auto activate(X x) {
 ///   auto x = input<"x">(dim<"B">, dim<"T">, dim<32>);
 ///   auto y = feed_forward<"mlp", 32, 128, Activation::gelu>(x);
 /// \endcode
-template <FixedString Prefix, std::int64_t E, std::int64_t F, Activation A = Activation::relu, Expr X>
+template <FixedString Prefix, DimArg E, DimArg F, Activation A = Activation::relu, Expr X>
 constexpr auto feed_forward(X x) {
   auto h = linear(x, input<param_path<Prefix, "linear1.weight">()>(dim<F>, dim<E>), input<param_path<Prefix, "linear1.bias">()>(dim<F>));
   return linear(activate<A>(h), input<param_path<Prefix, "linear2.weight">()>(dim<E>, dim<F>), input<param_path<Prefix, "linear2.bias">()>(dim<E>));
 }
 
 /// layer_norm with parameters "<Prefix>.<Name>.weight" and ".bias" [E] (torch.nn.LayerNorm).
-template <FixedString Prefix, FixedString Name, std::int64_t E, Expr X>
+template <FixedString Prefix, FixedString Name, DimArg E, Expr X>
 constexpr auto named_layer_norm(X x, double eps = 1e-5) {
   constexpr auto path = param_path<Prefix, Name>();
   return layer_norm(x, input<param_path<path, "weight">()>(dim<E>), input<param_path<path, "bias">()>(dim<E>), eps);
@@ -44,7 +44,7 @@ constexpr auto named_layer_norm(X x, double eps = 1e-5) {
 ///   auto x = input<"x">(dim<"B">, dim<"T">, dim<32>);
 ///   auto y = decoder_block<"layers.0", 32, 4, 64>(x);  // [B, T, 32]
 /// \endcode
-template <FixedString Prefix, std::int64_t E, std::int64_t H, std::int64_t F, Activation A = Activation::relu, Expr X, class... Opts>
+template <FixedString Prefix, DimArg E, DimArg H, DimArg F, Activation A = Activation::relu, Expr X, class... Opts>
 constexpr auto decoder_block(X x, Opts... opts) {
   constexpr auto attn = param_path<Prefix, "self_attn">();
   auto h = x + multi_head_attention<H>(named_layer_norm<Prefix, "norm1", E>(x), named_layer_norm<Prefix, "norm1", E>(x),
@@ -63,7 +63,7 @@ constexpr auto decoder_block(X x, Opts... opts) {
 ///   auto memory = input<"memory">(dim<"B">, dim<"S">, dim<32>);
 ///   auto y = encoder_decoder_block<"", 32, 4, 64>(tgt, memory);
 /// \endcode
-template <FixedString Prefix, std::int64_t E, std::int64_t H, std::int64_t F, Activation A = Activation::relu, Expr X, Expr M>
+template <FixedString Prefix, DimArg E, DimArg H, DimArg F, Activation A = Activation::relu, Expr X, Expr M>
 constexpr auto encoder_decoder_block(X x, M memory) {
   constexpr auto self_path = param_path<Prefix, "self_attn">();
   constexpr auto cross_path = param_path<Prefix, "multihead_attn">();

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstddef>
 #include <string_view>
+#include <utility>
 
 #include "ir/shape.hpp"
 
@@ -37,10 +38,14 @@ constexpr auto param_path() {
   return r;
 }
 
-/// A dim as a template argument: an integer size or a name.
+/// A dim as a template argument: an integer size, a name, an expression of them (`3 * E`,
+/// `E / H`: its text is its name, "3*E"), or a dim a builder derived from two others' values
+/// (`derived(DimOp::quotient, e, h)`, declared to the graph from their symbols).
 struct DimArg {
   ir::Dim value = 0;
   std::array<char, kMaxNameLength + 1> name{};
+  ir::DimOp op = ir::DimOp::sum;  // derived(): how `a` and `b` make the value
+  ir::Dim a = 0, b = 0;
 
   constexpr DimArg(long long size) : value(size) {}
   template <std::size_t N>
@@ -48,13 +53,65 @@ struct DimArg {
   constexpr DimArg(const char (&s)[N]) : value(ir::symbol_id(std::string_view(s, N - 1))) {
     for (std::size_t i = 0; i + 1 < N; ++i) name[i] = s[i];
   }
+  /// The dim `a op b` of two dims' values; a size when both are (a quotient must be exact).
+  static constexpr DimArg derived(ir::DimOp op, ir::Dim a, ir::Dim b) {
+    if (op == ir::DimOp::quotient && !ir::is_symbol(a) && !ir::is_symbol(b) && (b == 0 || a % b != 0))
+      throw "qkv: a quotient of static dims must be a whole size";
+    DimArg r(ir::derived_dim(op, a, b));
+    if (ir::is_symbol(r.value) && r.value != a && r.value != b) {
+      r.op = op;
+      r.a = a;
+      r.b = b;
+    }
+    return r;
+  }
   constexpr bool is_named() const { return ir::is_symbol(value); }
   constexpr std::string_view name_view() const {
     std::size_t n = 0;
     while (n < name.size() && name[n]) ++n;
     return {name.data(), n};
   }
+  /// Whether the graph learns this dim from its parts (derived(), not a name or an expression).
+  constexpr bool is_derived_by_value() const { return is_named() && name[0] == '\0' && (a != 0 || b != 0); }
 };
+
+namespace detail {
+/// `a op b` of two template dims: a size when both are, else an expression named by its text.
+constexpr DimArg combine_dims(ir::DimOp op, char sign, const DimArg& a, const DimArg& b) {
+  if (!a.is_named() && !b.is_named()) return DimArg::derived(op, a.value, b.value);
+  std::array<char, 2 * (kMaxNameLength + 3) + 2> text{};
+  std::size_t n = 0;
+  auto put = [&](const DimArg& d) {
+    if (d.is_named() && d.name[0] == '\0') throw "qkv: only sizes, names and their expressions combine in a dim argument";
+    std::string_view v = d.name_view();
+    char digits[24]{};
+    if (!d.is_named()) {  // a size, in decimal
+      std::int64_t x = d.value;
+      int k = 0;
+      do digits[k++] = static_cast<char>('0' + x % 10);
+      while ((x /= 10) != 0);
+      for (int i = 0; i < k / 2; ++i) std::swap(digits[i], digits[k - 1 - i]);
+      v = std::string_view(digits, static_cast<std::size_t>(k));
+    }
+    const bool composite = v.find_first_of("+*/") != std::string_view::npos;
+    if (composite) text[n++] = '(';
+    for (char c : v) text[n++] = c;
+    if (composite) text[n++] = ')';
+  };
+  put(a);
+  text[n++] = sign;
+  put(b);
+  if (n > kMaxNameLength) throw "qkv: a dim expression's text is longer than 31 characters";
+  DimArg r(ir::derived_dim(op, a.value, b.value));
+  for (std::size_t i = 0; i < n; ++i) r.name[i] = text[i];
+  return r;
+}
+}  // namespace detail
+
+/// Dim expressions for shapes and sizes: dim<3 * E>, dim<E / H> (checked when bound: E must divide).
+constexpr DimArg operator+(const DimArg& a, const DimArg& b) { return detail::combine_dims(ir::DimOp::sum, '+', a, b); }
+constexpr DimArg operator*(const DimArg& a, const DimArg& b) { return detail::combine_dims(ir::DimOp::product, '*', a, b); }
+constexpr DimArg operator/(const DimArg& a, const DimArg& b) { return detail::combine_dims(ir::DimOp::quotient, '/', a, b); }
 
 /// The type of dim<D>; carries D.
 template <DimArg D>

@@ -44,9 +44,9 @@ struct Term {
   ir::Shape shape{};             // input, constant
   double value = 0.0;            // constant
   ir::Dim rsqrt_of = 0;          // constant: the value divided by sqrt(this dim's size) when bound
-  /// Named dims the node's shape or attributes mention, declared to the graph when lowered
-  /// (they point into template parameter objects, which live as long as the program).
-  std::vector<std::string_view> dim_names;
+  /// Dims the node's shape or attributes name or derive, declared to the graph when lowered
+  /// (template parameter objects, which live as long as the program).
+  std::vector<const DimArg*> dims;
 
   Term() = default;
   Term(const Term&) = delete;
@@ -66,39 +66,40 @@ struct Term {
 };
 
 template <DimArg... Ds>
-std::vector<std::string_view> dim_names(DimList<Ds...>) {
-  std::vector<std::string_view> names;
-  ((Ds.is_named() && !Ds.name_view().empty() ? names.push_back(Ds.name_view()) : void()), ...);
-  return names;
+std::vector<const DimArg*> dim_decls(DimList<Ds...>) {
+  std::vector<const DimArg*> decls;
+  ((Ds.is_named() ? decls.push_back(&Ds) : void()), ...);
+  return decls;
 }
 
 /// Out of line on purpose: a model builds hundreds of nodes, and inlining each node's
 /// construction into one function is what made models slow to compile.
 [[gnu::noinline]] inline TermPtr make_term(ir::Op op, const ir::Attrs& attrs, std::initializer_list<TermPtr> children,
-                                           std::vector<std::string_view> names) {
+                                           std::vector<const DimArg*> dims) {
   auto t = std::make_shared<Term>();
   t->op = op;
   t->attrs = attrs;
   t->children.assign(children.begin(), children.end());
-  t->dim_names = std::move(names);
+  t->dims = std::move(dims);
   return t;
 }
 [[gnu::noinline]] inline TermPtr make_input_term(std::string_view name, DType dtype, const ir::Shape& shape,
-                                                 std::vector<std::string_view> names) {
+                                                 std::vector<const DimArg*> dims) {
   auto t = std::make_shared<Term>();
   t->kind = Term::Kind::input;
   t->name = name;
   t->dtype = dtype;
   t->shape = shape;
-  t->dim_names = std::move(names);
+  t->dims = std::move(dims);
   return t;
 }
-[[gnu::noinline]] inline TermPtr make_constant_term(double value, const ir::Shape& shape, ir::Dim rsqrt_of) {
+[[gnu::noinline]] inline TermPtr make_constant_term(double value, const ir::Shape& shape, ir::Dim rsqrt_of, const DimArg* derived) {
   auto t = std::make_shared<Term>();
   t->kind = Term::Kind::constant;
   t->shape = shape;
   t->value = value;
   t->rsqrt_of = rsqrt_of;
+  if (derived) t->dims.push_back(derived);
   return t;
 }
 }  // namespace detail
@@ -110,7 +111,7 @@ struct Input : ExprBase {
   static constexpr DType dtype = DT;
   using dims = DimList<Ds...>;
   static constexpr std::string_view name() { return Name.view(); }
-  detail::TermPtr term() const { return detail::make_input_term(name(), DT, shape, detail::dim_names(dims{})); }
+  detail::TermPtr term() const { return detail::make_input_term(name(), DT, shape, detail::dim_decls(dims{})); }
   /// x[i] for an index a score or mask modifier gets: at(x, i) (dsl/score_mods.hpp).
   template <class I>
   auto operator[](I i) const { return at(*this, i); }
@@ -124,7 +125,8 @@ struct Constant : ExprBase {
   static constexpr DType dtype = DType::f32;
   double value = 0.0;
   ir::Dim rsqrt_of = 0;
-  detail::TermPtr term() const { return detail::make_constant_term(value, S, rsqrt_of); }
+  const DimArg* rsqrt_of_derived = nullptr;  // rsqrt_of when a builder derived it (D*D for 1/D): declared when lowered
+  detail::TermPtr term() const { return detail::make_constant_term(value, S, rsqrt_of, rsqrt_of_derived); }
 };
 
 /// An op's result: its type is its shape and dtype, nothing else (what it was computed from is
@@ -163,12 +165,12 @@ struct shape_check {
 
 /// Builds a node whose attributes are known only at run time (a dropout probability) after
 /// checking its shape rule, with the static attributes A, at the call site. `Names` lists the
-/// named dims its attributes mention.
+/// dims its attributes name or derive (a DimList).
 template <ir::Op O, ir::Attrs A = ir::Attrs{}, class Names = DimList<>, Expr... Cs>
 auto make_node_with(const ir::Attrs& attrs, const Cs&... children) {
   constexpr ir::ShapeResult r = detail::rule<O, A, Cs...>();
   static_assert(shape_check<O, r.error, r.lhs, r.rhs>::ok);
-  if constexpr (r.ok()) return Node<r.shape, r.dtype>{{}, detail::make_term(O, attrs, {children.term()...}, detail::dim_names(Names{}))};
+  if constexpr (r.ok()) return Node<r.shape, r.dtype>{{}, detail::make_term(O, attrs, {children.term()...}, detail::dim_decls(Names{}))};
   else return ExprBase{};
 }
 

@@ -8,6 +8,7 @@
 
 #include "dsl/expr.hpp"
 #include "ir/graph.hpp"
+#include "ir/printer.hpp"
 
 namespace qkv::dsl {
 
@@ -49,8 +50,9 @@ class Lowerer {
 
  private:
   ir::ValueId emit_one(const Term& t) {
-    // Unnamed symbols come from shapes the DSL derived; inputs declared their names already.
-    for (std::string_view name : t.dim_names) g_.symbol(name);
+    // Names, expressions ("3*E") and dims derived from others' values; symbols a node's shape
+    // only carries over from its operands are declared already.
+    for (const DimArg* d : t.dims) declare(*d);
     switch (t.kind) {
       case Term::Kind::input: return g_.add_input(t.name, t.dtype, t.shape);
       case Term::Kind::constant: return g_.constant(t.value, t.shape, t.rsqrt_of);
@@ -60,6 +62,15 @@ class Lowerer {
     ids.reserve(t.children.size());
     for (const TermPtr& c : t.children) ids.push_back(emitted_.at(c.get()));
     return g_.add(t.op, std::move(ids), t.attrs);
+  }
+
+  void declare(const DimArg& d) {
+    const std::string_view name = d.name_view();
+    ir::Dim declared = d.value;
+    if (d.is_derived_by_value()) declared = g_.derive_dim(d.op, d.a, d.b);
+    else if (name.find_first_of("+*/") != std::string_view::npos) declared = ir::parse_dim(g_, name);
+    else if (!name.empty()) declared = g_.symbol(name);
+    QKV_ASSERT(declared == d.value, "the DSL and the graph disagree on dim " + std::string(name));
   }
 
   ir::Graph g_;

@@ -7,41 +7,49 @@
 
 namespace qkv::dsl {
 
-namespace detail {
-template <std::int64_t Parts, Expr X>
-constexpr ir::Shape split_last(std::int64_t keep_front) {
-  ir::Shape s;
-  for (int i = 0; i < keep_front; ++i) s.push_back(X::shape[i]);
-  s.push_back(Parts);
-  s.push_back(X::shape.back(0) / Parts);
-  return s;
-}
-}  // namespace detail
-
-/// [B, L, H * Dh] -> [B, H, L, Dh]. H must divide the (static) last dim.
-template <std::int64_t H, Expr X>
+/// [B, L, E] -> [B, H, L, E/H]. H (a size or a name) must divide E: at compile time where both
+/// are sizes, when the graph is bound otherwise.
+template <DimArg H, Expr X>
 constexpr auto split_heads(X x) {
-  constexpr ir::Dim e = X::shape.back(0);
   static_assert(X::shape.rank == 3, "qkv: split_heads takes [batch, length, embed]");
-  static_assert(!ir::is_symbol(e), "qkv: the embedding dim must be static to split it into heads");
-  static_assert(e % H == 0, "qkv: the embedding dim is not divisible by the number of heads");
-  return permute<0, 2, 1, 3>(detail::reshape_to<detail::split_last<H, X>(2)>(x));
+  constexpr ir::Dim e = X::shape.back(0);
+  static_assert(ir::is_symbol(e) || H.is_named() || (H.value > 0 && e % H.value == 0),
+                "qkv: the embedding dim is not divisible by the number of heads");
+  constexpr DimArg dh = DimArg::derived(ir::DimOp::quotient, e, H.value);
+  constexpr ir::Shape s{X::shape[0], X::shape[1], H.value, dh.value};
+  return permute<0, 2, 1, 3>(detail::reshape_to<s, DimList<H, dh>>(x));
 }
 
-/// [B, H, L, Dh] -> [B, L, H * Dh].
-template <Expr X>
+/// [B, H, L, Dh] -> [B, L, H * Dh]; with E (a dim of the graph), [B, L, E] (the embedding the
+/// heads were split from, so a named E stays E).
+template <ir::Dim E = 0, Expr X>
 constexpr auto merge_heads(X x) {
   static_assert(X::shape.rank == 4, "qkv: merge_heads takes [batch, heads, length, head dim]");
   using P = decltype(permute<0, 2, 1, 3>(x));
-  constexpr ir::Shape s = [] {
-    ir::Shape r;
-    r.push_back(P::shape[0]);
-    r.push_back(P::shape[1]);
-    r.push_back(P::shape[2] * P::shape[3]);
-    return r;
-  }();
-  return detail::reshape_to<s>(permute<0, 2, 1, 3>(x));
+  constexpr DimArg joined = E != 0 ? DimArg(E) : DimArg::derived(ir::DimOp::product, P::shape[2], P::shape[3]);
+  constexpr ir::Shape s{P::shape[0], P::shape[1], joined.value};
+  return detail::reshape_to<s, DimList<joined>>(permute<0, 2, 1, 3>(x));
 }
+
+namespace detail {
+/// Rows [K E, (K + 1) E) of w [3E, ...] (in_proj_weight's and in_proj_bias' blocks): a slice
+/// where E is a size, else a reshape to [3, E, ...], the block K, and a reshape back.
+template <std::int64_t K, DimArg E, Expr W>
+constexpr auto row_block(W w) {
+  if constexpr (!E.is_named()) {
+    return slice<0, K * E.value, (K + 1) * E.value>(w);
+  } else {
+    // w's shape with its first dim E, after `front` (none when 0).
+    constexpr auto rows = [](ir::Dim front) {
+      ir::Shape r;
+      if (front != 0) r.push_back(front);
+      for (int i = 0; i < W::shape.rank; ++i) r.push_back(i == 0 ? E.value : W::shape[i]);
+      return r;
+    };
+    return reshape_to<rows(0)>(slice<0, K, K + 1>(reshape_to<rows(3)>(w)));
+  }
+}
+}  // namespace detail
 
 /// PyTorch's key_padding_mask (true: the key is padding and is ignored, the opposite of the
 /// scaled dot-product convention) [B, M] as an additive bias [B, 1, 1, M] for per-head scores.
@@ -90,13 +98,14 @@ constexpr auto mean_over_heads(W w) { return mean<1, false>(w); }
 ///       x, x, x, input<"wq">(dim<64>, dim<64>), input<"wk">(dim<64>, dim<64>), input<"wv">(dim<64>, dim<64>),
 ///       input<"bq">(dim<64>), input<"bk">(dim<64>), input<"bv">(dim<64>), input<"wo">(dim<64>, dim<64>), input<"bo">(dim<64>), causal);
 /// \endcode
-template <std::int64_t H, Expr Q, Expr K, Expr V, Expr Wq, Expr Wk, Expr Wv, class Bq, class Bk, class Bv, Expr Wo, class Bo, class... Opts>
+template <DimArg H, Expr Q, Expr K, Expr V, Expr Wq, Expr Wk, Expr Wv, class Bq, class Bk, class Bv, Expr Wo, class Bo, class... Opts>
 constexpr auto multi_head_attention(Q query, K key, V value, Wq wq, Wk wk, Wv wv, Bq bq, Bk bk, Bv bv, Wo wo, Bo bo, Opts... opts) {
   auto q = split_heads<H>(add_bias(linear(query, wq), bq));
   auto k = split_heads<H>(add_bias(linear(key, wk), bk));
   auto v = split_heads<H>(add_bias(linear(value, wv), bv));
   auto w = attention_weights(q, k, opts...);
-  auto out = add_bias(linear(merge_heads(matmul(w, v)), wo), bo);
+  using Projected = decltype(linear(query, wq));
+  auto out = add_bias(linear(merge_heads<Projected::shape.back(0)>(matmul(w, v)), wo), bo);
   return HeadsResult<decltype(out), decltype(w)>{out, w};
 }
 
@@ -119,28 +128,33 @@ constexpr MhaParams<Ts...> make_mha_params(Ts... ts) { return {ts...}; }
 /// Inputs named as torch.nn.MultiheadAttention(E, H, bias=Bias)'s state_dict under `Prefix`:
 /// "<Prefix>.in_proj_weight" [3E, E] (its row blocks are W_q, W_k, W_v), "<Prefix>.in_proj_bias"
 /// [3E], "<Prefix>.out_proj.weight" [E, E], "<Prefix>.out_proj.bias" [E]. Slices take the blocks
-/// without copies of the parameters in the user's files.
+/// without copies of the parameters in the user's files. E may be a name, bound by the inputs
+/// (E/H checked then); so may the heads, fixed to a size by ir::specialize_dims before running
+/// (how the qkv tool builds its models for any size).
 /// \code
 ///   auto x = input<"x">(dim<"B">, dim<"T">, dim<64>);
 ///   auto [out, w] = multi_head_attention<8>(x, x, x, mha_params<"self_attn", 64>(), causal);
+///   auto y = input<"y">(dim<"B">, dim<"T">, dim<"E">);  // any embedding 8 divides
+///   auto [out2, w2] = multi_head_attention<8>(y, y, y, mha_params<"attn", "E">());
 /// \endcode
-template <FixedString Prefix, std::int64_t E, bool Bias = true>
+template <FixedString Prefix, DimArg E, bool Bias = true>
 constexpr auto mha_params() {
   auto w = input<param_path<Prefix, "in_proj_weight">()>(dim<3 * E>, dim<E>);
   auto wo = input<param_path<Prefix, "out_proj.weight">()>(dim<E>, dim<E>);
   if constexpr (Bias) {
     auto b = input<param_path<Prefix, "in_proj_bias">()>(dim<3 * E>);
-    return make_mha_params(slice<0, 0, E>(w), slice<0, E, 2 * E>(w), slice<0, 2 * E, 3 * E>(w), slice<0, 0, E>(b),
-                           slice<0, E, 2 * E>(b), slice<0, 2 * E, 3 * E>(b), wo, input<param_path<Prefix, "out_proj.bias">()>(dim<E>));
+    return make_mha_params(detail::row_block<0, E>(w), detail::row_block<1, E>(w), detail::row_block<2, E>(w), detail::row_block<0, E>(b),
+                           detail::row_block<1, E>(b), detail::row_block<2, E>(b), wo, input<param_path<Prefix, "out_proj.bias">()>(dim<E>));
   } else {
-    return make_mha_params(slice<0, 0, E>(w), slice<0, E, 2 * E>(w), slice<0, 2 * E, 3 * E>(w), no_bias, no_bias, no_bias, wo, no_bias);
+    return make_mha_params(detail::row_block<0, E>(w), detail::row_block<1, E>(w), detail::row_block<2, E>(w), no_bias, no_bias, no_bias, wo,
+                           no_bias);
   }
 }
 
 /// torch.nn.MultiheadAttention(E, H, kdim=Kdim, vdim=Vdim)'s parameters, stored separately when
 /// kdim or vdim differ from E: "<Prefix>.q_proj_weight" [E, E], "k_proj_weight" [E, Kdim],
 /// "v_proj_weight" [E, Vdim], "in_proj_bias" [3E], "out_proj.weight", "out_proj.bias".
-template <FixedString Prefix, std::int64_t E, std::int64_t Kdim, std::int64_t Vdim, bool Bias = true>
+template <FixedString Prefix, DimArg E, DimArg Kdim, DimArg Vdim, bool Bias = true>
 constexpr auto mha_params_kv() {
   auto wq = input<param_path<Prefix, "q_proj_weight">()>(dim<E>, dim<E>);
   auto wk = input<param_path<Prefix, "k_proj_weight">()>(dim<E>, dim<Kdim>);
@@ -148,7 +162,7 @@ constexpr auto mha_params_kv() {
   auto wo = input<param_path<Prefix, "out_proj.weight">()>(dim<E>, dim<E>);
   if constexpr (Bias) {
     auto b = input<param_path<Prefix, "in_proj_bias">()>(dim<3 * E>);
-    return make_mha_params(wq, wk, wv, slice<0, 0, E>(b), slice<0, E, 2 * E>(b), slice<0, 2 * E, 3 * E>(b), wo,
+    return make_mha_params(wq, wk, wv, detail::row_block<0, E>(b), detail::row_block<1, E>(b), detail::row_block<2, E>(b), wo,
                            input<param_path<Prefix, "out_proj.bias">()>(dim<E>));
   } else {
     return make_mha_params(wq, wk, wv, no_bias, no_bias, no_bias, wo, no_bias);
@@ -156,13 +170,13 @@ constexpr auto mha_params_kv() {
 }
 
 /// Multi-head attention with a parameter bundle; see the long form above.
-template <std::int64_t H, Expr Q, Expr K, Expr V, class... Ps, class... Opts>
+template <DimArg H, Expr Q, Expr K, Expr V, class... Ps, class... Opts>
 constexpr auto multi_head_attention(Q query, K key, V value, MhaParams<Ps...> p, Opts... opts) {
   return multi_head_attention<H>(query, key, value, p.wq, p.wk, p.wv, p.bq, p.bk, p.bv, p.wo, p.bo, opts...);
 }
 
 /// Self-attention: queries, keys and values from one sequence x [B, T, E].
-template <std::int64_t H, Expr X, class... Ps, class... Opts>
+template <DimArg H, Expr X, class... Ps, class... Opts>
 constexpr auto self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
   return multi_head_attention<H>(x, x, x, p, opts...);
 }
@@ -171,7 +185,7 @@ constexpr auto self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
 ///   auto x = input<"x">(dim<"B">, dim<"T">, dim<32>);
 ///   auto y = causal_self_attention<4>(x, mha_params<"attn", 32>()).output;
 /// \endcode
-template <std::int64_t H, Expr X, class... Ps, class... Opts>
+template <DimArg H, Expr X, class... Ps, class... Opts>
 constexpr auto causal_self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
   return multi_head_attention<H>(x, x, x, p, causal, opts...);
 }
@@ -182,7 +196,7 @@ constexpr auto causal_self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
 ///   auto enc = input<"enc">(dim<"B">, dim<8>, dim<16>);
 ///   auto [ctx, w] = cross_attention<2>(dec, enc, mha_params<"cross", 16>());  // w: [B, 2, 5, 8]
 /// \endcode
-template <std::int64_t H, Expr X, Expr M, class... Ps, class... Opts>
+template <DimArg H, Expr X, Expr M, class... Ps, class... Opts>
 constexpr auto cross_attention(X x, M memory, MhaParams<Ps...> p, Opts... opts) {
   return multi_head_attention<H>(x, memory, memory, p, opts...);
 }
@@ -232,20 +246,23 @@ constexpr auto concat_heads(A a, B b, Rest... rest) { return concat_heads(concat
 /// \endcode q [B, N, H * Dh], k and v [B, M, Hkv * Dh], already projected; the
 /// result is [B, N, H * Dh]. Query heads h * G .. h * G + G - 1 (G = H / Hkv) read key/value head
 /// h, as in Llama's repeat_kv; nothing is copied: the batched matmul broadcasts the shared heads.
-template <std::int64_t H, std::int64_t Hkv, Expr Q, Expr K, Expr V, class... Opts>
+template <DimArg H, DimArg Hkv, Expr Q, Expr K, Expr V, class... Opts>
 constexpr auto grouped_query_attention(Q q, K k, V v, Opts... opts) {
-  static_assert(H % Hkv == 0, "qkv: the number of key/value heads must divide the number of query heads");
-  constexpr std::int64_t G = H / Hkv;
+  static_assert(H.is_named() || Hkv.is_named() || H.value % Hkv.value == 0,
+                "qkv: the number of key/value heads must divide the number of query heads");
   constexpr ir::Dim e = Q::shape.back(0);
-  static_assert(!ir::is_symbol(e) && e % H == 0, "qkv: the query embedding must be static and divisible by the heads");
-  constexpr std::int64_t dh = e / H;
-  static_assert(K::shape.back(0) == Hkv * dh && V::shape.back(0) == Hkv * dh, "qkv: key/value embeddings must be Hkv * head dim");
-  constexpr ir::Shape q5{Q::shape[0], Q::shape[1], Hkv, G, dh};
-  constexpr ir::Shape k5{K::shape[0], K::shape[1], Hkv, 1, dh};
+  static_assert(ir::is_symbol(e) || H.is_named() || e % H.value == 0, "qkv: the query embedding must be divisible by the heads");
+  constexpr DimArg G = DimArg::derived(ir::DimOp::quotient, H.value, Hkv.value);
+  constexpr DimArg dh = DimArg::derived(ir::DimOp::quotient, e, H.value);
+  constexpr DimArg kv = DimArg::derived(ir::DimOp::product, Hkv.value, dh.value);
+  static_assert(ir::dims_compatible(K::shape.back(0), kv.value) && ir::dims_compatible(V::shape.back(0), kv.value),
+                "qkv: key/value embeddings must be Hkv * head dim");
+  constexpr ir::Shape q5{Q::shape[0], Q::shape[1], Hkv.value, G.value, dh.value};
+  constexpr ir::Shape k5{K::shape[0], K::shape[1], Hkv.value, 1, dh.value};
   // [B, N, Hkv, G, Dh] -> [B, Hkv, G, N, Dh]; keys and values [B, Hkv, 1, M, Dh] broadcast over G.
-  auto qh = permute<0, 2, 3, 1, 4>(detail::reshape_to<q5>(q));
-  auto kh = permute<0, 2, 3, 1, 4>(detail::reshape_to<k5>(k));
-  auto vh = permute<0, 2, 3, 1, 4>(detail::reshape_to<k5>(v));
+  auto qh = permute<0, 2, 3, 1, 4>(detail::reshape_to<q5, DimList<H, Hkv, G, dh>>(q));
+  auto kh = permute<0, 2, 3, 1, 4>(detail::reshape_to<k5, DimList<H, Hkv, dh>>(k));
+  auto vh = permute<0, 2, 3, 1, 4>(detail::reshape_to<k5, DimList<H, Hkv, dh>>(v));
   auto out = scaled_dot_product_attention(qh, kh, vh, opts...);  // [B, Hkv, G, N, Dh]
   constexpr ir::Shape merged{Q::shape[0], Q::shape[1], e};
   return detail::reshape_to<merged>(permute<0, 3, 1, 2, 4>(out));

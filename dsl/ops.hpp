@@ -245,10 +245,11 @@ constexpr auto reshape(X x, DimC<Ds>...) {
 }
 
 namespace detail {
-/// Reshape to a shape computed from other expressions' shapes (its symbols are already named).
-template <ir::Shape S, Expr X>
+/// Reshape to a shape computed from other expressions' shapes: its symbols are named already or
+/// listed in `Names` (a DimList: the heads H, a derived head dim E/H).
+template <ir::Shape S, class Names = DimList<>, Expr X>
 constexpr auto reshape_to(X x) {
-  return make_node<ir::Op::reshape, shape_attrs(S)>(x);
+  return make_node<ir::Op::reshape, shape_attrs(S), Names>(x);
 }
 }  // namespace detail
 

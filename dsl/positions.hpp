@@ -71,6 +71,48 @@ constexpr auto learned_positions(X x, P position_ids, Table table) {
 /// dim; GPT-J/Meta's original Llama rotate interleaved pairs (2i, 2i+1).
 enum class RopeStyle { half_split, interleaved };
 
+namespace detail {
+/// The template parameter object of D: a dim a builder derived, for a term to declare.
+template <DimArg D>
+constexpr const DimArg* dim_object() { return &D; }
+
+/// rotary_at over a named head dim D: the pairs come from a reshape to [..., N, 2, D/2]
+/// (half-split) or [..., N, D/2, 2] (interleaved), so D must be even when bound, and the
+/// frequencies' base^(-2i/D) take 1/D from a constant resolved when D is bound (1/sqrt(D*D)).
+template <RopeStyle Style, Expr X, Expr P>
+auto rotary_named(X x, P positions, double base) {
+  constexpr ir::Dim d = X::shape.back(0);
+  constexpr bool split = Style == RopeStyle::half_split;
+  constexpr DimArg half = DimArg::derived(ir::DimOp::quotient, d, 2);
+  constexpr DimArg squared = DimArg::derived(ir::DimOp::product, d, d);
+  constexpr ir::Dim h = half.value;
+  constexpr ir::Shape pairs = [] {
+    ir::Shape r;
+    for (int i = 0; i + 1 < X::shape.rank; ++i) r.push_back(X::shape[i]);
+    r.push_back(split ? 2 : h);
+    r.push_back(split ? h : 2);
+    return r;
+  }();
+  constexpr int pair_axis = split ? -2 : -1;
+  auto xp = reshape_to<pairs, DimList<half>>(x);
+  auto xa = slice<pair_axis, 0, 1>(xp);  // [..., N, 1, D/2] or [..., N, D/2, 1]
+  auto xb = slice<pair_axis, 1, 2>(xp);
+  // A [1, 1, D/2] (or [1, D/2, 1]) grid from xa for the frequencies' index i.
+  auto to_rank3 = [](auto self, auto t) {
+    if constexpr (decltype(t)::shape.rank == 3) return t;
+    else return self(self, max<0, false>(t));
+  };
+  auto grid = max<0, true>(to_rank3(to_rank3, xa));
+  Constant<> minus_two_log_base_over_d{{}, -2.0 * std::log(base), squared.value, dim_object<squared>()};
+  auto inv_freq = exp(iota<split ? 2 : 1>(grid) * minus_two_log_base_over_d);
+  constexpr ir::Shape column{X::shape.back(1), 1, 1};
+  auto angle = reshape_to<column>(positions) * inv_freq;  // [N, 1, D/2] or [N, D/2, 1]
+  auto c = cos(angle);
+  auto s = sin(angle);
+  return reshape_to<X::shape>(concat<pair_axis>(xa * c - xb * s, xb * c + xa * s));
+}
+}  // namespace detail
+
 /// Rotary position embedding (Su et al., RoFormer) of x [..., N, D] at positions `pos` (f32
 /// [N]): each pair (x_a, x_b) rotated by the angle pos * base^(-2i/D). Apply it to queries and
 /// keys after the projections and before the scores.
@@ -81,33 +123,39 @@ enum class RopeStyle { half_split, interleaved };
 /// \endcode
 template <RopeStyle Style = RopeStyle::half_split, Expr X, Expr P>
 constexpr auto rotary_at(X x, P positions, double base = 10000.0) {
-  detail::require_even_static_last<X>();
+  static_assert(X::shape.rank >= 2, "qkv: positions need [..., length, dim]");
   static_assert(P::shape.rank == 1 && P::dtype == DType::f32, "qkv: rotary positions are f32 [N]");
-  constexpr std::int64_t d = X::shape.back(0), half = d / 2;
-  constexpr ir::Shape column{X::shape.back(1), 1};
-  auto inv_freq = exp(iota<1>(zeros<ir::Shape{1, half}>()) * (-2.0 * std::log(base) / static_cast<double>(d)));
-  auto angle = detail::reshape_to<column>(positions) * inv_freq;  // [N, half]
-  auto c = cos(angle);
-  auto s = sin(angle);
-  if constexpr (Style == RopeStyle::half_split) {
-    auto x1 = slice<-1, 0, half>(x);
-    auto x2 = slice<-1, half, d>(x);
-    return concat<-1>(x1 * c - x2 * s, x2 * c + x1 * s);
+  constexpr ir::Dim d = X::shape.back(0);
+  if constexpr (ir::is_symbol(d)) {
+    return detail::rotary_named<Style>(x, positions, base);
   } else {
-    constexpr ir::Shape pairs = [] {
-      ir::Shape r;
-      for (int i = 0; i + 1 < X::shape.rank; ++i) r.push_back(X::shape[i]);
-      r.push_back(half);
-      r.push_back(2);
-      return r;
-    }();
-    constexpr ir::Shape angle3{X::shape.back(1), half, 1};
-    auto xp = detail::reshape_to<pairs>(x);
-    auto xe = slice<-1, 0, 1>(xp);
-    auto xo = slice<-1, 1, 2>(xp);
-    auto c3 = detail::reshape_to<angle3>(c);
-    auto s3 = detail::reshape_to<angle3>(s);
-    return detail::reshape_to<X::shape>(concat<-1>(xe * c3 - xo * s3, xe * s3 + xo * c3));
+    detail::require_even_static_last<X>();
+    constexpr std::int64_t half = d / 2;
+    constexpr ir::Shape column{X::shape.back(1), 1};
+    auto inv_freq = exp(iota<1>(zeros<ir::Shape{1, half}>()) * (-2.0 * std::log(base) / static_cast<double>(d)));
+    auto angle = detail::reshape_to<column>(positions) * inv_freq;  // [N, half]
+    auto c = cos(angle);
+    auto s = sin(angle);
+    if constexpr (Style == RopeStyle::half_split) {
+      auto x1 = slice<-1, 0, half>(x);
+      auto x2 = slice<-1, half, d>(x);
+      return concat<-1>(x1 * c - x2 * s, x2 * c + x1 * s);
+    } else {
+      constexpr ir::Shape pairs = [] {
+        ir::Shape r;
+        for (int i = 0; i + 1 < X::shape.rank; ++i) r.push_back(X::shape[i]);
+        r.push_back(half);
+        r.push_back(2);
+        return r;
+      }();
+      constexpr ir::Shape angle3{X::shape.back(1), half, 1};
+      auto xp = detail::reshape_to<pairs>(x);
+      auto xe = slice<-1, 0, 1>(xp);
+      auto xo = slice<-1, 1, 2>(xp);
+      auto c3 = detail::reshape_to<angle3>(c);
+      auto s3 = detail::reshape_to<angle3>(s);
+      return detail::reshape_to<X::shape>(concat<-1>(xe * c3 - xo * s3, xe * s3 + xo * c3));
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 namespace qkv::ir {
 
@@ -12,16 +13,51 @@ std::vector<std::int64_t> to_vector(const Shape& s) {
   return v;
 }
 
-std::int64_t bound_dim(const Graph& g, const std::vector<Shape>& shapes, Dim d) {
-  if (!is_symbol(d)) return d;
-  if (auto p = g.derived_dims().find(d); p != g.derived_dims().end())
-    return bound_dim(g, shapes, p->second.first) + bound_dim(g, shapes, p->second.second);
-  for (ValueId v : g.inputs()) {
-    const Node& n = g.node(v);
-    for (int i = 0; i < n.shape.rank; ++i)
-      if (n.shape[i] == d) return shapes[static_cast<std::size_t>(v)][i];
+namespace {
+
+/// a op b, or nothing for a quotient that is not a whole size.
+std::optional<std::int64_t> apply(DimOp op, std::int64_t a, std::int64_t b) {
+  switch (op) {
+    case DimOp::sum: return a + b;
+    case DimOp::product: return a * b;
+    case DimOp::quotient: return b == 0 || a % b != 0 ? std::nullopt : std::optional<std::int64_t>(a / b);
   }
-  throw ShapeError("dim " + g.dim_name(d) + " is bound by no input");
+  QKV_UNREACHABLE("a DimOp outside the enum");
+}
+
+/// The size of dim `d`: a size itself; a symbol `known` gives a size for (named, or a derived dim
+/// an input binds directly); otherwise a derived dim from its parts. A quotient must be exact.
+template <class Known>
+std::int64_t evaluate(const Graph& g, Dim d, const Known& known) {
+  if (!is_symbol(d)) return d;
+  if (std::optional<std::int64_t> v = known(d)) return *v;
+  auto p = g.derived_dims().find(d);
+  if (p == g.derived_dims().end()) throw ShapeError("dim " + g.dim_name(d) + " is bound by no input");
+  const std::int64_t a = evaluate(g, p->second.a, known), b = evaluate(g, p->second.b, known);
+  if (std::optional<std::int64_t> v = apply(p->second.op, a, b)) return *v;
+  throw ShapeError("dim " + g.dim_name(d) + ": " + g.dim_name(p->second.a) + " = " + std::to_string(a) + " is not divisible by " +
+                   (is_symbol(p->second.b) ? g.dim_name(p->second.b) + " = " : "") + std::to_string(b));
+}
+
+}  // namespace
+
+std::int64_t dim_size(const Graph& g, Dim d, const std::map<std::string, std::int64_t>& sizes) {
+  return evaluate(g, d, [&](Dim s) -> std::optional<std::int64_t> {
+    if (auto it = sizes.find(g.dim_name(s)); it != sizes.end()) return it->second;
+    if (g.derived_dims().contains(s)) return std::nullopt;
+    throw ShapeError("no size given for dim " + g.dim_name(s));
+  });
+}
+
+std::int64_t bound_dim(const Graph& g, const std::vector<Shape>& shapes, Dim d) {
+  return evaluate(g, d, [&](Dim s) -> std::optional<std::int64_t> {
+    for (ValueId v : g.inputs()) {
+      const Node& n = g.node(v);
+      for (int i = 0; i < n.shape.rank; ++i)
+        if (n.shape[i] == s) return shapes[static_cast<std::size_t>(v)][i];
+    }
+    return std::nullopt;
+  });
 }
 
 double bound_value(const Graph& g, const Node& n, const std::vector<Shape>& shapes) {
@@ -67,17 +103,38 @@ std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tenso
       if (!known) throw ShapeError("graph has no input '" + name + "'");
     }
   }
-  // A symbol's value: bound by an input, or (a derived dim) the sum of its parts.
-  auto value_of = [&](auto& self, Dim d, const Node& n) -> std::int64_t {
-    if (!is_symbol(d)) return d;
+  // A symbol's value: bound by an input, or a derived dim's from its parts.
+  auto known = [&](Dim d) -> std::optional<std::int64_t> {
     if (auto b = bound.find(d); b != bound.end()) return b->second.first;
-    if (auto p = g.derived_dims().find(d); p != g.derived_dims().end())
-      return self(self, p->second.first, n) + self(self, p->second.second, n);
-    throw ShapeError(std::string(op_name(n.op)) + ": dim " + g.dim_name(d) + " is bound by no input");
+    return std::nullopt;
   };
+  // A derived dim an input binds (a weight [3*E, E]) must agree with its parts where they are bound.
+  for (const auto& [d, b] : bound) {
+    auto p = g.derived_dims().find(d);
+    if (p == g.derived_dims().end()) continue;
+    auto parts_bound = [&](auto& self, Dim x) -> bool {
+      if (!is_symbol(x) || (x != d && bound.contains(x))) return true;
+      auto q = g.derived_dims().find(x);
+      return q != g.derived_dims().end() && self(self, q->second.a) && self(self, q->second.b);
+    };
+    if (!parts_bound(parts_bound, p->second.a) || !parts_bound(parts_bound, p->second.b)) continue;
+    auto without_d = [&](Dim x) { return x == d ? std::nullopt : known(x); };
+    const DerivedDim& def = p->second;
+    const std::optional<std::int64_t> expected = apply(def.op, evaluate(g, def.a, without_d), evaluate(g, def.b, without_d));
+    if (expected == b.first) continue;
+    std::string parts;
+    for (Dim x : {def.a, def.b})
+      if (is_symbol(x)) parts += (parts.empty() ? "" : ", ") + g.dim_name(x) + " = " + std::to_string(evaluate(g, x, without_d));
+    throw ShapeError("input '" + b.second + "': dim " + g.dim_name(d) + " is " + std::to_string(b.first) + ", but " + parts +
+                     " (from the other inputs) make it " + (expected ? std::to_string(*expected) : "no whole size"));
+  }
   auto resolve = [&](const Shape& s, const Node& n) {
     Shape r = s;
-    for (int i = 0; i < r.rank; ++i) r[i] = value_of(value_of, r[i], n);
+    try {
+      for (int i = 0; i < r.rank; ++i) r[i] = evaluate(g, r[i], known);
+    } catch (const ShapeError& e) {
+      throw ShapeError(std::string(op_name(n.op)) + ": " + e.what());
+    }
     return r;
   };
   for (std::size_t i = 0; i < g.size(); ++i) {

@@ -19,9 +19,14 @@ namespace qkv::ir {
 std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs, bool f64_for_f32 = false);
 
 /// The size of dim `d` of `g` once bound to `shapes` (as bind_shapes gives them): a static dim
-/// itself, a named dim the size of an input that declares it, a derived dim the sum of its parts.
-/// Throws ShapeError for a dim no input binds.
+/// itself, a named dim the size of an input that declares it, a derived dim from its parts
+/// (unless an input declares it). Throws ShapeError for a dim no input binds.
 std::int64_t bound_dim(const Graph& g, const std::vector<Shape>& shapes, Dim d);
+
+/// The size of dim `d` of `g` from the sizes of its named dims, by name (derived dims from their
+/// parts, or from `sizes` where it names them). Throws ShapeError naming a dim with no size, or a
+/// quotient that is not exact.
+std::int64_t dim_size(const Graph& g, Dim d, const std::map<std::string, std::int64_t>& sizes);
 
 /// A node's `value` attribute as it runs: scaled by 1/sqrt(size) of its `rsqrt_of` dim if set
 /// (the default attention scale of a named head dim).

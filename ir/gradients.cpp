@@ -126,6 +126,9 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
         before[ax] = n.attrs.begin;
         dx = g.add(Op::concat, {g.add(Op::broadcast_to, {zero}, shape_attrs(before)), dx}, join);
       }
+      if (is_symbol(xs[ax]))
+        throw UnsupportedError("slice: no gradient along the named dim " + g.dim_name(xs[ax]) + " (its zero padding would be " +
+                               g.dim_name(xs[ax]) + " - " + std::to_string(n.attrs.end) + " long)");
       if (n.attrs.end < xs[ax]) {
         Shape after = xs;
         after[ax] = xs[ax] - n.attrs.end;

@@ -52,18 +52,27 @@ void Graph::copy_symbols(const Graph& other) {
   auto define = [&](auto& self, Dim d) -> void {
     auto it = other.derived_.find(d);
     if (it == other.derived_.end() || symbols_.contains(d)) return;
-    self(self, it->second.first);
-    self(self, it->second.second);
-    sum_dim(it->second.first, it->second.second);
+    self(self, it->second.a);
+    self(self, it->second.b);
+    derive_dim(it->second.op, it->second.a, it->second.b);
   };
   for (const auto& entry : other.derived_) define(define, entry.first);
 }
 
-Dim Graph::sum_dim(Dim a, Dim b) {
-  Dim d = sum_dims(a, b);
+Dim Graph::derive_dim(DimOp op, Dim a, Dim b) {
+  Dim d = derived_dim(op, a, b);
   if (is_symbol(d) && !symbols_.count(d)) {
-    symbols_.emplace(d, dim_name(a) + "+" + dim_name(b));
-    derived_.emplace(d, std::make_pair(a, b));
+    // Sums chain without parentheses ("P+1+Q", as concat names them; * and / bind tighter);
+    // a product's or quotient's derived operand is parenthesised unless it is a left-hand
+    // product or quotient ("E/4*2" is (E/4)*2).
+    auto operand = [&](Dim x, bool left) {
+      auto it = derived_.find(x);
+      const bool bare = it == derived_.end() || op == DimOp::sum || (left && it->second.op != DimOp::sum);
+      return bare ? dim_name(x) : "(" + dim_name(x) + ")";
+    };
+    const char* sign = op == DimOp::sum ? "+" : op == DimOp::product ? "*" : "/";
+    symbols_.emplace(d, operand(a, true) + sign + operand(b, false));
+    derived_.emplace(d, DerivedDim{op, a, b});
   }
   return d;
 }

@@ -20,6 +20,13 @@ using ValueId = std::int32_t;
 
 class Graph;
 
+/// A derived dim: `a op b`.
+struct DerivedDim {
+  DimOp op = DimOp::sum;
+  Dim a = 0;
+  Dim b = 0;
+};
+
 /// One node: an op applied to earlier values. Each node defines one value.
 struct Node {
   Op op = Op::input;
@@ -42,8 +49,10 @@ class Graph {
   Dim symbol(std::string_view name);
   /// Declares every symbol of `other` here, derived ones included (what passes that copy graphs do).
   void copy_symbols(const Graph& other);
-  /// The dim a + b (see sum_dims), its name "A+B" recorded when it is a symbol.
-  Dim sum_dim(Dim a, Dim b);
+  /// The dim `a op b` (see derived_dim), its name ("A+B", "3*E", "E/H") and parts recorded when
+  /// it is a symbol.
+  Dim derive_dim(DimOp op, Dim a, Dim b);
+  Dim sum_dim(Dim a, Dim b) { return derive_dim(DimOp::sum, a, b); }
   /// Adds a named input; adding the same name again with the same type returns the same value.
   ValueId add_input(std::string_view name, DType dtype, const Shape& shape);
   /// Adds a node, or returns an existing equal one. Flex attention ops take their score
@@ -79,8 +88,8 @@ class Graph {
     updates_.clear();
   }
   const std::map<Dim, std::string>& symbols() const { return symbols_; }
-  /// Derived symbols (from concat) and the two dims they sum.
-  const std::map<Dim, std::pair<Dim, Dim>>& derived_dims() const { return derived_; }
+  /// Derived symbols and how each is made of two dims.
+  const std::map<Dim, DerivedDim>& derived_dims() const { return derived_; }
 
   /// "N" for a symbol, "64" for a size.
   std::string dim_name(Dim d) const;
@@ -96,7 +105,7 @@ class Graph {
   std::vector<std::pair<std::string, ValueId>> outputs_;
   std::vector<std::pair<std::string, ValueId>> updates_;
   std::map<Dim, std::string> symbols_;
-  std::map<Dim, std::pair<Dim, Dim>> derived_;
+  std::map<Dim, DerivedDim> derived_;
   std::unordered_multimap<std::size_t, ValueId> index_;
 };
 

@@ -358,7 +358,8 @@ constexpr ShapeResult slice(const Operand& x, const Attrs& a) {
   int ax = normalize_axis(a.axis, x.shape.rank);
   if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
   const Dim d = x.shape[ax];
-  if (is_symbol(d) || a.begin < 0 || a.end < a.begin || a.end > d) return fail(ShapeErr::bad_range, a.begin, a.end, 0, ax);
+  // A named dim's range is checked when the dim is bound (this rule runs again on the sizes).
+  if (a.begin < 0 || a.end < a.begin || (!is_symbol(d) && a.end > d)) return fail(ShapeErr::bad_range, a.begin, a.end, 0, ax);
   ShapeResult r{x.shape, x.dtype};
   r.shape[ax] = a.end - a.begin;
   return r;

@@ -121,12 +121,22 @@ namespace {
 /// and sums and products of such dims stay far from overflow.
 constexpr std::int64_t kMaxParsedDim = std::int64_t{1} << 40;
 
-/// The most parts a derived dim "A+B+..." may sum (concat makes one per join).
+/// The most sizes, names and parentheses a derived dim ("A+B+...", "3*E", "(E/4)*2") may have.
 constexpr int kMaxDimParts = 64;
 
 class Parser {
  public:
   explicit Parser(std::string_view text, std::size_t pos = 0) : text_(text), pos_(pos) {}
+  /// A parser of dims alone, declaring them in `g`.
+  Parser(std::string_view text, Graph& g) : text_(text), g_(g) {}
+
+  /// The whole text as one dim.
+  Dim parse_dim_only() {
+    const Dim d = dim();
+    skip_space();
+    if (pos_ != text_.size()) fail("text after the dim");
+    return d;
+  }
 
   Graph parse() {
     parse_body();
@@ -218,24 +228,72 @@ class Parser {
   }
   Dim dim() {
     skip_space();
-    return dim_of(word());
-  }
-  /// "64", "N", or a derived dim "P+1+Q" (summed left to right, as concat names them).
-  Dim dim_of(const std::string& w) {
-    Dim sum = 0;
-    std::size_t start = 0;
-    int parts = 0;
-    for (bool first = true;; first = false) {
-      // Each partial sum is a named dim of its own: a bound on the parts bounds their names.
-      if (++parts > kMaxDimParts) fail("a dim sums more than " + std::to_string(kMaxDimParts) + " parts");
-      const std::size_t plus = w.find('+', start);
-      const Dim d = single_dim(w.substr(start, plus == std::string::npos ? std::string::npos : plus - start), w);
-      if (first) sum = d;
-      else if (!is_symbol(sum) && !is_symbol(d) && sum > kMaxParsedDim - d) fail("dim '" + w + "' is larger than " + std::to_string(kMaxParsedDim));
-      else sum = g_.sum_dim(sum, d);
-      if (plus == std::string::npos) return sum;
-      start = plus + 1;
+    // The dim's text: a size, a name, or an expression of them ("P+1+Q", "3*E", "(E/4)*2").
+    const std::size_t start = pos_;
+    for (int depth = 0; pos_ < text_.size(); ++pos_) {
+      const char c = text_[pos_];
+      if (c == '(') {
+        ++depth;
+      } else if (c == ')') {
+        if (depth-- == 0) break;  // the end of an enclosing list
+      } else if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '+' && c != '*' && c != '/') {
+        break;
+      }
     }
+    if (start == pos_) fail("expected a dim");
+    DimText t{std::string(text_.substr(start, pos_ - start))};
+    const Dim d = dim_sum(t);
+    if (t.pos != t.text.size()) fail("bad dim '" + t.text + "'");
+    return d;
+  }
+  /// A dim's text being parsed; `parts` bounds its sizes, names and parentheses (each partial result
+  /// is a named dim of its own, so a bound on the parts bounds their names).
+  struct DimText {
+    std::string text;
+    std::size_t pos = 0;
+    int parts = 0;
+  };
+  /// dim_sum := dim_product ('+' dim_product)*, left to right, as concat names sums.
+  Dim dim_sum(DimText& t) {
+    Dim d = dim_product(t);
+    while (t.pos < t.text.size() && t.text[t.pos] == '+') {
+      ++t.pos;
+      d = combine(t, DimOp::sum, d, dim_product(t));
+    }
+    return d;
+  }
+  /// dim_product := dim_factor (('*' | '/') dim_factor)*.
+  Dim dim_product(DimText& t) {
+    Dim d = dim_factor(t);
+    while (t.pos < t.text.size() && (t.text[t.pos] == '*' || t.text[t.pos] == '/')) {
+      const DimOp op = t.text[t.pos++] == '*' ? DimOp::product : DimOp::quotient;
+      d = combine(t, op, d, dim_factor(t));
+    }
+    return d;
+  }
+  /// dim_factor := size | name | '(' dim_sum ')'.
+  Dim dim_factor(DimText& t) {
+    if (t.pos < t.text.size() && t.text[t.pos] == '(') {
+      if (++t.parts > kMaxDimParts) fail("dim '" + t.text + "' has more than " + std::to_string(kMaxDimParts) + " parts");
+      ++t.pos;
+      const Dim d = dim_sum(t);
+      if (t.pos >= t.text.size() || t.text[t.pos] != ')') fail("bad dim '" + t.text + "'");
+      ++t.pos;
+      return d;
+    }
+    if (++t.parts > kMaxDimParts) fail("dim '" + t.text + "' has more than " + std::to_string(kMaxDimParts) + " parts");
+    const std::size_t start = t.pos;
+    while (t.pos < t.text.size() && (std::isalnum(static_cast<unsigned char>(t.text[t.pos])) || t.text[t.pos] == '_')) ++t.pos;
+    return single_dim(t.text.substr(start, t.pos - start), t.text);
+  }
+  /// `a op b`: arithmetic on sizes (bounded, and exact for quotients), a derived dim otherwise.
+  Dim combine(DimText& t, DimOp op, Dim a, Dim b) {
+    if (!is_symbol(a) && !is_symbol(b)) {
+      const bool too_large = op == DimOp::sum ? a > kMaxParsedDim - b : op == DimOp::product && b != 0 && a > kMaxParsedDim / b;
+      if (too_large) fail("dim '" + t.text + "' is larger than " + std::to_string(kMaxParsedDim));
+      if (op == DimOp::quotient && (b == 0 || a % b != 0)) fail("dim '" + t.text + "': " + std::to_string(a) + "/" + std::to_string(b) + " is not a whole size");
+    }
+    return g_.derive_dim(op, a, b);
   }
   Dim single_dim(const std::string& w, const std::string& whole) {
     if (w.empty()) fail("bad dim '" + whole + "'");
@@ -433,12 +491,15 @@ class Parser {
 
   std::string_view text_;
   std::size_t pos_ = 0;
-  Graph g_;
+  Graph own_;
+  Graph& g_ = own_;
 };
 
 }  // namespace
 
 Graph parse_graph(std::string_view text) { return Parser(text).parse(); }
+
+Dim parse_dim(Graph& g, std::string_view text) { return Parser(text, g).parse_dim_only(); }
 
 std::string to_dot(const Graph& g) {
   std::string out = "digraph qkv {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n";

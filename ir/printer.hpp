@@ -16,6 +16,9 @@ std::string format_number(double v);
 std::string print(const Graph& g);
 /// Parses print()'s text back into a verified graph. Throws IrError naming the line.
 Graph parse_graph(std::string_view text);
+/// Declares a dim written as IR text ("N", "3*E", "(E/4)*2") in `g` (names and the dims derived
+/// from them) and returns it. Throws IrError for bad text.
+Dim parse_dim(Graph& g, std::string_view text);
 /// A Graphviz DOT drawing of the graph.
 std::string to_dot(const Graph& g);
 /// One node's attributes as printed inside braces ("" when it has none).

@@ -27,19 +27,41 @@ constexpr Dim symbol_id(std::string_view name) {
   return -static_cast<Dim>(h) - 1;
 }
 
-/// The dim a + b (what concat makes of two dims): a size when both are; otherwise a symbol
-/// derived from both (graphs name it "A+B" and bind it from A and B), distinct from every named
-/// symbol.
-constexpr Dim sum_dims(Dim a, Dim b) {
-  if (!is_symbol(a) && !is_symbol(b)) return a + b;
-  std::uint64_t h = 1469598103934665603ull;
-  for (Dim d : {a, b})
-    for (int i = 0; i < 8; ++i) {
-      h ^= (static_cast<std::uint64_t>(d) >> (8 * i)) & 0xffu;
-      h *= 1099511628211ull;
+/// How a derived dim is made of two others: concat sums dims, splitting into heads divides one
+/// (E/H), joining heads multiplies (H*Dh).
+enum class DimOp : std::uint8_t { sum, product, quotient };
+
+/// The dim `a op b`: a size when both are (a quotient of sizes truncates: whoever makes one checks
+/// that it is exact); otherwise a symbol derived from the op and both dims, distinct from every
+/// named symbol. Graphs name it ("A+B", "3*E", "E/4") and bind it from its parts. Multiplying or
+/// dividing by 1 gives the dim itself.
+constexpr Dim derived_dim(DimOp op, Dim a, Dim b) {
+  if (op != DimOp::sum && b == 1) return a;
+  if (op == DimOp::product && a == 1) return b;
+  if (!is_symbol(a) && !is_symbol(b)) {
+    switch (op) {
+      case DimOp::sum: return a + b;
+      case DimOp::product: return a * b;
+      case DimOp::quotient: return b == 0 ? 0 : a / b;
     }
+  }
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t byte) {
+    h ^= byte;
+    h *= 1099511628211ull;
+  };
+  if (op != DimOp::sum) mix(0x100u + static_cast<std::uint64_t>(op));  // sums keep the ids they always had
+  for (Dim d : {a, b})
+    for (int i = 0; i < 8; ++i) mix((static_cast<std::uint64_t>(d) >> (8 * i)) & 0xffu);
   return -(Dim{1} << 32) - static_cast<Dim>(h >> 33) - 1;
 }
+
+/// The dim a + b (what concat makes of two dims).
+constexpr Dim sum_dims(Dim a, Dim b) { return derived_dim(DimOp::sum, a, b); }
+/// The dim a * b.
+constexpr Dim product_dims(Dim a, Dim b) { return derived_dim(DimOp::product, a, b); }
+/// The dim a / b (exact where both are sizes; checked when a symbol is bound).
+constexpr Dim quotient_dims(Dim a, Dim b) { return derived_dim(DimOp::quotient, a, b); }
 
 /// A shape of rank <= kMaxRank. Structural, so it can be a template argument.
 struct Shape {

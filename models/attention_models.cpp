@@ -1,6 +1,6 @@
 // The multi-head models: nn.MultiheadAttention and the self-, causal self- and cross-attention
 // modules over it (parameters named as torch names them), and Llama-style grouped-query
-// attention.
+// attention, written with named sizes and built for those the options give.
 #include "dsl/dsl.hpp"
 #include "models/builders.hpp"
 
@@ -18,10 +18,10 @@ enum class Kind { mha, self, causal_self, cross };
 
 template <Kind K>
 ir::Graph build_multi_head(const Options& o) {
-  constexpr std::int64_t E = kModelEmbed, H = kModelHeads;
-  {
-    auto params = mha_params<"", E>();
-    auto x = input<"x">(dim<"B">, dim<"N">, dim<E>);
+  constexpr DimArg E = "E", H = "H";
+  auto params = mha_params<"", E>();
+  auto x = input<"x">(dim<"B">, dim<"N">, dim<E>);
+  auto build = [&] {
     if constexpr (K == Kind::mha) {
       auto query = input<"query">(dim<"B">, dim<"N">, dim<E>);
       auto key = input<"key">(dim<"B">, dim<"M">, dim<E>);
@@ -35,7 +35,8 @@ ir::Graph build_multi_head(const Options& o) {
     } else {
       return lower_heads(cross_attention<H>(x, input<"memory">(dim<"B">, dim<"M">, dim<E>), params));
     }
-  }
+  };
+  return with_sizes(build(), o);
 }
 
 }  // namespace
@@ -46,17 +47,17 @@ ir::Graph build_causal_self_attention(const Options& o, const Dims&) { return bu
 ir::Graph build_cross_attention(const Options& o, const Dims&) { return build_multi_head<Kind::cross>(o); }
 
 ir::Graph build_gqa(const Options& o, const Dims&) {
-  constexpr std::int64_t E = kGqaEmbed, H = kGqaHeads, Hkv = kGqaKvHeads, dh = E / H;
+  constexpr DimArg E = "E", H = "H", Hkv = "Hkv", kv = Hkv * (E / H);
   auto x = input<"x">(dim<"B">, dim<"N">, dim<E>);
   auto q = linear(x, input<"q_proj.weight">(dim<E>, dim<E>));
-  auto k = linear(x, input<"k_proj.weight">(dim<Hkv * dh>, dim<E>));
-  auto v = linear(x, input<"v_proj.weight">(dim<Hkv * dh>, dim<E>));
+  auto k = linear(x, input<"k_proj.weight">(dim<kv>, dim<E>));
+  auto v = linear(x, input<"v_proj.weight">(dim<kv>, dim<E>));
   auto wo = input<"o_proj.weight">(dim<E>, dim<E>);
-  if (!o.flag("rope")) return lower(named<"out">(linear(grouped_query_attention<H, Hkv>(q, k, v, causal), wo)));
+  if (!o.flag("rope")) return with_sizes(lower(named<"out">(linear(grouped_query_attention<H, Hkv>(q, k, v, causal), wo))), o);
   // Rotary embeddings per head (half-split, as Llama in HF's layout), then the heads re-joined.
-  auto rq = merge_heads(rotary(split_heads<H>(q)));
-  auto rk = merge_heads(rotary(split_heads<Hkv>(k)));
-  return lower(named<"out">(linear(grouped_query_attention<H, Hkv>(rq, rk, v, causal), wo)));
+  auto rq = merge_heads<E.value>(rotary(split_heads<H>(q)));
+  auto rk = merge_heads<kv.value>(rotary(split_heads<Hkv>(k)));
+  return with_sizes(lower(named<"out">(linear(grouped_query_attention<H, Hkv>(rq, rk, v, causal), wo))), o);
 }
 
 }  // namespace qkv::models

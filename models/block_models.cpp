@@ -11,15 +11,13 @@ template <bool Cross>
 ir::Graph build_block(const Options& o) {
   const std::string& act = o.text("activation");
   if (act != "relu" && act != "gelu") throw UsageError("activation must be relu or gelu, got '" + act + "'");
-  constexpr std::int64_t E = kModelEmbed, H = kModelHeads;
-  {
-    auto x = input<"x">(dim<"B">, dim<"N">, dim<E>);
-    auto block = [&]<Activation A>() {
-      if constexpr (Cross) return lower(named<"out">(encoder_decoder_block<"", E, H, 4 * E, A>(x, input<"memory">(dim<"B">, dim<"M">, dim<E>))));
-      else return lower(named<"out">(decoder_block<"", E, H, 4 * E, A>(x)));
-    };
-    return act == "gelu" ? block.template operator()<Activation::gelu>() : block.template operator()<Activation::relu>();
-  }
+  constexpr DimArg E = "E", H = "H";
+  auto x = input<"x">(dim<"B">, dim<"N">, dim<E>);
+  auto block = [&]<Activation A>() {
+    if constexpr (Cross) return lower(named<"out">(encoder_decoder_block<"", E, H, 4 * E, A>(x, input<"memory">(dim<"B">, dim<"M">, dim<E>))));
+    else return lower(named<"out">(decoder_block<"", E, H, 4 * E, A>(x)));
+  };
+  return with_sizes(act == "gelu" ? block.template operator()<Activation::gelu>() : block.template operator()<Activation::relu>(), o);
 }
 }  // namespace
 

@@ -5,11 +5,11 @@
 
 namespace qkv::models {
 
-/// The sizes the built-in multi-head models are compiled for: each size is a template
-/// instantiation of the whole model, so the tool offers one (write a model of your own size in
-/// the DSL, or run any graph from its IR text with `qkv run FILE.qkv`).
-inline constexpr std::int64_t kModelEmbed = 32, kModelHeads = 4;
-inline constexpr std::int64_t kGqaEmbed = 64, kGqaHeads = 8, kGqaKvHeads = 2;
+/// A multi-head model's graph, written once with named dims (embedding E, heads H, key/value
+/// heads Hkv), built for the options' "embed", "heads" and "kv_heads": the same graph (and so
+/// the same kernels, views and fusions) as a model written for those sizes. Inexact divisions
+/// are ShapeErrors (resolve_options says them first).
+ir::Graph with_sizes(const ir::Graph& g, const Options& o);
 
 ir::Graph build_sdpa(const Options& o, const Dims& dims);
 ir::Graph build_mha(const Options& o, const Dims& dims);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ir/passes/passes.hpp"
 #include "models/builders.hpp"
 
 namespace qkv::models {
@@ -12,12 +13,12 @@ namespace {
   throw UsageError("option " + name + "=" + value + ": expected " + want);
 }
 
-/// Sizes are compiled in (see builders.hpp); the options say which, and accept only those.
-const std::vector<OptionSpec> kMultiHead = {{"embed", std::to_string(kModelEmbed), "embedding size E (built for this size)"},
-                                            {"heads", std::to_string(kModelHeads), "number of heads H (built for this size)"}};
-const std::vector<OptionSpec> kGqa = {{"embed", std::to_string(kGqaEmbed), "embedding size E (built for this size)"},
-                                      {"heads", std::to_string(kGqaHeads), "query heads H (built for this size)"},
-                                      {"kv_heads", std::to_string(kGqaKvHeads), "key/value heads (built for this size)"}};
+/// Sizes: any; the graph is built for them (see with_sizes).
+const std::vector<OptionSpec> kMultiHead = {{"embed", "32", "embedding size E (any size the heads divide)"},
+                                            {"heads", "4", "number of heads H"}};
+const std::vector<OptionSpec> kGqa = {{"embed", "64", "embedding size E (any size the heads divide)"},
+                                      {"heads", "8", "query heads H"},
+                                      {"kv_heads", "2", "key/value heads (must divide the query heads)"}};
 
 std::vector<OptionSpec> with(std::vector<OptionSpec> base, std::vector<OptionSpec> more) {
   base.insert(base.end(), more.begin(), more.end());
@@ -88,6 +89,12 @@ const std::vector<ModelSpec>& all_models() {
   return models;
 }
 
+ir::Graph with_sizes(const ir::Graph& g, const Options& o) {
+  std::map<std::string, std::int64_t> sizes{{"E", o.integer("embed")}, {"H", o.integer("heads")}};
+  if (o.values().contains("kv_heads")) sizes.emplace("Hkv", o.integer("kv_heads"));
+  return ir::specialize_dims(g, sizes);
+}
+
 std::vector<std::string> model_names() {
   std::vector<std::string> names;
   for (const auto& m : all_models()) names.push_back(m.name);
@@ -114,11 +121,14 @@ Options resolve_options(const ModelSpec& model, const std::map<std::string, std:
     values[name] = value;
   }
   Options o(std::move(values));
-  // Compiled-in sizes: any other value is an error that says which size this build has.
+  // Sizes that cannot work, said before any graph is built.
   for (const auto& spec : model.options)
-    if ((spec.name == "embed" || spec.name == "heads" || spec.name == "kv_heads") && o.integer(spec.name) != std::stoll(spec.default_value))
-      throw UsageError(model.name + " is built for " + spec.name + "=" + spec.default_value + ", got " + o.text(spec.name) +
-                                  " (write a model of that size with the DSL, or run its IR with qkv run FILE.qkv)");
+    if (spec.name == "embed" || spec.name == "heads" || spec.name == "kv_heads") o.integer(spec.name);
+  auto has = [&](const char* name) { return o.values().contains(name); };
+  if (has("embed") && has("heads") && o.integer("embed") % o.integer("heads") != 0)
+    throw UsageError(model.name + ": embed=" + o.text("embed") + " is not divisible by heads=" + o.text("heads"));
+  if (has("heads") && has("kv_heads") && o.integer("heads") % o.integer("kv_heads") != 0)
+    throw UsageError(model.name + ": heads=" + o.text("heads") + " is not divisible by kv_heads=" + o.text("kv_heads"));
   return o;
 }
 

@@ -108,9 +108,17 @@ std::map<std::string, WeightFile> load_weights(const std::string& path) {
   return w;
 }
 
+/// `dims` and a size of 8 for each other named dim of `g`.
+std::map<std::string, std::int64_t> with_default_sizes(const ir::Graph& g, std::map<std::string, std::int64_t> dims) {
+  for (const auto& [id, name] : g.symbols())
+    if (!g.derived_dims().contains(id)) dims.try_emplace(name, 8);
+  return dims;
+}
+
 /// Parameters of `g` (the f32 inputs not in `data`) from the seed, as PyTorch's modules start:
 /// Xavier-uniform weights, zero biases, norm weights of one.
-backend::TensorMap random_parameters(const ir::Graph& g, const std::vector<std::string>& data, std::uint64_t seed) {
+backend::TensorMap random_parameters(const ir::Graph& g, const std::vector<std::string>& data, std::uint64_t seed,
+                                     const std::map<std::string, std::int64_t>& dims) {
   std::vector<std::string> weights, biases, norms;
   for (ir::ValueId v : g.inputs()) {
     const ir::Node& n = g.node(v);
@@ -119,18 +127,16 @@ backend::TensorMap random_parameters(const ir::Graph& g, const std::vector<std::
     else if (n.name.find("norm") != std::string::npos) norms.push_back(n.name);
     else weights.push_back(n.name);
   }
-  backend::TensorMap out = train::initialize(g, weights, {train::Init::xavier_uniform}, seed);
-  out.merge(train::initialize(g, biases, {train::Init::zeros}, seed));
-  out.merge(train::initialize(g, norms, {train::Init::ones}, seed));
+  backend::TensorMap out = train::initialize(g, weights, {train::Init::xavier_uniform}, seed, dims);
+  out.merge(train::initialize(g, biases, {train::Init::zeros}, seed, dims));
+  out.merge(train::initialize(g, norms, {train::Init::ones}, seed, dims));
   return out;
 }
 
 }  // namespace
 
-void fill_missing(const ir::Graph& graph, backend::TensorMap& given, std::map<std::string, std::int64_t> dims, std::uint64_t seed) {
-  for (const auto& [id, name] : graph.symbols())
-    if (!graph.derived_dims().contains(id)) dims.try_emplace(name, 8);
-  backend::TensorMap random = backend::random_inputs(graph, dims, seed);
+void fill_missing(const ir::Graph& graph, backend::TensorMap& given, const std::map<std::string, std::int64_t>& dims, std::uint64_t seed) {
+  backend::TensorMap random = backend::random_inputs(graph, with_default_sizes(graph, dims), seed);
   for (auto& [name, t] : random) {
     if (given.contains(name)) continue;
     if (t.dtype() == DType::boolean && t.rank() >= 1) {  // keep the first key of every mask row, so no row is empty
@@ -310,12 +316,13 @@ Prepared prepare(const Request& r) {
       if (it == w.end()) throw UsageError(r.weights + ": no tensor '" + n.name + "' (" + p.graph.type_string(v) + ")");
       Tensor t = it->second.tensor;
       fit(p.graph, n, t, it->second.file, "");
+      bind_dims(p.graph, n, t, dims);  // a checkpoint's embedding size is the model's
       p.inputs.emplace(n.name, std::move(t));
       p.sources[n.name] = it->second.file;
     }
   }
   // The rest from the seed: parameters at Xavier scale, data ~ N(0, 1).
-  for (auto& [name, t] : random_parameters(p.graph, p.data, r.seed))
+  for (auto& [name, t] : random_parameters(p.graph, p.data, r.seed, with_default_sizes(p.graph, dims)))
     if (!p.inputs.contains(name)) {
       p.sources[name] = "seed " + std::to_string(r.seed);
       p.inputs.emplace(name, std::move(t));

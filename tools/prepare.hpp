@@ -56,6 +56,6 @@ std::int64_t parse_size(const std::string& flag, const std::string& name, const 
 void check_binding(const ir::Graph& g, const backend::TensorMap& inputs, const std::map<std::string, std::string>& sources);
 
 /// Inputs for `graph` that `given` lacks, random from `seed` (named dims from `dims`, others 8).
-void fill_missing(const ir::Graph& graph, backend::TensorMap& given, std::map<std::string, std::int64_t> dims, std::uint64_t seed);
+void fill_missing(const ir::Graph& graph, backend::TensorMap& given, const std::map<std::string, std::int64_t>& dims, std::uint64_t seed);
 
 }  // namespace qkv::tool

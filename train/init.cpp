@@ -41,15 +41,21 @@ const ir::Node& find_input(const ir::Graph& g, const std::string& name) {
 }
 }  // namespace
 
-backend::TensorMap initialize(const ir::Graph& g, const std::vector<std::string>& names, const InitSpec& spec, std::uint64_t seed) {
+backend::TensorMap initialize(const ir::Graph& g, const std::vector<std::string>& names, const InitSpec& spec, std::uint64_t seed,
+                              const std::map<std::string, std::int64_t>& dims) {
   backend::TensorMap r;
   for (const auto& name : names) {
     const ir::Node& n = find_input(g, name);
-    if (!n.shape.is_static() || n.dtype != DType::f32)
-      throw ShapeError("parameter '" + name + "' (" + g.type_string(n.dtype, n.shape) + ") needs a static f32 shape to be initialised");
+    if (n.dtype != DType::f32) throw ShapeError("parameter '" + name + "' (" + g.type_string(n.dtype, n.shape) + ") is not f32");
+    std::vector<std::int64_t> shape;
+    try {
+      for (int i = 0; i < n.shape.rank; ++i) shape.push_back(ir::dim_size(g, n.shape[i], dims));
+    } catch (const ShapeError& e) {
+      throw ShapeError("parameter '" + name + "' (" + g.type_string(n.dtype, n.shape) + "): " + e.what());
+    }
     std::uint64_t h = seed * 1099511628211ull;
     for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    r.emplace(name, initialize(ir::to_vector(n.shape), spec, h));
+    r.emplace(name, initialize(shape, spec, h));
   }
   return r;
 }

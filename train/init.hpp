@@ -22,9 +22,11 @@ struct InitSpec {
 /// for uniform, standard deviation sqrt(2 / (in + out)) for normal.
 Tensor initialize(const std::vector<std::int64_t>& shape, const InitSpec& spec, std::uint64_t seed);
 
-/// The named f32 inputs of `g` (which must have static shapes), initialised from `spec`, each
-/// from a seed derived from `seed` and its name (so the order of names does not matter).
-backend::TensorMap initialize(const ir::Graph& g, const std::vector<std::string>& names, const InitSpec& spec, std::uint64_t seed);
+/// The named f32 inputs of `g`, initialised from `spec`, each from a seed derived from `seed` and
+/// its name (so the order of names does not matter). Named dims take their sizes from `dims` (by
+/// name; derived dims from their parts): a shape with a dim it does not size is a ShapeError.
+backend::TensorMap initialize(const ir::Graph& g, const std::vector<std::string>& names, const InitSpec& spec, std::uint64_t seed,
+                              const std::map<std::string, std::int64_t>& dims = {});
 
 /// Parameters from a folder of NAME.npy files, converted to f32 and checked against `g`'s inputs.
 backend::TensorMap load_parameters(const ir::Graph& g, const std::vector<std::string>& names, const std::string& folder);

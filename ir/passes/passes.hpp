@@ -58,6 +58,13 @@ Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)
 Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite = {},
               std::vector<ValueId>* map = nullptr);
 
+/// `g` with its named dims in `sizes` (by name) made those sizes: every shape and attribute that
+/// mentions them, and every dim derived from them, is recomputed (a quotient must come out whole),
+/// and default scales of dims that became sizes are folded. How a model fixes the sizes it is
+/// built for (its heads) and leaves the others to its inputs. Throws ShapeError for a name the
+/// graph does not have, a size below 1 or an inexact quotient.
+Graph specialize_dims(const Graph& g, const std::map<std::string, std::int64_t>& sizes);
+
 /// What to differentiate: a scalar output `loss` (seeded with 1), and/or outputs in `seeds`, each
 /// seeded from a new input named "d" + output ("dout" for "out"); gradients with respect to the
 /// float inputs named in `wrt`.

@@ -76,6 +76,44 @@ TEST_P(MultiHead, CausalOutputIgnoresLaterTokensAndPaddedKeys) {
     for (std::int64_t e = 0; e < 16; ++e) EXPECT_NEAR(changed.at((5 + t) * 16 + e), masked.at((5 + t) * 16 + e), 1e-5) << t;
 }
 
+// Models at any size: multi-head attention (torch's packed parameters), grouped-query attention
+// and rotary embeddings written with a named embedding E and heads H. With the heads fixed, one
+// graph runs at every E they divide (the packed blocks, the head dim E/H, the default scale and
+// the rotary frequencies resolved when E is bound), forward and backward; at E = 16 it computes
+// what the model written for that size computes.
+TEST_P(MultiHead, NamedEmbeddingAndHeadsRunAtAnySize) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  constexpr DimArg E = "E", H = "H", Hkv = "Hkv";
+  auto xe = input<"x">(dim<"B">, dim<"T">, dim<E>);
+  auto mha = self_attention<H>(xe, mha_params<"attn", E>(), causal);
+  auto kv = linear(xe, input<"k_proj">(dim<Hkv*(E / H)>, dim<E>));
+  auto gqa = grouped_query_attention<H, Hkv>(merge_heads<E.value>(rotary(split_heads<H>(xe))), kv, kv, causal);
+  const ir::Graph written = lower(named<"mha">(mha.output), named<"gqa">(gqa));
+  const ir::Graph g = ir::specialize_dims(written, {{"H", 4}, {"Hkv", 2}});
+  EXPECT_EQ(g.type_string(g.output("mha")), "f32[B,T,E]");
+  const ir::Graph backward = ir::build_backward(g, {"", {"x", "attn.in_proj_weight", "k_proj"}, {"mha", "gqa"}});
+  for (std::int64_t e : {16, 24}) {
+    auto in = backend::random_inputs(backward, {{"B", 2}, {"T", 5}, {"E", e}}, 11);
+    testing::expect_equivalent(backward, in, *b);
+  }
+  // At E = 16 the same numbers as the model written for 16 (and 4 heads).
+  auto x16 = input<"x">(dim<"B">, dim<"T">, dim<16>);
+  const ir::Graph fixed = lower(named<"mha">(self_attention<4>(x16, mha_params<"attn", 16>(), causal).output));
+  auto in = backend::random_inputs(g, {{"B", 2}, {"T", 5}, {"E", 16}}, 12);
+  const auto a = b->compile(g)->run(in).at("mha");
+  in.erase("k_proj");
+  const auto f = b->compile(fixed)->run(in).at("mha");
+  ASSERT_EQ(a.shape(), f.shape());
+  for (std::int64_t i = 0; i < a.numel(); ++i) EXPECT_NEAR(a.at(i), f.at(i), 1e-6) << i;
+  // An embedding the heads do not divide fails when bound, naming the dims.
+  try {
+    b->compile(g)->run(backend::random_inputs(g, {{"B", 2}, {"T", 5}, {"E", 18}}, 13));
+    ADD_FAILURE() << "E = 18 ran with 4 heads";
+  } catch (const ShapeError& err) {
+    EXPECT_NE(std::string(err.what()).find("E = 18 is not divisible by 4"), std::string::npos) << err.what();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, MultiHead, ::testing::Values("reference", "cpu", "vulkan"));
 
 }  // namespace

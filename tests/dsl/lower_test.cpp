@@ -117,6 +117,25 @@ TEST(Dsl, ExpressionsOutliveTheirParts) {
 namespace qkv {
 namespace {
 
+// Dims as expressions: a packed weight [3*E, E] and heads split from a named E name their dims
+// in the graph; with sizes instead of names the same builders make static shapes.
+TEST(Dsl, DimExpressionsAndNamedHeadsLowerToDerivedDims) {
+  constexpr DimArg E = "E", H = "H";
+  static_assert((3 * E).is_named() && (3 * E).name_view() == "3*E" && (E / H * 2).name_view() == "(E/H)*2");
+  static_assert((DimArg(3) * DimArg(8)).value == 24 && !(DimArg(3) * DimArg(8)).is_named());
+  auto x = input<"x">(dim<"B">, dim<"N">, dim<E>);
+  auto w = input<"w">(dim<3 * E>, dim<E>);
+  auto heads = split_heads<H>(linear(x, w));
+  static_assert(decltype(heads)::shape[1] == ir::symbol_id("H"));
+  ir::Graph g = lower(named<"w">(w), named<"heads">(heads), named<"joined">(merge_heads(heads)));
+  EXPECT_EQ(g.type_string(g.output("w")), "f32[3*E,E]");
+  EXPECT_EQ(g.type_string(g.output("heads")), "f32[B,H,N,3*E/H]");
+  EXPECT_EQ(g.type_string(g.output("joined")), "f32[B,N,H*(3*E/H)]");
+  EXPECT_EQ(ir::print(ir::parse_graph(ir::print(g))), ir::print(g));
+  auto fixed = split_heads<4>(linear(input<"x">(dim<"B">, dim<"N">, dim<32>), input<"w">(dim<3 * DimArg(32)>, dim<32>)));
+  static_assert(decltype(fixed)::shape == ir::Shape{ir::symbol_id("B"), 4, ir::symbol_id("N"), 24});
+}
+
 TEST(Lower, DefaultScaleOfANamedHeadDimIsResolvedWhenBound) {
   // One graph for every D: at D = 3 the default scale is 1/sqrt(3), at D = 5 it is 1/sqrt(5).
   auto q = input<"q">(dim<"N">, dim<"D">);

@@ -109,7 +109,7 @@ TEST(Parser, DimsAndElementCountsAreBounded) {
   // (a 100 KB one took 2.4 GB and overflowed the stack).
   std::string sum = "N";
   for (int i = 0; i < 30000; ++i) sum += "+N";
-  expect_parse_error(one_input("f32[" + sum + "]"), "sums more than 64 parts");
+  expect_parse_error(one_input("f32[" + sum + "]"), "has more than 64 parts");
   // Up to the bound, derived dims parse and print back.
   const Graph g = parse_graph(one_input("f32[N+M+1]"));
   EXPECT_EQ(g.type_string(0), "f32[N+M+1]");

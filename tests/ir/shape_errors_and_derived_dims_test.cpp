@@ -1,5 +1,6 @@
 // Errors that name the op, the operands and the bad attribute (slice, concat, cast, dropout and
-// causal masks), and derived dims from concat: printed, parsed, bound, and where their gradients stop.
+// causal masks), and derived dims (sums from concat, products and quotients from heads): printed,
+// parsed, bound, fixed to sizes, and where their gradients stop.
 #include <gtest/gtest.h>
 
 #include "backends/backend.hpp"
@@ -37,8 +38,8 @@ TEST(ShapeErrors, BadOperandsAndAttributesAreNamed) {
   auto seed = g.add_input("seed", DType::i32, {});
   EXPECT_EQ(error_of([&] { g.add(Op::slice, {x}, range(1, 4, 12)); }),
             "slice: range or attribute out of bounds (4, 12 at axis 1); operands f32[3,10]");
-  EXPECT_EQ(error_of([&] { g.add(Op::slice, {n}, range(0, 0, 2)); }),
-            "slice: range or attribute out of bounds (0, 2 at axis 0); operands f32[N,4]");
+  EXPECT_EQ(error_of([&] { g.add(Op::slice, {n}, range(0, -1, 2)); }),
+            "slice: range or attribute out of bounds (-1, 2 at axis 0); operands f32[N,4]");
   EXPECT_EQ(error_of([&] { g.add(Op::concat, {x, n}, range(0, 0, 0)); }),
             "concat: dims differ outside the joined axis (10 vs 4 at axis 1); operands f32[3,10], f32[N,4]");
   EXPECT_EQ(error_of([&] { g.add(Op::cast, {x}); }), "cast: cast takes an i32 or bool tensor to f32 (operand 0 is f32[3,10]); operands f32[3,10]");
@@ -88,6 +89,80 @@ TEST(DerivedDims, ConcatAlongANamedDimHasNoGradientAndSaysWhy) {
   } catch (const UnsupportedError& e) {
     EXPECT_NE(std::string(e.what()).find("concat: no gradient along the named dim P (slices need static bounds)"), std::string::npos) << e.what();
   }
+}
+
+std::map<std::string, Tensor, std::less<>> tensors(std::initializer_list<std::pair<const char*, std::vector<std::int64_t>>> shapes) {
+  std::map<std::string, Tensor, std::less<>> r;
+  for (const auto& [name, shape] : shapes) r.emplace(name, Tensor(DType::f32, shape));
+  return r;
+}
+
+// Heads: a packed weight [3*E, E] and x [B, E] split into [B, 4, E/4]; the dims print, parse back
+// to the same symbols, and bind from E, with the quotient checked and an input's derived dim
+// checked against its parts.
+TEST(DerivedDims, ProductsAndQuotientsPrintParseAndBindFromTheirParts) {
+  const Graph g = parse_graph(
+      "graph {\n"
+      "  %0 = input \"w\" : f32[3*E,E]\n"
+      "  %1 = input \"x\" : f32[B,E]\n"
+      "  %2 = matmul(%1, %0) {transpose_a=false, transpose_b=true} : f32[B,3*E]\n"
+      "  %3 = reshape(%1) {shape=[B,4,E/4]} : f32[B,4,E/4]\n"
+      "  %4 = reshape(%3) {shape=[B,(E/4)*4]} : f32[B,E/4*4]\n"
+      "  return y=%2, heads=%3, joined=%4\n"
+      "}\n");
+  EXPECT_EQ(g.type_string(g.output("heads")), "f32[B,4,E/4]");
+  EXPECT_EQ(g.type_string(g.output("joined")), "f32[B,E/4*4]");  // a left-hand quotient needs no parentheses
+  EXPECT_EQ(g.node(g.output("joined")).shape[1], product_dims(quotient_dims(symbol_id("E"), 4), 4));
+  EXPECT_EQ(print(parse_graph(print(g))), print(g));
+  const auto shapes = bind_shapes(g, tensors({{"w", {24, 8}}, {"x", {2, 8}}}));
+  EXPECT_EQ(shapes[static_cast<std::size_t>(g.output("heads"))], (Shape{2, 4, 2}));
+  EXPECT_EQ(shapes[static_cast<std::size_t>(g.output("joined"))], (Shape{2, 8}));
+  EXPECT_EQ(bound_dim(g, shapes, g.node(g.output("heads")).shape[2]), 2);
+  EXPECT_EQ(dim_size(g, g.node(0).shape[0], {{"E", 8}}), 24);
+  EXPECT_EQ(error_of([&] { bind_shapes(g, tensors({{"w", {18, 6}}, {"x", {2, 6}}})); }), "reshape: dim E/4: E = 6 is not divisible by 4");
+  EXPECT_EQ(error_of([&] { bind_shapes(g, tensors({{"w", {25, 8}}, {"x", {2, 8}}})); }),
+            "input 'w': dim 3*E is 25, but E = 8 (from the other inputs) make it 24");
+  EXPECT_EQ(error_of([&] { dim_size(g, g.node(0).shape[0], {}); }), "no size given for dim E");
+  // A quotient of sizes must be whole, and a dim's parts are bounded, in the text too.
+  EXPECT_THROW(parse_graph("graph {\n  %0 = input \"a\" : f32[7/2]\n  return out=%0\n}\n"), IrError);
+  EXPECT_THROW(parse_graph("graph {\n  %0 = input \"a\" : f32[(E]\n  return out=%0\n}\n"), IrError);
+  std::string deep = "E";
+  for (int i = 0; i < 100; ++i) deep = "(" + deep + ")";
+  EXPECT_THROW(parse_graph("graph {\n  %0 = input \"a\" : f32[" + deep + "]\n  return out=%0\n}\n"), IrError);
+}
+
+// A slice of a named dim is checked when the dim is bound.
+TEST(DerivedDims, ASliceOfANamedDimIsCheckedWhenBound) {
+  Graph g;
+  auto n = g.add_input("n", DType::f32, {g.symbol("N"), 4});
+  g.set_output("s", g.add(Op::slice, {n}, range(0, 1, 3)));
+  EXPECT_EQ(bind_shapes(g, tensors({{"n", {5, 4}}}))[1], (Shape{2, 4}));
+  EXPECT_EQ(error_of([&] { bind_shapes(g, tensors({{"n", {2, 4}}})); }),
+            "%1 slice: range or attribute out of bounds (1, 3 at axis 0); operands f32[2,4]");
+}
+
+// specialize_dims fixes named dims to sizes: the shapes, the dims derived from them and the
+// default scales that read them, as a graph built for those sizes would have them.
+TEST(DerivedDims, SpecializingANamedDimRecomputesWhatDependsOnIt) {
+  Graph g;
+  const Dim b = g.symbol("B"), e = g.symbol("E"), h = g.symbol("H");
+  auto x = g.add_input("x", DType::f32, {b, e});
+  const Dim dh = g.derive_dim(DimOp::quotient, e, h);
+  auto heads = g.add(Op::reshape, {x}, shape_attrs(Shape{b, h, dh}));
+  g.set_output("scaled", g.add(Op::mul, {heads, g.constant(1.0, {}, dh)}));
+  const Graph s = specialize_dims(g, {{"H", 4}});
+  EXPECT_EQ(s.type_string(s.output("scaled")), "f32[B,4,E/4]");
+  for (const auto& [id, name] : s.symbols()) EXPECT_NE(name, "H");
+  const Graph both = specialize_dims(g, {{"H", 4}, {"E", 64}});
+  EXPECT_EQ(both.type_string(both.output("scaled")), "f32[B,4,16]");
+  for (const Node& n : both.nodes())
+    if (n.op == Op::constant) {
+      EXPECT_EQ(n.attrs.rsqrt_of, 0);  // folded: 1/sqrt(16)
+      EXPECT_EQ(n.attrs.value, 0.25);
+    }
+  EXPECT_EQ(error_of([&] { specialize_dims(g, {{"H", 3}, {"E", 64}}); }), "dim E/H: 64 is not divisible by 3");
+  EXPECT_EQ(error_of([&] { specialize_dims(g, {{"Q", 3}}); }), "the graph has no named dim 'Q' to fix");
+  EXPECT_EQ(error_of([&] { specialize_dims(g, {{"H", 0}}); }), "dim H must be at least 1, got 0");
 }
 
 }  // namespace

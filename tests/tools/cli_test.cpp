@@ -123,6 +123,26 @@ TEST_F(Cli, RunLoadsPyTorchWeightsFromSafetensors) {
   EXPECT_NE(missing.output.find("no tensor 'in_proj_weight'"), std::string::npos) << missing.output;
 }
 
+// The multi-head models at sizes other than their defaults: built for the options, run and
+// checked on every backend; a checkpoint of another size says which tensor and dims differ.
+TEST_F(Cli, BuiltInModelsRunAtAnySize) {
+  Result r = run("run mha --set embed=48 --set heads=6 --out out=" + path("o.npy") + " --out weights_per_head=" + path("w.npy"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(qkv::io::read_npy(path("o.npy")).shape(), (std::vector<std::int64_t>{2, 8, 48}));
+  EXPECT_EQ(qkv::io::read_npy(path("w.npy")).shape(), (std::vector<std::int64_t>{2, 6, 8, 8}));
+  Result gqa = run("check gqa --set embed=96 --set heads=4 --set kv_heads=2 --set rope=true --backend all --grad");
+  EXPECT_EQ(gqa.status, 0) << gqa.output;
+  Result block = run("check encoder-decoder-block --set embed=24 --set heads=2 --set activation=gelu --backend all");
+  EXPECT_EQ(block.status, 0) << block.output;
+  Result models = run("models");
+  EXPECT_NE(models.output.find("--set embed=32  embedding size E (any size the heads divide)"), std::string::npos) << models.output;
+  const std::string f = std::string(QKV_SOURCE_DIR) + "/tests/fixtures/torch/";
+  Result wrong = run("run mha --set embed=64 --weights " + f + "mha32.safetensors");
+  EXPECT_EQ(wrong.status, 2);
+  EXPECT_NE(wrong.output.find("in_proj_weight"), std::string::npos) << wrong.output;
+  EXPECT_NE(wrong.output.find("f32[192,64]"), std::string::npos) << wrong.output;
+}
+
 TEST_F(Cli, RunsAGraphFromItsIrText) {
   Result dumped = run("dump causal-self-attention --ir");
   ASSERT_EQ(dumped.status, 0);
@@ -240,12 +260,12 @@ TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
   Result fused = run("explain decoder-block --backend vulkan");
   ASSERT_EQ(fused.status, 0) << fused.output;
   EXPECT_NE(fused.output.find("kernels: 9, computing 29 nodes more inside them (fused)"), std::string::npos) << fused.output;
-  EXPECT_NE(fused.output.find("(view of %22 read through strides)"), std::string::npos) << fused.output;
-  EXPECT_NE(fused.output.find("(written in place by %36's kernel)"), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("(view of %26 read through strides)"), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("(written in place by %44's kernel)"), std::string::npos) << fused.output;
   EXPECT_NE(fused.output.find("glsl fused_reduce_sum_div_sub_mul_reduce_sum_div_add_sqrt_div_mul_add_r3"), std::string::npos) << fused.output;
   EXPECT_NE(fused.output.find("glsl fused_matmul_add_max_r3"), std::string::npos) << fused.output;  // the ReLU in the store
-  EXPECT_EQ(squeezed_line(fused.output, "%58"), "%58 matmul (2, 8, 128) (in %62's kernel) 0.131 0.000") << fused.output;
-  EXPECT_EQ(squeezed_line(fused.output, "%24"), "%24 slice (32, 32) (view of %16 at byte 4096) 0.000 0.000") << fused.output;
+  EXPECT_EQ(squeezed_line(fused.output, "%66"), "%66 matmul (2, 8, 128) (in %70's kernel) 0.131 0.000") << fused.output;
+  EXPECT_EQ(squeezed_line(fused.output, "%28"), "%28 slice (1, 32, 32) (view of %17 at byte 4096) 0.000 0.000") << fused.output;
 }
 
 TEST_F(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
@@ -270,7 +290,8 @@ TEST_F(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
   expect("run sdpa --out nope=" + path("o.npy"), "has no output 'nope' (outputs: out, weights)");
   expect("run sdpa --set nope=1", "sdpa has no option 'nope' (options: causal, mask, scale, softcap, dropout, weights)");
   expect("run sdpa --set causal=maybe", "option causal=maybe: expected true or false");
-  expect("run mha --set embed=48", "mha is built for embed=32, got 48");
+  expect("run mha --set embed=48 --set heads=5", "mha: embed=48 is not divisible by heads=5");
+  expect("run gqa --set kv_heads=3", "gqa: heads=8 is not divisible by kv_heads=3");
   expect("run nosuchmodel", "no model 'nosuchmodel' (models: sdpa, mha");
   expect("run sdpa --backend nope", "nope");
   expect("check sdpa --backend cpu,nope", "no backend 'nope'");
@@ -317,15 +338,15 @@ TEST_F(Cli, DumpPrintsIrDotGlslAndBackward) {
   // their epilogues, each kernel headed by the nodes it computes.
   Result glsl = run("dump decoder-block --glsl");
   ASSERT_EQ(glsl.status, 0) << glsl.output;
-  EXPECT_NE(glsl.output.find("%24 = slice : f32[32,32] (no kernel: read in place, %16 from byte 4096)"), std::string::npos) << glsl.output;
-  EXPECT_NE(glsl.output.find("(kernel fused_matmul_add_max_r3, computing %58 matmul, %60 add, %61 constant, %62 max)"), std::string::npos)
+  EXPECT_NE(glsl.output.find("%28 = slice : f32[1,32,32] (no kernel: read in place, %17 from byte 4096)"), std::string::npos) << glsl.output;
+  EXPECT_NE(glsl.output.find("(kernel fused_matmul_add_max_r3, computing %66 matmul, %68 add, %69 constant, %70 max)"), std::string::npos)
       << glsl.output;
   EXPECT_NE(glsl.output.find("float qkv_epilogue(float acc, uint row, uint col)"), std::string::npos) << glsl.output;
   // With no device (no driver found), the shaders a GPU with common limits would run, said so.
   Result generic = run("dump decoder-block --glsl", "VK_ICD_FILENAMES=/nonexistent VK_DRIVER_FILES=/nonexistent");
   ASSERT_EQ(generic.status, 0) << generic.output;
   EXPECT_EQ(generic.output.rfind("// No Vulkan device here: the shaders for a GPU", 0), 0u) << generic.output;
-  EXPECT_NE(generic.output.find("(kernel fused_matmul_add_max_r3, computing %58 matmul, %60 add, %61 constant, %62 max)"), std::string::npos)
+  EXPECT_NE(generic.output.find("(kernel fused_matmul_add_max_r3, computing %66 matmul, %68 add, %69 constant, %70 max)"), std::string::npos)
       << generic.output;
 }
 
