@@ -1,4 +1,5 @@
-// The cases the conformance and gradient tests sweep for each op in the registry.
+// The cases the conformance and gradient tests sweep for each op in the registry (built into
+// qkv_sweeps with the random graphs composed from them, not into qkv_ir).
 #pragma once
 
 #include <string>
@@ -8,7 +9,6 @@
 
 namespace qkv::ir {
 
-/// How a case's input is filled.
 /// How a case's input is filled. keep_first: a boolean mask, random but keeping the first entry
 /// of its last dim, so that no attention row loses every key.
 /// ids: i32 values in [-1, 6], some outside [0, 5) on purpose.
