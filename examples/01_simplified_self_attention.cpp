@@ -4,7 +4,8 @@
 //   example_01_simplified_self_attention [backend]
 #include <cmath>
 
-#include "dsl/dsl.hpp"
+#include <qkv/dsl.hpp>
+
 #include "examples/example.hpp"
 
 int main(int argc, char** argv) {

@@ -4,8 +4,9 @@
 //   example_02_scaled_dot_product [backend]
 #include <cmath>
 
-#include "backends/equivalence.hpp"
-#include "dsl/dsl.hpp"
+#include <qkv/backends.hpp>
+#include <qkv/dsl.hpp>
+
 #include "examples/example.hpp"
 
 int main(int argc, char** argv) {

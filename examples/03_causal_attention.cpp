@@ -1,9 +1,10 @@
 // Causal attention: the look-ahead mask, the weights with zeros above the diagonal, and dropout
 // on the weights (training only), on the six tokens of "Your journey starts with one step".
 //   example_03_causal_attention [backend]
-#include "dsl/dsl.hpp"
+#include <qkv/dsl.hpp>
+#include <qkv/ir.hpp>
+
 #include "examples/example.hpp"
-#include "ir/printer.hpp"
 
 int main(int argc, char** argv) {
   using namespace qkv;

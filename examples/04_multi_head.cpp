@@ -2,8 +2,9 @@
 // computation with the weights laid out as PyTorch's nn.MultiheadAttention holds them
 // (in_proj_weight stacks W_q, W_k, W_v; out_proj).
 //   example_04_multi_head [backend]
-#include "backends/equivalence.hpp"
-#include "dsl/dsl.hpp"
+#include <qkv/backends.hpp>
+#include <qkv/dsl.hpp>
+
 #include "examples/example.hpp"
 
 int main(int argc, char** argv) {

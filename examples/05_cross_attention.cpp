@@ -1,8 +1,9 @@
 // Cross-attention: a 5-token decoder sequence attends to an 8-token encoder sequence; the
 // weights are 5 x 8, every decoder token spreading its attention over the encoder's tokens.
 //   example_05_cross_attention [backend]
-#include "backends/equivalence.hpp"
-#include "dsl/dsl.hpp"
+#include <qkv/backends.hpp>
+#include <qkv/dsl.hpp>
+
 #include "examples/example.hpp"
 
 int main(int argc, char** argv) {

@@ -5,7 +5,8 @@
 #include <cmath>
 #include <filesystem>
 
-#include "dsl/dsl.hpp"
+#include <qkv/dsl.hpp>
+
 #include "examples/example.hpp"
 #include "io/png.hpp"
 

@@ -2,8 +2,9 @@
 // the cpu backend fuses attention and streams key blocks through an online softmax, holding
 // O(N·D) memory; asking for the weights (or a backend without the fused kernel) keeps N² floats.
 //   example_07_long_sequences [backend]
-#include "backends/equivalence.hpp"
-#include "dsl/dsl.hpp"
+#include <qkv/backends.hpp>
+#include <qkv/dsl.hpp>
+
 #include "examples/example.hpp"
 
 int main(int argc, char** argv) {

@@ -7,10 +7,10 @@
 #include <cstdlib>
 #include <string>
 
-#include "backends/backend.hpp"
+#include <qkv/backends.hpp>
+#include <qkv/train.hpp>
+
 #include "models/models.hpp"
-#include "train/init.hpp"
-#include "train/trainer.hpp"
 
 int main(int argc, char** argv) {
   using namespace qkv;

@@ -1,8 +1,9 @@
 // Backend equivalence: one model, a pre-norm decoder block, on every backend against the float64
 // reference, forward and backward, as the report table `qkv check` prints.
 //   example_09_backend_equivalence [backend]
-#include "backends/equivalence.hpp"
-#include "dsl/dsl.hpp"
+#include <qkv/backends.hpp>
+#include <qkv/dsl.hpp>
+
 #include "examples/example.hpp"
 
 int main(int argc, char** argv) {

@@ -7,8 +7,9 @@
 #include <cmath>
 #include <span>
 
-#include "backends/equivalence.hpp"
-#include "dsl/dsl.hpp"
+#include <qkv/backends.hpp>
+#include <qkv/dsl.hpp>
+
 #include "examples/example.hpp"
 #include "ir/region.hpp"
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "backends/backend.hpp"
-#include "dsl/dsl.hpp"
+#include <qkv/backends.hpp>
+#include <qkv/dsl.hpp>
 
 int main(int argc, char** argv) {
   using namespace qkv;
