@@ -10,7 +10,7 @@
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/thread_pool.hpp"
 #include "backends/host_kernels.hpp"
-#include "backends/run_inputs.hpp"
+#include "backends/executable_skeleton.hpp"
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
@@ -57,13 +57,12 @@ std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
   return group;
 }
 
-class CpuExecutable final : public Executable {
+class CpuExecutable final : public ExecutableSkeleton {
  public:
-  explicit CpuExecutable(ir::Graph g) : graph_(std::move(g)), input_ids_(graph_.inputs()), slot_(graph_.size(), -1) {
+  explicit CpuExecutable(ir::Graph g) : ExecutableSkeleton(std::move(g)), slot_(graph_.size(), -1) {
     for (std::size_t i = 0; i < input_ids_.size(); ++i) slot_[static_cast<std::size_t>(input_ids_[i])] = static_cast<int>(i);
     find_kernel_groups();
   }
-  const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return memory_.total_bytes; }
   std::vector<TileCount> tile_counts() const override { return tile_counts_; }
 
@@ -73,10 +72,7 @@ class CpuExecutable final : public Executable {
   }
   TensorMap state() override { return state_; }
 
-  TensorMap run(const TensorMap& inputs) override {
-    gather_inputs(graph_, input_ids_, inputs, state_, tensors_);
-    value_checks_.check(tensors_);
-    if (!signature_.matches(tensors_)) plan();
+  void compute() override {
     tile_counts_.clear();
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       if (computed_with_leader(i)) continue;
@@ -93,24 +89,12 @@ class CpuExecutable final : public Executable {
       Tensor& held = state_.at(name);
       if (src != held.data<float>() && held.nbytes()) std::memcpy(held.data<float>(), src, held.nbytes());
     }
-    TensorMap out;
-    for (const auto& [name, v] : graph_.outputs()) {
-      auto vi = static_cast<std::size_t>(v);
-      Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[vi]));  // every element written below
-      const float* src = value_ptr(vi);
-      if (t.dtype() == DType::boolean) {
-        for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;
-      } else if (t.nbytes()) {
-        std::memcpy(t.raw(), src, t.nbytes());  // graph outputs are f32 or bool
-      }
-      out.emplace(name, std::move(t));
-    }
-    return out;
   }
+  Tensor output(std::string_view, ir::ValueId v) override { return f32_output(v, value_ptr(static_cast<std::size_t>(v))); }
 
  private:
-  void plan() {
-    shapes_ = ir::bind_shapes(graph_, merged_inputs(graph_, tensors_));
+  void plan() override {
+    bind_shapes();
     std::vector<std::int64_t> bytes(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * static_cast<std::int64_t>(sizeof(float));
     // f32 inputs are read where the caller keeps them; bool and i32 inputs are widened into the arena.
@@ -128,7 +112,6 @@ class CpuExecutable final : public Executable {
                           graph_.type_string(graph_.nodes()[largest].dtype, shapes_[largest]) + " (" + std::to_string(bytes[largest]) +
                           " bytes)");
     }
-    signature_.record(tensors_);
   }
 
   const Tensor& input_tensor(std::size_t v) const { return *tensors_[static_cast<std::size_t>(slot_[v])]; }
@@ -300,19 +283,12 @@ class CpuExecutable final : public Executable {
     QKV_UNREACHABLE("op");
   }
 
-  ir::Graph graph_;
   cpu::TileCounter tiles_;                       // the running kernel's tiles
   std::vector<TileCount> tile_counts_;           // the last run's, per fused kernel
   std::vector<ir::ValueId> leader_;              // node -> its kernel group's leader, or -1
   std::vector<std::vector<std::size_t>> group_;  // leader -> its group's nodes (empty otherwise)
   std::vector<bool> group_fused_;                // leader -> the group runs as one kernel
-  std::vector<ir::ValueId> input_ids_;
-  InputValueChecks value_checks_{graph_, input_ids_};
   std::vector<int> slot_;                // node -> index into tensors_ (inputs only)
-  std::vector<const Tensor*> tensors_;   // this run's input tensors, in input order
-  TensorMap state_;
-  InputSignature signature_;
-  std::vector<ir::Shape> shapes_;
   ir::MemoryPlan memory_;
   std::vector<float> arena_;
 };

@@ -6,7 +6,7 @@
 
 #include "backends/host_kernels.hpp"
 #include "backends/kernel_util.hpp"
-#include "backends/run_inputs.hpp"
+#include "backends/executable_skeleton.hpp"
 #include "backends/scalar_ops.hpp"
 #include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
@@ -20,12 +20,11 @@ using ir::Op;
 using ir::Shape;
 
 template <class T>
-class ReferenceExecutable final : public Executable {
+class ReferenceExecutable final : public ExecutableSkeleton {
  public:
   ReferenceExecutable(ir::Graph g, bool f64_outputs, bool f64_inputs)
-      : graph_(std::move(g)), f64_outputs_(f64_outputs), f64_inputs_(f64_inputs) {}
+      : ExecutableSkeleton(std::move(g)), f64_outputs_(f64_outputs), f64_inputs_(f64_inputs) {}
 
-  const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return planned_bytes_; }
 
   void set_state(const TensorMap& tensors) override {
@@ -34,50 +33,53 @@ class ReferenceExecutable final : public Executable {
   }
   TensorMap state() override { return state_; }
 
-  TensorMap run(const TensorMap& call_inputs) override {
-    std::vector<const Tensor*> tensors;
-    gather_inputs(graph_, graph_.inputs(), call_inputs, state_, tensors);
-    value_checks_.check(tensors);
-    const TensorMap inputs = merged_inputs(graph_, tensors);
-    std::vector<Shape> shapes = ir::bind_shapes(graph_, inputs, f64_inputs_);
-    std::vector<std::vector<T>> values(graph_.size());
+  /// One vector per node, as long as its shape (values are never freed during a run: the oracle
+  /// keeps it simple).
+  void plan() override {
+    bind_shapes(f64_inputs_);
+    values_.assign(graph_.size(), {});
     planned_bytes_ = 0;
-    for (const auto& s : shapes) planned_bytes_ += s.numel() * static_cast<std::int64_t>(sizeof(T));
     for (std::size_t i = 0; i < graph_.size(); ++i) {
+      const std::int64_t bytes = shapes_[i].numel() * static_cast<std::int64_t>(sizeof(T));
       try {
-        values[i].resize(static_cast<std::size_t>(shapes[i].numel()));
+        values_[i].resize(static_cast<std::size_t>(shapes_[i].numel()));
       } catch (const std::bad_alloc&) {
+        values_.clear();
         throw ResourceError("reference: out of memory: %" + std::to_string(i) + " " + std::string(ir::op_name(graph_.nodes()[i].op)) + " " +
-                            graph_.type_string(graph_.nodes()[i].dtype, shapes[i]) + " needs " +
-                            std::to_string(shapes[i].numel() * static_cast<std::int64_t>(sizeof(T))) + " bytes");
+                            graph_.type_string(graph_.nodes()[i].dtype, shapes_[i]) + " needs " + std::to_string(bytes) + " bytes");
       }
-      eval(graph_.nodes()[i], shapes, values, i, inputs);
+      planned_bytes_ += bytes;
+    }
+  }
+  void compute() override {
+    const TensorMap inputs = merged_inputs(graph_, tensors_);
+    for (std::size_t i = 0; i < graph_.size(); ++i) {
+      std::fill(values_[i].begin(), values_[i].end(), T(0));  // each run starts from zeros, as a fresh plan does
+      eval(graph_.nodes()[i], shapes_, values_, i, inputs);
     }
     for (const auto& [name, v] : graph_.updates()) {
       Tensor& held = state_.at(name);
-      const auto& vals = values[static_cast<std::size_t>(v)];
+      const auto& vals = values_[static_cast<std::size_t>(v)];
       for (std::size_t j = 0; j < vals.size(); ++j) {
         if (held.dtype() == DType::f64) held.data<double>()[j] = static_cast<double>(vals[j]);
         else held.data<float>()[j] = static_cast<float>(vals[j]);
       }
     }
-    TensorMap out;
-    for (const auto& [name, v] : graph_.outputs()) {
-      const auto& vals = values[static_cast<std::size_t>(v)];
-      DType dt = graph_.node(v).dtype;
-      if (dt == DType::f32 && f64_outputs_) dt = DType::f64;
-      Tensor t(dt, ir::to_vector(shapes[static_cast<std::size_t>(v)]));
-      for (std::size_t j = 0; j < vals.size(); ++j) {
-        switch (dt) {
-          case DType::f32: t.data<float>()[j] = static_cast<float>(vals[j]); break;
-          case DType::f64: t.data<double>()[j] = static_cast<double>(vals[j]); break;
-          case DType::boolean: t.data<std::uint8_t>()[j] = vals[j] != T(0); break;
-          case DType::i32: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(vals[j]); break;
-        }
+  }
+  Tensor output(std::string_view, ir::ValueId v) override {
+    const auto& vals = values_[static_cast<std::size_t>(v)];
+    DType dt = graph_.node(v).dtype;
+    if (dt == DType::f32 && f64_outputs_) dt = DType::f64;
+    Tensor t(dt, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));
+    for (std::size_t j = 0; j < vals.size(); ++j) {
+      switch (dt) {
+        case DType::f32: t.data<float>()[j] = static_cast<float>(vals[j]); break;
+        case DType::f64: t.data<double>()[j] = static_cast<double>(vals[j]); break;
+        case DType::boolean: t.data<std::uint8_t>()[j] = vals[j] != T(0); break;
+        case DType::i32: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(vals[j]); break;
       }
-      out.emplace(name, std::move(t));
     }
-    return out;
+    return t;
   }
 
  private:
@@ -187,11 +189,9 @@ class ReferenceExecutable final : public Executable {
     QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " reached the reference backend undecomposed");
   }
 
-  ir::Graph graph_;
-  InputValueChecks value_checks_{graph_, graph_.inputs()};
   bool f64_outputs_;
   bool f64_inputs_;
-  TensorMap state_;
+  std::vector<std::vector<T>> values_;  // per node, as planned
   std::int64_t planned_bytes_ = 0;
 };
 

@@ -7,7 +7,7 @@
 #include <optional>
 #include <set>
 
-#include "backends/run_inputs.hpp"
+#include "backends/executable_skeleton.hpp"
 #include "backends/vulkan/barriers.hpp"
 #include "backends/vulkan/context.hpp"
 #include "codegen/fusion.hpp"
@@ -41,11 +41,11 @@ std::int64_t view_alignment(const Context& ctx) {
   return static_cast<std::int64_t>(std::max<vk::DeviceSize>(ctx.properties().limits.minStorageBufferOffsetAlignment, 16));
 }
 
-class VulkanExecutable final : public Executable {
+class VulkanExecutable final : public ExecutableSkeleton {
  public:
   /// Fuses elementwise chains within `fusion`'s limits, or gives every node its own kernel.
   VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g, codegen::Target target, std::optional<codegen::FusionLimits> fusion)
-      : ctx_(std::move(ctx)), target_(target), graph_(std::move(g)), input_ids_(graph_.inputs()) {
+      : ExecutableSkeleton(std::move(g)), ctx_(std::move(ctx)), target_(target) {
     const std::uint32_t most = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
     std::vector<codegen::KernelGroup> groups =
         fusion ? codegen::plan_kernels(graph_, *fusion) : codegen::unfused_kernels(graph_, view_alignment(*ctx_));
@@ -65,7 +65,6 @@ class VulkanExecutable final : public Executable {
       kernels_.push_back(std::move(k));
     }
   }
-  const ir::Graph& graph() const override { return graph_; }
   std::int64_t planned_bytes() const override { return memory_.total_bytes; }
   std::vector<TileCount> tile_counts() const override { return tile_counts_; }
   void set_profiling(bool on) override {
@@ -89,34 +88,24 @@ class VulkanExecutable final : public Executable {
   }
 
   TensorMap run(const TensorMap& inputs) override {
-    return guarded("run", [&] {
-      std::vector<const Tensor*>& tensors = tensors_;
-      gather_inputs(graph_, input_ids_, inputs, state_, tensors);
-      value_checks_.check(tensors);
-      if (!signature_.matches(tensors)) plan(tensors);
-      for (std::size_t i = 0; i < input_ids_.size(); ++i)
-        if (staging_offset_[i] >= 0) write_staging(*tensors[i], static_cast<std::byte*>(staging_in_.mapped) + staging_offset_[i]);
-      ctx_->device().resetFences(*fence_);
-      vk::CommandBuffer cb = *command_buffer_;
-      ctx_->queue().submit(vk::SubmitInfo({}, {}, cb), *fence_);
-      if (ctx_->device().waitForFences(*fence_, VK_TRUE, UINT64_MAX) != vk::Result::eSuccess)
-        throw BackendError("vulkan: waiting for the run failed");
-      if (!graph_.updates().empty()) device_newer_ = true;
-      if (*query_pool_) read_timestamps();
-      read_tile_counts();
-      TensorMap out;
-      for (const auto& [name, v] : graph_.outputs()) {
-        const auto* src = reinterpret_cast<const float*>(static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.at(name));
-        Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));  // written in full
-        if (t.dtype() == DType::boolean) {
-          for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;
-        } else {
-          if (t.nbytes()) std::memcpy(t.raw(), src, t.nbytes());
-        }
-        out.emplace(name, std::move(t));
-      }
-      return out;
-    });
+    return guarded("run", [&] { return ExecutableSkeleton::run(inputs); });
+  }
+
+ protected:
+  void compute() override {
+    for (std::size_t i = 0; i < input_ids_.size(); ++i)
+      if (staging_offset_[i] >= 0) write_staging(*tensors_[i], static_cast<std::byte*>(staging_in_.mapped) + staging_offset_[i]);
+    ctx_->device().resetFences(*fence_);
+    vk::CommandBuffer cb = *command_buffer_;
+    ctx_->queue().submit(vk::SubmitInfo({}, {}, cb), *fence_);
+    if (ctx_->device().waitForFences(*fence_, VK_TRUE, UINT64_MAX) != vk::Result::eSuccess)
+      throw BackendError("vulkan: waiting for the run failed");
+    if (!graph_.updates().empty()) device_newer_ = true;
+    if (*query_pool_) read_timestamps();
+    read_tile_counts();
+  }
+  Tensor output(std::string_view name, ir::ValueId v) override {
+    return f32_output(v, reinterpret_cast<const float*>(static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.find(name)->second));
   }
 
  private:
@@ -155,7 +144,7 @@ class VulkanExecutable final : public Executable {
       last_profile_.push_back({kernels_[k].value, static_cast<double>(ctx_->ticks_between(ticks[k], ticks[k + 1])) * period});
   }
 
-  void plan(const std::vector<const Tensor*>& tensors) {
+  void plan() override {
     const auto& dev = ctx_->device();
     dev.waitIdle();
     if (device_newer_) download_state();  // the arena is about to be replaced
@@ -164,7 +153,7 @@ class VulkanExecutable final : public Executable {
     query_pool_ = nullptr;
     descriptor_sets_.clear();
     descriptor_pool_ = nullptr;
-    shapes_ = ir::bind_shapes(graph_, merged_inputs(graph_, tensors));
+    bind_shapes();
     std::vector<std::int64_t> bytes(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * 4;
     const std::int64_t align = view_alignment(*ctx_);
@@ -260,7 +249,6 @@ class VulkanExecutable final : public Executable {
       query_pool_ = vk::raii::QueryPool(dev, vk::QueryPoolCreateInfo({}, vk::QueryType::eTimestamp, static_cast<std::uint32_t>(kernels_.size() + 1)));
     record(uploads, downloads, updates);
     upload_state();
-    signature_.record(tensors);
   }
 
   /// The arena ranges each kernel reads (its operands) and writes (its value, and for the flash
@@ -384,14 +372,8 @@ class VulkanExecutable final : public Executable {
 
   std::shared_ptr<Context> ctx_;
   codegen::Target target_;
-  ir::Graph graph_;
-  std::vector<ir::ValueId> input_ids_;
-  InputValueChecks value_checks_{graph_, input_ids_};
-  std::vector<const Tensor*> tensors_;  // this run's input tensors (capacity reused)
   std::vector<Kernel> kernels_;
   std::vector<codegen::KernelLaunch> launches_;  // per kernel, for shapes_
-  InputSignature signature_;
-  std::vector<ir::Shape> shapes_;
   ir::MemoryPlan memory_;
   Buffer arena_, staging_in_, staging_out_;
   Buffer counts_;     // the flash kernels' tile counters (host-visible), one aligned slot each
@@ -399,7 +381,6 @@ class VulkanExecutable final : public Executable {
   std::vector<TileCount> tile_counts_;  // the last run's
   std::vector<std::int64_t> staging_offset_;  // per input: its place in staging_in_, -1 when held
   std::map<std::string, std::int64_t, std::less<>> output_staging_;
-  TensorMap state_;            // host copies of the held inputs
   bool device_newer_ = false;  // runs have updated the held inputs since the last download
   vk::raii::DescriptorPool descriptor_pool_{nullptr};
   vk::raii::DescriptorSets descriptor_sets_{nullptr};

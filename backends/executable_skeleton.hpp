@@ -1,0 +1,68 @@
+// The run every executable shares, as a base class: a backend supplies how it plans for a set of
+// input shapes, how it computes, and where an output's values are.
+#pragma once
+
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "backends/run_inputs.hpp"
+#include "ir/bind.hpp"
+
+namespace qkv::backend {
+
+/// An Executable's run: the call's tensors gathered with the held state (no copies), their
+/// values checked, a new plan only when their shapes differ from the last plan's, the backend's
+/// computation, and the outputs as tensors. The graph, the held state and the bound shapes live
+/// here; set_state and state stay the backend's (a device may keep the state elsewhere).
+class ExecutableSkeleton : public Executable {
+ public:
+  TensorMap run(const TensorMap& inputs) override {
+    gather_inputs(graph_, input_ids_, inputs, state_, tensors_);
+    value_checks_.check(tensors_);
+    if (!signature_.matches(tensors_)) {
+      plan();
+      signature_.record(tensors_);
+    }
+    compute();
+    TensorMap out;
+    for (const auto& [name, v] : graph_.outputs()) out.emplace(name, output(name, v));
+    return out;
+  }
+  const ir::Graph& graph() const override { return graph_; }
+
+ protected:
+  explicit ExecutableSkeleton(ir::Graph g) : graph_(std::move(g)), input_ids_(graph_.inputs()) {}
+
+  /// Plans for the shapes of tensors_ (bind_shapes() binds them into shapes_); throws what
+  /// binding throws, or ResourceError when the plan does not fit.
+  virtual void plan() = 0;
+  /// Computes every output and writes the graph's updates back into the held state.
+  virtual void compute() = 0;
+  /// Output `name`, value `v`, of the last computation.
+  virtual Tensor output(std::string_view name, ir::ValueId v) = 0;
+
+  /// shapes_ for this run's tensors.
+  void bind_shapes(bool f64_for_f32 = false) { shapes_ = ir::bind_shapes(graph_, merged_inputs(graph_, tensors_), f64_for_f32); }
+  /// Output `v` from f32 values at `src`, as the graph types it (f32, or bool from 0 and 1).
+  Tensor f32_output(ir::ValueId v, const float* src) const {
+    Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));  // written in full
+    if (t.dtype() == DType::boolean) {
+      for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;
+    } else if (t.nbytes()) {
+      std::memcpy(t.raw(), src, t.nbytes());  // graph outputs are f32 or bool
+    }
+    return t;
+  }
+
+  ir::Graph graph_;
+  std::vector<ir::ValueId> input_ids_;  // the graph's inputs, in order
+  InputValueChecks value_checks_{graph_, input_ids_};
+  std::vector<const Tensor*> tensors_;  // this run's input tensors, in input order (capacity reused)
+  TensorMap state_;                     // the held inputs
+  InputSignature signature_;            // the input shapes the plan was made for
+  std::vector<ir::Shape> shapes_;       // every node's shape, as planned
+};
+
+}  // namespace qkv::backend
