@@ -15,11 +15,17 @@ std::vector<std::int64_t> to_vector(const Shape& s) {
 
 namespace {
 
-/// a op b, or nothing for a quotient that is not a whole size.
+/// a op b, or nothing for a quotient that is not a whole size. Sizes are bound from tensors, so a
+/// sum or product past 63 bits is a ShapeError, not an overflow.
 std::optional<std::int64_t> apply(DimOp op, std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
   switch (op) {
-    case DimOp::sum: return a + b;
-    case DimOp::product: return a * b;
+    case DimOp::sum:
+      if (__builtin_add_overflow(a, b, &r)) throw ShapeError("a dim's size " + std::to_string(a) + " + " + std::to_string(b) + " exceeds 63 bits");
+      return r;
+    case DimOp::product:
+      if (__builtin_mul_overflow(a, b, &r)) throw ShapeError("a dim's size " + std::to_string(a) + " * " + std::to_string(b) + " exceeds 63 bits");
+      return r;
     case DimOp::quotient: return b == 0 || a % b != 0 ? std::nullopt : std::optional<std::int64_t>(a / b);
   }
   QKV_UNREACHABLE("a DimOp outside the enum");

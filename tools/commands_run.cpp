@@ -4,7 +4,6 @@
 #include <cstdio>
 
 #include "backends/vulkan/vulkan_backend.hpp"
-#include "codegen/glsl.hpp"
 #include "io/file.hpp"
 #include "io/npy.hpp"
 #include "ir/gradients.hpp"

@@ -123,6 +123,15 @@ TEST(DerivedDims, ProductsAndQuotientsPrintParseAndBindFromTheirParts) {
   EXPECT_EQ(error_of([&] { bind_shapes(g, tensors({{"w", {25, 8}}, {"x", {2, 8}}})); }),
             "input 'w': dim 3*E is 25, but E = 8 (from the other inputs) make it 24");
   EXPECT_EQ(error_of([&] { dim_size(g, g.node(0).shape[0], {}); }), "no size given for dim E");
+  // Sizes bound from (empty) tensors whose product passes 63 bits: an error, not an overflow.
+  const Graph big = parse_graph(
+      "graph {\n  %0 = input \"a\" : f32[0,E]\n  %1 = input \"b\" : f32[0,F]\n"
+      "  %2 = reshape(%0) {shape=[0,E*F]} : f32[0,E*F]\n  return out=%2\n}\n");
+  const std::int64_t huge = std::int64_t{1} << 40;
+  std::map<std::string, Tensor, std::less<>> empty;
+  empty.emplace("a", Tensor(DType::f32, {0, huge}));
+  empty.emplace("b", Tensor(DType::f32, {0, huge}));
+  EXPECT_EQ(error_of([&] { bind_shapes(big, empty); }), "reshape: a dim's size 1099511627776 * 1099511627776 exceeds 63 bits");
   // A quotient of sizes must be whole, and a dim's parts are bounded, in the text too.
   EXPECT_THROW(parse_graph("graph {\n  %0 = input \"a\" : f32[7/2]\n  return out=%0\n}\n"), IrError);
   EXPECT_THROW(parse_graph("graph {\n  %0 = input \"a\" : f32[(E]\n  return out=%0\n}\n"), IrError);
@@ -163,6 +172,9 @@ TEST(DerivedDims, SpecializingANamedDimRecomputesWhatDependsOnIt) {
   EXPECT_EQ(error_of([&] { specialize_dims(g, {{"H", 3}, {"E", 64}}); }), "dim E/H: 64 is not divisible by 3");
   EXPECT_EQ(error_of([&] { specialize_dims(g, {{"Q", 3}}); }), "the graph has no named dim 'Q' to fix");
   EXPECT_EQ(error_of([&] { specialize_dims(g, {{"H", 0}}); }), "dim H must be at least 1, got 0");
+  Graph packed;
+  packed.set_output("w", packed.add_input("w", DType::f32, {packed.derive_dim(DimOp::product, 3, packed.symbol("E"))}));
+  EXPECT_EQ(error_of([&] { specialize_dims(packed, {{"E", std::int64_t{4} << 60}}); }), "dim 3*E exceeds 63 bits with these sizes");
 }
 
 }  // namespace
