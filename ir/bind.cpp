@@ -115,7 +115,9 @@ std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tenso
     return std::nullopt;
   };
   // A derived dim an input binds (a weight [3*E, E]) must agree with its parts where they are bound.
-  for (const auto& [d, b] : bound) {
+  for (const auto& entry : bound) {
+    const Dim d = entry.first;
+    const auto& b = entry.second;
     auto p = g.derived_dims().find(d);
     if (p == g.derived_dims().end()) continue;
     auto parts_bound = [&](auto& self, Dim x) -> bool {

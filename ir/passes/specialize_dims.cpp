@@ -10,7 +10,9 @@ namespace qkv::ir {
 Graph specialize_dims(const Graph& g, const std::map<std::string, std::int64_t>& sizes) {
   Graph out;
   std::map<Dim, std::int64_t> fixed;
-  for (const auto& [name, size] : sizes) {
+  for (const auto& entry : sizes) {
+    const std::string& name = entry.first;  // not a structured binding: the lambda below captures it
+    const std::int64_t size = entry.second;
     auto it = std::find_if(g.symbols().begin(), g.symbols().end(), [&](const auto& s) { return s.second == name; });
     if (it == g.symbols().end() || g.derived_dims().contains(it->first)) throw ShapeError("the graph has no named dim '" + name + "' to fix");
     if (size < 1) throw ShapeError("dim " + name + " must be at least 1, got " + std::to_string(size));
