@@ -15,20 +15,12 @@ std::vector<std::int64_t> to_vector(const Shape& s) {
 
 namespace {
 
-/// a op b, or nothing for a quotient that is not a whole size. Sizes are bound from tensors, so a
-/// sum or product past 63 bits is a ShapeError, not an overflow.
+/// a op b of bound sizes, or nothing for a quotient that is not whole; past 63 bits a ShapeError.
 std::optional<std::int64_t> apply(DimOp op, std::int64_t a, std::int64_t b) {
-  std::int64_t r = 0;
-  switch (op) {
-    case DimOp::sum:
-      if (__builtin_add_overflow(a, b, &r)) throw ShapeError("a dim's size " + std::to_string(a) + " + " + std::to_string(b) + " exceeds 63 bits");
-      return r;
-    case DimOp::product:
-      if (__builtin_mul_overflow(a, b, &r)) throw ShapeError("a dim's size " + std::to_string(a) + " * " + std::to_string(b) + " exceeds 63 bits");
-      return r;
-    case DimOp::quotient: return b == 0 || a % b != 0 ? std::nullopt : std::optional<std::int64_t>(a / b);
-  }
-  QKV_UNREACHABLE("a DimOp outside the enum");
+  std::optional<std::int64_t> r = size_of(op, a, b);
+  if (!r && op != DimOp::quotient)
+    throw ShapeError("a dim's size " + std::to_string(a) + (op == DimOp::sum ? " + " : " * ") + std::to_string(b) + " exceeds 63 bits");
+  return r;
 }
 
 /// The size of dim `d`: a size itself; a symbol `known` gives a size for (named, or a derived dim

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string_view>
 
 namespace qkv::ir {
@@ -54,6 +55,18 @@ constexpr Dim derived_dim(DimOp op, Dim a, Dim b) {
   for (Dim d : {a, b})
     for (int i = 0; i < 8; ++i) mix((static_cast<std::uint64_t>(d) >> (8 * i)) & 0xffu);
   return -(Dim{1} << 32) - static_cast<Dim>(h >> 33) - 1;
+}
+
+/// `a op b` of two sizes, or nothing when it has none: a quotient that is not whole, or a sum or
+/// product past 63 bits. What binding and fixing sizes compute derived dims with.
+constexpr std::optional<Dim> size_of(DimOp op, Dim a, Dim b) {
+  Dim r = 0;
+  switch (op) {
+    case DimOp::sum: return __builtin_add_overflow(a, b, &r) ? std::nullopt : std::optional<Dim>(r);
+    case DimOp::product: return __builtin_mul_overflow(a, b, &r) ? std::nullopt : std::optional<Dim>(r);
+    case DimOp::quotient: return b == 0 || a % b != 0 ? std::nullopt : std::optional<Dim>(a / b);
+  }
+  return std::nullopt;
 }
 
 /// The dim a + b (what concat makes of two dims).

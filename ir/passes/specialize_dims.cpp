@@ -29,13 +29,10 @@ Graph specialize_dims(const Graph& g, const std::map<std::string, std::int64_t>&
     if (p == g.derived_dims().end()) return d;
     if (auto m = memo.find(d); m != memo.end()) return m->second;
     const Dim a = self(self, p->second.a), b = self(self, p->second.b);
-    if (!is_symbol(a) && !is_symbol(b)) {
-      std::int64_t r = 0;
-      if (p->second.op == DimOp::quotient && (b == 0 || a % b != 0))
-        throw ShapeError("dim " + g.dim_name(d) + ": " + std::to_string(a) + " is not divisible by " + std::to_string(b));
-      if ((p->second.op == DimOp::sum && __builtin_add_overflow(a, b, &r)) || (p->second.op == DimOp::product && __builtin_mul_overflow(a, b, &r)))
-        throw ShapeError("dim " + g.dim_name(d) + " exceeds 63 bits with these sizes");
-    }
+    if (!is_symbol(a) && !is_symbol(b) && !size_of(p->second.op, a, b))
+      throw ShapeError(p->second.op == DimOp::quotient
+                           ? "dim " + g.dim_name(d) + ": " + std::to_string(a) + " is not divisible by " + std::to_string(b)
+                           : "dim " + g.dim_name(d) + " exceeds 63 bits with these sizes");
     return memo[d] = out.derive_dim(p->second.op, a, b);
   };
   auto shape = [&](Shape s) {
