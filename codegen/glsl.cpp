@@ -38,7 +38,7 @@ std::string float_literal(double v) {
 
 /// The GLSL expression of each elementwise op over operands a, b (and condition c for where).
 std::string elementwise_expr(Op op) {
-#define QKV_GLSL_EXPR(id, arity, category, attrs, doc, host, glsl, ...) \
+#define QKV_GLSL_EXPR(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
   if (op == Op::id) return glsl;
   QKV_UNARY_OPS(QKV_GLSL_EXPR)
   QKV_BINARY_OPS(QKV_GLSL_EXPR)
@@ -571,7 +571,7 @@ std::optional<std::string> interval_end(Op op) {
   auto expr = [&](auto f, const char* glsl) {
     return "a <= " + float_literal(start) + " ? " + float_literal(f(start)) + " : a == iv_inf() ? " + float_literal(f(inf)) + " : " + glsl;
   };
-#define QKV_INTERVAL_END(id, arity, category, attrs, doc, host, glsl, ...) \
+#define QKV_INTERVAL_END(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
   if (op == Op::id) return expr([](double x) { return host; }, glsl);
   QKV_UNARY_OPS(QKV_INTERVAL_END)
 #undef QKV_INTERVAL_END

@@ -1,4 +1,4 @@
-// Decompositions of composite ops, one case per composite in ops.def.
+// The decomposition column of ops.def: each composite's meaning in primitives.
 #include "ir/decompositions.hpp"
 
 #include <cmath>
@@ -67,117 +67,131 @@ ValueId probabilities(Graph& g, ValueId s, ValueId lse) {
 
 }  // namespace
 
+namespace decompositions {
+
+// One function per decomposition column of ops.def: a composite's reference meaning.
+
+ValueId softmax(Graph& g, const Node& n, std::span<const ValueId> in) {
+  // softmax(x) = exp(x - max(x)) / sum(exp(x - max(x))): subtracting the max keeps exp <= 1.
+  // A row of -inf (every key masked) gives zeros, not NaN: its max counts as 0 and its sum
+  // of zeros as 1.
+  Attrs reduce;
+  reduce.axis = n.attrs.axis;
+  reduce.keepdim = true;
+  ValueId zero = g.constant(0.0), one = g.constant(1.0);
+  ValueId m = g.add(Op::reduce_max, {in[0]}, reduce);
+  m = g.add(Op::where, {g.add(Op::equal, {m, g.constant(-HUGE_VAL)}), zero, m});
+  ValueId e = g.add(Op::exp, {g.add(Op::sub, {in[0], m})});
+  ValueId s = g.add(Op::reduce_sum, {e}, reduce);
+  return g.add(Op::div, {e, g.add(Op::where, {g.add(Op::equal, {s, zero}), one, s})});
+}
+
+ValueId attention(Graph& g, const Node& n, std::span<const ValueId> in) {
+  // softmax(s) v over the masked scores s.
+  ValueId s = masked_scores(g, n, in[0], in[1], n.op == Op::masked_attention ? in[3] : -1);
+  Attrs last;
+  last.axis = g.node(s).shape.rank - 1;
+  return g.add(Op::matmul, {g.add(Op::softmax, {s}, last), in[2]});
+}
+
+ValueId attention_lse(Graph& g, const Node& n, std::span<const ValueId> in) {
+  // lse = m + log(sum(exp(s - m))), m the row max (0 for a row of -inf, whose lse is -inf).
+  return row_lse(g, masked_scores(g, n, in[0], in[1], n.op == Op::masked_attention_lse ? in[2] : -1));
+}
+
+ValueId attention_grad(Graph& g, const Node& n, std::span<const ValueId> in) {
+  // p = exp(s - lse), 0 where s = -inf (masked);  dv = pT dy;  ds = p (dy vT - delta);
+  // dq = ds k * scale;  dk = dsT q * scale.
+  ValueId q = in[0], k = in[1], v = in[2], dy = in[3], lse = in[4], delta = in[5];
+  ValueId s = masked_scores(g, n, q, k, n.op == Op::masked_attention_grad ? in[6] : -1);
+  ValueId p = probabilities(g, s, lse);
+  if (n.attrs.wrt == 2) return g.add(Op::matmul, {p, dy}, transposed(true, false));
+  ValueId ds = g.add(Op::mul, {p, g.add(Op::sub, {g.add(Op::matmul, {dy, v}, transposed(false, true)), delta})});
+  ValueId scale = g.constant(n.attrs.value, {}, n.attrs.rsqrt_of);
+  if (n.attrs.wrt == 0) return g.add(Op::mul, {g.add(Op::matmul, {ds, k}), scale});
+  return g.add(Op::mul, {g.add(Op::matmul, {ds, q}, transposed(true, false)), scale});
+}
+
+ValueId flex_attention(Graph& g, const Node& n, std::span<const ValueId> in) {
+  // softmax(mod(s)) v, the region inlined over the whole score matrix; with dropout, the
+  // weights times dropout_mask(weights, seed) first (the bits of the unfused graph).
+  const std::span<const ValueId> tensors = in.subspan(3, modifier_tensor_count(n.op, n.attrs, in.size()));
+  ValueId s = modified_scores(g, n, in[0], in[1], tensors);
+  Attrs last;
+  last.axis = g.node(s).shape.rank - 1;
+  return g.add(Op::matmul, {dropped(g, n, in, g.add(Op::softmax, {s}, last)), in[2]});
+}
+
+// lse over the modified scores.
+ValueId flex_attention_lse(Graph& g, const Node& n, std::span<const ValueId> in) {
+  return row_lse(g, modified_scores(g, n, in[0], in[1], in.subspan(2)));
+}
+
+ValueId flex_attention_grad(Graph& g, const Node& n, std::span<const ValueId> in) {
+  // As attention_grad over m = mod(s): dm = p (dy vT - delta); the chain rule through the
+  // modifier multiplies by its derivative, d mod/d s for q and k, d mod/d ti for tensor i.
+  // With dropout's mask z: dv = (p z)T dy and dm = p (z (dy vT) - delta).
+  ValueId q = in[0], k = in[1], v = in[2], dy = in[3], lse = in[4], delta = in[5];
+  const std::span<const ValueId> tensors = in.subspan(6, modifier_tensor_count(n.op, n.attrs, in.size()));
+  const ValueId scaled = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
+  const ValueId p = probabilities(g, causal(g, n, inline_region(g, *n.region, scaled, tensors)), lse);
+  if (n.attrs.wrt == 2) return g.add(Op::matmul, {dropped(g, n, in, p), dy}, transposed(true, false));
+  const ValueId dp = dropped(g, n, in, g.add(Op::matmul, {dy, v}, transposed(false, true)));
+  const ValueId dm = g.add(Op::mul, {p, g.add(Op::sub, {dp, delta})});
+  const int wrt = n.attrs.wrt < 3 ? kRegionScore : kRegionFixedInputs + n.attrs.wrt - 3;
+  const ValueId d = g.add(Op::mul, {dm, inline_region(g, differentiate_region(*n.region, wrt), scaled, tensors)});
+  if (n.attrs.wrt >= 3) return d;
+  ValueId scale = g.constant(n.attrs.value, {}, n.attrs.rsqrt_of);
+  if (n.attrs.wrt == 0) return g.add(Op::mul, {g.add(Op::matmul, {d, k}), scale});
+  return g.add(Op::mul, {g.add(Op::matmul, {d, q}, transposed(true, false)), scale});
+}
+
+ValueId log_softmax(Graph& g, const Node& n, std::span<const ValueId> in) {
+  // log_softmax(x) = (x - max) - log(sum(exp(x - max))).
+  Attrs reduce;
+  reduce.axis = n.attrs.axis;
+  ValueId s = g.add(Op::sub, {in[0], g.add(Op::reduce_max, {in[0]}, reduce)});
+  return g.add(Op::sub, {s, g.add(Op::log, {g.add(Op::reduce_sum, {g.add(Op::exp, {s})}, reduce)})});
+}
+
+ValueId reduce_mean(Graph& g, const Node& n, std::span<const ValueId> in) {
+  // mean(x) = sum(x) / count: the axis' size as a constant when it is static; for a named
+  // dim, sum(ones) over the axis (the ones span only that axis: one axis of memory).
+  const Shape xs = g.node(in[0]).shape;  // a copy: adding nodes may move the graph's storage
+  Attrs r = n.attrs;
+  if (!is_symbol(xs[n.attrs.axis])) {
+    const double size = static_cast<double>(xs[n.attrs.axis]);
+    ValueId sum = g.add(Op::reduce_sum, {in[0]}, r);
+    return g.add(Op::div, {sum, g.constant(size)});
+  }
+  Shape axis_only;
+  for (int i = 0; i < xs.rank; ++i) axis_only.push_back(i == n.attrs.axis ? xs[i] : 1);
+  Attrs keep;
+  keep.axis = n.attrs.axis;
+  ValueId count = g.add(Op::reduce_sum, {g.constant(1.0, axis_only)}, keep);
+  ValueId sum = g.add(Op::reduce_sum, {in[0]}, r);
+  if (!n.attrs.keepdim) {
+    Attrs scalar;  // the count is [1, ..., 1]: as a scalar it broadcasts against any result
+    count = g.add(Op::reshape, {count}, scalar);
+  }
+  return g.add(Op::div, {sum, count});
+}
+
+// The primitives' column: backends run them, there is nothing to decompose.
+ValueId primitive(Graph&, const Node& n, std::span<const ValueId>) {
+  QKV_UNREACHABLE(std::string(op_name(n.op)) + " is not a composite");
+}
+
+}  // namespace decompositions
+
 ValueId decompose(Graph& g, const Node& n, std::span<const ValueId> in) {
   switch (n.op) {
-    case Op::softmax: {
-      // softmax(x) = exp(x - max(x)) / sum(exp(x - max(x))): subtracting the max keeps exp <= 1.
-      // A row of -inf (every key masked) gives zeros, not NaN: its max counts as 0 and its sum
-      // of zeros as 1.
-      Attrs reduce;
-      reduce.axis = n.attrs.axis;
-      reduce.keepdim = true;
-      ValueId zero = g.constant(0.0), one = g.constant(1.0);
-      ValueId m = g.add(Op::reduce_max, {in[0]}, reduce);
-      m = g.add(Op::where, {g.add(Op::equal, {m, g.constant(-HUGE_VAL)}), zero, m});
-      ValueId e = g.add(Op::exp, {g.add(Op::sub, {in[0], m})});
-      ValueId s = g.add(Op::reduce_sum, {e}, reduce);
-      return g.add(Op::div, {e, g.add(Op::where, {g.add(Op::equal, {s, zero}), one, s})});
-    }
-    case Op::attention:
-    case Op::masked_attention: {
-      // softmax(s) v over the masked scores s.
-      ValueId s = masked_scores(g, n, in[0], in[1], n.op == Op::masked_attention ? in[3] : -1);
-      Attrs last;
-      last.axis = g.node(s).shape.rank - 1;
-      return g.add(Op::matmul, {g.add(Op::softmax, {s}, last), in[2]});
-    }
-    case Op::attention_lse:
-    case Op::masked_attention_lse: {
-      // lse = m + log(sum(exp(s - m))), m the row max (0 for a row of -inf, whose lse is -inf).
-      return row_lse(g, masked_scores(g, n, in[0], in[1], n.op == Op::masked_attention_lse ? in[2] : -1));
-    }
-    case Op::attention_grad:
-    case Op::masked_attention_grad: {
-      // p = exp(s - lse), 0 where s = -inf (masked);  dv = pT dy;  ds = p (dy vT - delta);
-      // dq = ds k * scale;  dk = dsT q * scale.
-      ValueId q = in[0], k = in[1], v = in[2], dy = in[3], lse = in[4], delta = in[5];
-      ValueId s = masked_scores(g, n, q, k, n.op == Op::masked_attention_grad ? in[6] : -1);
-      ValueId p = probabilities(g, s, lse);
-      if (n.attrs.wrt == 2) return g.add(Op::matmul, {p, dy}, transposed(true, false));
-      ValueId ds = g.add(Op::mul, {p, g.add(Op::sub, {g.add(Op::matmul, {dy, v}, transposed(false, true)), delta})});
-      ValueId scale = g.constant(n.attrs.value, {}, n.attrs.rsqrt_of);
-      if (n.attrs.wrt == 0) return g.add(Op::mul, {g.add(Op::matmul, {ds, k}), scale});
-      return g.add(Op::mul, {g.add(Op::matmul, {ds, q}, transposed(true, false)), scale});
-    }
-    case Op::flex_attention: {
-      // softmax(mod(s)) v, the region inlined over the whole score matrix; with dropout, the
-      // weights times dropout_mask(weights, seed) first (the bits of the unfused graph).
-      const std::span<const ValueId> tensors = in.subspan(3, modifier_tensor_count(n.op, n.attrs, in.size()));
-      ValueId s = modified_scores(g, n, in[0], in[1], tensors);
-      Attrs last;
-      last.axis = g.node(s).shape.rank - 1;
-      return g.add(Op::matmul, {dropped(g, n, in, g.add(Op::softmax, {s}, last)), in[2]});
-    }
-    case Op::flex_attention_lse: return row_lse(g, modified_scores(g, n, in[0], in[1], in.subspan(2)));
-    case Op::flex_attention_grad: {
-      // As attention_grad over m = mod(s): dm = p (dy vT - delta); the chain rule through the
-      // modifier multiplies by its derivative, d mod/d s for q and k, d mod/d ti for tensor i.
-      // With dropout's mask z: dv = (p z)T dy and dm = p (z (dy vT) - delta).
-      ValueId q = in[0], k = in[1], v = in[2], dy = in[3], lse = in[4], delta = in[5];
-      const std::span<const ValueId> tensors = in.subspan(6, modifier_tensor_count(n.op, n.attrs, in.size()));
-      const ValueId scaled = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
-      const ValueId p = probabilities(g, causal(g, n, inline_region(g, *n.region, scaled, tensors)), lse);
-      if (n.attrs.wrt == 2) return g.add(Op::matmul, {dropped(g, n, in, p), dy}, transposed(true, false));
-      const ValueId dp = dropped(g, n, in, g.add(Op::matmul, {dy, v}, transposed(false, true)));
-      const ValueId dm = g.add(Op::mul, {p, g.add(Op::sub, {dp, delta})});
-      const int wrt = n.attrs.wrt < 3 ? kRegionScore : kRegionFixedInputs + n.attrs.wrt - 3;
-      const ValueId d = g.add(Op::mul, {dm, inline_region(g, differentiate_region(*n.region, wrt), scaled, tensors)});
-      if (n.attrs.wrt >= 3) return d;
-      ValueId scale = g.constant(n.attrs.value, {}, n.attrs.rsqrt_of);
-      if (n.attrs.wrt == 0) return g.add(Op::mul, {g.add(Op::matmul, {d, k}), scale});
-      return g.add(Op::mul, {g.add(Op::matmul, {d, q}, transposed(true, false)), scale});
-    }
-    case Op::log_softmax: {
-      // log_softmax(x) = (x - max) - log(sum(exp(x - max))).
-      Attrs reduce;
-      reduce.axis = n.attrs.axis;
-      ValueId s = g.add(Op::sub, {in[0], g.add(Op::reduce_max, {in[0]}, reduce)});
-      return g.add(Op::sub, {s, g.add(Op::log, {g.add(Op::reduce_sum, {g.add(Op::exp, {s})}, reduce)})});
-    }
-    case Op::reduce_mean: {
-      // mean(x) = sum(x) / count: the axis' size as a constant when it is static; for a named
-      // dim, sum(ones) over the axis (the ones span only that axis: one axis of memory).
-      const Shape xs = g.node(in[0]).shape;  // a copy: adding nodes may move the graph's storage
-      Attrs r = n.attrs;
-      if (!is_symbol(xs[n.attrs.axis])) {
-        const double size = static_cast<double>(xs[n.attrs.axis]);
-        ValueId sum = g.add(Op::reduce_sum, {in[0]}, r);
-        return g.add(Op::div, {sum, g.constant(size)});
-      }
-      Shape axis_only;
-      for (int i = 0; i < xs.rank; ++i) axis_only.push_back(i == n.attrs.axis ? xs[i] : 1);
-      Attrs keep;
-      keep.axis = n.attrs.axis;
-      ValueId count = g.add(Op::reduce_sum, {g.constant(1.0, axis_only)}, keep);
-      ValueId sum = g.add(Op::reduce_sum, {in[0]}, r);
-      if (!n.attrs.keepdim) {
-        Attrs scalar;  // the count is [1, ..., 1]: as a scalar it broadcasts against any result
-        count = g.add(Op::reshape, {count}, scalar);
-      }
-      return g.add(Op::div, {sum, count});
-    }
-    QKV_SOURCE_CASES
-    QKV_UNARY_CASES
-    QKV_BINARY_CASES
-    QKV_COMPARE_CASES
-    QKV_REDUCE_CASES
-    QKV_LAYOUT_CASES
-    QKV_MASK_CASES
-    case Op::cast:
-    case Op::where:
-    case Op::matmul: break;
+#define QKV_DECOMPOSITION_COLUMN(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, ...) \
+  case Op::id: return decompositions::decomposition(g, n, in);
+    QKV_OPS(QKV_DECOMPOSITION_COLUMN)
+#undef QKV_DECOMPOSITION_COLUMN
   }
-  QKV_UNREACHABLE(std::string(op_name(n.op)) + " is not a composite");
+  QKV_UNREACHABLE("an op outside the registry");
 }
 
 }  // namespace qkv::ir

@@ -1,4 +1,5 @@
-// The gradient column of the op registry: for each op, how reverse-mode autodiff gets through it.
+// The gradient column of the op registry (ops.def): for each op, how reverse-mode autodiff gets
+// through it.
 #pragma once
 
 #include <span>
@@ -16,12 +17,32 @@ enum class GradKind : std::uint8_t {
   missing,    // no rule: autodiff reports the op by name (the coverage test keeps this empty)
 };
 
-struct GradientInfo {
-  GradKind kind = GradKind::missing;
-  std::string_view why;  // for zero and decompose: the reason
+/// What a gradient rule reads: node `n` of the forward graph, its value `y` and the loss's
+/// gradient `dy` with respect to it, its operands `in` (all values of `g`, the graph the rule
+/// adds to) and a zero scalar of `g`.
+struct GradientArgs {
+  Graph& g;
+  const Node& n;
+  ValueId y;
+  ValueId dy;
+  std::span<const ValueId> in;
+  ValueId zero;
+  /// A value's shape, by value: adding nodes may move the graph's node storage.
+  Shape shape(ValueId v) const { return g.node(v).shape; }
+  /// `grad` summed back to the shape of operand `operand`.
+  ValueId unbroadcast(ValueId grad, int operand) const;
 };
 
-/// How autodiff differentiates `op` (an exhaustive switch: a new op must choose).
+/// A gradient rule: one value per operand of the node, or -1 for an operand that gets none.
+using GradientRule = std::vector<ValueId> (*)(const GradientArgs&);
+
+struct GradientInfo {
+  GradKind kind = GradKind::missing;
+  std::string_view why;         // for zero and decompose: the reason
+  GradientRule emit = nullptr;  // for rule: the function that emits it
+};
+
+/// How autodiff differentiates `op`: its registry row's gradient column (ops.def).
 GradientInfo gradient_info(Op op);
 
 /// Appends to `g` the gradients of node `n`'s operands, given its value `y` and the gradient `dy`

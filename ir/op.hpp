@@ -15,12 +15,12 @@ namespace qkv::ir {
 #include "ir/ops.def"
 
 enum class Op : std::uint8_t {
-#define QKV_OP_ENUMERATOR(id, arity, category, attrs, doc, ...) id,
+#define QKV_OP_ENUMERATOR(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) id,
   QKV_OPS(QKV_OP_ENUMERATOR)
 #undef QKV_OP_ENUMERATOR
 };
 
-#define QKV_OP_ONE(id, arity, category, attrs, doc, ...) +1
+#define QKV_OP_ONE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) +1
 inline constexpr int kNumOps = 0 QKV_OPS(QKV_OP_ONE);
 #undef QKV_OP_ONE
 
@@ -32,7 +32,7 @@ inline constexpr int kNumOps = 0 QKV_OPS(QKV_OP_ONE);
 ///     case Op::matmul: ...
 ///   }
 /// \endcode
-#define QKV_OP_CASE(id, arity, category, attrs, doc, ...) case ::qkv::ir::Op::id:
+#define QKV_OP_CASE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) case ::qkv::ir::Op::id:
 #define QKV_SOURCE_CASES QKV_SOURCE_OPS(QKV_OP_CASE)
 #define QKV_UNARY_CASES QKV_UNARY_OPS(QKV_OP_CASE)
 #define QKV_CAST_CASES QKV_CAST_OPS(QKV_OP_CASE)
@@ -156,7 +156,7 @@ struct OpInfo {
   std::string_view doc;
 };
 
-#define QKV_OP_INFO(id, arity, category, attrs, doc, ...) {#id, arity, OpCategory::category, attrs, doc},
+#define QKV_OP_INFO(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) {#id, arity, OpCategory::category, attrs, doc},
 inline constexpr std::array<OpInfo, kNumOps> kOpInfos = {{QKV_OPS(QKV_OP_INFO)}};
 #undef QKV_OP_INFO
 
@@ -169,7 +169,7 @@ constexpr bool is_elementwise(Op op) {
 
 /// The Monotone column of a unary op's row.
 constexpr Monotone unary_monotone(Op op) {
-#define QKV_UNARY_MONOTONE(id, arity, category, attrs, doc, host, glsl, derivative, monotone) \
+#define QKV_UNARY_MONOTONE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, derivative, monotone) \
   if (op == Op::id) return Monotone::monotone;
   QKV_UNARY_OPS(QKV_UNARY_MONOTONE)
 #undef QKV_UNARY_MONOTONE

@@ -81,6 +81,10 @@ Attrs range(int ax, std::int64_t begin, std::int64_t end) {
   return r;
 }
 
+// One function per cases column of ops.def, its cases named for what they exercise.
+namespace cases {
+
+// Each unary op over its domain, each binary op with a right operand of the fill given.
 std::vector<OpCase> unary(Fill fill) {
   return {{"3x5", {{{3, 5}, fill}}, {}}, {"2x3x17", {{{2, 3, 17}, fill}}, {}}, {"scalar", {{{}, fill}}, {}}};
 }
@@ -91,200 +95,251 @@ std::vector<OpCase> binary(Fill rhs = Fill::normal) {
           {"scalar rhs", {{{2, 6}}, {{}, rhs}}, {}}};
 }
 
+std::vector<OpCase> input() {
+  return {{"2x3", {{{2, 3}}}, shape({2, 3})}};
+}
+
+std::vector<OpCase> constant() {
+  return {{"scalar", {}, shape({}, 0.125)}, {"2x3 fill", {}, shape({2, 3}, -1.5)}};
+}
+
+std::vector<OpCase> cast() {
+  return {{"ids 2x3", {{{2, 3}, Fill::ids}}, {}}, {"bool 3x4", {{{3, 4}, Fill::boolean}}, {}}};
+}
+
+std::vector<OpCase> slice() {
+  return {{"middle of the last axis", {{{3, 10}}}, range(1, 2, 7)},
+          {"leading rows", {{{6, 4, 5}}}, range(0, 0, 3)},
+          {"tail of a middle axis", {{{2, 8, 3}}}, range(1, 5, 8)}};
+}
+
+std::vector<OpCase> concat() {
+  return {{"rows", {{{2, 3}}, {{4, 3}}}, axis(0)},
+          {"last axis", {{{2, 3, 4}}, {{2, 3, 5}}}, axis(2)},
+          {"middle axis", {{{2, 1, 3}}, {{2, 4, 3}}}, axis(1)}};
+}
+
+std::vector<OpCase> iota() {
+  return {{"axis 1 of 3x5", {{{3, 5}}}, axis(1)}, {"axis 0 of 2x3x4", {{{2, 3, 4}}}, axis(0)}};
+}
+
+std::vector<OpCase> dropout_mask() {
+  Attrs p = shape({}, 0.3), none = shape({}, 0.0), most = shape({}, 0.9);
+  return {{"p 0.3", {{{4, 33}}, {{}, Fill::seed}}, p}, {"p 0", {{{3, 5}}, {{}, Fill::seed}}, none}, {"p 0.9", {{{5, 7}}, {{}, Fill::seed}}, most}};
+}
+
+std::vector<OpCase> compare() {
+  return {{"same", {{{3, 4}}, {{3, 4}}}, {}}, {"broadcast", {{{2, 3, 4}}, {{1, 4}}}, {}}};
+}
+
+std::vector<OpCase> broadcast_to() {
+  return {{"rows", {{{1, 5}}}, shape({3, 5})}, {"new leading dims", {{{4, 1}}}, shape({2, 4, 6})}};
+}
+
+std::vector<OpCase> one_hot() {
+  Attrs d;
+  d.depth = 5;
+  return {{"ids 2x3", {{{2, 3}, Fill::ids}}, d}};
+}
+
+std::vector<OpCase> log_softmax() {
+  return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}};
+}
+
+std::vector<OpCase> reduce_mean() {
+  return {{"last axis", {{{3, 33}}}, axis(1)}, {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}};
+}
+
+std::vector<OpCase> where() {
+  return {{"same", {{{3, 4}, Fill::boolean}, {{3, 4}}, {{3, 4}}}, {}},
+          {"broadcast mask", {{{4, 5}, Fill::boolean}, {{2, 4, 5}}, {{}}}, {}}};
+}
+
+std::vector<OpCase> reduce() {
+  return {{"last axis", {{{3, 33}}}, axis(1)},
+          {"first axis", {{{5, 4}}}, axis(0)},
+          {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}};
+}
+
+std::vector<OpCase> matmul() {
+  return {{"2d", {{{5, 7}}, {{7, 3}}}, {}},
+          {"batched", {{{2, 3, 4}}, {{2, 4, 6}}}, {}},
+          {"broadcast batch", {{{2, 1, 3, 8}}, {{3, 8, 5}}}, {}},
+          {"transpose b", {{{2, 6, 9}}, {{2, 5, 9}}}, transpose(false, true)},
+          {"transpose a", {{{9, 6}}, {{9, 5}}}, transpose(true, false)},
+          {"transpose both odd", {{{3, 17, 19}}, {{3, 23, 17}}}, transpose(true, true)},
+          {"tile edges 33x65x31", {{{33, 65}}, {{65, 31}}}, {}}};
+}
+
+std::vector<OpCase> permute() {
+  return {{"2d transpose", {{{3, 5}}}, perm({1, 0})}, {"4d heads", {{{2, 3, 4, 5}}}, perm({0, 2, 1, 3})}};
+}
+
+std::vector<OpCase> reshape() {
+  return {{"split", {{{4, 6}}}, shape({2, 2, 6})}, {"flatten", {{{2, 3, 4}}}, shape({24})}};
+}
+
+std::vector<OpCase> causal_mask() {
+  return {{"square", {{{2, 5, 5}}}, align(CausalAlign::top_left)},
+          {"top-left Lq<Lk", {{{3, 6}}}, align(CausalAlign::top_left)},
+          {"bottom-right Lq<Lk", {{{3, 6}}}, align(CausalAlign::bottom_right)},
+          {"sliding window 3", {{{7, 9}}}, align(CausalAlign::bottom_right, 3)}};
+}
+
+std::vector<OpCase> attention() {
+  Attrs plain = shape({}, 0.35);
+  Attrs causal = plain;
+  causal.causal = true;
+  Attrs bottom = causal;
+  bottom.align = CausalAlign::bottom_right;
+  Attrs window = bottom;
+  window.window = 70;
+  return {{"batched", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}}, plain},
+          {"causal heads broadcast k v", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}}, causal},
+          {"causal bottom-right Lq<Lk", {{{4, 8}}, {{9, 8}}, {{9, 3}}}, bottom},
+          {"long rows", {{{1, 3, 16}}, {{1, 700, 16}}, {{1, 700, 16}}}, plain},
+          {"sliding window skips key blocks", {{{1, 300, 8}}, {{1, 640, 8}}, {{1, 640, 4}}}, window}};
+}
+
+std::vector<OpCase> masked_attention() {
+  Attrs plain = shape({}, 0.25);
+  Attrs causal = plain;
+  causal.causal = true;
+  return {{"padding mask", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 8}}, {{2, 1, 7}, Fill::keep_first}}, plain},
+          {"full mask causal", {{{6, 4}}, {{6, 4}}, {{6, 2}}, {{6, 6}, Fill::keep_first}}, causal}};
+}
+
+std::vector<OpCase> attention_lse() {
+  Attrs plain = shape({}, 0.35);
+  Attrs window = plain;
+  window.causal = true;
+  window.align = CausalAlign::bottom_right;
+  window.window = 20;
+  return {{"batched", {{{2, 5, 8}}, {{2, 7, 8}}}, plain},
+          {"sliding window skips key blocks", {{{1, 130, 8}}, {{1, 300, 8}}}, window}};
+}
+
+std::vector<OpCase> masked_attention_lse() {
+  Attrs causal = shape({}, 0.25);
+  causal.causal = true;
+  return {{"padding mask causal", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 1, 7}, Fill::keep_first}}, causal}};
+}
+
+std::vector<OpCase> attention_grad() {
+  // (q, k, v, dy, lse, delta): lse and delta are free inputs here, so every term is exercised;
+  // lse is positive, so that p = exp(s - lse) stays near 1 as it does in use.
+  Attrs a = shape({}, 0.35);
+  auto wrt = [&](int w, bool causal, std::int64_t window = 0) {
+    Attrs r = a;
+    r.wrt = static_cast<std::int8_t>(w);
+    r.causal = causal;
+    r.align = window > 0 ? CausalAlign::bottom_right : CausalAlign::top_left;
+    r.window = window;
+    return r;
+  };
+  const std::vector<CaseInput> batched = {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 6}}, {{2, 5, 1}, Fill::positive}, {{2, 5, 1}}};
+  const std::vector<CaseInput> heads = {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{2, 3, 6, 4}}, {{2, 3, 6, 1}, Fill::positive}, {{2, 3, 6, 1}}};
+  const std::vector<CaseInput> window = {{{1, 130, 8}}, {{1, 300, 8}}, {{1, 300, 4}}, {{1, 130, 4}}, {{1, 130, 1}, Fill::positive}, {{1, 130, 1}}};
+  return {{"dq batched", batched, wrt(0, false)},
+          {"dk batched", batched, wrt(1, false)},
+          {"dv batched", batched, wrt(2, false)},
+          {"dq causal heads broadcast k v", heads, wrt(0, true)},
+          {"dk causal heads broadcast k v", heads, wrt(1, true)},
+          {"dv causal heads broadcast k v", heads, wrt(2, true)},
+          {"dq sliding window skips blocks", window, wrt(0, true, 20)},
+          {"dk sliding window skips blocks", window, wrt(1, true, 20)},
+          {"dv sliding window skips blocks", window, wrt(2, true, 20)}};
+}
+
+std::vector<OpCase> masked_attention_grad() {
+  std::vector<OpCase> r;
+  for (int w = 0; w < 3; ++w) {
+    Attrs a = shape({}, 0.25);
+    a.wrt = static_cast<std::int8_t>(w);
+    a.causal = w == 1;
+    r.push_back({std::string("d") + "qkv"[w] + " padding mask" + (a.causal ? " causal" : ""),
+                 {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 3}}, {{2, 5, 3}}, {{2, 5, 1}, Fill::positive}, {{2, 5, 1}}, {{2, 1, 7}, Fill::keep_first}},
+                 a});
+  }
+  return r;
+}
+
+std::vector<OpCase> flex_attention() {
+  Attrs plain = shape({}, 0.35);
+  Attrs causal = plain;
+  causal.causal = true;
+  Attrs window = causal;
+  window.align = CausalAlign::bottom_right;
+  window.window = 40;
+  return {{"softcap", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}}, plain, modifier(Mod::softcap)},
+          {"slopes per head causal", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}}, causal, modifier(Mod::slope)},
+          {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 7}}}, plain, modifier(Mod::capped_bias)},
+          {"document ids, empty rows", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 1}, Fill::segments}, {{2, 1, 7}, Fill::segments}}, plain, modifier(Mod::document)},
+          // Long rows train no tensor: a slope's gradient sums ds (kv_idx - q_idx) over 39,000
+          // scores, beyond f32's budgets under the random graphs' loss weights.
+          {"long rows sliding window softcap", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}}, window, modifier(Mod::softcap)},
+          {"dropout", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{}, Fill::seed}}, dropout(plain, 0.3), modifier(Mod::none)},
+          {"slopes per head causal dropout", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}, {{}, Fill::seed}},
+           dropout(causal, 0.5), modifier(Mod::slope)},
+          {"long rows sliding window dropout", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}, {{}, Fill::seed}}, dropout(window, 0.1),
+           modifier(Mod::none)}};
+}
+
+std::vector<OpCase> flex_attention_lse() {
+  Attrs causal = shape({}, 0.35);
+  causal.causal = true;
+  return {{"softcap causal", {{{2, 5, 8}}, {{2, 7, 8}}}, causal, modifier(Mod::softcap)},
+          {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 5, 7}}}, shape({}, 0.35), modifier(Mod::capped_bias)}};
+}
+
+std::vector<OpCase> flex_attention_grad() {
+  // As attention_grad's cases, and the gradients of the modifier's tensors (wrt 3).
+  std::vector<OpCase> r;
+  const std::vector<CaseInput> heads = {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{2, 3, 6, 4}}, {{2, 3, 6, 1}, Fill::positive}, {{2, 3, 6, 1}}};
+  const std::vector<CaseInput> batched = {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 6}}, {{2, 5, 1}, Fill::positive}, {{2, 5, 1}}};
+  for (int w = 0; w < 4; ++w) {
+    Attrs a = shape({}, 0.35);
+    a.wrt = static_cast<std::int8_t>(w);
+    a.causal = w != 1;
+    std::vector<CaseInput> slopes = heads, bias = batched;
+    slopes.push_back({{3, 1, 1}, Fill::positive});
+    bias.push_back({{2, 5, 7}});
+    const std::string name = w < 3 ? std::string("d") + "qkv"[w] : std::string("dt0");
+    r.push_back({name + " slopes per head" + (a.causal ? " causal" : ""), slopes, a, modifier(Mod::slope)});
+    r.push_back({name + " softcap then bias" + (a.causal ? " causal" : ""), bias, a, modifier(Mod::capped_bias)});
+  }
+  Attrs dq = shape({}, 0.35);
+  std::vector<CaseInput> docs = batched;
+  docs.push_back({{2, 5, 1}, Fill::segments});
+  docs.push_back({{2, 1, 7}, Fill::segments});
+  r.push_back({"dq document ids, empty rows", docs, dq, modifier(Mod::document)});
+  for (int w = 0; w < 4; ++w) {  // with dropout: its seed last
+    Attrs a = shape({}, 0.35);
+    a.wrt = static_cast<std::int8_t>(w);
+    a.causal = w != 1;
+    std::vector<CaseInput> bias = batched;
+    bias.push_back({{2, 5, 7}});
+    bias.push_back({{}, Fill::seed});
+    const std::string name = w < 3 ? std::string("d") + "qkv"[w] : std::string("dt0");
+    r.push_back({name + " softcap then bias dropout" + (a.causal ? " causal" : ""), bias, dropout(a, 0.2), modifier(Mod::capped_bias)});
+  }
+  return r;
+}
+
+std::vector<OpCase> softmax() {
+  return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}, {"rows of 300", {{{2, 300}}}, axis(1)}};
+}
+
+}  // namespace cases
+
 }  // namespace
 
 std::vector<OpCase> op_cases(Op op) {
   switch (op) {
-    case Op::input: return {{"2x3", {{{2, 3}}}, shape({2, 3})}};
-    case Op::constant: return {{"scalar", {}, shape({}, 0.125)}, {"2x3 fill", {}, shape({2, 3}, -1.5)}};
-    // Each unary op over its domain (its row's Monotone column says where it starts).
-    QKV_UNARY_CASES return unary(unary_monotone(op) == Monotone::increasing_from_zero ? Fill::positive : Fill::normal);
-    case Op::cast: return {{"ids 2x3", {{{2, 3}, Fill::ids}}, {}}, {"bool 3x4", {{{3, 4}, Fill::boolean}}, {}}};
-    case Op::slice:
-      return {{"middle of the last axis", {{{3, 10}}}, range(1, 2, 7)},
-              {"leading rows", {{{6, 4, 5}}}, range(0, 0, 3)},
-              {"tail of a middle axis", {{{2, 8, 3}}}, range(1, 5, 8)}};
-    case Op::concat:
-      return {{"rows", {{{2, 3}}, {{4, 3}}}, axis(0)},
-              {"last axis", {{{2, 3, 4}}, {{2, 3, 5}}}, axis(2)},
-              {"middle axis", {{{2, 1, 3}}, {{2, 4, 3}}}, axis(1)}};
-    case Op::iota: return {{"axis 1 of 3x5", {{{3, 5}}}, axis(1)}, {"axis 0 of 2x3x4", {{{2, 3, 4}}}, axis(0)}};
-    case Op::dropout_mask: {
-      Attrs p = shape({}, 0.3), none = shape({}, 0.0), most = shape({}, 0.9);
-      return {{"p 0.3", {{{4, 33}}, {{}, Fill::seed}}, p}, {"p 0", {{{3, 5}}, {{}, Fill::seed}}, none}, {"p 0.9", {{{5, 7}}, {{}, Fill::seed}}, most}};
-    }
-    case Op::add:
-    case Op::sub:
-    case Op::mul:
-    case Op::max: return binary();
-    case Op::div: return binary(Fill::positive);
-    QKV_COMPARE_CASES
-      return {{"same", {{{3, 4}}, {{3, 4}}}, {}}, {"broadcast", {{{2, 3, 4}}, {{1, 4}}}, {}}};
-    case Op::broadcast_to: return {{"rows", {{{1, 5}}}, shape({3, 5})}, {"new leading dims", {{{4, 1}}}, shape({2, 4, 6})}};
-    case Op::one_hot: {
-      Attrs d;
-      d.depth = 5;
-      return {{"ids 2x3", {{{2, 3}, Fill::ids}}, d}};
-    }
-    case Op::log_softmax: return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}};
-    case Op::reduce_mean:
-      return {{"last axis", {{{3, 33}}}, axis(1)}, {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}};
-    case Op::where:
-      return {{"same", {{{3, 4}, Fill::boolean}, {{3, 4}}, {{3, 4}}}, {}},
-              {"broadcast mask", {{{4, 5}, Fill::boolean}, {{2, 4, 5}}, {{}}}, {}}};
-    QKV_REDUCE_CASES
-      return {{"last axis", {{{3, 33}}}, axis(1)},
-              {"first axis", {{{5, 4}}}, axis(0)},
-              {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}};
-    case Op::matmul:
-      return {{"2d", {{{5, 7}}, {{7, 3}}}, {}},
-              {"batched", {{{2, 3, 4}}, {{2, 4, 6}}}, {}},
-              {"broadcast batch", {{{2, 1, 3, 8}}, {{3, 8, 5}}}, {}},
-              {"transpose b", {{{2, 6, 9}}, {{2, 5, 9}}}, transpose(false, true)},
-              {"transpose a", {{{9, 6}}, {{9, 5}}}, transpose(true, false)},
-              {"transpose both odd", {{{3, 17, 19}}, {{3, 23, 17}}}, transpose(true, true)},
-              {"tile edges 33x65x31", {{{33, 65}}, {{65, 31}}}, {}}};
-    case Op::permute:
-      return {{"2d transpose", {{{3, 5}}}, perm({1, 0})}, {"4d heads", {{{2, 3, 4, 5}}}, perm({0, 2, 1, 3})}};
-    case Op::reshape: return {{"split", {{{4, 6}}}, shape({2, 2, 6})}, {"flatten", {{{2, 3, 4}}}, shape({24})}};
-    case Op::causal_mask:
-      return {{"square", {{{2, 5, 5}}}, align(CausalAlign::top_left)},
-              {"top-left Lq<Lk", {{{3, 6}}}, align(CausalAlign::top_left)},
-              {"bottom-right Lq<Lk", {{{3, 6}}}, align(CausalAlign::bottom_right)},
-              {"sliding window 3", {{{7, 9}}}, align(CausalAlign::bottom_right, 3)}};
-    case Op::attention: {
-      Attrs plain = shape({}, 0.35);
-      Attrs causal = plain;
-      causal.causal = true;
-      Attrs bottom = causal;
-      bottom.align = CausalAlign::bottom_right;
-      Attrs window = bottom;
-      window.window = 70;
-      return {{"batched", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}}, plain},
-              {"causal heads broadcast k v", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}}, causal},
-              {"causal bottom-right Lq<Lk", {{{4, 8}}, {{9, 8}}, {{9, 3}}}, bottom},
-              {"long rows", {{{1, 3, 16}}, {{1, 700, 16}}, {{1, 700, 16}}}, plain},
-              {"sliding window skips key blocks", {{{1, 300, 8}}, {{1, 640, 8}}, {{1, 640, 4}}}, window}};
-    }
-    case Op::masked_attention: {
-      Attrs plain = shape({}, 0.25);
-      Attrs causal = plain;
-      causal.causal = true;
-      return {{"padding mask", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 8}}, {{2, 1, 7}, Fill::keep_first}}, plain},
-              {"full mask causal", {{{6, 4}}, {{6, 4}}, {{6, 2}}, {{6, 6}, Fill::keep_first}}, causal}};
-    }
-    case Op::attention_lse: {
-      Attrs plain = shape({}, 0.35);
-      Attrs window = plain;
-      window.causal = true;
-      window.align = CausalAlign::bottom_right;
-      window.window = 20;
-      return {{"batched", {{{2, 5, 8}}, {{2, 7, 8}}}, plain},
-              {"sliding window skips key blocks", {{{1, 130, 8}}, {{1, 300, 8}}}, window}};
-    }
-    case Op::masked_attention_lse: {
-      Attrs causal = shape({}, 0.25);
-      causal.causal = true;
-      return {{"padding mask causal", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 1, 7}, Fill::keep_first}}, causal}};
-    }
-    case Op::attention_grad: {
-      // (q, k, v, dy, lse, delta): lse and delta are free inputs here, so every term is exercised;
-      // lse is positive, so that p = exp(s - lse) stays near 1 as it does in use.
-      Attrs a = shape({}, 0.35);
-      auto wrt = [&](int w, bool causal, std::int64_t window = 0) {
-        Attrs r = a;
-        r.wrt = static_cast<std::int8_t>(w);
-        r.causal = causal;
-        r.align = window > 0 ? CausalAlign::bottom_right : CausalAlign::top_left;
-        r.window = window;
-        return r;
-      };
-      const std::vector<CaseInput> batched = {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 6}}, {{2, 5, 1}, Fill::positive}, {{2, 5, 1}}};
-      const std::vector<CaseInput> heads = {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{2, 3, 6, 4}}, {{2, 3, 6, 1}, Fill::positive}, {{2, 3, 6, 1}}};
-      const std::vector<CaseInput> window = {{{1, 130, 8}}, {{1, 300, 8}}, {{1, 300, 4}}, {{1, 130, 4}}, {{1, 130, 1}, Fill::positive}, {{1, 130, 1}}};
-      return {{"dq batched", batched, wrt(0, false)},
-              {"dk batched", batched, wrt(1, false)},
-              {"dv batched", batched, wrt(2, false)},
-              {"dq causal heads broadcast k v", heads, wrt(0, true)},
-              {"dk causal heads broadcast k v", heads, wrt(1, true)},
-              {"dv causal heads broadcast k v", heads, wrt(2, true)},
-              {"dq sliding window skips blocks", window, wrt(0, true, 20)},
-              {"dk sliding window skips blocks", window, wrt(1, true, 20)},
-              {"dv sliding window skips blocks", window, wrt(2, true, 20)}};
-    }
-    case Op::masked_attention_grad: {
-      std::vector<OpCase> r;
-      for (int w = 0; w < 3; ++w) {
-        Attrs a = shape({}, 0.25);
-        a.wrt = static_cast<std::int8_t>(w);
-        a.causal = w == 1;
-        r.push_back({std::string("d") + "qkv"[w] + " padding mask" + (a.causal ? " causal" : ""),
-                     {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 3}}, {{2, 5, 3}}, {{2, 5, 1}, Fill::positive}, {{2, 5, 1}}, {{2, 1, 7}, Fill::keep_first}},
-                     a});
-      }
-      return r;
-    }
-    case Op::flex_attention: {
-      Attrs plain = shape({}, 0.35);
-      Attrs causal = plain;
-      causal.causal = true;
-      Attrs window = causal;
-      window.align = CausalAlign::bottom_right;
-      window.window = 40;
-      return {{"softcap", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}}, plain, modifier(Mod::softcap)},
-              {"slopes per head causal", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}}, causal, modifier(Mod::slope)},
-              {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 7}}}, plain, modifier(Mod::capped_bias)},
-              {"document ids, empty rows", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 1}, Fill::segments}, {{2, 1, 7}, Fill::segments}}, plain, modifier(Mod::document)},
-              // Long rows train no tensor: a slope's gradient sums ds (kv_idx - q_idx) over 39,000
-              // scores, beyond f32's budgets under the random graphs' loss weights.
-              {"long rows sliding window softcap", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}}, window, modifier(Mod::softcap)},
-              {"dropout", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{}, Fill::seed}}, dropout(plain, 0.3), modifier(Mod::none)},
-              {"slopes per head causal dropout", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}, {{}, Fill::seed}},
-               dropout(causal, 0.5), modifier(Mod::slope)},
-              {"long rows sliding window dropout", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}, {{}, Fill::seed}}, dropout(window, 0.1),
-               modifier(Mod::none)}};
-    }
-    case Op::flex_attention_lse: {
-      Attrs causal = shape({}, 0.35);
-      causal.causal = true;
-      return {{"softcap causal", {{{2, 5, 8}}, {{2, 7, 8}}}, causal, modifier(Mod::softcap)},
-              {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 5, 7}}}, shape({}, 0.35), modifier(Mod::capped_bias)}};
-    }
-    case Op::flex_attention_grad: {
-      // As attention_grad's cases, and the gradients of the modifier's tensors (wrt 3).
-      std::vector<OpCase> r;
-      const std::vector<CaseInput> heads = {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{2, 3, 6, 4}}, {{2, 3, 6, 1}, Fill::positive}, {{2, 3, 6, 1}}};
-      const std::vector<CaseInput> batched = {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 6}}, {{2, 5, 1}, Fill::positive}, {{2, 5, 1}}};
-      for (int w = 0; w < 4; ++w) {
-        Attrs a = shape({}, 0.35);
-        a.wrt = static_cast<std::int8_t>(w);
-        a.causal = w != 1;
-        std::vector<CaseInput> slopes = heads, bias = batched;
-        slopes.push_back({{3, 1, 1}, Fill::positive});
-        bias.push_back({{2, 5, 7}});
-        const std::string name = w < 3 ? std::string("d") + "qkv"[w] : std::string("dt0");
-        r.push_back({name + " slopes per head" + (a.causal ? " causal" : ""), slopes, a, modifier(Mod::slope)});
-        r.push_back({name + " softcap then bias" + (a.causal ? " causal" : ""), bias, a, modifier(Mod::capped_bias)});
-      }
-      Attrs dq = shape({}, 0.35);
-      std::vector<CaseInput> docs = batched;
-      docs.push_back({{2, 5, 1}, Fill::segments});
-      docs.push_back({{2, 1, 7}, Fill::segments});
-      r.push_back({"dq document ids, empty rows", docs, dq, modifier(Mod::document)});
-      for (int w = 0; w < 4; ++w) {  // with dropout: its seed last
-        Attrs a = shape({}, 0.35);
-        a.wrt = static_cast<std::int8_t>(w);
-        a.causal = w != 1;
-        std::vector<CaseInput> bias = batched;
-        bias.push_back({{2, 5, 7}});
-        bias.push_back({{}, Fill::seed});
-        const std::string name = w < 3 ? std::string("d") + "qkv"[w] : std::string("dt0");
-        r.push_back({name + " softcap then bias dropout" + (a.causal ? " causal" : ""), bias, dropout(a, 0.2), modifier(Mod::capped_bias)});
-      }
-      return r;
-    }
-    case Op::softmax:
-      return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}, {"rows of 300", {{{2, 300}}}, axis(1)}};
+#define QKV_CASES_COLUMN(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, ...) \
+  case Op::id: return cases::cases_of;
+    QKV_OPS(QKV_CASES_COLUMN)
+#undef QKV_CASES_COLUMN
   }
   return {};
 }

@@ -1,67 +1,87 @@
-// Estimated floating-point work, one case per op.
+// The cost column of ops.def: each function here is named by the rows of the ops it estimates.
 #include "ir/op_cost.hpp"
 
 namespace qkv::ir {
 
+namespace cost {
+
+namespace {
+
+double numel(const Shape& s) { return static_cast<double>(s.numel()); }
+double last(const Shape& s, int from_end) { return static_cast<double>(s.back(from_end)); }
+/// Causal masking skips about half the scores.
+double causal_share(const Node& n) { return n.attrs.causal ? 0.5 : 1.0; }
+
+}  // namespace
+
+// Data movement, generators and sources.
+double none(const Node&, std::span<const Shape>, const Shape&) { return 0.0; }
+
+// One operation per result element (elementwise ops, comparisons, selection).
+double per_element(const Node&, std::span<const Shape>, const Shape& out) { return numel(out); }
+
+// One per operand element (reductions).
+double per_operand_element(const Node&, std::span<const Shape> in, const Shape&) { return numel(in[0]); }
+
+// max, subtract, exp, sum, divide: about five per element.
+double softmax(const Node&, std::span<const Shape>, const Shape& out) { return 5.0 * numel(out); }
+
+// 2 per multiply-add: 2 M N K.
+double matmul(const Node& n, std::span<const Shape> in, const Shape& out) {
+  return 2.0 * numel(out) * (n.attrs.transpose_a ? last(in[0], 1) : last(in[0], 0));
+}
+
+// q kT and weights @ v: 2 N M (D + Dv) per batch entry.
+double attention(const Node& n, std::span<const Shape> in, const Shape& out) {
+  const double d = last(in[0], 0), m = last(in[1], 1), dv = last(in[2], 0);
+  return numel(out) / dv * m * 2.0 * (d + dv) * causal_share(n);
+}
+
+// q kT: 2 N M D per batch entry.
+double attention_lse(const Node& n, std::span<const Shape> in, const Shape& out) {
+  const double d = last(in[0], 0), m = last(in[1], 1);
+  return numel(out) * m * 2.0 * d * causal_share(n);
+}
+
+// Recomputing q kT, then pT dy (dv), or dy vT and ds k or dsT q (dq, dk): per batch entry
+// 2 N M (D + Dv) for dv, 2 N M (2 D + Dv) for dq and dk.
+double attention_grad(const Node& n, std::span<const Shape> in, const Shape& out) {
+  const double nq = last(in[0], 1), d = last(in[0], 0), m = last(in[1], 1), dv = last(in[2], 0);
+  const double batches = numel(out) / (last(out, 0) * last(out, 1));
+  const double per = n.attrs.wrt == 2 ? d + dv : 2.0 * d + dv;
+  return batches * 2.0 * nq * m * per * causal_share(n);
+}
+
+// attention's, and the modifier's ops on each of the N M scores.
+double flex_attention(const Node& n, std::span<const Shape> in, const Shape& out) {
+  const double d = last(in[0], 0), m = last(in[1], 1), dv = last(in[2], 0);
+  const double mod = static_cast<double>(n.region->size());
+  return numel(out) / dv * m * (2.0 * (d + dv) + mod) * causal_share(n);
+}
+
+// attention_lse's, and the modifier's ops on each score.
+double flex_attention_lse(const Node& n, std::span<const Shape> in, const Shape& out) {
+  const double d = last(in[0], 0), m = last(in[1], 1);
+  return numel(out) * m * (2.0 * d + static_cast<double>(n.region->size())) * causal_share(n);
+}
+
+// attention_grad's, the modifier and its derivative on each score; a tensor's gradient
+// (wrt >= 3) recomputes the scores and dy vT.
+double flex_attention_grad(const Node& n, std::span<const Shape> in, const Shape& out) {
+  const double nq = last(in[0], 1), d = last(in[0], 0), m = last(in[1], 1), dv = last(in[2], 0);
+  const double batches = n.attrs.wrt >= 3 ? numel(out) / (nq * m) : numel(out) / (last(out, 0) * last(out, 1));
+  const double per = n.attrs.wrt == 2 ? d + dv : n.attrs.wrt >= 3 ? d + dv : 2.0 * d + dv;
+  return batches * nq * m * (2.0 * per + 3.0 * static_cast<double>(n.region->size())) * causal_share(n);
+}
+
+}  // namespace cost
+
 double estimated_flops(const Node& n, std::span<const Shape> in, const Shape& out) {
-  const double elements = static_cast<double>(out.numel());
   switch (n.op) {
-    QKV_SOURCE_CASES
-    QKV_LAYOUT_CASES
-    QKV_MASK_CASES
-    case Op::cast: return 0.0;
-    QKV_UNARY_CASES
-    QKV_BINARY_CASES
-    QKV_COMPARE_CASES
-    case Op::where: return elements;
-    QKV_REDUCE_CASES
-    case Op::reduce_mean: return static_cast<double>(in[0].numel());
-    case Op::softmax:
-    case Op::log_softmax: return 5.0 * elements;
-    case Op::matmul: return 2.0 * elements * static_cast<double>(n.attrs.transpose_a ? in[0].back(1) : in[0].back(0));
-    case Op::attention:
-    case Op::masked_attention: {
-      // q kT and weights @ v: 2 N M (D + Dv) per batch entry; causal masking skips about half.
-      const double d = static_cast<double>(in[0].back(0)), m = static_cast<double>(in[1].back(1)), dv = static_cast<double>(in[2].back(0));
-      return elements / dv * m * 2.0 * (d + dv) / (n.attrs.causal ? 2.0 : 1.0);
-    }
-    case Op::attention_lse:
-    case Op::masked_attention_lse: {
-      // q kT: 2 N M D per batch entry.
-      const double d = static_cast<double>(in[0].back(0)), m = static_cast<double>(in[1].back(1));
-      return elements * m * 2.0 * d / (n.attrs.causal ? 2.0 : 1.0);
-    }
-    case Op::flex_attention: {
-      // attention's, and the modifier's ops on each of the N M scores.
-      const double d = static_cast<double>(in[0].back(0)), m = static_cast<double>(in[1].back(1)), dv = static_cast<double>(in[2].back(0));
-      const double mod = static_cast<double>(n.region->size());
-      return elements / dv * m * (2.0 * (d + dv) + mod) / (n.attrs.causal ? 2.0 : 1.0);
-    }
-    case Op::flex_attention_lse: {
-      const double d = static_cast<double>(in[0].back(0)), m = static_cast<double>(in[1].back(1));
-      return elements * m * (2.0 * d + static_cast<double>(n.region->size())) / (n.attrs.causal ? 2.0 : 1.0);
-    }
-    case Op::flex_attention_grad: {
-      // attention_grad's, the modifier and its derivative on each score; a tensor's gradient
-      // (wrt >= 3) recomputes the scores and dy vT.
-      const Shape& q = in[0];
-      const double nq = static_cast<double>(q.back(1)), d = static_cast<double>(q.back(0)),
-                   m = static_cast<double>(in[1].back(1)), dv = static_cast<double>(in[2].back(0));
-      const double batches = n.attrs.wrt >= 3 ? elements / (nq * m) : elements / static_cast<double>(out.back(0) * out.back(1));
-      const double per = n.attrs.wrt == 2 ? d + dv : n.attrs.wrt >= 3 ? d + dv : 2.0 * d + dv;
-      return batches * nq * m * (2.0 * per + 3.0 * static_cast<double>(n.region->size())) / (n.attrs.causal ? 2.0 : 1.0);
-    }
-    case Op::attention_grad:
-    case Op::masked_attention_grad: {
-      // Recomputing q kT, then pT dy (dv), or dy vT and ds k or dsT q (dq, dk): per batch entry
-      // 2 N M (D + Dv) for dv, 2 N M (2 D + Dv) for dq and dk.
-      const Shape& q = in[0];
-      const double nq = static_cast<double>(q.back(1)), d = static_cast<double>(q.back(0)),
-                   m = static_cast<double>(in[1].back(1)), dv = static_cast<double>(in[2].back(0));
-      const double batches = elements / static_cast<double>(out.back(0) * out.back(1));
-      const double per = n.attrs.wrt == 2 ? d + dv : 2.0 * d + dv;
-      return batches * 2.0 * nq * m * per / (n.attrs.causal ? 2.0 : 1.0);
-    }
+#define QKV_COST_COLUMN(id, arity, category, attrs, shape_rule, gradient, cost_rule, ...) \
+  case Op::id: return cost::cost_rule(n, in, out);
+    QKV_OPS(QKV_COST_COLUMN)
+#undef QKV_COST_COLUMN
   }
   return 0.0;
 }

@@ -1,4 +1,4 @@
-// Estimated floating-point work of each op, one case per op in ops.def: what `qkv explain` and
+// Estimated floating-point work of each op, the cost column of ops.def: what `qkv explain` and
 // `qkv bench` count.
 #pragma once
 

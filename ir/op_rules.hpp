@@ -84,6 +84,12 @@ constexpr ShapeResult fail(ShapeErr e, Dim lhs = 0, Dim rhs = 0, int operand = 0
 
 constexpr int normalize_axis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
 
+/// A graph input: the shape and dtype it declares.
+constexpr ShapeResult input(std::span<const Operand>, const Attrs& a) { return {a.shape, a.dtype}; }
+
+/// A constant: f32 of its shape.
+constexpr ShapeResult constant(std::span<const Operand>, const Attrs& a) { return {a.shape, DType::f32}; }
+
 /// NumPy broadcasting of any number of shapes (right-aligned; 1 stretches).
 constexpr ShapeResult broadcast(std::span<const Operand> in) {
   int rank = 0;
@@ -119,20 +125,21 @@ constexpr ShapeResult require_float(std::span<const Operand> in, int first) {
   return {};
 }
 
-constexpr ShapeResult elementwise(std::span<const Operand> in) {
+constexpr ShapeResult elementwise(std::span<const Operand> in, const Attrs& = {}) {
   if (auto r = require_float(in, 0); !r.ok()) return r;
   ShapeResult r = broadcast(in);
   r.dtype = in[0].dtype;
   return r;
 }
 
-constexpr ShapeResult compare(std::span<const Operand> in) {
-  ShapeResult r = elementwise(in);
+constexpr ShapeResult compare(std::span<const Operand> in, const Attrs& a) {
+  ShapeResult r = elementwise(in, a);
   r.dtype = DType::boolean;
   return r;
 }
 
-constexpr ShapeResult broadcast_to(const Operand& x, const Attrs& a) {
+constexpr ShapeResult broadcast_to(std::span<const Operand> in, const Attrs& a) {
+  const Operand& x = in[0];
   const Operand both[2] = {x, {a.shape, x.dtype}};
   ShapeResult r = broadcast(both);
   if (!r.ok()) return r;
@@ -142,7 +149,8 @@ constexpr ShapeResult broadcast_to(const Operand& x, const Attrs& a) {
   return {a.shape, x.dtype};
 }
 
-constexpr ShapeResult one_hot(const Operand& x, const Attrs& a) {
+constexpr ShapeResult one_hot(std::span<const Operand> in, const Attrs& a) {
+  const Operand& x = in[0];
   if (x.dtype != DType::i32) return fail(ShapeErr::not_integer);
   ShapeResult r{x.shape, DType::f32};
   if (r.shape.rank >= kMaxRank) return fail(ShapeErr::rank_too_large, r.shape.rank + 1);
@@ -150,7 +158,7 @@ constexpr ShapeResult one_hot(const Operand& x, const Attrs& a) {
   return r;
 }
 
-constexpr ShapeResult select(std::span<const Operand> in) {
+constexpr ShapeResult select(std::span<const Operand> in, const Attrs&) {
   if (in[0].dtype != DType::boolean) return fail(ShapeErr::not_bool, 0, 0, 0);
   if (auto r = require_float(in, 1); !r.ok()) return r;
   ShapeResult r = broadcast(in);
@@ -158,7 +166,8 @@ constexpr ShapeResult select(std::span<const Operand> in) {
   return r;
 }
 
-constexpr ShapeResult reduce(const Operand& x, const Attrs& a) {
+constexpr ShapeResult reduce(std::span<const Operand> in, const Attrs& a) {
+  const Operand& x = in[0];
   if (!is_float(x.dtype)) return fail(ShapeErr::not_float);
   int ax = normalize_axis(a.axis, x.shape.rank);
   if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
@@ -171,7 +180,8 @@ constexpr ShapeResult reduce(const Operand& x, const Attrs& a) {
   return r;
 }
 
-constexpr ShapeResult softmax(const Operand& x, const Attrs& a) {
+constexpr ShapeResult softmax(std::span<const Operand> in, const Attrs& a) {
+  const Operand& x = in[0];
   if (!is_float(x.dtype)) return fail(ShapeErr::not_float);
   int ax = normalize_axis(a.axis, x.shape.rank);
   if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
@@ -200,7 +210,8 @@ constexpr ShapeResult matmul(std::span<const Operand> in, const Attrs& at) {
   return r;
 }
 
-constexpr ShapeResult permute(const Operand& x, const Attrs& a) {
+constexpr ShapeResult permute(std::span<const Operand> in, const Attrs& a) {
+  const Operand& x = in[0];
   ShapeResult r;
   r.dtype = x.dtype;
   bool seen[kMaxRank] = {};
@@ -213,14 +224,16 @@ constexpr ShapeResult permute(const Operand& x, const Attrs& a) {
   return r;
 }
 
-constexpr ShapeResult reshape(const Operand& x, const Attrs& a) {
+constexpr ShapeResult reshape(std::span<const Operand> in, const Attrs& a) {
+  const Operand& x = in[0];
   if (x.shape.is_static() && a.shape.is_static() && x.shape.numel() != a.shape.numel())
     return fail(ShapeErr::element_count_differs, x.shape.numel(), a.shape.numel());
   return {a.shape, x.dtype};
 }
 
 /// attention: out = softmax(q kT) v; with a mask, the mask must broadcast to the scores' shape.
-constexpr ShapeResult attention(std::span<const Operand> in) {
+constexpr ShapeResult attention(std::span<const Operand> in, const Attrs& a) {
+  if (a.window < 0) return fail(ShapeErr::bad_range, a.window);
   ir::Attrs tb;
   tb.transpose_b = true;
   const Operand qk[2] = {in[0], in[1]};
@@ -238,19 +251,19 @@ constexpr ShapeResult attention(std::span<const Operand> in) {
 }
 
 /// attention_lse(q, k [, mask]): the masked scores' shape with one column, [..,N,1].
-constexpr ShapeResult attention_lse(std::span<const Operand> in) {
+constexpr ShapeResult attention_lse(std::span<const Operand> in, const Attrs& a) {
   const Operand q = in[0], k = in[1];
   if (k.shape.rank < 2) return fail(ShapeErr::rank_too_small, k.shape.rank, 2, 1);
   Shape vs = k.shape;  // a stand-in v [..,M,1] makes the forward rule give [..,N,1]
   vs[vs.rank - 1] = 1;
   if (in.size() == 3) {
     const Operand args[4] = {q, k, {vs, k.dtype}, in[2]};
-    ShapeResult r = attention(args);
+    ShapeResult r = attention(args, a);
     if (r.operand == 3) r.operand = 2;  // the mask's place here
     return r;
   }
   const Operand args[3] = {q, k, {vs, k.dtype}};
-  return attention(args);
+  return attention(args, a);
 }
 
 /// attention_grad(q, k, v, dy, lse, delta [, mask]) {wrt}: operand wrt's last two dims under the
@@ -259,7 +272,7 @@ constexpr ShapeResult attention_grad(std::span<const Operand> in, const Attrs& a
   if (a.wrt < 0 || a.wrt > 2) return fail(ShapeErr::bad_range, a.wrt, 2);
   Operand fwd[4] = {in[0], in[1], in[2], {}};
   if (in.size() == 7) fwd[3] = in[6];
-  ShapeResult y = attention(std::span<const Operand>(fwd, in.size() == 7 ? 4 : 3));
+  ShapeResult y = attention(std::span<const Operand>(fwd, in.size() == 7 ? 4 : 3), a);
   if (!y.ok()) {
     if (y.operand == 3) y.operand = 6;  // the mask's place here
     return y;
@@ -319,7 +332,7 @@ constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t 
 
 /// flex_attention(q, k, v, t..., [seed]): attention's shape; each t broadcasts to the scores.
 constexpr ShapeResult flex_attention(std::span<const Operand> in, const Attrs& a) {
-  const ShapeResult y = attention(in.first(3));
+  const ShapeResult y = attention(in.first(3), a);
   const ShapeResult t = y.ok() ? modifier_tensors(in, 3, a) : y;
   if (!t.ok()) return t;
   // Dropout's bits are keyed by the weights' element index: v may not add batch dims to them.
@@ -328,8 +341,8 @@ constexpr ShapeResult flex_attention(std::span<const Operand> in, const Attrs& a
 }
 
 /// flex_attention_lse(q, k, t...): the scores' shape with one column.
-constexpr ShapeResult flex_attention_lse(std::span<const Operand> in) {
-  const ShapeResult r = attention_lse(in.first(2));
+constexpr ShapeResult flex_attention_lse(std::span<const Operand> in, const Attrs& a) {
+  const ShapeResult r = attention_lse(in.first(2), a);
   const ShapeResult t = r.ok() ? modifier_tensors(in, 2, Attrs{}) : r;
   return t.ok() ? r : t;
 }
@@ -348,13 +361,15 @@ constexpr ShapeResult flex_attention_grad(std::span<const Operand> in, const Att
   return a.wrt >= 3 ? t : r;
 }
 
-constexpr ShapeResult cast(const Operand& x, const Attrs& a) {
+constexpr ShapeResult cast(std::span<const Operand> in, const Attrs& a) {
+  const Operand& x = in[0];
   if (x.dtype != DType::i32 && x.dtype != DType::boolean) return fail(ShapeErr::not_castable);
   if (a.dtype != DType::f32) return fail(ShapeErr::not_castable);
   return {x.shape, DType::f32};
 }
 
-constexpr ShapeResult slice(const Operand& x, const Attrs& a) {
+constexpr ShapeResult slice(std::span<const Operand> in, const Attrs& a) {
+  const Operand& x = in[0];
   int ax = normalize_axis(a.axis, x.shape.rank);
   if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
   const Dim d = x.shape[ax];
@@ -381,7 +396,8 @@ constexpr ShapeResult concat(std::span<const Operand> in, const Attrs& a) {
   return r;
 }
 
-constexpr ShapeResult iota(const Operand& x, const Attrs& a) {
+constexpr ShapeResult iota(std::span<const Operand> in, const Attrs& a) {
+  const Operand& x = in[0];
   int ax = normalize_axis(a.axis, x.shape.rank);
   if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
   return {x.shape, DType::f32};
@@ -394,61 +410,24 @@ constexpr ShapeResult dropout_mask(std::span<const Operand> in, const Attrs& a) 
   return {in[0].shape, DType::f32};
 }
 
-constexpr ShapeResult causal_mask(const Operand& x) {
+constexpr ShapeResult causal_mask(std::span<const Operand> in, const Attrs& a) {
+  if (a.window < 0) return fail(ShapeErr::bad_range, a.window);
+  const Operand& x = in[0];
   if (x.shape.rank < 2) return fail(ShapeErr::rank_too_small, x.shape.rank, 2, 0);
   return {Shape{x.shape.back(1), x.shape.back(0)}, DType::boolean};
 }
 
 }  // namespace rules
 
-/// Shape and dtype of `op` applied to `in` (in.size() == arity) with attributes `a`.
+/// Shape and dtype of `op` applied to `in` (in.size() == arity) with attributes `a`: the rule its
+/// registry row names (ops.def's shape column, a function of `rules`).
 constexpr ShapeResult infer_shape(Op op, std::span<const Operand> in, const Attrs& a) {
   ShapeResult r;
   switch (op) {
-    case Op::input: r = {a.shape, a.dtype}; break;
-    case Op::constant: r = {a.shape, DType::f32}; break;
-    QKV_UNARY_CASES
-    QKV_BINARY_CASES r = rules::elementwise(in); break;
-    case Op::where: r = rules::select(in); break;
-    QKV_COMPARE_CASES r = rules::compare(in); break;
-    case Op::broadcast_to: r = rules::broadcast_to(in[0], a); break;
-    case Op::one_hot: r = rules::one_hot(in[0], a); break;
-    case Op::log_softmax: r = rules::softmax(in[0], a); break;
-    case Op::reduce_mean: r = rules::reduce(in[0], a); break;
-    QKV_REDUCE_CASES r = rules::reduce(in[0], a); break;
-    case Op::matmul: r = rules::matmul(in, a); break;
-    case Op::permute: r = rules::permute(in[0], a); break;
-    case Op::reshape: r = rules::reshape(in[0], a); break;
-    case Op::causal_mask:
-      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::causal_mask(in[0]);
-      break;
-    case Op::cast: r = rules::cast(in[0], a); break;
-    case Op::slice: r = rules::slice(in[0], a); break;
-    case Op::concat: r = rules::concat(in, a); break;
-    case Op::iota: r = rules::iota(in[0], a); break;
-    case Op::dropout_mask: r = rules::dropout_mask(in, a); break;
-    case Op::softmax: r = rules::softmax(in[0], a); break;
-    case Op::attention:
-    case Op::masked_attention:
-      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::attention(in);
-      break;
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::attention_lse(in);
-      break;
-    case Op::attention_grad:
-    case Op::masked_attention_grad:
-      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::attention_grad(in, a);
-      break;
-    case Op::flex_attention:
-      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::flex_attention(in, a);
-      break;
-    case Op::flex_attention_lse:
-      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::flex_attention_lse(in);
-      break;
-    case Op::flex_attention_grad:
-      r = a.window < 0 ? rules::fail(ShapeErr::bad_range, a.window) : rules::flex_attention_grad(in, a);
-      break;
+#define QKV_SHAPE_RULE(id, arity, category, attrs, shape_rule, ...) \
+  case Op::id: r = rules::shape_rule(in, a); break;
+    QKV_OPS(QKV_SHAPE_RULE)
+#undef QKV_SHAPE_RULE
   }
   if (r.ok() && r.shape.rank > kMaxRank) return rules::fail(ShapeErr::rank_too_large, r.shape.rank);
   return r;

@@ -80,7 +80,7 @@ void unary(ir::Op op, ConstView x, View out) {
     return;
   }
   // The others: the registry row's host expression, in a loop per op the compiler can vectorise.
-#define QKV_UNARY_LOOP(id, arity, category, attrs, doc, host, glsl, ...)                         \
+#define QKV_UNARY_LOOP(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...)                         \
   if (op == ir::Op::id) {                                                                  \
     for (std::int64_t i = 0; i < n; ++i) out.data[i] = apply_unary(ir::Op::id, x.data[i]); \
     return;                                                                                \
@@ -96,7 +96,7 @@ namespace {
 /// instantiated per op.
 template <class F>
 void with_binary_op(ir::Op op, F f) {
-#define QKV_WITH_BINARY(id, arity, category, attrs, doc, host, glsl, ...) \
+#define QKV_WITH_BINARY(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
   if (op == ir::Op::id) return f(std::integral_constant<ir::Op, ir::Op::id>{});
   QKV_BINARY_OPS(QKV_WITH_BINARY)
   QKV_COMPARE_OPS(QKV_WITH_BINARY)
@@ -119,7 +119,7 @@ template <Isa>
 [[gnu::always_inline]] inline void binary_row_impl(ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* out,
                                                    std::int64_t n) {
   const std::int64_t sa = a_varies ? 1 : 0, sb = b_varies ? 1 : 0;
-#define QKV_BINARY_ROW(id, arity, category, attrs, doc, host, glsl, ...) \
+#define QKV_BINARY_ROW(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
   if (op == ir::Op::id) return binary_rows<ir::Op::id>(a, b, out, n, sa, sb);
   QKV_BINARY_OPS(QKV_BINARY_ROW)
   QKV_COMPARE_OPS(QKV_BINARY_ROW)

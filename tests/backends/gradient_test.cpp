@@ -78,7 +78,7 @@ TEST(GradientCoverage, EveryOpChoosesHowItIsDifferentiated) {
 TEST(GradientCoverage, AnOpWithoutARuleIsReportedByName) {
   ir::Graph g = testing::with_weighted_sum_loss(ir::case_graph(ir::Op::exp, ir::op_cases(ir::Op::exp)[0]));
   auto without_exp = [](ir::Op op) {
-    return op == ir::Op::exp ? ir::GradientInfo{ir::GradKind::missing, {}} : ir::gradient_info(op);
+    return op == ir::Op::exp ? ir::GradientInfo{ir::GradKind::missing, {}, nullptr} : ir::gradient_info(op);
   };
   try {
     ir::build_backward(g, {"loss", {"x0"}, {}}, without_exp);
