@@ -25,10 +25,10 @@ struct KernelTime {
 /// masked tiles (block sparsity: causality, a sliding window, a modifier that drops whole tiles).
 /// Counted in scores, not tiles: a tile cut short at the diagonal counts what it computed.
 struct TileCount {
-  ir::ValueId value;       // the fused node of Executable::graph()
-  std::int64_t computed;   // scores in the tiles computed
-  std::int64_t skipped;    // scores left out in tiles (or, on the cpu, slices of a tile) all masked
-  std::int64_t unmasked;   // of the computed, scores in tiles their masks keep whole, run without evaluating them (cpu)
+  ir::ValueId value;      // the fused node of Executable::graph()
+  std::int64_t computed;  // scores in the tiles computed
+  std::int64_t skipped;   // scores left out in tiles (or, on the cpu, slices of a tile) all masked
+  std::int64_t unmasked;  // of the computed, scores in tiles their masks keep whole, run without evaluating them (cpu)
   double skipped_fraction() const { return computed + skipped == 0 ? 0.0 : static_cast<double>(skipped) / static_cast<double>(computed + skipped); }
 };
 

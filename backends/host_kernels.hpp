@@ -21,8 +21,7 @@ void slice_rows(const T* x, std::int64_t outer, std::int64_t n_in, std::int64_t 
 }
 
 /// out = a then b along an axis; a is [outer, na, inner], b [outer, nb, inner].
-template <class T>
-void concat_rows(const T* a, std::int64_t na, const T* b, std::int64_t nb, std::int64_t outer, std::int64_t inner, T* out) {
+template <class T> void concat_rows(const T* a, std::int64_t na, const T* b, std::int64_t nb, std::int64_t outer, std::int64_t inner, T* out) {
   for (std::int64_t o = 0; o < outer; ++o) {
     T* dst = out + o * (na + nb) * inner;
     std::copy_n(a + o * na * inner, na * inner, dst);
@@ -31,15 +30,13 @@ void concat_rows(const T* a, std::int64_t na, const T* b, std::int64_t nb, std::
 }
 
 /// out[..., k, ...] = k along the axis of `s` split as [outer, n, inner].
-template <class T>
-void iota_kernel(const AxisSplit& s, T* out) {
+template <class T> void iota_kernel(const AxisSplit& s, T* out) {
   for (std::int64_t o = 0; o < s.outer; ++o)
     for (std::int64_t k = 0; k < s.n; ++k) std::fill_n(out + (o * s.n + k) * s.inner, s.inner, static_cast<T>(k));
 }
 
 /// Boolean [lq, lk] keep-mask (1 keeps): j <= i + shift, and j > i + shift - window when window > 0.
-template <class T>
-void causal_mask_kernel(std::int64_t lq, std::int64_t lk, ir::CausalAlign align, std::int64_t window, T* out) {
+template <class T> void causal_mask_kernel(std::int64_t lq, std::int64_t lk, ir::CausalAlign align, std::int64_t window, T* out) {
   const std::int64_t shift = align == ir::CausalAlign::bottom_right ? lk - lq : 0;
   for (std::int64_t i = 0; i < lq; ++i)
     for (std::int64_t j = 0; j < lk; ++j) {
@@ -49,16 +46,14 @@ void causal_mask_kernel(std::int64_t lq, std::int64_t lk, ir::CausalAlign align,
 }
 
 /// The seed operand of dropout_mask as Philox's key word, checked against its documented range.
-template <class T>
-std::uint32_t dropout_seed(T seed) {
+template <class T> std::uint32_t dropout_seed(T seed) {
   if (!ir::dropout_seed_ok(static_cast<double>(seed)))
     throw ShapeError("dropout_mask: seed " + std::to_string(static_cast<double>(seed)) + " is outside [0, 2^24)");
   return static_cast<std::uint32_t>(seed);
 }
 
 /// n elements of a dropout mask: 0 where dropped, 1/(1-p) where kept.
-template <class T>
-void dropout_mask_kernel(std::uint32_t seed, double p, std::int64_t n, T* out) {
+template <class T> void dropout_mask_kernel(std::uint32_t seed, double p, std::int64_t n, T* out) {
   const std::uint32_t threshold = ir::dropout_threshold(p);
   const T keep = static_cast<T>(ir::dropout_keep_value(p));
   for (std::int64_t i = 0; i < n; ++i) out[i] = ir::dropout_keeps(seed, static_cast<std::uint32_t>(i), threshold) ? keep : T(0);

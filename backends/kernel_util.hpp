@@ -33,8 +33,7 @@ inline Strides broadcast_strides(const ir::Shape& in, const ir::Shape& out) {
 }
 
 /// Walks the row-major indices of `shape`, keeping offsets into N operands with given strides.
-template <int N>
-struct OffsetWalker {
+template <int N> struct OffsetWalker {
   const ir::Shape& shape;
   std::array<Strides, N> strides;
   std::array<std::int64_t, ir::kMaxRank> index{};

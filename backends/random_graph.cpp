@@ -127,8 +127,7 @@ RandomGraph random_graph(std::uint64_t seed, int ops) {
     // Elementwise ops take any shape: most often an earlier value, with a second operand of its
     // shape, of its last dim (broadcast) or a scalar.
     const auto category = ir::op_info(op).category;
-    const bool any_shape = (category == ir::OpCategory::unary && op != ir::Op::cast && op != ir::Op::exp &&
-                            c.inputs[0].fill == ir::Fill::normal) ||
+    const bool any_shape = (category == ir::OpCategory::unary && op != ir::Op::cast && op != ir::Op::exp && c.inputs[0].fill == ir::Fill::normal) ||
                            (category == ir::OpCategory::binary || category == ir::OpCategory::compare);
     if (any_shape && !pool.empty() && rng() % 4 != 0) {
       const Value& base = pool[rng() % pool.size()];

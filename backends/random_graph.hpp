@@ -43,13 +43,11 @@ struct RandomCheck {
 
 /// Runs `rg` forward on `backends` against the float64 reference and, with `grad`, its backward
 /// graph (gradients of every float input, seeds d<output> random) where every op has a gradient.
-RandomCheck check_random_graph(const RandomGraph& rg, const std::vector<std::string>& backends, bool grad,
-                               double factor = kDefaultBudgetFactor);
+RandomCheck check_random_graph(const RandomGraph& rg, const std::vector<std::string>& backends, bool grad, double factor = kDefaultBudgetFactor);
 
 /// The smallest failing part of `g` on `backend_name`: the cone of the first node (in graph
 /// order) whose value leaves its budget computed as the only output, with dead nodes removed.
 /// Returns `g` itself when no single value fails alone.
-ir::Graph shrink_failure(const ir::Graph& g, const TensorMap& inputs, const std::string& backend_name,
-                         double factor = kDefaultBudgetFactor);
+ir::Graph shrink_failure(const ir::Graph& g, const TensorMap& inputs, const std::string& backend_name, double factor = kDefaultBudgetFactor);
 
 }  // namespace qkv::backend

@@ -17,9 +17,8 @@ struct Entry {
 };
 std::unique_ptr<Backend> make_reference() { return make_reference_backend(); }
 std::unique_ptr<Backend> make_vulkan() { return make_vulkan_backend(); }
-constexpr Entry kBackends[] = {{"reference", make_reference, reference_supports},
-                               {"cpu", make_cpu_backend, cpu_supports},
-                               {"vulkan", make_vulkan, vulkan_supports}};
+constexpr Entry kBackends[] = {
+    {"reference", make_reference, reference_supports}, {"cpu", make_cpu_backend, cpu_supports}, {"vulkan", make_vulkan, vulkan_supports}};
 }  // namespace
 
 std::vector<std::string> backend_names() {

@@ -35,8 +35,7 @@ void gather_inputs(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids
       if (!known) throw ShapeError("graph has no input '" + name + "'");
     }
   for (const auto& [name, v] : g.updates())
-    if (!state.contains(name))
-      throw ShapeError("input '" + name + "' is updated by the graph, so it must be held on the backend (set_state)");
+    if (!state.contains(name)) throw ShapeError("input '" + name + "' is updated by the graph, so it must be held on the backend (set_state)");
 }
 
 InputValueChecks::InputValueChecks(const ir::Graph& g, const std::vector<ir::ValueId>& input_ids) {
@@ -47,16 +46,14 @@ InputValueChecks::InputValueChecks(const ir::Graph& g, const std::vector<ir::Val
     else if (ir::has_dropout_seed(n.op, n.attrs)) seed = n.inputs.back();
     else continue;
     for (std::size_t i = 0; i < input_ids.size(); ++i)
-      if (input_ids[i] == seed &&
-          std::find_if(seeds_.begin(), seeds_.end(), [&](const auto& s) { return s.first == i; }) == seeds_.end())
+      if (input_ids[i] == seed && std::find_if(seeds_.begin(), seeds_.end(), [&](const auto& s) { return s.first == i; }) == seeds_.end())
         seeds_.emplace_back(i, g.node(input_ids[i]).name);
   }
 }
 
 void InputValueChecks::check_seed(const Tensor& t, const std::string& name) {
   for (std::int64_t i = 0; i < t.numel(); ++i)
-    if (!ir::dropout_seed_ok(t.at(i)))
-      throw ShapeError("input '" + name + "': dropout seed " + ir::format_number(t.at(i)) + " is outside [0, 2^24)");
+    if (!ir::dropout_seed_ok(t.at(i))) throw ShapeError("input '" + name + "': dropout seed " + ir::format_number(t.at(i)) + " is outside [0, 2^24)");
 }
 
 TensorMap merged_inputs(const ir::Graph& g, const std::vector<const Tensor*>& tensors) {
@@ -72,8 +69,7 @@ void check_state_names(const ir::Graph& g, const TensorMap& tensors) {
     for (ir::ValueId v : g.inputs())
       if (g.node(v).name == name) {
         found = true;
-        if (t.dtype() != g.node(v).dtype)
-          throw ShapeError("state '" + name + "': expected " + g.type_string(v) + ", got " + t.type_string());
+        if (t.dtype() != g.node(v).dtype) throw ShapeError("state '" + name + "': expected " + g.type_string(v) + ", got " + t.type_string());
       }
     if (!found) throw ShapeError("state '" + name + "': the graph has no such input");
   }

@@ -17,19 +17,19 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <map>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "bench/report.hpp"
 #include "backends/equivalence.hpp"
+#include "bench/report.hpp"
 #include "dsl/dsl.hpp"
 #include "ir/passes/passes.hpp"
 
@@ -40,9 +40,7 @@ using qkv::backend::TensorMap;
 struct Shape {
   std::int64_t b, h, n, d;
   double flops() const { return 4.0 * static_cast<double>(b * h * n * n * d); }
-  std::string label() const {
-    return "B" + std::to_string(b) + "_H" + std::to_string(h) + "_N" + std::to_string(n) + "_D" + std::to_string(d);
-  }
+  std::string label() const { return "B" + std::to_string(b) + "_H" + std::to_string(h) + "_N" + std::to_string(n) + "_D" + std::to_string(d); }
 };
 
 const std::vector<Shape> kShapes = {{1, 8, 128, 64}, {4, 8, 512, 64}, {1, 4, 1024, 64}, {1, 1, 16, 8}};
@@ -93,9 +91,8 @@ qkv::ir::Graph sdpa_graph(double scale, Mode mode) {
     case Mode::alibi: return alibi_graph(scale);
     case Mode::document: {
       auto docs = input<"docs", DType::i32>(dim<"B">, dim<"N">);
-      return lower(scaled_dot_product_attention(q, k, v, qkv::scale(scale), mask_mod([=](auto b, auto, auto i, auto j) {
-        return at(docs, b, i) == at(docs, b, j);
-      })));
+      return lower(scaled_dot_product_attention(q, k, v, qkv::scale(scale),
+                                                mask_mod([=](auto b, auto, auto i, auto j) { return at(docs, b, i) == at(docs, b, j); })));
     }
     case Mode::unfused: {
       auto weights = attention_weights(q, k, qkv::scale(scale));
@@ -127,8 +124,7 @@ TensorMap inputs_for(const qkv::ir::Graph& g, const Shape& s) {
 /// Runs fn(first, last, thread) over [0, n) split across every core with single-threaded sgemm: the peers'
 /// best use of OpenBLAS on independent heads (toggling OpenBLAS's own threads between rows
 /// measured unstable), and the same ownership of threads as the cpu backend.
-template <class F>
-void on_all_cores(std::int64_t n, F fn) {
+template <class F> void on_all_cores(std::int64_t n, F fn) {
   const auto cores = std::min<std::int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
   if (cores <= 1) return fn(0, n, 0);
   std::vector<std::thread> threads;
@@ -201,8 +197,7 @@ void bench_sgemm(benchmark::State& state, Shape s) {
 /// The plain composition: sgemm, a scalar softmax loop, sgemm (the score matrix materialised).
 void bench_sgemm_softmax_sgemm(benchmark::State& state, Shape s) {
   const auto heads = s.b * s.h;
-  std::vector<float> q(static_cast<std::size_t>(heads * s.n * s.d), 0.5f), scores(static_cast<std::size_t>(heads * s.n * s.n)),
-      out(q.size());
+  std::vector<float> q(static_cast<std::size_t>(heads * s.n * s.d), 0.5f), scores(static_cast<std::size_t>(heads * s.n * s.n)), out(q.size());
   const int n = static_cast<int>(s.n), d = static_cast<int>(s.d);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (auto _ : state)
@@ -236,8 +231,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (it == r.counters.end()) continue;
       const auto [what, shape] = qkv::bench::row_name_parts(r);
       auto mib = r.counters.find("MiB"), skip = r.counters.find("skip%");
-      rates_.push_back({what, shape, it->second.value, mib == r.counters.end() ? -1.0 : mib->second.value,
-                        skip == r.counters.end() ? -1.0 : skip->second.value});
+      rates_.push_back(
+          {what, shape, it->second.value, mib == r.counters.end() ? -1.0 : mib->second.value, skip == r.counters.end() ? -1.0 : skip->second.value});
     }
   }
   void Finalize() override {
@@ -281,7 +276,8 @@ int main(int argc, char** argv) {
     std::stringstream ss(env);
     for (std::string item; std::getline(ss, item, ';');) {
       Shape s{};
-      if (std::sscanf(item.c_str(), "%" SCNd64 ",%" SCNd64 ",%" SCNd64 ",%" SCNd64, &s.b, &s.h, &s.n, &s.d) != 4 || s.b < 1 || s.h < 1 || s.n < 1 || s.d < 1) {
+      if (std::sscanf(item.c_str(), "%" SCNd64 ",%" SCNd64 ",%" SCNd64 ",%" SCNd64, &s.b, &s.h, &s.n, &s.d) != 4 || s.b < 1 || s.h < 1 || s.n < 1 ||
+          s.d < 1) {
         std::fprintf(stderr, "QKV_BENCH_SHAPES: '%s' is not B,H,N,D\n", item.c_str());
         return 2;
       }
@@ -290,7 +286,9 @@ int main(int argc, char** argv) {
   }
   for (const auto& s : shapes) {
     benchmark::RegisterBenchmark(("sgemm/" + s.label()).c_str(), bench_sgemm, s)->Unit(benchmark::kMillisecond)->UseRealTime();
-    benchmark::RegisterBenchmark(("sgemm-softmax-sgemm/" + s.label()).c_str(), bench_sgemm_softmax_sgemm, s)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("sgemm-softmax-sgemm/" + s.label()).c_str(), bench_sgemm_softmax_sgemm, s)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
     for (const auto& b : backends) {
       if (b == "reference" && s.n > 128) continue;  // plain double loops: minutes per run
       if (b == "vulkan" && s.n > 512 && std::getenv("QKV_BENCH_SMALL_VULKAN")) continue;
@@ -299,12 +297,10 @@ int main(int argc, char** argv) {
         if (b == "reference" && m != Mode::forward) continue;
         if (m == Mode::alibi && (s.h != 8 || s.d != 64)) continue;
         if (m == Mode::unfused && b != "vulkan") continue;  // the cpu's own unfused peer is sgemm-softmax-sgemm
-        auto* row = benchmark::RegisterBenchmark((b + mode_suffix(m) + "/" + s.label()).c_str(), bench_backend, b, s, m)
-                        ->Unit(benchmark::kMillisecond);
-        if (uses_device_time(b))
-          row->UseManualTime();
-        else
-          row->UseRealTime();
+        auto* row =
+            benchmark::RegisterBenchmark((b + mode_suffix(m) + "/" + s.label()).c_str(), bench_backend, b, s, m)->Unit(benchmark::kMillisecond);
+        if (uses_device_time(b)) row->UseManualTime();
+        else row->UseRealTime();
       }
     }
   }

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "bench/report.hpp"
 #include "backends/equivalence.hpp"
+#include "bench/report.hpp"
 #include "ir/passes/passes.hpp"
 #include "models/models.hpp"
 
@@ -98,7 +98,8 @@ void bench_graph(benchmark::State& state, const std::string& name, const qkv::ir
 }
 
 void bench_sgemm(benchmark::State& state, MatmulShape s) {
-  std::vector<float> a(static_cast<std::size_t>(s.m * s.k), 0.5f), b(static_cast<std::size_t>(s.k * s.n), 0.25f), c(static_cast<std::size_t>(s.m * s.n));
+  std::vector<float> a(static_cast<std::size_t>(s.m * s.k), 0.5f), b(static_cast<std::size_t>(s.k * s.n), 0.25f),
+      c(static_cast<std::size_t>(s.m * s.n));
   const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
   for (auto _ : state) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);

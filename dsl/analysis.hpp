@@ -12,8 +12,7 @@ namespace qkv::dsl {
 ///   auto w = input<"w">(dim<"B">, dim<4>, dim<"N">, dim<"M">);
 ///   auto h = attention_entropy(w);  // [B, 4, N]
 /// \endcode
-template <Expr W>
-constexpr auto attention_entropy(W w) {
+template <Expr W> constexpr auto attention_entropy(W w) {
   auto safe = where(greater(w, 0.0), w, 1.0);  // log(1) = 0 where w = 0, so no 0 * -inf
   return -sum<-1, false>(w * log(safe));
 }
@@ -23,7 +22,6 @@ constexpr auto attention_entropy(W w) {
 ///   auto q = input<"q">(dim<"N">, dim<16>);
 ///   auto peak = max_weight(attention_weights(q, q, causal));  // [N]
 /// \endcode
-template <Expr W>
-constexpr auto max_weight(W w) { return max<-1, false>(w); }
+template <Expr W> constexpr auto max_weight(W w) { return max<-1, false>(w); }
 
 }  // namespace qkv::dsl

@@ -11,8 +11,7 @@
 namespace qkv::dsl {
 
 /// Option tag: mask out future keys (see causal_mask for the two alignments).
-template <ir::CausalAlign Align>
-struct CausalTag {};
+template <ir::CausalAlign Align> struct CausalTag {};
 inline constexpr CausalTag<ir::CausalAlign::top_left> causal{};
 inline constexpr CausalTag<ir::CausalAlign::bottom_right> causal_bottom_right{};
 
@@ -31,12 +30,8 @@ constexpr Temperature temperature(double t) { return {t}; }
 /// Option: causal attention to the last W keys only (sliding-window attention, as Mistral's):
 /// query i sees keys j with i + s - W < j <= i + s, s = Lk - Lq (bottom-right aligned, so a
 /// query appended after cached keys sees the W keys before it).
-template <std::int64_t W>
-struct SlidingWindow {
-  static_assert(W > 0, "qkv: a sliding window holds at least one key");
-};
-template <std::int64_t W>
-inline constexpr SlidingWindow<W> sliding_window{};
+template <std::int64_t W> struct SlidingWindow { static_assert(W > 0, "qkv: a sliding window holds at least one key"); };
+template <std::int64_t W> inline constexpr SlidingWindow<W> sliding_window{};
 
 /// Option: logit soft-capping of the scores before masking, cap * tanh(s / cap) (Gemma 2).
 struct SoftCap {
@@ -46,13 +41,11 @@ constexpr SoftCap softcap_scores(double cap) { return {cap}; }
 
 /// Option: dropout on the attention weights with probability p (training only: pass p = 0, or
 /// leave the option out, to evaluate), keyed by an i32 scalar seed input; see dropout().
-template <Expr S>
-struct AttnDropout {
+template <Expr S> struct AttnDropout {
   S seed;
   double p;
 };
-template <Expr S>
-constexpr AttnDropout<S> attn_dropout(double p, S seed) { return {seed, p}; }
+template <Expr S> constexpr AttnDropout<S> attn_dropout(double p, S seed) { return {seed, p}; }
 
 namespace detail {
 template <class T> struct is_causal : std::false_type {};
@@ -75,10 +68,8 @@ template <class T> constexpr std::optional<double> scale_of(const T&) { return s
 constexpr double temperature_of(Temperature t) { return t.value; }
 template <class T> constexpr double temperature_of(const T&) { return 1.0; }
 
-template <ir::CausalAlign A>
-constexpr std::integral_constant<ir::CausalAlign, A> align_of(CausalTag<A>) { return {}; }
-template <std::int64_t W>
-constexpr std::integral_constant<ir::CausalAlign, ir::CausalAlign::bottom_right> align_of(SlidingWindow<W>) { return {}; }
+template <ir::CausalAlign A> constexpr std::integral_constant<ir::CausalAlign, A> align_of(CausalTag<A>) { return {}; }
+template <std::int64_t W> constexpr std::integral_constant<ir::CausalAlign, ir::CausalAlign::bottom_right> align_of(SlidingWindow<W>) { return {}; }
 template <class T> constexpr std::int64_t window_of(T) { return 0; }
 template <std::int64_t W> constexpr std::int64_t window_of(SlidingWindow<W>) { return W; }
 
@@ -88,8 +79,7 @@ template <std::int64_t W> constexpr std::int64_t window_of(SlidingWindow<W>) { r
 /// kernel's block skipping.
 enum class Pass { biases, masks, causality };
 
-template <Pass P, class S, class Opt, class Ix>
-constexpr auto apply_option(S scores, Opt opt, const Ix& ix) {
+template <Pass P, class S, class Opt, class Ix> constexpr auto apply_option(S scores, Opt opt, const Ix& ix) {
   if constexpr (P == Pass::causality && is_causal<Opt>::value)
     return where(causal_mask<decltype(align_of(opt))::value, window_of(Opt{})>(scores), scores, kNegInf);
   else if constexpr (P == Pass::masks && is_mask<Opt>()) return where(opt, scores, kNegInf);
@@ -99,32 +89,25 @@ constexpr auto apply_option(S scores, Opt opt, const Ix& ix) {
   else return scores;
 }
 
-template <Pass P, class S, class Ix>
-constexpr auto apply_pass(S scores, const Ix&) { return scores; }
-template <Pass P, class S, class Ix, class O, class... Rest>
-constexpr auto apply_pass(S scores, const Ix& ix, O o, Rest... rest) {
+template <Pass P, class S, class Ix> constexpr auto apply_pass(S scores, const Ix&) { return scores; }
+template <Pass P, class S, class Ix, class O, class... Rest> constexpr auto apply_pass(S scores, const Ix& ix, O o, Rest... rest) {
   return apply_pass<P>(apply_option<P>(scores, o, ix), ix, rest...);
 }
 
-template <class S, class Ix, class... Opts>
-constexpr auto apply_options(S scores, const Ix& ix, Opts... opts) {
+template <class S, class Ix, class... Opts> constexpr auto apply_options(S scores, const Ix& ix, Opts... opts) {
   return apply_pass<Pass::causality>(apply_pass<Pass::masks>(apply_pass<Pass::biases>(scores, ix, opts...), ix, opts...), ix, opts...);
 }
 
 /// Soft-capping comes first, before masks and biases.
-template <class S>
-constexpr auto apply_softcap(S scores) { return scores; }
-template <class S, class O, class... Rest>
-constexpr auto apply_softcap(S scores, O o, Rest... rest) {
+template <class S> constexpr auto apply_softcap(S scores) { return scores; }
+template <class S, class O, class... Rest> constexpr auto apply_softcap(S scores, O o, Rest... rest) {
   if constexpr (std::is_same_v<O, SoftCap>) return apply_softcap(softcap(scores, o.cap), rest...);
   else return apply_softcap(scores, rest...);
 }
 
 /// Dropout on the weights, after the softmax.
-template <class W>
-constexpr auto apply_dropout(W weights) { return weights; }
-template <class W, class O, class... Rest>
-constexpr auto apply_dropout(W weights, O o, Rest... rest) {
+template <class W> constexpr auto apply_dropout(W weights) { return weights; }
+template <class W, class O, class... Rest> constexpr auto apply_dropout(W weights, O o, Rest... rest) {
   if constexpr (is_dropout<O>::value) return apply_dropout(dropout(weights, o.seed, o.p), rest...);
   else return apply_dropout(weights, rest...);
 }
@@ -135,8 +118,8 @@ constexpr auto apply_dropout(W weights, O o, Rest... rest) {
 /// `causal_bottom_right`; a boolean mask expression broadcasting to [..., Lq, Lk] in which true
 /// keeps a key (the scaled dot-product convention); a float expression broadcasting to the same,
 /// added to the scores (an additive mask or bias: -inf or a large negative drops a key, and it is
-/// differentiable; biases apply before the masks and causality, so a masked key stays masked); scale(x) (default 1/sqrt(D), for a named D resolved when D is bound); temperature(t) (divides
-/// the scores by t after scaling); sliding_window<W> (causal, the last W keys); softcap_scores(c);
+/// differentiable; biases apply before the masks and causality, so a masked key stays masked); scale(x) (default 1/sqrt(D), for a named D resolved
+/// when D is bound); temperature(t) (divides the scores by t after scaling); sliding_window<W> (causal, the last W keys); softcap_scores(c);
 /// attn_dropout(p, seed) (dropout on the returned weights, as torch does; fused attention draws the
 /// same bits inside its kernels, forward and backward); score_mod(f) and mask_mod(f) (a modifier
 /// written as an expression of the score and its indices, dsl/score_mods.hpp). A query row whose keys
@@ -144,11 +127,10 @@ constexpr auto apply_dropout(W weights, O o, Rest... rest) {
 /// Masks: here true *keeps* a key (torch.nn.functional.scaled_dot_product_attention's
 /// convention); torch.nn.MultiheadAttention's key_padding_mask is the opposite (true drops), see
 /// key_padding_bias.
-template <Expr Q, Expr K, class... Opts>
-constexpr auto attention_weights(Q q, K k, Opts... opts) {
+template <Expr Q, Expr K, class... Opts> constexpr auto attention_weights(Q q, K k, Opts... opts) {
   static_assert(((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || detail::is_bias<Opts>() || std::is_same_v<Opts, Scale> ||
-                  std::is_same_v<Opts, Temperature> || std::is_same_v<Opts, SoftCap> || detail::is_dropout<Opts>::value || detail::is_score_mod<Opts>::value ||
-                  detail::is_mask_mod<Opts>::value) &&
+                  std::is_same_v<Opts, Temperature> || std::is_same_v<Opts, SoftCap> || detail::is_dropout<Opts>::value ||
+                  detail::is_score_mod<Opts>::value || detail::is_mask_mod<Opts>::value) &&
                  ...),
                 "qkv: attention options are causal, causal_bottom_right, sliding_window<W>, a boolean mask or float bias expression, "
                 "scale(x), temperature(t), softcap_scores(c), attn_dropout(p, seed), score_mod(f) or mask_mod(f)");
@@ -174,8 +156,7 @@ constexpr auto attention_weights(Q q, K k, Opts... opts) {
 ///   auto v = input<"v">(dim<"B">, dim<"M">, dim<64>);
 ///   auto out = scaled_dot_product_attention(q, k, v, causal);
 /// \endcode
-template <Expr Q, Expr K, Expr V, class... Opts>
-constexpr auto scaled_dot_product_attention(Q q, K k, V v, Opts... opts) {
+template <Expr Q, Expr K, Expr V, class... Opts> constexpr auto scaled_dot_product_attention(Q q, K k, V v, Opts... opts) {
   return matmul(attention_weights(q, k, opts...), v);
 }
 

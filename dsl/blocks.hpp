@@ -9,8 +9,7 @@ namespace qkv::dsl {
 
 enum class Activation { relu, gelu, gelu_tanh };
 
-template <Activation A, Expr X>
-constexpr auto activate(X x) {
+template <Activation A, Expr X> constexpr auto activate(X x) {
   if constexpr (A == Activation::relu) return relu(x);
   else if constexpr (A == Activation::gelu) return gelu(x);
   else return gelu_tanh(x);
@@ -22,15 +21,13 @@ constexpr auto activate(X x) {
 ///   auto x = input<"x">(dim<"B">, dim<"T">, dim<32>);
 ///   auto y = feed_forward<"mlp", 32, 128, Activation::gelu>(x);
 /// \endcode
-template <FixedString Prefix, DimArg E, DimArg F, Activation A = Activation::relu, Expr X>
-constexpr auto feed_forward(X x) {
+template <FixedString Prefix, DimArg E, DimArg F, Activation A = Activation::relu, Expr X> constexpr auto feed_forward(X x) {
   auto h = linear(x, input<param_path<Prefix, "linear1.weight">()>(dim<F>, dim<E>), input<param_path<Prefix, "linear1.bias">()>(dim<F>));
   return linear(activate<A>(h), input<param_path<Prefix, "linear2.weight">()>(dim<E>, dim<F>), input<param_path<Prefix, "linear2.bias">()>(dim<E>));
 }
 
 /// layer_norm with parameters "<Prefix>.<Name>.weight" and ".bias" [E] (torch.nn.LayerNorm).
-template <FixedString Prefix, FixedString Name, DimArg E, Expr X>
-constexpr auto named_layer_norm(X x, double eps = 1e-5) {
+template <FixedString Prefix, FixedString Name, DimArg E, Expr X> constexpr auto named_layer_norm(X x, double eps = 1e-5) {
   constexpr auto path = param_path<Prefix, Name>();
   return layer_norm(x, input<param_path<path, "weight">()>(dim<E>), input<param_path<path, "bias">()>(dim<E>), eps);
 }

@@ -13,8 +13,7 @@ namespace qkv::dsl {
 inline constexpr std::size_t kMaxNameLength = 31;
 
 /// A string usable as a template argument: input<"q">, output names.
-template <std::size_t N>
-struct FixedString {
+template <std::size_t N> struct FixedString {
   std::array<char, N> chars{};
   constexpr FixedString() = default;
   constexpr FixedString(const char (&s)[N]) {
@@ -25,8 +24,7 @@ struct FixedString {
 
 /// "prefix" + ".name", or "name" when the prefix is empty: PyTorch's parameter paths
 /// ("self_attn.in_proj_weight").
-template <FixedString Prefix, FixedString Name>
-constexpr auto param_path() {
+template <FixedString Prefix, FixedString Name> constexpr auto param_path() {
   constexpr std::size_t p = Prefix.view().size(), n = Name.view().size();
   constexpr std::size_t size = p == 0 ? n : p + 1 + n;
   FixedString<size + 1> r;
@@ -49,8 +47,7 @@ struct DimArg {
 
   constexpr DimArg(long long size) : value(size) {}
   template <std::size_t N>
-    requires(N - 1 <= kMaxNameLength)
-  constexpr DimArg(const char (&s)[N]) : value(ir::symbol_id(std::string_view(s, N - 1))) {
+  requires(N - 1 <= kMaxNameLength) constexpr DimArg(const char (&s)[N]) : value(ir::symbol_id(std::string_view(s, N - 1))) {
     for (std::size_t i = 0; i + 1 < N; ++i) name[i] = s[i];
   }
   /// The dim `a op b` of two dims' values; a size when both are (a quotient must be exact).
@@ -114,19 +111,14 @@ constexpr DimArg operator*(const DimArg& a, const DimArg& b) { return detail::co
 constexpr DimArg operator/(const DimArg& a, const DimArg& b) { return detail::combine_dims(ir::DimOp::quotient, '/', a, b); }
 
 /// The type of dim<D>; carries D.
-template <DimArg D>
-struct DimC {
-  static constexpr DimArg arg = D;
-};
+template <DimArg D> struct DimC { static constexpr DimArg arg = D; };
 
 /// dim<64>: a static size; dim<"N">: a dim named N, bound when the graph runs. Equal names in
 /// different inputs are the same dim.
-template <DimArg D>
-inline constexpr DimC<D> dim{};
+template <DimArg D> inline constexpr DimC<D> dim{};
 
 /// A list of dims, kept in expression types so that lowering can name their symbols.
-template <DimArg... Ds>
-struct DimList {
+template <DimArg... Ds> struct DimList {
   static constexpr ir::Shape shape() {
     ir::Shape s;
     (s.push_back(Ds.value), ...);

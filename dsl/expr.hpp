@@ -36,14 +36,14 @@ using TermPtr = std::shared_ptr<const Term>;
 struct Term {
   enum class Kind : std::uint8_t { input, constant, node };
   Kind kind = Kind::node;
-  ir::Op op{};                   // node
-  ir::Attrs attrs{};             // node
+  ir::Op op{};                    // node
+  ir::Attrs attrs{};              // node
   std::vector<TermPtr> children;  // node
-  std::string_view name;         // input
-  DType dtype = DType::f32;      // input
-  ir::Shape shape{};             // input, constant
-  double value = 0.0;            // constant
-  ir::Dim rsqrt_of = 0;          // constant: the value divided by sqrt(this dim's size) when bound
+  std::string_view name;          // input
+  DType dtype = DType::f32;       // input
+  ir::Shape shape{};              // input, constant
+  double value = 0.0;             // constant
+  ir::Dim rsqrt_of = 0;           // constant: the value divided by sqrt(this dim's size) when bound
   /// Dims the node's shape or attributes name or derive, declared to the graph when lowered
   /// (template parameter objects, which live as long as the program).
   std::vector<const DimArg*> dims;
@@ -65,8 +65,7 @@ struct Term {
   }
 };
 
-template <DimArg... Ds>
-std::vector<const DimArg*> dim_decls(DimList<Ds...>) {
+template <DimArg... Ds> std::vector<const DimArg*> dim_decls(DimList<Ds...>) {
   std::vector<const DimArg*> decls;
   ((Ds.is_named() ? decls.push_back(&Ds) : void()), ...);
   return decls;
@@ -83,8 +82,7 @@ std::vector<const DimArg*> dim_decls(DimList<Ds...>) {
   t->dims = std::move(dims);
   return t;
 }
-[[gnu::noinline]] inline TermPtr make_input_term(std::string_view name, DType dtype, const ir::Shape& shape,
-                                                 std::vector<const DimArg*> dims) {
+[[gnu::noinline]] inline TermPtr make_input_term(std::string_view name, DType dtype, const ir::Shape& shape, std::vector<const DimArg*> dims) {
   auto t = std::make_shared<Term>();
   t->kind = Term::Kind::input;
   t->name = name;
@@ -105,22 +103,19 @@ std::vector<const DimArg*> dim_decls(DimList<Ds...>) {
 }  // namespace detail
 
 /// A named graph input. Name and dims are part of the type (a leaf: wrt() names inputs by type).
-template <FixedString Name, DType DT, DimArg... Ds>
-struct Input : ExprBase {
+template <FixedString Name, DType DT, DimArg... Ds> struct Input : ExprBase {
   static constexpr ir::Shape shape = DimList<Ds...>::shape();
   static constexpr DType dtype = DT;
   using dims = DimList<Ds...>;
   static constexpr std::string_view name() { return Name.view(); }
   detail::TermPtr term() const { return detail::make_input_term(name(), DT, shape, detail::dim_decls(dims{})); }
   /// x[i] for an index a score or mask modifier gets: at(x, i) (dsl/score_mods.hpp).
-  template <class I>
-  auto operator[](I i) const { return at(*this, i); }
+  template <class I> auto operator[](I i) const { return at(*this, i); }
 };
 
 /// A tensor of a static shape filled with one value (a scalar by default); with `rsqrt_of` (a
 /// named dim), the value divided by the square root of that dim's size when the graph is bound.
-template <ir::Shape S = ir::Shape{}>
-struct Constant : ExprBase {
+template <ir::Shape S = ir::Shape{}> struct Constant : ExprBase {
   static constexpr ir::Shape shape = S;
   static constexpr DType dtype = DType::f32;
   double value = 0.0;
@@ -131,24 +126,18 @@ struct Constant : ExprBase {
 
 /// An op's result: its type is its shape and dtype, nothing else (what it was computed from is
 /// in `term`), so equal shapes share one type and one instantiation of every builder.
-template <ir::Shape S, DType DT>
-struct Node : ExprBase {
+template <ir::Shape S, DType DT> struct Node : ExprBase {
   static constexpr ir::Shape shape = S;
   static constexpr DType dtype = DT;
   detail::TermPtr term_;
   detail::TermPtr term() const { return term_; }
   /// x[i] for an index a score or mask modifier gets: at(x, i) (dsl/score_mods.hpp).
-  template <class I>
-  auto operator[](I i) const { return at(*this, i); }
+  template <class I> auto operator[](I i) const { return at(*this, i); }
 };
 
 namespace detail {
-template <class... Cs>
-constexpr std::array<ir::Operand, sizeof...(Cs)> operands() {
-  return {ir::Operand{Cs::shape, Cs::dtype}...};
-}
-template <ir::Op O, ir::Attrs A, class... Cs>
-constexpr ir::ShapeResult rule() {
+template <class... Cs> constexpr std::array<ir::Operand, sizeof...(Cs)> operands() { return {ir::Operand{Cs::shape, Cs::dtype}...}; }
+template <ir::Op O, ir::Attrs A, class... Cs> constexpr ir::ShapeResult rule() {
   constexpr auto ops = operands<Cs...>();
   return ir::infer_shape(O, std::span<const ir::Operand>(ops.data(), ops.size()), A);
 }
@@ -156,10 +145,8 @@ constexpr ir::ShapeResult rule() {
 
 /// Instantiated only when a rule fails: the compiler prints its template arguments (the op, the
 /// error and the two dims involved) under the static assertion.
-template <ir::Op O, ir::ShapeErr Error, ir::Dim Lhs, ir::Dim Rhs>
-struct shape_check {
-  static_assert(Error == ir::ShapeErr::none,
-                "qkv: shape or dtype error at this call; see shape_check<op, error, lhs, rhs> in the lines above");
+template <ir::Op O, ir::ShapeErr Error, ir::Dim Lhs, ir::Dim Rhs> struct shape_check {
+  static_assert(Error == ir::ShapeErr::none, "qkv: shape or dtype error at this call; see shape_check<op, error, lhs, rhs> in the lines above");
   static constexpr bool ok = true;
 };
 
@@ -175,8 +162,7 @@ auto make_node_with(const ir::Attrs& attrs, const Cs&... children) {
 }
 
 /// Builds a node after checking its shape rule at the call site.
-template <ir::Op O, ir::Attrs A = ir::Attrs{}, class Names = DimList<>, Expr... Cs>
-auto make_node(const Cs&... children) {
+template <ir::Op O, ir::Attrs A = ir::Attrs{}, class Names = DimList<>, Expr... Cs> auto make_node(const Cs&... children) {
   return make_node_with<O, A, Names>(A, children...);
 }
 

@@ -6,19 +6,15 @@
 
 namespace qkv::dsl {
 
-template <class X>
-struct is_input : std::false_type {};
-template <FixedString Name, DType DT, DimArg... Ds>
-struct is_input<Input<Name, DT, Ds...>> : std::true_type {};
+template <class X> struct is_input : std::false_type {};
+template <FixedString Name, DType DT, DimArg... Ds> struct is_input<Input<Name, DT, Ds...>> : std::true_type {};
 
 /// The inputs to differentiate with respect to.
-template <class... Xs>
-struct Wrt {
+template <class... Xs> struct Wrt {
   static_assert((is_input<Xs>::value && ...), "qkv: wrt() takes inputs (the leaves made by input<...>)");
   static std::vector<std::string> names() { return {std::string(Xs::name())...}; }
 };
-template <Expr... Xs>
-constexpr Wrt<Xs...> wrt(Xs...) { return {}; }
+template <Expr... Xs> constexpr Wrt<Xs...> wrt(Xs...) { return {}; }
 
 /// One graph computing the scalar `loss` (output "loss") and its gradient with respect to each
 /// input named in `w` (outputs "d_<name>"), by reverse-mode autodiff on the lowered IR.
@@ -28,8 +24,7 @@ constexpr Wrt<Xs...> wrt(Xs...) { return {}; }
 ///   auto w = input<"w">(dim<8>, dim<4>);
 ///   ir::Graph g = grad(mean_all(matmul(x, w)), wrt(w));  // outputs: loss, d_w
 /// \endcode
-template <Expr L, class... Xs>
-ir::Graph grad(L loss, Wrt<Xs...> w) {
+template <Expr L, class... Xs> ir::Graph grad(L loss, Wrt<Xs...> w) {
   static_assert(L::shape.rank == 0, "qkv: grad() needs a scalar loss (reduce it with sum_all or mean_all)");
   return ir::build_backward(lower(named<"loss">(loss)), {"loss", w.names(), {}});
 }

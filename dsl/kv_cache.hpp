@@ -18,8 +18,7 @@ namespace qkv::dsl {
 ///   auto step = cached_self_attention<4>(x, past_k, past_v, mha_params<"attn", 32>());
 ///   ir::Graph g = lower(named<"out">(step.output), named<"k">(step.keys), named<"v">(step.values));
 /// \endcode
-template <class O, class K, class V>
-struct CachedAttention {
+template <class O, class K, class V> struct CachedAttention {
   O output;
   K keys;
   V values;

@@ -6,8 +6,7 @@
 namespace qkv::dsl {
 
 /// Mean squared error over every element: mean((prediction - target)^2), a scalar.
-template <Expr P, Expr T>
-constexpr auto mse(P prediction, T target) {
+template <Expr P, Expr T> constexpr auto mse(P prediction, T target) {
   auto d = prediction - target;
   return mean_all(d * d);
 }
@@ -16,8 +15,7 @@ constexpr auto mse(P prediction, T target) {
 /// -log softmax(logits)[target], through a stable log-softmax. A target outside [0, C) adds 0
 /// (use it to leave positions out, like PyTorch's ignore_index, though they still count in the
 /// mean).
-template <Expr L, Expr T>
-constexpr auto cross_entropy(L logits, T targets) {
+template <Expr L, Expr T> constexpr auto cross_entropy(L logits, T targets) {
   static_assert(T::dtype == DType::i32, "qkv: cross_entropy targets are i32 class ids");
   constexpr std::int64_t classes = L::shape.back(0);
   static_assert(!ir::is_symbol(classes), "qkv: cross_entropy needs a static number of classes");

@@ -13,13 +13,11 @@
 namespace qkv::dsl {
 
 /// An expression with an output name: named<"weights">(w).
-template <FixedString Name, Expr E>
-struct Named {
+template <FixedString Name, Expr E> struct Named {
   E expr;
   static constexpr std::string_view name() { return Name.view(); }
 };
-template <FixedString Name, Expr E>
-constexpr Named<Name, E> named(E e) { return {e}; }
+template <FixedString Name, Expr E> constexpr Named<Name, E> named(E e) { return {e}; }
 
 namespace detail {
 
@@ -77,8 +75,7 @@ class Lowerer {
   std::unordered_map<const Term*, ir::ValueId> emitted_;
 };
 
-template <class T>
-void add_output(Lowerer& l, const T& out, int index) {
+template <class T> void add_output(Lowerer& l, const T& out, int index) {
   if constexpr (Expr<T>) {
     l.graph().set_output(index == 0 ? "out" : "out" + std::to_string(index), l.emit(out.term()));
   } else {
@@ -90,8 +87,7 @@ void add_output(Lowerer& l, const T& out, int index) {
 
 /// Lowers expressions to a graph. A plain expression becomes output "out" (then "out1", ...);
 /// named<"x">(e) names its output.
-template <class... Outs>
-ir::Graph lower(const Outs&... outs) {
+template <class... Outs> ir::Graph lower(const Outs&... outs) {
   detail::Lowerer l;
   int index = 0;
   (detail::add_output(l, outs, index++), ...);

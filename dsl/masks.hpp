@@ -12,8 +12,7 @@ namespace qkv::dsl {
 ///   auto ids = input<"ids", DType::i32>(dim<"B">, dim<"M">);
 ///   auto keep = padding_mask(ids, 0);  // pass as a mask option to attention
 /// \endcode
-template <Expr Ids>
-constexpr auto padding_mask(Ids ids, std::int32_t pad_id) {
+template <Expr Ids> constexpr auto padding_mask(Ids ids, std::int32_t pad_id) {
   static_assert(Ids::dtype == DType::i32 && Ids::shape.rank == 2, "qkv: padding_mask takes i32 ids [batch, keys]");
   constexpr ir::Shape s{Ids::shape[0], 1, 1, Ids::shape[1]};
   return detail::reshape_to<s>(greater(maximum(cast(ids) - static_cast<double>(pad_id), -(cast(ids) - static_cast<double>(pad_id))), 0.5));
@@ -21,8 +20,7 @@ constexpr auto padding_mask(Ids ids, std::int32_t pad_id) {
 
 /// torch.nn.MultiheadAttention's key_padding_mask for the same ids: bool [B, M], true where the
 /// key is padding (ignored): the opposite of padding_mask's convention.
-template <Expr Ids>
-constexpr auto key_padding_mask(Ids ids, std::int32_t pad_id) {
+template <Expr Ids> constexpr auto key_padding_mask(Ids ids, std::int32_t pad_id) {
   static_assert(Ids::dtype == DType::i32 && Ids::shape.rank == 2, "qkv: key_padding_mask takes i32 ids [batch, keys]");
   return equal(cast(ids), static_cast<double>(pad_id));
 }
@@ -36,8 +34,7 @@ constexpr auto key_padding_mask(Ids ids, std::int32_t pad_id) {
 ///   auto docs = input<"docs", DType::i32>(dim<"B">, dim<"N">);
 ///   auto out = scaled_dot_product_attention(x, x, x, document_mask(docs, docs), causal);
 /// \endcode
-template <Expr QDocs, Expr KvDocs>
-constexpr auto document_mask(QDocs q_docs, KvDocs kv_docs) {
+template <Expr QDocs, Expr KvDocs> constexpr auto document_mask(QDocs q_docs, KvDocs kv_docs) {
   static_assert(QDocs::dtype == DType::i32 && QDocs::shape.rank == 2 && KvDocs::dtype == DType::i32 && KvDocs::shape.rank == 2,
                 "qkv: document_mask takes i32 ids [batch, queries] and [batch, keys]");
   constexpr ir::Shape qs{QDocs::shape[0], 1, QDocs::shape[1], 1}, ks{KvDocs::shape[0], 1, 1, KvDocs::shape[1]};

@@ -9,8 +9,7 @@ namespace qkv::dsl {
 
 /// [B, L, E] -> [B, H, L, E/H]. H (a size or a name) must divide E: at compile time where both
 /// are sizes, when the graph is bound otherwise.
-template <DimArg H, Expr X>
-constexpr auto split_heads(X x) {
+template <DimArg H, Expr X> constexpr auto split_heads(X x) {
   static_assert(X::shape.rank == 3, "qkv: split_heads takes [batch, length, embed]");
   constexpr ir::Dim e = X::shape.back(0);
   static_assert(ir::is_symbol(e) || H.is_named() || (H.value > 0 && e % H.value == 0),
@@ -22,8 +21,7 @@ constexpr auto split_heads(X x) {
 
 /// [B, H, L, Dh] -> [B, L, H * Dh]; with E (a dim of the graph), [B, L, E] (the embedding the
 /// heads were split from, so a named E stays E).
-template <ir::Dim E = 0, Expr X>
-constexpr auto merge_heads(X x) {
+template <ir::Dim E = 0, Expr X> constexpr auto merge_heads(X x) {
   static_assert(X::shape.rank == 4, "qkv: merge_heads takes [batch, heads, length, head dim]");
   using P = decltype(permute<0, 2, 1, 3>(x));
   constexpr DimArg joined = E != 0 ? DimArg(E) : DimArg::derived(ir::DimOp::product, P::shape[2], P::shape[3]);
@@ -34,8 +32,7 @@ constexpr auto merge_heads(X x) {
 namespace detail {
 /// Rows [K E, (K + 1) E) of w [3E, ...] (in_proj_weight's and in_proj_bias' blocks): a slice
 /// where E is a size, else a reshape to [3, E, ...], the block K, and a reshape back.
-template <std::int64_t K, DimArg E, Expr W>
-constexpr auto row_block(W w) {
+template <std::int64_t K, DimArg E, Expr W> constexpr auto row_block(W w) {
   if constexpr (!E.is_named()) {
     return slice<0, K * E.value, (K + 1) * E.value>(w);
   } else {
@@ -59,8 +56,7 @@ constexpr auto row_block(W w) {
 ///   auto [out, w] = self_attention<4>(x, mha_params<"attn", 16>(), key_padding_bias(kpm));
 ///   auto avg = mean_over_heads(w);  // torch's average_attn_weights=True: [B, T, T]
 /// \endcode
-template <Expr K>
-constexpr auto key_padding_bias(K key_padding_mask) {
+template <Expr K> constexpr auto key_padding_bias(K key_padding_mask) {
   static_assert(K::dtype == DType::boolean && K::shape.rank == 2, "qkv: key_padding_mask is bool [batch, keys]");
   constexpr ir::Shape s{K::shape[0], 1, 1, K::shape[1]};
   return detail::reshape_to<s>(where(key_padding_mask, kNegInf, 0.0));
@@ -69,23 +65,20 @@ constexpr auto key_padding_bias(K key_padding_mask) {
 /// torch.nn.MultiheadAttention's boolean attn_mask (true: the query may *not* attend that key),
 /// [N, M] or [B, H, N, M], as an additive bias (-inf where true). The scaled dot-product
 /// convention is the opposite; see attention_weights.
-template <Expr M>
-constexpr auto attn_mask_bias(M attn_mask) {
+template <Expr M> constexpr auto attn_mask_bias(M attn_mask) {
   static_assert(M::dtype == DType::boolean, "qkv: attn_mask_bias takes torch's boolean attn_mask; a float mask is a bias already");
   return where(attn_mask, kNegInf, 0.0);
 }
 
 /// The result of multi-head attention: the output [B, N, E] and the weights per head
 /// [B, H, N, M] (mean_over_heads gives torch's average_attn_weights=True).
-template <class Out, class W>
-struct HeadsResult {
+template <class Out, class W> struct HeadsResult {
   Out output;
   W weights;
 };
 
 /// Mean of per-head weights [B, H, N, M] over the heads: [B, N, M].
-template <Expr W>
-constexpr auto mean_over_heads(W w) { return mean<1, false>(w); }
+template <Expr W> constexpr auto mean_over_heads(W w) { return mean<1, false>(w); }
 
 /// Multi-head attention as torch.nn.MultiheadAttention(batch_first=True) computes it, with its
 /// weights: query [B, N, E], key [B, M, Ek], value [B, M, Ev]; projections W [out, in] and
@@ -111,8 +104,7 @@ constexpr auto multi_head_attention(Q query, K key, V value, Wq wq, Wk wk, Wv wv
 
 /// The parameters of torch.nn.MultiheadAttention as expressions: projection weights [out, in]
 /// and biases (or no_bias), usually made by mha_params or mha_params_kv.
-template <class Wq, class Wk, class Wv, class Bq, class Bk, class Bv, class Wo, class Bo>
-struct MhaParams {
+template <class Wq, class Wk, class Wv, class Bq, class Bk, class Bv, class Wo, class Bo> struct MhaParams {
   Wq wq;
   Wk wk;
   Wv wv;
@@ -122,8 +114,7 @@ struct MhaParams {
   Wo wo;
   Bo bo;
 };
-template <class... Ts>
-constexpr MhaParams<Ts...> make_mha_params(Ts... ts) { return {ts...}; }
+template <class... Ts> constexpr MhaParams<Ts...> make_mha_params(Ts... ts) { return {ts...}; }
 
 /// Inputs named as torch.nn.MultiheadAttention(E, H, bias=Bias)'s state_dict under `Prefix`:
 /// "<Prefix>.in_proj_weight" [3E, E] (its row blocks are W_q, W_k, W_v), "<Prefix>.in_proj_bias"
@@ -137,8 +128,7 @@ constexpr MhaParams<Ts...> make_mha_params(Ts... ts) { return {ts...}; }
 ///   auto y = input<"y">(dim<"B">, dim<"T">, dim<"E">);  // any embedding 8 divides
 ///   auto [out2, w2] = multi_head_attention<8>(y, y, y, mha_params<"attn", "E">());
 /// \endcode
-template <FixedString Prefix, DimArg E, bool Bias = true>
-constexpr auto mha_params() {
+template <FixedString Prefix, DimArg E, bool Bias = true> constexpr auto mha_params() {
   auto w = input<param_path<Prefix, "in_proj_weight">()>(dim<3 * E>, dim<E>);
   auto wo = input<param_path<Prefix, "out_proj.weight">()>(dim<E>, dim<E>);
   if constexpr (Bias) {
@@ -154,8 +144,7 @@ constexpr auto mha_params() {
 /// torch.nn.MultiheadAttention(E, H, kdim=Kdim, vdim=Vdim)'s parameters, stored separately when
 /// kdim or vdim differ from E: "<Prefix>.q_proj_weight" [E, E], "k_proj_weight" [E, Kdim],
 /// "v_proj_weight" [E, Vdim], "in_proj_bias" [3E], "out_proj.weight", "out_proj.bias".
-template <FixedString Prefix, DimArg E, DimArg Kdim, DimArg Vdim, bool Bias = true>
-constexpr auto mha_params_kv() {
+template <FixedString Prefix, DimArg E, DimArg Kdim, DimArg Vdim, bool Bias = true> constexpr auto mha_params_kv() {
   auto wq = input<param_path<Prefix, "q_proj_weight">()>(dim<E>, dim<E>);
   auto wk = input<param_path<Prefix, "k_proj_weight">()>(dim<E>, dim<Kdim>);
   auto wv = input<param_path<Prefix, "v_proj_weight">()>(dim<E>, dim<Vdim>);
@@ -176,8 +165,7 @@ constexpr auto multi_head_attention(Q query, K key, V value, MhaParams<Ps...> p,
 }
 
 /// Self-attention: queries, keys and values from one sequence x [B, T, E].
-template <DimArg H, Expr X, class... Ps, class... Opts>
-constexpr auto self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
+template <DimArg H, Expr X, class... Ps, class... Opts> constexpr auto self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
   return multi_head_attention<H>(x, x, x, p, opts...);
 }
 /// Causal self-attention: position t attends to positions <= t.
@@ -185,8 +173,7 @@ constexpr auto self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
 ///   auto x = input<"x">(dim<"B">, dim<"T">, dim<32>);
 ///   auto y = causal_self_attention<4>(x, mha_params<"attn", 32>()).output;
 /// \endcode
-template <DimArg H, Expr X, class... Ps, class... Opts>
-constexpr auto causal_self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
+template <DimArg H, Expr X, class... Ps, class... Opts> constexpr auto causal_self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
   return multi_head_attention<H>(x, x, x, p, causal, opts...);
 }
 /// Cross-attention: queries from x [B, N, E], keys and values from memory [B, M, Ek] (another
@@ -196,8 +183,7 @@ constexpr auto causal_self_attention(X x, MhaParams<Ps...> p, Opts... opts) {
 ///   auto enc = input<"enc">(dim<"B">, dim<8>, dim<16>);
 ///   auto [ctx, w] = cross_attention<2>(dec, enc, mha_params<"cross", 16>());  // w: [B, 2, 5, 8]
 /// \endcode
-template <DimArg H, Expr X, Expr M, class... Ps, class... Opts>
-constexpr auto cross_attention(X x, M memory, MhaParams<Ps...> p, Opts... opts) {
+template <DimArg H, Expr X, Expr M, class... Ps, class... Opts> constexpr auto cross_attention(X x, M memory, MhaParams<Ps...> p, Opts... opts) {
   return multi_head_attention<H>(x, memory, memory, p, opts...);
 }
 
@@ -207,10 +193,7 @@ constexpr auto cross_attention(X x, M memory, MhaParams<Ps...> p, Opts... opts) 
 ///   auto x = input<"x">(dim<6>, dim<3>);
 ///   auto context = simple_self_attention(x);  // [6, 3]
 /// \endcode
-template <Expr X>
-constexpr auto simple_self_attention(X x) {
-  return matmul(softmax<-1>(matmul<false, true>(x, x)), x);
-}
+template <Expr X> constexpr auto simple_self_attention(X x) { return matmul(softmax<-1>(matmul<false, true>(x, x)), x); }
 
 /// Self-attention with raw weight matrices W [D_in, D_out] (x @ W, no bias), scaled by
 /// 1/sqrt(D_out); `opts` as scaled_dot_product_attention's.
@@ -219,8 +202,7 @@ constexpr auto simple_self_attention(X x) {
 ///   auto ctx = self_attention_raw(x, input<"W_query">(dim<3>, dim<2>), input<"W_key">(dim<3>, dim<2>),
 ///                                 input<"W_value">(dim<3>, dim<2>), causal);
 /// \endcode
-template <Expr X, Expr Wq, Expr Wk, Expr Wv, class... Opts>
-constexpr auto self_attention_raw(X x, Wq wq, Wk wk, Wv wv, Opts... opts) {
+template <Expr X, Expr Wq, Expr Wk, Expr Wv, class... Opts> constexpr auto self_attention_raw(X x, Wq wq, Wk wk, Wv wv, Opts... opts) {
   return scaled_dot_product_attention(matmul(x, wq), matmul(x, wk), matmul(x, wv), opts...);
 }
 
@@ -231,10 +213,8 @@ constexpr auto self_attention_raw(X x, Wq wq, Wk wk, Wv wv, Opts... opts) {
 ///   auto heads = concat_heads(self_attention_raw(x, input<"q0">(dim<3>, dim<2>), input<"k0">(dim<3>, dim<2>), input<"v0">(dim<3>, dim<2>), causal),
 ///                             self_attention_raw(x, input<"q1">(dim<3>, dim<2>), input<"k1">(dim<3>, dim<2>), input<"v1">(dim<3>, dim<2>), causal));
 /// \endcode
-template <Expr A>
-constexpr auto concat_heads(A a) { return a; }
-template <Expr A, Expr B, Expr... Rest>
-constexpr auto concat_heads(A a, B b, Rest... rest) { return concat_heads(concat<-1>(a, b), rest...); }
+template <Expr A> constexpr auto concat_heads(A a) { return a; }
+template <Expr A, Expr B, Expr... Rest> constexpr auto concat_heads(A a, B b, Rest... rest) { return concat_heads(concat<-1>(a, b), rest...); }
 
 /// Grouped-query attention: H query heads share Hkv key/value heads (Hkv divides H; Hkv = 1 is
 /// multi-query attention).
@@ -246,8 +226,7 @@ constexpr auto concat_heads(A a, B b, Rest... rest) { return concat_heads(concat
 /// \endcode q [B, N, H * Dh], k and v [B, M, Hkv * Dh], already projected; the
 /// result is [B, N, H * Dh]. Query heads h * G .. h * G + G - 1 (G = H / Hkv) read key/value head
 /// h, as in Llama's repeat_kv; nothing is copied: the batched matmul broadcasts the shared heads.
-template <DimArg H, DimArg Hkv, Expr Q, Expr K, Expr V, class... Opts>
-constexpr auto grouped_query_attention(Q q, K k, V v, Opts... opts) {
+template <DimArg H, DimArg Hkv, Expr Q, Expr K, Expr V, class... Opts> constexpr auto grouped_query_attention(Q q, K k, V v, Opts... opts) {
   static_assert(H.is_named() || Hkv.is_named() || H.value % Hkv.value == 0,
                 "qkv: the number of key/value heads must divide the number of query heads");
   constexpr ir::Dim e = Q::shape.back(0);

@@ -10,8 +10,7 @@
 namespace qkv::dsl {
 
 /// A named input: input<"q">(dim<"B">, dim<"N">, dim<64>); input<"mask", DType::boolean>(...).
-template <FixedString Name, DType DT = DType::f32, DimArg... Ds>
-constexpr Input<Name, DT, Ds...> input(DimC<Ds>...) {
+template <FixedString Name, DType DT = DType::f32, DimArg... Ds> constexpr Input<Name, DT, Ds...> input(DimC<Ds>...) {
   static_assert(sizeof...(Ds) <= ir::kMaxRank, "qkv: input rank above kMaxRank");
   return {};
 }
@@ -20,13 +19,18 @@ constexpr Input<Name, DT, Ds...> input(DimC<Ds>...) {
 constexpr Constant<> constant(double value) { return Constant<>{{}, value}; }
 
 namespace detail {
-template <class T>
-constexpr auto as_expr(T x) {
+template <class T> constexpr auto as_expr(T x) {
   if constexpr (Expr<T>) return x;
   else return constant(static_cast<double>(x));
 }
 template <class A, class B>
 concept Operands = (Expr<A> && (Expr<B> || std::is_arithmetic_v<B>)) || (std::is_arithmetic_v<A> && Expr<B>);
+/// An expression or a number (which becomes a scalar constant).
+template <class T>
+concept ExprOrNumber = Expr<T> || std::is_arithmetic_v<T>;
+/// A boolean expression.
+template <class T>
+concept BoolExpr = Expr<T> && T::dtype == DType::boolean;
 
 using ir::shape_attrs;
 
@@ -39,40 +43,39 @@ constexpr ir::Attrs axis_attrs(int axis, bool keepdim = true) {
 }  // namespace detail
 
 // Elementwise arithmetic with NumPy broadcasting; a number operand becomes a scalar constant.
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto operator+(A a, B b) { return make_node<ir::Op::add>(detail::as_expr(a), detail::as_expr(b)); }
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto operator-(A a, B b) { return make_node<ir::Op::sub>(detail::as_expr(a), detail::as_expr(b)); }
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto operator*(A a, B b) { return make_node<ir::Op::mul>(detail::as_expr(a), detail::as_expr(b)); }
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto operator/(A a, B b) { return make_node<ir::Op::div>(detail::as_expr(a), detail::as_expr(b)); }
-template <Expr A>
-constexpr auto operator-(A a) { return make_node<ir::Op::neg>(a); }
+template <Expr A> constexpr auto operator-(A a) { return make_node<ir::Op::neg>(a); }
 
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto maximum(A a, B b) { return make_node<ir::Op::max>(detail::as_expr(a), detail::as_expr(b)); }
 // f(x) for every unary op of the registry (ir/ops.def), named as the op: exp, log, sqrt, tanh,
 // erf, sin, cos, and neg (also -x).
 #define QKV_DSL_UNARY(id, ...) \
-  template <Expr A>            \
-  auto id(A a) {               \
-    return make_node<ir::Op::id>(a); \
-  }
+  template <Expr A> auto id(A a) { return make_node<ir::Op::id>(a); }
 QKV_UNARY_OPS(QKV_DSL_UNARY)
 #undef QKV_DSL_UNARY
 
 /// An i32 or bool tensor as f32 (true is 1): token ids and masks in arithmetic.
-template <Expr A>
-constexpr auto cast(A a) { return make_node<ir::Op::cast>(a); }
+template <Expr A> constexpr auto cast(A a) { return make_node<ir::Op::cast>(a); }
 
 /// x[Begin:End] along Axis (negative counts from the end); the bounds and that axis are static.
 /// \code
 ///   auto w = input<"in_proj_weight">(dim<192>, dim<64>);
 ///   auto wq = slice<0, 0, 64>(w);  // the first 64 rows: [64, 64]
 /// \endcode
-template <int Axis, std::int64_t Begin, std::int64_t End, Expr X>
-constexpr auto slice(X x) {
+template <int Axis, std::int64_t Begin, std::int64_t End, Expr X> constexpr auto slice(X x) {
   constexpr ir::Attrs attrs = [] {
     ir::Attrs a;
     a.axis = Axis < 0 ? Axis + X::shape.rank : Axis;
@@ -85,18 +88,17 @@ constexpr auto slice(X x) {
 
 /// a then b along Axis (negative counts from the end); the other dims must agree. Joining along a
 /// named dim N and M gives the derived dim "N+M".
-template <int Axis, Expr A, Expr B>
-constexpr auto concat(A a, B b) {
+template <int Axis, Expr A, Expr B> constexpr auto concat(A a, B b) {
   return make_node<ir::Op::concat, detail::axis_attrs(Axis < 0 ? Axis + A::shape.rank : Axis)>(a, b);
 }
 
 /// f32 of x's shape holding each element's index along Axis: positions without an input.
-template <int Axis, Expr X>
-constexpr auto iota(X x) { return make_node<ir::Op::iota, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis)>(x); }
+template <int Axis, Expr X> constexpr auto iota(X x) {
+  return make_node<ir::Op::iota, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis)>(x);
+}
 
 /// A zero tensor of the shape `S` (dims may be named; they bind from the graph's inputs).
-template <ir::Shape S>
-constexpr Constant<S> zeros() { return Constant<S>{{}, 0.0}; }
+template <ir::Shape S> constexpr Constant<S> zeros() { return Constant<S>{{}, 0.0}; }
 
 /// x with each element zeroed with probability p and the rest scaled by 1/(1-p) (inverted
 /// dropout). The mask is Philox4x32-10 keyed by `seed` (an i32 scalar input in [0, 2^24)) and
@@ -106,8 +108,7 @@ constexpr Constant<S> zeros() { return Constant<S>{{}, 0.0}; }
 ///   auto x = input<"x">(dim<"B">, dim<16>);
 ///   auto y = dropout(x, input<"seed", DType::i32>(), 0.1);
 /// \endcode
-template <Expr X, Expr S>
-constexpr auto dropout(X x, S seed, double p) {
+template <Expr X, Expr S> constexpr auto dropout(X x, S seed, double p) {
   static_assert(S::dtype == DType::i32 && S::shape.rank == 0, "qkv: the dropout seed is an i32 scalar");
   if (p == 0.0) return x * constant(1.0);  // evaluation: no mask drawn
   ir::Attrs probability;
@@ -116,70 +117,74 @@ constexpr auto dropout(X x, S seed, double p) {
 }
 
 /// cond ? a : b elementwise, cond boolean (true keeps a). A number for a or b becomes a scalar.
-template <Expr C, class A, class B>
-  requires(Expr<A> || std::is_arithmetic_v<A>) && (Expr<B> || std::is_arithmetic_v<B>)
-constexpr auto where(C cond, A a, B b) {
+template <Expr C, detail::ExprOrNumber A, detail::ExprOrNumber B> constexpr auto where(C cond, A a, B b) {
   return make_node<ir::Op::where>(cond, detail::as_expr(a), detail::as_expr(b));
 }
 
 /// Sum over Axis (negative counts from the end); the axis stays as size 1 unless KeepDim is false.
-template <int Axis, bool KeepDim = true, Expr X>
-constexpr auto sum(X x) { return make_node<ir::Op::reduce_sum, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis, KeepDim)>(x); }
+template <int Axis, bool KeepDim = true, Expr X> constexpr auto sum(X x) {
+  return make_node<ir::Op::reduce_sum, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis, KeepDim)>(x);
+}
 /// Maximum over Axis, like sum.
-template <int Axis, bool KeepDim = true, Expr X>
-constexpr auto max(X x) { return make_node<ir::Op::reduce_max, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis, KeepDim)>(x); }
+template <int Axis, bool KeepDim = true, Expr X> constexpr auto max(X x) {
+  return make_node<ir::Op::reduce_max, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis, KeepDim)>(x);
+}
 /// Mean over Axis, like sum.
-template <int Axis, bool KeepDim = true, Expr X>
-constexpr auto mean(X x) { return make_node<ir::Op::reduce_mean, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis, KeepDim)>(x); }
+template <int Axis, bool KeepDim = true, Expr X> constexpr auto mean(X x) {
+  return make_node<ir::Op::reduce_mean, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis, KeepDim)>(x);
+}
 /// log(softmax(x)) over Axis (default: the last), computed stably.
-template <int Axis = -1, Expr X>
-constexpr auto log_softmax(X x) { return make_node<ir::Op::log_softmax, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis)>(x); }
+template <int Axis = -1, Expr X> constexpr auto log_softmax(X x) {
+  return make_node<ir::Op::log_softmax, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis)>(x);
+}
 
 /// Sum of every element: a scalar.
-template <Expr X>
-constexpr auto sum_all(X x) {
+template <Expr X> constexpr auto sum_all(X x) {
   if constexpr (X::shape.rank == 0) return x;
   else return sum_all(sum<0, false>(x));
 }
 /// Mean of every element: a scalar.
-template <Expr X>
-constexpr auto mean_all(X x) {
+template <Expr X> constexpr auto mean_all(X x) {
   if constexpr (X::shape.rank == 0) return x;
   else return mean_all(mean<0, false>(x));
 }
 
 /// a == b and a > b elementwise, as boolean tensors.
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto equal(A a, B b) { return make_node<ir::Op::equal>(detail::as_expr(a), detail::as_expr(b)); }
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto greater(A a, B b) { return make_node<ir::Op::greater>(detail::as_expr(a), detail::as_expr(b)); }
 
 /// Comparisons and logic as operators, as Halide writes them (masks and mask_mod): boolean
 /// tensors with IEEE semantics (a comparison with NaN is false, so a >= b is a > b or a == b,
 /// and NaN != x is true).
 /// &&, || and ! take boolean tensors and evaluate both sides.
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto operator==(A a, B b) { return equal(a, b); }
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto operator>(A a, B b) { return greater(a, b); }
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto operator<(A a, B b) { return greater(b, a); }
-template <Expr A> requires(A::dtype == DType::boolean)
-constexpr auto operator!(A a) { return equal(cast(a), 0.0); }
-template <Expr A, Expr B> requires(A::dtype == DType::boolean && B::dtype == DType::boolean)
-constexpr auto operator&&(A a, B b) { return greater(cast(a) * cast(b), 0.5); }
-template <Expr A, Expr B> requires(A::dtype == DType::boolean && B::dtype == DType::boolean)
-constexpr auto operator||(A a, B b) { return greater(maximum(cast(a), cast(b)), 0.5); }
-template <class A, class B> requires detail::Operands<A, B>
+template <detail::BoolExpr A> constexpr auto operator!(A a) { return equal(cast(a), 0.0); }
+template <detail::BoolExpr A, detail::BoolExpr B> constexpr auto operator&&(A a, B b) { return greater(cast(a) * cast(b), 0.5); }
+template <detail::BoolExpr A, detail::BoolExpr B> constexpr auto operator||(A a, B b) { return greater(maximum(cast(a), cast(b)), 0.5); }
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto operator!=(A a, B b) { return !(a == b); }
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto operator>=(A a, B b) { return a > b || a == b; }
-template <class A, class B> requires detail::Operands<A, B>
+template <class A, class B>
+requires detail::Operands<A, B>
 constexpr auto operator<=(A a, B b) { return b > a || a == b; }
 
 /// f32 [..., Depth] from i32 ids [...]: 1 at each id.
-template <std::int64_t Depth, Expr Ids>
-constexpr auto one_hot(Ids ids) {
+template <std::int64_t Depth, Expr Ids> constexpr auto one_hot(Ids ids) {
   constexpr ir::Attrs attrs = [] {
     ir::Attrs a;
     a.depth = Depth;
@@ -189,19 +194,18 @@ constexpr auto one_hot(Ids ids) {
 }
 
 /// x repeated to a shape it broadcasts to: broadcast_to(x, dim<"B">, dim<"N">, dim<64>).
-template <Expr X, DimArg... Ds>
-constexpr auto broadcast_to(X x, DimC<Ds>...) {
+template <Expr X, DimArg... Ds> constexpr auto broadcast_to(X x, DimC<Ds>...) {
   return make_node<ir::Op::broadcast_to, detail::shape_attrs(DimList<Ds...>::shape()), DimList<Ds...>>(x);
 }
 
 /// Numerically stable softmax over Axis (default: the last).
-template <int Axis = -1, Expr X>
-constexpr auto softmax(X x) { return make_node<ir::Op::softmax, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis)>(x); }
+template <int Axis = -1, Expr X> constexpr auto softmax(X x) {
+  return make_node<ir::Op::softmax, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis)>(x);
+}
 
 /// Batched matrix product over the last two dims, batch dims broadcast. TransposeA/B use the
 /// operand's last two dims swapped without a copy.
-template <bool TransposeA = false, bool TransposeB = false, Expr A, Expr B>
-constexpr auto matmul(A a, B b) {
+template <bool TransposeA = false, bool TransposeB = false, Expr A, Expr B> constexpr auto matmul(A a, B b) {
   constexpr ir::Attrs attrs = [] {
     ir::Attrs r;
     r.transpose_a = TransposeA;
@@ -212,8 +216,7 @@ constexpr auto matmul(A a, B b) {
 }
 
 /// Out dim i is input dim Perm[i].
-template <int... Perm, Expr X>
-constexpr auto permute(X x) {
+template <int... Perm, Expr X> constexpr auto permute(X x) {
   static_assert(sizeof...(Perm) == X::shape.rank, "qkv: permute needs one entry per dim of its operand");
   constexpr ir::Attrs attrs = [] {
     ir::Attrs r;
@@ -225,8 +228,7 @@ constexpr auto permute(X x) {
 }
 
 /// Swaps dims I and J (negative counts from the end).
-template <int I, int J, Expr X>
-constexpr auto transpose(X x) {
+template <int I, int J, Expr X> constexpr auto transpose(X x) {
   constexpr int r = X::shape.rank;
   constexpr int i = I < 0 ? I + r : I, j = J < 0 ? J + r : J;
   static_assert(i >= 0 && i < r && j >= 0 && j < r, "qkv: transpose axis out of range");
@@ -239,24 +241,21 @@ constexpr auto transpose(X x) {
 }
 
 /// The same elements in a new shape: reshape(x, dim<"B">, dim<"N">, dim<8>, dim<64>).
-template <Expr X, DimArg... Ds>
-constexpr auto reshape(X x, DimC<Ds>...) {
+template <Expr X, DimArg... Ds> constexpr auto reshape(X x, DimC<Ds>...) {
   return make_node<ir::Op::reshape, detail::shape_attrs(DimList<Ds...>::shape()), DimList<Ds...>>(x);
 }
 
 namespace detail {
 /// Reshape to a shape computed from other expressions' shapes: its symbols are named already or
 /// listed in `Names` (a DimList: the heads H, a derived head dim E/H).
-template <ir::Shape S, class Names = DimList<>, Expr X>
-constexpr auto reshape_to(X x) {
+template <ir::Shape S, class Names = DimList<>, Expr X> constexpr auto reshape_to(X x) {
   return make_node<ir::Op::reshape, shape_attrs(S), Names>(x);
 }
 }  // namespace detail
 
 /// Boolean [Lq, Lk] keep-mask from x's last two dims: query i sees key j when j <= i
 /// (top-left aligned) or j <= i + Lk - Lq (bottom-right aligned).
-template <ir::CausalAlign Align = ir::CausalAlign::top_left, std::int64_t Window = 0, Expr X>
-constexpr auto causal_mask(X x) {
+template <ir::CausalAlign Align = ir::CausalAlign::top_left, std::int64_t Window = 0, Expr X> constexpr auto causal_mask(X x) {
   constexpr ir::Attrs attrs = [] {
     ir::Attrs a;
     a.align = Align;
@@ -266,16 +265,14 @@ constexpr auto causal_mask(X x) {
   return make_node<ir::Op::causal_mask, attrs>(x);
 }
 /// The look-ahead mask of a decoder: causal_mask, named as tutorials name it.
-template <Expr X>
-constexpr auto look_ahead_mask(X x) { return causal_mask(x); }
+template <Expr X> constexpr auto look_ahead_mask(X x) { return causal_mask(x); }
 /// Boolean [Lq, Lk] keep-mask of sliding-window attention over the last W keys (bottom-right).
 /// \code
 ///   auto q = input<"q">(dim<"N">, dim<16>);
 ///   auto scores = matmul<false, true>(q, q);
 ///   auto same = where(sliding_window_mask<4>(scores), scores, kNegInf);  // the sliding_window<4> option
 /// \endcode
-template <std::int64_t W, Expr X>
-constexpr auto sliding_window_mask(X x) { return causal_mask<ir::CausalAlign::bottom_right, W>(x); }
+template <std::int64_t W, Expr X> constexpr auto sliding_window_mask(X x) { return causal_mask<ir::CausalAlign::bottom_right, W>(x); }
 
 inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 

@@ -10,15 +10,13 @@
 namespace qkv::dsl {
 
 namespace detail {
-template <Expr X>
-constexpr void require_even_static_last() {
+template <Expr X> constexpr void require_even_static_last() {
   static_assert(X::shape.rank >= 2, "qkv: positions need [..., length, dim]");
   static_assert(!ir::is_symbol(X::shape.back(0)) && X::shape.back(0) % 2 == 0, "qkv: the model dim must be static and even");
 }
 /// A [N, C] tensor computed from x [..., N, D] (C <= D, static): a grid for iota that keeps x,
 /// and so the inputs that bind its dims, in the graph. Its values are never used.
-template <std::int64_t C, Expr X>
-constexpr auto grid_of(X x) {
+template <std::int64_t C, Expr X> constexpr auto grid_of(X x) {
   auto s = slice<-1, 0, C>(x);
   if constexpr (X::shape.rank == 2) return s;
   else return grid_of<C>(max<0, false>(s));
@@ -31,8 +29,7 @@ constexpr auto grid_of(X x) {
 ///   auto x = input<"x">(dim<"B">, dim<"N">, dim<64>);
 ///   auto y = x + sinusoidal_positions(x);
 /// \endcode
-template <Expr X>
-constexpr auto sinusoidal_positions(X x, double base = 10000.0) {
+template <Expr X> constexpr auto sinusoidal_positions(X x, double base = 10000.0) {
   detail::require_even_static_last<X>();
   constexpr std::int64_t d = X::shape.back(0), half = d / 2;
   auto z = detail::grid_of<half>(x);  // [N, D/2]
@@ -49,8 +46,7 @@ constexpr auto sinusoidal_positions(X x, double base = 10000.0) {
 ///   auto ids = input<"ids", DType::i32>(dim<"B">, dim<"N">);
 ///   auto e = embedding(ids, input<"wte">(dim<100>, dim<32>));  // [B, N, 32]
 /// \endcode
-template <Expr Ids, Expr Table>
-constexpr auto embedding(Ids ids, Table table) {
+template <Expr Ids, Expr Table> constexpr auto embedding(Ids ids, Table table) {
   static_assert(Ids::dtype == DType::i32, "qkv: embedding ids are i32");
   static_assert(!ir::is_symbol(Table::shape[0]), "qkv: the embedding table needs a static number of rows");
   return matmul(one_hot<Table::shape[0]>(ids), table);
@@ -62,8 +58,7 @@ constexpr auto embedding(Ids ids, Table table) {
 ///   auto tokens = embedding(input<"ids", DType::i32>(dim<"B">, dim<"N">), input<"wte">(dim<50>, dim<32>));
 ///   auto x = learned_positions(tokens, input<"pos", DType::i32>(dim<"N">), input<"wpe">(dim<64>, dim<32>));
 /// \endcode
-template <Expr X, Expr P, Expr Table>
-constexpr auto learned_positions(X x, P position_ids, Table table) {
+template <Expr X, Expr P, Expr Table> constexpr auto learned_positions(X x, P position_ids, Table table) {
   return x + embedding(position_ids, table);
 }
 
@@ -73,14 +68,12 @@ enum class RopeStyle { half_split, interleaved };
 
 namespace detail {
 /// The template parameter object of D: a dim a builder derived, for a term to declare.
-template <DimArg D>
-constexpr const DimArg* dim_object() { return &D; }
+template <DimArg D> constexpr const DimArg* dim_object() { return &D; }
 
 /// rotary_at over a named head dim D: the pairs come from a reshape to [..., N, 2, D/2]
 /// (half-split) or [..., N, D/2, 2] (interleaved), so D must be even when bound, and the
 /// frequencies' base^(-2i/D) take 1/D from a constant resolved when D is bound (1/sqrt(D*D)).
-template <RopeStyle Style, Expr X, Expr P>
-auto rotary_named(X x, P positions, double base) {
+template <RopeStyle Style, Expr X, Expr P> auto rotary_named(X x, P positions, double base) {
   constexpr ir::Dim d = X::shape.back(0);
   constexpr bool split = Style == RopeStyle::half_split;
   constexpr DimArg half = DimArg::derived(ir::DimOp::quotient, d, 2);
@@ -104,7 +97,7 @@ auto rotary_named(X x, P positions, double base) {
   };
   auto grid = max<0, true>(to_rank3(to_rank3, xa));
   Constant<> minus_two_log_base_over_d{{}, -2.0 * std::log(base), squared.value, dim_object<squared>()};
-  auto inv_freq = exp(iota<split ? 2 : 1>(grid) * minus_two_log_base_over_d);
+  auto inv_freq = exp(iota < split ? 2 : 1 > (grid)*minus_two_log_base_over_d);
   constexpr ir::Shape column{X::shape.back(1), 1, 1};
   auto angle = reshape_to<column>(positions) * inv_freq;  // [N, 1, D/2] or [N, D/2, 1]
   auto c = cos(angle);
@@ -121,8 +114,7 @@ auto rotary_named(X x, P positions, double base) {
 ///   auto pos = cast(input<"pos", DType::i32>(dim<"N">));  // position ids, e.g. after a KV cache
 ///   auto rq = rotary_at(q, pos);                           // rotary(q): positions 0..N-1
 /// \endcode
-template <RopeStyle Style = RopeStyle::half_split, Expr X, Expr P>
-constexpr auto rotary_at(X x, P positions, double base = 10000.0) {
+template <RopeStyle Style = RopeStyle::half_split, Expr X, Expr P> constexpr auto rotary_at(X x, P positions, double base = 10000.0) {
   static_assert(X::shape.rank >= 2, "qkv: positions need [..., length, dim]");
   static_assert(P::shape.rank == 1 && P::dtype == DType::f32, "qkv: rotary positions are f32 [N]");
   constexpr ir::Dim d = X::shape.back(0);
@@ -160,8 +152,7 @@ constexpr auto rotary_at(X x, P positions, double base = 10000.0) {
 }
 
 /// Rotary embedding at positions 0..N-1.
-template <RopeStyle Style = RopeStyle::half_split, Expr X>
-constexpr auto rotary(X x, double base = 10000.0) {
+template <RopeStyle Style = RopeStyle::half_split, Expr X> constexpr auto rotary(X x, double base = 10000.0) {
   constexpr ir::Shape n{X::shape.back(1)};
   return rotary_at<Style>(x, detail::reshape_to<n>(iota<0>(detail::grid_of<1>(x))), base);
 }
@@ -184,8 +175,7 @@ inline double alibi_slope(std::int64_t h, std::int64_t heads) {
 ///   auto k = input<"k">(dim<"B">, dim<8>, dim<"N">, dim<16>);
 ///   auto out = scaled_dot_product_attention(q, k, k, causal, alibi_bias<8>(k));
 /// \endcode
-template <std::int64_t H, Expr K>
-constexpr auto alibi_bias(K k) {
+template <std::int64_t H, Expr K> constexpr auto alibi_bias(K k) {
   static_assert(K::shape.rank >= 3 && K::shape.back(2) == H, "qkv: alibi_bias<H> takes keys [..., H, M, Dh]");
   // A [H, 1, M] grid from the keys: [..., H, M, 1] without the leading dims, then transposed.
   auto leading_dropped = [](auto self, auto t) {

@@ -17,8 +17,7 @@ namespace qkv::dsl {
 /// query q_idx, 2: the head h, 3: the batch entry b), of size `Size`: an f32 expression (0, 1, 2,
 /// ... along that axis, broadcasting along the others) computed from q's and k's shapes only,
 /// and a subscript for tensors laid out along that axis.
-template <int FromEnd, ir::Dim Size, Expr Grid>
-struct ScoreIndex : decltype(iota<Grid::shape.rank - 1 - FromEnd>(std::declval<Grid>())) {
+template <int FromEnd, ir::Dim Size, Expr Grid> struct ScoreIndex : decltype(iota<Grid::shape.rank - 1 - FromEnd>(std::declval<Grid>())) {
   static constexpr int from_end = FromEnd;
   static constexpr ir::Dim size = Size;
 };
@@ -29,16 +28,17 @@ struct NoScoreIndex {};
 namespace detail {
 template <class T> struct is_score_index : std::false_type {};
 template <int F, ir::Dim S, class G> struct is_score_index<ScoreIndex<F, S, G>> : std::true_type {};
+/// b, h, q_idx or kv_idx, as a modifier gets them.
+template <class T>
+concept AScoreIndex = is_score_index<T>::value;
 
-template <int FromEnd, ir::Dim Size, Expr Grid>
-constexpr auto score_index(Grid grid) {
+template <int FromEnd, ir::Dim Size, Expr Grid> constexpr auto score_index(Grid grid) {
   return ScoreIndex<FromEnd, Size, Grid>{iota<Grid::shape.rank - 1 - FromEnd>(grid)};
 }
 
 /// x [d0, ..., dk] with each dim at its index's axis of the scores, 1 elsewhere: the shape
 /// x[i0, ..., ik] broadcasts from.
-template <Expr X, class... I>
-constexpr ir::Shape subscript_shape() {
+template <Expr X, class... I> constexpr ir::Shape subscript_shape() {
   constexpr int from_end[] = {I::from_end...};
   ir::Shape s;
   for (int a = from_end[0]; a >= 0; --a) s.push_back(1);
@@ -46,8 +46,7 @@ constexpr ir::Shape subscript_shape() {
   return s;
 }
 
-template <Expr X, class... I>
-constexpr bool subscripts_fit() {
+template <Expr X, class... I> constexpr bool subscripts_fit() {
   constexpr int from_end[] = {I::from_end...};
   constexpr ir::Dim sizes[] = {I::size...};
   for (int k = 0; k < static_cast<int>(sizeof...(I)); ++k) {
@@ -62,9 +61,8 @@ constexpr bool subscripts_fit() {
 /// at(slopes, h) for slopes [H], at(doc, b, q_idx) for doc ids [B, N]. Each dim of x is that
 /// axis' size (or 1). An i32 tensor is read as f32, so ids compare: at(doc, b, q_idx) ==
 /// at(doc, b, kv_idx). Nothing is gathered: x is laid out along the scores' axes and broadcasts.
-template <Expr X, class... I>
-  requires(sizeof...(I) > 0 && (detail::is_score_index<I>::value && ...))
-constexpr auto at(X x, I...) {
+template <Expr X, detail::AScoreIndex... I> constexpr auto at(X x, I...) {
+  static_assert(sizeof...(I) > 0, "qkv: at(x, i...) takes one index per dim of x");
   static_assert(sizeof...(I) == X::shape.rank, "qkv: at(x, i...) takes one index per dim of x");
   static_assert(detail::subscripts_fit<X, I...>(),
                 "qkv: at(x, i...): give the indices in the scores' order (b, h, q_idx, kv_idx), each dim of x that axis' size");
@@ -84,12 +82,8 @@ constexpr auto at(X x, I...) {
 ///     return softcap(score, 30) + slope[h] * (kv_idx - q_idx);
 ///   }));
 /// \endcode
-template <class F>
-struct ScoreMod {
-  F f;
-};
-template <class F>
-constexpr ScoreMod<F> score_mod(F f) { return {f}; }
+template <class F> struct ScoreMod { F f; };
+template <class F> constexpr ScoreMod<F> score_mod(F f) { return {f}; }
 
 /// Option: a mask modifier f(b, h, q_idx, kv_idx), as FlexAttention's mask_mod: a boolean
 /// expression broadcasting to the scores, true where query q_idx keeps key kv_idx. Example:
@@ -101,12 +95,8 @@ constexpr ScoreMod<F> score_mod(F f) { return {f}; }
 ///     return at(doc, b, q_idx) == at(doc, b, kv_idx) && q_idx >= kv_idx;
 ///   }));
 /// \endcode
-template <class F>
-struct MaskMod {
-  F f;
-};
-template <class F>
-constexpr MaskMod<F> mask_mod(F f) { return {f}; }
+template <class F> struct MaskMod { F f; };
+template <class F> constexpr MaskMod<F> mask_mod(F f) { return {f}; }
 
 namespace detail {
 template <class T> struct is_score_mod : std::false_type {};
@@ -116,20 +106,18 @@ template <class F> struct is_mask_mod<MaskMod<F>> : std::true_type {};
 
 /// The indices of scores q kT for q [..., N, D] and k [..., M, D], built from q's and k's shapes
 /// (never from the scores: unfused they cost O((N + M) D), and fusion reads them as positions).
-template <Expr Q, Expr K>
-struct ScoreIndices {
+template <Expr Q, Expr K> struct ScoreIndices {
   Q q;
   K k;
   static constexpr int rank = decltype(matmul<false, true>(std::declval<Q>(), std::declval<K>()))::shape.rank;
 
   // Grids for iota (their values are never read): reductions over the head dim, which may be named.
-  constexpr auto query_column() const { return max<-1>(q); }              // [..., N, 1]
+  constexpr auto query_column() const { return max<-1>(q); }                // [..., N, 1]
   constexpr auto key_row() const { return transpose<-2, -1>(max<-1>(k)); }  // [..., 1, M]
   constexpr auto q_idx() const { return score_index<1, Q::shape.back(1)>(query_column()); }
   constexpr auto kv_idx() const { return score_index<0, K::shape.back(1)>(key_row()); }
   /// Index `FromEnd` over the scores' batch dims: a [..., 1, 1] grid from q's and k's.
-  template <int FromEnd>
-  constexpr auto batch_index() const {
+  template <int FromEnd> constexpr auto batch_index() const {
     if constexpr (rank <= FromEnd) {
       return NoScoreIndex{};
     } else {
@@ -139,7 +127,7 @@ struct ScoreIndices {
   }
   /// b and h: with scores [B, H, N, M] (or more dims) the 4th and 3rd axes from the end; with
   /// [B, N, M], b is the first and there is no h.
-  constexpr auto b() const { return batch_index<rank == 3 ? 2 : 3>(); }
+  constexpr auto b() const { return batch_index < rank == 3 ? 2 : 3 > (); }
   constexpr auto h() const {
     if constexpr (rank == 3) return NoScoreIndex{};
     else return batch_index<2>();
@@ -147,8 +135,7 @@ struct ScoreIndices {
 };
 
 /// The scores through score_mod f: what f returns, broadcast to the scores' shape.
-template <class S, class F, class Ix>
-constexpr auto apply_score_mod(S scores, const ScoreMod<F>& m, const Ix& ix) {
+template <class S, class F, class Ix> constexpr auto apply_score_mod(S scores, const ScoreMod<F>& m, const Ix& ix) {
   auto r = m.f(scores, ix.b(), ix.h(), ix.q_idx(), ix.kv_idx());
   using R = decltype(r);
   static_assert(Expr<R> && R::dtype == DType::f32, "qkv: a score_mod returns an f32 expression (the modified score)");
@@ -158,8 +145,7 @@ constexpr auto apply_score_mod(S scores, const ScoreMod<F>& m, const Ix& ix) {
 }
 
 /// The scores with the keys mask_mod f drops at -inf.
-template <class S, class F, class Ix>
-constexpr auto apply_mask_mod(S scores, const MaskMod<F>& m, const Ix& ix) {
+template <class S, class F, class Ix> constexpr auto apply_mask_mod(S scores, const MaskMod<F>& m, const Ix& ix) {
   auto keep = m.f(ix.b(), ix.h(), ix.q_idx(), ix.kv_idx());
   using M = decltype(keep);
   static_assert(Expr<M> && M::dtype == DType::boolean, "qkv: a mask_mod returns a boolean expression (true keeps the key)");

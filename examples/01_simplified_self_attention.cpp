@@ -12,11 +12,11 @@ int main(int argc, char** argv) {
   using namespace qkv;
   auto be = example::open_backend(argc, argv);
   auto x = input<"x">(dim<"T">, dim<3>);
-  auto scores = matmul<false, true>(x, x);   // ω_ij = x_i · x_j
-  auto weights = softmax<-1>(scores);        // α_ij = softmax_j(ω_ij)
-  auto context = matmul(weights, x);         // z_i = Σ_j α_ij x_j
-  ir::Graph g = lower(named<"scores">(scores), named<"weights">(weights), named<"context">(context),
-                      named<"row_sums">(sum<-1>(weights)), named<"same">(simple_self_attention(x)));
+  auto scores = matmul<false, true>(x, x);  // ω_ij = x_i · x_j
+  auto weights = softmax<-1>(scores);       // α_ij = softmax_j(ω_ij)
+  auto context = matmul(weights, x);        // z_i = Σ_j α_ij x_j
+  ir::Graph g = lower(named<"scores">(scores), named<"weights">(weights), named<"context">(context), named<"row_sums">(sum<-1>(weights)),
+                      named<"same">(simple_self_attention(x)));
   try {
     auto r = be->compile(g)->run({{"x", example::journey()}});
     example::print_matrix("1. attention scores x xT (row 2 is 'journey' against every token):", r.at("scores"));

@@ -58,9 +58,10 @@ int main(int argc, char** argv) {
     std::printf("\n%-28s %14s %16s\n", "", "mean max weight", "mean entropy");
     std::printf("%-28s %14.4f %16.4f\n", "scaled by 1/sqrt(64)", scaled_max, scaled_h);
     std::printf("%-28s %14.4f %16.4f\n", "unscaled", raw_max, raw_h);
-    std::printf("(uniform over 7 keys: max 0.1429, entropy %.4f) unscaled rows are nearly one-hot: softmax saturates,\n"
-                "and its gradient y (dy - sum(dy y)) vanishes where y is 0 or 1.\n",
-                std::log(7.0));
+    std::printf(
+        "(uniform over 7 keys: max 0.1429, entropy %.4f) unscaled rows are nearly one-hot: softmax saturates,\n"
+        "and its gradient y (dy - sum(dy y)) vanishes where y is 0 or 1.\n",
+        std::log(7.0));
     if (!(raw_max > scaled_max)) return 1;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -15,9 +15,8 @@ int main(int argc, char** argv) {
   auto weights = attention_weights(x, x);
   auto causal_weights = attention_weights(x, x, causal);
   auto dropped = attention_weights(x, x, causal, attn_dropout(0.5, seed));
-  ir::Graph graph = lower(named<"mask">(cast(look_ahead_mask(scores))), named<"weights">(weights),
-                          named<"causal_weights">(causal_weights), named<"causal_context">(matmul(causal_weights, x)),
-                          named<"dropped">(dropped));
+  ir::Graph graph = lower(named<"mask">(cast(look_ahead_mask(scores))), named<"weights">(weights), named<"causal_weights">(causal_weights),
+                          named<"causal_context">(matmul(causal_weights, x)), named<"dropped">(dropped));
   std::printf("The lowered IR:\n%s\n", ir::print(graph).c_str());
   try {
     auto out = be->compile(graph)->run({{"x", example::journey()}, {"seed", Tensor::from<std::int32_t>({}, {123})}});

@@ -19,8 +19,8 @@ int main(int argc, char** argv) {
     auto r = multi_head_attention<2>(x, x, x, wq, wk, wv, no_bias, no_bias, no_bias, wo, no_bias, causal);
     // The same, reading torch's packed parameters: in_proj_weight = [W_q; W_k; W_v].
     auto torch = causal_self_attention<2>(x, mha_params<"", 4, false>());
-    ir::Graph g = lower(named<"out">(r.output), named<"weights">(r.weights), named<"mean">(mean_over_heads(r.weights)),
-                        named<"torch_out">(torch.output));
+    ir::Graph g =
+        lower(named<"out">(r.output), named<"weights">(r.weights), named<"mean">(mean_over_heads(r.weights)), named<"torch_out">(torch.output));
     auto in = backend::random_inputs(g, {}, 4);
     // Pack the separate matrices into in_proj_weight [12, 4] as torch does.
     Tensor packed(DType::f32, {12, 4});

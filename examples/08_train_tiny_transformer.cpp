@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
       last = trainer.step(models::copy_task_batch(32, 1000 + static_cast<std::uint64_t>(s)));
       if (s == 0) {
         first = last;
-        std::printf("memory held by one step (activations kept for the backward): %lld bytes\n",
-                    static_cast<long long>(trainer.planned_bytes()));
+        std::printf("memory held by one step (activations kept for the backward): %lld bytes\n", static_cast<long long>(trainer.planned_bytes()));
       }
       std::printf("step %4d  loss %.4f\n", s, last);
     }

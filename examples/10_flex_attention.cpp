@@ -22,12 +22,8 @@ int main(int argc, char** argv) {
     auto v = input<"v">(dim<1>, dim<2>, dim<"N">, dim<8>);
     auto doc = input<"doc", DType::i32>(dim<1>, dim<"N">);
     auto slope = input<"slope">(dim<2>);
-    auto same_document = mask_mod([=](auto b, auto, auto q_idx, auto kv_idx) {
-      return at(doc, b, q_idx) == at(doc, b, kv_idx) && kv_idx <= q_idx;
-    });
-    auto alibi = score_mod([=](auto score, auto, auto h, auto q_idx, auto kv_idx) {
-      return softcap(score, 20) + slope[h] * (kv_idx - q_idx);
-    });
+    auto same_document = mask_mod([=](auto b, auto, auto q_idx, auto kv_idx) { return at(doc, b, q_idx) == at(doc, b, kv_idx) && kv_idx <= q_idx; });
+    auto alibi = score_mod([=](auto score, auto, auto h, auto q_idx, auto kv_idx) { return softcap(score, 20) + slope[h] * (kv_idx - q_idx); });
     auto weights = attention_weights(q, k, same_document, alibi);
 
     // Eight tokens in three documents: each token attends to its own document's earlier tokens.
@@ -65,8 +61,9 @@ int main(int argc, char** argv) {
       long_exe->run(big);
       if (long_exe->tile_counts().empty()) std::printf("(%s does not count the tiles it skips)\n", be->name().c_str());
       for (const auto& t : long_exe->tile_counts())
-        std::printf("%-22s skipped %5.1f%% of %lld scores in blocks wholly masked\n", std::string(ir::op_name(long_exe->graph().node(t.value).op)).c_str(),
-                    100.0 * t.skipped_fraction(), static_cast<long long>(t.computed + t.skipped));
+        std::printf("%-22s skipped %5.1f%% of %lld scores in blocks wholly masked\n",
+                    std::string(ir::op_name(long_exe->graph().node(t.value).op)).c_str(), 100.0 * t.skipped_fraction(),
+                    static_cast<long long>(t.computed + t.skipped));
       std::printf("planned memory %.1f MB (the scores alone would be %.1f MB per head)\n", static_cast<double>(long_exe->planned_bytes()) / 1e6,
                   1024.0 * 1024.0 * 4 / 1e6);
       if (long_exe->planned_bytes() >= 2 * 1024 * 1024 * 4) return 1;  // fused: nothing N x N per head

@@ -37,8 +37,8 @@ inline void print_matrix(const char* title, const Tensor& t, std::int64_t index 
 
 /// "Your journey starts with one step" as 3-d embeddings (Raschka, ch. 3).
 inline Tensor journey() {
-  return Tensor::from<float>({6, 3}, {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f, 0.22f, 0.58f, 0.33f, 0.77f, 0.25f,
-                                      0.10f, 0.05f, 0.80f, 0.55f});
+  return Tensor::from<float>(
+      {6, 3}, {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f, 0.22f, 0.58f, 0.33f, 0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f});
 }
 
 }  // namespace qkv::example

@@ -19,8 +19,7 @@ std::string read_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw IoError(path + ": is a folder, not a file");
   // A device or pipe (/dev/zero, a FIFO) would be read forever or block: only regular files.
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-    throw IoError(path + ": is not a regular file");
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) throw IoError(path + ": is not a regular file");
   errno = 0;
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(path + ": cannot open (" + reason(errno) + ")");

@@ -213,7 +213,8 @@ Tensor parse_npy(const std::string& bytes, const std::string& what, std::string*
     }
   } else if (swap) {
     char* dst = reinterpret_cast<char*>(t.raw());
-    for (std::int64_t i = 0; i < *n; ++i) load_element(src + static_cast<std::size_t>(i) * fd->size, fd->size, true, dst + static_cast<std::size_t>(i) * fd->size);
+    for (std::int64_t i = 0; i < *n; ++i)
+      load_element(src + static_cast<std::size_t>(i) * fd->size, fd->size, true, dst + static_cast<std::size_t>(i) * fd->size);
   } else if (need) {
     std::memcpy(t.raw(), src, need);
   }
@@ -234,7 +235,8 @@ std::string format_npy(const Tensor& t) {
     case DType::i32: descr = "<i4"; break;
   }
   std::string shape = "(";
-  for (std::size_t i = 0; i < t.shape().size(); ++i) shape += std::to_string(t.shape()[i]) + (t.shape().size() == 1 || i + 1 < t.shape().size() ? "," : "");
+  for (std::size_t i = 0; i < t.shape().size(); ++i)
+    shape += std::to_string(t.shape()[i]) + (t.shape().size() == 1 || i + 1 < t.shape().size() ? "," : "");
   shape += ")";
   std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
   std::size_t total = 10 + header.size() + 1;

@@ -44,11 +44,10 @@ std::string encode_png(const Image& image) {
       png, &bytes,
       [](png_structp p, png_bytep data, png_size_t n) { static_cast<std::string*>(png_get_io_ptr(p))->append(reinterpret_cast<char*>(data), n); },
       nullptr);
-  png_set_IHDR(png, info, static_cast<png_uint_32>(image.width), static_cast<png_uint_32>(image.height), 8, PNG_COLOR_TYPE_RGB,
-               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(image.width), static_cast<png_uint_32>(image.height), 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
   png_write_info(png, info);
-  for (std::int64_t y = 0; y < image.height; ++y)
-    png_write_row(png, const_cast<png_bytep>(image.rgb.data() + y * image.width * 3));
+  for (std::int64_t y = 0; y < image.height; ++y) png_write_row(png, const_cast<png_bytep>(image.rgb.data() + y * image.width * 3));
   png_write_end(png, nullptr);
   png_destroy_write_struct(&png, &info);
   return bytes;
@@ -69,15 +68,8 @@ namespace {
 
 /// Viridis at t in [0, 1], interpolated between nine of its colours.
 std::array<std::uint8_t, 3> viridis(double t) {
-  static constexpr std::array<std::array<double, 3>, 9> stops = {{{68, 1, 84},
-                                                                  {72, 40, 120},
-                                                                  {62, 74, 137},
-                                                                  {49, 104, 142},
-                                                                  {38, 130, 142},
-                                                                  {31, 158, 137},
-                                                                  {53, 183, 121},
-                                                                  {109, 205, 89},
-                                                                  {253, 231, 37}}};
+  static constexpr std::array<std::array<double, 3>, 9> stops = {
+      {{68, 1, 84}, {72, 40, 120}, {62, 74, 137}, {49, 104, 142}, {38, 130, 142}, {31, 158, 137}, {53, 183, 121}, {109, 205, 89}, {253, 231, 37}}};
   if (!(t >= 0)) t = 0;  // NaN too
   t = std::min(t, 1.0) * static_cast<double>(stops.size() - 1);
   const auto i = std::min(static_cast<std::size_t>(t), stops.size() - 2);
@@ -213,7 +205,8 @@ Image line_plot(const std::vector<double>& ys, std::int64_t width, std::int64_t 
   const std::size_t last = ys.empty() ? 0 : ys.size() - 1;
   for (int t = 0; t < 3; ++t) {
     const std::size_t step = last * static_cast<std::size_t>(t) / 2;
-    const std::int64_t x = left + static_cast<std::int64_t>(step) * (width - left - right - 1) / static_cast<std::int64_t>(std::max<std::size_t>(last, 1));
+    const std::int64_t x =
+        left + static_cast<std::int64_t>(step) * (width - left - right - 1) / static_cast<std::int64_t>(std::max<std::size_t>(last, 1));
     for (std::int64_t y = height - bottom; y < height - bottom + 4; ++y) img.set(x, y, 0, 0, 0);
     const std::string label = std::to_string(step);
     draw_text(img, std::clamp<std::int64_t>(x - text_width(label) / 2, 0, width - text_width(label)), height - bottom + 6, label);
@@ -229,8 +222,7 @@ Image line_plot(const std::vector<double>& ys, std::int64_t width, std::int64_t 
     const std::size_t j = std::min(i + 1, ys.size() - 1);
     const std::int64_t x0 = px(i), x1 = px(j), y0 = py(ys[i]), y1 = py(ys[j]);
     const std::int64_t steps = std::max<std::int64_t>({std::abs(x1 - x0), std::abs(y1 - y0), 1});
-    for (std::int64_t s = 0; s <= steps; ++s)
-      img.set(x0 + (x1 - x0) * s / steps, y0 + (y1 - y0) * s / steps, 31, 119, 180);
+    for (std::int64_t s = 0; s <= steps; ++s) img.set(x0 + (x1 - x0) * s / steps, y0 + (y1 - y0) * s / steps, 31, 119, 180);
   }
   return img;
 }

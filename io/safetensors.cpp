@@ -108,8 +108,7 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& what) 
     // A header that starts like JSON but is cut short is a truncated file; anything else is not
     // a safetensors file at all (a .npy file given to --weights, say).
     if (bytes.size() > 8 && bytes[8] == '{' && header_len < (std::uint64_t{1} << 32))
-      bad(what, "truncated safetensors file (header of " + std::to_string(header_len) + " bytes, " + std::to_string(bytes.size() - 8) +
-                    " present)");
+      bad(what, "truncated safetensors file (header of " + std::to_string(header_len) + " bytes, " + std::to_string(bytes.size() - 8) + " present)");
     bad(what, "not a safetensors file (its first 8 bytes are no header length that fits the file)");
   }
   if (header_len == 0 || bytes[8] != '{') bad(what, "not a safetensors file (the header is not a JSON object)");
@@ -155,8 +154,8 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& what) 
     const auto begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
     if (begin > end) bad(where, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] begin after they end");
     if (end > data_size)
-      bad(where, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") run past the " + std::to_string(data_size) +
-                     " data bytes");
+      bad(where,
+          "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") run past the " + std::to_string(data_size) + " data bytes");
     ranges.emplace_back(begin, end);
     out.emplace(name, decode(entry["dtype"].get<std::string>(), std::move(shape), data + begin, end - begin, where));
   }

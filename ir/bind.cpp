@@ -25,8 +25,7 @@ std::optional<std::int64_t> apply(DimOp op, std::int64_t a, std::int64_t b) {
 
 /// The size of dim `d`: a size itself; a symbol `known` gives a size for (named, or a derived dim
 /// an input binds directly); otherwise a derived dim from its parts. A quotient must be exact.
-template <class Known>
-std::int64_t evaluate(const Graph& g, Dim d, const Known& known) {
+template <class Known> std::int64_t evaluate(const Graph& g, Dim d, const Known& known) {
   if (!is_symbol(d)) return d;
   if (std::optional<std::int64_t> v = known(d)) return *v;
   auto p = g.derived_dims().find(d);
@@ -76,19 +75,18 @@ std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tenso
     std::string expected = g.type_string(v);
     if (t.dtype() != n.dtype && !(f64_for_f32 && n.dtype == DType::f32 && t.dtype() == DType::f64))
       throw ShapeError("input '" + n.name + "': expected " + expected + ", got " + t.type_string() + " (dtype differs)");
-    if (t.rank() != n.shape.rank)
-      throw ShapeError("input '" + n.name + "': expected " + expected + ", got " + t.type_string() + " (rank differs)");
+    if (t.rank() != n.shape.rank) throw ShapeError("input '" + n.name + "': expected " + expected + ", got " + t.type_string() + " (rank differs)");
     Shape s;
     for (int i = 0; i < n.shape.rank; ++i) {
       Dim d = n.shape[i];
       std::int64_t actual = t.shape()[static_cast<std::size_t>(i)];
       if (!is_symbol(d)) {
         if (d != actual)
-          throw ShapeError("input '" + n.name + "': expected " + expected + ", got " + t.type_string() + " (dim " +
-                           std::to_string(i) + " is " + std::to_string(actual) + ", must be " + std::to_string(d) + ")");
+          throw ShapeError("input '" + n.name + "': expected " + expected + ", got " + t.type_string() + " (dim " + std::to_string(i) + " is " +
+                           std::to_string(actual) + ", must be " + std::to_string(d) + ")");
       } else if (auto [b, inserted] = bound.try_emplace(d, actual, n.name); !inserted && b->second.first != actual) {
-        throw ShapeError("input '" + n.name + "': dim " + g.dim_name(d) + " is " + std::to_string(actual) + ", but input '" +
-                         b->second.second + "' set it to " + std::to_string(b->second.first));
+        throw ShapeError("input '" + n.name + "': dim " + g.dim_name(d) + " is " + std::to_string(actual) + ", but input '" + b->second.second +
+                         "' set it to " + std::to_string(b->second.first));
       }
       s.push_back(actual);
     }

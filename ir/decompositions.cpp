@@ -178,9 +178,7 @@ ValueId reduce_mean(Graph& g, const Node& n, std::span<const ValueId> in) {
 }
 
 // The primitives' column: backends run them, there is nothing to decompose.
-ValueId primitive(Graph&, const Node& n, std::span<const ValueId>) {
-  QKV_UNREACHABLE(std::string(op_name(n.op)) + " is not a composite");
-}
+ValueId primitive(Graph&, const Node& n, std::span<const ValueId>) { QKV_UNREACHABLE(std::string(op_name(n.op)) + " is not a composite"); }
 
 }  // namespace decompositions
 

@@ -61,8 +61,8 @@ namespace detail {
 }  // namespace qkv
 
 /// Checks an invariant of qkv itself; a failure is a bug in qkv, never a user error.
-#define QKV_ASSERT(cond, message)                                 \
-  do {                                                            \
+#define QKV_ASSERT(cond, message)                                                    \
+  do {                                                                               \
     if (!(cond)) ::qkv::detail::assert_failed(#cond, (message), __FILE__, __LINE__); \
   } while (false)
 

@@ -73,7 +73,8 @@ QKV_UNARY_OPS(QKV_TERM_FUNCTION)
 ValueId unary_derivative(Graph& g, Op op, ValueId x_id, ValueId y_id, ValueId seed_id) {
   const Term x{&g, x_id}, y{&g, y_id}, seed{&g, seed_id};
   (void)x, (void)y;  // a row's derivative may read either or neither
-#define QKV_UNARY_DERIVATIVE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, derivative, monotone) \
+#define QKV_UNARY_DERIVATIVE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, derivative, \
+                             monotone)                                                                                                          \
   if (op == Op::id) return (derivative).v;
   QKV_UNARY_OPS(QKV_UNARY_DERIVATIVE)
 #undef QKV_UNARY_DERIVATIVE
@@ -103,8 +104,8 @@ Grads slice(const GradientArgs& a) {
     dx = g.add(Op::concat, {g.add(Op::broadcast_to, {a.zero}, shape_attrs(before)), dx}, join);
   }
   if (is_symbol(xs[ax]))
-    throw UnsupportedError("slice: no gradient along the named dim " + g.dim_name(xs[ax]) + " (its zero padding would be " +
-                           g.dim_name(xs[ax]) + " - " + std::to_string(a.n.attrs.end) + " long)");
+    throw UnsupportedError("slice: no gradient along the named dim " + g.dim_name(xs[ax]) + " (its zero padding would be " + g.dim_name(xs[ax]) +
+                           " - " + std::to_string(a.n.attrs.end) + " long)");
   if (a.n.attrs.end < xs[ax]) {
     Shape after = xs;
     after[ax] = xs[ax] - a.n.attrs.end;
@@ -118,8 +119,7 @@ Grads concat(const GradientArgs& a) {
   const int ax = a.n.attrs.axis;
   const Dim na = a.shape(a.in[0])[ax], total = a.n.shape[ax];
   if (is_symbol(na) || is_symbol(total))
-    throw UnsupportedError("concat: no gradient along the named dim " + a.g.dim_name(is_symbol(na) ? na : total) +
-                           " (slices need static bounds)");
+    throw UnsupportedError("concat: no gradient along the named dim " + a.g.dim_name(is_symbol(na) ? na : total) + " (slices need static bounds)");
   Attrs first, second;
   first.axis = second.axis = ax;
   first.end = second.begin = na;
@@ -292,9 +292,7 @@ GradientInfo of(Op op) {
 
 GradientInfo gradient_info(Op op) { return gradient_rules::of(op); }
 
-ValueId GradientArgs::unbroadcast(ValueId grad, int operand) const {
-  return ir::unbroadcast(g, grad, shape(in[static_cast<std::size_t>(operand)]));
-}
+ValueId GradientArgs::unbroadcast(ValueId grad, int operand) const { return ir::unbroadcast(g, grad, shape(in[static_cast<std::size_t>(operand)])); }
 
 std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId dy, std::span<const ValueId> in) {
   const GradientRule emit = gradient_info(n.op).emit;

@@ -12,8 +12,7 @@ namespace {
 void hash_mix(std::size_t& h, std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); }
 
 /// One attribute's hash, by its type (QKV_ATTRS).
-template <class T>
-std::size_t attr_hash(T v) { return static_cast<std::size_t>(v); }  // integers, bools, enums
+template <class T> std::size_t attr_hash(T v) { return static_cast<std::size_t>(v); }  // integers, bools, enums
 std::size_t attr_hash(double v) { return v != v ? 0x7ff8u : std::hash<double>{}(v); }  // NaNs are equal
 std::size_t attr_hash(const Shape& s) {
   std::size_t h = static_cast<std::size_t>(s.rank);
@@ -40,8 +39,7 @@ std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a,
 Dim Graph::symbol(std::string_view name) {
   Dim id = symbol_id(name);
   auto [it, inserted] = symbols_.emplace(id, std::string(name));
-  if (!inserted && it->second != name)
-    throw IrError("dim names '" + it->second + "' and '" + std::string(name) + "' collide");
+  if (!inserted && it->second != name) throw IrError("dim names '" + it->second + "' and '" + std::string(name) + "' collide");
   return id;
 }
 
@@ -98,8 +96,7 @@ ValueId Graph::add_input(std::string_view name, DType dtype, const Shape& shape)
     const Node& n = nodes_[i];
     if (n.op != Op::input || n.name != name) continue;
     if (n.dtype != dtype || !(n.shape == shape))
-      throw ShapeError("input '" + std::string(name) + "' declared twice: " + type_string(n.dtype, n.shape) +
-                       " and " + type_string(dtype, shape));
+      throw ShapeError("input '" + std::string(name) + "' declared twice: " + type_string(n.dtype, n.shape) + " and " + type_string(dtype, shape));
     return static_cast<ValueId>(i);
   }
   Node n;
@@ -128,23 +125,23 @@ std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<s
   std::string m(op_name(op));
   m += ": ";
   m += shape_err_name(r.error);
-  auto operand = [&](int i) {
-    return i < static_cast<int>(types.size()) ? types[static_cast<std::size_t>(i)] : std::string("?");
-  };
+  auto operand = [&](int i) { return i < static_cast<int>(types.size()) ? types[static_cast<std::size_t>(i)] : std::string("?"); };
   switch (r.error) {
     case ShapeErr::none: break;
     case ShapeErr::inner_dims_differ:
     case ShapeErr::not_broadcastable:
-    case ShapeErr::element_count_differs:
-      m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + ")";
-      break;
+    case ShapeErr::element_count_differs: m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + ")"; break;
     case ShapeErr::axis_out_of_range: m += " (axis " + std::to_string(r.lhs) + " for rank " + std::to_string(r.rhs) + ")"; break;
     case ShapeErr::bad_permutation: m += " (entry " + std::to_string(r.lhs) + " for rank " + std::to_string(r.rhs) + ")"; break;
-    case ShapeErr::rank_too_small: m += " (operand " + std::to_string(r.operand) + " has rank " + std::to_string(r.lhs) + ", needs " + std::to_string(r.rhs) + ")"; break;
+    case ShapeErr::rank_too_small:
+      m += " (operand " + std::to_string(r.operand) + " has rank " + std::to_string(r.lhs) + ", needs " + std::to_string(r.rhs) + ")";
+      break;
     case ShapeErr::rank_too_large: m += " (" + std::to_string(r.lhs) + ")"; break;
     case ShapeErr::not_broadcast_target: m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + ")"; break;
     case ShapeErr::bad_range: m += " (" + std::to_string(r.lhs) + ", " + std::to_string(r.rhs) + " at axis " + std::to_string(r.axis) + ")"; break;
-    case ShapeErr::dims_differ: m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + " at axis " + std::to_string(r.axis) + ")"; break;
+    case ShapeErr::dims_differ:
+      m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + " at axis " + std::to_string(r.axis) + ")";
+      break;
     case ShapeErr::bad_probability: break;
     case ShapeErr::not_castable:
     case ShapeErr::not_integer:
@@ -163,8 +160,8 @@ ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs, std::shared_
   QKV_ASSERT(op != Op::input, "use add_input for inputs");
   const OpInfo& info = op_info(op);
   if (!arity_accepts(op, inputs.size()))
-    throw IrError(std::string(info.name) + ": expects " + std::to_string(fixed_operands(op)) + (info.arity < 0 ? " or more" : "") +
-                  " inputs, got " + std::to_string(inputs.size()));
+    throw IrError(std::string(info.name) + ": expects " + std::to_string(fixed_operands(op)) + (info.arity < 0 ? " or more" : "") + " inputs, got " +
+                  std::to_string(inputs.size()));
   if (is_flex_attention(op) != (region != nullptr))
     throw IrError(std::string(info.name) + (region ? ": takes no region" : ": needs its score modifier region"));
   std::vector<Operand> operands;

@@ -110,8 +110,7 @@ class Graph {
 };
 
 /// The one-line message for a rule failure: "matmul: inner dimensions differ (64 vs 8)".
-std::string shape_error_message(Op op, const ShapeResult& r,
-                                const std::vector<std::string>& operand_types);
+std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<std::string>& operand_types);
 
 /// Hash of a node's op, inputs, attributes and region (for structural sharing).
 std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a, const Graph* region = nullptr);

@@ -47,21 +47,19 @@ inline constexpr int kNumOps = 0 QKV_OPS(QKV_OP_ONE);
 #define QKV_ATTENTION_CASES QKV_ATTENTION_OPS(QKV_OP_CASE)
 /// The fused attention backward's ops: the row statistic the forward normalised by, and the
 /// gradients (FlashAttention-2).
-#define QKV_ATTENTION_BACKWARD_CASES                                                          \
-  case ::qkv::ir::Op::attention_lse:                                                          \
-  case ::qkv::ir::Op::masked_attention_lse:                                                   \
-  case ::qkv::ir::Op::flex_attention_lse:                                                     \
-  case ::qkv::ir::Op::attention_grad:                                                         \
-  case ::qkv::ir::Op::masked_attention_grad:                                                  \
+#define QKV_ATTENTION_BACKWARD_CASES         \
+  case ::qkv::ir::Op::attention_lse:         \
+  case ::qkv::ir::Op::masked_attention_lse:  \
+  case ::qkv::ir::Op::flex_attention_lse:    \
+  case ::qkv::ir::Op::attention_grad:        \
+  case ::qkv::ir::Op::masked_attention_grad: \
   case ::qkv::ir::Op::flex_attention_grad:
 /// Every op that is not a composite (the primitives backends must run).
-#define QKV_PRIMITIVE_CASES                                                                                   \
-  QKV_SOURCE_CASES QKV_UNARY_CASES QKV_CAST_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES \
-  QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_LAYOUT_CASES QKV_MASK_CASES
+#define QKV_PRIMITIVE_CASES                                                                                                               \
+  QKV_SOURCE_CASES QKV_UNARY_CASES QKV_CAST_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES \
+      QKV_LAYOUT_CASES QKV_MASK_CASES
 
-enum class OpCategory : std::uint8_t {
-  source, unary, binary, select, compare, reduce, contract, layout, mask, composite
-};
+enum class OpCategory : std::uint8_t { source, unary, binary, select, compare, reduce, contract, layout, mask, composite };
 
 /// How a unary op maps an interval, the registry's last column for unary ops: interval
 /// arithmetic over score modifiers (ir/region.cpp, codegen's GLSL) bounds f([lo, hi]) with it.
@@ -103,28 +101,27 @@ enum class AttrPrint : std::uint8_t { always, when_set, never };
 /// field of Attrs, equality, hashing (graph.cpp), printing and parsing (printer.cpp: text_<kind>
 /// and parse_<kind>), in this order (the order attributes print in); `flag` is the AttrFlag an
 /// op's row names to read the field.
-#define QKV_ATTRS(X)                                                                                                       \
-  X(axis, int, 0, kAttrAxis, always, axis)                                                                                \
-  X(keepdim, bool, true, kAttrKeepdim, always, boolean)                                                                   \
-  X(transpose_a, bool, false, kAttrTranspose, always, boolean)                                                            \
-  X(transpose_b, bool, false, kAttrTranspose, always, boolean)                                                            \
-  X(perm, Perm, {}, kAttrPerm, always, perm)                   /* printed over the result's rank */                        \
-  X(shape, Shape, {}, kAttrShape, always, shape)               /* an input's is its type */                               \
-  X(value, double, 0.0, kAttrValue, always, number)                                                                       \
-  X(rsqrt_of, Dim, 0, kAttrValue, when_set, dim)               /* value / sqrt(this dim's size) when bound (0: none) */    \
-  X(depth, std::int64_t, 0, kAttrDepth, always, size)                                                                     \
-  X(begin, std::int64_t, 0, kAttrRange, always, size)                                                                     \
-  X(end, std::int64_t, 0, kAttrRange, always, size)                                                                       \
-  X(causal, bool, false, kAttrCausal, always, boolean)                                                                    \
-  X(align, CausalAlign, CausalAlign::top_left, kAttrAlign, always, align)                                                 \
-  X(window, std::int64_t, 0, kAttrWindow, when_set, size)      /* keep only the last `window` keys (0: all) */             \
+#define QKV_ATTRS(X)                                                                                                        \
+  X(axis, int, 0, kAttrAxis, always, axis)                                                                                  \
+  X(keepdim, bool, true, kAttrKeepdim, always, boolean)                                                                     \
+  X(transpose_a, bool, false, kAttrTranspose, always, boolean)                                                              \
+  X(transpose_b, bool, false, kAttrTranspose, always, boolean)                                                              \
+  X(perm, Perm, {}, kAttrPerm, always, perm)     /* printed over the result's rank */                                       \
+  X(shape, Shape, {}, kAttrShape, always, shape) /* an input's is its type */                                               \
+  X(value, double, 0.0, kAttrValue, always, number)                                                                         \
+  X(rsqrt_of, Dim, 0, kAttrValue, when_set, dim) /* value / sqrt(this dim's size) when bound (0: none) */                   \
+  X(depth, std::int64_t, 0, kAttrDepth, always, size)                                                                       \
+  X(begin, std::int64_t, 0, kAttrRange, always, size)                                                                       \
+  X(end, std::int64_t, 0, kAttrRange, always, size)                                                                         \
+  X(causal, bool, false, kAttrCausal, always, boolean)                                                                      \
+  X(align, CausalAlign, CausalAlign::top_left, kAttrAlign, always, align)                                                   \
+  X(window, std::int64_t, 0, kAttrWindow, when_set, size)      /* keep only the last `window` keys (0: all) */              \
   X(wrt, std::int8_t, 0, kAttrWrt, always, operand)            /* attention_grad: the operand (0 q, 1 k, 2 v, 3 + i: ti) */ \
-  X(dropout, double, 0.0, kAttrDropout, when_set, number)      /* flex attention: dropout on the weights (0: none) */      \
+  X(dropout, double, 0.0, kAttrDropout, when_set, number)      /* flex attention: dropout on the weights (0: none) */       \
   X(dtype, DType, DType::f32, kAttrDtype, never, result_dtype) /* input and cast: their result's dtype */
 
 /// An attribute's values compare equal; doubles also when both are NaN (a NaN constant is one node).
-template <class T>
-constexpr bool attr_equal(const T& a, const T& b) { return a == b; }
+template <class T> constexpr bool attr_equal(const T& a, const T& b) { return a == b; }
 constexpr bool attr_equal(double a, double b) { return a == b || (a != a && b != b); }
 
 /// Attributes of a node. One flat literal struct: each op reads the fields its registry entry
@@ -156,7 +153,8 @@ struct OpInfo {
   std::string_view doc;
 };
 
-#define QKV_OP_INFO(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) {#id, arity, OpCategory::category, attrs, doc},
+#define QKV_OP_INFO(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) \
+  {#id, arity, OpCategory::category, attrs, doc},
 inline constexpr std::array<OpInfo, kNumOps> kOpInfos = {{QKV_OPS(QKV_OP_INFO)}};
 #undef QKV_OP_INFO
 
@@ -169,7 +167,8 @@ constexpr bool is_elementwise(Op op) {
 
 /// The Monotone column of a unary op's row.
 constexpr Monotone unary_monotone(Op op) {
-#define QKV_UNARY_MONOTONE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, derivative, monotone) \
+#define QKV_UNARY_MONOTONE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, derivative, \
+                           monotone)                                                                                                          \
   if (op == Op::id) return Monotone::monotone;
   QKV_UNARY_OPS(QKV_UNARY_MONOTONE)
 #undef QKV_UNARY_MONOTONE
@@ -179,19 +178,20 @@ constexpr Monotone unary_monotone(Op op) {
 /// Fused attention and the ops of its fused backward: the ops a backend with a flash-attention
 /// kernel keeps instead of decomposing.
 constexpr bool is_fused_attention(Op op) {
+  // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
+  // clang-format off
   switch (op) {
     QKV_ATTENTION_CASES return true;
     QKV_PRIMITIVE_CASES
     QKV_COMPOSITE_CASES return false;
   }
+  // clang-format on
   return false;
 }
 
 /// The flex attention ops: their score modifier is the node's region, their operands after
 /// fixed_operands(op) are the tensors it reads.
-constexpr bool is_flex_attention(Op op) {
-  return op == Op::flex_attention || op == Op::flex_attention_lse || op == Op::flex_attention_grad;
-}
+constexpr bool is_flex_attention(Op op) { return op == Op::flex_attention || op == Op::flex_attention_lse || op == Op::flex_attention_grad; }
 
 /// Whether `op` takes `n` operands: its arity, or at least -arity for a variadic op.
 constexpr bool arity_accepts(Op op, std::size_t n) {
@@ -207,9 +207,7 @@ constexpr std::size_t fixed_operands(Op op) {
 
 /// Whether a flex node with these attributes drops weights: flex_attention and its gradient
 /// then take the dropout seed (an i32 scalar) as their last operand, after the modifier's tensors.
-constexpr bool has_dropout_seed(Op op, const Attrs& a) {
-  return (op == Op::flex_attention || op == Op::flex_attention_grad) && a.dropout != 0.0;
-}
+constexpr bool has_dropout_seed(Op op, const Attrs& a) { return (op == Op::flex_attention || op == Op::flex_attention_grad) && a.dropout != 0.0; }
 
 /// The number of tensors a flex node's modifier reads, operands fixed_operands(op) on, of
 /// `operands` in all (0 when there are too few for the op to be valid).

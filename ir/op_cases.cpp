@@ -44,7 +44,9 @@ Attrs align(CausalAlign a, std::int64_t window = 0) {
 enum class Mod { softcap, slope, capped_bias, document, none };
 std::shared_ptr<const Graph> modifier(Mod m) {
   const std::vector<DType> f32 = {DType::f32}, ids = {DType::i32, DType::i32};
-  Graph r = make_region(m == Mod::softcap || m == Mod::none ? std::span<const DType>{} : m == Mod::document ? std::span<const DType>(ids) : std::span<const DType>(f32));
+  Graph r = make_region(m == Mod::softcap || m == Mod::none ? std::span<const DType>{}
+                        : m == Mod::document                ? std::span<const DType>(ids)
+                                                            : std::span<const DType>(f32));
   const ValueId score = kRegionScore, t0 = kRegionFixedInputs;
   auto cap = [&](ValueId s) {
     const ValueId c = r.constant(2.0);
@@ -85,9 +87,7 @@ Attrs range(int ax, std::int64_t begin, std::int64_t end) {
 namespace cases {
 
 // Each unary op over its domain, each binary op with a right operand of the fill given.
-std::vector<OpCase> unary(Fill fill) {
-  return {{"3x5", {{{3, 5}, fill}}, {}}, {"2x3x17", {{{2, 3, 17}, fill}}, {}}, {"scalar", {{{}, fill}}, {}}};
-}
+std::vector<OpCase> unary(Fill fill) { return {{"3x5", {{{3, 5}, fill}}, {}}, {"2x3x17", {{{2, 3, 17}, fill}}, {}}, {"scalar", {{{}, fill}}, {}}}; }
 std::vector<OpCase> binary(Fill rhs = Fill::normal) {
   return {{"same 4x7", {{{4, 7}}, {{4, 7}, rhs}}, {}},
           {"row broadcast", {{{3, 4, 5}}, {{1, 5}, rhs}}, {}},
@@ -95,17 +95,11 @@ std::vector<OpCase> binary(Fill rhs = Fill::normal) {
           {"scalar rhs", {{{2, 6}}, {{}, rhs}}, {}}};
 }
 
-std::vector<OpCase> input() {
-  return {{"2x3", {{{2, 3}}}, shape({2, 3})}};
-}
+std::vector<OpCase> input() { return {{"2x3", {{{2, 3}}}, shape({2, 3})}}; }
 
-std::vector<OpCase> constant() {
-  return {{"scalar", {}, shape({}, 0.125)}, {"2x3 fill", {}, shape({2, 3}, -1.5)}};
-}
+std::vector<OpCase> constant() { return {{"scalar", {}, shape({}, 0.125)}, {"2x3 fill", {}, shape({2, 3}, -1.5)}}; }
 
-std::vector<OpCase> cast() {
-  return {{"ids 2x3", {{{2, 3}, Fill::ids}}, {}}, {"bool 3x4", {{{3, 4}, Fill::boolean}}, {}}};
-}
+std::vector<OpCase> cast() { return {{"ids 2x3", {{{2, 3}, Fill::ids}}, {}}, {"bool 3x4", {{{3, 4}, Fill::boolean}}, {}}}; }
 
 std::vector<OpCase> slice() {
   return {{"middle of the last axis", {{{3, 10}}}, range(1, 2, 7)},
@@ -119,22 +113,16 @@ std::vector<OpCase> concat() {
           {"middle axis", {{{2, 1, 3}}, {{2, 4, 3}}}, axis(1)}};
 }
 
-std::vector<OpCase> iota() {
-  return {{"axis 1 of 3x5", {{{3, 5}}}, axis(1)}, {"axis 0 of 2x3x4", {{{2, 3, 4}}}, axis(0)}};
-}
+std::vector<OpCase> iota() { return {{"axis 1 of 3x5", {{{3, 5}}}, axis(1)}, {"axis 0 of 2x3x4", {{{2, 3, 4}}}, axis(0)}}; }
 
 std::vector<OpCase> dropout_mask() {
   Attrs p = shape({}, 0.3), none = shape({}, 0.0), most = shape({}, 0.9);
   return {{"p 0.3", {{{4, 33}}, {{}, Fill::seed}}, p}, {"p 0", {{{3, 5}}, {{}, Fill::seed}}, none}, {"p 0.9", {{{5, 7}}, {{}, Fill::seed}}, most}};
 }
 
-std::vector<OpCase> compare() {
-  return {{"same", {{{3, 4}}, {{3, 4}}}, {}}, {"broadcast", {{{2, 3, 4}}, {{1, 4}}}, {}}};
-}
+std::vector<OpCase> compare() { return {{"same", {{{3, 4}}, {{3, 4}}}, {}}, {"broadcast", {{{2, 3, 4}}, {{1, 4}}}, {}}}; }
 
-std::vector<OpCase> broadcast_to() {
-  return {{"rows", {{{1, 5}}}, shape({3, 5})}, {"new leading dims", {{{4, 1}}}, shape({2, 4, 6})}};
-}
+std::vector<OpCase> broadcast_to() { return {{"rows", {{{1, 5}}}, shape({3, 5})}, {"new leading dims", {{{4, 1}}}, shape({2, 4, 6})}}; }
 
 std::vector<OpCase> one_hot() {
   Attrs d;
@@ -142,23 +130,16 @@ std::vector<OpCase> one_hot() {
   return {{"ids 2x3", {{{2, 3}, Fill::ids}}, d}};
 }
 
-std::vector<OpCase> log_softmax() {
-  return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}};
-}
+std::vector<OpCase> log_softmax() { return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}}; }
 
-std::vector<OpCase> reduce_mean() {
-  return {{"last axis", {{{3, 33}}}, axis(1)}, {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}};
-}
+std::vector<OpCase> reduce_mean() { return {{"last axis", {{{3, 33}}}, axis(1)}, {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}}; }
 
 std::vector<OpCase> where() {
-  return {{"same", {{{3, 4}, Fill::boolean}, {{3, 4}}, {{3, 4}}}, {}},
-          {"broadcast mask", {{{4, 5}, Fill::boolean}, {{2, 4, 5}}, {{}}}, {}}};
+  return {{"same", {{{3, 4}, Fill::boolean}, {{3, 4}}, {{3, 4}}}, {}}, {"broadcast mask", {{{4, 5}, Fill::boolean}, {{2, 4, 5}}, {{}}}, {}}};
 }
 
 std::vector<OpCase> reduce() {
-  return {{"last axis", {{{3, 33}}}, axis(1)},
-          {"first axis", {{{5, 4}}}, axis(0)},
-          {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}};
+  return {{"last axis", {{{3, 33}}}, axis(1)}, {"first axis", {{{5, 4}}}, axis(0)}, {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}};
 }
 
 std::vector<OpCase> matmul() {
@@ -171,13 +152,9 @@ std::vector<OpCase> matmul() {
           {"tile edges 33x65x31", {{{33, 65}}, {{65, 31}}}, {}}};
 }
 
-std::vector<OpCase> permute() {
-  return {{"2d transpose", {{{3, 5}}}, perm({1, 0})}, {"4d heads", {{{2, 3, 4, 5}}}, perm({0, 2, 1, 3})}};
-}
+std::vector<OpCase> permute() { return {{"2d transpose", {{{3, 5}}}, perm({1, 0})}, {"4d heads", {{{2, 3, 4, 5}}}, perm({0, 2, 1, 3})}}; }
 
-std::vector<OpCase> reshape() {
-  return {{"split", {{{4, 6}}}, shape({2, 2, 6})}, {"flatten", {{{2, 3, 4}}}, shape({24})}};
-}
+std::vector<OpCase> reshape() { return {{"split", {{{4, 6}}}, shape({2, 2, 6})}, {"flatten", {{{2, 3, 4}}}, shape({24})}}; }
 
 std::vector<OpCase> causal_mask() {
   return {{"square", {{{2, 5, 5}}}, align(CausalAlign::top_left)},
@@ -215,8 +192,7 @@ std::vector<OpCase> attention_lse() {
   window.causal = true;
   window.align = CausalAlign::bottom_right;
   window.window = 20;
-  return {{"batched", {{{2, 5, 8}}, {{2, 7, 8}}}, plain},
-          {"sliding window skips key blocks", {{{1, 130, 8}}, {{1, 300, 8}}}, window}};
+  return {{"batched", {{{2, 5, 8}}, {{2, 7, 8}}}, plain}, {"sliding window skips key blocks", {{{1, 130, 8}}, {{1, 300, 8}}}, window}};
 }
 
 std::vector<OpCase> masked_attention_lse() {
@@ -274,14 +250,21 @@ std::vector<OpCase> flex_attention() {
   return {{"softcap", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}}, plain, modifier(Mod::softcap)},
           {"slopes per head causal", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}}, causal, modifier(Mod::slope)},
           {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 7}}}, plain, modifier(Mod::capped_bias)},
-          {"document ids, empty rows", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 1}, Fill::segments}, {{2, 1, 7}, Fill::segments}}, plain, modifier(Mod::document)},
+          {"document ids, empty rows",
+           {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 1}, Fill::segments}, {{2, 1, 7}, Fill::segments}},
+           plain,
+           modifier(Mod::document)},
           // Long rows train no tensor: a slope's gradient sums ds (kv_idx - q_idx) over 39,000
           // scores, beyond f32's budgets under the random graphs' loss weights.
           {"long rows sliding window softcap", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}}, window, modifier(Mod::softcap)},
           {"dropout", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{}, Fill::seed}}, dropout(plain, 0.3), modifier(Mod::none)},
-          {"slopes per head causal dropout", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}, {{}, Fill::seed}},
-           dropout(causal, 0.5), modifier(Mod::slope)},
-          {"long rows sliding window dropout", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}, {{}, Fill::seed}}, dropout(window, 0.1),
+          {"slopes per head causal dropout",
+           {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}, {{}, Fill::seed}},
+           dropout(causal, 0.5),
+           modifier(Mod::slope)},
+          {"long rows sliding window dropout",
+           {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}, {{}, Fill::seed}},
+           dropout(window, 0.1),
            modifier(Mod::none)}};
 }
 

@@ -12,22 +12,22 @@ namespace qkv::ir {
 /// Why a shape or dtype rule rejected its operands.
 enum class ShapeErr : std::uint8_t {
   none,
-  rank_too_small,       // operand `operand` has rank `lhs`, the op needs at least `rhs`
-  rank_too_large,       // the result would have rank `lhs` > kMaxRank
-  inner_dims_differ,    // matmul: contraction dims `lhs` vs `rhs`
-  not_broadcastable,    // dims `lhs` vs `rhs` at result axis `axis`
-  axis_out_of_range,    // axis `lhs` for rank `rhs`
-  bad_permutation,      // perm is not a permutation of 0..rank-1
-  element_count_differs,// reshape: `lhs` elements into `rhs`
-  not_float,            // operand `operand` must be f32 or f64
-  not_bool,             // operand `operand` (a condition) must be bool
-  dtypes_differ,        // operands of one computation must share a dtype
-  not_integer,          // operand `operand` must be i32
-  not_broadcast_target, // broadcast_to: dims `lhs` vs `rhs` at axis `axis`
-  bad_range,            // slice: [lhs, rhs) is not within the axis; or an attribute out of range
-  not_castable,         // cast: operand `operand` must be i32 or bool, the result f32
-  dims_differ,          // concat: dims `lhs` vs `rhs` at axis `axis` (outside the joined axis)
-  bad_probability,      // dropout_mask: p is not in [0, 1)
+  rank_too_small,         // operand `operand` has rank `lhs`, the op needs at least `rhs`
+  rank_too_large,         // the result would have rank `lhs` > kMaxRank
+  inner_dims_differ,      // matmul: contraction dims `lhs` vs `rhs`
+  not_broadcastable,      // dims `lhs` vs `rhs` at result axis `axis`
+  axis_out_of_range,      // axis `lhs` for rank `rhs`
+  bad_permutation,        // perm is not a permutation of 0..rank-1
+  element_count_differs,  // reshape: `lhs` elements into `rhs`
+  not_float,              // operand `operand` must be f32 or f64
+  not_bool,               // operand `operand` (a condition) must be bool
+  dtypes_differ,          // operands of one computation must share a dtype
+  not_integer,            // operand `operand` must be i32
+  not_broadcast_target,   // broadcast_to: dims `lhs` vs `rhs` at axis `axis`
+  bad_range,              // slice: [lhs, rhs) is not within the axis; or an attribute out of range
+  not_castable,           // cast: operand `operand` must be i32 or bool, the result f32
+  dims_differ,            // concat: dims `lhs` vs `rhs` at axis `axis` (outside the joined axis)
+  bad_probability,        // dropout_mask: p is not in [0, 1)
 };
 
 constexpr std::string_view shape_err_name(ShapeErr e) {
@@ -119,8 +119,7 @@ constexpr ShapeResult broadcast(std::span<const Operand> in) {
 constexpr ShapeResult require_float(std::span<const Operand> in, int first) {
   for (int i = first; i < static_cast<int>(in.size()); ++i) {
     if (!is_float(in[static_cast<std::size_t>(i)].dtype)) return fail(ShapeErr::not_float, 0, 0, i);
-    if (in[static_cast<std::size_t>(i)].dtype != in[static_cast<std::size_t>(first)].dtype)
-      return fail(ShapeErr::dtypes_differ, 0, 0, i);
+    if (in[static_cast<std::size_t>(i)].dtype != in[static_cast<std::size_t>(first)].dtype) return fail(ShapeErr::dtypes_differ, 0, 0, i);
   }
   return {};
 }
@@ -357,7 +356,8 @@ constexpr ShapeResult flex_attention_grad(std::span<const Operand> in, const Att
   const ShapeResult r = attention_grad(in.first(6), fixed);
   const ShapeResult t = r.ok() ? modifier_tensors(in, 6, a) : r;
   if (!t.ok()) return t;
-  if (a.dropout != 0.0 && !same_batch(t.shape, in[3].shape)) return fail(ShapeErr::dims_differ, t.shape.rank, in[3].shape.rank, 3);  // as flex_attention's
+  if (a.dropout != 0.0 && !same_batch(t.shape, in[3].shape))
+    return fail(ShapeErr::dims_differ, t.shape.rank, in[3].shape.rank, 3);  // as flex_attention's
   return a.wrt >= 3 ? t : r;
 }
 

@@ -14,9 +14,7 @@
 
 namespace qkv::ir {
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 std::string format_number(double v) {
   if (std::isnan(v)) return "nan";
@@ -71,9 +69,9 @@ std::string print_attrs(const Graph& g, const Node& n) {
   const Attrs defaults;
   std::string s;
   auto add = [&](const char* name, const std::string& text) { s += (s.empty() ? "" : ", ") + std::string(name) + "=" + text; };
-#define QKV_PRINT_ATTR(field, type, init, flag, print, kind)                                                   \
+#define QKV_PRINT_ATTR(field, type, init, flag, print, kind)                                                                   \
   if ((flags & flag) && AttrPrint::print != AttrPrint::never && !(n.op == Op::input && std::string_view(#field) == "shape") && \
-      (AttrPrint::print == AttrPrint::always || !attr_equal(n.attrs.field, defaults.field)))                   \
+      (AttrPrint::print == AttrPrint::always || !attr_equal(n.attrs.field, defaults.field)))                                   \
     add(#field, text_##kind(g, n, n.attrs.field));
   QKV_ATTRS(QKV_PRINT_ATTR)
 #undef QKV_PRINT_ATTR
@@ -106,8 +104,7 @@ std::string print_indented(const Graph& g, const std::string& indent) {
     out += "\n";
   }
   out += indent + "  return";
-  for (std::size_t i = 0; i < g.outputs().size(); ++i)
-    out += (i ? ", " : " ") + g.outputs()[i].first + "=%" + std::to_string(g.outputs()[i].second);
+  for (std::size_t i = 0; i < g.outputs().size(); ++i) out += (i ? ", " : " ") + g.outputs()[i].first + "=%" + std::to_string(g.outputs()[i].second);
   return out + "\n" + indent + "}";
 }
 
@@ -198,8 +195,8 @@ class Parser {
   std::string word() {
     skip_space();
     std::size_t start = pos_;
-    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_' ||
-                                   text_[pos_] == '.' || text_[pos_] == '-' || text_[pos_] == '+'))
+    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_' || text_[pos_] == '.' ||
+                                   text_[pos_] == '-' || text_[pos_] == '+'))
       ++pos_;
     if (start == pos_) fail("expected a word");
     return std::string(text_.substr(start, pos_ - start));
@@ -291,7 +288,8 @@ class Parser {
     if (!is_symbol(a) && !is_symbol(b)) {
       const bool too_large = op == DimOp::sum ? a > kMaxParsedDim - b : op == DimOp::product && b != 0 && a > kMaxParsedDim / b;
       if (too_large) fail("dim '" + t.text + "' is larger than " + std::to_string(kMaxParsedDim));
-      if (op == DimOp::quotient && (b == 0 || a % b != 0)) fail("dim '" + t.text + "': " + std::to_string(a) + "/" + std::to_string(b) + " is not a whole size");
+      if (op == DimOp::quotient && (b == 0 || a % b != 0))
+        fail("dim '" + t.text + "': " + std::to_string(a) + "/" + std::to_string(b) + " is not a whole size");
     }
     return g_.derive_dim(op, a, b);
   }
@@ -386,7 +384,7 @@ class Parser {
     n.shape = dims();
     const std::size_t after_type = pos_;
     if (peek() == 'g') n.region = region();
-    else pos_ = after_type;  // errors below name this node's line
+    else pos_ = after_type;                         // errors below name this node's line
     if (n.op == Op::cast) n.attrs.dtype = n.dtype;  // the result type says it
     if (n.op == Op::input) {
       n.attrs.dtype = n.dtype;
@@ -415,7 +413,8 @@ class Parser {
     const ShapeResult r = infer_shape(n.op, operands, n.attrs);
     if (!r.ok()) fail(shape_error_message(n.op, r, types));
     if (!(r.shape == n.shape) || r.dtype != n.dtype)
-      fail("%" + std::to_string(id) + " is written " + g_.type_string(n.dtype, n.shape) + " but " + name + " gives " + g_.type_string(r.dtype, r.shape));
+      fail("%" + std::to_string(id) + " is written " + g_.type_string(n.dtype, n.shape) + " but " + name + " gives " +
+           g_.type_string(r.dtype, r.shape));
     if (g_.append_unchecked(std::move(n)) != id) fail("values must be numbered in order");
   }
   ValueId value_ref_decl() {

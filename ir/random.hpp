@@ -29,7 +29,9 @@ constexpr std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4
 
 /// dropout_mask's seeds lie in [0, 2^24): backends that hold numbers as f32 keep them exactly.
 inline constexpr std::int64_t kDropoutSeedLimit = std::int64_t{1} << 24;
-constexpr bool dropout_seed_ok(double seed) { return seed >= 0 && seed < static_cast<double>(kDropoutSeedLimit) && seed == static_cast<double>(static_cast<std::int64_t>(seed)); }
+constexpr bool dropout_seed_ok(double seed) {
+  return seed >= 0 && seed < static_cast<double>(kDropoutSeedLimit) && seed == static_cast<double>(static_cast<std::int64_t>(seed));
+}
 
 /// The 32-bit threshold below which an element is dropped: floor(p * 2^32), p in [0, 1).
 inline std::uint32_t dropout_threshold(double p) {

@@ -36,7 +36,8 @@ Graph make_region(std::span<const DType> tensors) {
 
 std::string check_region(const Graph& r, std::span<const DType> tensors) {
   const std::size_t inputs = kRegionFixedInputs + tensors.size();
-  if (r.size() < inputs) return "its modifier region declares " + std::to_string(r.size()) + " values, fewer than its " + std::to_string(inputs) + " inputs";
+  if (r.size() < inputs)
+    return "its modifier region declares " + std::to_string(r.size()) + " values, fewer than its " + std::to_string(inputs) + " inputs";
   for (std::size_t i = 0; i < r.size(); ++i) {
     const Node& n = r.nodes()[i];
     const std::string where = "modifier %" + std::to_string(i) + " (" + std::string(op_name(n.op)) + ")";
@@ -134,6 +135,8 @@ Graph differentiate_region(const Graph& r, int wrt, bool keep_primal) {
     auto zero = [&] { return d.constant(0.0); };
     std::optional<ValueId> da = n.inputs.empty() ? std::nullopt : t(0);
     std::optional<ValueId> out;
+    // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
+    // clang-format off
     switch (n.op) {
       // Inputs are handled above; constants, comparisons and casts are piecewise constant.
       QKV_SOURCE_CASES
@@ -183,6 +186,7 @@ Graph differentiate_region(const Graph& r, int wrt, bool keep_primal) {
       QKV_COMPOSITE_CASES
       QKV_ATTENTION_CASES QKV_UNREACHABLE(std::string(op_name(n.op)) + " in a score modifier");
     }
+    // clang-format on
     tangent[i] = out;
   }
   const std::optional<ValueId> result = tangent[static_cast<std::size_t>(r.outputs()[0].second)];
@@ -240,8 +244,7 @@ ValueRange div_ranges(const ValueRange& a, const ValueRange& b) {
 }
 
 /// f increasing on [domain_lo, inf]; below it f is NaN.
-template <class F>
-ValueRange increasing(const ValueRange& a, F f, double domain_lo = -kInf) {
+template <class F> ValueRange increasing(const ValueRange& a, F f, double domain_lo = -kInf) {
   const bool below = a.lo < domain_lo;
   const double lo = below ? f(domain_lo) : f(a.lo), hi = a.hi < domain_lo ? f(domain_lo) : f(a.hi);
   return {lo, hi, a.nan || below};
@@ -265,12 +268,12 @@ ValueRange unary_range(Op op, const ValueRange& a) {
   QKV_UNREACHABLE(std::string(op_name(op)) + " is not a unary op");
 }
 
-ValueRange boolean(bool can_be_false, bool can_be_true) {
-  return {can_be_false ? 0.0 : 1.0, can_be_true ? 1.0 : 0.0, false};
-}
+ValueRange boolean(bool can_be_false, bool can_be_true) { return {can_be_false ? 0.0 : 1.0, can_be_true ? 1.0 : 0.0, false}; }
 
 ValueRange bound_node(const Node& n, const std::vector<ValueRange>& v) {
   auto in = [&](std::size_t i) -> const ValueRange& { return v[static_cast<std::size_t>(n.inputs[i])]; };
+  // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
+  // clang-format off
   switch (n.op) {
     case Op::constant: return ValueRange::exactly(n.attrs.value);
     QKV_UNARY_CASES return unary_range(n.op, in(0));
@@ -304,6 +307,7 @@ ValueRange bound_node(const Node& n, const std::vector<ValueRange>& v) {
     QKV_COMPOSITE_CASES
     QKV_ATTENTION_CASES return ValueRange::unknown();
   }
+  // clang-format on
   return ValueRange::unknown();
 }
 
@@ -394,6 +398,8 @@ std::string region_expression(const Graph& r) {
       auto [s, p] = expr(n.inputs[static_cast<std::size_t>(k)]);
       return p < need ? "(" + s + ")" : s;
     };
+    // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
+    // clang-format off
     switch (n.op) {
       case Op::input: return {n.name, 2};
       case Op::constant: return {format_number(n.attrs.value), n.attrs.value < 0 ? 0 : 2};
@@ -416,6 +422,7 @@ std::string region_expression(const Graph& r) {
       QKV_COMPOSITE_CASES
       QKV_ATTENTION_CASES break;  // not in a region (check_region)
     }
+    // clang-format on
     QKV_UNREACHABLE(std::string(op_name(n.op)) + " in a score modifier");
   };
   return expr(r.outputs()[0].second).first;

@@ -22,8 +22,7 @@ std::int64_t count(const std::vector<std::int64_t>& shape, std::size_t elem_size
   return *n;
 }
 
-template <class Bytes>
-Bytes allocate(DType dtype, const std::vector<std::int64_t>& shape, bool zero) {
+template <class Bytes> Bytes allocate(DType dtype, const std::vector<std::int64_t>& shape, bool zero) {
   const auto bytes = static_cast<std::size_t>(count(shape, dtype_size(dtype))) * dtype_size(dtype);
   try {
     return zero ? Bytes(bytes, std::byte{0}) : Bytes(bytes);

@@ -20,21 +20,11 @@ namespace qkv {
 namespace tensor_storage {
 /// std::allocator whose value-less construct leaves the element as it is (default-initialised):
 /// a vector of bytes sized by it is not zeroed, for storage its owner writes in full.
-template <class T>
-struct DefaultInitAllocator : std::allocator<T> {
+template <class T> struct DefaultInitAllocator : std::allocator<T> {
   using std::allocator<T>::allocator;
-  template <class U>
-  struct rebind {
-    using other = DefaultInitAllocator<U>;
-  };
-  template <class U>
-  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
+  template <class U> struct rebind { using other = DefaultInitAllocator<U>; };
+  template <class U> void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) { ::new (static_cast<void*>(p)) U; }
+  template <class U, class... Args> void construct(U* p, Args&&... args) { ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...); }
 };
 }  // namespace tensor_storage
 
@@ -53,8 +43,7 @@ class Tensor {
   /// allocating anything.
   static std::optional<std::int64_t> checked_numel(const std::vector<std::int64_t>& shape, std::size_t elem_size = 1);
   /// A tensor holding `values` (f32 or f64 from the element type; bool stored as bytes).
-  template <class T>
-  static Tensor from(std::vector<std::int64_t> shape, const std::vector<T>& values) {
+  template <class T> static Tensor from(std::vector<std::int64_t> shape, const std::vector<T>& values) {
     Tensor t(dtype_of<T>(), std::move(shape));
     if (static_cast<std::size_t>(t.numel()) != values.size())
       throw ShapeError("tensor: " + std::to_string(values.size()) + " values for shape " + t.type_string());
@@ -75,13 +64,11 @@ class Tensor {
 
   /// Typed element access; T must match the dtype (float, double, std::int32_t, or std::uint8_t
   /// for bool).
-  template <class T>
-  T* data() {
+  template <class T> T* data() {
     check_type<T>();
     return reinterpret_cast<T*>(bytes_.data());
   }
-  template <class T>
-  const T* data() const {
+  template <class T> const T* data() const {
     check_type<T>();
     return reinterpret_cast<const T*>(bytes_.data());
   }
@@ -97,8 +84,7 @@ class Tensor {
   /// "f32[2,3]".
   std::string type_string() const;
 
-  template <class T>
-  static constexpr DType dtype_of() {
+  template <class T> static constexpr DType dtype_of() {
     if constexpr (std::is_same_v<T, float>) return DType::f32;
     else if constexpr (std::is_same_v<T, double>) return DType::f64;
     else if constexpr (std::is_same_v<T, std::int32_t>) return DType::i32;
@@ -109,10 +95,7 @@ class Tensor {
   }
 
  private:
-  template <class T>
-  void check_type() const {
-    QKV_ASSERT(dtype_of<T>() == dtype_, "tensor element type does not match its dtype");
-  }
+  template <class T> void check_type() const { QKV_ASSERT(dtype_of<T>() == dtype_, "tensor element type does not match its dtype"); }
   DType dtype_ = DType::f32;
   std::vector<std::int64_t> shape_;
   using Bytes = std::vector<std::byte, tensor_storage::DefaultInitAllocator<std::byte>>;

@@ -22,7 +22,8 @@ std::string check(const Graph& g) {
     const Node& n = g.nodes()[i];
     std::string where = "%" + std::to_string(i) + " (" + std::string(op_name(n.op)) + "): ";
     if (!arity_accepts(n.op, n.inputs.size())) return where + "wrong number of inputs";
-    if (is_flex_attention(n.op) != (n.region != nullptr)) return where + (n.region ? "a region on an op that takes none" : "no score modifier region");
+    if (is_flex_attention(n.op) != (n.region != nullptr))
+      return where + (n.region ? "a region on an op that takes none" : "no score modifier region");
     std::vector<Operand> operands;
     for (ValueId v : n.inputs) {
       if (v < 0 || static_cast<std::size_t>(v) >= i) return where + "operand %" + std::to_string(v) + " is not defined before use";
@@ -35,7 +36,8 @@ std::string check(const Graph& g) {
     }
     if (n.region) {
       std::vector<DType> tensors;
-      for (std::size_t j = 0; j < modifier_tensor_count(n.op, n.attrs, operands.size()); ++j) tensors.push_back(operands[fixed_operands(n.op) + j].dtype);
+      for (std::size_t j = 0; j < modifier_tensor_count(n.op, n.attrs, operands.size()); ++j)
+        tensors.push_back(operands[fixed_operands(n.op) + j].dtype);
       if (std::string why = check_region(*n.region, tensors); !why.empty()) return where + why;
     }
     ShapeResult r = infer_shape(n.op, operands, n.attrs);
@@ -48,8 +50,7 @@ std::string check(const Graph& g) {
     if (v < 0 || static_cast<std::size_t>(v) >= g.size()) return "update of '" + name + "' names no value";
     if (!updated.insert(name).second) return "input '" + name + "' updated twice";
     bool ok = false;
-    for (ValueId in : g.inputs())
-      ok = ok || (g.node(in).name == name && g.node(in).dtype == g.node(v).dtype && g.node(in).shape == g.node(v).shape);
+    for (ValueId in : g.inputs()) ok = ok || (g.node(in).name == name && g.node(in).dtype == g.node(v).dtype && g.node(in).shape == g.node(v).shape);
     if (!ok) return "update of '" + name + "' does not match an input of the same type";
   }
   std::set<std::string> outs;

@@ -9,15 +9,13 @@ namespace qkv::models {
 namespace {
 
 /// Outputs of a multi-head result: out, weights (mean over heads), weights_per_head.
-template <class R>
-ir::Graph lower_heads(const R& r) {
+template <class R> ir::Graph lower_heads(const R& r) {
   return lower(named<"out">(r.output), named<"weights">(mean_over_heads(r.weights)), named<"weights_per_head">(r.weights));
 }
 
 enum class Kind { mha, self, causal_self, cross };
 
-template <Kind K>
-ir::Graph build_multi_head(const Options& o) {
+template <Kind K> ir::Graph build_multi_head(const Options& o) {
   constexpr DimArg E = "E", H = "H";
   auto params = mha_params<"", E>();
   auto x = input<"x">(dim<"B">, dim<"N">, dim<E>);

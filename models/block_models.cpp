@@ -7,8 +7,7 @@
 namespace qkv::models {
 
 namespace {
-template <bool Cross>
-ir::Graph build_block(const Options& o) {
+template <bool Cross> ir::Graph build_block(const Options& o) {
   const std::string& act = o.text("activation");
   if (act != "relu" && act != "gelu") throw UsageError("activation must be relu or gelu, got '" + act + "'");
   constexpr DimArg E = "E", H = "H";

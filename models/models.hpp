@@ -62,8 +62,8 @@ Options resolve_options(const ModelSpec& model, const std::map<std::string, std:
 struct SdpaOptions {
   bool causal = false;
   bool mask = false;
-  std::optional<double> scale;  // none: 1/sqrt(D), resolved when D is bound
-  bool weights = true;  // also output the weights (which keeps the score matrix)
+  std::optional<double> scale;    // none: 1/sqrt(D), resolved when D is bound
+  bool weights = true;            // also output the weights (which keeps the score matrix)
   std::optional<double> softcap;  // soft-cap the scores at this value (a score modifier)
   double dropout = 0.0;           // dropout on the weights with this probability, keyed by an i32 input "seed"
 };
@@ -91,6 +91,5 @@ ir::Graph sinusoidal_positions_graph();
 
 /// Names of the built-in models.
 std::vector<std::string> model_names();
-
 
 }  // namespace qkv::models

@@ -14,8 +14,7 @@ namespace {
 }
 
 /// Sizes: any; the graph is built for them (see with_sizes).
-const std::vector<OptionSpec> kMultiHead = {{"embed", "32", "embedding size E (any size the heads divide)"},
-                                            {"heads", "4", "number of heads H"}};
+const std::vector<OptionSpec> kMultiHead = {{"embed", "32", "embedding size E (any size the heads divide)"}, {"heads", "4", "number of heads H"}};
 const std::vector<OptionSpec> kGqa = {{"embed", "64", "embedding size E (any size the heads divide)"},
                                       {"heads", "8", "query heads H"},
                                       {"kv_heads", "2", "key/value heads (must divide the query heads)"}};
@@ -44,8 +43,7 @@ double Options::number(const std::string& name) const {
     std::size_t used = 0;
     double d = std::stod(v, &used);
     if (used == v.size() && std::isfinite(d)) return d;
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   bad_value(name, v, "a number");
 }
 std::int64_t Options::integer(const std::string& name) const {
@@ -54,36 +52,64 @@ std::int64_t Options::integer(const std::string& name) const {
     std::size_t used = 0;
     long long i = std::stoll(v, &used);
     if (used == v.size() && i > 0) return i;
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   bad_value(name, v, "a positive integer");
 }
 
 const std::vector<ModelSpec>& all_models() {
   static const std::vector<ModelSpec> models = {
-      {"sdpa", "scaled dot-product attention: softmax(q kT * scale [masked]) v",
-       {{"causal", "false", "mask future keys"}, {"mask", "false", "a bool input mask [B, N, M] (true keeps a key)"},
+      {"sdpa",
+       "scaled dot-product attention: softmax(q kT * scale [masked]) v",
+       {{"causal", "false", "mask future keys"},
+        {"mask", "false", "a bool input mask [B, N, M] (true keeps a key)"},
         {"scale", "auto", "score scale (auto: 1/sqrt(D))"},
         {"softcap", "none", "soft-cap the scores: c * tanh(s / c) (a score modifier, fused as flex attention)"},
         {"dropout", "0", "dropout on the weights with probability p in [0, 1), keyed by an i32 input seed (fused with weights=false)"},
         {"weights", "true", "also output the weights [B, N, M] (false lets backends fuse: no score matrix)"}},
-       {"q", "k", "v", "mask", "seed"}, {{"B", 2}, {"N", 8}, {"M", 8}, {"D", 16}, {"Dv", 16}}, build_sdpa},
-      {"mha", "torch.nn.MultiheadAttention(E, H, batch_first=True): query, key, value and torch's parameter names",
-       with(kMultiHead, {{"causal", "false", "mask future keys (bottom-right aligned)"}}), {"query", "key", "value"},
-       {{"B", 2}, {"N", 8}, {"M", 8}}, build_mha},
-      {"self-attention", "multi-head self-attention over x [B, N, E] (nn.MultiheadAttention(x, x, x))", kMultiHead, {"x"},
-       {{"B", 2}, {"N", 8}}, build_self_attention},
-      {"cross-attention", "multi-head cross-attention: queries from x [B, N, E], keys and values from memory [B, M, E]", kMultiHead,
-       {"x", "memory"}, {{"B", 2}, {"N", 5}, {"M", 8}}, build_cross_attention},
-      {"causal-self-attention", "multi-head self-attention where position t sees positions <= t", kMultiHead, {"x"},
-       {{"B", 2}, {"N", 8}}, build_causal_self_attention},
-      {"gqa", "Llama-style causal grouped-query attention (q_proj, k_proj, v_proj, o_proj; no biases)",
+       {"q", "k", "v", "mask", "seed"},
+       {{"B", 2}, {"N", 8}, {"M", 8}, {"D", 16}, {"Dv", 16}},
+       build_sdpa},
+      {"mha",
+       "torch.nn.MultiheadAttention(E, H, batch_first=True): query, key, value and torch's parameter names",
+       with(kMultiHead, {{"causal", "false", "mask future keys (bottom-right aligned)"}}),
+       {"query", "key", "value"},
+       {{"B", 2}, {"N", 8}, {"M", 8}},
+       build_mha},
+      {"self-attention",
+       "multi-head self-attention over x [B, N, E] (nn.MultiheadAttention(x, x, x))",
+       kMultiHead,
+       {"x"},
+       {{"B", 2}, {"N", 8}},
+       build_self_attention},
+      {"cross-attention",
+       "multi-head cross-attention: queries from x [B, N, E], keys and values from memory [B, M, E]",
+       kMultiHead,
+       {"x", "memory"},
+       {{"B", 2}, {"N", 5}, {"M", 8}},
+       build_cross_attention},
+      {"causal-self-attention",
+       "multi-head self-attention where position t sees positions <= t",
+       kMultiHead,
+       {"x"},
+       {{"B", 2}, {"N", 8}},
+       build_causal_self_attention},
+      {"gqa",
+       "Llama-style causal grouped-query attention (q_proj, k_proj, v_proj, o_proj; no biases)",
        with(kGqa, {{"rope", "false", "rotary embeddings on queries and keys (half-split)"}}),
-       {"x"}, {{"B", 2}, {"N", 8}}, build_gqa},
-      {"decoder-block", "pre-norm causal transformer block (torch TransformerEncoderLayer(norm_first=True), causal); FFN 4E",
-       with(kMultiHead, {{"activation", "relu", "relu or gelu"}}), {"x"}, {{"B", 2}, {"N", 8}}, build_decoder_block},
-      {"encoder-decoder-block", "pre-norm decoder layer with cross-attention to memory (torch TransformerDecoderLayer(norm_first=True))",
-       with(kMultiHead, {{"activation", "relu", "relu or gelu"}}), {"x", "memory"}, {{"B", 2}, {"N", 5}, {"M", 8}},
+       {"x"},
+       {{"B", 2}, {"N", 8}},
+       build_gqa},
+      {"decoder-block",
+       "pre-norm causal transformer block (torch TransformerEncoderLayer(norm_first=True), causal); FFN 4E",
+       with(kMultiHead, {{"activation", "relu", "relu or gelu"}}),
+       {"x"},
+       {{"B", 2}, {"N", 8}},
+       build_decoder_block},
+      {"encoder-decoder-block",
+       "pre-norm decoder layer with cross-attention to memory (torch TransformerDecoderLayer(norm_first=True))",
+       with(kMultiHead, {{"activation", "relu", "relu or gelu"}}),
+       {"x", "memory"},
+       {{"B", 2}, {"N", 5}, {"M", 8}},
        build_encoder_decoder_block},
   };
   return models;

@@ -8,7 +8,7 @@ packages=(
   glslc libshaderc-dev spirv-tools
   libcli11-dev nlohmann-json3-dev libpng-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -14,8 +14,8 @@
 #include "ir/op_cost.hpp"
 #include "ir/printer.hpp"
 #include "ir/region.hpp"
-#include "tools/commands.hpp"
 #include "models/models.hpp"
+#include "tools/commands.hpp"
 
 namespace qkv::tool {
 
@@ -59,8 +59,7 @@ ir::Graph every_value(const ir::Graph& g) {
 
 /// Finds the first node whose value on `backend_name` leaves its budget, prints it, and with a
 /// dump folder writes its operands (float64 reference values) and a one-node graph to re-run.
-void localise(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name, const std::string& dump_dir,
-              double factor) {
+void localise(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name, const std::string& dump_dir, double factor) {
   ir::Graph all = every_value(g);
   const auto shapes = ir::bind_shapes(g, inputs, true);
   backend::TensorMap oracle, plain, got;
@@ -206,8 +205,8 @@ int cmd_explain(const Request& r, const std::string& backend_name, bool profile)
                ir::region_expression(*n.region) + " applied to each tile";
     if (kernel[i].starts_with("glsl ")) ++kernels;
     if (kernel[i].starts_with("(in %")) ++inlined;
-    std::printf("%%%-4zu %-18s %-22s %-*s %12.3f %12.3f", i, std::string(ir::op_name(n.op)).c_str(),
-                shape_string(ir::to_vector(shapes[i])).c_str(), width, kernel[i].c_str(), f / 1e6, moved / 1e6);
+    std::printf("%%%-4zu %-18s %-22s %-*s %12.3f %12.3f", i, std::string(ir::op_name(n.op)).c_str(), shape_string(ir::to_vector(shapes[i])).c_str(),
+                width, kernel[i].c_str(), f / 1e6, moved / 1e6);
     if (device_ms[i] >= 0) std::printf(" %12.4f", device_ms[i]);
     std::printf("\n");
   }
@@ -220,8 +219,7 @@ int cmd_explain(const Request& r, const std::string& backend_name, bool profile)
   }
   std::printf("total: %.3f MFLOP, %.3f MB moved, %.3f MB held for intermediates and outputs\n", flops / 1e6, bytes / 1e6,
               static_cast<double>(exe->planned_bytes()) / 1e6);
-  if (kernels > 0 || inlined > 0)
-    std::printf("kernels: %d, computing %d nodes more inside them (fused)\n", kernels, inlined);
+  if (kernels > 0 || inlined > 0) std::printf("kernels: %d, computing %d nodes more inside them (fused)\n", kernels, inlined);
   if (profile && device_total > 0) std::printf("device time: %.4f ms in kernels (median of 7 runs each; no uploads or downloads)\n", device_total);
   if (profile && device_total <= 0) std::printf("device time: %s does not time its kernels on this device\n", be->name().c_str());
   std::printf("score matrix: %s\n", scores.empty() ? "none (no attention in this graph)" : scores.c_str());
@@ -229,8 +227,7 @@ int cmd_explain(const Request& r, const std::string& backend_name, bool profile)
   // score there is masked (from causality, a window, or the modifier over these inputs).
   for (const backend::TileCount& t : exe->tile_counts()) {
     std::printf("block sparsity: %%%d %s skipped %.1f%% of its %lld scores, in blocks wholly masked", t.value,
-                std::string(ir::op_name(g.node(t.value).op)).c_str(), 100.0 * t.skipped_fraction(),
-                static_cast<long long>(t.computed + t.skipped));
+                std::string(ir::op_name(g.node(t.value).op)).c_str(), 100.0 * t.skipped_fraction(), static_cast<long long>(t.computed + t.skipped));
     if (t.unmasked > 0)  // FlexAttention's full blocks: kept whole, so their masks are not evaluated
       std::printf("; %.1f%% of those computed in blocks wholly kept, without evaluating the mask",
                   100.0 * static_cast<double>(t.unmasked) / static_cast<double>(t.computed));

@@ -25,7 +25,8 @@ int cmd_fuzz(const FuzzFlags& f, const std::vector<std::string>& backends) {
     if (result.pass) continue;
     ++failed;
     std::printf("graph seed %llu FAILED: %s\n", static_cast<unsigned long long>(seed), result.failure.c_str());
-    const std::string failing_backend = result.failure.substr(result.failure.find(" on ") + 4, result.failure.find(':') - result.failure.find(" on ") - 4);
+    const std::string failing_backend =
+        result.failure.substr(result.failure.find(" on ") + 4, result.failure.find(':') - result.failure.find(" on ") - 4);
     const ir::Graph small = backend::shrink_failure(result.failing_graph, result.failing_inputs, failing_backend, f.budget_factor);
     std::printf("smallest failing graph (%zu of %zu nodes):\n%s", small.size(), result.failing_graph.size(), ir::print(small).c_str());
     if (f.dump_dir.empty()) {

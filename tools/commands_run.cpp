@@ -9,8 +9,8 @@
 #include "ir/gradients.hpp"
 #include "ir/op_cases.hpp"
 #include "ir/printer.hpp"
-#include "tools/commands.hpp"
 #include "models/models.hpp"
+#include "tools/commands.hpp"
 
 namespace qkv::tool {
 
@@ -50,8 +50,7 @@ int cmd_devices() {
       const auto& d = devices[i];
       std::printf("  vulkan device %zu: %s (%s, Vulkan %s)\n    %s\n", i, d.name.c_str(), d.type.c_str(), d.api.c_str(), d.capabilities().c_str());
     }
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }
 

@@ -7,8 +7,8 @@
 
 #include "io/file.hpp"
 #include "io/png.hpp"
-#include "tools/commands.hpp"
 #include "models/models.hpp"
+#include "tools/commands.hpp"
 #include "train/init.hpp"
 #include "train/trainer.hpp"
 
@@ -49,7 +49,8 @@ io::Image figure(const io::Image& map, const std::string& title, const std::stri
   io::draw_text(img, left + map.width / 2 - io::text_width(x_name) / 2, 14, x_name);
   io::draw_text(img, 2, top + map.height / 2 - 9 * static_cast<std::int64_t>(y_name.size()) / 2, y_name, 1, true);
   for (std::size_t j = 0; j < x_labels.size() && static_cast<std::int64_t>(j) * cell < map.width; ++j)
-    io::draw_text(img, left + static_cast<std::int64_t>(j) * cell + 2, top - 11, x_labels[j].substr(0, static_cast<std::size_t>(std::max<std::int64_t>((cell - 4) / 6, 1))));
+    io::draw_text(img, left + static_cast<std::int64_t>(j) * cell + 2, top - 11,
+                  x_labels[j].substr(0, static_cast<std::size_t>(std::max<std::int64_t>((cell - 4) / 6, 1))));
   for (std::size_t i = 0; i < y_labels.size() && static_cast<std::int64_t>(i) * cell < map.height; ++i)
     io::draw_text(img, 12, top + static_cast<std::int64_t>(i) * cell + cell / 2 - 3, y_labels[i].substr(0, 10));
   img.paste(map, left, top);
@@ -142,9 +143,9 @@ int cmd_viz(const Request& r, const std::string& backend_name, const std::string
   ir::Graph pe_graph = models::sinusoidal_positions_graph();
   auto pe = be->compile(pe_graph)->run({{"x", Tensor(DType::f32, {n, 64})}}).at("pe");
   const std::int64_t cell = std::clamp<std::int64_t>(512 / n, 2, 8);
-  images.emplace_back("positions.png", figure(io::heatmap(matrix(pe, 0, n, 64), n, 64, cell, -1.0, 1.0),
-                                              "sinusoidal positions: " + std::to_string(n) + " x 64", "dimension 0-63", "position 0-" + std::to_string(n - 1),
-                                              {}, {}, cell, -1.0, 1.0, "value", ""));
+  images.emplace_back("positions.png",
+                      figure(io::heatmap(matrix(pe, 0, n, 64), n, 64, cell, -1.0, 1.0), "sinusoidal positions: " + std::to_string(n) + " x 64",
+                             "dimension 0-63", "position 0-" + std::to_string(n - 1), {}, {}, cell, -1.0, 1.0, "value", ""));
   io::make_dirs(dir);
   io::OutputBatch files;
   std::vector<std::string> written;
@@ -167,8 +168,8 @@ int cmd_train(const TrainFlags& f) {
   auto params = models::copy_task_params();
   train::Trainer trainer(model, "loss", params, train::Sgd{.lr = f.lr, .momentum = 0.9}, *be,
                          train::initialize(model, params, {train::Init::xavier_uniform}, f.seed));
-  std::printf("copy task on %s (%s): %d steps, batch %d, SGD lr %g momentum 0.9; chance loss %.4f\n", be->name().c_str(),
-              be->device().c_str(), f.steps, f.batch, f.lr, models::copy_task_chance_loss());
+  std::printf("copy task on %s (%s): %d steps, batch %d, SGD lr %g momentum 0.9; chance loss %.4f\n", be->name().c_str(), be->device().c_str(),
+              f.steps, f.batch, f.lr, models::copy_task_chance_loss());
   std::vector<double> losses;
   for (int s = 0; s < f.steps; ++s) {
     losses.push_back(trainer.step(models::copy_task_batch(f.batch, f.seed * 1000 + static_cast<std::uint64_t>(s))));

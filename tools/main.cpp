@@ -10,8 +10,8 @@
 #include <new>
 
 #include "backends/backend.hpp"
-#include "tools/commands.hpp"
 #include "models/models.hpp"
+#include "tools/commands.hpp"
 
 namespace {
 
@@ -38,8 +38,7 @@ std::deque<std::pair<Request*, RawPairs>> g_requests;  // a deque: the options k
 /// empty where it does not apply.
 void add_model_options(CLI::App* app, Request& r, const char* grad_help) {
   RawPairs* raw = &g_requests.emplace_back(&r, RawPairs{}).second;
-  app->add_option("model", r.target, "a built-in model (qkv models) or a graph's IR text FILE.qkv (qkv dump --ir writes one)")
-      ->required();
+  app->add_option("model", r.target, "a built-in model (qkv models) or a graph's IR text FILE.qkv (qkv dump --ir writes one)")->required();
   app->add_option("--set", raw->set, "a model option: NAME=VALUE (qkv models lists them)");
   app->add_option("--in", raw->in, "an input: NAME=FILE.npy (random from --seed when not given)");
   app->add_option("--weights", r.weights, "parameters: a .safetensors file or a folder of NAME.npy, under PyTorch's names");
@@ -150,7 +149,8 @@ int main(int argc, char** argv) {
 
   qkv::tool::FuzzFlags fuzz_f;
   std::string fuzz_backends = "reference,cpu,vulkan";
-  auto* fuzz = app.add_subcommand("fuzz", "random graphs from the op registry on every backend against the float64 reference; a failure is shrunk and written as a repro");
+  auto* fuzz = app.add_subcommand(
+      "fuzz", "random graphs from the op registry on every backend against the float64 reference; a failure is shrunk and written as a repro");
   fuzz->add_option("--graphs", fuzz_f.graphs, "how many graphs")->capture_default_str();
   fuzz->add_option("--ops", fuzz_f.ops, "ops drawn per graph")->capture_default_str();
   add_seed_option(fuzz, fuzz_f.seed, "seed of the first graph (graph i uses seed + i)");

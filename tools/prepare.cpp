@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
-#include <optional>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "backends/equivalence.hpp"
@@ -279,8 +279,9 @@ Prepared prepare(const Request& r) {
     for (const auto& [name, lead] : folded) {
       const auto& s = loaded.at(name).shape();
       auto b = broadcast_shapes(batch, {s.begin(), s.begin() + static_cast<std::ptrdiff_t>(lead)});
-      if (!b) throw UsageError(r.in.at(name) + ": leading dims " + shape_string({s.begin(), s.begin() + static_cast<std::ptrdiff_t>(lead)}) +
-                               " of input '" + name + "' do not broadcast with the other inputs' " + shape_string(batch));
+      if (!b)
+        throw UsageError(r.in.at(name) + ": leading dims " + shape_string({s.begin(), s.begin() + static_cast<std::ptrdiff_t>(lead)}) +
+                         " of input '" + name + "' do not broadcast with the other inputs' " + shape_string(batch));
       batch = *b;
     }
     for (const auto& [name, lead] : folded) loaded[name] = fold_batch(loaded.at(name), lead, batch);
@@ -306,7 +307,8 @@ Prepared prepare(const Request& r) {
     if (spec ? std::find(p.data.begin(), p.data.end(), name) == p.data.end() : !r.in.contains(name)) parameters.push_back(name);
   }
   if (!r.weights.empty()) {
-    if (parameters.empty()) throw UsageError("--weights " + r.weights + ": " + p.title + " has no weights (its inputs are data: " + input_list(p.graph) + ")");
+    if (parameters.empty())
+      throw UsageError("--weights " + r.weights + ": " + p.title + " has no weights (its inputs are data: " + input_list(p.graph) + ")");
     auto w = load_weights(r.weights);
     for (ir::ValueId v : p.graph.inputs()) {
       const ir::Node& n = p.graph.node(v);

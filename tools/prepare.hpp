@@ -20,23 +20,23 @@ std::map<std::string, std::string> pairs(const std::vector<std::string>& items, 
 std::string shape_string(const std::vector<std::int64_t>& s);
 
 struct Request {
-  std::string target;                      // a model name or FILE.qkv
-  std::map<std::string, std::string> set;  // --set
-  std::map<std::string, std::string> in;   // --in NAME=FILE.npy
-  std::map<std::string, std::string> dims; // --dim NAME=SIZE (sizes of named dims without inputs)
-  std::string weights;                     // --weights FILE.safetensors or DIR of NAME.npy
+  std::string target;                       // a model name or FILE.qkv
+  std::map<std::string, std::string> set;   // --set
+  std::map<std::string, std::string> in;    // --in NAME=FILE.npy
+  std::map<std::string, std::string> dims;  // --dim NAME=SIZE (sizes of named dims without inputs)
+  std::string weights;                      // --weights FILE.safetensors or DIR of NAME.npy
   std::uint64_t seed = 1;
-  bool grad = false;                       // the backward graph: outputs d_<input>, inputs d<output>
+  bool grad = false;  // the backward graph: outputs d_<input>, inputs d<output>
 };
 
 struct Prepared {
-  std::string title;             // "mha (embed=32, heads=4, causal=false)"
-  ir::Graph graph;               // forward, or backward with --grad
-  backend::TensorMap inputs;     // every input of `graph`
-  std::vector<std::string> data; // inputs that are data (the rest are parameters)
+  std::string title;                           // "mha (embed=32, heads=4, causal=false)"
+  ir::Graph graph;                             // forward, or backward with --grad
+  backend::TensorMap inputs;                   // every input of `graph`
+  std::vector<std::string> data;               // inputs that are data (the rest are parameters)
   std::map<std::string, std::string> sources;  // input -> where it came from (file, weights, seed)
-  int promoted = 0;              // leading dims of size 1 added to every data file (removed from outputs)
-  std::vector<std::int64_t> batch;  // leading dims of the files folded into the graph's batch dim B (restored in outputs)
+  int promoted = 0;                            // leading dims of size 1 added to every data file (removed from outputs)
+  std::vector<std::int64_t> batch;             // leading dims of the files folded into the graph's batch dim B (restored in outputs)
 };
 
 /// The forward (or backward) graph of a built-in model or a FILE.qkv, and every input it needs:

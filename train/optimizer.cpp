@@ -75,8 +75,7 @@ ir::Graph training_step(const ir::Graph& backward, const std::vector<std::string
   }
   std::vector<std::string> keep;
   for (const auto& [name, v] : g.outputs())
-    if (std::find(params.begin(), params.end(), name.substr(name.rfind("d_", 0) == 0 ? 2 : name.size())) == params.end())
-      keep.push_back(name);
+    if (std::find(params.begin(), params.end(), name.substr(name.rfind("d_", 0) == 0 ? 2 : name.size())) == params.end()) keep.push_back(name);
   return ir::select_outputs(g, keep);
 }
 

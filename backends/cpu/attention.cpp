@@ -68,9 +68,8 @@ Transposed transposed(const float* x, std::int64_t cols, std::int64_t d, int slo
 class Scores {
  public:
   Scores(const ScoreArgs& a, const ir::Shape& batch)
-      : a_(a), batch_(batch), n_(a.q.shape.back(1)), m_(a.k.shape.back(1)), d_(a.q.shape.back(0)),
-        qs_(batch_strides(a.q.shape, batch, n_ * d_)), ks_(batch_strides(a.k.shape, batch, m_ * d_)),
-        shift_(a.align == ir::CausalAlign::bottom_right ? m_ - n_ : 0) {
+      : a_(a), batch_(batch), n_(a.q.shape.back(1)), m_(a.k.shape.back(1)), d_(a.q.shape.back(0)), qs_(batch_strides(a.q.shape, batch, n_ * d_)),
+        ks_(batch_strides(a.k.shape, batch, m_ * d_)), shift_(a.align == ir::CausalAlign::bottom_right ? m_ - n_ : 0) {
     if (!a.mask) return;
     ir::Shape scores = batch;
     scores.push_back(n_);
@@ -144,8 +143,7 @@ class Scores {
   /// whole: the causal key range and the modifier's tiles skipped when `skip` (the operands the
   /// masked zeros would meet are finite), every key otherwise. Counts the scores; f may return
   /// how many of the tile's it left out itself (each_slice).
-  template <class F>
-  void each_key_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, bool skip, F f) const {
+  template <class F> void each_key_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, bool skip, F f) const {
     const auto [begin, end] = skip ? keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m_};
     std::int64_t computed = 0;
     for (std::int64_t j0 = begin; j0 < end; j0 += kKeyBlock) {
@@ -197,8 +195,7 @@ class Scores {
   }
 
   /// f(i0, rows) for each query tile of keys [j0, j0 + cols), likewise.
-  template <class F>
-  void each_query_tile(std::int64_t b, std::int64_t j0, std::int64_t cols, bool skip, F f) const {
+  template <class F> void each_query_tile(std::int64_t b, std::int64_t j0, std::int64_t cols, bool skip, F f) const {
     const auto [begin, end] = skip ? queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n_};
     const std::int64_t qb = query_block();
     std::int64_t computed = 0;
@@ -317,8 +314,8 @@ float* derivative_buffer() {
 /// with row stride kKeyBlock). dy, lse and delta point at row i0; `tile` holds the keys and
 /// values [j0, j0 + cols) transposed. With dropout's factors z, p z (dv's weights) and
 /// ds = p (z dy vT - delta).
-void backward_tile(const Scores& sc, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols,
-                   const KeyTile& tile, const float* dy, std::int64_t dv, const float* lse, const float* delta, float* p, float* ds) {
+void backward_tile(const Scores& sc, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const KeyTile& tile,
+                   const float* dy, std::int64_t dv, const float* lse, const float* delta, float* p, float* ds) {
   float* dmod = ds && sc.has_derivative() ? derivative_buffer() : nullptr;
   sc.compute(b, i0, rows, j0, cols, tile.keys, p, kKeyBlock, dmod);
   if (ds) tile_gemm(false, rows, tile.values.ld, dv, 1.0f, dy, dv, tile.values.data, tile.values.ld, false, ds, kKeyBlock);
@@ -341,8 +338,7 @@ void backward_tile(const Scores& sc, std::int64_t b, std::int64_t i0, std::int64
 /// q, k, v, dy and delta meets a masked zero (see attention). v, dy and delta point at entry b.
 bool backward_may_skip(const Scores& sc, std::int64_t b, const float* v, std::int64_t dv, const float* dy, const float* delta) {
   const std::int64_t n = sc.n(), m = sc.m(), d = sc.d();
-  return all_finite(sc.q(b), n * d) && all_finite(sc.k(b), m * d) && all_finite(v, m * dv) && all_finite(dy, n * dv) &&
-         all_finite(delta, n);
+  return all_finite(sc.q(b), n * d) && all_finite(sc.k(b), m * d) && all_finite(v, m * dv) && all_finite(dy, n * dv) && all_finite(delta, n);
 }
 
 }  // namespace
@@ -359,9 +355,8 @@ void attention(const AttentionArgs& a) {
   // weight of 0, and 0 * NaN or 0 * inf is NaN. A batch whose v holds one processes every block.
   std::vector<std::uint8_t> finite_v(static_cast<std::size_t>(batches), 1);
   if (sc.may_skip())
-    ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
-      finite_v[static_cast<std::size_t>(b)] = all_finite(a.v.data + offset_at(b, sc.batch(), vs), m * dv);
-    });
+    ThreadPool::global().parallel_for(
+        batches, [&](std::int64_t b) { finite_v[static_cast<std::size_t>(b)] = all_finite(a.v.data + offset_at(b, sc.batch(), vs), m * dv); });
 
   ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
     thread_local std::vector<float> s_buf, m_buf, l_buf;

@@ -21,23 +21,23 @@ struct TileCounter {
 };
 
 struct ScoreArgs {
-  ConstView q, k;             // [..., N, D], [..., M, D]; batch dims broadcast
-  const ConstView* mask;      // nullptr, or a 0/1 keep-mask broadcasting to [..., N, M]
+  ConstView q, k;         // [..., N, D], [..., M, D]; batch dims broadcast
+  const ConstView* mask;  // nullptr, or a 0/1 keep-mask broadcasting to [..., N, M]
   float scale;
   bool causal;
   ir::CausalAlign align;
-  std::int64_t window;        // with causal and > 0: only the last `window` keys (sliding window)
+  std::int64_t window;                 // with causal and > 0: only the last `window` keys (sliding window)
   const ScoreModifier* mod = nullptr;  // flex attention's modifier (with its derivative for the backward)
-  double dropout = 0.0;       // flex attention's dropout on the weights (0: none), keyed by `seed`
+  double dropout = 0.0;                // flex attention's dropout on the weights (0: none), keyed by `seed`
   std::uint32_t seed = 0;
   TileCounter* tiles = nullptr;  // when given: counts the tiles computed and skipped
 };
 
 struct AttentionArgs {
   ScoreArgs s;
-  ConstView v;                // [..., M, Dv]
-  View out;                   // [..., N, Dv]
-  float* lse = nullptr;       // when given: [..., N] rows' log-sum-exp, as attention_lse computes
+  ConstView v;           // [..., M, Dv]
+  View out;              // [..., N, Dv]
+  float* lse = nullptr;  // when given: [..., N] rows' log-sum-exp, as attention_lse computes
 };
 
 /// Query blocks of kQueryBlock rows stream over key blocks of kKeyBlock keys with an online

@@ -9,8 +9,8 @@
 #include "backends/cpu/isa.hpp"
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/thread_pool.hpp"
-#include "backends/host_kernels.hpp"
 #include "backends/executable_skeleton.hpp"
+#include "backends/host_kernels.hpp"
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
@@ -98,7 +98,8 @@ class CpuExecutable final : public ExecutableSkeleton {
     std::vector<std::int64_t> bytes(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * static_cast<std::int64_t>(sizeof(float));
     // f32 inputs are read where the caller keeps them; bool and i32 inputs are widened into the arena.
-    memory_ = ir::plan_memory(graph_, bytes, [](const Node& n) { return n.op == Op::input && n.dtype == DType::f32; }, 64);
+    memory_ = ir::plan_memory(
+        graph_, bytes, [](const Node& n) { return n.op == Op::input && n.dtype == DType::f32; }, 64);
     plan_kernel_groups();
     try {
       arena_.assign(static_cast<std::size_t>(memory_.total_bytes / 4 + 16), 0.0f);
@@ -107,9 +108,8 @@ class CpuExecutable final : public ExecutableSkeleton {
       for (std::size_t i = 1; i < bytes.size(); ++i)
         if (bytes[i] > bytes[largest]) largest = i;
       throw ResourceError("cpu: out of memory: the plan for these shapes needs " + std::to_string(memory_.total_bytes) +
-                          " bytes; the largest value is %" + std::to_string(largest) + " " +
-                          std::string(ir::op_name(graph_.nodes()[largest].op)) + " " +
-                          graph_.type_string(graph_.nodes()[largest].dtype, shapes_[largest]) + " (" + std::to_string(bytes[largest]) +
+                          " bytes; the largest value is %" + std::to_string(largest) + " " + std::string(ir::op_name(graph_.nodes()[largest].op)) +
+                          " " + graph_.type_string(graph_.nodes()[largest].dtype, shapes_[largest]) + " (" + std::to_string(bytes[largest]) +
                           " bytes)");
     }
   }
@@ -166,9 +166,7 @@ class CpuExecutable final : public ExecutableSkeleton {
     }
   }
 
-  bool computed_with_leader(std::size_t i) const {
-    return leader_[i] >= 0 && group_fused_[static_cast<std::size_t>(leader_[i])];
-  }
+  bool computed_with_leader(std::size_t i) const { return leader_[i] >= 0 && group_fused_[static_cast<std::size_t>(leader_[i])]; }
 
   void execute(std::size_t i) {
     const Node& n = graph_.nodes()[i];
@@ -180,8 +178,13 @@ class CpuExecutable final : public ExecutableSkeleton {
     // in `mask`, the bound scale and the causal attributes.
     auto scores = [&](const Node& node, int mask_at, cpu::ConstView& mask) {
       if (mask_at >= 0) mask = in(mask_at);
-      cpu::ScoreArgs s{in(0), in(1), mask_at >= 0 ? &mask : nullptr, static_cast<float>(ir::bound_value(graph_, node, shapes_)),
-                       node.attrs.causal, node.attrs.align, node.attrs.window};
+      cpu::ScoreArgs s{in(0),
+                       in(1),
+                       mask_at >= 0 ? &mask : nullptr,
+                       static_cast<float>(ir::bound_value(graph_, node, shapes_)),
+                       node.attrs.causal,
+                       node.attrs.align,
+                       node.attrs.window};
       s.tiles = &tiles_;
       return s;
     };
@@ -203,6 +206,8 @@ class CpuExecutable final : public ExecutableSkeleton {
     };
     cpu::View out{nullptr, shapes_[i]};
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
+    // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
+    // clang-format off
     switch (n.op) {
       case Op::input:
         if (out.data) {
@@ -280,6 +285,7 @@ class CpuExecutable final : public ExecutableSkeleton {
         return cpu::attention_grads(args, grads[0], grads[1], grads[2]);
       }
     }
+    // clang-format on
     QKV_UNREACHABLE("op");
   }
 
@@ -288,7 +294,7 @@ class CpuExecutable final : public ExecutableSkeleton {
   std::vector<ir::ValueId> leader_;              // node -> its kernel group's leader, or -1
   std::vector<std::vector<std::size_t>> group_;  // leader -> its group's nodes (empty otherwise)
   std::vector<bool> group_fused_;                // leader -> the group runs as one kernel
-  std::vector<int> slot_;                // node -> index into tensors_ (inputs only)
+  std::vector<int> slot_;                        // node -> index into tensors_ (inputs only)
   ir::MemoryPlan memory_;
   std::vector<float> arena_;
 };
@@ -297,11 +303,13 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   std::string device() const override {
-    return "host CPU, qkv's vector kernels " + std::string(cpu::isa_name(cpu::host_isa())) + ", " + std::string(openblas_get_config()) +
-           ", " + std::to_string(cpu::ThreadPool::global().size()) + " threads (OpenBLAS on 1, qkv's pool owns the cores)";
+    return "host CPU, qkv's vector kernels " + std::string(cpu::isa_name(cpu::host_isa())) + ", " + std::string(openblas_get_config()) + ", " +
+           std::to_string(cpu::ThreadPool::global().size()) + " threads (OpenBLAS on 1, qkv's pool owns the cores)";
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
+    // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
+    // clang-format off
     switch (g.node(v).op) {
       case Op::input: return g.node(v).dtype == DType::f32 ? "(input, read in place)" : "(input, widened to f32)";
       case Op::reshape: return "(view of its operand)";
@@ -341,6 +349,7 @@ class CpuBackend final : public Backend {
       case Op::concat:
       case Op::reduce_mean: return "loop";
     }
+    // clang-format on
     QKV_UNREACHABLE("an op without a kernel name");
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
@@ -352,6 +361,8 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 bool cpu_supports(const Node& n) {
+  // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
+  // clang-format off
   switch (n.op) {
     case Op::softmax:
     case Op::log_softmax: return true;
@@ -368,6 +379,7 @@ bool cpu_supports(const Node& n) {
     case Op::flex_attention:
     case Op::flex_attention_lse: return true;
   }
+  // clang-format on
   return false;
 }
 

@@ -25,20 +25,20 @@ const char* isa_name(Isa isa);
 
 /// Defines `ret name params`, which runs name##_impl<Wide> args on AVX-512 CPUs and
 /// name##_impl<Narrow> args otherwise, compiled for AVX2 + FMA and for the baseline ISA.
-#define QKV_ISA_DISPATCH(ret, name, params, args, Wide, Narrow)                                              \
-  QKV_TARGET_AVX512 static ret name##_avx512 params { return name##_impl<Wide> args; }                     \
-  QKV_TARGET_AVX2 static ret name##_avx2 params { return name##_impl<Narrow> args; }                       \
-  static ret name##_baseline params { return name##_impl<Narrow> args; }                                   \
-  ret name params {                                                                                         \
-    static const auto chosen = [] {                                                                         \
-      switch (::qkv::backend::cpu::host_isa()) {                                                            \
-        case ::qkv::backend::cpu::Isa::avx512: return &name##_avx512;                                       \
-        case ::qkv::backend::cpu::Isa::avx2: return &name##_avx2;                                           \
-        case ::qkv::backend::cpu::Isa::baseline: break;                                                     \
-      }                                                                                                     \
-      return &name##_baseline;                                                                              \
-    }();                                                                                                    \
-    return chosen args;                                                                                     \
+#define QKV_ISA_DISPATCH(ret, name, params, args, Wide, Narrow)                        \
+  QKV_TARGET_AVX512 static ret name##_avx512 params { return name##_impl<Wide> args; } \
+  QKV_TARGET_AVX2 static ret name##_avx2 params { return name##_impl<Narrow> args; }   \
+  static ret name##_baseline params { return name##_impl<Narrow> args; }               \
+  ret name params {                                                                    \
+    static const auto chosen = [] {                                                    \
+      switch (::qkv::backend::cpu::host_isa()) {                                       \
+        case ::qkv::backend::cpu::Isa::avx512: return &name##_avx512;                  \
+        case ::qkv::backend::cpu::Isa::avx2: return &name##_avx2;                      \
+        case ::qkv::backend::cpu::Isa::baseline: break;                                \
+      }                                                                                \
+      return &name##_baseline;                                                         \
+    }();                                                                               \
+    return chosen args;                                                                \
   }
 #else
 #define QKV_ISA_DISPATCH(ret, name, params, args, Wide, Narrow) \

@@ -54,8 +54,7 @@ template <ir::Op O>
   }
 }
 
-template <ir::Op O>
-void binary_impl(ConstView a, ConstView b, View out) {
+template <ir::Op O> void binary_impl(ConstView a, ConstView b, View out) {
   const ir::Shape& os = out.shape;
   std::int64_t inner = os.rank ? os.back() : 1;
   Strides sa = broadcast_strides(a.shape, os), sb = broadcast_strides(b.shape, os);
@@ -64,8 +63,7 @@ void binary_impl(ConstView a, ConstView b, View out) {
   ir::Shape rows = leading(os);
   std::int64_t nrows = rows.numel();
   OffsetWalker<2> w{rows, {sa, sb}};
-  for (std::int64_t r = 0; r < nrows; ++r, w.next())
-    binary_rows<O>(a.data + w.offset[0], b.data + w.offset[1], out.data + r * inner, inner, ia, ib);
+  for (std::int64_t r = 0; r < nrows; ++r, w.next()) binary_rows<O>(a.data + w.offset[0], b.data + w.offset[1], out.data + r * inner, inner, ia, ib);
 }
 
 }  // namespace
@@ -80,10 +78,10 @@ void unary(ir::Op op, ConstView x, View out) {
     return;
   }
   // The others: the registry row's host expression, in a loop per op the compiler can vectorise.
-#define QKV_UNARY_LOOP(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...)                         \
-  if (op == ir::Op::id) {                                                                  \
-    for (std::int64_t i = 0; i < n; ++i) out.data[i] = apply_unary(ir::Op::id, x.data[i]); \
-    return;                                                                                \
+#define QKV_UNARY_LOOP(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
+  if (op == ir::Op::id) {                                                                                                          \
+    for (std::int64_t i = 0; i < n; ++i) out.data[i] = apply_unary(ir::Op::id, x.data[i]);                                         \
+    return;                                                                                                                        \
   }
   QKV_UNARY_OPS(QKV_UNARY_LOOP)
 #undef QKV_UNARY_LOOP
@@ -94,8 +92,7 @@ namespace {
 
 /// f(std::integral_constant<ir::Op, op>{}) for a binary elementwise op: one switch for the kernels
 /// instantiated per op.
-template <class F>
-void with_binary_op(ir::Op op, F f) {
+template <class F> void with_binary_op(ir::Op op, F f) {
 #define QKV_WITH_BINARY(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
   if (op == ir::Op::id) return f(std::integral_constant<ir::Op, ir::Op::id>{});
   QKV_BINARY_OPS(QKV_WITH_BINARY)
@@ -148,8 +145,10 @@ void reduce(ir::Op op, ConstView x, int axis, View out) {
     std::fill_n(dst, s.inner, init);
     for (std::int64_t k = 0; k < s.n; ++k) {
       const float* src = x.data + (o * s.n + k) * s.inner;
-      if (sum) for (std::int64_t i = 0; i < s.inner; ++i) dst[i] += src[i];
-      else for (std::int64_t i = 0; i < s.inner; ++i) dst[i] = apply_binary(ir::Op::max, dst[i], src[i]);
+      if (sum)
+        for (std::int64_t i = 0; i < s.inner; ++i) dst[i] += src[i];
+      else
+        for (std::int64_t i = 0; i < s.inner; ++i) dst[i] = apply_binary(ir::Op::max, dst[i], src[i]);
     }
   }
 }
@@ -187,7 +186,7 @@ void softmax(ConstView x, int axis, View out) {
       float* dst = out.data + o * s.n * s.inner + i;
       float m = -std::numeric_limits<float>::infinity();
       for (std::int64_t k = 0; k < s.n; ++k) m = apply_binary(ir::Op::max, m, src[k * s.inner]);  // NaN propagates
-      if (m == -std::numeric_limits<float>::infinity()) m = 0.0f;  // a row of -inf gives zeros
+      if (m == -std::numeric_limits<float>::infinity()) m = 0.0f;                                 // a row of -inf gives zeros
       float total = 0.0f;
       for (std::int64_t k = 0; k < s.n; ++k) total += dst[k * s.inner] = std::exp(src[k * s.inner] - m);
       const float inv = total == 0.0f ? 0.0f : 1.0f / total;
@@ -241,8 +240,8 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
     }
     const float* pa = a.data + oa * d.m * d.k + (ta ? r0 : r0 * d.k);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(r), static_cast<int>(d.n),
-                static_cast<int>(d.k), 1.0f, pa, static_cast<int>(ta ? d.m : d.k), b.data + ob * d.k * d.n, static_cast<int>(tb ? d.k : d.n),
-                0.0f, out.data + bt * d.m * d.n + r0 * d.n, static_cast<int>(d.n));
+                static_cast<int>(d.k), 1.0f, pa, static_cast<int>(ta ? d.m : d.k), b.data + ob * d.k * d.n, static_cast<int>(tb ? d.k : d.n), 0.0f,
+                out.data + bt * d.m * d.n + r0 * d.n, static_cast<int>(d.n));
   };
   if (small) {
     for (std::int64_t t = 0; t < d.batch * chunks; ++t) task(t);
@@ -257,9 +256,7 @@ void permute(ConstView x, const std::array<std::int8_t, ir::kMaxRank>& perm, Vie
   strided_copy(x.data, st, out);
 }
 
-void causal_mask(ir::CausalAlign align, std::int64_t window, View out) {
-  causal_mask_kernel(out.shape[0], out.shape[1], align, window, out.data);
-}
+void causal_mask(ir::CausalAlign align, std::int64_t window, View out) { causal_mask_kernel(out.shape[0], out.shape[1], align, window, out.data); }
 
 void slice(ConstView x, int axis, std::int64_t begin, View out) {
   AxisSplit s = split_at(x.shape, axis);
@@ -275,7 +272,8 @@ void iota(int axis, View out) { iota_kernel(split_at(out.shape, axis), out.data)
 
 void dropout_mask(ConstView seed, double p, View out) {
   // The vectorised factors fused attention draws too (the reference's scalar kernel is the check).
-  dropout_factors(dropout_seed(seed.data[0]), ir::dropout_threshold(p), static_cast<float>(ir::dropout_keep_value(p)), 0, out.data, out.shape.numel());
+  dropout_factors(dropout_seed(seed.data[0]), ir::dropout_threshold(p), static_cast<float>(ir::dropout_keep_value(p)), 0, out.data,
+                  out.shape.numel());
 }
 
 }  // namespace qkv::backend::cpu

@@ -32,8 +32,8 @@ float softcap_of(const ir::Graph& r) {
 
 }  // namespace
 
-ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vector<ConstView> tensors, const ir::Shape& batch,
-                             std::int64_t n, std::int64_t m)
+ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vector<ConstView> tensors, const ir::Shape& batch, std::int64_t n,
+                             std::int64_t m)
     : region_(region), masks_(ir::region_masks(region)), softcap_(softcap_of(region)), batch_(batch) {
   ir::Shape scores = batch;
   scores.push_back(n);
@@ -195,7 +195,8 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
           const Operand& t = tensors_[static_cast<std::size_t>(st.input - ir::kRegionFixedInputs)];
           const float* row = t.data + batch_offset(t, b) + i * t.row + j0 * t.col;
           if (st.uniform) u = row[0];
-          else for (std::int64_t j = 0; j < cols; ++j) out[j] = row[j * t.col];
+          else
+            for (std::int64_t j = 0; j < cols; ++j) out[j] = row[j * t.col];
         }
         break;
       case ir::OpCategory::unary:

@@ -15,8 +15,7 @@ class ScoreModifier {
  public:
   /// `region` over `tensors` (its t0, t1, ... as f32, broadcasting to the scores
   /// [batch..., N, M]). With `derivative`, apply_row also gives d mod / d score.
-  ScoreModifier(const ir::Graph& region, bool derivative, std::vector<ConstView> tensors, const ir::Shape& batch, std::int64_t n,
-                std::int64_t m);
+  ScoreModifier(const ir::Graph& region, bool derivative, std::vector<ConstView> tensors, const ir::Shape& batch, std::int64_t n, std::int64_t m);
 
   /// Query i of batch entry b over keys [j0, j0 + cols): s[j] becomes mod(s[j], i, j0 + j, t...)
   /// and, when built with its derivative, dmod[j] = d mod / d score there. With `kept` (only
@@ -64,13 +63,13 @@ class ScoreModifier {
   };
   struct Operand {
     const float* data;
-    Strides batch;            // element strides over the batch dims
-    std::int64_t row, col;    // strides along the queries and the keys (0 where broadcast)
+    Strides batch;          // element strides over the batch dims
+    std::int64_t row, col;  // strides along the queries and the keys (0 where broadcast)
   };
   std::int64_t batch_offset(const Operand& t, std::int64_t b) const;
   /// The ranges of the region's inputs over the tile for scores in `score` (see masks_tile).
-  const std::vector<ir::ValueRange>& tile_inputs(ir::ValueRange score, std::int64_t b, std::int64_t i0, std::int64_t rows,
-                                                 std::int64_t j0, std::int64_t cols) const;
+  const std::vector<ir::ValueRange>& tile_inputs(ir::ValueRange score, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0,
+                                                 std::int64_t cols) const;
   /// The register step r reads as when the tile is kept: r, or the kept branch its where takes.
   int kept_register(int r) const;
 

@@ -27,8 +27,7 @@ using simd::v8i;
 /// them: it kept one of B's vectors on the stack, and fewer rows left too few sums in flight to
 /// cover the FMA's latency (the AVX2 forward ran at 42-66% of sgemm against 75% with OpenBLAS's
 /// hand-written kernel), so AVX2 and the baseline ISA keep OpenBLAS.
-template <class V, int R>
-struct Tile {
+template <class V, int R> struct Tile {
   using Vec = V;
   static constexpr int rows = R;
   static constexpr int lanes = static_cast<int>(sizeof(V) / sizeof(float));
@@ -38,8 +37,8 @@ using Wide = Tile<v16f, 8>;
 /// C[R x NV vectors] = alpha * A[R x k] B[k x NV vectors] (+ C): the sums stay in registers for
 /// the whole depth k.
 template <class V, int R, int NV, bool TA>
-[[gnu::always_inline]] inline void micro(std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
-                                         std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc) {
+[[gnu::always_inline]] inline void micro(std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                                         bool accumulate, float* c, std::int64_t ldc) {
   constexpr int L = static_cast<int>(sizeof(V) / sizeof(float));
   V sum[R][NV];
   for (int r = 0; r < R; ++r)
@@ -84,9 +83,8 @@ template <class T, int NV, bool TA>
 
 /// The columns in whole vectors; returns how many that is.
 template <class T, bool TA>
-[[gnu::always_inline]] inline std::int64_t columns(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-                                                   std::int64_t lda, const float* b, std::int64_t ldb, bool accumulate, float* c,
-                                                   std::int64_t ldc) {
+[[gnu::always_inline]] inline std::int64_t columns(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
+                                                   const float* b, std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc) {
   constexpr int L = T::lanes;
   std::int64_t j = 0;
   for (; j + 2 * L <= n; j += 2 * L) strip<T, 2, TA>(m, k, alpha, a, lda, b + j, ldb, accumulate, c + j, ldc);
@@ -99,16 +97,15 @@ template <class T, bool TA>
 
 template <class T>
 [[gnu::always_inline]] inline std::int64_t vector_columns_impl(bool a_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                                                               const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                                                               bool accumulate, float* c, std::int64_t ldc) {
+                                                               const float* a, std::int64_t lda, const float* b, std::int64_t ldb, bool accumulate,
+                                                               float* c, std::int64_t ldc) {
   return a_transposed ? columns<T, true>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc)
                       : columns<T, false>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
 #if defined(__x86_64__)
-QKV_TARGET_AVX512 std::int64_t vector_columns(bool a_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                                               const float* a, std::int64_t lda, const float* b, std::int64_t ldb, bool accumulate,
-                                               float* c, std::int64_t ldc) {
+QKV_TARGET_AVX512 std::int64_t vector_columns(bool a_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                                              std::int64_t lda, const float* b, std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc) {
   return vector_columns_impl<Wide>(a_transposed, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 #endif
@@ -152,26 +149,23 @@ int to_int(std::int64_t v) { return static_cast<int>(v); }
 
 }  // namespace
 
-void tile_gemm(bool a_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-               const float* b, std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc) {
+void tile_gemm(bool a_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+               std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   std::int64_t done = 0;
 #if defined(__x86_64__)
   if (host_isa() == Isa::avx512) done = vector_columns(a_transposed, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 #endif
   if (done < n)
-    cblas_sgemm(CblasRowMajor, a_transposed ? CblasTrans : CblasNoTrans, CblasNoTrans, to_int(m), to_int(n - done), to_int(k), alpha, a,
-                to_int(lda), b + done, to_int(ldb), accumulate ? 1.0f : 0.0f, c + done, to_int(ldc));
+    cblas_sgemm(CblasRowMajor, a_transposed ? CblasTrans : CblasNoTrans, CblasNoTrans, to_int(m), to_int(n - done), to_int(k), alpha, a, to_int(lda),
+                b + done, to_int(ldb), accumulate ? 1.0f : 0.0f, c + done, to_int(ldc));
 }
 
-void transpose_into(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx, float* y, std::int64_t ldy,
-                    std::int64_t padded_rows) {
+void transpose_into(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx, float* y, std::int64_t ldy, std::int64_t padded_rows) {
   transpose_blocks(x, rows, cols, ldx, y, ldy);
   for (std::int64_t j = 0; j < cols; ++j) std::fill(y + j * ldy + rows, y + j * ldy + padded_rows, 0.0f);
 }
 
-std::int64_t tile_gemm_columns() {
-  return host_isa() == Isa::avx512 ? 2 * Wide::lanes : 1;
-}
+std::int64_t tile_gemm_columns() { return host_isa() == Isa::avx512 ? 2 * Wide::lanes : 1; }
 
 }  // namespace qkv::backend::cpu

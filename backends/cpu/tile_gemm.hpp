@@ -15,13 +15,12 @@ namespace qkv::backend::cpu {
 /// elements are broadcast from where they lie and B is read in rows (a caller that needs Bᵀ
 /// transposes it once, see transpose_into). On AVX-512 CPUs; columns past the last whole
 /// vector, and CPUs without AVX-512, go to OpenBLAS (see tile_gemm.cpp for why AVX2 does).
-void tile_gemm(bool a_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-               const float* b, std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc);
+void tile_gemm(bool a_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+               std::int64_t ldb, bool accumulate, float* c, std::int64_t ldc);
 
 /// y[j * ldy + i] = x[i * ldx + j] for i < rows, j < cols, and y[j * ldy + i] = 0 for
 /// rows <= i < padded_rows: x's block transposed, its rows padded with zeros to padded_rows.
-void transpose_into(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx, float* y, std::int64_t ldy,
-                    std::int64_t padded_rows);
+void transpose_into(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t ldx, float* y, std::int64_t ldy, std::int64_t padded_rows);
 
 /// The multiple of columns tile_gemm computes in its register tiles on this CPU (two vectors of
 /// 16 on AVX-512, else 1): a product whose n is rounded up to it runs without OpenBLAS.

@@ -61,8 +61,7 @@ using simd::v8i;
 /// Cephes polynomial (about 2 ulp). Below -87.3 (and -inf) gives exactly 0, above 88.72 (where
 /// float overflows) +inf; NaN stays NaN (the clamps below may compile to min/max instructions
 /// that drop a NaN, so it is restored last).
-template <class V>
-[[gnu::always_inline]] inline V exp_v(const V& in) {
+template <class V> [[gnu::always_inline]] inline V exp_v(const V& in) {
   using I = typename Lanes<V>::I;
   V x = in;
   const I underflow = x < -87.3f;
@@ -86,8 +85,7 @@ template <class V>
 }
 
 /// Whether any lane of a comparison's mask is set.
-template <class I>
-[[gnu::always_inline]] inline bool any_lane(const I& m) {
+template <class I> [[gnu::always_inline]] inline bool any_lane(const I& m) {
   std::uint64_t words[sizeof(I) / 8];
   std::memcpy(words, &m, sizeof m);
   std::uint64_t any = 0;
@@ -102,8 +100,7 @@ template <class I>
 /// lane is below 0.25 (soft-capping's usual case: scores well inside the cap), the series alone
 /// (a NaN lane stays NaN through it): soft-capping ran 0.55 ns per score with the exp computed
 /// for every vector.
-template <class V>
-[[gnu::always_inline]] inline V tanh_v(const V& x) {
+template <class V> [[gnu::always_inline]] inline V tanh_v(const V& x) {
   using I = typename Lanes<V>::I;
   const I negative = x < 0.0f;
   const V a = negative ? -x : x;
@@ -139,8 +136,7 @@ template <> struct WideSum<v16f> {
   static D high(const v16f& e) { return __builtin_convertvector(__builtin_shufflevector(e, e, 8, 9, 10, 11, 12, 13, 14, 15), v8d); }
   static double total(const D& d) { return ((d[0] + d[1]) + (d[2] + d[3])) + ((d[4] + d[5]) + (d[6] + d[7])); }
 };
-template <class V>
-struct RowSum {
+template <class V> struct RowSum {
   typename WideSum<V>::D lo{}, hi{};
   V part{};
   int terms = 0;
@@ -162,8 +158,7 @@ struct RowSum {
 
 /// f(x + i, lanes) over [0, n) a vector at a time, the tail through a padded copy of x (padding
 /// `pad`) written back to y: the loop every row kernel below runs.
-template <class V, class F>
-[[gnu::always_inline]] inline void rows_of(const float* x, float* y, std::int64_t n, float pad, F f) {
+template <class V, class F> [[gnu::always_inline]] inline void rows_of(const float* x, float* y, std::int64_t n, float pad, F f) {
   constexpr int L = Lanes<V>::n;
   std::int64_t i = 0;
   for (; i + L <= n; i += L) store(y + i, f(load<V>(x + i)));
@@ -175,36 +170,34 @@ template <class V, class F>
   }
 }
 
-template <class V>
-[[gnu::always_inline]] inline float exp_shifted_sum_impl(float* x, std::int64_t n, float shift) {
+template <class V> [[gnu::always_inline]] inline float exp_shifted_sum_impl(float* x, std::int64_t n, float shift) {
   // The sum in double: a row dominated by one weight near 1 would otherwise lose its small terms
   // to rounding at every add (softmax on saturating scores was 5x less accurate than a plain
   // float loop with a correctly rounded exp).
   RowSum<V> sum;
   // The tail's padding is -inf after the shift: exp gives 0, which adds nothing.
-  rows_of<V>(x, x, n, -std::numeric_limits<float>::infinity(), [&](const V& v) __attribute__((always_inline)) {
-    const V e = exp_v(v - shift);
-    sum.add(e);
-    return e;
-  });
+  rows_of<V>(
+      x, x, n, -std::numeric_limits<float>::infinity(), [&](const V& v) __attribute__((always_inline)) {
+        const V e = exp_v(v - shift);
+        sum.add(e);
+        return e;
+      });
   return static_cast<float>(sum.total());
 }
 
-template <class V>
-[[gnu::always_inline]] inline void exp_shifted_impl(float* x, std::int64_t n, float shift) {
-  rows_of<V>(x, x, n, 0.0f, [&](const V& v) __attribute__((always_inline)) { return exp_v(v - shift); });
+template <class V> [[gnu::always_inline]] inline void exp_shifted_impl(float* x, std::int64_t n, float shift) {
+  rows_of<V>(
+      x, x, n, 0.0f, [&](const V& v) __attribute__((always_inline)) { return exp_v(v - shift); });
 }
 
-template <class V>
-[[gnu::always_inline]] inline void times_difference_impl(float* y, const float* p, std::int64_t n, float c) {
+template <class V> [[gnu::always_inline]] inline void times_difference_impl(float* y, const float* p, std::int64_t n, float c) {
   constexpr int L = Lanes<V>::n;
   std::int64_t i = 0;
   for (; i + L <= n; i += L) store(y + i, load<V>(p + i) * (load<V>(y + i) - c));
   for (; i < n; ++i) y[i] = p[i] * (y[i] - c);
 }
 
-template <class V>
-[[gnu::always_inline]] inline float max_of_impl(const float* x, std::int64_t n, float init) {
+template <class V> [[gnu::always_inline]] inline float max_of_impl(const float* x, std::int64_t n, float init) {
   using I = typename Lanes<V>::I;
   constexpr int L = Lanes<V>::n;
   V acc = splat<V>(init);
@@ -228,8 +221,7 @@ template <class V>
   return any_nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
-template <class V>
-[[gnu::always_inline]] inline bool all_finite_impl(const float* x, std::int64_t n) {
+template <class V> [[gnu::always_inline]] inline bool all_finite_impl(const float* x, std::int64_t n) {
   // x * 0 is 0 for a finite x and NaN for NaN or an infinity; NaN sticks in the sums.
   V acc{};
   constexpr int L = Lanes<V>::n;
@@ -241,23 +233,22 @@ template <class V>
   return tail == 0.0f;
 }
 
-template <class V>
-[[gnu::always_inline]] inline void divide_inplace_impl(float* y, std::int64_t n, float d) {
-  rows_of<V>(y, y, n, 1.0f, [&](const V& v) __attribute__((always_inline)) { return v / d; });
+template <class V> [[gnu::always_inline]] inline void divide_inplace_impl(float* y, std::int64_t n, float d) {
+  rows_of<V>(
+      y, y, n, 1.0f, [&](const V& v) __attribute__((always_inline)) { return v / d; });
 }
 
-template <class V>
-[[gnu::always_inline]] inline void scale_inplace_impl(float* y, std::int64_t n, float s) {
-  rows_of<V>(y, y, n, 0.0f, [&](const V& v) __attribute__((always_inline)) { return v * s; });
+template <class V> [[gnu::always_inline]] inline void scale_inplace_impl(float* y, std::int64_t n, float s) {
+  rows_of<V>(
+      y, y, n, 0.0f, [&](const V& v) __attribute__((always_inline)) { return v * s; });
 }
 
-template <class V>
-[[gnu::always_inline]] inline void tanh_of_impl(const float* x, float* y, std::int64_t n) {
-  rows_of<V>(x, y, n, 0.0f, [](const V& v) __attribute__((always_inline)) { return tanh_v(v); });
+template <class V> [[gnu::always_inline]] inline void tanh_of_impl(const float* x, float* y, std::int64_t n) {
+  rows_of<V>(
+      x, y, n, 0.0f, [](const V& v) __attribute__((always_inline)) { return tanh_v(v); });
 }
 
-template <class V>
-[[gnu::always_inline]] inline void softcap_row_impl(float* s, float* dmod, std::int64_t n, float cap) {
+template <class V> [[gnu::always_inline]] inline void softcap_row_impl(float* s, float* dmod, std::int64_t n, float cap) {
   constexpr int L = Lanes<V>::n;
   const float inverse = 1.0f / cap;  // a product, not a division per score (within an ulp of s / cap)
   std::int64_t i = 0;
@@ -296,8 +287,7 @@ namespace {
 /// vectorisation of the scalar loop ran 6.0 ns per element, this 2.8 (AMD EPYC); Philox's ten
 /// rounds are throughput-bound (about 20 instructions per round for eight elements).
 #if defined(__x86_64__)
-QKV_TARGET_AVX2 void dropout_factors_avx2(std::uint32_t seed, std::uint32_t threshold, float keep, std::uint32_t index,
-                                                          float* z, std::int64_t n) {
+QKV_TARGET_AVX2 void dropout_factors_avx2(std::uint32_t seed, std::uint32_t threshold, float keep, std::uint32_t index, float* z, std::int64_t n) {
   const __m256i m0 = _mm256_set1_epi32(static_cast<int>(ir::kPhiloxM0)), m1 = _mm256_set1_epi32(static_cast<int>(ir::kPhiloxM1));
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));  // unsigned order through signed compares

@@ -30,15 +30,12 @@ template <> struct Lanes<v16f> {
   static constexpr int n = 16;
 };
 
-template <class V>
-[[gnu::always_inline]] inline V load(const float* p) {
+template <class V> [[gnu::always_inline]] inline V load(const float* p) {
   V v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-template <class V>
-[[gnu::always_inline]] inline void store(float* p, const V& v) { std::memcpy(p, &v, sizeof v); }
-template <class V>
-[[gnu::always_inline]] inline V splat(float x) { return V{} + x; }
+template <class V> [[gnu::always_inline]] inline void store(float* p, const V& v) { std::memcpy(p, &v, sizeof v); }
+template <class V> [[gnu::always_inline]] inline V splat(float x) { return V{} + x; }
 
 }  // namespace qkv::backend::cpu::simd

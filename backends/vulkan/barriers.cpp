@@ -8,9 +8,8 @@ namespace qkv::backend {
 namespace {
 
 bool any_overlap(const std::vector<ByteRange>& a, const std::vector<ByteRange>& b) {
-  return std::any_of(a.begin(), a.end(), [&](const ByteRange& r) {
-    return std::any_of(b.begin(), b.end(), [&](const ByteRange& s) { return r.overlaps(s); });
-  });
+  return std::any_of(a.begin(), a.end(),
+                     [&](const ByteRange& r) { return std::any_of(b.begin(), b.end(), [&](const ByteRange& s) { return r.overlaps(s); }); });
 }
 
 }  // namespace

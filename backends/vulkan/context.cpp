@@ -124,7 +124,8 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
     if (options.validation) {
       bool found = false;
       for (const auto& l : context_.enumerateInstanceLayerProperties()) found |= std::string(l.layerName.data()) == kValidationLayer;
-      if (!found) throw BackendError("vulkan: validation requested but " + std::string(kValidationLayer) + " is not installed (vulkan-validationlayers)");
+      if (!found)
+        throw BackendError("vulkan: validation requested but " + std::string(kValidationLayer) + " is not installed (vulkan-validationlayers)");
       layers.push_back(kValidationLayer);
       extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
     }
@@ -133,8 +134,8 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
       using S = vk::DebugUtilsMessageSeverityFlagBitsEXT;
       using T = vk::DebugUtilsMessageTypeFlagBitsEXT;
       messenger_ = vk::raii::DebugUtilsMessengerEXT(
-          instance_, vk::DebugUtilsMessengerCreateInfoEXT({}, S::eWarning | S::eError, T::eGeneral | T::eValidation | T::ePerformance,
-                                                          &on_validation_message));
+          instance_,
+          vk::DebugUtilsMessengerCreateInfoEXT({}, S::eWarning | S::eError, T::eGeneral | T::eValidation | T::ePerformance, &on_validation_message));
     }
     vk::raii::PhysicalDevices devices(instance_);
     int best_rank = 1 << 30;
@@ -152,8 +153,7 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
       }
     }
     if (!*physical_) {
-      if (!options.device_filter.empty())
-        throw BackendError("vulkan: no device matches QKV_VULKAN_DEVICE='" + options.device_filter + "'");
+      if (!options.device_filter.empty()) throw BackendError("vulkan: no device matches QKV_VULKAN_DEVICE='" + options.device_filter + "'");
       throw BackendError("vulkan: no Vulkan device with a compute queue (for a CPU device install mesa-vulkan-drivers)");
     }
     properties_ = physical_.getProperties();

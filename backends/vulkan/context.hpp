@@ -94,8 +94,7 @@ SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d);
 const char* device_type_name(vk::PhysicalDeviceType t);
 
 /// Runs `f`, turning Vulkan and loader exceptions into BackendError naming the call.
-template <class F>
-auto guarded(const char* what, F&& f) -> decltype(f()) {
+template <class F> auto guarded(const char* what, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const vk::SystemError& e) {

@@ -98,8 +98,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
     ctx_->device().resetFences(*fence_);
     vk::CommandBuffer cb = *command_buffer_;
     ctx_->queue().submit(vk::SubmitInfo({}, {}, cb), *fence_);
-    if (ctx_->device().waitForFences(*fence_, VK_TRUE, UINT64_MAX) != vk::Result::eSuccess)
-      throw BackendError("vulkan: waiting for the run failed");
+    if (ctx_->device().waitForFences(*fence_, VK_TRUE, UINT64_MAX) != vk::Result::eSuccess) throw BackendError("vulkan: waiting for the run failed");
     if (!graph_.updates().empty()) device_newer_ = true;
     if (*query_pool_) read_timestamps();
     read_tile_counts();
@@ -135,8 +134,9 @@ class VulkanExecutable final : public ExecutableSkeleton {
   void read_timestamps() {
     const auto count = static_cast<std::uint32_t>(kernels_.size() + 1);
     std::vector<std::uint64_t> ticks(count);
-    const auto result = (*ctx_->device()).getQueryPoolResults(*query_pool_, 0, count, ticks.size() * sizeof(std::uint64_t), ticks.data(),
-                                                              sizeof(std::uint64_t), vk::QueryResultFlagBits::e64 | vk::QueryResultFlagBits::eWait);
+    const auto result = (*ctx_->device())
+                            .getQueryPoolResults(*query_pool_, 0, count, ticks.size() * sizeof(std::uint64_t), ticks.data(), sizeof(std::uint64_t),
+                                                 vk::QueryResultFlagBits::e64 | vk::QueryResultFlagBits::eWait);
     if (result != vk::Result::eSuccess) throw BackendError("vulkan: reading the kernel timestamps failed");
     last_profile_.clear();
     const double period = ctx_->timestamp_period_ns() * 1e-9;
@@ -176,11 +176,11 @@ class VulkanExecutable final : public ExecutableSkeleton {
     std::vector<ir::Placement> placed(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       const auto v = static_cast<ir::ValueId>(i);
-      if (graph_.nodes()[i].op != Op::input && !codegen::has_kernel(graph_, v, align))
-        views[i] = codegen::view_offset(graph_, v, align).value_or(-1);
+      if (graph_.nodes()[i].op != Op::input && !codegen::has_kernel(graph_, v, align)) views[i] = codegen::view_offset(graph_, v, align).value_or(-1);
       placed[i] = codegen::written_into(graph_, v, align).value_or(ir::Placement{});
     }
-    memory_ = ir::plan_memory(graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads, &views, &placed);
+    memory_ = ir::plan_memory(
+        graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads, &views, &placed);
 
     using U = vk::BufferUsageFlagBits;
     arena_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(memory_.total_bytes), U::eStorageBuffer | U::eTransferSrc | U::eTransferDst, false);
@@ -315,11 +315,11 @@ class VulkanExecutable final : public ExecutableSkeleton {
     device_newer_ = false;
   }
 
-  void record(const std::vector<vk::BufferCopy>& uploads, const std::vector<vk::BufferCopy>& downloads,
-              const std::vector<vk::BufferCopy>& updates) {
+  void record(const std::vector<vk::BufferCopy>& uploads, const std::vector<vk::BufferCopy>& downloads, const std::vector<vk::BufferCopy>& updates) {
     const auto& dev = ctx_->device();
     if (!*fence_) fence_ = vk::raii::Fence(dev, vk::FenceCreateInfo());
-    command_buffer_ = std::move(vk::raii::CommandBuffers(dev, vk::CommandBufferAllocateInfo(*ctx_->command_pool(), vk::CommandBufferLevel::ePrimary, 1))[0]);
+    command_buffer_ =
+        std::move(vk::raii::CommandBuffers(dev, vk::CommandBufferAllocateInfo(*ctx_->command_pool(), vk::CommandBufferLevel::ePrimary, 1))[0]);
     auto& cb = command_buffer_;
     cb.begin(vk::CommandBufferBeginInfo());
     using A = vk::AccessFlagBits;
@@ -376,9 +376,9 @@ class VulkanExecutable final : public ExecutableSkeleton {
   std::vector<codegen::KernelLaunch> launches_;  // per kernel, for shapes_
   ir::MemoryPlan memory_;
   Buffer arena_, staging_in_, staging_out_;
-  Buffer counts_;     // the flash kernels' tile counters (host-visible), one aligned slot each
-  int counters_ = 0;  // kernels that count their tiles
-  std::vector<TileCount> tile_counts_;  // the last run's
+  Buffer counts_;                             // the flash kernels' tile counters (host-visible), one aligned slot each
+  int counters_ = 0;                          // kernels that count their tiles
+  std::vector<TileCount> tile_counts_;        // the last run's
   std::vector<std::int64_t> staging_offset_;  // per input: its place in staging_in_, -1 when held
   std::map<std::string, std::int64_t, std::less<>> output_staging_;
   bool device_newer_ = false;  // runs have updated the held inputs since the last download
@@ -410,8 +410,9 @@ class VulkanBackend final : public Backend {
       const auto& m = o.matmul_geometry;
       target_.matmul = {m[0], m[1], m[2], m[3], m[4]};
       const std::string why = target_.matmul.invalid(target_.shared_bytes, target_.max_invocations);
-      if (!why.empty()) throw BackendError("vulkan: the matmul geometry " + std::to_string(m[0]) + "," + std::to_string(m[1]) + "," +
-                                           std::to_string(m[2]) + "," + std::to_string(m[3]) + "," + std::to_string(m[4]) + " is invalid: " + why);
+      if (!why.empty())
+        throw BackendError("vulkan: the matmul geometry " + std::to_string(m[0]) + "," + std::to_string(m[1]) + "," + std::to_string(m[2]) + "," +
+                           std::to_string(m[3]) + "," + std::to_string(m[4]) + " is invalid: " + why);
     }
   }
   std::string name() const override { return "vulkan"; }

@@ -45,10 +45,10 @@ bool spans_scores(const Shape& s, const Shape& scores) {
 struct Match {
   ValueId q = -1, k = -1, v = -1;
   Attrs attrs;
-  ValueId mask = -1;                      // masked_attention's keep-mask
-  ValueId seed = -1;                      // dropout's seed (attrs.dropout its probability)
-  std::vector<ValueId> tensors;           // flex attention's modifier tensors
-  std::shared_ptr<const Graph> region;    // null: plain or masked attention
+  ValueId mask = -1;                    // masked_attention's keep-mask
+  ValueId seed = -1;                    // dropout's seed (attrs.dropout its probability)
+  std::vector<ValueId> tensors;         // flex attention's modifier tensors
+  std::shared_ptr<const Graph> region;  // null: plain or masked attention
 };
 
 /// Whether `out` = matmul(softmax(x), v) with x an elementwise function of one q kT matmul (the

@@ -4,8 +4,8 @@
 
 #include <functional>
 #include <string>
-#include <vector>
 #include <string_view>
+#include <vector>
 
 #include "ir/gradients.hpp"
 #include "ir/graph.hpp"

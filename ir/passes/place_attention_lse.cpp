@@ -8,6 +8,8 @@ namespace qkv::ir {
 LseCall lse_of(const Node& attention) {
   Attrs a = attention.attrs;
   a.dropout = 0.0;
+  // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
+  // clang-format off
   switch (attention.op) {
     case Op::attention: return {Op::attention_lse, {attention.inputs[0], attention.inputs[1]}, a};
     case Op::masked_attention: return {Op::masked_attention_lse, {attention.inputs[0], attention.inputs[1], attention.inputs[3]}, a};
@@ -21,6 +23,7 @@ LseCall lse_of(const Node& attention) {
     QKV_COMPOSITE_CASES
     QKV_ATTENTION_BACKWARD_CASES break;
   }
+  // clang-format on
   QKV_UNREACHABLE(std::string(op_name(attention.op)) + " has no attention_lse");
 }
 

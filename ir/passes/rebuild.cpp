@@ -3,8 +3,7 @@
 
 namespace qkv::ir {
 
-Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite,
-              std::vector<ValueId>* map_out) {
+Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite, std::vector<ValueId>* map_out) {
   Graph out;
   out.copy_symbols(g);
   std::vector<ValueId> own;

@@ -89,8 +89,8 @@ TEST(DslGrad, GradOfLossWrtWeights) {
   EXPECT_NO_THROW(g.output("loss"));
   EXPECT_EQ(g.type_string(g.output("d_w")), "f32[8,4]");
   // d/dw mean(x w) = column means of x, divided by 4 (the mean over the 4 outputs too).
-  auto r = backend::create("cpu")->compile(g)->run({{"x", Tensor::from<float>({2, 8}, std::vector<float>(16, 2.0f))},
-                                                    {"w", Tensor(DType::f32, {8, 4})}});
+  auto r =
+      backend::create("cpu")->compile(g)->run({{"x", Tensor::from<float>({2, 8}, std::vector<float>(16, 2.0f))}, {"w", Tensor(DType::f32, {8, 4})}});
   EXPECT_NEAR(r.at("d_w").at(0), 2.0 / 4.0, 1e-6);
 }
 

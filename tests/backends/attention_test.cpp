@@ -17,8 +17,7 @@ struct Shape4 {
 
 /// Graph for q [B, N, D], k/v [B, M, D] with the options the test asks for; D is named, so the
 /// scale is passed explicitly.
-template <class... Opts>
-ir::Graph sdpa_graph(double s, Opts... opts) {
+template <class... Opts> ir::Graph sdpa_graph(double s, Opts... opts) {
   auto q = input<"q">(dim<"B">, dim<"N">, dim<"D">);
   auto k = input<"k">(dim<"B">, dim<"M">, dim<"D">);
   auto v = input<"v">(dim<"B">, dim<"M">, dim<"D">);

@@ -67,9 +67,7 @@ TEST_P(Conformance, NanAndInfPropagateAsTheReference) {
   }
 }
 
-std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  return testing::case_label(info.param.rc) + "_" + info.param.backend;
-}
+std::string param_name(const ::testing::TestParamInfo<Param>& info) { return testing::case_label(info.param.rc) + "_" + info.param.backend; }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, Conformance, ::testing::ValuesIn(all_params()), param_name);
 

@@ -103,7 +103,8 @@ TEST(CpuIsa, RowHelpersAndNaNInEveryLane) {
     }
     std::vector<float> y = x, p = ramp(n, 0.0f, 1.0f);
     times_difference(y.data(), p.data(), n, 0.5f);
-    for (std::int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(y[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(i)] * (x[static_cast<std::size_t>(i)] - 0.5f));
+    for (std::int64_t i = 0; i < n; ++i)
+      EXPECT_FLOAT_EQ(y[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(i)] * (x[static_cast<std::size_t>(i)] - 0.5f));
     y = x;
     divide_inplace(y.data(), n, 3.0f);
     for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(y[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)] / 3.0f);
@@ -202,8 +203,8 @@ TEST(CpuIsa, TileGemmIsTheProductOnEveryTail) {
                 const std::size_t e = static_cast<std::size_t>(i * ldc + j);
                 // Columns past n are left alone; the rest within k terms' rounding.
                 ASSERT_NEAR(c[e], want[e], j < n ? 1e-6 * (static_cast<double>(k) + 2) : 0.0)
-                    << "transposed " << transposed << " accumulate " << accumulate << " m " << m << " n " << n << " k " << k << " at "
-                    << i << "," << j;
+                    << "transposed " << transposed << " accumulate " << accumulate << " m " << m << " n " << n << " k " << k << " at " << i << ","
+                    << j;
               }
           }
 }

@@ -14,10 +14,10 @@
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "codegen/glsl.hpp"
 #include "dsl/dsl.hpp"
-#include "tests/support/backend_fixture.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "ir/region.hpp"
+#include "tests/support/backend_fixture.hpp"
 
 namespace qkv {
 namespace {
@@ -55,8 +55,7 @@ TEST(FusedAttention, CpuBackwardKeepsAttentionFusedAndMemoryLinear) {
     if (n.op == ir::Op::attention_grad || n.op == ir::Op::attention_lse)
       kernels.push_back(std::string(ir::op_name(n.op)) + ": " + cpu->kernel_name(exe->graph(), static_cast<ir::ValueId>(i)));
   }
-  EXPECT_EQ(kernels, (std::vector<std::string>{"attention_lse: (in %3's kernel)",
-                                               "attention_grad: fused attention backward (FlashAttention-2)",
+  EXPECT_EQ(kernels, (std::vector<std::string>{"attention_lse: (in %3's kernel)", "attention_grad: fused attention backward (FlashAttention-2)",
                                                "attention_grad: (in %8's kernel with a batch entry per thread)",
                                                "attention_grad: (in %8's kernel with a batch entry per thread)"}));
   const std::int64_t n = 4096;
@@ -95,7 +94,8 @@ TEST(FusedAttention, CpuFlexModifiersRunFusedForwardAndBackward) {
       flex += n.op == ir::Op::flex_attention;
       grads += n.op == ir::Op::flex_attention_grad && n.attrs.wrt < 3;
       if (n.op == ir::Op::flex_attention) {
-        EXPECT_NE(cpu->kernel_name(exe->graph(), static_cast<ir::ValueId>(i)).find("fused flex attention (online softmax), mod = "), std::string::npos);
+        EXPECT_NE(cpu->kernel_name(exe->graph(), static_cast<ir::ValueId>(i)).find("fused flex attention (online softmax), mod = "),
+                  std::string::npos);
       }
     }
     EXPECT_EQ(flex, 1) << name << "\n" << ir::print(exe->graph());
@@ -363,7 +363,6 @@ TEST(FusedAttention, NaNBehindSkippedTilesPropagatesOnEveryBackend) {
   }
 }
 
-
 /// Modifiers written as score_mod and mask_mod mean what the library's options mean: the same
 /// outputs on the reference, and fused on cpu and vulkan, forward and backward, within budgets.
 /// ALiBi written FlexAttention's way, slope[h] * (kv_idx - q_idx), differs from alibi_bias by a
@@ -386,9 +385,11 @@ TEST(FusedAttention, ScoreAndMaskModsMeanWhatTheOptionsMean) {
        out(scaled_dot_product_attention(q, k, v, causal))},
       {"sliding window", out(scaled_dot_product_attention(q, k, v, mask_mod([](auto, auto, auto i, auto j) { return j <= i && i - j < 5.0; }))),
        out(scaled_dot_product_attention(q, k, v, sliding_window<5>))},
-      {"document", out(scaled_dot_product_attention(q, k, v, mask_mod([=](auto b, auto, auto i, auto j) { return at(docs, b, i) == at(docs, b, j); }))),
+      {"document",
+       out(scaled_dot_product_attention(q, k, v, mask_mod([=](auto b, auto, auto i, auto j) { return at(docs, b, i) == at(docs, b, j); }))),
        out(scaled_dot_product_attention(q, k, v, document_mask(docs, docs)))},
-      {"alibi", out(scaled_dot_product_attention(q, k, v, causal, score_mod([=](auto s, auto, auto h, auto i, auto j) { return s + slope[h] * (j - i); }))),
+      {"alibi",
+       out(scaled_dot_product_attention(q, k, v, causal, score_mod([=](auto s, auto, auto h, auto i, auto j) { return s + slope[h] * (j - i); }))),
        out(scaled_dot_product_attention(q, k, v, causal_bottom_right, alibi_bias<2>(k)))},
   };
   auto reference = backend::make_reference_backend({backend::Precision::f64, true});
@@ -428,9 +429,8 @@ TEST(FusedAttention, ScoreAndMaskModsMeanWhatTheOptionsMean) {
 ir::Graph document_attention() {
   auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<16>);
   auto docs = input<"docs", DType::i32>(dim<1>, dim<"N">);
-  return lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto i, auto j) {
-    return at(docs, b, i) == at(docs, b, j);
-  }))));
+  return lower(
+      named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto i, auto j) { return at(docs, b, i) == at(docs, b, j); }))));
 }
 void pack_documents(backend::TensorMap& in, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) in.at("docs").data<std::int32_t>()[i] = static_cast<std::int32_t>(i / 128);
@@ -442,8 +442,10 @@ std::vector<std::pair<std::string, ir::Graph>> prefix_and_padding_models() {
   auto q = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<16>);
   auto lengths = input<"lengths", DType::i32>(dim<"B">);
   return {
-      {"prefix", lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([](auto, auto, auto i, auto j) { return j < 100.0 || j <= i; }))))},
-      {"lengths", lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto, auto j) { return j < at(lengths, b); }))))},
+      {"prefix",
+       lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([](auto, auto, auto i, auto j) { return j < 100.0 || j <= i; }))))},
+      {"lengths",
+       lower(named<"out">(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto, auto j) { return j < at(lengths, b); }))))},
   };
 }
 
@@ -595,7 +597,7 @@ std::shared_ptr<const ir::Graph> random_mask_region(std::mt19937& rng) {
     switch (pick(3)) {
       case 0: return r.add(ir::Op::greater, {r.add(ir::Op::mul, {as_f32(a), as_f32(condition(depth - 1))}), r.constant(0.5)});  // and
       case 1: return r.add(ir::Op::greater, {r.add(ir::Op::max, {as_f32(a), as_f32(condition(depth - 1))}), r.constant(0.5)});  // or
-      default: return r.add(ir::Op::equal, {as_f32(a), r.constant(0.0)});                                                    // not
+      default: return r.add(ir::Op::equal, {as_f32(a), r.constant(0.0)});                                                       // not
     }
   };
   const ir::ValueId cond = condition(2), minus_inf = r.constant(-HUGE_VAL);
@@ -675,7 +677,8 @@ TEST(FusedAttention, VulkanDecomposesAModifierWithMoreTensorsThanTheDeviceBinds)
   scale.value = 0.35;
   const ir::ValueId y = g.add(ir::Op::flex_attention, operands, scale, std::make_shared<const ir::Graph>(std::move(region)));
   g.set_output("out", y);
-  const std::uint32_t most = backend::vk_detail::Context::get(backend::vulkan_options_from_env())->properties().limits.maxPerStageDescriptorStorageBuffers;
+  const std::uint32_t most =
+      backend::vk_detail::Context::get(backend::vulkan_options_from_env())->properties().limits.maxPerStageDescriptorStorageBuffers;
   EXPECT_EQ(codegen::storage_buffers(g.node(y)), 3 + tensors + 2);
   auto exe = vulkan->compile(g);
   bool fused = false;

@@ -77,9 +77,7 @@ TEST(GradientCoverage, EveryOpChoosesHowItIsDifferentiated) {
 
 TEST(GradientCoverage, AnOpWithoutARuleIsReportedByName) {
   ir::Graph g = testing::with_weighted_sum_loss(ir::case_graph(ir::Op::exp, ir::op_cases(ir::Op::exp)[0]));
-  auto without_exp = [](ir::Op op) {
-    return op == ir::Op::exp ? ir::GradientInfo{ir::GradKind::missing, {}, nullptr} : ir::gradient_info(op);
-  };
+  auto without_exp = [](ir::Op op) { return op == ir::Op::exp ? ir::GradientInfo{ir::GradKind::missing, {}, nullptr} : ir::gradient_info(op); };
   try {
     ir::build_backward(g, {"loss", {"x0"}, {}}, without_exp);
     FAIL() << "no error";
@@ -127,10 +125,10 @@ TEST(GradientOfSlices, PaddedSumsFoldAndMatchFiniteDifferences) {
 
 TEST(GradientSpec, BadRequestsAreClearErrors) {
   ir::Graph g = testing::with_weighted_sum_loss(ir::case_graph(ir::Op::where, ir::op_cases(ir::Op::where)[0]));
-  EXPECT_THROW(ir::build_backward(g, {"loss", {"x0"}, {}}), ShapeError);     // a bool input
-  EXPECT_THROW(ir::build_backward(g, {"loss", {"nope"}, {}}), ShapeError);   // no such input
-  EXPECT_THROW(ir::build_backward(g, {"out", {"x1"}, {}}), ShapeError);      // not a scalar
-  EXPECT_THROW(ir::build_backward(g, {"", {"x1"}, {}}), ShapeError);         // nothing to seed
+  EXPECT_THROW(ir::build_backward(g, {"loss", {"x0"}, {}}), ShapeError);    // a bool input
+  EXPECT_THROW(ir::build_backward(g, {"loss", {"nope"}, {}}), ShapeError);  // no such input
+  EXPECT_THROW(ir::build_backward(g, {"out", {"x1"}, {}}), ShapeError);     // not a scalar
+  EXPECT_THROW(ir::build_backward(g, {"", {"x1"}, {}}), ShapeError);        // nothing to seed
 }
 
 }  // namespace

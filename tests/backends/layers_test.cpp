@@ -52,12 +52,11 @@ TEST_P(Blocks, KnownValues) {
   auto x = input<"x">(dim<1>, dim<3>);
   auto gamma = input<"gamma">(dim<3>);
   auto beta = input<"beta">(dim<3>);
-  auto exe = b->compile(lower(named<"ln">(layer_norm(x, gamma, beta)), named<"rms">(rms_norm(x, gamma)), named<"gelu">(gelu(x)),
-                              named<"gelu_tanh">(gelu_tanh(x)), named<"silu">(silu(x)), named<"relu">(relu(x - 2.0)),
-                              named<"cap">(softcap(x * 10.0, 5.0))));
-  auto r = exe->run({{"x", Tensor::from<float>({1, 3}, {1, 2, 3})},
-                     {"gamma", Tensor::from<float>({3}, {1, 1, 2})},
-                     {"beta", Tensor::from<float>({3}, {0, 0, 1})}});
+  auto exe =
+      b->compile(lower(named<"ln">(layer_norm(x, gamma, beta)), named<"rms">(rms_norm(x, gamma)), named<"gelu">(gelu(x)),
+                       named<"gelu_tanh">(gelu_tanh(x)), named<"silu">(silu(x)), named<"relu">(relu(x - 2.0)), named<"cap">(softcap(x * 10.0, 5.0))));
+  auto r = exe->run(
+      {{"x", Tensor::from<float>({1, 3}, {1, 2, 3})}, {"gamma", Tensor::from<float>({3}, {1, 1, 2})}, {"beta", Tensor::from<float>({3}, {0, 0, 1})}});
   const double sd = std::sqrt(2.0 / 3.0 + 1e-5);  // mean 2, biased variance 2/3
   EXPECT_NEAR(r.at("ln").at(0), -1 / sd, 1e-5);
   EXPECT_NEAR(r.at("ln").at(2), 2 / sd + 1, 1e-5);
@@ -91,8 +90,8 @@ TEST(BlockGradients, MatchFiniteDifferences) {
   auto gamma = input<"gamma">(dim<4>);
   auto beta = input<"beta">(dim<4>);
   auto h = linear(x, w, bias);
-  ir::Graph g = testing::with_weighted_sum_loss(lower(named<"a">(gelu(layer_norm(h, gamma, beta))), named<"b">(silu(rms_norm(h, gamma))),
-                                                      named<"c">(gelu_tanh(h) + softcap(h, 1.5))));
+  ir::Graph g = testing::with_weighted_sum_loss(
+      lower(named<"a">(gelu(layer_norm(h, gamma, beta))), named<"b">(silu(rms_norm(h, gamma))), named<"c">(gelu_tanh(h) + softcap(h, 1.5))));
   testing::expect_gradients_match_finite_differences(g, backend::random_inputs(g, {{"N", 3}}, 6), {"x", "w", "bias", "gamma", "beta"});
 }
 

@@ -124,8 +124,8 @@ TEST_P(Library, SoftcapScoresCapsTheScoresBeforeMasking) {
   auto r = b->compile(g)->run(in);
   for (std::int64_t i = 0; i < r.at("capped").numel(); ++i) EXPECT_NEAR(r.at("capped").at(i), r.at("manual").at(i), 1e-6) << i;
   testing::expect_equivalent(g, in, GetParam());
-  ir::Graph backward = ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, k, v, causal, softcap_scores(2.0)))),
-                                          {"", {"q", "k", "v"}, {"out"}});
+  ir::Graph backward =
+      ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, k, v, causal, softcap_scores(2.0)))), {"", {"q", "k", "v"}, {"out"}});
   in.emplace("dout", backend::random_inputs(backward, {{"N", 7}}, 9).at("dout"));
   testing::expect_equivalent(backward, in, GetParam());
 }
@@ -178,8 +178,7 @@ TEST_P(Library, RotaryEmbeddingsRotatePairs) {
   QKV_GET_BACKEND_OR_SKIP(b, GetParam());
   auto x = input<"x">(dim<2>, dim<"N">, dim<8>);
   auto pos = cast(input<"pos", DType::i32>(dim<"N">));
-  ir::Graph g = lower(named<"half">(rotary(x)), named<"inter">(rotary<RopeStyle::interleaved>(x)),
-                      named<"at">(rotary_at(x, pos)));
+  ir::Graph g = lower(named<"half">(rotary(x)), named<"inter">(rotary<RopeStyle::interleaved>(x)), named<"at">(rotary_at(x, pos)));
   auto in = backend::random_inputs(g, {{"N", 5}}, 3);
   for (std::int32_t i = 0; i < 5; ++i) in.at("pos").data<std::int32_t>()[i] = i;
   auto r = b->compile(g)->run(in);
@@ -246,8 +245,8 @@ TEST_P(Library, PackedAndSeparateProjectionsAgree) {
   auto separate = multi_head_attention<2>(x, x, x, p.wq, p.wk, p.wv, p.bq, p.bk, p.bv, p.wo, p.bo, causal);
   auto kv = multi_head_attention<2>(x, mem, val, mha_params_kv<"kv", 8, 6, 5>());
   auto nobias = cross_attention<2>(x, x, mha_params<"nb", 8, false>());
-  ir::Graph g = lower(named<"packed">(packed.output), named<"separate">(separate.output), named<"kv">(kv.output),
-                      named<"kv_weights">(kv.weights), named<"nobias">(nobias.output));
+  ir::Graph g = lower(named<"packed">(packed.output), named<"separate">(separate.output), named<"kv">(kv.output), named<"kv_weights">(kv.weights),
+                      named<"nobias">(nobias.output));
   auto in = backend::random_inputs(g, {{"B", 2}, {"T", 4}, {"S", 7}}, 1);
   scale_inputs(in, "attn.", 0.3f);
   scale_inputs(in, "kv.", 0.3f);
@@ -257,8 +256,8 @@ TEST_P(Library, PackedAndSeparateProjectionsAgree) {
   EXPECT_EQ(r.at("kv").shape(), (std::vector<std::int64_t>{2, 4, 8}));
   EXPECT_EQ(r.at("kv_weights").shape(), (std::vector<std::int64_t>{2, 2, 4, 7}));
   testing::expect_equivalent(g, in, GetParam());
-  ir::Graph backward = ir::build_backward(lower(named<"out">(kv.output)),
-                                          {"", {"x", "mem", "kv.k_proj_weight", "kv.in_proj_bias", "kv.out_proj.weight"}, {"out"}});
+  ir::Graph backward =
+      ir::build_backward(lower(named<"out">(kv.output)), {"", {"x", "mem", "kv.k_proj_weight", "kv.in_proj_bias", "kv.out_proj.weight"}, {"out"}});
   in.emplace("dout", backend::random_inputs(backward, {{"B", 2}, {"T", 4}, {"S", 7}}, 2).at("dout"));
   in.erase("attn.in_proj_weight");
   in.erase("attn.in_proj_bias");
@@ -298,9 +297,10 @@ TEST(LibraryProperties, SimplifiedSelfAttentionOfTheJourneySentence) {
   // "Your journey starts with one step": the 3-d embeddings of the tutorial (Raschka, ch. 3); the
   // context vector of "journey" is [0.4419, 0.6515, 0.5683].
   auto x = input<"x">(dim<6>, dim<3>);
-  auto r = backend::create("reference")->compile(lower(simple_self_attention(x)))->run(
-      {{"x", Tensor::from<float>({6, 3}, {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f, 0.22f, 0.58f, 0.33f, 0.77f,
-                                          0.25f, 0.10f, 0.05f, 0.80f, 0.55f})}});
+  auto r = backend::create("reference")
+               ->compile(lower(simple_self_attention(x)))
+               ->run({{"x", Tensor::from<float>({6, 3}, {0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f, 0.22f, 0.58f, 0.33f, 0.77f,
+                                                         0.25f, 0.10f, 0.05f, 0.80f, 0.55f})}});
   EXPECT_NEAR(r.at("out").at(3), 0.4419, 1e-4);
   EXPECT_NEAR(r.at("out").at(4), 0.6515, 1e-4);
   EXPECT_NEAR(r.at("out").at(5), 0.5683, 1e-4);
@@ -309,14 +309,15 @@ TEST(LibraryProperties, SimplifiedSelfAttentionOfTheJourneySentence) {
 TEST_P(Library, BlocksMatchTheReferenceForwardAndBackward) {
   auto x = input<"x">(dim<"B">, dim<"T">, dim<8>);
   auto mem = input<"memory">(dim<"B">, dim<"S">, dim<8>);
-  ir::Graph g = lower(named<"dec">(decoder_block<"blk", 8, 2, 16, Activation::gelu>(x)),
-                      named<"encdec">(encoder_decoder_block<"ed", 8, 2, 16>(x, mem)));
+  ir::Graph g =
+      lower(named<"dec">(decoder_block<"blk", 8, 2, 16, Activation::gelu>(x)), named<"encdec">(encoder_decoder_block<"ed", 8, 2, 16>(x, mem)));
   auto in = backend::random_inputs(g, {{"B", 2}, {"T", 5}, {"S", 3}}, 5);
   for (auto& [name, t] : in)
     if (name.find("weight") != std::string::npos && name.find("norm") == std::string::npos) scale_inputs(in, name, 0.35f);
   testing::expect_equivalent(g, in, GetParam());
   ir::Graph backward = ir::build_backward(
-      g, {"", {"x", "memory", "blk.self_attn.in_proj_weight", "blk.linear1.weight", "blk.norm2.weight", "ed.multihead_attn.in_proj_bias"},
+      g, {"",
+          {"x", "memory", "blk.self_attn.in_proj_weight", "blk.linear1.weight", "blk.norm2.weight", "ed.multihead_attn.in_proj_bias"},
           {"dec", "encdec"}});
   auto seeds = backend::random_inputs(backward, {{"B", 2}, {"T", 5}, {"S", 3}}, 6);
   in.emplace("ddec", seeds.at("ddec"));
@@ -381,8 +382,7 @@ TEST_P(Library, ModulesForwardAndBackward) {
   auto x = learned_positions(embedding(ids, input<"wte">(dim<8>, dim<16>)), pos_ids, input<"wpe">(dim<12>, dim<16>));
   auto memory = input<"memory">(dim<2>, dim<"S">, dim<16>);
   auto self = causal_self_attention<4>(x, mha_params<"sa", 16>(), padding_mask(ids, 0));
-  auto gqa = grouped_query_attention<4, 2>(self.output, linear(x, input<"wk">(dim<8>, dim<16>)), linear(x, input<"wv">(dim<8>, dim<16>)),
-                                           causal);
+  auto gqa = grouped_query_attention<4, 2>(self.output, linear(x, input<"wk">(dim<8>, dim<16>)), linear(x, input<"wv">(dim<8>, dim<16>)), causal);
   auto cross = cross_attention<2>(gqa, memory, mha_params<"ca", 16>());
   ir::Graph g = lower(named<"out">(cross.output), named<"entropy">(attention_entropy(self.weights)));
   auto in = backend::random_inputs(g, {{"T", 6}, {"S", 4}}, 12);
@@ -393,8 +393,8 @@ TEST_P(Library, ModulesForwardAndBackward) {
   scale_inputs(in, "sa.", 0.3f);
   scale_inputs(in, "ca.", 0.3f);
   testing::expect_equivalent(g, in, GetParam());
-  ir::Graph backward = ir::build_backward(
-      lower(named<"out">(cross.output)), {"", {"wte", "wpe", "memory", "sa.in_proj_weight", "wk", "wv", "ca.out_proj.bias"}, {"out"}});
+  ir::Graph backward = ir::build_backward(lower(named<"out">(cross.output)),
+                                          {"", {"wte", "wpe", "memory", "sa.in_proj_weight", "wk", "wv", "ca.out_proj.bias"}, {"out"}});
   in.emplace("dout", backend::random_inputs(backward, {{"T", 6}, {"S", 4}}, 13).at("dout"));
   testing::expect_equivalent(backward, in, GetParam());
 }

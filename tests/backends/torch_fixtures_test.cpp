@@ -24,8 +24,7 @@ struct Fixture {
 Fixture load(const std::string& name, const ir::Graph& g) {
   const std::filesystem::path dir = std::filesystem::path(QKV_SOURCE_DIR) / "tests/fixtures/torch" / name;
   backend::TensorMap all;
-  for (const auto& entry : std::filesystem::directory_iterator(dir))
-    all.emplace(entry.path().stem().string(), io::read_npy(entry.path().string()));
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) all.emplace(entry.path().stem().string(), io::read_npy(entry.path().string()));
   Fixture f;
   for (ir::ValueId v : g.inputs()) f.inputs.emplace(g.node(v).name, all.at(g.node(v).name));
   for (const auto& [out, v] : g.outputs()) {
@@ -44,8 +43,8 @@ void expect_matches_torch(const ir::Graph& g, const std::string& fixture, const 
   auto got = b->compile(g)->run(f.inputs);
   for (const auto& [out, torch_value] : f.expected) {
     auto torch_vs_f64 = backend::compare_output(out, torch_value, oracle.at(out), plain.at(out));
-    EXPECT_TRUE(torch_vs_f64.pass) << fixture << ": torch's " << out << " is " << torch_vs_f64.max_abs_error
-                                   << " from the float64 reference, budget " << torch_vs_f64.budget;
+    EXPECT_TRUE(torch_vs_f64.pass) << fixture << ": torch's " << out << " is " << torch_vs_f64.max_abs_error << " from the float64 reference, budget "
+                                   << torch_vs_f64.budget;
     double worst = 0;
     for (std::int64_t i = 0; i < torch_value.numel(); ++i) worst = std::max(worst, std::abs(got.at(out).at(i) - torch_value.at(i)));
     EXPECT_LE(worst, 2 * torch_vs_f64.budget) << fixture << ": " << backend_name << "'s " << out << " vs torch";
@@ -84,11 +83,10 @@ TEST_P(Torch, MultiheadAttentionWithKdimAndVdim) {
   auto value = input<"value">(dim<2>, dim<3>, dim<5>);
   auto r = multi_head_attention<2>(query, key, value, mha_params_kv<"", 16, 6, 5>());
   expect_matches_torch(lower(named<"out">(r.output), named<"weights">(mean_over_heads(r.weights))), "mha_kdim_vdim", GetParam());
-  expect_matches_torch(ir::build_backward(lower(named<"out">(r.output)),
-                                          {"",
-                                           {"query", "key", "value", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
-                                            "out_proj.weight", "out_proj.bias"},
-                                           {"out"}}),
+  expect_matches_torch(ir::build_backward(lower(named<"out">(r.output)), {"",
+                                                                          {"query", "key", "value", "q_proj_weight", "k_proj_weight", "v_proj_weight",
+                                                                           "in_proj_bias", "out_proj.weight", "out_proj.bias"},
+                                                                          {"out"}}),
                        "mha_kdim_vdim", GetParam());
 }
 

@@ -100,9 +100,9 @@ TEST(VulkanFusion, ReductionsOverAdjacentAxesAreOneKernel) {
   const ir::Dim b = g.symbol("B"), n = g.symbol("N");
   const auto x = g.add_input("x", qkv::DType::f32, {b, n, 3, 5});
   g.set_output("bias", reduce(g, Op::reduce_sum, reduce(g, Op::reduce_sum, g.add(Op::exp, {x}), 0, false), 0, false));  // over B, N
-  g.set_output("rows", reduce(g, Op::reduce_max, reduce(g, Op::reduce_max, x, 3, true), 2, true));                       // over the last two
+  g.set_output("rows", reduce(g, Op::reduce_max, reduce(g, Op::reduce_max, x, 3, true), 2, true));                      // over the last two
   g.set_output("all", reduce(g, Op::reduce_sum, reduce(g, Op::reduce_sum, reduce(g, Op::reduce_sum, x, 1, false), 1, false), 0, false));
-  g.set_output("apart", reduce(g, Op::reduce_sum, reduce(g, Op::reduce_sum, x, 1, false), 2, false));                    // N, then the 5
+  g.set_output("apart", reduce(g, Op::reduce_sum, reduce(g, Op::reduce_sum, x, 1, false), 2, false));  // N, then the 5
   EXPECT_EQ(kernels(*vulkan, vulkan->compile(g)->graph()), 5);
   for (auto [bs, ns] : {std::pair{1, 1}, {3, 7}, {2, 65}})
     testing::expect_equivalent(g, backend::random_inputs(g, {{"B", bs}, {"N", ns}}, 6), *vulkan);
@@ -143,7 +143,8 @@ TEST(VulkanFusion, RowReductionsAndTheirElementsAreOneKernel) {
     SCOPED_TRACE(std::string(subgroups ? "subgroups" : "an invocation per row") + (tuning == Tuning::gpu ? ", gpu tuning" : ""));
     auto exe = device->compile(g);
     int rows = 0;
-    for (std::size_t v = 0; v < exe->graph().size(); ++v) rows += device->kernel_name(exe->graph(), static_cast<ir::ValueId>(v)).starts_with("glsl fused_");
+    for (std::size_t v = 0; v < exe->graph().size(); ++v)
+      rows += device->kernel_name(exe->graph(), static_cast<ir::ValueId>(v)).starts_with("glsl fused_");
     EXPECT_EQ(rows, 3) << "a kernel per output";
     for (auto [bs, ms] : {std::pair{1, 1}, {2, 3}, {3, 33}, {2, 300}, {1, 3000}}) {
       auto in = backend::random_inputs(g, {{"B", bs}, {"M", ms}}, 12);
@@ -219,7 +220,8 @@ TEST(VulkanFusion, HeadsAreReadAndWrittenInPlace) {
   auto trained = vulkan->compile(backward);
   int permutes = 0;
   for (std::size_t i = 0; i < trained->graph().size(); ++i)
-    permutes += trained->graph().nodes()[i].op == Op::permute && vulkan->kernel_name(trained->graph(), static_cast<ir::ValueId>(i)).starts_with("glsl ");
+    permutes +=
+        trained->graph().nodes()[i].op == Op::permute && vulkan->kernel_name(trained->graph(), static_cast<ir::ValueId>(i)).starts_with("glsl ");
   EXPECT_LE(permutes, 2) << "only the output's and dy's (also read by the delta's kernel)";
   testing::expect_equivalent(backward, backend::random_inputs(backward, {{"B", 2}, {"N", 9}}, 22), *vulkan);
 
@@ -251,7 +253,7 @@ TEST(VulkanFusion, ConcatsAreWrittenInPlace) {
 
   ir::Graph h;
   const auto y = h.add_input("y", qkv::DType::f32, {3, 3});
-  const auto e = h.add(Op::exp, {y});     // 9 floats: the second operand would start at byte 36
+  const auto e = h.add(Op::exp, {y});  // 9 floats: the second operand would start at byte 36
   const auto t = h.add(Op::tanh, {y});
   h.set_output("unaligned", h.add(Op::concat, {e, t}, rows));
   h.set_output("input", h.add(Op::concat, {h.add(Op::neg, {y}), y}, rows));
@@ -289,8 +291,8 @@ TEST(VulkanFusion, FusedReductionsMatchTheReference) {
 TEST(VulkanFusion, SubgroupWorkgroupAndPerInvocationReductionsMatchTheReference) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   auto x = input<"x">(dim<"B">, dim<"N">, dim<"M">);
-  const ir::Graph g = lower(named<"p">(softmax<2>(x * 0.5)), named<"q">(softmax<1>(x)), named<"s">(sum<2>(exp(x))),
-                            named<"t">(sum<1>(x)), named<"m">(max<2>(x)), named<"u">(max<1>(x * x)));
+  const ir::Graph g = lower(named<"p">(softmax<2>(x * 0.5)), named<"q">(softmax<1>(x)), named<"s">(sum<2>(exp(x))), named<"t">(sum<1>(x)),
+                            named<"m">(max<2>(x)), named<"u">(max<1>(x * x)));
   using Tuning = backend::VulkanOptions::Tuning;
   for (auto [subgroups, tuning] : {std::pair{true, Tuning::cpu}, {true, Tuning::gpu}, {false, Tuning::gpu}}) {
     auto options = backend::vulkan_options_from_env();
@@ -302,7 +304,8 @@ TEST(VulkanFusion, SubgroupWorkgroupAndPerInvocationReductionsMatchTheReference)
       auto in = backend::random_inputs(g, {{"B", 2}, {"N", n}, {"M", m}}, 5);
       testing::expect_equivalent(g, in, *b);
       in.at("x").data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
-      for (std::int64_t j = 0; j < m; ++j) in.at("x").data<float>()[static_cast<std::size_t>(n * m + j) % (2 * n * m)] = -std::numeric_limits<float>::infinity();
+      for (std::int64_t j = 0; j < m; ++j)
+        in.at("x").data<float>()[static_cast<std::size_t>(n * m + j) % (2 * n * m)] = -std::numeric_limits<float>::infinity();
       testing::expect_equivalent(g, in, *b);
     }
   }
@@ -329,7 +332,8 @@ TEST(VulkanFusion, ContiguousSlicesAreReadInPlace) {
   tb.transpose_b = true;
   ir::ValueId sum = -1;
   for (std::int64_t part = 0; part < 3; ++part) {
-    const auto y = g.add(ir::Op::add, {g.add(ir::Op::matmul, {x, slice(w, 0, 32 * part, 32 * part + 32)}, tb), slice(b, 0, 32 * part, 32 * part + 32)});
+    const auto y =
+        g.add(ir::Op::add, {g.add(ir::Op::matmul, {x, slice(w, 0, 32 * part, 32 * part + 32)}, tb), slice(b, 0, 32 * part, 32 * part + 32)});
     sum = sum < 0 ? y : g.add(ir::Op::add, {sum, y});
   }
   const auto rows = slice(g.add(ir::Op::exp, {w}), 0, 64, 96);  // a view of an intermediate, read after other kernels ran

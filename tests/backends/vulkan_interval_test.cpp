@@ -31,11 +31,14 @@ struct Rule {
 
 // Where's condition w is a boolean range: 0, 1 or both, maybe NaN.
 const Rule kRules[] = {
-    {Op::neg, 1, "iv_neg(a)"},        {Op::exp, 1, "iv_exp(a)"},          {Op::log, 1, "iv_log(a)"},
-    {Op::sqrt, 1, "iv_sqrt(a)"},      {Op::tanh, 1, "iv_tanh(a)"},        {Op::erf, 1, "iv_erf(a)"},
-    {Op::sin, 1, "iv_periodic(a)"},   {Op::add, 2, "iv_add(a, b)"},       {Op::sub, 2, "iv_sub(a, b)"},
-    {Op::mul, 2, "iv_mul(a, b)"},     {Op::div, 2, "iv_div(a, b)"},       {Op::max, 2, "iv_max(a, b)"},
-    {Op::equal, 2, "iv_equal(a, b)"}, {Op::greater, 2, "iv_greater(a, b)"}, {Op::where, 3, "iv_where(w, b, c)"},
+    {Op::neg, 1, "iv_neg(a)"},           {Op::exp, 1, "iv_exp(a)"},
+    {Op::log, 1, "iv_log(a)"},           {Op::sqrt, 1, "iv_sqrt(a)"},
+    {Op::tanh, 1, "iv_tanh(a)"},         {Op::erf, 1, "iv_erf(a)"},
+    {Op::sin, 1, "iv_periodic(a)"},      {Op::add, 2, "iv_add(a, b)"},
+    {Op::sub, 2, "iv_sub(a, b)"},        {Op::mul, 2, "iv_mul(a, b)"},
+    {Op::div, 2, "iv_div(a, b)"},        {Op::max, 2, "iv_max(a, b)"},
+    {Op::equal, 2, "iv_equal(a, b)"},    {Op::greater, 2, "iv_greater(a, b)"},
+    {Op::where, 3, "iv_where(w, b, c)"},
 };
 constexpr std::size_t kRuleCount = sizeof kRules / sizeof kRules[0];
 
@@ -62,16 +65,17 @@ std::vector<float> glsl_rules(backend::vk_detail::Context& ctx, const std::vecto
     if (ir::op_info(op).category == ir::OpCategory::unary && op != Op::cast && ir::unary_monotone(op) != ir::Monotone::periodic)
       x = uses.add(op, {x});
   uses.set_output("mod", x);
-  std::string glsl = "#version 450\nlayout(local_size_x = 64) in;\n"
-                     "layout(std430, binding = 0) readonly buffer BIn { float X[]; };\n"
-                     "layout(std430, binding = 1) writeonly buffer BOut { float Y[]; };\n" +
-                     codegen::detail::math_helpers(uses, true) + codegen::detail::interval_helpers(&uses) +
-                     "Iv load(uint at) { return Iv(X[at], X[at + 1u], X[at + 2u] != 0.0); }\n"
-                     "void store(uint at, Iv r) { Y[at] = r.lo; Y[at + 1u] = r.hi; Y[at + 2u] = r.nan ? 1.0 : 0.0; }\n"
-                     "void main() {\n"
-                     "  uint i = gl_GlobalInvocationID.x;\n"
-                     "  if (i >= " + std::to_string(count) + "u) return;\n"
-                     "  Iv a = load(12u * i), b = load(12u * i + 3u), c = load(12u * i + 6u), w = load(12u * i + 9u);\n";
+  std::string glsl =
+      "#version 450\nlayout(local_size_x = 64) in;\n"
+      "layout(std430, binding = 0) readonly buffer BIn { float X[]; };\n"
+      "layout(std430, binding = 1) writeonly buffer BOut { float Y[]; };\n" +
+      codegen::detail::math_helpers(uses, true) + codegen::detail::interval_helpers(&uses) +
+      "Iv load(uint at) { return Iv(X[at], X[at + 1u], X[at + 2u] != 0.0); }\n"
+      "void store(uint at, Iv r) { Y[at] = r.lo; Y[at + 1u] = r.hi; Y[at + 2u] = r.nan ? 1.0 : 0.0; }\n"
+      "void main() {\n"
+      "  uint i = gl_GlobalInvocationID.x;\n";
+  glsl += "  if (i >= " + std::to_string(count) + "u) return;\n";
+  glsl += "  Iv a = load(12u * i), b = load(12u * i + 3u), c = load(12u * i + 6u), w = load(12u * i + 9u);\n";
   for (std::size_t k = 0; k < kRuleCount; ++k)
     glsl += "  store(3u * (i * " + std::to_string(kRuleCount) + "u + " + std::to_string(k) + "u), " + kRules[k].glsl + ");\n";
   glsl += "}\n";
@@ -143,8 +147,8 @@ TEST(VulkanIntervals, EveryGlslRuleAgreesWithBoundRegion) {
       ASSERT_TRUE(same_end(want.lo, got[0], tolerance) && same_end(want.hi, got[1], tolerance) && want.nan == (got[2] != 0.0f))
           << ir::op_name(rule.op) << " of [" << a.lo << ", " << a.hi << (a.nan ? ", nan]" : "]") << ", [" << triples[i][1].lo << ", "
           << triples[i][1].hi << (triples[i][1].nan ? ", nan]" : "]") << ", [" << triples[i][2].lo << ", " << triples[i][2].hi
-          << (triples[i][2].nan ? ", nan]" : "]") << ": C++ [" << want.lo << ", " << want.hi << (want.nan ? ", nan]" : "]")
-          << ", GLSL [" << got[0] << ", " << got[1] << (got[2] != 0.0f ? ", nan]" : "]");
+          << (triples[i][2].nan ? ", nan]" : "]") << ": C++ [" << want.lo << ", " << want.hi << (want.nan ? ", nan]" : "]") << ", GLSL [" << got[0]
+          << ", " << got[1] << (got[2] != 0.0f ? ", nan]" : "]");
       ++checked;
     }
   }

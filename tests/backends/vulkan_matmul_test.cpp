@@ -9,9 +9,9 @@
 namespace qkv {
 namespace {
 
-using qkv::DType;
 using ir::Graph;
 using ir::Op;
+using qkv::DType;
 
 /// a @ b (transposed as asked), a of shape a_batch + [M, K] (or [K, M]), b of b_batch + [K, N]
 /// (or [N, K]).
@@ -49,7 +49,7 @@ TEST(VulkanMatmul, EveryGeometryMatchesTheReferenceOnOddShapes) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   using Tuning = backend::VulkanOptions::Tuning;
   const std::pair<std::array<std::uint32_t, 5>, Tuning> geometries[] = {
-      {{0, 0, 0, 0, 0}, Tuning::cpu}, {{0, 0, 0, 0, 0}, Tuning::gpu}, {{256, 8, 2, 8, 16}, Tuning::gpu},
+      {{0, 0, 0, 0, 0}, Tuning::cpu},   {{0, 0, 0, 0, 0}, Tuning::gpu},   {{256, 8, 2, 8, 16}, Tuning::gpu},
       {{64, 4, 1, 4, 64}, Tuning::cpu}, {{32, 12, 3, 5, 4}, Tuning::cpu}, {{16, 16, 4, 3, 2}, Tuning::gpu},
   };
   const Graph plain = matmul_graph({}, {}, false, false);

@@ -42,7 +42,7 @@ TEST(Fusion, AnElementwiseChainIsOneKernelReadingItsInputsOnce) {
   const KernelSource k = fused_source(c.g, plan[0]);
   EXPECT_EQ(k.name, "fused_add_mul_tanh_sub_r3");
   EXPECT_EQ(k.buffers, 3);
-  EXPECT_NE(k.glsl.find("float qkv_tanh(float x)"), std::string::npos) << k.glsl;  // the accurate tanh, as unfused
+  EXPECT_NE(k.glsl.find("float qkv_tanh(float x)"), std::string::npos) << k.glsl;    // the accurate tanh, as unfused
   EXPECT_NE(k.glsl.find("uintBitsToFloat(pc.p[10])"), std::string::npos) << k.glsl;  // the constant after 1 + 3 + 2 x 3 words
   EXPECT_NE(k.glsl.find("// computes %2 add, %3 constant, %4 mul, %5 tanh, %6 sub"), std::string::npos) << k.glsl;
   EXPECT_NO_THROW(compile_spirv(k.name, k.glsl));
@@ -57,12 +57,16 @@ TEST(Fusion, ResultsKeepTheirKernelsAndSharedNodesAreRecomputed) {
   Graph g;
   const ir::Dim n = g.symbol("N");
   const ValueId x = g.add_input("x", DType::f32, {n, 8});
-  const ValueId e = g.add(Op::exp, {x});          // read by two kernels
+  const ValueId e = g.add(Op::exp, {x});  // read by two kernels
   const ValueId a = g.add(Op::add, {e, x});
   const ValueId m = g.add(Op::mul, {e, x});
-  const ValueId r = g.add(Op::neg, {a});          // a result, also read by s
+  const ValueId r = g.add(Op::neg, {a});  // a result, also read by s
   const ValueId s = g.add(Op::sqrt, {r});
-  const ValueId t = g.add(Op::reduce_sum, {m}, [] { ir::Attrs at; at.axis = 1; return at; }());
+  const ValueId t = g.add(Op::reduce_sum, {m}, [] {
+    ir::Attrs at;
+    at.axis = 1;
+    return at;
+  }());
   g.set_output("r", r);
   g.set_output("s", s);
   g.set_output("t", t);
@@ -83,8 +87,8 @@ TEST(Fusion, ANodeAReaderCannotComputeIsStored) {
   const ValueId x = g.add_input("x", DType::f32, {n, 8});
   const ValueId w = g.add_input("w", DType::f32, {8, 8});
   const ValueId h = g.add(Op::tanh, {x});
-  const ValueId y = g.add(Op::sqrt, {h});              // could recompute h
-  const ValueId z = g.add(Op::matmul, {h, w});         // cannot: loads h from memory
+  const ValueId y = g.add(Op::sqrt, {h});       // could recompute h
+  const ValueId z = g.add(Op::matmul, {h, w});  // cannot: loads h from memory
   g.set_output("y", y);
   g.set_output("z", z);
   const auto plan = plan_kernels(g);
@@ -178,8 +182,10 @@ TEST(Fusion, AMatmulAbsorbsItsEpilogue) {
   const KernelSource k = fused_source(g, plan[0]);
   EXPECT_NE(k.glsl.find("qkv_epilogue"), std::string::npos) << k.glsl;
   EXPECT_NO_THROW(compile_spirv(k.name, k.glsl));
-  const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {2, 5, 16})}, {"w", Tensor(DType::f32, {16, 8})},
-                                          {"bias", Tensor(DType::f32, {8})}, {"res", Tensor(DType::f32, {2, 5, 8})}});
+  const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {2, 5, 16})},
+                                          {"w", Tensor(DType::f32, {16, 8})},
+                                          {"bias", Tensor(DType::f32, {8})},
+                                          {"res", Tensor(DType::f32, {2, 5, 8})}});
   const KernelLaunch l = fused_launch(g, plan[0], shapes);
   ASSERT_GE(l.push.size(), 5u);
   // bias: batch stride 0, row stride 0, column stride 1; res: 40, 8, 1; then 0.5.

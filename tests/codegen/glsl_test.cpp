@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
 
 #include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
@@ -109,8 +109,7 @@ TEST(Glsl, FlexModifierIsInlinedWithItsTensorsDims) {
   EXPECT_NE(k.glsl.find("T0[t0_at + q_idx * t0_row + kv_idx * t0_col]"), std::string::npos);
   EXPECT_NE(k.glsl.find("sc[t][j] = score_mod(sum4(s4[t]) * scale, own(t), t0 + c)"), std::string::npos);
   std::map<std::string, Tensor, std::less<>> in;
-  for (std::size_t i = 0; i < forward.inputs.size(); ++i)
-    in.emplace("x" + std::to_string(i), Tensor(DType::f32, forward.inputs[i].shape));
+  for (std::size_t i = 0; i < forward.inputs.size(); ++i) in.emplace("x" + std::to_string(i), Tensor(DType::f32, forward.inputs[i].shape));
   const KernelLaunch l = kernel_launch(g, y, ir::bind_shapes(g, in), Target{true});
   ASSERT_EQ(l.specialization.size(), 6u);
   EXPECT_EQ(l.specialization[5], 0b0010u) << "the slopes span the heads (dim 1 of 4) only";
@@ -135,7 +134,8 @@ TEST(Glsl, MaskingModifierTestsEachTileByIntervalArithmetic) {
     ADD_FAILURE() << "no case " << label;
     return ir::OpCase{};
   };
-  for (const auto& [op, label] : {std::pair{ir::Op::flex_attention, "document ids, empty rows"}, std::pair{ir::Op::flex_attention_grad, "dq document ids, empty rows"}}) {
+  for (const auto& [op, label] :
+       {std::pair{ir::Op::flex_attention, "document ids, empty rows"}, std::pair{ir::Op::flex_attention_grad, "dq document ids, empty rows"}}) {
     ir::Graph g = ir::case_graph(op, find(op, label));
     const KernelSource k = kernel_source(g, g.output("out"));
     SCOPED_TRACE(k.name);
@@ -165,9 +165,7 @@ TEST(Glsl, EmitGraphNamesEachNode) {
   EXPECT_NE(s.find("#version 450"), std::string::npos);
 }
 
-TEST(Spirv, CompileErrorsAreBackendErrors) {
-  EXPECT_THROW(compile_spirv("broken", "#version 450\nvoid main() { nope(); }\n"), BackendError);
-}
+TEST(Spirv, CompileErrorsAreBackendErrors) { EXPECT_THROW(compile_spirv("broken", "#version 450\nvoid main() { nope(); }\n"), BackendError); }
 
 }  // namespace
 }  // namespace qkv::codegen

@@ -130,8 +130,7 @@ void expect_npy_error(const std::string& bytes, const std::string& needle) {
 
 TEST(Npy, SizesAreCheckedBeforeAnythingIsAllocated) {
   // 40 GB claimed by a 20-byte payload: refused from the header, not by running out of memory.
-  expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (100000, 100000), }", std::string(20, 'x')),
-                   "needs 40000000000");
+  expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (100000, 100000), }", std::string(20, 'x')), "needs 40000000000");
   // An element count that overflows 64 bits (it wrapped to 4 before).
   expect_npy_error(npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387905, 4), }", std::string(16, 'x')),
                    "more elements than memory can address");
@@ -149,9 +148,9 @@ TEST(Npy, TheHeaderIsReadAsPythonReadsIt) {
   expect_npy_error(npy_with("{'descr': '<f4"), "unterminated string");
   // A later duplicate key wins, as in a Python dict (NumPy keeps the last 'descr').
   float v[2] = {1.5f, -2.0f};
-  Tensor t = parse_npy(npy_with("{'descr': '<i4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
-                                std::string(reinterpret_cast<const char*>(v), sizeof v)),
-                       "dup.npy");
+  Tensor t = parse_npy(
+      npy_with("{'descr': '<i4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", std::string(reinterpret_cast<const char*>(v), sizeof v)),
+      "dup.npy");
   EXPECT_EQ(t.dtype(), DType::f32);
   EXPECT_EQ(t.at(1), -2.0);
 }

@@ -24,8 +24,8 @@ TEST(Safetensors, ReadsEveryDtypeTorchWrites) {
     ASSERT_EQ(got.numel(), expected.numel());
     for (std::int64_t i = 0; i < got.numel(); ++i) EXPECT_EQ(got.at(i), expected.at(i)) << i;
   }
-  EXPECT_EQ(f.at("f16").dtype(), DType::f32);   // widened
-  EXPECT_EQ(f.at("i64").dtype(), DType::i32);   // narrowed
+  EXPECT_EQ(f.at("f16").dtype(), DType::f32);  // widened
+  EXPECT_EQ(f.at("i64").dtype(), DType::i32);  // narrowed
   EXPECT_EQ(f.at("mask").dtype(), DType::boolean);
   EXPECT_EQ(f.size(), 9u);
 }
@@ -73,8 +73,7 @@ TEST(Safetensors, SizesAndOffsetsAreCheckedBeforeUse) {
   expect_error(with_header(R"({"w":{"dtype":"F16","shape":[1099511627776,1099511627776],"data_offsets":[0,0]}})", ""),
                "more elements than memory can address");
   expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", "12345678"), "[8, 4] begin after they end");
-  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-                           "1234"),
+  expect_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "1234"),
                "names tensor 'w' twice");
   // A .npy file given as weights is "not a safetensors file", not a header length.
   expect_error(std::string("\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", 64), "not a safetensors file");
@@ -92,9 +91,9 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
   expect_error(with_header(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "12345678"), "needs 12");
   expect_error(with_header(R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", "12345678"), "unsupported dtype 'C64'");
   expect_error(with_header(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "1234"), "shape holds");
-  expect_error(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                           "12345678"),
-               "overlap");
+  expect_error(
+      with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", "12345678"),
+      "overlap");
   expect_error(with_header(R"({"m":{"dtype":"BOOL","shape":[1],"data_offsets":[0,1]}})", "\x02"), "other than 0 or 1");
   EXPECT_THROW(read_safetensors("/nonexistent/file.safetensors"), IoError);
 }

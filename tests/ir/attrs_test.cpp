@@ -30,13 +30,13 @@ DType changed(DType v) { return v == DType::f32 ? DType::i32 : DType::f32; }
 TEST(Attributes, EveryFieldTakesPartInEqualityAndHashing) {
   const Attrs defaults;
   int fields = 0;
-#define QKV_CHECK_ATTR(field, type, init, flag, print, kind)                                          \
-  {                                                                                                  \
-    Attrs a;                                                                                         \
-    a.field = changed(a.field);                                                                      \
-    EXPECT_FALSE(a == defaults) << #field;                                                           \
+#define QKV_CHECK_ATTR(field, type, init, flag, print, kind)                                                      \
+  {                                                                                                               \
+    Attrs a;                                                                                                      \
+    a.field = changed(a.field);                                                                                   \
+    EXPECT_FALSE(a == defaults) << #field;                                                                        \
     EXPECT_NE(node_hash(Op::constant, {}, a, nullptr), node_hash(Op::constant, {}, defaults, nullptr)) << #field; \
-    ++fields;                                                                                        \
+    ++fields;                                                                                                     \
   }
   QKV_ATTRS(QKV_CHECK_ATTR)
 #undef QKV_CHECK_ATTR

@@ -38,7 +38,8 @@ TEST(FuseAttention, FusesOnlyWhatTheBackendKeeps) {
   auto q = input<"q">(dim<"B">, dim<"N">, dim<16>);
   auto k = input<"k">(dim<"B">, dim<"N">, dim<16>);
   auto mask = input<"mask", DType::boolean>(dim<"N">, dim<"N">);
-  ir::Graph g = lower(named<"plain">(scaled_dot_product_attention(q, q, q, causal)), named<"masked">(scaled_dot_product_attention(k, k, k, mask, sliding_window<4>)));
+  ir::Graph g = lower(named<"plain">(scaled_dot_product_attention(q, q, q, causal)),
+                      named<"masked">(scaled_dot_product_attention(k, k, k, mask, sliding_window<4>)));
   EXPECT_EQ(ir::print(ir::fuse_attention(g, [](const ir::Node&) { return false; })), ir::print(g));
   ir::Graph some = ir::eliminate_dead_code(ir::fuse_attention(g, [](const ir::Node& n) { return n.op != ir::Op::masked_attention; }));
   EXPECT_EQ(count(some, ir::Op::attention), 1) << ir::print(some);
@@ -46,7 +47,10 @@ TEST(FuseAttention, FusesOnlyWhatTheBackendKeeps) {
   EXPECT_EQ(count(some, ir::Op::softmax), 1);  // the masked one's, as written
   // The predicate sees the fused node whole, shape included (vulkan's depends on the head dim).
   std::vector<ir::Shape> seen;
-  ir::fuse_attention(g, [&](const ir::Node& n) { seen.push_back(n.shape); return true; });
+  ir::fuse_attention(g, [&](const ir::Node& n) {
+    seen.push_back(n.shape);
+    return true;
+  });
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[0].back(), 16);
   // The pipeline asks the backend: lowered for one keeping no composite, the graph is the
@@ -70,8 +74,8 @@ TEST(FuseAttention, FusesOnlyWhatTheBackendKeeps) {
 TEST(FuseAttention, MaskAndCausalInEitherOrder) {
   auto q = input<"q">(dim<"N">, dim<4>);
   auto mask = input<"mask", DType::boolean>(dim<"N">, dim<"N">);
-  for (const ir::Graph& g : {lower(scaled_dot_product_attention(q, q, q, mask, causal)),
-                             lower(scaled_dot_product_attention(q, q, q, causal, mask))}) {
+  for (const ir::Graph& g :
+       {lower(scaled_dot_product_attention(q, q, q, mask, causal)), lower(scaled_dot_product_attention(q, q, q, causal, mask))}) {
     ir::Graph f = ir::eliminate_dead_code(ir::fuse_attention(g));
     EXPECT_EQ(count(f, ir::Op::masked_attention), 1) << ir::print(f);
     EXPECT_EQ(count(f, ir::Op::causal_mask), 0);
@@ -143,7 +147,8 @@ TEST(FuseAttention, DropoutOnTheWeightsJoinsTheKernel) {
     return nullptr;
   };
   {
-    ir::Graph f = ir::eliminate_dead_code(ir::fuse_attention(lower(named<"out">(scaled_dot_product_attention(q, q, q, causal, attn_dropout(0.1, seed))))));
+    ir::Graph f =
+        ir::eliminate_dead_code(ir::fuse_attention(lower(named<"out">(scaled_dot_product_attention(q, q, q, causal, attn_dropout(0.1, seed))))));
     ir::verify(f);
     const ir::Node* n = flex_of(f);
     ASSERT_NE(n, nullptr) << ir::print(f);
@@ -158,8 +163,8 @@ TEST(FuseAttention, DropoutOnTheWeightsJoinsTheKernel) {
     EXPECT_NE(text.find("causal=true, align=top_left, dropout=0.1"), std::string::npos) << text;
     EXPECT_EQ(ir::print(ir::parse_graph(text)), text);
 
-    ir::Graph back = ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, q, q, causal, attn_dropout(0.1, seed)))),
-                                        {"", {"q"}, {"out"}});
+    ir::Graph back =
+        ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, q, q, causal, attn_dropout(0.1, seed)))), {"", {"q"}, {"out"}});
     int grads = 0, lse = 0;
     for (const auto& node : back.nodes()) {
       if (node.op == ir::Op::flex_attention_grad) {
@@ -180,7 +185,8 @@ TEST(FuseAttention, DropoutOnTheWeightsJoinsTheKernel) {
     EXPECT_EQ(ir::print(ir::parse_graph(ir::print(back))), ir::print(back));
   }
   {
-    ir::Graph f = ir::eliminate_dead_code(ir::fuse_attention(lower(scaled_dot_product_attention(q, q, q, mask, softcap_scores(5), attn_dropout(0.25, seed)))));
+    ir::Graph f =
+        ir::eliminate_dead_code(ir::fuse_attention(lower(scaled_dot_product_attention(q, q, q, mask, softcap_scores(5), attn_dropout(0.25, seed)))));
     const ir::Node* n = flex_of(f);
     ASSERT_NE(n, nullptr) << ir::print(f);
     EXPECT_EQ(ir::region_expression(*n->region), "where(t0, tanh(score / 5) * 5, -inf)");
@@ -288,7 +294,8 @@ TEST(FuseAttention, BadRegionsAreRejectedByName) {
   EXPECT_THROW(g.add(ir::Op::attention, {x, x, x}, {}, std::make_shared<const ir::Graph>(plain)), Error);  // not a flex op
   // A region reading a tensor the node does not pass.
   EXPECT_THROW(g.add(ir::Op::flex_attention, {x, x, x, x}, {}, std::make_shared<const ir::Graph>(plain)), Error);
-  EXPECT_THROW(ir::parse_graph("graph {\n  %0 = input \"q\" : f32[3,4]\n  %1 = flex_attention(%0, %0, %0) {value=1, causal=false, align=top_left} : f32[3,4]\n  return o=%1\n}\n"),
+  EXPECT_THROW(ir::parse_graph("graph {\n  %0 = input \"q\" : f32[3,4]\n  %1 = flex_attention(%0, %0, %0) {value=1, causal=false, align=top_left} : "
+                               "f32[3,4]\n  return o=%1\n}\n"),
                Error);
 }
 
@@ -315,7 +322,6 @@ TEST(FuseAttention, DecompositionRestoresThePrimitives) {
 
 namespace qkv {
 namespace {
-
 
 TEST(Autodiff, BackwardKeepsAttentionFused) {
   auto q = input<"q">(dim<"B">, dim<"N">, dim<16>);

@@ -128,7 +128,8 @@ TEST(MemoryPlan, ReusesDeadStorageWithoutOverlappingLiveValues) {
   auto d = g.add(Op::log, {c});
   g.set_output("y", d);
   std::vector<std::int64_t> bytes(g.size(), 4096);
-  auto plan = plan_memory(g, bytes, [](const Node&) { return false; }, 64);
+  auto plan = plan_memory(
+      g, bytes, [](const Node&) { return false; }, 64);
   EXPECT_LE(plan.total_bytes, 3 * 4096);  // at most two values live at once, plus the input
   for (std::size_t i = 1; i < g.size(); ++i) {
     auto in = static_cast<std::size_t>(g.nodes()[i].inputs[0]);
@@ -144,7 +145,8 @@ TEST(MemoryPlan, ReshapeAliases) {
   a.shape = {24};
   auto r = g.add(Op::reshape, {e}, a);
   g.set_output("y", r);
-  auto plan = plan_memory(g, std::vector<std::int64_t>(g.size(), 96), [](const Node&) { return false; }, 16);
+  auto plan = plan_memory(
+      g, std::vector<std::int64_t>(g.size(), 96), [](const Node&) { return false; }, 16);
   EXPECT_EQ(plan.storage_of[static_cast<std::size_t>(r)], e);
   EXPECT_EQ(plan.offset[static_cast<std::size_t>(r)], -1);
 }
@@ -163,13 +165,14 @@ TEST(MemoryPlan, ViewsAliasAtTheirOffsetAndKeepTheirStorageAlive) {
   rows.axis = 0;
   rows.begin = 2;
   rows.end = 3;
-  auto s = g.add(Op::slice, {r}, rows);   // a view at byte 128
-  auto t = g.add(Op::neg, {z});           // must not take e's storage: s still reads it
+  auto s = g.add(Op::slice, {r}, rows);  // a view at byte 128
+  auto t = g.add(Op::neg, {z});          // must not take e's storage: s still reads it
   auto u = g.add(Op::add, {s, t});
   g.set_output("y", u);
   std::vector<std::int64_t> bytes = {256, 64, 256, 256, 64, 64, 64};
   std::vector<std::int64_t> views = {-1, -1, -1, 0, 128, -1, -1};
-  auto plan = plan_memory(g, bytes, [](const Node&) { return false; }, 16, nullptr, &views);
+  auto plan = plan_memory(
+      g, bytes, [](const Node&) { return false; }, 16, nullptr, &views);
   EXPECT_EQ(plan.storage_of[static_cast<std::size_t>(s)], e);
   EXPECT_EQ(plan.view_offset[static_cast<std::size_t>(s)], 128);
   EXPECT_EQ(plan.view_offset[static_cast<std::size_t>(r)], 0);
@@ -177,7 +180,8 @@ TEST(MemoryPlan, ViewsAliasAtTheirOffsetAndKeepTheirStorageAlive) {
   const auto at = [&](ValueId v) { return plan.offset[static_cast<std::size_t>(v)]; };
   EXPECT_TRUE(at(t) + 64 <= at(e) || at(e) + 256 <= at(t)) << "t overwrote the storage s reads";
   // Without views only the reshape aliases.
-  auto plain = plan_memory(g, bytes, [](const Node&) { return false; }, 16);
+  auto plain = plan_memory(
+      g, bytes, [](const Node&) { return false; }, 16);
   EXPECT_EQ(plain.storage_of[static_cast<std::size_t>(s)], s);
   EXPECT_GE(plain.offset[static_cast<std::size_t>(s)], 0);
 }
@@ -188,8 +192,8 @@ TEST(MemoryPlan, ViewsAliasAtTheirOffsetAndKeepTheirStorageAlive) {
 TEST(MemoryPlan, PlacedValuesLiveInTheLaterStorageFromTheirOwnNode) {
   Graph g;
   auto x = g.add_input("x", DType::f32, {64});
-  auto a = g.add(Op::exp, {x});   // written into p's storage
-  auto t = g.add(Op::neg, {x});   // computed while a is live: must not overlap it
+  auto a = g.add(Op::exp, {x});  // written into p's storage
+  auto t = g.add(Op::neg, {x});  // computed while a is live: must not overlap it
   auto u = g.add(Op::add, {a, t});
   Attrs same;
   same.perm = {0};
@@ -198,7 +202,8 @@ TEST(MemoryPlan, PlacedValuesLiveInTheLaterStorageFromTheirOwnNode) {
   std::vector<std::int64_t> bytes(g.size(), 256);
   std::vector<Placement> placed(g.size());
   placed[static_cast<std::size_t>(a)] = {p, 0};
-  auto plan = plan_memory(g, bytes, [](const Node&) { return false; }, 16, nullptr, nullptr, &placed);
+  auto plan = plan_memory(
+      g, bytes, [](const Node&) { return false; }, 16, nullptr, nullptr, &placed);
   EXPECT_EQ(plan.storage_of[static_cast<std::size_t>(a)], p);
   EXPECT_EQ(plan.offset[static_cast<std::size_t>(a)], -1);
   const auto at = [&](ValueId v) { return plan.offset[static_cast<std::size_t>(v)]; };
@@ -227,7 +232,8 @@ TEST(MemoryPlan, PlacementsChainAndAddTheirOffsets) {
   placed[static_cast<std::size_t>(b)] = {ab, 16};
   placed[static_cast<std::size_t>(ab)] = {c, 0};
   placed[static_cast<std::size_t>(c - 1)] = {c, 32};
-  auto plan = plan_memory(g, bytes, [](const Node&) { return false; }, 16, nullptr, nullptr, &placed);
+  auto plan = plan_memory(
+      g, bytes, [](const Node&) { return false; }, 16, nullptr, nullptr, &placed);
   for (ValueId v : {a, b, ab, c - 1}) EXPECT_EQ(plan.storage_of[static_cast<std::size_t>(v)], c) << "%" << v;
   EXPECT_EQ(plan.view_offset[static_cast<std::size_t>(b)], 16);
   EXPECT_EQ(plan.view_offset[static_cast<std::size_t>(c - 1)], 32);
@@ -281,7 +287,8 @@ TEST(MemoryPlan, LateInputsDoNotShareStorageWithEarlierTemporaries) {
   auto t2 = g.add(Op::neg, {t1});
   auto late = g.add_input("late", DType::f32, {256});
   g.set_output("y", g.add(Op::add, {t2, late}));
-  auto plan = plan_memory(g, std::vector<std::int64_t>(g.size(), 1024), [](const Node&) { return false; }, 64);
+  auto plan = plan_memory(
+      g, std::vector<std::int64_t>(g.size(), 1024), [](const Node&) { return false; }, 64);
   auto overlaps = [&](ValueId x, ValueId y) {
     auto ox = plan.offset[static_cast<std::size_t>(x)], oy = plan.offset[static_cast<std::size_t>(y)];
     return ox < oy + 1024 && oy < ox + 1024;

@@ -126,8 +126,9 @@ TEST(Parser, EveryErrorNamesItsLine) {
   // Attention's backward ops check their operands' ranks before reading any dim.
   expect_parse_error(one_input("f32[2]", "  %1 = attention_lse(%0, %0) {value=1, causal=false, align=top_left} : f32[2,1]\n  return out=%1\n"),
                      "line 3:");
-  expect_parse_error(one_input("f32[]", "  %1 = attention_grad(%0, %0, %0, %0, %0, %0) {value=1, causal=false, align=top_left, wrt=1} : f32[]\n"
-                                        "  return out=%1\n"),
+  expect_parse_error(one_input("f32[]",
+                               "  %1 = attention_grad(%0, %0, %0, %0, %0, %0) {value=1, causal=false, align=top_left, wrt=1} : f32[]\n"
+                               "  return out=%1\n"),
                      "line 3:");
 }
 

@@ -44,9 +44,8 @@ const auto slope = input<"slope">(dim<4>);
 const auto q_doc = input<"q_doc", DType::i32>(dim<"B">, dim<"N">);
 const auto kv_doc = input<"kv_doc", DType::i32>(dim<"B">, dim<"M">);
 
-const auto alibi_softcap = score_mod([](auto score, auto, auto h, auto q_idx, auto kv_idx) {
-  return softcap(score, 30) + slope[h] * (kv_idx - q_idx);
-});
+const auto alibi_softcap =
+    score_mod([](auto score, auto, auto h, auto q_idx, auto kv_idx) { return softcap(score, 30) + slope[h] * (kv_idx - q_idx); });
 const auto same_document = mask_mod([](auto b, auto, auto q_idx, auto kv_idx) { return at(q_doc, b, q_idx) == at(kv_doc, b, kv_idx); });
 const auto causal_as_mask = mask_mod([](auto, auto, auto q_idx, auto kv_idx) { return q_idx >= kv_idx; });
 
@@ -57,9 +56,8 @@ TEST(ScoreMod, ModifiersWrittenAsExpressionsFuseAsRegions) {
   EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(q, k, k, same_document))), "where(t0 == t1, score, -inf)");
   // The same region as the library's document_mask.
   auto docs = input<"docs", DType::i32>(dim<"B">, dim<"N">);
-  EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(q, q, q, mask_mod([=](auto b, auto, auto q_idx, auto kv_idx) {
-              return at(docs, b, q_idx) == at(docs, b, kv_idx);
-            })))),
+  EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(
+                q, q, q, mask_mod([=](auto b, auto, auto q_idx, auto kv_idx) { return at(docs, b, q_idx) == at(docs, b, kv_idx); })))),
             fused_modifier(lower(scaled_dot_product_attention(q, q, q, document_mask(docs, docs)))));
   // Comparisons and logic as operators; a >= b is a > b or a == b (NaN is neither).
   EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(q, k, k, causal_as_mask))),
@@ -69,8 +67,9 @@ TEST(ScoreMod, ModifiersWrittenAsExpressionsFuseAsRegions) {
   EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(q, k, k, same_document, alibi_softcap))), both);
   EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(q, k, k, alibi_softcap, same_document))), both);
   // b and h index the batch and head axes: tensors of their size, read per (batch, head).
-  EXPECT_EQ(fused_modifier(lower(scaled_dot_product_attention(q, k, k, score_mod([](auto s, auto b, auto h, auto, auto) { return s + h * 0.5 + b; })))),
-            "score + t0 + t1");
+  EXPECT_EQ(
+      fused_modifier(lower(scaled_dot_product_attention(q, k, k, score_mod([](auto s, auto b, auto h, auto, auto) { return s + h * 0.5 + b; })))),
+      "score + t0 + t1");
 }
 
 /// Subscripts lay a tensor out along the scores' axes (nothing is gathered); i32 ids are read as
@@ -89,11 +88,12 @@ TEST(ScoreMod, IndicesAndSubscriptsFollowTheScoresAxes) {
   (void)lower(scaled_dot_product_attention(q, k, k, mask_mod(check)));
   auto x = input<"x">(dim<"B">, dim<"N">, dim<16>);
   auto ids = input<"ids", DType::i32>(dim<"B">, dim<"N">);
-  const ir::Graph g = lower(scaled_dot_product_attention(x, x, x, mask_mod([=](auto b, auto h, auto q_idx, auto kv_idx) {
-    static_assert(std::is_same_v<decltype(h), NoScoreIndex>, "scores [B, N, M] have no head axis");
-    static_assert(decltype(at(ids, b, q_idx))::shape == ir::Shape{ir::symbol_id("B"), ir::symbol_id("N"), 1});
-    return at(ids, b, q_idx) == at(ids, b, kv_idx);
-  })));
+  const ir::Graph g =
+      lower(scaled_dot_product_attention(x, x, x, mask_mod([=](auto b, auto h, auto q_idx, auto kv_idx) {
+                                           static_assert(std::is_same_v<decltype(h), NoScoreIndex>, "scores [B, N, M] have no head axis");
+                                           static_assert(decltype(at(ids, b, q_idx))::shape == ir::Shape{ir::symbol_id("B"), ir::symbol_id("N"), 1});
+                                           return at(ids, b, q_idx) == at(ids, b, kv_idx);
+                                         })));
   EXPECT_EQ(fused_modifier(g), "where(t0 == t1, score, -inf)");
 }
 
@@ -125,9 +125,8 @@ TEST(BoundRegion, MasksFromPositionsAndIdsAreProvedPerTile) {
 
   // A mask that depends on the score itself is never proved: the scores are unknown.
   auto x = input<"x">(dim<"N">, dim<8>);
-  const ir::Graph by_score = fused_region(lower(scaled_dot_product_attention(x, x, x, score_mod([](auto s, auto, auto, auto, auto) {
-    return where(s > 0.0, s, kNegInf);
-  }))));
+  const ir::Graph by_score = fused_region(
+      lower(scaled_dot_product_attention(x, x, x, score_mod([](auto s, auto, auto, auto, auto) { return where(s > 0.0, s, kNegInf); }))));
   EXPECT_TRUE(ir::region_masks(by_score));
   EXPECT_FALSE(ir::bound_region(by_score, tile(0, 0, 0, 0)).is(-HUGE_VAL));
   // Soft-capping alone never masks: not worth bounding.
@@ -185,9 +184,8 @@ std::vector<ir::Graph> masking_regions() {
   return {
       fused_region(lower(scaled_dot_product_attention(q, k, k, same_document, alibi_softcap))),
       fused_region(lower(scaled_dot_product_attention(q, k, k, causal_as_mask, softcap_scores(5.0)))),
-      fused_region(lower(scaled_dot_product_attention(x, x, x, mask_mod([](auto, auto, auto q_idx, auto kv_idx) {
-                                                        return (q_idx - kv_idx < 64.0 && kv_idx <= q_idx) || kv_idx < 4.0;
-                                                      })))),
+      fused_region(lower(scaled_dot_product_attention(
+          x, x, x, mask_mod([](auto, auto, auto q_idx, auto kv_idx) { return (q_idx - kv_idx < 64.0 && kv_idx <= q_idx) || kv_idx < 4.0; })))),
   };
 }
 
@@ -222,7 +220,9 @@ TEST(BoundRegion, EveryComputedValueLiesInTheBound) {
         const std::vector<double> in = random_point(rng, ranges);
         const double value = evaluate(r, in);
         if (std::isnan(value)) EXPECT_TRUE(bound.nan) << ir::region_expression(r);
-        else EXPECT_TRUE(bound.lo <= value && value <= bound.hi) << ir::region_expression(r) << ": " << value << " outside [" << bound.lo << ", " << bound.hi << "]";
+        else
+          EXPECT_TRUE(bound.lo <= value && value <= bound.hi)
+              << ir::region_expression(r) << ": " << value << " outside [" << bound.lo << ", " << bound.hi << "]";
       }
     }
   }

@@ -40,12 +40,16 @@ TEST(ShapeErrors, BadOperandsAndAttributesAreNamed) {
             "slice: range or attribute out of bounds (4, 12 at axis 1); operands f32[3,10]");
   EXPECT_EQ(error_of([&] { g.add(Op::slice, {n}, range(0, -1, 2)); }),
             "slice: range or attribute out of bounds (-1, 2 at axis 0); operands f32[N,4]");
-  EXPECT_EQ(error_of([&] { g.add(Op::concat, {x, n}, range(0, 0, 0)); }),
+  EXPECT_EQ(error_of([&] {
+              g.add(Op::concat, {x, n}, range(0, 0, 0));
+            }),
             "concat: dims differ outside the joined axis (10 vs 4 at axis 1); operands f32[3,10], f32[N,4]");
   EXPECT_EQ(error_of([&] { g.add(Op::cast, {x}); }), "cast: cast takes an i32 or bool tensor to f32 (operand 0 is f32[3,10]); operands f32[3,10]");
   Attrs p;
   p.value = 1.0;
-  EXPECT_EQ(error_of([&] { g.add(Op::dropout_mask, {x, seed}, p); }),
+  EXPECT_EQ(error_of([&] {
+              g.add(Op::dropout_mask, {x, seed}, p);
+            }),
             "dropout_mask: the dropout probability p must lie in [0, 1); operands f32[3,10], i32[]");
   EXPECT_EQ(error_of([&] { g.add(Op::dropout_mask, {x, ids}); }), "dropout_mask: rank too large (1); operands f32[3,10], i32[3]");
   Attrs window;
@@ -67,9 +71,8 @@ TEST(DerivedDims, ConcatOfNamedDimsMakesADerivedDimThatPrintsParsesAndBinds) {
   const std::string text = print(g);
   Graph back = parse_graph(text);
   EXPECT_EQ(print(back), text);
-  std::map<std::string, Tensor, std::less<>> in{{"past", Tensor(DType::f32, {2, 3, 4})},
-                                                  {"now", Tensor(DType::f32, {2, 2, 4})},
-                                                  {"one", Tensor(DType::f32, {2, 1, 4})}};
+  std::map<std::string, Tensor, std::less<>> in{
+      {"past", Tensor(DType::f32, {2, 3, 4})}, {"now", Tensor(DType::f32, {2, 2, 4})}, {"one", Tensor(DType::f32, {2, 1, 4})}};
   EXPECT_EQ(bind_shapes(back, in)[static_cast<std::size_t>(back.output("out"))], (Shape{2, 6, 4}));
   // A constant shaped by the derived dim binds from its parts.
   Graph c = back;
@@ -120,7 +123,9 @@ TEST(DerivedDims, ProductsAndQuotientsPrintParseAndBindFromTheirParts) {
   EXPECT_EQ(bound_dim(g, shapes, g.node(g.output("heads")).shape[2]), 2);
   EXPECT_EQ(dim_size(g, g.node(0).shape[0], {{"E", 8}}), 24);
   EXPECT_EQ(error_of([&] { bind_shapes(g, tensors({{"w", {18, 6}}, {"x", {2, 6}}})); }), "reshape: dim E/4: E = 6 is not divisible by 4");
-  EXPECT_EQ(error_of([&] { bind_shapes(g, tensors({{"w", {25, 8}}, {"x", {2, 8}}})); }),
+  EXPECT_EQ(error_of([&] {
+              bind_shapes(g, tensors({{"w", {25, 8}}, {"x", {2, 8}}}));
+            }),
             "input 'w': dim 3*E is 25, but E = 8 (from the other inputs) make it 24");
   EXPECT_EQ(error_of([&] { dim_size(g, g.node(0).shape[0], {}); }), "no size given for dim E");
   // Sizes bound from (empty) tensors whose product passes 63 bits: an error, not an overflow.
@@ -146,7 +151,9 @@ TEST(DerivedDims, ASliceOfANamedDimIsCheckedWhenBound) {
   auto n = g.add_input("n", DType::f32, {g.symbol("N"), 4});
   g.set_output("s", g.add(Op::slice, {n}, range(0, 1, 3)));
   EXPECT_EQ(bind_shapes(g, tensors({{"n", {5, 4}}}))[1], (Shape{2, 4}));
-  EXPECT_EQ(error_of([&] { bind_shapes(g, tensors({{"n", {2, 4}}})); }),
+  EXPECT_EQ(error_of([&] {
+              bind_shapes(g, tensors({{"n", {2, 4}}}));
+            }),
             "%1 slice: range or attribute out of bounds (1, 3 at axis 0); operands f32[2,4]");
 }
 

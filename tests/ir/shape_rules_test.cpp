@@ -15,7 +15,13 @@ constexpr std::array<Operand, 2> kBroadcast{{{Shape{3, 1, 5}}, {Shape{4, 1}}}};
 static_assert(infer_shape(Op::add, kBroadcast, {}).shape == Shape{3, 4, 5});
 constexpr Dim kN = symbol_id("N");
 constexpr std::array<Operand, 2> kSymbolic{{{Shape{kN, 64}}, {Shape{kN, 64}}}};
-static_assert(infer_shape(Op::matmul, kSymbolic, [] { Attrs a; a.transpose_b = true; return a; }()).shape == Shape{kN, kN});
+static_assert(infer_shape(Op::matmul, kSymbolic,
+                          [] {
+                            Attrs a;
+                            a.transpose_b = true;
+                            return a;
+                          }())
+                  .shape == Shape{kN, kN});
 
 TEST(ShapeRules, MatmulInnerDimsMessage) {
   Graph g;

@@ -49,7 +49,8 @@ std::string case_label(const RegistryCase& c) { return std::string(ir::op_name(c
 backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   backend::TensorMap m;
-  for (std::size_t i = 0; i < c.inputs.size(); ++i) m.emplace("x" + std::to_string(i), backend::filled_tensor(c.inputs[i].fill, c.inputs[i].shape, rng));
+  for (std::size_t i = 0; i < c.inputs.size(); ++i)
+    m.emplace("x" + std::to_string(i), backend::filled_tensor(c.inputs[i].fill, c.inputs[i].shape, rng));
   return m;
 }
 

@@ -48,10 +48,10 @@ void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, bac
 }  // namespace qkv::testing
 
 /// Gets a backend by name into `var`, or skips the test with the reason (fails in CI for Vulkan).
-#define QKV_GET_BACKEND_OR_SKIP(var, name)                                                  \
-  std::string var##_why;                                                                    \
-  auto var = ::qkv::testing::backend_or_reason(name, var##_why);                            \
-  if (!var) {                                                                               \
+#define QKV_GET_BACKEND_OR_SKIP(var, name)                                                      \
+  std::string var##_why;                                                                        \
+  auto var = ::qkv::testing::backend_or_reason(name, var##_why);                                \
+  if (!var) {                                                                                   \
     if (::qkv::testing::vulkan_required()) FAIL() << "backend " << (name) << ": " << var##_why; \
-    GTEST_SKIP() << "backend " << (name) << " unavailable: " << var##_why;                  \
+    GTEST_SKIP() << "backend " << (name) << " unavailable: " << var##_why;                      \
   }

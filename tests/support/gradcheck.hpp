@@ -15,7 +15,7 @@ ir::Graph with_weighted_sum_loss(const ir::Graph& g);
 
 /// Checks d(loss)/d(x) for each input x in `wrt` (analytic, from build_backward, on the float64
 /// reference) against central differences at up to `probes` elements per input.
-void expect_gradients_match_finite_differences(const ir::Graph& g_with_loss, const backend::TensorMap& inputs,
-                                               const std::vector<std::string>& wrt, int probes = 12);
+void expect_gradients_match_finite_differences(const ir::Graph& g_with_loss, const backend::TensorMap& inputs, const std::vector<std::string>& wrt,
+                                               int probes = 12);
 
 }  // namespace qkv::testing

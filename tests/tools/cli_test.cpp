@@ -83,12 +83,12 @@ TEST_F(Cli, RunPromotesLowerRankFilesAndTakesOptions) {
   write("q.npy", qkv::Tensor::from<float>({2, 2}, {1, 0, 0, 1}));
   write("v.npy", qkv::Tensor::from<float>({2, 1}, {10, 20}));
   write("m.npy", qkv::Tensor::from<bool>({2, 2}, {false, true, false, true}));
-  Result r = run("run sdpa --backend cpu --set mask=true --in q=" + path("q.npy") + " --in k=" + path("q.npy") + " --in v=" +
-                 path("v.npy") + " --in mask=" + path("m.npy") + " --out out=" + path("o.npy"));
+  Result r = run("run sdpa --backend cpu --set mask=true --in q=" + path("q.npy") + " --in k=" + path("q.npy") + " --in v=" + path("v.npy") +
+                 " --in mask=" + path("m.npy") + " --out out=" + path("o.npy"));
   ASSERT_EQ(r.status, 0) << r.output;
   qkv::Tensor o = qkv::io::read_npy(path("o.npy"));
   EXPECT_EQ(o.shape(), (std::vector<std::int64_t>{2, 1}));  // the batch dim the files lacked is gone again
-  EXPECT_NEAR(o.at(0), 20, 1e-5);                            // only key 1 is kept
+  EXPECT_NEAR(o.at(0), 20, 1e-5);                           // only key 1 is kept
   EXPECT_NEAR(o.at(1), 20, 1e-5);
   Result causal = run("run sdpa --set causal=true --in q=" + path("q.npy") + " --in k=" + path("q.npy") + " --in v=" + path("v.npy") +
                       " --out out=" + path("c.npy"));
@@ -99,8 +99,7 @@ TEST_F(Cli, RunPromotesLowerRankFilesAndTakesOptions) {
 TEST_F(Cli, ModelsListsEveryModelWithInputsWeightsAndOptions) {
   Result r = run("models");
   ASSERT_EQ(r.status, 0) << r.output;
-  for (const char* m : {"sdpa", "mha", "self-attention", "cross-attention", "causal-self-attention", "gqa", "decoder-block",
-                        "encoder-decoder-block"})
+  for (const char* m : {"sdpa", "mha", "self-attention", "cross-attention", "causal-self-attention", "gqa", "decoder-block", "encoder-decoder-block"})
     EXPECT_NE(("\n" + r.output).find(std::string("\n") + m + "\n"), std::string::npos) << m;
   EXPECT_NE(r.output.find("weights: in_proj_weight f32[96,32]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("self_attn.in_proj_weight"), std::string::npos) << r.output;
@@ -236,8 +235,9 @@ TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
     if (const char* req = std::getenv("QKV_REQUIRE_VULKAN"); req && std::string(req) == "1") FAIL() << devices.output;
     GTEST_SKIP() << "no Vulkan device: " << devices.output;
   }
-  for (const std::string& c : std::vector<std::string>{"run gqa --set rope=true", "run decoder-block --grad", "explain encoder-decoder-block",
-                              "bench cross-attention --repeat 2", "viz causal-self-attention --png-dir " + path("v"), "train --steps 2"}) {
+  for (const std::string& c :
+       std::vector<std::string>{"run gqa --set rope=true", "run decoder-block --grad", "explain encoder-decoder-block",
+                                "bench cross-attention --repeat 2", "viz causal-self-attention --png-dir " + path("v"), "train --steps 2"}) {
     Result r = run(c + " --backend vulkan");
     EXPECT_EQ(r.status, 0) << c << "\n" << r.output;
   }
@@ -292,7 +292,8 @@ TEST_F(Cli, BadInputExitsWithTwoAndNamesTheProblem) {
   expect("run sdpa --in k=" + path("junk.npy"), "not a .npy file");
   expect("run sdpa --in q=" + path("q.npy") + " --in k=" + path("k.npy"), "dim D is 5, but input 'q' set it to 4");
   expect("run sdpa --in q=" + path("ids.npy"), "input 'q' must be f32, got int32");
-  expect("run sdpa --in nope=" + path("q.npy"), "sdpa (causal=false, dropout=0, mask=false, scale=auto, softcap=none, weights=true) has no input 'nope'");
+  expect("run sdpa --in nope=" + path("q.npy"),
+         "sdpa (causal=false, dropout=0, mask=false, scale=auto, softcap=none, weights=true) has no input 'nope'");
   expect("run sdpa --in q", "--in expects NAME=VALUE, got 'q'");
   expect("run sdpa --out nope=" + path("o.npy"), "has no output 'nope' (outputs: out, weights)");
   expect("run sdpa --set nope=1", "sdpa has no option 'nope' (options: causal, mask, scale, softcap, dropout, weights)");
@@ -404,9 +405,11 @@ TEST_F(Cli, DumpedGraphMeansTheModelAtEveryHeadDim) {
   EXPECT_NE(dump.output.find("rsqrt_of=D"), std::string::npos) << dump.output;
   std::ofstream(path("sdpa.qkv")) << dump.output;
   std::vector<float> q(12), k(12), v(12);
-  for (std::size_t i = 0; i < 12; ++i) q[i] = 0.5f * static_cast<float>(i % 5) - 1, k[i] = 0.3f * static_cast<float>(i % 7) - 1, v[i] = static_cast<float>(i);
-  const std::string ins = " --in q=" + write("q.npy", qkv::Tensor::from<float>({1, 4, 3}, q)) + " --in k=" +
-                          write("k.npy", qkv::Tensor::from<float>({1, 4, 3}, k)) + " --in v=" + write("v.npy", qkv::Tensor::from<float>({1, 4, 3}, v));
+  for (std::size_t i = 0; i < 12; ++i)
+    q[i] = 0.5f * static_cast<float>(i % 5) - 1, k[i] = 0.3f * static_cast<float>(i % 7) - 1, v[i] = static_cast<float>(i);
+  const std::string ins = " --in q=" + write("q.npy", qkv::Tensor::from<float>({1, 4, 3}, q)) +
+                          " --in k=" + write("k.npy", qkv::Tensor::from<float>({1, 4, 3}, k)) +
+                          " --in v=" + write("v.npy", qkv::Tensor::from<float>({1, 4, 3}, v));
   ASSERT_EQ(run("run " + path("sdpa.qkv") + ins + " --out out=" + path("a.npy")).status, 0);
   ASSERT_EQ(run("run sdpa --set weights=false" + ins + " --out out=" + path("b.npy")).status, 0);
   ASSERT_EQ(run("run sdpa --set weights=false --set scale=0.5773502691896258" + ins + " --out out=" + path("c.npy")).status, 0);
@@ -422,8 +425,8 @@ TEST_F(Cli, GradientSeedsAreTheBackwardsOwnInputs) {
   std::ofstream(path("g.qkv")) << "graph {\n  %0 = input \"data\" : f32[2]\n  %1 = mul(%0, %0) : f32[2]\n  return out=%1\n}\n";
   write("data.npy", qkv::Tensor::from<float>({2}, {3, -1}));
   write("dout.npy", qkv::Tensor::from<float>({2}, {1, 1}));
-  Result r = run("run " + path("g.qkv") + " --grad --in data=" + path("data.npy") + " --in dout=" + path("dout.npy") + " --out d_data=" +
-                 path("d.npy"));
+  Result r =
+      run("run " + path("g.qkv") + " --grad --in data=" + path("data.npy") + " --in dout=" + path("dout.npy") + " --out d_data=" + path("d.npy"));
   ASSERT_EQ(r.status, 0) << r.output;
   const qkv::Tensor d = qkv::io::read_npy(path("d.npy"));
   EXPECT_EQ(d.at(0), 6.0);  // d/dx x^2 = 2x at the file's x, not at random values
@@ -476,8 +479,9 @@ TEST_F(Cli, EveryBadInputIsOneLineAndExitTwo) {
   {  // np.zeros((1, 4, 8), dtype=np.int64)
     std::string header = "{'descr': '<i8', 'fortran_order': False, 'shape': (1, 4, 8), }";
     header.append(128 - 10 - header.size() - 1, ' ');
-    std::ofstream(path("ids64.npy"), std::ios::binary) << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size() + 1) << '\0'
-                                                       << header << '\n' << std::string(256, '\0');
+    std::ofstream(path("ids64.npy"), std::ios::binary)
+        << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size() + 1) << '\0' << header << '\n'
+        << std::string(256, '\0');
   }
   std::ofstream(path("noreturn.qkv")) << "graph {\n  %0 = input \"a\" : f32[2]\n}\n";
   std::ofstream(path("typo.qkv")) << "graph {\n  %0 = input \"a\" : f32[2]\n  %1 = exp(%0) : f32[3]\n  return out=%1\n}\n";

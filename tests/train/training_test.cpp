@@ -5,13 +5,13 @@
 #include <cmath>
 #include <filesystem>
 
-#include "backends/reference/reference_backend.hpp"
 #include "backends/equivalence.hpp"
+#include "backends/reference/reference_backend.hpp"
 #include "dsl/dsl.hpp"
 #include "io/npy.hpp"
 #include "ir/printer.hpp"
-#include "tests/support/backend_fixture.hpp"
 #include "models/models.hpp"
+#include "tests/support/backend_fixture.hpp"
 #include "train/init.hpp"
 #include "train/trainer.hpp"
 
@@ -95,8 +95,7 @@ const train::Optimizer kAdamW = train::AdamW{.lr = 1e-2, .weight_decay = 0.0};
 std::vector<double> losses(backend::Backend& b, int steps, const train::Optimizer& optimizer) {
   ir::Graph model = models::copy_task_model();
   auto params = models::copy_task_params();
-  train::Trainer t(model, "loss", params, optimizer, b,
-                   train::initialize(model, params, {train::Init::xavier_uniform}, 7));
+  train::Trainer t(model, "loss", params, optimizer, b, train::initialize(model, params, {train::Init::xavier_uniform}, 7));
   std::vector<double> r;
   for (int s = 0; s < steps; ++s) r.push_back(t.step(models::copy_task_batch(32, 1000 + static_cast<std::uint64_t>(s))));
   return r;
