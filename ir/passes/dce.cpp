@@ -12,18 +12,7 @@ Graph eliminate_dead_code(const Graph& g) {
     if (!live[i]) continue;
     for (ValueId v : n.inputs) live[static_cast<std::size_t>(v)] = true;
   }
-  Graph out;
-  out.copy_symbols(g);
-  std::vector<ValueId> map(g.size(), -1);
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    if (!live[i]) continue;
-    const Node& n = g.nodes()[i];
-    std::vector<ValueId> inputs;
-    for (ValueId v : n.inputs) inputs.push_back(map[static_cast<std::size_t>(v)]);
-    map[i] = out.add_like(n, std::move(inputs));
-  }
-  out.copy_results(g, map);
-  return out;
+  return rebuild(g, [&](Graph&, ValueId id, const Node&, std::span<const ValueId>) { return live[static_cast<std::size_t>(id)] ? -1 : kDropNode; });
 }
 
 }  // namespace qkv::ir

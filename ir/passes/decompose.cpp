@@ -12,7 +12,7 @@ Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)
     bool pending = false;
     for (const Node& n : r.nodes()) pending |= is_composite(n.op) && !keep(n);
     if (!pending) return r;
-    r = rebuild(r, [&](Graph& out, const Node& n, std::span<const ValueId> inputs) -> ValueId {
+    r = rebuild(r, [&](Graph& out, ValueId, const Node& n, std::span<const ValueId> inputs) -> ValueId {
       if (!is_composite(n.op) || keep(n)) return -1;
       return decompose(out, n, inputs);
     });

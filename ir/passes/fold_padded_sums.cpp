@@ -109,7 +109,7 @@ ValueId fold(Graph& g, ValueId a, ValueId b) {
 }  // namespace
 
 Graph fold_padded_sums(const Graph& g) {
-  return rebuild(g, [](Graph& out, const Node& n, std::span<const ValueId> in) -> ValueId {
+  return rebuild(g, [](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
     if (n.op != Op::add) return -1;
     return fold(out, in[0], in[1]);
   });

@@ -286,38 +286,31 @@ Graph fuse_attention(const Graph& g, const std::function<bool(const Node&)>& kee
     if (n.op != Op::causal_mask && n.op != Op::iota)
       for (ValueId v : n.inputs) ++uses[static_cast<std::size_t>(v)];
   for (ValueId v : g.result_values()) uses[static_cast<std::size_t>(v)] += 2;  // a result is never fused away
-  std::vector<ValueId> map(g.size(), -1);
-  Graph r;
-  r.copy_symbols(g);
+  // Filled by rebuild in node order: a match reads its operands, all earlier nodes, from it.
+  std::vector<ValueId> map;
   auto at = [&](ValueId v) { return map[static_cast<std::size_t>(v)]; };
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const Node& n = g.nodes()[i];
-    Match m;
-    if (n.op == Op::matmul && Matcher(g, uses).match(static_cast<ValueId>(i), m)) {
-      Node fused;
-      fused.attrs = m.attrs;
-      if (m.region) {
-        fused.op = Op::flex_attention;
-        fused.inputs = {at(m.q), at(m.k), at(m.v)};
-        for (ValueId t : m.tensors) fused.inputs.push_back(at(t));
-        if (m.seed >= 0) fused.inputs.push_back(at(m.seed));
-        fused.region = m.region;
-      } else {
-        fused.op = m.mask < 0 ? Op::attention : Op::masked_attention;
-        fused.inputs = {at(m.q), at(m.k), at(m.v)};
-        if (m.mask >= 0) fused.inputs.push_back(at(m.mask));
-      }
-      if (kept(r, fused, keep)) {
-        map[i] = r.add(fused.op, std::move(fused.inputs), fused.attrs, fused.region);
-        continue;
-      }
-    }
-    std::vector<ValueId> ins;
-    for (ValueId v : n.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
-    map[i] = r.add_like(n, std::move(ins));
-  }
-  r.copy_results(g, map);
-  return r;
+  return rebuild(
+      g,
+      [&](Graph& r, ValueId id, const Node& n, std::span<const ValueId>) -> ValueId {
+        Match m;
+        if (n.op != Op::matmul || !Matcher(g, uses).match(id, m)) return -1;
+        Node fused;
+        fused.attrs = m.attrs;
+        if (m.region) {
+          fused.op = Op::flex_attention;
+          fused.inputs = {at(m.q), at(m.k), at(m.v)};
+          for (ValueId t : m.tensors) fused.inputs.push_back(at(t));
+          if (m.seed >= 0) fused.inputs.push_back(at(m.seed));
+          fused.region = m.region;
+        } else {
+          fused.op = m.mask < 0 ? Op::attention : Op::masked_attention;
+          fused.inputs = {at(m.q), at(m.k), at(m.v)};
+          if (m.mask >= 0) fused.inputs.push_back(at(m.mask));
+        }
+        if (!kept(r, fused, keep)) return -1;
+        return r.add(fused.op, std::move(fused.inputs), fused.attrs, fused.region);
+      },
+      &map);
 }
 
 }  // namespace qkv::ir

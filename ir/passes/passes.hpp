@@ -52,10 +52,16 @@ Graph select_outputs(const Graph& g, const std::vector<std::string>& keep);
 /// (decompose.cpp). Backends keep the composites they implement directly.
 Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)>& keep);
 
+/// What a rebuild's rewrite returns to leave a node out of the new graph (nothing kept may read
+/// it; its value maps to -1).
+inline constexpr ValueId kDropNode = -2;
+
 /// Copies `g` node by node into a new graph through Graph::add (sharing equal nodes).
-/// `rewrite`, when given, may emit a replacement for a node and return it, or return -1 to copy.
-/// With `map`, it holds each value of `g` as a value of the new graph.
-Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite = {},
+/// `rewrite(out, id, node, inputs)`, when given, sees each node of `g` (its value id, the node and
+/// its inputs as values of `out`) and may emit a replacement for it and return it, return -1 to copy it,
+/// or kDropNode to leave it out. With `map`, it holds each value of `g` as a value of the new
+/// graph, filled in node order (a rewrite may read the entries of earlier nodes).
+Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, ValueId, const Node&, std::span<const ValueId>)>& rewrite = {},
               std::vector<ValueId>* map = nullptr);
 
 /// `g` with its named dims in `sizes` (by name) made those sizes: every shape and attribute that

@@ -46,7 +46,7 @@ Graph place_attention_lse(const Graph& g) {
     }
   }
   std::size_t at = 0;  // rebuild visits the nodes in order
-  return rebuild(g, [&](Graph& out, const Node& n, std::span<const ValueId> in) -> ValueId {
+  return rebuild(g, [&](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
     if (!wanted[at++]) return -1;
     Node mapped = n;
     mapped.inputs.assign(in.begin(), in.end());

@@ -3,7 +3,8 @@
 
 namespace qkv::ir {
 
-Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, std::span<const ValueId>)>& rewrite, std::vector<ValueId>* map_out) {
+Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, ValueId, const Node&, std::span<const ValueId>)>& rewrite,
+              std::vector<ValueId>* map_out) {
   Graph out;
   out.copy_symbols(g);
   std::vector<ValueId> own;
@@ -14,8 +15,9 @@ Graph rebuild(const Graph& g, const std::function<ValueId(Graph&, const Node&, s
     std::vector<ValueId> inputs;
     for (ValueId v : n.inputs) inputs.push_back(map[static_cast<std::size_t>(v)]);
     ValueId r = -1;
-    if (rewrite) r = rewrite(out, n, inputs);
-    if (r < 0) r = out.add_like(n, std::move(inputs));
+    if (rewrite) r = rewrite(out, static_cast<ValueId>(i), n, inputs);
+    if (r == kDropNode) r = -1;
+    else if (r < 0) r = out.add_like(n, std::move(inputs));
     map[i] = r;
   }
   out.copy_results(g, map);
