@@ -41,6 +41,11 @@ class IrError : public Error {
  public:
   using Error::Error;
 };
+/// Another rank of a distributed job, or the MPI runtime under it, failed.
+class DistError : public Error {
+ public:
+  using Error::Error;
+};
 /// A request that cannot be carried out as given: an unknown model, option, value or flag.
 class UsageError : public Error {
  public:

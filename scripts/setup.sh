@@ -9,6 +9,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libpng-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev clang-format
+  libopenmpi-dev openmpi-bin
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -162,21 +162,36 @@ int cmd_viz(const Request& r, const std::string& backend_name, const std::string
 
 int cmd_train(const TrainFlags& f) {
   if (f.steps < 1 || f.batch < 1 || !(f.lr > 0)) throw UsageError("--steps and --batch must be positive, --lr above 0");
-  if (!f.png.empty()) io::check_writable(f.png);  // before training, not after
-  auto be = backend::create(f.backend);
+  // Under mpirun, data-parallel: each rank trains on its shard of every batch, on its own backend
+  // (--backend a,b: rank i takes the i-th, cycling), and rank 0 reports.
+  dist::Communicator& comm = dist::Communicator::world();
+  const bool lead = comm.rank() == 0;
+  if (f.batch % comm.size() != 0)
+    throw UsageError("--batch " + std::to_string(f.batch) + " does not divide into " + std::to_string(comm.size()) + " equal shards, one per rank");
+  if (lead && !f.png.empty()) io::check_writable(f.png);  // before training, not after
+  const std::vector<std::string> choices = backend_list(f.backend);
+  auto be = backend::create(choices[static_cast<std::size_t>(comm.rank()) % choices.size()]);
   ir::Graph model = models::copy_task_model();
   auto params = models::copy_task_params();
   train::Trainer trainer(model, "loss", params, train::Sgd{.lr = f.lr, .momentum = 0.9}, *be,
-                         train::initialize(model, params, {train::Init::xavier_uniform}, f.seed));
-  std::printf("copy task on %s (%s): %d steps, batch %d, SGD lr %g momentum 0.9; chance loss %.4f\n", be->name().c_str(), be->device().c_str(),
-              f.steps, f.batch, f.lr, models::copy_task_chance_loss());
+                         train::initialize(model, params, {train::Init::xavier_uniform}, f.seed), train::DataParallel{.comm = &comm});
+  const std::vector<std::string> names = comm.allgather(be->name());
+  if (lead) {
+    if (comm.size() == 1) std::printf("copy task on %s (%s)", be->name().c_str(), be->device().c_str());
+    else std::printf("copy task, data-parallel over %d ranks (batch %d each):", comm.size(), f.batch / comm.size());
+    for (std::size_t r = 0; comm.size() > 1 && r < names.size(); ++r) std::printf("%s rank %zu on %s", r ? "," : "", r, names[r].c_str());
+    std::printf("; %d steps, batch %d, SGD lr %g momentum 0.9; chance loss %.4f\n", f.steps, f.batch, f.lr, models::copy_task_chance_loss());
+  }
   std::vector<double> losses;
   for (int s = 0; s < f.steps; ++s) {
-    losses.push_back(trainer.step(models::copy_task_batch(f.batch, f.seed * 1000 + static_cast<std::uint64_t>(s))));
+    const auto batch = models::copy_task_batch(f.batch, f.seed * 1000 + static_cast<std::uint64_t>(s));
+    losses.push_back(trainer.step(train::shard_batch(batch, comm.rank(), comm.size())));
+    if (!lead) continue;
     const int width = 30, done = (s + 1) * width / f.steps;
     std::printf("step %4d/%d [%s%s] loss %.4f\n", s + 1, f.steps, std::string(static_cast<std::size_t>(done), '#').c_str(),
                 std::string(static_cast<std::size_t>(width - done), '.').c_str(), losses.back());
   }
+  if (!lead) return 0;
   std::printf("loss %.4f -> %.4f\n", losses.front(), losses.back());
   if (!f.png.empty()) {
     io::Image plot = io::line_plot(losses, 640, 340, "SGD step", "loss");

@@ -8,8 +8,10 @@
 #include <exception>
 #include <filesystem>
 #include <new>
+#include <utility>
 
 #include "backends/backend.hpp"
+#include "dist/communicator.hpp"
 #include "models/models.hpp"
 #include "tools/commands.hpp"
 
@@ -50,27 +52,29 @@ void add_model_options(CLI::App* app, Request& r, const char* grad_help) {
 /// The exit status and one-line message of every error qkv reports: 2 for what the user can fix
 /// (usage, input files, shapes, an unsupported request), 1 for failures (a backend, memory, our
 /// own bug). No exception leaves main unnamed.
-int report(std::exception_ptr error) {
-  auto say = [](const std::string& message) { std::fprintf(stderr, "qkv: %s\n", message.c_str()); };
+std::pair<int, std::string> describe(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
   } catch (const qkv::Error& e) {
-    say(e.what());
-    return qkv::exit_code(e);
+    return {qkv::exit_code(e), e.what()};
   } catch (const std::filesystem::filesystem_error& e) {
-    const std::string reason = e.code().message();
-    say((e.path1().empty() ? std::string("file system") : e.path1().string()) + ": " + reason);
-    return 2;
+    return {2, (e.path1().empty() ? std::string("file system") : e.path1().string()) + ": " + e.code().message()};
   } catch (const std::bad_alloc&) {
-    say("out of memory");
-    return 1;
+    return {1, "out of memory"};
   } catch (const std::exception& e) {
-    say(std::string("internal error: ") + e.what() + " (please report it)");
-    return 1;
+    return {1, std::string("internal error: ") + e.what() + " (please report it)"};
   } catch (...) {
-    say("internal error: an unknown exception (please report it)");
-    return 1;
+    return {1, "internal error: an unknown exception (please report it)"};
   }
+}
+
+/// Says what went wrong and returns the exit status. Under mpirun, one rank's error ends the
+/// whole job (the other ranks would wait for it in their next collective).
+int report(std::exception_ptr error) {
+  const auto [code, message] = describe(error);
+  if (qkv::dist::launched_by_mpi() && qkv::dist::Communicator::world().size() > 1) qkv::dist::Communicator::world().abort(code, message);
+  std::fprintf(stderr, "qkv: %s\n", message.c_str());
+  return code;
 }
 
 }  // namespace
@@ -139,8 +143,9 @@ int main(int argc, char** argv) {
 
   qkv::tool::TrainFlags train_f;
   train_f.backend = backend;
-  auto* train = app.add_subcommand("train", "train a one-layer causal transformer on the copy task, with generated backward graphs");
-  train->add_option("--backend", train_f.backend, backend_help);
+  auto* train = app.add_subcommand(
+      "train", "train a one-layer causal transformer on the copy task, with generated backward graphs; data-parallel under mpirun");
+  train->add_option("--backend", train_f.backend, backend_help + "; under mpirun (data-parallel), a list a,b gives rank i the i-th, cycling");
   train->add_option("--steps", train_f.steps, "SGD steps")->capture_default_str();
   train->add_option("--batch", train_f.batch, "sequences per step")->capture_default_str();
   train->add_option("--lr", train_f.lr, "learning rate")->capture_default_str();

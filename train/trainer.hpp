@@ -1,5 +1,6 @@
 // Training a model on a backend: parameters and optimizer state stay on the backend; each step
-// uploads one batch and reads back one number.
+// uploads one batch and reads back one number. Data-parallel over the ranks of a job: each rank
+// runs its shard of the batch, and the gradients are averaged over the ranks before the update.
 #pragma once
 
 #include <memory>
@@ -7,33 +8,62 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "dist/communicator.hpp"
 #include "train/optimizer.hpp"
 
 namespace qkv::train {
+
+/// Data-parallel training (PyTorch's DistributedDataParallel, over MPI): every rank holds the
+/// parameters (rank 0's initial values, broadcast), runs forward and backward on its own shard of
+/// the batch on its own backend, and averages the gradients over the ranks: in buckets of about
+/// `bucket_bytes`, each reduced without blocking while the next is packed. Every rank then applies
+/// the same update, so the parameters stay the same bits on every rank (when ranks run different
+/// backends, whose updates round differently, rank 0's parameters are broadcast after each step).
+/// With equal shards and a loss that is a mean over the batch, P ranks with B/P each train as one
+/// process with batch B.
+struct DataParallel {
+  dist::Communicator* comm = nullptr;  // null, or a job of one: not distributed
+  std::size_t bucket_bytes = std::size_t{1} << 20;
+};
+
+/// Rank `rank`'s shard of a batch for a job of `ranks`: every tensor's rows [rank B/P, (rank+1)
+/// B/P) along its first dim. Throws ShapeError naming the tensor when B does not divide by P.
+backend::TensorMap shard_batch(const backend::TensorMap& batch, int rank, int ranks);
 
 class Trainer {
  public:
   /// `forward` has a scalar output `loss`; `params` name the inputs to train (the others are
   /// data, given to each step); `initial` holds their starting values.
   Trainer(const ir::Graph& forward, const std::string& loss, const std::vector<std::string>& params, const Optimizer& optimizer,
-          backend::Backend& backend, const backend::TensorMap& initial);
+          backend::Backend& backend, const backend::TensorMap& initial, const DataParallel& parallel = {});
 
-  /// One step on a batch: the loss before the update, then the update, on the backend.
+  /// One step on a batch (this rank's shard, when data-parallel): the loss before the update
+  /// (averaged over the ranks), then the update, on the backend.
   double step(const backend::TensorMap& batch);
   /// The current parameter values (copied from the backend).
   backend::TensorMap parameters();
   /// The step graph: forward, backward and optimizer updates.
   const ir::Graph& graph() const { return step_graph_; }
-  /// The step graph as the backend runs it (fused and lowered for it).
+  /// The step graph as the backend runs it (fused and lowered for it); when data-parallel, its
+  /// forward and backward (the update is a second graph, after the gradients are averaged).
   const ir::Graph& compiled_graph() const { return exe_->graph(); }
   /// Memory the backend planned for one step (activations kept for the backward included).
   std::int64_t planned_bytes() const { return exe_->planned_bytes(); }
+  /// Whether steps average gradients over more than one rank.
+  bool data_parallel() const { return update_ != nullptr; }
 
  private:
+  void start_data_parallel(const ir::Graph& forward, const Optimizer& optimizer, backend::Backend& backend, const backend::TensorMap& initial);
+  double data_parallel_step(const backend::TensorMap& batch);
+
   ir::Graph step_graph_;
   std::vector<std::string> params_;
   std::string loss_;
-  std::unique_ptr<backend::Executable> exe_;
+  std::unique_ptr<backend::Executable> exe_;  // the whole step; data-parallel: forward and backward
+  // Data-parallel only: the update of the parameters and optimizer state from averaged gradients.
+  DataParallel parallel_;
+  std::unique_ptr<backend::Executable> update_;
+  bool broadcast_after_update_ = false;  // the ranks' backends differ
 };
 
 }  // namespace qkv::train
