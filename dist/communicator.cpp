@@ -201,11 +201,35 @@ std::vector<std::string> Communicator::allgather(const std::string& s) {
   return {s};
 }
 
+namespace {
+void check_sendrecv(std::size_t send, int dest, std::size_t recv, int source, int size) {
+  if (dest < 0 || dest >= size || source < 0 || source >= size)
+    throw DistError("sendrecv between ranks " + std::to_string(dest) + " and " + std::to_string(source) + " of a job of " + std::to_string(size));
+  if (send != recv) throw DistError("sendrecv of " + std::to_string(send) + " floats into a buffer of " + std::to_string(recv));
+}
+}  // namespace
+
+Pending Communicator::start_sendrecv(std::span<const float> send, int dest, std::span<float> recv, int source) {
+  check_sendrecv(send.size(), dest, recv.size(), source, size_);
+  Pending p;
+#if QKV_HAVE_MPI
+  if (mpi_) {
+    p.impl_ = new Pending::Impl;
+    in_chunks(send.size(), [&](std::size_t at, int n) {
+      MPI_Request r[2];
+      check(MPI_Irecv(recv.data() + at, n, MPI_FLOAT, source, 1, MPI_COMM_WORLD, &r[0]), "MPI_Irecv");
+      check(MPI_Isend(send.data() + at, n, MPI_FLOAT, dest, 1, MPI_COMM_WORLD, &r[1]), "MPI_Isend");
+      p.impl_->requests.insert(p.impl_->requests.end(), r, r + 2);
+    });
+    return p;
+  }
+#endif
+  std::copy(send.begin(), send.end(), recv.begin());
+  return p;
+}
+
 void Communicator::sendrecv(std::span<const float> send, int dest, std::span<float> recv, int source) {
-  if (dest < 0 || dest >= size_ || source < 0 || source >= size_)
-    throw DistError("sendrecv between ranks " + std::to_string(dest) + " and " + std::to_string(source) + " of a job of " + std::to_string(size_));
-  if (send.size() != recv.size())
-    throw DistError("sendrecv of " + std::to_string(send.size()) + " floats into a buffer of " + std::to_string(recv.size()));
+  check_sendrecv(send.size(), dest, recv.size(), source, size_);
 #if QKV_HAVE_MPI
   if (mpi_) {
     in_chunks(send.size(), [&](std::size_t at, int n) {

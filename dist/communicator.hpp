@@ -64,6 +64,9 @@ class Communicator {
   std::vector<std::string> allgather(const std::string& s);
   /// Sends `send` to rank `dest` while receiving `recv` from rank `source` (one step of a ring).
   void sendrecv(std::span<const float> send, int dest, std::span<float> recv, int source);
+  /// The same, started without waiting: `recv` holds the block once the result's wait() returns
+  /// (ring attention passes the next block while it computes on this one).
+  Pending start_sendrecv(std::span<const float> send, int dest, std::span<float> recv, int source);
   /// Returns once every rank has called it.
   void barrier();
   /// Ends every rank of the job with exit status `code`, after printing `message` prefixed with

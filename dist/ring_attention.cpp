@@ -1,0 +1,311 @@
+// Ring attention: blocks of keys and values travel around the ring of ranks; each rank merges its
+// queries' partial results by log-sum-exp, and in the backward the blocks carry their dk, dv home.
+#include "dist/ring_attention.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "ir/graph.hpp"
+
+namespace qkv::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+/// The global chunk indices rank `rank` holds, in its order, and how many chunks there are.
+std::vector<int> chunks_of(int rank, int ranks, SequenceLayout layout) {
+  if (layout == SequenceLayout::contiguous) return {rank};
+  return {rank, 2 * ranks - 1 - rank};
+}
+int chunk_count(int ranks, SequenceLayout layout) { return layout == SequenceLayout::contiguous ? ranks : 2 * ranks; }
+
+/// A tensor [.., rows, cols] seen as `batch` matrices of rows x cols.
+struct Rows {
+  std::int64_t batch = 1, rows = 0, cols = 0;
+};
+Rows rows_of(const Tensor& t, const char* what) {
+  if (t.rank() < 2 || t.dtype() != DType::f32)
+    throw ShapeError(std::string("ring attention: ") + what + " " + t.type_string() + " is not f32 [.., N, D]");
+  Rows r;
+  for (int i = 0; i + 2 < t.rank(); ++i) r.batch *= t.shape()[static_cast<std::size_t>(i)];
+  r.rows = t.shape()[static_cast<std::size_t>(t.rank() - 2)];
+  r.cols = t.shape().back();
+  return r;
+}
+
+std::vector<std::int64_t> with_rows(std::vector<std::int64_t> shape, std::int64_t rows) {
+  shape[shape.size() - 2] = rows;
+  return shape;
+}
+
+/// Rows [begin, begin + count) of every matrix of `src` (`src_rows` rows of `cols` each) into `dst`
+/// at row `at` (of `dst_rows`), for `batch` matrices.
+void copy_rows(const float* src, std::int64_t src_rows, std::int64_t begin, std::int64_t count, float* dst, std::int64_t dst_rows, std::int64_t at,
+               std::int64_t batch, std::int64_t cols, bool accumulate = false) {
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const float* s = src + (b * src_rows + begin) * cols;
+    float* d = dst + (b * dst_rows + at) * cols;
+    if (accumulate)
+      for (std::int64_t i = 0; i < count * cols; ++i) d[i] += s[i];
+    else std::copy(s, s + count * cols, d);
+  }
+}
+
+/// Chunk `j` (of `chunk` rows) of a shard [.., n, cols] as its own tensor [.., chunk, cols].
+Tensor chunk(const float* shard, const std::vector<std::int64_t>& shape, std::int64_t n, std::int64_t chunk_rows, int j) {
+  Tensor t = Tensor::uninitialized(DType::f32, with_rows(shape, chunk_rows));
+  const std::int64_t cols = shape.back();
+  copy_rows(shard, n, j * chunk_rows, chunk_rows, t.data<float>(), chunk_rows, 0, t.numel() / (chunk_rows * cols), cols);
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> shard_rows(std::int64_t n, int rank, int ranks, SequenceLayout layout) {
+  const int count = chunk_count(ranks, layout);
+  if (ranks < 1 || rank < 0 || rank >= ranks) throw UsageError("ring attention: rank " + std::to_string(rank) + " of " + std::to_string(ranks));
+  if (n % count != 0)
+    throw ShapeError("ring attention: a sequence of " + std::to_string(n) + " rows does not divide into " + std::to_string(count) +
+                     " equal chunks (" + (layout == SequenceLayout::zigzag ? "2 per rank, zigzag" : "1 per rank") + ", " + std::to_string(ranks) +
+                     " ranks)");
+  const std::int64_t c = n / count;
+  std::vector<std::int64_t> r;
+  for (int j : chunks_of(rank, ranks, layout))
+    for (std::int64_t i = 0; i < c; ++i) r.push_back(j * c + i);
+  return r;
+}
+
+Tensor shard_sequence(const Tensor& t, int rank, int ranks, SequenceLayout layout) {
+  const Rows r = rows_of(t, "tensor");
+  const std::vector<std::int64_t> rows = shard_rows(r.rows, rank, ranks, layout);
+  Tensor s = Tensor::uninitialized(DType::f32, with_rows(t.shape(), static_cast<std::int64_t>(rows.size())));
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    copy_rows(t.data<float>(), r.rows, rows[i], 1, s.data<float>(), static_cast<std::int64_t>(rows.size()), static_cast<std::int64_t>(i), r.batch,
+              r.cols);
+  return s;
+}
+
+struct RingAttention::Impl {
+  Communicator& comm;
+  backend::Backend& backend;
+  RingAttentionOptions options;
+  // Compiled block kernels by (causal diagonal block, direction), for the current chunk shapes.
+  std::map<std::pair<bool, bool>, std::unique_ptr<backend::Executable>> kernels;
+  std::vector<std::int64_t> q_chunk_shape, k_chunk_shape, v_chunk_shape;
+  // Kept by forward for backward.
+  Tensor q, k, v, y, lse;
+  std::int64_t n = 0, c = 0;  // rows of the shard, of a chunk
+
+  Impl(Communicator& cm, backend::Backend& b, RingAttentionOptions o) : comm(cm), backend(b), options(o) {}
+
+  static ir::Shape shape_of(const std::vector<std::int64_t>& dims) {
+    ir::Shape s;
+    for (std::int64_t d : dims) s.push_back(d);
+    return s;
+  }
+
+  ir::Attrs attrs(bool diagonal, int wrt = 0) const {
+    ir::Attrs a;
+    a.value = options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q_chunk_shape.back()));
+    a.causal = diagonal;  // a diagonal block of equal chunks: top-left causal; others are whole
+    a.wrt = static_cast<std::int8_t>(wrt);
+    return a;
+  }
+
+  /// The block kernel: forward (q, k, v) -> (y, lse), or backward (q, k, v, dy, lse, delta) -> (dq, dk, dv).
+  backend::Executable& kernel(bool diagonal, bool backward) {
+    auto& exe = kernels[{diagonal, backward}];
+    if (exe) return *exe;
+    ir::Graph g;
+    const ir::ValueId q_in = g.add_input("q", DType::f32, shape_of(q_chunk_shape));
+    const ir::ValueId k_in = g.add_input("k", DType::f32, shape_of(k_chunk_shape));
+    const ir::ValueId v_in = g.add_input("v", DType::f32, shape_of(v_chunk_shape));
+    if (!backward) {
+      g.set_output("y", g.add(ir::Op::attention, {q_in, k_in, v_in}, attrs(diagonal)));
+      g.set_output("lse", g.add(ir::Op::attention_lse, {q_in, k_in}, attrs(diagonal)));
+    } else {
+      std::vector<std::int64_t> stat = q_chunk_shape;
+      stat.back() = 1;
+      const ir::ValueId dy = g.add_input("dy", DType::f32, shape_of(with_rows(v_chunk_shape, q_chunk_shape[q_chunk_shape.size() - 2])));
+      const ir::ValueId l = g.add_input("lse", DType::f32, shape_of(stat));
+      const ir::ValueId delta = g.add_input("delta", DType::f32, shape_of(stat));
+      const char* names[] = {"dq", "dk", "dv"};
+      for (int wrt = 0; wrt < 3; ++wrt)
+        g.set_output(names[wrt], g.add(ir::Op::attention_grad, {q_in, k_in, v_in, dy, l, delta}, attrs(diagonal, wrt)));
+    }
+    exe = backend.compile(g);
+    return *exe;
+  }
+
+  /// The blocks of (query chunk a, key chunk b) to compute: all without a mask; under a causal
+  /// mask b < a whole, b == a its causal diagonal, b > a (every key after every query) skipped.
+  bool skipped(int a, int b) const { return options.causal && b > a; }
+  bool diagonal(int a, int b) const { return options.causal && a == b; }
+};
+
+RingAttention::RingAttention(Communicator& comm, backend::Backend& backend, RingAttentionOptions options)
+    : impl_(std::make_unique<Impl>(comm, backend, options)) {}
+RingAttention::~RingAttention() = default;
+
+Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+  Impl& m = *impl_;
+  const auto start = Clock::now();
+  stats_ = {};
+  const Rows rq = rows_of(q, "q"), rk = rows_of(k, "k"), rv = rows_of(v, "v");
+  if (rq.rows != rk.rows || rk.rows != rv.rows || rq.cols != rk.cols || rq.batch != rk.batch || rk.batch != rv.batch)
+    throw ShapeError("ring attention: shards q " + q.type_string() + ", k " + k.type_string() + ", v " + v.type_string() +
+                     " must have equal rows (N/P each) and batch dims, and q, k equal D");
+  const int P = m.comm.size(), rank = m.comm.rank();
+  const std::vector<int> mine = chunks_of(rank, P, m.options.layout);
+  const std::int64_t per = static_cast<std::int64_t>(mine.size());
+  if (rq.rows % per != 0)
+    throw ShapeError("ring attention: a shard of " + std::to_string(rq.rows) + " rows is not " + std::to_string(per) + " equal chunks");
+  m.n = rq.rows;
+  m.c = rq.rows / per;
+  const auto qs = with_rows(q.shape(), m.c), ks = with_rows(k.shape(), m.c), vs = with_rows(v.shape(), m.c);
+  if (qs != m.q_chunk_shape || ks != m.k_chunk_shape || vs != m.v_chunk_shape) {
+    m.kernels.clear();
+    m.q_chunk_shape = qs;
+    m.k_chunk_shape = ks;
+    m.v_chunk_shape = vs;
+  }
+  m.q = q;
+  m.k = k;
+  m.v = v;
+
+  // The travelling block: this rank's k then v, as one buffer.
+  const std::size_t kn = static_cast<std::size_t>(k.numel()), vn = static_cast<std::size_t>(v.numel());
+  std::vector<float> block(kn + vn), next(kn + vn);
+  std::copy(k.data<float>(), k.data<float>() + kn, block.begin());
+  std::copy(v.data<float>(), v.data<float>() + vn, block.begin() + static_cast<std::ptrdiff_t>(kn));
+
+  Tensor y(DType::f32, with_rows(v.shape(), m.n));
+  std::vector<std::int64_t> stat = q.shape();
+  stat.back() = 1;
+  Tensor lse(DType::f32, stat);
+  std::fill(lse.data<float>(), lse.data<float>() + lse.numel(), -std::numeric_limits<float>::infinity());
+
+  std::vector<Tensor> q_chunks;
+  for (int a = 0; a < per; ++a) q_chunks.push_back(chunk(q.data<float>(), q.shape(), m.n, m.c, a));
+  const int next_rank = (rank + 1) % P, prev_rank = (rank + P - 1) % P;
+  for (int s = 0; s < P; ++s) {
+    Pending pending;
+    if (s + 1 < P) pending = m.comm.start_sendrecv(block, next_rank, next, prev_rank);
+    const int owner = (rank - s + P) % P;
+    const std::vector<int> theirs = chunks_of(owner, P, m.options.layout);
+    for (int a = 0; a < per; ++a)
+      for (int b = 0; b < per; ++b) {
+        if (m.skipped(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)])) {
+          ++stats_.skipped;
+          continue;
+        }
+        ++stats_.blocks;
+        const backend::TensorMap out = m.kernel(m.diagonal(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]), false)
+                                           .run({{"q", q_chunks[static_cast<std::size_t>(a)]},
+                                                 {"k", chunk(block.data(), k.shape(), m.n, m.c, b)},
+                                                 {"v", chunk(block.data() + kn, v.shape(), m.n, m.c, b)}});
+        // Merge rows [a c, (a+1) c) by log-sum-exp: L = log(e^l + e^lb), y = e^(l-L) y + e^(lb-L) yb.
+        const float* yb = out.at("y").data<float>();
+        const float* lb = out.at("lse").data<float>();
+        float* yo = y.data<float>();
+        float* lo = lse.data<float>();
+        for (std::int64_t bt = 0; bt < rq.batch; ++bt)
+          for (std::int64_t i = 0; i < m.c; ++i) {
+            const std::int64_t row = bt * m.n + a * m.c + i, brow = bt * m.c + i;
+            const float l1 = lo[row], l2 = lb[brow];
+            if (l2 == -std::numeric_limits<float>::infinity()) continue;  // no key of this block: nothing to add
+            const float hi = std::max(l1, l2);
+            const float L = hi + std::log(std::exp(l1 - hi) + std::exp(l2 - hi));
+            const float w1 = std::exp(l1 - L), w2 = std::exp(l2 - L);
+            float* yr = yo + row * rv.cols;
+            const float* ybr = yb + brow * rv.cols;
+            for (std::int64_t j = 0; j < rv.cols; ++j) yr[j] = w1 * yr[j] + w2 * ybr[j];
+            lo[row] = L;
+          }
+      }
+    const auto wait = Clock::now();
+    pending.wait();
+    stats_.wait_seconds += seconds_since(wait);
+    std::swap(block, next);
+  }
+  m.y = y;
+  m.lse = lse;
+  stats_.total_seconds = seconds_since(start);
+  return y;
+}
+
+RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
+  Impl& m = *impl_;
+  if (m.q.empty()) throw UsageError("ring attention: backward before forward");
+  if (dy.shape() != m.y.shape()) throw ShapeError("ring attention: dy " + dy.type_string() + " is not the output's " + m.y.type_string());
+  const auto start = Clock::now();
+  stats_ = {};
+  const int P = m.comm.size(), rank = m.comm.rank();
+  const std::vector<int> mine = chunks_of(rank, P, m.options.layout);
+  const std::int64_t per = static_cast<std::int64_t>(mine.size());
+  const Rows rq = rows_of(m.q, "q"), rv = rows_of(m.v, "v");
+
+  // delta = rowsum(dy * y), the softmax's backward statistic.
+  Tensor delta(DType::f32, m.lse.shape());
+  for (std::int64_t row = 0; row < rq.batch * m.n; ++row) {
+    double d = 0;
+    for (std::int64_t j = 0; j < rv.cols; ++j) d += static_cast<double>(dy.data<float>()[row * rv.cols + j]) * m.y.data<float>()[row * rv.cols + j];
+    delta.data<float>()[row] = static_cast<float>(d);
+  }
+  std::vector<Tensor> q_chunks, dy_chunks, lse_chunks, delta_chunks;
+  for (int a = 0; a < per; ++a) {
+    q_chunks.push_back(chunk(m.q.data<float>(), m.q.shape(), m.n, m.c, a));
+    dy_chunks.push_back(chunk(dy.data<float>(), dy.shape(), m.n, m.c, a));
+    lse_chunks.push_back(chunk(m.lse.data<float>(), m.lse.shape(), m.n, m.c, a));
+    delta_chunks.push_back(chunk(delta.data<float>(), delta.shape(), m.n, m.c, a));
+  }
+
+  // The travelling block: k, v, and the dk, dv accumulated for them so far.
+  const std::size_t kn = static_cast<std::size_t>(m.k.numel()), vn = static_cast<std::size_t>(m.v.numel());
+  std::vector<float> block(2 * (kn + vn), 0.0f), next(block.size());
+  std::copy(m.k.data<float>(), m.k.data<float>() + kn, block.begin());
+  std::copy(m.v.data<float>(), m.v.data<float>() + vn, block.begin() + static_cast<std::ptrdiff_t>(kn));
+  Tensor dq(DType::f32, m.q.shape());
+  const int next_rank = (rank + 1) % P, prev_rank = (rank + P - 1) % P;
+  for (int s = 0; s < P; ++s) {
+    const int owner = (rank - s + P) % P;
+    const std::vector<int> theirs = chunks_of(owner, P, m.options.layout);
+    float* dk = block.data() + kn + vn;
+    float* dv = dk + kn;
+    for (int a = 0; a < per; ++a)
+      for (int b = 0; b < per; ++b) {
+        if (m.skipped(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)])) {
+          ++stats_.skipped;
+          continue;
+        }
+        ++stats_.blocks;
+        const backend::TensorMap g = m.kernel(m.diagonal(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]), true)
+                                         .run({{"q", q_chunks[static_cast<std::size_t>(a)]},
+                                               {"k", chunk(block.data(), m.k.shape(), m.n, m.c, b)},
+                                               {"v", chunk(block.data() + kn, m.v.shape(), m.n, m.c, b)},
+                                               {"dy", dy_chunks[static_cast<std::size_t>(a)]},
+                                               {"lse", lse_chunks[static_cast<std::size_t>(a)]},
+                                               {"delta", delta_chunks[static_cast<std::size_t>(a)]}});
+        copy_rows(g.at("dq").data<float>(), m.c, 0, m.c, dq.data<float>(), m.n, a * m.c, rq.batch, rq.cols, true);
+        copy_rows(g.at("dk").data<float>(), m.c, 0, m.c, dk, m.n, b * m.c, rq.batch, rq.cols, true);
+        copy_rows(g.at("dv").data<float>(), m.c, 0, m.c, dv, m.n, b * m.c, rq.batch, rv.cols, true);
+      }
+    // Pass the block on with its gradients; after P passes every block is home.
+    const auto wait = Clock::now();
+    m.comm.sendrecv(block, next_rank, next, prev_rank);
+    stats_.wait_seconds += seconds_since(wait);
+    std::swap(block, next);
+  }
+  Gradients r{dq, Tensor(DType::f32, m.k.shape()), Tensor(DType::f32, m.v.shape())};
+  std::copy(block.begin() + static_cast<std::ptrdiff_t>(kn + vn), block.begin() + static_cast<std::ptrdiff_t>(2 * kn + vn), r.dk.data<float>());
+  std::copy(block.begin() + static_cast<std::ptrdiff_t>(2 * kn + vn), block.end(), r.dv.data<float>());
+  stats_.total_seconds = seconds_since(start);
+  return r;
+}
+
+}  // namespace qkv::dist

@@ -1,0 +1,74 @@
+// Ring attention (sequence parallel; Liu et al., "Ring Attention with Blockwise Transformers"):
+// q, k and v sharded along the sequence over the ranks of a job. Each rank computes its queries
+// against the key/value block it holds while the blocks travel around the ring, and merges the
+// partial results by their log-sum-exp (the online-softmax merge of the fused kernel). Per-rank
+// memory is O(N/P D): no rank ever holds the whole sequence or an N x N score matrix.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "dist/communicator.hpp"
+
+namespace qkv::dist {
+
+/// How a sequence of N rows is laid out over P ranks.
+enum class SequenceLayout {
+  /// Rank r holds rows [r N/P, (r+1) N/P).
+  contiguous,
+  /// The sequence in 2P equal chunks; rank r holds chunks r and 2P-1-r, so that under a causal
+  /// mask every rank has the same work (each chunk sees the chunks before it).
+  zigzag,
+};
+
+/// The global row indices this rank holds, in its order (the rows of its shard).
+std::vector<std::int64_t> shard_rows(std::int64_t n, int rank, int ranks, SequenceLayout layout);
+
+/// This rank's shard of `t` [.., N, D]: the rows shard_rows gives, along the second-last axis.
+/// Throws ShapeError when N does not divide into the layout's chunks.
+Tensor shard_sequence(const Tensor& t, int rank, int ranks, SequenceLayout layout);
+
+struct RingAttentionOptions {
+  double scale = 0;  // the scores' scale; 0: 1/sqrt(D)
+  bool causal = false;
+  SequenceLayout layout = SequenceLayout::zigzag;
+};
+
+/// attention(q, k, v) over the whole sequence, each rank holding its shard of q, k, v [.., n, D]
+/// (n = N/P rows, batch and head dims in front, equal on every rank) and computing on its own
+/// backend. Blocks a causal mask hides entirely are skipped.
+class RingAttention {
+ public:
+  RingAttention(Communicator& comm, backend::Backend& backend, RingAttentionOptions options);
+  ~RingAttention();
+
+  /// This rank's rows of the output [.., n, Dv]. Keeps what backward needs (its q, k, v, output
+  /// and the rows' log-sum-exp).
+  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v);
+
+  struct Gradients {
+    Tensor dq, dk, dv;
+  };
+  /// The gradients of the last forward's shards from this rank's rows of the output's gradient:
+  /// the same ring, with each block's dk and dv travelling with it back to its owner.
+  Gradients backward(const Tensor& dy);
+
+  /// Of the last forward or backward: the blocks computed and skipped, and the seconds spent
+  /// waiting for blocks that computing did not hide.
+  struct Stats {
+    int blocks = 0;
+    int skipped = 0;
+    double wait_seconds = 0;
+    double total_seconds = 0;
+  };
+  const Stats& stats() const { return stats_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  Stats stats_;
+};
+
+}  // namespace qkv::dist
