@@ -9,6 +9,7 @@
 #include <map>
 
 #include "ir/graph.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::dist {
 
@@ -64,6 +65,28 @@ Tensor chunk(const float* shard, const std::vector<std::int64_t>& shape, std::in
   return t;
 }
 
+/// `mod` with the query's and key's positions shifted by two scalar operands, t0 and t1: a block's
+/// kernel sees positions within its chunks, the modifier positions in the whole sequence.
+std::shared_ptr<const ir::Graph> with_offsets(const ir::Graph& mod) {
+  if (ir::region_tensors(mod) != 0)
+    throw UnsupportedError(
+        "ring attention: a score modifier that reads tensors (their rows would have to travel with the blocks) is not supported yet");
+  const DType offsets[] = {DType::f32, DType::f32};
+  auto r = std::make_shared<ir::Graph>(ir::make_region(offsets));
+  std::vector<ir::ValueId> map(mod.size(), -1);
+  for (std::size_t i = 0; i < mod.size(); ++i) {
+    const ir::Node& n = mod.nodes()[i];
+    std::vector<ir::ValueId> inputs;
+    for (ir::ValueId v : n.inputs) inputs.push_back(map[static_cast<std::size_t>(v)]);
+    if (i == ir::kRegionScore) map[i] = ir::kRegionScore;
+    else if (i == ir::kRegionQIdx) map[i] = r->add(ir::Op::add, {ir::kRegionQIdx, ir::kRegionFixedInputs});
+    else if (i == ir::kRegionKvIdx) map[i] = r->add(ir::Op::add, {ir::kRegionKvIdx, ir::kRegionFixedInputs + 1});
+    else map[i] = r->add_like(n, std::move(inputs));
+  }
+  r->set_output("mod", map[static_cast<std::size_t>(mod.output("mod"))]);
+  return r;
+}
+
 }  // namespace
 
 std::vector<std::int64_t> shard_rows(std::int64_t n, int rank, int ranks, SequenceLayout layout) {
@@ -101,7 +124,11 @@ struct RingAttention::Impl {
   Tensor q, k, v, y, lse;
   std::int64_t n = 0, c = 0;  // rows of the shard, of a chunk
 
-  Impl(Communicator& cm, backend::Backend& b, RingAttentionOptions o) : comm(cm), backend(b), options(o) {}
+  std::shared_ptr<const ir::Graph> region;  // the score modifier over block positions, or null
+
+  Impl(Communicator& cm, backend::Backend& b, RingAttentionOptions o) : comm(cm), backend(b), options(o) {
+    if (options.score_mod) region = with_offsets(*options.score_mod);
+  }
 
   static ir::Shape shape_of(const std::vector<std::int64_t>& dims) {
     ir::Shape s;
@@ -125,9 +152,17 @@ struct RingAttention::Impl {
     const ir::ValueId q_in = g.add_input("q", DType::f32, shape_of(q_chunk_shape));
     const ir::ValueId k_in = g.add_input("k", DType::f32, shape_of(k_chunk_shape));
     const ir::ValueId v_in = g.add_input("v", DType::f32, shape_of(v_chunk_shape));
+    // With a modifier: flex attention, the chunks' first positions as its two scalar operands.
+    std::vector<ir::ValueId> offsets;
+    if (region) offsets = {g.add_input("q_offset", DType::f32, {}), g.add_input("kv_offset", DType::f32, {})};
+    auto node = [&](ir::Op plain, ir::Op flex, std::vector<ir::ValueId> operands, ir::Attrs a) {
+      if (!region) return g.add(plain, std::move(operands), a);
+      operands.insert(operands.end(), offsets.begin(), offsets.end());
+      return g.add(flex, std::move(operands), a, region);
+    };
     if (!backward) {
-      g.set_output("y", g.add(ir::Op::attention, {q_in, k_in, v_in}, attrs(diagonal)));
-      g.set_output("lse", g.add(ir::Op::attention_lse, {q_in, k_in}, attrs(diagonal)));
+      g.set_output("y", node(ir::Op::attention, ir::Op::flex_attention, {q_in, k_in, v_in}, attrs(diagonal)));
+      g.set_output("lse", node(ir::Op::attention_lse, ir::Op::flex_attention_lse, {q_in, k_in}, attrs(diagonal)));
     } else {
       std::vector<std::int64_t> stat = q_chunk_shape;
       stat.back() = 1;
@@ -136,7 +171,7 @@ struct RingAttention::Impl {
       const ir::ValueId delta = g.add_input("delta", DType::f32, shape_of(stat));
       const char* names[] = {"dq", "dk", "dv"};
       for (int wrt = 0; wrt < 3; ++wrt)
-        g.set_output(names[wrt], g.add(ir::Op::attention_grad, {q_in, k_in, v_in, dy, l, delta}, attrs(diagonal, wrt)));
+        g.set_output(names[wrt], node(ir::Op::attention_grad, ir::Op::flex_attention_grad, {q_in, k_in, v_in, dy, l, delta}, attrs(diagonal, wrt)));
     }
     exe = backend.compile(g);
     return *exe;
@@ -145,6 +180,12 @@ struct RingAttention::Impl {
   /// The blocks of (query chunk a, key chunk b) to compute: all without a mask; under a causal
   /// mask b < a whole, b == a its causal diagonal, b > a (every key after every query) skipped.
   bool skipped(int a, int b) const { return options.causal && b > a; }
+  /// The modifier's operands for query chunk a and key chunk b: their first global positions.
+  void add_offsets(backend::TensorMap& in, int a, int b) const {
+    if (!region) return;
+    in.insert_or_assign("q_offset", Tensor::from<float>({}, std::vector<float>{static_cast<float>(a * c)}));
+    in.insert_or_assign("kv_offset", Tensor::from<float>({}, std::vector<float>{static_cast<float>(b * c)}));
+  }
   bool diagonal(int a, int b) const { return options.causal && a == b; }
 };
 
@@ -205,10 +246,11 @@ Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v)
           continue;
         }
         ++stats_.blocks;
-        const backend::TensorMap out = m.kernel(m.diagonal(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]), false)
-                                           .run({{"q", q_chunks[static_cast<std::size_t>(a)]},
-                                                 {"k", chunk(block.data(), k.shape(), m.n, m.c, b)},
-                                                 {"v", chunk(block.data() + kn, v.shape(), m.n, m.c, b)}});
+        backend::TensorMap in = {{"q", q_chunks[static_cast<std::size_t>(a)]},
+                                 {"k", chunk(block.data(), k.shape(), m.n, m.c, b)},
+                                 {"v", chunk(block.data() + kn, v.shape(), m.n, m.c, b)}};
+        m.add_offsets(in, mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]);
+        const backend::TensorMap out = m.kernel(m.diagonal(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]), false).run(in);
         // Merge rows [a c, (a+1) c) by log-sum-exp: L = log(e^l + e^lb), y = e^(l-L) y + e^(lb-L) yb.
         const float* yb = out.at("y").data<float>();
         const float* lb = out.at("lse").data<float>();
@@ -284,13 +326,14 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
           continue;
         }
         ++stats_.blocks;
-        const backend::TensorMap g = m.kernel(m.diagonal(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]), true)
-                                         .run({{"q", q_chunks[static_cast<std::size_t>(a)]},
-                                               {"k", chunk(block.data(), m.k.shape(), m.n, m.c, b)},
-                                               {"v", chunk(block.data() + kn, m.v.shape(), m.n, m.c, b)},
-                                               {"dy", dy_chunks[static_cast<std::size_t>(a)]},
-                                               {"lse", lse_chunks[static_cast<std::size_t>(a)]},
-                                               {"delta", delta_chunks[static_cast<std::size_t>(a)]}});
+        backend::TensorMap in = {{"q", q_chunks[static_cast<std::size_t>(a)]},
+                                 {"k", chunk(block.data(), m.k.shape(), m.n, m.c, b)},
+                                 {"v", chunk(block.data() + kn, m.v.shape(), m.n, m.c, b)},
+                                 {"dy", dy_chunks[static_cast<std::size_t>(a)]},
+                                 {"lse", lse_chunks[static_cast<std::size_t>(a)]},
+                                 {"delta", delta_chunks[static_cast<std::size_t>(a)]}};
+        m.add_offsets(in, mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]);
+        const backend::TensorMap g = m.kernel(m.diagonal(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]), true).run(in);
         copy_rows(g.at("dq").data<float>(), m.c, 0, m.c, dq.data<float>(), m.n, a * m.c, rq.batch, rq.cols, true);
         copy_rows(g.at("dk").data<float>(), m.c, 0, m.c, dk, m.n, b * m.c, rq.batch, rq.cols, true);
         copy_rows(g.at("dv").data<float>(), m.c, 0, m.c, dv, m.n, b * m.c, rq.batch, rv.cols, true);

@@ -34,6 +34,10 @@ struct RingAttentionOptions {
   double scale = 0;  // the scores' scale; 0: 1/sqrt(D)
   bool causal = false;
   SequenceLayout layout = SequenceLayout::zigzag;
+  /// A score modifier (ir/region.hpp) of the score and the query's and key's positions, which it
+  /// sees as positions in the whole sequence (ALiBi, document masks by position, soft-capping);
+  /// null: none. Modifiers that read tensors are not supported yet (UnsupportedError).
+  std::shared_ptr<const ir::Graph> score_mod;
 };
 
 /// attention(q, k, v) over the whole sequence, each rank holding its shard of q, k, v [.., n, D]

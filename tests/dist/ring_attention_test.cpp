@@ -11,6 +11,7 @@
 #include "dist/ring_attention.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
+#include "ir/region.hpp"
 
 namespace qkv {
 namespace {
@@ -40,7 +41,19 @@ double relative_error(const Tensor& a, const Tensor& b) {
 struct Case {
   bool causal;
   SequenceLayout layout;
+  bool modifier = false;  // ALiBi-style bias and a sliding window, both by position
 };
+
+/// score + 0.1 (kv_idx - q_idx), and -inf where the key is more than 5 positions before the
+/// query: wrong wherever a block's positions are not the sequence's.
+std::shared_ptr<const ir::Graph> position_modifier() {
+  auto r = std::make_shared<ir::Graph>(ir::make_region({}));
+  const ir::ValueId back = r->add(ir::Op::sub, {ir::kRegionQIdx, ir::kRegionKvIdx});
+  const ir::ValueId biased = r->add(ir::Op::sub, {ir::kRegionScore, r->add(ir::Op::mul, {back, r->constant(0.1)})});
+  const ir::ValueId far = r->add(ir::Op::greater, {back, r->constant(5.0)});
+  r->set_output("mod", r->add(ir::Op::where, {far, r->constant(-HUGE_VAL), biased}));
+  return r;
+}
 
 class RingAttention : public ::testing::TestWithParam<Case> {};
 
@@ -61,12 +74,13 @@ TEST_P(RingAttention, EqualsAttentionOverTheWholeSequence) {
   ir::Attrs a;
   a.value = scale;
   a.causal = c.causal;
-  g.set_output("y", g.add(ir::Op::attention, {qi, ki, vi}, a));
+  const auto mod = c.modifier ? position_modifier() : nullptr;
+  g.set_output("y", mod ? g.add(ir::Op::flex_attention, {qi, ki, vi}, a, mod) : g.add(ir::Op::attention, {qi, ki, vi}, a));
   auto oracle =
       backend::create("reference")->compile(ir::build_backward(g, {"", {"q", "k", "v"}, {"y"}}))->run({{"q", q}, {"k", k}, {"v", v}, {"dy", dy}});
 
   auto cpu = backend::create("cpu");
-  dist::RingAttention ring(comm, *cpu, {.scale = scale, .causal = c.causal, .layout = c.layout});
+  dist::RingAttention ring(comm, *cpu, {.scale = scale, .causal = c.causal, .layout = c.layout, .score_mod = mod});
   auto mine = [&](const Tensor& t) { return dist::shard_sequence(t, comm.rank(), P, c.layout); };
   const Tensor y = ring.forward(mine(q), mine(k), mine(v));
   EXPECT_LE(relative_error(y, mine(oracle.at("y"))), 1e-5) << comm.describe();
@@ -94,10 +108,12 @@ TEST_P(RingAttention, EqualsAttentionOverTheWholeSequence) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, RingAttention,
                          ::testing::Values(Case{false, SequenceLayout::contiguous}, Case{false, SequenceLayout::zigzag},
-                                           Case{true, SequenceLayout::contiguous}, Case{true, SequenceLayout::zigzag}),
+                                           Case{true, SequenceLayout::contiguous}, Case{true, SequenceLayout::zigzag},
+                                           Case{false, SequenceLayout::zigzag, true}, Case{true, SequenceLayout::zigzag, true}),
                          [](const auto& param_info) {
                            return std::string(param_info.param.causal ? "Causal" : "Full") +
-                                  (param_info.param.layout == SequenceLayout::zigzag ? "Zigzag" : "Contiguous");
+                                  (param_info.param.layout == SequenceLayout::zigzag ? "Zigzag" : "Contiguous") +
+                                  (param_info.param.modifier ? "WithPositionModifier" : "");
                          });
 
 TEST(RingAttentionShards, NameTheRowsEachRankHolds) {
