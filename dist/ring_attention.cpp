@@ -307,17 +307,30 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
     delta_chunks.push_back(chunk(delta.data<float>(), delta.shape(), m.n, m.c, a));
   }
 
-  // The travelling block: k, v, and the dk, dv accumulated for them so far.
+  // Two things travel: the blocks of k and v, as in the forward, and one step behind them the dk,
+  // dv accumulated for each block so far. Both move while this rank computes: at step s it
+  // receives the accumulator of the block it holds (which the previous rank finished at step
+  // s - 1) while computing its own contribution into a fresh buffer, then adds the two and sends
+  // the sum on during step s + 1. After P steps each accumulator reaches its block's owner.
   const std::size_t kn = static_cast<std::size_t>(m.k.numel()), vn = static_cast<std::size_t>(m.v.numel());
-  std::vector<float> block(2 * (kn + vn), 0.0f), next(block.size());
+  std::vector<float> block(kn + vn), next(kn + vn), contribution(kn + vn), arriving(kn + vn), leaving(kn + vn);
   std::copy(m.k.data<float>(), m.k.data<float>() + kn, block.begin());
   std::copy(m.v.data<float>(), m.v.data<float>() + vn, block.begin() + static_cast<std::ptrdiff_t>(kn));
   Tensor dq(DType::f32, m.q.shape());
   const int next_rank = (rank + 1) % P, prev_rank = (rank + P - 1) % P;
+  auto waited = [&](Pending& p) {
+    const auto wait = Clock::now();
+    p.wait();
+    stats_.wait_seconds += seconds_since(wait);
+  };
   for (int s = 0; s < P; ++s) {
+    Pending blocks, accumulators;
+    if (s + 1 < P) blocks = m.comm.start_sendrecv(block, next_rank, next, prev_rank);
+    if (s > 0) accumulators = m.comm.start_sendrecv(leaving, next_rank, arriving, prev_rank);
     const int owner = (rank - s + P) % P;
     const std::vector<int> theirs = chunks_of(owner, P, m.options.layout);
-    float* dk = block.data() + kn + vn;
+    std::fill(contribution.begin(), contribution.end(), 0.0f);
+    float* dk = contribution.data();
     float* dv = dk + kn;
     for (int a = 0; a < per; ++a)
       for (int b = 0; b < per; ++b) {
@@ -338,15 +351,20 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
         copy_rows(g.at("dk").data<float>(), m.c, 0, m.c, dk, m.n, b * m.c, rq.batch, rq.cols, true);
         copy_rows(g.at("dv").data<float>(), m.c, 0, m.c, dv, m.n, b * m.c, rq.batch, rv.cols, true);
       }
-    // Pass the block on with its gradients; after P passes every block is home.
-    const auto wait = Clock::now();
-    m.comm.sendrecv(block, next_rank, next, prev_rank);
-    stats_.wait_seconds += seconds_since(wait);
+    waited(accumulators);
+    waited(blocks);
+    // The accumulator of the block held at this step: what arrived (nothing at step 0) plus this
+    // rank's contribution; sent on at the next step.
+    for (std::size_t i = 0; i < contribution.size(); ++i) leaving[i] = (s > 0 ? arriving[i] : 0.0f) + contribution[i];
     std::swap(block, next);
   }
+  // The last accumulators go to their owners.
+  const auto wait = Clock::now();
+  m.comm.sendrecv(leaving, next_rank, arriving, prev_rank);
+  stats_.wait_seconds += seconds_since(wait);
   Gradients r{dq, Tensor(DType::f32, m.k.shape()), Tensor(DType::f32, m.v.shape())};
-  std::copy(block.begin() + static_cast<std::ptrdiff_t>(kn + vn), block.begin() + static_cast<std::ptrdiff_t>(2 * kn + vn), r.dk.data<float>());
-  std::copy(block.begin() + static_cast<std::ptrdiff_t>(2 * kn + vn), block.end(), r.dv.data<float>());
+  std::copy(arriving.begin(), arriving.begin() + static_cast<std::ptrdiff_t>(kn), r.dk.data<float>());
+  std::copy(arriving.begin() + static_cast<std::ptrdiff_t>(kn), arriving.end(), r.dv.data<float>());
   stats_.total_seconds = seconds_since(start);
   return r;
 }
