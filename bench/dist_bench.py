@@ -118,11 +118,11 @@ def extrapolate(flop_rate, bandwidth, heads=32, dim=64, network=12.5e9):
     print(f"\nCost model beyond this machine (H = {heads}, D = {dim}; F = {flop_rate / 1e9:.0f} GFLOP/s per rank, measured here "
           f"on one core; messages at {bandwidth / 1e9:.1f} GB/s, measured here between ranks, and at {network / 1e9:.1f} GB/s, "
           f"a 100 Gb/s network)")
+    print(f"(the message hides when c = N / (2P) >= 2 F / BW: here c >= {2 * flop_rate / bandwidth:.0f} rows; a GPU rank at "
+          f"F = 300 TFLOP/s needs c >= {2 * 300e12 / network:.0f} rows over a 100 Gb/s network, {2 * 300e12 / 450e9:.0f} over NVLink at 450 GB/s)")
     print("| N | ranks | rows per rank | k/v message per step | compute per step | message here | message on the network "
           "| hidden here / on the network | per-rank memory |")
     print("|---|---|---|---|---|---|---|---|---|")
-    print(f"(the message hides when c = N / (2P) >= 2 F / BW: here c >= {2 * flop_rate / bandwidth:.0f} rows; a GPU rank at "
-          f"F = 300 TFLOP/s needs c >= {2 * 300e12 / network:.0f} rows over a 100 Gb/s network, {2 * 300e12 / 450e9:.0f} over NVLink at 450 GB/s)")
     for n in (65536, 262144, 1048576):
         for p in (2, 8, 64):
             c = n // (2 * p)

@@ -1,7 +1,8 @@
-// All of qkv's public API: the IR, the DSL, the backends, io and training. `#include <qkv/qkv.hpp>`.
+// All of qkv's public API: the IR, the DSL, the backends, io, training and distributed jobs. `#include <qkv/qkv.hpp>`.
 #pragma once
 
 #include "backends.hpp"
+#include "dist.hpp"
 #include "dsl.hpp"
 #include "io.hpp"
 #include "ir.hpp"
