@@ -228,6 +228,33 @@ Pending Communicator::start_sendrecv(std::span<const float> send, int dest, std:
   return p;
 }
 
+std::vector<std::byte> Communicator::allgather(std::span<const std::byte> mine) {
+  std::vector<std::byte> all(mine.size() * static_cast<std::size_t>(size_));
+#if QKV_HAVE_MPI
+  if (mpi_) {
+    // Equal sizes are the contract; a rank that breaks it is named rather than corrupting memory.
+    const std::vector<std::string> sizes = allgather(std::to_string(mine.size()));
+    for (std::size_t r = 0; r < sizes.size(); ++r)
+      if (sizes[r] != sizes.front())
+        throw DistError("allgather: rank " + std::to_string(r) + " gives " + sizes[r] + " bytes, rank 0 " + sizes.front());
+    // In chunks an int can count: chunk i of every rank, then the next chunk.
+    for (std::size_t at = 0; at < mine.size(); at += kChunk) {
+      const std::size_t n = std::min(kChunk, mine.size() - at);
+      std::vector<std::byte> part(n * static_cast<std::size_t>(size_));
+      check(MPI_Allgather(mine.data() + at, static_cast<int>(n), MPI_BYTE, part.data(), static_cast<int>(n), MPI_BYTE, MPI_COMM_WORLD),
+            "MPI_Allgather");
+      for (int r = 0; r < size_; ++r)
+        std::copy(part.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(r)),
+                  part.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(r + 1)),
+                  all.begin() + static_cast<std::ptrdiff_t>(mine.size() * static_cast<std::size_t>(r) + at));
+    }
+    return all;
+  }
+#endif
+  std::copy(mine.begin(), mine.end(), all.begin());
+  return all;
+}
+
 void Communicator::sendrecv(std::span<const float> send, int dest, std::span<float> recv, int source) {
   check_sendrecv(send.size(), dest, recv.size(), source, size_);
 #if QKV_HAVE_MPI

@@ -62,6 +62,8 @@ class Communicator {
   void broadcast(std::span<std::byte> data, int root = 0);
   /// Every rank's `s`, in rank order.
   std::vector<std::string> allgather(const std::string& s);
+  /// Every rank's bytes, in rank order, one after another; every rank gives as many.
+  std::vector<std::byte> allgather(std::span<const std::byte> mine);
   /// Sends `send` to rank `dest` while receiving `recv` from rank `source` (one step of a ring).
   void sendrecv(std::span<const float> send, int dest, std::span<float> recv, int source);
   /// The same, started without waiting: `recv` holds the block once the result's wait() returns

@@ -2,12 +2,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 
 #include "backends/vulkan/vulkan_backend.hpp"
+#include "dist/sequence_parallel.hpp"
 #include "io/file.hpp"
 #include "io/npy.hpp"
 #include "ir/gradients.hpp"
 #include "ir/op_cases.hpp"
+#include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "models/models.hpp"
 #include "tools/commands.hpp"
@@ -115,15 +118,30 @@ int cmd_run(const Request& r, const std::string& backend_name, const std::vector
     io::check_writable(file);  // before any work: a bad destination fails the run at once
   }
   auto be = backend::create(backend_name);
-  auto exe = be->compile(p.graph);
+  // Under mpirun: sequence-parallel, each rank computing its rows of the sequence (N, and M where
+  // keys are the same sequence), attention as ring attention; only the outputs asked for with
+  // --out (the weights, say, would keep a score matrix), gathered on rank 0, which reports.
+  dist::Communicator& comm = dist::Communicator::world();
+  std::unique_ptr<backend::Executable> exe;
+  std::unique_ptr<dist::SequenceParallel> parallel;
+  if (comm.size() > 1) {
+    std::vector<std::string> keep;
+    for (const auto& [name, file] : out_files) keep.push_back(name);
+    if (!keep.empty()) p.graph = ir::select_outputs(p.graph, keep);
+    parallel = std::make_unique<dist::SequenceParallel>(comm, *be, p.graph, std::vector<std::string>{"N", "M"});
+  } else {
+    exe = be->compile(p.graph);
+  }
   auto t0 = std::chrono::steady_clock::now();
-  backend::TensorMap result = exe->run(p.inputs);
+  backend::TensorMap result = parallel ? parallel->run(p.inputs) : exe->run(p.inputs);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (comm.rank() != 0) return 0;
   // Every output file is written, or none.
   io::OutputBatch files;
   for (const auto& [name, file] : out_files) files.add(file, io::format_npy(as_given(p, result.at(name))));
   files.commit();
-  std::printf("%s on %s (%s): %.3f ms\n", p.title.c_str(), be->name().c_str(), be->device().c_str(), ms);
+  std::printf("%s on %s (%s)%s: %.3f ms\n", p.title.c_str(), be->name().c_str(), be->device().c_str(),
+              parallel ? (", sequence-parallel over " + std::to_string(comm.size()) + " ranks").c_str() : "", ms);
   for (ir::ValueId v : p.graph.inputs()) {
     const auto& name = p.graph.node(v).name;
     std::printf("  in  %-24s %-16s from %s\n", name.c_str(), shape_string(p.inputs.at(name).shape()).c_str(), p.sources[name].c_str());

@@ -1,0 +1,335 @@
+// Sequence parallelism for whole graphs: an analysis that every node is local to positions or is
+// attention over the sequence, then stages (backend executables) between ring attentions.
+#include "dist/sequence_parallel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ir/passes/passes.hpp"
+#include "ir/region.hpp"
+
+namespace qkv::dist {
+
+namespace {
+
+using ir::Graph;
+using ir::Node;
+using ir::Op;
+using ir::ValueId;
+
+/// Rows `rows` of `t` along `axis` (elements of any dtype), in that order.
+Tensor take_along(const Tensor& t, int axis, const std::vector<std::int64_t>& rows) {
+  std::vector<std::int64_t> shape = t.shape();
+  const std::size_t elem = t.numel() ? t.nbytes() / static_cast<std::size_t>(t.numel()) : 1;
+  std::int64_t outer = 1, inner = 1;
+  for (int i = 0; i < axis; ++i) outer *= shape[static_cast<std::size_t>(i)];
+  for (std::size_t i = static_cast<std::size_t>(axis) + 1; i < shape.size(); ++i) inner *= shape[i];
+  const std::int64_t n = shape[static_cast<std::size_t>(axis)];
+  shape[static_cast<std::size_t>(axis)] = static_cast<std::int64_t>(rows.size());
+  Tensor r = Tensor::uninitialized(t.dtype(), shape);
+  const std::size_t row_bytes = static_cast<std::size_t>(inner) * elem;
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      std::memcpy(r.raw() + (static_cast<std::size_t>(o) * rows.size() + i) * row_bytes,
+                  t.raw() + static_cast<std::size_t>(o * n + rows[i]) * row_bytes, row_bytes);
+  return r;
+}
+
+// What most often leaves a softmax or matmul over the sequence in a graph.
+const std::string kUnfused =
+    ": attention that is not fused, because an output (the weights, say) keeps its score matrix? Ask only for the outputs you need "
+    "(select_outputs; qkv run --out)";
+
+}  // namespace
+
+struct SequenceParallel::Impl {
+  Communicator& comm;
+  backend::Backend& backend;
+  SequenceLayout layout;
+  Graph g;  // fused
+  std::vector<ir::Dim> sequence;
+  std::string sequence_names;
+  struct Stage {
+    Graph graph;
+    std::unique_ptr<backend::Executable> exe;
+  };
+  std::vector<Stage> stages;                       // stage k: the nodes of level k
+  std::vector<std::vector<ValueId>> attention_at;  // ring attentions before stage k (level k)
+  std::map<ValueId, std::unique_ptr<RingAttention>> rings;
+  std::map<ValueId, double> ring_scales;
+
+  Impl(Communicator& c, backend::Backend& b, SequenceLayout l) : comm(c), backend(b), layout(l) {}
+
+  bool mentions(ir::Dim d) const {
+    if (std::find(sequence.begin(), sequence.end(), d) != sequence.end()) return true;
+    auto it = g.derived_dims().find(d);
+    return it != g.derived_dims().end() && (mentions(it->second.a) || mentions(it->second.b));
+  }
+  std::vector<int> sequence_axes(const ir::Shape& s) const {
+    std::vector<int> r;
+    for (int i = 0; i < s.rank; ++i)
+      if (mentions(s[i])) r.push_back(i);
+    return r;
+  }
+  /// The axis of a graph input or output along which it is sharded, or -1; throws when it has
+  /// the sequence in more than one axis or inside a derived dim (its rows would not be positions).
+  int boundary_axis(const std::string& what, ValueId v) const {
+    const ir::Shape& s = g.node(v).shape;
+    const std::vector<int> axes = sequence_axes(s);
+    if (axes.empty()) return -1;
+    const ir::Dim d = s[axes.front()];
+    if (axes.size() > 1 || std::find(sequence.begin(), sequence.end(), d) == sequence.end())
+      throw UnsupportedError("sequence parallel: " + what + " " + g.type_string(v) + " must carry the sequence (" + sequence_names +
+                             ") as one whole dim");
+    return axes.front();
+  }
+
+  [[noreturn]] void refuse(ValueId id, const std::string& why) const {
+    throw UnsupportedError("sequence parallel: " + std::string(ir::op_name(g.node(id).op)) + " %" + std::to_string(id) + " : " + g.type_string(id) +
+                           " " + why + " (the sequence: " + sequence_names + ")");
+  }
+
+  bool operand_axis_mentions(const Node& n, std::size_t operand, int axis) const {
+    const ir::Shape& s = g.node(n.inputs[operand]).shape;
+    const int a = axis < 0 ? axis + s.rank : axis;
+    return a >= 0 && a < s.rank && mentions(s[a]);
+  }
+
+  void check(ValueId id) const {
+    const Node& n = g.node(id);
+    switch (ir::op_info(n.op).category) {
+      case ir::OpCategory::source:
+      case ir::OpCategory::unary:
+      case ir::OpCategory::binary:
+      case ir::OpCategory::select:
+      case ir::OpCategory::compare: return;
+      case ir::OpCategory::reduce:
+        if (operand_axis_mentions(n, 0, n.attrs.axis)) refuse(id, "reduces over the sequence");
+        return;
+      case ir::OpCategory::contract:
+        if (operand_axis_mentions(n, 0, n.attrs.transpose_a ? -2 : -1) || operand_axis_mentions(n, 1, n.attrs.transpose_b ? -1 : -2))
+          refuse(id, "contracts over the sequence" + kUnfused);
+        return;
+      case ir::OpCategory::layout:
+        if ((n.op == Op::slice || n.op == Op::concat) && operand_axis_mentions(n, 0, n.attrs.axis)) refuse(id, "slices or joins along the sequence");
+        return;
+      case ir::OpCategory::mask:
+        if (n.op != Op::one_hot && !sequence_axes(n.shape).empty()) refuse(id, "depends on positions in the sequence");
+        return;
+      case ir::OpCategory::composite: check_composite(id); return;
+    }
+  }
+
+  void check_composite(ValueId id) const {
+    const Node& n = g.node(id);
+    if (n.op == Op::softmax || n.op == Op::log_softmax || n.op == Op::reduce_mean) {
+      if (operand_axis_mentions(n, 0, n.attrs.axis))
+        refuse(id, n.op == Op::reduce_mean ? "reduces over the sequence" : "reduces over the sequence" + kUnfused);
+      return;
+    }
+    if (n.op == Op::masked_attention)
+      refuse(id, "takes a mask tensor (sharding it is not supported yet: write the mask as causal or a score modifier)");
+    if (n.op != Op::attention && n.op != Op::flex_attention)
+      refuse(id, "is a backward op: sequence-parallel backward graphs are not supported yet (RingAttention::backward is)");
+    if (n.attrs.window != 0) refuse(id, "has a sliding window (not supported by ring attention yet: write it as a score modifier)");
+    if (n.op == Op::flex_attention && (n.inputs.size() != 3 || n.attrs.dropout != 0))
+      refuse(id, "reads tensors in its score modifier or drops out weights (not supported by ring attention yet)");
+    for (std::size_t i = 0; i < 3; ++i) {
+      const ir::Shape& s = g.node(n.inputs[i]).shape;
+      const std::vector<int> axes = sequence_axes(s);
+      if (axes.size() != 1 || axes.front() != s.rank - 2) refuse(id, "needs the sequence on axis -2 of q, k and v, and on no other axis");
+    }
+  }
+
+  /// The attention node's scale: its value, over sqrt of its rsqrt_of dim's size when it has one.
+  double scale_of(ValueId id, const std::map<ValueId, Tensor>& values) const {
+    const Node& n = g.node(id);
+    if (n.attrs.rsqrt_of == 0) return n.attrs.value;
+    if (!ir::is_symbol(n.attrs.rsqrt_of)) return n.attrs.value / std::sqrt(static_cast<double>(n.attrs.rsqrt_of));
+    for (std::size_t i = 0; i < 3; ++i) {
+      const ir::Shape& s = g.node(n.inputs[i]).shape;
+      for (int a = 0; a < s.rank; ++a)
+        if (s[a] == n.attrs.rsqrt_of)
+          return n.attrs.value / std::sqrt(static_cast<double>(values.at(n.inputs[i]).shape()[static_cast<std::size_t>(a)]));
+    }
+    refuse(id, "has a scale of a dim none of q, k, v has");
+  }
+};
+
+SequenceParallel::SequenceParallel(Communicator& comm, backend::Backend& backend, const ir::Graph& graph, std::vector<std::string> sequence_dims,
+                                   SequenceLayout layout)
+    : impl_(std::make_unique<Impl>(comm, backend, layout)) {
+  Impl& m = *impl_;
+  m.g = ir::eliminate_dead_code(ir::fuse_attention(graph, [](const Node&) { return true; }));
+  for (const auto& name : sequence_dims) {
+    const ir::Dim d = ir::symbol_id(name);
+    if (!m.g.symbols().contains(d)) continue;  // a name the graph does not use (M of self-attention)
+    m.sequence.push_back(d);
+    m.sequence_names += (m.sequence_names.empty() ? "" : ", ") + name;
+  }
+  if (m.sequence.empty()) {
+    std::string names;
+    for (const auto& n : sequence_dims) names += (names.empty() ? "" : ", ") + n;
+    throw UsageError("sequence parallel: the graph has none of the sequence dims " + names);
+  }
+  // Every node local to positions or attention over the sequence; inputs and outputs sharded
+  // along one whole dim.
+  for (ValueId v = 0; v < static_cast<ValueId>(m.g.size()); ++v) m.check(v);
+  for (ValueId v : m.g.inputs()) m.boundary_axis("input '" + m.g.node(v).name + "'", v);
+  for (const auto& [name, v] : m.g.outputs()) m.boundary_axis("output '" + name + "'", v);
+
+  // Levels: attention nodes start a new one; a node runs in its level's stage.
+  const std::size_t n = m.g.size();
+  std::vector<int> level(n, 0);
+  int top = 0;
+  auto is_attention = [&](ValueId v) { return m.g.node(v).op == Op::attention || m.g.node(v).op == Op::flex_attention; };
+  for (std::size_t i = 0; i < n; ++i) {
+    for (ValueId v : m.g.nodes()[i].inputs) level[i] = std::max(level[i], level[static_cast<std::size_t>(v)]);
+    if (is_attention(static_cast<ValueId>(i))) ++level[i];
+    top = std::max(top, level[i]);
+  }
+  // Values read outside the stage that makes them: by another stage, a ring attention, or as outputs.
+  auto copied = [&](ValueId v) { return m.g.node(v).op == Op::constant || m.g.node(v).op == Op::input; };
+  std::vector<bool> leaves(n, false);
+  for (std::size_t i = 0; i < n; ++i)
+    for (ValueId v : m.g.nodes()[i].inputs)
+      if (!copied(v) && (is_attention(static_cast<ValueId>(i)) || is_attention(v) || level[static_cast<std::size_t>(v)] != level[i]))
+        leaves[static_cast<std::size_t>(v)] = true;
+  for (const auto& [name, v] : m.g.outputs()) leaves[static_cast<std::size_t>(v)] = !copied(v) || m.g.node(v).op == Op::constant;
+
+  m.stages.resize(static_cast<std::size_t>(top) + 1);
+  m.attention_at.resize(static_cast<std::size_t>(top) + 1);
+  for (int k = 0; k <= top; ++k) {
+    Graph& s = m.stages[static_cast<std::size_t>(k)].graph;
+    s.copy_symbols(m.g);
+    std::vector<ValueId> map(n, -1);
+    auto operand = [&](ValueId v) {
+      ValueId& to = map[static_cast<std::size_t>(v)];
+      if (to >= 0) return to;
+      const Node& src = m.g.node(v);
+      if (src.op == Op::input) to = s.add_input(src.name, src.dtype, src.shape);
+      else if (src.op == Op::constant) to = s.add_like(src, {});
+      else to = s.add_input("sp." + std::to_string(v), src.dtype, src.shape);  // made by an earlier stage or a ring
+      return to;
+    };
+    for (std::size_t i = 0; i < n; ++i) {
+      const ValueId id = static_cast<ValueId>(i);
+      if (level[i] != k || m.g.node(id).op == Op::input) continue;
+      if (is_attention(id)) {
+        m.attention_at[static_cast<std::size_t>(k)].push_back(id);
+        continue;
+      }
+      if (m.g.node(id).op == Op::constant && !leaves[i]) continue;  // copied where used
+      std::vector<ValueId> inputs;
+      for (ValueId v : m.g.nodes()[i].inputs) inputs.push_back(operand(v));
+      map[i] = s.add_like(m.g.node(id), std::move(inputs));
+      if (leaves[i]) s.set_output("sp." + std::to_string(i), map[i]);
+    }
+    if (!s.outputs().empty()) m.stages[static_cast<std::size_t>(k)].exe = backend.compile(s);
+  }
+}
+
+SequenceParallel::~SequenceParallel() = default;
+
+const ir::Graph& SequenceParallel::graph() const { return impl_->g; }
+
+int SequenceParallel::stages() const {
+  int r = 0;
+  for (const auto& s : impl_->stages) r += s.exe != nullptr;
+  return r;
+}
+
+int SequenceParallel::ring_attentions() const {
+  int r = 0;
+  for (const auto& a : impl_->attention_at) r += static_cast<int>(a.size());
+  return r;
+}
+
+int SequenceParallel::sequence_axis(const std::string& name) const {
+  const Impl& m = *impl_;
+  for (ValueId v : m.g.inputs())
+    if (m.g.node(v).name == name) return m.boundary_axis("input '" + name + "'", v);
+  for (const auto& [o, v] : m.g.outputs())
+    if (o == name) return m.boundary_axis("output '" + name + "'", v);
+  throw UsageError("sequence parallel: the graph has no input or output '" + name + "'");
+}
+
+backend::TensorMap SequenceParallel::run_shards(const backend::TensorMap& shards) {
+  Impl& m = *impl_;
+  std::map<ValueId, Tensor> values;
+  for (ValueId v : m.g.inputs()) {
+    auto it = shards.find(m.g.node(v).name);
+    if (it == shards.end()) throw ShapeError("sequence parallel: no value for input '" + m.g.node(v).name + "'");
+    values.emplace(v, it->second);
+  }
+  for (std::size_t k = 0; k < m.stages.size(); ++k) {
+    for (ValueId a : m.attention_at[k]) {
+      const Node& n = m.g.node(a);
+      const double scale = m.scale_of(a, values);
+      if (!(scale > 0)) m.refuse(a, "has a scale that is not positive");
+      auto& ring = m.rings[a];
+      if (!ring || m.ring_scales[a] != scale) {
+        RingAttentionOptions o;
+        o.scale = scale;
+        o.causal = n.attrs.causal;
+        o.layout = m.layout;
+        o.score_mod = n.region;
+        ring = std::make_unique<RingAttention>(m.comm, m.backend, o);
+        m.ring_scales[a] = scale;
+      }
+      values.insert_or_assign(a, ring->forward(values.at(n.inputs[0]), values.at(n.inputs[1]), values.at(n.inputs[2])));
+    }
+    Impl::Stage& s = m.stages[k];
+    if (!s.exe) continue;
+    backend::TensorMap in;
+    for (ValueId v : s.graph.inputs()) {
+      const std::string& name = s.graph.node(v).name;
+      in.emplace(name, name.rfind("sp.", 0) == 0 ? values.at(static_cast<ValueId>(std::stol(name.substr(3)))) : shards.at(name));
+    }
+    for (auto& [name, t] : s.exe->run(in)) values.insert_or_assign(static_cast<ValueId>(std::stol(name.substr(3))), std::move(t));
+  }
+  backend::TensorMap out;
+  for (const auto& [name, v] : m.g.outputs()) out.emplace(name, values.at(v));
+  return out;
+}
+
+backend::TensorMap SequenceParallel::run(const backend::TensorMap& inputs) {
+  Impl& m = *impl_;
+  const int P = m.comm.size(), rank = m.comm.rank();
+  backend::TensorMap shards;
+  for (const auto& [name, t] : inputs) {
+    const int axis = sequence_axis(name);
+    shards.emplace(name, axis < 0 ? t : take_along(t, axis, shard_rows(t.shape()[static_cast<std::size_t>(axis)], rank, P, m.layout)));
+  }
+  backend::TensorMap out = run_shards(shards), whole;
+  for (auto& [name, t] : out) {
+    const int axis = sequence_axis(name);
+    if (axis < 0) {
+      whole.emplace(name, std::move(t));
+      continue;
+    }
+    // Every rank's rows, placed at their positions in the sequence.
+    const std::vector<std::byte> all = m.comm.allgather(std::span<const std::byte>(t.raw(), t.nbytes()));
+    const std::int64_t rows = t.shape()[static_cast<std::size_t>(axis)], n = rows * P;
+    std::vector<std::int64_t> shape = t.shape();
+    shape[static_cast<std::size_t>(axis)] = n;
+    Tensor w = Tensor::uninitialized(t.dtype(), shape);
+    std::int64_t outer = 1, inner = 1;
+    for (int i = 0; i < axis; ++i) outer *= shape[static_cast<std::size_t>(i)];
+    for (std::size_t i = static_cast<std::size_t>(axis) + 1; i < shape.size(); ++i) inner *= shape[i];
+    const std::size_t row_bytes = t.numel() ? t.nbytes() / static_cast<std::size_t>(t.numel()) * static_cast<std::size_t>(inner) : 0;
+    for (int r = 0; r < P; ++r) {
+      const std::vector<std::int64_t> at = shard_rows(n, r, P, m.layout);
+      const std::byte* src = all.data() + t.nbytes() * static_cast<std::size_t>(r);
+      for (std::int64_t o = 0; o < outer; ++o)
+        for (std::size_t i = 0; i < at.size(); ++i)
+          std::memcpy(w.raw() + static_cast<std::size_t>(o * n + at[i]) * row_bytes, src + (static_cast<std::size_t>(o) * at.size() + i) * row_bytes,
+                      row_bytes);
+    }
+    whole.emplace(name, std::move(w));
+  }
+  return whole;
+}
+
+}  // namespace qkv::dist

@@ -1,0 +1,53 @@
+// A graph run sequence-parallel over the ranks of a job: every value that carries the sequence
+// holds only this rank's rows of it, attention runs as ring attention, and everything else runs
+// on the rank's own backend on its rows. How a model written in the DSL runs over a sequence no
+// one rank could hold, without rewriting it.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "dist/communicator.hpp"
+#include "dist/ring_attention.hpp"
+#include "ir/graph.hpp"
+
+namespace qkv::dist {
+
+class SequenceParallel {
+ public:
+  /// Prepares `g` for sequence-parallel runs, the sequence being its named dims `sequence_dims`
+  /// ("N", or "N" and "M" for attention whose queries and keys are the same sequence under two
+  /// names). Attention patterns are fused first; then every node must be local to each position
+  /// (elementwise ops, matmuls and reductions over other axes, layout changes) or be attention
+  /// over the sequence (fused, without a mask tensor, window or dropout, its modifier reading
+  /// only the score and positions). Throws UnsupportedError naming the first node that mixes
+  /// positions otherwise (a reduction or softmax over the sequence, a slice of it, positions
+  /// from iota), and its dims.
+  SequenceParallel(Communicator& comm, backend::Backend& backend, const ir::Graph& g, std::vector<std::string> sequence_dims,
+                   SequenceLayout layout = SequenceLayout::zigzag);
+  ~SequenceParallel();
+
+  /// Runs on this rank's shards of the inputs that carry the sequence (whole tensors for the
+  /// others) and returns this rank's shards of the outputs.
+  backend::TensorMap run_shards(const backend::TensorMap& shards);
+  /// Runs on whole inputs (the same on every rank): shards them, runs, and gathers every output
+  /// back to the whole sequence on every rank.
+  backend::TensorMap run(const backend::TensorMap& inputs);
+
+  /// The axis along which input or output `name` carries the sequence, or -1.
+  int sequence_axis(const std::string& name) const;
+  /// The graph after fusion, as analysed: what the stages and ring attentions compute.
+  const ir::Graph& graph() const;
+  /// How many backend executables (stages between attentions) and ring attentions a run makes.
+  int stages() const;
+  int ring_attentions() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qkv::dist

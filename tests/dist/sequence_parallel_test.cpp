@@ -1,0 +1,141 @@
+// Models written in the DSL, run sequence-parallel (each rank holding its rows of the sequence,
+// attention as ring attention), equal the same model in one process; graphs that mix positions
+// other than by attention are refused by name. Run alone and under mpirun -np 2 and -np 4.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "dist/sequence_parallel.hpp"
+#include "ir/passes/passes.hpp"
+#include "models/models.hpp"
+
+namespace qkv {
+namespace {
+
+using dist::Communicator;
+
+Tensor random_tensor(std::vector<std::int64_t> shape, std::uint64_t seed) {
+  Tensor t(DType::f32, std::move(shape));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
+  return t;
+}
+
+/// Random values for every input of `g`, its named dims bound from `dims`.
+backend::TensorMap random_inputs(const ir::Graph& g, const std::map<std::string, std::int64_t>& dims) {
+  backend::TensorMap r;
+  std::uint64_t seed = 1;
+  for (ir::ValueId v : g.inputs()) {
+    std::vector<std::int64_t> shape;
+    const ir::Shape& s = g.node(v).shape;
+    for (int i = 0; i < s.rank; ++i) shape.push_back(ir::is_symbol(s[i]) ? dims.at(g.symbols().at(s[i])) : s[i]);
+    r.emplace(g.node(v).name, random_tensor(shape, seed++));
+  }
+  return r;
+}
+
+double relative_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double err = 0, scale = 0;
+  for (std::int64_t i = 0; i < b.numel(); ++i) {
+    err = std::max(err, std::abs(a.at(i) - b.at(i)));
+    scale = std::max(scale, std::abs(b.at(i)));
+  }
+  return err / scale;
+}
+
+void expect_as_one_process(const ir::Graph& g, const std::map<std::string, std::int64_t>& dims, dist::SequenceLayout layout, int rings) {
+  Communicator& comm = Communicator::world();
+  auto cpu = backend::create("cpu");
+  const backend::TensorMap inputs = random_inputs(g, dims);
+  const backend::TensorMap alone = cpu->compile(g)->run(inputs);
+  dist::SequenceParallel sp(comm, *cpu, g, {"N", "M"}, layout);
+  EXPECT_EQ(sp.ring_attentions(), rings);
+  const backend::TensorMap parallel = sp.run(inputs);
+  for (const auto& [name, want] : alone) EXPECT_LE(relative_error(parallel.at(name), want), 1e-5) << name << ", " << comm.describe();
+}
+
+const models::ModelSpec& model(const std::string& name) { return models::find_model(name); }
+
+TEST(SequenceParallel, DecoderBlockEqualsOneProcess) {
+  const auto& m = model("decoder-block");
+  const ir::Graph g = m.build(models::resolve_options(m, {}), {});
+  const std::int64_t n = 8 * Communicator::world().size();
+  expect_as_one_process(g, {{"B", 2}, {"N", n}}, dist::SequenceLayout::zigzag, 1);
+  expect_as_one_process(g, {{"B", 1}, {"N", n}}, dist::SequenceLayout::contiguous, 1);
+}
+
+TEST(SequenceParallel, SdpaWithAScoreModifierEqualsOneProcess) {
+  const auto& m = model("sdpa");
+  const ir::Graph g = m.build(models::resolve_options(m, {{"causal", "true"}, {"weights", "false"}, {"softcap", "2"}}), {});
+  const std::int64_t n = 4 * Communicator::world().size();
+  expect_as_one_process(g, {{"B", 3}, {"N", n}, {"M", n}, {"D", 8}, {"Dv", 5}}, dist::SequenceLayout::zigzag, 1);
+}
+
+TEST(SequenceParallel, TwoBlocksMakeTwoRingsAndThreeStages) {
+  // The decoder block applied twice: stages before, between and after the two attentions.
+  const auto& m = model("decoder-block");
+  const ir::Graph block = m.build(models::resolve_options(m, {}), {});
+  ir::Graph g;
+  g.copy_symbols(block);
+  // Feed the block's output into a second copy of it (same weights).
+  std::vector<ir::ValueId> first(block.size(), -1), second(block.size(), -1);
+  for (std::size_t i = 0; i < block.size(); ++i) {
+    const ir::Node& n = block.nodes()[i];
+    std::vector<ir::ValueId> in;
+    for (ir::ValueId v : n.inputs) in.push_back(first[static_cast<std::size_t>(v)]);
+    first[i] = g.add_like(n, std::move(in));
+  }
+  const ir::ValueId x2 = first[static_cast<std::size_t>(block.output("out"))];
+  for (std::size_t i = 0; i < block.size(); ++i) {
+    const ir::Node& n = block.nodes()[i];
+    if (n.op == ir::Op::input) {
+      second[i] = n.name == "x" ? x2 : first[i];
+      continue;
+    }
+    std::vector<ir::ValueId> in;
+    for (ir::ValueId v : n.inputs) in.push_back(second[static_cast<std::size_t>(v)]);
+    second[i] = g.add_like(n, std::move(in));
+  }
+  g.set_output("out", second[static_cast<std::size_t>(block.output("out"))]);
+  const std::int64_t n = 8 * Communicator::world().size();
+  Communicator& comm = Communicator::world();
+  auto cpu = backend::create("cpu");
+  dist::SequenceParallel sp(comm, *cpu, g, {"N"});
+  EXPECT_EQ(sp.ring_attentions(), 2);
+  EXPECT_EQ(sp.stages(), 3);
+  expect_as_one_process(g, {{"B", 1}, {"N", n}}, dist::SequenceLayout::zigzag, 2);
+}
+
+TEST(SequenceParallel, RefusesWhatMixesPositionsByName) {
+  Communicator& comm = Communicator::world();
+  auto cpu = backend::create("cpu");
+  auto refused = [&](const ir::Graph& g, const std::string& expect) {
+    try {
+      dist::SequenceParallel sp(comm, *cpu, g, {"N", "M"});
+      ADD_FAILURE() << "accepted; expected: " << expect;
+    } catch (const UnsupportedError& e) {
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  };
+  // The weights as an output keep the score matrix, so the attention is not fused.
+  const auto& sdpa = model("sdpa");
+  refused(sdpa.build(models::resolve_options(sdpa, {}), {}), "over the sequence");
+  // A mean over the sequence.
+  ir::Graph g;
+  const ir::ValueId x = g.add_input("x", DType::f32, {g.symbol("B"), g.symbol("N"), 4});
+  ir::Attrs a;
+  a.axis = 1;
+  g.set_output("pooled", g.add(ir::Op::reduce_sum, {x}, a));
+  refused(g, "sequence parallel: reduce_sum %1 : f32[B,1,4] reduces over the sequence (the sequence: N)");
+  // No sequence dim at all.
+  ir::Graph h;
+  h.set_output("y", h.add(ir::Op::neg, {h.add_input("x", DType::f32, {4})}));
+  EXPECT_THROW(dist::SequenceParallel(comm, *cpu, h, {"N"}), UsageError);
+}
+
+}  // namespace
+}  // namespace qkv
