@@ -73,6 +73,11 @@ std::string EquivalenceReport::table() const {
 }
 
 EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs, const std::vector<std::string>& backends, double factor) {
+  return check_equivalence(g, inputs, backends, factor, [](const std::string& name) { return create(name); });
+}
+
+EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs, const std::vector<std::string>& backends, double factor,
+                                    const std::function<std::unique_ptr<Backend>(const std::string&)>& make) {
   TensorMap oracle = make_reference_backend({Precision::f64, true})->compile(g)->run(inputs);
   TensorMap plain = make_reference_backend({Precision::f32, true})->compile(g)->run(inputs);
   EquivalenceReport report;
@@ -80,7 +85,7 @@ EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs,
     BackendReport b;
     b.backend = name;
     try {
-      auto backend = create(name);
+      auto backend = make(name);
       b.device = backend->device();
       TensorMap got = backend->compile(g)->run(inputs);
       b.pass = true;

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,9 @@ inline constexpr double kDefaultBudgetFactor = 8.0;
 /// start or run the graph fails with its error in the report (never skipped silently).
 EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs, const std::vector<std::string>& backends,
                                     double factor = kDefaultBudgetFactor);
+/// The same, with the backends made by `make` from their names (create, or a wrapper of it).
+EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs, const std::vector<std::string>& backends, double factor,
+                                    const std::function<std::unique_ptr<Backend>(const std::string&)>& make);
 
 /// Compares `actual` with the float64 `oracle` given the plain-f32 result `plain`.
 OutputComparison compare_output(const std::string& name, const Tensor& actual, const Tensor& oracle, const Tensor& plain,

@@ -332,4 +332,50 @@ backend::TensorMap SequenceParallel::run(const backend::TensorMap& inputs) {
   return whole;
 }
 
+namespace {
+
+class SequenceParallelExecutable : public backend::Executable {
+ public:
+  explicit SequenceParallelExecutable(std::unique_ptr<SequenceParallel> sp) : sp_(std::move(sp)) {}
+  backend::TensorMap run(const backend::TensorMap& inputs) override { return sp_->run(inputs); }
+  const ir::Graph& graph() const override { return sp_->graph(); }
+  void set_state(const backend::TensorMap&) override {
+    throw UnsupportedError("sequence parallel: held state (training) is not supported; train data-parallel (train::DataParallel)");
+  }
+  backend::TensorMap state() override { return {}; }
+  std::int64_t planned_bytes() const override { return 0; }
+
+ private:
+  std::unique_ptr<SequenceParallel> sp_;
+};
+
+class SequenceParallelBackend : public backend::Backend {
+ public:
+  SequenceParallelBackend(Communicator& comm, std::unique_ptr<backend::Backend> inner, std::vector<std::string> dims, SequenceLayout layout)
+      : comm_(comm), inner_(std::move(inner)), dims_(std::move(dims)), layout_(layout) {}
+  std::string name() const override { return inner_->name(); }
+  std::string device() const override { return inner_->device() + "; sequence-parallel over " + std::to_string(comm_.size()) + " ranks"; }
+  bool supports(const ir::Node& n) const override { return inner_->supports(n); }
+  std::unique_ptr<backend::Executable> compile(const ir::Graph& g) override {
+    return std::make_unique<SequenceParallelExecutable>(std::make_unique<SequenceParallel>(comm_, *inner_, g, dims_, layout_));
+  }
+  std::string kernel_name(const ir::Graph& lowered, ir::ValueId v) const override {
+    const ir::Op op = lowered.node(v).op;
+    return op == ir::Op::attention || op == ir::Op::flex_attention ? "ring attention" : "a stage on " + inner_->name();
+  }
+
+ private:
+  Communicator& comm_;
+  std::unique_ptr<backend::Backend> inner_;
+  std::vector<std::string> dims_;
+  SequenceLayout layout_;
+};
+
+}  // namespace
+
+std::unique_ptr<backend::Backend> sequence_parallel_backend(Communicator& comm, std::unique_ptr<backend::Backend> inner,
+                                                            std::vector<std::string> sequence_dims, SequenceLayout layout) {
+  return std::make_unique<SequenceParallelBackend>(comm, std::move(inner), std::move(sequence_dims), layout);
+}
+
 }  // namespace qkv::dist

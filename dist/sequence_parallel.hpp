@@ -50,4 +50,10 @@ class SequenceParallel {
   std::unique_ptr<Impl> impl_;
 };
 
+/// A backend that runs every graph it compiles sequence-parallel over the job, on `inner`: what
+/// `qkv check` and `qkv bench` compare and time under mpirun. Its executables take whole inputs
+/// and return whole outputs on every rank; they hold no state (training runs data-parallel).
+std::unique_ptr<backend::Backend> sequence_parallel_backend(Communicator& comm, std::unique_ptr<backend::Backend> inner,
+                                                            std::vector<std::string> sequence_dims, SequenceLayout layout = SequenceLayout::zigzag);
+
 }  // namespace qkv::dist

@@ -8,6 +8,7 @@
 
 #include "backends/equivalence.hpp"
 #include "backends/reference/reference_backend.hpp"
+#include "dist/sequence_parallel.hpp"
 #include "io/file.hpp"
 #include "io/npy.hpp"
 #include "ir/bind.hpp"
@@ -126,22 +127,38 @@ void localise(const ir::Graph& g, const backend::TensorMap& inputs, const std::s
 
 }  // namespace
 
+namespace {
+/// A backend by name; under mpirun, running every graph sequence-parallel over the job.
+std::unique_ptr<backend::Backend> make_backend(dist::Communicator& comm, const std::string& name) {
+  auto b = backend::create(name);
+  if (comm.size() == 1) return b;
+  return dist::sequence_parallel_backend(comm, std::move(b), {"N", "M"});
+}
+}  // namespace
+
 int cmd_check(const Request& r, const std::string& backends, const std::string& dump_dir, double factor) {
   if (!(factor >= 0)) throw UsageError("--budget-factor must be >= 0");
   if (!dump_dir.empty()) io::check_writable_dir(dump_dir);
   std::vector<std::string> targets = r.target == "all" ? models::model_names() : std::vector<std::string>{r.target};
   const auto names = backend_list(backends);
+  // Under mpirun each backend runs the model sequence-parallel, checked against one process's float64.
+  dist::Communicator& comm = dist::Communicator::world();
+  const bool lead = comm.rank() == 0;
   bool pass = true;
   for (const auto& target : targets) {
     Request one = r;
     one.target = target;
     Prepared p = prepare(one);
-    auto report = backend::check_equivalence(p.graph, p.inputs, names, factor);
-    std::printf("%s, seed %llu, against the float64 reference:\n", p.title.c_str(), static_cast<unsigned long long>(r.seed));
-    std::fputs(report.table().c_str(), stdout);
-    std::printf("%s\n\n", report.pass() ? "all backends within budget" : "FAILED: a backend is outside its budget or did not run");
+    auto report = backend::check_equivalence(p.graph, p.inputs, names, factor, [&](const std::string& name) { return make_backend(comm, name); });
+    if (lead) {
+      std::printf("%s, seed %llu, against the float64 reference%s:\n", p.title.c_str(), static_cast<unsigned long long>(r.seed),
+                  comm.size() > 1 ? (", each backend sequence-parallel over " + std::to_string(comm.size()) + " ranks").c_str() : "");
+      std::fputs(report.table().c_str(), stdout);
+      std::printf("%s\n\n", report.pass() ? "all backends within budget" : "FAILED: a backend is outside its budget or did not run");
+    }
     if (!report.pass()) {
       pass = false;
+      if (comm.size() > 1) continue;  // localising bisects the graph in one process
       for (const auto& b : report.backends)
         if (!b.pass && b.error.empty()) localise(p.graph, p.inputs, b.backend, dump_dir, factor);
     }
@@ -269,14 +286,19 @@ int cmd_bench(const Request& r, const std::string& backends, int repeat, bool pr
   if (repeat < 1) throw UsageError("--repeat must be at least 1");
   const auto names = backend_list(backends);  // before any output
   Prepared p = prepare(r);
-  std::printf("%s: median of %d runs after one warm-up\n", p.title.c_str(), repeat);
-  std::printf("%-10s %12s %12s %10s\n", "backend", "median ms", "min ms", "GFLOP/s");
+  dist::Communicator& comm = dist::Communicator::world();  // under mpirun: sequence-parallel, rank 0 reports
+  const bool lead = comm.rank() == 0;
+  if (lead) {
+    std::printf("%s: median of %d runs after one warm-up%s\n", p.title.c_str(), repeat,
+                comm.size() > 1 ? (", sequence-parallel over " + std::to_string(comm.size()) + " ranks").c_str() : "");
+    std::printf("%-10s %12s %12s %10s\n", "backend", "median ms", "min ms", "GFLOP/s");
+  }
   for (const auto& name : names) {
     std::unique_ptr<backend::Backend> be;
     try {
-      be = backend::create(name);
+      be = make_backend(comm, name);
     } catch (const BackendError& e) {
-      std::printf("%-10s unavailable: %s\n", name.c_str(), e.what());
+      if (lead) std::printf("%-10s unavailable: %s\n", name.c_str(), e.what());
       continue;
     }
     auto exe = be->compile(p.graph);
@@ -296,6 +318,7 @@ int cmd_bench(const Request& r, const std::string& backends, int repeat, bool pr
     }
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
+    if (!lead) continue;
     std::printf("%-10s %12.4f %12.4f %10.2f\n", name.c_str(), median, ms.front(), flops / (median * 1e-3) / 1e9);
     if (profile) print_profile(*be, g, profiles);
   }
