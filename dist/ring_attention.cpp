@@ -193,6 +193,11 @@ RingAttention::RingAttention(Communicator& comm, backend::Backend& backend, Ring
     : impl_(std::make_unique<Impl>(comm, backend, options)) {}
 RingAttention::~RingAttention() = default;
 
+const Tensor& RingAttention::lse() const {
+  if (impl_->q.empty()) throw UsageError("ring attention: lse before forward");
+  return impl_->lse;
+}
+
 Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
   Impl& m = *impl_;
   const auto start = Clock::now();

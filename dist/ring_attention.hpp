@@ -52,6 +52,9 @@ class RingAttention {
   /// and the rows' log-sum-exp).
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v);
 
+  /// The last forward's log-sum-exp of each of this rank's rows over the whole sequence [.., n, 1].
+  const Tensor& lse() const;
+
   struct Gradients {
     Tensor dq, dk, dv;
   };

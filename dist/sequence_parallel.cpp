@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "ir/passes/passes.hpp"
 #include "ir/region.hpp"
@@ -56,8 +57,17 @@ struct SequenceParallel::Impl {
   };
   std::vector<Stage> stages;                       // stage k: the nodes of level k
   std::vector<std::vector<ValueId>> attention_at;  // ring attentions before stage k (level k)
-  std::map<ValueId, std::unique_ptr<RingAttention>> rings;
-  std::map<ValueId, double> ring_scales;
+  // One ring attention per (q, k, v, causal, modifier): the forward, its log-sum-exp and its
+  // gradients (for each dy) are computed once a run, however many nodes read them.
+  struct Ring {
+    std::unique_ptr<RingAttention> attention;
+    double scale = 0;
+    bool forward_done = false;
+    Tensor y;
+    std::map<ValueId, RingAttention::Gradients> gradients;
+  };
+  using RingKey = std::tuple<ValueId, ValueId, ValueId, bool, const ir::Graph*>;
+  std::map<RingKey, Ring> rings;
 
   Impl(Communicator& c, backend::Backend& b, SequenceLayout l) : comm(c), backend(b), layout(l) {}
 
@@ -96,21 +106,33 @@ struct SequenceParallel::Impl {
     return a >= 0 && a < s.rank && mentions(s[a]);
   }
 
+  /// A sum over the sequence: each rank computes its rows' part, and the parts are summed over the
+  /// ranks (allreduce) before anything reads it. What a backward makes of weights' gradients.
+  bool is_partial(ValueId id) const {
+    const Node& n = g.node(id);
+    if (n.op == Op::reduce_sum) return operand_axis_mentions(n, 0, n.attrs.axis);
+    if (n.op == Op::matmul) return operand_axis_mentions(n, 0, n.attrs.transpose_a ? -2 : -1);
+    return false;
+  }
+  /// Attention over the sequence and its backward ops: run as ring attention.
+  static bool is_ring(Op op) {
+    return op == Op::attention || op == Op::flex_attention || op == Op::attention_lse || op == Op::flex_attention_lse || op == Op::attention_grad ||
+           op == Op::flex_attention_grad;
+  }
+
   void check(ValueId id) const {
     const Node& n = g.node(id);
+    if (sequence_axes(n.shape).size() > 1) refuse(id, "holds the sequence on two axes" + kUnfused);
     switch (ir::op_info(n.op).category) {
       case ir::OpCategory::source:
       case ir::OpCategory::unary:
       case ir::OpCategory::binary:
       case ir::OpCategory::select:
       case ir::OpCategory::compare: return;
-      case ir::OpCategory::reduce:
-        if (operand_axis_mentions(n, 0, n.attrs.axis)) refuse(id, "reduces over the sequence");
+      case ir::OpCategory::reduce:  // a sum over the sequence is a partial sum; a maximum is not yet
+        if (n.op == Op::reduce_max && operand_axis_mentions(n, 0, n.attrs.axis)) refuse(id, "takes a maximum over the sequence");
         return;
-      case ir::OpCategory::contract:
-        if (operand_axis_mentions(n, 0, n.attrs.transpose_a ? -2 : -1) || operand_axis_mentions(n, 1, n.attrs.transpose_b ? -1 : -2))
-          refuse(id, "contracts over the sequence" + kUnfused);
-        return;
+      case ir::OpCategory::contract: return;  // over the sequence: a partial sum
       case ir::OpCategory::layout:
         if ((n.op == Op::slice || n.op == Op::concat) && operand_axis_mentions(n, 0, n.attrs.axis)) refuse(id, "slices or joins along the sequence");
         return;
@@ -130,12 +152,15 @@ struct SequenceParallel::Impl {
     }
     if (n.op == Op::masked_attention)
       refuse(id, "takes a mask tensor (sharding it is not supported yet: write the mask as causal or a score modifier)");
-    if (n.op != Op::attention && n.op != Op::flex_attention)
-      refuse(id, "is a backward op: sequence-parallel backward graphs are not supported yet (RingAttention::backward is)");
+    if (!is_ring(n.op)) refuse(id, "is not supported sequence-parallel yet (a masked attention's backward?)");
     if (n.attrs.window != 0) refuse(id, "has a sliding window (not supported by ring attention yet: write it as a score modifier)");
-    if (n.op == Op::flex_attention && (n.inputs.size() != 3 || n.attrs.dropout != 0))
+    // q, k, v (and dy, lse, delta for the gradient): fixed operands; a flex op with more reads tensors.
+    const std::size_t fixed = n.op == Op::attention_lse || n.op == Op::flex_attention_lse     ? 2
+                              : n.op == Op::attention_grad || n.op == Op::flex_attention_grad ? 6
+                                                                                              : 3;
+    if (n.inputs.size() != fixed || n.attrs.dropout != 0)
       refuse(id, "reads tensors in its score modifier or drops out weights (not supported by ring attention yet)");
-    for (std::size_t i = 0; i < 3; ++i) {
+    for (std::size_t i = 0; i < fixed; ++i) {
       const ir::Shape& s = g.node(n.inputs[i]).shape;
       const std::vector<int> axes = sequence_axes(s);
       if (axes.size() != 1 || axes.front() != s.rank - 2) refuse(id, "needs the sequence on axis -2 of q, k and v, and on no other axis");
@@ -147,7 +172,7 @@ struct SequenceParallel::Impl {
     const Node& n = g.node(id);
     if (n.attrs.rsqrt_of == 0) return n.attrs.value;
     if (!ir::is_symbol(n.attrs.rsqrt_of)) return n.attrs.value / std::sqrt(static_cast<double>(n.attrs.rsqrt_of));
-    for (std::size_t i = 0; i < 3; ++i) {
+    for (std::size_t i = 0; i < std::min<std::size_t>(3, n.inputs.size()); ++i) {
       const ir::Shape& s = g.node(n.inputs[i]).shape;
       for (int a = 0; a < s.rank; ++a)
         if (s[a] == n.attrs.rsqrt_of)
@@ -183,9 +208,10 @@ SequenceParallel::SequenceParallel(Communicator& comm, backend::Backend& backend
   const std::size_t n = m.g.size();
   std::vector<int> level(n, 0);
   int top = 0;
-  auto is_attention = [&](ValueId v) { return m.g.node(v).op == Op::attention || m.g.node(v).op == Op::flex_attention; };
+  // A partial sum's readers wait for the next level (after its allreduce).
+  auto is_attention = [&](ValueId v) { return Impl::is_ring(m.g.node(v).op); };
   for (std::size_t i = 0; i < n; ++i) {
-    for (ValueId v : m.g.nodes()[i].inputs) level[i] = std::max(level[i], level[static_cast<std::size_t>(v)]);
+    for (ValueId v : m.g.nodes()[i].inputs) level[i] = std::max(level[i], level[static_cast<std::size_t>(v)] + (m.is_partial(v) ? 1 : 0));
     if (is_attention(static_cast<ValueId>(i))) ++level[i];
     top = std::max(top, level[i]);
   }
@@ -258,6 +284,32 @@ int SequenceParallel::sequence_axis(const std::string& name) const {
 backend::TensorMap SequenceParallel::run_shards(const backend::TensorMap& shards) {
   Impl& m = *impl_;
   std::map<ValueId, Tensor> values;
+  for (auto& [key, r] : m.rings) {
+    r.forward_done = false;
+    r.gradients.clear();
+  }
+  // The ring for attention node `node` over q, k, v, its forward run once this run.
+  auto ring_for = [&](ValueId node, ValueId q, ValueId k, ValueId v) -> Impl::Ring& {
+    const Node& n = m.g.node(node);
+    const double scale = m.scale_of(node, values);
+    if (!(scale > 0)) m.refuse(node, "has a scale that is not positive");
+    Impl::Ring& r = m.rings[{q, k, v, n.attrs.causal, n.region.get()}];
+    if (!r.attention || r.scale != scale) {
+      RingAttentionOptions o;
+      o.scale = scale;
+      o.causal = n.attrs.causal;
+      o.layout = m.layout;
+      o.score_mod = n.region;
+      r.attention = std::make_unique<RingAttention>(m.comm, m.backend, o);
+      r.scale = scale;
+      r.forward_done = false;
+    }
+    if (!r.forward_done) {
+      r.y = r.attention->forward(values.at(q), values.at(k), values.at(v));
+      r.forward_done = true;
+    }
+    return r;
+  };
   for (ValueId v : m.g.inputs()) {
     auto it = shards.find(m.g.node(v).name);
     if (it == shards.end()) throw ShapeError("sequence parallel: no value for input '" + m.g.node(v).name + "'");
@@ -266,19 +318,28 @@ backend::TensorMap SequenceParallel::run_shards(const backend::TensorMap& shards
   for (std::size_t k = 0; k < m.stages.size(); ++k) {
     for (ValueId a : m.attention_at[k]) {
       const Node& n = m.g.node(a);
-      const double scale = m.scale_of(a, values);
-      if (!(scale > 0)) m.refuse(a, "has a scale that is not positive");
-      auto& ring = m.rings[a];
-      if (!ring || m.ring_scales[a] != scale) {
-        RingAttentionOptions o;
-        o.scale = scale;
-        o.causal = n.attrs.causal;
-        o.layout = m.layout;
-        o.score_mod = n.region;
-        ring = std::make_unique<RingAttention>(m.comm, m.backend, o);
-        m.ring_scales[a] = scale;
+      const ValueId q = n.inputs[0], kk = n.inputs[1];
+      if (n.op == Op::attention_lse || n.op == Op::flex_attention_lse) {
+        // The forward over these q and k has it; v does not matter (k stands in when there is none).
+        Impl::Ring* found = nullptr;
+        for (auto& [key, r] : m.rings)
+          if (std::get<0>(key) == q && std::get<1>(key) == kk && std::get<3>(key) == n.attrs.causal && std::get<4>(key) == n.region.get() &&
+              r.forward_done)
+            found = &r;
+        if (!found) found = &ring_for(a, q, kk, kk);
+        values.insert_or_assign(a, found->attention->lse());
+        continue;
       }
-      values.insert_or_assign(a, ring->forward(values.at(n.inputs[0]), values.at(n.inputs[1]), values.at(n.inputs[2])));
+      Impl::Ring& r = ring_for(a, q, kk, n.inputs[2]);
+      if (n.op == Op::attention || n.op == Op::flex_attention) {
+        values.insert_or_assign(a, r.y);
+        continue;
+      }
+      // The gradients: one backward ring for every wrt with the same dy.
+      const ValueId dy = n.inputs[3];
+      auto it = r.gradients.find(dy);
+      if (it == r.gradients.end()) it = r.gradients.emplace(dy, r.attention->backward(values.at(dy))).first;
+      values.insert_or_assign(a, n.attrs.wrt == 0 ? it->second.dq : n.attrs.wrt == 1 ? it->second.dk : it->second.dv);
     }
     Impl::Stage& s = m.stages[k];
     if (!s.exe) continue;
@@ -287,7 +348,11 @@ backend::TensorMap SequenceParallel::run_shards(const backend::TensorMap& shards
       const std::string& name = s.graph.node(v).name;
       in.emplace(name, name.rfind("sp.", 0) == 0 ? values.at(static_cast<ValueId>(std::stol(name.substr(3)))) : shards.at(name));
     }
-    for (auto& [name, t] : s.exe->run(in)) values.insert_or_assign(static_cast<ValueId>(std::stol(name.substr(3))), std::move(t));
+    for (auto& [name, t] : s.exe->run(in)) {
+      const auto id = static_cast<ValueId>(std::stol(name.substr(3)));
+      if (m.is_partial(id)) m.comm.allreduce_sum(std::span<float>(t.data<float>(), static_cast<std::size_t>(t.numel())));  // the ranks' parts
+      values.insert_or_assign(id, std::move(t));
+    }
   }
   backend::TensorMap out;
   for (const auto& [name, v] : m.g.outputs()) out.emplace(name, values.at(v));

@@ -110,6 +110,30 @@ TEST(SequenceParallel, TwoBlocksMakeTwoRingsAndThreeStages) {
   expect_as_one_process(g, {{"B", 1}, {"N", n}}, dist::SequenceLayout::zigzag, 2);
 }
 
+// A backward graph: ring attention's backward for the attention, and the weights' gradients
+// (sums over the sequence) summed over the ranks.
+TEST(SequenceParallel, DecoderBlockBackwardEqualsOneProcess) {
+  const auto& m = model("decoder-block");
+  const ir::Graph forward = m.build(models::resolve_options(m, {}), {});
+  std::vector<std::string> wrt;
+  for (ir::ValueId v : forward.inputs()) wrt.push_back(forward.node(v).name);
+  const ir::Graph backward = ir::build_backward(forward, {"", wrt, {"out"}});
+  const std::int64_t n = 8 * Communicator::world().size();
+  expect_as_one_process(backward, {{"B", 2}, {"N", n}}, dist::SequenceLayout::zigzag, 5);  // attention, lse and 3 gradients
+}
+
+// Sums over the sequence: each rank's part, summed over the ranks.
+TEST(SequenceParallel, SumsOverTheSequenceAreSummedOverTheRanks) {
+  ir::Graph g;
+  const ir::ValueId x = g.add_input("x", DType::f32, {g.symbol("B"), g.symbol("N"), 4});
+  ir::Attrs a;
+  a.axis = 1;
+  const ir::ValueId pooled = g.add(ir::Op::reduce_sum, {x}, a);
+  g.set_output("pooled", pooled);
+  g.set_output("scaled", g.add(ir::Op::mul, {x, pooled}));  // read after the sum: by every rank's rows
+  expect_as_one_process(g, {{"B", 2}, {"N", 4 * Communicator::world().size()}}, dist::SequenceLayout::zigzag, 0);
+}
+
 TEST(SequenceParallel, RefusesWhatMixesPositionsByName) {
   Communicator& comm = Communicator::world();
   auto cpu = backend::create("cpu");
@@ -123,14 +147,14 @@ TEST(SequenceParallel, RefusesWhatMixesPositionsByName) {
   };
   // The weights as an output keep the score matrix, so the attention is not fused.
   const auto& sdpa = model("sdpa");
-  refused(sdpa.build(models::resolve_options(sdpa, {}), {}), "over the sequence");
-  // A mean over the sequence.
+  refused(sdpa.build(models::resolve_options(sdpa, {}), {}), ": f32[B,N,M] holds the sequence on two axes: attention that is not fused");
+  // A maximum over the sequence.
   ir::Graph g;
   const ir::ValueId x = g.add_input("x", DType::f32, {g.symbol("B"), g.symbol("N"), 4});
   ir::Attrs a;
   a.axis = 1;
-  g.set_output("pooled", g.add(ir::Op::reduce_sum, {x}, a));
-  refused(g, "sequence parallel: reduce_sum %1 : f32[B,1,4] reduces over the sequence (the sequence: N)");
+  g.set_output("pooled", g.add(ir::Op::reduce_max, {x}, a));
+  refused(g, "sequence parallel: reduce_max %1 : f32[B,1,4] takes a maximum over the sequence (the sequence: N)");
   // No sequence dim at all.
   ir::Graph h;
   h.set_output("y", h.add(ir::Op::neg, {h.add_input("x", DType::f32, {4})}));
