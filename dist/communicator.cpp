@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <utility>
 
 #include "ir/error.hpp"
@@ -133,27 +134,24 @@ Communicator::Communicator() {
 
 std::string Communicator::describe() const { return "rank " + std::to_string(rank_) + " of " + std::to_string(size_); }
 
-void Communicator::allreduce_sum(std::span<float> data) {
+namespace {
+/// Sums `data` over the ranks in place (of a communicator started with MPI when `mpi`).
+template <class T> void allreduce_sum_in_place(bool mpi, std::span<T> data) {
 #if QKV_HAVE_MPI
-  if (mpi_)
+  if (mpi)
     in_chunks(data.size(), [&](std::size_t at, int n) {
-      check(MPI_Allreduce(MPI_IN_PLACE, data.data() + at, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+      check(MPI_Allreduce(MPI_IN_PLACE, data.data() + at, n, std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
+            "MPI_Allreduce");
     });
 #else
+  (void)mpi;
   (void)data;
 #endif
 }
+}  // namespace
 
-void Communicator::allreduce_sum(std::span<double> data) {
-#if QKV_HAVE_MPI
-  if (mpi_)
-    in_chunks(data.size(), [&](std::size_t at, int n) {
-      check(MPI_Allreduce(MPI_IN_PLACE, data.data() + at, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-    });
-#else
-  (void)data;
-#endif
-}
+void Communicator::allreduce_sum(std::span<float> data) { allreduce_sum_in_place(mpi_, data); }
+void Communicator::allreduce_sum(std::span<double> data) { allreduce_sum_in_place(mpi_, data); }
 
 Pending Communicator::start_allreduce_sum(std::span<float> data) {
   Pending p;

@@ -187,6 +187,29 @@ struct RingAttention::Impl {
     in.insert_or_assign("kv_offset", Tensor::from<float>({}, std::vector<float>{static_cast<float>(b * c)}));
   }
   bool diagonal(int a, int b) const { return options.causal && a == b; }
+
+  /// Calls f(a, b) for each pair of this rank's query chunk a and key chunk b of the block that
+  /// rank `owner` holds that a mask does not hide entirely, counting blocks and skipped ones.
+  template <class F> void for_each_block(const std::vector<int>& mine, int owner, RingAttention::Stats& stats, F f) const {
+    const std::vector<int> theirs = chunks_of(owner, comm.size(), options.layout);
+    for (std::size_t a = 0; a < mine.size(); ++a)
+      for (std::size_t b = 0; b < theirs.size(); ++b) {
+        if (skipped(mine[a], theirs[b])) {
+          ++stats.skipped;
+          continue;
+        }
+        ++stats.blocks;
+        f(static_cast<int>(a), static_cast<int>(b), mine[a], theirs[b]);
+      }
+  }
+
+  /// A block kernel's q, k, v (and the modifier's offsets): query chunk `q_chunk`, key chunk b of
+  /// the travelling block (k then v, `kn` floats of k).
+  backend::TensorMap block_inputs(const Tensor& q_chunk, const std::vector<float>& block, std::size_t kn, int b, int global_a, int global_b) const {
+    backend::TensorMap in = {{"q", q_chunk}, {"k", chunk(block.data(), k.shape(), n, c, b)}, {"v", chunk(block.data() + kn, v.shape(), n, c, b)}};
+    add_offsets(in, global_a, global_b);
+    return in;
+  }
 };
 
 RingAttention::RingAttention(Communicator& comm, backend::Backend& backend, RingAttentionOptions options)
@@ -242,39 +265,28 @@ Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v)
   for (int s = 0; s < P; ++s) {
     Pending pending;
     if (s + 1 < P) pending = m.comm.start_sendrecv(block, next_rank, next, prev_rank);
-    const int owner = (rank - s + P) % P;
-    const std::vector<int> theirs = chunks_of(owner, P, m.options.layout);
-    for (int a = 0; a < per; ++a)
-      for (int b = 0; b < per; ++b) {
-        if (m.skipped(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)])) {
-          ++stats_.skipped;
-          continue;
+    m.for_each_block(mine, (rank - s + P) % P, stats_, [&](int a, int b, int ga, int gb) {
+      const backend::TensorMap out =
+          m.kernel(m.diagonal(ga, gb), false).run(m.block_inputs(q_chunks[static_cast<std::size_t>(a)], block, kn, b, ga, gb));
+      // Merge rows [a c, (a+1) c) by log-sum-exp: L = log(e^l + e^lb), y = e^(l-L) y + e^(lb-L) yb.
+      const float* yb = out.at("y").data<float>();
+      const float* lb = out.at("lse").data<float>();
+      float* yo = y.data<float>();
+      float* lo = lse.data<float>();
+      for (std::int64_t bt = 0; bt < rq.batch; ++bt)
+        for (std::int64_t i = 0; i < m.c; ++i) {
+          const std::int64_t row = bt * m.n + a * m.c + i, brow = bt * m.c + i;
+          const float l1 = lo[row], l2 = lb[brow];
+          if (l2 == -std::numeric_limits<float>::infinity()) continue;  // no key of this block: nothing to add
+          const float hi = std::max(l1, l2);
+          const float L = hi + std::log(std::exp(l1 - hi) + std::exp(l2 - hi));
+          const float w1 = std::exp(l1 - L), w2 = std::exp(l2 - L);
+          float* yr = yo + row * rv.cols;
+          const float* ybr = yb + brow * rv.cols;
+          for (std::int64_t j = 0; j < rv.cols; ++j) yr[j] = w1 * yr[j] + w2 * ybr[j];
+          lo[row] = L;
         }
-        ++stats_.blocks;
-        backend::TensorMap in = {{"q", q_chunks[static_cast<std::size_t>(a)]},
-                                 {"k", chunk(block.data(), k.shape(), m.n, m.c, b)},
-                                 {"v", chunk(block.data() + kn, v.shape(), m.n, m.c, b)}};
-        m.add_offsets(in, mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]);
-        const backend::TensorMap out = m.kernel(m.diagonal(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]), false).run(in);
-        // Merge rows [a c, (a+1) c) by log-sum-exp: L = log(e^l + e^lb), y = e^(l-L) y + e^(lb-L) yb.
-        const float* yb = out.at("y").data<float>();
-        const float* lb = out.at("lse").data<float>();
-        float* yo = y.data<float>();
-        float* lo = lse.data<float>();
-        for (std::int64_t bt = 0; bt < rq.batch; ++bt)
-          for (std::int64_t i = 0; i < m.c; ++i) {
-            const std::int64_t row = bt * m.n + a * m.c + i, brow = bt * m.c + i;
-            const float l1 = lo[row], l2 = lb[brow];
-            if (l2 == -std::numeric_limits<float>::infinity()) continue;  // no key of this block: nothing to add
-            const float hi = std::max(l1, l2);
-            const float L = hi + std::log(std::exp(l1 - hi) + std::exp(l2 - hi));
-            const float w1 = std::exp(l1 - L), w2 = std::exp(l2 - L);
-            float* yr = yo + row * rv.cols;
-            const float* ybr = yb + brow * rv.cols;
-            for (std::int64_t j = 0; j < rv.cols; ++j) yr[j] = w1 * yr[j] + w2 * ybr[j];
-            lo[row] = L;
-          }
-      }
+    });
     const auto wait = Clock::now();
     pending.wait();
     stats_.wait_seconds += seconds_since(wait);
@@ -332,30 +344,19 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
     Pending blocks, accumulators;
     if (s + 1 < P) blocks = m.comm.start_sendrecv(block, next_rank, next, prev_rank);
     if (s > 0) accumulators = m.comm.start_sendrecv(leaving, next_rank, arriving, prev_rank);
-    const int owner = (rank - s + P) % P;
-    const std::vector<int> theirs = chunks_of(owner, P, m.options.layout);
     std::fill(contribution.begin(), contribution.end(), 0.0f);
     float* dk = contribution.data();
     float* dv = dk + kn;
-    for (int a = 0; a < per; ++a)
-      for (int b = 0; b < per; ++b) {
-        if (m.skipped(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)])) {
-          ++stats_.skipped;
-          continue;
-        }
-        ++stats_.blocks;
-        backend::TensorMap in = {{"q", q_chunks[static_cast<std::size_t>(a)]},
-                                 {"k", chunk(block.data(), m.k.shape(), m.n, m.c, b)},
-                                 {"v", chunk(block.data() + kn, m.v.shape(), m.n, m.c, b)},
-                                 {"dy", dy_chunks[static_cast<std::size_t>(a)]},
-                                 {"lse", lse_chunks[static_cast<std::size_t>(a)]},
-                                 {"delta", delta_chunks[static_cast<std::size_t>(a)]}};
-        m.add_offsets(in, mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]);
-        const backend::TensorMap g = m.kernel(m.diagonal(mine[static_cast<std::size_t>(a)], theirs[static_cast<std::size_t>(b)]), true).run(in);
-        copy_rows(g.at("dq").data<float>(), m.c, 0, m.c, dq.data<float>(), m.n, a * m.c, rq.batch, rq.cols, true);
-        copy_rows(g.at("dk").data<float>(), m.c, 0, m.c, dk, m.n, b * m.c, rq.batch, rq.cols, true);
-        copy_rows(g.at("dv").data<float>(), m.c, 0, m.c, dv, m.n, b * m.c, rq.batch, rv.cols, true);
-      }
+    m.for_each_block(mine, (rank - s + P) % P, stats_, [&](int a, int b, int ga, int gb) {
+      backend::TensorMap in = m.block_inputs(q_chunks[static_cast<std::size_t>(a)], block, kn, b, ga, gb);
+      in.emplace("dy", dy_chunks[static_cast<std::size_t>(a)]);
+      in.emplace("lse", lse_chunks[static_cast<std::size_t>(a)]);
+      in.emplace("delta", delta_chunks[static_cast<std::size_t>(a)]);
+      const backend::TensorMap g = m.kernel(m.diagonal(ga, gb), true).run(in);
+      copy_rows(g.at("dq").data<float>(), m.c, 0, m.c, dq.data<float>(), m.n, a * m.c, rq.batch, rq.cols, true);
+      copy_rows(g.at("dk").data<float>(), m.c, 0, m.c, dk, m.n, b * m.c, rq.batch, rq.cols, true);
+      copy_rows(g.at("dv").data<float>(), m.c, 0, m.c, dv, m.n, b * m.c, rq.batch, rv.cols, true);
+    });
     waited(accumulators);
     waited(blocks);
     // The accumulator of the block held at this step: what arrived (nothing at step 0) plus this

@@ -94,7 +94,9 @@ int main(int argc, char** argv) {
 
   Request run_r;
   std::vector<std::string> outs;
-  auto* run = app.add_subcommand("run", "run a model on .npy inputs and write .npy outputs; under mpirun, sequence-parallel (each rank holds N/P rows, attention as ring attention)");
+  auto* run = app.add_subcommand(
+      "run",
+      "run a model on .npy inputs and write .npy outputs; under mpirun, sequence-parallel (each rank holds N/P rows, attention as ring attention)");
   add_model_options(run, run_r, "run the backward graph: inputs d<output> (random unless given), outputs d_<input>");
   run->add_option("--backend", backend, backend_help);
   run->add_option("--out", outs, "an output to write: NAME=FILE.npy");

@@ -21,8 +21,8 @@ using ir::Shape;
 
 template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
  public:
-  ReferenceExecutable(ir::Graph g, bool f64_outputs, bool f64_inputs)
-      : ExecutableSkeleton(std::move(g)), f64_outputs_(f64_outputs), f64_inputs_(f64_inputs) {}
+  ReferenceExecutable(ir::Graph g, bool f64_outputs, bool f64_inputs, bool reversed_sums)
+      : ExecutableSkeleton(std::move(g)), f64_outputs_(f64_outputs), f64_inputs_(f64_inputs), reversed_(reversed_sums) {}
 
   std::int64_t planned_bytes() const override { return planned_bytes_; }
 
@@ -87,6 +87,7 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
     const Shape& os = shapes[self];
     auto in = [&](int k) -> const std::vector<T>& { return values[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
     auto in_shape = [&](int k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
+    const bool reversed = reversed_;
     // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
     // clang-format off
     switch (n.op) {
@@ -120,7 +121,8 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
         for (std::int64_t o = 0; o < s.outer; ++o)
           for (std::int64_t i = 0; i < s.inner; ++i) {
             T acc = n.op == Op::reduce_sum ? T(0) : -std::numeric_limits<T>::infinity();
-            for (std::int64_t k = 0; k < s.n; ++k) {
+            for (std::int64_t step = 0; step < s.n; ++step) {
+              const std::int64_t k = reversed ? s.n - 1 - step : step;
               T v = x[static_cast<std::size_t>((o * s.n + k) * s.inner + i)];
               acc = n.op == Op::reduce_sum ? acc + v : apply_binary(Op::max, acc, v);
             }
@@ -141,8 +143,10 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
           for (std::int64_t i = 0; i < d.m; ++i)
             for (std::int64_t j = 0; j < d.n; ++j) {
               T acc = 0;
-              for (std::int64_t k = 0; k < d.k; ++k)
+              for (std::int64_t step = 0; step < d.k; ++step) {
+                const std::int64_t k = reversed ? d.k - 1 - step : step;
                 acc += pa[ta ? k * d.m + i : i * d.k + k] * pb[tb ? j * d.k + k : k * d.n + j];
+              }
               pc[i * d.n + j] = acc;
             }
         }
@@ -192,6 +196,7 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
 
   bool f64_outputs_;
   bool f64_inputs_;
+  bool reversed_;                       // sums from the last term
   std::vector<std::vector<T>> values_;  // per node, as planned
   std::int64_t planned_bytes_ = 0;
 };
@@ -211,8 +216,8 @@ class ReferenceBackend final : public Backend {
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     if (options_.precision == Precision::f64)
-      return std::make_unique<ReferenceExecutable<double>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs);
-    return std::make_unique<ReferenceExecutable<float>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs);
+      return std::make_unique<ReferenceExecutable<double>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs, options_.reversed_sums);
+    return std::make_unique<ReferenceExecutable<float>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs, options_.reversed_sums);
   }
 
  private:

@@ -17,6 +17,9 @@ struct ReferenceOptions {
   bool f64_outputs = false;
   /// Accept f64 tensors for f32 inputs (finite differences in double precision).
   bool f64_inputs = false;
+  /// Take sums (reductions, matmul) from the last term to the first: a second plain float32
+  /// order, so that a budget is not anchored to one order's luck (a sum with cancellation).
+  bool reversed_sums = false;
 };
 
 std::unique_ptr<Backend> make_reference_backend(ReferenceOptions options = {});

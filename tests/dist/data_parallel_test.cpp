@@ -43,15 +43,11 @@ Trained train_copy_task(backend::Backend& b, const train::Optimizer& optimizer, 
   return r;
 }
 
-/// max |a - b| / max |b| over every parameter.
+/// The largest normwise relative error over the parameters.
 double relative_error(const backend::TensorMap& a, const backend::TensorMap& b) {
-  double err = 0, scale = 0;
-  for (const auto& [name, want] : b)
-    for (std::int64_t i = 0; i < want.numel(); ++i) {
-      err = std::max(err, std::abs(a.at(name).at(i) - want.at(i)));
-      scale = std::max(scale, std::abs(want.at(i)));
-    }
-  return err / scale;
+  double err = 0;
+  for (const auto& [name, want] : b) err = std::max(err, testing::normwise_error(a.at(name), want));
+  return err;
 }
 
 /// How many ranks hold parameters whose bits differ from rank 0's (the same answer on every rank).

@@ -6,37 +6,19 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 
+#include "backends/equivalence.hpp"
 #include "dist/ring_attention.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/region.hpp"
+#include "tests/support/backend_fixture.hpp"
 
 namespace qkv {
 namespace {
 
 using dist::Communicator;
 using dist::SequenceLayout;
-
-Tensor random_tensor(std::vector<std::int64_t> shape, std::uint64_t seed) {
-  Tensor t(DType::f32, std::move(shape));
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
-  return t;
-}
-
-/// max |a - b| / max |b|.
-double relative_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double err = 0, scale = 0;
-  for (std::int64_t i = 0; i < b.numel(); ++i) {
-    err = std::max(err, std::abs(a.at(i) - b.at(i)));
-    scale = std::max(scale, std::abs(b.at(i)));
-  }
-  return err / scale;
-}
 
 struct Case {
   bool causal;
@@ -62,8 +44,6 @@ TEST_P(RingAttention, EqualsAttentionOverTheWholeSequence) {
   Communicator& comm = Communicator::world();
   const int P = comm.size();
   const std::int64_t B = 2, H = 2, N = 8 * P, D = 16, Dv = 8;
-  const Tensor q = random_tensor({B, H, N, D}, 1), k = random_tensor({B, H, N, D}, 2), v = random_tensor({B, H, N, Dv}, 3);
-  const Tensor dy = random_tensor({B, H, N, Dv}, 4);
   const double scale = 0.3;
 
   // One process, the whole sequence, float64: attention and its gradients.
@@ -76,19 +56,21 @@ TEST_P(RingAttention, EqualsAttentionOverTheWholeSequence) {
   a.causal = c.causal;
   const auto mod = c.modifier ? position_modifier() : nullptr;
   g.set_output("y", mod ? g.add(ir::Op::flex_attention, {qi, ki, vi}, a, mod) : g.add(ir::Op::attention, {qi, ki, vi}, a));
-  auto oracle =
-      backend::create("reference")->compile(ir::build_backward(g, {"", {"q", "k", "v"}, {"y"}}))->run({{"q", q}, {"k", k}, {"v", v}, {"dy", dy}});
+  const ir::Graph backward = ir::build_backward(g, {"", {"q", "k", "v"}, {"y"}});
+  const backend::TensorMap inputs = backend::random_inputs(backward, {}, 7);
+  const Tensor &q = inputs.at("q"), &k = inputs.at("k"), &v = inputs.at("v"), &dy = inputs.at("dy");
+  auto oracle = backend::create("reference")->compile(backward)->run(inputs);
 
   auto cpu = backend::create("cpu");
   dist::RingAttention ring(comm, *cpu, {.scale = scale, .causal = c.causal, .layout = c.layout, .score_mod = mod});
   auto mine = [&](const Tensor& t) { return dist::shard_sequence(t, comm.rank(), P, c.layout); };
   const Tensor y = ring.forward(mine(q), mine(k), mine(v));
-  EXPECT_LE(relative_error(y, mine(oracle.at("y"))), 1e-5) << comm.describe();
+  EXPECT_LE(testing::normwise_error(y, mine(oracle.at("y"))), 1e-5) << comm.describe();
   const int forward_blocks = ring.stats().blocks;
   const dist::RingAttention::Gradients grads = ring.backward(mine(dy));
-  EXPECT_LE(relative_error(grads.dq, mine(oracle.at("d_q"))), 1e-5) << comm.describe();
-  EXPECT_LE(relative_error(grads.dk, mine(oracle.at("d_k"))), 1e-5) << comm.describe();
-  EXPECT_LE(relative_error(grads.dv, mine(oracle.at("d_v"))), 1e-5) << comm.describe();
+  EXPECT_LE(testing::normwise_error(grads.dq, mine(oracle.at("d_q"))), 1e-5) << comm.describe();
+  EXPECT_LE(testing::normwise_error(grads.dk, mine(oracle.at("d_k"))), 1e-5) << comm.describe();
+  EXPECT_LE(testing::normwise_error(grads.dv, mine(oracle.at("d_v"))), 1e-5) << comm.describe();
   EXPECT_EQ(ring.stats().blocks, forward_blocks);
 
   // Work per rank: without a mask every block; causal, the blocks at or below the diagonal, the

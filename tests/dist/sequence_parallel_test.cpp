@@ -5,57 +5,27 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 
+#include "backends/equivalence.hpp"
 #include "dist/sequence_parallel.hpp"
 #include "ir/passes/passes.hpp"
 #include "models/models.hpp"
+#include "tests/support/backend_fixture.hpp"
 
 namespace qkv {
 namespace {
 
 using dist::Communicator;
 
-Tensor random_tensor(std::vector<std::int64_t> shape, std::uint64_t seed) {
-  Tensor t(DType::f32, std::move(shape));
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.5f);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
-  return t;
-}
-
-/// Random values for every input of `g`, its named dims bound from `dims`.
-backend::TensorMap random_inputs(const ir::Graph& g, const std::map<std::string, std::int64_t>& dims) {
-  backend::TensorMap r;
-  std::uint64_t seed = 1;
-  for (ir::ValueId v : g.inputs()) {
-    std::vector<std::int64_t> shape;
-    const ir::Shape& s = g.node(v).shape;
-    for (int i = 0; i < s.rank; ++i) shape.push_back(ir::is_symbol(s[i]) ? dims.at(g.symbols().at(s[i])) : s[i]);
-    r.emplace(g.node(v).name, random_tensor(shape, seed++));
-  }
-  return r;
-}
-
-double relative_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double err = 0, scale = 0;
-  for (std::int64_t i = 0; i < b.numel(); ++i) {
-    err = std::max(err, std::abs(a.at(i) - b.at(i)));
-    scale = std::max(scale, std::abs(b.at(i)));
-  }
-  return err / scale;
-}
-
 void expect_as_one_process(const ir::Graph& g, const std::map<std::string, std::int64_t>& dims, dist::SequenceLayout layout, int rings) {
   Communicator& comm = Communicator::world();
   auto cpu = backend::create("cpu");
-  const backend::TensorMap inputs = random_inputs(g, dims);
+  const backend::TensorMap inputs = backend::random_inputs(g, dims, 1);
   const backend::TensorMap alone = cpu->compile(g)->run(inputs);
   dist::SequenceParallel sp(comm, *cpu, g, {"N", "M"}, layout);
   EXPECT_EQ(sp.ring_attentions(), rings);
   const backend::TensorMap parallel = sp.run(inputs);
-  for (const auto& [name, want] : alone) EXPECT_LE(relative_error(parallel.at(name), want), 1e-5) << name << ", " << comm.describe();
+  for (const auto& [name, want] : alone) EXPECT_LE(testing::normwise_error(parallel.at(name), want), 1e-5) << name << ", " << comm.describe();
 }
 
 const models::ModelSpec& model(const std::string& name) { return models::find_model(name); }

@@ -3,7 +3,10 @@
 
 #include "backends/random_graph.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -52,6 +55,19 @@ backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed) {
   for (std::size_t i = 0; i < c.inputs.size(); ++i)
     m.emplace("x" + std::to_string(i), backend::filled_tensor(c.inputs[i].fill, c.inputs[i].shape, rng));
   return m;
+}
+
+double normwise_error(const Tensor& actual, const Tensor& expected) {
+  if (actual.shape() != expected.shape()) {
+    ADD_FAILURE() << "shape " << actual.type_string() << ", expected " << expected.type_string();
+    return std::numeric_limits<double>::infinity();
+  }
+  double err = 0, scale = 0;
+  for (std::int64_t i = 0; i < expected.numel(); ++i) {
+    err = std::max(err, std::abs(actual.at(i) - expected.at(i)));
+    scale = std::max(scale, std::abs(expected.at(i)));
+  }
+  return scale > 0 ? err / scale : err;
 }
 
 void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name) {

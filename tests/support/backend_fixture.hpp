@@ -39,6 +39,10 @@ void PrintTo(const RegistryCase& c, std::ostream* os);
 /// one_hot's depth on purpose).
 backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed);
 
+/// max |actual - expected| / max |expected|: the normwise relative error. Adds a test failure
+/// (and returns infinity) when the shapes differ.
+double normwise_error(const Tensor& actual, const Tensor& expected);
+
 /// Runs `g` on `backend_name` with `inputs` and expects every output within budget against the
 /// float64 reference. Skips (or fails, where required) when the backend cannot start.
 void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name);
