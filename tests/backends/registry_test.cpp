@@ -6,6 +6,7 @@
 
 #include "backends/backend.hpp"
 #include "backends/equivalence.hpp"
+#include "backends/reference/reference_backend.hpp"
 #include "ir/op_cases.hpp"
 
 namespace qkv::backend {
@@ -66,6 +67,27 @@ TEST(Equivalence, BudgetCatchesWrongResults) {
   EXPECT_TRUE(compare_output("y", Tensor::from<float>({3}, {1.0f, 2.0f, 3.0f}), oracle, plain).pass);
   EXPECT_FALSE(compare_output("y", Tensor::from<float>({3}, {1.0f, 2.0f, 3.01f}), oracle, plain).pass);
   EXPECT_FALSE(compare_output("y", Tensor::from<float>({3}, {1.0f, NAN, 3.0f}), oracle, plain).pass);
+}
+
+// The plain float32 error is taken over two summation orders: 1e8 - 1e8 + 1 is exact in float32
+// from the first term, and 0 from the last; a backend that sums from the end is within budget
+// only when the budget knows that order.
+TEST(Equivalence, BudgetTakesTheWorseOfTwoSummationOrders) {
+  ir::Graph g;
+  ir::Attrs sum;
+  sum.axis = 0;
+  sum.keepdim = false;
+  g.set_output("y", g.add(ir::Op::reduce_sum, {g.add_input("x", DType::f32, {3})}, sum));
+  const TensorMap x = {{"x", Tensor::from<float>({3}, {1e8f, -1e8f, 1.0f})}};
+  const TensorMap plain = make_reference_backend({Precision::f32, true})->compile(g)->run(x);
+  const TensorMap reversed =
+      make_reference_backend({.precision = Precision::f32, .f64_outputs = true, .f64_inputs = false, .reversed_sums = true})->compile(g)->run(x);
+  EXPECT_EQ(plain.at("y").at(0), 1.0);
+  EXPECT_EQ(reversed.at("y").at(0), 0.0);
+  const Tensor oracle = Tensor::from<double>({}, {1.0}), from_the_end = Tensor::from<float>({}, {0.0f}), wrong = Tensor::from<float>({}, {40.0f});
+  EXPECT_FALSE(compare_output("y", from_the_end, oracle, plain.at("y")).pass);
+  EXPECT_TRUE(compare_output("y", from_the_end, oracle, plain.at("y"), 8.0, &reversed.at("y")).pass);
+  EXPECT_FALSE(compare_output("y", wrong, oracle, plain.at("y"), 8.0, &reversed.at("y")).pass);
 }
 
 }  // namespace
