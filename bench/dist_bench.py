@@ -11,7 +11,8 @@ plus the cost model's prediction of the ratio from what one thread measures alon
                    block, timed as a sendrecv around the ring; the backward sends two (k/v and the
                    dk/dv accumulator) per step and one more at the end. With more ranks than
                    cores, compute stretches by ranks / cores.
-  data-parallel:   one rank's step on its shard (timed alone, one thread) + an allreduce of the
+  data-parallel:   one rank's step on its shard (timed alone, one thread, as the data-parallel
+                   step runs it: forward and backward, then the update) + an allreduce of the
                    gradients' bytes (timed in the job).
 
     python3 bench/dist_bench.py --build build/default               # P = 2 and 4, N = 4096
@@ -98,8 +99,7 @@ def main():
               f"| {bytes_ / 2**20:.1f} MiB |")
     print("\n(message / compute per step below 1: the transfer of the next block hides behind the current block's compute; "
           "time in waits: the share of the ring's time ranks spent blocked on a transfer, which includes waiting for a slower rank)")
-    print("\nData-parallel training step (copy task; the model leaves out the split step's fixed host costs: a second"
-          " executable and the parameters' copy between them, which dominate a model this small)")
+    print("\nData-parallel training step (copy task)")
     print("| ranks | 1 process, 2 threads (ms) | ranks x 1 thread (ms) | ratio | modelled ratio | model error |")
     print("|---|---|---|---|---|---|")
     for p, tp, tr, ratio, modelled in train_rows:

@@ -59,7 +59,7 @@ Trainer::Trainer(const ir::Graph& forward, const std::string& loss, const std::v
       parallel_(parallel) {
   for (const auto& p : params)
     if (!initial.contains(p)) throw ShapeError("trainer: no initial value for parameter '" + p + "'");
-  if (parallel_.comm && parallel_.comm->size() > 1) {
+  if (parallel_.comm && (parallel_.comm->size() > 1 || parallel_.split_when_alone)) {
     start_data_parallel(forward, optimizer, backend, initial);
     return;
   }

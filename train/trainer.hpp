@@ -24,6 +24,9 @@ namespace qkv::train {
 struct DataParallel {
   dist::Communicator* comm = nullptr;  // null, or a job of one: not distributed
   std::size_t bucket_bytes = std::size_t{1} << 20;
+  /// Run the data-parallel step (forward and backward, then the update as a second executable)
+  /// even in a job of one: what the distributed benchmark's cost model measures on one process.
+  bool split_when_alone = false;
 };
 
 /// Rank `rank`'s shard of a batch for a job of `ranks`: every tensor's rows [rank B/P, (rank+1)

@@ -33,7 +33,7 @@ Trained train_copy_task(backend::Backend& b, const train::Optimizer& optimizer, 
   const int rank = parallel.comm ? parallel.comm->rank() : 0, ranks = parallel.comm ? parallel.comm->size() : 1;
   train::Trainer t(model, "loss", params, optimizer, b,
                    train::initialize(model, params, {train::Init::xavier_uniform}, 5 + static_cast<std::uint64_t>(rank)), parallel);
-  EXPECT_EQ(t.data_parallel(), ranks > 1);
+  EXPECT_EQ(t.data_parallel(), ranks > 1 || parallel.split_when_alone);
   Trained r;
   for (int s = 0; s < kSteps; ++s) {
     const auto batch = models::copy_task_batch(kBatch, 77 + static_cast<std::uint64_t>(s));
@@ -107,6 +107,19 @@ TEST(DataParallel, RanksOnDifferentBackendsStayInStep) {
   for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(parallel.losses[s], alone.losses[s], 1e-4 * std::max(1.0, alone.losses[s])) << "step " << s;
   EXPECT_LE(relative_error(parallel.params, alone.params), 1e-4) << c.describe();
   EXPECT_EQ(ranks_differing_from_rank0(c, parallel.params), 0);
+}
+
+// The data-parallel step (forward and backward, then the update as a second executable) in a
+// job of one, as the benchmark's cost model times it: the same training as the fused step.
+TEST(DataParallel, TheSplitStepAloneTrainsAsTheFusedStep) {
+  Communicator& c = Communicator::world();
+  if (c.size() > 1) GTEST_SKIP() << "a job of one (run alone by ctest)";
+  auto b = backend::create("cpu");
+  const train::Sgd sgd{.lr = 0.3, .momentum = 0.9};
+  const Trained fused = train_copy_task(*b, sgd, {});
+  const Trained split = train_copy_task(*b, sgd, {.comm = &c, .bucket_bytes = 64, .split_when_alone = true});
+  for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(split.losses[s], fused.losses[s], 1e-6 * std::max(1.0, fused.losses[s])) << "step " << s;
+  EXPECT_LE(relative_error(split.params, fused.params), 1e-6);
 }
 
 TEST(DataParallel, ShardsAreEqualRowsOfTheBatch) {
