@@ -123,6 +123,8 @@ struct SequenceParallel::Impl {
   void check(ValueId id) const {
     const Node& n = g.node(id);
     if (sequence_axes(n.shape).size() > 1) refuse(id, "holds the sequence on two axes" + kUnfused);
+    // A value of the sequence's length (a count, a 1/sqrt(N) scale) would be one rank's length.
+    if (n.attrs.rsqrt_of != 0 && mentions(n.attrs.rsqrt_of)) refuse(id, "is a value of the sequence's length, which each rank would take as its own");
     switch (ir::op_info(n.op).category) {
       case ir::OpCategory::source:
       case ir::OpCategory::unary:

@@ -131,6 +131,11 @@ TEST(SequenceParallel, RefusesWhatMixesPositionsByName) {
   a.axis = 1;
   g.set_output("pooled", g.add(ir::Op::reduce_max, {x}, a));
   refused(g, "sequence parallel: reduce_max %1 : f32[B,1,4] takes a maximum over the sequence (the sequence: N)");
+  // A value of the sequence's length: x / sqrt(N).
+  ir::Graph len;
+  const ir::ValueId y = len.add_input("x", DType::f32, {len.symbol("N"), 4});
+  len.set_output("y", len.add(ir::Op::mul, {y, len.constant(1.0, {}, len.symbol("N"))}));
+  refused(len, "constant %1 : f32[] is a value of the sequence's length");
   // No sequence dim at all.
   ir::Graph h;
   h.set_output("y", h.add(ir::Op::neg, {h.add_input("x", DType::f32, {4})}));
