@@ -63,25 +63,31 @@ double slowest(dist::Communicator& c, double x) {
 
 /// Median seconds of forward and of backward of ring attention over q, k, v [1, H, rows, D] shards.
 std::pair<double, double> time_ring(dist::Communicator& c, backend::Backend& b, dist::RingAttentionOptions o, std::int64_t rows, const Options& opt,
-                                    double* wait_fraction = nullptr) {
+                                    double* wait_fraction = nullptr, double* hidden_fraction = nullptr) {
   dist::RingAttention ring(c, b, o);
   const Tensor q = random_tensor({1, opt.heads, rows, opt.dim}, 1 + c.rank()), k = random_tensor({1, opt.heads, rows, opt.dim}, 2 + c.rank());
   const Tensor v = random_tensor({1, opt.heads, rows, opt.dim}, 3 + c.rank()), dy = random_tensor({1, opt.heads, rows, opt.dim}, 4 + c.rank());
   std::vector<double> f, bw;
   double waits = 0, totals = 0;
+  int transfers = 0, hidden = 0;
   for (int r = 0; r <= opt.reps; ++r) {  // the first run compiles: not counted
     c.barrier();
     const double tf = seconds([&] { ring.forward(q, k, v); });
     const double wf = ring.stats().wait_seconds;
+    const int forward_transfers = ring.stats().transfers, forward_hidden = ring.stats().hidden_transfers;
     c.barrier();
     const double tb = seconds([&] { ring.backward(dy); });
     if (r == 0) continue;
     f.push_back(slowest(c, tf));
     bw.push_back(slowest(c, tb));
     waits += wf + ring.stats().wait_seconds;
+    transfers += forward_transfers + ring.stats().transfers;
+    hidden += forward_hidden + ring.stats().hidden_transfers;
     totals += tf + tb;
   }
   if (wait_fraction) *wait_fraction = slowest(c, waits / totals);
+  // The rank that hid the fewest of its transfers.
+  if (hidden_fraction) *hidden_fraction = 1.0 - slowest(c, transfers ? 1.0 - static_cast<double>(hidden) / transfers : 0.0);
   return {median(f), median(bw)};
 }
 
@@ -161,11 +167,12 @@ int main(int argc, char** argv) {
       put("train_step_seconds", time_training(nullptr, *cpu, opt.batch, opt));
       put("train_shard_step_seconds", time_training(&c, *cpu, opt.batch / opt.model_ranks, opt, true));
     } else {
-      double wait_fraction = 0;
-      const auto ring = time_ring(c, *cpu, ring_options(true, dist::SequenceLayout::zigzag), opt.seq / P, opt, &wait_fraction);
+      double wait_fraction = 0, hidden_fraction = 0;
+      const auto ring = time_ring(c, *cpu, ring_options(true, dist::SequenceLayout::zigzag), opt.seq / P, opt, &wait_fraction, &hidden_fraction);
       put("ring_forward", ring.first);
       put("ring_backward", ring.second);
       put("ring_wait_fraction", wait_fraction);
+      put("ring_hidden_fraction", hidden_fraction);
       // One message of the ring: a block of k and v, sent while the same arrives.
       std::vector<float> block(static_cast<std::size_t>(2 * opt.heads * (opt.seq / P) * opt.dim)), in(block.size());
       std::vector<double> t;

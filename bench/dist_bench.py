@@ -77,7 +77,8 @@ def main():
         bwd = max(2 * db + fb, msg) + sum(max(2 * fb, (2 if s < p - 1 else 1) * msg) for s in range(1, p)) + msg
         per_step_compute = 2 * ff  # forward, a middle step
         waited = med(job, "ring_wait_fraction")
-        attn_rows.append((p, t_peer, t_ring, t_peer / t_ring, t_peer / (fwd + bwd), msg / per_step_compute, waited, med(job, "message_bytes")))
+        attn_rows.append((p, t_peer, t_ring, t_peer / t_ring, t_peer / (fwd + bwd), msg / per_step_compute, med(job, "ring_hidden_fraction"),
+                          waited, med(job, "message_bytes")))
 
         if p == a.ranks[0]:
             c = a.seq // (2 * p)
@@ -91,14 +92,16 @@ def main():
 
     print("Ring attention, forward + backward")
     print("| ranks | 1 process, 2 threads (ms) | ranks x 1 thread (ms) | ratio | modelled ratio | model error "
-          "| message / compute per step | time in waits | message |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for p, tp, tr, ratio, modelled, per_step, waited, bytes_ in attn_rows:
+          "| message / compute per step | transfers hidden | time in waits | message |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for p, tp, tr, ratio, modelled, per_step, hidden, waited, bytes_ in attn_rows:
         err = (modelled - ratio) / ratio
-        print(f"| {p} | {tp * 1e3:.1f} | {tr * 1e3:.1f} | {ratio:.2f} | {modelled:.2f} | {err:+.0%} | {per_step:.2f} | {waited:.0%} "
-              f"| {bytes_ / 2**20:.1f} MiB |")
-    print("\n(message / compute per step below 1: the transfer of the next block hides behind the current block's compute; "
-          "time in waits: the share of the ring's time ranks spent blocked on a transfer, which includes waiting for a slower rank)")
+        print(f"| {p} | {tp * 1e3:.1f} | {tr * 1e3:.1f} | {ratio:.2f} | {modelled:.2f} | {err:+.0%} | {per_step:.2f} | {hidden:.0%} "
+              f"| {waited:.0%} | {bytes_ / 2**20:.1f} MiB |")
+    print("\n(message / compute per step below 1: the transfer of the next block can hide behind the current block's compute; "
+          "transfers hidden: of the ring's messages, those complete when the compute they overlap ended, on the rank that hid "
+          "fewest (the backward's last message, with nothing left to overlap, counts as not hidden); time in waits: the share of "
+          "the ring's time ranks spent blocked on a transfer, which includes waiting for a slower rank)")
     print("\nData-parallel training step (copy task)")
     print("| ranks | 1 process, 2 threads (ms) | ranks x 1 thread (ms) | ratio | modelled ratio | model error |")
     print("|---|---|---|---|---|---|")

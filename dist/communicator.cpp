@@ -105,6 +105,17 @@ void Pending::wait() {
 #endif
 }
 
+bool Pending::done() {
+  if (!impl_) return true;
+#if QKV_HAVE_MPI
+  int flag = 0;
+  check(MPI_Testall(static_cast<int>(impl_->requests.size()), impl_->requests.data(), &flag, MPI_STATUSES_IGNORE), "MPI_Testall");
+  return flag != 0;
+#else
+  return true;
+#endif
+}
+
 // ---- Communicator ----
 
 Communicator& Communicator::world() {

@@ -32,6 +32,13 @@ class Pending {
   ~Pending();  // waits, if wait() was not called
   /// Blocks until the collective completes on this rank.
   void wait();
+  /// Whether a collective is in flight (or was, until wait()).
+  bool active() const { return impl_ != nullptr; }
+  /// Whether it has completed, without blocking (true when none was started).
+  bool done();
+  /// Lets MPI move the transfer along: without a progress thread, MPI moves a large message only
+  /// inside its own calls, so work that a transfer should overlap calls this between its pieces.
+  void progress() { (void)done(); }
 
  private:
   friend class Communicator;

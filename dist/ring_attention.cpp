@@ -216,6 +216,15 @@ RingAttention::RingAttention(Communicator& comm, backend::Backend& backend, Ring
     : impl_(std::make_unique<Impl>(comm, backend, options)) {}
 RingAttention::~RingAttention() = default;
 
+void RingAttention::finish(Pending& transfer) {
+  if (!transfer.active()) return;
+  ++stats_.transfers;
+  if (transfer.done()) ++stats_.hidden_transfers;
+  const auto wait = Clock::now();
+  transfer.wait();
+  stats_.wait_seconds += seconds_since(wait);
+}
+
 const Tensor& RingAttention::lse() const {
   if (impl_->q.empty()) throw UsageError("ring attention: lse before forward");
   return impl_->lse;
@@ -268,6 +277,7 @@ Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v)
     m.for_each_block(mine, (rank - s + P) % P, stats_, [&](int a, int b, int ga, int gb) {
       const backend::TensorMap out =
           m.kernel(m.diagonal(ga, gb), false).run(m.block_inputs(q_chunks[static_cast<std::size_t>(a)], block, kn, b, ga, gb));
+      pending.progress();
       // Merge rows [a c, (a+1) c) by log-sum-exp: L = log(e^l + e^lb), y = e^(l-L) y + e^(lb-L) yb.
       const float* yb = out.at("y").data<float>();
       const float* lb = out.at("lse").data<float>();
@@ -287,9 +297,7 @@ Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v)
           lo[row] = L;
         }
     });
-    const auto wait = Clock::now();
-    pending.wait();
-    stats_.wait_seconds += seconds_since(wait);
+    finish(pending);
     std::swap(block, next);
   }
   m.y = y;
@@ -335,11 +343,6 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
   std::copy(m.v.data<float>(), m.v.data<float>() + vn, block.begin() + static_cast<std::ptrdiff_t>(kn));
   Tensor dq(DType::f32, m.q.shape());
   const int next_rank = (rank + 1) % P, prev_rank = (rank + P - 1) % P;
-  auto waited = [&](Pending& p) {
-    const auto wait = Clock::now();
-    p.wait();
-    stats_.wait_seconds += seconds_since(wait);
-  };
   for (int s = 0; s < P; ++s) {
     Pending blocks, accumulators;
     if (s + 1 < P) blocks = m.comm.start_sendrecv(block, next_rank, next, prev_rank);
@@ -353,21 +356,24 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
       in.emplace("lse", lse_chunks[static_cast<std::size_t>(a)]);
       in.emplace("delta", delta_chunks[static_cast<std::size_t>(a)]);
       const backend::TensorMap g = m.kernel(m.diagonal(ga, gb), true).run(in);
+      blocks.progress();
+      accumulators.progress();
       copy_rows(g.at("dq").data<float>(), m.c, 0, m.c, dq.data<float>(), m.n, a * m.c, rq.batch, rq.cols, true);
       copy_rows(g.at("dk").data<float>(), m.c, 0, m.c, dk, m.n, b * m.c, rq.batch, rq.cols, true);
       copy_rows(g.at("dv").data<float>(), m.c, 0, m.c, dv, m.n, b * m.c, rq.batch, rv.cols, true);
     });
-    waited(accumulators);
-    waited(blocks);
+    finish(accumulators);
+    finish(blocks);
     // The accumulator of the block held at this step: what arrived (nothing at step 0) plus this
     // rank's contribution; sent on at the next step.
     for (std::size_t i = 0; i < contribution.size(); ++i) leaving[i] = (s > 0 ? arriving[i] : 0.0f) + contribution[i];
     std::swap(block, next);
   }
-  // The last accumulators go to their owners.
+  // The last accumulators go to their owners, with no compute left to hide behind.
   const auto wait = Clock::now();
   m.comm.sendrecv(leaving, next_rank, arriving, prev_rank);
   stats_.wait_seconds += seconds_since(wait);
+  stats_.transfers += P > 1;
   Gradients r{dq, Tensor(DType::f32, m.k.shape()), Tensor(DType::f32, m.v.shape())};
   std::copy(arriving.begin(), arriving.begin() + static_cast<std::ptrdiff_t>(kn), r.dk.data<float>());
   std::copy(arriving.begin() + static_cast<std::ptrdiff_t>(kn), arriving.end(), r.dv.data<float>());

@@ -67,12 +67,17 @@ class RingAttention {
   struct Stats {
     int blocks = 0;
     int skipped = 0;
+    int transfers = 0;         // messages between ranks
+    int hidden_transfers = 0;  // of those, complete by the time the compute they overlap ended
     double wait_seconds = 0;
     double total_seconds = 0;
   };
   const Stats& stats() const { return stats_; }
 
  private:
+  /// Counts a transfer (hidden when complete as the compute it overlapped ends), then waits.
+  void finish(Pending& transfer);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   Stats stats_;

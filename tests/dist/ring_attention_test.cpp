@@ -66,12 +66,16 @@ TEST_P(RingAttention, EqualsAttentionOverTheWholeSequence) {
   auto mine = [&](const Tensor& t) { return dist::shard_sequence(t, comm.rank(), P, c.layout); };
   const Tensor y = ring.forward(mine(q), mine(k), mine(v));
   EXPECT_LE(testing::normwise_error(y, mine(oracle.at("y"))), 1e-5) << comm.describe();
-  const int forward_blocks = ring.stats().blocks;
+  const int forward_blocks = ring.stats().blocks, forward_transfers = ring.stats().transfers;
   const dist::RingAttention::Gradients grads = ring.backward(mine(dy));
   EXPECT_LE(testing::normwise_error(grads.dq, mine(oracle.at("d_q"))), 1e-5) << comm.describe();
   EXPECT_LE(testing::normwise_error(grads.dk, mine(oracle.at("d_k"))), 1e-5) << comm.describe();
   EXPECT_LE(testing::normwise_error(grads.dv, mine(oracle.at("d_v"))), 1e-5) << comm.describe();
   EXPECT_EQ(ring.stats().blocks, forward_blocks);
+  // Messages: P - 1 blocks forward; backward P - 1 blocks, P - 1 accumulators and the last one home.
+  EXPECT_EQ(forward_transfers, P > 1 ? P - 1 : 0);
+  EXPECT_EQ(ring.stats().transfers, P > 1 ? 2 * (P - 1) + 1 : 0);
+  EXPECT_LE(ring.stats().hidden_transfers, ring.stats().transfers - (P > 1));  // the last one has no compute to hide behind
 
   // Work per rank: without a mask every block; causal, the blocks at or below the diagonal, the
   // same on every rank under zigzag (2P + 1 of 4P chunk pairs), skewed when contiguous.
