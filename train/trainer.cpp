@@ -114,6 +114,7 @@ double Trainer::data_parallel_step(const backend::TensorMap& batch) {
     Bucket& b = buckets.back();
     b.names.push_back(*p);
     b.data.insert(b.data.end(), g.data<float>(), g.data<float>() + g.numel());
+    for (Bucket& earlier : buckets) earlier.pending.progress();  // MPI moves them only inside its calls
     if (b.data.size() >= per_bucket) {
       b.pending = comm.start_allreduce_sum(b.data);
       buckets.emplace_back();
