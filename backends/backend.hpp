@@ -32,6 +32,19 @@ struct TileCount {
   double skipped_fraction() const { return computed + skipped == 0 ? 0.0 : static_cast<double>(skipped) / static_cast<double>(computed + skipped); }
 };
 
+/// What a run tells its caller while it computes (Executable::run_observed): each output
+/// as soon as its value is final, and a call between kernels where the caller moves its own work
+/// along, such as MPI transfers of outputs reported earlier. Both are called on the thread that
+/// called run.
+class RunObserver {
+ public:
+  virtual ~RunObserver() = default;
+  /// Output `name` is final; `value` is what run returns for it (valid during the call).
+  virtual void output_ready(std::string_view name, const Tensor& value) = 0;
+  /// Between two kernels of the run.
+  virtual void between_kernels() {}
+};
+
 /// A graph compiled for one backend. Runs reuse what the first run with the same input shapes
 /// planned (buffers, kernels, command buffers).
 class Executable {
@@ -40,6 +53,14 @@ class Executable {
   /// Runs on one tensor per graph input and returns every graph output. Throws ShapeError when
   /// the inputs do not fit the graph; nothing is written to the inputs.
   virtual TensorMap run(const TensorMap& inputs) = 0;
+  /// The same run, reporting to `observer` each output as soon as its value is final and calling
+  /// it between kernels. Backends that run kernel by kernel on the host (reference, cpu) report
+  /// outputs during the run; the others report them all when it ends (this default).
+  virtual TensorMap run_observed(const TensorMap& inputs, RunObserver& observer) {
+    TensorMap out = run(inputs);
+    for (const auto& [name, t] : out) observer.output_ready(name, t);
+    return out;
+  }
   /// The graph as the backend runs it, after its lowering passes.
   virtual const ir::Graph& graph() const = 0;
   /// Holds `tensors` on the backend as the values of the inputs they name, for every later run

@@ -19,16 +19,25 @@ namespace qkv::backend {
 class ExecutableSkeleton : public Executable {
  public:
   TensorMap run(const TensorMap& inputs) override {
-    gather_inputs(graph_, input_ids_, inputs, state_, tensors_);
-    value_checks_.check(tensors_);
-    if (!signature_.matches(tensors_)) {
-      plan();
-      signature_.record(tensors_);
-    }
+    prepare(inputs);
     compute();
     TensorMap out;
     for (const auto& [name, v] : graph_.outputs()) out.emplace(name, output(name, v));
     return out;
+  }
+  TensorMap run_observed(const TensorMap& inputs, RunObserver& observer) override {
+    prepare(inputs);
+    observer_ = &observer;
+    reported_.clear();
+    struct Detach {
+      RunObserver*& o;
+      ~Detach() { o = nullptr; }
+    } detach{observer_};
+    compute();
+    // What compute did not report (all of it, for a backend that does not call computed()).
+    for (const auto& [name, v] : graph_.outputs())
+      if (!reported_.contains(name)) observer.output_ready(name, reported_.emplace(name, output(name, v)).first->second);
+    return std::move(reported_);
   }
   const ir::Graph& graph() const override { return graph_; }
 
@@ -42,6 +51,18 @@ class ExecutableSkeleton : public Executable {
   virtual void compute() = 0;
   /// Output `name`, value `v`, of the last computation.
   virtual Tensor output(std::string_view name, ir::ValueId v) = 0;
+
+  /// Called by compute() once node `v`'s value is final (kernel by kernel, in order; never for
+  /// graph inputs): reports the outputs that are `v` to the observer of run_observed, if any,
+  /// then lets it do its own work between kernels. Outputs live to the end of a run, so no later
+  /// kernel overwrites a value once reported.
+  void computed(ir::ValueId v) {
+    if (!observer_) return;
+    if (graph_.node(v).op != ir::Op::input)
+      for (const auto& [name, out] : graph_.outputs())
+        if (out == v && !reported_.contains(name)) observer_->output_ready(name, reported_.emplace(name, output(name, v)).first->second);
+    observer_->between_kernels();
+  }
 
   /// shapes_ for this run's tensors.
   void bind_shapes(bool f64_for_f32 = false) { shapes_ = ir::bind_shapes(graph_, merged_inputs(graph_, tensors_), f64_for_f32); }
@@ -63,6 +84,20 @@ class ExecutableSkeleton : public Executable {
   TensorMap state_;                     // the held inputs
   InputSignature signature_;            // the input shapes the plan was made for
   std::vector<ir::Shape> shapes_;       // every node's shape, as planned
+
+ private:
+  /// The run's tensors gathered and checked, and a plan for their shapes.
+  void prepare(const TensorMap& inputs) {
+    gather_inputs(graph_, input_ids_, inputs, state_, tensors_);
+    value_checks_.check(tensors_);
+    if (!signature_.matches(tensors_)) {
+      plan();
+      signature_.record(tensors_);
+    }
+  }
+
+  RunObserver* observer_ = nullptr;  // during run_observed
+  TensorMap reported_;               // the outputs reported so far in run_observed
 };
 
 }  // namespace qkv::backend

@@ -26,6 +26,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::int64_t seq = 4096, dim = 64, heads = 4;
   int reps = 5, model_ranks = 2, batch = 32;
+  std::size_t bucket_bytes = 4096;  // the copy task's gradients (20 KiB) in several buckets
 };
 
 double median(std::vector<double> v) {
@@ -92,21 +93,33 @@ std::pair<double, double> time_ring(dist::Communicator& c, backend::Backend& b, 
 }
 
 /// Median seconds per step of the copy task's training on `batch` sequences (this rank's shard);
-/// with `split`, the data-parallel step's two executables even in a job of one.
-double time_training(dist::Communicator* c, backend::Backend& b, int batch, const Options& opt, bool split = false) {
+/// with `split`, the data-parallel step's two executables even in a job of one. Data-parallel:
+/// the shares of gradient buckets whose reduction started while the backward still ran
+/// (`overlapped`) and was complete when it ended (`done`), on the rank with fewest, over the
+/// timed steps.
+double time_training(dist::Communicator* c, backend::Backend& b, int batch, const Options& opt, bool split = false, double* overlapped = nullptr,
+                     double* done = nullptr) {
   const ir::Graph model = models::copy_task_model();
   const auto params = models::copy_task_params();
   train::Trainer t(model, "loss", params, train::Sgd{.lr = 0.3, .momentum = 0.9}, b,
                    train::initialize(model, params, {train::Init::xavier_uniform}, 1),
-                   train::DataParallel{.comm = c, .bucket_bytes = std::size_t{1} << 20, .split_when_alone = split});
+                   train::DataParallel{.comm = c, .bucket_bytes = opt.bucket_bytes, .split_when_alone = split});
   const int ranks = c ? c->size() : 1, rank = c ? c->rank() : 0;
   std::vector<double> steps;
+  int buckets = 0, started = 0, complete = 0;
   for (int r = 0; r <= 4 * opt.reps; ++r) {
     const auto batch_all = train::shard_batch(models::copy_task_batch(batch, static_cast<std::uint64_t>(r)), rank, ranks);
     if (c) c->barrier();
     const double s = seconds([&] { t.step(batch_all); });
-    if (r > 0) steps.push_back(c ? slowest(*c, s) : s);
+    if (r == 0) continue;
+    steps.push_back(c ? slowest(*c, s) : s);
+    buckets += t.reduction_stats().buckets;
+    started += t.reduction_stats().overlapped;
+    complete += t.reduction_stats().done_during_backward;
   }
+  auto fewest = [&](double x) { return c ? 1.0 - slowest(*c, 1.0 - x) : x; };
+  if (overlapped) *overlapped = fewest(buckets ? static_cast<double>(started) / buckets : 0.0);
+  if (done) *done = fewest(buckets ? static_cast<double>(complete) / buckets : 0.0);
   return median(steps);
 }
 
@@ -123,6 +136,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps") opt.reps = static_cast<int>(v);
     else if (a == "--model-ranks") opt.model_ranks = static_cast<int>(v);
     else if (a == "--batch") opt.batch = static_cast<int>(v);
+    else if (a == "--bucket-bytes") opt.bucket_bytes = static_cast<std::size_t>(v);
     else {
       std::fprintf(stderr, "qkv_dist_bench: unknown option %s\n", a.c_str());
       return 2;
@@ -196,7 +210,10 @@ int main(int argc, char** argv) {
       }
       put("grad_bytes", static_cast<double>(grad_floats * sizeof(float)));
       put("allreduce_seconds", median(ar));
-      put("train_step_seconds", time_training(&c, *cpu, opt.batch, opt));
+      double overlapped = 0, done = 0;
+      put("train_step_seconds", time_training(&c, *cpu, opt.batch, opt, false, &overlapped, &done));
+      put("train_overlapped_fraction", overlapped);
+      put("train_done_fraction", done);
     }
     if (c.rank() == 0) std::printf("%s}\n", json.c_str());
   } catch (const qkv::Error& e) {

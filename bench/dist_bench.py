@@ -46,6 +46,7 @@ def main():
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--bucket-bytes", type=int, default=4096, help="data-parallel gradient buckets (the copy task has 20 KiB)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cores", type=int, default=os.cpu_count())
@@ -55,7 +56,8 @@ def main():
     if not mpirun:
         sys.exit("dist_bench: mpirun not found (scripts/setup.sh installs Open MPI)")
     mpirun = os.path.realpath(mpirun)  # Open MPI takes its prefix from the path it is started by
-    common = ["--seq", str(a.seq), "--dim", str(a.dim), "--heads", str(a.heads), "--reps", str(a.reps), "--batch", str(a.batch)]
+    common = ["--seq", str(a.seq), "--dim", str(a.dim), "--heads", str(a.heads), "--reps", str(a.reps), "--batch", str(a.batch),
+              "--bucket-bytes", str(a.bucket_bytes)]
 
     print(f"N = {a.seq}, H = {a.heads}, D = {a.dim}, causal, zigzag; copy task batch {a.batch}; {a.cores} cores; "
           f"medians of {a.rounds} rounds of {a.reps} runs\n")
@@ -88,7 +90,8 @@ def main():
         t_peer_train = med(peer, "train_step_seconds")
         t_dp = med(job, "train_step_seconds")
         model_dp = med(calib, "train_shard_step_seconds") * stretch + med(job, "allreduce_seconds")
-        train_rows.append((p, t_peer_train, t_dp, t_peer_train / t_dp, t_peer_train / model_dp))
+        train_rows.append((p, t_peer_train, t_dp, t_peer_train / t_dp, t_peer_train / model_dp, med(job, "train_overlapped_fraction"),
+                           med(job, "train_done_fraction")))
 
     print("Ring attention, forward + backward")
     print("| ranks | 1 process, 2 threads (ms) | ranks x 1 thread (ms) | ratio | modelled ratio | model error "
@@ -103,10 +106,15 @@ def main():
           "fewest (the backward's last message, with nothing left to overlap, counts as not hidden); time in waits: the share of "
           "the ring's time ranks spent blocked on a transfer, which includes waiting for a slower rank)")
     print("\nData-parallel training step (copy task)")
-    print("| ranks | 1 process, 2 threads (ms) | ranks x 1 thread (ms) | ratio | modelled ratio | model error |")
-    print("|---|---|---|---|---|---|")
-    for p, tp, tr, ratio, modelled in train_rows:
-        print(f"| {p} | {tp * 1e3:.2f} | {tr * 1e3:.2f} | {ratio:.2f} | {modelled:.2f} | {(modelled - ratio) / ratio:+.0%} |")
+    print("| ranks | 1 process, 2 threads (ms) | ranks x 1 thread (ms) | ratio | modelled ratio | model error "
+          "| reductions started in the backward | complete when it ended |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p, tp, tr, ratio, modelled, overlapped, done in train_rows:
+        print(f"| {p} | {tp * 1e3:.2f} | {tr * 1e3:.2f} | {ratio:.2f} | {modelled:.2f} | {(modelled - ratio) / ratio:+.0%} "
+              f"| {overlapped:.0%} | {done:.0%} |")
+    print(f"\n(gradients in buckets of {a.bucket_bytes} bytes; a bucket's reduction starts once the backward has computed all of its "
+          "gradients, while the backward goes on: started in the backward = kernels of it were still to run; complete when it "
+          "ended = wholly hidden, on the rank with fewest)")
     extrapolate(flop_rate, bandwidth)
 
 

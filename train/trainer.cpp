@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "ir/passes/passes.hpp"
 
@@ -32,6 +33,98 @@ ir::Graph update_graph(const ir::Graph& forward, const std::vector<std::string>&
 }
 
 std::span<std::byte> bytes_of(Tensor& t) { return {t.raw(), t.nbytes()}; }
+
+/// The buckets of a backward graph's gradients "d_<p>" of parameters `params` (their values): in
+/// the order the graph computes them (the last layers' first), cut once a bucket holds
+/// `bucket_bytes`.
+std::vector<GradientBucket> plan_buckets(const ir::Graph& backward, const backend::TensorMap& params, std::size_t bucket_bytes) {
+  std::vector<std::pair<ir::ValueId, std::string>> order;
+  for (const auto& [p, value] : params) order.emplace_back(backward.output("d_" + p), p);
+  std::sort(order.begin(), order.end());
+  const std::size_t per_bucket = std::max<std::size_t>(1, bucket_bytes / sizeof(float));
+  std::vector<GradientBucket> buckets;
+  for (const auto& [v, p] : order) {
+    if (buckets.empty() || buckets.back().floats >= per_bucket) buckets.emplace_back();
+    GradientBucket& b = buckets.back();
+    b.params.push_back(p);
+    b.offsets.push_back(b.floats);
+    b.floats += static_cast<std::size_t>(params.at(p).numel());
+  }
+  return buckets;
+}
+
+/// Packs each gradient into its bucket as the backward reports it, and starts a bucket's
+/// reduction as soon as all its gradients are in and every earlier bucket has started (so the
+/// reductions start in the same order on every rank, whatever order a backend computes in).
+/// Between the backward's kernels, MPI gets to move the reductions in flight.
+class BucketReducer final : public backend::RunObserver {
+ public:
+  BucketReducer(dist::Communicator& comm, const std::vector<GradientBucket>& plan) : comm_(comm), plan_(plan), buckets_(plan.size()) {
+    for (std::size_t b = 0; b < plan.size(); ++b) {
+      buckets_[b].data.resize(plan[b].floats);
+      buckets_[b].missing = plan[b].params.size();
+      for (std::size_t i = 0; i < plan[b].params.size(); ++i) where_.emplace("d_" + plan[b].params[i], std::pair{b, i});
+    }
+  }
+
+  void output_ready(std::string_view name, const Tensor& value) override {
+    auto it = where_.find(name);
+    if (it == where_.end()) return;  // the loss
+    const auto [b, i] = it->second;
+    if (value.dtype() != DType::f32) throw ShapeError("data parallel: gradient '" + std::string(name) + "' is " + value.type_string() + ", not f32");
+    std::copy_n(value.data<float>(), value.numel(), buckets_[b].data.begin() + static_cast<std::ptrdiff_t>(plan_[b].offsets[i]));
+    --buckets_[b].missing;
+    while (started_ < buckets_.size() && buckets_[started_].missing == 0) {
+      buckets_[started_].pending = comm_.start_allreduce_sum(buckets_[started_].data);
+      ++started_;
+    }
+  }
+  void between_kernels() override {
+    for (std::size_t b = 0; b < started_; ++b) buckets_[b].pending.progress();  // MPI moves them only inside its calls
+    // Called after a kernel's outputs are reported: buckets started before that kernel's report
+    // had it to overlap.
+    overlapped_ = started_before_;
+    started_before_ = started_;
+  }
+
+  /// At the end of the backward: what its reductions overlapped.
+  Trainer::ReductionStats backward_ended() {
+    Trainer::ReductionStats s{.buckets = static_cast<int>(buckets_.size()), .overlapped = static_cast<int>(overlapped_)};
+    for (std::size_t b = 0; b < started_; ++b) s.done_during_backward += buckets_[b].pending.done() ? 1 : 0;
+    return s;
+  }
+  /// Waits for every reduction and returns the averaged gradients "d_<p>", shaped as `like`.
+  backend::TensorMap averages(const backend::TensorMap& like) {
+    if (started_ != buckets_.size()) throw BackendError("data parallel: the backward did not report every gradient");
+    const float inv = 1.0f / static_cast<float>(comm_.size());
+    backend::TensorMap grads;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      buckets_[b].pending.wait();
+      for (std::size_t i = 0; i < plan_[b].params.size(); ++i) {
+        const std::string name = "d_" + plan_[b].params[i];
+        Tensor g = Tensor::uninitialized(DType::f32, like.at(name).shape());
+        const float* src = buckets_[b].data.data() + plan_[b].offsets[i];
+        std::transform(src, src + g.numel(), g.data<float>(), [inv](float x) { return x * inv; });
+        grads.emplace(name, std::move(g));
+      }
+    }
+    return grads;
+  }
+
+ private:
+  struct Bucket {
+    std::vector<float> data;
+    std::size_t missing = 0;  // gradients not yet reported
+    dist::Pending pending;
+  };
+  dist::Communicator& comm_;
+  const std::vector<GradientBucket>& plan_;
+  std::vector<Bucket> buckets_;
+  std::size_t started_ = 0;                                                        // buckets [0, started_) are being reduced
+  std::size_t started_before_ = 0;                                                 // ... as of the last call between kernels
+  std::size_t overlapped_ = 0;                                                     // buckets started before a kernel that then ran
+  std::map<std::string, std::pair<std::size_t, std::size_t>, std::less<>> where_;  // gradient: bucket, index
+};
 
 }  // namespace
 
@@ -83,7 +176,9 @@ void Trainer::start_data_parallel(const ir::Graph& forward, const Optimizer& opt
   const std::vector<std::string> backends = comm.allgather(backend.name());
   broadcast_after_update_ = std::any_of(backends.begin(), backends.end(), [&](const std::string& b) { return b != backends.front(); });
 
-  exe_ = backend.compile(ir::build_backward(forward, {loss_, params_, {}}));
+  const ir::Graph backward = ir::build_backward(forward, {loss_, params_, {}});
+  buckets_ = plan_buckets(backward, start, parallel_.bucket_bytes);
+  exe_ = backend.compile(backward);
   exe_->set_state(start);
   const ir::Graph update = update_graph(forward, params_, optimizer);
   update_ = backend.compile(update);
@@ -99,44 +194,12 @@ double Trainer::step(const backend::TensorMap& batch) {
 
 double Trainer::data_parallel_step(const backend::TensorMap& batch) {
   dist::Communicator& comm = *parallel_.comm;
-  backend::TensorMap out = exe_->run(batch);
-  // Buckets from the last parameter back (the order a backward finishes them in), each reduced
-  // without blocking while the next is packed.
-  struct Bucket {
-    std::vector<std::string> names;
-    std::vector<float> data;
-    dist::Pending pending;
-  };
-  std::vector<Bucket> buckets(1);
-  const std::size_t per_bucket = std::max<std::size_t>(1, parallel_.bucket_bytes / sizeof(float));
-  for (auto p = params_.rbegin(); p != params_.rend(); ++p) {
-    const Tensor& g = out.at("d_" + *p);
-    Bucket& b = buckets.back();
-    b.names.push_back(*p);
-    b.data.insert(b.data.end(), g.data<float>(), g.data<float>() + g.numel());
-    for (Bucket& earlier : buckets) earlier.pending.progress();  // MPI moves them only inside its calls
-    if (b.data.size() >= per_bucket) {
-      b.pending = comm.start_allreduce_sum(b.data);
-      buckets.emplace_back();
-    }
-  }
-  if (!buckets.back().names.empty()) buckets.back().pending = comm.start_allreduce_sum(buckets.back().data);
+  BucketReducer reducer(comm, buckets_);
+  const backend::TensorMap out = exe_->run_observed(batch, reducer);
+  reduction_stats_ = reducer.backward_ended();
   double loss = out.at(loss_).at(0);
   comm.allreduce_sum(std::span<double>(&loss, 1));
-
-  const float inv = 1.0f / static_cast<float>(comm.size());
-  backend::TensorMap grads;
-  for (Bucket& b : buckets) {
-    b.pending.wait();
-    std::size_t at = 0;
-    for (const auto& name : b.names) {
-      Tensor g(DType::f32, out.at("d_" + name).shape());
-      float* d = g.data<float>();
-      for (std::int64_t i = 0; i < g.numel(); ++i) d[i] = b.data[at + static_cast<std::size_t>(i)] * inv;
-      at += static_cast<std::size_t>(g.numel());
-      grads.emplace("d_" + name, std::move(g));
-    }
-  }
+  const backend::TensorMap grads = reducer.averages(out);
   update_->run(grads);
 
   backend::TensorMap state = update_->state(), params;

@@ -16,7 +16,10 @@ namespace qkv::train {
 /// Data-parallel training (PyTorch's DistributedDataParallel, over MPI): every rank holds the
 /// parameters (rank 0's initial values, broadcast), runs forward and backward on its own shard of
 /// the batch on its own backend, and averages the gradients over the ranks: in buckets of about
-/// `bucket_bytes`, each reduced without blocking while the next is packed. Every rank then applies
+/// `bucket_bytes`, in the order the backward computes them (its last layers' first), each reduced
+/// without blocking as soon as its gradients are final, while the backward goes on (on backends
+/// that report outputs kernel by kernel, reference and cpu; vulkan's backward is one submission,
+/// after which the buckets are reduced while they are packed). Every rank then applies
 /// the same update, so the parameters stay the same bits on every rank (when ranks run different
 /// backends, whose updates round differently, rank 0's parameters are broadcast after each step).
 /// With equal shards and a loss that is a mean over the batch, P ranks with B/P each train as one
@@ -27,6 +30,15 @@ struct DataParallel {
   /// Run the data-parallel step (forward and backward, then the update as a second executable)
   /// even in a job of one: what the distributed benchmark's cost model measures on one process.
   bool split_when_alone = false;
+};
+
+/// Parameters whose gradients are averaged over the ranks as one message. A step's buckets are
+/// the same on every rank (collectives start in the same order everywhere): the parameters in
+/// the order the backward graph computes their gradients, cut every DataParallel::bucket_bytes.
+struct GradientBucket {
+  std::vector<std::string> params;
+  std::vector<std::size_t> offsets;  // of each parameter's gradient in the message, in floats
+  std::size_t floats = 0;
 };
 
 /// Rank `rank`'s shard of a batch for a job of `ranks`: every tensor's rows [rank B/P, (rank+1)
@@ -54,6 +66,16 @@ class Trainer {
   std::int64_t planned_bytes() const { return exe_->planned_bytes(); }
   /// Whether steps average gradients over more than one rank.
   bool data_parallel() const { return update_ != nullptr; }
+  /// The buckets a data-parallel step reduces, in the order it starts them.
+  const std::vector<GradientBucket>& gradient_buckets() const { return buckets_; }
+
+  /// What the last data-parallel step's gradient reductions overlapped.
+  struct ReductionStats {
+    int buckets = 0;
+    int overlapped = 0;            // reductions started while kernels of the backward were still to run
+    int done_during_backward = 0;  // reductions complete when the backward ended: wholly hidden
+  };
+  const ReductionStats& reduction_stats() const { return reduction_stats_; }
 
  private:
   void start_data_parallel(const ir::Graph& forward, const Optimizer& optimizer, backend::Backend& backend, const backend::TensorMap& initial);
@@ -67,6 +89,8 @@ class Trainer {
   DataParallel parallel_;
   std::unique_ptr<backend::Executable> update_;
   bool broadcast_after_update_ = false;  // the ranks' backends differ
+  std::vector<GradientBucket> buckets_;
+  ReductionStats reduction_stats_;
 };
 
 }  // namespace qkv::train

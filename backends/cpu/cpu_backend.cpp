@@ -75,13 +75,15 @@ class CpuExecutable final : public ExecutableSkeleton {
   void compute() override {
     tile_counts_.clear();
     for (std::size_t i = 0; i < graph_.size(); ++i) {
-      if (computed_with_leader(i)) continue;
-      tiles_.computed = 0;
-      tiles_.skipped = 0;
-      tiles_.unmasked = 0;
-      execute(i);
-      if (ir::is_fused_attention(graph_.nodes()[i].op))
-        tile_counts_.push_back({static_cast<ir::ValueId>(i), tiles_.computed.load(), tiles_.skipped.load(), tiles_.unmasked.load()});
+      if (!computed_with_leader(i)) {
+        tiles_.computed = 0;
+        tiles_.skipped = 0;
+        tiles_.unmasked = 0;
+        execute(i);
+        if (ir::is_fused_attention(graph_.nodes()[i].op))
+          tile_counts_.push_back({static_cast<ir::ValueId>(i), tiles_.computed.load(), tiles_.skipped.load(), tiles_.unmasked.load()});
+      }
+      computed(static_cast<ir::ValueId>(i));  // a group's later members: by their leader's kernel
     }
     // Updates write back into the held tensors once every kernel has read the old values.
     for (const auto& [name, v] : graph_.updates()) {

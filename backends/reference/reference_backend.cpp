@@ -55,6 +55,7 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       std::fill(values_[i].begin(), values_[i].end(), T(0));  // each run starts from zeros, as a fresh plan does
       eval(graph_.nodes()[i], shapes_, values_, i, inputs);
+      computed(static_cast<ir::ValueId>(i));
     }
     for (const auto& [name, v] : graph_.updates()) {
       Tensor& held = state_.at(name);

@@ -90,6 +90,10 @@ class VulkanExecutable final : public ExecutableSkeleton {
   TensorMap run(const TensorMap& inputs) override {
     return guarded("run", [&] { return ExecutableSkeleton::run(inputs); });
   }
+  /// One submission: every output is reported when it ends.
+  TensorMap run_observed(const TensorMap& inputs, RunObserver& observer) override {
+    return guarded("run", [&] { return ExecutableSkeleton::run_observed(inputs, observer); });
+  }
 
  protected:
   void compute() override {

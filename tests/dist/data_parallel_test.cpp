@@ -122,6 +122,39 @@ TEST(DataParallel, TheSplitStepAloneTrainsAsTheFusedStep) {
   EXPECT_LE(relative_error(split.params, fused.params), 1e-6);
 }
 
+// The buckets follow the backward (the output layer's gradient first), and on backends that run
+// kernel by kernel (reference, cpu) each bucket's reduction starts while the backward still has
+// kernels to run; vulkan's backward is one submission, so its reductions start when it ends.
+TEST(DataParallel, GradientsAreReducedWhileTheBackwardRuns) {
+  Communicator& c = Communicator::world();
+  const ir::Graph model = models::copy_task_model();
+  const auto params = models::copy_task_params();
+  const backend::TensorMap initial = train::initialize(model, params, {train::Init::xavier_uniform}, 5);
+  const auto batch = train::shard_batch(models::copy_task_batch(kBatch, 77), c.rank(), c.size());
+  for (const std::string name : {"reference", "cpu", "vulkan"}) {
+    std::string why;
+    const auto b = testing::backend_or_reason(name, why);
+    if (!b) {
+      if (name == "vulkan" && testing::vulkan_required()) ADD_FAILURE() << "vulkan: " << why;
+      continue;
+    }
+    // 64 bytes: a bucket per tensor.
+    train::Trainer t(model, "loss", params, train::Sgd{.lr = 0.3}, *b, initial, {.comm = &c, .bucket_bytes = 64, .split_when_alone = true});
+    const auto& buckets = t.gradient_buckets();
+    ASSERT_EQ(buckets.size(), params.size()) << name;
+    EXPECT_EQ(buckets.front().params, std::vector<std::string>{"head"}) << name;
+    t.step(batch);
+    const auto& stats = t.reduction_stats();
+    EXPECT_EQ(stats.buckets, static_cast<int>(params.size())) << name;
+    if (name == "vulkan") {
+      EXPECT_EQ(stats.overlapped, 0);
+    } else {  // all but the last gradients computed have kernels after them
+      EXPECT_GE(stats.overlapped, stats.buckets - 2) << name;
+      EXPECT_LT(stats.overlapped, stats.buckets) << name;
+    }
+  }
+}
+
 TEST(DataParallel, ShardsAreEqualRowsOfTheBatch) {
   const backend::TensorMap batch = {{"x", Tensor::from<float>({4, 2}, {0, 1, 2, 3, 4, 5, 6, 7})}};
   const backend::TensorMap second = train::shard_batch(batch, 1, 2);
