@@ -166,7 +166,9 @@ struct RingAttention::Impl {
     } else {
       std::vector<std::int64_t> stat = q_chunk_shape;
       stat.back() = 1;
-      const ir::ValueId dy = g.add_input("dy", DType::f32, shape_of(with_rows(v_chunk_shape, q_chunk_shape[q_chunk_shape.size() - 2])));
+      std::vector<std::int64_t> dy_shape = q_chunk_shape;
+      dy_shape.back() = v_chunk_shape.back();
+      const ir::ValueId dy = g.add_input("dy", DType::f32, shape_of(dy_shape));
       const ir::ValueId l = g.add_input("lse", DType::f32, shape_of(stat));
       const ir::ValueId delta = g.add_input("delta", DType::f32, shape_of(stat));
       const char* names[] = {"dq", "dk", "dv"};
@@ -235,9 +237,18 @@ Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v)
   const auto start = Clock::now();
   stats_ = {};
   const Rows rq = rows_of(q, "q"), rk = rows_of(k, "k"), rv = rows_of(v, "v");
-  if (rq.rows != rk.rows || rk.rows != rv.rows || rq.cols != rk.cols || rq.batch != rk.batch || rk.batch != rv.batch)
+  // k and v may have fewer heads than q (grouped-query attention): their batch dims broadcast.
+  const auto batch_dims = [](const Tensor& t) { return std::vector<std::int64_t>(t.shape().begin(), t.shape().end() - 2); };
+  const auto broadcasts = [&](const Tensor& t) {
+    const std::vector<std::int64_t> bq = batch_dims(q), bt = batch_dims(t);
+    if (bt.size() != bq.size()) return false;
+    for (std::size_t i = 0; i < bq.size(); ++i)
+      if (bt[i] != bq[i] && bt[i] != 1) return false;
+    return true;
+  };
+  if (rq.rows != rk.rows || rk.rows != rv.rows || rq.cols != rk.cols || batch_dims(k) != batch_dims(v) || !broadcasts(k))
     throw ShapeError("ring attention: shards q " + q.type_string() + ", k " + k.type_string() + ", v " + v.type_string() +
-                     " must have equal rows (N/P each) and batch dims, and q, k equal D");
+                     " must have equal rows (N/P each), k and v the same batch dims, broadcasting to q's, and q, k equal D");
   const int P = m.comm.size(), rank = m.comm.rank();
   const std::vector<int> mine = chunks_of(rank, P, m.options.layout);
   const std::int64_t per = static_cast<std::int64_t>(mine.size());
@@ -262,7 +273,9 @@ Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v)
   std::copy(k.data<float>(), k.data<float>() + kn, block.begin());
   std::copy(v.data<float>(), v.data<float>() + vn, block.begin() + static_cast<std::ptrdiff_t>(kn));
 
-  Tensor y(DType::f32, with_rows(v.shape(), m.n));
+  std::vector<std::int64_t> y_shape = q.shape();
+  y_shape.back() = rv.cols;
+  Tensor y(DType::f32, y_shape);
   std::vector<std::int64_t> stat = q.shape();
   stat.back() = 1;
   Tensor lse(DType::f32, stat);
@@ -315,7 +328,7 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
   const int P = m.comm.size(), rank = m.comm.rank();
   const std::vector<int> mine = chunks_of(rank, P, m.options.layout);
   const std::int64_t per = static_cast<std::int64_t>(mine.size());
-  const Rows rq = rows_of(m.q, "q"), rv = rows_of(m.v, "v");
+  const Rows rq = rows_of(m.q, "q"), rk = rows_of(m.k, "k"), rv = rows_of(m.v, "v");
 
   // delta = rowsum(dy * y), the softmax's backward statistic.
   Tensor delta(DType::f32, m.lse.shape());
@@ -337,8 +350,11 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
   // receives the accumulator of the block it holds (which the previous rank finished at step
   // s - 1) while computing its own contribution into a fresh buffer, then adds the two and sends
   // the sum on during step s + 1. After P steps each accumulator reaches its block's owner.
+  // The accumulators have q's batch dims (with fewer k/v heads than q heads, one per query head:
+  // the attention op's gradients, which the graph sums over each group).
   const std::size_t kn = static_cast<std::size_t>(m.k.numel()), vn = static_cast<std::size_t>(m.v.numel());
-  std::vector<float> block(kn + vn), next(kn + vn), contribution(kn + vn), arriving(kn + vn), leaving(kn + vn);
+  const std::size_t dkn = static_cast<std::size_t>(rq.batch * m.n * rk.cols), dvn = static_cast<std::size_t>(rq.batch * m.n * rv.cols);
+  std::vector<float> block(kn + vn), next(kn + vn), contribution(dkn + dvn), arriving(dkn + dvn), leaving(dkn + dvn);
   std::copy(m.k.data<float>(), m.k.data<float>() + kn, block.begin());
   std::copy(m.v.data<float>(), m.v.data<float>() + vn, block.begin() + static_cast<std::ptrdiff_t>(kn));
   Tensor dq(DType::f32, m.q.shape());
@@ -349,7 +365,7 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
     if (s > 0) accumulators = m.comm.start_sendrecv(leaving, next_rank, arriving, prev_rank);
     std::fill(contribution.begin(), contribution.end(), 0.0f);
     float* dk = contribution.data();
-    float* dv = dk + kn;
+    float* dv = dk + dkn;
     m.for_each_block(mine, (rank - s + P) % P, stats_, [&](int a, int b, int ga, int gb) {
       backend::TensorMap in = m.block_inputs(q_chunks[static_cast<std::size_t>(a)], block, kn, b, ga, gb);
       in.emplace("dy", dy_chunks[static_cast<std::size_t>(a)]);
@@ -359,7 +375,7 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
       blocks.progress();
       accumulators.progress();
       copy_rows(g.at("dq").data<float>(), m.c, 0, m.c, dq.data<float>(), m.n, a * m.c, rq.batch, rq.cols, true);
-      copy_rows(g.at("dk").data<float>(), m.c, 0, m.c, dk, m.n, b * m.c, rq.batch, rq.cols, true);
+      copy_rows(g.at("dk").data<float>(), m.c, 0, m.c, dk, m.n, b * m.c, rq.batch, rk.cols, true);
       copy_rows(g.at("dv").data<float>(), m.c, 0, m.c, dv, m.n, b * m.c, rq.batch, rv.cols, true);
     });
     finish(accumulators);
@@ -374,9 +390,12 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
   m.comm.sendrecv(leaving, next_rank, arriving, prev_rank);
   stats_.wait_seconds += seconds_since(wait);
   stats_.transfers += P > 1;
-  Gradients r{dq, Tensor(DType::f32, m.k.shape()), Tensor(DType::f32, m.v.shape())};
-  std::copy(arriving.begin(), arriving.begin() + static_cast<std::ptrdiff_t>(kn), r.dk.data<float>());
-  std::copy(arriving.begin() + static_cast<std::ptrdiff_t>(kn), arriving.end(), r.dv.data<float>());
+  std::vector<std::int64_t> dk_shape = m.q.shape(), dv_shape = m.q.shape();
+  dk_shape.back() = rk.cols;
+  dv_shape.back() = rv.cols;
+  Gradients r{dq, Tensor(DType::f32, dk_shape), Tensor(DType::f32, dv_shape)};
+  std::copy(arriving.begin(), arriving.begin() + static_cast<std::ptrdiff_t>(dkn), r.dk.data<float>());
+  std::copy(arriving.begin() + static_cast<std::ptrdiff_t>(dkn), arriving.end(), r.dv.data<float>());
   stats_.total_seconds = seconds_since(start);
   return r;
 }

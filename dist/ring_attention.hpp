@@ -41,8 +41,8 @@ struct RingAttentionOptions {
 };
 
 /// attention(q, k, v) over the whole sequence, each rank holding its shard of q, k, v [.., n, D]
-/// (n = N/P rows, batch and head dims in front, equal on every rank) and computing on its own
-/// backend. Blocks a causal mask hides entirely are skipped.
+/// (n = N/P rows, batch and head dims in front, k's and v's broadcasting to q's, equal on every
+/// rank) and computing on its own backend. Blocks a causal mask hides entirely are skipped.
 class RingAttention {
  public:
   RingAttention(Communicator& comm, backend::Backend& backend, RingAttentionOptions options);
@@ -55,6 +55,8 @@ class RingAttention {
   /// The last forward's log-sum-exp of each of this rank's rows over the whole sequence [.., n, 1].
   const Tensor& lse() const;
 
+  /// dq has q's shape; dk and dv have q's batch dims, as the attention op's gradients: where k
+  /// and v have fewer heads than q (grouped-query), one per query head, to be summed per group.
   struct Gradients {
     Tensor dq, dk, dv;
   };

@@ -38,6 +38,9 @@ Tensor take_along(const Tensor& t, int axis, const std::vector<std::int64_t>& ro
 }
 
 // What most often leaves a softmax or matmul over the sequence in a graph.
+// Stage inputs fed with a rank's positions in the sequence (named by the iota they stand for).
+const std::string kPositions = "sp.positions.";
+
 const std::string kUnfused =
     ": attention that is not fused, because an output (the weights, say) keeps its score matrix? Ask only for the outputs you need "
     "(select_outputs; qkv run --out)";
@@ -68,6 +71,9 @@ struct SequenceParallel::Impl {
   };
   using RingKey = std::tuple<ValueId, ValueId, ValueId, bool, const ir::Graph*>;
   std::map<RingKey, Ring> rings;
+  // For each sequence dim, an input that carries it and the axis: where a run reads how many rows
+  // a rank holds, for the positions an iota along the sequence gives.
+  std::map<ir::Dim, std::pair<std::string, int>> rows_from;
 
   Impl(Communicator& c, backend::Backend& b, SequenceLayout l) : comm(c), backend(b), layout(l) {}
 
@@ -139,19 +145,34 @@ struct SequenceParallel::Impl {
         if ((n.op == Op::slice || n.op == Op::concat) && operand_axis_mentions(n, 0, n.attrs.axis)) refuse(id, "slices or joins along the sequence");
         return;
       case ir::OpCategory::mask:
+        if (n.op == Op::iota && positions_of(id) != 0) return;                       // fed each rank's positions in the sequence
+        if (n.op == Op::iota && !operand_axis_mentions(n, 0, n.attrs.axis)) return;  // indices along another axis
         if (n.op != Op::one_hot && !sequence_axes(n.shape).empty()) refuse(id, "depends on positions in the sequence");
         return;
       case ir::OpCategory::composite: check_composite(id); return;
     }
   }
 
+  /// The sequence dim whose positions an iota along the sequence gives (whole dims only), or 0.
+  ir::Dim positions_of(ValueId id) const {
+    const Node& n = g.node(id);
+    if (n.op != Op::iota) return 0;
+    const int a = n.attrs.axis < 0 ? n.attrs.axis + n.shape.rank : n.attrs.axis;
+    const ir::Dim d = n.shape[a];
+    return std::find(sequence.begin(), sequence.end(), d) != sequence.end() ? d : 0;
+  }
+
+  /// Whether `n` is a mean over the sequence: decomposed into a sum over it and a count (a sum of
+  /// ones over it), both partial sums, so that the count is the whole sequence's.
+  bool is_mean_over_sequence(const Node& n) const { return n.op == Op::reduce_mean && operand_axis_mentions(n, 0, n.attrs.axis); }
+
   void check_composite(ValueId id) const {
     const Node& n = g.node(id);
-    if (n.op == Op::softmax || n.op == Op::log_softmax || n.op == Op::reduce_mean) {
-      if (operand_axis_mentions(n, 0, n.attrs.axis))
-        refuse(id, n.op == Op::reduce_mean ? "reduces over the sequence" : "reduces over the sequence" + kUnfused);
+    if (n.op == Op::softmax || n.op == Op::log_softmax) {
+      if (operand_axis_mentions(n, 0, n.attrs.axis)) refuse(id, "reduces over the sequence" + kUnfused);
       return;
     }
+    if (n.op == Op::reduce_mean) return;  // over another axis (means over the sequence are decomposed)
     if (n.op == Op::masked_attention)
       refuse(id, "takes a mask tensor (sharding it is not supported yet: write the mask as causal or a score modifier)");
     if (!is_ring(n.op)) refuse(id, "is not supported sequence-parallel yet (a masked attention's backward?)");
@@ -167,6 +188,25 @@ struct SequenceParallel::Impl {
       const std::vector<int> axes = sequence_axes(s);
       if (axes.size() != 1 || axes.front() != s.rank - 2) refuse(id, "needs the sequence on axis -2 of q, k and v, and on no other axis");
     }
+  }
+
+  /// The positions in the whole sequence of this rank's rows, shaped as stage input `n` (the
+  /// sequence's axis, 1 elsewhere).
+  Tensor positions(const Node& n, const backend::TensorMap& shards) const {
+    ir::Dim d = 0;
+    std::vector<std::int64_t> shape;
+    for (int a = 0; a < n.shape.rank; ++a) {
+      if (n.shape[a] != 1) d = n.shape[a];
+      shape.push_back(1);
+    }
+    const auto& [input, axis] = rows_from.at(d);
+    const std::int64_t rows = shards.at(input).shape()[static_cast<std::size_t>(axis)];
+    const std::vector<std::int64_t> at = shard_rows(rows * comm.size(), comm.rank(), comm.size(), layout);
+    for (int a = 0; a < n.shape.rank; ++a)
+      if (n.shape[a] == d) shape[static_cast<std::size_t>(a)] = rows;
+    Tensor t = Tensor::uninitialized(DType::f32, shape);
+    std::transform(at.begin(), at.end(), t.data<float>(), [](std::int64_t r) { return static_cast<float>(r); });
+    return t;
   }
 
   /// The attention node's scale: its value, over sqrt of its rsqrt_of dim's size when it has one.
@@ -200,10 +240,24 @@ SequenceParallel::SequenceParallel(Communicator& comm, backend::Backend& backend
     for (const auto& n : sequence_dims) names += (names.empty() ? "" : ", ") + n;
     throw UsageError("sequence parallel: the graph has none of the sequence dims " + names);
   }
+  m.g = ir::eliminate_dead_code(ir::decompose_composites(m.g, [&](const Node& n) { return !m.is_mean_over_sequence(n); }));
   // Every node local to positions or attention over the sequence; inputs and outputs sharded
   // along one whole dim.
-  for (ValueId v = 0; v < static_cast<ValueId>(m.g.size()); ++v) m.check(v);
-  for (ValueId v : m.g.inputs()) m.boundary_axis("input '" + m.g.node(v).name + "'", v);
+  // Values only an iota reads (for their shape: RoPE's grid of frequencies, say) may mix
+  // positions: a rank computes them on its rows, with the same shape.
+  std::vector<bool> value_read(m.g.size(), false);
+  for (const auto& [name, v] : m.g.outputs()) value_read[static_cast<std::size_t>(v)] = true;
+  for (std::size_t i = m.g.size(); i-- > 0;)
+    if (value_read[i] && m.g.nodes()[i].op != Op::iota)
+      for (ValueId v : m.g.nodes()[i].inputs) value_read[static_cast<std::size_t>(v)] = true;
+  for (ValueId v = 0; v < static_cast<ValueId>(m.g.size()); ++v)
+    if (value_read[static_cast<std::size_t>(v)]) m.check(v);
+  for (ValueId v : m.g.inputs()) {
+    const int axis = m.boundary_axis("input '" + m.g.node(v).name + "'", v);
+    if (axis >= 0) m.rows_from.try_emplace(m.g.node(v).shape[axis], m.g.node(v).name, axis);
+  }
+  for (ValueId v = 0; v < static_cast<ValueId>(m.g.size()); ++v)
+    if (const ir::Dim d = m.positions_of(v); d != 0 && !m.rows_from.contains(d)) m.refuse(v, "gives positions in a sequence no input carries whole");
   for (const auto& [name, v] : m.g.outputs()) m.boundary_axis("output '" + name + "'", v);
 
   // Levels: attention nodes start a new one; a node runs in its level's stage.
@@ -249,9 +303,18 @@ SequenceParallel::SequenceParallel(Communicator& comm, backend::Backend& backend
         continue;
       }
       if (m.g.node(id).op == Op::constant && !leaves[i]) continue;  // copied where used
-      std::vector<ValueId> inputs;
-      for (ValueId v : m.g.nodes()[i].inputs) inputs.push_back(operand(v));
-      map[i] = s.add_like(m.g.node(id), std::move(inputs));
+      if (const ir::Dim d = m.positions_of(id); d != 0) {
+        // This rank's rows' positions in the whole sequence, fed each run, broadcast to the shape.
+        const ir::Shape& shape = m.g.node(id).shape;
+        ir::Shape column;
+        for (int a = 0; a < shape.rank; ++a) column.push_back(shape[a] == d ? d : 1);
+        const ValueId positions = s.add_input(kPositions + std::to_string(i), DType::f32, column);
+        map[i] = s.add(Op::add, {s.constant(0.0, shape), positions});
+      } else {
+        std::vector<ValueId> inputs;
+        for (ValueId v : m.g.nodes()[i].inputs) inputs.push_back(operand(v));
+        map[i] = s.add_like(m.g.node(id), std::move(inputs));
+      }
       if (leaves[i]) s.set_output("sp." + std::to_string(i), map[i]);
     }
     if (!s.outputs().empty()) m.stages[static_cast<std::size_t>(k)].exe = backend.compile(s);
@@ -348,7 +411,8 @@ backend::TensorMap SequenceParallel::run_shards(const backend::TensorMap& shards
     backend::TensorMap in;
     for (ValueId v : s.graph.inputs()) {
       const std::string& name = s.graph.node(v).name;
-      in.emplace(name, name.rfind("sp.", 0) == 0 ? values.at(static_cast<ValueId>(std::stol(name.substr(3)))) : shards.at(name));
+      if (name.starts_with(kPositions)) in.emplace(name, m.positions(s.graph.node(v), shards));
+      else in.emplace(name, name.starts_with("sp.") ? values.at(static_cast<ValueId>(std::stol(name.substr(3)))) : shards.at(name));
     }
     for (auto& [name, t] : s.exe->run(in)) {
       const auto id = static_cast<ValueId>(std::stol(name.substr(3)));

@@ -20,12 +20,15 @@ class SequenceParallel {
  public:
   /// Prepares `g` for sequence-parallel runs, the sequence being its named dims `sequence_dims`
   /// ("N", or "N" and "M" for attention whose queries and keys are the same sequence under two
-  /// names). Attention patterns are fused first; then every node must be local to each position
-  /// (elementwise ops, matmuls and reductions over other axes, layout changes) or be attention
-  /// over the sequence (fused, without a mask tensor, window or dropout, its modifier reading
-  /// only the score and positions). Throws UnsupportedError naming the first node that mixes
-  /// positions otherwise (a reduction or softmax over the sequence, a slice of it, positions
-  /// from iota), and its dims.
+  /// names). Attention patterns are fused first and means over the sequence decomposed into
+  /// sums; then every node whose value is read must be local to each position (elementwise ops,
+  /// matmuls and reductions over other axes, layout changes), a sum over the sequence (each
+  /// rank's part, summed over the ranks), positions (iota along the sequence: each rank's rows'
+  /// positions in the whole sequence) or attention over the sequence (fused, without a mask
+  /// tensor, window or dropout, its modifier reading only the score and positions; k and v may
+  /// have fewer heads than q). Throws UnsupportedError naming the first node that mixes
+  /// positions otherwise (a maximum or softmax over the sequence, a slice of it, a value of its
+  /// length), and its dims.
   SequenceParallel(Communicator& comm, backend::Backend& backend, const ir::Graph& g, std::vector<std::string> sequence_dims,
                    SequenceLayout layout = SequenceLayout::zigzag);
   ~SequenceParallel();

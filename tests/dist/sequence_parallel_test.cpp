@@ -110,6 +110,51 @@ TEST(SequenceParallel, SumsOverTheSequenceAreSummedOverTheRanks) {
   expect_as_one_process(g, {{"B", 2}, {"N", 4 * Communicator::world().size()}}, dist::SequenceLayout::zigzag, 0);
 }
 
+// A mean over the sequence: each rank's sum and count, summed over the ranks, so the count is the
+// whole sequence's; and a loss of that kind, differentiated.
+TEST(SequenceParallel, MeansOverTheSequenceCountTheWholeSequence) {
+  ir::Graph g;
+  const ir::ValueId x = g.add_input("x", DType::f32, {g.symbol("B"), g.symbol("N"), 4});
+  ir::Attrs a;
+  a.axis = 1;
+  const ir::ValueId mean = g.add(ir::Op::reduce_mean, {x}, a);
+  g.set_output("mean", mean);
+  g.set_output("centered", g.add(ir::Op::sub, {x, mean}));
+  const std::int64_t n = 4 * Communicator::world().size();
+  expect_as_one_process(g, {{"B", 2}, {"N", n}}, dist::SequenceLayout::zigzag, 0);
+
+  // The decoder block trained on the mean of its output's squares over batch and sequence.
+  const auto& m = model("decoder-block");
+  ir::Graph loss = m.build(models::resolve_options(m, {}), {});
+  const ir::ValueId out = loss.output("out");
+  ir::ValueId l = loss.add(ir::Op::mul, {out, out});
+  for (int axis : {2, 1, 0}) {
+    ir::Attrs r;
+    r.axis = axis;
+    r.keepdim = false;
+    l = loss.add(ir::Op::reduce_mean, {l}, r);
+  }
+  loss.set_output("loss", l);
+  std::vector<std::string> wrt;
+  for (ir::ValueId v : loss.inputs()) wrt.push_back(loss.node(v).name);
+  const ir::Graph backward = ir::select_outputs(ir::build_backward(loss, {"loss", wrt, {}}), {"loss", "d_x", "d_linear1.weight"});
+  expect_as_one_process(backward, {{"B", 2}, {"N", 8 * Communicator::world().size()}}, dist::SequenceLayout::zigzag, 5);
+}
+
+// Positions made inside the graph (iota over the sequence: rotary embeddings here) are each
+// rank's rows' positions in the whole sequence.
+TEST(SequenceParallel, RotaryEmbeddingsSeeWholeSequencePositions) {
+  const auto& m = model("gqa");
+  const ir::Graph g = m.build(models::resolve_options(m, {{"rope", "true"}, {"embed", "32"}, {"heads", "4"}, {"kv_heads", "2"}}), {});
+  const std::int64_t n = 4 * Communicator::world().size();
+  expect_as_one_process(g, {{"B", 2}, {"N", n}}, dist::SequenceLayout::zigzag, 1);
+  expect_as_one_process(g, {{"B", 1}, {"N", n}}, dist::SequenceLayout::contiguous, 1);
+  // Its backward: k and v have fewer heads than q (grouped-query), so their gradients sum the group's.
+  std::vector<std::string> wrt;
+  for (ir::ValueId v : g.inputs()) wrt.push_back(g.node(v).name);
+  expect_as_one_process(ir::build_backward(g, {"", wrt, {"out"}}), {{"B", 2}, {"N", n}}, dist::SequenceLayout::zigzag, 5);
+}
+
 TEST(SequenceParallel, RefusesWhatMixesPositionsByName) {
   Communicator& comm = Communicator::world();
   auto cpu = backend::create("cpu");
