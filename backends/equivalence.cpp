@@ -136,6 +136,8 @@ TensorMap random_inputs(const ir::Graph& g, const std::map<std::string, std::int
         case DType::f64: t.data<double>()[i] = normal(rng); break;
         case DType::boolean: t.data<std::uint8_t>()[i] = keep(rng); break;
         case DType::i32: t.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng() % 8); break;
+        case DType::f16: t.data<Half>()[i] = to_half(normal(rng)); break;
+        case DType::bf16: t.data<BFloat16>()[i] = to_bfloat16(normal(rng)); break;
       }
     }
     r.emplace(n.name, std::move(t));

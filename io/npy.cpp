@@ -143,6 +143,7 @@ std::optional<FileDtype> file_dtype(const std::string& descr) {
   const std::string type = descr.substr(1);
   if (type == "f4") return FileDtype{DType::f32, 4, big, "float32"};
   if (type == "f8") return FileDtype{DType::f64, 8, big, "float64"};
+  if (type == "f2") return FileDtype{DType::f16, 2, big, "float16"};
   if (type == "i4") return FileDtype{DType::i32, 4, big, "int32"};
   if (type == "i8") return FileDtype{DType::i32, 8, big, "int64"};  // NumPy's default integer: narrowed to i32
   return std::nullopt;
@@ -187,7 +188,7 @@ Tensor parse_npy(const std::string& bytes, const std::string& what, std::string*
   const bool fortran = get("fortran_order", HeaderValue::Kind::boolean, "True or False").flag;
   const std::vector<std::int64_t>& shape = get("shape", HeaderValue::Kind::tuple, "a tuple").sizes;
   const auto fd = file_dtype(descr);
-  if (!fd) bad(what, "unsupported dtype '" + descr + "' (qkv reads float32, float64, int32, int64 and bool)");
+  if (!fd) bad(what, "unsupported dtype '" + descr + "' (qkv reads float32, float64, float16, int32, int64 and bool)");
   if (stored_as) *stored_as = fd->name;
   if (fortran) bad(what, "Fortran-order arrays are not supported (save with C order)");
   // Every size is checked against the bytes present before anything is allocated.
@@ -233,6 +234,9 @@ std::string format_npy(const Tensor& t) {
     case DType::f64: descr = "<f8"; break;
     case DType::boolean: descr = "|b1"; break;
     case DType::i32: descr = "<i4"; break;
+    case DType::f16: descr = "<f2"; break;
+    case DType::bf16:
+      throw UsageError("a bf16 tensor " + t.type_string() + " has no NumPy dtype: write it to a .safetensors file (BF16), or convert it");
   }
   std::string shape = "(";
   for (std::size_t i = 0; i < t.shape().size(); ++i)

@@ -24,23 +24,6 @@ std::uint64_t read_u64_le(const char* p) {
   return v;
 }
 
-/// IEEE half to float (every half, subnormals and NaN included, is exact in float).
-float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
-  if (exp == 0) {
-    if (mant == 0) return std::bit_cast<float>(sign);
-    int e = -1;  // normalise the subnormal
-    do {
-      ++e;
-      mant <<= 1;
-    } while ((mant & 0x400u) == 0);
-    return std::bit_cast<float>(sign | ((112u - static_cast<std::uint32_t>(e)) << 23) | ((mant & 0x3ffu) << 13));
-  }
-  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
 struct DtypeInfo {
   const char* name;
   std::size_t size;
@@ -53,6 +36,8 @@ const char* safetensors_dtype(DType d) {
     case DType::f64: return "F64";
     case DType::boolean: return "BOOL";
     case DType::i32: return "I32";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
   }
   return "?";
 }
@@ -70,15 +55,6 @@ Tensor decode(const std::string& dtype, std::vector<std::int64_t> shape, const c
   if (bytes != static_cast<std::size_t>(n) * size_of)
     bad(what, "holds " + std::to_string(bytes) + " bytes, but " + dtype + " of " + std::to_string(n) + " elements needs " +
                   std::to_string(static_cast<std::size_t>(n) * size_of));
-  if (dtype == "F16" || dtype == "BF16") {
-    Tensor t(DType::f32, std::move(shape));
-    for (std::int64_t i = 0; i < n; ++i) {
-      std::uint16_t h = 0;
-      std::memcpy(&h, p + 2 * i, 2);
-      t.data<float>()[i] = dtype == "F16" ? half_to_float(h) : std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
-    }
-    return t;
-  }
   if (dtype == "I64") {
     Tensor t(DType::i32, std::move(shape));
     for (std::int64_t i = 0; i < n; ++i) {
@@ -90,7 +66,12 @@ Tensor decode(const std::string& dtype, std::vector<std::int64_t> shape, const c
     }
     return t;
   }
-  const DType d = dtype == "F32" ? DType::f32 : dtype == "F64" ? DType::f64 : dtype == "BOOL" ? DType::boolean : DType::i32;
+  const DType d = dtype == "F32"    ? DType::f32
+                  : dtype == "F64"  ? DType::f64
+                  : dtype == "F16"  ? DType::f16
+                  : dtype == "BF16" ? DType::bf16
+                  : dtype == "BOOL" ? DType::boolean
+                                    : DType::i32;
   Tensor t(d, std::move(shape));
   if (bytes) std::memcpy(t.raw(), p, bytes);
   if (d == DType::boolean)

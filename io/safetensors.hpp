@@ -12,8 +12,9 @@ namespace qkv::io {
 
 using TensorFile = std::map<std::string, Tensor, std::less<>>;
 
-/// Reads every tensor of a .safetensors file. F32, F64, BOOL and I32 as they are; F16 and BF16
-/// widened to f32; I64 narrowed to i32 with a range check. Throws IoError naming the file and
+/// Reads every tensor of a .safetensors file. F32, F64, F16, BF16, BOOL and I32 as they are (a
+/// checkpoint's half-precision weights keep their dtype and bits); I64 narrowed to i32 with a
+/// range check. Throws IoError naming the file and
 /// what is wrong (truncated header, bad JSON, offsets outside the data or overlapping, sizes that
 /// disagree with shape and dtype, unknown dtypes).
 TensorFile read_safetensors(const std::string& path);

@@ -8,10 +8,11 @@
 
 namespace qkv {
 
-/// Element type. f32 is the type of every float graph value; f64 exists inside the reference
-/// backend and in host tensors; boolean masks are stored one byte per element on the host; i32
-/// holds token ids and class targets (graph inputs only).
-enum class DType : std::uint8_t { f32, f64, boolean, i32 };
+/// Element type. f32 is the type of float graph values; f16 and bf16 (ir/half.hpp) store floats
+/// in half precision, computed in f32 and rounded as PyTorch does; f64 exists inside the
+/// reference backend and in host tensors; boolean masks are stored one byte per element on the
+/// host; i32 holds token ids and class targets (graph inputs only).
+enum class DType : std::uint8_t { f32, f64, boolean, i32, f16, bf16 };
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
@@ -19,6 +20,8 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::f64: return "f64";
     case DType::boolean: return "bool";
     case DType::i32: return "i32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
   }
   return "?";
 }
@@ -29,17 +32,24 @@ constexpr std::size_t dtype_size(DType t) {
     case DType::f64: return 8;
     case DType::boolean: return 1;
     case DType::i32: return 4;
+    case DType::f16:
+    case DType::bf16: return 2;
   }
   return 0;
 }
 
+/// f32 or f64: the float types graph values have (ops' dtype rules accept).
 constexpr bool is_float(DType t) { return t == DType::f32 || t == DType::f64; }
+/// f16 or bf16: stored in 16 bits. Host tensors and files hold them; graph values do not yet.
+constexpr bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 constexpr std::optional<DType> parse_dtype(std::string_view s) {
   if (s == "f32") return DType::f32;
   if (s == "f64") return DType::f64;
   if (s == "bool") return DType::boolean;
   if (s == "i32") return DType::i32;
+  if (s == "f16") return DType::f16;
+  if (s == "bf16") return DType::bf16;
   return std::nullopt;
 }
 

@@ -67,6 +67,8 @@ double Tensor::at(std::int64_t i) const {
     case DType::f64: return data<double>()[i];
     case DType::boolean: return data<std::uint8_t>()[i] ? 1.0 : 0.0;
     case DType::i32: return data<std::int32_t>()[i];
+    case DType::f16: return to_float(data<Half>()[i]);
+    case DType::bf16: return to_float(data<BFloat16>()[i]);
   }
   QKV_UNREACHABLE("dtype");
 }
@@ -82,6 +84,8 @@ Tensor Tensor::to(DType dtype) const {
       case DType::f64: r.data<double>()[i] = v; break;
       case DType::boolean: r.data<std::uint8_t>()[i] = v != 0.0; break;
       case DType::i32: r.data<std::int32_t>()[i] = static_cast<std::int32_t>(v); break;
+      case DType::f16: r.data<Half>()[i] = to_half(v); break;
+      case DType::bf16: r.data<BFloat16>()[i] = to_bfloat16(v); break;
     }
   }
   return r;

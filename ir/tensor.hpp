@@ -14,6 +14,7 @@
 
 #include "ir/dtype.hpp"
 #include "ir/error.hpp"
+#include "ir/half.hpp"
 
 namespace qkv {
 
@@ -42,7 +43,7 @@ class Tensor {
   /// `elem_size`-byte bytes overflows 63 bits: check sizes read from files with this before
   /// allocating anything.
   static std::optional<std::int64_t> checked_numel(const std::vector<std::int64_t>& shape, std::size_t elem_size = 1);
-  /// A tensor holding `values` (f32 or f64 from the element type; bool stored as bytes).
+  /// A tensor holding `values` (its dtype from the element type; bool stored as bytes).
   template <class T> static Tensor from(std::vector<std::int64_t> shape, const std::vector<T>& values) {
     Tensor t(dtype_of<T>(), std::move(shape));
     if (static_cast<std::size_t>(t.numel()) != values.size())
@@ -62,8 +63,8 @@ class Tensor {
   std::size_t nbytes() const { return bytes_.size(); }
   bool empty() const { return shape_.empty() && bytes_.empty(); }
 
-  /// Typed element access; T must match the dtype (float, double, std::int32_t, or std::uint8_t
-  /// for bool).
+  /// Typed element access; T must match the dtype (float, double, std::int32_t, Half, BFloat16,
+  /// or std::uint8_t for bool).
   template <class T> T* data() {
     check_type<T>();
     return reinterpret_cast<T*>(bytes_.data());
@@ -77,7 +78,7 @@ class Tensor {
 
   /// Element i (row-major) as a double, whatever the dtype.
   double at(std::int64_t i) const;
-  /// A copy converted to `dtype` (bool: nonzero is true).
+  /// A copy converted to `dtype` (bool: nonzero is true; f16, bf16: rounded to nearest even).
   Tensor to(DType dtype) const;
   /// The same elements under another shape of equal element count.
   Tensor reshaped(std::vector<std::int64_t> shape) const;
@@ -88,8 +89,10 @@ class Tensor {
     if constexpr (std::is_same_v<T, float>) return DType::f32;
     else if constexpr (std::is_same_v<T, double>) return DType::f64;
     else if constexpr (std::is_same_v<T, std::int32_t>) return DType::i32;
+    else if constexpr (std::is_same_v<T, Half>) return DType::f16;
+    else if constexpr (std::is_same_v<T, BFloat16>) return DType::bf16;
     else {
-      static_assert(std::is_same_v<T, bool> || std::is_same_v<T, std::uint8_t>, "tensor elements are float, double, int32 or bool");
+      static_assert(std::is_same_v<T, bool> || std::is_same_v<T, std::uint8_t>, "tensor elements are float, double, int32, Half, BFloat16 or bool");
       return DType::boolean;
     }
   }

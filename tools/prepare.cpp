@@ -67,7 +67,7 @@ std::string input_list(const ir::Graph& g) {
 /// batch of them). `stored` is the file's own dtype, for messages. Returns how many were added.
 int fit(const ir::Graph& g, const ir::Node& n, Tensor& t, const std::string& file, const std::string& stored) {
   if (t.dtype() != n.dtype) {
-    if (is_float(t.dtype()) && is_float(n.dtype)) t = t.to(n.dtype);
+    if ((is_float(t.dtype()) || is_half(t.dtype())) && is_float(n.dtype)) t = t.to(n.dtype);  // f16, bf16: exactly
     else
       throw UsageError(file + ": input '" + n.name + "' must be " + std::string(dtype_name(n.dtype)) + ", got " +
                        (stored.empty() ? std::string(dtype_name(t.dtype())) : stored));

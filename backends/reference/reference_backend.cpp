@@ -77,6 +77,8 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
         case DType::f64: t.data<double>()[j] = static_cast<double>(vals[j]); break;
         case DType::boolean: t.data<std::uint8_t>()[j] = vals[j] != T(0); break;
         case DType::i32: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(vals[j]); break;
+        case DType::f16: t.data<Half>()[j] = to_half(static_cast<double>(vals[j])); break;
+        case DType::bf16: t.data<BFloat16>()[j] = to_bfloat16(static_cast<double>(vals[j])); break;
       }
     }
     return t;

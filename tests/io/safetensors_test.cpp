@@ -2,6 +2,7 @@
 // from tests/fixtures/make_torch_fixtures.py), round trips, and malformed files.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "io/npy.hpp"
@@ -24,10 +25,39 @@ TEST(Safetensors, ReadsEveryDtypeTorchWrites) {
     ASSERT_EQ(got.numel(), expected.numel());
     for (std::int64_t i = 0; i < got.numel(); ++i) EXPECT_EQ(got.at(i), expected.at(i)) << i;
   }
-  EXPECT_EQ(f.at("f16").dtype(), DType::f32);  // widened
+  EXPECT_EQ(f.at("f16").dtype(), DType::f16);  // kept, bits and all
   EXPECT_EQ(f.at("i64").dtype(), DType::i32);  // narrowed
   EXPECT_EQ(f.at("mask").dtype(), DType::boolean);
   EXPECT_EQ(f.size(), 9u);
+}
+
+// Half-precision tensors keep their dtype and bits through a file: every f16 and bf16 pattern
+// (NaNs, infinities, subnormals, both zeros included).
+TEST(Safetensors, HalfPrecisionRoundTripsBitExact) {
+  Tensor h(DType::f16, {65536}), b(DType::bf16, {256, 256});
+  for (std::int64_t i = 0; i < 65536; ++i) {
+    h.data<Half>()[i].bits = static_cast<std::uint16_t>(i);
+    b.data<BFloat16>()[i].bits = static_cast<std::uint16_t>(65535 - i);
+  }
+  TensorFile t;
+  t.emplace("h", h);
+  t.emplace("b", b);
+  const TensorFile back = parse_safetensors(format_safetensors(t), "memory");
+  ASSERT_EQ(back.at("h").dtype(), DType::f16);
+  ASSERT_EQ(back.at("b").dtype(), DType::bf16);
+  EXPECT_EQ(back.at("b").shape(), b.shape());
+  EXPECT_EQ(std::memcmp(back.at("h").raw(), h.raw(), h.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(back.at("b").raw(), b.raw(), b.nbytes()), 0);
+  // f16 through .npy too ('<f2'); bf16 has no NumPy dtype, and says so.
+  const Tensor again = parse_npy(format_npy(h), "memory.npy");
+  ASSERT_EQ(again.dtype(), DType::f16);
+  EXPECT_EQ(std::memcmp(again.raw(), h.raw(), h.nbytes()), 0);
+  try {
+    (void)format_npy(b);
+    ADD_FAILURE() << "bf16 written as .npy";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16 tensor bf16[256,256] has no NumPy dtype"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Safetensors, RoundTripsAndWritesAlignedData) {
