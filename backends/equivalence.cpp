@@ -15,10 +15,26 @@ namespace qkv::backend {
 
 namespace {
 bool finite(double x) { return std::isfinite(x); }
+/// Float formats by precision, narrowest first; others (i32, bool, f64) rank as f32's or above.
+int precision_rank(DType d) { return d == DType::bf16 ? 0 : d == DType::f16 ? 1 : 2; }
 }  // namespace
 
+DType computed_in(const ir::Graph& g, const std::string& name) {
+  const ir::ValueId out = g.output(name);
+  std::vector<bool> needed(g.size(), false);
+  needed[static_cast<std::size_t>(out)] = true;
+  DType narrowest = DType::f32;
+  for (std::size_t i = g.size(); i-- > 0;) {
+    if (!needed[i]) continue;
+    const ir::Node& n = g.nodes()[i];
+    if (precision_rank(n.dtype) < precision_rank(narrowest)) narrowest = n.dtype;
+    for (ir::ValueId v : n.inputs) needed[static_cast<std::size_t>(v)] = true;
+  }
+  return narrowest;
+}
+
 OutputComparison compare_output(const std::string& name, const Tensor& actual, const Tensor& oracle, const Tensor& plain, double factor,
-                                const Tensor* plain_reversed) {
+                                const Tensor* plain_reversed, DType computed_in) {
   OutputComparison c;
   c.output = name;
   if (actual.shape() != oracle.shape()) {
@@ -37,10 +53,16 @@ OutputComparison compare_output(const std::string& name, const Tensor& actual, c
     if (plain_reversed && plain_reversed->shape() == oracle.shape()) err32 = std::max(err32, diff(plain_reversed->at(i)));
     err = std::max(err, diff(a));
   }
-  constexpr double eps = std::numeric_limits<float>::epsilon();
+  // The floor: a few f32 ulps of the largest magnitude; for an output computed through f16 or
+  // bf16 values, one ulp of the narrowest format, the most that rounding a result once can add
+  // (any f32 difference before the rounding can move it to the neighbouring half value).
+  const DType format = precision_rank(actual.dtype()) < precision_rank(computed_in) ? actual.dtype() : computed_in;
+  const double eps = format == DType::f16    ? std::ldexp(1.0, -10)
+                     : format == DType::bf16 ? std::ldexp(1.0, -7)
+                                             : 4 * static_cast<double>(std::numeric_limits<float>::epsilon());
   c.max_abs_error = err;
   c.max_rel_error = scale > 0 ? err / scale : err;
-  c.budget = (finite(err32) ? factor * err32 : 0.0) + 4 * eps * std::max(scale, 1e-30);
+  c.budget = (finite(err32) ? factor * err32 : 0.0) + eps * std::max(scale, 1e-30);
   c.pass = err <= c.budget;
   return c;
 }
@@ -94,7 +116,7 @@ EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs,
       TensorMap got = backend->compile(g)->run(inputs);
       b.pass = true;
       for (const auto& [out, t] : oracle) {
-        OutputComparison c = compare_output(out, got.at(out), t, plain.at(out), factor, &reversed.at(out));
+        OutputComparison c = compare_output(out, got.at(out), t, plain.at(out), factor, &reversed.at(out), computed_in(g, out));
         b.pass &= c.pass;
         b.outputs.push_back(c);
       }

@@ -168,6 +168,32 @@ const char* kTanh =
     "  return sign(x) * (a < 0.55 ? (1.0 - e) / (1.0 + e) : 1.0 - 2.0 * e / (1.0 + e));\n"
     "}\n";
 
+/// x rounded to the nearest f16 (ties to even), as a float: the quantum of x's binade (of the
+/// smallest normal binade below it: subnormals) is a power of two built from its bits, so the
+/// scaling, roundEven and scaling back are exact (not exp2 or a division, which Vulkan lets be
+/// inexact). Past the largest f16 (65504; 65520 rounds up), infinity; NaN and infinities pass.
+const char* kRoundF16 =
+    "float qkv_round_f16(float x) {\n"
+    "  if (isnan(x) || isinf(x)) return x;\n"
+    "  float a = abs(x);\n"
+    "  float r;\n"
+    "  if (a >= 65520.0) r = uintBitsToFloat(0x7f800000u);\n"
+    "  else {\n"
+    "    int e = max(int(floatBitsToUint(a) >> 23) - 127, -14);\n"
+    "    r = roundEven(a * uintBitsToFloat(uint(137 - e) << 23)) * uintBitsToFloat(uint(117 + e) << 23);\n"
+    "  }\n"
+    "  return uintBitsToFloat(floatBitsToUint(r) | (floatBitsToUint(x) & 0x80000000u));\n"
+    "}\n";
+
+/// x rounded to the nearest bf16 (ties to even) on its bits: the high half of the f32, carried
+/// up past the halfway point (into infinity past the largest); NaN passes.
+const char* kRoundBf16 =
+    "float qkv_round_bf16(float x) {\n"
+    "  if (isnan(x)) return x;\n"
+    "  uint u = floatBitsToUint(x);\n"
+    "  return uintBitsToFloat((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);\n"
+    "}\n";
+
 /// erf for GLSL, which has none. Below |x| = 1 its Taylor series in x^2 (coefficients
 /// 2/sqrt(pi) (-1)^n / (n! (2n+1)), n <= 12; alternating with largest term 1, so float keeps its
 /// precision even where erf is small); above, Abramowitz and Stegun 7.1.26 (absolute error
@@ -457,19 +483,27 @@ std::string detail::linear_index() { return kLinearIndex; }
 
 std::array<std::uint32_t, 3> detail::elementwise_groups(std::int64_t total) { return linear_groups(total); }
 
+namespace {
+/// The helper functions of the ops `uses` names, each once.
+template <class Uses> std::string helpers_for(Uses uses) {
+  const std::pair<Op, const char*> helpers[] = {
+      {Op::log, kGlslLog}, {Op::tanh, kTanh}, {Op::erf, kErf}, {Op::round_f16, kRoundF16}, {Op::round_bf16, kRoundBf16}};
+  std::string s;
+  for (const auto& [op, source] : helpers)
+    if (uses(op)) s += source;
+  return s;
+}
+}  // namespace
+
 std::string detail::math_helpers_of(const std::vector<Op>& ops) {
-  auto uses = [&](Op op) { return std::find(ops.begin(), ops.end(), op) != ops.end(); };
-  return std::string(uses(Op::log) ? kGlslLog : "") + (uses(Op::tanh) ? kTanh : "") + (uses(Op::erf) ? kErf : "");
+  return helpers_for([&](Op op) { return std::find(ops.begin(), ops.end(), op) != ops.end(); });
 }
 
 std::string detail::math_helpers(const ir::Graph& region, bool log) {
-  bool uses_log = log, uses_tanh = false, uses_erf = false;
-  for (const Node& n : region.nodes()) {
-    uses_log |= n.op == Op::log;
-    uses_tanh |= n.op == Op::tanh;
-    uses_erf |= n.op == Op::erf;
-  }
-  return std::string(uses_log ? kGlslLog : "") + (uses_tanh ? kTanh : "") + (uses_erf ? kErf : "");
+  return helpers_for([&](Op op) {
+    if (op == Op::log && log) return true;
+    return std::any_of(region.nodes().begin(), region.nodes().end(), [&](const Node& n) { return n.op == op; });
+  });
 }
 
 std::string detail::region_function(const ir::Graph& region, const std::string& name, const std::vector<std::string>& outputs) {
@@ -662,9 +696,7 @@ KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
   int arity = static_cast<int>(n.inputs.size());
   auto names = operand_names(n.op, arity);
   std::string s = header(arity);
-  if (n.op == Op::erf) s += kErf;
-  if (n.op == Op::log) s += kGlslLog;
-  if (n.op == Op::tanh) s += kTanh;
+  s += helpers_for([&](Op op) { return op == n.op; });
   s += "// p[0] = elements, p[1..rank] = output dims, then each operand's strides\n";
   s += "void main() {\n" + std::string(kLinearIndex) + detail::operand_offsets(rank, arity, 1);
   for (int k = 0; k < arity; ++k)

@@ -59,7 +59,7 @@ template <class T> constexpr bool is_mask() {
   else return false;
 }
 template <class T> constexpr bool is_bias() {
-  if constexpr (Expr<T>) return T::dtype == DType::f32;
+  if constexpr (Expr<T>) return is_float(T::dtype);
   else return false;
 }
 
@@ -84,8 +84,12 @@ template <Pass P, class S, class Opt, class Ix> constexpr auto apply_option(S sc
     return where(causal_mask<decltype(align_of(opt))::value, window_of(Opt{})>(scores), scores, kNegInf);
   else if constexpr (P == Pass::masks && is_mask<Opt>()) return where(opt, scores, kNegInf);
   else if constexpr (P == Pass::masks && is_mask_mod<Opt>::value) return apply_mask_mod(scores, opt, ix);
-  else if constexpr (P == Pass::biases && is_bias<Opt>()) return scores + opt;
-  else if constexpr (P == Pass::biases && is_score_mod<Opt>::value) return apply_score_mod(scores, opt, ix);
+  else if constexpr (P == Pass::biases && is_bias<Opt>()) {
+    // A bias in another float dtype (an f32 padding bias on f16 scores) is cast to the scores'
+    // dtype, as PyTorch's SDPA wants its float mask in the query's dtype.
+    if constexpr (Opt::dtype == S::dtype) return scores + opt;
+    else return scores + cast<S::dtype>(opt);
+  } else if constexpr (P == Pass::biases && is_score_mod<Opt>::value) return apply_score_mod(scores, opt, ix);
   else return scores;
 }
 

@@ -67,8 +67,23 @@ constexpr auto maximum(A a, B b) { return make_node<ir::Op::max>(detail::as_expr
 QKV_UNARY_OPS(QKV_DSL_UNARY)
 #undef QKV_DSL_UNARY
 
-/// An i32 or bool tensor as f32 (true is 1): token ids and masks in arithmetic.
-template <Expr A> constexpr auto cast(A a) { return make_node<ir::Op::cast>(a); }
+namespace detail {
+constexpr ir::Attrs dtype_attrs(DType dtype) {
+  ir::Attrs a;
+  a.dtype = dtype;
+  return a;
+}
+}  // namespace detail
+
+/// x as To (f32 unless named): an i32 or bool tensor in arithmetic (true is 1), or a float
+/// between f32, f16 and bf16 (rounded to nearest even; its gradient is cast back).
+/// \code
+///   auto q = input<"q", DType::f16>(dim<"B">, dim<"N">, dim<64>);
+///   auto y = cast(scaled_dot_product_attention(q, q, q));  // the f16 output as f32
+///   auto z = cast<DType::bf16>(y);                          // and rounded to bf16
+///   static_assert(decltype(z)::dtype == DType::bf16);
+/// \endcode
+template <DType To = DType::f32, Expr A> constexpr auto cast(A a) { return make_node<ir::Op::cast, detail::dtype_attrs(To)>(a); }
 
 /// x[Begin:End] along Axis (negative counts from the end); the bounds and that axis are static.
 /// \code

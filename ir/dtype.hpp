@@ -38,9 +38,9 @@ constexpr std::size_t dtype_size(DType t) {
   return 0;
 }
 
-/// f32 or f64: the float types graph values have (ops' dtype rules accept).
-constexpr bool is_float(DType t) { return t == DType::f32 || t == DType::f64; }
-/// f16 or bf16: stored in 16 bits. Host tensors and files hold them; graph values do not yet.
+/// A float type: f32, f64, or one of the half types.
+constexpr bool is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
+/// f16 or bf16: stored in 16 bits; ops on them compute in f32 and round their result once.
 constexpr bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 constexpr std::optional<DType> parse_dtype(std::string_view s) {

@@ -156,6 +156,15 @@ Grads where(const GradientArgs& a) {
   return {-1, a.unbroadcast(a.g.add(Op::where, {a.in[0], a.dy, a.zero}), 1), a.unbroadcast(a.g.add(Op::where, {a.in[0], a.zero, a.dy}), 2)};
 }
 
+// d/dx cast(x) = dy cast back to x's dtype; an i32 or bool x gets none
+Grads cast(const GradientArgs& a) {
+  const DType from = a.g.node(a.in[0]).dtype;
+  if (!is_float(from)) return {-1};
+  Attrs back;
+  back.dtype = from;
+  return {a.g.add(Op::cast, {a.dy}, back)};
+}
+
 // d/dx sum(x) = dy broadcast over the axis
 Grads reduce_sum(const GradientArgs& a) { return {expand(a.g, a.dy, a.n.attrs, a.shape(a.in[0]))}; }
 
@@ -297,7 +306,15 @@ ValueId GradientArgs::unbroadcast(ValueId grad, int operand) const { return ir::
 std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId dy, std::span<const ValueId> in) {
   const GradientRule emit = gradient_info(n.op).emit;
   if (emit == nullptr) QKV_UNREACHABLE(std::string(op_name(n.op)) + " has no gradient rule to emit");
-  return emit({g, n, y, dy, in, g.constant(0.0)});
+  // Zero in dy's dtype, so that the zeros a rule pads or selects with (broadcast to a shape) are
+  // of the gradient's dtype: a cast for f16 and bf16 (0 is exact in each).
+  ValueId zero = g.constant(0.0);
+  if (const DType dt = g.node(dy).dtype; is_half(dt)) {
+    Attrs to;
+    to.dtype = dt;
+    zero = g.add(Op::cast, {zero}, to);
+  }
+  return emit({g, n, y, dy, in, zero});
 }
 
 }  // namespace qkv::ir

@@ -8,6 +8,7 @@
 
 #include "ir/dtype.hpp"
 #include "ir/error.hpp"
+#include "ir/half.hpp"  // round_to: the host function of round_f16 and round_bf16
 #include "ir/shape.hpp"
 
 namespace qkv::ir {

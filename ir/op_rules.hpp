@@ -19,13 +19,13 @@ enum class ShapeErr : std::uint8_t {
   axis_out_of_range,      // axis `lhs` for rank `rhs`
   bad_permutation,        // perm is not a permutation of 0..rank-1
   element_count_differs,  // reshape: `lhs` elements into `rhs`
-  not_float,              // operand `operand` must be f32 or f64
+  not_float,              // operand `operand` must be a float (f32, f64, f16, bf16)
   not_bool,               // operand `operand` (a condition) must be bool
   dtypes_differ,          // operands of one computation must share a dtype
   not_integer,            // operand `operand` must be i32
   not_broadcast_target,   // broadcast_to: dims `lhs` vs `rhs` at axis `axis`
   bad_range,              // slice: [lhs, rhs) is not within the axis; or an attribute out of range
-  not_castable,           // cast: operand `operand` must be i32 or bool, the result f32
+  not_castable,           // cast: to f32, f16 or bf16 from one of them, i32 or bool
   dims_differ,            // concat: dims `lhs` vs `rhs` at axis `axis` (outside the joined axis)
   bad_probability,        // dropout_mask: p is not in [0, 1)
 };
@@ -46,7 +46,7 @@ constexpr std::string_view shape_err_name(ShapeErr e) {
     case ShapeErr::not_integer: return "operand is not an i32 tensor";
     case ShapeErr::not_broadcast_target: return "operand does not broadcast to the target shape";
     case ShapeErr::bad_range: return "range or attribute out of bounds";
-    case ShapeErr::not_castable: return "cast takes an i32 or bool tensor to f32";
+    case ShapeErr::not_castable: return "cast takes an f32, f16, bf16, i32 or bool tensor to f32, f16 or bf16";
     case ShapeErr::dims_differ: return "dims differ outside the joined axis";
     case ShapeErr::bad_probability: return "the dropout probability p must lie in [0, 1)";
   }
@@ -116,18 +116,32 @@ constexpr ShapeResult broadcast(std::span<const Operand> in) {
   return r;
 }
 
+/// Operands `first` on are floats of one dtype, the result's. A rank-0 operand (a scalar
+/// constant, a temperature) takes the others' dtype, as PyTorch's Python scalars do: x * 0.5
+/// stays f16 when x is. Among rank-0 operands alone, a half one sets the dtype (f32 constants
+/// are the scalars here, so 0.5 * s is f16 for an f16 scalar s).
 constexpr ShapeResult require_float(std::span<const Operand> in, int first) {
+  int leader = -1;  // the first operand of rank above 0, whose dtype the others must share
+  for (int i = first; i < static_cast<int>(in.size()) && leader < 0; ++i)
+    if (in[static_cast<std::size_t>(i)].shape.rank > 0) leader = i;
+  for (int i = first; i < static_cast<int>(in.size()) && leader < 0; ++i)
+    if (is_half(in[static_cast<std::size_t>(i)].dtype)) leader = i;
+  const DType dtype = in[static_cast<std::size_t>(leader < 0 ? first : leader)].dtype;
   for (int i = first; i < static_cast<int>(in.size()); ++i) {
-    if (!is_float(in[static_cast<std::size_t>(i)].dtype)) return fail(ShapeErr::not_float, 0, 0, i);
-    if (in[static_cast<std::size_t>(i)].dtype != in[static_cast<std::size_t>(first)].dtype) return fail(ShapeErr::dtypes_differ, 0, 0, i);
+    const Operand& o = in[static_cast<std::size_t>(i)];
+    if (!is_float(o.dtype)) return fail(ShapeErr::not_float, 0, 0, i);
+    if (o.dtype != dtype && o.shape.rank > 0) return fail(ShapeErr::dtypes_differ, 0, 0, i);
   }
-  return {};
+  ShapeResult r;
+  r.dtype = dtype;
+  return r;
 }
 
 constexpr ShapeResult elementwise(std::span<const Operand> in, const Attrs& = {}) {
-  if (auto r = require_float(in, 0); !r.ok()) return r;
+  const ShapeResult f = require_float(in, 0);
+  if (!f.ok()) return f;
   ShapeResult r = broadcast(in);
-  r.dtype = in[0].dtype;
+  r.dtype = f.dtype;
   return r;
 }
 
@@ -159,9 +173,10 @@ constexpr ShapeResult one_hot(std::span<const Operand> in, const Attrs& a) {
 
 constexpr ShapeResult select(std::span<const Operand> in, const Attrs&) {
   if (in[0].dtype != DType::boolean) return fail(ShapeErr::not_bool, 0, 0, 0);
-  if (auto r = require_float(in, 1); !r.ok()) return r;
+  const ShapeResult f = require_float(in, 1);
+  if (!f.ok()) return f;
   ShapeResult r = broadcast(in);
-  r.dtype = in[1].dtype;
+  r.dtype = f.dtype;
   return r;
 }
 
@@ -363,9 +378,8 @@ constexpr ShapeResult flex_attention_grad(std::span<const Operand> in, const Att
 
 constexpr ShapeResult cast(std::span<const Operand> in, const Attrs& a) {
   const Operand& x = in[0];
-  if (x.dtype != DType::i32 && x.dtype != DType::boolean) return fail(ShapeErr::not_castable);
-  if (a.dtype != DType::f32) return fail(ShapeErr::not_castable);
-  return {x.shape, DType::f32};
+  if (x.dtype == DType::f64 || a.dtype == DType::f64 || !is_float(a.dtype)) return fail(ShapeErr::not_castable);
+  return {x.shape, a.dtype};
 }
 
 constexpr ShapeResult slice(std::span<const Operand> in, const Attrs& a) {
@@ -407,7 +421,9 @@ constexpr ShapeResult dropout_mask(std::span<const Operand> in, const Attrs& a) 
   if (in[1].dtype != DType::i32) return fail(ShapeErr::not_integer, 0, 0, 1);
   if (in[1].shape.rank != 0) return fail(ShapeErr::rank_too_large, in[1].shape.rank, 0, 1);
   if (!(a.value >= 0.0 && a.value < 1.0)) return fail(ShapeErr::bad_probability);
-  return {in[0].shape, DType::f32};
+  // In x's dtype when x is f16 or bf16 (the kept value 1/(1-p) rounded to it), so x * mask
+  // stays in x's dtype; f32 otherwise.
+  return {in[0].shape, is_half(in[0].dtype) ? in[0].dtype : DType::f32};
 }
 
 constexpr ShapeResult causal_mask(std::span<const Operand> in, const Attrs& a) {

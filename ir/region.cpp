@@ -20,6 +20,10 @@ std::string input_name(int i) {
   return i < kRegionFixedInputs ? std::string(fixed[i]) : "t" + std::to_string(i - kRegionFixedInputs);
 }
 
+/// A tensor operand's element as the modifier reads it: an f16 or bf16 value widened to f32
+/// (the modifier computes on f32 scores, as FlexAttention's kernels do), others as they are.
+DType region_dtype(DType tensor) { return is_half(tensor) ? DType::f32 : tensor; }
+
 bool region_op(Op op) {
   const OpCategory c = op_info(op).category;
   return c == OpCategory::unary || c == OpCategory::binary || c == OpCategory::select || c == OpCategory::compare;
@@ -30,7 +34,7 @@ bool region_op(Op op) {
 Graph make_region(std::span<const DType> tensors) {
   Graph r;
   for (int i = 0; i < kRegionFixedInputs; ++i) r.add_input(input_name(i), DType::f32, {});
-  for (std::size_t i = 0; i < tensors.size(); ++i) r.add_input(input_name(kRegionFixedInputs + static_cast<int>(i)), tensors[i], {});
+  for (std::size_t i = 0; i < tensors.size(); ++i) r.add_input(input_name(kRegionFixedInputs + static_cast<int>(i)), region_dtype(tensors[i]), {});
   return r;
 }
 
@@ -43,7 +47,7 @@ std::string check_region(const Graph& r, std::span<const DType> tensors) {
     const std::string where = "modifier %" + std::to_string(i) + " (" + std::string(op_name(n.op)) + ")";
     if (n.shape.rank != 0) return where + " is not a scalar";
     if (i < inputs) {
-      const DType want = i < kRegionFixedInputs ? DType::f32 : tensors[i - kRegionFixedInputs];
+      const DType want = i < kRegionFixedInputs ? DType::f32 : region_dtype(tensors[i - kRegionFixedInputs]);
       if (n.op != Op::input || n.name != input_name(static_cast<int>(i)) || n.dtype != want)
         return where + " should be input \"" + input_name(static_cast<int>(i)) + "\" of " + std::string(dtype_name(want)) +
                " (the modifier's inputs are score, q_idx, kv_idx, then one per tensor operand)";
@@ -93,6 +97,16 @@ std::size_t region_hash(const Graph* r) {
 
 ValueId inline_region(Graph& g, const Graph& r, ValueId score, std::span<const ValueId> tensors) {
   const Shape scores = g.node(score).shape;  // a copy: adding nodes never moves them, but be plain
+  // The modifier computes in f32 (region_dtype): half scores and tensors are widened for it, and
+  // its result rounded back to the scores' dtype.
+  const DType score_dtype = g.node(score).dtype;
+  auto widened = [&g](ValueId v) {
+    if (!is_half(g.node(v).dtype)) return v;
+    Attrs to;
+    to.dtype = DType::f32;
+    return g.add(Op::cast, {v}, to);
+  };
+  score = widened(score);
   std::vector<ValueId> map(r.size(), -1);
   for (std::size_t i = 0; i < r.size(); ++i) {
     const Node& n = r.nodes()[i];
@@ -103,7 +117,7 @@ ValueId inline_region(Graph& g, const Graph& r, ValueId score, std::span<const V
         axis.axis = scores.rank - (i == kRegionQIdx ? 2 : 1);
         map[i] = g.add(Op::iota, {score}, axis);
       } else {
-        map[i] = tensors[i - kRegionFixedInputs];
+        map[i] = widened(tensors[i - kRegionFixedInputs]);
       }
       continue;
     }
@@ -113,6 +127,11 @@ ValueId inline_region(Graph& g, const Graph& r, ValueId score, std::span<const V
   }
   ValueId mod = map[static_cast<std::size_t>(r.outputs()[0].second)];
   if (!(g.node(mod).shape == scores)) mod = g.add(Op::broadcast_to, {mod}, shape_attrs(scores));
+  if (score_dtype != DType::f32) {
+    Attrs to;
+    to.dtype = score_dtype;
+    mod = g.add(Op::cast, {mod}, to);
+  }
   return mod;
 }
 

@@ -24,7 +24,8 @@ namespace qkv::ir {
 inline constexpr int kRegionScore = 0, kRegionQIdx = 1, kRegionKvIdx = 2, kRegionFixedInputs = 3;
 
 /// A region with its inputs declared and nothing else: score, q_idx, kv_idx, then "t<i>" of
-/// dtype tensors[i]. Add nodes and set_output("mod", ...) to finish it.
+/// dtype tensors[i] (f32 for an f16 or bf16 tensor: the modifier reads its elements widened,
+/// computing in f32 as FlexAttention's kernels do). Add nodes and set_output("mod", ...) to finish it.
 Graph make_region(std::span<const DType> tensors);
 
 /// Why `r` is not a region over tensors of dtypes `tensors`, or empty when it is one.

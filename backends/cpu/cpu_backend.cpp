@@ -10,6 +10,7 @@
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/thread_pool.hpp"
 #include "backends/executable_skeleton.hpp"
+#include "backends/half_precision.hpp"
 #include "backends/host_kernels.hpp"
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
@@ -356,7 +357,7 @@ class CpuBackend final : public Backend {
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     cpu::ThreadPool::global();  // pins OpenBLAS to one thread before any sgemm runs
-    return std::make_unique<CpuExecutable>(ir::lower_for_backend(g, [this](const Node& n) { return supports(n); }));
+    return half_precision_boundary(g, std::make_unique<CpuExecutable>(ir::lower_for_backend(g, [this](const Node& n) { return supports(n); })));
   }
 };
 

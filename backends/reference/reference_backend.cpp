@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "backends/executable_skeleton.hpp"
+#include "backends/half_precision.hpp"
 #include "backends/host_kernels.hpp"
 #include "backends/kernel_util.hpp"
 #include "backends/scalar_ops.hpp"
@@ -219,8 +220,10 @@ class ReferenceBackend final : public Backend {
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     if (options_.precision == Precision::f64)
-      return std::make_unique<ReferenceExecutable<double>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs, options_.reversed_sums);
-    return std::make_unique<ReferenceExecutable<float>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs, options_.reversed_sums);
+      return half_precision_boundary(
+          g, std::make_unique<ReferenceExecutable<double>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs, options_.reversed_sums));
+    return half_precision_boundary(
+        g, std::make_unique<ReferenceExecutable<float>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs, options_.reversed_sums));
   }
 
  private:

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "backends/executable_skeleton.hpp"
+#include "backends/half_precision.hpp"
 #include "backends/vulkan/barriers.hpp"
 #include "backends/vulkan/context.hpp"
 #include "codegen/fusion.hpp"
@@ -470,7 +471,8 @@ class VulkanBackend final : public Backend {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     for (const Node& n : lowered.nodes())
       if (auto why = codegen::unsupported_reason(lowered, n)) throw UnsupportedError("vulkan: " + *why);
-    return std::make_unique<VulkanExecutable>(ctx_, std::move(lowered), target_, fuse_ ? std::optional(fusion_limits()) : std::nullopt);
+    return half_precision_boundary(
+        g, std::make_unique<VulkanExecutable>(ctx_, std::move(lowered), target_, fuse_ ? std::optional(fusion_limits()) : std::nullopt));
   }
 
  private:

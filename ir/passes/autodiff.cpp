@@ -18,7 +18,7 @@ void check_spec(const Graph& g, const GradientSpec& spec) {
       const Node& n = g.node(v);
       if (n.name != name) continue;
       found = true;
-      if (n.dtype != DType::f32)
+      if (!is_float(n.dtype) || n.dtype == DType::f64)
         throw ShapeError("autodiff: cannot differentiate with respect to '" + name + "' (" + g.type_string(v) + "): not a float input");
     }
     if (!found) throw ShapeError("autodiff: the graph has no input '" + name + "'");
@@ -26,12 +26,22 @@ void check_spec(const Graph& g, const GradientSpec& spec) {
   if (!spec.loss.empty()) {
     ValueId loss = g.output(spec.loss);
     const Shape& s = g.node(loss).shape;
-    if (g.node(loss).dtype != DType::f32 || !s.is_static() || s.numel() != 1)
+    const DType dt = g.node(loss).dtype;
+    if (!is_float(dt) || dt == DType::f64 || !s.is_static() || s.numel() != 1)
       throw ShapeError("autodiff: loss '" + spec.loss + "' must be a float scalar, is " + g.type_string(loss));
   } else if (spec.seeds.empty()) {
     throw ShapeError("autodiff: give a scalar loss output or outputs to seed with gradients");
   }
   for (const auto& name : spec.seeds) g.output(name);
+}
+
+/// A constant of `dtype`: constants are f32, so a half one is cast (0 and 1 are exact in each).
+ValueId constant_of(Graph& g, double value, const Shape& shape, DType dtype) {
+  const ValueId c = g.constant(value, shape);
+  if (dtype == DType::f32) return c;
+  Attrs to;
+  to.dtype = dtype;
+  return g.add(Op::cast, {c}, to);
 }
 
 }  // namespace
@@ -62,12 +72,12 @@ Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::
   if (!spec.loss.empty()) {
     ValueId loss = f.output(spec.loss);
     feeds[static_cast<std::size_t>(loss)] = true;
-    accumulate(loss, out.constant(1.0, f.node(loss).shape));
+    accumulate(loss, constant_of(out, 1.0, f.node(loss).shape, f.node(loss).dtype));
   }
   for (const auto& name : spec.seeds) {
     ValueId o = f.output(name);
     feeds[static_cast<std::size_t>(o)] = true;
-    accumulate(o, out.add_input("d" + name, DType::f32, f.node(o).shape));
+    accumulate(o, out.add_input("d" + name, f.node(o).dtype, f.node(o).shape));
   }
   for (std::size_t i = f.size(); i-- > 0;)
     if (feeds[i])
@@ -101,7 +111,7 @@ Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::
     for (ValueId v : f.inputs()) {
       if (f.node(v).name != name) continue;
       ValueId g = grads[static_cast<std::size_t>(v)];
-      out.set_output("d_" + name, g >= 0 ? g : out.constant(0.0, f.node(v).shape));
+      out.set_output("d_" + name, g >= 0 ? g : constant_of(out, 0.0, f.node(v).shape, f.node(v).dtype));
     }
   }
   return eliminate_dead_code(eliminate_common_subexpressions(out));

@@ -48,6 +48,24 @@ Graph place_attention_lse(const Graph& g);
 /// that only dropped outputs needed go too (select_outputs.cpp).
 Graph select_outputs(const Graph& g, const std::vector<std::string>& keep);
 
+/// Whether any value of `g` is f16 or bf16.
+bool has_half_values(const Graph& g);
+/// `g` with its f16 and bf16 values held in f32, for kernels that compute in f32: half inputs
+/// declared f32 (their values are a half type's, exactly), each half-typed node computed in f32
+/// and its result rounded once (round_f16, round_bf16), casts between floats as those roundings
+/// or nothing. PyTorch's semantics: an op on half tensors accumulates and computes in f32 and
+/// rounds what it stores. Attention fused before this rounds only its output, as a fused kernel
+/// does. Graphs without half values come back unchanged.
+Graph emulate_half_precision(const Graph& g);
+
+/// Mixed precision as PyTorch's autocast, over a graph written in f32 (autocast.cpp): attention
+/// fused, then matmul and attention run in `lower` (f16 or bf16; their f32 operands cast to it);
+/// exp, log, softplus, softmax, log_softmax, sums and means run in f32 (half operands cast up);
+/// other ops take the widest float dtype among their tensor operands. Inputs keep their dtypes:
+/// f32 parameters stay the f32 master copy, and their gradients (through the casts) come out
+/// f32. Throws UsageError for a `lower` that is not f16 or bf16.
+Graph autocast(const Graph& g, DType lower);
+
 /// Replaces each composite node for which `keep` is false with its decomposition
 /// (decompose.cpp). Backends keep the composites they implement directly.
 Graph decompose_composites(const Graph& g, const std::function<bool(const Node&)>& keep);

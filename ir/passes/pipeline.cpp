@@ -21,6 +21,8 @@ Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& 
   after("input", g);
   Graph r = fuse_attention(g, keep_composite);  // only what the backend keeps fused
   after("fuse-attention", r);
+  r = emulate_half_precision(r);  // before decomposing: a composite rounds its result once
+  after("emulate-half-precision", r);
   r = decompose_composites(r, keep_composite);
   after("decompose-composites", r);
   r = eliminate_common_subexpressions(r);

@@ -31,6 +31,22 @@ TEST_P(Conformance, MatchesFloat64Reference) {
   testing::expect_equivalent(g, testing::case_inputs(p.rc.c, 1234 + p.rc.index), p.backend);
 }
 
+// The same case with every float value in f16, then bf16: each op computes in f32 (the
+// reference in double) and rounds its result once; budgets are measured as for f32, with a floor
+// of one ulp of the half format. On vulkan each case runs in one of the two, alternating with the
+// case's index (an op with two cases or more meets both): its kernels are the f32 ones with the
+// roundings, and lavapipe's compiles of a second dtype would add minutes to every CI run.
+TEST_P(Conformance, MatchesFloat64ReferenceInF16AndBf16) {
+  const Param& p = GetParam();
+  const ir::Graph g = ir::case_graph(p.rc.op, p.rc.c);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    if (p.backend == "vulkan" && (dtype == DType::f16) != (p.rc.index % 2 == 0)) continue;
+    SCOPED_TRACE(dtype_name(dtype));
+    const ir::Graph h = testing::in_dtype(g, dtype);
+    testing::expect_equivalent(h, testing::inputs_in_dtype(testing::case_inputs(p.rc.c, 1234 + p.rc.index), dtype), p.backend);
+  }
+}
+
 // NaN and infinities propagate as the float64 reference defines, on every backend (ggml's
 // test-backend-ops checks the same): each float input gets a NaN, a +inf and a -inf, and every
 // output element must be NaN where the reference's is, the same infinity where the reference's

@@ -58,6 +58,25 @@ TEST_P(Gradients, BackwardGraphMatchesReferenceOnEveryBackend) {
   }
 }
 
+// The same backward with every float value in f16, then bf16 (gradients too: each op's gradient
+// computes in f32 and rounds once), against the reference rounding at the same points: on cpu in
+// both, on vulkan in one, alternating with the case's index as the forward sweep does (a second
+// dtype there would add five minutes of lavapipe compiles to every CI run).
+TEST_P(Gradients, BackwardGraphInF16AndBf16MatchesReferenceOnEveryBackend) {
+  const Param& p = GetParam();
+  auto wrt = float_inputs(p.c);
+  if (wrt.empty()) GTEST_SKIP() << "no float input";
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const ir::Graph g = testing::in_dtype(testing::with_weighted_sum_loss(ir::case_graph(p.op, p.c)), dtype);
+    const ir::Graph backward = ir::build_backward(g, {"loss", wrt, {}});
+    EXPECT_EQ(backward.node(backward.output("d_" + wrt[0])).dtype, dtype);
+    const auto in = testing::inputs_in_dtype(inputs_for(g, p.c, 7 + p.index), dtype);
+    testing::expect_equivalent(backward, in, "cpu");
+    if ((dtype == DType::f16) == (p.index % 2 == 0)) testing::expect_equivalent(backward, in, "vulkan");
+  }
+}
+
 std::string case_name(const ::testing::TestParamInfo<Param>& p) { return testing::case_label(p.param); }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, Gradients, ::testing::ValuesIn(differentiable_cases()), case_name);

@@ -57,6 +57,24 @@ TEST(Dsl, AnExpressionsTypeIsItsShapeAndDtype) {
   ir::verify(g);
 }
 
+TEST(Dsl, HalfPrecisionInputsKeepTheirDtypeThroughAttention) {
+  auto q = input<"q", DType::f16>(dim<"B">, dim<"N">, dim<16>);
+  auto kv = input<"kv", DType::bf16>(dim<"B">, dim<"N">, dim<16>);
+  auto k = cast<DType::f16>(kv);
+  auto y = scaled_dot_product_attention(q, k, k, causal) * 0.5;  // a scalar takes the tensor's dtype
+  static_assert(decltype(y)::dtype == DType::f16);
+  auto out = cast(y);
+  static_assert(decltype(out)::dtype == DType::f32);
+  static_assert(decltype(cast<DType::bf16>(out))::dtype == DType::bf16);
+  ir::Graph g = lower(out);
+  ir::verify(g);
+  EXPECT_EQ(g.node(g.inputs()[0]).dtype, DType::f16);
+  EXPECT_EQ(g.node(g.inputs()[1]).dtype, DType::bf16);
+  int casts = 0;
+  for (const auto& n : g.nodes()) casts += n.op == ir::Op::cast;
+  EXPECT_EQ(casts, 2);
+}
+
 TEST(Dsl, DeepExpressionsLowerAndReleaseWithoutRecursion) {
   // 200000 nodes deep: a recursive walk or a recursive release would overflow the stack (under
   // the sanitizers' larger frames well before this).

@@ -33,6 +33,22 @@ TEST(Printer, Golden) {
             "}\n");
 }
 
+TEST(Printer, HalfPrecisionDtypesAndCastsRoundTrip) {
+  Graph g;
+  const ValueId x = g.add_input("x", DType::f16, {g.symbol("N"), 4});
+  Attrs to;
+  to.dtype = DType::bf16;
+  const ValueId y = g.add(Op::cast, {g.add(Op::mul, {x, g.constant(0.5)})}, to);
+  g.set_output("y", y);
+  const std::string text = print(g);
+  EXPECT_NE(text.find("%0 = input \"x\" : f16[N,4]"), std::string::npos) << text;
+  EXPECT_NE(text.find("%2 = mul(%0, %1) : f16[N,4]"), std::string::npos) << text;
+  EXPECT_NE(text.find("%3 = cast(%2) : bf16[N,4]"), std::string::npos) << text;
+  const Graph back = parse_graph(text);
+  EXPECT_EQ(print(back), text);
+  EXPECT_EQ(back.node(back.output("y")).attrs.dtype, DType::bf16);
+}
+
 TEST(Printer, RoundTripsEveryOpCase) {
   for (Op op : all_ops())
     for (const auto& c : op_cases(op)) {

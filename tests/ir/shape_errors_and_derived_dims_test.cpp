@@ -44,7 +44,10 @@ TEST(ShapeErrors, BadOperandsAndAttributesAreNamed) {
               g.add(Op::concat, {x, n}, range(0, 0, 0));
             }),
             "concat: dims differ outside the joined axis (10 vs 4 at axis 1); operands f32[3,10], f32[N,4]");
-  EXPECT_EQ(error_of([&] { g.add(Op::cast, {x}); }), "cast: cast takes an i32 or bool tensor to f32 (operand 0 is f32[3,10]); operands f32[3,10]");
+  Attrs to_i32;
+  to_i32.dtype = DType::i32;
+  EXPECT_EQ(error_of([&] { g.add(Op::cast, {x}, to_i32); }),
+            "cast: cast takes an f32, f16, bf16, i32 or bool tensor to f32, f16 or bf16 (operand 0 is f32[3,10]); operands f32[3,10]");
   Attrs p;
   p.value = 1.0;
   EXPECT_EQ(error_of([&] {

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "backends/reference/reference_backend.hpp"
+#include "ir/passes/passes.hpp"
 
 namespace qkv::testing {
 
@@ -70,6 +71,23 @@ double normwise_error(const Tensor& actual, const Tensor& expected) {
   return scale > 0 ? err / scale : err;
 }
 
+ir::Graph in_dtype(const ir::Graph& g, DType dtype) {
+  return ir::rebuild(g, [dtype](ir::Graph& out, ir::ValueId, const ir::Node& n, std::span<const ir::ValueId> in) -> ir::ValueId {
+    if (n.op == ir::Op::input) return n.dtype == DType::f32 ? out.add_input(n.name, dtype, n.shape) : -1;
+    const ir::ValueId v = out.add(n.op, {in.begin(), in.end()}, n.attrs, n.region);
+    if (out.node(v).dtype != DType::f32) return v;
+    ir::Attrs to;
+    to.dtype = dtype;
+    return out.add(ir::Op::cast, {v}, to);
+  });
+}
+
+backend::TensorMap inputs_in_dtype(backend::TensorMap inputs, DType dtype) {
+  for (auto& [name, t] : inputs)
+    if (t.dtype() == DType::f32) t = t.to(dtype);
+  return inputs;
+}
+
 void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name) {
   std::string why;
   auto b = backend_or_reason(backend_name, why);
@@ -88,7 +106,7 @@ void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, bac
   for (const auto& [name, t] : oracle) {
     ASSERT_TRUE(got.contains(name)) << "missing output " << name;
     ASSERT_EQ(got.at(name).shape(), t.shape()) << name;
-    auto c = backend::compare_output(name, got.at(name), t, plain.at(name));
+    auto c = backend::compare_output(name, got.at(name), t, plain.at(name), backend::kDefaultBudgetFactor, nullptr, backend::computed_in(g, name));
     EXPECT_TRUE(c.pass) << backend_name << " output " << name << ": max abs error " << c.max_abs_error << " > budget " << c.budget;
   }
 }

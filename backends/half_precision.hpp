@@ -1,0 +1,18 @@
+// Graphs with f16 and bf16 values on backends whose kernels compute in f32: what every backend's
+// compile does with them (ir::emulate_half_precision in its lowering, this around the result).
+#pragma once
+
+#include <memory>
+
+#include "backends/backend.hpp"
+
+namespace qkv::backend {
+
+/// `exe`, compiled from `g` by a lowering that holds g's half values in f32 (rounded where they
+/// are made: ir::emulate_half_precision), wrapped so that its runs take and return tensors in g's
+/// own dtypes: f16 and bf16 inputs (and held state) widened to f32 exactly, f16 and bf16 outputs
+/// narrowed exactly (their values are rounded already). An input of another dtype than declared
+/// is a ShapeError naming it, as on any graph. `exe` itself when g has no half values.
+std::unique_ptr<Executable> half_precision_boundary(const ir::Graph& g, std::unique_ptr<Executable> exe);
+
+}  // namespace qkv::backend

@@ -1,0 +1,39 @@
+// Half precision on f32 kernels: every f16 and bf16 value held in f32, rounded where it is made.
+#include <algorithm>
+
+#include "ir/passes/passes.hpp"
+
+namespace qkv::ir {
+
+namespace {
+
+/// `x` (f32) rounded to `dtype`'s nearest value.
+ValueId round_to_dtype(Graph& g, ValueId x, DType dtype) { return g.add(dtype == DType::f16 ? Op::round_f16 : Op::round_bf16, {x}); }
+
+}  // namespace
+
+bool has_half_values(const Graph& g) {
+  return std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node& n) { return is_half(n.dtype); });
+}
+
+Graph emulate_half_precision(const Graph& g) {
+  if (!has_half_values(g)) return g;
+  return rebuild(g, [](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
+    const bool half = is_half(n.dtype);
+    if (n.op == Op::input) return half ? out.add_input(n.name, DType::f32, n.shape) : -1;
+    if (n.op == Op::cast) {
+      ValueId x = in[0];  // a float, held in f32 now, or an i32 or bool
+      if (!is_float(out.node(x).dtype)) {
+        Attrs to_f32;
+        to_f32.dtype = DType::f32;
+        x = out.add(Op::cast, {x}, to_f32);
+      }
+      return half ? round_to_dtype(out, x, n.dtype) : x;  // to f32: a half value is an f32 value
+    }
+    if (!half) return -1;  // its operands' dtypes decide it: the same as before
+    // Computed in f32 (the op's rule gives f32 from f32 operands), the result rounded once.
+    return round_to_dtype(out, out.add(n.op, {in.begin(), in.end()}, n.attrs, n.region), n.dtype);
+  });
+}
+
+}  // namespace qkv::ir

@@ -1,0 +1,135 @@
+// Graphs with f16 and bf16 values on every backend: each op computes in f32 (the reference in
+// double) and rounds its result once, as PyTorch; tensors in and out keep their dtypes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dsl/dsl.hpp"
+#include "ir/passes/passes.hpp"
+#include "tests/support/backend_fixture.hpp"
+
+namespace qkv {
+namespace {
+
+class HalfPrecision : public ::testing::TestWithParam<std::string> {};
+
+/// y = tanh(x * 0.5) + x over x of `dtype`: a scalar constant takes x's dtype.
+ir::Graph elementwise(DType dtype) {
+  ir::Graph g;
+  const ir::ValueId x = g.add_input("x", dtype, {g.symbol("N")});
+  g.set_output("y", g.add(ir::Op::add, {g.add(ir::Op::tanh, {g.add(ir::Op::mul, {x, g.constant(0.5)})}), x}));
+  return g;
+}
+
+TEST_P(HalfPrecision, ElementwiseOpsRoundEachResult) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const ir::Graph g = elementwise(dtype);
+    EXPECT_EQ(g.node(g.output("y")).dtype, dtype);
+    Tensor x = backend::random_inputs(g, {{"N", 257}}, 3).at("x");
+    ASSERT_EQ(x.dtype(), dtype);
+    const Tensor y = b->compile(g)->run({{"x", x}}).at("y");
+    ASSERT_EQ(y.dtype(), dtype);
+    const double ulp = dtype == DType::f16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
+    int differ = 0;
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      // Each op's result rounded: x * 0.5 (exact), tanh of it, then the sum.
+      const double t = round_to(dtype, std::tanh(round_to(dtype, x.at(i) * 0.5)));
+      const double want = round_to(dtype, t + x.at(i));
+      // f32 kernels round tanh's f32 value: at most a neighbour of the exact rounding.
+      EXPECT_LE(std::fabs(y.at(i) - want), ulp * std::max(std::fabs(want), 1.0)) << i;
+      differ += y.at(i) != want;
+    }
+    if (GetParam() == "reference") {
+      EXPECT_EQ(differ, 0) << "the reference computes in double and rounds at the same points";
+    }
+    EXPECT_LE(differ, 3);
+  }
+}
+
+TEST_P(HalfPrecision, InputsOfAnotherDtypeAreRefusedByName) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  auto exe = b->compile(elementwise(DType::f16));
+  try {
+    exe->run({{"x", Tensor(DType::f32, {4})}});
+    ADD_FAILURE() << "an f32 tensor for an f16 input";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("input 'x': expected f16[N], got f32[4] (dtype differs)"), std::string::npos) << e.what();
+  }
+}
+
+/// Attention over q, k, v of `dtype` (fused: the output rounded once), with a matmul after it
+/// and casts to and from f32 around it.
+ir::Graph attention(DType dtype) {
+  ir::Graph g;
+  const ir::Dim B = g.symbol("B"), N = g.symbol("N");
+  const ir::ValueId q = g.add_input("q", dtype, {B, N, 16}), k = g.add_input("k", dtype, {B, N, 16});
+  const ir::ValueId v32 = g.add_input("v", DType::f32, {B, N, 16}), w = g.add_input("w", dtype, {16, 8});
+  ir::Attrs to;
+  to.dtype = dtype;
+  const ir::ValueId v = g.add(ir::Op::cast, {v32}, to);
+  ir::Attrs a;
+  a.value = 0.25;
+  a.causal = true;
+  const ir::ValueId y = g.add(ir::Op::attention, {q, k, v}, a);
+  g.set_output("y", y);
+  to.dtype = DType::f32;
+  g.set_output("out", g.add(ir::Op::cast, {g.add(ir::Op::matmul, {y, w})}, to));
+  return g;
+}
+
+TEST_P(HalfPrecision, AttentionAndMatmulMatchTheReferenceWithinBudgets) {
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const ir::Graph g = attention(dtype);
+    testing::expect_equivalent(g, backend::random_inputs(g, {{"B", 2}, {"N", 33}}, 5), GetParam());
+  }
+}
+
+TEST_P(HalfPrecision, GradientsFlowThroughCastsInTheirDtypes) {
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const ir::Graph g = attention(dtype);
+    const ir::Graph backward = ir::build_backward(g, {"", {"q", "k", "v", "w"}, {"out"}});
+    EXPECT_EQ(backward.node(backward.output("d_q")).dtype, dtype);
+    EXPECT_EQ(backward.node(backward.output("d_v")).dtype, DType::f32);  // v came in as f32
+    testing::expect_equivalent(backward, backend::random_inputs(backward, {{"B", 2}, {"N", 17}}, 6), GetParam());
+  }
+}
+
+/// Causal multi-head self-attention written in the DSL over `DT` activations and weights, with
+/// an f32 key-padding bias (cast to the scores' dtype): forward and the backward of all weights.
+template <DType DT> ir::Graph multi_head_model() {
+  auto x = input<"x", DT>(dim<"B">, dim<"T">, dim<16>);
+  auto kpm = input<"key_padding_mask", DType::boolean>(dim<"B">, dim<"T">);
+  auto r = multi_head_attention<2>(x, x, x, input<"wq", DT>(dim<16>, dim<16>), input<"wk", DT>(dim<16>, dim<16>), input<"wv", DT>(dim<16>, dim<16>),
+                                   input<"bq", DT>(dim<16>), input<"bk", DT>(dim<16>), input<"bv", DT>(dim<16>), input<"wo", DT>(dim<16>, dim<16>),
+                                   input<"bo", DT>(dim<16>), causal, key_padding_bias(kpm));
+  static_assert(decltype(r.output)::dtype == DT);
+  return lower(named<"out">(r.output));
+}
+
+TEST_P(HalfPrecision, MultiHeadAttentionWrittenInTheDslTrainsInItsDtype) {
+  for (const ir::Graph& g : {multi_head_model<DType::f16>(), multi_head_model<DType::bf16>()}) {
+    const DType dtype = g.node(g.output("out")).dtype;
+    SCOPED_TRACE(dtype_name(dtype));
+    auto in = backend::random_inputs(g, {{"B", 2}, {"T", 9}}, 7);
+    for (auto& [name, t] : in)  // Xavier-scale weights keep the scores moderate
+      if (name[0] == 'w') {
+        Tensor wide = t.to(DType::f64);
+        for (std::int64_t i = 0; i < wide.numel(); ++i) wide.data<double>()[i] *= 0.25;
+        t = wide.to(dtype);
+      }
+    testing::expect_equivalent(g, in, GetParam());
+    const ir::Graph backward = ir::build_backward(g, {"", {"x", "wq", "wk", "wv", "wo", "bq", "bo"}, {"out"}});
+    EXPECT_EQ(backward.node(backward.output("d_wq")).dtype, dtype);
+    in["dout"] = backend::random_inputs(backward, {{"B", 2}, {"T", 9}}, 8).at("dout");
+    testing::expect_equivalent(backward, in, GetParam());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, HalfPrecision, ::testing::Values("reference", "cpu", "vulkan"));
+
+}  // namespace
+}  // namespace qkv
