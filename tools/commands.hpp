@@ -25,6 +25,7 @@ struct TrainFlags {
   double lr = 0.3;
   std::uint64_t seed = 1;
   std::string png;
+  std::string dtype = "f32";  // f16 or bf16: mixed precision (f32 parameters; f16 scales its loss)
 };
 int cmd_train(const TrainFlags& f);
 struct FuzzFlags {

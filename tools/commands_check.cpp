@@ -80,7 +80,7 @@ void localise(const ir::Graph& g, const backend::TensorMap& inputs, const std::s
   for (std::size_t i = 0; i < g.size(); ++i) {
     const std::string k = key(i);
     if (k.empty() || !got.contains(k)) continue;
-    auto c = backend::compare_output(k, got.at(k), oracle.at(k), plain.at(k), factor);
+    auto c = backend::compare_output(k, got.at(k), oracle.at(k), plain.at(k), factor, nullptr, backend::computed_in(all, k));
     if (c.pass) continue;
     const ir::Node& n = g.nodes()[i];
     std::printf("  first node outside its budget on %s: %%%zu = %s : %s (max abs error %.3g, budget %.3g)\n", backend_name.c_str(), i,

@@ -153,6 +153,11 @@ int main(int argc, char** argv) {
   train->add_option("--lr", train_f.lr, "learning rate")->capture_default_str();
   add_seed_option(train, train_f.seed, "seed of the parameters and batches");
   train->add_option("--png", train_f.png, "write the loss curve to this PNG file");
+  train
+      ->add_option("--dtype", train_f.dtype,
+                   "f32, or f16 or bf16 for mixed precision: matmuls and attention in it, f32 master parameters (f16 with dynamic "
+                   "loss scaling)")
+      ->capture_default_str();
 
   qkv::tool::FuzzFlags fuzz_f;
   std::string fuzz_backends = "reference,cpu,vulkan";

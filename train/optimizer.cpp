@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
@@ -30,18 +31,21 @@ struct Emitter {
   ValueId div(ValueId a, ValueId b) { return g.add(Op::div, {a, b}); }
 };
 
-void sgd(Graph& g, const std::string& p, ValueId w, ValueId grad, const Sgd& o) {
+/// Sets an update of the step graph (with loss scaling, one kept only when the step is not skipped).
+using SetUpdate = std::function<void(const std::string&, ValueId)>;
+
+void sgd(Graph& g, const std::string& p, ValueId w, ValueId grad, const Sgd& o, const SetUpdate& set_update) {
   Emitter e{g};
   if (o.weight_decay != 0) grad = e.add(grad, e.mul(e.c(o.weight_decay), w));
   if (o.momentum != 0) {
     ValueId m = g.add_input(p + ".momentum", DType::f32, g.node(w).shape);
     grad = e.add(e.mul(e.c(o.momentum), m), grad);
-    g.set_update(p + ".momentum", grad);
+    set_update(p + ".momentum", grad);
   }
-  g.set_update(p, e.sub(w, e.mul(e.c(o.lr), grad)));
+  set_update(p, e.sub(w, e.mul(e.c(o.lr), grad)));
 }
 
-void adamw(Graph& g, const std::string& p, ValueId w, ValueId grad, const AdamW& o, ValueId step) {
+void adamw(Graph& g, const std::string& p, ValueId w, ValueId grad, const AdamW& o, ValueId step, const SetUpdate& set_update) {
   Emitter e{g};
   const ir::Shape s = g.node(w).shape;  // a copy: adding inputs moves the node storage
   ValueId m = g.add_input(p + ".m", DType::f32, s), v = g.add_input(p + ".v", DType::f32, s);
@@ -52,30 +56,91 @@ void adamw(Graph& g, const std::string& p, ValueId w, ValueId grad, const AdamW&
   ValueId bc2 = e.sub(e.c(1), g.add(Op::exp, {e.mul(step, e.c(std::log(o.beta2)))}));
   ValueId denom = e.add(g.add(Op::sqrt, {e.div(v1, bc2)}), e.c(o.eps));
   ValueId decayed = e.mul(w, e.c(1 - o.lr * o.weight_decay));
-  g.set_update(p, e.sub(decayed, e.mul(e.c(o.lr), e.div(e.div(m1, bc1), denom))));
-  g.set_update(p + ".m", m1);
-  g.set_update(p + ".v", v1);
+  set_update(p, e.sub(decayed, e.mul(e.c(o.lr), e.div(e.div(m1, bc1), denom))));
+  set_update(p + ".m", m1);
+  set_update(p + ".v", v1);
+}
+
+/// The input named `name` of `g`, added (an f32 scalar) when `g` has none.
+ValueId scalar_input(Graph& g, const std::string& name) {
+  for (ValueId v : g.inputs())
+    if (g.node(v).name == name) return v;
+  return g.add_input(name, DType::f32, {});
+}
+
+/// 0 when every element of `x` is finite, NaN otherwise: the sum of x * 0 over all its axes.
+ValueId nonfinite_probe(Graph& g, ValueId x) {
+  ValueId r = g.add(Op::mul, {x, g.constant(0.0)});
+  ir::Attrs first;
+  first.axis = 0;
+  first.keepdim = false;
+  while (g.node(r).shape.rank > 0) r = g.add(Op::reduce_sum, {r}, first);
+  return r;
 }
 
 }  // namespace
 
-ir::Graph training_step(const ir::Graph& backward, const std::vector<std::string>& params, const Optimizer& optimizer) {
+ir::Graph with_scaled_loss(const ir::Graph& forward, const std::string& loss) {
+  Graph g = ir::rebuild(forward);
+  ValueId l = g.output(loss);
+  if (g.node(l).dtype != DType::f32) {
+    ir::Attrs to;
+    to.dtype = DType::f32;
+    l = g.add(Op::cast, {l}, to);
+  }
+  g.set_output(kScaledLoss, g.add(Op::mul, {l, g.add_input(kLossScale, DType::f32, {})}));
+  return g;
+}
+
+ir::Graph training_step(const ir::Graph& backward, const std::vector<std::string>& params, const Optimizer& optimizer, const LossScaling* scaling) {
   Graph g = ir::rebuild(backward);
+  // With loss scaling: the gradients unscaled, and whether all of them are finite.
+  ValueId scale = -1, finite = -1;
+  std::vector<ValueId> grads;
+  if (scaling) {
+    scale = scalar_input(g, kLossScale);
+    const ValueId inv = g.add(Op::div, {g.constant(1.0), scale});
+    ValueId probe = -1;
+    for (const auto& p : params) {
+      grads.push_back(g.add(Op::mul, {g.output("d_" + p), inv}));
+      const ValueId q = nonfinite_probe(g, grads.back());
+      probe = probe < 0 ? q : g.add(Op::add, {probe, q});
+    }
+    finite = g.add(Op::equal, {probe, g.constant(0.0)});  // NaN == 0 is false
+  }
+  // A step with a non-finite gradient changes nothing but the scale (GradScaler skips
+  // optimizer.step()): with loss scaling, every update keeps the old value unless all gradients
+  // were finite.
+  const SetUpdate set_update = [&g, finite](const std::string& name, ValueId v) {
+    g.set_update(name, finite < 0 ? v : g.add(Op::where, {finite, v, input_named(g, name)}));
+  };
   ValueId step = -1;
   if (std::holds_alternative<AdamW>(optimizer)) {
     ValueId t = g.add_input("adamw.step", DType::f32, {});
     step = g.add(Op::add, {t, g.constant(1.0)});
-    g.set_update("adamw.step", step);
+    set_update("adamw.step", step);
   }
-  for (const auto& p : params) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string& p = params[i];
     ValueId w = input_named(g, p);
-    ValueId grad = g.output("d_" + p);
-    if (const auto* s = std::get_if<Sgd>(&optimizer)) sgd(g, p, w, grad, *s);
-    else adamw(g, p, w, grad, std::get<AdamW>(optimizer), step);
+    ValueId grad = scaling ? grads[i] : g.output("d_" + p);
+    if (const auto* s = std::get_if<Sgd>(&optimizer)) sgd(g, p, w, grad, *s, set_update);
+    else adamw(g, p, w, grad, std::get<AdamW>(optimizer), step, set_update);
+  }
+  if (scaling) {
+    const ValueId good = scalar_input(g, kGoodSteps);
+    const ValueId good1 = g.add(Op::where, {finite, g.add(Op::add, {good, g.constant(1.0)}), g.constant(0.0)});
+    const ValueId grow = g.add(Op::greater, {good1, g.constant(scaling->growth_interval - 0.5)});
+    const ValueId kept = g.add(Op::where, {grow, g.add(Op::mul, {scale, g.constant(scaling->growth_factor)}), scale});
+    g.set_update(kLossScale, g.add(Op::where, {finite, kept, g.add(Op::mul, {scale, g.constant(scaling->backoff_factor)})}));
+    g.set_update(kGoodSteps, g.add(Op::where, {grow, g.constant(0.0), good1}));
+    g.set_output(kSkipped, g.add(Op::where, {finite, g.constant(0.0), g.constant(1.0)}));
   }
   std::vector<std::string> keep;
-  for (const auto& [name, v] : g.outputs())
-    if (std::find(params.begin(), params.end(), name.substr(name.rfind("d_", 0) == 0 ? 2 : name.size())) == params.end()) keep.push_back(name);
+  for (const auto& [name, v] : g.outputs()) {
+    const bool gradient = std::find(params.begin(), params.end(), name.substr(name.rfind("d_", 0) == 0 ? 2 : name.size())) != params.end();
+    if (!gradient && name != kScaledLoss) keep.push_back(name);
+  }
   return ir::select_outputs(g, keep);
 }
 

@@ -29,11 +29,40 @@ struct AdamW {
 
 using Optimizer = std::variant<Sgd, AdamW>;
 
+/// Dynamic loss scaling for f16 gradients (torch.cuda.amp.GradScaler, with its defaults): the
+/// loss is multiplied by a scale before the backward, so that small gradients do not flush to
+/// zero in f16; the gradients are divided by it before the update. A step whose gradients hold an
+/// inf or NaN is skipped (parameters and optimizer state unchanged) and the scale multiplied by
+/// `backoff_factor`; after `growth_interval` steps in a row without one, it is multiplied by
+/// `growth_factor`. All of it runs in the step graph, on the backend.
+struct LossScaling {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int growth_interval = 2000;
+};
+
+/// The names loss scaling adds to a step graph: its state (the scale, and the count of good steps
+/// since it last changed), the scaled loss the backward differentiates, and an output that is 1
+/// for a skipped step, else 0.
+inline constexpr const char* kLossScale = "amp.scale";
+inline constexpr const char* kGoodSteps = "amp.good_steps";
+inline constexpr const char* kScaledLoss = "amp.scaled_loss";
+inline constexpr const char* kSkipped = "amp.skipped";
+
+/// `forward` with output kScaledLoss = (its output `loss`, as f32) * the scalar input kLossScale:
+/// the output to differentiate when the loss is scaled.
+ir::Graph with_scaled_loss(const ir::Graph& forward, const std::string& loss);
+
 /// The training step graph: `backward` (with outputs "d_<p>" for each parameter p) plus updates
 /// of every parameter and of the optimizer's own state inputs: "<p>.momentum" for SGD with
 /// momentum; "<p>.m", "<p>.v" and the scalar "adamw.step" for AdamW. Its outputs are
 /// `backward`'s outputs other than the gradients (the gradients feed the updates on the backend).
-ir::Graph training_step(const ir::Graph& backward, const std::vector<std::string>& params, const Optimizer& optimizer);
+/// With `scaling`, the gradients are scaled ones (of kScaledLoss, or averages of them): the step
+/// unscales them, skips the updates when one is not finite, updates the scale (inputs kLossScale
+/// and kGoodSteps, added when `backward` lacks them) and outputs kSkipped.
+ir::Graph training_step(const ir::Graph& backward, const std::vector<std::string>& params, const Optimizer& optimizer,
+                        const LossScaling* scaling = nullptr);
 
 /// Zero tensors for every input of `step` that the optimizer added (held on the backend with the
 /// parameters).

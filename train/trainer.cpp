@@ -20,7 +20,7 @@ const ir::Node& input_node(const ir::Graph& g, const std::string& name) {
 /// The optimizer's half of a step, run after the gradients are averaged: the parameters (held)
 /// and their gradients "d_<p>" (given each step) in, the updates of the parameters and of the
 /// optimizer's state out.
-ir::Graph update_graph(const ir::Graph& forward, const std::vector<std::string>& params, const Optimizer& optimizer) {
+ir::Graph update_graph(const ir::Graph& forward, const std::vector<std::string>& params, const Optimizer& optimizer, const MixedPrecision& mixed) {
   ir::Graph g;
   g.copy_symbols(forward);
   for (const auto& p : params) {
@@ -29,7 +29,27 @@ ir::Graph update_graph(const ir::Graph& forward, const std::vector<std::string>&
     g.add_input(p, n.dtype, shape);
     g.set_output("d_" + p, g.add_input("d_" + p, n.dtype, shape));
   }
-  return training_step(g, params, optimizer);
+  return training_step(g, params, optimizer, mixed.scales_loss() ? &mixed.scaling : nullptr);
+}
+
+/// The forward and backward of a step: `forward` autocast to mixed precision when asked, its
+/// loss scaled when f16 asks for it, differentiated with respect to `params`.
+ir::Graph backward_graph(const ir::Graph& forward, const std::string& loss, const std::vector<std::string>& params, const MixedPrecision& mixed) {
+  if (mixed.compute == DType::f32) return ir::build_backward(forward, {loss, params, {}});
+  for (const auto& p : params)
+    if (input_node(forward, p).dtype != DType::f32)
+      throw ShapeError("trainer: mixed precision keeps an f32 master copy of each parameter; '" + p + "' is " +
+                       std::string(dtype_name(input_node(forward, p).dtype)));
+  const ir::Graph cast = ir::autocast(forward, mixed.compute);
+  if (!mixed.scales_loss()) return ir::build_backward(cast, {loss, params, {}});
+  return ir::build_backward(with_scaled_loss(cast, loss), {kScaledLoss, params, {}});
+}
+
+/// The loss scaling's starting state: the initial scale and no good steps yet.
+void start_loss_scaling(backend::TensorMap& state, const MixedPrecision& mixed) {
+  if (!mixed.scales_loss()) return;
+  state.insert_or_assign(kLossScale, Tensor::from<float>({}, {static_cast<float>(mixed.scaling.init_scale)}));
+  state.insert_or_assign(kGoodSteps, Tensor::from<float>({}, {0.0f}));
 }
 
 std::span<std::byte> bytes_of(Tensor& t) { return {t.raw(), t.nbytes()}; }
@@ -147,9 +167,11 @@ backend::TensorMap shard_batch(const backend::TensorMap& batch, int rank, int ra
 }
 
 Trainer::Trainer(const ir::Graph& forward, const std::string& loss, const std::vector<std::string>& params, const Optimizer& optimizer,
-                 backend::Backend& backend, const backend::TensorMap& initial, const DataParallel& parallel)
-    : step_graph_(training_step(ir::build_backward(forward, {loss, params, {}}), params, optimizer)), params_(params), loss_(loss),
-      parallel_(parallel) {
+                 backend::Backend& backend, const backend::TensorMap& initial, const DataParallel& parallel, const MixedPrecision& mixed)
+    : step_graph_(training_step(backward_graph(forward, loss, params, mixed), params, optimizer, mixed.scales_loss() ? &mixed.scaling : nullptr)),
+      mixed_(mixed), params_(params), loss_(loss), parallel_(parallel) {
+  if (mixed.compute != DType::f32 && !is_half(mixed.compute))
+    throw UsageError("trainer: mixed precision computes in f16 or bf16, not " + std::string(dtype_name(mixed.compute)));
   for (const auto& p : params)
     if (!initial.contains(p)) throw ShapeError("trainer: no initial value for parameter '" + p + "'");
   if (parallel_.comm && (parallel_.comm->size() > 1 || parallel_.split_when_alone)) {
@@ -159,6 +181,7 @@ Trainer::Trainer(const ir::Graph& forward, const std::string& loss, const std::v
   exe_ = backend.compile(step_graph_);
   backend::TensorMap state = initial_optimizer_state(step_graph_, initial);
   for (const auto& p : params) state.emplace(p, initial.at(p));
+  start_loss_scaling(state, mixed_);
   exe_->set_state(state);
 }
 
@@ -176,20 +199,29 @@ void Trainer::start_data_parallel(const ir::Graph& forward, const Optimizer& opt
   const std::vector<std::string> backends = comm.allgather(backend.name());
   broadcast_after_update_ = std::any_of(backends.begin(), backends.end(), [&](const std::string& b) { return b != backends.front(); });
 
-  const ir::Graph backward = ir::build_backward(forward, {loss_, params_, {}});
+  const ir::Graph backward = backward_graph(forward, loss_, params_, mixed_);
   buckets_ = plan_buckets(backward, start, parallel_.bucket_bytes);
   exe_ = backend.compile(backward);
-  exe_->set_state(start);
-  const ir::Graph update = update_graph(forward, params_, optimizer);
+  const ir::Graph update = update_graph(forward, params_, optimizer, mixed_);
   update_ = backend.compile(update);
   backend::TensorMap state = initial_optimizer_state(update, start);
-  for (auto& [name, t] : start) state.emplace(name, std::move(t));
+  start_loss_scaling(state, mixed_);
+  if (mixed_.scales_loss()) start.emplace(kLossScale, state.at(kLossScale));  // the backward scales the loss by it
+  exe_->set_state(start);
+  for (auto& [name, t] : start) state.insert_or_assign(name, std::move(t));
   update_->set_state(state);
 }
 
 double Trainer::step(const backend::TensorMap& batch) {
   if (update_) return data_parallel_step(batch);
-  return exe_->run(batch).at(loss_).at(0);
+  const backend::TensorMap out = exe_->run(batch);
+  last_step_skipped_ = out.contains(kSkipped) && out.at(kSkipped).at(0) != 0;
+  return out.at(loss_).at(0);
+}
+
+double Trainer::loss_scale() {
+  if (!mixed_.scales_loss()) return 1.0;
+  return (update_ ? update_->state() : exe_->state()).at(kLossScale).at(0);
 }
 
 double Trainer::data_parallel_step(const backend::TensorMap& batch) {
@@ -200,10 +232,12 @@ double Trainer::data_parallel_step(const backend::TensorMap& batch) {
   double loss = out.at(loss_).at(0);
   comm.allreduce_sum(std::span<double>(&loss, 1));
   const backend::TensorMap grads = reducer.averages(out);
-  update_->run(grads);
+  const backend::TensorMap updated = update_->run(grads);
+  last_step_skipped_ = updated.contains(kSkipped) && updated.at(kSkipped).at(0) != 0;
 
   backend::TensorMap state = update_->state(), params;
   for (const auto& p : params_) params.emplace(p, state.at(p));
+  if (mixed_.scales_loss()) params.emplace(kLossScale, state.at(kLossScale));  // the next backward's scale
   if (broadcast_after_update_) {
     for (auto& [name, t] : params) comm.broadcast(bytes_of(t), 0);
     for (const auto& [name, t] : params) state.insert_or_assign(name, t);

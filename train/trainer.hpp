@@ -32,6 +32,20 @@ struct DataParallel {
   bool split_when_alone = false;
 };
 
+/// Mixed-precision training (PyTorch's autocast with GradScaler): the model, written in f32,
+/// runs its matmuls and attention in `compute` (f16 or bf16) and its softmaxes, logarithms and
+/// sums in f32 (ir::autocast); the parameters stay f32 (the master copy the optimizer updates),
+/// cast to `compute` where they are used, so their gradients come back f32 through the casts.
+/// For f16, dynamic loss scaling (`scaling`) keeps small gradients from flushing to zero and
+/// skips steps whose gradients overflow; bf16 has f32's range and runs without it.
+struct MixedPrecision {
+  DType compute = DType::f32;  // f32: off
+  bool loss_scaling = true;    // for f16
+  LossScaling scaling;
+  /// Whether the loss is scaled: f16 with loss_scaling.
+  bool scales_loss() const { return compute == DType::f16 && loss_scaling; }
+};
+
 /// Parameters whose gradients are averaged over the ranks as one message. A step's buckets are
 /// the same on every rank (collectives start in the same order everywhere): the parameters in
 /// the order the backward graph computes their gradients, cut every DataParallel::bucket_bytes.
@@ -50,7 +64,7 @@ class Trainer {
   /// `forward` has a scalar output `loss`; `params` name the inputs to train (the others are
   /// data, given to each step); `initial` holds their starting values.
   Trainer(const ir::Graph& forward, const std::string& loss, const std::vector<std::string>& params, const Optimizer& optimizer,
-          backend::Backend& backend, const backend::TensorMap& initial, const DataParallel& parallel = {});
+          backend::Backend& backend, const backend::TensorMap& initial, const DataParallel& parallel = {}, const MixedPrecision& mixed = {});
 
   /// One step on a batch (this rank's shard, when data-parallel): the loss before the update
   /// (averaged over the ranks), then the update, on the backend.
@@ -77,11 +91,18 @@ class Trainer {
   };
   const ReductionStats& reduction_stats() const { return reduction_stats_; }
 
+  /// With loss scaling: the scale the next step uses, and whether the last step was skipped (its
+  /// gradients held an inf or NaN). Without: 1 and false.
+  double loss_scale();
+  bool last_step_skipped() const { return last_step_skipped_; }
+
  private:
   void start_data_parallel(const ir::Graph& forward, const Optimizer& optimizer, backend::Backend& backend, const backend::TensorMap& initial);
   double data_parallel_step(const backend::TensorMap& batch);
 
   ir::Graph step_graph_;
+  MixedPrecision mixed_;
+  bool last_step_skipped_ = false;
   std::vector<std::string> params_;
   std::string loss_;
   std::unique_ptr<backend::Executable> exe_;  // the whole step; data-parallel: forward and backward

@@ -227,6 +227,17 @@ TEST_F(Cli, ExplainBenchVizTrain) {
   ASSERT_EQ(train.status, 0) << train.output;
   EXPECT_NE(train.output.find("step   40/40 [##############################]"), std::string::npos) << train.output;
   EXPECT_EQ(qkv::io::png_size(path("loss.png")), (std::pair<std::int64_t, std::int64_t>{640, 356}));
+  // Mixed precision: f16 with loss scaling, bf16 without; a dtype it cannot train in is refused.
+  Result f16 = run("train --steps 40 --dtype f16");
+  ASSERT_EQ(f16.status, 0) << f16.output;
+  EXPECT_NE(f16.output.find("mixed precision: matmuls and attention in f16, f32 parameters, dynamic loss scaling"), std::string::npos) << f16.output;
+  EXPECT_NE(f16.output.find("loss scale 65536; 0 of 40 steps skipped"), std::string::npos) << f16.output;
+  Result bf16 = run("train --steps 2 --dtype bf16");
+  ASSERT_EQ(bf16.status, 0) << bf16.output;
+  EXPECT_EQ(bf16.output.find("loss scale"), std::string::npos) << bf16.output;
+  Result f64 = run("train --steps 2 --dtype f64");
+  EXPECT_EQ(f64.status, 2) << f64.output;
+  EXPECT_NE(f64.output.find("--dtype f64: f32, f16 or bf16"), std::string::npos) << f64.output;
 }
 
 TEST_F(Cli, EveryModelCommandRunsOnVulkan) {

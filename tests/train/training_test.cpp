@@ -147,6 +147,113 @@ TEST_P(Training, KeepsAttentionFused) {
   EXPECT_EQ(backward, 3 * forward) << ir::print(t.compiled_graph());
 }
 
+/// Mixed precision computing in `dtype`, loss scaling (for f16) from `init_scale`, growing it
+/// after `growth_interval` good steps.
+train::MixedPrecision mixed_precision(DType dtype, double init_scale = 65536.0, int growth_interval = 2000) {
+  train::MixedPrecision m;
+  m.compute = dtype;
+  m.scaling.init_scale = init_scale;
+  m.scaling.growth_interval = growth_interval;
+  return m;
+}
+
+/// The copy-task losses per step in mixed precision (`dtype` compute, f32 parameters).
+std::vector<double> mixed_losses(backend::Backend& b, int steps, const train::Optimizer& optimizer, DType dtype) {
+  ir::Graph model = models::copy_task_model();
+  auto params = models::copy_task_params();
+  train::Trainer t(model, "loss", params, optimizer, b, train::initialize(model, params, {train::Init::xavier_uniform}, 7), {},
+                   mixed_precision(dtype));
+  std::vector<double> r;
+  for (int s = 0; s < steps; ++s) {
+    r.push_back(t.step(models::copy_task_batch(32, 1000 + static_cast<std::uint64_t>(s))));
+    EXPECT_FALSE(t.last_step_skipped()) << "step " << s;  // the copy task's gradients never overflow
+  }
+  return r;
+}
+
+// f16 (with loss scaling) and bf16 activations and gradients over f32 master parameters: the
+// run learns the copy task as the f32 run does, its losses close to the f32 run's step by step
+// (within what rounding activations to 11 or 8 significant bits moves them).
+TEST_P(Training, MixedPrecisionTracksTheF32RunAndLearns) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  constexpr int kSteps = 70;
+  const std::vector<double> f32 = losses(*b, kSteps, kAdamW);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const std::vector<double> mixed = mixed_losses(*b, kSteps, kAdamW, dtype);
+    const double tolerance = dtype == DType::f16 ? 0.02 : 0.1;  // relative, of the loss
+    for (int s = 0; s < 10; ++s)                                // early steps, before the runs' paths part by chaos
+      EXPECT_NEAR(mixed[static_cast<std::size_t>(s)], f32[static_cast<std::size_t>(s)], tolerance * f32[static_cast<std::size_t>(s)]) << "step " << s;
+    EXPECT_LT(mixed.back(), 0.25 * models::copy_task_chance_loss()) << "first " << mixed.front();
+  }
+}
+
+TEST_P(Training, MixedPrecisionRunsMatmulsInHalfAndKeepsParametersF32) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  ir::Graph model = models::copy_task_model();
+  auto params = models::copy_task_params();
+  train::Trainer t(model, "loss", params, kSgd, *b, train::initialize(model, params, {train::Init::xavier_uniform}, 7), {},
+                   mixed_precision(DType::bf16));
+  int half_matmuls = 0, f32_matmuls = 0;
+  for (const ir::Node& n : t.graph().nodes()) {
+    half_matmuls += n.op == ir::Op::matmul && n.dtype == DType::bf16;
+    f32_matmuls += n.op == ir::Op::matmul && n.dtype == DType::f32;
+  }
+  EXPECT_GT(half_matmuls, 0) << ir::print(t.graph());
+  EXPECT_EQ(f32_matmuls, 0) << ir::print(t.graph());
+  t.step(models::copy_task_batch(32, 1));
+  for (const auto& [name, value] : t.parameters()) EXPECT_EQ(value.dtype(), DType::f32) << name;
+  EXPECT_EQ(t.loss_scale(), 1.0);  // bf16 needs no loss scaling
+}
+
+// An injected overflow (a loss scale of 1e30: the gradients overflow f16 whatever the batch)
+// skips its steps, leaving parameters and optimizer state as they were and halving the scale each
+// time, until the gradients fit and the steps train again; growth_interval good steps in a row
+// double the scale.
+TEST_P(Training, LossScalingSkipsAnOverflowingStepAndRecovers) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  ir::Graph model = models::copy_task_model();
+  auto params = models::copy_task_params();
+  const train::MixedPrecision mixed = mixed_precision(DType::f16, 1024.0, 3);
+  train::Trainer t(model, "loss", params, kAdamW, *b, train::initialize(model, params, {train::Init::xavier_uniform}, 7), {}, mixed);
+  EXPECT_EQ(t.loss_scale(), 1024.0);
+  t.step(models::copy_task_batch(32, 1));
+  EXPECT_FALSE(t.last_step_skipped());
+  const backend::TensorMap before = t.parameters();
+  // A huge loss scale overflows f16 gradients whatever the batch: the scaled loss's gradient
+  // (1e30 rounds to inf in f16) is the injected overflow.
+  train::Trainer overflow(model, "loss", params, kAdamW, *b, before, {}, mixed_precision(DType::f16, 1e30, 3));
+  overflow.step(models::copy_task_batch(32, 2));
+  EXPECT_TRUE(overflow.last_step_skipped());
+  EXPECT_EQ(overflow.loss_scale(), static_cast<double>(static_cast<float>(1e30)) * 0.5);  // the scale is an f32
+  for (const auto& [name, value] : overflow.parameters())
+    for (std::int64_t i = 0; i < value.numel(); ++i) ASSERT_EQ(value.at(i), before.at(name).at(i)) << name << "[" << i << "]";
+  // Each overflowing step halves the scale, until the gradients fit (the copy task's settle near
+  // 2^21: its loss is a mean over 256 tokens); from then on the steps train.
+  int skipped = 1, s = 0;
+  for (; s < 150 && overflow.last_step_skipped(); ++s) {
+    overflow.step(models::copy_task_batch(32, 100 + static_cast<std::uint64_t>(s)));
+    skipped += overflow.last_step_skipped();
+  }
+  EXPECT_GT(skipped, 50);
+  EXPECT_LT(s, 150) << "the scale never came down to where the gradients fit";
+  EXPECT_LT(overflow.loss_scale(), 1e9);
+  int trained = 1;  // the step that ended the loop
+  for (int i = 0; i < 6; ++i) {
+    overflow.step(models::copy_task_batch(32, 300 + static_cast<std::uint64_t>(i)));
+    trained += !overflow.last_step_skipped();
+  }
+  EXPECT_GE(trained, 5);
+  bool moved = false;
+  for (const auto& [name, value] : overflow.parameters())
+    for (std::int64_t i = 0; i < value.numel() && !moved; ++i) moved = value.at(i) != before.at(name).at(i);
+  EXPECT_TRUE(moved);
+  // The first trainer's scale: two good steps so far at 1024, then a third grows it.
+  t.step(models::copy_task_batch(32, 4));
+  t.step(models::copy_task_batch(32, 5));
+  EXPECT_EQ(t.loss_scale(), 2048.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, Training, ::testing::Values("cpu", "vulkan"));
 
 }  // namespace
