@@ -26,13 +26,14 @@ struct Trained {
 
 /// The copy task for kSteps steps: on the whole batch in this process alone (`parallel` empty),
 /// or on this rank's shard, data-parallel.
-Trained train_copy_task(backend::Backend& b, const train::Optimizer& optimizer, const train::DataParallel& parallel) {
+Trained train_copy_task(backend::Backend& b, const train::Optimizer& optimizer, const train::DataParallel& parallel,
+                        const train::MixedPrecision& mixed = {}) {
   const ir::Graph model = models::copy_task_model();
   const auto params = models::copy_task_params();
   // Each rank draws its own initial values; data-parallel training starts every rank from rank 0's.
   const int rank = parallel.comm ? parallel.comm->rank() : 0, ranks = parallel.comm ? parallel.comm->size() : 1;
   train::Trainer t(model, "loss", params, optimizer, b,
-                   train::initialize(model, params, {train::Init::xavier_uniform}, 5 + static_cast<std::uint64_t>(rank)), parallel);
+                   train::initialize(model, params, {train::Init::xavier_uniform}, 5 + static_cast<std::uint64_t>(rank)), parallel, mixed);
   EXPECT_EQ(t.data_parallel(), ranks > 1 || parallel.split_when_alone);
   Trained r;
   for (int s = 0; s < kSteps; ++s) {
@@ -76,6 +77,23 @@ TEST(DataParallel, SgdOnRanksTrainsAsOneProcessWithTheWholeBatch) { expect_as_on
 
 TEST(DataParallel, AdamWOnRanksTrainsAsOneProcessWithTheWholeBatch) {
   expect_as_one_process("cpu", train::AdamW{.lr = 0.01, .weight_decay = 0.01}, 1 << 20);
+}
+
+// Mixed precision (f16 activations and gradients, f32 master parameters, loss scaling) on the
+// ranks: each rank's f16 weight gradients round over its shard rather than the whole batch, so
+// the runs agree to f16's precision rather than f32's; the parameters stay the same bits on every
+// rank.
+TEST(DataParallel, MixedPrecisionOnRanksTrainsAsOneProcess) {
+  Communicator& c = Communicator::world();
+  auto b = backend::create("cpu");
+  const train::Sgd sgd{.lr = 0.3, .momentum = 0.9};
+  train::MixedPrecision mixed;
+  mixed.compute = DType::f16;
+  const Trained alone = train_copy_task(*b, sgd, {}, mixed);
+  const Trained parallel = train_copy_task(*b, sgd, {.comm = &c, .bucket_bytes = 4096}, mixed);
+  for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(parallel.losses[s], alone.losses[s], 2e-3 * std::max(1.0, alone.losses[s])) << "step " << s;
+  EXPECT_LE(relative_error(parallel.params, alone.params), 1e-2) << c.describe();
+  EXPECT_EQ(ranks_differing_from_rank0(c, parallel.params), 0) << "parameters must stay the same bits on every rank";
 }
 
 // Buckets are reduced separately, and MPI may pick another reduction order for another size: the
