@@ -19,22 +19,30 @@ bool finite(double x) { return std::isfinite(x); }
 int precision_rank(DType d) { return d == DType::bf16 ? 0 : d == DType::f16 ? 1 : 2; }
 }  // namespace
 
-DType computed_in(const ir::Graph& g, const std::string& name) {
+ComputedIn computed_in(const ir::Graph& g, const std::string& name) {
   const ir::ValueId out = g.output(name);
   std::vector<bool> needed(g.size(), false);
   needed[static_cast<std::size_t>(out)] = true;
-  DType narrowest = DType::f32;
+  ComputedIn r;
   for (std::size_t i = g.size(); i-- > 0;) {
     if (!needed[i]) continue;
     const ir::Node& n = g.nodes()[i];
-    if (precision_rank(n.dtype) < precision_rank(narrowest)) narrowest = n.dtype;
+    if (precision_rank(n.dtype) < precision_rank(r.format)) r.format = n.dtype;
     for (ir::ValueId v : n.inputs) needed[static_cast<std::size_t>(v)] = true;
   }
-  return narrowest;
+  // Half results (other than inputs, which are exact) on the longest path to the output.
+  std::vector<int> depth(g.size(), 0);
+  for (std::size_t i = 0; i <= static_cast<std::size_t>(out); ++i) {
+    const ir::Node& n = g.nodes()[i];
+    for (ir::ValueId v : n.inputs) depth[i] = std::max(depth[i], depth[static_cast<std::size_t>(v)]);
+    depth[i] += is_half(n.dtype) && n.op != ir::Op::input;
+  }
+  r.roundings = depth[static_cast<std::size_t>(out)];
+  return r;
 }
 
 OutputComparison compare_output(const std::string& name, const Tensor& actual, const Tensor& oracle, const Tensor& plain, double factor,
-                                const Tensor* plain_reversed, DType computed_in) {
+                                const Tensor* plain_reversed, ComputedIn how) {
   OutputComparison c;
   c.output = name;
   if (actual.shape() != oracle.shape()) {
@@ -54,11 +62,13 @@ OutputComparison compare_output(const std::string& name, const Tensor& actual, c
     err = std::max(err, diff(a));
   }
   // The floor: a few f32 ulps of the largest magnitude; for an output computed through f16 or
-  // bf16 values, one ulp of the narrowest format, the most that rounding a result once can add
-  // (any f32 difference before the rounding can move it to the neighbouring half value).
-  const DType format = precision_rank(actual.dtype()) < precision_rank(computed_in) ? actual.dtype() : computed_in;
-  const double eps = format == DType::f16    ? std::ldexp(1.0, -10)
-                     : format == DType::bf16 ? std::ldexp(1.0, -7)
+  // bf16 values, one ulp of the narrowest format per half rounding on its longest path (any f32
+  // difference before a rounding can move its result to the neighbouring half value, and the
+  // moves add up along the path).
+  const DType format = precision_rank(actual.dtype()) < precision_rank(how.format) ? actual.dtype() : how.format;
+  const double half_roundings = std::max(1, how.roundings);
+  const double eps = format == DType::f16    ? std::ldexp(1.0, -10) * half_roundings
+                     : format == DType::bf16 ? std::ldexp(1.0, -7) * half_roundings
                                              : 4 * static_cast<double>(std::numeric_limits<float>::epsilon());
   c.max_abs_error = err;
   c.max_rel_error = scale > 0 ? err / scale : err;

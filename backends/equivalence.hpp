@@ -39,8 +39,9 @@ struct EquivalenceReport {
 /// Budget for one output: `factor` times the error a plain float32 computation of the same graph
 /// makes against float64 (the reference backend in single precision), plus a floor of a few
 /// float32 ulps of the output's largest magnitude, so exact-in-f32 graphs still get a budget (for
-/// an output computed through f16 or bf16 values, one ulp of the narrowest such format: rounding
-/// once can move a value that far, whatever f32 difference came before it).
+/// an output computed through f16 or bf16 values, one ulp of the narrowest such format per half
+/// rounding on its longest path: rounding once can move a value that far, whatever f32 difference
+/// came before it).
 /// check_equivalence takes the plain computation's error as the larger of two summation orders
 /// (first term first, and last first): one order can be lucky on a sum with cancellation (a
 /// score modifier's gradient, whose terms sum to nearly zero), and a budget anchored to that luck
@@ -55,16 +56,23 @@ EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs,
 EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs, const std::vector<std::string>& backends, double factor,
                                     const std::function<std::unique_ptr<Backend>(const std::string&)>& make);
 
+/// How an output was computed, for its budget's floor: the narrowest float format among it and the
+/// values it depends on (by precision, the fraction bits whose ulp a rounding costs: bf16 (7),
+/// then f16 (10), f32), and for a half format, how many half-precision results lie on the longest
+/// path to it (each may round to the other neighbour when an f32 difference comes before it, and
+/// such flips add up along a path: the classic n-roundings bound).
+struct ComputedIn {
+  DType format = DType::f32;
+  int roundings = 0;
+};
+ComputedIn computed_in(const ir::Graph& g, const std::string& name);
+
 /// Compares `actual` with the float64 `oracle` given the plain-f32 result `plain` (and, where
 /// given, `plain_reversed`, the same with its sums taken in the other order: the budget scales from
-/// the larger of their errors). `computed_in` is the narrowest float format the output was
-/// computed through (computed_in(g, name)); the output's own dtype counts too.
+/// the larger of their errors). `how` says how the output was computed (computed_in(g, name)); the
+/// output's own dtype counts too.
 OutputComparison compare_output(const std::string& name, const Tensor& actual, const Tensor& oracle, const Tensor& plain,
-                                double factor = kDefaultBudgetFactor, const Tensor* plain_reversed = nullptr, DType computed_in = DType::f32);
-
-/// The narrowest float format among output `name` of `g` and the values it depends on, by
-/// precision (fraction bits, whose ulp is what a rounding costs): bf16 (7), then f16 (10), f32.
-DType computed_in(const ir::Graph& g, const std::string& name);
+                                double factor = kDefaultBudgetFactor, const Tensor* plain_reversed = nullptr, ComputedIn how = {});
 
 /// Random inputs for every graph input: floats ~ N(0, 1), booleans true with probability 0.7,
 /// i32 in [0, 8).

@@ -46,6 +46,8 @@ void add_model_options(CLI::App* app, Request& r, const char* grad_help) {
   app->add_option("--weights", r.weights, "parameters: a .safetensors file or a folder of NAME.npy, under PyTorch's names");
   app->add_option("--dim", raw->dims, "the size of a named dim no input gives: NAME=SIZE");
   add_seed_option(app, r.seed, "seed of the random inputs and parameters");
+  app->add_option("--dtype", r.dtype, "a built-in model's float values in f32, f16 or bf16 (each op computes in f32 and rounds its result)")
+      ->capture_default_str();
   if (grad_help[0]) app->add_flag("--grad", r.grad, grad_help);
 }
 

@@ -236,6 +236,13 @@ Prepared prepare(const Request& r) {
     if (!opts.empty()) p.title += " (" + opts + ")";
     p.graph = spec->build(options, dims);
   }
+  if (r.dtype != "f32") {
+    const std::optional<DType> dtype = parse_dtype(r.dtype);
+    if (!dtype || !is_half(*dtype)) throw UsageError("--dtype " + r.dtype + ": f32, f16 or bf16");
+    if (!spec) throw UsageError("--dtype is for built-in models; " + r.target + " declares its own dtypes");
+    p.graph = ir::to_dtype(p.graph, *dtype);  // files and weights in other float dtypes are converted to it
+    p.title += " in " + r.dtype;
+  }
   // --dim names the graph's own named dims.
   std::set<std::string> symbols;
   for (const auto& [id, name] : p.graph.symbols())

@@ -26,7 +26,8 @@ struct Request {
   std::map<std::string, std::string> dims;  // --dim NAME=SIZE (sizes of named dims without inputs)
   std::string weights;                      // --weights FILE.safetensors or DIR of NAME.npy
   std::uint64_t seed = 1;
-  bool grad = false;  // the backward graph: outputs d_<input>, inputs d<output>
+  bool grad = false;          // the backward graph: outputs d_<input>, inputs d<output>
+  std::string dtype = "f32";  // --dtype: a built-in model's float values in f16 or bf16
 };
 
 struct Prepared {

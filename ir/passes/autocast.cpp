@@ -1,5 +1,6 @@
 // Mixed precision as PyTorch's autocast: the ops that gain from half precision run in it, the
-// ones that lose accuracy in it run in f32, the rest in their operands' widest dtype.
+// ones that lose accuracy in it run in f32, the rest in their operands' widest dtype. And a whole
+// model in one half dtype, as PyTorch's model.half().
 #include <algorithm>
 
 #include "ir/passes/passes.hpp"
@@ -81,6 +82,19 @@ Graph autocast(const Graph& g, DType lower) {
       changed = true;
     }
     return changed ? out.add(n.op, std::move(ops), n.attrs, n.region) : -1;
+  });
+}
+
+Graph to_dtype(const Graph& g, DType dtype) {
+  if (dtype == DType::f32) return g;
+  if (!is_half(dtype)) throw UsageError("to_dtype: a model runs in f32, f16 or bf16, not " + std::string(dtype_name(dtype)));
+  return rebuild(g, [dtype](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
+    if (n.op == Op::input) return n.dtype == DType::f32 ? out.add_input(n.name, dtype, n.shape) : -1;
+    const ValueId v = out.add(n.op, {in.begin(), in.end()}, n.attrs, n.region);
+    if (out.node(v).dtype != DType::f32) return v;
+    Attrs to;
+    to.dtype = dtype;
+    return out.add(Op::cast, {v}, to);
   });
 }
 

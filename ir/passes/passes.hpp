@@ -65,6 +65,10 @@ Graph emulate_half_precision(const Graph& g);
 /// f32 parameters stay the f32 master copy, and their gradients (through the casts) come out
 /// f32. Throws UsageError for a `lower` that is not f16 or bf16.
 Graph autocast(const Graph& g, DType lower);
+/// `g` with every float value in `dtype` (PyTorch's model.to(dtype)): f32 inputs declared
+/// `dtype`, and each value an op makes in f32 (a constant, an iota, a cast from i32) cast to
+/// `dtype` where it is made. f32 gives `g`; throws UsageError for a dtype other than f16 or bf16.
+Graph to_dtype(const Graph& g, DType dtype);
 
 /// Replaces each composite node for which `keep` is false with its decomposition
 /// (decompose.cpp). Backends keep the composites they implement directly.

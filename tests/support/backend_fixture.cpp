@@ -71,16 +71,7 @@ double normwise_error(const Tensor& actual, const Tensor& expected) {
   return scale > 0 ? err / scale : err;
 }
 
-ir::Graph in_dtype(const ir::Graph& g, DType dtype) {
-  return ir::rebuild(g, [dtype](ir::Graph& out, ir::ValueId, const ir::Node& n, std::span<const ir::ValueId> in) -> ir::ValueId {
-    if (n.op == ir::Op::input) return n.dtype == DType::f32 ? out.add_input(n.name, dtype, n.shape) : -1;
-    const ir::ValueId v = out.add(n.op, {in.begin(), in.end()}, n.attrs, n.region);
-    if (out.node(v).dtype != DType::f32) return v;
-    ir::Attrs to;
-    to.dtype = dtype;
-    return out.add(ir::Op::cast, {v}, to);
-  });
-}
+ir::Graph in_dtype(const ir::Graph& g, DType dtype) { return ir::to_dtype(g, dtype); }
 
 backend::TensorMap inputs_in_dtype(backend::TensorMap inputs, DType dtype) {
   for (auto& [name, t] : inputs)

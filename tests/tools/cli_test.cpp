@@ -240,6 +240,27 @@ TEST_F(Cli, ExplainBenchVizTrain) {
   EXPECT_NE(f64.output.find("--dtype f64: f32, f16 or bf16"), std::string::npos) << f64.output;
 }
 
+// --dtype runs a built-in model with its float values in f16 or bf16: every model within its
+// budgets against the float64 reference (forward, and bf16 backward), f32 files converted to it,
+// and what cannot be done named.
+TEST_F(Cli, ModelsRunAndCheckInHalfPrecision) {
+  Result f16 = run("check all --dtype f16 --backend cpu");
+  EXPECT_EQ(f16.status, 0) << f16.output;
+  EXPECT_NE(f16.output.find("decoder-block (activation=relu, embed=32, heads=4) in f16, seed 1"), std::string::npos) << f16.output;
+  Result bf16 = run("check mha --dtype bf16 --grad --backend cpu");
+  EXPECT_EQ(bf16.status, 0) << bf16.output;
+  Result file = run("run sdpa --dtype f16 --in q=" + std::string(QKV_SOURCE_DIR) + "/examples/data/journey.npy --out out=" + path("o.npy"));
+  EXPECT_EQ(file.status, 0) << file.output;
+  EXPECT_EQ(qkv::io::read_npy(path("o.npy")).dtype(), qkv::DType::f16);
+  Result bf16_npy = run("run sdpa --dtype bf16 --out out=" + path("b.npy"));
+  EXPECT_EQ(bf16_npy.status, 2) << bf16_npy.output;
+  EXPECT_NE(bf16_npy.output.find("has no NumPy dtype"), std::string::npos) << bf16_npy.output;
+  EXPECT_FALSE(std::filesystem::exists(path("b.npy")));
+  Result f64 = run("check sdpa --dtype f64");
+  EXPECT_EQ(f64.status, 2) << f64.output;
+  EXPECT_NE(f64.output.find("--dtype f64: f32, f16 or bf16"), std::string::npos) << f64.output;
+}
+
 TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
   Result devices = run("devices");
   if (devices.output.find("vulkan     available") == std::string::npos) {
