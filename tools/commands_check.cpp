@@ -305,7 +305,12 @@ int cmd_bench(const Request& r, const std::string& backends, int repeat, bool pr
     exe->set_profiling(profile);
     exe->run(p.inputs);
     const ir::Graph& g = exe->graph();
-    auto shapes = ir::bind_shapes(g, p.inputs);
+    // The graph as run holds half values in f32 (emulate-half-precision): its shapes bound to
+    // the inputs widened.
+    backend::TensorMap as_run = p.inputs;
+    for (auto& [input, t] : as_run)
+      if (is_half(t.dtype())) t = t.to(DType::f32);
+    auto shapes = ir::bind_shapes(g, as_run);
     double flops = 0;
     for (std::size_t i = 0; i < g.size(); ++i) flops += ir::estimated_flops(g, static_cast<ir::ValueId>(i), shapes);
     std::vector<double> ms;

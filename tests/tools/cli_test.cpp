@@ -256,6 +256,9 @@ TEST_F(Cli, ModelsRunAndCheckInHalfPrecision) {
   EXPECT_EQ(bf16_npy.status, 2) << bf16_npy.output;
   EXPECT_NE(bf16_npy.output.find("has no NumPy dtype"), std::string::npos) << bf16_npy.output;
   EXPECT_FALSE(std::filesystem::exists(path("b.npy")));
+  Result bench = run("bench decoder-block --dtype bf16 --backend cpu --repeat 2");
+  EXPECT_EQ(bench.status, 0) << bench.output;
+  EXPECT_NE(bench.output.find("\ncpu "), std::string::npos) << bench.output;
   Result f64 = run("check sdpa --dtype f64");
   EXPECT_EQ(f64.status, 2) << f64.output;
   EXPECT_NE(f64.output.find("--dtype f64: f32, f16 or bf16"), std::string::npos) << f64.output;
