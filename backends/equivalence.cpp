@@ -62,11 +62,12 @@ OutputComparison compare_output(const std::string& name, const Tensor& actual, c
     err = std::max(err, diff(a));
   }
   // The floor: a few f32 ulps of the largest magnitude; for an output computed through f16 or
-  // bf16 values, one ulp of the narrowest format per half rounding on its longest path (any f32
+  // bf16 values, ulps of the narrowest format by the half roundings on its longest path (any f32
   // difference before a rounding can move its result to the neighbouring half value, and the
   // moves add up along the path).
   const DType format = precision_rank(actual.dtype()) < precision_rank(how.format) ? actual.dtype() : how.format;
-  const double half_roundings = std::max(1, how.roundings);
+  // Flips at independent roundings add as a random walk: three standard deviations of n of them.
+  const double half_roundings = std::max(1.0, 3.0 * std::sqrt(static_cast<double>(how.roundings)));
   const double eps = format == DType::f16    ? std::ldexp(1.0, -10) * half_roundings
                      : format == DType::bf16 ? std::ldexp(1.0, -7) * half_roundings
                                              : 4 * static_cast<double>(std::numeric_limits<float>::epsilon());

@@ -39,9 +39,9 @@ struct EquivalenceReport {
 /// Budget for one output: `factor` times the error a plain float32 computation of the same graph
 /// makes against float64 (the reference backend in single precision), plus a floor of a few
 /// float32 ulps of the output's largest magnitude, so exact-in-f32 graphs still get a budget (for
-/// an output computed through f16 or bf16 values, one ulp of the narrowest such format per half
-/// rounding on its longest path: rounding once can move a value that far, whatever f32 difference
-/// came before it).
+/// an output computed through f16 or bf16 values, 3 sqrt(n) ulps of the narrowest such format for
+/// n half roundings on its longest path: rounding once can move a value one ulp, whatever f32
+/// difference came before it).
 /// check_equivalence takes the plain computation's error as the larger of two summation orders
 /// (first term first, and last first): one order can be lucky on a sum with cancellation (a
 /// score modifier's gradient, whose terms sum to nearly zero), and a budget anchored to that luck
@@ -59,8 +59,9 @@ EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs,
 /// How an output was computed, for its budget's floor: the narrowest float format among it and the
 /// values it depends on (by precision, the fraction bits whose ulp a rounding costs: bf16 (7),
 /// then f16 (10), f32), and for a half format, how many half-precision results lie on the longest
-/// path to it (each may round to the other neighbour when an f32 difference comes before it, and
-/// such flips add up along a path: the classic n-roundings bound).
+/// path to it (each may round to the other neighbour when an f32 difference comes before it; such
+/// flips, independent, add up along a path as a random walk: the floor is 3 sqrt(n) ulps, at
+/// least one).
 struct ComputedIn {
   DType format = DType::f32;
   int roundings = 0;

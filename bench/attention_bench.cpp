@@ -11,7 +11,9 @@
 // materialised (the path every vulkan run took before the flash kernels). Each backend row reports the
 // memory its plan holds ("MiB"). Run: build/default/bench/qkv_bench (QKV_BENCH_BACKENDS=cpu,vulkan
 // picks backends; QKV_BENCH_SHAPES=1,8,4096,64;4,8,512,64 replaces the shapes; --benchmark_filter
-// narrows the rows). QKV_BENCH_DEVICE_TIME=1 times vulkan rows by the device's kernel timestamps
+// narrows the rows). -f16 and -bf16 rows run the forward with q, k, v and the output in half
+// precision (every op computing in f32 and rounding its result), and a last table gives their
+// rate over the f32 row's. QKV_BENCH_DEVICE_TIME=1 times vulkan rows by the device's kernel timestamps
 // (Executable::profile) instead of the wall clock, which on a discrete GPU also counts the PCIe
 // uploads of q, k, v and the download of the output on every run.
 #include <benchmark/benchmark.h>
@@ -51,7 +53,7 @@ const std::vector<Shape> kLongShapes = {{1, 8, 8192, 64}};
 /// score modifier (soft-capping at 30; ALiBi with causality; soft-capping forward + backward);
 /// dropout on the weights forward + backward (training); and the unfused path (the softmax
 /// weights are also returned, so the scores are materialised).
-enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, dropout_backward, document, unfused };
+enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, dropout_backward, document, unfused, f16, bf16 };
 
 const char* mode_suffix(Mode m) {
   switch (m) {
@@ -64,6 +66,8 @@ const char* mode_suffix(Mode m) {
     case Mode::dropout_backward: return "-dropout-fwd+bwd";
     case Mode::document: return "-document";
     case Mode::unfused: return "-unfused";
+    case Mode::f16: return "-f16";
+    case Mode::bf16: return "-bf16";
   }
   return "";
 }
@@ -108,6 +112,10 @@ qkv::ir::Graph sdpa_graph(double scale, Mode mode) {
     }
     case Mode::backward:
       return ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale)))), {"", {"q", "k", "v"}, {"out"}});
+    case Mode::f16:
+    case Mode::bf16:
+      return ir::to_dtype(lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale)))),
+                          mode == Mode::f16 ? DType::f16 : DType::bf16);
     case Mode::forward: break;
   }
   return lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale))));
@@ -248,6 +256,22 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (r.skip >= 0) std::printf(" %8.1f", r.skip);
       std::printf("\n");
     }
+    // Half precision against f32 on the same backend and shape (target: >= 0.95x, with q, k, v
+    // and the output in half the memory).
+    std::map<std::pair<std::string, std::string>, double> f32;
+    for (const auto& r : rates_) f32[{r.what, r.shape}] = r.gflops;
+    bool header = false;
+    for (const auto& r : rates_) {
+      for (const char* suffix : {"-f16", "-bf16"}) {
+        const std::string sx = suffix;
+        if (r.what.size() <= sx.size() || r.what.compare(r.what.size() - sx.size(), sx.size(), sx) != 0) continue;
+        const auto base = f32.find({r.what.substr(0, r.what.size() - sx.size()), r.shape});
+        if (base == f32.end()) continue;
+        if (!header) std::printf("\n%-24s %-22s %12s %14s\n", "shape", "half precision", "GFLOP/s", "vs its f32");
+        header = true;
+        std::printf("%-24s %-22s %12.2f %13.2fx\n", r.shape.c_str(), r.what.c_str(), r.gflops, r.gflops / base->second);
+      }
+    }
   }
 
  private:
@@ -293,7 +317,7 @@ int main(int argc, char** argv) {
       if (b == "reference" && s.n > 128) continue;  // plain double loops: minutes per run
       if (b == "vulkan" && s.n > 512 && std::getenv("QKV_BENCH_SMALL_VULKAN")) continue;
       for (Mode m : {Mode::forward, Mode::causal, Mode::backward, Mode::softcap, Mode::alibi, Mode::softcap_backward, Mode::dropout_backward,
-                     Mode::document, Mode::unfused}) {
+                     Mode::document, Mode::unfused, Mode::f16, Mode::bf16}) {
         if (b == "reference" && m != Mode::forward) continue;
         if (m == Mode::alibi && (s.h != 8 || s.d != 64)) continue;
         if (m == Mode::unfused && b != "vulkan") continue;  // the cpu's own unfused peer is sgemm-softmax-sgemm

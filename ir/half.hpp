@@ -94,3 +94,18 @@ inline BFloat16 to_bfloat16(double x) {
 inline float to_float(BFloat16 b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b.bits) << 16); }
 
 }  // namespace qkv
+
+namespace qkv {
+
+/// Bulk conversions between f32 and the half formats, the same values as the scalar ones above
+/// (NaN stays NaN, though its payload bits may differ): F16C for f16 where the CPU has it (one
+/// instruction per 8 values), AVX2 integer rounding for bf16.
+void to_half(const float* in, Half* out, std::int64_t n);
+void to_float(const Half* in, float* out, std::int64_t n);
+void to_bfloat16(const float* in, BFloat16* out, std::int64_t n);
+void to_float(const BFloat16* in, float* out, std::int64_t n);
+/// in[i] rounded to `t`'s nearest value (f16 or bf16), kept in f32: what round_f16 and round_bf16
+/// compute; `in` and `out` may be the same.
+void round_through(DType t, const float* in, float* out, std::int64_t n);
+
+}  // namespace qkv

@@ -75,8 +75,21 @@ double Tensor::at(std::int64_t i) const {
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return *this;
-  Tensor r(dtype, shape_);
   std::int64_t n = numel();
+  // Between f32 and the half formats: the vectorised conversions.
+  if (dtype_ == DType::f32 && is_half(dtype)) {
+    Tensor r = uninitialized(dtype, shape_);
+    if (dtype == DType::f16) to_half(data<float>(), r.data<Half>(), n);
+    else to_bfloat16(data<float>(), r.data<BFloat16>(), n);
+    return r;
+  }
+  if (is_half(dtype_) && dtype == DType::f32) {
+    Tensor r = uninitialized(dtype, shape_);
+    if (dtype_ == DType::f16) to_float(data<Half>(), r.data<float>(), n);
+    else to_float(data<BFloat16>(), r.data<float>(), n);
+    return r;
+  }
+  Tensor r(dtype, shape_);
   for (std::int64_t i = 0; i < n; ++i) {
     double v = at(i);
     switch (dtype) {

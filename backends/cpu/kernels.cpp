@@ -13,6 +13,7 @@
 #include "backends/cpu/vector_math.hpp"
 #include "backends/host_kernels.hpp"
 #include "backends/scalar_ops.hpp"
+#include "ir/half.hpp"
 
 namespace qkv::backend::cpu {
 
@@ -76,6 +77,9 @@ void unary(ir::Op op, ConstView x, View out) {
   if (op == ir::Op::cast) {
     std::copy_n(x.data, n, out.data);
     return;
+  }
+  if (op == ir::Op::round_f16 || op == ir::Op::round_bf16) {  // vectorised (ir/half.cpp)
+    return round_through(op == ir::Op::round_f16 ? DType::f16 : DType::bf16, x.data, out.data, n);
   }
   // The others: the registry row's host expression, in a loop per op the compiler can vectorise.
 #define QKV_UNARY_LOOP(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \

@@ -5,7 +5,9 @@
 
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <random>
+#include <vector>
 
 #include "ir/half.hpp"
 #include "ir/tensor.hpp"
@@ -91,6 +93,46 @@ TEST(Half, TensorsConvertThroughHalfPrecision) {
   EXPECT_EQ(dtype_size(DType::bf16), 2u);
   EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
   EXPECT_EQ(parse_dtype("f16"), DType::f16);
+}
+
+// The bulk conversions (F16C and AVX2 where the CPU has them) give the scalar ones' values for
+// every f16 and bf16, for f32 values at and around every tie, subnormals, overflow, infinities
+// and NaN, at lengths that leave a tail after the vector loop.
+TEST(Half, BulkConversionsAreTheScalarOnes) {
+  std::vector<float> xs;
+  for (std::uint32_t b = 0; b < 0x10000; ++b) {
+    const float f16 = to_float(Half{static_cast<std::uint16_t>(b)});
+    const float bf16 = std::bit_cast<float>(b << 16);
+    for (float v : {f16, bf16}) xs.insert(xs.end(), {v, std::nextafter(v, 0.0f), std::nextafter(v, INFINITY)});
+    // Halfway between neighbouring bf16 values, and one f32 ulp either side: the ties.
+    const float tie = std::bit_cast<float>((b << 16) | 0x8000u);
+    xs.insert(xs.end(), {tie, std::nextafter(tie, 0.0f), std::nextafter(tie, INFINITY)});
+  }
+  xs.insert(xs.end(), {65504.0f, 65520.0f, 65519.99f, 1e-8f, -1e-8f, 3e38f, std::numeric_limits<float>::quiet_NaN(), -INFINITY});
+  xs.push_back(1.0f);  // an odd length: a tail after every vector loop
+  const auto n = static_cast<std::int64_t>(xs.size());
+  std::vector<Half> h(xs.size());
+  std::vector<BFloat16> bf(xs.size());
+  std::vector<float> back(xs.size()), rounded(xs.size());
+  to_half(xs.data(), h.data(), n);
+  to_bfloat16(xs.data(), bf.data(), n);
+  auto same = [](double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; };
+  int wrong = 0;
+  for (std::size_t i = 0; i < xs.size() && wrong < 10; ++i) {
+    const double x = xs[i];
+    if (!same(to_float(h[i]), to_float(to_half(x))))
+      ADD_FAILURE() << "f16 of " << x << ": " << to_float(h[i]) << ", scalar " << to_float(to_half(x)), ++wrong;
+    if (!same(to_float(bf[i]), to_float(to_bfloat16(x))))
+      ADD_FAILURE() << "bf16 of " << x << ": " << to_float(bf[i]) << ", scalar " << to_float(to_bfloat16(x)), ++wrong;
+  }
+  to_float(h.data(), back.data(), n);
+  for (std::size_t i = 0; i < xs.size(); ++i) ASSERT_TRUE(same(back[i], to_float(h[i]))) << i;
+  to_float(bf.data(), back.data(), n);
+  for (std::size_t i = 0; i < xs.size(); ++i) ASSERT_TRUE(same(back[i], to_float(bf[i]))) << i;
+  for (DType t : {DType::f16, DType::bf16}) {
+    round_through(t, xs.data(), rounded.data(), n);
+    for (std::size_t i = 0; i < xs.size(); ++i) ASSERT_TRUE(same(rounded[i], round_to(t, xs[i]))) << dtype_name(t) << " " << xs[i];
+  }
 }
 
 }  // namespace
