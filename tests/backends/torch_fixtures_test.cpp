@@ -62,15 +62,19 @@ void expect_matches_torch(const ir::Graph& g, const std::string& fixture, const 
 
 class Torch : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(Torch, ScaledDotProductAttention) {
+/// The sdpa fixtures' graph: softmax(q kT / sqrt(8), mask) v, with its weights unless `out_only`.
+ir::Graph sdpa_model(bool out_only) {
   auto q = input<"q">(dim<2>, dim<5>, dim<8>);
   auto k = input<"k">(dim<2>, dim<7>, dim<8>);
   auto v = input<"v">(dim<2>, dim<7>, dim<4>);
   auto mask = input<"mask", DType::boolean>(dim<5>, dim<7>);
   auto w = attention_weights(q, k, mask);
-  ir::Graph g = lower(named<"out">(matmul(w, v)), named<"weights">(w));
-  expect_matches_torch(g, "sdpa", GetParam());
-  expect_matches_torch(ir::build_backward(lower(named<"out">(matmul(w, v))), {"", {"q", "k", "v"}, {"out"}}), "sdpa", GetParam());
+  return out_only ? lower(named<"out">(matmul(w, v))) : lower(named<"out">(matmul(w, v)), named<"weights">(w));
+}
+
+TEST_P(Torch, ScaledDotProductAttention) {
+  expect_matches_torch(sdpa_model(false), "sdpa", GetParam());
+  expect_matches_torch(ir::build_backward(sdpa_model(true), {"", {"q", "k", "v"}, {"out"}}), "sdpa", GetParam());
 }
 
 TEST_P(Torch, MultiheadAttentionWithMasksAndWeights) {
@@ -106,9 +110,14 @@ std::vector<std::string> parameter_names(const ir::Graph& g, std::initializer_li
   return names;
 }
 
-TEST_P(Torch, PreNormDecoderBlockIsTransformerEncoderLayerWithACausalMask) {
+/// The decoder_block fixtures' graph: a pre-norm block with causal self-attention and GELU.
+ir::Graph decoder_block_model() {
   auto x = input<"x">(dim<2>, dim<6>, dim<16>);
-  ir::Graph g = lower(named<"out">(decoder_block<"", 16, 2, 32, Activation::gelu>(x)));
+  return lower(named<"out">(decoder_block<"", 16, 2, 32, Activation::gelu>(x)));
+}
+
+TEST_P(Torch, PreNormDecoderBlockIsTransformerEncoderLayerWithACausalMask) {
+  const ir::Graph g = decoder_block_model();
   expect_matches_torch(g, "decoder_block", GetParam());
   expect_matches_torch(ir::build_backward(g, {"", parameter_names(g, {"x"}), {"out"}}), "decoder_block", GetParam());
 }
@@ -180,15 +189,8 @@ TEST_P(Torch, FlexModifiersWrittenAsTorchUsersWriteThem) {
 // reference rounding where qkv rounds (torch rounds at its own points, within them). f16: torch
 // 1.13 has no CPU kernels for it (bmm, addmm, layer_norm), so there are no f16 fixtures.
 TEST_P(Torch, Bf16ScaledDotProductAttention) {
-  auto q = input<"q">(dim<2>, dim<5>, dim<8>);
-  auto k = input<"k">(dim<2>, dim<7>, dim<8>);
-  auto v = input<"v">(dim<2>, dim<7>, dim<4>);
-  auto mask = input<"mask", DType::boolean>(dim<5>, dim<7>);
-  auto w = attention_weights(q, k, mask);
-  const ir::Graph g = ir::to_dtype(lower(named<"out">(matmul(w, v)), named<"weights">(w)), DType::bf16);
-  expect_matches_torch(g, "sdpa_bf16", GetParam());
-  const ir::Graph out = ir::to_dtype(lower(named<"out">(matmul(w, v))), DType::bf16);
-  expect_matches_torch(ir::build_backward(out, {"", {"q", "k", "v"}, {"out"}}), "sdpa_bf16", GetParam());
+  expect_matches_torch(ir::to_dtype(sdpa_model(false), DType::bf16), "sdpa_bf16", GetParam());
+  expect_matches_torch(ir::build_backward(ir::to_dtype(sdpa_model(true), DType::bf16), {"", {"q", "k", "v"}, {"out"}}), "sdpa_bf16", GetParam());
 }
 
 TEST_P(Torch, Bf16MultiheadAttention) {
@@ -202,8 +204,7 @@ TEST_P(Torch, Bf16MultiheadAttention) {
 }
 
 TEST_P(Torch, Bf16PreNormDecoderBlock) {
-  auto x = input<"x">(dim<2>, dim<6>, dim<16>);
-  const ir::Graph g = ir::to_dtype(lower(named<"out">(decoder_block<"", 16, 2, 32, Activation::gelu>(x))), DType::bf16);
+  const ir::Graph g = ir::to_dtype(decoder_block_model(), DType::bf16);
   expect_matches_torch(g, "decoder_block_bf16", GetParam());
   expect_matches_torch(ir::build_backward(g, {"", parameter_names(g, {"x"}), {"out"}}), "decoder_block_bf16", GetParam());
 }
