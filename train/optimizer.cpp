@@ -38,7 +38,7 @@ void sgd(Graph& g, const std::string& p, ValueId w, ValueId grad, const Sgd& o, 
   Emitter e{g};
   if (o.weight_decay != 0) grad = e.add(grad, e.mul(e.c(o.weight_decay), w));
   if (o.momentum != 0) {
-    ValueId m = g.add_input(p + ".momentum", DType::f32, g.node(w).shape);
+    ValueId m = g.add_input(p + ".momentum", g.node(w).dtype, g.node(w).shape);  // the parameter's dtype
     grad = e.add(e.mul(e.c(o.momentum), m), grad);
     set_update(p + ".momentum", grad);
   }
@@ -48,7 +48,8 @@ void sgd(Graph& g, const std::string& p, ValueId w, ValueId grad, const Sgd& o, 
 void adamw(Graph& g, const std::string& p, ValueId w, ValueId grad, const AdamW& o, ValueId step, const SetUpdate& set_update) {
   Emitter e{g};
   const ir::Shape s = g.node(w).shape;  // a copy: adding inputs moves the node storage
-  ValueId m = g.add_input(p + ".m", DType::f32, s), v = g.add_input(p + ".v", DType::f32, s);
+  const DType dt = g.node(w).dtype;     // the moments in the parameter's dtype
+  ValueId m = g.add_input(p + ".m", dt, s), v = g.add_input(p + ".v", dt, s);
   ValueId m1 = e.add(e.mul(e.c(o.beta1), m), e.mul(e.c(1 - o.beta1), grad));
   ValueId v1 = e.add(e.mul(e.c(o.beta2), v), e.mul(e.c(1 - o.beta2), e.mul(grad, grad)));
   // Bias corrections 1 - beta^t with t the new step count, as exp(t log beta).
@@ -156,7 +157,7 @@ backend::TensorMap initial_optimizer_state(const ir::Graph& step, const backend:
       const std::string base = name.substr(0, name.rfind('.'));
       shape = params.at(base).shape();  // a parameter's moments have its shape
     }
-    r.emplace(name, Tensor(DType::f32, shape));
+    r.emplace(name, Tensor(n.dtype, shape));
   }
   return r;
 }

@@ -56,7 +56,8 @@ ir::Graph with_scaled_loss(const ir::Graph& forward, const std::string& loss);
 
 /// The training step graph: `backward` (with outputs "d_<p>" for each parameter p) plus updates
 /// of every parameter and of the optimizer's own state inputs: "<p>.momentum" for SGD with
-/// momentum; "<p>.m", "<p>.v" and the scalar "adamw.step" for AdamW. Its outputs are
+/// momentum; "<p>.m", "<p>.v" and the scalar "adamw.step" for AdamW (a parameter's state in its
+/// dtype: an f16 or bf16 parameter trains wholly in it, as PyTorch's model.half()). Its outputs are
 /// `backward`'s outputs other than the gradients (the gradients feed the updates on the backend).
 /// With `scaling`, the gradients are scaled ones (of kScaledLoss, or averages of them): the step
 /// unscales them, skips the updates when one is not finite, updates the scale (inputs kLossScale

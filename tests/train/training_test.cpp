@@ -206,6 +206,24 @@ TEST_P(Training, MixedPrecisionRunsMatmulsInHalfAndKeepsParametersF32) {
   EXPECT_EQ(t.loss_scale(), 1.0);  // bf16 needs no loss scaling
 }
 
+// A model wholly in bf16 (parameters, momentum and gradients: PyTorch's model.bfloat16(), no
+// master copy) still learns the copy task with SGD; its parameters stay bf16.
+TEST_P(Training, ParametersInBf16TrainWhollyInIt) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  const ir::Graph model = ir::to_dtype(models::copy_task_model(), DType::bf16);
+  const auto params = models::copy_task_params();
+  backend::TensorMap initial = train::initialize(models::copy_task_model(), params, {train::Init::xavier_uniform}, 7);
+  for (auto& [name, t] : initial) t = t.to(DType::bf16);
+  train::Trainer t(model, "loss", params, kSgd, *b, initial);
+  double first = 0, last = 0;
+  for (int s = 0; s < 70; ++s) {
+    last = t.step(models::copy_task_batch(32, 1000 + static_cast<std::uint64_t>(s)));
+    if (s == 0) first = last;
+  }
+  EXPECT_LT(last, 0.25 * models::copy_task_chance_loss()) << "first " << first;
+  for (const auto& [name, value] : t.parameters()) EXPECT_EQ(value.dtype(), DType::bf16) << name;
+}
+
 // An injected overflow (a loss scale of 1e30: the gradients overflow f16 whatever the batch)
 // skips its steps, leaving parameters and optimizer state as they were and halving the scale each
 // time, until the gradients fit and the steps train again; growth_interval good steps in a row
