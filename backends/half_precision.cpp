@@ -1,8 +1,10 @@
 // The executable around a half-precision graph's f32 lowering: dtypes at its boundary.
 #include "backends/half_precision.hpp"
 
+#include <algorithm>
 #include <map>
 
+#include "ir/half.hpp"
 #include "ir/passes/passes.hpp"
 
 namespace qkv::backend {
@@ -11,7 +13,8 @@ namespace {
 
 class HalfPrecisionExecutable final : public Executable {
  public:
-  HalfPrecisionExecutable(const ir::Graph& g, std::unique_ptr<Executable> inner) : inner_(std::move(inner)) {
+  HalfPrecisionExecutable(const ir::Graph& g, std::unique_ptr<Executable> inner, ParallelFor parallel)
+      : inner_(std::move(inner)), parallel_(std::move(parallel)) {
     for (ir::ValueId v : g.inputs())
       if (is_half(g.node(v).dtype)) inputs_.emplace(g.node(v).name, std::pair{g.node(v).dtype, g.type_string(v)});
     for (const auto& [name, v] : g.outputs())
@@ -27,7 +30,7 @@ class HalfPrecisionExecutable final : public Executable {
       void output_ready(std::string_view name, const Tensor& value) override {
         const auto it = exe.outputs_.find(name);
         if (it == exe.outputs_.end() || value.dtype() != DType::f32) to.output_ready(name, value);
-        else to.output_ready(name, value.to(it->second));
+        else to.output_ready(name, convert(value, it->second, exe.parallel_));
       }
       void between_kernels() override { to.between_kernels(); }
     } narrowing(*this, observer);
@@ -38,7 +41,7 @@ class HalfPrecisionExecutable final : public Executable {
   TensorMap state() override {
     TensorMap s = inner_->state();
     for (auto& [name, t] : s)
-      if (auto it = inputs_.find(name); it != inputs_.end()) t = t.to(it->second.first);
+      if (auto it = inputs_.find(name); it != inputs_.end()) t = convert(t, it->second.first, parallel_);
     return s;
   }
   std::int64_t planned_bytes() const override { return inner_->planned_bytes(); }
@@ -59,7 +62,7 @@ class HalfPrecisionExecutable final : public Executable {
       }
       const auto& [dtype, declared] = it->second;
       if (t.dtype() != dtype) throw ShapeError("input '" + name + "': expected " + declared + ", got " + t.type_string() + " (dtype differs)");
-      r.emplace(name, t.to(DType::f32));
+      r.emplace(name, convert(t, DType::f32, parallel_));
     }
     return r;
   }
@@ -67,20 +70,37 @@ class HalfPrecisionExecutable final : public Executable {
   /// in f64 (the reference backend's f64 outputs, for comparisons) stays as it is.
   TensorMap narrow(TensorMap out) const {
     for (auto& [name, t] : out)
-      if (auto it = outputs_.find(name); it != outputs_.end() && t.dtype() == DType::f32) t = t.to(it->second);
+      if (auto it = outputs_.find(name); it != outputs_.end() && t.dtype() == DType::f32) t = convert(t, it->second, parallel_);
     return out;
   }
 
   std::unique_ptr<Executable> inner_;
+  ParallelFor parallel_;
   std::map<std::string, std::pair<DType, std::string>, std::less<>> inputs_;  // half inputs: dtype, declared type
   std::map<std::string, DType, std::less<>> outputs_;                         // half outputs
 };
 
 }  // namespace
 
-std::unique_ptr<Executable> half_precision_boundary(const ir::Graph& g, std::unique_ptr<Executable> exe) {
+Tensor convert(const Tensor& t, DType dtype, const ParallelFor& parallel) {
+  constexpr std::int64_t kChunk = std::int64_t{1} << 16;  // elements per task: large enough to stream
+  const std::int64_t n = t.numel();
+  const bool widen = is_half(t.dtype()) && dtype == DType::f32, narrow = t.dtype() == DType::f32 && is_half(dtype);
+  if (!parallel || n <= kChunk || !(widen || narrow)) return t.to(dtype);
+  Tensor r = Tensor::uninitialized(dtype, t.shape());
+  parallel((n + kChunk - 1) / kChunk, [&](std::int64_t c) {
+    const std::int64_t first = c * kChunk, count = std::min(kChunk, n - first);
+    if (t.dtype() == DType::f16) to_float(t.data<Half>() + first, r.data<float>() + first, count);
+    else if (t.dtype() == DType::bf16) to_float(t.data<BFloat16>() + first, r.data<float>() + first, count);
+    else if (dtype == DType::f16) to_half(t.data<float>() + first, r.data<Half>() + first, count);
+    else to_bfloat16(t.data<float>() + first, r.data<BFloat16>() + first, count);
+  });
+  return r;
+}
+
+std::unique_ptr<Executable> half_precision_boundary(const ir::Graph& g, std::unique_ptr<Executable> exe, ParallelFor parallel) {
   if (!ir::has_half_values(g)) return exe;
-  return std::make_unique<HalfPrecisionExecutable>(g, std::move(exe));
+  return std::make_unique<HalfPrecisionExecutable>(g, std::move(exe), std::move(parallel));
 }
 
 }  // namespace qkv::backend

@@ -2,6 +2,8 @@
 // compile does with them (ir::emulate_half_precision in its lowering, this around the result).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "backends/backend.hpp"
@@ -13,6 +15,12 @@ namespace qkv::backend {
 /// own dtypes: f16 and bf16 inputs (and held state) widened to f32 exactly, f16 and bf16 outputs
 /// narrowed exactly (their values are rounded already). An input of another dtype than declared
 /// is a ShapeError naming it, as on any graph. `exe` itself when g has no half values.
-std::unique_ptr<Executable> half_precision_boundary(const ir::Graph& g, std::unique_ptr<Executable> exe);
+/// How the conversions at the boundary spread over threads: calls fn(i) for i in [0, n) and
+/// returns when all have returned (the cpu backend's pool); empty: on the calling thread.
+using ParallelFor = std::function<void(std::int64_t n, const std::function<void(std::int64_t)>& fn)>;
+std::unique_ptr<Executable> half_precision_boundary(const ir::Graph& g, std::unique_ptr<Executable> exe, ParallelFor parallel = {});
+
+/// `t` converted to `dtype` (between f32 and f16 or bf16), in chunks spread by `parallel`.
+Tensor convert(const Tensor& t, DType dtype, const ParallelFor& parallel);
 
 }  // namespace qkv::backend

@@ -357,7 +357,9 @@ class CpuBackend final : public Backend {
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     cpu::ThreadPool::global();  // pins OpenBLAS to one thread before any sgemm runs
-    return half_precision_boundary(g, std::make_unique<CpuExecutable>(ir::lower_for_backend(g, [this](const Node& n) { return supports(n); })));
+    return half_precision_boundary(
+        g, std::make_unique<CpuExecutable>(ir::lower_for_backend(g, [this](const Node& n) { return supports(n); })),
+        [](std::int64_t n, const std::function<void(std::int64_t)>& fn) { cpu::ThreadPool::global().parallel_for(n, fn); });
   }
 };
 
