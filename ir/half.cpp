@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define QKV_HAVE_F16C_PATH 1
 #endif
@@ -21,7 +22,12 @@ inline std::uint16_t bf16_bits(float x) {
 
 #ifdef QKV_HAVE_F16C_PATH
 bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  // CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c"); "avx"
+  // also says the OS saves the registers.
+  static const bool yes = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0 && __builtin_cpu_supports("avx");
+  }();
   return yes;
 }
 
