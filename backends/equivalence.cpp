@@ -20,25 +20,22 @@ int precision_rank(DType d) { return d == DType::bf16 ? 0 : d == DType::f16 ? 1 
 }  // namespace
 
 ComputedIn computed_in(const ir::Graph& g, const std::string& name) {
-  const ir::ValueId out = g.output(name);
-  std::vector<bool> needed(g.size(), false);
-  needed[static_cast<std::size_t>(out)] = true;
-  ComputedIn r;
-  for (std::size_t i = g.size(); i-- > 0;) {
-    if (!needed[i]) continue;
+  // One pass in node order: each value's narrowest format among itself and what it depends on,
+  // and the half results (inputs are exact) on its longest path.
+  const auto out = static_cast<std::size_t>(g.output(name));
+  std::vector<ComputedIn> at(out + 1);
+  for (std::size_t i = 0; i <= out; ++i) {
     const ir::Node& n = g.nodes()[i];
+    ComputedIn& r = at[i];
+    for (ir::ValueId v : n.inputs) {
+      const ComputedIn& from = at[static_cast<std::size_t>(v)];
+      if (precision_rank(from.format) < precision_rank(r.format)) r.format = from.format;
+      r.roundings = std::max(r.roundings, from.roundings);
+    }
     if (precision_rank(n.dtype) < precision_rank(r.format)) r.format = n.dtype;
-    for (ir::ValueId v : n.inputs) needed[static_cast<std::size_t>(v)] = true;
+    r.roundings += is_half(n.dtype) && n.op != ir::Op::input;
   }
-  // Half results (other than inputs, which are exact) on the longest path to the output.
-  std::vector<int> depth(g.size(), 0);
-  for (std::size_t i = 0; i <= static_cast<std::size_t>(out); ++i) {
-    const ir::Node& n = g.nodes()[i];
-    for (ir::ValueId v : n.inputs) depth[i] = std::max(depth[i], depth[static_cast<std::size_t>(v)]);
-    depth[i] += is_half(n.dtype) && n.op != ir::Op::input;
-  }
-  r.roundings = depth[static_cast<std::size_t>(out)];
-  return r;
+  return at[out];
 }
 
 OutputComparison compare_output(const std::string& name, const Tensor& actual, const Tensor& oracle, const Tensor& plain, double factor,

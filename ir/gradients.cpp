@@ -160,9 +160,7 @@ Grads where(const GradientArgs& a) {
 Grads cast(const GradientArgs& a) {
   const DType from = a.g.node(a.in[0]).dtype;
   if (!is_float(from)) return {-1};
-  Attrs back;
-  back.dtype = from;
-  return {a.g.add(Op::cast, {a.dy}, back)};
+  return {a.g.cast(a.dy, from)};
 }
 
 // d/dx sum(x) = dy broadcast over the axis
@@ -308,13 +306,8 @@ std::vector<ValueId> emit_gradient(Graph& g, const Node& n, ValueId y, ValueId d
   if (emit == nullptr) QKV_UNREACHABLE(std::string(op_name(n.op)) + " has no gradient rule to emit");
   // Zero in dy's dtype, so that the zeros a rule pads or selects with (broadcast to a shape) are
   // of the gradient's dtype: a cast for f16 and bf16 (0 is exact in each).
-  ValueId zero = g.constant(0.0);
-  if (const DType dt = g.node(dy).dtype; is_half(dt)) {
-    Attrs to;
-    to.dtype = dt;
-    zero = g.add(Op::cast, {zero}, to);
-  }
-  return emit({g, n, y, dy, in, zero});
+  const DType dt = g.node(dy).dtype;
+  return emit({g, n, y, dy, in, g.cast(g.constant(0.0), is_half(dt) ? dt : DType::f32)});
 }
 
 }  // namespace qkv::ir

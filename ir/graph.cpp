@@ -121,6 +121,13 @@ ValueId Graph::constant(double value, const Shape& shape, Dim rsqrt_of) {
   return add(Op::constant, {}, a);
 }
 
+ValueId Graph::cast(ValueId v, DType dtype) {
+  if (node(v).dtype == dtype) return v;
+  Attrs to;
+  to.dtype = dtype;
+  return add(Op::cast, {v}, to);
+}
+
 std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<std::string>& types) {
   std::string m(op_name(op));
   m += ": ";

@@ -60,6 +60,8 @@ class Graph {
   ValueId add(Op op, std::vector<ValueId> inputs, Attrs attrs = {}, std::shared_ptr<const Graph> region = nullptr);
   /// A constant; with `rsqrt_of` (a dim), value / sqrt(that dim's size) once bound.
   ValueId constant(double value, const Shape& shape = {}, Dim rsqrt_of = 0);
+  /// `v` as `dtype`: a cast node, or `v` itself when it already is of that dtype.
+  ValueId cast(ValueId v, DType dtype);
   /// A node like `n` (from another graph) with operands `inputs` of this graph: add_input for
   /// inputs, add otherwise. What passes that copy graphs use.
   ValueId add_like(const Node& n, std::vector<ValueId> inputs);

@@ -100,12 +100,7 @@ ValueId inline_region(Graph& g, const Graph& r, ValueId score, std::span<const V
   // The modifier computes in f32 (region_dtype): half scores and tensors are widened for it, and
   // its result rounded back to the scores' dtype.
   const DType score_dtype = g.node(score).dtype;
-  auto widened = [&g](ValueId v) {
-    if (!is_half(g.node(v).dtype)) return v;
-    Attrs to;
-    to.dtype = DType::f32;
-    return g.add(Op::cast, {v}, to);
-  };
+  auto widened = [&g](ValueId v) { return is_half(g.node(v).dtype) ? g.cast(v, DType::f32) : v; };
   score = widened(score);
   std::vector<ValueId> map(r.size(), -1);
   for (std::size_t i = 0; i < r.size(); ++i) {
@@ -127,12 +122,7 @@ ValueId inline_region(Graph& g, const Graph& r, ValueId score, std::span<const V
   }
   ValueId mod = map[static_cast<std::size_t>(r.outputs()[0].second)];
   if (!(g.node(mod).shape == scores)) mod = g.add(Op::broadcast_to, {mod}, shape_attrs(scores));
-  if (score_dtype != DType::f32) {
-    Attrs to;
-    to.dtype = score_dtype;
-    mod = g.add(Op::cast, {mod}, to);
-  }
-  return mod;
+  return g.cast(mod, score_dtype);
 }
 
 Graph differentiate_region(const Graph& r, int wrt, bool keep_primal) {

@@ -83,12 +83,7 @@ ValueId nonfinite_probe(Graph& g, ValueId x) {
 
 ir::Graph with_scaled_loss(const ir::Graph& forward, const std::string& loss) {
   Graph g = ir::rebuild(forward);
-  ValueId l = g.output(loss);
-  if (g.node(l).dtype != DType::f32) {
-    ir::Attrs to;
-    to.dtype = DType::f32;
-    l = g.add(Op::cast, {l}, to);
-  }
+  const ValueId l = g.cast(g.output(loss), DType::f32);
   g.set_output(kScaledLoss, g.add(Op::mul, {l, g.add_input(kLossScale, DType::f32, {})}));
   return g;
 }

@@ -76,9 +76,7 @@ Graph autocast(const Graph& g, DType lower) {
     bool changed = false;
     for (std::size_t i = 0; i < k; ++i) {
       if (!is_tensor(ops[i]) || out.node(ops[i]).dtype == want) continue;
-      Attrs to;
-      to.dtype = want;
-      ops[i] = out.add(Op::cast, {ops[i]}, to);
+      ops[i] = out.cast(ops[i], want);
       changed = true;
     }
     return changed ? out.add(n.op, std::move(ops), n.attrs, n.region) : -1;
@@ -91,10 +89,7 @@ Graph to_dtype(const Graph& g, DType dtype) {
   return rebuild(g, [dtype](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
     if (n.op == Op::input) return n.dtype == DType::f32 ? out.add_input(n.name, dtype, n.shape) : -1;
     const ValueId v = out.add(n.op, {in.begin(), in.end()}, n.attrs, n.region);
-    if (out.node(v).dtype != DType::f32) return v;
-    Attrs to;
-    to.dtype = dtype;
-    return out.add(Op::cast, {v}, to);
+    return out.node(v).dtype == DType::f32 ? out.cast(v, dtype) : v;
   });
 }
 

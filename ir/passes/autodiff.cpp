@@ -35,15 +35,6 @@ void check_spec(const Graph& g, const GradientSpec& spec) {
   for (const auto& name : spec.seeds) g.output(name);
 }
 
-/// A constant of `dtype`: constants are f32, so a half one is cast (0 and 1 are exact in each).
-ValueId constant_of(Graph& g, double value, const Shape& shape, DType dtype) {
-  const ValueId c = g.constant(value, shape);
-  if (dtype == DType::f32) return c;
-  Attrs to;
-  to.dtype = dtype;
-  return g.add(Op::cast, {c}, to);
-}
-
 }  // namespace
 
 Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::function<GradientInfo(Op)>& rules) {
@@ -72,7 +63,7 @@ Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::
   if (!spec.loss.empty()) {
     ValueId loss = f.output(spec.loss);
     feeds[static_cast<std::size_t>(loss)] = true;
-    accumulate(loss, constant_of(out, 1.0, f.node(loss).shape, f.node(loss).dtype));
+    accumulate(loss, out.cast(out.constant(1.0, f.node(loss).shape), f.node(loss).dtype));
   }
   for (const auto& name : spec.seeds) {
     ValueId o = f.output(name);
@@ -111,7 +102,7 @@ Graph build_backward(const Graph& forward, const GradientSpec& spec, const std::
     for (ValueId v : f.inputs()) {
       if (f.node(v).name != name) continue;
       ValueId g = grads[static_cast<std::size_t>(v)];
-      out.set_output("d_" + name, g >= 0 ? g : constant_of(out, 0.0, f.node(v).shape, f.node(v).dtype));
+      out.set_output("d_" + name, g >= 0 ? g : out.cast(out.constant(0.0, f.node(v).shape), f.node(v).dtype));
     }
   }
   return eliminate_dead_code(eliminate_common_subexpressions(out));

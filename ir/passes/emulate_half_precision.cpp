@@ -22,12 +22,7 @@ Graph emulate_half_precision(const Graph& g) {
     const bool half = is_half(n.dtype);
     if (n.op == Op::input) return half ? out.add_input(n.name, DType::f32, n.shape) : -1;
     if (n.op == Op::cast) {
-      ValueId x = in[0];  // a float, held in f32 now, or an i32 or bool
-      if (!is_float(out.node(x).dtype)) {
-        Attrs to_f32;
-        to_f32.dtype = DType::f32;
-        x = out.add(Op::cast, {x}, to_f32);
-      }
+      const ValueId x = out.cast(in[0], DType::f32);      // a float is held in f32 now; an i32 or bool cast
       return half ? round_to_dtype(out, x, n.dtype) : x;  // to f32: a half value is an f32 value
     }
     if (!half) return -1;  // its operands' dtypes decide it: the same as before

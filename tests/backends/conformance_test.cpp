@@ -6,6 +6,7 @@
 
 #include "backends/reference/reference_backend.hpp"
 #include "ir/op_cases.hpp"
+#include "ir/passes/passes.hpp"
 #include "tests/support/backend_fixture.hpp"
 
 namespace qkv {
@@ -42,7 +43,7 @@ TEST_P(Conformance, MatchesFloat64ReferenceInF16AndBf16) {
   for (DType dtype : {DType::f16, DType::bf16}) {
     if (p.backend == "vulkan" && (dtype == DType::f16) != (p.rc.index % 2 == 0)) continue;
     SCOPED_TRACE(dtype_name(dtype));
-    const ir::Graph h = testing::in_dtype(g, dtype);
+    const ir::Graph h = ir::to_dtype(g, dtype);
     testing::expect_equivalent(h, testing::inputs_in_dtype(testing::case_inputs(p.rc.c, 1234 + p.rc.index), dtype), p.backend);
   }
 }

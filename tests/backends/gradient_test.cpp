@@ -68,7 +68,7 @@ TEST_P(Gradients, BackwardGraphInF16AndBf16MatchesReferenceOnEveryBackend) {
   if (wrt.empty()) GTEST_SKIP() << "no float input";
   for (DType dtype : {DType::f16, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));
-    const ir::Graph g = testing::in_dtype(testing::with_weighted_sum_loss(ir::case_graph(p.op, p.c)), dtype);
+    const ir::Graph g = ir::to_dtype(testing::with_weighted_sum_loss(ir::case_graph(p.op, p.c)), dtype);
     const ir::Graph backward = ir::build_backward(g, {"loss", wrt, {}});
     EXPECT_EQ(backward.node(backward.output("d_" + wrt[0])).dtype, dtype);
     const auto in = testing::inputs_in_dtype(inputs_for(g, p.c, 7 + p.index), dtype);

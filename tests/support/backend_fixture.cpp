@@ -11,7 +11,6 @@
 #include <random>
 
 #include "backends/reference/reference_backend.hpp"
-#include "ir/passes/passes.hpp"
 
 namespace qkv::testing {
 
@@ -70,8 +69,6 @@ double normwise_error(const Tensor& actual, const Tensor& expected) {
   }
   return scale > 0 ? err / scale : err;
 }
-
-ir::Graph in_dtype(const ir::Graph& g, DType dtype) { return ir::to_dtype(g, dtype); }
 
 backend::TensorMap inputs_in_dtype(backend::TensorMap inputs, DType dtype) {
   for (auto& [name, t] : inputs)

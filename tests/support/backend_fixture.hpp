@@ -39,11 +39,7 @@ void PrintTo(const RegistryCase& c, std::ostream* os);
 /// one_hot's depth on purpose).
 backend::TensorMap case_inputs(const ir::OpCase& c, std::uint64_t seed);
 
-/// `g` with every float value in `dtype` (f16 or bf16): f32 inputs declared `dtype`, and each
-/// value an op makes in f32 (a constant, a cast from i32) cast to `dtype` where it is made; what
-/// each op then computes is its half-precision form. The op-case sweeps run each case this way.
-ir::Graph in_dtype(const ir::Graph& g, DType dtype);
-/// `inputs` with each f32 tensor rounded to `dtype` (for a graph from in_dtype).
+/// `inputs` with each f32 tensor rounded to `dtype` (for a graph from ir::to_dtype).
 backend::TensorMap inputs_in_dtype(backend::TensorMap inputs, DType dtype);
 
 /// max |actual - expected| / max |expected|: the normwise relative error. Adds a test failure
