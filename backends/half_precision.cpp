@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "ir/half.hpp"
 #include "ir/passes/passes.hpp"
@@ -15,13 +16,19 @@ class HalfPrecisionExecutable final : public Executable {
  public:
   HalfPrecisionExecutable(const ir::Graph& g, std::unique_ptr<Executable> inner, ParallelFor parallel)
       : inner_(std::move(inner)), parallel_(std::move(parallel)) {
+    // Half inputs the lowering kept (a backend that reads them in 16 bits) pass as they are.
+    std::set<std::string, std::less<>> kept;
+    for (ir::ValueId v : inner_->graph().inputs())
+      if (is_half(inner_->graph().node(v).dtype)) kept.insert(inner_->graph().node(v).name);
     for (ir::ValueId v : g.inputs())
-      if (is_half(g.node(v).dtype)) inputs_.emplace(g.node(v).name, std::pair{g.node(v).dtype, g.type_string(v)});
-    for (const auto& [name, v] : g.outputs())
-      if (is_half(g.node(v).dtype)) outputs_.emplace(name, g.node(v).dtype);
+      if (is_half(g.node(v).dtype) && !kept.contains(g.node(v).name)) inputs_.emplace(g.node(v).name, std::pair{g.node(v).dtype, g.type_string(v)});
+    for (const auto& [name, v] : g.outputs()) outputs_.emplace(name, g.node(v).dtype);
   }
 
-  TensorMap run(const TensorMap& inputs) override { return narrow(inner_->run(widen(inputs))); }
+  TensorMap run(const TensorMap& inputs) override {
+    if (inputs_.empty()) return narrow(inner_->run(inputs));  // none to widen: no copies (tensors own their bytes)
+    return narrow(inner_->run(widen(inputs)));
+  }
   TensorMap run_observed(const TensorMap& inputs, RunObserver& observer) override {
     struct Narrowing final : RunObserver {
       const HalfPrecisionExecutable& exe;
@@ -29,15 +36,16 @@ class HalfPrecisionExecutable final : public Executable {
       Narrowing(const HalfPrecisionExecutable& e, RunObserver& o) : exe(e), to(o) {}
       void output_ready(std::string_view name, const Tensor& value) override {
         const auto it = exe.outputs_.find(name);
-        if (it == exe.outputs_.end() || value.dtype() != DType::f32) to.output_ready(name, value);
+        if (it == exe.outputs_.end() || !exe.converts(value.dtype(), it->second)) to.output_ready(name, value);
         else to.output_ready(name, convert(value, it->second, exe.parallel_));
       }
       void between_kernels() override { to.between_kernels(); }
     } narrowing(*this, observer);
+    if (inputs_.empty()) return narrow(inner_->run_observed(inputs, narrowing));
     return narrow(inner_->run_observed(widen(inputs), narrowing));
   }
   const ir::Graph& graph() const override { return inner_->graph(); }
-  void set_state(const TensorMap& tensors) override { inner_->set_state(widen(tensors)); }
+  void set_state(const TensorMap& tensors) override { inner_->set_state(inputs_.empty() ? tensors : widen(tensors)); }
   TensorMap state() override {
     TensorMap s = inner_->state();
     for (auto& [name, t] : s)
@@ -66,11 +74,15 @@ class HalfPrecisionExecutable final : public Executable {
     }
     return r;
   }
-  /// Outputs in their declared dtypes (f32 values of a half type, narrowed exactly). An output
-  /// in f64 (the reference backend's f64 outputs, for comparisons) stays as it is.
+  /// Whether an output the inner run gives in `got` is converted to the declared `dtype`: between
+  /// f32 and a half type (f32 values of a half type, narrowed exactly; a half value the backend
+  /// stored, widened where the graph declares f32). An output in f64 (the reference backend's
+  /// f64 outputs, for comparisons) stays as it is.
+  static bool converts(DType got, DType dtype) { return got != dtype && (got == DType::f32 || is_half(got)) && (dtype == DType::f32 || is_half(dtype)); }
+  /// Outputs in their declared dtypes.
   TensorMap narrow(TensorMap out) const {
     for (auto& [name, t] : out)
-      if (auto it = outputs_.find(name); it != outputs_.end() && t.dtype() == DType::f32) t = convert(t, it->second, parallel_);
+      if (auto it = outputs_.find(name); it != outputs_.end() && converts(t.dtype(), it->second)) t = convert(t, it->second, parallel_);
     return out;
   }
 

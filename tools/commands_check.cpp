@@ -58,6 +58,16 @@ ir::Graph every_value(const ir::Graph& g) {
   return all;
 }
 
+/// The shapes of a backend's lowered graph `g` on a model's `inputs`: a half input is there f16
+/// or bf16 (kept) or f32 (widened by the backend's boundary), as its lowering says.
+std::vector<ir::Shape> shapes_as_run(const ir::Graph& g, const backend::TensorMap& inputs) {
+  backend::TensorMap as_run = inputs;
+  for (ir::ValueId v : g.inputs())
+    if (auto it = as_run.find(g.node(v).name); it != as_run.end() && is_half(it->second.dtype()) && it->second.dtype() != g.node(v).dtype)
+      it->second = it->second.to(g.node(v).dtype);
+  return ir::bind_shapes(g, as_run);
+}
+
 /// Finds the first node whose value on `backend_name` leaves its budget, prints it, and with a
 /// dump folder writes its operands (float64 reference values) and a one-node graph to re-run.
 void localise(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name, const std::string& dump_dir, double factor) {
@@ -173,7 +183,7 @@ int cmd_explain(const Request& r, const std::string& backend_name, bool profile)
   exe->set_profiling(profile);
   exe->run(p.inputs);
   const ir::Graph& g = exe->graph();
-  auto shapes = ir::bind_shapes(g, p.inputs);
+  auto shapes = shapes_as_run(g, p.inputs);
   // With --profile: each kernel's median device time over a few runs after the first.
   std::vector<double> device_ms(g.size(), -1.0);
   double device_total = 0;
@@ -305,12 +315,7 @@ int cmd_bench(const Request& r, const std::string& backends, int repeat, bool pr
     exe->set_profiling(profile);
     exe->run(p.inputs);
     const ir::Graph& g = exe->graph();
-    // The graph as run holds half values in f32 (emulate-half-precision): its shapes bound to
-    // the inputs widened.
-    backend::TensorMap as_run = p.inputs;
-    for (auto& [input, t] : as_run)
-      if (is_half(t.dtype())) t = t.to(DType::f32);
-    auto shapes = ir::bind_shapes(g, as_run);
+    auto shapes = shapes_as_run(g, p.inputs);
     double flops = 0;
     for (std::size_t i = 0; i < g.size(); ++i) flops += ir::estimated_flops(g, static_cast<ir::ValueId>(i), shapes);
     std::vector<double> ms;

@@ -52,6 +52,24 @@ struct Transposed {
   Transposed from(std::int64_t c) const { return {data + c, ld}; }
 };
 
+/// This thread's buffer `slot` (0: keys, 1: values, 2: queries, 3: values' rows) of at least
+/// `n` floats: what a widened f16 or bf16 tile is read from until the next call for that slot.
+float* tile_buffer(int slot, std::int64_t n) {
+  thread_local std::vector<float> buffers[4];
+  std::vector<float>& buf = buffers[slot];
+  if (buf.size() < static_cast<std::size_t>(n)) buf.resize(static_cast<std::size_t>(n));
+  return buf.data();
+}
+
+/// `rows` rows of `width` from element `first` of x, in f32: where x holds them, or widened into
+/// this thread's buffer `slot` when x is stored in f16 or bf16.
+const float* f32_rows(const ConstView& x, std::int64_t first, std::int64_t rows, std::int64_t width, int slot) {
+  if (x.stored == DType::f32) return x.data + first;
+  float* to = tile_buffer(slot, rows * width);
+  widen(x, first, rows * width, to);
+  return to;
+}
+
 /// Transposes x's `cols` rows of d into this thread's buffer `slot` (0: keys, 1: values), which
 /// the result points into until the next call for that slot.
 Transposed transposed(const float* x, std::int64_t cols, std::int64_t d, int slot) {
@@ -85,14 +103,23 @@ class Scores {
   std::int64_t d() const { return d_; }
   std::int64_t batches() const { return batch_.numel(); }
   const ir::Shape& batch() const { return batch_; }
+  /// Whether q and k are f32 (the backward reads them in place, through q() and k()).
+  bool f32_operands() const { return a_.q.stored == DType::f32 && a_.k.stored == DType::f32; }
   float scale() const { return a_.scale; }
   /// Whether ds must be multiplied by the modifier's derivative.
   bool has_derivative() const { return a_.mod && a_.mod->has_derivative(); }
   const float* q(std::int64_t b) const { return a_.q.data + offset_at(b, batch_, qs_); }
   const float* k(std::int64_t b) const { return a_.k.data + offset_at(b, batch_, ks_); }
+  /// Queries [i0, i0 + rows) of batch entry b in f32 (widened into this thread's slot 2 when q
+  /// is f16 or bf16: a tile's conversion is 1/(2 kKeyBlock) of its product's work).
+  const float* queries(std::int64_t b, std::int64_t i0, std::int64_t rows) const {
+    return f32_rows(a_.q, offset_at(b, batch_, qs_) + i0 * d_, rows, d_, 2);
+  }
 
   /// Keys [j0, j0 + cols) of batch entry b transposed (this thread's slot 0), for compute.
-  Transposed keys(std::int64_t b, std::int64_t j0, std::int64_t cols) const { return transposed(k(b) + j0 * d_, cols, d_, 0); }
+  Transposed keys(std::int64_t b, std::int64_t j0, std::int64_t cols) const {
+    return transposed(f32_rows(a_.k, offset_at(b, batch_, ks_) + j0 * d_, cols, d_, 0), cols, d_, 0);
+  }
 
   /// s[i * ld + j] = the score of query i0 + i and key j0 + j (i < rows, j < cols), -inf where
   /// masked; `kt` holds keys [j0, j0 + cols) or more (keys()), and s's columns up to cols rounded
@@ -103,7 +130,7 @@ class Scores {
   void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const Transposed& kt, float* s,
                std::int64_t ld, float* dmod = nullptr) const {
     const std::int64_t unit = tile_gemm_columns();
-    tile_gemm(false, rows, (cols + unit - 1) / unit * unit, d_, a_.scale, q(b) + i0 * d_, d_, kt.data, kt.ld, false, s, ld);
+    tile_gemm(false, rows, (cols + unit - 1) / unit * unit, d_, a_.scale, queries(b, i0, rows), d_, kt.data, kt.ld, false, s, ld);
     const bool mask_kept = thin_mask_is(true, b, i0, rows, j0, cols);
     const float* mask = a_.mask && !mask_kept ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
     const bool kept = a_.mod && a_.mod->keeps_tile(b, i0, rows, j0, cols);
@@ -356,14 +383,16 @@ void attention(const AttentionArgs& a) {
   std::vector<std::uint8_t> finite_v(static_cast<std::size_t>(batches), 1);
   if (sc.may_skip())
     ThreadPool::global().parallel_for(
-        batches, [&](std::int64_t b) { finite_v[static_cast<std::size_t>(b)] = all_finite(a.v.data + offset_at(b, sc.batch(), vs), m * dv); });
+        batches, [&](std::int64_t b) { finite_v[static_cast<std::size_t>(b)] = all_finite(a.v, offset_at(b, sc.batch(), vs), m * dv); });
 
   ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
-    thread_local std::vector<float> s_buf, m_buf, l_buf;
+    thread_local std::vector<float> s_buf, m_buf, l_buf, o_buf;
     const std::int64_t b = task / blocks, i0 = (task % blocks) * qb;
     const std::int64_t rows = std::min(qb, n - i0);
-    const float* v = a.v.data + offset_at(b, sc.batch(), vs);
-    float* o = a.out.data + b * n * dv + i0 * dv;
+    const std::int64_t v_at = offset_at(b, sc.batch(), vs), o_at = b * n * dv + i0 * dv;
+    // An f16 or bf16 output accumulates here in f32 and is rounded once at the end.
+    if (a.out.stored != DType::f32) o_buf.resize(static_cast<std::size_t>(rows * dv));
+    float* o = a.out.stored == DType::f32 ? a.out.data + o_at : o_buf.data();
     s_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
     m_buf.assign(static_cast<std::size_t>(rows), kNegInf);
     l_buf.assign(static_cast<std::size_t>(rows), 0.0f);
@@ -396,7 +425,7 @@ void attention(const AttentionArgs& a) {
             times(row, z, width);
           }
         }
-        tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, v + jk * dv, dv, true, o + r0 * dv, dv);
+        tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, f32_rows(a.v, v_at + jk * dv, width, dv, 3), dv, true, o + r0 * dv, dv);
       });
     });
     // A query with no key left (l = 0) gives zeros, as softmax defines for a row of -inf.
@@ -404,6 +433,7 @@ void attention(const AttentionArgs& a) {
       const float l = l_buf[static_cast<std::size_t>(i)];
       scale_inplace(o + i * dv, dv, l == 0.0f ? 0.0f : 1.0f / l);
     }
+    if (a.out.stored != DType::f32) narrow(o, rows * dv, a.out, o_at);
     if (a.lse)  // m + log(l): -inf for a row without keys, NaN where a score was NaN
       for (std::int64_t i = 0; i < rows; ++i) {
         const float mi = m_buf[static_cast<std::size_t>(i)];
@@ -414,6 +444,7 @@ void attention(const AttentionArgs& a) {
 
 void attention_lse(const ScoreArgs& args, View out) {
   const Scores sc(args, batch_of(out.shape));
+  QKV_ASSERT(out.stored == DType::f32, "the log-sum-exp is written in f32");
   const std::int64_t n = sc.n(), qb = kQueryBlock, blocks = blocks_of(n, qb);
   // Masked keys add exp(-inf) = 0 whatever the operands hold, so skipping their blocks is exact.
   ThreadPool::global().parallel_for(sc.batches() * blocks, [&](std::int64_t task) {
@@ -451,6 +482,7 @@ void attention_lse(const ScoreArgs& args, View out) {
 
 void attention_grad(const AttentionGradArgs& a) {
   const Scores sc(a.s, batch_of(a.out.shape));
+  QKV_ASSERT(sc.f32_operands() && a.v.stored == DType::f32 && a.out.stored == DType::f32, "the backward reads and writes f32");
   const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dv = a.v.shape.back(0), batches = sc.batches();
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dv);
   auto v_at = [&](std::int64_t b) { return a.v.data + offset_at(b, sc.batch(), vs); };
@@ -508,6 +540,7 @@ void attention_grad(const AttentionGradArgs& a) {
 
 void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv) {
   const Scores sc(a.s, batch_of(a.dy.shape));
+  QKV_ASSERT(sc.f32_operands() && a.v.stored == DType::f32, "the backward reads f32");
   const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dvw = a.v.shape.back(0);
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dvw);
   ThreadPool::global().parallel_for(sc.batches(), [&](std::int64_t b) {

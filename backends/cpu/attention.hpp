@@ -33,6 +33,9 @@ struct ScoreArgs {
   TileCounter* tiles = nullptr;  // when given: counts the tiles computed and skipped
 };
 
+/// The forward and the log-sum-exp read q, k and v in f32, f16 or bf16 (ConstView::stored),
+/// widening tile by tile, and the forward writes its output in any of them (accumulated in f32,
+/// rounded once); the backward takes f32 operands.
 struct AttentionArgs {
   ScoreArgs s;
   ConstView v;           // [..., M, Dv]

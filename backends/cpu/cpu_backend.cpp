@@ -58,13 +58,78 @@ std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
   return group;
 }
 
+/// How each value is held: its dtype there (f16 or bf16 for a half graph's half values: its
+/// kept inputs, each op's result rounded by round_f16 or round_bf16 and the casts to a half type;
+/// f32 for the rest, bool and i32 inputs widened into the arena), and whether it is a view of
+/// its operand's storage (a reshape; the cast to f32 of a half input, whose readers widen what
+/// they read; the cast of a value already held in the cast's dtype).
+struct Storage {
+  std::vector<DType> dtype;
+  std::vector<bool> view;
+};
+
+Storage storage_of(const ir::Graph& g) {
+  Storage s{std::vector<DType>(g.size(), DType::f32), std::vector<bool>(g.size(), false)};
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const Node& n = g.nodes()[i];
+    const DType operand = n.inputs.empty() ? DType::f32 : s.dtype[static_cast<std::size_t>(n.inputs[0])];
+    if (n.op == Op::input && is_half(n.dtype)) s.dtype[i] = n.dtype;
+    if (n.op == Op::round_f16) s.dtype[i] = DType::f16;
+    if (n.op == Op::round_bf16) s.dtype[i] = DType::bf16;
+    if (n.op == Op::cast && is_half(n.dtype)) s.dtype[i] = n.dtype;
+    s.view[i] = n.op == Op::reshape || (n.op == Op::cast && n.dtype == DType::f32 && is_half(g.node(n.inputs[0]).dtype)) ||
+                (n.op == Op::cast && is_half(n.dtype) && operand == n.dtype);
+    if (s.view[i]) s.dtype[i] = operand;
+  }
+  return s;
+}
+
+/// Whether operand `k` of `n` may be f16 or bf16 for its kernel: fused attention's forward and
+/// log-sum-exp read q, k and v so; the other kernels get their half operands widened.
+bool reads_half(const Node& n, std::size_t k) {
+  switch (n.op) {
+    case Op::attention:
+    case Op::masked_attention:
+    case Op::flex_attention: return k <= 2;
+    case Op::attention_lse:
+    case Op::masked_attention_lse:
+    case Op::flex_attention_lse: return k <= 1;
+    default: return false;
+  }
+}
+
+/// Per node: the round_f16 or round_bf16 that is its only reader, when its kernel computes that
+/// too (fused attention writing its rounded output; the attention itself gets no storage), -1
+/// otherwise.
+std::vector<ir::ValueId> rounds_in_kernel(const ir::Graph& g) {
+  std::vector<int> readers(g.size(), 0);
+  std::vector<ir::ValueId> reader(g.size(), -1), fused(g.size(), -1);
+  for (std::size_t i = 0; i < g.size(); ++i)
+    for (ir::ValueId v : g.nodes()[i].inputs) {
+      ++readers[static_cast<std::size_t>(v)];
+      reader[static_cast<std::size_t>(v)] = static_cast<ir::ValueId>(i);
+    }
+  for (ir::ValueId v : g.result_values()) readers[static_cast<std::size_t>(v)] += 2;  // kept whole
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const Op op = g.nodes()[i].op;
+    if ((op != Op::attention && op != Op::masked_attention && op != Op::flex_attention) || readers[i] != 1) continue;
+    const Op r = g.node(reader[i]).op;
+    if (r == Op::round_f16 || r == Op::round_bf16) fused[i] = reader[i];
+  }
+  return fused;
+}
+
 class CpuExecutable final : public ExecutableSkeleton {
  public:
-  explicit CpuExecutable(ir::Graph g) : ExecutableSkeleton(std::move(g)), slot_(graph_.size(), -1) {
+  explicit CpuExecutable(ir::Graph g)
+      : ExecutableSkeleton(std::move(g)), slot_(graph_.size(), -1), storage_(storage_of(graph_)), stored_(storage_.dtype), round_in_(rounds_in_kernel(graph_)),
+        rounded_by_(graph_.size(), -1) {
     for (std::size_t i = 0; i < input_ids_.size(); ++i) slot_[static_cast<std::size_t>(input_ids_[i])] = static_cast<int>(i);
+    for (std::size_t i = 0; i < graph_.size(); ++i)
+      if (round_in_[i] >= 0) rounded_by_[static_cast<std::size_t>(round_in_[i])] = static_cast<ir::ValueId>(i);
     find_kernel_groups();
   }
-  std::int64_t planned_bytes() const override { return memory_.total_bytes; }
+  std::int64_t planned_bytes() const override { return memory_.total_bytes + scratch_bytes_; }
   std::vector<TileCount> tile_counts() const override { return tile_counts_; }
 
   void set_state(const TensorMap& tensors) override {
@@ -76,7 +141,7 @@ class CpuExecutable final : public ExecutableSkeleton {
   void compute() override {
     tile_counts_.clear();
     for (std::size_t i = 0; i < graph_.size(); ++i) {
-      if (!computed_with_leader(i)) {
+      if (!computed_with_leader(i) && rounded_by_[i] < 0) {
         tiles_.computed = 0;
         tiles_.skipped = 0;
         tiles_.unmasked = 0;
@@ -88,42 +153,127 @@ class CpuExecutable final : public ExecutableSkeleton {
     }
     // Updates write back into the held tensors once every kernel has read the old values.
     for (const auto& [name, v] : graph_.updates()) {
-      const float* src = value_ptr(static_cast<std::size_t>(v));
       Tensor& held = state_.at(name);
-      if (src != held.data<float>() && held.nbytes()) std::memcpy(held.data<float>(), src, held.nbytes());
+      const ConstBytes src = value_bytes(static_cast<std::size_t>(v));
+      if (src.data == held.raw() || !held.nbytes()) continue;
+      if (src.stored == held.dtype()) std::memcpy(held.raw(), src.data, held.nbytes());
+      else convert_into(src, held);
     }
   }
-  Tensor output(std::string_view, ir::ValueId v) override { return f32_output(v, value_ptr(static_cast<std::size_t>(v))); }
+  Tensor output(std::string_view, ir::ValueId v) override {
+    const ConstBytes src = value_bytes(static_cast<std::size_t>(v));
+    if (!is_half(src.stored)) return f32_output(v, static_cast<const float*>(src.data));
+    // A half value comes out in its own dtype (the half-precision boundary converts it if the
+    // graph declares another).
+    Tensor t = Tensor::uninitialized(src.stored, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));
+    if (t.nbytes()) std::memcpy(t.raw(), src.data, t.nbytes());
+    return t;
+  }
 
  private:
+  /// A value's bytes and the dtype they hold.
+  struct ConstBytes {
+    const void* data;
+    DType stored;
+  };
+
   void plan() override {
     bind_shapes();
-    std::vector<std::int64_t> bytes(graph_.size());
-    for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * static_cast<std::int64_t>(sizeof(float));
-    // f32 inputs are read where the caller keeps them; bool and i32 inputs are widened into the arena.
+    bytes_.assign(graph_.size(), 0);
+    for (std::size_t i = 0; i < graph_.size(); ++i) bytes_[i] = shapes_[i].numel() * static_cast<std::int64_t>(dtype_size(stored_[i]));
+    std::vector<std::int64_t> views(graph_.size(), -1);
+    std::vector<ir::Placement> placed(graph_.size());
+    for (std::size_t i = 0; i < graph_.size(); ++i) {
+      if (storage_.view[i]) views[i] = 0;
+      if (round_in_[i] >= 0) placed[i] = {round_in_[i], 0};  // the attention's kernel writes its rounded output
+    }
+    // f32, f16 and bf16 inputs are read where the caller keeps them; bool and i32 inputs are
+    // widened into the arena.
     memory_ = ir::plan_memory(
-        graph_, bytes, [](const Node& n) { return n.op == Op::input && n.dtype == DType::f32; }, 64);
+        graph_, bytes_, [](const Node& n) { return n.op == Op::input && (n.dtype == DType::f32 || is_half(n.dtype)); }, 64, nullptr, &views,
+        &placed);
     plan_kernel_groups();
+    plan_widening();
+    const std::int64_t total = memory_.total_bytes + scratch_bytes_;
     try {
-      arena_.assign(static_cast<std::size_t>(memory_.total_bytes / 4 + 16), 0.0f);
+      arena_.assign(static_cast<std::size_t>(total / 4 + 16), 0.0f);
     } catch (const std::bad_alloc&) {
       std::size_t largest = 0;
-      for (std::size_t i = 1; i < bytes.size(); ++i)
-        if (bytes[i] > bytes[largest]) largest = i;
-      throw ResourceError("cpu: out of memory: the plan for these shapes needs " + std::to_string(memory_.total_bytes) +
-                          " bytes; the largest value is %" + std::to_string(largest) + " " + std::string(ir::op_name(graph_.nodes()[largest].op)) +
-                          " " + graph_.type_string(graph_.nodes()[largest].dtype, shapes_[largest]) + " (" + std::to_string(bytes[largest]) +
+      for (std::size_t i = 1; i < bytes_.size(); ++i)
+        if (bytes_[i] > bytes_[largest]) largest = i;
+      throw ResourceError("cpu: out of memory: the plan for these shapes needs " + std::to_string(total) + " bytes; the largest value is %" +
+                          std::to_string(largest) + " " + std::string(ir::op_name(graph_.nodes()[largest].op)) + " " +
+                          graph_.type_string(graph_.nodes()[largest].dtype, shapes_[largest]) + " (" + std::to_string(bytes_[largest]) +
                           " bytes)");
     }
   }
 
-  const Tensor& input_tensor(std::size_t v) const { return *tensors_[static_cast<std::size_t>(slot_[v])]; }
-  const float* value_ptr(std::size_t v) const {
-    auto root = static_cast<std::size_t>(memory_.storage_of[v]);
-    if (memory_.offset[root] < 0) return input_tensor(root).data<float>();
-    return arena_.data() + memory_.offset[root] / 4;
+  /// Where each kernel's f16 and bf16 operands that it cannot read as they are are widened to
+  /// f32 before it runs: per node, (operand, byte offset in the scratch after the arena); the
+  /// scratch is as large as the largest node's widened operands together.
+  void plan_widening() {
+    widened_.assign(graph_.size(), {});
+    scratch_bytes_ = 0;
+    for (std::size_t i = 0; i < graph_.size(); ++i) {
+      const Node& n = graph_.nodes()[i];
+      if (n.op == Op::input || storage_.view[i] || computed_with_leader(i) || rounded_by_[i] >= 0) continue;
+      std::int64_t at = 0;
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+        const auto v = static_cast<std::size_t>(n.inputs[k]);
+        const bool seen = std::any_of(widened_[i].begin(), widened_[i].end(), [&](const auto& w) { return w.first == n.inputs[k]; });
+        if (stored_[v] == DType::f32 || reads_half(n, k) || seen) continue;
+        widened_[i].emplace_back(n.inputs[k], at);
+        at += (shapes_[v].numel() * 4 + 63) / 64 * 64;
+      }
+      scratch_bytes_ = std::max(scratch_bytes_, at);
+    }
   }
-  float* out_ptr(std::size_t v) { return arena_.data() + memory_.offset[v] / 4; }
+
+  const Tensor& input_tensor(std::size_t v) const { return *tensors_[static_cast<std::size_t>(slot_[v])]; }
+  std::byte* arena_bytes() { return reinterpret_cast<std::byte*>(arena_.data()); }
+  const std::byte* arena_bytes() const { return reinterpret_cast<const std::byte*>(arena_.data()); }
+  /// Value v's bytes: in the arena, or in the caller's tensor for an input read in place.
+  ConstBytes value_bytes(std::size_t v) const {
+    auto root = static_cast<std::size_t>(memory_.storage_of[v]);
+    if (memory_.offset[root] < 0) return {input_tensor(root).raw(), stored_[v]};
+    return {arena_bytes() + memory_.offset[root], stored_[v]};
+  }
+  const float* value_ptr(std::size_t v) const {
+    const ConstBytes b = value_bytes(v);
+    QKV_ASSERT(b.stored == DType::f32, "an f32 kernel reads a half value");
+    return static_cast<const float*>(b.data);
+  }
+  float* out_ptr(std::size_t v) { return reinterpret_cast<float*>(arena_bytes() + memory_.offset[v]); }
+
+  /// `src` converted into `to` (of the same element count, another float dtype).
+  void convert_into(const ConstBytes& src, Tensor& to) const {
+    const std::int64_t n = to.numel();
+    std::vector<float> f32;
+    const float* from = static_cast<const float*>(src.data);
+    if (src.stored != DType::f32) {
+      f32.resize(static_cast<std::size_t>(n));
+      cpu::widen({nullptr, ir::Shape{}, src.data, src.stored}, 0, n, f32.data());
+      from = f32.data();
+    }
+    if (to.dtype() == DType::f32) std::copy_n(from, n, to.data<float>());
+    else cpu::narrow(from, n, {nullptr, ir::Shape{}, to.raw(), to.dtype()}, 0);
+  }
+
+  /// The `n` values at `src` widened into `to`, in chunks over the thread pool.
+  static void widen_into(const ConstBytes& src, std::int64_t n, float* to) {
+    const cpu::ConstView x{static_cast<const float*>(src.data), ir::Shape{}, src.data, src.stored};
+    chunked(n, [&](std::int64_t first, std::int64_t count) { cpu::widen(x, first, count, to + first); });
+  }
+  /// x rounded into out's 16-bit storage (round_f16, round_bf16), in chunks over the thread pool.
+  static void narrow_into(const cpu::ConstView& x, const cpu::View& out) {
+    chunked(out.shape.numel(), [&](std::int64_t first, std::int64_t count) { cpu::narrow(x.data + first, count, out, first); });
+  }
+  /// f(first, count) over [0, n) in chunks of 64K elements (large enough to stream), on the pool.
+  template <class F> static void chunked(std::int64_t n, F f) {
+    constexpr std::int64_t kChunk = std::int64_t{1} << 16;
+    if (n <= kChunk) return f(std::int64_t{0}, n);
+    cpu::ThreadPool::global().parallel_for((n + kChunk - 1) / kChunk, [&](std::int64_t c) { f(c * kChunk, std::min(kChunk, n - c * kChunk)); });
+  }
 
   void find_kernel_groups() {
     group_ = kernel_groups(graph_);
@@ -153,13 +303,13 @@ class CpuExecutable final : public ExecutableSkeleton {
       auto bytes_of = [&](std::size_t v) {
         const auto root = static_cast<std::size_t>(memory_.storage_of[v]);
         const std::int64_t at = memory_.offset[root];
-        return std::pair<std::int64_t, std::int64_t>{at, at < 0 ? at : at + shapes_[root].numel() * 4};
+        return std::pair<std::int64_t, std::int64_t>{at, at < 0 ? at : at + bytes_[root]};
       };
       auto apart = [](std::pair<std::int64_t, std::int64_t> a, std::pair<std::int64_t, std::int64_t> b) {
         return a.first < 0 || b.first < 0 || a.second <= b.first || b.second <= a.first;
       };
       for (std::size_t a : group_[i]) {
-        ok = ok && memory_.offset[a] >= 0;
+        ok = ok && memory_.offset[static_cast<std::size_t>(memory_.storage_of[a])] >= 0;
         for (std::size_t b : group_[i])
           if (a < b) ok = ok && apart(bytes_of(a), bytes_of(b));
         if (a != i)
@@ -173,9 +323,21 @@ class CpuExecutable final : public ExecutableSkeleton {
 
   void execute(std::size_t i) {
     const Node& n = graph_.nodes()[i];
+    if (storage_.view[i]) return;  // reads its operand's storage
+    // f16 and bf16 operands: widened into the scratch, or read as they are (reads_half).
+    for (const auto& [v, at] : widened_[i]) {
+      const auto u = static_cast<std::size_t>(v);
+      widen_into(value_bytes(u), shapes_[u].numel(), reinterpret_cast<float*>(arena_bytes() + memory_.total_bytes + at));
+    }
     auto in = [&](int k) {
-      auto v = static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)]);
-      return cpu::ConstView{value_ptr(v), shapes_[v]};
+      const ir::ValueId operand = n.inputs[static_cast<std::size_t>(k)];
+      auto v = static_cast<std::size_t>(operand);
+      const ConstBytes b = value_bytes(v);
+      if (b.stored == DType::f32) return cpu::ConstView{static_cast<const float*>(b.data), shapes_[v]};
+      for (const auto& [w, at] : widened_[i])
+        if (w == operand) return cpu::ConstView{reinterpret_cast<const float*>(arena_bytes() + memory_.total_bytes + at), shapes_[v]};
+      QKV_ASSERT(reads_half(n, static_cast<std::size_t>(k)), "a half operand neither widened nor read as it is");
+      return cpu::ConstView{nullptr, shapes_[v], b.data, b.stored};
     };
     // The attention ops' scores: q, k, the keep-mask operand at `mask_at` (none when < 0) held
     // in `mask`, the bound scale and the causal attributes.
@@ -209,6 +371,13 @@ class CpuExecutable final : public ExecutableSkeleton {
     };
     cpu::View out{nullptr, shapes_[i]};
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
+    if (round_in_[i] >= 0) {  // an attention writing its output rounded, where its round's value lives
+      const auto r = static_cast<std::size_t>(round_in_[i]);
+      out = {nullptr, shapes_[i], arena_bytes() + memory_.offset[r], stored_[r]};
+    } else if (is_half(stored_[i])) {  // a round_f16 or round_bf16 writing its 16-bit value
+      out = {nullptr, shapes_[i], out_ptr(i), stored_[i]};
+    }
+    if (n.op != Op::input && is_half(stored_[i])) return narrow_into(in(0), out);  // round_f16, round_bf16, a cast: into 16-bit storage
     // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
     // clang-format off
     switch (n.op) {
@@ -293,11 +462,18 @@ class CpuExecutable final : public ExecutableSkeleton {
   }
 
   cpu::TileCounter tiles_;                       // the running kernel's tiles
+  std::vector<std::int64_t> bytes_;              // node -> its value's bytes, as planned
+  std::vector<std::vector<std::pair<ir::ValueId, std::int64_t>>> widened_;  // node -> operands widened, at scratch offsets
+  std::int64_t scratch_bytes_ = 0;                                          // after the arena's values
   std::vector<TileCount> tile_counts_;           // the last run's, per fused kernel
   std::vector<ir::ValueId> leader_;              // node -> its kernel group's leader, or -1
   std::vector<std::vector<std::size_t>> group_;  // leader -> its group's nodes (empty otherwise)
   std::vector<bool> group_fused_;                // leader -> the group runs as one kernel
   std::vector<int> slot_;                        // node -> index into tensors_ (inputs only)
+  Storage storage_;                              // node -> how its value is held
+  const std::vector<DType>& stored_;             // node -> the dtype it is held in
+  std::vector<ir::ValueId> round_in_;            // attention -> the round its kernel computes, or -1
+  std::vector<ir::ValueId> rounded_by_;          // that round -> its attention, or -1
   ir::MemoryPlan memory_;
   std::vector<float> arena_;
 };
@@ -311,11 +487,21 @@ class CpuBackend final : public Backend {
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
+    if (g.node(v).op == Op::round_f16 || g.node(v).op == Op::round_bf16) {
+      const std::vector<ir::ValueId> rounds = rounds_in_kernel(g);
+      for (std::size_t i = 0; i < rounds.size(); ++i)
+        if (rounds[i] == v) return "(in %" + std::to_string(i) + "'s kernel, its output rounded)";
+      return std::string("round to ") + (g.node(v).op == Op::round_f16 ? "f16" : "bf16") + ", stored in 16 bits";
+    }
     // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
     // clang-format off
     switch (g.node(v).op) {
-      case Op::input: return g.node(v).dtype == DType::f32 ? "(input, read in place)" : "(input, widened to f32)";
+      case Op::input: return g.node(v).dtype == DType::f32 || is_half(g.node(v).dtype) ? "(input, read in place)" : "(input, widened to f32)";
       case Op::reshape: return "(view of its operand)";
+      case Op::cast:
+        if (storage_of(g).view[static_cast<std::size_t>(v)]) return "(view of its operand, widened where read)";
+        if (is_half(g.node(v).dtype)) return "round to " + std::string(dtype_name(g.node(v).dtype)) + ", stored in 16 bits";
+        return "loop";
       case Op::matmul: return "sgemm";
       case Op::attention:
       case Op::masked_attention: return "fused attention (online softmax)";
@@ -340,7 +526,6 @@ class CpuBackend final : public Backend {
       case Op::log_softmax: return "row softmax";
       case Op::constant:
       QKV_UNARY_CASES
-      QKV_CAST_CASES
       QKV_BINARY_CASES
       QKV_SELECT_CASES
       QKV_COMPARE_CASES
@@ -357,8 +542,10 @@ class CpuBackend final : public Backend {
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     cpu::ThreadPool::global();  // pins OpenBLAS to one thread before any sgemm runs
+    // Half inputs are kept: their kernels read them in 16 bits (the half-precision boundary
+    // widens only what the lowered graph declares f32).
     return half_precision_boundary(
-        g, std::make_unique<CpuExecutable>(ir::lower_for_backend(g, [this](const Node& n) { return supports(n); })),
+        g, std::make_unique<CpuExecutable>(ir::lower_for_backend(g, [this](const Node& n) { return supports(n); }, ir::HalfInputs::kept)),
         [](std::int64_t n, const std::function<void(std::int64_t)>& fn) { cpu::ThreadPool::global().parallel_for(n, fn); });
   }
 };

@@ -69,6 +69,28 @@ template <ir::Op O> void binary_impl(ConstView a, ConstView b, View out) {
 
 }  // namespace
 
+void widen(const ConstView& x, std::int64_t first, std::int64_t n, float* to) {
+  if (x.stored == DType::f16) return to_float(static_cast<const Half*>(x.half) + first, to, n);
+  if (x.stored == DType::bf16) return to_float(static_cast<const BFloat16*>(x.half) + first, to, n);
+  std::copy_n(x.data + first, n, to);
+}
+
+void narrow(const float* from, std::int64_t n, const View& out, std::int64_t first) {
+  if (out.stored == DType::f16) return to_half(from, static_cast<Half*>(out.half) + first, n);
+  if (out.stored == DType::bf16) return to_bfloat16(from, static_cast<BFloat16*>(out.half) + first, n);
+  std::copy_n(from, n, out.data + first);
+}
+
+bool all_finite(const ConstView& x, std::int64_t first, std::int64_t n) {
+  if (x.stored == DType::f32) return all_finite(x.data + first, n);
+  // All exponent bits set: an infinity or a NaN (f16: 5 bits, bf16: f32's 8).
+  const std::uint16_t exponent = x.stored == DType::f16 ? 0x7c00 : 0x7f80;
+  const auto* bits = static_cast<const std::uint16_t*>(x.half) + first;
+  bool finite = true;
+  for (std::int64_t i = 0; i < n; ++i) finite &= (bits[i] & exponent) != exponent;
+  return finite;
+}
+
 void fill(View out, float value) { std::fill_n(out.data, out.shape.numel(), value); }
 
 void unary(ir::Op op, ConstView x, View out) {

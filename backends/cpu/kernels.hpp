@@ -8,15 +8,28 @@
 
 namespace qkv::backend::cpu {
 
-/// A float buffer with its concrete shape.
+/// A float buffer with its concrete shape. A value may instead be held in f16 or bf16
+/// (`stored`, at `half`; `data` unset): only the kernels that say so take one (fused attention's
+/// forward reads q, k and v and writes its output so, converting tile by tile).
 struct View {
   float* data;
   ir::Shape shape;
+  void* half = nullptr;
+  DType stored = DType::f32;
 };
 struct ConstView {
   const float* data;
   ir::Shape shape;
+  const void* half = nullptr;
+  DType stored = DType::f32;
 };
+
+/// x's elements [first, first + n) in f32, into `to` (exactly, whatever x is stored in).
+void widen(const ConstView& x, std::int64_t first, std::int64_t n, float* to);
+/// from[0, n) into out's elements [first, first + n), rounded to nearest when out is f16 or bf16.
+void narrow(const float* from, std::int64_t n, const View& out, std::int64_t first);
+/// Whether x's elements [first, first + n) are all finite.
+bool all_finite(const ConstView& x, std::int64_t first, std::int64_t n);
 
 void fill(View out, float value);
 void unary(ir::Op op, ConstView x, View out);

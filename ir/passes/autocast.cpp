@@ -88,8 +88,11 @@ Graph to_dtype(const Graph& g, DType dtype) {
   if (!is_half(dtype)) throw UsageError("to_dtype: a model runs in f32, f16 or bf16, not " + std::string(dtype_name(dtype)));
   return rebuild(g, [dtype](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
     if (n.op == Op::input) return n.dtype == DType::f32 ? out.add_input(n.name, dtype, n.shape) : -1;
+    // A scalar constant stays f32, as a Python scalar in PyTorch: an op takes it in the tensors'
+    // dtype, computing with its full value (an attention's scale stays its scale attribute).
+    if (n.op == Op::constant && n.shape.rank == 0) return -1;
     const ValueId v = out.add(n.op, {in.begin(), in.end()}, n.attrs, n.region);
-    return out.node(v).dtype == DType::f32 ? out.cast(v, dtype) : v;
+    return out.node(v).dtype == DType::f32 && out.node(v).shape.rank > 0 ? out.cast(v, dtype) : v;
   });
 }
 

@@ -16,10 +16,11 @@ bool has_half_values(const Graph& g) {
   return std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node& n) { return is_half(n.dtype); });
 }
 
-Graph emulate_half_precision(const Graph& g) {
+Graph emulate_half_precision(const Graph& g, HalfInputs inputs) {
   if (!has_half_values(g)) return g;
-  return rebuild(g, [](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
+  auto rewrite = [inputs](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
     const bool half = is_half(n.dtype);
+    if (n.op == Op::input && half && inputs == HalfInputs::kept) return out.cast(out.add_input(n.name, n.dtype, n.shape), DType::f32);
     if (n.op == Op::input) return half ? out.add_input(n.name, DType::f32, n.shape) : -1;
     if (n.op == Op::cast) {
       const ValueId x = out.cast(in[0], DType::f32);      // a float is held in f32 now; an i32 or bool cast
@@ -28,7 +29,16 @@ Graph emulate_half_precision(const Graph& g) {
     if (!half) return -1;  // its operands' dtypes decide it: the same as before
     // Computed in f32 (the op's rule gives f32 from f32 operands), the result rounded once.
     return round_to_dtype(out, out.add(n.op, {in.begin(), in.end()}, n.attrs, n.region), n.dtype);
-  });
+  };
+  if (inputs == HalfInputs::widened) return rebuild(g, rewrite);
+  // A kept half input's update is its (rounded) value cast back to the input's dtype.
+  Graph without_results = g;
+  without_results.clear_results();
+  std::vector<ValueId> map;
+  Graph out = rebuild(without_results, rewrite, &map);
+  for (const auto& [name, v] : g.outputs()) out.set_output(name, map[static_cast<std::size_t>(v)]);
+  for (const auto& [name, v] : g.updates()) out.set_update(name, out.cast(map[static_cast<std::size_t>(v)], g.node(v).dtype));
+  return out;
 }
 
 }  // namespace qkv::ir

@@ -50,13 +50,19 @@ Graph select_outputs(const Graph& g, const std::vector<std::string>& keep);
 
 /// Whether any value of `g` is f16 or bf16.
 bool has_half_values(const Graph& g);
+/// How a backend takes a half graph's f16 and bf16 inputs: widened to f32 by the caller
+/// (declared f32 in the lowered graph), or as they are, each followed by its cast to f32 (a
+/// backend that stores half values itself and reads such a cast in place).
+enum class HalfInputs { widened, kept };
+
 /// `g` with its f16 and bf16 values held in f32, for kernels that compute in f32: half inputs
-/// declared f32 (their values are a half type's, exactly), each half-typed node computed in f32
+/// declared f32 (their values are a half type's, exactly) or kept and cast to f32 (`inputs`),
+/// each half-typed node computed in f32
 /// and its result rounded once (round_f16, round_bf16), casts between floats as those roundings
 /// or nothing. PyTorch's semantics: an op on half tensors accumulates and computes in f32 and
 /// rounds what it stores. Attention fused before this rounds only its output, as a fused kernel
 /// does. Graphs without half values come back unchanged.
-Graph emulate_half_precision(const Graph& g);
+Graph emulate_half_precision(const Graph& g, HalfInputs inputs = HalfInputs::widened);
 
 /// Mixed precision as PyTorch's autocast, over a graph written in f32 (autocast.cpp): attention
 /// fused, then matmul and attention run in `lower` (f16 or bf16; their f32 operands cast to it);
@@ -66,8 +72,9 @@ Graph emulate_half_precision(const Graph& g);
 /// f32. Throws UsageError for a `lower` that is not f16 or bf16.
 Graph autocast(const Graph& g, DType lower);
 /// `g` with every float value in `dtype` (PyTorch's model.to(dtype)): f32 inputs declared
-/// `dtype`, and each value an op makes in f32 (a constant, an iota, a cast from i32) cast to
-/// `dtype` where it is made. f32 gives `g`; throws UsageError for a dtype other than f16 or bf16.
+/// `dtype`, and each tensor an op makes in f32 (a constant, an iota, a cast from i32) cast to
+/// `dtype` where it is made; scalar constants stay f32, as PyTorch's Python scalars (an op takes
+/// them in its tensors' dtype at their full value). f32 gives `g`; throws UsageError for a dtype other than f16 or bf16.
 Graph to_dtype(const Graph& g, DType dtype);
 
 /// Replaces each composite node for which `keep` is false with its decomposition
@@ -109,9 +116,10 @@ struct GradientSpec {
 /// ShapeError for a bad spec and UnsupportedError naming an op without a rule.
 Graph build_backward(const Graph& g, const GradientSpec& spec, const std::function<GradientInfo(Op)>& rules = gradient_info);
 
-/// Runs the passes a backend's compile runs, in order: fuse attention, decompose, CSE, fold
-/// padded sums, DCE, place attention_lse; verifies after each
-/// and prints the IR to stderr after each when QKV_PRINT_IR=after-all (pipeline.cpp).
-Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite);
+/// Runs the passes a backend's compile runs, in order: fuse attention, emulate half precision
+/// (half inputs as `half_inputs` says), decompose, CSE, fold padded sums, DCE, place
+/// attention_lse; verifies after each and prints the IR to stderr after each when
+/// QKV_PRINT_IR=after-all (pipeline.cpp).
+Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite, HalfInputs half_inputs = HalfInputs::widened);
 
 }  // namespace qkv::ir

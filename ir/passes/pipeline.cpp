@@ -17,11 +17,11 @@ void after(const char* pass, const Graph& g) {
 }
 }  // namespace
 
-Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite) {
+Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& keep_composite, HalfInputs half_inputs) {
   after("input", g);
   Graph r = fuse_attention(g, keep_composite);  // only what the backend keeps fused
   after("fuse-attention", r);
-  r = emulate_half_precision(r);  // before decomposing: a composite rounds its result once
+  r = emulate_half_precision(r, half_inputs);  // before decomposing: a composite rounds its result once
   after("emulate-half-precision", r);
   r = decompose_composites(r, keep_composite);
   after("decompose-composites", r);

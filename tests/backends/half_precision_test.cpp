@@ -90,6 +90,35 @@ TEST_P(HalfPrecision, AttentionAndMatmulMatchTheReferenceWithinBudgets) {
   }
 }
 
+/// softmax(q kT / sqrt(D)) v over q, k, v of `dtype` [B, H, N, D], as PyTorch's SDPA.
+ir::Graph sdpa(DType dtype) {
+  return ir::to_dtype(lower(named<"out">(scaled_dot_product_attention(input<"q">(dim<"B">, dim<"H">, dim<"N">, dim<"D">),
+                                                                      input<"k">(dim<"B">, dim<"H">, dim<"N">, dim<"D">),
+                                                                      input<"v">(dim<"B">, dim<"H">, dim<"N">, dim<"D">)))),
+                      dtype);
+}
+
+TEST(HalfPrecisionCpu, ValuesAreHeldIn16BitsAndAttentionReadsThemThere) {
+  QKV_GET_BACKEND_OR_SKIP(cpu, "cpu");
+  const std::map<std::string, std::int64_t> dims{{"B", 2}, {"H", 3}, {"N", 300}, {"D", 32}};
+  auto f32 = cpu->compile(sdpa(DType::f32));
+  f32->run(backend::random_inputs(sdpa(DType::f32), dims, 4));
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const ir::Graph g = sdpa(dtype);
+    const backend::TensorMap inputs = backend::random_inputs(g, dims, 4);
+    auto exe = cpu->compile(g);
+    // q, k and v are read where the caller keeps them, in 16 bits: no widened copies.
+    for (ir::ValueId v : exe->graph().inputs()) EXPECT_EQ(exe->graph().node(v).dtype, dtype);
+    const Tensor out = exe->run(inputs).at("out");
+    EXPECT_EQ(out.dtype(), dtype);
+    // The output is written rounded by the attention's kernel into 16-bit storage: half the plan.
+    EXPECT_LE(exe->planned_bytes(), f32->planned_bytes() / 2 + 4096) << exe->planned_bytes() << " vs f32's " << f32->planned_bytes();
+    // Past the 256-row query and key tiles, so tiles are widened at offsets within each head.
+    testing::expect_equivalent(g, inputs, "cpu");
+  }
+}
+
 TEST_P(HalfPrecision, GradientsFlowThroughCastsInTheirDtypes) {
   for (DType dtype : {DType::f16, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));

@@ -274,6 +274,64 @@ TEST(Bind, ResolvesSymbolsAndReportsConflicts) {
   EXPECT_THROW(bind_shapes(g, in), ShapeError);
 }
 
+/// softmax(q kT * 0.125) v over f32 inputs, and w updated by w * 0.5.
+Graph attention_with_update() {
+  Graph g;
+  const Dim N = g.symbol("N");
+  const ValueId q = g.add_input("q", DType::f32, {N, 8}), k = g.add_input("k", DType::f32, {N, 8}), v = g.add_input("v", DType::f32, {N, 8});
+  Attrs t;
+  t.transpose_b = true;
+  Attrs axis;
+  axis.axis = 1;
+  const ValueId s = g.add(Op::mul, {g.add(Op::matmul, {q, k}, t), g.constant(0.125)});
+  g.set_output("out", g.add(Op::matmul, {g.add(Op::softmax, {s}, axis), v}));
+  const ValueId w = g.add_input("w", DType::f32, {4});
+  g.set_update("w", g.add(Op::mul, {w, g.constant(0.5)}));
+  return g;
+}
+
+TEST(ToDtype, ScalarConstantsStayF32AndAttentionKeepsItsScale) {
+  const Graph g = to_dtype(attention_with_update(), DType::f16);
+  for (const Node& n : g.nodes()) {
+    if (n.op == Op::constant) {
+      EXPECT_EQ(n.dtype, DType::f32) << "a scalar takes the tensors' dtype where it is used, as a Python scalar";
+    }
+    if (n.op == Op::input) {
+      EXPECT_EQ(n.dtype, DType::f16) << n.name;
+    }
+    EXPECT_NE(n.op, Op::cast) << "nothing here is made in f32 but scalars";
+  }
+  EXPECT_EQ(g.node(g.output("out")).dtype, DType::f16);
+  // Fused, the scale is the attention's attribute, not a modifier multiplying by a tensor.
+  const Graph fused = fuse_attention(g, [](const Node&) { return true; });
+  bool attention = false;
+  for (const Node& n : fused.nodes())
+    if (n.op == Op::attention) {
+      attention = true;
+      EXPECT_EQ(n.attrs.value, 0.125);
+    }
+  EXPECT_TRUE(attention) << print(fused);
+}
+
+TEST(EmulateHalfPrecision, KeptInputsAreCastWhereTheyEnterAndUpdatesCastBack) {
+  const Graph g = to_dtype(attention_with_update(), DType::bf16);
+  const Graph widened = emulate_half_precision(g);
+  for (ValueId v : widened.inputs()) EXPECT_EQ(widened.node(v).dtype, DType::f32) << widened.node(v).name;
+  const Graph kept = emulate_half_precision(g, HalfInputs::kept);
+  verify(kept);
+  for (ValueId v : kept.inputs()) EXPECT_EQ(kept.node(v).dtype, DType::bf16) << kept.node(v).name;
+  for (const Node& n : kept.nodes())
+    if (n.op == Op::cast && kept.node(n.inputs[0]).op == Op::input) {
+      EXPECT_EQ(n.dtype, DType::f32);
+    }
+  // w's update: w * 0.5 computed in f32, rounded, and cast back to the held bf16.
+  const Node& update = kept.node(kept.updates().at(0).second);
+  EXPECT_EQ(update.op, Op::cast);
+  EXPECT_EQ(update.dtype, DType::bf16);
+  EXPECT_EQ(kept.node(update.inputs[0]).op, Op::round_bf16);
+  EXPECT_EQ(kept.node(kept.output("out")).op, Op::round_bf16);
+}
+
 }  // namespace
 }  // namespace qkv::ir
 

@@ -259,6 +259,16 @@ TEST_F(Cli, ModelsRunAndCheckInHalfPrecision) {
   Result bench = run("bench decoder-block --dtype bf16 --backend cpu --repeat 2");
   EXPECT_EQ(bench.status, 0) << bench.output;
   EXPECT_NE(bench.output.find("\ncpu "), std::string::npos) << bench.output;
+  // explain in half precision: the cpu reads half q, k and v where they are and writes the
+  // output rounded from the attention's kernel; every backend explains its own lowering.
+  Result explain = run("explain sdpa --dtype f16 --set weights=false --backend cpu");
+  EXPECT_EQ(explain.status, 0) << explain.output;
+  EXPECT_NE(explain.output.find("(input, read in place)"), std::string::npos) << explain.output;
+  EXPECT_NE(explain.output.find("'s kernel, its output rounded)"), std::string::npos) << explain.output;
+  for (const char* backend : {"reference", "vulkan"}) {
+    Result other = run("explain decoder-block --dtype bf16 --grad --backend " + std::string(backend));
+    EXPECT_TRUE(other.status == 0 || other.output.find("unavailable") != std::string::npos) << backend << "\n" << other.output;
+  }
   Result f64 = run("check sdpa --dtype f64");
   EXPECT_EQ(f64.status, 2) << f64.output;
   EXPECT_NE(f64.output.find("--dtype f64: f32, f16 or bf16"), std::string::npos) << f64.output;
