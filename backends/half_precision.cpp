@@ -78,7 +78,9 @@ class HalfPrecisionExecutable final : public Executable {
   /// f32 and a half type (f32 values of a half type, narrowed exactly; a half value the backend
   /// stored, widened where the graph declares f32). An output in f64 (the reference backend's
   /// f64 outputs, for comparisons) stays as it is.
-  static bool converts(DType got, DType dtype) { return got != dtype && (got == DType::f32 || is_half(got)) && (dtype == DType::f32 || is_half(dtype)); }
+  static bool converts(DType got, DType dtype) {
+    return got != dtype && (got == DType::f32 || is_half(got)) && (dtype == DType::f32 || is_half(dtype));
+  }
   /// Outputs in their declared dtypes.
   TensorMap narrow(TensorMap out) const {
     for (auto& [name, t] : out)

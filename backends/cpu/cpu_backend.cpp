@@ -122,7 +122,7 @@ std::vector<ir::ValueId> rounds_in_kernel(const ir::Graph& g) {
 class CpuExecutable final : public ExecutableSkeleton {
  public:
   explicit CpuExecutable(ir::Graph g)
-      : ExecutableSkeleton(std::move(g)), slot_(graph_.size(), -1), storage_(storage_of(graph_)), stored_(storage_.dtype), round_in_(rounds_in_kernel(graph_)),
+      : ExecutableSkeleton(std::move(g)), slot_(graph_.size(), -1), storage_(storage_of(graph_)), round_in_(rounds_in_kernel(graph_)),
         rounded_by_(graph_.size(), -1) {
     for (std::size_t i = 0; i < input_ids_.size(); ++i) slot_[static_cast<std::size_t>(input_ids_[i])] = static_cast<int>(i);
     for (std::size_t i = 0; i < graph_.size(); ++i)
@@ -171,6 +171,8 @@ class CpuExecutable final : public ExecutableSkeleton {
   }
 
  private:
+  /// An operand widened to f32 before its kernel runs, at a byte offset in the scratch.
+  using Widened = std::pair<ir::ValueId, std::int64_t>;
   /// A value's bytes and the dtype they hold.
   struct ConstBytes {
     const void* data;
@@ -180,7 +182,7 @@ class CpuExecutable final : public ExecutableSkeleton {
   void plan() override {
     bind_shapes();
     bytes_.assign(graph_.size(), 0);
-    for (std::size_t i = 0; i < graph_.size(); ++i) bytes_[i] = shapes_[i].numel() * static_cast<std::int64_t>(dtype_size(stored_[i]));
+    for (std::size_t i = 0; i < graph_.size(); ++i) bytes_[i] = shapes_[i].numel() * static_cast<std::int64_t>(dtype_size(storage_.dtype[i]));
     std::vector<std::int64_t> views(graph_.size(), -1);
     std::vector<ir::Placement> placed(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) {
@@ -190,8 +192,7 @@ class CpuExecutable final : public ExecutableSkeleton {
     // f32, f16 and bf16 inputs are read where the caller keeps them; bool and i32 inputs are
     // widened into the arena.
     memory_ = ir::plan_memory(
-        graph_, bytes_, [](const Node& n) { return n.op == Op::input && (n.dtype == DType::f32 || is_half(n.dtype)); }, 64, nullptr, &views,
-        &placed);
+        graph_, bytes_, [](const Node& n) { return n.op == Op::input && (n.dtype == DType::f32 || is_half(n.dtype)); }, 64, nullptr, &views, &placed);
     plan_kernel_groups();
     plan_widening();
     const std::int64_t total = memory_.total_bytes + scratch_bytes_;
@@ -203,8 +204,7 @@ class CpuExecutable final : public ExecutableSkeleton {
         if (bytes_[i] > bytes_[largest]) largest = i;
       throw ResourceError("cpu: out of memory: the plan for these shapes needs " + std::to_string(total) + " bytes; the largest value is %" +
                           std::to_string(largest) + " " + std::string(ir::op_name(graph_.nodes()[largest].op)) + " " +
-                          graph_.type_string(graph_.nodes()[largest].dtype, shapes_[largest]) + " (" + std::to_string(bytes_[largest]) +
-                          " bytes)");
+                          graph_.type_string(graph_.nodes()[largest].dtype, shapes_[largest]) + " (" + std::to_string(bytes_[largest]) + " bytes)");
     }
   }
 
@@ -221,7 +221,7 @@ class CpuExecutable final : public ExecutableSkeleton {
       for (std::size_t k = 0; k < n.inputs.size(); ++k) {
         const auto v = static_cast<std::size_t>(n.inputs[k]);
         const bool seen = std::any_of(widened_[i].begin(), widened_[i].end(), [&](const auto& w) { return w.first == n.inputs[k]; });
-        if (stored_[v] == DType::f32 || reads_half(n, k) || seen) continue;
+        if (storage_.dtype[v] == DType::f32 || reads_half(n, k) || seen) continue;
         widened_[i].emplace_back(n.inputs[k], at);
         at += (shapes_[v].numel() * 4 + 63) / 64 * 64;
       }
@@ -235,8 +235,8 @@ class CpuExecutable final : public ExecutableSkeleton {
   /// Value v's bytes: in the arena, or in the caller's tensor for an input read in place.
   ConstBytes value_bytes(std::size_t v) const {
     auto root = static_cast<std::size_t>(memory_.storage_of[v]);
-    if (memory_.offset[root] < 0) return {input_tensor(root).raw(), stored_[v]};
-    return {arena_bytes() + memory_.offset[root], stored_[v]};
+    if (memory_.offset[root] < 0) return {input_tensor(root).raw(), storage_.dtype[v]};
+    return {arena_bytes() + memory_.offset[root], storage_.dtype[v]};
   }
   const float* value_ptr(std::size_t v) const {
     const ConstBytes b = value_bytes(v);
@@ -373,11 +373,11 @@ class CpuExecutable final : public ExecutableSkeleton {
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
     if (round_in_[i] >= 0) {  // an attention writing its output rounded, where its round's value lives
       const auto r = static_cast<std::size_t>(round_in_[i]);
-      out = {nullptr, shapes_[i], arena_bytes() + memory_.offset[r], stored_[r]};
-    } else if (is_half(stored_[i])) {  // a round_f16 or round_bf16 writing its 16-bit value
-      out = {nullptr, shapes_[i], out_ptr(i), stored_[i]};
+      out = {nullptr, shapes_[i], arena_bytes() + memory_.offset[r], storage_.dtype[r]};
+    } else if (is_half(storage_.dtype[i])) {  // a round_f16 or round_bf16 writing its 16-bit value
+      out = {nullptr, shapes_[i], out_ptr(i), storage_.dtype[i]};
     }
-    if (n.op != Op::input && is_half(stored_[i])) return narrow_into(in(0), out);  // round_f16, round_bf16, a cast: into 16-bit storage
+    if (n.op != Op::input && is_half(storage_.dtype[i])) return narrow_into(in(0), out);  // round_f16, round_bf16, a cast: into 16-bit storage
     // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
     // clang-format off
     switch (n.op) {
@@ -463,15 +463,14 @@ class CpuExecutable final : public ExecutableSkeleton {
 
   cpu::TileCounter tiles_;                       // the running kernel's tiles
   std::vector<std::int64_t> bytes_;              // node -> its value's bytes, as planned
-  std::vector<std::vector<std::pair<ir::ValueId, std::int64_t>>> widened_;  // node -> operands widened, at scratch offsets
-  std::int64_t scratch_bytes_ = 0;                                          // after the arena's values
+  std::vector<std::vector<Widened>> widened_;    // node -> its operands widened into the scratch
+  std::int64_t scratch_bytes_ = 0;               // after the arena's values
   std::vector<TileCount> tile_counts_;           // the last run's, per fused kernel
   std::vector<ir::ValueId> leader_;              // node -> its kernel group's leader, or -1
   std::vector<std::vector<std::size_t>> group_;  // leader -> its group's nodes (empty otherwise)
   std::vector<bool> group_fused_;                // leader -> the group runs as one kernel
   std::vector<int> slot_;                        // node -> index into tensors_ (inputs only)
   Storage storage_;                              // node -> how its value is held
-  const std::vector<DType>& stored_;             // node -> the dtype it is held in
   std::vector<ir::ValueId> round_in_;            // attention -> the round its kernel computes, or -1
   std::vector<ir::ValueId> rounded_by_;          // that round -> its attention, or -1
   ir::MemoryPlan memory_;
@@ -545,7 +544,9 @@ class CpuBackend final : public Backend {
     // Half inputs are kept: their kernels read them in 16 bits (the half-precision boundary
     // widens only what the lowered graph declares f32).
     return half_precision_boundary(
-        g, std::make_unique<CpuExecutable>(ir::lower_for_backend(g, [this](const Node& n) { return supports(n); }, ir::HalfInputs::kept)),
+        g,
+        std::make_unique<CpuExecutable>(ir::lower_for_backend(
+            g, [this](const Node& n) { return supports(n); }, ir::HalfInputs::kept)),
         [](std::int64_t n, const std::function<void(std::int64_t)>& fn) { cpu::ThreadPool::global().parallel_for(n, fn); });
   }
 };
