@@ -50,8 +50,10 @@ using ir::ValueId;
 
 /// Nodes computed at each element of their kernel from their operands' values at that element
 /// (broadcast_to too: its operand is read through strides broadcast to the kernel's shape, like
-/// every operand of a smaller shape).
-bool elementwise(const Node& n) {
+/// every operand of a smaller shape). Not a cast to or from a 16-bit float: the only kernel
+/// that binds 16-bit buffers (cast16_source), always alone.
+bool elementwise(const ir::Graph& g, const Node& n) {
+  if (n.op == Op::cast && (is_half(n.dtype) || is_half(g.node(n.inputs[0]).dtype))) return false;
   switch (ir::op_info(n.op).category) {
     case OpCategory::unary:
     case OpCategory::binary:
@@ -276,7 +278,7 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
   std::vector<bool> inline_constant(n, false);
   for (std::size_t i = 0; i < n; ++i)
     inline_constant[i] = scalar_constant(g.nodes()[i]) && !is_result[i] && !readers[i].empty() &&
-                         std::all_of(readers[i].begin(), readers[i].end(), [&](ValueId c) { return elementwise(g.node(c)); });
+                         std::all_of(readers[i].begin(), readers[i].end(), [&](ValueId c) { return elementwise(g, g.node(c)); });
 
   // Kernels are grown from roots in decreasing node order, so every reader of a candidate has
   // been placed first. A candidate whose readers are all in the kernel is computed there alone;
@@ -297,11 +299,11 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
       if (!kernels_of[i].empty() || !has_kernel(g, static_cast<ValueId>(i), limits.view_alignment)) continue;
       const auto r = static_cast<ValueId>(i);
       root_of[i] = true;
-      if (!elementwise(root) && !axis_reduction(root)) continue;
+      if (!elementwise(g, root) && !axis_reduction(root)) continue;
       // Every node of the kernel is computed at the same element of one shape: the root's, or
       // what its reductions reduce.
       auto& members = inlined[i];
-      const ir::Shape& root_shape = elementwise(root) ? root.shape : g.node(root.inputs[0]).shape;
+      const ir::Shape& root_shape = elementwise(g, root) ? root.shape : g.node(root.inputs[0]).shape;
       auto inside = [&](ValueId c) { return c == r || std::find(members.begin(), members.end(), c) != members.end(); };
       std::priority_queue<ValueId> candidates;
       for (ValueId in : root.inputs) candidates.push(in);
@@ -313,15 +315,15 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
         // A matmul becomes the kernel's core when it has the kernel's shape (every element of the
         // chain is one of its products) and the kernel has none yet.
         const std::vector<ValueId> reductions = row_reductions(g, root, members);
-        const bool epilogue = node.op == Op::matmul && elementwise(root) && node.shape == root_shape && matmul_of(g, members) < 0 && reductions.empty();
+        const bool epilogue = node.op == Op::matmul && elementwise(g, root) && node.shape == root_shape && matmul_of(g, members) < 0 && reductions.empty();
         // A row kernel: an elementwise kernel that computes sums or maxima over its rows first
         // (a layer norm's mean and variance, then its normalised elements).
-        const bool row = elementwise(root) && matmul_of(g, members) < 0 && row_reduction(g, node, root_shape) &&
+        const bool row = elementwise(g, root) && matmul_of(g, members) < 0 && row_reduction(g, node, root_shape) &&
                          (reductions.empty() || g.node(reductions.front()).attrs.axis == node.attrs.axis);
         const bool merged = axis_reduction(root) && merges_reduction(g, r, members, v);
         // A reduce_sum over a matmul's batch dims: one matmul over the batch and K together.
         const bool summed = root.op == Op::reduce_sum && matmul_of(g, members) < 0 && sums_batches(g, v, reduced_of(g, r, members));
-        if (!(elementwise(node) || epilogue || merged || summed || row) || is_result[static_cast<std::size_t>(v)] || stored[static_cast<std::size_t>(v)]) continue;
+        if (!(elementwise(g, node) || epilogue || merged || summed || row) || is_result[static_cast<std::size_t>(v)] || stored[static_cast<std::size_t>(v)]) continue;
         // Read only inside this kernel (the matmul core reads its operands from memory), or an
         // elementwise node with few readers, recomputed in each of their kernels.
         const auto& rs = readers[static_cast<std::size_t>(v)];
@@ -369,7 +371,7 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
     k.inlined = inlined[i];
     std::sort(k.inlined.begin(), k.inlined.end());
     const Node& root = g.nodes()[i];
-    if (elementwise(root) || k.fused()) {
+    if (elementwise(g, root) || k.fused()) {
       // The constants it reads without a kernel of their own are computed inside it too.
       const Reads reads = reads_of(g, k.root, k.inlined, inline_constant);
       k.inlined.insert(k.inlined.end(), reads.constants.begin(), reads.constants.end());

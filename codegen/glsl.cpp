@@ -706,6 +706,30 @@ KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
   return {std::string(ir::op_name(n.op)) + "_r" + std::to_string(rank), s, arity + 1};
 }
 
+/// A cast between f32 and a 16-bit float held as it is (GL_EXT_shader_16bit_storage): f16 as
+/// float16_t, bf16 as the high half of an f32 in a uint16_t. Its operand is read through strides
+/// like every elementwise operand; a narrowing cast rounds to nearest even first (the value
+/// itself is then exact in 16 bits, whatever the device's conversion rounds to).
+KernelSource cast16_source(const ir::Graph& g, const Node& n) {
+  const DType from = g.node(n.inputs[0]).dtype, to = n.dtype;
+  auto element = [](DType t) { return t == DType::f16 ? "float16_t" : t == DType::bf16 ? "uint16_t" : "float"; };
+  std::string s = "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n";
+  s += "layout(local_size_x = " + std::to_string(kWorkgroupSize) + ", local_size_y = 1) in;\n";
+  s += "layout(std430, binding = 0) readonly buffer In0 { " + std::string(element(from)) + " x0[]; };\n";
+  s += "layout(std430, binding = 1) writeonly buffer Out { " + std::string(element(to)) + " y[]; };\n";
+  s += "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
+  s += helpers_for([&](Op op) { return (op == Op::round_f16 && to == DType::f16) || (op == Op::round_bf16 && to == DType::bf16); });
+  s += "// p[0] = elements, p[1..rank] = output dims, then the operand's strides\n";
+  s += "void main() {\n" + std::string(kLinearIndex) + detail::operand_offsets(n.shape.rank, 1, 1);
+  s += from == DType::f16    ? "  float a = float(x0[o0]);\n"
+       : from == DType::bf16 ? "  float a = uintBitsToFloat(uint(x0[o0]) << 16);\n"
+                             : "  float a = x0[o0];\n";
+  s += to == DType::f16    ? "  y[i] = float16_t(qkv_round_f16(a));\n}\n"
+       : to == DType::bf16 ? "  y[i] = uint16_t(floatBitsToUint(qkv_round_bf16(a)) >> 16);\n}\n"
+                           : "  y[i] = a;\n}\n";
+  return {"cast_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)) + "_r" + std::to_string(n.shape.rank), s, 2};
+}
+
 KernelSource constant_source() {
   std::string s = header(0) + "// p[0] = elements, p[1] = the value's float bits\nvoid main() {\n" + kLinearIndex +
                   "  y[i] = uintBitsToFloat(pc.p[1]);\n}\n";
@@ -949,6 +973,8 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     QKV_BINARY_CASES
     QKV_COMPARE_CASES
     case Op::cast:
+      if (is_half(n.dtype) || is_half(g.node(n.inputs[0]).dtype)) return cast16_source(g, n);
+      return elementwise_source(g, n);
     case Op::where:
     case Op::broadcast_to:
     case Op::permute: return elementwise_source(g, n);

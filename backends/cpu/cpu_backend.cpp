@@ -98,7 +98,7 @@ bool reads_half(const Node& n, std::size_t k) {
   }
 }
 
-/// Per node: the round_f16 or round_bf16 that is its only reader, when its kernel computes that
+/// Per node: the round_f16, round_bf16 or cast to a half type that is its only reader, when its kernel computes that
 /// too (fused attention writing its rounded output; the attention itself gets no storage), -1
 /// otherwise.
 std::vector<ir::ValueId> rounds_in_kernel(const ir::Graph& g) {
@@ -113,8 +113,8 @@ std::vector<ir::ValueId> rounds_in_kernel(const ir::Graph& g) {
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Op op = g.nodes()[i].op;
     if ((op != Op::attention && op != Op::masked_attention && op != Op::flex_attention) || readers[i] != 1) continue;
-    const Op r = g.node(reader[i]).op;
-    if (r == Op::round_f16 || r == Op::round_bf16) fused[i] = reader[i];
+    const Node& r = g.node(reader[i]);
+    if (r.op == Op::round_f16 || r.op == Op::round_bf16 || (r.op == Op::cast && is_half(r.dtype))) fused[i] = reader[i];
   }
   return fused;
 }
@@ -486,11 +486,13 @@ class CpuBackend final : public Backend {
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
-    if (g.node(v).op == Op::round_f16 || g.node(v).op == Op::round_bf16) {
+    const Node& node = g.node(v);
+    if (node.op == Op::round_f16 || node.op == Op::round_bf16 || (node.op == Op::cast && is_half(node.dtype))) {
       const std::vector<ir::ValueId> rounds = rounds_in_kernel(g);
       for (std::size_t i = 0; i < rounds.size(); ++i)
         if (rounds[i] == v) return "(in %" + std::to_string(i) + "'s kernel, its output rounded)";
-      return std::string("round to ") + (g.node(v).op == Op::round_f16 ? "f16" : "bf16") + ", stored in 16 bits";
+      if (storage_of(g).view[static_cast<std::size_t>(v)]) return "(view of its operand)";
+      return std::string("round to ") + (node.op == Op::round_f16 || node.dtype == DType::f16 ? "f16" : "bf16") + ", stored in 16 bits";
     }
     // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
     // clang-format off
@@ -499,7 +501,6 @@ class CpuBackend final : public Backend {
       case Op::reshape: return "(view of its operand)";
       case Op::cast:
         if (storage_of(g).view[static_cast<std::size_t>(v)]) return "(view of its operand, widened where read)";
-        if (is_half(g.node(v).dtype)) return "round to " + std::string(dtype_name(g.node(v).dtype)) + ", stored in 16 bits";
         return "loop";
       case Op::matmul: return "sgemm";
       case Op::attention:

@@ -65,6 +65,12 @@ VulkanOptions vulkan_options_from_env() {
       throw BackendError("vulkan: QKV_VULKAN_SUBGROUP_REDUCTIONS is '" + s + "'; give 1 (a subgroup per row where the device can, the default) or 0");
     o.subgroup_reductions = s == "1";
   }
+  if (const char* f = std::getenv("QKV_VULKAN_HALF_STORAGE")) {
+    const std::string s = f;
+    if (s != "0" && s != "1")
+      throw BackendError("vulkan: QKV_VULKAN_HALF_STORAGE is '" + s + "'; give 1 (16-bit buffers where the device has them, the default) or 0");
+    o.half_storage = s == "1";
+  }
   if (const char* f = std::getenv("QKV_VULKAN_FUSION")) {
     const std::string s = f;
     if (s != "0" && s != "1") throw BackendError("vulkan: QKV_VULKAN_FUSION is '" + s + "'; give 1 (fuse, the default) or 0");
@@ -171,7 +177,19 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
       }
     float priority = 1.0f;
     vk::DeviceQueueCreateInfo queue_info({}, queue_family_, 1, &priority);
-    device_ = vk::raii::Device(physical_, vk::DeviceCreateInfo({}, queue_info));
+    // 16-bit storage buffers (core in Vulkan 1.1): f16 and bf16 values uploaded, held and
+    // downloaded in 16 bits, converted by cast kernels.
+    vk::DeviceCreateInfo device_info({}, queue_info);
+    vk::PhysicalDevice16BitStorageFeatures storage16;
+    if (properties_.apiVersion >= VK_API_VERSION_1_1)
+      storage16_ = physical_.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDevice16BitStorageFeatures>()
+                       .get<vk::PhysicalDevice16BitStorageFeatures>()
+                       .storageBuffer16BitAccess;
+    if (storage16_) {
+      storage16.storageBuffer16BitAccess = VK_TRUE;
+      device_info.pNext = &storage16;
+    }
+    device_ = vk::raii::Device(physical_, device_info);
     queue_ = vk::raii::Queue(device_, queue_family_, 0);
     pool_ = vk::raii::CommandPool(device_, vk::CommandPoolCreateInfo(vk::CommandPoolCreateFlagBits::eResetCommandBuffer, queue_family_));
   });

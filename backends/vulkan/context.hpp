@@ -47,6 +47,8 @@ class Context {
   std::uint32_t subgroup_size() const { return subgroup_size_; }
   /// Whether compute shaders may reduce across a subgroup (subgroupAdd, subgroupMax).
   bool subgroup_arithmetic() const { return subgroup_arithmetic_; }
+  /// Whether storage buffers may hold 16-bit values (storageBuffer16BitAccess, enabled).
+  bool storage16() const { return storage16_; }
   /// Nanoseconds per timestamp tick on the compute queue, or 0 when it cannot write timestamps.
   double timestamp_period_ns() const { return timestamp_period_ns_; }
   /// Ticks between two timestamps written in this order: the counter has only
@@ -73,6 +75,7 @@ class Context {
   vk::PhysicalDeviceMemoryProperties memory_properties_;
   std::uint32_t subgroup_size_ = 0;
   bool subgroup_arithmetic_ = false;
+  bool storage16_ = false;
   std::uint32_t queue_family_ = 0;
   double timestamp_period_ns_ = 0;
   std::uint32_t timestamp_bits_ = 0;

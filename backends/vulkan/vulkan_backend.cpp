@@ -28,7 +28,7 @@ using vk_detail::guarded;
 
 /// Host <-> staging conversion: device buffers hold every value, booleans too, as float.
 void write_staging(const Tensor& t, void* dst) {
-  if (t.dtype() == DType::f32) {
+  if (t.dtype() == DType::f32 || is_half(t.dtype())) {  // as the arena holds it
     if (t.nbytes()) std::memcpy(dst, t.raw(), t.nbytes());
     return;
   }
@@ -109,11 +109,17 @@ class VulkanExecutable final : public ExecutableSkeleton {
     read_tile_counts();
   }
   Tensor output(std::string_view name, ir::ValueId v) override {
-    return f32_output(v, reinterpret_cast<const float*>(static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.find(name)->second));
+    const std::byte* at = static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.find(name)->second;
+    if (!is_half(graph_.node(v).dtype)) return f32_output(v, reinterpret_cast<const float*>(at));
+    Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));  // 16 bits, as held
+    if (t.nbytes()) std::memcpy(t.raw(), at, t.nbytes());
+    return t;
   }
 
  private:
-  std::int64_t bytes_of(ir::ValueId v) const { return shapes_[static_cast<std::size_t>(v)].numel() * 4; }
+  /// Bytes of v's value in the arena: 2 per element for an f16 or bf16 value (a kept input, a
+  /// cast to a half type), 4 for the rest (bool and i32 as floats).
+  std::int64_t bytes_of(ir::ValueId v) const { return shapes_[static_cast<std::size_t>(v)].numel() * (is_half(graph_.node(v).dtype) ? 2 : 4); }
   std::int64_t offset_of(ir::ValueId v) const {
     const auto i = static_cast<std::size_t>(v);
     return memory_.offset[static_cast<std::size_t>(memory_.storage_of[i])] + memory_.view_offset[i];
@@ -160,7 +166,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
     descriptor_pool_ = nullptr;
     bind_shapes();
     std::vector<std::int64_t> bytes(graph_.size());
-    for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = shapes_[i].numel() * 4;
+    for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = bytes_of(static_cast<ir::ValueId>(i));
     const std::int64_t align = view_alignment(*ctx_);
     // A fused kernel's node reads the kernel's operands; the nodes computed inside it get no storage.
     std::vector<std::vector<ir::ValueId>> reads(graph_.size());
@@ -274,7 +280,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
   void upload_state() {
     if (state_.empty()) return;
     std::int64_t total = 0;
-    for (const auto& [name, t] : state_) total += (static_cast<std::int64_t>(t.numel()) * 4 + 15) / 16 * 16;
+    for (const auto& [name, t] : state_) total += (static_cast<std::int64_t>(t.numel()) * 4 + 15) / 16 * 16;  // enough for any dtype held
     Buffer staging = ctx_->make_buffer(static_cast<vk::DeviceSize>(total), vk::BufferUsageFlagBits::eTransferSrc, true);
     std::vector<vk::BufferCopy> copies;
     std::int64_t at = 0;
@@ -297,7 +303,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
   /// Copies the held inputs' current values from the arena back to the host.
   void download_state() {
     std::int64_t total = 0;
-    for (const auto& [name, t] : state_) total += (static_cast<std::int64_t>(t.numel()) * 4 + 15) / 16 * 16;
+    for (const auto& [name, t] : state_) total += (static_cast<std::int64_t>(t.numel()) * 4 + 15) / 16 * 16;  // enough for any dtype held
     Buffer staging = ctx_->make_buffer(static_cast<vk::DeviceSize>(total), vk::BufferUsageFlagBits::eTransferDst, true);
     std::vector<std::pair<ir::ValueId, std::int64_t>> where;
     std::vector<vk::BufferCopy> copies;
@@ -398,7 +404,8 @@ class VulkanExecutable final : public ExecutableSkeleton {
 
 class VulkanBackend final : public Backend {
  public:
-  explicit VulkanBackend(const VulkanOptions& o) : ctx_(Context::get(o)), fuse_(o.fusion) {
+  explicit VulkanBackend(const VulkanOptions& o)
+      : ctx_(Context::get(o)), fuse_(o.fusion), half_inputs_(o.half_storage && ctx_->storage16() ? ir::HalfInputs::kept : ir::HalfInputs::widened) {
     target_.cpu = o.tuning == VulkanOptions::Tuning::automatic ? ctx_->properties().deviceType == vk::PhysicalDeviceType::eCpu
                                                                : o.tuning == VulkanOptions::Tuning::cpu;
     target_.shared_bytes = ctx_->properties().limits.maxComputeSharedMemorySize;
@@ -464,11 +471,15 @@ class VulkanBackend final : public Backend {
   /// The shaders compile(g) runs (codegen::emit_glsl for this device).
   /// The GLSL the device would run for g, without creating its pipelines.
   std::string shaders(const ir::Graph& g) const {
-    const ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
+    const ir::Graph lowered = ir::lower_for_backend(
+        g, [this](const Node& n) { return supports(n); }, half_inputs_);
     return codegen::emit_glsl(lowered, fusion_limits(), target_, fuse_);
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
-    ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
+    // With 16-bit storage, half inputs and outputs cross as they are (cast kernels convert them
+    // on the device); the half-precision boundary converts only what the lowering declares f32.
+    ir::Graph lowered = ir::lower_for_backend(
+        g, [this](const Node& n) { return supports(n); }, half_inputs_);
     for (const Node& n : lowered.nodes())
       if (auto why = codegen::unsupported_reason(lowered, n)) throw UnsupportedError("vulkan: " + *why);
     return half_precision_boundary(
@@ -479,6 +490,7 @@ class VulkanBackend final : public Backend {
   std::shared_ptr<Context> ctx_;
   codegen::Target target_;
   bool fuse_ = true;
+  ir::HalfInputs half_inputs_;
 };
 
 }  // namespace

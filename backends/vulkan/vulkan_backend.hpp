@@ -36,6 +36,10 @@ struct VulkanOptions {
   /// has subgroup arithmetic (QKV_VULKAN_SUBGROUP_REDUCTIONS=0: one invocation per row, for
   /// comparisons).
   bool subgroup_reductions = true;
+  /// f16 and bf16 inputs, outputs and held tensors stay 16-bit on the device, widened and
+  /// narrowed there by cast kernels, where it has 16-bit storage buffers
+  /// (QKV_VULKAN_HALF_STORAGE=0: widened and narrowed on the host, as on devices without).
+  bool half_storage = true;
 };
 
 /// Options from the environment variables named above.

@@ -31,13 +31,21 @@ Graph emulate_half_precision(const Graph& g, HalfInputs inputs) {
     return round_to_dtype(out, out.add(n.op, {in.begin(), in.end()}, n.attrs, n.region), n.dtype);
   };
   if (inputs == HalfInputs::widened) return rebuild(g, rewrite);
-  // A kept half input's update is its (rounded) value cast back to the input's dtype.
+  // A kept half input's update, and a half output, is its (rounded) value cast back to its
+  // dtype: a backend storing 16-bit values stores it so.
   Graph without_results = g;
   without_results.clear_results();
   std::vector<ValueId> map;
   Graph out = rebuild(without_results, rewrite, &map);
-  for (const auto& [name, v] : g.outputs()) out.set_output(name, map[static_cast<std::size_t>(v)]);
-  for (const auto& [name, v] : g.updates()) out.set_update(name, out.cast(map[static_cast<std::size_t>(v)], g.node(v).dtype));
+  // The cast rounds: a value rounded only to be cast is cast unrounded (the rounding is then dead).
+  auto stored = [&](ValueId v) {
+    ValueId x = map[static_cast<std::size_t>(v)];
+    const Node& r = out.node(x);
+    if ((r.op == Op::round_f16 && g.node(v).dtype == DType::f16) || (r.op == Op::round_bf16 && g.node(v).dtype == DType::bf16)) x = r.inputs[0];
+    return out.cast(x, g.node(v).dtype);
+  };
+  for (const auto& [name, v] : g.outputs()) out.set_output(name, stored(v));
+  for (const auto& [name, v] : g.updates()) out.set_update(name, stored(v));
   return out;
 }
 

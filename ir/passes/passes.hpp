@@ -51,8 +51,9 @@ Graph select_outputs(const Graph& g, const std::vector<std::string>& keep);
 /// Whether any value of `g` is f16 or bf16.
 bool has_half_values(const Graph& g);
 /// How a backend takes a half graph's f16 and bf16 inputs: widened to f32 by the caller
-/// (declared f32 in the lowered graph), or as they are, each followed by its cast to f32 (a
-/// backend that stores half values itself and reads such a cast in place).
+/// (declared f32 in the lowered graph), or as they are, each followed by its cast to f32, with
+/// the half outputs and the updates of kept inputs cast back to their dtypes (a backend that
+/// holds 16-bit values itself).
 enum class HalfInputs { widened, kept };
 
 /// `g` with its f16 and bf16 values held in f32, for kernels that compute in f32: half inputs

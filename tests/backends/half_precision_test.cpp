@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
+#include "backends/vulkan/vulkan_backend.hpp"
 #include "dsl/dsl.hpp"
 #include "ir/passes/passes.hpp"
 #include "tests/support/backend_fixture.hpp"
@@ -116,6 +118,40 @@ TEST(HalfPrecisionCpu, ValuesAreHeldIn16BitsAndAttentionReadsThemThere) {
     EXPECT_LE(exe->planned_bytes(), f32->planned_bytes() / 2 + 4096) << exe->planned_bytes() << " vs f32's " << f32->planned_bytes();
     // Past the 256-row query and key tiles, so tiles are widened at offsets within each head.
     testing::expect_equivalent(g, inputs, "cpu");
+  }
+}
+
+TEST(HalfPrecisionVulkan, HalfTensorsCrossAndStayIn16BitBuffers) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  auto options = backend::vulkan_options_from_env();
+  options.half_storage = false;
+  auto host_widened = backend::make_vulkan_backend(options);
+  bool storage16 = false;
+  for (const auto& d : backend::vulkan_devices()) storage16 |= d.storage16;
+  if (!storage16) GTEST_SKIP() << "no device with 16-bit storage buffers";
+  const std::map<std::string, std::int64_t> dims{{"B", 2}, {"H", 2}, {"N", 70}, {"D", 16}};
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    // Forward and backward: half inputs uploaded as they are and widened by cast kernels, half
+    // outputs narrowed on the device and downloaded in 16 bits.
+    const ir::Graph forward = sdpa(dtype);
+    const ir::Graph g = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
+    const backend::TensorMap inputs = backend::random_inputs(g, dims, 9);
+    auto exe = vulkan->compile(g);
+    for (ir::ValueId v : exe->graph().inputs()) EXPECT_EQ(exe->graph().node(v).dtype, dtype) << exe->graph().node(v).name;
+    for (const auto& [name, v] : exe->graph().outputs()) EXPECT_EQ(exe->graph().node(v).dtype, dtype) << name;
+    int casts = 0;
+    for (std::size_t i = 0; i < exe->graph().size(); ++i)
+      casts += vulkan->kernel_name(exe->graph(), static_cast<ir::ValueId>(i)).starts_with("glsl cast_" + std::string(dtype_name(dtype)) + "_f32");
+    EXPECT_EQ(casts, static_cast<int>(exe->graph().inputs().size()));
+    const backend::TensorMap got = exe->run(inputs);
+    // The same kernels compute the same values whether the conversions run on the device or the host.
+    const backend::TensorMap want = host_widened->compile(g)->run(inputs);
+    for (const auto& [name, t] : want) {
+      ASSERT_EQ(got.at(name).dtype(), dtype) << name;
+      EXPECT_EQ(std::memcmp(got.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
+    }
+    testing::expect_equivalent(g, inputs, "vulkan");
   }
 }
 
