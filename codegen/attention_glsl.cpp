@@ -202,7 +202,7 @@ bool attention_strided(const Node& n) { return ir::is_fused_attention(n.op) && b
 
 int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n) + (attention_strided(n) ? 5 + 2 * batch_rank(n) : 0); }
 
-KernelSource attention_source(const Node& n) {
+KernelSource attention_source(const Node& n, const std::vector<DType>& held) {
   const Kind kind = kind_of(n);
   const int r = batch_rank(n);
   const bool causal = n.attrs.causal, mask = masked(n), drop = ir::has_dropout_seed(n.op, n.attrs);
@@ -221,9 +221,16 @@ KernelSource attention_source(const Node& n) {
   const std::size_t tensors = modifier_tensors(n);
   for (std::size_t i = 0; i < tensors; ++i) arrays.push_back("T" + str(static_cast<std::int64_t>(i)));
   if (drop) arrays.emplace_back("SEED");  // dropout's seed, the last operand
+  // q, k, v and dy may be held in 16 bits (f16 as float16_t, bf16 as the high half of an f32).
+  auto held_in = [&](std::size_t i) { return i < held.size() && i < 4 ? held[i] : DType::f32; };
   std::string bindings;
-  for (std::size_t i = 0; i < arrays.size(); ++i)
-    bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(i)) + ") readonly buffer B" + arrays[i] + " { float " + arrays[i] + "[]; };\n";
+  const bool sixteen = std::any_of(held.begin(), held.end(), [](DType t) { return is_half(t); });
+  for (std::size_t i = 0; i < arrays.size(); ++i) {
+    const DType t = held_in(i);
+    const char* element = t == DType::f16 ? "float16_t" : t == DType::bf16 ? "uint16_t" : "float";
+    bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(i)) + ") readonly buffer B" + arrays[i] + " { " + element + " " +
+                arrays[i] + "[]; };\n";
+  }
   bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size())) + ") writeonly buffer BOUT { float OUT[]; };\n";
   bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size()) + 1) +
               ") buffer BCOUNTS { uint COUNTS[]; };  // scores in the tiles computed: low, high word\n";
@@ -232,12 +239,19 @@ KernelSource attention_source(const Node& n) {
   std::string tiles, readers;
   for (const Operand& o : streamed(kind))
     tiles += o.vec4s ? std::string("shared vec4 ") + o.tile + "[BC * " + o.vec4s + "];\n" : std::string("shared float ") + o.tile + "[BC];\n";
-  for (const Operand& o : {kQ, kK, kV, kDy}) {
-    if (std::find(arrays.begin(), arrays.end(), o.array) == arrays.end()) continue;
+  for (const Operand& o : {kQ, kK, kV, kDy, kLse, kDelta}) {
+    const auto slot = static_cast<std::size_t>(std::find(arrays.begin(), arrays.end(), o.array) - arrays.begin());
+    if (slot == arrays.size()) continue;
+    const DType t = held_in(slot);
+    // load_$A: an element as f32 (a 16-bit one widened exactly).
+    const std::string e = std::string(o.array) + "[i]";
+    const std::string load = t == DType::f16 ? "float(" + e + ")" : t == DType::bf16 ? "uintBitsToFloat(uint(" + e + ") << 16)" : e;
+    readers += "float load_" + std::string(o.array) + "(uint i) { return " + load + "; }\n";
+    if (!o.vec4s) continue;
     readers += fill(R"(vec4 row4_$A(uint row, uint g) {
   uint at = $AT + row * $RS, d = 4u * g;
-  return vec4(d < $W ? $A[at + d] : 0.0, d + 1u < $W ? $A[at + d + 1u] : 0.0,
-              d + 2u < $W ? $A[at + d + 2u] : 0.0, d + 3u < $W ? $A[at + d + 3u] : 0.0);
+  return vec4(d < $W ? load_$A(at + d) : 0.0, d + 1u < $W ? load_$A(at + d + 1u) : 0.0,
+              d + 2u < $W ? load_$A(at + d + 2u) : 0.0, d + 3u < $W ? load_$A(at + d + 3u) : 0.0);
 }
 )",
                     {{"AT", o.at}, {"A", o.array}, {"W", o.real_width}, {"RS", o.row_stride}});
@@ -397,7 +411,7 @@ Iv range_read(uint at, bool along_both) {
 
   std::string s = fill(R"(#version 450
 #extension GL_EXT_control_flow_attributes : require
-// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
+$SIXTEEN// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
 // and streams the $OTHERS through shared memory BC at a time.
 // p[0] N queries, p[1] M keys, p[2] D, p[3] Dv, p[4] scale (float bits), p[5] causal shift
 // (int bits), p[6] window, p[7..8] the keep-mask's query and key strides, p[9..] $R batch dims,
@@ -461,6 +475,7 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                         {"OTHERS", key_rows ? "queries" : "keys"},
                         {"R", str(r)},
                         {"BINDINGS", bindings},
+                        {"SIXTEEN", sixteen ? "#extension GL_EXT_shader_16bit_storage : require\n" : ""},
                         {"WORDS", str(kMaxPushWords)},
                         {"TILES", tiles},
                         {"READERS", readers + (n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? kGlslLog : "")},
@@ -510,7 +525,7 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
         s += fill(R"(  for (uint x = lid; x < ($OTHERCOUNT - gap) * $W; x += INV) {
     uint j = x / $W;
     j = j < lo ? j : j + gap;
-    if (!finite($A[$AT + j * $RS + x % $W])) atomicOr(nonfinite, 1u);
+    if (!finite(load_$A($AT + j * $RS + x % $W))) atomicOr(nonfinite, 1u);
   }
 )",
                   {{"OTHERCOUNT", other_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
@@ -518,7 +533,7 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
         s += fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t)
     if ($ANY && own(t) < $OWNCOUNT)
       for (uint d = 0u; d < $W; ++d)
-        if (!finite($A[$AT + own(t) * $RS + d])) atomicOr(nonfinite, 1u);
+        if (!finite(load_$A($AT + own(t) * $RS + d))) atomicOr(nonfinite, 1u);
 )",
                   {{"ANY", causal ? "true" : "may_skip"}, {"OWNCOUNT", own_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
       s += "  barrier();\n  if (nonfinite != 0u) { lo = 0u; hi = " + other_count + "; may_skip = false; }\n";

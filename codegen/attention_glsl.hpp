@@ -16,7 +16,9 @@ bool attention_fits(const ir::Node& n);
 bool attention_strided(const ir::Node& n);
 /// Push-constant words the node's kernel needs.
 int attention_push_words(const ir::Node& n);
-KernelSource attention_source(const ir::Node& n);
+/// `held`: the dtypes its q, k, v and dy buffers hold (f16 and bf16 read and widened where
+/// loaded; missing entries f32).
+KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held = {});
 KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target);
 
 }  // namespace qkv::codegen::detail

@@ -706,10 +706,14 @@ KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
   return {std::string(ir::op_name(n.op)) + "_r" + std::to_string(rank), s, arity + 1};
 }
 
+/// Elements each invocation of a cast to or from a 16-bit float converts.
+constexpr std::int64_t kCastElements = 8;
+
 /// A cast between f32 and a 16-bit float held as it is (GL_EXT_shader_16bit_storage): f16 as
-/// float16_t, bf16 as the high half of an f32 in a uint16_t. Its operand is read through strides
-/// like every elementwise operand; a narrowing cast rounds to nearest even first (the value
-/// itself is then exact in 16 bits, whatever the device's conversion rounds to).
+/// float16_t, bf16 as the high half of an f32 in a uint16_t. Its operand has its shape, so both
+/// are contiguous; each invocation converts kCastElements in a row (fewer invocations: lavapipe
+/// pays per invocation). A narrowing cast rounds to nearest even first (the value itself is then
+/// exact in 16 bits, whatever the device's conversion rounds to).
 KernelSource cast16_source(const ir::Graph& g, const Node& n) {
   const DType from = g.node(n.inputs[0]).dtype, to = n.dtype;
   auto element = [](DType t) { return t == DType::f16 ? "float16_t" : t == DType::bf16 ? "uint16_t" : "float"; };
@@ -719,16 +723,22 @@ KernelSource cast16_source(const ir::Graph& g, const Node& n) {
   s += "layout(std430, binding = 1) writeonly buffer Out { " + std::string(element(to)) + " y[]; };\n";
   s += "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
   s += helpers_for([&](Op op) { return (op == Op::round_f16 && to == DType::f16) || (op == Op::round_bf16 && to == DType::bf16); });
-  s += "// p[0] = elements, p[1..rank] = output dims, then the operand's strides\n";
-  s += "void main() {\n" + std::string(kLinearIndex) + detail::operand_offsets(n.shape.rank, 1, 1);
-  s += from == DType::f16    ? "  float a = float(x0[o0]);\n"
-       : from == DType::bf16 ? "  float a = uintBitsToFloat(uint(x0[o0]) << 16);\n"
-                             : "  float a = x0[o0];\n";
-  s += to == DType::f16    ? "  y[i] = float16_t(qkv_round_f16(a));\n}\n"
-       : to == DType::bf16 ? "  y[i] = uint16_t(floatBitsToUint(qkv_round_bf16(a)) >> 16);\n}\n"
-                           : "  y[i] = a;\n}\n";
-  return {"cast_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)) + "_r" + std::to_string(n.shape.rank), s, 2};
+  s += "// p[0] = elements\nvoid main() {\n";
+  s += "  uint first = (gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x) * " +
+       std::to_string(kCastElements) + "u;\n";
+  s += "  for (uint i = first; i < min(first + " + std::to_string(kCastElements) + "u, pc.p[0]); ++i) {\n";
+  s += from == DType::f16    ? "    float a = float(x0[i]);\n"
+       : from == DType::bf16 ? "    float a = uintBitsToFloat(uint(x0[i]) << 16);\n"
+                             : "    float a = x0[i];\n";
+  s += to == DType::f16    ? "    y[i] = float16_t(qkv_round_f16(a));\n"
+       : to == DType::bf16 ? "    y[i] = uint16_t(floatBitsToUint(qkv_round_bf16(a)) >> 16);\n"
+                           : "    y[i] = a;\n";
+  s += "  }\n}\n";
+  return {"cast_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)), s, 2};
 }
+
+/// Whether a cast converts to or from a 16-bit float (cast16_source).
+bool cast16(const ir::Graph& g, const Node& n) { return n.op == Op::cast && (is_half(n.dtype) || is_half(g.node(n.inputs[0]).dtype)); }
 
 KernelSource constant_source() {
   std::string s = header(0) + "// p[0] = elements, p[1] = the value's float bits\nvoid main() {\n" + kLinearIndex +
@@ -815,7 +825,7 @@ bool has_kernel(const Node& n) { return n.op != Op::input && n.op != Op::reshape
 
 std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
   const Node& n = g.node(v);
-  if (n.op == Op::reshape || head_view(g, v)) return 0;
+  if (n.op == Op::reshape || head_view(g, v) || half_view(g, v)) return 0;
   if (n.op != Op::slice || alignment <= 0) return std::nullopt;
   const ir::Shape& in = g.node(n.inputs[0]).shape;
   std::int64_t inner = 1;
@@ -876,6 +886,20 @@ ir::ValueId placed_into(const ir::Graph& g, ir::ValueId v) {
   if (!ir::is_fused_attention(n.op) || !detail::attention_strided(n) || n.shape.rank < 2 || n.shape.back(0) == 1 || is_result(g, v)) return -1;
   const auto readers = readers_of(g, v);
   return readers.size() == 1 && keeps_rows(g.node(readers.front().first)) ? readers.front().first : -1;
+}
+
+bool half_view(const ir::Graph& g, ir::ValueId v) {
+  const Node& n = g.node(v);
+  if (n.op != Op::cast || n.dtype != DType::f32 || !is_half(g.node(n.inputs[0]).dtype) || g.node(n.inputs[0]).op != Op::input || is_result(g, v))
+    return false;
+  const auto readers = readers_of(g, v);
+  return !readers.empty() &&
+         std::all_of(readers.begin(), readers.end(), [&](const auto& r) { return strided_slot(g.node(r.first), r.second) && detail::attention_fits(g.node(r.first)); });
+}
+
+DType held_dtype(const ir::Graph& g, ir::ValueId v) {
+  if (is_half(g.node(v).dtype)) return g.node(v).dtype;
+  return half_view(g, v) ? g.node(g.node(v).inputs[0]).dtype : DType::f32;
 }
 
 bool head_view(const ir::Graph& g, ir::ValueId v) {
@@ -973,7 +997,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     QKV_BINARY_CASES
     QKV_COMPARE_CASES
     case Op::cast:
-      if (is_half(n.dtype) || is_half(g.node(n.inputs[0]).dtype)) return cast16_source(g, n);
+      if (cast16(g, n)) return cast16_source(g, n);
       return elementwise_source(g, n);
     case Op::where:
     case Op::broadcast_to:
@@ -987,7 +1011,11 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     case Op::softmax: return axis_source(n.op, target);
     case Op::matmul: return detail::matmul_source(n, target);
     case Op::causal_mask: return causal_mask_source();
-    QKV_ATTENTION_CASES return detail::attention_source(n);
+    QKV_ATTENTION_CASES {
+      std::vector<DType> held;  // q, k, v, dy
+      for (std::size_t k = 0; k < std::min<std::size_t>(n.inputs.size(), 4); ++k) held.push_back(held_dtype(g, n.inputs[k]));
+      return detail::attention_source(n, held);
+    }
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:  // decomposed before code generation
@@ -1003,6 +1031,11 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
   const Shape& os = shapes[static_cast<std::size_t>(v)];
   auto in_shape = [&](int k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
   KernelLaunch l;
+  if (cast16(g, n)) {
+    l.push = {push_word(os.numel())};
+    l.groups = linear_groups((os.numel() + kCastElements - 1) / kCastElements);
+    return l;
+  }
   switch (n.op) {
     case Op::constant:
       l.push = {push_word(os.numel()), std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, n, shapes)))};

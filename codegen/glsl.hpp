@@ -98,6 +98,13 @@ bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment);
 /// contiguously; then it has no kernel and aliases its operand at byte 0 (view_offset), read
 /// through its permuted strides ([B, N, H, D] projections read as [B, H, N, D] heads).
 bool head_view(const ir::Graph& g, ir::ValueId v);
+/// Whether v, the cast to f32 of an f16 or bf16 input, has no kernel because every reader is a
+/// flash kernel reading it as q, k, v or dy, which widens the 16-bit values where it loads them:
+/// it aliases the input.
+bool half_view(const ir::Graph& g, ir::ValueId v);
+/// The dtype v's storage holds: f16 or bf16 for a half-typed value and for a half view, f32 for
+/// the rest (bool and i32 values are held as floats).
+DType held_dtype(const ir::Graph& g, ir::ValueId v);
 /// The permute (keeping the last dim last) that is the only reader of flash-kernel output v,
 /// when v is not a result: v's kernel writes its output into that permute's storage through
 /// the permuted strides ([B, H, N, D] heads stored as [B, N, H, D]), and the permute has no

@@ -47,6 +47,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
   /// Fuses elementwise chains within `fusion`'s limits, or gives every node its own kernel.
   VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g, codegen::Target target, std::optional<codegen::FusionLimits> fusion)
       : ExecutableSkeleton(std::move(g)), ctx_(std::move(ctx)), target_(target) {
+    for (std::size_t i = 0; i < graph_.size(); ++i) held_.push_back(codegen::held_dtype(graph_, static_cast<ir::ValueId>(i)));
     const std::uint32_t most = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
     std::vector<codegen::KernelGroup> groups =
         fusion ? codegen::plan_kernels(graph_, *fusion) : codegen::unfused_kernels(graph_, view_alignment(*ctx_));
@@ -118,8 +119,10 @@ class VulkanExecutable final : public ExecutableSkeleton {
 
  private:
   /// Bytes of v's value in the arena: 2 per element for an f16 or bf16 value (a kept input, a
-  /// cast to a half type), 4 for the rest (bool and i32 as floats).
-  std::int64_t bytes_of(ir::ValueId v) const { return shapes_[static_cast<std::size_t>(v)].numel() * (is_half(graph_.node(v).dtype) ? 2 : 4); }
+  /// cast to a half type, a half view of an input), 4 for the rest (bool and i32 as floats).
+  std::int64_t bytes_of(ir::ValueId v) const {
+    return shapes_[static_cast<std::size_t>(v)].numel() * (is_half(held_[static_cast<std::size_t>(v)]) ? 2 : 4);
+  }
   std::int64_t offset_of(ir::ValueId v) const {
     const auto i = static_cast<std::size_t>(v);
     return memory_.offset[static_cast<std::size_t>(memory_.storage_of[i])] + memory_.view_offset[i];
@@ -398,6 +401,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
   vk::raii::QueryPool query_pool_{nullptr};  // kernel timestamps, when profiling
   bool profiling_ = false;
   std::vector<KernelTime> last_profile_;
+  std::vector<DType> held_;  // node -> the dtype its storage holds (codegen::held_dtype)
   vk::raii::Fence fence_{nullptr};
   vk::raii::CommandBuffer command_buffer_{nullptr};
 };
