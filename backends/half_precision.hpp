@@ -10,11 +10,13 @@
 
 namespace qkv::backend {
 
-/// `exe`, compiled from `g` by a lowering that holds g's half values in f32 (rounded where they
-/// are made: ir::emulate_half_precision), wrapped so that its runs take and return tensors in g's
-/// own dtypes: f16 and bf16 inputs (and held state) widened to f32 exactly, f16 and bf16 outputs
-/// narrowed exactly (their values are rounded already). An input of another dtype than declared
-/// is a ShapeError naming it, as on any graph. `exe` itself when g has no half values.
+/// `exe`, compiled from `g` by a lowering that computes g's half values in f32 (rounded where
+/// they are made: ir::emulate_half_precision), wrapped so that its runs take and return tensors
+/// in g's own dtypes: f16 and bf16 inputs (and held state) that the lowering declares f32 widened
+/// exactly (those it kept pass as they are), and every output converted to its declared dtype
+/// where `exe` gives another float dtype (f32 values of a half type narrowed exactly; a 16-bit
+/// value of an output declared f32 widened). An input of another dtype than declared is a
+/// ShapeError naming it, as on any graph. `exe` itself when g has no half values.
 /// How the conversions at the boundary spread over threads: calls fn(i) for i in [0, n) and
 /// returns when all have returned (the cpu backend's pool); empty: on the calling thread.
 using ParallelFor = std::function<void(std::int64_t n, const std::function<void(std::int64_t)>& fn)>;
