@@ -202,7 +202,7 @@ bool attention_strided(const Node& n) { return ir::is_fused_attention(n.op) && b
 
 int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n) + (attention_strided(n) ? 5 + 2 * batch_rank(n) : 0); }
 
-KernelSource attention_source(const Node& n, const std::vector<DType>& held) {
+KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype) {
   const Kind kind = kind_of(n);
   const int r = batch_rank(n);
   const bool causal = n.attrs.causal, mask = masked(n), drop = ir::has_dropout_seed(n.op, n.attrs);
@@ -224,14 +224,15 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held) {
   // q, k, v and dy may be held in 16 bits (f16 as float16_t, bf16 as the high half of an f32).
   auto held_in = [&](std::size_t i) { return i < held.size() && i < 4 ? held[i] : DType::f32; };
   std::string bindings;
-  const bool sixteen = std::any_of(held.begin(), held.end(), [](DType t) { return is_half(t); });
+  const bool sixteen = is_half(out_dtype) || std::any_of(held.begin(), held.end(), [](DType t) { return is_half(t); });
   for (std::size_t i = 0; i < arrays.size(); ++i) {
     const DType t = held_in(i);
     const char* element = t == DType::f16 ? "float16_t" : t == DType::bf16 ? "uint16_t" : "float";
     bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(i)) + ") readonly buffer B" + arrays[i] + " { " + element + " " +
                 arrays[i] + "[]; };\n";
   }
-  bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size())) + ") writeonly buffer BOUT { float OUT[]; };\n";
+  bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size())) + ") writeonly buffer BOUT { " +
+              std::string(out_dtype == DType::f16 ? "float16_t" : out_dtype == DType::bf16 ? "uint16_t" : "float") + " OUT[]; };\n";
   bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size()) + 1) +
               ") buffer BCOUNTS { uint COUNTS[]; };  // scores in the tiles computed: low, high word\n";
 
@@ -409,6 +410,12 @@ Iv range_read(uint at, bool along_both) {
   std::string tensor_zero;  // t<i>_at accumulates over the batch dims
   for (std::size_t i = 0; i < tensors; ++i) tensor_zero += " t" + str(static_cast<std::int64_t>(i)) + "_at = 0u;";
 
+  // The math the kernel calls: the modifier's, the lse's log, and the rounding of a 16-bit output.
+  std::string helpers = n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? kGlslLog : "";
+  if (is_half(out_dtype)) {
+    const Op round = out_dtype == DType::f16 ? Op::round_f16 : Op::round_bf16;
+    if (helpers.find(out_dtype == DType::f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos) helpers += math_helpers_of({round});
+  }
   std::string s = fill(R"(#version 450
 #extension GL_EXT_control_flow_attributes : require
 $SIXTEEN// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
@@ -478,7 +485,7 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                         {"SIXTEEN", sixteen ? "#extension GL_EXT_shader_16bit_storage : require\n" : ""},
                         {"WORDS", str(kMaxPushWords)},
                         {"TILES", tiles},
-                        {"READERS", readers + (n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? kGlslLog : "")},
+                        {"READERS", readers + helpers},
                         {"SPECS", specs},
                         {"TGLOBALS", tensor_globals},
                         {"MODIFIER", modifier_text},
@@ -707,16 +714,21 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
        "    uint before = atomicAdd(COUNTS[0], visited);\n"
        "    if (before + visited < before) atomicAdd(COUNTS[1], 1u);  // the low word wrapped\n"
        "  }\n";
-  // Each row's result.
+  // Each row's result, in the output's dtype.
+  auto stored = [&](const std::string& value) {
+    return out_dtype == DType::f16    ? "float16_t(qkv_round_f16(" + value + "))"
+           : out_dtype == DType::bf16 ? "uint16_t(floatBitsToUint(qkv_round_bf16(" + value + ")) >> 16)"
+                                : value;
+  };
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
     return fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t) {
     if (own(t) >= $COUNT) continue;
     [[unroll]] for (uint g = 0u; g < $G; ++g)
       [[unroll]] for (uint e = 0u; e < 4u; ++e)
-        if (4u * g + e < $W) OUT[out_at + own(t) * out_rs + 4u * g + e] = $VALUE;
+        if (4u * g + e < $W) OUT[out_at + own(t) * out_rs + 4u * g + e] = $STORED;
   }
 )",
-                {{"COUNT", count}, {"G", g}, {"W", width}, {"VALUE", fill(value, {{"REG", reg}})}});
+                {{"COUNT", count}, {"G", g}, {"W", width}, {"STORED", stored(fill(value, {{"REG", reg}}))}});
   };
   switch (kind) {
     case Kind::forward:

@@ -17,8 +17,9 @@ bool attention_strided(const ir::Node& n);
 /// Push-constant words the node's kernel needs.
 int attention_push_words(const ir::Node& n);
 /// `held`: the dtypes its q, k, v and dy buffers hold (f16 and bf16 read and widened where
-/// loaded; missing entries f32).
-KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held = {});
+/// loaded; missing entries f32); `out`: the dtype its output is written in (f16 or bf16 rounded
+/// to nearest even first).
+KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held = {}, DType out = DType::f32);
 KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target);
 
 }  // namespace qkv::codegen::detail

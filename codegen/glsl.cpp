@@ -897,8 +897,19 @@ bool half_view(const ir::Graph& g, ir::ValueId v) {
          std::all_of(readers.begin(), readers.end(), [&](const auto& r) { return strided_slot(g.node(r.first), r.second) && detail::attention_fits(g.node(r.first)); });
 }
 
+ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v) {
+  const Node& n = g.node(v);
+  if ((n.op != Op::attention && n.op != Op::masked_attention && n.op != Op::flex_attention) || !detail::attention_fits(n) || is_result(g, v))
+    return -1;
+  const auto readers = readers_of(g, v);
+  if (readers.size() != 1) return -1;
+  const Node& c = g.node(readers.front().first);
+  return c.op == Op::cast && is_half(c.dtype) ? readers.front().first : -1;
+}
+
 DType held_dtype(const ir::Graph& g, ir::ValueId v) {
   if (is_half(g.node(v).dtype)) return g.node(v).dtype;
+  if (const ir::ValueId c = narrowed_into(g, v); c >= 0) return g.node(c).dtype;
   return half_view(g, v) ? g.node(g.node(v).inputs[0]).dtype : DType::f32;
 }
 
@@ -949,6 +960,7 @@ bool concat_in_place(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) 
 
 std::optional<ir::Placement> written_into(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
   if (const ir::ValueId p = placed_into(g, v); p >= 0) return ir::Placement{p, 0};
+  if (const ir::ValueId c = narrowed_into(g, v); c >= 0) return ir::Placement{c, 0};
   for (ir::ValueId c : concat_readers(g, v)) {
     if (!concat_in_place(g, c, alignment)) continue;
     const Node& n = g.node(c);
@@ -960,6 +972,7 @@ std::optional<ir::Placement> written_into(const ir::Graph& g, ir::ValueId v, std
 bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment) {
   const Node& n = g.node(v);
   if (n.op == Op::permute && placed_into(g, n.inputs[0]) == v) return false;  // its operand's kernel writes it
+  if (n.op == Op::cast && narrowed_into(g, n.inputs[0]) == v) return false;     // likewise, rounded
   if (concat_in_place(g, v, view_alignment)) return false;                     // its operands' kernels write it
   return has_kernel(n) && !view_offset(g, v, view_alignment);
 }
@@ -1014,7 +1027,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     QKV_ATTENTION_CASES {
       std::vector<DType> held;  // q, k, v, dy
       for (std::size_t k = 0; k < std::min<std::size_t>(n.inputs.size(), 4); ++k) held.push_back(held_dtype(g, n.inputs[k]));
-      return detail::attention_source(n, held);
+      return detail::attention_source(n, held, held_dtype(g, v));
     }
     case Op::input:
     case Op::reshape:

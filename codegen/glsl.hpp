@@ -102,8 +102,12 @@ bool head_view(const ir::Graph& g, ir::ValueId v);
 /// flash kernel reading it as q, k, v or dy, which widens the 16-bit values where it loads them:
 /// it aliases the input.
 bool half_view(const ir::Graph& g, ir::ValueId v);
-/// The dtype v's storage holds: f16 or bf16 for a half-typed value and for a half view, f32 for
-/// the rest (bool and i32 values are held as floats).
+/// The cast to f16 or bf16 that is the only reader of flash forward kernel v (attention, masked
+/// or flex), when v is no result: v's kernel writes its output rounded into the cast's 16-bit
+/// storage, and the cast has no kernel. -1 otherwise.
+ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v);
+/// The dtype v's storage holds: f16 or bf16 for a half-typed value, a half view and a flash
+/// output narrowed into a cast, f32 for the rest (bool and i32 values are held as floats).
 DType held_dtype(const ir::Graph& g, ir::ValueId v);
 /// The permute (keeping the last dim last) that is the only reader of flash-kernel output v,
 /// when v is not a result: v's kernel writes its output into that permute's storage through

@@ -159,6 +159,18 @@ TEST(HalfPrecisionVulkan, HalfTensorsCrossAndStayIn16BitBuffers) {
       EXPECT_EQ(std::memcmp(got.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
     }
     testing::expect_equivalent(g, inputs, "vulkan");
+
+    // The forward alone: the flash kernel reads q, k and v in 16 bits and writes its output
+    // rounded into the output's 16-bit storage, so the plan is half of f32's.
+    auto f32 = vulkan->compile(sdpa(DType::f32));
+    f32->run(backend::random_inputs(sdpa(DType::f32), dims, 9));
+    auto half = vulkan->compile(forward);
+    const backend::TensorMap forward_inputs = backend::random_inputs(forward, dims, 9);
+    EXPECT_EQ(half->run(forward_inputs).at("out").dtype(), dtype);
+    const ir::ValueId out = half->graph().output("out");
+    EXPECT_TRUE(vulkan->kernel_name(half->graph(), out).starts_with("(written in place by")) << vulkan->kernel_name(half->graph(), out);
+    EXPECT_LE(half->planned_bytes(), f32->planned_bytes() / 2 + 1024) << half->planned_bytes() << " vs f32's " << f32->planned_bytes();
+    testing::expect_equivalent(forward, forward_inputs, "vulkan");
   }
 }
 
