@@ -51,9 +51,9 @@ using ir::ValueId;
 /// Nodes computed at each element of their kernel from their operands' values at that element
 /// (broadcast_to too: its operand is read through strides broadcast to the kernel's shape, like
 /// every operand of a smaller shape). Not a cast to or from a 16-bit float: the only kernel
-/// that binds 16-bit buffers (cast16_source), always alone.
+/// that binds 16-bit buffers (codegen::cast16), always alone.
 bool elementwise(const ir::Graph& g, const Node& n) {
-  if (n.op == Op::cast && (is_half(n.dtype) || is_half(g.node(n.inputs[0]).dtype))) return false;
+  if (cast16(g, n)) return false;
   switch (ir::op_info(n.op).category) {
     case OpCategory::unary:
     case OpCategory::binary:

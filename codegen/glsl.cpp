@@ -737,9 +737,6 @@ KernelSource cast16_source(const ir::Graph& g, const Node& n) {
   return {"cast_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)), s, 2};
 }
 
-/// Whether a cast converts to or from a 16-bit float (cast16_source).
-bool cast16(const ir::Graph& g, const Node& n) { return n.op == Op::cast && (is_half(n.dtype) || is_half(g.node(n.inputs[0]).dtype)); }
-
 KernelSource constant_source() {
   std::string s = header(0) + "// p[0] = elements, p[1] = the value's float bits\nvoid main() {\n" + kLinearIndex +
                   "  y[i] = uintBitsToFloat(pc.p[1]);\n}\n";
@@ -822,6 +819,8 @@ bool implements(const Node& n) {
 }
 
 bool has_kernel(const Node& n) { return n.op != Op::input && n.op != Op::reshape; }
+
+bool cast16(const ir::Graph& g, const Node& n) { return n.op == Op::cast && (is_half(n.dtype) || is_half(g.node(n.inputs[0]).dtype)); }
 
 std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
   const Node& n = g.node(v);

@@ -85,6 +85,9 @@ struct KernelLaunch {
 bool implements(const ir::Node& n);
 /// Whether a node runs as a kernel (inputs are uploaded; reshapes alias their operand).
 bool has_kernel(const ir::Node& n);
+/// Whether n is a cast to or from f16 or bf16: the only kernel that binds 16-bit buffers besides
+/// the flash kernels, always alone (never fused), converting contiguous elements.
+bool cast16(const ir::Graph& g, const ir::Node& n);
 /// Where node v's value lies in its operand's storage when it is a view and needs no kernel: a
 /// reshape at byte 0; a slice whose elements are contiguous in its operand (every dim before
 /// the axis is 1, those after it static) at begin * inner size * 4 bytes, when that is a

@@ -163,10 +163,14 @@ class CpuExecutable final : public ExecutableSkeleton {
   Tensor output(std::string_view, ir::ValueId v) override {
     const ConstBytes src = value_bytes(static_cast<std::size_t>(v));
     if (!is_half(src.stored)) return f32_output(v, static_cast<const float*>(src.data));
-    // A half value comes out in its own dtype (the half-precision boundary converts it if the
-    // graph declares another).
-    Tensor t = Tensor::uninitialized(src.stored, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));
-    if (t.nbytes()) std::memcpy(t.raw(), src.data, t.nbytes());
+    // A value held in 16 bits comes out in the dtype the graph declares: as it is, or widened
+    // (a round_f16 or round_bf16 output of an f32 graph).
+    Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));
+    if (t.dtype() == src.stored) {
+      if (t.nbytes()) std::memcpy(t.raw(), src.data, t.nbytes());
+    } else {
+      widen_into(src, t.numel(), t.data<float>());
+    }
     return t;
   }
 
@@ -237,11 +241,6 @@ class CpuExecutable final : public ExecutableSkeleton {
     auto root = static_cast<std::size_t>(memory_.storage_of[v]);
     if (memory_.offset[root] < 0) return {input_tensor(root).raw(), storage_.dtype[v]};
     return {arena_bytes() + memory_.offset[root], storage_.dtype[v]};
-  }
-  const float* value_ptr(std::size_t v) const {
-    const ConstBytes b = value_bytes(v);
-    QKV_ASSERT(b.stored == DType::f32, "an f32 kernel reads a half value");
-    return static_cast<const float*>(b.data);
   }
   float* out_ptr(std::size_t v) { return reinterpret_cast<float*>(arena_bytes() + memory_.offset[v]); }
 

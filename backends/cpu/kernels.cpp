@@ -100,14 +100,6 @@ void unary(ir::Op op, ConstView x, View out) {
     std::copy_n(x.data, n, out.data);
     return;
   }
-  if (op == ir::Op::round_f16 || op == ir::Op::round_bf16) {  // vectorised (ir/half.cpp), in chunks over the pool
-    const DType t = op == ir::Op::round_f16 ? DType::f16 : DType::bf16;
-    constexpr std::int64_t kChunk = std::int64_t{1} << 16;
-    if (n <= kChunk) return round_through(t, x.data, out.data, n);
-    return ThreadPool::global().parallel_for((n + kChunk - 1) / kChunk, [&](std::int64_t c) {
-      round_through(t, x.data + c * kChunk, out.data + c * kChunk, std::min(kChunk, n - c * kChunk));
-    });
-  }
   // The others: the registry row's host expression, in a loop per op the compiler can vectorise.
 #define QKV_UNARY_LOOP(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
   if (op == ir::Op::id) {                                                                                                          \

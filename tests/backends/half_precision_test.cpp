@@ -53,6 +53,21 @@ TEST_P(HalfPrecision, ElementwiseOpsRoundEachResult) {
   }
 }
 
+TEST_P(HalfPrecision, RoundingsInAnF32GraphComeOutF32) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  // round_f16 and round_bf16 are f32 ops: a backend that holds their values in 16 bits still
+  // returns them as the graph declares them.
+  for (ir::Op op : {ir::Op::round_f16, ir::Op::round_bf16}) {
+    ir::Graph g;
+    g.set_output("y", g.add(op, {g.add_input("x", DType::f32, {g.symbol("N")})}));
+    const backend::TensorMap inputs = backend::random_inputs(g, {{"N", 5}}, 2);
+    const Tensor y = b->compile(g)->run(inputs).at("y");
+    ASSERT_EQ(y.dtype(), DType::f32) << ir::op_name(op);
+    for (std::int64_t i = 0; i < y.numel(); ++i)
+      EXPECT_EQ(y.at(i), round_to(op == ir::Op::round_f16 ? DType::f16 : DType::bf16, inputs.at("x").at(i))) << i;
+  }
+}
+
 TEST_P(HalfPrecision, InputsOfAnotherDtypeAreRefusedByName) {
   QKV_GET_BACKEND_OR_SKIP(b, GetParam());
   auto exe = b->compile(elementwise(DType::f16));
