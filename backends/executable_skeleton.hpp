@@ -77,6 +77,15 @@ class ExecutableSkeleton : public Executable {
     return t;
   }
 
+  /// Output `v` from values held at `src` in `held`: f32 (f32_output), or f16 or bf16 in 16 bits,
+  /// which come out as the graph declares v (as they are, or widened: an f32 graph's round_f16).
+  Tensor held_output(ir::ValueId v, const void* src, DType held) const {
+    if (!is_half(held)) return f32_output(v, static_cast<const float*>(src));
+    Tensor t = Tensor::uninitialized(held, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));  // written in full
+    if (t.nbytes()) std::memcpy(t.raw(), src, t.nbytes());
+    return t.dtype() == graph_.node(v).dtype ? t : t.to(graph_.node(v).dtype);
+  }
+
   ir::Graph graph_;
   std::vector<ir::ValueId> input_ids_;  // the graph's inputs, in order
   InputValueChecks value_checks_{graph_, input_ids_};

@@ -162,16 +162,7 @@ class CpuExecutable final : public ExecutableSkeleton {
   }
   Tensor output(std::string_view, ir::ValueId v) override {
     const ConstBytes src = value_bytes(static_cast<std::size_t>(v));
-    if (!is_half(src.stored)) return f32_output(v, static_cast<const float*>(src.data));
-    // A value held in 16 bits comes out in the dtype the graph declares: as it is, or widened
-    // (a round_f16 or round_bf16 output of an f32 graph).
-    Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));
-    if (t.dtype() == src.stored) {
-      if (t.nbytes()) std::memcpy(t.raw(), src.data, t.nbytes());
-    } else {
-      widen_into(src, t.numel(), t.data<float>());
-    }
-    return t;
+    return held_output(v, src.data, src.stored);
   }
 
  private:

@@ -110,11 +110,8 @@ class VulkanExecutable final : public ExecutableSkeleton {
     read_tile_counts();
   }
   Tensor output(std::string_view name, ir::ValueId v) override {
-    const std::byte* at = static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.find(name)->second;
-    if (!is_half(graph_.node(v).dtype)) return f32_output(v, reinterpret_cast<const float*>(at));
-    Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));  // 16 bits, as held
-    if (t.nbytes()) std::memcpy(t.raw(), at, t.nbytes());
-    return t;
+    return held_output(v, static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.find(name)->second,
+                       held_[static_cast<std::size_t>(v)]);
   }
 
  private:
