@@ -1,6 +1,8 @@
 // Whole graphs beside a peer measured in the same run, for the Vulkan code generator's targets:
 //   matmul/M512_N512_K512   one matmul on each backend against OpenBLAS sgemm on every core
-//                           (the peer): "vs peer" is the rate as a share of sgemm's;
+//                           (the peer): "vs peer" is the rate as a share of sgemm's; in f16 and
+//                           bf16 too (rows "cpu-f16", ...), each against its backend's f32 in
+//                           a table of its own;
 //   decoder-block/B*_N*     the built-in pre-norm decoder block (qkv models) forward, and forward
 //                           + backward (gradients of every parameter and x from an output
 //                           gradient), on vulkan against the cpu backend (the peer): "x peer" is
@@ -54,10 +56,12 @@ qkv::ir::Graph rows_graph() {
   return g;
 }
 
-qkv::ir::Graph matmul_graph() {
+/// out = a b in `dtype`; in f16 or bf16, the half-precision graph the backends run (operands
+/// and output held in 16 bits, the product accumulated in f32 and rounded once).
+qkv::ir::Graph matmul_graph(qkv::DType dtype = qkv::DType::f32) {
   qkv::ir::Graph g;
   const auto m = g.symbol("M"), n = g.symbol("N"), k = g.symbol("K");
-  g.set_output("out", g.add(qkv::ir::Op::matmul, {g.add_input("a", qkv::DType::f32, {m, k}), g.add_input("b", qkv::DType::f32, {k, n})}));
+  g.set_output("out", g.add(qkv::ir::Op::matmul, {g.add_input("a", dtype, {m, k}), g.add_input("b", dtype, {k, n})}));
   return g;
 }
 
@@ -133,6 +137,19 @@ class PeerReporter : public benchmark::ConsoleReporter {
       else std::printf(" %10s", "");
       std::printf(" %11.2f%% %9.1fx\n", 100.0 * p / r.ms, r.ms / p);
     }
+    // Half precision against f32 on the same backend and group ("vulkan-f16" against "vulkan";
+    // target: no slower, with operands and output in half the memory).
+    bool header = false;
+    for (const auto& r : rows_)
+      for (const std::string suffix : {"-f16", "-bf16"}) {
+        if (!r.what.ends_with(suffix)) continue;
+        const std::string base = r.what.substr(0, r.what.size() - suffix.size());
+        const auto f32 = std::find_if(rows_.begin(), rows_.end(), [&](const Row& o) { return o.group == r.group && o.what == base; });
+        if (f32 == rows_.end()) continue;
+        if (!header) std::printf("\n%-22s %-28s %12s %12s\n", "group", "half precision", "ms", "vs its f32");
+        header = true;
+        std::printf("%-22s %-28s %12.3f %11.2fx\n", r.group.c_str(), r.what.c_str(), r.ms, f32->ms / r.ms);
+      }
   }
 
  private:
@@ -188,6 +205,11 @@ int main(int argc, char** argv) {
   };
   add("sgemm/matmul_" + mm.label(), bench_sgemm, mm);
   for (const auto& b : backends) add(b + "/matmul_" + mm.label(), bench_graph, b, matmul, mm_dims, mm.flops(), false);
+  static const qkv::ir::Graph matmul_f16 = matmul_graph(qkv::DType::f16), matmul_bf16 = matmul_graph(qkv::DType::bf16);
+  for (const auto& b : backends) {
+    add(b + "-f16/matmul_" + mm.label(), bench_graph, b, matmul_f16, mm_dims, mm.flops(), false);
+    add(b + "-bf16/matmul_" + mm.label(), bench_graph, b, matmul_bf16, mm_dims, mm.flops(), false);
+  }
   for (const auto& b : backends) add(b + "/decoder-block_" + decoder_label, bench_graph, b, forward, decoder, 0.0, false);
   for (const auto& b : backends) add(b + "-fwd+bwd/decoder-block-fwd+bwd_" + decoder_label, bench_graph, b, backward, decoder, 0.0, false);
   for (const auto& b : backends) add(b + "/tiny-sdpa_B1_N16_D8", bench_graph, b, tiny, tiny_dims, 0.0, false);

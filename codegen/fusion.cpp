@@ -484,7 +484,7 @@ KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId m
   s = detail::math_helpers_of(ops) + s;
   for (ValueId m : members)
     if (m != mm && !scalar_constant(g.node(m))) e.name += "_" + std::string(ir::op_name(g.node(m).op));
-  KernelSource source = detail::matmul_source(mat, target, &e);
+  KernelSource source = detail::matmul_source(mat, target, detail::matmul_dtypes(g, mm, false), &e);
   source.name = fused_name(g, k);  // as explain and profiles name it; the source says which matmul kernel
   return source;
 }
@@ -499,7 +499,7 @@ ir::Node batch_summed_matmul(const ir::Graph& g, ValueId mm) {
 }
 
 KernelSource batch_summed_source(const ir::Graph& g, const KernelGroup& k, ValueId mm, const Target& target) {
-  KernelSource source = detail::matmul_source(batch_summed_matmul(g, mm), target);
+  KernelSource source = detail::matmul_source(batch_summed_matmul(g, mm), target, detail::matmul_dtypes(g, mm, false));
   const std::size_t line = source.glsl.find('\n') + 1;  // after #version
   source.glsl.insert(line, "// computes " + covered_nodes(g, k) + ": the sum over %" + std::to_string(mm) +
                                "'s batch is one matmul whose depth runs over the batch and K together\n");
@@ -514,7 +514,7 @@ KernelLaunch batch_summed_launch(const ir::Graph& g, ValueId mm, const std::vect
   std::int64_t depth = as.back(1);
   for (int d = 0; d + 2 < as.rank; ++d) depth *= as[d];
   const std::vector<ir::Shape> flat = {ir::Shape{depth, as.back(0)}, ir::Shape{depth, bs.back(0)}};
-  return detail::matmul_launch(batch_summed_matmul(g, mm), flat, ir::Shape{as.back(0), bs.back(0)}, target);
+  return detail::matmul_launch(batch_summed_matmul(g, mm), flat, ir::Shape{as.back(0), bs.back(0)}, target, detail::matmul_dtypes(g, mm, false));
 }
 
 }  // namespace
@@ -600,7 +600,7 @@ KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::v
   };
   if (mm >= 0 && axis_reduction(root)) return batch_summed_launch(g, mm, shapes, target);
   if (mm >= 0) {
-    l = detail::matmul_launch(g.node(mm), shapes, shapes[static_cast<std::size_t>(mm)], target);
+    l = detail::matmul_launch(g.node(mm), shapes, shapes[static_cast<std::size_t>(mm)], target, detail::matmul_dtypes(g, mm, false));
     for (std::size_t o = 2; o < k.operands.size(); ++o) {
       const auto st = detail::broadcast_strides(shapes[static_cast<std::size_t>(k.operands[o])], cs.rank);
       for (int d = 0; d < cs.rank; ++d) l.push.push_back(detail::push_word(st[static_cast<std::size_t>(d)]));

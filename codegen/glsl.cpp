@@ -892,14 +892,16 @@ bool half_view(const ir::Graph& g, ir::ValueId v) {
   if (n.op != Op::cast || n.dtype != DType::f32 || !is_half(g.node(n.inputs[0]).dtype) || g.node(n.inputs[0]).op != Op::input || is_result(g, v))
     return false;
   const auto readers = readers_of(g, v);
-  return !readers.empty() &&
-         std::all_of(readers.begin(), readers.end(), [&](const auto& r) { return strided_slot(g.node(r.first), r.second) && detail::attention_fits(g.node(r.first)); });
+  return !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](const auto& r) {
+    const Node& reader = g.node(r.first);
+    return reader.op == Op::matmul ? r.second < 2 : strided_slot(reader, r.second) && detail::attention_fits(reader);
+  });
 }
 
 ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v) {
   const Node& n = g.node(v);
-  if ((n.op != Op::attention && n.op != Op::masked_attention && n.op != Op::flex_attention) || !detail::attention_fits(n) || is_result(g, v))
-    return -1;
+  const bool flash = (n.op == Op::attention || n.op == Op::masked_attention || n.op == Op::flex_attention) && detail::attention_fits(n);
+  if ((!flash && n.op != Op::matmul) || is_result(g, v)) return -1;
   const auto readers = readers_of(g, v);
   if (readers.size() != 1) return -1;
   const Node& c = g.node(readers.front().first);
@@ -911,6 +913,37 @@ DType held_dtype(const ir::Graph& g, ir::ValueId v) {
   if (const ir::ValueId c = narrowed_into(g, v); c >= 0) return g.node(c).dtype;
   return half_view(g, v) ? g.node(g.node(v).inputs[0]).dtype : DType::f32;
 }
+
+namespace {
+
+/// Whether every value of v is an f16 number: v is held in f16, rounds to f16, is the cast of
+/// an f16 value, or moves such values (a view, a permute, a slice, a broadcast, a concat).
+bool f16_values(const ir::Graph& g, ir::ValueId v) {
+  const Node& n = g.node(v);
+  if (n.dtype == DType::f16 || held_dtype(g, v) == DType::f16 || n.op == Op::round_f16) return true;
+  switch (n.op) {
+    case Op::cast: return g.node(n.inputs[0]).dtype == DType::f16;
+    case Op::reshape:
+    case Op::permute:
+    case Op::slice:
+    case Op::broadcast_to: return f16_values(g, n.inputs[0]);
+    case Op::concat: return f16_values(g, n.inputs[0]) && f16_values(g, n.inputs[1]);
+    default: return false;
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+MatmulDtypes matmul_dtypes(const ir::Graph& g, ir::ValueId mm, bool own_output) {
+  const Node& n = g.node(mm);
+  MatmulDtypes d{held_dtype(g, n.inputs[0]), held_dtype(g, n.inputs[1]), own_output ? held_dtype(g, mm) : DType::f32, false};
+  d.f16_values = f16_values(g, n.inputs[0]) && f16_values(g, n.inputs[1]);
+  return d;
+}
+
+}  // namespace detail
 
 bool head_view(const ir::Graph& g, ir::ValueId v) {
   const Node& n = g.node(v);
@@ -1021,7 +1054,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     case Op::one_hot: return one_hot_source();
     QKV_REDUCE_CASES
     case Op::softmax: return axis_source(n.op, target);
-    case Op::matmul: return detail::matmul_source(n, target);
+    case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, v, true));
     case Op::causal_mask: return causal_mask_source();
     QKV_ATTENTION_CASES {
       std::vector<DType> held;  // q, k, v, dy
@@ -1106,7 +1139,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
       return detail::axis_launch(outer, xs[n.attrs.axis], inner, target);
     }
-    case Op::matmul: return detail::matmul_launch(n, shapes, os, target);
+    case Op::matmul: return detail::matmul_launch(n, shapes, os, target, detail::matmul_dtypes(g, v, true));
     case Op::one_hot:
       l.push = {push_word(os.numel()), push_word(n.attrs.depth)};
       l.groups = linear_groups(os.numel());

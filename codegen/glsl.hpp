@@ -65,6 +65,16 @@ struct Target {
   bool subgroup_reductions = false;
   /// Override of the matmul geometry for tuning experiments (invocations 0: chosen per shape).
   MatmulGeometry matmul{};
+  /// Cooperative matrices for matmuls whose operands are f16 values (VK_NV_cooperative_matrix:
+  /// f16 x f16 products accumulated in f32 by a subgroup, tensor cores on NVIDIA GPUs): the
+  /// fragment's rows m, columns n and depth k, 0 where the device has none. `emulated` runs the
+  /// same kernel with the fragment operations written as scalar code (for testing the kernel's
+  /// tiling on devices without: lavapipe).
+  struct CooperativeMatrix {
+    std::uint32_t m = 0, n = 0, k = 0;
+    bool emulated = false;
+    bool operator==(const CooperativeMatrix&) const = default;
+  } cooperative_matrix{};
 };
 
 struct KernelLaunch {
@@ -86,7 +96,7 @@ bool implements(const ir::Node& n);
 /// Whether a node runs as a kernel (inputs are uploaded; reshapes alias their operand).
 bool has_kernel(const ir::Node& n);
 /// Whether n is a cast to or from f16 or bf16: the only kernel that binds 16-bit buffers besides
-/// the flash kernels, always alone (never fused), converting contiguous elements.
+/// the flash and matmul kernels, always alone (never fused), converting contiguous elements.
 bool cast16(const ir::Graph& g, const ir::Node& n);
 /// Where node v's value lies in its operand's storage when it is a view and needs no kernel: a
 /// reshape at byte 0; a slice whose elements are contiguous in its operand (every dim before
@@ -102,15 +112,15 @@ bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment);
 /// through its permuted strides ([B, N, H, D] projections read as [B, H, N, D] heads).
 bool head_view(const ir::Graph& g, ir::ValueId v);
 /// Whether v, the cast to f32 of an f16 or bf16 input, has no kernel because every reader is a
-/// flash kernel reading it as q, k, v or dy, which widens the 16-bit values where it loads them:
-/// it aliases the input.
+/// flash kernel reading it as q, k, v or dy, or a matmul reading it as A or B, which widen the
+/// 16-bit values where they load them: it aliases the input.
 bool half_view(const ir::Graph& g, ir::ValueId v);
-/// The cast to f16 or bf16 that is the only reader of flash forward kernel v (attention, masked
-/// or flex), when v is no result: v's kernel writes its output rounded into the cast's 16-bit
-/// storage, and the cast has no kernel. -1 otherwise.
+/// The cast to f16 or bf16 that is the only reader of v, a flash forward kernel (attention,
+/// masked or flex) or a matmul, when v is no result: v's kernel writes its output rounded into
+/// the cast's 16-bit storage, and the cast has no kernel. -1 otherwise.
 ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v);
-/// The dtype v's storage holds: f16 or bf16 for a half-typed value, a half view and a flash
-/// output narrowed into a cast, f32 for the rest (bool and i32 values are held as floats).
+/// The dtype v's storage holds: f16 or bf16 for a half-typed value, a half view and a flash or
+/// matmul output narrowed into a cast, f32 for the rest (bool and i32 values are held as floats).
 DType held_dtype(const ir::Graph& g, ir::ValueId v);
 /// The permute (keeping the last dim last) that is the only reader of flash-kernel output v,
 /// when v is not a result: v's kernel writes its output into that permute's storage through

@@ -82,20 +82,48 @@ bool uses_lanes(const Target& target) {
   return target.cpu && target.matmul.invocations == 0 && sg >= 4 && sg <= 64 && (sg & (sg - 1)) == 0;
 }
 
+/// The GLSL element type of a buffer holding `t` (bf16 as the high half of an f32's bits).
+const char* element_type(DType t) { return t == DType::f16 ? "float16_t" : t == DType::bf16 ? "uint16_t" : "float"; }
+
 /// The operand and output buffers and push constants both matmul kernels declare, with the
-/// push-constant layout (matmul_launch's).
-std::string bindings(int batch_rank, const MatmulEpilogue* epilogue) {
+/// push-constant layout (matmul_launch's); A and B are read through ld0 and ld1, which widen a
+/// 16-bit element exactly, and the output written through st, which rounds to a 16-bit one.
+std::string bindings(int batch_rank, const MatmulDtypes& dtypes, const MatmulEpilogue* epilogue) {
   const int extra = epilogue ? epilogue->operands : 0;
-  std::string s = "layout(std430, binding = 0) readonly buffer In0 { float x0[]; };\n"
-                  "layout(std430, binding = 1) readonly buffer In1 { float x1[]; };\n";
+  std::string s = "layout(std430, binding = 0) readonly buffer In0 { " + std::string(element_type(dtypes.a)) + " x0[]; };\n" +
+                  "layout(std430, binding = 1) readonly buffer In1 { " + element_type(dtypes.b) + " x1[]; };\n";
   for (int k = 0; k < extra; ++k)
     s += "layout(std430, binding = " + std::to_string(2 + k) + ") readonly buffer In" + std::to_string(2 + k) + " { float x" + std::to_string(2 + k) + "[]; };\n";
-  s += "layout(std430, binding = " + std::to_string(2 + extra) + ") writeonly buffer Out { float y[]; };\n"
+  s += "layout(std430, binding = " + std::to_string(2 + extra) + ") writeonly buffer Out { " + element_type(dtypes.out) + " y[]; };\n"
        "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n"
        "// p[0..2] = M, N, K; p[3..6] = a's row and column strides, b's row and column strides;\n"
        "// then " + std::to_string(batch_rank) + " batch dims, a's and b's batch strides (elements)\n";
+  auto load = [](DType t, const std::string& e) {
+    return t == DType::f16 ? "float(" + e + ")" : t == DType::bf16 ? "uintBitsToFloat(uint(" + e + ") << 16)" : e;
+  };
+  s += "float ld0(uint i) { return " + load(dtypes.a, "x0[i]") + "; }\n";
+  s += "float ld1(uint i) { return " + load(dtypes.b, "x1[i]") + "; }\n";
   if (epilogue) s += "\n// The epilogue: what each store writes.\n" + epilogue->glsl + "\n";
   else s += "float qkv_epilogue(float acc, uint row, uint col) { return acc; }\nvoid qkv_epilogue_batch(uint batch) {}\n";
+  // The rounding helper, unless the epilogue's helpers define it.
+  auto helper = [&](ir::Op round, const char* name) { return s.find(name) != std::string::npos ? std::string() : math_helpers_of({round}); };
+  if (dtypes.out == DType::f16) s += helper(ir::Op::round_f16, "float qkv_round_f16(") + "void st(uint i, float v) { y[i] = float16_t(qkv_round_f16(v)); }\n";
+  else if (dtypes.out == DType::bf16) s += helper(ir::Op::round_bf16, "float qkv_round_bf16(") + "void st(uint i, float v) { y[i] = uint16_t(floatBitsToUint(qkv_round_bf16(v)) >> 16); }\n";
+  else s += "void st(uint i, float v) { y[i] = v; }\n";
+  return s;
+}
+
+/// The extension a kernel with 16-bit buffers needs, or nothing.
+std::string sixteen_bit(const MatmulDtypes& d) {
+  return is_half(d.a) || is_half(d.b) || is_half(d.out) ? "#extension GL_EXT_shader_16bit_storage : require\n" : "";
+}
+
+/// The kernel name's suffix for 16-bit buffers: "_f16a" and the like.
+std::string dtype_suffix(const MatmulDtypes& d) {
+  std::string s;
+  if (is_half(d.a)) s += "_" + std::string(dtype_name(d.a)) + "a";
+  if (is_half(d.b)) s += "_" + std::string(dtype_name(d.b)) + "b";
+  if (is_half(d.out)) s += "_" + std::string(dtype_name(d.out)) + "y";
   return s;
 }
 
@@ -133,13 +161,13 @@ int matmul_push_words(int rank) { return 7 + 3 * (rank - 2); }
 
 namespace {
 
-KernelSource matmul_tiled_source(const Node& n, const MatmulEpilogue* epilogue) {
+KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, const MatmulEpilogue* epilogue) {
   const int batch_rank = n.shape.rank - 2;
   const std::string br = std::to_string(batch_rank);
   // Which index of a tile the invocations step through first when loading it: the operand's
   // contiguous one (k for A and n for B unless transposed).
   const bool a_k_first = !n.attrs.transpose_a, b_n_first = !n.attrs.transpose_b;
-  std::string s = "#version 450\n#extension GL_EXT_control_flow_attributes : require\n";
+  std::string s = "#version 450\n#extension GL_EXT_control_flow_attributes : require\n" + sixteen_bit(dtypes);
   s += "layout(local_size_x_id = 0) in;               // NT invocations\n"
        "layout(constant_id = 1) const uint TM = 8u;   // output rows per invocation (a multiple of 4)\n"
        "layout(constant_id = 2) const uint TN4 = 1u;  // output columns per invocation, in vec4s\n"
@@ -148,7 +176,7 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulEpilogue* epilogue) 
        "layout(constant_id = 5) const uint NT = 64u;  // invocations (the local size)\n"
        "const uint WM = NT / WN, TM4 = TM / 4u, BM4 = WM * TM4, BM = 4u * BM4, BN4 = WN * TN4, BN = 4u * BN4;\n"
        "const uint LA = (BM * BK + NT - 1u) / NT, LB = (BK * BN + NT - 1u) / NT;  // words each invocation loads per tile\n";
-  s += bindings(batch_rank, epilogue);
+  s += bindings(batch_rank, dtypes, epilogue);
   s += "shared vec4 As[2u * BK * BM4];  // [buffer][k][row / 4]: A's tile, k-major\n"
        "shared vec4 Bs[2u * BK * BN4];  // [buffer][k][column / 4]\n";
   s += "uint M, N, K, oa, ob, m0, n0;\n"
@@ -165,12 +193,12 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulEpilogue* epilogue) 
        "  for (uint l = 0u; l < LA; ++l) {\n"
        "    uint e = gl_LocalInvocationID.x + l * NT;\n"
        "    " + a_index("e") + "\n"
-       "    la[l] = (e < BM * BK && m0 + r < M && k0 + kk < K) ? x0[oa + (m0 + r) * pc.p[3] + (k0 + kk) * pc.p[4]] : 0.0;\n"
+       "    la[l] = (e < BM * BK && m0 + r < M && k0 + kk < K) ? ld0(oa + (m0 + r) * pc.p[3] + (k0 + kk) * pc.p[4]) : 0.0;\n"
        "  }\n"
        "  for (uint l = 0u; l < LB; ++l) {\n"
        "    uint e = gl_LocalInvocationID.x + l * NT;\n"
        "    " + b_index("e") + "\n"
-       "    lb[l] = (e < BK * BN && n0 + c < N && k0 + kk < K) ? x1[ob + (k0 + kk) * pc.p[5] + (n0 + c) * pc.p[6]] : 0.0;\n"
+       "    lb[l] = (e < BK * BN && n0 + c < N && k0 + kk < K) ? ld1(ob + (k0 + kk) * pc.p[5] + (n0 + c) * pc.p[6]) : 0.0;\n"
        "  }\n"
        "}\n\n"
        "// Registers -> shared buffer `buf`.\n"
@@ -230,11 +258,11 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulEpilogue* epilogue) 
        "      [[unroll]] for (uint j = 0u; j < TN4; ++j) {\n"
        "        uint col = n0 + 4u * (tx + j * WN);\n"
        "        vec4 v = acc[(4u * i + c) * TN4 + j];\n"
-       "        for (uint q = 0u; q < 4u && col + q < N; ++q) y[oy + row * N + col + q] = qkv_epilogue(v[q], row, col + q);\n"
+       "        for (uint q = 0u; q < 4u && col + q < N; ++q) st(oy + row * N + col + q, qkv_epilogue(v[q], row, col + q));\n"
        "      }\n"
        "    }\n"
        "}\n";
-  std::string name = "matmul_b" + br + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "");
+  std::string name = "matmul_b" + br + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);
   return named({name, s, 3}, epilogue);
 }
 
@@ -249,16 +277,16 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulEpilogue* epilogue) 
 /// the tiled kernel's reads from shared memory. R, TN and SG are written into the source
 /// (unrolled, so that the accumulators stay registers); the subgroups per workgroup are a
 /// specialization constant.
-KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulEpilogue* epilogue) {
+KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulDtypes& dtypes, const MatmulEpilogue* epilogue) {
   const int batch_rank = n.shape.rank - 2;
   const std::uint32_t rows = kLaneRowGroups * sg, cols = kLaneColumns;
   const auto str = [](std::uint32_t v) { return std::to_string(v); };
-  std::string s = "#version 450\n#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_ballot : require\n";
+  std::string s = "#version 450\n#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_ballot : require\n" + sixteen_bit(dtypes);
   s += "layout(local_size_x_id = 0) in;  // whole subgroups of " + str(sg) + " lanes\n";
   s += "// The tile, per launch (lanes_tile): RG groups of " + str(sg) + " rows by " + str(sg) + " TN columns per subgroup. The\n"
        "// code below is unrolled for the largest tile; what a smaller one does not use is folded away.\n";
   s += "layout(constant_id = 1) const uint RG = " + str(kLaneRowGroups) + "u;\nlayout(constant_id = 2) const uint TN = " + str(kLaneColumns) + "u;\n";
-  s += bindings(batch_rank, epilogue);
+  s += bindings(batch_rank, dtypes, epilogue);
   s += "// A subgroup computes RG * " + str(sg) + " rows by TN * " + str(sg) + " columns; lane l owns columns c0 + j * " + str(sg) + " + l.\n";
   s += "void main() {\n"
        "  uint M = pc.p[0], N = pc.p[1], K = pc.p[2];\n"
@@ -283,10 +311,10 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulEp
   }
   s += "  for (uint k = 0u; k < K; ++k) {\n";
   for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
-    s += "    float a" + str(i) + " = 0.0; if (" + str(i) + "u < RG) { a" + str(i) + " = x0[pa" + str(i) + " + k * pc.p[4]]; a" + str(i) + " = ka" + str(i) + " ? a" +
+    s += "    float a" + str(i) + " = 0.0; if (" + str(i) + "u < RG) { a" + str(i) + " = ld0(pa" + str(i) + " + k * pc.p[4]); a" + str(i) + " = ka" + str(i) + " ? a" +
          str(i) + " : 0.0; }\n";
   for (std::uint32_t j = 0; j < cols; ++j)
-    s += "    float b" + str(j) + " = 0.0; if (" + str(j) + "u < TN) { b" + str(j) + " = x1[pb" + str(j) + " + k * pc.p[5]]; b" + str(j) + " = kb" + str(j) + " ? b" +
+    s += "    float b" + str(j) + " = 0.0; if (" + str(j) + "u < TN) { b" + str(j) + " = ld1(pb" + str(j) + " + k * pc.p[5]); b" + str(j) + " = kb" + str(j) + " ? b" +
          str(j) + " : 0.0; }\n";
   for (std::uint32_t r = 0; r < rows; ++r) {
     s += "    if (" + str(r / sg) + "u < RG) { float a = subgroupBroadcast(a" + str(r / sg) + ", " + str(r % sg) + "u);";
@@ -297,21 +325,160 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulEp
   s += "  }\n  uint oy = batch * M * N;\n";
   for (std::uint32_t r = 0; r < rows; ++r) {
     s += "  if (" + str(r / sg) + "u < RG && r0 + " + str(r) + "u < M) {";
-    for (std::uint32_t j = 0; j < cols; ++j) s += " if (kb" + str(j) + ") y[oy + (r0 + " + str(r) + "u) * N + cb" + str(j) + "] = qkv_epilogue(c" + str(r) + "_" + str(j) + ", r0 + " + str(r) + "u, cb" + str(j) + ");";
+    for (std::uint32_t j = 0; j < cols; ++j) s += " if (kb" + str(j) + ") st(oy + (r0 + " + str(r) + "u) * N + cb" + str(j) + ", qkv_epilogue(c" + str(r) + "_" + str(j) + ", r0 + " + str(r) + "u, cb" + str(j) + "));";
     s += " }\n";
   }
   s += "}\n";
-  std::string name = "matmul_lanes" + str(sg) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "");
+  std::string name = "matmul_lanes" + str(sg) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);
+  return named({name, s, 3}, epilogue);
+}
+
+/// Fragments per subgroup (rows x columns) and subgroups per workgroup (rows x columns) of the
+/// cooperative-matrix kernel: a workgroup of four subgroups computes 2 x 2 fragments each.
+constexpr std::uint32_t kCoopFragments = 2, kCoopSubgroups = 2;
+
+/// The matmul with cooperative matrices (GL_NV_cooperative_matrix), as tensor-core kernels are
+/// written: a workgroup of SM x SN subgroups computes a BM x BN tile of one batch entry's output,
+/// each subgroup FM x FN fragments of CM x CN (the device's fragment shape) accumulated in f32.
+/// Per step of BK along the depth, the workgroup stages A's BM x BK and B's BK x BN tiles in
+/// shared memory as f16 (exact: the operands are f16 values), zero past the matrices' edges,
+/// read through the operands' strides (transposes and broadcast batches as the other kernels);
+/// each subgroup loads its fragments from there (coopMatLoadNV) and multiplies them into its
+/// accumulators (coopMatMulAddNV). At the end the accumulators go to shared memory
+/// (coopMatStoreNV) and every invocation stores output elements through the epilogue, rows
+/// contiguous. Shared rows are padded by 8 halves (4 floats): offsets and strides stay multiples
+/// of 16 bytes, as the loads require, and rows fall on different banks.
+///
+/// `emulated` replaces the three fragment operations (zero, multiply-add, store) by scalar code
+/// over the same shared tiles, each invocation owning CM CN / SG elements of each fragment: the
+/// staging, indexing and epilogue, everything but the fragment instructions, then run and are
+/// tested on devices without cooperative matrices.
+KernelSource matmul_cooperative_source(const Node& n, const Target& target, const MatmulDtypes& dtypes, const MatmulEpilogue* epilogue) {
+  const Target::CooperativeMatrix& cm = target.cooperative_matrix;
+  const int batch_rank = n.shape.rank - 2;
+  const bool emulated = cm.emulated;
+  const auto str = [](std::uint32_t v) { return std::to_string(v) + "u"; };
+  const bool a_k_first = !n.attrs.transpose_a, b_n_first = !n.attrs.transpose_b;
+  std::string s = "#version 450\n#extension GL_EXT_control_flow_attributes : require\n#extension GL_KHR_shader_subgroup_basic : require\n"
+                  "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n" + sixteen_bit(dtypes);
+  if (!emulated) s += "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n";
+  s += "layout(local_size_x_id = 0) in;  // NT invocations: SM x SN subgroups\n";
+  s += "const uint CM = " + str(cm.m) + ", CN = " + str(cm.n) + ", CK = " + str(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n";
+  s += "const uint FM = " + str(kCoopFragments) + ", FN = " + str(kCoopFragments) + ";  // fragments per subgroup\n";
+  s += "const uint SM = " + str(kCoopSubgroups) + ", SN = " + str(kCoopSubgroups) + ", SG = " + str(target.subgroup_size) + ";  // subgroups, invocations per subgroup\n";
+  s += "const uint BM = SM * FM * CM, BN = SN * FN * CN, BK = 2u * CK, NT = SM * SN * SG;\n"
+       "const uint AS = BK + 8u, BS = BN + 8u, CS = BN + 4u;  // shared row strides, padded\n"
+       "const uint LA = BM * BK / NT, LB = BK * BN / NT, LC = BM * BN / NT;  // elements each invocation stages or stores\n";
+  s += bindings(batch_rank, dtypes, epilogue);
+  s += "shared float16_t As[BM * AS];  // A's tile, rows of BK\n"
+       "shared float16_t Bs[BK * BS];  // B's tile, rows of BN\n"
+       "shared float Cs[BM * CS];      // the accumulators, for the epilogue's stores\n"
+       "uint r0, c0;  // this subgroup's first row and column in the tile\n\n";
+  if (!emulated) {
+    s += "fcoopmatNV<32, gl_ScopeSubgroup, CM, CN> acc[FM * FN];\n"
+         "void zero() { [[unroll]] for (uint f = 0u; f < FM * FN; ++f) acc[f] = fcoopmatNV<32, gl_ScopeSubgroup, CM, CN>(0.0); }\n"
+         "// acc += A's rows r0.. x B's columns c0.., depth kk..kk + CK of the staged tiles.\n"
+         "void multiply(uint kk) {\n"
+         "  fcoopmatNV<16, gl_ScopeSubgroup, CM, CK> a[FM];\n"
+         "  [[unroll]] for (uint fm = 0u; fm < FM; ++fm) coopMatLoadNV(a[fm], As, (r0 + fm * CM) * AS + kk, AS, false);\n"
+         "  [[unroll]] for (uint fn = 0u; fn < FN; ++fn) {\n"
+         "    fcoopmatNV<16, gl_ScopeSubgroup, CK, CN> b;\n"
+         "    coopMatLoadNV(b, Bs, kk * BS + c0 + fn * CN, BS, false);\n"
+         "    [[unroll]] for (uint fm = 0u; fm < FM; ++fm) acc[fm * FN + fn] = coopMatMulAddNV(a[fm], b, acc[fm * FN + fn]);\n"
+         "  }\n"
+         "}\n"
+         "void keep() {\n"
+         "  [[unroll]] for (uint fm = 0u; fm < FM; ++fm)\n"
+         "    [[unroll]] for (uint fn = 0u; fn < FN; ++fn) coopMatStoreNV(acc[fm * FN + fn], Cs, (r0 + fm * CM) * CS + c0 + fn * CN, CS, false);\n"
+         "}\n\n";
+  } else {
+    s += "// Emulated fragments: invocation `lane` of the subgroup owns elements lane + j SG of each.\n"
+         "const uint EL = CM * CN / SG;\n"
+         "float acc[FM * FN * EL];\n"
+         "void zero() { [[unroll]] for (uint i = 0u; i < FM * FN * EL; ++i) acc[i] = 0.0; }\n"
+         "void multiply(uint kk) {\n"
+         "  uint lane = gl_SubgroupInvocationID;\n"
+         "  for (uint f = 0u; f < FM * FN; ++f)\n"
+         "    for (uint j = 0u; j < EL; ++j) {\n"
+         "      uint e = lane + j * SG, r = r0 + (f / FN) * CM + e / CN, c = c0 + (f % FN) * CN + e % CN;\n"
+         "      float sum = acc[f * EL + j];\n"
+         "      for (uint q = 0u; q < CK; ++q) sum = fma(float(As[r * AS + kk + q]), float(Bs[(kk + q) * BS + c]), sum);\n"
+         "      acc[f * EL + j] = sum;\n"
+         "    }\n"
+         "}\n"
+         "void keep() {\n"
+         "  uint lane = gl_SubgroupInvocationID;\n"
+         "  for (uint f = 0u; f < FM * FN; ++f)\n"
+         "    for (uint j = 0u; j < EL; ++j) {\n"
+         "      uint e = lane + j * SG;\n"
+         "      Cs[(r0 + (f / FN) * CM + e / CN) * CS + c0 + (f % FN) * CN + e % CN] = acc[f * EL + j];\n"
+         "    }\n"
+         "}\n\n";
+  }
+  auto a_index = [&](const char* e) {
+    return a_k_first ? std::string("uint kk = ") + e + " % BK, r = " + e + " / BK;" : std::string("uint r = ") + e + " % BM, kk = " + e + " / BM;";
+  };
+  auto b_index = [&](const char* e) {
+    return b_n_first ? std::string("uint c = ") + e + " % BN, kk = " + e + " / BN;" : std::string("uint kk = ") + e + " % BK, c = " + e + " / BK;";
+  };
+  s += "void main() {\n"
+       "  uint M = pc.p[0], N = pc.p[1], K = pc.p[2];\n"
+       "  uint lid = gl_LocalInvocationID.x;\n"
+       "  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;\n"
+       "  r0 = (gl_SubgroupID / SN) * FM * CM;\n"
+       "  c0 = (gl_SubgroupID % SN) * FN * CN;\n"
+       "  uint batch = gl_WorkGroupID.z, rem = batch, oa = 0u, ob = 0u;\n";
+  s += batch_offsets(batch_rank);
+  s += "  qkv_epilogue_batch(batch);\n"
+       "  zero();\n"
+       "  for (uint k0 = 0u; k0 < K; k0 += BK) {\n"
+       "    // Stage the tiles, invocations stepping along each operand's contiguous index.\n"
+       "    for (uint l = 0u; l < LA; ++l) {\n"
+       "      uint e = lid + l * NT;\n"
+       "      " + a_index("e") + "\n"
+       "      As[r * AS + kk] = float16_t(m0 + r < M && k0 + kk < K ? ld0(oa + (m0 + r) * pc.p[3] + (k0 + kk) * pc.p[4]) : 0.0);\n"
+       "    }\n"
+       "    for (uint l = 0u; l < LB; ++l) {\n"
+       "      uint e = lid + l * NT;\n"
+       "      " + b_index("e") + "\n"
+       "      Bs[kk * BS + c] = float16_t(n0 + c < N && k0 + kk < K ? ld1(ob + (k0 + kk) * pc.p[5] + (n0 + c) * pc.p[6]) : 0.0);\n"
+       "    }\n"
+       "    barrier();\n"
+       "    [[unroll]] for (uint kk = 0u; kk < BK; kk += CK) multiply(kk);\n"
+       "    barrier();  // every subgroup is done with the tiles before they are staged again\n"
+       "  }\n"
+       "  keep();\n"
+       "  barrier();\n"
+       "  uint oy = batch * M * N;\n"
+       "  for (uint l = 0u; l < LC; ++l) {\n"
+       "    uint e = lid + l * NT, r = e / BN, c = e % BN;\n"
+       "    if (m0 + r < M && n0 + c < N) st(oy + (m0 + r) * N + n0 + c, qkv_epilogue(Cs[r * CS + c], m0 + r, n0 + c));\n"
+       "  }\n"
+       "}\n";
+  std::string name = std::string(emulated ? "matmul_coop_emulated" : "matmul_coop") + std::to_string(cm.m) + "x" + std::to_string(cm.n) + "x" +
+                     std::to_string(cm.k) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") +
+                     dtype_suffix(dtypes);
   return named({name, s, 3}, epilogue);
 }
 
 }  // namespace
 
-KernelSource matmul_source(const Node& n, const Target& target, const MatmulEpilogue* epilogue) {
-  return uses_lanes(target) ? matmul_lanes_source(n, target.subgroup_size, epilogue) : matmul_tiled_source(n, epilogue);
+bool uses_cooperative_matrix(const Target& target, const MatmulDtypes& dtypes) {
+  const Target::CooperativeMatrix& cm = target.cooperative_matrix;
+  const std::uint32_t sg = target.subgroup_size;
+  if (cm.m == 0 || !dtypes.f16_values || sg == 0 || cm.m * cm.n % sg != 0 || 2 * cm.m * cm.k % sg != 0) return false;
+  // The kernel's tiles (matmul_cooperative_source) within the device's limits.
+  const std::int64_t bm = kCoopSubgroups * kCoopFragments * cm.m, bn = kCoopSubgroups * kCoopFragments * cm.n, bk = 2 * cm.k;
+  const std::int64_t shared = bm * (bk + 8) * 2 + bk * (bn + 8) * 2 + bm * (bn + 4) * 4;
+  return shared <= target.shared_bytes && kCoopSubgroups * kCoopSubgroups * sg <= target.max_invocations;
 }
 
-KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, const Shape& os, const Target& target) {
+KernelSource matmul_source(const Node& n, const Target& target, const MatmulDtypes& dtypes, const MatmulEpilogue* epilogue) {
+  if (uses_cooperative_matrix(target, dtypes)) return matmul_cooperative_source(n, target, dtypes, epilogue);
+  return uses_lanes(target) ? matmul_lanes_source(n, target.subgroup_size, dtypes, epilogue) : matmul_tiled_source(n, dtypes, epilogue);
+}
+
+KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, const Shape& os, const Target& target, const MatmulDtypes& dtypes) {
   const Shape& as = shapes[static_cast<std::size_t>(n.inputs[0])];
   const Shape& bs = shapes[static_cast<std::size_t>(n.inputs[1])];
   const bool ta = n.attrs.transpose_a, tb = n.attrs.transpose_b;
@@ -326,6 +493,13 @@ KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, cons
   for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(batch[i]));
   for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(sa[static_cast<std::size_t>(i)] * m * k));
   for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(sb[static_cast<std::size_t>(i)] * k * nn));
+  if (uses_cooperative_matrix(target, dtypes)) {
+    const Target::CooperativeMatrix& cm = target.cooperative_matrix;
+    const std::int64_t bm = kCoopSubgroups * kCoopFragments * cm.m, bn = kCoopSubgroups * kCoopFragments * cm.n;
+    l.groups = {push_word(std::max<std::int64_t>(1, (nn + bn - 1) / bn)), push_word(std::max<std::int64_t>(1, (m + bm - 1) / bm)), push_word(batch.numel())};
+    l.specialization = {kCoopSubgroups * kCoopSubgroups * target.subgroup_size};
+    return l;
+  }
   if (uses_lanes(target)) {
     const std::uint32_t sg = target.subgroup_size;
     const LaneTile t = lanes_tile(m, nn, sg);

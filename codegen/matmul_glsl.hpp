@@ -23,11 +23,28 @@ struct MatmulEpilogue {
   int operands = 0;
 };
 
-/// The lanes kernel on CPU devices with subgroup broadcasts, the tiled one elsewhere; with an
-/// epilogue, its value is what each store writes.
-KernelSource matmul_source(const ir::Node& n, const Target& target, const MatmulEpilogue* epilogue = nullptr);
+/// The dtypes a matmul kernel's buffers hold (codegen::held_dtype): A and B may be f16 or bf16
+/// (a half input read in place, widened exactly as it is loaded), the output f16 or bf16 (the
+/// product rounded once as it is stored into its cast's storage, codegen::narrowed_into).
+struct MatmulDtypes {
+  DType a = DType::f32, b = DType::f32, out = DType::f32;
+  /// A's and B's values are all f16 numbers (held in f16, or f32 values the graph rounded to
+  /// f16): a product of them in f16 with f32 accumulation is exact where an f32 one is.
+  bool f16_values = false;
+};
+/// The dtypes of matmul `mm`'s buffers, and whether its operands are f16 values; `own_output`:
+/// its kernel stores the matmul's own value (not a fused epilogue's), possibly narrowed.
+MatmulDtypes matmul_dtypes(const ir::Graph& g, ir::ValueId mm, bool own_output);
+/// Whether the matmul kernel for these operands on `target` multiplies with cooperative
+/// matrices: the target has them (Target::cooperative_matrix) and A and B are f16 values.
+bool uses_cooperative_matrix(const Target& target, const MatmulDtypes& dtypes);
+/// The cooperative-matrix kernel where uses_cooperative_matrix, else the lanes kernel on CPU
+/// devices with subgroup broadcasts and the tiled one elsewhere; with an epilogue, its value is
+/// what each store writes.
+KernelSource matmul_source(const ir::Node& n, const Target& target, const MatmulDtypes& dtypes = {}, const MatmulEpilogue* epilogue = nullptr);
 /// Push-constant words of a matmul whose output has `rank` dims.
 int matmul_push_words(int rank);
-KernelLaunch matmul_launch(const ir::Node& n, const std::vector<ir::Shape>& shapes, const ir::Shape& out, const Target& target);
+KernelLaunch matmul_launch(const ir::Node& n, const std::vector<ir::Shape>& shapes, const ir::Shape& out, const Target& target,
+                           const MatmulDtypes& dtypes = {});
 
 }  // namespace qkv::codegen::detail

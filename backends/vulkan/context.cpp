@@ -1,6 +1,7 @@
 // Vulkan start-up: instance (with validation when asked), device choice, queue, pipelines.
 #include "backends/vulkan/context.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -71,6 +72,17 @@ VulkanOptions vulkan_options_from_env() {
       throw BackendError("vulkan: QKV_VULKAN_HALF_STORAGE is '" + s + "'; give 1 (16-bit buffers where the device has them, the default) or 0");
     o.half_storage = s == "1";
   }
+  if (const char* f = std::getenv("QKV_VULKAN_COOPERATIVE_MATRIX")) {
+    const std::string s = f;
+    using C = VulkanOptions::CooperativeMatrix;
+    if (s == "auto") o.cooperative_matrix = C::automatic;
+    else if (s == "0") o.cooperative_matrix = C::off;
+    else if (s == "1") o.cooperative_matrix = C::on;
+    else if (s == "emulate") o.cooperative_matrix = C::emulated;
+    else
+      throw BackendError("vulkan: QKV_VULKAN_COOPERATIVE_MATRIX is '" + s +
+                         "'; give auto (where the device has them, the default), 0 (never), 1 (required) or emulate (for tests)");
+  }
   if (const char* f = std::getenv("QKV_VULKAN_FUSION")) {
     const std::string s = f;
     if (s != "0" && s != "1") throw BackendError("vulkan: QKV_VULKAN_FUSION is '" + s + "'; give 1 (fuse, the default) or 0");
@@ -87,6 +99,21 @@ VulkanOptions vulkan_options_from_env() {
 }
 
 namespace vk_detail {
+
+std::array<std::uint32_t, 3> chosen_fragment(const std::vector<vk::CooperativeMatrixPropertiesNV>& offered) {
+  std::array<std::uint32_t, 3> best{};
+  for (const auto& p : offered) {
+    using C = vk::ComponentTypeNV;
+    if (p.AType != C::eFloat16 || p.BType != C::eFloat16 || p.CType != C::eFloat32 || p.DType != C::eFloat32 || p.scope != vk::ScopeNV::eSubgroup)
+      continue;
+    // The kernel's shared-memory offsets and strides stay 16-byte aligned for multiples of 8.
+    if (p.MSize % 8 != 0 || p.NSize % 8 != 0 || p.KSize % 8 != 0 || p.MSize > 32 || p.NSize > 32 || p.KSize > 32) continue;
+    const bool square = p.MSize == 16 && p.NSize == 16 && p.KSize == 16;
+    if (square || best[0] == 0 || p.MSize * p.NSize * p.KSize > best[0] * best[1] * best[2]) best = {p.MSize, p.NSize, p.KSize};
+    if (square) break;
+  }
+  return best;
+}
 
 SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d) {
   SubgroupSupport r;
@@ -177,18 +204,51 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
       }
     float priority = 1.0f;
     vk::DeviceQueueCreateInfo queue_info({}, queue_family_, 1, &priority);
-    // 16-bit storage buffers (core in Vulkan 1.1): f16 and bf16 values uploaded, held and
-    // downloaded in 16 bits, converted by cast kernels.
+    // Features chained into the device's creation where the device has them: 16-bit storage
+    // buffers (core in Vulkan 1.1: f16 and bf16 values uploaded, held and downloaded in 16
+    // bits), f16 arithmetic (VK_KHR_shader_float16_int8) and cooperative matrices
+    // (VK_NV_cooperative_matrix) for the matmul kernel that multiplies f16 values on them.
     vk::DeviceCreateInfo device_info({}, queue_info);
+    std::vector<std::string> available;
+    for (const auto& e : physical_.enumerateDeviceExtensionProperties()) available.emplace_back(e.extensionName.data());
+    auto has = [&](std::string_view name) { return std::find(available.begin(), available.end(), name) != available.end(); };
+    std::vector<const char*> enabled;
+    void* chain = nullptr;
     vk::PhysicalDevice16BitStorageFeatures storage16;
+    vk::PhysicalDeviceShaderFloat16Int8Features float16;
+    vk::PhysicalDeviceCooperativeMatrixFeaturesNV cooperative;
     if (properties_.apiVersion >= VK_API_VERSION_1_1)
       storage16_ = physical_.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDevice16BitStorageFeatures>()
                        .get<vk::PhysicalDevice16BitStorageFeatures>()
                        .storageBuffer16BitAccess;
     if (storage16_) {
       storage16.storageBuffer16BitAccess = VK_TRUE;
-      device_info.pNext = &storage16;
+      storage16.pNext = chain;
+      chain = &storage16;
     }
+    if (has(VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME))
+      float16_ = physical_.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceShaderFloat16Int8Features>()
+                     .get<vk::PhysicalDeviceShaderFloat16Int8Features>()
+                     .shaderFloat16;
+    if (float16_) {
+      enabled.push_back(VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME);
+      float16.shaderFloat16 = VK_TRUE;
+      float16.pNext = chain;
+      chain = &float16;
+    }
+    if (float16_ && storage16_ && has(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) &&
+        physical_.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
+            .get<vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
+            .cooperativeMatrix)
+      cooperative_fragment_ = chosen_fragment(physical_.getCooperativeMatrixPropertiesNV());
+    if (cooperative_fragment_[0] != 0) {
+      enabled.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
+      cooperative.cooperativeMatrix = VK_TRUE;
+      cooperative.pNext = chain;
+      chain = &cooperative;
+    }
+    device_info.pNext = chain;
+    device_info.setPEnabledExtensionNames(enabled);
     device_ = vk::raii::Device(physical_, device_info);
     queue_ = vk::raii::Queue(device_, queue_family_, 0);
     pool_ = vk::raii::CommandPool(device_, vk::CommandPoolCreateInfo(vk::CommandPoolCreateFlagBits::eResetCommandBuffer, queue_family_));

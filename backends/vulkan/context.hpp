@@ -4,6 +4,7 @@
 
 #include <vulkan/vulkan_raii.hpp>
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -49,6 +50,11 @@ class Context {
   bool subgroup_arithmetic() const { return subgroup_arithmetic_; }
   /// Whether storage buffers may hold 16-bit values (storageBuffer16BitAccess, enabled).
   bool storage16() const { return storage16_; }
+  /// Whether shaders may compute with f16 values (shaderFloat16, enabled).
+  bool float16() const { return float16_; }
+  /// The cooperative-matrix fragment (M x N x K) the device multiplies f16 by f16 into f32 in a
+  /// subgroup (VK_NV_cooperative_matrix, enabled), all 0 where it has none.
+  const std::array<std::uint32_t, 3>& cooperative_fragment() const { return cooperative_fragment_; }
   /// Nanoseconds per timestamp tick on the compute queue, or 0 when it cannot write timestamps.
   double timestamp_period_ns() const { return timestamp_period_ns_; }
   /// Ticks between two timestamps written in this order: the counter has only
@@ -76,6 +82,8 @@ class Context {
   std::uint32_t subgroup_size_ = 0;
   bool subgroup_arithmetic_ = false;
   bool storage16_ = false;
+  bool float16_ = false;
+  std::array<std::uint32_t, 3> cooperative_fragment_{};
   std::uint32_t queue_family_ = 0;
   double timestamp_period_ns_ = 0;
   std::uint32_t timestamp_bits_ = 0;
@@ -92,6 +100,10 @@ struct SubgroupSupport {
   bool arithmetic = false, shuffle = false, ballot = false;
 };
 SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d);
+/// The fragment the cooperative-matrix matmul uses among those a device offers
+/// (vkGetPhysicalDeviceCooperativeMatrixPropertiesNV): f16 x f16 into f32 in a subgroup, 16 x 16
+/// x 16 where offered, else the largest with sides multiples of 8 up to 32; all 0 for none.
+std::array<std::uint32_t, 3> chosen_fragment(const std::vector<vk::CooperativeMatrixPropertiesNV>& offered);
 
 /// "discrete", "integrated", "virtual", "cpu" or "other".
 const char* device_type_name(vk::PhysicalDeviceType t);

@@ -419,6 +419,18 @@ class VulkanBackend final : public Backend {
     target_.attention_invocations = o.attention_invocations;
     target_.attention_rows = o.attention_rows;
     target_.attention_tile = o.attention_tile;
+    using C = VulkanOptions::CooperativeMatrix;
+    const auto& fragment = ctx_->cooperative_fragment();
+    if (o.cooperative_matrix == C::on && fragment[0] == 0)
+      throw BackendError("vulkan: cooperative matrices required (QKV_VULKAN_COOPERATIVE_MATRIX=1) but " + ctx_->device_name() +
+                         " has no VK_NV_cooperative_matrix with f16 x f16 products accumulated in f32 in a subgroup");
+    if (o.cooperative_matrix == C::emulated && (!ctx_->float16() || !ctx_->storage16() || ctx_->subgroup_size() == 0))
+      throw BackendError(
+          "vulkan: the emulated cooperative-matrix kernel (QKV_VULKAN_COOPERATIVE_MATRIX=emulate) needs f16 arithmetic, 16-bit "
+          "storage and subgroups, which " +
+          ctx_->device_name() + " lacks");
+    if (o.cooperative_matrix == C::emulated) target_.cooperative_matrix = {16, 16, 16, true};
+    else if (o.cooperative_matrix != C::off && fragment[0] != 0) target_.cooperative_matrix = {fragment[0], fragment[1], fragment[2], false};
     if (o.matmul_geometry[0] != 0) {
       const auto& m = o.matmul_geometry;
       target_.matmul = {m[0], m[1], m[2], m[3], m[4]};

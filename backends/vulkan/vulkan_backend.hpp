@@ -40,6 +40,13 @@ struct VulkanOptions {
   /// narrowed there by cast kernels, where it has 16-bit storage buffers
   /// (QKV_VULKAN_HALF_STORAGE=0: widened and narrowed on the host, as on devices without).
   bool half_storage = true;
+  /// Matmuls whose operands are f16 values run on cooperative matrices (f16 products, f32
+  /// accumulation: tensor cores) where the device has them, VK_NV_cooperative_matrix
+  /// (QKV_VULKAN_COOPERATIVE_MATRIX=auto, the default); `off` (0) keeps the scalar kernels; `on`
+  /// (1) requires them, an error on a device without; `emulated` (emulate) runs the cooperative
+  /// kernel with its fragment operations as scalar code, on any device with f16 arithmetic (to
+  /// test the kernel where no device has cooperative matrices).
+  enum class CooperativeMatrix { automatic, off, on, emulated } cooperative_matrix = CooperativeMatrix::automatic;
 };
 
 /// Options from the environment variables named above.

@@ -189,6 +189,67 @@ TEST(HalfPrecisionVulkan, HalfTensorsCrossAndStayIn16BitBuffers) {
   }
 }
 
+/// y = a b^T + c over `dtype` operands, a [2, 3, M, K] against b [3, N, K] (b broadcast over the
+/// first batch dim), c [N] a bias the matmul's epilogue adds; z = b a^T alone.
+ir::Graph matmuls(DType dtype) {
+  ir::Graph g;
+  const auto m = g.symbol("M"), n = g.symbol("N"), k = g.symbol("K");
+  const ir::ValueId a = g.add_input("a", dtype, {2, 3, m, k}), b = g.add_input("b", dtype, {3, n, k}), c = g.add_input("c", dtype, {n});
+  ir::Attrs tb;
+  tb.transpose_b = true;
+  g.set_output("y", g.add(ir::Op::add, {g.add(ir::Op::matmul, {a, b}, tb), c}));
+  g.set_output("z", g.add(ir::Op::matmul, {b, a}, tb));
+  return g;
+}
+
+TEST(HalfPrecisionVulkan, MatmulsReadAndWriteTheir16BitBuffers) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  bool storage16 = false;
+  for (const auto& d : backend::vulkan_devices()) storage16 |= d.storage16;
+  if (!storage16) GTEST_SKIP() << "no device with 16-bit storage buffers";
+  auto options = backend::vulkan_options_from_env();
+  options.half_storage = false;
+  auto host_widened = backend::make_vulkan_backend(options);
+  // The lanes kernel (lavapipe's) and the tiled one (GPUs'), each reading 16-bit operands.
+  options = backend::vulkan_options_from_env();
+  options.tuning = backend::VulkanOptions::Tuning::gpu;
+  auto tiled = backend::make_vulkan_backend(options);
+  const std::map<std::string, std::int64_t> dims{{"M", 37}, {"N", 70}, {"K", 45}};
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    // Forward, and backward: dA = dY B and dB = sum over the batch of dY^T A read a and b too.
+    const ir::Graph forward = matmuls(dtype);
+    const ir::Graph backward = ir::build_backward(forward, {"", {"a", "b", "c"}, {"y", "z"}});
+    for (const ir::Graph* g : {&forward, &backward}) {
+      const backend::TensorMap inputs = backend::random_inputs(*g, dims, 11);
+      for (auto* b : {vulkan.get(), tiled.get()}) {
+        auto exe = b->compile(*g);
+        // a and b are read only by matmuls, which load them in 16 bits: their casts are views.
+        for (std::size_t i = 0; i < exe->graph().size(); ++i) {
+          const ir::Node& n = exe->graph().nodes()[i];
+          if (n.op != ir::Op::cast || exe->graph().node(n.inputs[0]).op != ir::Op::input) continue;
+          const std::string& name = exe->graph().node(n.inputs[0]).name;
+          if (name != "a" && name != "b") continue;
+          EXPECT_TRUE(b->kernel_name(exe->graph(), static_cast<ir::ValueId>(i)).starts_with("(view of")) << name;
+        }
+        const backend::TensorMap got = exe->run(inputs);
+        const backend::TensorMap want = host_widened->compile(*g)->run(inputs);
+        for (const auto& [name, t] : want) {
+          ASSERT_EQ(got.at(name).dtype(), t.dtype()) << name;
+          if (b == vulkan.get()) {
+            EXPECT_EQ(std::memcmp(got.at(name).raw(), t.raw(), t.nbytes()), 0) << name << ": the same kernels, converting on the device or the host";
+          }
+        }
+      }
+      testing::expect_equivalent(*g, inputs, "vulkan");
+    }
+    // z's matmul writes its product rounded into z's 16-bit storage: no kernel for the cast.
+    auto exe = vulkan->compile(forward);
+    const ir::ValueId z = exe->graph().output("z");
+    EXPECT_TRUE(vulkan->kernel_name(exe->graph(), z).starts_with("(written in place by")) << vulkan->kernel_name(exe->graph(), z);
+  }
+}
+
 TEST_P(HalfPrecision, GradientsFlowThroughCastsInTheirDtypes) {
   for (DType dtype : {DType::f16, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -229,6 +290,76 @@ TEST_P(HalfPrecision, MultiHeadAttentionWrittenInTheDslTrainsInItsDtype) {
     in["dout"] = backend::random_inputs(backward, {{"B", 2}, {"T", 9}}, 8).at("dout");
     testing::expect_equivalent(backward, in, GetParam());
   }
+}
+
+/// Whether any device has cooperative matrices (VK_KHR_cooperative_matrix or VK_NV_...).
+bool any_cooperative_matrix() {
+  for (const auto& d : backend::vulkan_devices())
+    if (d.cooperative_matrix) return true;
+  return false;
+}
+
+TEST(CooperativeMatrixVulkan, TheKernelMatchesTheReferenceEmulatedOrOnTheDevice) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  // Where no device has cooperative matrices (lavapipe), the same kernel with its fragment
+  // operations as scalar code: tiles staged in f16, edges, transposes, broadcast batches,
+  // epilogues and the store. Where one has them, the kernel itself (QKV_VULKAN_COOPERATIVE_MATRIX=1).
+  auto options = backend::vulkan_options_from_env();
+  const bool device = any_cooperative_matrix();
+  options.cooperative_matrix = device ? backend::VulkanOptions::CooperativeMatrix::on : backend::VulkanOptions::CooperativeMatrix::emulated;
+  std::unique_ptr<backend::Backend> coop;
+  try {
+    coop = backend::make_vulkan_backend(options);
+  } catch (const BackendError& e) {
+    GTEST_SKIP() << e.what();  // a device without f16 arithmetic
+  }
+  const std::string kernel = device ? "matmul_coop" : "matmul_coop_emulated";
+  // Sizes across the 64 x 64 tiles and 32-deep steps: partial tiles in every direction.
+  const std::map<std::string, std::int64_t> dims{{"M", 70}, {"N", 37}, {"K", 45}};
+  const ir::Graph forward = matmuls(DType::f16);
+  const ir::Graph backward = ir::build_backward(forward, {"", {"a", "b", "c"}, {"y", "z"}});
+  for (const ir::Graph* g : {&forward, &backward}) {
+    auto exe = coop->compile(*g);
+    int cooperative = 0;
+    for (std::size_t i = 0; i < exe->graph().size(); ++i)
+      if (exe->graph().nodes()[i].op == ir::Op::matmul) {
+        // The fused kernels take the name of their chain; the matmul's own kernels say which.
+        const std::string name = coop->kernel_name(exe->graph(), static_cast<ir::ValueId>(i));
+        cooperative += name.starts_with("glsl " + kernel);
+      }
+    EXPECT_GE(cooperative, 1);
+    testing::expect_equivalent(*g, backend::random_inputs(*g, dims, 12), *coop);
+  }
+  // Multi-head attention in f16 (projections with bias epilogues, the backward's weight
+  // gradients summed over the batch) trains through it.
+  const ir::Graph mha = multi_head_model<DType::f16>();
+  auto in = backend::random_inputs(mha, {{"B", 2}, {"T", 9}}, 7);
+  testing::expect_equivalent(mha, in, *coop);
+  const ir::Graph mha_backward = ir::build_backward(mha, {"", {"x", "wq", "wk", "wv", "wo", "bq", "bo"}, {"out"}});
+  in["dout"] = backend::random_inputs(mha_backward, {{"B", 2}, {"T", 9}}, 8).at("dout");
+  testing::expect_equivalent(mha_backward, in, *coop);
+  // bf16 operands are not f16 values: the scalar kernels.
+  auto bf16 = coop->compile(matmuls(DType::bf16));
+  for (std::size_t i = 0; i < bf16->graph().size(); ++i)
+    EXPECT_FALSE(coop->kernel_name(bf16->graph(), static_cast<ir::ValueId>(i)).find("coop") != std::string::npos);
+}
+
+TEST(CooperativeMatrixVulkan, RequiringThemWhereTheDeviceHasNoneIsAnError) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  if (any_cooperative_matrix()) GTEST_SKIP() << "a device here has cooperative matrices";
+  auto options = backend::vulkan_options_from_env();
+  options.cooperative_matrix = backend::VulkanOptions::CooperativeMatrix::on;
+  try {
+    backend::make_vulkan_backend(options);
+    ADD_FAILURE() << "no error";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no VK_NV_cooperative_matrix"), std::string::npos) << e.what();
+  }
+  setenv("QKV_VULKAN_COOPERATIVE_MATRIX", "sometimes", 1);
+  EXPECT_THROW(backend::vulkan_options_from_env(), BackendError);
+  setenv("QKV_VULKAN_COOPERATIVE_MATRIX", "emulate", 1);
+  EXPECT_EQ(backend::vulkan_options_from_env().cooperative_matrix, backend::VulkanOptions::CooperativeMatrix::emulated);
+  unsetenv("QKV_VULKAN_COOPERATIVE_MATRIX");
 }
 
 INSTANTIATE_TEST_SUITE_P(All, HalfPrecision, ::testing::Values("reference", "cpu", "vulkan"));

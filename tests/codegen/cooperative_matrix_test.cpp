@@ -1,0 +1,134 @@
+// The cooperative-matrix matmul kernel (GL_NV_cooperative_matrix): which matmuls take it, and
+// that every variant of it compiles to SPIR-V that spirv-val accepts for Vulkan 1.1. No device
+// here has cooperative matrices: the backends tests run the same kernel emulated on lavapipe.
+#include <gtest/gtest.h>
+
+#include <spirv-tools/libspirv.hpp>
+
+#include "codegen/fusion.hpp"
+#include "codegen/glsl.hpp"
+#include "codegen/spirv.hpp"
+#include "ir/passes/passes.hpp"
+
+namespace qkv::codegen {
+namespace {
+
+/// A GPU with cooperative matrices of `m` x `n` x `k` f16 fragments (NVIDIA's: subgroups of 32,
+/// 48 KiB of shared memory).
+Target gpu(std::uint32_t m = 16, std::uint32_t n = 16, std::uint32_t k = 16) {
+  Target t;
+  t.cpu = false;
+  t.shared_bytes = 49152;
+  t.max_invocations = 1024;
+  t.subgroup_size = 32;
+  t.subgroup_reductions = true;
+  t.cooperative_matrix = {m, n, k, false};
+  return t;
+}
+
+/// out = a b (transposed as asked) over `dtype` inputs with `batch` leading dims, and with a
+/// bias added to the product when `bias` (the matmul's epilogue), lowered as the vulkan backend
+/// lowers it (half inputs kept in 16 bits).
+ir::Graph matmul(DType dtype, bool ta, bool tb, int batch, bool bias) {
+  ir::Graph g;
+  const auto m = g.symbol("M"), n = g.symbol("N"), k = g.symbol("K");
+  auto shape = [&](ir::Dim r, ir::Dim c) {
+    ir::Shape s;
+    for (int i = 0; i < batch; ++i) s.push_back(g.symbol("B" + std::to_string(i)));
+    s.push_back(r);
+    s.push_back(c);
+    return s;
+  };
+  ir::Attrs attrs;
+  attrs.transpose_a = ta;
+  attrs.transpose_b = tb;
+  const ir::ValueId a = g.add_input("a", dtype, shape(ta ? k : m, ta ? m : k)), b = g.add_input("b", dtype, shape(tb ? n : k, tb ? k : n));
+  ir::ValueId y = g.add(ir::Op::matmul, {a, b}, attrs);
+  if (bias) y = g.add(ir::Op::add, {y, g.add_input("c", dtype, {n})});
+  g.set_output("out", y);
+  return ir::lower_for_backend(g, implements, ir::HalfInputs::kept);
+}
+
+/// Whether a kernel multiplies with cooperative matrices (or their emulation): it stages f16 tiles.
+bool cooperative(const KernelSource& k) { return k.glsl.find("shared float16_t As[") != std::string::npos; }
+
+/// The kernel that computes the graph's matmul (with its epilogue when fused).
+KernelSource matmul_kernel(const ir::Graph& g, const Target& target) {
+  for (const KernelGroup& k : plan_kernels(g)) {
+    bool has_matmul = g.node(k.root).op == ir::Op::matmul;
+    for (ir::ValueId v : k.inlined) has_matmul |= g.node(v).op == ir::Op::matmul;
+    if (has_matmul) return k.fused() ? fused_source(g, k, target) : kernel_source(g, k.root, target);
+  }
+  ADD_FAILURE() << "no matmul kernel";
+  return {};
+}
+
+void expect_valid_spirv(const KernelSource& k) {
+  const std::vector<std::uint32_t> words = compile_spirv(k.name, k.glsl);
+  spvtools::SpirvTools tools(SPV_ENV_VULKAN_1_1);
+  std::string messages;
+  tools.SetMessageConsumer([&](spv_message_level_t, const char*, const spv_position_t&, const char* m) { messages += std::string(m) + "\n"; });
+  EXPECT_TRUE(tools.Validate(words)) << k.name << ":\n" << messages;
+}
+
+TEST(CooperativeMatrix, EveryLayoutCompilesToValidSpirv) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int batch : {0, 2})
+        for (bool bias : {false, true}) {
+          SCOPED_TRACE(std::string(ta ? "ta " : "") + (tb ? "tb " : "") + std::to_string(batch) + " batch dims" + (bias ? ", bias" : ""));
+          const ir::Graph g = matmul(DType::f16, ta, tb, batch, bias);
+          const KernelSource k = matmul_kernel(g, gpu());
+          EXPECT_NE(k.glsl.find("coopMatMulAddNV"), std::string::npos) << k.name;
+          expect_valid_spirv(k);
+        }
+  // NVIDIA's other fragment shape, and the emulated kernel (scalar fragments) for lavapipe.
+  expect_valid_spirv(matmul_kernel(matmul(DType::f16, false, true, 1, false), gpu(16, 8, 16)));
+  Target emulated = gpu();
+  emulated.subgroup_size = 8;
+  emulated.cooperative_matrix.emulated = true;
+  const KernelSource e = matmul_kernel(matmul(DType::f16, true, false, 1, true), emulated);
+  EXPECT_EQ(e.glsl.find("coopMatMulAddNV"), std::string::npos);
+  EXPECT_NE(e.glsl.find("Emulated fragments"), std::string::npos) << e.name;
+  expect_valid_spirv(e);
+}
+
+TEST(CooperativeMatrix, OnlyMatmulsOfF16ValuesTakeIt) {
+  // f32 and bf16 operands keep the scalar kernels: an f16 product of them would round.
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const KernelSource k = matmul_kernel(matmul(dtype, false, false, 0, false), gpu());
+    EXPECT_FALSE(cooperative(k)) << dtype_name(dtype) << ": " << k.name;
+  }
+  // f16 operands that are f32 values of the graph rounded to f16 (an f16 graph's intermediates).
+  ir::Graph g;
+  const auto n = g.symbol("N");
+  const ir::ValueId x = g.add_input("x", DType::f16, {n, n});
+  g.set_output("y", g.add(ir::Op::matmul, {g.add(ir::Op::tanh, {x}), x}));
+  const ir::Graph lowered = ir::lower_for_backend(g, implements, ir::HalfInputs::kept);
+  EXPECT_TRUE(cooperative(matmul_kernel(lowered, gpu())));
+  // A device without cooperative matrices, or with too little shared memory for the tiles.
+  EXPECT_FALSE(cooperative(matmul_kernel(lowered, Target{})));
+  Target small = gpu();
+  small.shared_bytes = 16384;
+  EXPECT_FALSE(cooperative(matmul_kernel(lowered, small)));
+}
+
+TEST(CooperativeMatrix, LaunchCoversTheOutputInWorkgroupTiles) {
+  // 64 x 64 tiles of four subgroups of 32: a 100 x 130 output over 3 x 2 batch entries.
+  ir::Graph g;
+  const ir::ValueId a = g.add_input("a", DType::f16, {3, 2, 100, 40}), b = g.add_input("b", DType::f16, {2, 40, 130});
+  g.set_output("out", g.add(ir::Op::matmul, {a, b}));
+  g = ir::lower_for_backend(g, implements, ir::HalfInputs::kept);
+  ir::ValueId mm = -1;
+  std::vector<ir::Shape> shapes;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (g.nodes()[i].op == ir::Op::matmul) mm = static_cast<ir::ValueId>(i);
+    shapes.push_back(g.nodes()[i].shape);
+  }
+  const KernelLaunch l = kernel_launch(g, mm, shapes, gpu());
+  EXPECT_EQ(l.groups, (std::array<std::uint32_t, 3>{3, 2, 6}));
+  EXPECT_EQ(l.specialization, std::vector<std::uint32_t>{128});
+}
+
+}  // namespace
+}  // namespace qkv::codegen
