@@ -540,7 +540,12 @@ std::string VulkanDeviceInfo::capabilities() const {
   if (subgroup_shuffle) ops += std::string(ops.empty() ? "" : ", ") + "shuffle";
   return "subgroup " + std::to_string(subgroup_size) + " (" + (ops.empty() ? "basic" : ops) + "), " + std::to_string(shared_memory_bytes / 1024) +
          " KiB shared memory, " + std::to_string(max_invocations) + " invocations per workgroup, f16 " + yes(float16) + ", int8 " + yes(int8) +
-         ", 16-bit storage " + yes(storage16) + ", cooperative matrix " + yes(cooperative_matrix) + ", timestamps " + yes(timestamps);
+         ", 16-bit storage " + yes(storage16) + ", cooperative matrix " +
+         (cooperative_fragment[0] != 0 ? "f16 " + std::to_string(cooperative_fragment[0]) + "x" + std::to_string(cooperative_fragment[1]) + "x" +
+                                             std::to_string(cooperative_fragment[2]) + " (VK_NV, f16 matmuls use it)"
+          : cooperative_matrix ? std::string("yes (VK_KHR only: unused)")
+                               : std::string("no")) +
+         ", timestamps " + yes(timestamps);
 }
 
 std::vector<VulkanDeviceInfo> vulkan_devices() {
@@ -575,6 +580,10 @@ std::vector<VulkanDeviceInfo> vulkan_devices() {
                              .get<vk::PhysicalDevice16BitStorageFeatures>()
                              .storageBuffer16BitAccess;
       info.cooperative_matrix = has("VK_KHR_cooperative_matrix") || has("VK_NV_cooperative_matrix");
+      if (has(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) && d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
+                                                              .get<vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
+                                                              .cooperativeMatrix)
+        info.cooperative_fragment = vk_detail::chosen_fragment(d.getCooperativeMatrixPropertiesNV());
       for (const auto& q : d.getQueueFamilyProperties())
         if (q.queueFlags & vk::QueueFlagBits::eCompute) {
           info.timestamps = q.timestampValidBits != 0 && p.limits.timestampPeriod > 0;

@@ -78,7 +78,10 @@ struct VulkanDeviceInfo {
   bool int8 = false;                      // shaderInt8
   bool storage16 = false;                 // storageBuffer16BitAccess (f16 buffers)
   bool cooperative_matrix = false;        // VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix
-  bool timestamps = false;                // its compute queue writes timestamps (profiling)
+  /// The f16 fragment (M x N x K) the cooperative-matrix matmul would use: VK_NV_cooperative_matrix's,
+  /// all 0 where the device has none (KHR-only devices: qkv's kernel is written against NV's).
+  std::array<std::uint32_t, 3> cooperative_fragment{};
+  bool timestamps = false;  // its compute queue writes timestamps (profiling)
   /// "subgroup 32 (arithmetic, shuffle), 48 KiB shared memory, ..." on one line.
   std::string capabilities() const;
 };

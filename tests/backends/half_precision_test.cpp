@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/vulkan/context.hpp"
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "dsl/dsl.hpp"
 #include "ir/passes/passes.hpp"
@@ -342,6 +343,25 @@ TEST(CooperativeMatrixVulkan, TheKernelMatchesTheReferenceEmulatedOrOnTheDevice)
   auto bf16 = coop->compile(matmuls(DType::bf16));
   for (std::size_t i = 0; i < bf16->graph().size(); ++i)
     EXPECT_FALSE(coop->kernel_name(bf16->graph(), static_cast<ir::ValueId>(i)).find("coop") != std::string::npos);
+}
+
+TEST(CooperativeMatrixVulkan, TheFragmentIsChosenAmongWhatTheDeviceOffers) {
+  using C = vk::ComponentTypeNV;
+  auto offer = [](std::uint32_t m, std::uint32_t n, std::uint32_t k, C ab, C cd, vk::ScopeNV scope = vk::ScopeNV::eSubgroup) {
+    return vk::CooperativeMatrixPropertiesNV(m, n, k, ab, ab, cd, cd, scope);
+  };
+  using F = std::array<std::uint32_t, 3>;
+  // NVIDIA's list (Turing to Hopper): 16 x 16 x 16 with f32 accumulators where offered.
+  EXPECT_EQ(backend::vk_detail::chosen_fragment({offer(16, 8, 16, C::eFloat16, C::eFloat16), offer(16, 8, 16, C::eFloat16, C::eFloat32),
+                                                 offer(16, 16, 16, C::eFloat16, C::eFloat32), offer(16, 8, 8, C::eFloat16, C::eFloat32)}),
+            (F{16, 16, 16}));
+  EXPECT_EQ(backend::vk_detail::chosen_fragment({offer(16, 8, 8, C::eFloat16, C::eFloat32), offer(16, 8, 16, C::eFloat16, C::eFloat32)}),
+            (F{16, 8, 16}));
+  // f16 accumulators, int8 operands, another scope, odd sizes: none the kernel can use.
+  EXPECT_EQ(backend::vk_detail::chosen_fragment({offer(16, 16, 16, C::eFloat16, C::eFloat16), offer(16, 16, 32, C::eSint8, C::eSint32),
+                                                 offer(16, 16, 16, C::eFloat16, C::eFloat32, vk::ScopeNV::eWorkgroup),
+                                                 offer(12, 16, 16, C::eFloat16, C::eFloat32)}),
+            (F{0, 0, 0}));
 }
 
 TEST(CooperativeMatrixVulkan, RequiringThemWhereTheDeviceHasNoneIsAnError) {
