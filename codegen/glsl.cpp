@@ -1164,8 +1164,13 @@ std::string emit_glsl(const ir::Graph& g, const FusionLimits& limits, const Targ
       out += head + "read in place, %" + std::to_string(n.inputs[0]) + " from byte " + std::to_string(*view_offset(g, v, limits.view_alignment)) + ")\n";
     else if (head_view(g, v))
       out += head + "the flash kernels read %" + std::to_string(n.inputs[0]) + " in place through its strides)\n";
+    else if (half_view(g, v))
+      out += head + "its readers load %" + std::to_string(n.inputs[0]) + "'s " + std::string(dtype_name(g.node(n.inputs[0]).dtype)) +
+             " values in place, widening each)\n";
     else if (n.op == Op::concat)
       out += head + "%" + std::to_string(n.inputs[0]) + "'s and %" + std::to_string(n.inputs[1]) + "'s kernels write it in place)\n";
+    else if (narrowed_into(g, n.inputs[0]) == v)
+      out += head + "%" + std::to_string(n.inputs[0]) + "'s kernel writes it, rounded to " + std::string(dtype_name(n.dtype)) + ")\n";
     else
       out += head + "%" + std::to_string(n.inputs[0]) + "'s kernel writes it in place through its strides)\n";
   }

@@ -52,10 +52,11 @@ struct Transposed {
   Transposed from(std::int64_t c) const { return {data + c, ld}; }
 };
 
-/// This thread's buffer `slot` (0: keys, 1: values, 2: queries, 3: values' rows) of at least
-/// `n` floats: what a widened f16 or bf16 tile is read from until the next call for that slot.
+/// This thread's buffer `slot` (0: keys, 1: values, 2: queries, 3: values' rows, 4: dy's rows)
+/// of at least `n` floats: what a widened f16 or bf16 tile is read from until the next call for
+/// that slot.
 float* tile_buffer(int slot, std::int64_t n) {
-  thread_local std::vector<float> buffers[4];
+  thread_local std::vector<float> buffers[5];
   std::vector<float>& buf = buffers[slot];
   if (buf.size() < static_cast<std::size_t>(n)) buf.resize(static_cast<std::size_t>(n));
   return buf.data();
@@ -68,6 +69,27 @@ const float* f32_rows(const ConstView& x, std::int64_t first, std::int64_t rows,
   float* to = tile_buffer(slot, rows * width);
   widen(x, first, rows * width, to);
   return to;
+}
+
+/// Where a gradient's elements [first, first + n) of `out` accumulate, zeroed: in place when out
+/// is f32, else in this thread's accumulator `slot` (0: dq, 1: dk, 2: dv), which settle rounds
+/// into out once every tile has added to it.
+float* accumulator(const View& out, std::int64_t first, std::int64_t n, int slot) {
+  thread_local std::vector<float> buffers[3];
+  float* acc = out.stored == DType::f32 ? out.data + first : nullptr;
+  if (!acc) {
+    std::vector<float>& buf = buffers[slot];
+    if (buf.size() < static_cast<std::size_t>(n)) buf.resize(static_cast<std::size_t>(n));
+    acc = buf.data();
+  }
+  std::fill_n(acc, n, 0.0f);
+  return acc;
+}
+
+/// The accumulated gradient into out's 16-bit elements [first, first + n), rounded once (nothing
+/// to do when it accumulated in place).
+void settle(const View& out, std::int64_t first, std::int64_t n, const float* acc) {
+  if (out.stored != DType::f32) narrow(acc, n, out, first);
 }
 
 /// Transposes x's `cols` rows of d into this thread's buffer `slot` (0: keys, 1: values), which
@@ -103,23 +125,26 @@ class Scores {
   std::int64_t d() const { return d_; }
   std::int64_t batches() const { return batch_.numel(); }
   const ir::Shape& batch() const { return batch_; }
-  /// Whether q and k are f32 (the backward reads them in place, through q() and k()).
-  bool f32_operands() const { return a_.q.stored == DType::f32 && a_.k.stored == DType::f32; }
   float scale() const { return a_.scale; }
   /// Whether ds must be multiplied by the modifier's derivative.
   bool has_derivative() const { return a_.mod && a_.mod->has_derivative(); }
-  const float* q(std::int64_t b) const { return a_.q.data + offset_at(b, batch_, qs_); }
-  const float* k(std::int64_t b) const { return a_.k.data + offset_at(b, batch_, ks_); }
+  /// Whether batch entry b's queries and keys are all finite.
+  bool finite_operands(std::int64_t b) const {
+    return all_finite(a_.q, offset_at(b, batch_, qs_), n_ * d_) && all_finite(a_.k, offset_at(b, batch_, ks_), m_ * d_);
+  }
   /// Queries [i0, i0 + rows) of batch entry b in f32 (widened into this thread's slot 2 when q
   /// is f16 or bf16: a tile's conversion is 1/(2 kKeyBlock) of its product's work).
   const float* queries(std::int64_t b, std::int64_t i0, std::int64_t rows) const {
     return f32_rows(a_.q, offset_at(b, batch_, qs_) + i0 * d_, rows, d_, 2);
   }
 
-  /// Keys [j0, j0 + cols) of batch entry b transposed (this thread's slot 0), for compute.
-  Transposed keys(std::int64_t b, std::int64_t j0, std::int64_t cols) const {
-    return transposed(f32_rows(a_.k, offset_at(b, batch_, ks_) + j0 * d_, cols, d_, 0), cols, d_, 0);
+  /// Keys [j0, j0 + cols) of batch entry b in f32 rows (widened into this thread's slot 0 when
+  /// k is f16 or bf16).
+  const float* key_rows(std::int64_t b, std::int64_t j0, std::int64_t cols) const {
+    return f32_rows(a_.k, offset_at(b, batch_, ks_) + j0 * d_, cols, d_, 0);
   }
+  /// Keys [j0, j0 + cols) of batch entry b transposed (this thread's slot 0), for compute.
+  Transposed keys(std::int64_t b, std::int64_t j0, std::int64_t cols) const { return transposed(key_rows(b, j0, cols), cols, d_, 0); }
 
   /// s[i * ld + j] = the score of query i0 + i and key j0 + j (i < rows, j < cols), -inf where
   /// masked; `kt` holds keys [j0, j0 + cols) or more (keys()), and s's columns up to cols rounded
@@ -319,9 +344,9 @@ struct KeyTile {
   Transposed keys, values;
 };
 
-/// Keys and values [j0, j0 + cols) of batch entry b (v points at the entry's values).
-KeyTile key_tile(const Scores& sc, std::int64_t b, std::int64_t j0, std::int64_t cols, const float* v, std::int64_t dv) {
-  return {sc.keys(b, j0, cols), transposed(v + j0 * dv, cols, dv, 1)};
+/// Keys and values [j0, j0 + cols) of batch entry b (its values from element v_at of v).
+KeyTile key_tile(const Scores& sc, std::int64_t b, std::int64_t j0, std::int64_t cols, const ConstView& v, std::int64_t v_at, std::int64_t dv) {
+  return {sc.keys(b, j0, cols), transposed(f32_rows(v, v_at + j0 * dv, cols, dv, 1), cols, dv, 1)};
 }
 
 /// This thread's p and ds tiles, kQueryBlock x kKeyBlock floats each.
@@ -363,9 +388,10 @@ void backward_tile(const Scores& sc, std::int64_t b, std::int64_t i0, std::int64
 
 /// Whether the backward may skip batch entry b's masked blocks: only while no NaN or inf among
 /// q, k, v, dy and delta meets a masked zero (see attention). v, dy and delta point at entry b.
-bool backward_may_skip(const Scores& sc, std::int64_t b, const float* v, std::int64_t dv, const float* dy, const float* delta) {
-  const std::int64_t n = sc.n(), m = sc.m(), d = sc.d();
-  return all_finite(sc.q(b), n * d) && all_finite(sc.k(b), m * d) && all_finite(v, m * dv) && all_finite(dy, n * dv) && all_finite(delta, n);
+bool backward_may_skip(const Scores& sc, std::int64_t b, const ConstView& v, std::int64_t v_at, std::int64_t dv, const ConstView& dy,
+                       const float* delta) {
+  const std::int64_t n = sc.n(), m = sc.m();
+  return sc.finite_operands(b) && all_finite(v, v_at, m * dv) && all_finite(dy, b * n * dv, n * dv) && all_finite(delta, n);
 }
 
 }  // namespace
@@ -482,19 +508,20 @@ void attention_lse(const ScoreArgs& args, View out) {
 
 void attention_grad(const AttentionGradArgs& a) {
   const Scores sc(a.s, batch_of(a.out.shape));
-  QKV_ASSERT(sc.f32_operands() && a.v.stored == DType::f32 && a.out.stored == DType::f32, "the backward reads and writes f32");
+  QKV_ASSERT(a.lse.stored == DType::f32 && a.delta.stored == DType::f32, "the backward reads f32 statistics");
   const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dv = a.v.shape.back(0), batches = sc.batches();
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dv);
-  auto v_at = [&](std::int64_t b) { return a.v.data + offset_at(b, sc.batch(), vs); };
-  // dy, lse and delta have the output's batch dims: contiguous per batch entry.
-  auto dy_at = [&](std::int64_t b) { return a.dy.data + b * n * dv; };
+  auto v_at = [&](std::int64_t b) { return offset_at(b, sc.batch(), vs); };
+  // dy, lse and delta have the output's batch dims: contiguous per batch entry. q, k, v and dy
+  // may be f16 or bf16, widened tile by tile as they are read (f32_rows).
+  auto dy_rows = [&](std::int64_t b, std::int64_t i0, std::int64_t rows) { return f32_rows(a.dy, b * n * dv + i0 * dv, rows, dv, 4); };
   auto row_stat = [&](const ConstView& x, std::int64_t b) { return x.data + b * n; };
 
   // Skipping masked blocks is exact only while no NaN or inf meets a masked zero (see attention).
   std::vector<std::uint8_t> finite(static_cast<std::size_t>(batches), 1);
   if (sc.may_skip())
     ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
-      finite[static_cast<std::size_t>(b)] = backward_may_skip(sc, b, v_at(b), dv, dy_at(b), row_stat(a.delta, b));
+      finite[static_cast<std::size_t>(b)] = backward_may_skip(sc, b, a.v, v_at(b), dv, a.dy, row_stat(a.delta, b));
     });
 
   if (a.wrt == 0) {
@@ -504,13 +531,14 @@ void attention_grad(const AttentionGradArgs& a) {
       const auto [p, ds] = tile_buffers();
       const std::int64_t b = task / blocks, i0 = (task % blocks) * qb;
       const std::int64_t rows = std::min(qb, n - i0);
-      const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
-      float* dq = a.out.data + b * n * d + i0 * d;
-      std::fill_n(dq, rows * d, 0.0f);
+      const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_rows(b, i0, rows);
+      const std::int64_t dq_at = b * n * d + i0 * d;
+      float* dq = accumulator(a.out, dq_at, rows * d, 0);
       sc.each_key_tile(b, i0, rows, finite[static_cast<std::size_t>(b)] != 0, [&](std::int64_t j0, std::int64_t cols) {
-        backward_tile(sc, b, i0, rows, j0, cols, key_tile(sc, b, j0, cols, v_at(b), dv), dy, dv, lse, delta, p, ds);
-        tile_gemm(false, rows, d, cols, sc.scale(), ds, kKeyBlock, sc.k(b) + j0 * d, d, true, dq, d);
+        backward_tile(sc, b, i0, rows, j0, cols, key_tile(sc, b, j0, cols, a.v, v_at(b), dv), dy, dv, lse, delta, p, ds);
+        tile_gemm(false, rows, d, cols, sc.scale(), ds, kKeyBlock, sc.key_rows(b, j0, cols), d, true, dq, d);
       });
+      settle(a.out, dq_at, rows * d, dq);
     });
     return;
   }
@@ -521,11 +549,11 @@ void attention_grad(const AttentionGradArgs& a) {
     const auto [p, ds_tile] = tile_buffers();
     const std::int64_t b = task / blocks, j0 = (task % blocks) * kKeyBlock;
     const std::int64_t cols = std::min(kKeyBlock, m - j0);
-    float* acc = a.out.data + b * m * width + j0 * width;
-    std::fill_n(acc, cols * width, 0.0f);
-    const KeyTile tile = key_tile(sc, b, j0, cols, v_at(b), dv);
+    const std::int64_t acc_at = b * m * width + j0 * width;
+    float* acc = accumulator(a.out, acc_at, cols * width, 0);
+    const KeyTile tile = key_tile(sc, b, j0, cols, a.v, v_at(b), dv);
     sc.each_query_tile(b, j0, cols, finite[static_cast<std::size_t>(b)] != 0, [&](std::int64_t i0, std::int64_t rows) {
-      const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_at(b) + i0 * dv;
+      const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_rows(b, i0, rows);
       float* ds = a.wrt == 1 ? ds_tile : nullptr;
       backward_tile(sc, b, i0, rows, j0, cols, tile, dy, dv, lse, delta, p, ds);
       if (a.wrt == 2) {  // dv += pT dy
@@ -533,42 +561,43 @@ void attention_grad(const AttentionGradArgs& a) {
         return;
       }
       // dk += dsT q * scale
-      tile_gemm(true, cols, d, rows, sc.scale(), ds, kKeyBlock, sc.q(b) + i0 * d, d, true, acc, d);
+      tile_gemm(true, cols, d, rows, sc.scale(), ds, kKeyBlock, sc.queries(b, i0, rows), d, true, acc, d);
     });
+    settle(a.out, acc_at, cols * width, acc);
   });
 }
 
-void attention_grads(const AttentionGradArgs& a, float* dq, float* dk, float* dv) {
+void attention_grads(const AttentionGradArgs& a, const View* dq, const View* dk, const View* dv) {
   const Scores sc(a.s, batch_of(a.dy.shape));
-  QKV_ASSERT(sc.f32_operands() && a.v.stored == DType::f32, "the backward reads f32");
+  QKV_ASSERT(a.lse.stored == DType::f32 && a.delta.stored == DType::f32, "the backward reads f32 statistics");
   const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dvw = a.v.shape.back(0);
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dvw);
   ThreadPool::global().parallel_for(sc.batches(), [&](std::int64_t b) {
     const auto [p, ds_tile] = tile_buffers();
-    const float *q = sc.q(b), *k = sc.k(b), *v = a.v.data + offset_at(b, sc.batch(), vs), *dy_b = a.dy.data + b * n * dvw;
+    const std::int64_t v_at = offset_at(b, sc.batch(), vs);
     const float *lse_b = a.lse.data + b * n, *delta_b = a.delta.data + b * n;
-    float* dq_b = dq ? dq + b * n * d : nullptr;
-    float* dk_b = dk ? dk + b * m * d : nullptr;
-    float* dv_b = dv ? dv + b * m * dvw : nullptr;
-    if (dq_b) std::fill_n(dq_b, n * d, 0.0f);
-    if (dk_b) std::fill_n(dk_b, m * d, 0.0f);
-    if (dv_b) std::fill_n(dv_b, m * dvw, 0.0f);
+    float* dq_b = dq ? accumulator(*dq, b * n * d, n * d, 0) : nullptr;
+    float* dk_b = dk ? accumulator(*dk, b * m * d, m * d, 1) : nullptr;
+    float* dv_b = dv ? accumulator(*dv, b * m * dvw, m * dvw, 2) : nullptr;
     // Skipping masked blocks is exact only while no NaN or inf meets a masked zero (see attention).
-    const bool skip = !sc.may_skip() || backward_may_skip(sc, b, v, dvw, dy_b, delta_b);
+    const bool skip = !sc.may_skip() || backward_may_skip(sc, b, a.v, v_at, dvw, a.dy, delta_b);
     for (std::int64_t j0 = 0; j0 < m; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, m - j0);
-      const KeyTile tile = key_tile(sc, b, j0, cols, v, dvw);
+      const KeyTile tile = key_tile(sc, b, j0, cols, a.v, v_at, dvw);
       sc.each_query_tile(b, j0, cols, skip, [&](std::int64_t i0, std::int64_t rows) {
-        const float* dy = dy_b + i0 * dvw;
+        const float* dy = f32_rows(a.dy, b * n * dvw + i0 * dvw, rows, dvw, 4);  // q, k, v and dy may be f16 or bf16: widened per tile
         float* ds = dq_b || dk_b ? ds_tile : nullptr;
         backward_tile(sc, b, i0, rows, j0, cols, tile, dy, dvw, lse_b + i0, delta_b + i0, p, ds);
         if (dv_b) tile_gemm(true, cols, dvw, rows, 1.0f, p, kKeyBlock, dy, dvw, true, dv_b + j0 * dvw, dvw);  // dv += pT dy
         if (!ds) return;
         // dk += dsT q * scale; dq += ds k * scale
-        if (dk_b) tile_gemm(true, cols, d, rows, sc.scale(), ds, kKeyBlock, q + i0 * d, d, true, dk_b + j0 * d, d);
-        if (dq_b) tile_gemm(false, rows, d, cols, sc.scale(), ds, kKeyBlock, k + j0 * d, d, true, dq_b + i0 * d, d);
+        if (dk_b) tile_gemm(true, cols, d, rows, sc.scale(), ds, kKeyBlock, sc.queries(b, i0, rows), d, true, dk_b + j0 * d, d);
+        if (dq_b) tile_gemm(false, rows, d, cols, sc.scale(), ds, kKeyBlock, sc.key_rows(b, j0, cols), d, true, dq_b + i0 * d, d);
       });
     }
+    if (dq_b) settle(*dq, b * n * d, n * d, dq_b);
+    if (dk_b) settle(*dk, b * m * d, m * d, dk_b);
+    if (dv_b) settle(*dv, b * m * dvw, m * dvw, dv_b);
   });
 }
 

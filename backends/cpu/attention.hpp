@@ -65,14 +65,17 @@ struct AttentionGradArgs {
 /// recomputed tile by tile; dv = pT dy, ds = p (dy vT - delta), dq = ds k * scale,
 /// dk = dsT q * scale, ds times d mod/d score under a modifier. dq streams key blocks per query block; dk and dv stream query blocks per
 /// key block, so no task writes another's rows. Masked blocks are skipped unless the batch entry
-/// holds a NaN or inf (whose products with the masked zeros the meaning keeps).
+/// holds a NaN or inf (whose products with the masked zeros the meaning keeps). q, k, v and dy
+/// may be f16 or bf16 (each tile widened as it is read); so may the output (each task's rows
+/// accumulated in f32 and rounded once, where the graph rounds the gradient).
 void attention_grad(const AttentionGradArgs& args);
 
 /// dq, dk and dv (each nullptr when not wanted) in one pass per batch entry: each tile's p and ds
 /// feed all three, so the scores are computed once instead of three times. A task owns a whole
 /// batch entry (its dq rows are written by every key block), so this is the faster choice only
 /// when there are at least as many batch entries as threads. `args.out` and `args.wrt` are not read.
-void attention_grads(const AttentionGradArgs& args, float* dq, float* dk, float* dv);
+/// Like attention_grad's output, each may be f16 or bf16: accumulated in f32, rounded once.
+void attention_grads(const AttentionGradArgs& args, const View* dq, const View* dk, const View* dv);
 
 /// Query rows per tile: kQueryBlock; the backward takes kSkippingQueryBlock when a keep-mask or
 /// a masking modifier may drop whole tiles (narrower tiles follow a document boundary more

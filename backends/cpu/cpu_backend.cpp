@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include <cstring>
+#include <optional>
 
 #include "backends/cpu/attention.hpp"
 #include "backends/cpu/isa.hpp"
@@ -85,7 +86,8 @@ Storage storage_of(const ir::Graph& g) {
 }
 
 /// Whether operand `k` of `n` may be f16 or bf16 for its kernel: fused attention's forward and
-/// log-sum-exp read q, k and v so; the other kernels get their half operands widened.
+/// log-sum-exp read q, k and v so, its gradients q, k, v and dy (widening each tile as they load
+/// it); the other kernels get their half operands widened.
 bool reads_half(const Node& n, std::size_t k) {
   switch (n.op) {
     case Op::attention:
@@ -94,13 +96,16 @@ bool reads_half(const Node& n, std::size_t k) {
     case Op::attention_lse:
     case Op::masked_attention_lse:
     case Op::flex_attention_lse: return k <= 1;
+    case Op::attention_grad:
+    case Op::masked_attention_grad:
+    case Op::flex_attention_grad: return k <= 3;
     default: return false;
   }
 }
 
-/// Per node: the round_f16, round_bf16 or cast to a half type that is its only reader, when its kernel computes that
-/// too (fused attention writing its rounded output; the attention itself gets no storage), -1
-/// otherwise.
+/// Per node: the round_f16, round_bf16 or cast to a half type that is its only reader, when its
+/// kernel computes that too (fused attention writing its rounded output, or its gradients
+/// theirs; the attention itself gets no storage), -1 otherwise.
 std::vector<ir::ValueId> rounds_in_kernel(const ir::Graph& g) {
   std::vector<int> readers(g.size(), 0);
   std::vector<ir::ValueId> reader(g.size(), -1), fused(g.size(), -1);
@@ -111,8 +116,9 @@ std::vector<ir::ValueId> rounds_in_kernel(const ir::Graph& g) {
     }
   for (ir::ValueId v : g.result_values()) readers[static_cast<std::size_t>(v)] += 2;  // kept whole
   for (std::size_t i = 0; i < g.size(); ++i) {
-    const Op op = g.nodes()[i].op;
-    if ((op != Op::attention && op != Op::masked_attention && op != Op::flex_attention) || readers[i] != 1) continue;
+    const Node& n = g.nodes()[i];
+    const bool grad = n.op == Op::attention_grad || n.op == Op::masked_attention_grad || (n.op == Op::flex_attention_grad && n.attrs.wrt <= 2);
+    if ((n.op != Op::attention && n.op != Op::masked_attention && n.op != Op::flex_attention && !grad) || readers[i] != 1) continue;
     const Node& r = g.node(reader[i]);
     if (r.op == Op::round_f16 || r.op == Op::round_bf16 || (r.op == Op::cast && is_half(r.dtype))) fused[i] = reader[i];
   }
@@ -203,6 +209,67 @@ class CpuExecutable final : public ExecutableSkeleton {
     }
   }
 
+  /// Whether node i is an elementwise op (not a cast) over operands of its own shape, some of
+  /// them f16 or bf16, or a sum or max over an axis of an f16 or bf16 operand, computing an f32
+  /// value: it runs in chunks over the pool, each widening its part of the half operands into
+  /// its thread's buffers (never an operand whole; a reduction's chunks are whole rows of the
+  /// dims before its axis).
+  bool chunkwise(std::size_t i) const {
+    const Node& n = graph_.nodes()[i];
+    const ir::OpCategory c = ir::op_info(n.op).category;
+    const bool elementwise = c == ir::OpCategory::unary || c == ir::OpCategory::binary || c == ir::OpCategory::compare || c == ir::OpCategory::select;
+    const bool reduction = n.op == Op::reduce_sum || n.op == Op::reduce_max;
+    if ((!elementwise && !reduction) || n.op == Op::cast || storage_.dtype[i] != DType::f32 || memory_.offset[i] < 0) return false;
+    if (reduction) return is_half(storage_.dtype[static_cast<std::size_t>(n.inputs[0])]);
+    bool half = false;
+    for (ir::ValueId v : n.inputs) {
+      const auto u = static_cast<std::size_t>(v);
+      if (!(shapes_[u] == shapes_[i])) return false;
+      half |= is_half(storage_.dtype[u]);
+    }
+    return half;
+  }
+
+  /// Runs chunkwise node i (see chunkwise) into `out`.
+  void execute_chunkwise(std::size_t i, float* out) {
+    const Node& n = graph_.nodes()[i];
+    if (n.op == Op::reduce_sum || n.op == Op::reduce_max) {
+      const ir::Shape& xs = shapes_[static_cast<std::size_t>(n.inputs[0])];
+      std::int64_t outer = 1, inner = 1;  // the dims before the axis, and after it
+      for (int d = 0; d < n.attrs.axis; ++d) outer *= xs[d];
+      for (int d = n.attrs.axis + 1; d < xs.rank; ++d) inner *= xs[d];
+      const std::int64_t along = xs[n.attrs.axis], row = along * inner;
+      const ConstBytes b = value_bytes(static_cast<std::size_t>(n.inputs[0]));
+      const std::int64_t rows_per_chunk = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(row, 1));
+      cpu::ThreadPool::global().parallel_for((outer + rows_per_chunk - 1) / rows_per_chunk, [&](std::int64_t c) {
+        thread_local std::vector<float> buffer;
+        const std::int64_t o0 = c * rows_per_chunk, rows = std::min(rows_per_chunk, outer - o0);
+        if (buffer.size() < static_cast<std::size_t>(rows * row)) buffer.resize(static_cast<std::size_t>(rows * row));
+        cpu::widen({nullptr, ir::Shape{}, b.data, b.stored}, o0 * row, rows * row, buffer.data());
+        cpu::reduce(n.op, {buffer.data(), ir::Shape{rows, along, inner}}, 1, {out + o0 * inner, ir::Shape{rows, 1, inner}});
+      });
+      return;
+    }
+    chunked(shapes_[i].numel(), [&](std::int64_t first, std::int64_t count) {
+      thread_local std::vector<float> buffers[3];
+      cpu::ConstView x[3] = {{nullptr, {}}, {nullptr, {}}, {nullptr, {}}};
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+        const ConstBytes b = value_bytes(static_cast<std::size_t>(n.inputs[k]));
+        x[k] = {static_cast<const float*>(b.data) + first, ir::Shape{count}};
+        if (b.stored == DType::f32) continue;
+        if (buffers[k].size() < static_cast<std::size_t>(count)) buffers[k].resize(static_cast<std::size_t>(count));
+        cpu::widen({nullptr, ir::Shape{}, b.data, b.stored}, first, count, buffers[k].data());
+        x[k] = {buffers[k].data(), ir::Shape{count}};
+      }
+      const cpu::View part{out + first, ir::Shape{count}};
+      switch (ir::op_info(n.op).category) {
+        case ir::OpCategory::unary: return cpu::unary(n.op, x[0], part);
+        case ir::OpCategory::select: return cpu::select(x[0], x[1], x[2], part);
+        default: return cpu::binary(n.op, x[0], x[1], part);
+      }
+    });
+  }
+
   /// Where each kernel's f16 and bf16 operands that it cannot read as they are are widened to
   /// f32 before it runs: per node, (operand, byte offset in the scratch after the arena); the
   /// scratch is as large as the largest node's widened operands together.
@@ -211,7 +278,7 @@ class CpuExecutable final : public ExecutableSkeleton {
     scratch_bytes_ = 0;
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       const Node& n = graph_.nodes()[i];
-      if (n.op == Op::input || storage_.view[i] || computed_with_leader(i) || rounded_by_[i] >= 0) continue;
+      if (n.op == Op::input || storage_.view[i] || computed_with_leader(i) || rounded_by_[i] >= 0 || chunkwise(i)) continue;
       std::int64_t at = 0;
       for (std::size_t k = 0; k < n.inputs.size(); ++k) {
         const auto v = static_cast<std::size_t>(n.inputs[k]);
@@ -309,11 +376,26 @@ class CpuExecutable final : public ExecutableSkeleton {
     }
   }
 
+  /// Group i's joint gradient kernel (dq, dk and dv of one attention): each member's output
+  /// where it lives, rounded into its round's 16-bit storage where its kernel rounds it.
+  void attention_grads(std::size_t i, const cpu::AttentionGradArgs& args) {
+    std::optional<cpu::View> grads[3];
+    for (std::size_t member : group_[i]) {
+      const auto r = static_cast<std::size_t>(round_in_[member]);
+      grads[graph_.nodes()[member].attrs.wrt] = round_in_[member] >= 0
+                                                    ? cpu::View{nullptr, shapes_[member], arena_bytes() + memory_.offset[r], storage_.dtype[r]}
+                                                    : cpu::View{out_ptr(member), shapes_[member]};
+    }
+    auto at = [&](int k) { return grads[k] ? &*grads[k] : nullptr; };
+    cpu::attention_grads(args, at(0), at(1), at(2));
+  }
+
   bool computed_with_leader(std::size_t i) const { return leader_[i] >= 0 && group_fused_[static_cast<std::size_t>(leader_[i])]; }
 
   void execute(std::size_t i) {
     const Node& n = graph_.nodes()[i];
     if (storage_.view[i]) return;  // reads its operand's storage
+    if (chunkwise(i)) return execute_chunkwise(i, out_ptr(i));
     // f16 and bf16 operands: widened into the scratch, or read as they are (reads_half).
     for (const auto& [v, at] : widened_[i]) {
       const auto u = static_cast<std::size_t>(v);
@@ -414,9 +496,7 @@ class CpuExecutable final : public ExecutableSkeleton {
         const cpu::AttentionGradArgs args{scores(n, n.op == Op::masked_attention_grad ? 6 : -1, mask), in(2), in(3), in(4), in(5),
                                           n.attrs.wrt, out};
         if (!group_fused_[i]) return cpu::attention_grad(args);
-        float* grads[3] = {nullptr, nullptr, nullptr};
-        for (std::size_t member : group_[i]) grads[graph_.nodes()[member].attrs.wrt] = out_ptr(member);
-        return cpu::attention_grads(args, grads[0], grads[1], grads[2]);
+        return attention_grads(i, args);
       }
       case Op::flex_attention: {
         cpu::ConstView none{};
@@ -442,9 +522,7 @@ class CpuExecutable final : public ExecutableSkeleton {
         dropout(n, s);
         const cpu::AttentionGradArgs args{s, in(2), in(3), in(4), in(5), n.attrs.wrt, out};
         if (!group_fused_[i]) return cpu::attention_grad(args);
-        float* grads[3] = {nullptr, nullptr, nullptr};
-        for (std::size_t member : group_[i]) grads[graph_.nodes()[member].attrs.wrt] = out_ptr(member);
-        return cpu::attention_grads(args, grads[0], grads[1], grads[2]);
+        return attention_grads(i, args);
       }
     }
     // clang-format on

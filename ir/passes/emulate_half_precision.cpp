@@ -37,11 +37,18 @@ Graph emulate_half_precision(const Graph& g, HalfInputs inputs) {
   without_results.clear_results();
   std::vector<ValueId> map;
   Graph out = rebuild(without_results, rewrite, &map);
-  // The cast rounds: a value rounded only to be cast is cast unrounded (the rounding is then dead).
+  // The cast rounds: a value rounded only to be cast is cast unrounded (the rounding is then
+  // dead). One the graph reads rounded too is cast from its rounding (the same bits: rounding
+  // twice is rounding once), so that the unrounded value keeps a single reader (a kernel may
+  // then write it rounded, and the cast is a view of that).
+  std::vector<int> readers(out.size(), 0);
+  for (const Node& n : out.nodes())
+    for (ValueId x : n.inputs) ++readers[static_cast<std::size_t>(x)];
   auto stored = [&](ValueId v) {
     ValueId x = map[static_cast<std::size_t>(v)];
     const Node& r = out.node(x);
-    if ((r.op == Op::round_f16 && g.node(v).dtype == DType::f16) || (r.op == Op::round_bf16 && g.node(v).dtype == DType::bf16)) x = r.inputs[0];
+    const bool rounded = (r.op == Op::round_f16 && g.node(v).dtype == DType::f16) || (r.op == Op::round_bf16 && g.node(v).dtype == DType::bf16);
+    if (rounded && readers[static_cast<std::size_t>(x)] == 0) x = r.inputs[0];
     return out.cast(x, g.node(v).dtype);
   };
   for (const auto& [name, v] : g.outputs()) out.set_output(name, stored(v));

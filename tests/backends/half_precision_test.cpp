@@ -137,6 +137,31 @@ TEST(HalfPrecisionCpu, ValuesAreHeldIn16BitsAndAttentionReadsThemThere) {
   }
 }
 
+TEST(HalfPrecisionCpu, AttentionGradientsReadTheirHalfOperandsWhereTheyAre) {
+  QKV_GET_BACKEND_OR_SKIP(cpu, "cpu");
+  // dq, dk and dv widen q, k, v and dy tile by tile as they read them: none of the four is
+  // widened whole into the scratch, so the backward's plan is well under f32's.
+  const std::map<std::string, std::int64_t> dims{{"B", 2}, {"H", 3}, {"N", 300}, {"D", 32}};
+  auto backward = [](DType dtype) { return ir::build_backward(sdpa(dtype), {"", {"q", "k", "v"}, {"out"}}); };
+  auto f32 = cpu->compile(backward(DType::f32));
+  f32->run(backend::random_inputs(backward(DType::f32), dims, 5));
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const ir::Graph g = backward(dtype);
+    const backend::TensorMap inputs = backend::random_inputs(g, dims, 5);
+    auto exe = cpu->compile(g);
+    exe->run(inputs);
+    EXPECT_LE(exe->planned_bytes(), f32->planned_bytes() * 6 / 10) << exe->planned_bytes() << " vs f32's " << f32->planned_bytes();
+    // Past the 256-row tiles: rows widened at offsets within each head, on every path (dq, dk
+    // and dv in one kernel, and each alone).
+    testing::expect_equivalent(g, inputs, "cpu");
+    for (const char* wrt : {"q", "k", "v"}) {
+      const ir::Graph one = ir::build_backward(sdpa(dtype), {"", {wrt}, {"out"}});
+      testing::expect_equivalent(one, backend::random_inputs(one, dims, 6), "cpu");
+    }
+  }
+}
+
 TEST(HalfPrecisionVulkan, HalfTensorsCrossAndStayIn16BitBuffers) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   auto options = backend::vulkan_options_from_env();
