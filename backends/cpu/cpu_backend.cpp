@@ -209,8 +209,8 @@ class CpuExecutable final : public ExecutableSkeleton {
     }
   }
 
-  /// Whether node i is an elementwise op (not a cast) over operands of its own shape, some of
-  /// them f16 or bf16, or a sum or max over an axis of an f16 or bf16 operand, computing an f32
+  /// Whether node i is an elementwise op (not a cast) over operands of its own shape or single
+  /// values (a scale), some of them f16 or bf16, or a sum or max over an axis of an f16 or bf16 operand, computing an f32
   /// value: it runs in chunks over the pool, each widening its part of the half operands into
   /// its thread's buffers (never an operand whole; a reduction's chunks are whole rows of the
   /// dims before its axis).
@@ -224,8 +224,8 @@ class CpuExecutable final : public ExecutableSkeleton {
     bool half = false;
     for (ir::ValueId v : n.inputs) {
       const auto u = static_cast<std::size_t>(v);
-      if (!(shapes_[u] == shapes_[i])) return false;
-      half |= is_half(storage_.dtype[u]);
+      if (!(shapes_[u] == shapes_[i]) && shapes_[u].numel() != 1) return false;
+      half |= is_half(storage_.dtype[u]) && shapes_[u] == shapes_[i];
     }
     return half;
   }
@@ -254,12 +254,15 @@ class CpuExecutable final : public ExecutableSkeleton {
       thread_local std::vector<float> buffers[3];
       cpu::ConstView x[3] = {{nullptr, {}}, {nullptr, {}}, {nullptr, {}}};
       for (std::size_t k = 0; k < n.inputs.size(); ++k) {
-        const ConstBytes b = value_bytes(static_cast<std::size_t>(n.inputs[k]));
-        x[k] = {static_cast<const float*>(b.data) + first, ir::Shape{count}};
+        const auto u = static_cast<std::size_t>(n.inputs[k]);
+        const ConstBytes b = value_bytes(u);
+        const bool single = !(shapes_[u] == shapes_[i]);  // one value, broadcast over the chunk
+        const std::int64_t at = single ? 0 : first, length = single ? 1 : count;
+        x[k] = {static_cast<const float*>(b.data) + at, single ? ir::Shape{} : ir::Shape{count}};
         if (b.stored == DType::f32) continue;
-        if (buffers[k].size() < static_cast<std::size_t>(count)) buffers[k].resize(static_cast<std::size_t>(count));
-        cpu::widen({nullptr, ir::Shape{}, b.data, b.stored}, first, count, buffers[k].data());
-        x[k] = {buffers[k].data(), ir::Shape{count}};
+        if (buffers[k].size() < static_cast<std::size_t>(length)) buffers[k].resize(static_cast<std::size_t>(length));
+        cpu::widen({nullptr, ir::Shape{}, b.data, b.stored}, at, length, buffers[k].data());
+        x[k].data = buffers[k].data();
       }
       const cpu::View part{out + first, ir::Shape{count}};
       switch (ir::op_info(n.op).category) {
