@@ -113,6 +113,15 @@ std::string bindings(int batch_rank, const MatmulDtypes& dtypes, const MatmulEpi
   return s;
 }
 
+/// The statement giving staged element `e`'s tile-local (k, row) of A, stepping along k first
+/// when `k_first` (A's contiguous index unless transposed), and the same for B's (k, column).
+std::string a_tile_index(bool k_first, const char* e) {
+  return k_first ? std::string("uint kk = ") + e + " % BK, r = " + e + " / BK;" : std::string("uint r = ") + e + " % BM, kk = " + e + " / BM;";
+}
+std::string b_tile_index(bool n_first, const char* e) {
+  return n_first ? std::string("uint c = ") + e + " % BN, kk = " + e + " / BN;" : std::string("uint kk = ") + e + " % BK, c = " + e + " / BK;";
+}
+
 /// The extension a kernel with 16-bit buffers needs, or nothing.
 std::string sixteen_bit(const MatmulDtypes& d) {
   return is_half(d.a) || is_half(d.b) || is_half(d.out) ? "#extension GL_EXT_shader_16bit_storage : require\n" : "";
@@ -181,13 +190,8 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, cons
        "shared vec4 Bs[2u * BK * BN4];  // [buffer][k][column / 4]\n";
   s += "uint M, N, K, oa, ob, m0, n0;\n"
        "float la[LA], lb[LB];\n\n";
-  // The tile-local (k, row) of load l, and the same for B's (k, column).
-  auto a_index = [&](const char* e) {
-    return a_k_first ? std::string("uint kk = ") + e + " % BK, r = " + e + " / BK;" : std::string("uint r = ") + e + " % BM, kk = " + e + " / BM;";
-  };
-  auto b_index = [&](const char* e) {
-    return b_n_first ? std::string("uint c = ") + e + " % BN, kk = " + e + " / BN;" : std::string("uint kk = ") + e + " % BK, c = " + e + " / BK;";
-  };
+  auto a_index = [&](const char* e) { return a_tile_index(a_k_first, e); };
+  auto b_index = [&](const char* e) { return b_tile_index(b_n_first, e); };
   s += "// Global -> registers: the tile at depth k0, zero outside the matrices.\n"
        "void load_tile(uint k0) {\n"
        "  for (uint l = 0u; l < LA; ++l) {\n"
@@ -415,12 +419,8 @@ KernelSource matmul_cooperative_source(const Node& n, const Target& target, cons
          "    }\n"
          "}\n\n";
   }
-  auto a_index = [&](const char* e) {
-    return a_k_first ? std::string("uint kk = ") + e + " % BK, r = " + e + " / BK;" : std::string("uint r = ") + e + " % BM, kk = " + e + " / BM;";
-  };
-  auto b_index = [&](const char* e) {
-    return b_n_first ? std::string("uint c = ") + e + " % BN, kk = " + e + " / BN;" : std::string("uint kk = ") + e + " % BK, c = " + e + " / BK;";
-  };
+  auto a_index = [&](const char* e) { return a_tile_index(a_k_first, e); };
+  auto b_index = [&](const char* e) { return b_tile_index(b_n_first, e); };
   s += "void main() {\n"
        "  uint M = pc.p[0], N = pc.p[1], K = pc.p[2];\n"
        "  uint lid = gl_LocalInvocationID.x;\n"
