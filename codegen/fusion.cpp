@@ -312,6 +312,7 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
         candidates.pop();
         const Node& node = g.node(v);
         if (inside(v) || scalar_constant(node)) continue;  // constants: placed with the kernel's reads below
+        if (!has_kernel(g, v, limits.view_alignment)) continue;  // a view (an exact round too): read in place
         // A matmul becomes the kernel's core when it has the kernel's shape (every element of the
         // chain is one of its products) and the kernel has none yet.
         const std::vector<ValueId> reductions = row_reductions(g, root, members);

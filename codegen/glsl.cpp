@@ -824,7 +824,7 @@ bool cast16(const ir::Graph& g, const Node& n) { return n.op == Op::cast && (is_
 
 std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
   const Node& n = g.node(v);
-  if (n.op == Op::reshape || head_view(g, v) || half_view(g, v)) return 0;
+  if (n.op == Op::reshape || head_view(g, v) || half_view(g, v) || exact_round(g, v)) return 0;
   if (n.op != Op::slice || alignment <= 0) return std::nullopt;
   const ir::Shape& in = g.node(n.inputs[0]).shape;
   std::int64_t inner = 1;
@@ -914,32 +914,45 @@ DType held_dtype(const ir::Graph& g, ir::ValueId v) {
   return half_view(g, v) ? g.node(g.node(v).inputs[0]).dtype : DType::f32;
 }
 
-namespace {
-
-/// Whether every value of v is an f16 number: v is held in f16, rounds to f16, is the cast of
-/// an f16 value, or moves such values (a view, a permute, a slice, a broadcast, a concat).
-bool f16_values(const ir::Graph& g, ir::ValueId v) {
+bool rounded_to(const ir::Graph& g, ir::ValueId v, DType dtype) {
   const Node& n = g.node(v);
-  if (n.dtype == DType::f16 || held_dtype(g, v) == DType::f16 || n.op == Op::round_f16) return true;
+  if (n.dtype == dtype || n.op == (dtype == DType::f16 ? Op::round_f16 : Op::round_bf16)) return true;
   switch (n.op) {
-    case Op::cast: return g.node(n.inputs[0]).dtype == DType::f16;
+    case Op::cast: return g.node(n.inputs[0]).dtype == dtype;
     case Op::reshape:
     case Op::permute:
     case Op::slice:
-    case Op::broadcast_to: return f16_values(g, n.inputs[0]);
-    case Op::concat: return f16_values(g, n.inputs[0]) && f16_values(g, n.inputs[1]);
+    case Op::broadcast_to:
+    case Op::neg: return rounded_to(g, n.inputs[0], dtype);
+    case Op::concat: return rounded_to(g, n.inputs[0], dtype) && rounded_to(g, n.inputs[1], dtype);
+    case Op::where: return rounded_to(g, n.inputs[1], dtype) && rounded_to(g, n.inputs[2], dtype);
     default: return false;
   }
 }
 
-}  // namespace
+bool exact_round(const ir::Graph& g, ir::ValueId v) {
+  const Node& n = g.node(v);
+  if (n.op != Op::round_f16 && n.op != Op::round_bf16) return false;
+  // Only of a value stored anyway (an elementwise operand is cheaper computed inside the
+  // kernels that read the round, as a round of it is).
+  switch (g.node(n.inputs[0]).op) {
+    case Op::reshape:
+    case Op::permute:
+    case Op::slice:
+    case Op::concat:
+    case Op::cast:
+    case Op::round_f16:
+    case Op::round_bf16: return rounded_to(g, n.inputs[0], n.op == Op::round_f16 ? DType::f16 : DType::bf16);
+    default: return false;
+  }
+}
 
 namespace detail {
 
 MatmulDtypes matmul_dtypes(const ir::Graph& g, ir::ValueId mm, bool own_output) {
   const Node& n = g.node(mm);
   MatmulDtypes d{held_dtype(g, n.inputs[0]), held_dtype(g, n.inputs[1]), own_output ? held_dtype(g, mm) : DType::f32, false};
-  d.f16_values = f16_values(g, n.inputs[0]) && f16_values(g, n.inputs[1]);
+  d.f16_values = rounded_to(g, n.inputs[0], DType::f16) && rounded_to(g, n.inputs[1], DType::f16);
   return d;
 }
 
@@ -1164,6 +1177,8 @@ std::string emit_glsl(const ir::Graph& g, const FusionLimits& limits, const Targ
       out += head + "read in place, %" + std::to_string(n.inputs[0]) + " from byte " + std::to_string(*view_offset(g, v, limits.view_alignment)) + ")\n";
     else if (head_view(g, v))
       out += head + "the flash kernels read %" + std::to_string(n.inputs[0]) + " in place through its strides)\n";
+    else if (exact_round(g, v))
+      out += head + "its operand %" + std::to_string(n.inputs[0]) + "'s values are already " + (n.op == Op::round_f16 ? "f16" : "bf16") + " numbers)\n";
     else if (half_view(g, v))
       out += head + "its readers load %" + std::to_string(n.inputs[0]) + "'s " + std::string(dtype_name(g.node(n.inputs[0]).dtype)) +
              " values in place, widening each)\n";

@@ -99,7 +99,7 @@ bool has_kernel(const ir::Node& n);
 /// the flash and matmul kernels, always alone (never fused), converting contiguous elements.
 bool cast16(const ir::Graph& g, const ir::Node& n);
 /// Where node v's value lies in its operand's storage when it is a view and needs no kernel: a
-/// reshape at byte 0; a slice whose elements are contiguous in its operand (every dim before
+/// reshape, a head view, a half view or an exact round at byte 0; a slice whose elements are contiguous in its operand (every dim before
 /// the axis is 1, those after it static) at begin * inner size * 4 bytes, when that is a
 /// multiple of `alignment` (a descriptor's offset must be: minStorageBufferOffsetAlignment);
 /// alignment 0 views no slice. nullopt for every other node.
@@ -119,6 +119,15 @@ bool half_view(const ir::Graph& g, ir::ValueId v);
 /// masked or flex) or a matmul, when v is no result: v's kernel writes its output rounded into
 /// the cast's 16-bit storage, and the cast has no kernel. -1 otherwise.
 ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v);
+/// Whether every value of v is a `dtype` (f16 or bf16) number: v has that dtype, rounds to it,
+/// is the cast of such a value, or moves such values (a reshape, permute, slice, broadcast,
+/// concat, negation or select of them). In a half graph (ir::emulate_half_precision) every
+/// value the original graph typed f16 is one.
+bool rounded_to(const ir::Graph& g, ir::ValueId v, DType dtype);
+/// Whether v is a round_f16 or round_bf16 of values already of its dtype (a half graph rounds
+/// the result of every half op, a permute's or a slice's too) held in a layout op's, a cast's
+/// or a round's storage: the identity, so a view of that storage with no kernel (view_offset).
+bool exact_round(const ir::Graph& g, ir::ValueId v);
 /// The dtype v's storage holds: f16 or bf16 for a half-typed value, a half view and a flash or
 /// matmul output narrowed into a cast, f32 for the rest (bool and i32 values are held as floats).
 DType held_dtype(const ir::Graph& g, ir::ValueId v);

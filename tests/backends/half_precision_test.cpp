@@ -228,6 +228,40 @@ ir::Graph matmuls(DType dtype) {
   return g;
 }
 
+TEST(HalfPrecisionVulkan, RoundsOfValuesAlreadyRoundedAreViews) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  // A half graph rounds every half op's result, a permute's, a slice's and a concat's of rounded
+  // values too: those rounds are the identity, views of their operands with no kernel.
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    ir::Graph g;
+    const ir::ValueId x = g.add_input("x", dtype, {6, g.symbol("N")});
+    const ir::ValueId t = g.add(ir::Op::tanh, {x});
+    ir::Attrs swap, rows, axis0;
+    swap.perm = {1, 0};
+    rows.axis = 1;
+    rows.begin = 2;
+    rows.end = 5;
+    axis0.axis = 0;
+    const ir::ValueId p = g.add(ir::Op::permute, {t}, swap);  // [N, 6]
+    const ir::ValueId s = g.add(ir::Op::slice, {p}, rows);    // [N, 3]
+    g.set_output("y", g.add(ir::Op::exp, {g.add(ir::Op::concat, {s, s}, axis0)}));
+    auto exe = vulkan->compile(g);
+    int views = 0;
+    for (std::size_t i = 0; i < exe->graph().size(); ++i) {
+      const ir::Node& n = exe->graph().nodes()[i];
+      if (n.op != ir::Op::round_f16 && n.op != ir::Op::round_bf16) continue;
+      const ir::Op of = exe->graph().node(n.inputs[0]).op;
+      if (of != ir::Op::permute && of != ir::Op::slice && of != ir::Op::concat) continue;
+      const std::string kernel = vulkan->kernel_name(exe->graph(), static_cast<ir::ValueId>(i));
+      EXPECT_TRUE(kernel.starts_with("(view of")) << kernel;
+      ++views;
+    }
+    EXPECT_EQ(views, 3);
+    for (std::int64_t n : {1, 9}) testing::expect_equivalent(g, backend::random_inputs(g, {{"N", n}}, 13), *vulkan);
+  }
+}
+
 TEST(HalfPrecisionVulkan, MatmulsReadAndWriteTheir16BitBuffers) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   bool storage16 = false;
