@@ -227,12 +227,12 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
   const bool sixteen = is_half(out_dtype) || std::any_of(held.begin(), held.end(), [](DType t) { return is_half(t); });
   for (std::size_t i = 0; i < arrays.size(); ++i) {
     const DType t = held_in(i);
-    const char* element = t == DType::f16 ? "float16_t" : t == DType::bf16 ? "uint16_t" : "float";
+    const char* element = held_element(t);
     bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(i)) + ") readonly buffer B" + arrays[i] + " { " + element + " " +
                 arrays[i] + "[]; };\n";
   }
   bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size())) + ") writeonly buffer BOUT { " +
-              std::string(out_dtype == DType::f16 ? "float16_t" : out_dtype == DType::bf16 ? "uint16_t" : "float") + " OUT[]; };\n";
+              std::string(held_element(out_dtype)) + " OUT[]; };\n";
   bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size()) + 1) +
               ") buffer BCOUNTS { uint COUNTS[]; };  // scores in the tiles computed: low, high word\n";
 
@@ -246,8 +246,7 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
     const DType t = held_in(slot);
     // load_$A: an element as f32 (a 16-bit one widened exactly).
     const std::string e = std::string(o.array) + "[i]";
-    const std::string load = t == DType::f16 ? "float(" + e + ")" : t == DType::bf16 ? "uintBitsToFloat(uint(" + e + ") << 16)" : e;
-    readers += "float load_" + std::string(o.array) + "(uint i) { return " + load + "; }\n";
+    readers += "float load_" + std::string(o.array) + "(uint i) { return " + widened(t, e) + "; }\n";
     if (!o.vec4s) continue;
     readers += fill(R"(vec4 row4_$A(uint row, uint g) {
   uint at = $AT + row * $RS, d = 4u * g;
@@ -715,11 +714,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
        "    if (before + visited < before) atomicAdd(COUNTS[1], 1u);  // the low word wrapped\n"
        "  }\n";
   // Each row's result, in the output's dtype.
-  auto stored = [&](const std::string& value) {
-    return out_dtype == DType::f16    ? "float16_t(qkv_round_f16(" + value + "))"
-           : out_dtype == DType::bf16 ? "uint16_t(floatBitsToUint(qkv_round_bf16(" + value + ")) >> 16)"
-                                : value;
-  };
+  auto stored = [&](const std::string& value) { return narrowed(out_dtype, value); };
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
     return fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t) {
     if (own(t) >= $COUNT) continue;

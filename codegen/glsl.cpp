@@ -706,6 +706,26 @@ KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
   return {std::string(ir::op_name(n.op)) + "_r" + std::to_string(rank), s, arity + 1};
 }
 
+}  // namespace
+
+namespace detail {
+
+const char* held_element(DType t) { return t == DType::f16 ? "float16_t" : t == DType::bf16 ? "uint16_t" : "float"; }
+
+std::string widened(DType t, const std::string& element) {
+  return t == DType::f16 ? "float(" + element + ")" : t == DType::bf16 ? "uintBitsToFloat(uint(" + element + ") << 16)" : element;
+}
+
+std::string narrowed(DType t, const std::string& value) {
+  return t == DType::f16    ? "float16_t(qkv_round_f16(" + value + "))"
+         : t == DType::bf16 ? "uint16_t(floatBitsToUint(qkv_round_bf16(" + value + ")) >> 16)"
+                            : value;
+}
+
+}  // namespace detail
+
+namespace {
+
 /// Elements each invocation of a cast to or from a 16-bit float converts.
 constexpr std::int64_t kCastElements = 8;
 
@@ -716,23 +736,18 @@ constexpr std::int64_t kCastElements = 8;
 /// exact in 16 bits, whatever the device's conversion rounds to).
 KernelSource cast16_source(const ir::Graph& g, const Node& n) {
   const DType from = g.node(n.inputs[0]).dtype, to = n.dtype;
-  auto element = [](DType t) { return t == DType::f16 ? "float16_t" : t == DType::bf16 ? "uint16_t" : "float"; };
   std::string s = "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n";
   s += "layout(local_size_x = " + std::to_string(kWorkgroupSize) + ", local_size_y = 1) in;\n";
-  s += "layout(std430, binding = 0) readonly buffer In0 { " + std::string(element(from)) + " x0[]; };\n";
-  s += "layout(std430, binding = 1) writeonly buffer Out { " + std::string(element(to)) + " y[]; };\n";
+  s += "layout(std430, binding = 0) readonly buffer In0 { " + std::string(detail::held_element(from)) + " x0[]; };\n";
+  s += "layout(std430, binding = 1) writeonly buffer Out { " + std::string(detail::held_element(to)) + " y[]; };\n";
   s += "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
   s += helpers_for([&](Op op) { return (op == Op::round_f16 && to == DType::f16) || (op == Op::round_bf16 && to == DType::bf16); });
   s += "// p[0] = elements\nvoid main() {\n";
   s += "  uint first = (gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x) * " +
        std::to_string(kCastElements) + "u;\n";
   s += "  for (uint i = first; i < min(first + " + std::to_string(kCastElements) + "u, pc.p[0]); ++i) {\n";
-  s += from == DType::f16    ? "    float a = float(x0[i]);\n"
-       : from == DType::bf16 ? "    float a = uintBitsToFloat(uint(x0[i]) << 16);\n"
-                             : "    float a = x0[i];\n";
-  s += to == DType::f16    ? "    y[i] = float16_t(qkv_round_f16(a));\n"
-       : to == DType::bf16 ? "    y[i] = uint16_t(floatBitsToUint(qkv_round_bf16(a)) >> 16);\n"
-                           : "    y[i] = a;\n";
+  s += "    float a = " + detail::widened(from, "x0[i]") + ";\n";
+  s += "    y[i] = " + detail::narrowed(to, "a") + ";\n";
   s += "  }\n}\n";
   return {"cast_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)), s, 2};
 }

@@ -63,6 +63,14 @@ std::string kernel_header(int inputs);
 std::string linear_index();
 /// Workgroups of kernel_header's kernels for `total` elements (past 65535 along x, rows along y).
 std::array<std::uint32_t, 3> elementwise_groups(std::int64_t total);
+/// How a buffer holds values of `t` (GL_EXT_shader_16bit_storage for the 16-bit ones): f16 as
+/// float16_t, bf16 as the high half of an f32 in a uint16_t, every other dtype as float.
+const char* held_element(DType t);
+/// `element`, an expression of held_element(t), as an f32 (exact).
+std::string widened(DType t, const std::string& element);
+/// f32 `value` as a held_element(t), rounded to nearest even first (the value is then exact in
+/// 16 bits, whatever the device's conversion rounds to); calls qkv_round_f16 or qkv_round_bf16.
+std::string narrowed(DType t, const std::string& value);
 /// The GLSL helpers (qkv_log, qkv_tanh, qkv_erf) that any of `ops` calls, each once.
 std::string math_helpers_of(const std::vector<ir::Op>& ops);
 /// The GLSL helpers (qkv_log, qkv_tanh, qkv_erf) that a region's ops call, with qkv_log also

@@ -82,34 +82,28 @@ bool uses_lanes(const Target& target) {
   return target.cpu && target.matmul.invocations == 0 && sg >= 4 && sg <= 64 && (sg & (sg - 1)) == 0;
 }
 
-/// The GLSL element type of a buffer holding `t` (bf16 as the high half of an f32's bits).
-const char* element_type(DType t) { return t == DType::f16 ? "float16_t" : t == DType::bf16 ? "uint16_t" : "float"; }
-
 /// The operand and output buffers and push constants both matmul kernels declare, with the
 /// push-constant layout (matmul_launch's); A and B are read through ld0 and ld1, which widen a
 /// 16-bit element exactly, and the output written through st, which rounds to a 16-bit one.
 std::string bindings(int batch_rank, const MatmulDtypes& dtypes, const MatmulEpilogue* epilogue) {
   const int extra = epilogue ? epilogue->operands : 0;
-  std::string s = "layout(std430, binding = 0) readonly buffer In0 { " + std::string(element_type(dtypes.a)) + " x0[]; };\n" +
-                  "layout(std430, binding = 1) readonly buffer In1 { " + element_type(dtypes.b) + " x1[]; };\n";
+  std::string s = "layout(std430, binding = 0) readonly buffer In0 { " + std::string(held_element(dtypes.a)) + " x0[]; };\n" +
+                  "layout(std430, binding = 1) readonly buffer In1 { " + held_element(dtypes.b) + " x1[]; };\n";
   for (int k = 0; k < extra; ++k)
     s += "layout(std430, binding = " + std::to_string(2 + k) + ") readonly buffer In" + std::to_string(2 + k) + " { float x" + std::to_string(2 + k) + "[]; };\n";
-  s += "layout(std430, binding = " + std::to_string(2 + extra) + ") writeonly buffer Out { " + element_type(dtypes.out) + " y[]; };\n"
+  s += "layout(std430, binding = " + std::to_string(2 + extra) + ") writeonly buffer Out { " + held_element(dtypes.out) + " y[]; };\n"
        "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n"
        "// p[0..2] = M, N, K; p[3..6] = a's row and column strides, b's row and column strides;\n"
        "// then " + std::to_string(batch_rank) + " batch dims, a's and b's batch strides (elements)\n";
-  auto load = [](DType t, const std::string& e) {
-    return t == DType::f16 ? "float(" + e + ")" : t == DType::bf16 ? "uintBitsToFloat(uint(" + e + ") << 16)" : e;
-  };
-  s += "float ld0(uint i) { return " + load(dtypes.a, "x0[i]") + "; }\n";
-  s += "float ld1(uint i) { return " + load(dtypes.b, "x1[i]") + "; }\n";
+  s += "float ld0(uint i) { return " + widened(dtypes.a, "x0[i]") + "; }\n";
+  s += "float ld1(uint i) { return " + widened(dtypes.b, "x1[i]") + "; }\n";
   if (epilogue) s += "\n// The epilogue: what each store writes.\n" + epilogue->glsl + "\n";
   else s += "float qkv_epilogue(float acc, uint row, uint col) { return acc; }\nvoid qkv_epilogue_batch(uint batch) {}\n";
   // The rounding helper, unless the epilogue's helpers define it.
   auto helper = [&](ir::Op round, const char* name) { return s.find(name) != std::string::npos ? std::string() : math_helpers_of({round}); };
-  if (dtypes.out == DType::f16) s += helper(ir::Op::round_f16, "float qkv_round_f16(") + "void st(uint i, float v) { y[i] = float16_t(qkv_round_f16(v)); }\n";
-  else if (dtypes.out == DType::bf16) s += helper(ir::Op::round_bf16, "float qkv_round_bf16(") + "void st(uint i, float v) { y[i] = uint16_t(floatBitsToUint(qkv_round_bf16(v)) >> 16); }\n";
-  else s += "void st(uint i, float v) { y[i] = v; }\n";
+  if (dtypes.out == DType::f16) s += helper(ir::Op::round_f16, "float qkv_round_f16(");
+  if (dtypes.out == DType::bf16) s += helper(ir::Op::round_bf16, "float qkv_round_bf16(");
+  s += "void st(uint i, float v) { y[i] = " + narrowed(dtypes.out, "v") + "; }\n";
   return s;
 }
 

@@ -115,6 +115,14 @@ std::array<std::uint32_t, 3> chosen_fragment(const std::vector<vk::CooperativeMa
   return best;
 }
 
+std::array<std::uint32_t, 3> offered_fragment(const vk::raii::PhysicalDevice& d, bool has_extension) {
+  if (!has_extension || !d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
+                             .get<vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
+                             .cooperativeMatrix)
+    return {};
+  return chosen_fragment(d.getCooperativeMatrixPropertiesNV());
+}
+
 SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d) {
   SubgroupSupport r;
   if (d.getProperties().apiVersion < VK_API_VERSION_1_1) return r;
@@ -236,11 +244,7 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
       float16.pNext = chain;
       chain = &float16;
     }
-    if (float16_ && storage16_ && has(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) &&
-        physical_.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
-            .get<vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
-            .cooperativeMatrix)
-      cooperative_fragment_ = chosen_fragment(physical_.getCooperativeMatrixPropertiesNV());
+    if (float16_ && storage16_) cooperative_fragment_ = offered_fragment(physical_, has(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME));
     if (cooperative_fragment_[0] != 0) {
       enabled.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
       cooperative.cooperativeMatrix = VK_TRUE;

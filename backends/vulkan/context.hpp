@@ -104,6 +104,9 @@ SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d);
 /// (vkGetPhysicalDeviceCooperativeMatrixPropertiesNV): f16 x f16 into f32 in a subgroup, 16 x 16
 /// x 16 where offered, else the largest with sides multiples of 8 up to 32; all 0 for none.
 std::array<std::uint32_t, 3> chosen_fragment(const std::vector<vk::CooperativeMatrixPropertiesNV>& offered);
+/// chosen_fragment of what device d offers where it has VK_NV_cooperative_matrix
+/// (`has_extension`) with its feature; all 0 otherwise.
+std::array<std::uint32_t, 3> offered_fragment(const vk::raii::PhysicalDevice& d, bool has_extension);
 
 /// "discrete", "integrated", "virtual", "cpu" or "other".
 const char* device_type_name(vk::PhysicalDeviceType t);

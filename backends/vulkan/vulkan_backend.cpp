@@ -580,10 +580,7 @@ std::vector<VulkanDeviceInfo> vulkan_devices() {
                              .get<vk::PhysicalDevice16BitStorageFeatures>()
                              .storageBuffer16BitAccess;
       info.cooperative_matrix = has("VK_KHR_cooperative_matrix") || has("VK_NV_cooperative_matrix");
-      if (has(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) && d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
-                                                              .get<vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
-                                                              .cooperativeMatrix)
-        info.cooperative_fragment = vk_detail::chosen_fragment(d.getCooperativeMatrixPropertiesNV());
+      info.cooperative_fragment = vk_detail::offered_fragment(d, has(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME));
       for (const auto& q : d.getQueueFamilyProperties())
         if (q.queueFlags & vk::QueueFlagBits::eCompute) {
           info.timestamps = q.timestampValidBits != 0 && p.limits.timestampPeriod > 0;
