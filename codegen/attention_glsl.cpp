@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <functional>
 #include <optional>
 
 #include "codegen/glsl_detail.hpp"
@@ -103,8 +104,10 @@ std::size_t modifier_tensors(const Node& n) {
   return ir::is_flex_attention(n.op) ? ir::modifier_tensor_count(n.op, n.attrs, n.inputs.size()) : 0;
 }
 
-/// The first specialization constant of the modifier's tensors: tensor i's dims are constant 5 + i.
-constexpr int kFirstTensorConstant = 5;
+/// Constant 5 selects the cooperative-matrix forward in kernels built with it (1 where its tiles
+/// fit the device's shared memory for the bound head dims); the modifier's tensors follow: tensor
+/// i's dims are constant 6 + i.
+constexpr int kCoopConstant = 5, kFirstTensorConstant = 6;
 
 /// The output's batch dims are the operands' broadcast batch dims, for every kind.
 int batch_rank(const Node& n) { return n.shape.rank - 2; }
@@ -189,6 +192,230 @@ std::string fill(std::string text, std::vector<std::pair<std::string, std::strin
   return text;
 }
 
+
+/// The cooperative-matrix forward (GL_NV_cooperative_matrix), for attention whose q, k and v are
+/// f16 values on a device with f16 fragments (Target::cooperative_matrix). A workgroup of
+/// kCoopSubgroups subgroups takes CM query rows each; q's rows are staged once in shared memory
+/// as f16 (exact: they are f16 values), and per tile of BC keys, k's and v's rows too. Each
+/// subgroup forms its scores CN keys at a time (q k^T, fragments accumulated in f32 and stored to
+/// shared memory), runs the online softmax on them in scalar code (every lane LPR-th of the
+/// columns of RPL of the rows: the modifier, masks and dropout exactly as the scalar kernel), writes
+/// p in f16 (as FlashAttention's f16 kernels and PyTorch's do: the one rounding the scalar kernel
+/// does not have), and multiplies p v CN columns of v at a time, each product stored to shared
+/// memory and added by its lanes to the output rows they keep in registers. A fragment's element
+/// layout is opaque, which is why the rescale of the output by the softmax goes through those
+/// registers rather than the accumulators. Emulated (Target::CooperativeMatrix::emulated), the
+/// two fragment products are scalar code over the same tiles, for devices without.
+constexpr std::uint32_t kCoopSubgroups = 4;
+
+/// Lanes per score row and rows per lane of a subgroup of `sg` over `m` rows (both 1 or more).
+std::pair<std::uint32_t, std::uint32_t> coop_lanes(std::uint32_t sg, std::uint32_t m) {
+  return sg >= m ? std::pair{sg / m, 1u} : std::pair{1u, m / sg};
+}
+
+/// Whether the target's fragment and subgroup suit the kernel: depth and columns divide the
+/// 16-key steps, the lanes of a row divide a fragment's columns, and the emulation's elements
+/// split evenly over the lanes.
+bool coop_target(const Target& t) {
+  const Target::CooperativeMatrix& cm = t.cooperative_matrix;
+  const std::uint32_t sg = t.subgroup_size;
+  if (cm.m == 0 || cm.n == 0 || cm.k == 0 || sg == 0 || 16 % cm.k != 0 || 16 % cm.n != 0) return false;
+  const std::uint32_t lanes = coop_lanes(sg, cm.m).first;
+  if ((sg >= cm.m ? sg % cm.m : cm.m % sg) != 0 || cm.n % lanes != 0 || cm.m * cm.n % sg != 0) return false;
+  return kCoopSubgroups * sg <= t.max_invocations;
+}
+
+std::int64_t round_up(std::int64_t v, std::int64_t to) { return (v + to - 1) / to * to; }
+
+/// Shared memory of the cooperative forward with tiles of `bc` keys (the layout in
+/// coop_declarations), and room for the flags and the tile tests' ranges.
+std::int64_t coop_shared_bytes(const Target& t, std::int64_t bc, std::int64_t d4, std::int64_t dv4) {
+  const Target::CooperativeMatrix& cm = t.cooperative_matrix;
+  const std::int64_t kd = round_up(4 * d4, cm.k), kv = round_up(4 * dv4, cm.n), br = kCoopSubgroups * cm.m;
+  return 2 * (br + bc) * (kd + 8) + 2 * bc * (kv + 8) + 4 * br * (bc + 4) + 2 * br * (bc + 8) + 512;
+}
+
+/// The key tile of the cooperative forward for these head dims: the largest of 64, 32 and 16
+/// (at most the target's override) whose tiles fit in shared memory, or 0 (then the kernel's
+/// scalar path runs).
+std::int64_t coop_tile(const Target& t, std::int64_t d4, std::int64_t dv4) {
+  for (std::int64_t bc : {64, 32, 16})
+    if ((t.attention_tile == 0 || bc <= t.attention_tile) && coop_shared_bytes(t, bc, d4, dv4) <= t.shared_bytes) return bc;
+  return 0;
+}
+
+/// The cooperative forward's constants (`constants`) or its shared tiles and fragment products.
+std::string coop_declarations(const Target& t, bool constants) {
+  const Target::CooperativeMatrix& cm = t.cooperative_matrix;
+  const auto [lanes, rows] = coop_lanes(t.subgroup_size, cm.m);
+  const auto u = [](std::uint32_t v) { return std::to_string(v) + "u"; };
+  std::string s = "layout(constant_id = " + std::to_string(kCoopConstant) +
+                  ") const uint COOP = 0u;  // 1: the cooperative-matrix path (its tiles fit)\n"
+                  "const uint CM = " + u(cm.m) + ", CN = " + u(cm.n) + ", CK = " + u(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n"
+                  "const uint SG = " + u(t.subgroup_size) + ", NSG = " + u(kCoopSubgroups) + ";  // invocations per subgroup, subgroups\n"
+                  "const uint LPR = " + u(lanes) + ", RPL = " + u(rows) + ";  // lanes per score row, rows per lane\n"
+                  "const uint KD = (4u * D4 + CK - 1u) / CK * CK, KV = (4u * DV4 + CN - 1u) / CN * CN;  // head dims, padded to fragments\n"
+                  "const uint QS = KD + 8u, VS = KV + 8u, SS = BC + 4u, PS = BC + 8u;  // shared row strides, padded to 16 bytes\n";
+  if (constants) return s;
+  s = "// Sized 1 when the scalar path runs.\n"
+                  "shared float16_t q_s[COOP * NSG * CM * QS + 1u - COOP];  // the workgroup's query rows\n"
+                  "shared float16_t k_s[COOP * BC * QS + 1u - COOP];        // the tile's keys\n"
+                  "shared float16_t v_s[COOP * BC * VS + 1u - COOP];        // their values\n"
+                  "shared float s_s[COOP * NSG * CM * SS + 1u - COOP];     // per subgroup: its scores, then a p v product\n"
+                  "shared float16_t p_s[COOP * NSG * CM * PS + 1u - COOP];  // per subgroup: its p\n\n";
+  if (!cm.emulated) {
+    s += R"(// Scores of subgroup sg's rows by keys c..c + CN of the tile, into s_s.
+void score_chunk(uint sg, uint c) {
+  fcoopmatNV<32, gl_ScopeSubgroup, CM, CN> acc = fcoopmatNV<32, gl_ScopeSubgroup, CM, CN>(0.0);
+  for (uint kk = 0u; kk < KD; kk += CK) {
+    fcoopmatNV<16, gl_ScopeSubgroup, CM, CK> a;
+    fcoopmatNV<16, gl_ScopeSubgroup, CK, CN> b;
+    coopMatLoadNV(a, q_s, sg * CM * QS + kk, QS, false);
+    coopMatLoadNV(b, k_s, c * QS + kk, QS, true);  // k^T: column n is key c + n
+    acc = coopMatMulAddNV(a, b, acc);
+  }
+  coopMatStoreNV(acc, s_s, sg * CM * SS + c, SS, false);
+}
+// p v for subgroup sg's rows, columns c..c + CN of v, into s_s's first CN columns.
+void pv_chunk(uint sg, uint c) {
+  fcoopmatNV<32, gl_ScopeSubgroup, CM, CN> acc = fcoopmatNV<32, gl_ScopeSubgroup, CM, CN>(0.0);
+  [[unroll]] for (uint kk = 0u; kk < BC; kk += CK) {
+    fcoopmatNV<16, gl_ScopeSubgroup, CM, CK> a;
+    fcoopmatNV<16, gl_ScopeSubgroup, CK, CN> b;
+    coopMatLoadNV(a, p_s, sg * CM * PS + kk, PS, false);
+    coopMatLoadNV(b, v_s, kk * VS + c, VS, false);
+    acc = coopMatMulAddNV(a, b, acc);
+  }
+  coopMatStoreNV(acc, s_s, sg * CM * SS, SS, false);
+}
+
+)";
+  } else {
+    s += R"(// Emulated fragments: invocation `lane` of the subgroup computes elements lane + j SG of each.
+const uint EL = CM * CN / SG;
+void score_chunk(uint sg, uint c) {
+  uint lane = gl_SubgroupInvocationID;
+  for (uint j = 0u; j < EL; ++j) {
+    uint e = lane + j * SG, r = sg * CM + e / CN, n = c + e % CN;
+    float sum = 0.0;
+    for (uint kk = 0u; kk < KD; ++kk) sum = fma(float(q_s[r * QS + kk]), float(k_s[n * QS + kk]), sum);
+    s_s[r * SS + n] = sum;
+  }
+}
+void pv_chunk(uint sg, uint c) {
+  uint lane = gl_SubgroupInvocationID;
+  for (uint j = 0u; j < EL; ++j) {
+    uint e = lane + j * SG, r = sg * CM + e / CN, n = e % CN;
+    float sum = 0.0;
+    for (uint kk = 0u; kk < BC; ++kk) sum = fma(float(p_s[r * PS + kk]), float(v_s[kk * VS + c + n]), sum);
+    s_s[r * SS + n] = sum;
+  }
+}
+
+)";
+  }
+  return s;
+}
+
+/// The cooperative forward's part of main: from the row operands to the stores (`skip`: the
+/// tile test, `counts`: the tile count's update, `stored`: an output value narrowed to its dtype).
+std::string coop_body(const Target& t, bool modifier, bool drop, const std::string& skip, const std::string& counts,
+                      const std::function<std::string(const std::string&)>& stored) {
+  const std::uint32_t lanes = coop_lanes(t.subgroup_size, t.cooperative_matrix.m).first;
+  const std::string shuffle_max = lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) mx = qkv_max(mx, subgroupShuffleXor(mx, w));\n" : "";
+  const std::string shuffle_sum = lanes > 1 ? "    for (uint w = 1u; w < LPR; w *= 2u) l[i] += subgroupShuffleXor(l[i], w);\n" : "";
+  return fill(R"(  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;
+  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart
+  // q's rows once, in f16 (exact: f16 values), zeros past N and past D.
+  for (uint x = lid; x < NSG * CM * (KD / 4u); x += INV) {
+    uint row = x / (KD / 4u), g = x % (KD / 4u);
+    vec4 v = g < D4 && r0 + row < N ? row4_Q(r0 + row, g) : vec4(0.0);
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) q_s[row * QS + 4u * g + e] = float16_t(v[e]);
+  }
+  float m[RPL], l[RPL];  // per row: the running max, and this lane's part of the sum of exp(s - m)
+  float o[RPL * (KV / LPR)];  // per row: this lane's columns of the output, sub + j LPR of each CN
+  [[unroll]] for (uint i = 0u; i < RPL; ++i) { m[i] = neg_inf(); l[i] = 0.0; }
+  [[unroll]] for (uint x = 0u; x < RPL * (KV / LPR); ++x) o[x] = 0.0;
+  for (uint t0 = lo; t0 < hi; t0 += BC) {
+    uint cols = min(BC, hi - t0);
+$SKIP    visited += rows * cols;
+    barrier();  // everyone is done with the previous tiles
+    for (uint x = lid; x < BC * (KD / 4u); x += INV) {
+      uint row = x / (KD / 4u), g = x % (KD / 4u);
+      vec4 v = row < cols && g < D4 ? row4_K(t0 + row, g) : vec4(0.0);
+      [[unroll]] for (uint e = 0u; e < 4u; ++e) k_s[row * QS + 4u * g + e] = float16_t(v[e]);
+    }
+    for (uint x = lid; x < BC * (KV / 4u); x += INV) {
+      uint row = x / (KV / 4u), g = x % (KV / 4u);
+      vec4 v = row < cols && g < DV4 ? row4_V(t0 + row, g) : vec4(0.0);
+      [[unroll]] for (uint e = 0u; e < 4u; ++e) v_s[row * VS + 4u * g + e] = float16_t(v[e]);
+    }
+    barrier();
+    for (uint c = 0u; c < BC; c += CN) score_chunk(sg, c);
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    // The online softmax, each lane over LPR-th of its rows' scores: the running max moves, and the
+    // sum and output are rescaled, only when the tile raises it.
+    [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+      uint wr = wr0 + i * (SG / LPR), qi = r0 + wr;
+      float sc[BC / LPR];
+      float mx = neg_inf();
+      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
+        uint c = sub + j * LPR;
+        sc[j] = neg_inf();
+        if (c < cols && qi < N && kept(qi, t0 + c)) sc[j] = $SCORE;
+        mx = qkv_max(mx, sc[j]);
+      }
+$SHUFFLEMAX      float m_new = qkv_max(m[i], mx);
+      if (m_new != m[i]) {  // also NaN, which then reaches l and o as in the decomposition
+        float alpha = exp(m[i] - (m_new == neg_inf() ? 0.0 : m_new));
+        l[i] *= alpha;
+        [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) o[i * (KV / LPR) + x] *= alpha;
+        m[i] = m_new;
+      }
+      float base = m[i] == neg_inf() ? 0.0 : m[i];  // no key yet: every exp is 0
+      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
+        uint c = sub + j * LPR;
+        float p = exp(sc[j] - base);
+        l[i] += p;
+$DROP        p_s[wr * PS + c] = float16_t(p);
+      }
+    }
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    // o += p v, CN columns of v at a time through s_s (the scores are read).
+    [[unroll]] for (uint c = 0u; c < KV / CN; ++c) {
+      pv_chunk(sg, c * CN);
+      subgroupMemoryBarrierShared();
+      subgroupBarrier();
+      [[unroll]] for (uint i = 0u; i < RPL; ++i)
+        [[unroll]] for (uint j = 0u; j < CN / LPR; ++j)
+          o[i * (KV / LPR) + c * (CN / LPR) + j] += s_s[(wr0 + i * (SG / LPR)) * SS + sub + j * LPR];
+      subgroupMemoryBarrierShared();
+      subgroupBarrier();  // read before the next product is stored
+    }
+  }
+  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+$SHUFFLESUM  }
+$COUNTS  // A row with no key has l = 0 and o = a sum of 0 * v: zeros, or NaN where v holds inf or NaN.
+  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+    uint qi = r0 + wr0 + i * (SG / LPR);
+    if (qi >= N) continue;
+    [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) {
+      uint col = x / (CN / LPR) * CN + sub + x % (CN / LPR) * LPR;
+      float y = o[i * (KV / LPR) + x];
+      if (col < DVR) OUT[out_at + qi * out_rs + col] = $STORED;
+    }
+  }
+)",
+              {{"SKIP", skip},
+               {"SCORE", modifier ? "score_mod(s_s[wr * SS + c] * scale, qi, t0 + c)" : "s_s[wr * SS + c] * scale"},
+               {"SHUFFLEMAX", shuffle_max},
+               {"SHUFFLESUM", shuffle_sum},
+               {"DROP", drop ? "        if (c < cols && qi < N) p *= dropout_factor(qi, t0 + c);  // the sum normalises the undropped weights\n" : ""},
+               {"COUNTS", counts},
+               {"STORED", stored("l[i] == 0.0 ? y : y / l[i]")}});
+}
 }  // namespace
 
 bool attention_fits(const Node& n) {
@@ -200,10 +427,20 @@ bool attention_fits(const Node& n) {
 
 bool attention_strided(const Node& n) { return ir::is_fused_attention(n.op) && batch_rank(n) <= kMostStridedBatchRank; }
 
+bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& target) {
+  const Node& n = g.node(v);
+  if (!ir::is_fused_attention(n.op) || kind_of(n) != Kind::forward || !coop_target(target)) return false;
+  for (std::size_t k = 0; k < 3; ++k)
+    if (!rounded_to(g, n.inputs[k], DType::f16)) return false;
+  return true;
+}
+
 int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n) + (attention_strided(n) ? 5 + 2 * batch_rank(n) : 0); }
 
-KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype) {
+KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, const Target* cooperative) {
   const Kind kind = kind_of(n);
+  // The forward with cooperative matrices beside its scalar path (coop_declarations).
+  const bool coop = cooperative && kind == Kind::forward;
   const int r = batch_rank(n);
   const bool causal = n.attrs.causal, mask = masked(n), drop = ir::has_dropout_seed(n.op, n.attrs);
   const bool key_rows = kind == Kind::dk || kind == Kind::dv;  // rows are keys, streaming queries
@@ -238,8 +475,10 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
 
   // Shared tiles, and a reader per head-dim operand: elements 4g..4g+3 of a row, 0 past its end.
   std::string tiles, readers;
+  const std::string scalar_only = coop ? "(1u - COOP) * " : "", sized_one = coop ? " + COOP" : "";  // 1 float when the cooperative path runs
   for (const Operand& o : streamed(kind))
-    tiles += o.vec4s ? std::string("shared vec4 ") + o.tile + "[BC * " + o.vec4s + "];\n" : std::string("shared float ") + o.tile + "[BC];\n";
+    tiles += o.vec4s ? std::string("shared vec4 ") + o.tile + "[" + scalar_only + "BC * " + o.vec4s + sized_one + "];\n"
+                     : std::string("shared float ") + o.tile + "[" + scalar_only + "BC" + sized_one + "];\n";
   for (const Operand& o : {kQ, kK, kV, kDy, kLse, kDelta}) {
     const auto slot = static_cast<std::size_t>(std::find(arrays.begin(), arrays.end(), o.array) - arrays.begin());
     if (slot == arrays.size()) continue;
@@ -417,7 +656,7 @@ Iv range_read(uint at, bool along_both) {
   }
   std::string s = fill(R"(#version 450
 #extension GL_EXT_control_flow_attributes : require
-$SIXTEEN// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
+$SIXTEEN$COOPEXT// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
 // and streams the $OTHERS through shared memory BC at a time.
 // p[0] N queries, p[1] M keys, p[2] D, p[3] Dv, p[4] scale (float bits), p[5] causal shift
 // (int bits), p[6] window, p[7..8] the keep-mask's query and key strides, p[9..] $R batch dims,
@@ -427,11 +666,11 @@ layout(constant_id = 0) const uint D4 = 1u;   // q and k's head dim in vec4s (ro
 layout(constant_id = 1) const uint DV4 = 1u;  // v's head dim in vec4s
 layout(constant_id = 2) const uint BC = 1u;   // streamed rows per shared tile
 layout(constant_id = 4) const uint RPT = 1u;  // rows per invocation, chosen per device
-$SPECSconst uint INV = gl_WorkGroupSize.x, BR = INV * RPT;
+$SPECS$COOPCONSTSconst uint INV = gl_WorkGroupSize.x, BR = $BR;
 const int R = $R;
 $BINDINGSlayout(push_constant) uniform Params { uint p[$WORDS]; } pc;
 
-$TILESshared uint nonfinite;
+$COOPDECL$TILESshared uint nonfinite;
 
 uint N, M, DR, DVR;  // the bound sizes
 float scale;
@@ -486,6 +725,18 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                         {"TILES", tiles},
                         {"READERS", readers + helpers},
                         {"SPECS", specs},
+                        {"COOPEXT", !coop ? ""
+                                    : std::string("#extension GL_KHR_shader_subgroup_basic : require\n"
+                                                  "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n") +
+                                          (coop_lanes(cooperative->subgroup_size, cooperative->cooperative_matrix.m).first > 1
+                                               ? "#extension GL_KHR_shader_subgroup_shuffle : require\n"
+                                               : "") +
+                                          (cooperative->cooperative_matrix.emulated
+                                               ? ""
+                                               : "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n")},
+                        {"COOPCONSTS", coop ? coop_declarations(*cooperative, true) : ""},
+                        {"COOPDECL", coop ? coop_declarations(*cooperative, false) : ""},
+                        {"BR", coop ? "COOP * NSG * CM + (1u - COOP) * INV * RPT" : "INV * RPT"},
                         {"TGLOBALS", tensor_globals},
                         {"MODIFIER", modifier_text},
                         {"TENSORAT", tensor_at},
@@ -548,6 +799,7 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
   s += "  uint visited = 0u;  // scores in the tiles computed\n";
   if (!ranged.empty()) s += "  if (lid == 0u) { range_clear(0u); range_clear(1u); }\n  barrier();\n";
 
+  const std::size_t body_at = s.size();  // the scalar path's part of main, from here
   // The row operands, in registers; rows past the end hold zeros.
   auto load_rows = [&](const char* reg, const Operand& o) {
     return fill(R"(  vec4 $REG[RPT * $G];
@@ -582,9 +834,10 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
   // The tile loop: load the tiles, then each invocation's rows against every tile row c.
   s += "  for (uint t0 = lo; t0 < hi; t0 += BC) {\n"
        "    uint cols = min(BC, hi - t0);\n";
-  if (tests_tiles)
-    s += key_rows ? "    if (may_skip && tile_masked(t0, t0 + cols - 1u, r0, r0 + rows - 1u)) continue;\n"
-                  : "    if (may_skip && tile_masked(r0, r0 + rows - 1u, t0, t0 + cols - 1u)) continue;\n";
+  const std::string skip = !tests_tiles ? ""
+                           : key_rows    ? "    if (may_skip && tile_masked(t0, t0 + cols - 1u, r0, r0 + rows - 1u)) continue;\n"
+                                         : "    if (may_skip && tile_masked(r0, r0 + rows - 1u, t0, t0 + cols - 1u)) continue;\n";
+  s += skip;
   s += "    visited += rows * cols;\n"
        "    barrier();  // everyone is done with the previous tiles\n";
   for (const Operand& o : streamed(kind))
@@ -709,10 +962,12 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   s += "  }\n\n";
 
   // The scores this workgroup computed, added to a 64-bit count as two words.
-  s += "  if (lid == 0u && visited > 0u) {\n"
-       "    uint before = atomicAdd(COUNTS[0], visited);\n"
-       "    if (before + visited < before) atomicAdd(COUNTS[1], 1u);  // the low word wrapped\n"
-       "  }\n";
+  const std::string counts =
+      "  if (lid == 0u && visited > 0u) {\n"
+      "    uint before = atomicAdd(COUNTS[0], visited);\n"
+      "    if (before + visited < before) atomicAdd(COUNTS[1], 1u);  // the low word wrapped\n"
+      "  }\n";
+  s += counts;
   // Each row's result, in the output's dtype.
   auto stored = [&](const std::string& value) { return narrowed(out_dtype, value); };
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
@@ -738,8 +993,16 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
     case Kind::dk: s += store("acc", "D4", "DR", "M", "$REG[t * D4 + g][e] * scale"); break;
     case Kind::dv: s += store("acc", "DV4", "DVR", "M", "$REG[t * DV4 + g][e]"); break;
   }
+  if (coop) {  // the scalar path, and beside it the cooperative one
+    const std::string scalar = s.substr(body_at);
+    s.resize(body_at);
+    s += "  if (COOP != 0u) {\n" + indented(coop_body(*cooperative, n.region != nullptr, drop, skip, counts, stored), "  ") + "  } else {\n" +
+         indented(scalar, "  ") + "  }\n";
+  }
   s += "}\n";
-  std::string name = "flash_attention_" + kind_name(kind) + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
+  const Target::CooperativeMatrix* cm = coop ? &cooperative->cooperative_matrix : nullptr;
+  std::string name = "flash_attention_" + kind_name(kind) +
+                     (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
                      (drop ? "_dropout" : "") + "_b" + str(r);
   return {name, s, static_cast<int>(arrays.size()) + 2, true};
 }
@@ -822,8 +1085,15 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   if (bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > shared)
     throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " needs more than " + str(shared) +
                            " bytes of shared memory for one row of keys");
-  const Geometry geo = geometry(target, kind);
-  l.specialization = {push_word(d4), push_word(dv4), push_word(bc), geo.invocations, geo.rows_per_invocation};
+  Geometry geo = geometry(target, kind);
+  // A kernel with the cooperative forward takes it where its tiles fit (coop_tile), its scalar
+  // path otherwise; constant 5 says which (other kernels have no constant 5: ignored).
+  const std::int64_t coop_bc = attention_cooperative(g, v, target) ? coop_tile(target, d4, dv4) : 0;
+  if (coop_bc > 0) {
+    bc = coop_bc;
+    geo = {kCoopSubgroups * target.subgroup_size, 1};
+  }
+  l.specialization = {push_word(d4), push_word(dv4), push_word(bc), geo.invocations, geo.rows_per_invocation, coop_bc > 0 ? 1u : 0u};
   // The modifier's tensors: which of the scores' r + 2 dims each spans (constant 5 + i).
   for (std::size_t i = 0; i < modifier_tensors(n); ++i) {
     const Shape& ts = in(ir::fixed_operands(n.op) + i);
@@ -836,7 +1106,7 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   }
 
   const std::int64_t rows = kind == Kind::dk || kind == Kind::dv ? mk : nq;
-  const std::int64_t per_group = geo.invocations * geo.rows_per_invocation;  // BR
+  const std::int64_t per_group = coop_bc > 0 ? kCoopSubgroups * target.cooperative_matrix.m : geo.invocations * geo.rows_per_invocation;  // BR
   const std::int64_t x = std::max<std::int64_t>((rows + per_group - 1) / per_group, 1);
   const std::int64_t y = std::clamp<std::int64_t>(batches, 1, 65535), z = std::max<std::int64_t>((batches + y - 1) / y, 1);
   if (x > 65535 || z > 65535)

@@ -1087,7 +1087,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     QKV_ATTENTION_CASES {
       std::vector<DType> held;  // q, k, v, dy
       for (std::size_t k = 0; k < std::min<std::size_t>(n.inputs.size(), 4); ++k) held.push_back(held_dtype(g, n.inputs[k]));
-      return detail::attention_source(n, held, held_dtype(g, v));
+      return detail::attention_source(n, held, held_dtype(g, v), detail::attention_cooperative(g, v, target) ? &target : nullptr);
     }
     case Op::input:
     case Op::reshape:

@@ -429,8 +429,13 @@ class VulkanBackend final : public Backend {
           "vulkan: the emulated cooperative-matrix kernel (QKV_VULKAN_COOPERATIVE_MATRIX=emulate) needs f16 arithmetic, 16-bit "
           "storage and subgroups, which " +
           ctx_->device_name() + " lacks");
-    if (o.cooperative_matrix == C::emulated) target_.cooperative_matrix = {16, 16, 16, true};
-    else if (o.cooperative_matrix != C::off && fragment[0] != 0) target_.cooperative_matrix = {fragment[0], fragment[1], fragment[2], false};
+    if (o.cooperative_matrix == C::emulated) {
+      const auto& f = o.emulated_fragment;
+      if (f[0] == 0 || f[1] == 0 || f[2] == 0 || f[0] * f[1] % ctx_->subgroup_size() != 0)
+        throw BackendError("vulkan: an emulated fragment of " + std::to_string(f[0]) + " x " + std::to_string(f[1]) + " x " + std::to_string(f[2]) +
+                           " does not split over subgroups of " + std::to_string(ctx_->subgroup_size()));
+      target_.cooperative_matrix = {f[0], f[1], f[2], true};
+    } else if (o.cooperative_matrix != C::off && fragment[0] != 0) target_.cooperative_matrix = {fragment[0], fragment[1], fragment[2], false};
     if (o.matmul_geometry[0] != 0) {
       const auto& m = o.matmul_geometry;
       target_.matmul = {m[0], m[1], m[2], m[3], m[4]};
@@ -542,7 +547,7 @@ std::string VulkanDeviceInfo::capabilities() const {
          " KiB shared memory, " + std::to_string(max_invocations) + " invocations per workgroup, f16 " + yes(float16) + ", int8 " + yes(int8) +
          ", 16-bit storage " + yes(storage16) + ", cooperative matrix " +
          (cooperative_fragment[0] != 0 ? "f16 " + std::to_string(cooperative_fragment[0]) + "x" + std::to_string(cooperative_fragment[1]) + "x" +
-                                             std::to_string(cooperative_fragment[2]) + " (VK_NV, f16 matmuls use it)"
+                                             std::to_string(cooperative_fragment[2]) + " (VK_NV, f16 matmuls and attention use it)"
           : cooperative_matrix ? std::string("yes (VK_KHR only: unused)")
                                : std::string("no")) +
          ", timestamps " + yes(timestamps);

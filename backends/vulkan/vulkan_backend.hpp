@@ -47,6 +47,11 @@ struct VulkanOptions {
   /// kernel with its fragment operations as scalar code, on any device with f16 arithmetic (to
   /// test the kernel where no device has cooperative matrices).
   enum class CooperativeMatrix { automatic, off, on, emulated } cooperative_matrix = CooperativeMatrix::automatic;
+  /// The fragment (rows, columns, depth) the emulated kernels use: NVIDIA's 16 x 16 x 16 by
+  /// default; tests pick others to run the kernels' other lane layouts on the subgroups at hand
+  /// (4 x 8 x 8 gives lavapipe's subgroups of 8 two lanes per score row, as NVIDIA's 32 lanes
+  /// over 16 rows).
+  std::array<std::uint32_t, 3> emulated_fragment{16, 16, 16};
 };
 
 /// Options from the environment variables named above.

@@ -4,10 +4,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
+#include "backends/reference/reference_backend.hpp"
 #include "backends/vulkan/context.hpp"
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "dsl/dsl.hpp"
+#include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
 #include "tests/support/backend_fixture.hpp"
 
@@ -402,6 +405,114 @@ TEST(CooperativeMatrixVulkan, TheKernelMatchesTheReferenceEmulatedOrOnTheDevice)
   auto bf16 = coop->compile(matmuls(DType::bf16));
   for (std::size_t i = 0; i < bf16->graph().size(); ++i)
     EXPECT_FALSE(coop->kernel_name(bf16->graph(), static_cast<ir::ValueId>(i)).find("coop") != std::string::npos);
+}
+
+/// A vulkan backend multiplying f16 values with cooperative matrices: the device's where one has
+/// them, else emulated with `fragment` (rows, columns, depth); nullptr where the device lacks
+/// what the emulation needs (f16 arithmetic).
+std::unique_ptr<backend::Backend> cooperative_backend(std::array<std::uint32_t, 3> fragment = {16, 16, 16}) {
+  auto options = backend::vulkan_options_from_env();
+  options.cooperative_matrix =
+      any_cooperative_matrix() ? backend::VulkanOptions::CooperativeMatrix::on : backend::VulkanOptions::CooperativeMatrix::emulated;
+  options.emulated_fragment = fragment;
+  try {
+    return backend::make_vulkan_backend(options);
+  } catch (const BackendError&) {
+    return nullptr;
+  }
+}
+
+/// Whether the attention forward of the compiled graph runs the cooperative-matrix kernel.
+bool attention_is_cooperative(backend::Backend& b, const ir::Graph& g) {
+  auto exe = b.compile(g);
+  for (std::size_t i = 0; i < exe->graph().size(); ++i)
+    if (ir::is_fused_attention(exe->graph().nodes()[i].op) &&
+        b.kernel_name(exe->graph(), static_cast<ir::ValueId>(i)).find("flash_attention_forward_coop") != std::string::npos)
+      return true;
+  return false;
+}
+
+TEST(CooperativeMatrixVulkan, AttentionForwardMatchesTheReferenceEmulatedOrOnTheDevice) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  // Every forward case of the fused attention ops (causal, windows, keep-masks, score modifiers
+  // that mask whole tiles, dropout) in f16, through the cooperative forward: q k^T and p v as
+  // fragment products, the online softmax in scalar code between them.
+  auto coop = cooperative_backend();
+  if (!coop) GTEST_SKIP() << "no f16 arithmetic for the emulated kernel";
+  int cooperative = 0;
+  for (const auto& rc :
+       testing::registry_cases([](ir::Op op) { return op == ir::Op::attention || op == ir::Op::masked_attention || op == ir::Op::flex_attention; })) {
+    SCOPED_TRACE(testing::case_label(rc));
+    const ir::Graph h = ir::to_dtype(ir::case_graph(rc.op, rc.c), DType::f16);
+    cooperative += attention_is_cooperative(*coop, h);
+    testing::expect_equivalent(h, testing::inputs_in_dtype(testing::case_inputs(rc.c, 1234 + rc.index), DType::f16), *coop);
+  }
+  EXPECT_GE(cooperative, 10);
+  // Past one workgroup's 64 query rows and one tile's keys, head dims that are no multiple of a
+  // fragment's (q and k 40, v 24), causal; and bf16, whose values are no f16 values: the scalar kernel.
+  auto sdpa = [](DType dtype, bool causal) {
+    ir::Graph g;
+    const ir::ValueId q = g.add_input("q", dtype, {2, 77, 40}), k = g.add_input("k", dtype, {2, 100, 40}), v = g.add_input("v", dtype, {2, 100, 24});
+    ir::Attrs a;
+    a.value = 0.16;
+    a.causal = causal;
+    a.align = ir::CausalAlign::bottom_right;
+    g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
+    return g;
+  };
+  for (bool causal : {false, true}) {
+    const ir::Graph g = sdpa(DType::f16, causal);
+    EXPECT_TRUE(attention_is_cooperative(*coop, g));
+    testing::expect_equivalent(g, backend::random_inputs(g, {}, 21), *coop);
+  }
+  EXPECT_FALSE(attention_is_cooperative(*coop, sdpa(DType::bf16, false)));
+  // Two lanes per score row, as NVIDIA's 32 lanes over 16 rows (subgroup shuffles combine a row's
+  // max and sum): a 4 x 8 x 8 fragment over lavapipe's subgroups of 8.
+  if (!any_cooperative_matrix() && backend::vulkan_devices().front().subgroup_size == 8) {
+    auto narrow = cooperative_backend({4, 8, 8});
+    ASSERT_TRUE(narrow);
+    for (bool causal : {false, true}) {
+      const ir::Graph g = sdpa(DType::f16, causal);
+      EXPECT_TRUE(attention_is_cooperative(*narrow, g));
+      testing::expect_equivalent(g, backend::random_inputs(g, {}, 22), *narrow);
+    }
+  }
+}
+
+TEST(CooperativeMatrixVulkan, AttentionForwardPropagatesNanAndInfAsTheReference) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  auto coop = cooperative_backend();
+  if (!coop) GTEST_SKIP() << "no f16 arithmetic for the emulated kernel";
+  // A NaN in q, an inf in k and in v: NaN rows where the reference has them (p = 0 times an
+  // infinite v is NaN, as in the decomposition), finite values elsewhere.
+  ir::Graph g;
+  const ir::ValueId q = g.add_input("q", DType::f16, {1, 70, 16}), k = g.add_input("k", DType::f16, {1, 50, 16}),
+                    v = g.add_input("v", DType::f16, {1, 50, 16});
+  ir::Attrs a;
+  a.value = 0.25;
+  a.causal = true;
+  g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
+  ASSERT_TRUE(attention_is_cooperative(*coop, g));
+  auto in = backend::random_inputs(g, {}, 5);
+  auto poke = [&](const char* name, std::int64_t at, float value) {
+    Tensor wide = in.at(name).to(DType::f32);
+    wide.data<float>()[at] = value;
+    in[name] = wide.to(DType::f16);
+  };
+  poke("q", 3 * 16 + 2, std::numeric_limits<float>::quiet_NaN());
+  poke("k", 40 * 16 + 1, std::numeric_limits<float>::infinity());
+  poke("v", 20 * 16 + 5, -std::numeric_limits<float>::infinity());
+  auto want = backend::make_reference_backend({backend::Precision::f64, true})->compile(g)->run(in).at("out");
+  auto have = coop->compile(g)->run(in).at("out");
+  int nan = 0;
+  for (std::int64_t i = 0; i < want.numel(); ++i) {
+    const double w = want.at(i), h = have.at(i);
+    nan += std::isnan(w);
+    if (std::isnan(w)) EXPECT_TRUE(std::isnan(h)) << "element " << i;
+    else if (std::isinf(w)) EXPECT_EQ(h, w) << "element " << i;
+    else EXPECT_NEAR(h, w, 1e-2 * (1.0 + std::abs(w))) << "element " << i;
+  }
+  EXPECT_GT(nan, 16);
 }
 
 TEST(CooperativeMatrixVulkan, TheFragmentIsChosenAmongWhatTheDeviceOffers) {

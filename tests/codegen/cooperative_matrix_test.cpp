@@ -8,6 +8,8 @@
 #include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
+#include "ir/bind.hpp"
+#include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
 
 namespace qkv::codegen {
@@ -128,6 +130,85 @@ TEST(CooperativeMatrix, LaunchCoversTheOutputInWorkgroupTiles) {
   const KernelLaunch l = kernel_launch(g, mm, shapes, gpu());
   EXPECT_EQ(l.groups, (std::array<std::uint32_t, 3>{3, 2, 6}));
   EXPECT_EQ(l.specialization, std::vector<std::uint32_t>{128});
+}
+
+/// The fused attention node of a graph lowered for the vulkan backend, or -1.
+ir::ValueId fused_attention(const ir::Graph& g) {
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (ir::is_fused_attention(g.nodes()[i].op)) return static_cast<ir::ValueId>(i);
+  return -1;
+}
+
+TEST(CooperativeMatrix, AttentionForwardCompilesToValidSpirv) {
+  // Every forward case of the fused attention ops in f16 (masks, windows, modifiers, dropout),
+  // for NVIDIA's two fragments (32 lanes: two per score row) and emulated over subgroups of 8.
+  Target emulated = gpu();
+  emulated.subgroup_size = 8;
+  emulated.cooperative_matrix.emulated = true;
+  int cases = 0;
+  for (ir::Op op : {ir::Op::attention, ir::Op::masked_attention, ir::Op::flex_attention})
+    for (const ir::OpCase& c : ir::op_cases(op)) {
+      SCOPED_TRACE(std::string(ir::op_name(op)) + ": " + c.label);
+      const ir::Graph g = ir::lower_for_backend(ir::to_dtype(ir::case_graph(op, c), DType::f16), implements, ir::HalfInputs::kept);
+      const ir::ValueId a = fused_attention(g);
+      ASSERT_GE(a, 0);
+      for (const Target& t : {gpu(), gpu(16, 8, 16), emulated}) {
+        const KernelSource k = kernel_source(g, a, t);
+        EXPECT_NE(k.name.find(t.cooperative_matrix.emulated ? "_coop_emulated" : "_coop"), std::string::npos) << k.name;
+        EXPECT_EQ(k.glsl.find("coopMatMulAddNV") != std::string::npos, !t.cooperative_matrix.emulated) << k.name;
+        expect_valid_spirv(k);
+      }
+      ++cases;
+    }
+  EXPECT_GE(cases, 10);
+}
+
+TEST(CooperativeMatrix, OnlyAttentionForwardsOfF16ValuesTakeIt) {
+  auto sdpa = [](DType dtype) {
+    ir::Graph g;
+    const ir::ValueId q = g.add_input("q", dtype, {1, 8, 4096, 64});
+    ir::Attrs a;
+    a.value = 0.125;
+    g.set_output("out", g.add(ir::Op::attention, {q, q, q}, a));
+    return ir::lower_for_backend(g, implements, ir::HalfInputs::kept);
+  };
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const ir::Graph g = sdpa(dtype);
+    EXPECT_EQ(kernel_source(g, fused_attention(g), gpu()).name.find("coop"), std::string::npos) << dtype_name(dtype);
+  }
+  const ir::Graph g = sdpa(DType::f16);
+  EXPECT_EQ(kernel_source(g, fused_attention(g), Target{}).name.find("coop"), std::string::npos) << "a device without";
+  EXPECT_NE(kernel_source(g, fused_attention(g), gpu()).name.find("coop"), std::string::npos);
+  // The gradients keep their scalar kernels.
+  const ir::Graph backward = ir::lower_for_backend(ir::build_backward(sdpa(DType::f16), {"", {"q"}, {"out"}}), implements, ir::HalfInputs::kept);
+  for (std::size_t i = 0; i < backward.size(); ++i)
+    if (ir::is_fused_attention(backward.nodes()[i].op) && backward.nodes()[i].op != ir::Op::attention) {
+      EXPECT_EQ(kernel_source(backward, static_cast<ir::ValueId>(i), gpu()).name.find("coop"), std::string::npos);
+    }
+}
+
+TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
+  // Head dim 64 on 48 KiB: four subgroups of 16 query rows, tiles of 32 keys (constant 5: on).
+  auto launch = [](std::int64_t d) {
+    ir::Graph g;
+    const ir::ValueId q = g.add_input("q", DType::f16, {1, 8, 1000, d});
+    ir::Attrs a;
+    a.value = 0.125;
+    g.set_output("out", g.add(ir::Op::attention, {q, q, q}, a));
+    g = ir::lower_for_backend(g, implements, ir::HalfInputs::kept);
+    std::vector<ir::Shape> shapes;
+    for (const ir::Node& n : g.nodes()) shapes.push_back(n.shape);
+    return kernel_launch(g, fused_attention(g), shapes, gpu());
+  };
+  const KernelLaunch l64 = launch(64);
+  EXPECT_EQ(l64.specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 1}));
+  EXPECT_EQ(l64.groups, (std::array<std::uint32_t, 3>{16, 8, 1}));  // 1000 queries in 64-row workgroups, 8 heads
+  EXPECT_EQ(launch(128).specialization, (std::vector<std::uint32_t>{32, 32, 16, 128, 1, 1}));
+  // Head dim 256: q's rows alone take 33 KiB; the same kernel's scalar path (constant 5: off),
+  // its geometry as any GPU's.
+  const KernelLaunch l256 = launch(256);
+  EXPECT_EQ(l256.specialization, (std::vector<std::uint32_t>{64, 64, 16, 128, 1, 0}));
+  EXPECT_EQ(l256.groups, (std::array<std::uint32_t, 3>{8, 8, 1}));
 }
 
 }  // namespace

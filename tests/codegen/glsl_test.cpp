@@ -44,7 +44,8 @@ TEST(Glsl, SourceDependsOnOpAndRankNotSizes) {
 }
 
 /// The flash-attention kernels take their launch geometry from the target (specialization
-/// constants 3 and 4: invocations and rows per invocation), not from their source: one shader
+/// constants 3 and 4: invocations and rows per invocation; 5, 0 here, would select a
+/// cooperative-matrix forward), not from their source: one shader
 /// serves lavapipe's 8 x 8 rows per workgroup (forward) and a GPU's 128 x 1.
 TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
   ir::Graph g;
@@ -55,16 +56,16 @@ TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
   g.set_output("y", y);
   auto shapes = ir::bind_shapes(g, {{"q", Tensor(DType::f32, {8, 4096, 64})}});
   const KernelLaunch cpu = kernel_launch(g, y, shapes, Target{true}), gpu = kernel_launch(g, y, shapes, Target{false});
-  EXPECT_EQ(cpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 8, 8}));
-  EXPECT_EQ(gpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 128, 1}));
+  EXPECT_EQ(cpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 8, 8, 0}));
+  EXPECT_EQ(gpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 128, 1, 0}));
   EXPECT_EQ(cpu.groups, (std::array<std::uint32_t, 3>{64, 8, 1}));  // 4096 queries / 64 per workgroup (8 x 8), 8 heads
   EXPECT_EQ(gpu.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));  // 128 per workgroup
   EXPECT_EQ(cpu.push, gpu.push);
   // Where the device has 48 KiB of shared memory, tiles of 32 keys fit (2 x 8 KiB).
-  EXPECT_EQ(kernel_launch(g, y, shapes, Target{false, 49152}).specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1}));
+  EXPECT_EQ(kernel_launch(g, y, shapes, Target{false, 49152}).specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 0}));
   // A tuning experiment's override (QKV_VULKAN_ATTENTION_GEOMETRY=32,4,8): 128 rows per workgroup.
   const KernelLaunch tuned = kernel_launch(g, y, shapes, Target{false, 49152, 32, 4, 8});
-  EXPECT_EQ(tuned.specialization, (std::vector<std::uint32_t>{16, 16, 8, 32, 4}));
+  EXPECT_EQ(tuned.specialization, (std::vector<std::uint32_t>{16, 16, 8, 32, 4, 0}));
   EXPECT_EQ(tuned.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));
   // Head dims 2048: the registers suffice, one row of keys and values (16 KiB) does not fit in
   // the 16 KiB every device has, but does in 48 KiB.
@@ -111,8 +112,8 @@ TEST(Glsl, FlexModifierIsInlinedWithItsTensorsDims) {
   std::map<std::string, Tensor, std::less<>> in;
   for (std::size_t i = 0; i < forward.inputs.size(); ++i) in.emplace("x" + std::to_string(i), Tensor(DType::f32, forward.inputs[i].shape));
   const KernelLaunch l = kernel_launch(g, y, ir::bind_shapes(g, in), Target{true});
-  ASSERT_EQ(l.specialization.size(), 6u);
-  EXPECT_EQ(l.specialization[5], 0b0010u) << "the slopes span the heads (dim 1 of 4) only";
+  ASSERT_EQ(l.specialization.size(), 7u);
+  EXPECT_EQ(l.specialization[6], 0b0010u) << "the slopes span the heads (dim 1 of 4) only";
   EXPECT_FALSE(compile_spirv(k.name, k.glsl).empty());
 
   ir::Graph grad = ir::case_graph(ir::Op::flex_attention_grad, find(ir::Op::flex_attention_grad, "dq slopes per head causal"));
