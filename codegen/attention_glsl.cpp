@@ -437,7 +437,7 @@ bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& targ
 
 int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n) + (attention_strided(n) ? 5 + 2 * batch_rank(n) : 0); }
 
-KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, const Target* cooperative) {
+KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative) {
   const Kind kind = kind_of(n);
   // The forward with cooperative matrices beside its scalar path (coop_declarations).
   const bool coop = cooperative && kind == Kind::forward;
@@ -650,9 +650,10 @@ Iv range_read(uint at, bool along_both) {
 
   // The math the kernel calls: the modifier's, the lse's log, and the rounding of a 16-bit output.
   std::string helpers = n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? kGlslLog : "";
-  if (is_half(out_dtype)) {
-    const Op round = out_dtype == DType::f16 ? Op::round_f16 : Op::round_bf16;
-    if (helpers.find(out_dtype == DType::f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos) helpers += math_helpers_of({round});
+  for (DType t : {out_dtype, rounded}) {
+    if (!is_half(t)) continue;
+    const Op round = t == DType::f16 ? Op::round_f16 : Op::round_bf16;
+    if (helpers.find(t == DType::f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos) helpers += math_helpers_of({round});
   }
   std::string s = fill(R"(#version 450
 #extension GL_EXT_control_flow_attributes : require
@@ -969,7 +970,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
       "  }\n";
   s += counts;
   // Each row's result, in the output's dtype.
-  auto stored = [&](const std::string& value) { return narrowed(out_dtype, value); };
+  auto stored = [&](const std::string& value) { return narrowed(out_dtype, rounded_value(rounded, value)); };
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
     return fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t) {
     if (own(t) >= $COUNT) continue;
@@ -987,7 +988,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
       break;
     case Kind::lse:
       s += "  [[unroll]] for (uint t = 0u; t < RPT; ++t)  // -inf for a row with no key\n"
-           "    if (own(t) < N) OUT[out_at + own(t)] = (m[t] == neg_inf() ? 0.0 : m[t]) + qkv_log(l[t]);\n";
+           "    if (own(t) < N) OUT[out_at + own(t)] = " + stored("(m[t] == neg_inf() ? 0.0 : m[t]) + qkv_log(l[t])") + ";\n";
       break;
     case Kind::dq: s += store("acc", "D4", "DR", "N", "$REG[t * D4 + g][e] * scale"); break;
     case Kind::dk: s += store("acc", "D4", "DR", "M", "$REG[t * D4 + g][e] * scale"); break;
@@ -1003,7 +1004,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   const Target::CooperativeMatrix* cm = coop ? &cooperative->cooperative_matrix : nullptr;
   std::string name = "flash_attention_" + kind_name(kind) +
                      (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
-                     (drop ? "_dropout" : "") + "_b" + str(r);
+                     (drop ? "_dropout" : "") + "_b" + str(r) + (is_half(rounded) ? "_round_" + std::string(dtype_name(rounded)) : "");
   return {name, s, static_cast<int>(arrays.size()) + 2, true};
 }
 

@@ -19,9 +19,12 @@ int attention_push_words(const ir::Node& n);
 /// `held`: the dtypes its q, k, v and dy buffers hold (f16 and bf16 read and widened where
 /// loaded; missing entries f32); `out`: the dtype its output is written in (f16 or bf16 rounded
 /// to nearest even first).
-/// `cooperative`: the target whose cooperative matrices the forward's kernel also uses (where
-/// attention_cooperative), its scalar path beside them for head dims whose tiles do not fit.
-KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held = {}, DType out = DType::f32, const Target* cooperative = nullptr);
+/// `rounded`: f16 or bf16 where the output is stored rounded to it in f32 storage
+/// (codegen::rounded_on_store). `cooperative`: the target whose cooperative matrices the
+/// forward's kernel also uses (where attention_cooperative), its scalar path beside them for
+/// head dims whose tiles do not fit.
+KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held = {}, DType out = DType::f32, DType rounded = DType::f32,
+                              const Target* cooperative = nullptr);
 /// Whether node v is a flash-attention forward whose q, k and v are f16 values on a target whose
 /// cooperative matrices (Target::cooperative_matrix) its kernel can use.
 bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& target);

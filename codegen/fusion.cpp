@@ -500,11 +500,20 @@ ir::Node batch_summed_matmul(const ir::Graph& g, ValueId mm) {
 }
 
 KernelSource batch_summed_source(const ir::Graph& g, const KernelGroup& k, ValueId mm, const Target& target) {
-  KernelSource source = detail::matmul_source(batch_summed_matmul(g, mm), target, detail::matmul_dtypes(g, mm, false));
+  // Its sums stored rounded where a round is the sum's only reader (rounded_on_store).
+  const DType rounded = rounded_on_store(g, k.root);
+  detail::MatmulEpilogue round;
+  if (is_half(rounded)) {
+    round.name = "_round_" + std::string(dtype_name(rounded));
+    round.glsl = detail::math_helpers_of({rounded == DType::f16 ? Op::round_f16 : Op::round_bf16}) +
+                 "void qkv_epilogue_batch(uint batch) {}\nfloat qkv_epilogue(float acc, uint row, uint col) { return " + detail::rounded_value(rounded, "acc") +
+                 "; }\n";
+  }
+  KernelSource source = detail::matmul_source(batch_summed_matmul(g, mm), target, detail::matmul_dtypes(g, mm, false), is_half(rounded) ? &round : nullptr);
   const std::size_t line = source.glsl.find('\n') + 1;  // after #version
   source.glsl.insert(line, "// computes " + covered_nodes(g, k) + ": the sum over %" + std::to_string(mm) +
                                "'s batch is one matmul whose depth runs over the batch and K together\n");
-  source.name = fused_name(g, k);
+  source.name = fused_name(g, k) + round.name;
   return source;
 }
 
@@ -541,6 +550,9 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
     if ((!reduction || g.node(m).op != root.op) && !reduced(m)) members.push_back(m);
   if (!reduction) members.push_back(k.root);
   for (ValueId m : members) ops.push_back(g.node(m).op);
+  // A reduction whose only reader is a round stores its values rounded (rounded_on_store).
+  const DType rounded = reduction ? rounded_on_store(g, k.root) : DType::f32;
+  if (is_half(rounded)) ops.push_back(rounded == DType::f16 ? Op::round_f16 : Op::round_bf16);
   auto word = [&](int w) { return "pc.p[" + std::to_string(base + w) + "]"; };
   std::string s = detail::math_helpers_of(ops);  // after the header, below
   s += "// computes " + covered_nodes(g, k) + "\n";
@@ -580,13 +592,13 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
   if (reduction) {
     // Sums merged over several axes add in the order the separate sums did.
     const std::vector<int> order = root.op == Op::reduce_sum ? sum_order(g, k.root, k.inlined) : std::vector<int>{};
-    s = detail::axis_shader(detail::kernel_header(operands), s + detail::axis_body(root.op, "qkv_chain(", ")", target, order), target);
+    s = detail::axis_shader(detail::kernel_header(operands), s + detail::axis_body(root.op, "qkv_chain(", ")", target, order, rounded), target);
   } else if (!rows.empty()) {
     s = detail::axis_shader(detail::kernel_header(operands), s + detail::row_body(rows, "qkv_chain", target), target);
   } else {
     s = detail::kernel_header(operands) + s + "void main() {\n" + detail::linear_index() + "  y[i] = qkv_chain(i);\n}\n";
   }
-  return {fused_name(g, k), s, operands + 1};
+  return {fused_name(g, k) + (is_half(rounded) ? "_round_" + std::string(dtype_name(rounded)) : ""), s, operands + 1};
 }
 
 KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>& shapes, const Target& target) {

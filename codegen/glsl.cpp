@@ -299,17 +299,18 @@ std::string max_row(const std::string& m, const std::string& elements, const std
 }
 
 /// One invocation per row: the invocations of a SIMD lane set take consecutive rows.
-std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, const std::vector<int>& sum_order) {
+std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, const std::vector<int>& sum_order, DType rounded) {
   auto read = [&](const std::string& index) { return open + index + close; };
+  auto out = [&](const std::string& value) { return detail::rounded_value(rounded, value); };
   std::string s = "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
                   "  uint n = pc.p[1], inner = pc.p[2];\n  uint base = (i / inner) * n * inner + i % inner;\n";
   QKV_ASSERT(op == Op::reduce_sum || op == Op::reduce_max || op == Op::softmax, "not an axis op");
   if (op == Op::reduce_sum) {
-    s += "  float acc = 0.0;\n" + sum_row(read, sum_order, "0u", "1u", "  ") + "  y[i] = acc;\n";
+    s += "  float acc = 0.0;\n" + sum_row(read, sum_order, "0u", "1u", "  ") + "  y[i] = " + out("acc") + ";\n";
   } else if (op == Op::reduce_max) {
     s += "  float acc = uintBitsToFloat(0xff800000u);\n"
          "  for (uint k = 0u; k < n; ++k) { float v = " + read("base + k * inner") + "; acc = (isnan(v) || v > acc) ? v : acc; }\n"
-         "  y[i] = acc;\n";
+         "  y[i] = " + out("acc") + ";\n";
   } else {  // softmax
     s += "  float m = uintBitsToFloat(0xff800000u);\n"
          "  for (uint k = 0u; k < n; ++k) { float v = " + read("base + k * inner") + "; m = (isnan(v) || v > m) ? v : m; }\n"
@@ -317,7 +318,7 @@ std::string axis_body_per_invocation(Op op, const std::string& open, const std::
          "  float total = 0.0;\n"
          "  for (uint k = 0u; k < n; ++k) total += exp(" + read("base + k * inner") + " - m);\n"
          "  float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
-         "  for (uint k = 0u; k < n; ++k) y[base + k * inner] = exp(" + read("base + k * inner") + " - m) * inv;\n";
+         "  for (uint k = 0u; k < n; ++k) y[base + k * inner] = " + out("exp(" + read("base + k * inner") + " - m) * inv") + ";\n";
   }
   return s + "}\n";
 }
@@ -373,8 +374,10 @@ std::string subgroup_row_loop() {
 /// combined through shared memory. NaN propagates as the reference has it: a lane that saw one
 /// makes the row's max NaN (through a flag's max: GLSL's max is not defined for NaN), and a
 /// softmax row of -inf gives zeros.
-std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows, const std::vector<int>& sum_order) {
+std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows, const std::vector<int>& sum_order,
+                                   DType rounded) {
   auto read = [&](const std::string& index) { return open + index + close; };
+  auto out = [&](const std::string& value) { return detail::rounded_value(rounded, value); };
   const std::string lanes = "for (uint k = lane; k < n; k += step)";
   std::string s = subgroup_row_helpers(rows);
   s += "void main() {\n" + subgroup_row_loop();
@@ -382,9 +385,9 @@ std::string axis_body_per_subgroup(Op op, const std::string& open, const std::st
   QKV_ASSERT(op == Op::reduce_sum || op == Op::reduce_max || op == Op::softmax, "not an axis op");
   if (op == Op::reduce_sum) {
     s += "    float acc = 0.0;\n" + sum_row(read, sum_order, "lane", "step", "    ") +
-         "    acc = qkv_sum(acc);\n    if (writer) y[i] = acc;\n";
+         "    acc = qkv_sum(acc);\n    if (writer) y[i] = " + out("acc") + ";\n";
   } else if (op == Op::reduce_max) {
-    s += max_pass + "    if (writer) y[i] = m;\n";
+    s += max_pass + "    if (writer) y[i] = " + out("m") + ";\n";
   } else {  // softmax
     s += max_pass +
          "    if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
@@ -392,7 +395,7 @@ std::string axis_body_per_subgroup(Op op, const std::string& open, const std::st
          "    " + lanes + " total += exp(" + read("base + k * inner") + " - m);\n"
          "    total = qkv_sum(total);\n"
          "    float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
-         "    " + lanes + " y[base + k * inner] = exp(" + read("base + k * inner") + " - m) * inv;\n";
+         "    " + lanes + " y[base + k * inner] = " + out("exp(" + read("base + k * inner") + " - m) * inv") + ";\n";
   }
   return s + "  }\n}\n";
 }
@@ -409,9 +412,14 @@ std::uint32_t subgroup_rows(const Target& t) { return std::max<std::uint32_t>(kW
 
 }  // namespace
 
-std::string detail::axis_body(Op op, const std::string& open, const std::string& close, const Target& target, const std::vector<int>& sum_order) {
-  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target), sum_order);
-  return axis_body_per_invocation(op, open, close, sum_order);
+std::string detail::axis_body(Op op, const std::string& open, const std::string& close, const Target& target, const std::vector<int>& sum_order,
+                              DType rounded) {
+  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target), sum_order, rounded);
+  return axis_body_per_invocation(op, open, close, sum_order, rounded);
+}
+
+std::string detail::rounded_value(DType rounded, const std::string& value) {
+  return rounded == DType::f16 ? "qkv_round_f16(" + value + ")" : rounded == DType::bf16 ? "qkv_round_bf16(" + value + ")" : value;
 }
 
 std::string detail::row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target) {
@@ -810,8 +818,11 @@ KernelSource dropout_mask_source() {
 
 /// Reductions and softmax over one axis, seen as [outer, n, inner]: one invocation or one
 /// subgroup per row.
-KernelSource axis_source(Op op, const Target& target) {
-  return {std::string(ir::op_name(op)), detail::axis_shader(header(1), detail::axis_body(op, "x0[", "]", target), target), 2};
+/// A reduction's or softmax's kernel; `rounded`: its values stored rounded (rounded_on_store).
+KernelSource axis_source(Op op, const Target& target, DType rounded) {
+  const std::string helpers = is_half(rounded) ? detail::math_helpers_of({rounded == DType::f16 ? Op::round_f16 : Op::round_bf16}) : "";
+  return {std::string(ir::op_name(op)) + (is_half(rounded) ? "_round_" + std::string(dtype_name(rounded)) : ""),
+          detail::axis_shader(header(1), helpers + detail::axis_body(op, "x0[", "]", target, {}, rounded), target), 2};
 }
 
 }  // namespace
@@ -929,9 +940,30 @@ DType held_dtype(const ir::Graph& g, ir::ValueId v) {
   return half_view(g, v) ? g.node(g.node(v).inputs[0]).dtype : DType::f32;
 }
 
+DType rounded_on_store(const ir::Graph& g, ir::ValueId v) {
+  const Node& n = g.node(v);
+  const bool flash = ir::is_fused_attention(n.op) && detail::attention_fits(n);
+  const bool axis = n.op == Op::reduce_sum || n.op == Op::reduce_max || n.op == Op::softmax;
+  if ((!flash && !axis) || is_result(g, v)) return DType::f32;
+  const auto readers = readers_of(g, v);
+  if (readers.size() != 1) return DType::f32;
+  const ir::ValueId r = readers.front().first;
+  const Op round = g.node(r).op;
+  if (round != Op::round_f16 && round != Op::round_bf16) return DType::f32;
+  if (axis && n.op != Op::softmax && n.attrs.keepdim)
+    for (const auto& reader : readers_of(g, r)) {
+      const Node& e = g.node(reader.first);
+      const OpCategory c = ir::op_info(e.op).category;
+      if (c == OpCategory::unary || c == OpCategory::binary || c == OpCategory::select || c == OpCategory::compare || e.op == Op::broadcast_to)
+        return DType::f32;
+    }
+  return round == Op::round_f16 ? DType::f16 : DType::bf16;
+}
+
 bool rounded_to(const ir::Graph& g, ir::ValueId v, DType dtype) {
   const Node& n = g.node(v);
   if (n.dtype == dtype || n.op == (dtype == DType::f16 ? Op::round_f16 : Op::round_bf16)) return true;
+  if (is_half(dtype) && rounded_on_store(g, v) == dtype) return true;
   switch (n.op) {
     case Op::cast: return g.node(n.inputs[0]).dtype == dtype;
     case Op::reshape:
@@ -948,6 +980,7 @@ bool rounded_to(const ir::Graph& g, ir::ValueId v, DType dtype) {
 bool exact_round(const ir::Graph& g, ir::ValueId v) {
   const Node& n = g.node(v);
   if (n.op != Op::round_f16 && n.op != Op::round_bf16) return false;
+  if (rounded_on_store(g, n.inputs[0]) == (n.op == Op::round_f16 ? DType::f16 : DType::bf16)) return true;  // its operand's kernel rounds
   // Only of a value stored anyway (an elementwise operand is cheaper computed inside the
   // kernels that read the round, as a round of it is).
   switch (g.node(n.inputs[0]).op) {
@@ -1081,13 +1114,13 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     case Op::dropout_mask: return dropout_mask_source();
     case Op::one_hot: return one_hot_source();
     QKV_REDUCE_CASES
-    case Op::softmax: return axis_source(n.op, target);
+    case Op::softmax: return axis_source(n.op, target, rounded_on_store(g, v));
     case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, v, true));
     case Op::causal_mask: return causal_mask_source();
     QKV_ATTENTION_CASES {
       std::vector<DType> held;  // q, k, v, dy
       for (std::size_t k = 0; k < std::min<std::size_t>(n.inputs.size(), 4); ++k) held.push_back(held_dtype(g, n.inputs[k]));
-      return detail::attention_source(n, held, held_dtype(g, v), detail::attention_cooperative(g, v, target) ? &target : nullptr);
+      return detail::attention_source(n, held, held_dtype(g, v), rounded_on_store(g, v), detail::attention_cooperative(g, v, target) ? &target : nullptr);
     }
     case Op::input:
     case Op::reshape:

@@ -124,6 +124,13 @@ ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v);
 /// concat, negation or select of them). In a half graph (ir::emulate_half_precision) every
 /// value the original graph typed f16 is one.
 bool rounded_to(const ir::Graph& g, ir::ValueId v, DType dtype);
+/// f16 or bf16 where v's kernel stores its values rounded to that dtype, f32 otherwise: v is a
+/// flash-attention node (any of the family), a softmax, or a sum or max over an axis, it is no
+/// result, and its one reader is a round to that dtype (a half graph rounds the result of every
+/// such op), which is then a view of v's storage (exact_round) rather than a kernel. A sum or max
+/// that keeps its dim is left alone where the round has elementwise readers: fusion may compute
+/// it inside their kernel, per row.
+DType rounded_on_store(const ir::Graph& g, ir::ValueId v);
 /// Whether v is a round_f16 or round_bf16 of values already of its dtype (a half graph rounds
 /// the result of every half op, a permute's or a slice's too) held in a layout op's, a cast's
 /// or a round's storage: the identity, so a view of that storage with no kernel (view_offset).

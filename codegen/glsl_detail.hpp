@@ -40,7 +40,13 @@ inline constexpr int kAxisPushWords = 4;
 /// subgroup per row (a workgroup for long rows on a GPU: axis_launch).
 /// `sum_order`: for a sum merged from several (fusion's), the chain shape's axis each of them
 /// summed, the first's first: summed in nested loops in that order (see glsl.cpp, sum_row).
-std::string axis_body(ir::Op op, const std::string& open, const std::string& close, const Target& target, const std::vector<int>& sum_order = {});
+/// `rounded` f16 or bf16: each value is stored rounded to it (codegen::rounded_on_store), through
+/// qkv_round_f16 or qkv_round_bf16, which the caller's helpers define.
+std::string axis_body(ir::Op op, const std::string& open, const std::string& close, const Target& target, const std::vector<int>& sum_order = {},
+                      DType rounded = DType::f32);
+/// `value` rounded to f16 or bf16 by the kernel's qkv_round_f16 or qkv_round_bf16 (math_helpers_of
+/// the round op defines them); `value` itself for f32.
+std::string rounded_value(DType rounded, const std::string& value);
 /// A reduction a row kernel computes per row before its elements: `variable` = the sum or max
 /// over the row of `function`(element).
 struct RowReduction {

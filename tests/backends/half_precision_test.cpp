@@ -265,6 +265,102 @@ TEST(HalfPrecisionVulkan, RoundsOfValuesAlreadyRoundedAreViews) {
   }
 }
 
+TEST(HalfPrecisionVulkan, ReductionsAndAttentionStoreTheirRoundedValues) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  // A half graph rounds each sum, max, softmax and attention: where the round is the value's one
+  // reader, the value's own kernel stores it rounded and the round is a view. A sum keeping its
+  // dim whose round elementwise nodes read (x - mean) stays in their row kernel instead. Both
+  // geometries: an invocation per row (lavapipe's) and a subgroup per row (GPUs').
+  auto options = backend::vulkan_options_from_env();
+  options.tuning = backend::VulkanOptions::Tuning::gpu;
+  auto gpu = backend::make_vulkan_backend(options);
+  for (backend::Backend* b : {vulkan.get(), gpu.get()})
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      SCOPED_TRACE(dtype_name(dtype));
+      ir::Graph g;
+      const ir::Dim n = g.symbol("N");
+      const ir::ValueId x = g.add_input("x", dtype, {2, n, 40});
+      const ir::ValueId q = g.add_input("q", dtype, {2, n, 8}), k = g.add_input("k", dtype, {2, n, 8}), v = g.add_input("v", dtype, {2, n, 8});
+      ir::Attrs over_n, over_row, softmax_row, sdpa;
+      over_n.axis = 1;
+      over_n.keepdim = false;
+      over_row.axis = 2;
+      over_row.keepdim = true;
+      softmax_row.axis = 2;
+      sdpa.value = 0.3;
+      sdpa.causal = true;
+      // Each read by an elementwise op (a result would be a cast to the half dtype instead).
+      g.set_output("sum", g.add(ir::Op::tanh, {g.add(ir::Op::reduce_sum, {x}, over_n)}));
+      g.set_output("max", g.add(ir::Op::exp, {g.add(ir::Op::reduce_max, {x}, over_n)}));
+      g.set_output("softmax", g.add(ir::Op::sqrt, {g.add(ir::Op::softmax, {x}, softmax_row)}));
+      g.set_output("centred", g.add(ir::Op::sub, {x, g.add(ir::Op::reduce_sum, {x}, over_row)}));
+      g.set_output("attention", g.add(ir::Op::tanh, {g.add(ir::Op::attention, {q, k, v}, sdpa)}));
+      auto exe = b->compile(g);
+      const ir::Graph& lowered = exe->graph();
+      int rounded = 0, views = 0;
+      for (std::size_t i = 0; i < lowered.size(); ++i) {
+        const ir::Node& node = lowered.nodes()[i];
+        if (node.op == ir::Op::round_f16 || node.op == ir::Op::round_bf16) {
+          const ir::Op of = lowered.node(node.inputs[0]).op;
+          const bool stored_rounded = of == ir::Op::softmax || of == ir::Op::attention || of == ir::Op::reduce_max ||
+                                      (of == ir::Op::reduce_sum && !lowered.node(node.inputs[0]).attrs.keepdim);
+          if (!stored_rounded) continue;
+          EXPECT_TRUE(b->kernel_name(lowered, static_cast<ir::ValueId>(i)).starts_with("(view of")) << ir::op_name(of);
+          ++views;
+        } else if (node.op == ir::Op::reduce_sum && node.attrs.keepdim) {
+          EXPECT_EQ(b->kernel_name(lowered, static_cast<ir::ValueId>(i)).find("_round_"), std::string::npos) << "a row kernel's sum";
+        } else if (node.op == ir::Op::reduce_sum || node.op == ir::Op::reduce_max || node.op == ir::Op::softmax || node.op == ir::Op::attention) {
+          const std::string kernel = b->kernel_name(lowered, static_cast<ir::ValueId>(i));
+          EXPECT_NE(kernel.find("_round_" + std::string(dtype_name(dtype))), std::string::npos) << kernel;
+          ++rounded;
+        }
+      }
+      EXPECT_EQ(views, 4);
+      EXPECT_EQ(rounded, 4);
+      for (std::int64_t rows : {1, 37}) testing::expect_equivalent(g, backend::random_inputs(g, {{"N", rows}}, 17), *b);
+    }
+  // What those kernels store are half numbers: an f32 graph's explicit rounds, results
+  // themselves (views of the values' storage). Sums of integers are exact in f32, so their f16
+  // rounding is the reference's bit for bit (f16 steps are 4 past 4096: sums of 37 rows up to
+  // 200 round visibly); softmax in bf16 and attention in f16 hold their format's numbers.
+  ir::Graph g;
+  const ir::ValueId x = g.add_input("x", DType::f32, {3, 37, 20}), q = g.add_input("q", DType::f32, {3, 37, 8});
+  ir::Attrs over_n, softmax_row, sdpa;
+  over_n.axis = 1;
+  over_n.keepdim = false;
+  softmax_row.axis = 2;
+  sdpa.value = 0.3;
+  g.set_output("sum", g.add(ir::Op::round_f16, {g.add(ir::Op::reduce_sum, {x}, over_n)}));
+  g.set_output("softmax", g.add(ir::Op::round_bf16, {g.add(ir::Op::softmax, {x}, softmax_row)}));
+  g.set_output("attention", g.add(ir::Op::round_f16, {g.add(ir::Op::attention, {q, q, q}, sdpa)}));
+  backend::TensorMap in = backend::random_inputs(g, {}, 3);
+  Tensor& xs = in.at("x");
+  for (std::int64_t i = 0; i < xs.numel(); ++i) xs.data<float>()[i] = static_cast<float>((i * 7919) % 200);
+  const auto want = backend::make_reference_backend({backend::Precision::f64, true})->compile(g)->run(in);
+  for (backend::Backend* b : {vulkan.get(), gpu.get()}) {
+    auto exe = b->compile(g);
+    for (const char* name : {"sum", "softmax", "attention"})
+      EXPECT_TRUE(b->kernel_name(exe->graph(), exe->graph().output(name)).starts_with("(view of")) << name;
+    const auto got = exe->run(in);
+    int rounded_visibly = 0;
+    for (std::int64_t i = 0; i < want.at("sum").numel(); ++i) {  // [3, 20]
+      EXPECT_EQ(got.at("sum").at(i), want.at("sum").at(i)) << "sum " << i;
+      double exact = 0;
+      for (std::int64_t r = 0; r < 37; ++r) exact += xs.at((i / 20 * 37 + r) * 20 + i % 20);
+      rounded_visibly += want.at("sum").at(i) != exact;
+    }
+    EXPECT_GT(rounded_visibly, 0);
+    for (std::int64_t i = 0; i < got.at("softmax").numel(); ++i) {
+      const double v = got.at("softmax").at(i);
+      EXPECT_EQ(v, round_to(DType::bf16, v)) << "softmax " << i;
+    }
+    for (std::int64_t i = 0; i < got.at("attention").numel(); ++i) {
+      const double v = got.at("attention").at(i);
+      EXPECT_EQ(v, round_to(DType::f16, v)) << "attention " << i;
+    }
+  }
+}
+
 TEST(HalfPrecisionVulkan, MatmulsReadAndWriteTheir16BitBuffers) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   bool storage16 = false;
