@@ -48,37 +48,12 @@ using ir::Op;
 using ir::OpCategory;
 using ir::ValueId;
 
-/// Nodes computed at each element of their kernel from their operands' values at that element
-/// (broadcast_to too: its operand is read through strides broadcast to the kernel's shape, like
-/// every operand of a smaller shape). Not a cast to or from a 16-bit float: the only kernel
-/// that binds 16-bit buffers (codegen::cast16), always alone.
-bool elementwise(const ir::Graph& g, const Node& n) {
-  if (cast16(g, n)) return false;
-  switch (ir::op_info(n.op).category) {
-    case OpCategory::unary:
-    case OpCategory::binary:
-    case OpCategory::select:
-    case OpCategory::compare: return true;
-    case OpCategory::layout: return n.op == Op::broadcast_to;
-    case OpCategory::source:
-    case OpCategory::reduce:
-    case OpCategory::contract:
-    case OpCategory::mask:
-    case OpCategory::composite: return false;
-  }
-  return false;
-}
-
 /// An elementwise node read by more kernels than this is stored, not recomputed in each.
 constexpr std::size_t kMostRecomputingReaders = 4;
 
 /// A constant holds one value at every element whatever its shape, so a kernel that reads it
 /// (broadcast to the kernel's shape) takes that value as a push constant.
 bool scalar_constant(const Node& n) { return n.op == Op::constant; }
-
-/// Reductions and softmax over one axis: their kernel reads its input through the chain of
-/// elementwise nodes that computes it, when those are fused into it.
-bool axis_reduction(const Node& n) { return n.op == Op::reduce_sum || n.op == Op::reduce_max || n.op == Op::softmax; }
 
 /// A reduction a row kernel (an elementwise kernel over `shape`) can compute per row before its
 /// elements: a sum or max over one axis of a value of exactly that shape, its dim kept (so it
@@ -443,6 +418,7 @@ KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId m
   auto stride = [&](int o, int d) { return word(o * rank + d); };
   detail::MatmulEpilogue e;
   e.operands = operands;
+  for (auto it = k.operands.begin() + 2; it != k.operands.end(); ++it) e.held.push_back(held_dtype(g, *it));
   std::string& s = e.glsl;
   s += "// computes " + covered_nodes(g, k) + " on each product of %" + std::to_string(mm) + "\n";
   s += "// p[" + std::to_string(base) + "..] = each operand's " + std::to_string(rank) + " strides over the output's dims, then each constant's float bits\n";
@@ -469,7 +445,7 @@ KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId m
   auto value = [&](ValueId v) -> std::string {
     if (auto it = std::find(k.operands.begin() + 2, k.operands.end(), v); it != k.operands.end()) {
       const auto o = it - k.operands.begin() - 2;
-      return "x" + std::to_string(o + 2) + "[o" + std::to_string(o) + "]";
+      return detail::widened(held_dtype(g, *it), "x" + std::to_string(o + 2) + "[o" + std::to_string(o) + "]");
     }
     if (auto it = std::find(constants.begin(), constants.end(), v); it != constants.end())
       return "uintBitsToFloat(" + word(rank * operands + static_cast<int>(it - constants.begin())) + ")";
@@ -485,7 +461,9 @@ KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId m
   s = detail::math_helpers_of(ops) + s;
   for (ValueId m : members)
     if (m != mm && !scalar_constant(g.node(m))) e.name += "_" + std::string(ir::op_name(g.node(m).op));
-  KernelSource source = detail::matmul_source(mat, target, detail::matmul_dtypes(g, mm, false), &e);
+  detail::MatmulDtypes dtypes = detail::matmul_dtypes(g, mm, false);
+  dtypes.out = held_dtype(g, k.root);  // the chain's value, narrowed where its cast's storage is 16-bit
+  KernelSource source = detail::matmul_source(mat, target, dtypes, &e);
   source.name = fused_name(g, k);  // as explain and profiles name it; the source says which matmul kernel
   return source;
 }
@@ -550,9 +528,13 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
     if ((!reduction || g.node(m).op != root.op) && !reduced(m)) members.push_back(m);
   if (!reduction) members.push_back(k.root);
   for (ValueId m : members) ops.push_back(g.node(m).op);
-  // A reduction whose only reader is a round stores its values rounded (rounded_on_store).
-  const DType rounded = reduction ? rounded_on_store(g, k.root) : DType::f32;
-  if (is_half(rounded)) ops.push_back(rounded == DType::f16 ? Op::round_f16 : Op::round_bf16);
+  // A reduction whose only reader is a round stores its values rounded (rounded_on_store); a
+  // root whose only reader is a cast to f16 or bf16 stores them in the cast's 16-bit storage
+  // (narrowed_into), and 16-bit inputs are read where they are (half_view).
+  const detail::Store store{reduction ? rounded_on_store(g, k.root) : DType::f32, held_dtype(g, k.root)};
+  for (Op round : store.rounds()) ops.push_back(round);
+  std::vector<DType> held;
+  for (ValueId o : k.operands) held.push_back(held_dtype(g, o));
   auto word = [&](int w) { return "pc.p[" + std::to_string(base + w) + "]"; };
   std::string s = detail::math_helpers_of(ops);  // after the header, below
   s += "// computes " + covered_nodes(g, k) + "\n";
@@ -560,7 +542,7 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
   auto value = [&](ValueId v) {
     if (auto it = std::find(k.operands.begin(), k.operands.end(), v); it != k.operands.end()) {
       const auto o = std::to_string(it - k.operands.begin());
-      return "x" + o + "[o" + o + "]";
+      return detail::widened(held[static_cast<std::size_t>(it - k.operands.begin())], "x" + o + "[o" + o + "]");
     }
     if (auto it = std::find(constants.begin(), constants.end(), v); it != constants.end())
       return "uintBitsToFloat(" + word(rank * (1 + operands) + static_cast<int>(it - constants.begin())) + ")";
@@ -592,13 +574,17 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
   if (reduction) {
     // Sums merged over several axes add in the order the separate sums did.
     const std::vector<int> order = root.op == Op::reduce_sum ? sum_order(g, k.root, k.inlined) : std::vector<int>{};
-    s = detail::axis_shader(detail::kernel_header(operands), s + detail::axis_body(root.op, "qkv_chain(", ")", target, order, rounded), target);
+    s = detail::axis_shader(detail::kernel_header(held, store.held), s + detail::axis_body(root.op, "qkv_chain(", ")", target, order, store), target);
   } else if (!rows.empty()) {
-    s = detail::axis_shader(detail::kernel_header(operands), s + detail::row_body(rows, "qkv_chain", target), target);
+    s = detail::axis_shader(detail::kernel_header(held, store.held), s + detail::row_body(rows, "qkv_chain", target, store), target);
   } else {
-    s = detail::kernel_header(operands) + s + "void main() {\n" + detail::linear_index() + "  y[i] = qkv_chain(i);\n}\n";
+    s = detail::kernel_header(held, store.held) + s + "void main() {\n" + detail::linear_index() + "  y[i] = " + store("qkv_chain(i)") + ";\n}\n";
   }
-  return {fused_name(g, k) + (is_half(rounded) ? "_round_" + std::string(dtype_name(rounded)) : ""), s, operands + 1};
+  std::string name = fused_name(g, k) + (is_half(store.rounded) ? "_round_" + std::string(dtype_name(store.rounded)) : "");
+  for (std::size_t o = 0; o < held.size(); ++o)
+    if (is_half(held[o])) name += "_" + std::string(dtype_name(held[o])) + "x" + std::to_string(o);
+  if (is_half(store.held)) name += "_" + std::string(dtype_name(store.held)) + "y";
+  return {name, s, operands + 1};
 }
 
 KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>& shapes, const Target& target) {

@@ -72,15 +72,22 @@ std::vector<std::string> operand_names(Op op, int arity) {
   return {"a"};
 }
 
-std::string header(int inputs, std::uint32_t local_x = kWorkgroupSize, std::uint32_t local_y = 1) {
+/// A kernel's declarations: buffers x0, x1, ... holding `inputs` and y holding `out`
+/// (detail::held_element), the push constants, and the workgroup's size.
+std::string header(const std::vector<DType>& inputs, DType out = DType::f32, std::uint32_t local_x = kWorkgroupSize, std::uint32_t local_y = 1) {
   std::string s = "#version 450\n";
+  if (is_half(out) || std::any_of(inputs.begin(), inputs.end(), [](DType t) { return is_half(t); }))
+    s += "#extension GL_EXT_shader_16bit_storage : require\n";
   s += "layout(local_size_x = " + std::to_string(local_x) + ", local_size_y = " + std::to_string(local_y) + ") in;\n";
-  for (int i = 0; i < inputs; ++i)
-    s += "layout(std430, binding = " + std::to_string(i) + ") readonly buffer In" + std::to_string(i) + " { float x" +
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    s += "layout(std430, binding = " + std::to_string(i) + ") readonly buffer In" + std::to_string(i) + " { " + detail::held_element(inputs[i]) + " x" +
          std::to_string(i) + "[]; };\n";
-  s += "layout(std430, binding = " + std::to_string(inputs) + ") writeonly buffer Out { float y[]; };\n";
+  s += "layout(std430, binding = " + std::to_string(inputs.size()) + ") writeonly buffer Out { " + detail::held_element(out) + " y[]; };\n";
   s += "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
   return s;
+}
+std::string header(int inputs, std::uint32_t local_x = kWorkgroupSize, std::uint32_t local_y = 1) {
+  return header(std::vector<DType>(static_cast<std::size_t>(inputs), DType::f32), DType::f32, local_x, local_y);
 }
 
 }  // namespace
@@ -299,9 +306,8 @@ std::string max_row(const std::string& m, const std::string& elements, const std
 }
 
 /// One invocation per row: the invocations of a SIMD lane set take consecutive rows.
-std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, const std::vector<int>& sum_order, DType rounded) {
+std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, const std::vector<int>& sum_order, const detail::Store& out) {
   auto read = [&](const std::string& index) { return open + index + close; };
-  auto out = [&](const std::string& value) { return detail::rounded_value(rounded, value); };
   std::string s = "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
                   "  uint n = pc.p[1], inner = pc.p[2];\n  uint base = (i / inner) * n * inner + i % inner;\n";
   QKV_ASSERT(op == Op::reduce_sum || op == Op::reduce_max || op == Op::softmax, "not an axis op");
@@ -375,9 +381,8 @@ std::string subgroup_row_loop() {
 /// makes the row's max NaN (through a flag's max: GLSL's max is not defined for NaN), and a
 /// softmax row of -inf gives zeros.
 std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows, const std::vector<int>& sum_order,
-                                   DType rounded) {
+                                   const detail::Store& out) {
   auto read = [&](const std::string& index) { return open + index + close; };
-  auto out = [&](const std::string& value) { return detail::rounded_value(rounded, value); };
   const std::string lanes = "for (uint k = lane; k < n; k += step)";
   std::string s = subgroup_row_helpers(rows);
   s += "void main() {\n" + subgroup_row_loop();
@@ -413,16 +418,16 @@ std::uint32_t subgroup_rows(const Target& t) { return std::max<std::uint32_t>(kW
 }  // namespace
 
 std::string detail::axis_body(Op op, const std::string& open, const std::string& close, const Target& target, const std::vector<int>& sum_order,
-                              DType rounded) {
-  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target), sum_order, rounded);
-  return axis_body_per_invocation(op, open, close, sum_order, rounded);
+                              const Store& store) {
+  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target), sum_order, store);
+  return axis_body_per_invocation(op, open, close, sum_order, store);
 }
 
 std::string detail::rounded_value(DType rounded, const std::string& value) {
   return rounded == DType::f16 ? "qkv_round_f16(" + value + ")" : rounded == DType::bf16 ? "qkv_round_bf16(" + value + ")" : value;
 }
 
-std::string detail::row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target) {
+std::string detail::row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target, const Store& store) {
   const bool lanes = subgroup_rows_kernel(target);
   std::string s;
   if (lanes) {
@@ -442,7 +447,7 @@ std::string detail::row_body(const std::vector<RowReduction>& reductions, const 
       s += max_row(r.variable, elements, at, lanes, "    ");
     }
   }
-  s += "    " + elements + " y[base + k * inner] = " + chain + "(base + k * inner);\n";
+  s += "    " + elements + " y[base + k * inner] = " + store(chain + "(base + k * inner)") + ";\n";
   return s + "  }\n}\n";
 }
 
@@ -486,6 +491,17 @@ std::string detail::elementwise_expression(Op op, const std::vector<std::string>
 }
 
 std::string detail::kernel_header(int inputs) { return header(inputs); }
+
+std::string detail::kernel_header(const std::vector<DType>& inputs, DType out) { return header(inputs, out); }
+
+std::string detail::Store::operator()(const std::string& value) const { return narrowed(held, rounded_value(rounded, value)); }
+
+std::vector<Op> detail::Store::rounds() const {
+  std::vector<Op> ops;
+  for (DType t : {rounded, held})
+    if (is_half(t)) ops.push_back(t == DType::f16 ? Op::round_f16 : Op::round_bf16);
+  return ops;
+}
 
 std::string detail::linear_index() { return kLinearIndex; }
 
@@ -699,19 +715,36 @@ std::string detail::region_bound_function(const ir::Graph& region, const std::st
 namespace {
 
 /// Elementwise family: out index -> per-operand offsets through strides (0 where broadcast).
-KernelSource elementwise_source(const ir::Graph& g, const Node& n) {
+/// The kernel name's suffix for 16-bit buffers: "_bf16x1" for operand 1, "_f16y" for the output.
+std::string half_suffix(const std::vector<DType>& inputs, DType out) {
+  std::string s;
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (is_half(inputs[k])) s += "_" + std::string(dtype_name(inputs[k])) + "x" + std::to_string(k);
+  if (is_half(out)) s += "_" + std::string(dtype_name(out)) + "y";
+  return s;
+}
+
+/// An elementwise op (or a permute, or a cast between 32-bit types) on its own: operands and
+/// output in the dtypes their storage holds (held_dtype: 16-bit inputs read in place, an output
+/// narrowed into its cast's 16-bit storage), widened and narrowed as they are loaded and stored.
+KernelSource elementwise_source(const ir::Graph& g, ir::ValueId v) {
+  const Node& n = g.node(v);
   int rank = n.shape.rank;
   int arity = static_cast<int>(n.inputs.size());
   auto names = operand_names(n.op, arity);
-  std::string s = header(arity);
-  s += helpers_for([&](Op op) { return op == n.op; });
+  std::vector<DType> held;
+  for (ir::ValueId in : n.inputs) held.push_back(held_dtype(g, in));
+  const detail::Store store{DType::f32, held_dtype(g, v)};
+  std::string s = header(held, store.held);
+  const std::vector<Op> rounds = store.rounds();
+  s += helpers_for([&](Op op) { return op == n.op || std::find(rounds.begin(), rounds.end(), op) != rounds.end(); });
   s += "// p[0] = elements, p[1..rank] = output dims, then each operand's strides\n";
   s += "void main() {\n" + std::string(kLinearIndex) + detail::operand_offsets(rank, arity, 1);
   for (int k = 0; k < arity; ++k)
-    s += "  float " + names[static_cast<std::size_t>(k)] + " = x" + std::to_string(k) + "[o" + std::to_string(k) + "];\n";
-  s += "  y[i] = " + elementwise_expr(n.op) + ";\n}\n";
-  (void)g;
-  return {std::string(ir::op_name(n.op)) + "_r" + std::to_string(rank), s, arity + 1};
+    s += "  float " + names[static_cast<std::size_t>(k)] + " = " +
+         detail::widened(held[static_cast<std::size_t>(k)], "x" + std::to_string(k) + "[o" + std::to_string(k) + "]") + ";\n";
+  s += "  y[i] = " + store(elementwise_expr(n.op)) + ";\n}\n";
+  return {std::string(ir::op_name(n.op)) + "_r" + std::to_string(rank) + half_suffix(held, store.held), s, arity + 1};
 }
 
 }  // namespace
@@ -818,11 +851,17 @@ KernelSource dropout_mask_source() {
 
 /// Reductions and softmax over one axis, seen as [outer, n, inner]: one invocation or one
 /// subgroup per row.
-/// A reduction's or softmax's kernel; `rounded`: its values stored rounded (rounded_on_store).
-KernelSource axis_source(Op op, const Target& target, DType rounded) {
-  const std::string helpers = is_half(rounded) ? detail::math_helpers_of({rounded == DType::f16 ? Op::round_f16 : Op::round_bf16}) : "";
-  return {std::string(ir::op_name(op)) + (is_half(rounded) ? "_round_" + std::string(dtype_name(rounded)) : ""),
-          detail::axis_shader(header(1), helpers + detail::axis_body(op, "x0[", "]", target, {}, rounded), target), 2};
+/// A reduction's or softmax's kernel: its input as its storage holds it (a 16-bit input read in
+/// place), its values stored rounded (rounded_on_store) or narrowed (narrowed_into).
+KernelSource axis_source(const ir::Graph& g, ir::ValueId v, const Target& target) {
+  const Op op = g.node(v).op;
+  const DType in = held_dtype(g, g.node(v).inputs[0]);
+  const detail::Store store{rounded_on_store(g, v), held_dtype(g, v)};
+  const std::string read = detail::widened(in, "x0[@]"), helpers = detail::math_helpers_of(store.rounds());
+  const std::size_t at = read.find('@');
+  return {std::string(ir::op_name(op)) + (is_half(store.rounded) ? "_round_" + std::string(dtype_name(store.rounded)) : "") + half_suffix({in}, store.held),
+          detail::axis_shader(header({in}, store.held), helpers + detail::axis_body(op, read.substr(0, at), read.substr(at + 1), target, {}, store), target),
+          2};
 }
 
 }  // namespace
@@ -847,6 +886,25 @@ bool implements(const Node& n) {
 bool has_kernel(const Node& n) { return n.op != Op::input && n.op != Op::reshape; }
 
 bool cast16(const ir::Graph& g, const Node& n) { return n.op == Op::cast && (is_half(n.dtype) || is_half(g.node(n.inputs[0]).dtype)); }
+
+bool elementwise(const ir::Graph& g, const Node& n) {
+  if (cast16(g, n)) return false;
+  switch (ir::op_info(n.op).category) {
+    case OpCategory::unary:
+    case OpCategory::binary:
+    case OpCategory::select:
+    case OpCategory::compare: return true;
+    case OpCategory::layout: return n.op == Op::broadcast_to;
+    case OpCategory::source:
+    case OpCategory::reduce:
+    case OpCategory::contract:
+    case OpCategory::mask:
+    case OpCategory::composite: return false;
+  }
+  return false;
+}
+
+bool axis_reduction(const Node& n) { return n.op == Op::reduce_sum || n.op == Op::reduce_max || n.op == Op::softmax; }
 
 std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
   const Node& n = g.node(v);
@@ -920,14 +978,19 @@ bool half_view(const ir::Graph& g, ir::ValueId v) {
   const auto readers = readers_of(g, v);
   return !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](const auto& r) {
     const Node& reader = g.node(r.first);
-    return reader.op == Op::matmul ? r.second < 2 : strided_slot(reader, r.second) && detail::attention_fits(reader);
+    if (reader.op == Op::matmul) return r.second < 2;
+    if (ir::is_fused_attention(reader.op)) return strided_slot(reader, r.second) && detail::attention_fits(reader);
+    return (elementwise(g, reader) && !exact_round(g, r.first)) || axis_reduction(reader);  // a kernel, not a view, reads it
   });
 }
 
 ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v) {
   const Node& n = g.node(v);
   const bool flash = (n.op == Op::attention || n.op == Op::masked_attention || n.op == Op::flex_attention) && detail::attention_fits(n);
-  if ((!flash && n.op != Op::matmul) || is_result(g, v)) return -1;
+  // An elementwise node or reduction read only by the cast is the root of its kernel (a cast16
+  // reads its operand from memory), unless it is a view.
+  const bool stores = (elementwise(g, n) || axis_reduction(n)) && !exact_round(g, v) && !half_view(g, v);
+  if ((!flash && !stores && n.op != Op::matmul) || is_result(g, v)) return -1;
   const auto readers = readers_of(g, v);
   if (readers.size() != 1) return -1;
   const Node& c = g.node(readers.front().first);
@@ -1104,17 +1167,17 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     QKV_COMPARE_CASES
     case Op::cast:
       if (cast16(g, n)) return cast16_source(g, n);
-      return elementwise_source(g, n);
+      return elementwise_source(g, v);
     case Op::where:
     case Op::broadcast_to:
-    case Op::permute: return elementwise_source(g, n);
+    case Op::permute: return elementwise_source(g, v);
     case Op::slice: return slice_source();
     case Op::concat: return concat_source();
     case Op::iota: return iota_source();
     case Op::dropout_mask: return dropout_mask_source();
     case Op::one_hot: return one_hot_source();
     QKV_REDUCE_CASES
-    case Op::softmax: return axis_source(n.op, target, rounded_on_store(g, v));
+    case Op::softmax: return axis_source(g, v, target);
     case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, v, true));
     case Op::causal_mask: return causal_mask_source();
     QKV_ATTENTION_CASES {

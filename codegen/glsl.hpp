@@ -95,9 +95,18 @@ struct KernelLaunch {
 bool implements(const ir::Node& n);
 /// Whether a node runs as a kernel (inputs are uploaded; reshapes alias their operand).
 bool has_kernel(const ir::Node& n);
-/// Whether n is a cast to or from f16 or bf16: the only kernel that binds 16-bit buffers besides
-/// the flash and matmul kernels, always alone (never fused), converting contiguous elements.
+/// Whether n is a cast to or from f16 or bf16: a kernel of its own, never fused, converting
+/// contiguous elements (where no other kernel reads or writes the 16-bit values in place:
+/// half_view, narrowed_into).
 bool cast16(const ir::Graph& g, const ir::Node& n);
+/// Nodes computed at each element of their kernel from their operands' values at that element:
+/// unary, binary, select and comparison ops, and broadcast_to (its operand is read through
+/// strides broadcast to the kernel's shape, like every operand of a smaller shape); not a
+/// cast16. Fusion chains them into one kernel (codegen/fusion.cpp).
+bool elementwise(const ir::Graph& g, const ir::Node& n);
+/// Sums, maxima and softmax over one axis: a kernel of their own reading their input through
+/// the elementwise chain that computes it (codegen/fusion.cpp).
+bool axis_reduction(const ir::Node& n);
 /// Where node v's value lies in its operand's storage when it is a view and needs no kernel: a
 /// reshape, a head view, a half view or an exact round at byte 0; a slice whose elements are contiguous in its operand (every dim before
 /// the axis is 1, those after it static) at begin * inner size * 4 bytes, when that is a
@@ -112,12 +121,14 @@ bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment);
 /// through its permuted strides ([B, N, H, D] projections read as [B, H, N, D] heads).
 bool head_view(const ir::Graph& g, ir::ValueId v);
 /// Whether v, the cast to f32 of an f16 or bf16 input, has no kernel because every reader is a
-/// flash kernel reading it as q, k, v or dy, or a matmul reading it as A or B, which widen the
-/// 16-bit values where they load them: it aliases the input.
+/// flash kernel reading it as q, k, v or dy, a matmul reading it as A or B, an elementwise node
+/// or an axis reduction (whatever kernel computes it, which reads v as an operand), all of which
+/// widen the 16-bit values where they load them: it aliases the input.
 bool half_view(const ir::Graph& g, ir::ValueId v);
 /// The cast to f16 or bf16 that is the only reader of v, a flash forward kernel (attention,
-/// masked or flex) or a matmul, when v is no result: v's kernel writes its output rounded into
-/// the cast's 16-bit storage, and the cast has no kernel. -1 otherwise.
+/// masked or flex), a matmul, an elementwise node or an axis reduction, when v is no result and
+/// has a kernel: v's kernel writes its output rounded into the cast's 16-bit storage, and the
+/// cast has no kernel. -1 otherwise.
 ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v);
 /// Whether every value of v is a `dtype` (f16 or bf16) number: v has that dtype, rounds to it,
 /// is the cast of such a value, or moves such values (a reshape, permute, slice, broadcast,

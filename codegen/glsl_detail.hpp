@@ -34,19 +34,27 @@ std::string elementwise_expression(ir::Op op, const std::vector<std::string>& op
 std::string operand_offsets(int rank, int operands, int first_word);
 /// Push-constant words of axis_body's kernels, before a fused kernel's own.
 inline constexpr int kAxisPushWords = 4;
+/// `value` rounded to f16 or bf16 by the kernel's qkv_round_f16 or qkv_round_bf16 (math_helpers_of
+/// the round op defines them); `value` itself for f32.
+std::string rounded_value(DType rounded, const std::string& value);
+/// How a kernel stores each value: rounded to f16 or bf16 in f32 storage (`rounded`:
+/// codegen::rounded_on_store), and in 16-bit storage (`held`: codegen::narrowed_into).
+struct Store {
+  DType rounded = DType::f32, held = DType::f32;
+  /// The stored expression for f32 `value`.
+  std::string operator()(const std::string& value) const;
+  /// The rounds whose helpers (math_helpers_of) the stores call.
+  std::vector<ir::Op> rounds() const;
+};
 /// main() of a reduction or softmax over one axis (p[0] = outer * inner, p[1] = the axis' size,
 /// p[2] = inner, p[3] = a workgroup per row), reading its input's element e as open + e + close
 /// ("x0[" and "]" unfused): one invocation per row, or with target.subgroup_reductions a
 /// subgroup per row (a workgroup for long rows on a GPU: axis_launch).
 /// `sum_order`: for a sum merged from several (fusion's), the chain shape's axis each of them
 /// summed, the first's first: summed in nested loops in that order (see glsl.cpp, sum_row).
-/// `rounded` f16 or bf16: each value is stored rounded to it (codegen::rounded_on_store), through
-/// qkv_round_f16 or qkv_round_bf16, which the caller's helpers define.
+/// `store`: how each value is stored.
 std::string axis_body(ir::Op op, const std::string& open, const std::string& close, const Target& target, const std::vector<int>& sum_order = {},
-                      DType rounded = DType::f32);
-/// `value` rounded to f16 or bf16 by the kernel's qkv_round_f16 or qkv_round_bf16 (math_helpers_of
-/// the round op defines them); `value` itself for f32.
-std::string rounded_value(DType rounded, const std::string& value);
+                      const Store& store = {});
 /// A reduction a row kernel computes per row before its elements: `variable` = the sum or max
 /// over the row of `function`(element).
 struct RowReduction {
@@ -56,7 +64,7 @@ struct RowReduction {
 /// main() of a row kernel (codegen/fusion.cpp): per row of n elements (the words of axis_body),
 /// each reduction in order, then y at each of the row's elements = `chain`(element), which may
 /// read the reductions' variables. The rows are taken as axis_body takes them for `target`.
-std::string row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target);
+std::string row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target, const Store& store = {});
 /// header + body for an axis_body kernel, with the subgroup extensions it needs for `target`.
 std::string axis_shader(const std::string& header, const std::string& body, const Target& target);
 /// Push constants and workgroups of axis_body's kernel for these sizes.
@@ -64,6 +72,9 @@ KernelLaunch axis_launch(std::int64_t outer, std::int64_t n, std::int64_t inner,
 /// The buffer and push-constant declarations of a kernel reading `inputs` buffers x0, x1, ...
 /// and writing y, with 256 invocations along x.
 std::string kernel_header(int inputs);
+/// The same where the buffers hold `inputs` and `out` (held_element: 16-bit ones with
+/// GL_EXT_shader_16bit_storage); a kernel reads x<k> through widened and stores through a Store.
+std::string kernel_header(const std::vector<DType>& inputs, DType out);
 /// The statements that give an elementwise kernel its element `i` (p[0] = elements) and return
 /// past the last.
 std::string linear_index();

@@ -89,8 +89,11 @@ std::string bindings(int batch_rank, const MatmulDtypes& dtypes, const MatmulEpi
   const int extra = epilogue ? epilogue->operands : 0;
   std::string s = "layout(std430, binding = 0) readonly buffer In0 { " + std::string(held_element(dtypes.a)) + " x0[]; };\n" +
                   "layout(std430, binding = 1) readonly buffer In1 { " + held_element(dtypes.b) + " x1[]; };\n";
-  for (int k = 0; k < extra; ++k)
-    s += "layout(std430, binding = " + std::to_string(2 + k) + ") readonly buffer In" + std::to_string(2 + k) + " { float x" + std::to_string(2 + k) + "[]; };\n";
+  for (int k = 0; k < extra; ++k) {
+    const DType t = static_cast<std::size_t>(k) < epilogue->held.size() ? epilogue->held[static_cast<std::size_t>(k)] : DType::f32;
+    s += "layout(std430, binding = " + std::to_string(2 + k) + ") readonly buffer In" + std::to_string(2 + k) + " { " + held_element(t) + " x" +
+         std::to_string(2 + k) + "[]; };\n";
+  }
   s += "layout(std430, binding = " + std::to_string(2 + extra) + ") writeonly buffer Out { " + held_element(dtypes.out) + " y[]; };\n"
        "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n"
        "// p[0..2] = M, N, K; p[3..6] = a's row and column strides, b's row and column strides;\n"
@@ -116,9 +119,10 @@ std::string b_tile_index(bool n_first, const char* e) {
   return n_first ? std::string("uint c = ") + e + " % BN, kk = " + e + " / BN;" : std::string("uint kk = ") + e + " % BK, c = " + e + " / BK;";
 }
 
-/// The extension a kernel with 16-bit buffers needs, or nothing.
-std::string sixteen_bit(const MatmulDtypes& d) {
-  return is_half(d.a) || is_half(d.b) || is_half(d.out) ? "#extension GL_EXT_shader_16bit_storage : require\n" : "";
+/// The extension a kernel with 16-bit buffers (its epilogue's operands too) needs, or nothing.
+std::string sixteen_bit(const MatmulDtypes& d, const MatmulEpilogue* epilogue) {
+  const bool operands = epilogue && std::any_of(epilogue->held.begin(), epilogue->held.end(), [](DType t) { return is_half(t); });
+  return is_half(d.a) || is_half(d.b) || is_half(d.out) || operands ? "#extension GL_EXT_shader_16bit_storage : require\n" : "";
 }
 
 /// The kernel name's suffix for 16-bit buffers: "_f16a" and the like.
@@ -170,7 +174,7 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, cons
   // Which index of a tile the invocations step through first when loading it: the operand's
   // contiguous one (k for A and n for B unless transposed).
   const bool a_k_first = !n.attrs.transpose_a, b_n_first = !n.attrs.transpose_b;
-  std::string s = "#version 450\n#extension GL_EXT_control_flow_attributes : require\n" + sixteen_bit(dtypes);
+  std::string s = "#version 450\n#extension GL_EXT_control_flow_attributes : require\n" + sixteen_bit(dtypes, epilogue);
   s += "layout(local_size_x_id = 0) in;               // NT invocations\n"
        "layout(constant_id = 1) const uint TM = 8u;   // output rows per invocation (a multiple of 4)\n"
        "layout(constant_id = 2) const uint TN4 = 1u;  // output columns per invocation, in vec4s\n"
@@ -279,7 +283,7 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulDt
   const int batch_rank = n.shape.rank - 2;
   const std::uint32_t rows = kLaneRowGroups * sg, cols = kLaneColumns;
   const auto str = [](std::uint32_t v) { return std::to_string(v); };
-  std::string s = "#version 450\n#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_ballot : require\n" + sixteen_bit(dtypes);
+  std::string s = "#version 450\n#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_ballot : require\n" + sixteen_bit(dtypes, epilogue);
   s += "layout(local_size_x_id = 0) in;  // whole subgroups of " + str(sg) + " lanes\n";
   s += "// The tile, per launch (lanes_tile): RG groups of " + str(sg) + " rows by " + str(sg) + " TN columns per subgroup. The\n"
        "// code below is unrolled for the largest tile; what a smaller one does not use is folded away.\n";
@@ -358,7 +362,7 @@ KernelSource matmul_cooperative_source(const Node& n, const Target& target, cons
   const auto str = [](std::uint32_t v) { return std::to_string(v) + "u"; };
   const bool a_k_first = !n.attrs.transpose_a, b_n_first = !n.attrs.transpose_b;
   std::string s = "#version 450\n#extension GL_EXT_control_flow_attributes : require\n#extension GL_KHR_shader_subgroup_basic : require\n"
-                  "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n" + sixteen_bit(dtypes);
+                  "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n" + sixteen_bit(dtypes, epilogue);
   if (!emulated) s += "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n";
   s += "layout(local_size_x_id = 0) in;  // NT invocations: SM x SN subgroups\n";
   s += "const uint CM = " + str(cm.m) + ", CN = " + str(cm.n) + ", CK = " + str(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n";

@@ -21,6 +21,7 @@ struct MatmulEpilogue {
   std::string name;  // appended to the kernel's name ("_add_max")
   std::string glsl;
   int operands = 0;
+  std::vector<DType> held;  // the dtypes the operands' buffers hold (f32 where missing)
 };
 
 /// The dtypes a matmul kernel's buffers hold (codegen::held_dtype): A and B may be f16 or bf16

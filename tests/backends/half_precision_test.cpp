@@ -361,6 +361,58 @@ TEST(HalfPrecisionVulkan, ReductionsAndAttentionStoreTheirRoundedValues) {
   }
 }
 
+TEST(HalfPrecisionVulkan, ElementwiseAndReductionKernelsReadAndWriteTheir16BitBuffers) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  bool storage16 = false;
+  for (const auto& d : backend::vulkan_devices()) storage16 |= d.storage16;
+  if (!storage16) GTEST_SKIP() << "no device with 16-bit storage buffers";
+  auto options = backend::vulkan_options_from_env();
+  options.half_storage = false;
+  auto host_widened = backend::make_vulkan_backend(options);
+  options = backend::vulkan_options_from_env();
+  options.tuning = backend::VulkanOptions::Tuning::gpu;
+  auto gpu = backend::make_vulkan_backend(options);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    // Half inputs read by a fused chain, an elementwise op alone, a sum and a softmax; each
+    // result a chain's, a sum's or a softmax's value stored into its 16-bit output.
+    ir::Graph g;
+    const ir::Dim n = g.symbol("N");
+    const ir::ValueId x = g.add_input("x", dtype, {3, n, 24}), b = g.add_input("b", dtype, {24}), w = g.add_input("w", dtype, {3, n, 24});
+    ir::Attrs rows, cols;
+    rows.axis = 2;
+    cols.axis = 1;
+    cols.keepdim = false;
+    g.set_output("chain", g.add(ir::Op::tanh, {g.add(ir::Op::mul, {g.add(ir::Op::add, {x, b}), w})}));
+    g.set_output("alone", g.add(ir::Op::neg, {w}));
+    g.set_output("sum", g.add(ir::Op::reduce_sum, {x}, cols));
+    g.set_output("softmax", g.add(ir::Op::softmax, {w}, rows));
+    const ir::Graph backward = ir::build_backward(g, {"", {"x", "b", "w"}, {"chain", "sum", "softmax"}});
+    for (const ir::Graph* graph : {static_cast<const ir::Graph*>(&g), &backward}) {
+      const backend::TensorMap inputs = backend::random_inputs(*graph, {{"N", 37}}, 19);
+      const backend::TensorMap want = host_widened->compile(*graph)->run(inputs);
+      for (auto* be : {vulkan.get(), gpu.get()}) {
+        auto exe = be->compile(*graph);
+        const ir::Graph& lowered = exe->graph();
+        // No cast kernel in the forward: each input's widening is a view its readers load through,
+        // each output's narrowing is written by the kernel computing the value. (The backward
+        // keeps a few: an input read through a reshape, outputs whose values other ops read too.)
+        for (std::size_t i = 0; i < lowered.size() && graph == &g; ++i)
+          if (lowered.nodes()[i].op == ir::Op::cast) {
+            const std::string kernel = be->kernel_name(lowered, static_cast<ir::ValueId>(i));
+            EXPECT_TRUE(kernel.starts_with("(view of") || kernel.starts_with("(written in place by")) << "%" << i << ": " << kernel;
+          }
+        const backend::TensorMap got = exe->run(inputs);
+        for (const auto& [name, t] : want) {
+          ASSERT_EQ(got.at(name).dtype(), t.dtype()) << name;
+          EXPECT_EQ(std::memcmp(got.at(name).raw(), t.raw(), t.nbytes()), 0) << name << ": the same kernels, converting on the device or the host";
+        }
+      }
+      testing::expect_equivalent(*graph, inputs, "vulkan");
+    }
+  }
+}
+
 TEST(HalfPrecisionVulkan, MatmulsReadAndWriteTheir16BitBuffers) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   bool storage16 = false;
