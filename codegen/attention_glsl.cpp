@@ -204,8 +204,9 @@ std::string fill(std::string text, std::vector<std::pair<std::string, std::strin
 /// does not have), and multiplies p v CN columns of v at a time, each product stored to shared
 /// memory and added by its lanes to the output rows they keep in registers. A fragment's element
 /// layout is opaque, which is why the rescale of the output by the softmax goes through those
-/// registers rather than the accumulators. Emulated (Target::CooperativeMatrix::emulated), the
-/// two fragment products are scalar code over the same tiles, for devices without.
+/// registers rather than the accumulators. The forward's log-sum-exp (which training graphs run
+/// beside it) takes the same kernel without p v. Emulated (Target::CooperativeMatrix::emulated),
+/// the two fragment products are scalar code over the same tiles, for devices without.
 constexpr std::uint32_t kCoopSubgroups = 4;
 
 /// Lanes per score row and rows per lane of a subgroup of `sg` over `m` rows (both 1 or more).
@@ -318,8 +319,10 @@ void pv_chunk(uint sg, uint c) {
 }
 
 /// The cooperative forward's part of main: from the row operands to the stores (`skip`: the
-/// tile test, `counts`: the tile count's update, `stored`: an output value narrowed to its dtype).
-std::string coop_body(const Target& t, bool modifier, bool drop, const std::string& skip, const std::string& counts,
+/// tile test, `counts`: the tile count's update, `stored`: an output value as stored). With
+/// `lse`, the forward's log-sum-exp kernel instead: the scores and the softmax's running max and
+/// sum, no p v.
+std::string coop_body(const Target& t, bool lse, bool modifier, bool drop, const std::string& skip, const std::string& counts,
                       const std::function<std::string(const std::string&)>& stored) {
   const std::uint32_t lanes = coop_lanes(t.subgroup_size, t.cooperative_matrix.m).first;
   const std::string shuffle_max = lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) mx = qkv_max(mx, subgroupShuffleXor(mx, w));\n" : "";
@@ -333,9 +336,8 @@ std::string coop_body(const Target& t, bool modifier, bool drop, const std::stri
     [[unroll]] for (uint e = 0u; e < 4u; ++e) q_s[row * QS + 4u * g + e] = float16_t(v[e]);
   }
   float m[RPL], l[RPL];  // per row: the running max, and this lane's part of the sum of exp(s - m)
-  float o[RPL * (KV / LPR)];  // per row: this lane's columns of the output, sub + j LPR of each CN
   [[unroll]] for (uint i = 0u; i < RPL; ++i) { m[i] = neg_inf(); l[i] = 0.0; }
-  [[unroll]] for (uint x = 0u; x < RPL * (KV / LPR); ++x) o[x] = 0.0;
+$ODECL
   for (uint t0 = lo; t0 < hi; t0 += BC) {
     uint cols = min(BC, hi - t0);
 $SKIP    visited += rows * cols;
@@ -345,12 +347,7 @@ $SKIP    visited += rows * cols;
       vec4 v = row < cols && g < D4 ? row4_K(t0 + row, g) : vec4(0.0);
       [[unroll]] for (uint e = 0u; e < 4u; ++e) k_s[row * QS + 4u * g + e] = float16_t(v[e]);
     }
-    for (uint x = lid; x < BC * (KV / 4u); x += INV) {
-      uint row = x / (KV / 4u), g = x % (KV / 4u);
-      vec4 v = row < cols && g < DV4 ? row4_V(t0 + row, g) : vec4(0.0);
-      [[unroll]] for (uint e = 0u; e < 4u; ++e) v_s[row * VS + 4u * g + e] = float16_t(v[e]);
-    }
-    barrier();
+$VSTAGE    barrier();
     for (uint c = 0u; c < BC; c += CN) score_chunk(sg, c);
     subgroupMemoryBarrierShared();
     subgroupBarrier();
@@ -370,18 +367,37 @@ $SHUFFLEMAX      float m_new = qkv_max(m[i], mx);
       if (m_new != m[i]) {  // also NaN, which then reaches l and o as in the decomposition
         float alpha = exp(m[i] - (m_new == neg_inf() ? 0.0 : m_new));
         l[i] *= alpha;
-        [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) o[i * (KV / LPR) + x] *= alpha;
-        m[i] = m_new;
+$ORESCALE        m[i] = m_new;
       }
       float base = m[i] == neg_inf() ? 0.0 : m[i];  // no key yet: every exp is 0
       [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
         uint c = sub + j * LPR;
         float p = exp(sc[j] - base);
         l[i] += p;
-$DROP        p_s[wr * PS + c] = float16_t(p);
-      }
+$PWRITE      }
     }
-    subgroupMemoryBarrierShared();
+$PV  }
+  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+$SHUFFLESUM  }
+$COUNTS$STORE)",
+              {{"SKIP", skip},
+               {"SCORE", modifier ? "score_mod(s_s[wr * SS + c] * scale, qi, t0 + c)" : "s_s[wr * SS + c] * scale"},
+               {"SHUFFLEMAX", shuffle_max},
+               {"SHUFFLESUM", shuffle_sum},
+               {"ODECL", lse ? ""
+                             : "  float o[RPL * (KV / LPR)];  // per row: this lane's columns of the output, sub + j LPR of each CN\n"
+                               "  [[unroll]] for (uint x = 0u; x < RPL * (KV / LPR); ++x) o[x] = 0.0;\n"},
+               {"VSTAGE", lse ? "" : R"(    for (uint x = lid; x < BC * (KV / 4u); x += INV) {
+      uint row = x / (KV / 4u), g = x % (KV / 4u);
+      vec4 v = row < cols && g < DV4 ? row4_V(t0 + row, g) : vec4(0.0);
+      [[unroll]] for (uint e = 0u; e < 4u; ++e) v_s[row * VS + 4u * g + e] = float16_t(v[e]);
+    }
+)"},
+               {"ORESCALE", lse ? "" : "        [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) o[i * (KV / LPR) + x] *= alpha;\n"},
+               {"PWRITE", lse ? ""
+                              : std::string(drop ? "        if (c < cols && qi < N) p *= dropout_factor(qi, t0 + c);  // the sum normalises the undropped weights\n" : "") +
+                                    "        p_s[wr * PS + c] = float16_t(p);\n"},
+               {"PV", lse ? "" : R"(    subgroupMemoryBarrierShared();
     subgroupBarrier();
     // o += p v, CN columns of v at a time through s_s (the scores are read).
     [[unroll]] for (uint c = 0u; c < KV / CN; ++c) {
@@ -394,27 +410,23 @@ $DROP        p_s[wr * PS + c] = float16_t(p);
       subgroupMemoryBarrierShared();
       subgroupBarrier();  // read before the next product is stored
     }
-  }
-  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
-$SHUFFLESUM  }
-$COUNTS  // A row with no key has l = 0 and o = a sum of 0 * v: zeros, or NaN where v holds inf or NaN.
+)"},
+               {"COUNTS", counts},
+               {"STORE", lse ? "  [[unroll]] for (uint i = 0u; i < RPL; ++i) {  // -inf for a row with no key; one lane of each row writes it\n"
+                               "    uint qi = r0 + wr0 + i * (SG / LPR);\n"
+                               "    if (qi < N && sub == 0u) OUT[out_at + qi] = " +
+                                   stored("(m[i] == neg_inf() ? 0.0 : m[i]) + qkv_log(l[i])") +
+                                   ";\n"
+                                   "  }\n"
+                             : R"(  // A row with no key has l = 0 and o = a sum of 0 * v: zeros, or NaN where v holds inf or NaN.
   [[unroll]] for (uint i = 0u; i < RPL; ++i) {
     uint qi = r0 + wr0 + i * (SG / LPR);
     if (qi >= N) continue;
     [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) {
       uint col = x / (CN / LPR) * CN + sub + x % (CN / LPR) * LPR;
       float y = o[i * (KV / LPR) + x];
-      if (col < DVR) OUT[out_at + qi * out_rs + col] = $STORED;
-    }
-  }
-)",
-              {{"SKIP", skip},
-               {"SCORE", modifier ? "score_mod(s_s[wr * SS + c] * scale, qi, t0 + c)" : "s_s[wr * SS + c] * scale"},
-               {"SHUFFLEMAX", shuffle_max},
-               {"SHUFFLESUM", shuffle_sum},
-               {"DROP", drop ? "        if (c < cols && qi < N) p *= dropout_factor(qi, t0 + c);  // the sum normalises the undropped weights\n" : ""},
-               {"COUNTS", counts},
-               {"STORED", stored("l[i] == 0.0 ? y : y / l[i]")}});
+      if (col < DVR) OUT[out_at + qi * out_rs + col] = )" + stored("l[i] == 0.0 ? y : y / l[i]") +
+                                   ";\n    }\n  }\n"}});
 }
 }  // namespace
 
@@ -429,8 +441,8 @@ bool attention_strided(const Node& n) { return ir::is_fused_attention(n.op) && b
 
 bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
-  if (!ir::is_fused_attention(n.op) || kind_of(n) != Kind::forward || !coop_target(target)) return false;
-  for (std::size_t k = 0; k < 3; ++k)
+  if (!ir::is_fused_attention(n.op) || (kind_of(n) != Kind::forward && kind_of(n) != Kind::lse) || !coop_target(target)) return false;
+  for (std::size_t k = 0; k < (kind_of(n) == Kind::lse ? 2u : 3u); ++k)  // q, k (and v)
     if (!rounded_to(g, n.inputs[k], DType::f16)) return false;
   return true;
 }
@@ -440,7 +452,7 @@ int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n) + (attent
 KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative) {
   const Kind kind = kind_of(n);
   // The forward with cooperative matrices beside its scalar path (coop_declarations).
-  const bool coop = cooperative && kind == Kind::forward;
+  const bool coop = cooperative && (kind == Kind::forward || kind == Kind::lse);
   const int r = batch_rank(n);
   const bool causal = n.attrs.causal, mask = masked(n), drop = ir::has_dropout_seed(n.op, n.attrs);
   const bool key_rows = kind == Kind::dk || kind == Kind::dv;  // rows are keys, streaming queries
@@ -997,7 +1009,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   if (coop) {  // the scalar path, and beside it the cooperative one
     const std::string scalar = s.substr(body_at);
     s.resize(body_at);
-    s += "  if (COOP != 0u) {\n" + indented(coop_body(*cooperative, n.region != nullptr, drop, skip, counts, stored), "  ") + "  } else {\n" +
+    s += "  if (COOP != 0u) {\n" + indented(coop_body(*cooperative, kind == Kind::lse, n.region != nullptr, drop && kind == Kind::forward, skip, counts, stored), "  ") + "  } else {\n" +
          indented(scalar, "  ") + "  }\n";
   }
   s += "}\n";

@@ -570,32 +570,36 @@ std::unique_ptr<backend::Backend> cooperative_backend(std::array<std::uint32_t, 
   }
 }
 
-/// Whether the attention forward of the compiled graph runs the cooperative-matrix kernel.
+/// Whether an attention forward or log-sum-exp of the compiled graph runs the cooperative-matrix kernel.
 bool attention_is_cooperative(backend::Backend& b, const ir::Graph& g) {
   auto exe = b.compile(g);
-  for (std::size_t i = 0; i < exe->graph().size(); ++i)
+  for (std::size_t i = 0; i < exe->graph().size(); ++i) {
+    const std::string kernel = b.kernel_name(exe->graph(), static_cast<ir::ValueId>(i));
     if (ir::is_fused_attention(exe->graph().nodes()[i].op) &&
-        b.kernel_name(exe->graph(), static_cast<ir::ValueId>(i)).find("flash_attention_forward_coop") != std::string::npos)
+        (kernel.find("flash_attention_forward_coop") != std::string::npos || kernel.find("flash_attention_lse_coop") != std::string::npos))
       return true;
+  }
   return false;
 }
 
 TEST(CooperativeMatrixVulkan, AttentionForwardMatchesTheReferenceEmulatedOrOnTheDevice) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  // Every forward case of the fused attention ops (causal, windows, keep-masks, score modifiers
-  // that mask whole tiles, dropout) in f16, through the cooperative forward: q k^T and p v as
-  // fragment products, the online softmax in scalar code between them.
+  // Every forward and log-sum-exp case of the fused attention ops (causal, windows, keep-masks,
+  // score modifiers that mask whole tiles, dropout) in f16, through the cooperative kernels: q k^T
+  // and p v as fragment products, the online softmax in scalar code between them.
   auto coop = cooperative_backend();
   if (!coop) GTEST_SKIP() << "no f16 arithmetic for the emulated kernel";
   int cooperative = 0;
-  for (const auto& rc :
-       testing::registry_cases([](ir::Op op) { return op == ir::Op::attention || op == ir::Op::masked_attention || op == ir::Op::flex_attention; })) {
+  for (const auto& rc : testing::registry_cases([](ir::Op op) {
+         return op == ir::Op::attention || op == ir::Op::masked_attention || op == ir::Op::flex_attention || op == ir::Op::attention_lse ||
+                op == ir::Op::masked_attention_lse || op == ir::Op::flex_attention_lse;
+       })) {
     SCOPED_TRACE(testing::case_label(rc));
     const ir::Graph h = ir::to_dtype(ir::case_graph(rc.op, rc.c), DType::f16);
     cooperative += attention_is_cooperative(*coop, h);
     testing::expect_equivalent(h, testing::inputs_in_dtype(testing::case_inputs(rc.c, 1234 + rc.index), DType::f16), *coop);
   }
-  EXPECT_GE(cooperative, 10);
+  EXPECT_GE(cooperative, 14);
   // Past one workgroup's 64 query rows and one tile's keys, head dims that are no multiple of a
   // fragment's (q and k 40, v 24), causal; and bf16, whose values are no f16 values: the scalar kernel.
   auto sdpa = [](DType dtype, bool causal) {

@@ -140,13 +140,15 @@ ir::ValueId fused_attention(const ir::Graph& g) {
 }
 
 TEST(CooperativeMatrix, AttentionForwardCompilesToValidSpirv) {
-  // Every forward case of the fused attention ops in f16 (masks, windows, modifiers, dropout),
-  // for NVIDIA's two fragments (32 lanes: two per score row) and emulated over subgroups of 8.
+  // Every forward and log-sum-exp case of the fused attention ops in f16 (masks, windows,
+  // modifiers, dropout), for NVIDIA's two fragments (32 lanes: two per score row) and emulated
+  // over subgroups of 8.
   Target emulated = gpu();
   emulated.subgroup_size = 8;
   emulated.cooperative_matrix.emulated = true;
   int cases = 0;
-  for (ir::Op op : {ir::Op::attention, ir::Op::masked_attention, ir::Op::flex_attention})
+  for (ir::Op op : {ir::Op::attention, ir::Op::masked_attention, ir::Op::flex_attention, ir::Op::attention_lse, ir::Op::masked_attention_lse,
+                    ir::Op::flex_attention_lse})
     for (const ir::OpCase& c : ir::op_cases(op)) {
       SCOPED_TRACE(std::string(ir::op_name(op)) + ": " + c.label);
       const ir::Graph g = ir::lower_for_backend(ir::to_dtype(ir::case_graph(op, c), DType::f16), implements, ir::HalfInputs::kept);
@@ -160,7 +162,7 @@ TEST(CooperativeMatrix, AttentionForwardCompilesToValidSpirv) {
       }
       ++cases;
     }
-  EXPECT_GE(cases, 10);
+  EXPECT_GE(cases, 14);
 }
 
 TEST(CooperativeMatrix, OnlyAttentionForwardsOfF16ValuesTakeIt) {
@@ -179,11 +181,13 @@ TEST(CooperativeMatrix, OnlyAttentionForwardsOfF16ValuesTakeIt) {
   const ir::Graph g = sdpa(DType::f16);
   EXPECT_EQ(kernel_source(g, fused_attention(g), Target{}).name.find("coop"), std::string::npos) << "a device without";
   EXPECT_NE(kernel_source(g, fused_attention(g), gpu()).name.find("coop"), std::string::npos);
-  // The gradients keep their scalar kernels.
+  // The gradients keep their scalar kernels; the forward's log-sum-exp (training) takes it.
   const ir::Graph backward = ir::lower_for_backend(ir::build_backward(sdpa(DType::f16), {"", {"q"}, {"out"}}), implements, ir::HalfInputs::kept);
   for (std::size_t i = 0; i < backward.size(); ++i)
     if (ir::is_fused_attention(backward.nodes()[i].op) && backward.nodes()[i].op != ir::Op::attention) {
-      EXPECT_EQ(kernel_source(backward, static_cast<ir::ValueId>(i), gpu()).name.find("coop"), std::string::npos);
+      const bool lse = backward.nodes()[i].op == ir::Op::attention_lse;
+      EXPECT_EQ(kernel_source(backward, static_cast<ir::ValueId>(i), gpu()).name.find("coop") != std::string::npos, lse)
+          << ir::op_name(backward.nodes()[i].op);
     }
 }
 
