@@ -165,14 +165,24 @@ TEST(HalfPrecisionCpu, AttentionGradientsReadTheirHalfOperandsWhereTheyAre) {
   }
 }
 
+/// Whether any Vulkan device has 16-bit storage buffers.
+bool any_storage16() {
+  for (const auto& d : backend::vulkan_devices())
+    if (d.storage16) return true;
+  return false;
+}
+
+/// A vulkan backend with the environment's options changed by `change`.
+template <class Change> std::unique_ptr<backend::Backend> vulkan_with(Change change) {
+  auto options = backend::vulkan_options_from_env();
+  change(options);
+  return backend::make_vulkan_backend(options);
+}
+
 TEST(HalfPrecisionVulkan, HalfTensorsCrossAndStayIn16BitBuffers) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  auto options = backend::vulkan_options_from_env();
-  options.half_storage = false;
-  auto host_widened = backend::make_vulkan_backend(options);
-  bool storage16 = false;
-  for (const auto& d : backend::vulkan_devices()) storage16 |= d.storage16;
-  if (!storage16) GTEST_SKIP() << "no device with 16-bit storage buffers";
+  auto host_widened = vulkan_with([](backend::VulkanOptions& o) { o.half_storage = false; });
+  if (!any_storage16()) GTEST_SKIP() << "no device with 16-bit storage buffers";
   const std::map<std::string, std::int64_t> dims{{"B", 2}, {"H", 2}, {"N", 70}, {"D", 16}};
   for (DType dtype : {DType::f16, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -271,9 +281,7 @@ TEST(HalfPrecisionVulkan, ReductionsAndAttentionStoreTheirRoundedValues) {
   // reader, the value's own kernel stores it rounded and the round is a view. A sum keeping its
   // dim whose round elementwise nodes read (x - mean) stays in their row kernel instead. Both
   // geometries: an invocation per row (lavapipe's) and a subgroup per row (GPUs').
-  auto options = backend::vulkan_options_from_env();
-  options.tuning = backend::VulkanOptions::Tuning::gpu;
-  auto gpu = backend::make_vulkan_backend(options);
+  auto gpu = vulkan_with([](backend::VulkanOptions& o) { o.tuning = backend::VulkanOptions::Tuning::gpu; });
   for (backend::Backend* b : {vulkan.get(), gpu.get()})
     for (DType dtype : {DType::f16, DType::bf16}) {
       SCOPED_TRACE(dtype_name(dtype));
@@ -363,15 +371,9 @@ TEST(HalfPrecisionVulkan, ReductionsAndAttentionStoreTheirRoundedValues) {
 
 TEST(HalfPrecisionVulkan, ElementwiseAndReductionKernelsReadAndWriteTheir16BitBuffers) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  bool storage16 = false;
-  for (const auto& d : backend::vulkan_devices()) storage16 |= d.storage16;
-  if (!storage16) GTEST_SKIP() << "no device with 16-bit storage buffers";
-  auto options = backend::vulkan_options_from_env();
-  options.half_storage = false;
-  auto host_widened = backend::make_vulkan_backend(options);
-  options = backend::vulkan_options_from_env();
-  options.tuning = backend::VulkanOptions::Tuning::gpu;
-  auto gpu = backend::make_vulkan_backend(options);
+  if (!any_storage16()) GTEST_SKIP() << "no device with 16-bit storage buffers";
+  auto host_widened = vulkan_with([](backend::VulkanOptions& o) { o.half_storage = false; });
+  auto gpu = vulkan_with([](backend::VulkanOptions& o) { o.tuning = backend::VulkanOptions::Tuning::gpu; });
   for (DType dtype : {DType::f16, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));
     // Half inputs read by a fused chain, an elementwise op alone, a sum and a softmax; each
@@ -415,16 +417,10 @@ TEST(HalfPrecisionVulkan, ElementwiseAndReductionKernelsReadAndWriteTheir16BitBu
 
 TEST(HalfPrecisionVulkan, MatmulsReadAndWriteTheir16BitBuffers) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  bool storage16 = false;
-  for (const auto& d : backend::vulkan_devices()) storage16 |= d.storage16;
-  if (!storage16) GTEST_SKIP() << "no device with 16-bit storage buffers";
-  auto options = backend::vulkan_options_from_env();
-  options.half_storage = false;
-  auto host_widened = backend::make_vulkan_backend(options);
+  if (!any_storage16()) GTEST_SKIP() << "no device with 16-bit storage buffers";
+  auto host_widened = vulkan_with([](backend::VulkanOptions& o) { o.half_storage = false; });
   // The lanes kernel (lavapipe's) and the tiled one (GPUs'), each reading 16-bit operands.
-  options = backend::vulkan_options_from_env();
-  options.tuning = backend::VulkanOptions::Tuning::gpu;
-  auto tiled = backend::make_vulkan_backend(options);
+  auto tiled = vulkan_with([](backend::VulkanOptions& o) { o.tuning = backend::VulkanOptions::Tuning::gpu; });
   const std::map<std::string, std::int64_t> dims{{"M", 37}, {"N", 70}, {"K", 45}};
   for (DType dtype : {DType::f16, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -510,20 +506,29 @@ bool any_cooperative_matrix() {
   return false;
 }
 
+/// A vulkan backend multiplying f16 values with cooperative matrices: the device's where one has
+/// them, else emulated with `fragment` (rows, columns, depth); nullptr where the device lacks
+/// what the emulation needs (f16 arithmetic).
+std::unique_ptr<backend::Backend> cooperative_backend(std::array<std::uint32_t, 3> fragment = {16, 16, 16}) {
+  auto options = backend::vulkan_options_from_env();
+  options.cooperative_matrix =
+      any_cooperative_matrix() ? backend::VulkanOptions::CooperativeMatrix::on : backend::VulkanOptions::CooperativeMatrix::emulated;
+  options.emulated_fragment = fragment;
+  try {
+    return backend::make_vulkan_backend(options);
+  } catch (const BackendError&) {
+    return nullptr;
+  }
+}
+
 TEST(CooperativeMatrixVulkan, TheKernelMatchesTheReferenceEmulatedOrOnTheDevice) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   // Where no device has cooperative matrices (lavapipe), the same kernel with its fragment
   // operations as scalar code: tiles staged in f16, edges, transposes, broadcast batches,
   // epilogues and the store. Where one has them, the kernel itself (QKV_VULKAN_COOPERATIVE_MATRIX=1).
-  auto options = backend::vulkan_options_from_env();
   const bool device = any_cooperative_matrix();
-  options.cooperative_matrix = device ? backend::VulkanOptions::CooperativeMatrix::on : backend::VulkanOptions::CooperativeMatrix::emulated;
-  std::unique_ptr<backend::Backend> coop;
-  try {
-    coop = backend::make_vulkan_backend(options);
-  } catch (const BackendError& e) {
-    GTEST_SKIP() << e.what();  // a device without f16 arithmetic
-  }
+  auto coop = cooperative_backend();
+  if (!coop) GTEST_SKIP() << "no f16 arithmetic for the emulated kernel";
   const std::string kernel = device ? "matmul_coop" : "matmul_coop_emulated";
   // Sizes across the 64 x 64 tiles and 32-deep steps: partial tiles in every direction.
   const std::map<std::string, std::int64_t> dims{{"M", 70}, {"N", 37}, {"K", 45}};
@@ -553,21 +558,6 @@ TEST(CooperativeMatrixVulkan, TheKernelMatchesTheReferenceEmulatedOrOnTheDevice)
   auto bf16 = coop->compile(matmuls(DType::bf16));
   for (std::size_t i = 0; i < bf16->graph().size(); ++i)
     EXPECT_FALSE(coop->kernel_name(bf16->graph(), static_cast<ir::ValueId>(i)).find("coop") != std::string::npos);
-}
-
-/// A vulkan backend multiplying f16 values with cooperative matrices: the device's where one has
-/// them, else emulated with `fragment` (rows, columns, depth); nullptr where the device lacks
-/// what the emulation needs (f16 arithmetic).
-std::unique_ptr<backend::Backend> cooperative_backend(std::array<std::uint32_t, 3> fragment = {16, 16, 16}) {
-  auto options = backend::vulkan_options_from_env();
-  options.cooperative_matrix =
-      any_cooperative_matrix() ? backend::VulkanOptions::CooperativeMatrix::on : backend::VulkanOptions::CooperativeMatrix::emulated;
-  options.emulated_fragment = fragment;
-  try {
-    return backend::make_vulkan_backend(options);
-  } catch (const BackendError&) {
-    return nullptr;
-  }
 }
 
 /// Whether an attention forward or log-sum-exp of the compiled graph runs the cooperative-matrix kernel.
