@@ -205,8 +205,9 @@ std::string fill(std::string text, std::vector<std::pair<std::string, std::strin
 /// memory and added by its lanes to the output rows they keep in registers. A fragment's element
 /// layout is opaque, which is why the rescale of the output by the softmax goes through those
 /// registers rather than the accumulators. The forward's log-sum-exp (which training graphs run
-/// beside it) takes the same kernel without p v. Emulated (Target::CooperativeMatrix::emulated),
-/// the two fragment products are scalar code over the same tiles, for devices without.
+/// beside it) takes the same kernel without p v, and dv the same with k's rows against tiles of
+/// queries and dy (coop_body). Emulated (Target::CooperativeMatrix::emulated), the two fragment
+/// products are scalar code over the same tiles, for devices without.
 constexpr std::uint32_t kCoopSubgroups = 4;
 
 /// Lanes per score row and rows per lane of a subgroup of `sg` over `m` rows (both 1 or more).
@@ -245,8 +246,9 @@ std::int64_t coop_tile(const Target& t, std::int64_t d4, std::int64_t dv4) {
   return 0;
 }
 
-/// The cooperative forward's constants (`constants`) or its shared tiles and fragment products.
-std::string coop_declarations(const Target& t, bool constants) {
+/// The cooperative kernel's constants (`constants`) or its shared tiles and fragment products
+/// (dv's with the tile's lse).
+std::string coop_declarations(const Target& t, bool constants, bool dv) {
   const Target::CooperativeMatrix& cm = t.cooperative_matrix;
   const auto [lanes, rows] = coop_lanes(t.subgroup_size, cm.m);
   const auto u = [](std::uint32_t v) { return std::to_string(v) + "u"; };
@@ -259,11 +261,12 @@ std::string coop_declarations(const Target& t, bool constants) {
                   "const uint QS = KD + 8u, VS = KV + 8u, SS = BC + 4u, PS = BC + 8u;  // shared row strides, padded to 16 bytes\n";
   if (constants) return s;
   s = "// Sized 1 when the scalar path runs.\n"
-                  "shared float16_t q_s[COOP * NSG * CM * QS + 1u - COOP];  // the workgroup's query rows\n"
-                  "shared float16_t k_s[COOP * BC * QS + 1u - COOP];        // the tile's keys\n"
-                  "shared float16_t v_s[COOP * BC * VS + 1u - COOP];        // their values\n"
+                  "shared float16_t rows_s[COOP * NSG * CM * QS + 1u - COOP];  // the workgroup's rows: queries (dv: keys)\n"
+                  "shared float16_t tile_s[COOP * BC * QS + 1u - COOP];        // the tile's keys (dv: queries)\n"
+                  "shared float16_t vals_s[COOP * BC * VS + 1u - COOP];        // what p multiplies: their v (dv: dy)\n"
                   "shared float s_s[COOP * NSG * CM * SS + 1u - COOP];     // per subgroup: its scores, then a p v product\n"
-                  "shared float16_t p_s[COOP * NSG * CM * PS + 1u - COOP];  // per subgroup: its p\n\n";
+                  "shared float16_t p_s[COOP * NSG * CM * PS + 1u - COOP];  // per subgroup: its p\n" +
+      std::string(dv ? "shared float lse_s[COOP * BC + 1u - COOP];  // the tile's queries' lse\n\n" : "\n");
   if (!cm.emulated) {
     s += R"(// Scores of subgroup sg's rows by keys c..c + CN of the tile, into s_s.
 void score_chunk(uint sg, uint c) {
@@ -271,8 +274,8 @@ void score_chunk(uint sg, uint c) {
   for (uint kk = 0u; kk < KD; kk += CK) {
     fcoopmatNV<16, gl_ScopeSubgroup, CM, CK> a;
     fcoopmatNV<16, gl_ScopeSubgroup, CK, CN> b;
-    coopMatLoadNV(a, q_s, sg * CM * QS + kk, QS, false);
-    coopMatLoadNV(b, k_s, c * QS + kk, QS, true);  // k^T: column n is key c + n
+    coopMatLoadNV(a, rows_s, sg * CM * QS + kk, QS, false);
+    coopMatLoadNV(b, tile_s, c * QS + kk, QS, true);  // k^T: column n is key c + n
     acc = coopMatMulAddNV(a, b, acc);
   }
   coopMatStoreNV(acc, s_s, sg * CM * SS + c, SS, false);
@@ -284,7 +287,7 @@ void pv_chunk(uint sg, uint c) {
     fcoopmatNV<16, gl_ScopeSubgroup, CM, CK> a;
     fcoopmatNV<16, gl_ScopeSubgroup, CK, CN> b;
     coopMatLoadNV(a, p_s, sg * CM * PS + kk, PS, false);
-    coopMatLoadNV(b, v_s, kk * VS + c, VS, false);
+    coopMatLoadNV(b, vals_s, kk * VS + c, VS, false);
     acc = coopMatMulAddNV(a, b, acc);
   }
   coopMatStoreNV(acc, s_s, sg * CM * SS, SS, false);
@@ -299,7 +302,7 @@ void score_chunk(uint sg, uint c) {
   for (uint j = 0u; j < EL; ++j) {
     uint e = lane + j * SG, r = sg * CM + e / CN, n = c + e % CN;
     float sum = 0.0;
-    for (uint kk = 0u; kk < KD; ++kk) sum = fma(float(q_s[r * QS + kk]), float(k_s[n * QS + kk]), sum);
+    for (uint kk = 0u; kk < KD; ++kk) sum = fma(float(rows_s[r * QS + kk]), float(tile_s[n * QS + kk]), sum);
     s_s[r * SS + n] = sum;
   }
 }
@@ -308,7 +311,7 @@ void pv_chunk(uint sg, uint c) {
   for (uint j = 0u; j < EL; ++j) {
     uint e = lane + j * SG, r = sg * CM + e / CN, n = e % CN;
     float sum = 0.0;
-    for (uint kk = 0u; kk < BC; ++kk) sum = fma(float(p_s[r * PS + kk]), float(v_s[kk * VS + c + n]), sum);
+    for (uint kk = 0u; kk < BC; ++kk) sum = fma(float(p_s[r * PS + kk]), float(vals_s[kk * VS + c + n]), sum);
     s_s[r * SS + n] = sum;
   }
 }
@@ -318,49 +321,86 @@ void pv_chunk(uint sg, uint c) {
   return s;
 }
 
-/// The cooperative forward's part of main: from the row operands to the stores (`skip`: the
-/// tile test, `counts`: the tile count's update, `stored`: an output value as stored). With
-/// `lse`, the forward's log-sum-exp kernel instead: the scores and the softmax's running max and
-/// sum, no p v.
-std::string coop_body(const Target& t, bool lse, bool modifier, bool drop, const std::string& skip, const std::string& counts,
+/// The cooperative kernel's part of main, from the row operands to the stores (`skip`: the
+/// tile test, `counts`: the tile count's update, `stored`: an output value as stored). The
+/// forward: q's rows against tiles of keys, the online softmax, p v. Its log-sum-exp: the same
+/// without p v. dv: k's rows against tiles of queries, p = exp(s - lse) from the forward's saved
+/// lse (FlashAttention-2's backward, no rescaling), dv += p dy.
+std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, const std::string& skip, const std::string& counts,
                       const std::function<std::string(const std::string&)>& stored) {
+  const bool forward = kind == Kind::forward, lse = kind == Kind::lse, dv = kind == Kind::dv;
   const std::uint32_t lanes = coop_lanes(t.subgroup_size, t.cooperative_matrix.m).first;
-  const std::string shuffle_max = lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) mx = qkv_max(mx, subgroupShuffleXor(mx, w));\n" : "";
-  const std::string shuffle_sum = lanes > 1 ? "    for (uint w = 1u; w < LPR; w *= 2u) l[i] += subgroupShuffleXor(l[i], w);\n" : "";
-  return fill(R"(  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;
+  // A row's index is `own` (a query, or dv's key), a tile column's `other`.
+  const std::vector<std::pair<std::string, std::string>> names = {{"ROWREAD", dv ? "row4_K" : "row4_Q"},  {"TILEREAD", dv ? "row4_Q" : "row4_K"},
+                                                                  {"VALREAD", dv ? "row4_DY" : "row4_V"}, {"OWNCOUNT", dv ? "M" : "N"},
+                                                                  {"OWN", dv ? "kj" : "qi"},              {"OTHER", dv ? "qi" : "kj"}};
+  std::string s = fill(R"(  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;
   uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart
-  // q's rows once, in f16 (exact: f16 values), zeros past N and past D.
+  // The rows once, in f16 (exact: f16 values), zeros past the last and past the head dim.
   for (uint x = lid; x < NSG * CM * (KD / 4u); x += INV) {
     uint row = x / (KD / 4u), g = x % (KD / 4u);
-    vec4 v = g < D4 && r0 + row < N ? row4_Q(r0 + row, g) : vec4(0.0);
-    [[unroll]] for (uint e = 0u; e < 4u; ++e) q_s[row * QS + 4u * g + e] = float16_t(v[e]);
+    vec4 v = g < D4 && r0 + row < $OWNCOUNT ? $ROWREAD(r0 + row, g) : vec4(0.0);
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) rows_s[row * QS + 4u * g + e] = float16_t(v[e]);
   }
-  float m[RPL], l[RPL];  // per row: the running max, and this lane's part of the sum of exp(s - m)
-  [[unroll]] for (uint i = 0u; i < RPL; ++i) { m[i] = neg_inf(); l[i] = 0.0; }
-$ODECL
-  for (uint t0 = lo; t0 < hi; t0 += BC) {
-    uint cols = min(BC, hi - t0);
-$SKIP    visited += rows * cols;
-    barrier();  // everyone is done with the previous tiles
-    for (uint x = lid; x < BC * (KD / 4u); x += INV) {
+)",
+                       names);
+  if (!dv)
+    s += "  float m[RPL], l[RPL];  // per row: the running max, and this lane's part of the sum of exp(s - m)\n"
+         "  [[unroll]] for (uint i = 0u; i < RPL; ++i) { m[i] = neg_inf(); l[i] = 0.0; }\n";
+  if (!lse)
+    s += "  float o[RPL * (KV / LPR)];  // per row: this lane's columns of the output, sub + j LPR of each CN\n"
+         "  [[unroll]] for (uint x = 0u; x < RPL * (KV / LPR); ++x) o[x] = 0.0;\n";
+  s += "  for (uint t0 = lo; t0 < hi; t0 += BC) {\n    uint cols = min(BC, hi - t0);\n" + skip +
+       "    visited += rows * cols;\n"
+       "    barrier();  // everyone is done with the previous tiles\n";
+  s += fill(R"(    for (uint x = lid; x < BC * (KD / 4u); x += INV) {
       uint row = x / (KD / 4u), g = x % (KD / 4u);
-      vec4 v = row < cols && g < D4 ? row4_K(t0 + row, g) : vec4(0.0);
-      [[unroll]] for (uint e = 0u; e < 4u; ++e) k_s[row * QS + 4u * g + e] = float16_t(v[e]);
+      vec4 v = row < cols && g < D4 ? $TILEREAD(t0 + row, g) : vec4(0.0);
+      [[unroll]] for (uint e = 0u; e < 4u; ++e) tile_s[row * QS + 4u * g + e] = float16_t(v[e]);
     }
-$VSTAGE    barrier();
-    for (uint c = 0u; c < BC; c += CN) score_chunk(sg, c);
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
-    // The online softmax, each lane over LPR-th of its rows' scores: the running max moves, and the
+)",
+            names);
+  if (!lse)
+    s += fill(R"(    for (uint x = lid; x < BC * (KV / 4u); x += INV) {
+      uint row = x / (KV / 4u), g = x % (KV / 4u);
+      vec4 v = row < cols && g < DV4 ? $VALREAD(t0 + row, g) : vec4(0.0);
+      [[unroll]] for (uint e = 0u; e < 4u; ++e) vals_s[row * VS + 4u * g + e] = float16_t(v[e]);
+    }
+)",
+              names);
+  if (dv) s += "    for (uint x = lid; x < BC; x += INV) lse_s[x] = x < cols ? LSE[stat_at + t0 + x] : 0.0;\n";
+  s += "    barrier();\n"
+       "    for (uint c = 0u; c < BC; c += CN) score_chunk(sg, c);\n"
+       "    subgroupMemoryBarrierShared();\n"
+       "    subgroupBarrier();\n";
+  const std::string score = modifier ? "score_mod(s_s[wr * SS + c] * scale, qi, kj)" : "s_s[wr * SS + c] * scale";
+  if (dv) {
+    s += fill(R"(    // p = exp(s - lse), each lane over LPR-th of its rows' scores; 0 where masked.
+    [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+      uint wr = wr0 + i * (SG / LPR), kj = r0 + wr;
+      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
+        uint c = sub + j * LPR, qi = t0 + c;
+        float p = 0.0;
+        if (c < cols && kj < M && kept(qi, kj)) {
+          float sc = $SCORE;
+          if (sc != neg_inf()) p = exp(sc - lse_s[c]);
+        }
+$DROP        p_s[wr * PS + c] = float16_t(p);
+      }
+    }
+)",
+              {{"SCORE", score}, {"DROP", drop ? "        if (c < cols && kj < M) p *= dropout_factor(qi, kj);  // dv = (p z)T dy\n" : ""}});
+  } else {
+    s += fill(R"(    // The online softmax, each lane over LPR-th of its rows' scores: the running max moves, and the
     // sum and output are rescaled, only when the tile raises it.
     [[unroll]] for (uint i = 0u; i < RPL; ++i) {
       uint wr = wr0 + i * (SG / LPR), qi = r0 + wr;
       float sc[BC / LPR];
       float mx = neg_inf();
       [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
-        uint c = sub + j * LPR;
+        uint c = sub + j * LPR, kj = t0 + c;
         sc[j] = neg_inf();
-        if (c < cols && qi < N && kept(qi, t0 + c)) sc[j] = $SCORE;
+        if (c < cols && qi < N && kept(qi, kj)) sc[j] = $SCORE;
         mx = qkv_max(mx, sc[j]);
       }
 $SHUFFLEMAX      float m_new = qkv_max(m[i], mx);
@@ -376,30 +416,19 @@ $ORESCALE        m[i] = m_new;
         l[i] += p;
 $PWRITE      }
     }
-$PV  }
-  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
-$SHUFFLESUM  }
-$COUNTS$STORE)",
-              {{"SKIP", skip},
-               {"SCORE", modifier ? "score_mod(s_s[wr * SS + c] * scale, qi, t0 + c)" : "s_s[wr * SS + c] * scale"},
-               {"SHUFFLEMAX", shuffle_max},
-               {"SHUFFLESUM", shuffle_sum},
-               {"ODECL", lse ? ""
-                             : "  float o[RPL * (KV / LPR)];  // per row: this lane's columns of the output, sub + j LPR of each CN\n"
-                               "  [[unroll]] for (uint x = 0u; x < RPL * (KV / LPR); ++x) o[x] = 0.0;\n"},
-               {"VSTAGE", lse ? "" : R"(    for (uint x = lid; x < BC * (KV / 4u); x += INV) {
-      uint row = x / (KV / 4u), g = x % (KV / 4u);
-      vec4 v = row < cols && g < DV4 ? row4_V(t0 + row, g) : vec4(0.0);
-      [[unroll]] for (uint e = 0u; e < 4u; ++e) v_s[row * VS + 4u * g + e] = float16_t(v[e]);
-    }
-)"},
+)",
+              {{"SCORE", score},
+               {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) mx = qkv_max(mx, subgroupShuffleXor(mx, w));\n" : ""},
                {"ORESCALE", lse ? "" : "        [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) o[i * (KV / LPR) + x] *= alpha;\n"},
                {"PWRITE", lse ? ""
-                              : std::string(drop ? "        if (c < cols && qi < N) p *= dropout_factor(qi, t0 + c);  // the sum normalises the undropped weights\n" : "") +
-                                    "        p_s[wr * PS + c] = float16_t(p);\n"},
-               {"PV", lse ? "" : R"(    subgroupMemoryBarrierShared();
+                              : std::string(drop ? "        if (c < cols && qi < N) p *= dropout_factor(qi, t0 + c);  // the sum normalises the undropped weights\n"
+                                                 : "") +
+                                    "        p_s[wr * PS + c] = float16_t(p);\n"}});
+  }
+  if (!lse)
+    s += R"(    subgroupMemoryBarrierShared();
     subgroupBarrier();
-    // o += p v, CN columns of v at a time through s_s (the scores are read).
+    // o += p v (dv: p dy), CN columns at a time through s_s (the scores are read).
     [[unroll]] for (uint c = 0u; c < KV / CN; ++c) {
       pv_chunk(sg, c * CN);
       subgroupMemoryBarrierShared();
@@ -410,23 +439,32 @@ $COUNTS$STORE)",
       subgroupMemoryBarrierShared();
       subgroupBarrier();  // read before the next product is stored
     }
-)"},
-               {"COUNTS", counts},
-               {"STORE", lse ? "  [[unroll]] for (uint i = 0u; i < RPL; ++i) {  // -inf for a row with no key; one lane of each row writes it\n"
-                               "    uint qi = r0 + wr0 + i * (SG / LPR);\n"
-                               "    if (qi < N && sub == 0u) OUT[out_at + qi] = " +
-                                   stored("(m[i] == neg_inf() ? 0.0 : m[i]) + qkv_log(l[i])") +
-                                   ";\n"
-                                   "  }\n"
-                             : R"(  // A row with no key has l = 0 and o = a sum of 0 * v: zeros, or NaN where v holds inf or NaN.
-  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
-    uint qi = r0 + wr0 + i * (SG / LPR);
-    if (qi >= N) continue;
+)";
+  s += "  }\n";
+  if (!dv && lanes > 1) s += "  [[unroll]] for (uint i = 0u; i < RPL; ++i)\n    for (uint w = 1u; w < LPR; w *= 2u) l[i] += subgroupShuffleXor(l[i], w);\n";
+  s += counts;
+  if (lse) {
+    s += "  [[unroll]] for (uint i = 0u; i < RPL; ++i) {  // -inf for a row with no key; one lane of each row writes it\n"
+         "    uint qi = r0 + wr0 + i * (SG / LPR);\n"
+         "    if (qi < N && sub == 0u) OUT[out_at + qi] = " +
+         stored("(m[i] == neg_inf() ? 0.0 : m[i]) + qkv_log(l[i])") + ";\n  }\n";
+  } else {
+    s += fill(R"($NOTE  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+    uint $OWN = r0 + wr0 + i * (SG / LPR);
+    if ($OWN >= $OWNCOUNT) continue;
     [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) {
       uint col = x / (CN / LPR) * CN + sub + x % (CN / LPR) * LPR;
       float y = o[i * (KV / LPR) + x];
-      if (col < DVR) OUT[out_at + qi * out_rs + col] = )" + stored("l[i] == 0.0 ? y : y / l[i]") +
-                                   ";\n    }\n  }\n"}});
+      if (col < DVR) OUT[out_at + $OWN * out_rs + col] = $STORED;
+    }
+  }
+)",
+              {{"NOTE", forward ? "  // A row with no key has l = 0 and o = a sum of 0 * v: zeros, or NaN where v holds inf or NaN.\n" : ""},
+               {"OWN", dv ? "kj" : "qi"},
+               {"OWNCOUNT", dv ? "M" : "N"},
+               {"STORED", stored(forward ? "l[i] == 0.0 ? y : y / l[i]" : "y")}});
+  }
+  return s;
 }
 }  // namespace
 
@@ -441,10 +479,17 @@ bool attention_strided(const Node& n) { return ir::is_fused_attention(n.op) && b
 
 bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
-  if (!ir::is_fused_attention(n.op) || (kind_of(n) != Kind::forward && kind_of(n) != Kind::lse) || !coop_target(target)) return false;
-  for (std::size_t k = 0; k < (kind_of(n) == Kind::lse ? 2u : 3u); ++k)  // q, k (and v)
-    if (!rounded_to(g, n.inputs[k], DType::f16)) return false;
-  return true;
+  if (!ir::is_fused_attention(n.op) || !coop_target(target)) return false;
+  // The operands multiplied in fragments: q and k, then v (the forward) or dy (dv).
+  std::vector<std::size_t> multiplied = {0, 1};
+  switch (kind_of(n)) {
+    case Kind::forward: multiplied.push_back(2); break;
+    case Kind::lse: break;
+    case Kind::dv: multiplied.push_back(3); break;
+    case Kind::dq:
+    case Kind::dk: return false;
+  }
+  return std::all_of(multiplied.begin(), multiplied.end(), [&](std::size_t k) { return rounded_to(g, n.inputs[k], DType::f16); });
 }
 
 int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n) + (attention_strided(n) ? 5 + 2 * batch_rank(n) : 0); }
@@ -452,7 +497,7 @@ int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n) + (attent
 KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative) {
   const Kind kind = kind_of(n);
   // The forward with cooperative matrices beside its scalar path (coop_declarations).
-  const bool coop = cooperative && (kind == Kind::forward || kind == Kind::lse);
+  const bool coop = cooperative && (kind == Kind::forward || kind == Kind::lse || kind == Kind::dv);
   const int r = batch_rank(n);
   const bool causal = n.attrs.causal, mask = masked(n), drop = ir::has_dropout_seed(n.op, n.attrs);
   const bool key_rows = kind == Kind::dk || kind == Kind::dv;  // rows are keys, streaming queries
@@ -747,8 +792,8 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                                           (cooperative->cooperative_matrix.emulated
                                                ? ""
                                                : "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n")},
-                        {"COOPCONSTS", coop ? coop_declarations(*cooperative, true) : ""},
-                        {"COOPDECL", coop ? coop_declarations(*cooperative, false) : ""},
+                        {"COOPCONSTS", coop ? coop_declarations(*cooperative, true, false) : ""},
+                        {"COOPDECL", coop ? coop_declarations(*cooperative, false, kind == Kind::dv) : ""},
                         {"BR", coop ? "COOP * NSG * CM + (1u - COOP) * INV * RPT" : "INV * RPT"},
                         {"TGLOBALS", tensor_globals},
                         {"MODIFIER", modifier_text},
@@ -1009,7 +1054,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   if (coop) {  // the scalar path, and beside it the cooperative one
     const std::string scalar = s.substr(body_at);
     s.resize(body_at);
-    s += "  if (COOP != 0u) {\n" + indented(coop_body(*cooperative, kind == Kind::lse, n.region != nullptr, drop && kind == Kind::forward, skip, counts, stored), "  ") + "  } else {\n" +
+    s += "  if (COOP != 0u) {\n" + indented(coop_body(*cooperative, kind, n.region != nullptr, drop && kind != Kind::lse, skip, counts, stored), "  ") + "  } else {\n" +
          indented(scalar, "  ") + "  }\n";
   }
   s += "}\n";

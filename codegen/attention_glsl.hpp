@@ -25,8 +25,9 @@ int attention_push_words(const ir::Node& n);
 /// head dims whose tiles do not fit.
 KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held = {}, DType out = DType::f32, DType rounded = DType::f32,
                               const Target* cooperative = nullptr);
-/// Whether node v is a flash-attention forward (or its log-sum-exp) whose q, k and v are f16
-/// values on a target whose cooperative matrices (Target::cooperative_matrix) its kernel can use.
+/// Whether node v is a flash-attention forward, its log-sum-exp or dv, whose operands multiplied
+/// in fragments (q, k, and v or dy) are f16 values, on a target whose cooperative matrices
+/// (Target::cooperative_matrix) its kernel can use.
 bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& target);
 KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target);
 

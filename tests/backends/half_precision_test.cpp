@@ -560,13 +560,14 @@ TEST(CooperativeMatrixVulkan, TheKernelMatchesTheReferenceEmulatedOrOnTheDevice)
     EXPECT_FALSE(coop->kernel_name(bf16->graph(), static_cast<ir::ValueId>(i)).find("coop") != std::string::npos);
 }
 
-/// Whether an attention forward or log-sum-exp of the compiled graph runs the cooperative-matrix kernel.
+/// Whether an attention forward, log-sum-exp or dv of the compiled graph runs a cooperative-matrix kernel.
 bool attention_is_cooperative(backend::Backend& b, const ir::Graph& g) {
   auto exe = b.compile(g);
   for (std::size_t i = 0; i < exe->graph().size(); ++i) {
     const std::string kernel = b.kernel_name(exe->graph(), static_cast<ir::ValueId>(i));
     if (ir::is_fused_attention(exe->graph().nodes()[i].op) &&
-        (kernel.find("flash_attention_forward_coop") != std::string::npos || kernel.find("flash_attention_lse_coop") != std::string::npos))
+        (kernel.find("flash_attention_forward_coop") != std::string::npos || kernel.find("flash_attention_lse_coop") != std::string::npos ||
+         kernel.find("flash_attention_dv_coop") != std::string::npos))
       return true;
   }
   return false;
@@ -574,22 +575,20 @@ bool attention_is_cooperative(backend::Backend& b, const ir::Graph& g) {
 
 TEST(CooperativeMatrixVulkan, AttentionForwardMatchesTheReferenceEmulatedOrOnTheDevice) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  // Every forward and log-sum-exp case of the fused attention ops (causal, windows, keep-masks,
-  // score modifiers that mask whole tiles, dropout) in f16, through the cooperative kernels: q k^T
-  // and p v as fragment products, the online softmax in scalar code between them.
+  // Every forward, log-sum-exp and gradient case of the fused attention ops (causal, windows,
+  // keep-masks, score modifiers that mask whole tiles, dropout) in f16, the forward, its lse and
+  // dv through the cooperative kernels: q k^T (dv: k q^T) and p v (dv: p dy) as fragment
+  // products, the softmax in scalar code between them.
   auto coop = cooperative_backend();
   if (!coop) GTEST_SKIP() << "no f16 arithmetic for the emulated kernel";
   int cooperative = 0;
-  for (const auto& rc : testing::registry_cases([](ir::Op op) {
-         return op == ir::Op::attention || op == ir::Op::masked_attention || op == ir::Op::flex_attention || op == ir::Op::attention_lse ||
-                op == ir::Op::masked_attention_lse || op == ir::Op::flex_attention_lse;
-       })) {
+  for (const auto& rc : testing::registry_cases([](ir::Op op) { return ir::is_fused_attention(op); })) {
     SCOPED_TRACE(testing::case_label(rc));
     const ir::Graph h = ir::to_dtype(ir::case_graph(rc.op, rc.c), DType::f16);
     cooperative += attention_is_cooperative(*coop, h);
     testing::expect_equivalent(h, testing::inputs_in_dtype(testing::case_inputs(rc.c, 1234 + rc.index), DType::f16), *coop);
   }
-  EXPECT_GE(cooperative, 14);
+  EXPECT_GE(cooperative, 17);
   // Past one workgroup's 64 query rows and one tile's keys, head dims that are no multiple of a
   // fragment's (q and k 40, v 24), causal; and bf16, whose values are no f16 values: the scalar kernel.
   auto sdpa = [](DType dtype, bool causal) {

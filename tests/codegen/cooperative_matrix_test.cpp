@@ -140,20 +140,27 @@ ir::ValueId fused_attention(const ir::Graph& g) {
 }
 
 TEST(CooperativeMatrix, AttentionForwardCompilesToValidSpirv) {
-  // Every forward and log-sum-exp case of the fused attention ops in f16 (masks, windows,
+  // Every forward, log-sum-exp and dv case of the fused attention ops in f16 (masks, windows,
   // modifiers, dropout), for NVIDIA's two fragments (32 lanes: two per score row) and emulated
-  // over subgroups of 8.
+  // over subgroups of 8; dq and dk keep their scalar kernels.
   Target emulated = gpu();
   emulated.subgroup_size = 8;
   emulated.cooperative_matrix.emulated = true;
   int cases = 0;
+  int dv = 0;
   for (ir::Op op : {ir::Op::attention, ir::Op::masked_attention, ir::Op::flex_attention, ir::Op::attention_lse, ir::Op::masked_attention_lse,
-                    ir::Op::flex_attention_lse})
+                    ir::Op::flex_attention_lse, ir::Op::attention_grad, ir::Op::masked_attention_grad, ir::Op::flex_attention_grad})
     for (const ir::OpCase& c : ir::op_cases(op)) {
       SCOPED_TRACE(std::string(ir::op_name(op)) + ": " + c.label);
       const ir::Graph g = ir::lower_for_backend(ir::to_dtype(ir::case_graph(op, c), DType::f16), implements, ir::HalfInputs::kept);
       const ir::ValueId a = fused_attention(g);
-      ASSERT_GE(a, 0);
+      if (a < 0) continue;  // a modifier's tensor gradient: decomposed
+      const bool grad = (op == ir::Op::attention_grad || op == ir::Op::masked_attention_grad || op == ir::Op::flex_attention_grad);
+      if (grad && g.node(a).attrs.wrt != 2) {
+        EXPECT_EQ(kernel_source(g, a, gpu()).name.find("coop"), std::string::npos);
+        continue;
+      }
+      dv += grad;
       for (const Target& t : {gpu(), gpu(16, 8, 16), emulated}) {
         const KernelSource k = kernel_source(g, a, t);
         EXPECT_NE(k.name.find(t.cooperative_matrix.emulated ? "_coop_emulated" : "_coop"), std::string::npos) << k.name;
@@ -163,6 +170,7 @@ TEST(CooperativeMatrix, AttentionForwardCompilesToValidSpirv) {
       ++cases;
     }
   EXPECT_GE(cases, 14);
+  EXPECT_GE(dv, 3);
 }
 
 TEST(CooperativeMatrix, OnlyAttentionForwardsOfF16ValuesTakeIt) {
@@ -181,12 +189,12 @@ TEST(CooperativeMatrix, OnlyAttentionForwardsOfF16ValuesTakeIt) {
   const ir::Graph g = sdpa(DType::f16);
   EXPECT_EQ(kernel_source(g, fused_attention(g), Target{}).name.find("coop"), std::string::npos) << "a device without";
   EXPECT_NE(kernel_source(g, fused_attention(g), gpu()).name.find("coop"), std::string::npos);
-  // The gradients keep their scalar kernels; the forward's log-sum-exp (training) takes it.
+  // dq and dk keep their scalar kernels; the forward's log-sum-exp (training) and dv take it.
   const ir::Graph backward = ir::lower_for_backend(ir::build_backward(sdpa(DType::f16), {"", {"q"}, {"out"}}), implements, ir::HalfInputs::kept);
   for (std::size_t i = 0; i < backward.size(); ++i)
     if (ir::is_fused_attention(backward.nodes()[i].op) && backward.nodes()[i].op != ir::Op::attention) {
-      const bool lse = backward.nodes()[i].op == ir::Op::attention_lse;
-      EXPECT_EQ(kernel_source(backward, static_cast<ir::ValueId>(i), gpu()).name.find("coop") != std::string::npos, lse)
+      const bool lse_or_dv = backward.nodes()[i].op == ir::Op::attention_lse || backward.nodes()[i].attrs.wrt == 2;
+      EXPECT_EQ(kernel_source(backward, static_cast<ir::ValueId>(i), gpu()).name.find("coop") != std::string::npos, lse_or_dv)
           << ir::op_name(backward.nodes()[i].op);
     }
 }
