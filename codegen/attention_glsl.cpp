@@ -334,16 +334,23 @@ std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, cons
   const std::vector<std::pair<std::string, std::string>> names = {{"ROWREAD", dv ? "row4_K" : "row4_Q"},  {"TILEREAD", dv ? "row4_Q" : "row4_K"},
                                                                   {"VALREAD", dv ? "row4_DY" : "row4_V"}, {"OWNCOUNT", dv ? "M" : "N"},
                                                                   {"OWN", dv ? "kj" : "qi"},              {"OTHER", dv ? "qi" : "kj"}};
-  std::string s = fill(R"(  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;
-  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart
-  // The rows once, in f16 (exact: f16 values), zeros past the last and past the head dim.
-  for (uint x = lid; x < NSG * CM * (KD / 4u); x += INV) {
-    uint row = x / (KD / 4u), g = x % (KD / 4u);
-    vec4 v = g < D4 && r0 + row < $OWNCOUNT ? $ROWREAD(r0 + row, g) : vec4(0.0);
-    [[unroll]] for (uint e = 0u; e < 4u; ++e) rows_s[row * QS + 4u * g + e] = float16_t(v[e]);
-  }
+  // Rows `first` + row of an operand (`read`: its row4_ reader) staged in `array` as f16 (exact:
+  // f16 values), `count` rows of `width` (a fragment multiple), zeros where `in` is false and
+  // past the head dim's `vec4s`.
+  auto stage = [&](const std::string& array, const std::string& count, const std::string& width, const std::string& stride, const std::string& vec4s,
+                   const std::string& in, const std::string& read, const std::string& first, const std::string& indent) {
+    return fill(R"($Ifor (uint x = lid; x < $COUNT * ($W / 4u); x += INV) {
+$I  uint row = x / ($W / 4u), g = x % ($W / 4u);
+$I  vec4 v = $IN && g < $G ? $READ($FIRST + row, g) : vec4(0.0);
+$I  [[unroll]] for (uint e = 0u; e < 4u; ++e) $A[row * $S + 4u * g + e] = float16_t(v[e]);
+$I}
 )",
-                       names);
+                {{"I", indent}, {"COUNT", count}, {"W", width}, {"IN", in}, {"G", vec4s}, {"READ", read}, {"FIRST", first}, {"A", array}, {"S", stride}});
+  };
+  std::string s = "  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;\n"
+                  "  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart\n"
+                  "  // The rows once, zeros past the last.\n" +
+                  stage("rows_s", "NSG * CM", "KD", "QS", "D4", fill("r0 + row < $OWNCOUNT", names), fill("$ROWREAD", names), "r0", "  ");
   if (!dv)
     s += "  float m[RPL], l[RPL];  // per row: the running max, and this lane's part of the sum of exp(s - m)\n"
          "  [[unroll]] for (uint i = 0u; i < RPL; ++i) { m[i] = neg_inf(); l[i] = 0.0; }\n";
@@ -353,21 +360,8 @@ std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, cons
   s += "  for (uint t0 = lo; t0 < hi; t0 += BC) {\n    uint cols = min(BC, hi - t0);\n" + skip +
        "    visited += rows * cols;\n"
        "    barrier();  // everyone is done with the previous tiles\n";
-  s += fill(R"(    for (uint x = lid; x < BC * (KD / 4u); x += INV) {
-      uint row = x / (KD / 4u), g = x % (KD / 4u);
-      vec4 v = row < cols && g < D4 ? $TILEREAD(t0 + row, g) : vec4(0.0);
-      [[unroll]] for (uint e = 0u; e < 4u; ++e) tile_s[row * QS + 4u * g + e] = float16_t(v[e]);
-    }
-)",
-            names);
-  if (!lse)
-    s += fill(R"(    for (uint x = lid; x < BC * (KV / 4u); x += INV) {
-      uint row = x / (KV / 4u), g = x % (KV / 4u);
-      vec4 v = row < cols && g < DV4 ? $VALREAD(t0 + row, g) : vec4(0.0);
-      [[unroll]] for (uint e = 0u; e < 4u; ++e) vals_s[row * VS + 4u * g + e] = float16_t(v[e]);
-    }
-)",
-              names);
+  s += stage("tile_s", "BC", "KD", "QS", "D4", "row < cols", fill("$TILEREAD", names), "t0", "    ");
+  if (!lse) s += stage("vals_s", "BC", "KV", "VS", "DV4", "row < cols", fill("$VALREAD", names), "t0", "    ");
   if (dv) s += "    for (uint x = lid; x < BC; x += INV) lse_s[x] = x < cols ? LSE[stat_at + t0 + x] : 0.0;\n";
   s += "    barrier();\n"
        "    for (uint c = 0u; c < BC; c += CN) score_chunk(sg, c);\n"
