@@ -1288,6 +1288,8 @@ std::string emit_glsl(const ir::Graph& g, const FusionLimits& limits, const Targ
       out += head + "read in place, %" + std::to_string(n.inputs[0]) + " from byte " + std::to_string(*view_offset(g, v, limits.view_alignment)) + ")\n";
     else if (head_view(g, v))
       out += head + "the flash kernels read %" + std::to_string(n.inputs[0]) + " in place through its strides)\n";
+    else if (exact_round(g, v) && is_half(rounded_on_store(g, n.inputs[0])))
+      out += head + "%" + std::to_string(n.inputs[0]) + "'s kernel stores its values rounded to " + (n.op == Op::round_f16 ? "f16" : "bf16") + ")\n";
     else if (exact_round(g, v))
       out += head + "its operand %" + std::to_string(n.inputs[0]) + "'s values are already " + (n.op == Op::round_f16 ? "f16" : "bf16") + " numbers)\n";
     else if (half_view(g, v))
