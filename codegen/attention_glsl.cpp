@@ -701,11 +701,9 @@ Iv range_read(uint at, bool along_both) {
 
   // The math the kernel calls: the modifier's, the lse's log, and the rounding of a 16-bit output.
   std::string helpers = n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? kGlslLog : "";
-  for (DType t : {out_dtype, rounded}) {
-    if (!is_half(t)) continue;
-    const Op round = t == DType::f16 ? Op::round_f16 : Op::round_bf16;
-    if (helpers.find(t == DType::f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos) helpers += math_helpers_of({round});
-  }
+  const Store output{rounded, out_dtype};  // how the output is stored
+  for (Op round : output.rounds())  // unless the modifier's helpers define it
+    if (helpers.find(round == Op::round_f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos) helpers += math_helpers_of({round});
   std::string s = fill(R"(#version 450
 #extension GL_EXT_control_flow_attributes : require
 $SIXTEEN$COOPEXT// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
@@ -1021,7 +1019,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
       "  }\n";
   s += counts;
   // Each row's result, in the output's dtype.
-  auto stored = [&](const std::string& value) { return narrowed(out_dtype, rounded_value(rounded, value)); };
+  auto stored = [&](const std::string& value) { return output(value); };
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
     return fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t) {
     if (own(t) >= $COUNT) continue;
@@ -1055,7 +1053,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   const Target::CooperativeMatrix* cm = coop ? &cooperative->cooperative_matrix : nullptr;
   std::string name = "flash_attention_" + kind_name(kind) +
                      (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
-                     (drop ? "_dropout" : "") + "_b" + str(r) + (is_half(rounded) ? "_round_" + std::string(dtype_name(rounded)) : "");
+                     (drop ? "_dropout" : "") + "_b" + str(r) + Store{rounded}.suffix();
   return {name, s, static_cast<int>(arrays.size()) + 2, true};
 }
 

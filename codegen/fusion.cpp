@@ -482,7 +482,7 @@ KernelSource batch_summed_source(const ir::Graph& g, const KernelGroup& k, Value
   const DType rounded = rounded_on_store(g, k.root);
   detail::MatmulEpilogue round;
   if (is_half(rounded)) {
-    round.name = "_round_" + std::string(dtype_name(rounded));
+    round.name = detail::Store{rounded}.suffix();
     round.glsl = detail::math_helpers_of({rounded == DType::f16 ? Op::round_f16 : Op::round_bf16}) +
                  "void qkv_epilogue_batch(uint batch) {}\nfloat qkv_epilogue(float acc, uint row, uint col) { return " + detail::rounded_value(rounded, "acc") +
                  "; }\n";
@@ -580,11 +580,7 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
   } else {
     s = detail::kernel_header(held, store.held) + s + "void main() {\n" + detail::linear_index() + "  y[i] = " + store("qkv_chain(i)") + ";\n}\n";
   }
-  std::string name = fused_name(g, k) + (is_half(store.rounded) ? "_round_" + std::string(dtype_name(store.rounded)) : "");
-  for (std::size_t o = 0; o < held.size(); ++o)
-    if (is_half(held[o])) name += "_" + std::string(dtype_name(held[o])) + "x" + std::to_string(o);
-  if (is_half(store.held)) name += "_" + std::string(dtype_name(store.held)) + "y";
-  return {name, s, operands + 1};
+  return {fused_name(g, k) + store.suffix(held), s, operands + 1};
 }
 
 KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>& shapes, const Target& target) {

@@ -496,6 +496,14 @@ std::string detail::kernel_header(const std::vector<DType>& inputs, DType out) {
 
 std::string detail::Store::operator()(const std::string& value) const { return narrowed(held, rounded_value(rounded, value)); }
 
+std::string detail::Store::suffix(const std::vector<DType>& inputs) const {
+  std::string s = is_half(rounded) ? "_round_" + std::string(dtype_name(rounded)) : "";
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (is_half(inputs[k])) s += "_" + std::string(dtype_name(inputs[k])) + "x" + std::to_string(k);
+  if (is_half(held)) s += "_" + std::string(dtype_name(held)) + "y";
+  return s;
+}
+
 std::vector<Op> detail::Store::rounds() const {
   std::vector<Op> ops;
   for (DType t : {rounded, held})
@@ -715,15 +723,6 @@ std::string detail::region_bound_function(const ir::Graph& region, const std::st
 namespace {
 
 /// Elementwise family: out index -> per-operand offsets through strides (0 where broadcast).
-/// The kernel name's suffix for 16-bit buffers: "_bf16x1" for operand 1, "_f16y" for the output.
-std::string half_suffix(const std::vector<DType>& inputs, DType out) {
-  std::string s;
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    if (is_half(inputs[k])) s += "_" + std::string(dtype_name(inputs[k])) + "x" + std::to_string(k);
-  if (is_half(out)) s += "_" + std::string(dtype_name(out)) + "y";
-  return s;
-}
-
 /// An elementwise op (or a permute, or a cast between 32-bit types) on its own: operands and
 /// output in the dtypes their storage holds (held_dtype: 16-bit inputs read in place, an output
 /// narrowed into its cast's 16-bit storage), widened and narrowed as they are loaded and stored.
@@ -744,7 +743,7 @@ KernelSource elementwise_source(const ir::Graph& g, ir::ValueId v) {
     s += "  float " + names[static_cast<std::size_t>(k)] + " = " +
          detail::widened(held[static_cast<std::size_t>(k)], "x" + std::to_string(k) + "[o" + std::to_string(k) + "]") + ";\n";
   s += "  y[i] = " + store(elementwise_expr(n.op)) + ";\n}\n";
-  return {std::string(ir::op_name(n.op)) + "_r" + std::to_string(rank) + half_suffix(held, store.held), s, arity + 1};
+  return {std::string(ir::op_name(n.op)) + "_r" + std::to_string(rank) + store.suffix(held), s, arity + 1};
 }
 
 }  // namespace
@@ -859,7 +858,7 @@ KernelSource axis_source(const ir::Graph& g, ir::ValueId v, const Target& target
   const detail::Store store{rounded_on_store(g, v), held_dtype(g, v)};
   const std::string read = detail::widened(in, "x0[@]"), helpers = detail::math_helpers_of(store.rounds());
   const std::size_t at = read.find('@');
-  return {std::string(ir::op_name(op)) + (is_half(store.rounded) ? "_round_" + std::string(dtype_name(store.rounded)) : "") + half_suffix({in}, store.held),
+  return {std::string(ir::op_name(op)) + store.suffix({in}),
           detail::axis_shader(header({in}, store.held), helpers + detail::axis_body(op, read.substr(0, at), read.substr(at + 1), target, {}, store), target),
           2};
 }
@@ -1006,7 +1005,7 @@ DType held_dtype(const ir::Graph& g, ir::ValueId v) {
 DType rounded_on_store(const ir::Graph& g, ir::ValueId v) {
   const Node& n = g.node(v);
   const bool flash = ir::is_fused_attention(n.op) && detail::attention_fits(n);
-  const bool axis = n.op == Op::reduce_sum || n.op == Op::reduce_max || n.op == Op::softmax;
+  const bool axis = axis_reduction(n);
   if ((!flash && !axis) || is_result(g, v)) return DType::f32;
   const auto readers = readers_of(g, v);
   if (readers.size() != 1) return DType::f32;
@@ -1016,9 +1015,7 @@ DType rounded_on_store(const ir::Graph& g, ir::ValueId v) {
   if (axis && n.op != Op::softmax && n.attrs.keepdim)
     for (const auto& reader : readers_of(g, r)) {
       const Node& e = g.node(reader.first);
-      const OpCategory c = ir::op_info(e.op).category;
-      if (c == OpCategory::unary || c == OpCategory::binary || c == OpCategory::select || c == OpCategory::compare || e.op == Op::broadcast_to)
-        return DType::f32;
+      if (elementwise(g, e) || cast16(g, e)) return DType::f32;  // the elementwise categories, half casts included
     }
   return round == Op::round_f16 ? DType::f16 : DType::bf16;
 }

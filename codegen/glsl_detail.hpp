@@ -45,6 +45,9 @@ struct Store {
   std::string operator()(const std::string& value) const;
   /// The rounds whose helpers (math_helpers_of) the stores call.
   std::vector<ir::Op> rounds() const;
+  /// The kernel name's suffix for them and for 16-bit operand buffers `inputs`: "_round_bf16"
+  /// when rounding, "_bf16x1" for operand 1, "_f16y" for 16-bit output storage.
+  std::string suffix(const std::vector<DType>& inputs = {}) const;
 };
 /// main() of a reduction or softmax over one axis (p[0] = outer * inner, p[1] = the axis' size,
 /// p[2] = inner, p[3] = a workgroup per row), reading its input's element e as open + e + close

@@ -693,6 +693,22 @@ TEST(CooperativeMatrixVulkan, RequiringThemWhereTheDeviceHasNoneIsAnError) {
   unsetenv("QKV_VULKAN_COOPERATIVE_MATRIX");
 }
 
+TEST(CooperativeMatrixVulkan, AnEmulatedFragmentThatDoesNotSplitOverTheSubgroupIsAnError) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  if (!cooperative_backend()) GTEST_SKIP() << "no f16 arithmetic for the emulated kernel";
+  for (const std::array<std::uint32_t, 3> fragment : {std::array<std::uint32_t, 3>{0, 16, 16}, std::array<std::uint32_t, 3>{3, 3, 3}}) {
+    auto options = backend::vulkan_options_from_env();
+    options.cooperative_matrix = backend::VulkanOptions::CooperativeMatrix::emulated;
+    options.emulated_fragment = fragment;
+    try {
+      backend::make_vulkan_backend(options);
+      ADD_FAILURE() << "no error for " << fragment[0] << " x " << fragment[1] << " x " << fragment[2];
+    } catch (const BackendError& e) {
+      EXPECT_NE(std::string(e.what()).find("does not split over subgroups of"), std::string::npos) << e.what();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, HalfPrecision, ::testing::Values("reference", "cpu", "vulkan"));
 
 }  // namespace
