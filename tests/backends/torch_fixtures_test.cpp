@@ -184,29 +184,42 @@ TEST_P(Torch, FlexModifiersWrittenAsTorchUsersWriteThem) {
   }
 }
 
-// The same models in bf16 (every float value, as torch's module.to(torch.bfloat16)), against
-// torch 1.13's bf16 on the CPU: forward and backward within the budgets of the float64
-// reference rounding where qkv rounds (torch rounds at its own points, within them). f16: torch
-// 1.13 has no CPU kernels for it (bmm, addmm, layer_norm), so there are no f16 fixtures.
-TEST_P(Torch, Bf16ScaledDotProductAttention) {
-  expect_matches_torch(ir::to_dtype(sdpa_model(false), DType::bf16), "sdpa_bf16", GetParam());
-  expect_matches_torch(ir::build_backward(ir::to_dtype(sdpa_model(true), DType::bf16), {"", {"q", "k", "v"}, {"out"}}), "sdpa_bf16", GetParam());
+// The same models in bf16 and f16 (every float value, as torch's module.to(dtype)), against
+// torch 1.13 on the CPU: forward and backward within the budgets of the float64 reference
+// rounding where qkv rounds (torch rounds at its own points, within them). torch 1.13 has no f16
+// kernels on the CPU for matmuls, softmax, layer_norm and gelu: the f16 fixtures ran those ops
+// (and their backwards) on operands widened to f32 with the result rounded to f16 by torch, as
+// its f16 kernels do (make_torch_fixtures.py's F16Kernels).
+const std::vector<std::pair<DType, std::string>> kHalfFixtures{{DType::bf16, "bf16"}, {DType::f16, "f16"}};
+
+TEST_P(Torch, HalfScaledDotProductAttention) {
+  for (const auto& [dtype, suffix] : kHalfFixtures) {
+    SCOPED_TRACE(suffix);
+    expect_matches_torch(ir::to_dtype(sdpa_model(false), dtype), "sdpa_" + suffix, GetParam());
+    expect_matches_torch(ir::build_backward(ir::to_dtype(sdpa_model(true), dtype), {"", {"q", "k", "v"}, {"out"}}), "sdpa_" + suffix, GetParam());
+  }
 }
 
-TEST_P(Torch, Bf16MultiheadAttention) {
+TEST_P(Torch, HalfMultiheadAttention) {
   auto query = input<"query">(dim<2>, dim<5>, dim<16>);
   auto memory = input<"memory">(dim<2>, dim<7>, dim<16>);
   auto r = multi_head_attention<4>(query, memory, memory, mha_params<"", 16>());
-  const ir::Graph g = ir::to_dtype(lower(named<"out">(r.output), named<"weights">(mean_over_heads(r.weights))), DType::bf16);
-  expect_matches_torch(g, "mha_bf16", GetParam());
-  const ir::Graph out = ir::to_dtype(lower(named<"out">(r.output)), DType::bf16);
-  expect_matches_torch(ir::build_backward(out, {"", parameter_names(out, {"query", "memory"}), {"out"}}), "mha_bf16", GetParam());
+  for (const auto& [dtype, suffix] : kHalfFixtures) {
+    SCOPED_TRACE(suffix);
+    const ir::Graph g = ir::to_dtype(lower(named<"out">(r.output), named<"weights">(mean_over_heads(r.weights))), dtype);
+    expect_matches_torch(g, "mha_" + suffix, GetParam());
+    const ir::Graph out = ir::to_dtype(lower(named<"out">(r.output)), dtype);
+    expect_matches_torch(ir::build_backward(out, {"", parameter_names(out, {"query", "memory"}), {"out"}}), "mha_" + suffix, GetParam());
+  }
 }
 
-TEST_P(Torch, Bf16PreNormDecoderBlock) {
-  const ir::Graph g = ir::to_dtype(decoder_block_model(), DType::bf16);
-  expect_matches_torch(g, "decoder_block_bf16", GetParam());
-  expect_matches_torch(ir::build_backward(g, {"", parameter_names(g, {"x"}), {"out"}}), "decoder_block_bf16", GetParam());
+TEST_P(Torch, HalfPreNormDecoderBlock) {
+  for (const auto& [dtype, suffix] : kHalfFixtures) {
+    SCOPED_TRACE(suffix);
+    const ir::Graph g = ir::to_dtype(decoder_block_model(), dtype);
+    expect_matches_torch(g, "decoder_block_" + suffix, GetParam());
+    expect_matches_torch(ir::build_backward(g, {"", parameter_names(g, {"x"}), {"out"}}), "decoder_block_" + suffix, GetParam());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Torch, ::testing::Values("reference", "cpu", "vulkan"));
