@@ -14,6 +14,15 @@ namespace qkv::codegen {
 /// $XDG_CACHE_HOME/qkv (or ~/.cache/qkv), keyed by a hash of the source and compiler settings.
 std::vector<std::uint32_t> compile_spirv(const std::string& name, const std::string& glsl);
 
+/// Whether a module declares SPV_NV_cooperative_matrix's capability.
+bool uses_nv_cooperative_matrix(const std::vector<std::uint32_t>& words);
+/// The module with its SPV_NV_cooperative_matrix instructions rewritten as
+/// SPV_KHR_cooperative_matrix's, for devices that offer only VK_KHR_cooperative_matrix (AMD,
+/// Intel): Debian 12's glslang compiles only the NV extension. Each fragment type is declared
+/// once per multiply-add operand (A, B, accumulator) its values feed; loads and stores take KHR's
+/// layout operand (codegen/spirv_khr.cpp). Throws BackendError for what it does not rewrite.
+std::vector<std::uint32_t> khr_cooperative_matrix(const std::vector<std::uint32_t>& nv);
+
 /// 64-bit FNV-1a hash, as used for cache keys.
 std::uint64_t content_hash(const std::string& text);
 

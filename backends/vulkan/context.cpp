@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <tuple>
 
 #include "codegen/spirv.hpp"
 
@@ -79,9 +80,11 @@ VulkanOptions vulkan_options_from_env() {
     else if (s == "0") o.cooperative_matrix = C::off;
     else if (s == "1") o.cooperative_matrix = C::on;
     else if (s == "emulate") o.cooperative_matrix = C::emulated;
+    else if (s == "khr") o.cooperative_matrix = C::khr;
     else
       throw BackendError("vulkan: QKV_VULKAN_COOPERATIVE_MATRIX is '" + s +
-                         "'; give auto (where the device has them, the default), 0 (never), 1 (required) or emulate (for tests)");
+                         "'; give auto (where the device has them, the default), 0 (never), 1 (required), khr (VK_KHR_cooperative_matrix required, "
+                         "even where VK_NV_cooperative_matrix is offered) or emulate (for tests)");
   }
   if (const char* f = std::getenv("QKV_VULKAN_FUSION")) {
     const std::string s = f;
@@ -115,12 +118,78 @@ std::array<std::uint32_t, 3> chosen_fragment(const std::vector<vk::CooperativeMa
   return best;
 }
 
-std::array<std::uint32_t, 3> offered_fragment(const vk::raii::PhysicalDevice& d, bool has_extension) {
-  if (!has_extension || !d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
-                             .get<vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
-                             .cooperativeMatrix)
+namespace {
+
+// VK_KHR_cooperative_matrix (Vulkan 1.3.255) is newer than Debian 12's headers (1.3.239): its
+// structures and values as the Vulkan registry gives them. Its component types and scopes have
+// VK_NV_cooperative_matrix's values.
+constexpr const char* kKhrCooperativeMatrix = "VK_KHR_cooperative_matrix";
+struct CooperativeMatrixFeaturesKhr {
+  VkStructureType sType = static_cast<VkStructureType>(1000506000);
+  void* pNext = nullptr;
+  VkBool32 cooperativeMatrix = VK_FALSE;
+  VkBool32 cooperativeMatrixRobustBufferAccess = VK_FALSE;
+};
+struct CooperativeMatrixPropertiesKhr {
+  VkStructureType sType = static_cast<VkStructureType>(1000506001);
+  void* pNext = nullptr;
+  std::uint32_t MSize = 0, NSize = 0, KSize = 0;
+  VkComponentTypeNV AType{}, BType{}, CType{}, ResultType{};
+  VkBool32 saturatingAccumulation = VK_FALSE;
+  VkScopeNV scope{};
+};
+using GetKhrProperties = VkResult(VKAPI_PTR*)(VkPhysicalDevice, std::uint32_t*, CooperativeMatrixPropertiesKhr*);
+
+bool khr_feature(const vk::raii::PhysicalDevice& d) {
+  CooperativeMatrixFeaturesKhr khr;
+  VkPhysicalDeviceFeatures2 features{};
+  features.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+  features.pNext = &khr;
+  d.getDispatcher()->vkGetPhysicalDeviceFeatures2(static_cast<VkPhysicalDevice>(*d), &features);
+  return khr.cooperativeMatrix == VK_TRUE;
+}
+
+/// vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR's offers as NV's structure (same fields and
+/// values; ResultType is NV's DType), leaving out saturating ones.
+std::vector<vk::CooperativeMatrixPropertiesNV> khr_offers(const vk::raii::Instance& instance, const vk::raii::PhysicalDevice& d) {
+  auto get = reinterpret_cast<GetKhrProperties>(instance.getProcAddr("vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
+  std::uint32_t count = 0;
+  if (!get || get(static_cast<VkPhysicalDevice>(*d), &count, nullptr) != VK_SUCCESS) return {};
+  std::vector<CooperativeMatrixPropertiesKhr> offers(count);
+  const VkResult r = get(static_cast<VkPhysicalDevice>(*d), &count, offers.data());
+  if (r != VK_SUCCESS && r != VK_INCOMPLETE) return {};
+  offers.resize(count);
+  std::vector<vk::CooperativeMatrixPropertiesNV> nv;
+  for (const auto& o : offers)
+    if (!o.saturatingAccumulation)
+      nv.emplace_back(o.MSize, o.NSize, o.KSize, vk::ComponentTypeNV(o.AType), vk::ComponentTypeNV(o.BType), vk::ComponentTypeNV(o.CType),
+                      vk::ComponentTypeNV(o.ResultType), vk::ScopeNV(o.scope));
+  return nv;
+}
+
+bool has_extension(const std::vector<vk::ExtensionProperties>& available, std::string_view name) {
+  return std::any_of(available.begin(), available.end(), [&](const auto& e) { return name == e.extensionName.data(); });
+}
+
+}  // namespace
+
+CooperativeOffer offered_fragment(const vk::raii::Instance& instance, const vk::raii::PhysicalDevice& d, bool prefer_khr) {
+  const auto available = d.enumerateDeviceExtensionProperties();
+  // The kernels' fragment loads and stores use the Vulkan memory model (GL_KHR_memory_scope_semantics).
+  if (!has_extension(available, VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME) ||
+      !d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceVulkanMemoryModelFeatures>()
+           .get<vk::PhysicalDeviceVulkanMemoryModelFeatures>()
+           .vulkanMemoryModel)
     return {};
-  return chosen_fragment(d.getCooperativeMatrixPropertiesNV());
+  CooperativeOffer nv, khr;
+  if (has_extension(available, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) &&
+      d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
+          .get<vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
+          .cooperativeMatrix)
+    nv.fragment = chosen_fragment(d.getCooperativeMatrixPropertiesNV());
+  if (has_extension(available, kKhrCooperativeMatrix) && khr_feature(d)) khr = {chosen_fragment(khr_offers(instance, d)), true};
+  if (khr.fragment[0] != 0 && (prefer_khr || nv.fragment[0] == 0)) return khr;
+  return nv.fragment[0] != 0 ? nv : CooperativeOffer{};
 }
 
 SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d) {
@@ -215,7 +284,9 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
     // Features chained into the device's creation where the device has them: 16-bit storage
     // buffers (core in Vulkan 1.1: f16 and bf16 values uploaded, held and downloaded in 16
     // bits), f16 arithmetic (VK_KHR_shader_float16_int8) and cooperative matrices
-    // (VK_NV_cooperative_matrix) for the matmul kernel that multiplies f16 values on them.
+    // (VK_NV_cooperative_matrix, or VK_KHR_cooperative_matrix with the kernels translated) for
+    // the matmul and attention kernels that multiply f16 values on them, with the Vulkan memory
+    // model their fragment loads use.
     vk::DeviceCreateInfo device_info({}, queue_info);
     std::vector<std::string> available;
     for (const auto& e : physical_.enumerateDeviceExtensionProperties()) available.emplace_back(e.extensionName.data());
@@ -225,6 +296,8 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
     vk::PhysicalDevice16BitStorageFeatures storage16;
     vk::PhysicalDeviceShaderFloat16Int8Features float16;
     vk::PhysicalDeviceCooperativeMatrixFeaturesNV cooperative;
+    CooperativeMatrixFeaturesKhr cooperative_khr;
+    vk::PhysicalDeviceVulkanMemoryModelFeatures memory_model;
     if (properties_.apiVersion >= VK_API_VERSION_1_1)
       storage16_ = physical_.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDevice16BitStorageFeatures>()
                        .get<vk::PhysicalDevice16BitStorageFeatures>()
@@ -244,12 +317,27 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
       float16.pNext = chain;
       chain = &float16;
     }
-    if (float16_ && storage16_) cooperative_fragment_ = offered_fragment(physical_, has(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME));
+    if (float16_ && storage16_) {
+      const CooperativeOffer offer = offered_fragment(instance_, physical_, options.cooperative_matrix == VulkanOptions::CooperativeMatrix::khr);
+      cooperative_fragment_ = offer.fragment;
+      cooperative_khr_ = offer.khr;
+    }
     if (cooperative_fragment_[0] != 0) {
-      enabled.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
-      cooperative.cooperativeMatrix = VK_TRUE;
-      cooperative.pNext = chain;
-      chain = &cooperative;
+      if (cooperative_khr_) {
+        enabled.push_back(kKhrCooperativeMatrix);
+        cooperative_khr.cooperativeMatrix = VK_TRUE;
+        cooperative_khr.pNext = chain;
+        chain = &cooperative_khr;
+      } else {
+        enabled.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
+        cooperative.cooperativeMatrix = VK_TRUE;
+        cooperative.pNext = chain;
+        chain = &cooperative;
+      }
+      enabled.push_back(VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME);
+      memory_model.vulkanMemoryModel = VK_TRUE;
+      memory_model.pNext = chain;
+      chain = &memory_model;
     }
     device_info.pNext = chain;
     device_info.setPEnabledExtensionNames(enabled);
@@ -265,9 +353,9 @@ std::shared_ptr<Context> Context::get(const VulkanOptions& options) {
   // (580, headless) refuses vkCreateInstance with ErrorIncompatibleDriver after a handful of
   // cycles, which the benchmarks, creating a backend per row, ran into.
   static std::mutex mutex;
-  static auto* contexts = new std::map<std::pair<std::string, bool>, std::shared_ptr<Context>>;
+  static auto* contexts = new std::map<std::tuple<std::string, bool, bool>, std::shared_ptr<Context>>;
   std::lock_guard lock(mutex);
-  auto& slot = (*contexts)[{options.device_filter, options.validation}];
+  auto& slot = (*contexts)[{options.device_filter, options.validation, options.cooperative_matrix == VulkanOptions::CooperativeMatrix::khr}];
   if (!slot) slot = std::make_shared<Context>(options);
   return slot;
 }
@@ -320,6 +408,7 @@ const Pipeline& Context::pipeline(const codegen::KernelSource& k, const std::vec
   std::lock_guard lock(mutex_);
   if (auto it = pipelines_.find(key); it != pipelines_.end()) return *it->second;
   auto spirv = codegen::compile_spirv(k.name, k.glsl);
+  if (cooperative_khr_ && codegen::uses_nv_cooperative_matrix(spirv)) spirv = codegen::khr_cooperative_matrix(spirv);
   return guarded("pipeline creation", [&]() -> const Pipeline& {
     auto p = std::make_unique<Pipeline>();
     p->buffers = k.buffers;

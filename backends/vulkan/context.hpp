@@ -53,8 +53,11 @@ class Context {
   /// Whether shaders may compute with f16 values (shaderFloat16, enabled).
   bool float16() const { return float16_; }
   /// The cooperative-matrix fragment (M x N x K) the device multiplies f16 by f16 into f32 in a
-  /// subgroup (VK_NV_cooperative_matrix, enabled), all 0 where it has none.
+  /// subgroup (offered_fragment's, its extension enabled), all 0 where it has none.
   const std::array<std::uint32_t, 3>& cooperative_fragment() const { return cooperative_fragment_; }
+  /// Whether that fragment is VK_KHR_cooperative_matrix's: pipelines then get their kernels'
+  /// SPIR-V translated from NV's (codegen::khr_cooperative_matrix).
+  bool cooperative_khr() const { return cooperative_khr_; }
   /// Nanoseconds per timestamp tick on the compute queue, or 0 when it cannot write timestamps.
   double timestamp_period_ns() const { return timestamp_period_ns_; }
   /// Ticks between two timestamps written in this order: the counter has only
@@ -84,6 +87,7 @@ class Context {
   bool storage16_ = false;
   bool float16_ = false;
   std::array<std::uint32_t, 3> cooperative_fragment_{};
+  bool cooperative_khr_ = false;
   std::uint32_t queue_family_ = 0;
   double timestamp_period_ns_ = 0;
   std::uint32_t timestamp_bits_ = 0;
@@ -104,9 +108,17 @@ SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d);
 /// (vkGetPhysicalDeviceCooperativeMatrixPropertiesNV): f16 x f16 into f32 in a subgroup, 16 x 16
 /// x 16 where offered, else the largest with sides multiples of 8 up to 32; all 0 for none.
 std::array<std::uint32_t, 3> chosen_fragment(const std::vector<vk::CooperativeMatrixPropertiesNV>& offered);
-/// chosen_fragment of what device d offers where it has VK_NV_cooperative_matrix
-/// (`has_extension`) with its feature; all 0 otherwise.
-std::array<std::uint32_t, 3> offered_fragment(const vk::raii::PhysicalDevice& d, bool has_extension);
+/// The fragment a device's cooperative matrices give f16 kernels, and whether it is
+/// VK_KHR_cooperative_matrix's (else VK_NV_cooperative_matrix's).
+struct CooperativeOffer {
+  std::array<std::uint32_t, 3> fragment{};
+  bool khr = false;
+};
+/// chosen_fragment of what device d offers: VK_NV_cooperative_matrix's, which glslang compiles
+/// the kernels to, or VK_KHR_cooperative_matrix's (AMD, Intel; the kernels' SPIR-V translated)
+/// where the device has no NV one or `prefer_khr`; each only with its extension and feature, and
+/// none without the Vulkan memory model (VK_KHR_vulkan_memory_model) the fragment loads use.
+CooperativeOffer offered_fragment(const vk::raii::Instance& instance, const vk::raii::PhysicalDevice& d, bool prefer_khr);
 
 /// "discrete", "integrated", "virtual", "cpu" or "other".
 const char* device_type_name(vk::PhysicalDeviceType t);

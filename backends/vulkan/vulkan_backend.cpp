@@ -423,7 +423,11 @@ class VulkanBackend final : public Backend {
     const auto& fragment = ctx_->cooperative_fragment();
     if (o.cooperative_matrix == C::on && fragment[0] == 0)
       throw BackendError("vulkan: cooperative matrices required (QKV_VULKAN_COOPERATIVE_MATRIX=1) but " + ctx_->device_name() +
-                         " has no VK_NV_cooperative_matrix with f16 x f16 products accumulated in f32 in a subgroup");
+                         " has no VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix with f16 x f16 products accumulated in f32 in a "
+                         "subgroup (and the Vulkan memory model)");
+    if (o.cooperative_matrix == C::khr && (fragment[0] == 0 || !ctx_->cooperative_khr()))
+      throw BackendError("vulkan: VK_KHR_cooperative_matrix required (QKV_VULKAN_COOPERATIVE_MATRIX=khr) but " + ctx_->device_name() +
+                         " has none with f16 x f16 products accumulated in f32 in a subgroup (and the Vulkan memory model)");
     if (o.cooperative_matrix == C::emulated && (!ctx_->float16() || !ctx_->storage16() || ctx_->subgroup_size() == 0))
       throw BackendError(
           "vulkan: the emulated cooperative-matrix kernel (QKV_VULKAN_COOPERATIVE_MATRIX=emulate) needs f16 arithmetic, 16-bit "
@@ -547,8 +551,10 @@ std::string VulkanDeviceInfo::capabilities() const {
          " KiB shared memory, " + std::to_string(max_invocations) + " invocations per workgroup, f16 " + yes(float16) + ", int8 " + yes(int8) +
          ", 16-bit storage " + yes(storage16) + ", cooperative matrix " +
          (cooperative_fragment[0] != 0 ? "f16 " + std::to_string(cooperative_fragment[0]) + "x" + std::to_string(cooperative_fragment[1]) + "x" +
-                                             std::to_string(cooperative_fragment[2]) + " (VK_NV, f16 matmuls and attention use it)"
-          : cooperative_matrix ? std::string("yes (VK_KHR only: unused)")
+                                             std::to_string(cooperative_fragment[2]) +
+                                             (cooperative_khr ? " (VK_KHR, the kernels translated from NV's SPIR-V; f16 matmuls and attention use it)"
+                                                              : " (VK_NV, f16 matmuls and attention use it)")
+          : cooperative_matrix ? std::string("yes (no f16 x f16 into f32 fragment, or no Vulkan memory model: unused)")
                                : std::string("no")) +
          ", timestamps " + yes(timestamps);
 }
@@ -585,7 +591,9 @@ std::vector<VulkanDeviceInfo> vulkan_devices() {
                              .get<vk::PhysicalDevice16BitStorageFeatures>()
                              .storageBuffer16BitAccess;
       info.cooperative_matrix = has("VK_KHR_cooperative_matrix") || has("VK_NV_cooperative_matrix");
-      info.cooperative_fragment = vk_detail::offered_fragment(d, has(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME));
+      const vk_detail::CooperativeOffer offer = vk_detail::offered_fragment(instance, d, false);
+      info.cooperative_fragment = offer.fragment;
+      info.cooperative_khr = offer.khr;
       for (const auto& q : d.getQueueFamilyProperties())
         if (q.queueFlags & vk::QueueFlagBits::eCompute) {
           info.timestamps = q.timestampValidBits != 0 && p.limits.timestampPeriod > 0;

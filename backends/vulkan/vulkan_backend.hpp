@@ -40,13 +40,15 @@ struct VulkanOptions {
   /// narrowed there by cast kernels, where it has 16-bit storage buffers
   /// (QKV_VULKAN_HALF_STORAGE=0: widened and narrowed on the host, as on devices without).
   bool half_storage = true;
-  /// Matmuls whose operands are f16 values run on cooperative matrices (f16 products, f32
-  /// accumulation: tensor cores) where the device has them, VK_NV_cooperative_matrix
-  /// (QKV_VULKAN_COOPERATIVE_MATRIX=auto, the default); `off` (0) keeps the scalar kernels; `on`
-  /// (1) requires them, an error on a device without; `emulated` (emulate) runs the cooperative
-  /// kernel with its fragment operations as scalar code, on any device with f16 arithmetic (to
-  /// test the kernel where no device has cooperative matrices).
-  enum class CooperativeMatrix { automatic, off, on, emulated } cooperative_matrix = CooperativeMatrix::automatic;
+  /// Matmuls and attention whose operands are f16 values run on cooperative matrices (f16
+  /// products, f32 accumulation: tensor cores) where the device has them,
+  /// VK_NV_cooperative_matrix or else VK_KHR_cooperative_matrix (QKV_VULKAN_COOPERATIVE_MATRIX=auto,
+  /// the default); `off` (0) keeps the scalar kernels; `on` (1) requires them, an error on a
+  /// device without; `khr` requires VK_KHR_cooperative_matrix and uses it even where NV's is
+  /// offered (NVIDIA offers both: how the translated kernels run there); `emulated` (emulate)
+  /// runs the cooperative kernels with their fragment operations as scalar code, on any device
+  /// with f16 arithmetic (to test the kernels where no device has cooperative matrices).
+  enum class CooperativeMatrix { automatic, off, on, khr, emulated } cooperative_matrix = CooperativeMatrix::automatic;
   /// The fragment (rows, columns, depth) the emulated kernels use: NVIDIA's 16 x 16 x 16 by
   /// default; tests pick others to run the kernels' other lane layouts on the subgroups at hand
   /// (4 x 8 x 8 gives lavapipe's subgroups of 8 two lanes per score row, as NVIDIA's 32 lanes
@@ -83,9 +85,10 @@ struct VulkanDeviceInfo {
   bool int8 = false;                      // shaderInt8
   bool storage16 = false;                 // storageBuffer16BitAccess (f16 buffers)
   bool cooperative_matrix = false;        // VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix
-  /// The f16 fragment (M x N x K) the cooperative-matrix matmul would use: VK_NV_cooperative_matrix's,
-  /// all 0 where the device has none (KHR-only devices: qkv's kernel is written against NV's).
+  /// The f16 fragment (M x N x K) the cooperative-matrix kernels would use, all 0 where the
+  /// device has none usable (vk_detail::offered_fragment), and whether it is VK_KHR's.
   std::array<std::uint32_t, 3> cooperative_fragment{};
+  bool cooperative_khr = false;
   bool timestamps = false;  // its compute queue writes timestamps (profiling)
   /// "subgroup 32 (arithmetic, shuffle), 48 KiB shared memory, ..." on one line.
   std::string capabilities() const;

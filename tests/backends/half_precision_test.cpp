@@ -507,12 +507,13 @@ bool any_cooperative_matrix() {
 }
 
 /// A vulkan backend multiplying f16 values with cooperative matrices: the device's where one has
-/// them, else emulated with `fragment` (rows, columns, depth); nullptr where the device lacks
-/// what the emulation needs (f16 arithmetic).
+/// them (VK_KHR's, the kernels translated, when QKV_VULKAN_COOPERATIVE_MATRIX=khr), else emulated
+/// with `fragment` (rows, columns, depth); nullptr where the device lacks what the emulation needs
+/// (f16 arithmetic).
 std::unique_ptr<backend::Backend> cooperative_backend(std::array<std::uint32_t, 3> fragment = {16, 16, 16}) {
   auto options = backend::vulkan_options_from_env();
-  options.cooperative_matrix =
-      any_cooperative_matrix() ? backend::VulkanOptions::CooperativeMatrix::on : backend::VulkanOptions::CooperativeMatrix::emulated;
+  using C = backend::VulkanOptions::CooperativeMatrix;
+  options.cooperative_matrix = options.cooperative_matrix == C::khr ? C::khr : any_cooperative_matrix() ? C::on : C::emulated;
   options.emulated_fragment = fragment;
   try {
     return backend::make_vulkan_backend(options);
@@ -678,18 +679,24 @@ TEST(CooperativeMatrixVulkan, TheFragmentIsChosenAmongWhatTheDeviceOffers) {
 TEST(CooperativeMatrixVulkan, RequiringThemWhereTheDeviceHasNoneIsAnError) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   if (any_cooperative_matrix()) GTEST_SKIP() << "a device here has cooperative matrices";
-  auto options = backend::vulkan_options_from_env();
-  options.cooperative_matrix = backend::VulkanOptions::CooperativeMatrix::on;
-  try {
-    backend::make_vulkan_backend(options);
-    ADD_FAILURE() << "no error";
-  } catch (const BackendError& e) {
-    EXPECT_NE(std::string(e.what()).find("has no VK_NV_cooperative_matrix"), std::string::npos) << e.what();
+  using C = backend::VulkanOptions::CooperativeMatrix;
+  for (const auto& [mode, message] : {std::pair{C::on, "has no VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix"},
+                                      std::pair{C::khr, "VK_KHR_cooperative_matrix required (QKV_VULKAN_COOPERATIVE_MATRIX=khr)"}}) {
+    auto options = backend::vulkan_options_from_env();
+    options.cooperative_matrix = mode;
+    try {
+      backend::make_vulkan_backend(options);
+      ADD_FAILURE() << "no error";
+    } catch (const BackendError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
   }
   setenv("QKV_VULKAN_COOPERATIVE_MATRIX", "sometimes", 1);
   EXPECT_THROW(backend::vulkan_options_from_env(), BackendError);
   setenv("QKV_VULKAN_COOPERATIVE_MATRIX", "emulate", 1);
-  EXPECT_EQ(backend::vulkan_options_from_env().cooperative_matrix, backend::VulkanOptions::CooperativeMatrix::emulated);
+  EXPECT_EQ(backend::vulkan_options_from_env().cooperative_matrix, C::emulated);
+  setenv("QKV_VULKAN_COOPERATIVE_MATRIX", "khr", 1);
+  EXPECT_EQ(backend::vulkan_options_from_env().cooperative_matrix, C::khr);
   unsetenv("QKV_VULKAN_COOPERATIVE_MATRIX");
 }
 

@@ -1,9 +1,19 @@
-// The cooperative-matrix matmul kernel (GL_NV_cooperative_matrix): which matmuls take it, and
-// that every variant of it compiles to SPIR-V that spirv-val accepts for Vulkan 1.1. No device
-// here has cooperative matrices: the backends tests run the same kernel emulated on lavapipe.
+// The cooperative-matrix kernels (GL_NV_cooperative_matrix): which matmuls and attention ops
+// take them, that every variant compiles to SPIR-V that spirv-val accepts for Vulkan 1.1, and
+// that each translates to SPV_KHR_cooperative_matrix as it must. No device here has cooperative
+// matrices: the backends tests run the same kernels emulated on lavapipe.
 #include <gtest/gtest.h>
 
+#define SPV_ENABLE_UTILITY_CODE
 #include <spirv-tools/libspirv.hpp>
+#include <spirv/unified1/spirv.hpp>
+
+#include <unistd.h>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 
 #include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
@@ -65,12 +75,122 @@ KernelSource matmul_kernel(const ir::Graph& g, const Target& target) {
   return {};
 }
 
+/// A module's instructions by the id each defines, and how many of each opcode it has.
+struct Instructions {
+  std::map<std::uint32_t, std::vector<std::uint32_t>> defs;
+  std::map<std::uint32_t, std::vector<std::vector<std::uint32_t>>> by_opcode;
+  std::uint32_t bound = 0;
+  bool unique = true;  // no id defined twice, every id below the bound
+
+  explicit Instructions(const std::vector<std::uint32_t>& w) : bound(w.at(3)) {
+    for (std::size_t i = 5; i < w.size();) {
+      const std::uint32_t count = w[i] >> 16, op = w[i] & 0xffffu;
+      if (count == 0 || i + count > w.size()) {
+        unique = false;
+        return;
+      }
+      std::vector<std::uint32_t> in(w.begin() + static_cast<std::ptrdiff_t>(i), w.begin() + static_cast<std::ptrdiff_t>(i + count));
+      bool result = false, type = false;
+      if (op == kTypeKhr) result = true;
+      else if (op == kLoadKhr || op == kMulAddKhr || op == kLengthKhr) result = type = true;
+      else if (op != kStoreKhr) spv::HasResultAndType(static_cast<spv::Op>(op), &result, &type);
+      if (result) {
+        const std::uint32_t id = in.at(type ? 2 : 1);
+        unique &= id < bound && !defs.count(id);
+        defs[id] = in;
+      }
+      by_opcode[op].push_back(std::move(in));
+      i += count;
+    }
+  }
+  std::size_t count(std::uint32_t op) const { return by_opcode.count(op) ? by_opcode.at(op).size() : 0; }
+  /// The value of an OpConstant, or -1.
+  std::int64_t constant(std::uint32_t id) const {
+    auto it = defs.find(id);
+    return it != defs.end() && (it->second[0] & 0xffffu) == spv::OpConstant ? it->second.at(3) : -1;
+  }
+  /// The use of a value's KHR matrix type (0 A, 1 B, 2 accumulator), or -1.
+  std::int64_t use_of_value(std::uint32_t id) const {
+    auto value = defs.find(id);
+    if (value == defs.end()) return -1;
+    auto type = defs.find(value->second.at(1));
+    return type != defs.end() && (type->second[0] & 0xffffu) == kTypeKhr ? constant(type->second.at(6)) : -1;
+  }
+  bool has_extension(const std::string& name) const {
+    if (!by_opcode.count(spv::OpExtension)) return false;
+    for (const auto& in : by_opcode.at(spv::OpExtension))
+      if (name == reinterpret_cast<const char*>(in.data() + 1)) return true;
+    return false;
+  }
+  bool has_capability(std::uint32_t c) const {
+    if (!by_opcode.count(spv::OpCapability)) return false;
+    for (const auto& in : by_opcode.at(spv::OpCapability))
+      if (in.at(1) == c) return true;
+    return false;
+  }
+  static constexpr std::uint32_t kTypeKhr = 4456, kLoadKhr = 4457, kStoreKhr = 4458, kMulAddKhr = 4459, kLengthKhr = 4460;
+};
+
+/// What a kernel translated to SPV_KHR_cooperative_matrix must be, checked word by word (Debian
+/// 12's spirv-val predates the extension): no NV instruction left; KHR's capability and
+/// extension; as many loads, stores and multiply-adds as NV's; each multiply-add's A, B and C of
+/// KHR matrix types declared for uses A, B and accumulator, its result C's type; each load and
+/// store with the layout constant NV's column-major flag stood for; ids defined once, below the
+/// bound. Where QKV_SPIRV_VAL names a spirv-val that knows the extension (SPIRV-Tools 2023.4 or
+/// later), it validates the module too.
+void expect_khr_translation(const std::string& name, const std::vector<std::uint32_t>& nv_words) {
+  const std::vector<std::uint32_t> khr_words = khr_cooperative_matrix(nv_words);
+  const Instructions nv(nv_words), khr(khr_words);
+  ASSERT_TRUE(khr.unique) << name;
+  for (std::uint32_t op = spv::OpTypeCooperativeMatrixNV; op <= spv::OpCooperativeMatrixLengthNV; ++op)
+    EXPECT_EQ(khr.count(op), 0u) << name << ": opcode " << op;
+  EXPECT_FALSE(khr.has_capability(spv::CapabilityCooperativeMatrixNV)) << name;
+  EXPECT_TRUE(khr.has_capability(6022)) << name;
+  EXPECT_TRUE(khr.has_extension("SPV_KHR_cooperative_matrix") && !khr.has_extension("SPV_NV_cooperative_matrix")) << name;
+  ASSERT_GT(nv.count(spv::OpCooperativeMatrixMulAddNV), 0u) << name;
+  EXPECT_EQ(khr.count(Instructions::kMulAddKhr), nv.count(spv::OpCooperativeMatrixMulAddNV)) << name;
+  EXPECT_EQ(khr.count(Instructions::kLoadKhr), nv.count(spv::OpCooperativeMatrixLoadNV)) << name;
+  EXPECT_EQ(khr.count(Instructions::kStoreKhr), nv.count(spv::OpCooperativeMatrixStoreNV)) << name;
+  for (const auto& m : khr.by_opcode.at(Instructions::kMulAddKhr)) {
+    EXPECT_EQ(khr.use_of_value(m.at(3)), 0) << name << ": a multiply-add's A";
+    EXPECT_EQ(khr.use_of_value(m.at(4)), 1) << name << ": a multiply-add's B";
+    EXPECT_EQ(khr.use_of_value(m.at(5)), 2) << name << ": a multiply-add's C";
+    EXPECT_EQ(m.at(1), khr.defs.at(m.at(5)).at(1)) << name << ": a multiply-add's result type";
+  }
+  // Column-major loads and stores: NV's flag (a boolean constant after the stride), KHR's layout
+  // (1 before it).
+  auto column_major = [](const Instructions& in, std::uint32_t op, std::size_t at, bool khr_layout) {
+    std::size_t n = 0;
+    if (!in.by_opcode.count(op)) return n;
+    for (const auto& l : in.by_opcode.at(op)) {
+      if (khr_layout) {
+        EXPECT_TRUE(in.constant(l.at(at)) == 0 || in.constant(l.at(at)) == 1) << "a layout that is not 0 or 1";
+        n += in.constant(l.at(at)) == 1;
+      } else {
+        n += (in.defs.at(l.at(at))[0] & 0xffffu) == spv::OpConstantTrue;
+      }
+    }
+    return n;
+  };
+  EXPECT_EQ(column_major(khr, Instructions::kLoadKhr, 4, true), column_major(nv, spv::OpCooperativeMatrixLoadNV, 5, false)) << name;
+  EXPECT_EQ(column_major(khr, Instructions::kStoreKhr, 3, true), column_major(nv, spv::OpCooperativeMatrixStoreNV, 4, false)) << name;
+  for (const auto& l : khr.by_opcode.at(Instructions::kLoadKhr)) EXPECT_GE(khr.use_of_value(l.at(2)), 0) << name << ": a load's type";
+  if (const char* val = std::getenv("QKV_SPIRV_VAL"); val && *val) {
+    const std::filesystem::path file = std::filesystem::temp_directory_path() / ("qkv_khr_" + std::to_string(getpid()) + ".spv");
+    std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(khr_words.data()), static_cast<std::streamsize>(khr_words.size() * 4));
+    EXPECT_EQ(std::system((std::string(val) + " --target-env vulkan1.1 " + file.string()).c_str()), 0) << name;
+    std::filesystem::remove(file);
+  }
+}
+
 void expect_valid_spirv(const KernelSource& k) {
   const std::vector<std::uint32_t> words = compile_spirv(k.name, k.glsl);
   spvtools::SpirvTools tools(SPV_ENV_VULKAN_1_1);
   std::string messages;
   tools.SetMessageConsumer([&](spv_message_level_t, const char*, const spv_position_t&, const char* m) { messages += std::string(m) + "\n"; });
   EXPECT_TRUE(tools.Validate(words)) << k.name << ":\n" << messages;
+  EXPECT_EQ(uses_nv_cooperative_matrix(words), k.glsl.find("GL_NV_cooperative_matrix") != std::string::npos) << k.name;
+  if (uses_nv_cooperative_matrix(words)) expect_khr_translation(k.name, words);
 }
 
 TEST(CooperativeMatrix, EveryLayoutCompilesToValidSpirv) {
@@ -221,6 +341,34 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
   const KernelLaunch l256 = launch(256);
   EXPECT_EQ(l256.specialization, (std::vector<std::uint32_t>{64, 64, 16, 128, 1, 0}));
   EXPECT_EQ(l256.groups, (std::array<std::uint32_t, 3>{8, 8, 1}));
+}
+
+TEST(CooperativeMatrix, KhrTranslationRefusesWhatItCannotRewrite) {
+  // One fragment fed to a multiply-add as both A and B: KHR needs two types and a conversion.
+  const std::string head =
+      "#version 450\n#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n#extension GL_EXT_shader_16bit_storage : "
+      "require\n#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\nlayout(local_size_x = "
+      "32) in;\nlayout(std430, binding = 0) buffer H { float16_t h[]; };\nlayout(std430, binding = 1) buffer F { float f[]; };\n";
+  const std::string both = head +
+                           "void main() {\n  fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;\n  coopMatLoadNV(a, h, 0, 16, false);\n"
+                           "  fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> c = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);\n"
+                           "  c = coopMatMulAddNV(a, a, c);\n  coopMatStoreNV(c, f, 0, 16, false);\n}\n";
+  try {
+    khr_cooperative_matrix(compile_spirv("both", both));
+    ADD_FAILURE() << "no error";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("both a multiply-add's A and its B"), std::string::npos) << e.what();
+  }
+  // The same with two fragments: translated, the one type declared for A and for B.
+  const std::string two = head +
+                          "void main() {\n  fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a, b;\n  coopMatLoadNV(a, h, 0, 16, false);\n"
+                          "  coopMatLoadNV(b, h, 256, 16, true);\n"
+                          "  fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> c = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);\n"
+                          "  c = coopMatMulAddNV(a, b, c);\n  coopMatStoreNV(c, f, 0, 16, false);\n}\n";
+  expect_khr_translation("two", compile_spirv("two", two));
+  EXPECT_EQ(Instructions(khr_cooperative_matrix(compile_spirv("two", two))).count(Instructions::kTypeKhr), 3u);
+  // A module without cooperative matrices has nothing to translate.
+  EXPECT_FALSE(uses_nv_cooperative_matrix(compile_spirv("plain", "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {}\n")));
 }
 
 }  // namespace
