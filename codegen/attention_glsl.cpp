@@ -206,8 +206,9 @@ std::string fill(std::string text, std::vector<std::pair<std::string, std::strin
 /// layout is opaque, which is why the rescale of the output by the softmax goes through those
 /// registers rather than the accumulators. The forward's log-sum-exp (which training graphs run
 /// beside it) takes the same kernel without p v, and dv the same with k's rows against tiles of
-/// queries and dy (coop_body). Emulated (Target::CooperativeMatrix::emulated), the two fragment
-/// products are scalar code over the same tiles, for devices without.
+/// queries and dy (coop_body); dq and dk add a second product, dy v^T (coop_grad_body). Emulated
+/// (Target::CooperativeMatrix::emulated), the fragment products are scalar code over the same
+/// tiles, for devices without.
 constexpr std::uint32_t kCoopSubgroups = 4;
 
 /// Lanes per score row and rows per lane of a subgroup of `sg` over `m` rows (both 1 or more).
@@ -229,96 +230,131 @@ bool coop_target(const Target& t) {
 
 std::int64_t round_up(std::int64_t v, std::int64_t to) { return (v + to - 1) / to * to; }
 
-/// Shared memory of the cooperative forward with tiles of `bc` keys (the layout in
-/// coop_declarations), and room for the flags and the tile tests' ranges.
-std::int64_t coop_shared_bytes(const Target& t, std::int64_t bc, std::int64_t d4, std::int64_t dv4) {
+/// Head dims padded to fragments: q and k's (KD) to the depth of the score product and, for dq
+/// and dk, whose output is that wide, to the columns of the last; v's (KV) to the columns of p v,
+/// and for dq and dk to the depth of dy v^T.
+bool coop_grad(Kind kind) { return kind == Kind::dq || kind == Kind::dk; }
+std::int64_t coop_kd(const Target& t, Kind kind, std::int64_t d4) {
   const Target::CooperativeMatrix& cm = t.cooperative_matrix;
-  const std::int64_t kd = round_up(4 * d4, cm.k), kv = round_up(4 * dv4, cm.n), br = kCoopSubgroups * cm.m;
-  return 2 * (br + bc) * (kd + 8) + 2 * bc * (kv + 8) + 4 * br * (bc + 4) + 2 * br * (bc + 8) + 512;
+  return round_up(4 * d4, coop_grad(kind) ? std::max(cm.k, cm.n) : cm.k);
+}
+std::int64_t coop_kv(const Target& t, Kind kind, std::int64_t dv4) {
+  const Target::CooperativeMatrix& cm = t.cooperative_matrix;
+  return round_up(4 * dv4, coop_grad(kind) ? cm.k : cm.n);
 }
 
-/// The key tile of the cooperative forward for these head dims: the largest of 64, 32 and 16
+/// Shared memory of the cooperative kernel with tiles of `bc` rows (the layout in
+/// coop_declarations), and room for the flags and the tile tests' ranges.
+std::int64_t coop_shared_bytes(const Target& t, Kind kind, std::int64_t bc, std::int64_t d4, std::int64_t dv4) {
+  const std::int64_t kd = coop_kd(t, kind, d4), kv = coop_kv(t, kind, dv4), br = kCoopSubgroups * t.cooperative_matrix.m;
+  std::int64_t bytes = 2 * (br + bc) * (kd + 8) + 2 * bc * (kv + 8) + 4 * br * (bc + 4) + 2 * br * (bc + 8) + 4 * bc + 512;
+  if (coop_grad(kind)) bytes += 2 * br * (kv + 8) + 4 * bc;  // dy's (dk: v's) rows, the tile's delta
+  return bytes;
+}
+
+/// The streamed tile of the cooperative kernel for these head dims: the largest of 64, 32 and 16
 /// (at most the target's override) whose tiles fit in shared memory, or 0 (then the kernel's
 /// scalar path runs).
-std::int64_t coop_tile(const Target& t, std::int64_t d4, std::int64_t dv4) {
+std::int64_t coop_tile(const Target& t, Kind kind, std::int64_t d4, std::int64_t dv4) {
   for (std::int64_t bc : {64, 32, 16})
-    if ((t.attention_tile == 0 || bc <= t.attention_tile) && coop_shared_bytes(t, bc, d4, dv4) <= t.shared_bytes) return bc;
+    if ((t.attention_tile == 0 || bc <= t.attention_tile) && coop_shared_bytes(t, kind, bc, d4, dv4) <= t.shared_bytes) return bc;
   return 0;
 }
 
 /// The cooperative kernel's constants (`constants`) or its shared tiles and fragment products
-/// (dv's with the tile's lse).
-std::string coop_declarations(const Target& t, bool constants, bool dv) {
+/// (dv's with the tile's lse; dq's and dk's with the second rows, the tile's lse and delta, and
+/// their products dy v^T and ds k).
+std::string coop_declarations(const Target& t, bool constants, Kind kind) {
   const Target::CooperativeMatrix& cm = t.cooperative_matrix;
   const auto [lanes, rows] = coop_lanes(t.subgroup_size, cm.m);
   const auto u = [](std::uint32_t v) { return std::to_string(v) + "u"; };
+  const bool grad = coop_grad(kind), dv = kind == Kind::dv;
   std::string s = "layout(constant_id = " + std::to_string(kCoopConstant) +
                   ") const uint COOP = 0u;  // 1: the cooperative-matrix path (its tiles fit)\n"
                   "const uint CM = " + u(cm.m) + ", CN = " + u(cm.n) + ", CK = " + u(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n"
                   "const uint SG = " + u(t.subgroup_size) + ", NSG = " + u(kCoopSubgroups) + ";  // invocations per subgroup, subgroups\n"
-                  "const uint LPR = " + u(lanes) + ", RPL = " + u(rows) + ";  // lanes per score row, rows per lane\n"
-                  "const uint KD = (4u * D4 + CK - 1u) / CK * CK, KV = (4u * DV4 + CN - 1u) / CN * CN;  // head dims, padded to fragments\n"
+                  "const uint LPR = " + u(lanes) + ", RPL = " + u(rows) + ";  // lanes per score row, rows per lane\n" +
+                  (grad ? "const uint KP = CK > CN ? CK : CN;  // q and k's head dim is the score product's depth and ds k's columns\n"
+                          "const uint KD = (4u * D4 + KP - 1u) / KP * KP, KV = (4u * DV4 + CK - 1u) / CK * CK;  // head dims, padded to fragments\n"
+                        : "const uint KD = (4u * D4 + CK - 1u) / CK * CK, KV = (4u * DV4 + CN - 1u) / CN * CN;  // head dims, padded to fragments\n") +
                   "const uint QS = KD + 8u, VS = KV + 8u, SS = BC + 4u, PS = BC + 8u;  // shared row strides, padded to 16 bytes\n";
   if (constants) return s;
   s = "// Sized 1 when the scalar path runs.\n"
-                  "shared float16_t rows_s[COOP * NSG * CM * QS + 1u - COOP];  // the workgroup's rows: queries (dv: keys)\n"
-                  "shared float16_t tile_s[COOP * BC * QS + 1u - COOP];        // the tile's keys (dv: queries)\n"
-                  "shared float16_t vals_s[COOP * BC * VS + 1u - COOP];        // what p multiplies: their v (dv: dy)\n"
-                  "shared float s_s[COOP * NSG * CM * SS + 1u - COOP];     // per subgroup: its scores, then a p v product\n"
-                  "shared float16_t p_s[COOP * NSG * CM * PS + 1u - COOP];  // per subgroup: its p\n" +
-      std::string(dv ? "shared float lse_s[COOP * BC + 1u - COOP];  // the tile's queries' lse\n\n" : "\n");
-  if (!cm.emulated) {
-    s += R"(// Scores of subgroup sg's rows by keys c..c + CN of the tile, into s_s.
-void score_chunk(uint sg, uint c) {
+      "shared float16_t rows_s[COOP * NSG * CM * QS + 1u - COOP];  // the workgroup's rows: queries (dv, dk: keys)\n"
+      "shared float16_t tile_s[COOP * BC * QS + 1u - COOP];        // the tile's keys (dv, dk: queries)\n"
+      "shared float16_t vals_s[COOP * BC * VS + 1u - COOP];        // the tile's v (dv, dk: dy)\n"
+      "shared float s_s[COOP * NSG * CM * SS + 1u - COOP];     // per subgroup: its scores, then a product\n"
+      "shared float16_t p_s[COOP * NSG * CM * PS + 1u - COOP];  // per subgroup: its p (dq, dk: ds)\n" +
+      std::string(grad ? "shared float16_t rows2_s[COOP * NSG * CM * VS + 1u - COOP];  // the workgroup's dy rows (dk: v)\n" : "") +
+      std::string(dv || kind == Kind::dk ? "shared float lse_s[COOP * BC + 1u - COOP];  // the tile's queries' lse\n" : "") +
+      std::string(kind == Kind::dk ? "shared float delta_s[COOP * BC + 1u - COOP];  // and their delta\n" : "") + "\n";
+  // Fragment products into s_s: a subgroup's CM rows of a row-major A (`a`, row stride `as`)
+  // times CK-deep steps of B (`b`, row stride `bs`; transposed: B's columns are b's rows), `depth`
+  // deep, for output columns c..c + CN (at column `at` of s_s).
+  auto product = [&](const char* name, const char* comment, const char* a, const char* as, const char* b, const char* bs, bool transposed,
+                     const char* depth, const char* at) {
+    const std::vector<std::pair<std::string, std::string>> v = {{"NAME", name}, {"COMMENT", comment}, {"A", a},   {"AS", as},
+                                                               {"B", b},       {"BS", bs},           {"D", depth}, {"AT", at},
+                                                               {"BAT", transposed ? "c * $BS + kk" : "kk * $BS + c"},
+                                                               {"TR", transposed ? "true" : "false"},
+                                                               {"BEL", transposed ? "$B[n * $BS + kk]" : "$B[kk * $BS + n]"}};
+    if (!cm.emulated)
+      return fill(fill(R"(// $COMMENT
+void $NAME(uint sg, uint c) {
   fcoopmatNV<32, gl_ScopeSubgroup, CM, CN> acc = fcoopmatNV<32, gl_ScopeSubgroup, CM, CN>(0.0);
-  for (uint kk = 0u; kk < KD; kk += CK) {
+  [[unroll]] for (uint kk = 0u; kk < $D; kk += CK) {
     fcoopmatNV<16, gl_ScopeSubgroup, CM, CK> a;
     fcoopmatNV<16, gl_ScopeSubgroup, CK, CN> b;
-    coopMatLoadNV(a, rows_s, sg * CM * QS + kk, QS, false);
-    coopMatLoadNV(b, tile_s, c * QS + kk, QS, true);  // k^T: column n is key c + n
+    coopMatLoadNV(a, $A, sg * CM * $AS + kk, $AS, false);
+    coopMatLoadNV(b, $B, $BAT, $BS, $TR);
     acc = coopMatMulAddNV(a, b, acc);
   }
-  coopMatStoreNV(acc, s_s, sg * CM * SS + c, SS, false);
+  coopMatStoreNV(acc, s_s, sg * CM * SS + $AT, SS, false);
 }
-// p v for subgroup sg's rows, columns c..c + CN of v, into s_s's first CN columns.
-void pv_chunk(uint sg, uint c) {
-  fcoopmatNV<32, gl_ScopeSubgroup, CM, CN> acc = fcoopmatNV<32, gl_ScopeSubgroup, CM, CN>(0.0);
-  [[unroll]] for (uint kk = 0u; kk < BC; kk += CK) {
-    fcoopmatNV<16, gl_ScopeSubgroup, CM, CK> a;
-    fcoopmatNV<16, gl_ScopeSubgroup, CK, CN> b;
-    coopMatLoadNV(a, p_s, sg * CM * PS + kk, PS, false);
-    coopMatLoadNV(b, vals_s, kk * VS + c, VS, false);
-    acc = coopMatMulAddNV(a, b, acc);
-  }
-  coopMatStoreNV(acc, s_s, sg * CM * SS, SS, false);
-}
-
-)";
-  } else {
-    s += R"(// Emulated fragments: invocation `lane` of the subgroup computes elements lane + j SG of each.
-const uint EL = CM * CN / SG;
-void score_chunk(uint sg, uint c) {
+)",
+                       v),
+                  v);
+    return fill(fill(R"(// $COMMENT
+void $NAME(uint sg, uint c) {
   uint lane = gl_SubgroupInvocationID;
   for (uint j = 0u; j < EL; ++j) {
     uint e = lane + j * SG, r = sg * CM + e / CN, n = c + e % CN;
     float sum = 0.0;
-    for (uint kk = 0u; kk < KD; ++kk) sum = fma(float(rows_s[r * QS + kk]), float(tile_s[n * QS + kk]), sum);
-    s_s[r * SS + n] = sum;
+    for (uint kk = 0u; kk < $D; ++kk) sum = fma(float($A[r * $AS + kk]), float($BEL), sum);
+    s_s[r * SS + $AT + e % CN] = sum;
   }
 }
-void pv_chunk(uint sg, uint c) {
-  uint lane = gl_SubgroupInvocationID;
-  for (uint j = 0u; j < EL; ++j) {
-    uint e = lane + j * SG, r = sg * CM + e / CN, n = e % CN;
-    float sum = 0.0;
-    for (uint kk = 0u; kk < BC; ++kk) sum = fma(float(p_s[r * PS + kk]), float(vals_s[kk * VS + c + n]), sum);
-    s_s[r * SS + n] = sum;
+)",
+                     v),
+                v);
+  };
+  if (cm.emulated) s += "// Emulated fragments: invocation `lane` of the subgroup computes elements lane + j SG of each.\nconst uint EL = CM * CN / SG;\n";
+  s += product("score_chunk", "Scores of subgroup sg's rows by tile rows c..c + CN (q k^T; dv, dk: k q^T), into s_s.", "rows_s", "QS", "tile_s", "QS",
+               true, "KD", "c");
+  if (grad) {
+    s += product("dp_chunk", "dy v^T (dk: v dy^T) of subgroup sg's rows by tile rows c..c + CN, into s_s.", "rows2_s", "VS", "vals_s", "VS", true,
+                 "KV", "c");
+    s += product("pv_chunk", "ds k (dk: ds q) for subgroup sg's rows, columns c..c + CN, into s_s's first CN columns.", "p_s", "PS", "tile_s",
+                 "QS", false, "BC", "0u");
+  } else if (kind != Kind::lse) {
+    s += product("pv_chunk", "p v (dv: p dy) for subgroup sg's rows, columns c..c + CN, into s_s's first CN columns.", "p_s", "PS", "vals_s", "VS",
+                 false, "BC", "0u");
   }
+  return s + "\n";
 }
 
-)";
-  }
-  return s;
+/// Rows `first` + row of an operand (`read`: its row4_ reader) staged in `array` as f16 (exact:
+/// f16 values), `count` rows of `width` (a fragment multiple), zeros where `in` is false and
+/// past the head dim's `vec4s`.
+std::string coop_stage(const std::string& array, const std::string& count, const std::string& width, const std::string& stride,
+                       const std::string& vec4s, const std::string& in, const std::string& read, const std::string& first, const std::string& indent) {
+  return fill(R"($Ifor (uint x = lid; x < $COUNT * ($W / 4u); x += INV) {
+$I  uint row = x / ($W / 4u), g = x % ($W / 4u);
+$I  vec4 v = $IN && g < $G ? $READ($FIRST + row, g) : vec4(0.0);
+$I  [[unroll]] for (uint e = 0u; e < 4u; ++e) $A[row * $S + 4u * g + e] = float16_t(v[e]);
+$I}
+)",
+              {{"I", indent}, {"COUNT", count}, {"W", width}, {"IN", in}, {"G", vec4s}, {"READ", read}, {"FIRST", first}, {"A", array}, {"S", stride}});
 }
 
 /// The cooperative kernel's part of main, from the row operands to the stores (`skip`: the
@@ -334,19 +370,7 @@ std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, cons
   const std::vector<std::pair<std::string, std::string>> names = {{"ROWREAD", dv ? "row4_K" : "row4_Q"},  {"TILEREAD", dv ? "row4_Q" : "row4_K"},
                                                                   {"VALREAD", dv ? "row4_DY" : "row4_V"}, {"OWNCOUNT", dv ? "M" : "N"},
                                                                   {"OWN", dv ? "kj" : "qi"},              {"OTHER", dv ? "qi" : "kj"}};
-  // Rows `first` + row of an operand (`read`: its row4_ reader) staged in `array` as f16 (exact:
-  // f16 values), `count` rows of `width` (a fragment multiple), zeros where `in` is false and
-  // past the head dim's `vec4s`.
-  auto stage = [&](const std::string& array, const std::string& count, const std::string& width, const std::string& stride, const std::string& vec4s,
-                   const std::string& in, const std::string& read, const std::string& first, const std::string& indent) {
-    return fill(R"($Ifor (uint x = lid; x < $COUNT * ($W / 4u); x += INV) {
-$I  uint row = x / ($W / 4u), g = x % ($W / 4u);
-$I  vec4 v = $IN && g < $G ? $READ($FIRST + row, g) : vec4(0.0);
-$I  [[unroll]] for (uint e = 0u; e < 4u; ++e) $A[row * $S + 4u * g + e] = float16_t(v[e]);
-$I}
-)",
-                {{"I", indent}, {"COUNT", count}, {"W", width}, {"IN", in}, {"G", vec4s}, {"READ", read}, {"FIRST", first}, {"A", array}, {"S", stride}});
-  };
+  const auto& stage = coop_stage;
   std::string s = "  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;\n"
                   "  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart\n"
                   "  // The rows once, zeros past the last.\n" +
@@ -460,6 +484,126 @@ $PWRITE      }
   }
   return s;
 }
+
+/// dq and dk on cooperative matrices (FlashAttention-2's backward): the workgroup's rows of q and
+/// dy (dk: k and v) staged once, tiles of k and v (dk: q and dy, with their lse and delta). Per
+/// tile each subgroup forms dp = dy v^T (dk: v dy^T), which its lanes read into registers, then
+/// the scores; each lane computes ds = p (z dp - delta) (times the modifier's derivative),
+/// p = exp(s - lse) from the forward's lse, exactly as the scalar kernel, and writes it in f16
+/// (as FlashAttention's f16 backward does); ds k (dk: ds q) is added CN columns at a time to the
+/// rows each lane keeps in registers, and scaled once at the end.
+std::string coop_grad_body(const Target& t, Kind kind, bool modifier, bool drop, const std::string& skip, const std::string& counts,
+                           const std::function<std::string(const std::string&)>& stored) {
+  const bool dk = kind == Kind::dk;
+  const std::uint32_t lanes = coop_lanes(t.subgroup_size, t.cooperative_matrix.m).first;
+  const std::vector<std::pair<std::string, std::string>> names = {
+      {"ROWREAD", dk ? "row4_K" : "row4_Q"}, {"ROW2READ", dk ? "row4_V" : "row4_DY"}, {"TILEREAD", dk ? "row4_Q" : "row4_K"},
+      {"VALREAD", dk ? "row4_DY" : "row4_V"}, {"OWNCOUNT", dk ? "M" : "N"},          {"OWN", dk ? "kj" : "qi"},
+      {"OTHER", dk ? "qi" : "kj"},           {"LSE", dk ? "lse_s[c]" : "lse_r[i]"},  {"DELTA", dk ? "delta_s[c]" : "delta_r[i]"}};
+  std::string s = "  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;\n"
+                  "  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart\n"
+                  "  // The rows once, zeros past the last.\n" +
+                  coop_stage("rows_s", "NSG * CM", "KD", "QS", "D4", fill("r0 + row < $OWNCOUNT", names), fill("$ROWREAD", names), "r0", "  ") +
+                  coop_stage("rows2_s", "NSG * CM", "KV", "VS", "DV4", fill("r0 + row < $OWNCOUNT", names), fill("$ROW2READ", names), "r0", "  ");
+  if (!dk)
+    s += "  float lse_r[RPL], delta_r[RPL];  // per row\n"
+         "  [[unroll]] for (uint i = 0u; i < RPL; ++i) {\n"
+         "    uint qi = r0 + wr0 + i * (SG / LPR);\n"
+         "    lse_r[i] = qi < N ? LSE[stat_at + qi] : 0.0;\n"
+         "    delta_r[i] = qi < N ? DELTA[stat_at + qi] : 0.0;\n"
+         "  }\n";
+  s += "  float o[RPL * (KD / LPR)];  // per row: this lane's columns of the output, sub + j LPR of each CN\n"
+       "  [[unroll]] for (uint x = 0u; x < RPL * (KD / LPR); ++x) o[x] = 0.0;\n"
+       "  for (uint t0 = lo; t0 < hi; t0 += BC) {\n    uint cols = min(BC, hi - t0);\n" +
+       skip +
+       "    visited += rows * cols;\n"
+       "    barrier();  // everyone is done with the previous tiles\n" +
+       coop_stage("tile_s", "BC", "KD", "QS", "D4", "row < cols", fill("$TILEREAD", names), "t0", "    ") +
+       coop_stage("vals_s", "BC", "KV", "VS", "DV4", "row < cols", fill("$VALREAD", names), "t0", "    ");
+  if (dk)
+    s += "    for (uint x = lid; x < BC; x += INV) {\n"
+         "      lse_s[x] = x < cols ? LSE[stat_at + t0 + x] : 0.0;\n"
+         "      delta_s[x] = x < cols ? DELTA[stat_at + t0 + x] : 0.0;\n"
+         "    }\n";
+  const std::string modified = !modifier ? ""
+                                         : "          float dmod = 0.0;\n"
+                                           "          if ($OWN < $OWNCOUNT) { vec2 md = score_mod_d(sc, qi, kj); sc = md.x; dmod = md.y; }\n";
+  s += fill(R"(    barrier();
+    // dp into registers (each lane its rows' LPR-th columns), then the scores into s_s.
+    for (uint c = 0u; c < BC; c += CN) dp_chunk(sg, c);
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    float dp[RPL * (BC / LPR)];
+    [[unroll]] for (uint i = 0u; i < RPL; ++i)
+      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) dp[i * (BC / LPR) + j] = s_s[(wr0 + i * (SG / LPR)) * SS + sub + j * LPR];
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();  // read before the scores are stored
+    for (uint c = 0u; c < BC; c += CN) score_chunk(sg, c);
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    // ds = p (z dp - delta) d mod, p = exp(s - lse): 0 where masked, NaN where dp or delta is.
+    // Written in f16 scaled per row by a power of two that brings the row's largest |ds| to
+    // [2^13, 2^14) (within f16's range whatever the inputs; its 11 bits relative to that
+    // largest), and unscaled exactly as the product is added to the row.
+    float unscale[RPL];
+    [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+      uint wr = wr0 + i * (SG / LPR), $OWN = r0 + wr;
+      float ds[BC / LPR];
+      float big = 0.0;
+      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
+        uint c = sub + j * LPR, $OTHER = t0 + c;
+        ds[j] = 0.0;
+        if (c < cols) {
+          float sc = s_s[wr * SS + c] * scale;
+$MODIFIED          float pr = ($OWN < $OWNCOUNT && kept(qi, kj) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;
+          ds[j] = pr * (dp[i * (BC / LPR) + j]$DROP - $DELTA)$DMOD;
+        }
+        big = qkv_max(big, abs(ds[j]));
+      }
+$SHUFFLEMAX      int e = 14;
+      if (big > 0.0 && finite(big)) frexp(big, e);  // big = f 2^e, f in [0.5, 1)
+      e = clamp(e, -100, 100);
+      unscale[i] = ldexp(1.0, e - 14);
+      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) p_s[wr * PS + sub + j * LPR] = float16_t(ldexp(ds[j], 14 - e));
+    }
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    // o += ds k (dk: ds q), CN columns at a time through s_s (the scores are read).
+    [[unroll]] for (uint c = 0u; c < KD / CN; ++c) {
+      pv_chunk(sg, c * CN);
+      subgroupMemoryBarrierShared();
+      subgroupBarrier();
+      [[unroll]] for (uint i = 0u; i < RPL; ++i)
+        [[unroll]] for (uint j = 0u; j < CN / LPR; ++j)
+          o[i * (KD / LPR) + c * (CN / LPR) + j] += s_s[(wr0 + i * (SG / LPR)) * SS + sub + j * LPR] * unscale[i];
+      subgroupMemoryBarrierShared();
+      subgroupBarrier();  // read before the next product is stored
+    }
+  }
+)",
+            {{"MODIFIED", fill(modified, names)},
+             {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) big = qkv_max(big, subgroupShuffleXor(big, w));\n" : ""},
+             {"DROP", drop ? " * dropout_factor(qi, kj)" : ""},
+             {"DMOD", modifier ? " * dmod" : ""},
+             {"OWN", dk ? "kj" : "qi"},
+             {"OTHER", dk ? "qi" : "kj"},
+             {"OWNCOUNT", dk ? "M" : "N"},
+             {"LSE", dk ? "lse_s[c]" : "lse_r[i]"},
+             {"DELTA", dk ? "delta_s[c]" : "delta_r[i]"}});
+  s += counts;
+  s += fill(R"(  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+    uint own_row = r0 + wr0 + i * (SG / LPR);
+    if (own_row >= $OWNCOUNT) continue;
+    [[unroll]] for (uint x = 0u; x < KD / LPR; ++x) {
+      uint col = x / (CN / LPR) * CN + sub + x % (CN / LPR) * LPR;
+      float y = o[i * (KD / LPR) + x] * scale;
+      if (col < DR) OUT[out_at + own_row * out_rs + col] = $STORED;
+    }
+  }
+)",
+            {{"OWNCOUNT", dk ? "M" : "N"}, {"STORED", stored("y")}});
+  return s;
+}
 }  // namespace
 
 bool attention_fits(const Node& n) {
@@ -474,14 +618,15 @@ bool attention_strided(const Node& n) { return ir::is_fused_attention(n.op) && b
 bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
   if (!ir::is_fused_attention(n.op) || !coop_target(target)) return false;
-  // The operands multiplied in fragments: q and k, then v (the forward) or dy (dv).
+  // The operands multiplied in fragments: q and k, then v (the forward) or dy (dv), or both (dq
+  // and dk: dy v^T, then ds times k or q).
   std::vector<std::size_t> multiplied = {0, 1};
   switch (kind_of(n)) {
     case Kind::forward: multiplied.push_back(2); break;
     case Kind::lse: break;
     case Kind::dv: multiplied.push_back(3); break;
     case Kind::dq:
-    case Kind::dk: return false;
+    case Kind::dk: multiplied.insert(multiplied.end(), {2, 3}); break;
   }
   return std::all_of(multiplied.begin(), multiplied.end(), [&](std::size_t k) { return rounded_to(g, n.inputs[k], DType::f16); });
 }
@@ -491,7 +636,7 @@ int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n) + (attent
 KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative) {
   const Kind kind = kind_of(n);
   // The forward with cooperative matrices beside its scalar path (coop_declarations).
-  const bool coop = cooperative && (kind == Kind::forward || kind == Kind::lse || kind == Kind::dv);
+  const bool coop = cooperative != nullptr;
   const int r = batch_rank(n);
   const bool causal = n.attrs.causal, mask = masked(n), drop = ir::has_dropout_seed(n.op, n.attrs);
   const bool key_rows = kind == Kind::dk || kind == Kind::dv;  // rows are keys, streaming queries
@@ -784,8 +929,8 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                                           (cooperative->cooperative_matrix.emulated
                                                ? ""
                                                : "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n")},
-                        {"COOPCONSTS", coop ? coop_declarations(*cooperative, true, false) : ""},
-                        {"COOPDECL", coop ? coop_declarations(*cooperative, false, kind == Kind::dv) : ""},
+                        {"COOPCONSTS", coop ? coop_declarations(*cooperative, true, kind) : ""},
+                        {"COOPDECL", coop ? coop_declarations(*cooperative, false, kind) : ""},
                         {"BR", coop ? "COOP * NSG * CM + (1u - COOP) * INV * RPT" : "INV * RPT"},
                         {"TGLOBALS", tensor_globals},
                         {"MODIFIER", modifier_text},
@@ -1046,7 +1191,12 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   if (coop) {  // the scalar path, and beside it the cooperative one
     const std::string scalar = s.substr(body_at);
     s.resize(body_at);
-    s += "  if (COOP != 0u) {\n" + indented(coop_body(*cooperative, kind, n.region != nullptr, drop && kind != Kind::lse, skip, counts, stored), "  ") + "  } else {\n" +
+    const bool with_drop = drop && kind != Kind::lse;
+    s += "  if (COOP != 0u) {\n" +
+         indented(coop_grad(kind) ? coop_grad_body(*cooperative, kind, n.region != nullptr, with_drop, skip, counts, stored)
+                                  : coop_body(*cooperative, kind, n.region != nullptr, with_drop, skip, counts, stored),
+                  "  ") +
+         "  } else {\n" +
          indented(scalar, "  ") + "  }\n";
   }
   s += "}\n";
@@ -1138,7 +1288,7 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   Geometry geo = geometry(target, kind);
   // A kernel with the cooperative forward takes it where its tiles fit (coop_tile), its scalar
   // path otherwise; constant 5 says which (other kernels have no constant 5: ignored).
-  const std::int64_t coop_bc = attention_cooperative(g, v, target) ? coop_tile(target, d4, dv4) : 0;
+  const std::int64_t coop_bc = attention_cooperative(g, v, target) ? coop_tile(target, kind, d4, dv4) : 0;
   if (coop_bc > 0) {
     bc = coop_bc;
     geo = {kCoopSubgroups * target.subgroup_size, 1};

@@ -566,20 +566,21 @@ bool attention_is_cooperative(backend::Backend& b, const ir::Graph& g) {
   auto exe = b.compile(g);
   for (std::size_t i = 0; i < exe->graph().size(); ++i) {
     const std::string kernel = b.kernel_name(exe->graph(), static_cast<ir::ValueId>(i));
-    if (ir::is_fused_attention(exe->graph().nodes()[i].op) &&
-        (kernel.find("flash_attention_forward_coop") != std::string::npos || kernel.find("flash_attention_lse_coop") != std::string::npos ||
-         kernel.find("flash_attention_dv_coop") != std::string::npos))
+    if (ir::is_fused_attention(exe->graph().nodes()[i].op) && kernel.starts_with("glsl flash_attention_") &&
+        kernel.find("_coop") != std::string::npos)
       return true;
   }
   return false;
 }
 
-TEST(CooperativeMatrixVulkan, AttentionForwardMatchesTheReferenceEmulatedOrOnTheDevice) {
+TEST(CooperativeMatrixVulkan, AttentionMatchesTheReferenceEmulatedOrOnTheDevice) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   // Every forward, log-sum-exp and gradient case of the fused attention ops (causal, windows,
-  // keep-masks, score modifiers that mask whole tiles, dropout) in f16, the forward, its lse and
-  // dv through the cooperative kernels: q k^T (dv: k q^T) and p v (dv: p dy) as fragment
-  // products, the softmax in scalar code between them.
+  // keep-masks, score modifiers that mask whole tiles, dropout) in f16 through the cooperative
+  // kernels: q k^T (dv, dk: k q^T), p v (dv: p dy), and for dq and dk dy v^T and ds k (ds q) as
+  // fragment products, the softmax and ds in scalar code between them. The cases' lse inputs are
+  // random, not the forward's: p and ds reach far past f16's range, which the kernels' per-row
+  // scaling of ds must keep.
   auto coop = cooperative_backend();
   if (!coop) GTEST_SKIP() << "no f16 arithmetic for the emulated kernel";
   int cooperative = 0;
@@ -589,9 +590,10 @@ TEST(CooperativeMatrixVulkan, AttentionForwardMatchesTheReferenceEmulatedOrOnThe
     cooperative += attention_is_cooperative(*coop, h);
     testing::expect_equivalent(h, testing::inputs_in_dtype(testing::case_inputs(rc.c, 1234 + rc.index), DType::f16), *coop);
   }
-  EXPECT_GE(cooperative, 17);
+  EXPECT_GE(cooperative, 40);
   // Past one workgroup's 64 query rows and one tile's keys, head dims that are no multiple of a
-  // fragment's (q and k 40, v 24), causal; and bf16, whose values are no f16 values: the scalar kernel.
+  // fragment's (q and k 40, v 24), causal, forward and backward; and bf16, whose values are no f16
+  // values: the scalar kernel.
   auto sdpa = [](DType dtype, bool causal) {
     ir::Graph g;
     const ir::ValueId q = g.add_input("q", dtype, {2, 77, 40}), k = g.add_input("k", dtype, {2, 100, 40}), v = g.add_input("v", dtype, {2, 100, 24});
@@ -606,6 +608,9 @@ TEST(CooperativeMatrixVulkan, AttentionForwardMatchesTheReferenceEmulatedOrOnThe
     const ir::Graph g = sdpa(DType::f16, causal);
     EXPECT_TRUE(attention_is_cooperative(*coop, g));
     testing::expect_equivalent(g, backend::random_inputs(g, {}, 21), *coop);
+    const ir::Graph backward = ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}});
+    EXPECT_TRUE(attention_is_cooperative(*coop, backward));
+    testing::expect_equivalent(backward, backend::random_inputs(backward, {}, 23), *coop);
   }
   EXPECT_FALSE(attention_is_cooperative(*coop, sdpa(DType::bf16, false)));
   // Two lanes per score row, as NVIDIA's 32 lanes over 16 rows (subgroup shuffles combine a row's
@@ -617,6 +622,8 @@ TEST(CooperativeMatrixVulkan, AttentionForwardMatchesTheReferenceEmulatedOrOnThe
       const ir::Graph g = sdpa(DType::f16, causal);
       EXPECT_TRUE(attention_is_cooperative(*narrow, g));
       testing::expect_equivalent(g, backend::random_inputs(g, {}, 22), *narrow);
+      const ir::Graph backward = ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}});
+      testing::expect_equivalent(backward, backend::random_inputs(backward, {}, 24), *narrow);
     }
   }
 }

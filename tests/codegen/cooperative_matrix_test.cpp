@@ -259,15 +259,15 @@ ir::ValueId fused_attention(const ir::Graph& g) {
   return -1;
 }
 
-TEST(CooperativeMatrix, AttentionForwardCompilesToValidSpirv) {
-  // Every forward, log-sum-exp and dv case of the fused attention ops in f16 (masks, windows,
-  // modifiers, dropout), for NVIDIA's two fragments (32 lanes: two per score row) and emulated
-  // over subgroups of 8; dq and dk keep their scalar kernels.
+TEST(CooperativeMatrix, AttentionKernelsCompileToValidSpirv) {
+  // Every forward, log-sum-exp and gradient case of the fused attention ops in f16 (masks,
+  // windows, modifiers, dropout), for NVIDIA's two fragments (32 lanes: two per score row) and
+  // emulated over subgroups of 8.
   Target emulated = gpu();
   emulated.subgroup_size = 8;
   emulated.cooperative_matrix.emulated = true;
   int cases = 0;
-  int dv = 0;
+  std::array<int, 3> grads{};  // dq, dk, dv
   for (ir::Op op : {ir::Op::attention, ir::Op::masked_attention, ir::Op::flex_attention, ir::Op::attention_lse, ir::Op::masked_attention_lse,
                     ir::Op::flex_attention_lse, ir::Op::attention_grad, ir::Op::masked_attention_grad, ir::Op::flex_attention_grad})
     for (const ir::OpCase& c : ir::op_cases(op)) {
@@ -275,12 +275,8 @@ TEST(CooperativeMatrix, AttentionForwardCompilesToValidSpirv) {
       const ir::Graph g = ir::lower_for_backend(ir::to_dtype(ir::case_graph(op, c), DType::f16), implements, ir::HalfInputs::kept);
       const ir::ValueId a = fused_attention(g);
       if (a < 0) continue;  // a modifier's tensor gradient: decomposed
-      const bool grad = (op == ir::Op::attention_grad || op == ir::Op::masked_attention_grad || op == ir::Op::flex_attention_grad);
-      if (grad && g.node(a).attrs.wrt != 2) {
-        EXPECT_EQ(kernel_source(g, a, gpu()).name.find("coop"), std::string::npos);
-        continue;
-      }
-      dv += grad;
+      if (op == ir::Op::attention_grad || op == ir::Op::masked_attention_grad || op == ir::Op::flex_attention_grad)
+        ++grads.at(static_cast<std::size_t>(g.node(a).attrs.wrt));
       for (const Target& t : {gpu(), gpu(16, 8, 16), emulated}) {
         const KernelSource k = kernel_source(g, a, t);
         EXPECT_NE(k.name.find(t.cooperative_matrix.emulated ? "_coop_emulated" : "_coop"), std::string::npos) << k.name;
@@ -289,11 +285,11 @@ TEST(CooperativeMatrix, AttentionForwardCompilesToValidSpirv) {
       }
       ++cases;
     }
-  EXPECT_GE(cases, 14);
-  EXPECT_GE(dv, 3);
+  EXPECT_GE(cases, 20);
+  for (int n : grads) EXPECT_GE(n, 3);
 }
 
-TEST(CooperativeMatrix, OnlyAttentionForwardsOfF16ValuesTakeIt) {
+TEST(CooperativeMatrix, OnlyAttentionOfF16ValuesTakesIt) {
   auto sdpa = [](DType dtype) {
     ir::Graph g;
     const ir::ValueId q = g.add_input("q", dtype, {1, 8, 4096, 64});
@@ -309,14 +305,16 @@ TEST(CooperativeMatrix, OnlyAttentionForwardsOfF16ValuesTakeIt) {
   const ir::Graph g = sdpa(DType::f16);
   EXPECT_EQ(kernel_source(g, fused_attention(g), Target{}).name.find("coop"), std::string::npos) << "a device without";
   EXPECT_NE(kernel_source(g, fused_attention(g), gpu()).name.find("coop"), std::string::npos);
-  // dq and dk keep their scalar kernels; the forward's log-sum-exp (training) and dv take it.
+  // The training graph's kernels take it too: the forward's log-sum-exp, dq, dk and dv.
   const ir::Graph backward = ir::lower_for_backend(ir::build_backward(sdpa(DType::f16), {"", {"q"}, {"out"}}), implements, ir::HalfInputs::kept);
+  int fused = 0;
   for (std::size_t i = 0; i < backward.size(); ++i)
     if (ir::is_fused_attention(backward.nodes()[i].op) && backward.nodes()[i].op != ir::Op::attention) {
-      const bool lse_or_dv = backward.nodes()[i].op == ir::Op::attention_lse || backward.nodes()[i].attrs.wrt == 2;
-      EXPECT_EQ(kernel_source(backward, static_cast<ir::ValueId>(i), gpu()).name.find("coop") != std::string::npos, lse_or_dv)
+      EXPECT_NE(kernel_source(backward, static_cast<ir::ValueId>(i), gpu()).name.find("coop"), std::string::npos)
           << ir::op_name(backward.nodes()[i].op);
+      ++fused;
     }
+  EXPECT_GE(fused, 4);
 }
 
 TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
@@ -341,6 +339,27 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
   const KernelLaunch l256 = launch(256);
   EXPECT_EQ(l256.specialization, (std::vector<std::uint32_t>{64, 64, 16, 128, 1, 0}));
   EXPECT_EQ(l256.groups, (std::array<std::uint32_t, 3>{8, 8, 1}));
+  // dq and dk stage two operands' rows and tiles each: 32-row tiles at head dim 64; at 128 their
+  // tiles do not fit 48 KiB (the scalar path runs).
+  auto gradient = [](std::int64_t d, int wrt) {
+    ir::Graph g;
+    const ir::ValueId q = g.add_input("q", DType::f16, {1, 8, 1000, d});
+    ir::Attrs a;
+    a.value = 0.125;
+    g.set_output("out", g.add(ir::Op::attention, {q, q, q}, a));
+    g = ir::lower_for_backend(ir::build_backward(g, {"", {"q"}, {"out"}}), implements, ir::HalfInputs::kept);
+    std::vector<ir::Shape> shapes;
+    for (const ir::Node& n : g.nodes()) shapes.push_back(n.shape);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (g.nodes()[i].op == ir::Op::attention_grad && g.nodes()[i].attrs.wrt == wrt)
+        return kernel_launch(g, static_cast<ir::ValueId>(i), shapes, gpu());
+    ADD_FAILURE() << "no gradient " << wrt;
+    return KernelLaunch{};
+  };
+  for (int wrt : {0, 1}) {
+    EXPECT_EQ(gradient(64, wrt).specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 1})) << wrt;
+    EXPECT_EQ(gradient(128, wrt).specialization.at(5), 0u) << wrt;
+  }
 }
 
 TEST(CooperativeMatrix, KhrTranslationRefusesWhatItCannotRewrite) {
