@@ -12,8 +12,10 @@
 // memory its plan holds ("MiB"). Run: build/default/bench/qkv_bench (QKV_BENCH_BACKENDS=cpu,vulkan
 // picks backends; QKV_BENCH_SHAPES=1,8,4096,64;4,8,512,64 replaces the shapes; --benchmark_filter
 // narrows the rows). -f16 and -bf16 rows run the forward with q, k, v and the output in half
-// precision (every op computing in f32 and rounding its result), and a last table gives their
-// rate over the f32 row's. QKV_BENCH_DEVICE_TIME=1 times vulkan rows by the device's kernel timestamps
+// precision (every op computing in f32 and rounding its result), -fwd+bwd-f16 the training graph
+// so (on a GPU with cooperative matrices: the forward, its lse, dq, dk and dv on them; PyTorch's
+// peer is ../shared/gpu/torch_sdpa.py's f16 forward+backward), and a last table gives their rate
+// over the f32 row's. QKV_BENCH_DEVICE_TIME=1 times vulkan rows by the device's kernel timestamps
 // (Executable::profile) instead of the wall clock, which on a discrete GPU also counts the PCIe
 // uploads of q, k, v and the download of the output on every run.
 #include <benchmark/benchmark.h>
@@ -53,7 +55,7 @@ const std::vector<Shape> kLongShapes = {{1, 8, 8192, 64}};
 /// score modifier (soft-capping at 30; ALiBi with causality; soft-capping forward + backward);
 /// dropout on the weights forward + backward (training); and the unfused path (the softmax
 /// weights are also returned, so the scores are materialised).
-enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, dropout_backward, document, unfused, f16, bf16 };
+enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, dropout_backward, document, unfused, f16, bf16, f16_backward };
 
 const char* mode_suffix(Mode m) {
   switch (m) {
@@ -68,11 +70,12 @@ const char* mode_suffix(Mode m) {
     case Mode::unfused: return "-unfused";
     case Mode::f16: return "-f16";
     case Mode::bf16: return "-bf16";
+    case Mode::f16_backward: return "-fwd+bwd-f16";
   }
   return "";
 }
 
-bool is_backward(Mode m) { return m == Mode::backward || m == Mode::softcap_backward || m == Mode::dropout_backward; }
+bool is_backward(Mode m) { return m == Mode::backward || m == Mode::softcap_backward || m == Mode::dropout_backward || m == Mode::f16_backward; }
 
 /// ALiBi's slopes need a static head count and alibi_bias a static head dim: H = 8, D = 64 (rows
 /// of other shapes skip it).
@@ -116,6 +119,9 @@ qkv::ir::Graph sdpa_graph(double scale, Mode mode) {
     case Mode::bf16:
       return ir::to_dtype(lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale)))),
                           mode == Mode::f16 ? DType::f16 : DType::bf16);
+    case Mode::f16_backward:
+      return ir::build_backward(ir::to_dtype(lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale)))), DType::f16),
+                                {"", {"q", "k", "v"}, {"out"}});
     case Mode::forward: break;
   }
   return lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale))));
@@ -317,7 +323,7 @@ int main(int argc, char** argv) {
       if (b == "reference" && s.n > 128) continue;  // plain double loops: minutes per run
       if (b == "vulkan" && s.n > 512 && std::getenv("QKV_BENCH_SMALL_VULKAN")) continue;
       for (Mode m : {Mode::forward, Mode::causal, Mode::backward, Mode::softcap, Mode::alibi, Mode::softcap_backward, Mode::dropout_backward,
-                     Mode::document, Mode::unfused, Mode::f16, Mode::bf16}) {
+                     Mode::document, Mode::unfused, Mode::f16, Mode::bf16, Mode::f16_backward}) {
         if (b == "reference" && m != Mode::forward) continue;
         if (m == Mode::alibi && (s.h != 8 || s.d != 64)) continue;
         if (m == Mode::unfused && b != "vulkan") continue;  // the cpu's own unfused peer is sgemm-softmax-sgemm
