@@ -357,6 +357,25 @@ $I}
               {{"I", indent}, {"COUNT", count}, {"W", width}, {"IN", in}, {"G", vec4s}, {"READ", read}, {"FIRST", first}, {"A", array}, {"S", stride}});
 }
 
+/// The loop that adds subgroup sg's products (pv_chunk) to the output rows its lanes keep in `o`
+/// (`width` columns, padded), CN columns at a time through s_s, each times `factor` (GLSL after
+/// the product, or empty).
+std::string coop_accumulate(const std::string& what, const std::string& width, const std::string& factor) {
+  return fill(R"(    // $WHAT, CN columns at a time through s_s (the scores are read).
+    [[unroll]] for (uint c = 0u; c < $W / CN; ++c) {
+      pv_chunk(sg, c * CN);
+      subgroupMemoryBarrierShared();
+      subgroupBarrier();
+      [[unroll]] for (uint i = 0u; i < RPL; ++i)
+        [[unroll]] for (uint j = 0u; j < CN / LPR; ++j)
+          o[i * ($W / LPR) + c * (CN / LPR) + j] += s_s[(wr0 + i * (SG / LPR)) * SS + sub + j * LPR]$FACTOR;
+      subgroupMemoryBarrierShared();
+      subgroupBarrier();  // read before the next product is stored
+    }
+)",
+              {{"WHAT", what}, {"W", width}, {"FACTOR", factor}});
+}
+
 /// The cooperative kernel's part of main, from the row operands to the stores (`skip`: the
 /// tile test, `counts`: the tile count's update, `stored`: an output value as stored). The
 /// forward: q's rows against tiles of keys, the online softmax, p v. Its log-sum-exp: the same
@@ -443,21 +462,7 @@ $PWRITE      }
                                                  : "") +
                                     "        p_s[wr * PS + c] = float16_t(p);\n"}});
   }
-  if (!lse)
-    s += R"(    subgroupMemoryBarrierShared();
-    subgroupBarrier();
-    // o += p v (dv: p dy), CN columns at a time through s_s (the scores are read).
-    [[unroll]] for (uint c = 0u; c < KV / CN; ++c) {
-      pv_chunk(sg, c * CN);
-      subgroupMemoryBarrierShared();
-      subgroupBarrier();
-      [[unroll]] for (uint i = 0u; i < RPL; ++i)
-        [[unroll]] for (uint j = 0u; j < CN / LPR; ++j)
-          o[i * (KV / LPR) + c * (CN / LPR) + j] += s_s[(wr0 + i * (SG / LPR)) * SS + sub + j * LPR];
-      subgroupMemoryBarrierShared();
-      subgroupBarrier();  // read before the next product is stored
-    }
-)";
+  if (!lse) s += "    subgroupMemoryBarrierShared();\n    subgroupBarrier();\n" + coop_accumulate("o += p v (dv: p dy)", "KV", "");
   s += "  }\n";
   if (!dv && lanes > 1) s += "  [[unroll]] for (uint i = 0u; i < RPL; ++i)\n    for (uint w = 1u; w < LPR; w *= 2u) l[i] += subgroupShuffleXor(l[i], w);\n";
   s += counts;
@@ -568,20 +573,10 @@ $SHUFFLEMAX      int e = 14;
     }
     subgroupMemoryBarrierShared();
     subgroupBarrier();
-    // o += ds k (dk: ds q), CN columns at a time through s_s (the scores are read).
-    [[unroll]] for (uint c = 0u; c < KD / CN; ++c) {
-      pv_chunk(sg, c * CN);
-      subgroupMemoryBarrierShared();
-      subgroupBarrier();
-      [[unroll]] for (uint i = 0u; i < RPL; ++i)
-        [[unroll]] for (uint j = 0u; j < CN / LPR; ++j)
-          o[i * (KD / LPR) + c * (CN / LPR) + j] += s_s[(wr0 + i * (SG / LPR)) * SS + sub + j * LPR] * unscale[i];
-      subgroupMemoryBarrierShared();
-      subgroupBarrier();  // read before the next product is stored
-    }
-  }
+$ACCUMULATE  }
 )",
             {{"MODIFIED", fill(modified, names)},
+             {"ACCUMULATE", coop_accumulate("o += ds k (dk: ds q)", "KD", " * unscale[i]")},
              {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) big = qkv_max(big, subgroupShuffleXor(big, w));\n" : ""},
              {"DROP", drop ? " * dropout_factor(qi, kj)" : ""},
              {"DMOD", modifier ? " * dmod" : ""},
