@@ -501,7 +501,8 @@ std::string coop_grad_body(const Target& t, Kind kind, bool modifier, bool drop,
                            const std::function<std::string(const std::string&)>& stored) {
   const bool dk = kind == Kind::dk;
   const std::uint32_t lanes = coop_lanes(t.subgroup_size, t.cooperative_matrix.m).first;
-  const std::vector<std::pair<std::string, std::string>> names = {
+  // A row's index is `own` (a query, or dk's key), a tile column's `other`.
+  std::vector<std::pair<std::string, std::string>> names = {
       {"ROWREAD", dk ? "row4_K" : "row4_Q"}, {"ROW2READ", dk ? "row4_V" : "row4_DY"}, {"TILEREAD", dk ? "row4_Q" : "row4_K"},
       {"VALREAD", dk ? "row4_DY" : "row4_V"}, {"OWNCOUNT", dk ? "M" : "N"},          {"OWN", dk ? "kj" : "qi"},
       {"OTHER", dk ? "qi" : "kj"},           {"LSE", dk ? "lse_s[c]" : "lse_r[i]"},  {"DELTA", dk ? "delta_s[c]" : "delta_r[i]"}};
@@ -533,6 +534,11 @@ std::string coop_grad_body(const Target& t, Kind kind, bool modifier, bool drop,
   const std::string modified = !modifier ? ""
                                          : "          float dmod = 0.0;\n"
                                            "          if ($OWN < $OWNCOUNT) { vec2 md = score_mod_d(sc, qi, kj); sc = md.x; dmod = md.y; }\n";
+  names.insert(names.end(), {{"MODIFIED", fill(modified, names)},
+                             {"ACCUMULATE", coop_accumulate("o += ds k (dk: ds q)", "KD", " * unscale[i]")},
+                             {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) big = qkv_max(big, subgroupShuffleXor(big, w));\n" : ""},
+                             {"DROP", drop ? " * dropout_factor(qi, kj)" : ""},
+                             {"DMOD", modifier ? " * dmod" : ""}});
   s += fill(R"(    barrier();
     // dp into registers (each lane its rows' LPR-th columns), then the scores into s_s.
     for (uint c = 0u; c < BC; c += CN) dp_chunk(sg, c);
@@ -575,16 +581,7 @@ $SHUFFLEMAX      int e = 14;
     subgroupBarrier();
 $ACCUMULATE  }
 )",
-            {{"MODIFIED", fill(modified, names)},
-             {"ACCUMULATE", coop_accumulate("o += ds k (dk: ds q)", "KD", " * unscale[i]")},
-             {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) big = qkv_max(big, subgroupShuffleXor(big, w));\n" : ""},
-             {"DROP", drop ? " * dropout_factor(qi, kj)" : ""},
-             {"DMOD", modifier ? " * dmod" : ""},
-             {"OWN", dk ? "kj" : "qi"},
-             {"OTHER", dk ? "qi" : "kj"},
-             {"OWNCOUNT", dk ? "M" : "N"},
-             {"LSE", dk ? "lse_s[c]" : "lse_r[i]"},
-             {"DELTA", dk ? "delta_s[c]" : "delta_r[i]"}});
+            names);
   s += counts;
   s += fill(R"(  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
     uint own_row = r0 + wr0 + i * (SG / LPR);
