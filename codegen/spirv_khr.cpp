@@ -100,12 +100,12 @@ class Rewrite {
 
   std::vector<std::uint32_t> emit() {
     std::vector<std::uint32_t> out(m_.header.begin(), m_.header.end());
+    auto put = [&](std::uint32_t opcode, const std::vector<std::uint32_t>& operands) {
+      out.push_back(static_cast<std::uint32_t>(operands.size() + 1) << 16 | opcode);
+      out.insert(out.end(), operands.begin(), operands.end());
+    };
     for (const Instruction& in : m_.instructions) {
       const std::uint32_t op = in.opcode();
-      auto put = [&](std::uint32_t opcode, const std::vector<std::uint32_t>& operands) {
-        out.push_back(static_cast<std::uint32_t>(operands.size() + 1) << 16 | opcode);
-        out.insert(out.end(), operands.begin(), operands.end());
-      };
       std::vector<std::uint32_t> w(in.words.begin() + 1, in.words.end());  // operands
       if (op == spv::OpCapability && w[0] == spv::CapabilityCooperativeMatrixNV) {
         put(spv::OpCapability, {kCapabilityKhr});
