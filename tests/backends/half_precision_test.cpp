@@ -613,17 +613,22 @@ TEST(CooperativeMatrixVulkan, AttentionMatchesTheReferenceEmulatedOrOnTheDevice)
     testing::expect_equivalent(backward, backend::random_inputs(backward, {}, 23), *coop);
   }
   EXPECT_FALSE(attention_is_cooperative(*coop, sdpa(DType::bf16, false)));
-  // Two lanes per score row, as NVIDIA's 32 lanes over 16 rows (subgroup shuffles combine a row's
-  // max and sum): a 4 x 8 x 8 fragment over lavapipe's subgroups of 8.
+  // The kernels' other lane layouts over lavapipe's subgroups of 8: a 4 x 8 x 8 fragment gives
+  // two lanes per score row, as NVIDIA's 32 lanes over 16 rows (subgroup shuffles combine a row's
+  // max, sum and largest ds); NVIDIA's other fragment, 16 x 8 x 16, has fewer columns than depth
+  // (head dims padded to both) and gives each lane two rows.
   if (!any_cooperative_matrix() && backend::vulkan_devices().front().subgroup_size == 8) {
-    auto narrow = cooperative_backend({4, 8, 8});
-    ASSERT_TRUE(narrow);
-    for (bool causal : {false, true}) {
-      const ir::Graph g = sdpa(DType::f16, causal);
-      EXPECT_TRUE(attention_is_cooperative(*narrow, g));
-      testing::expect_equivalent(g, backend::random_inputs(g, {}, 22), *narrow);
-      const ir::Graph backward = ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}});
-      testing::expect_equivalent(backward, backend::random_inputs(backward, {}, 24), *narrow);
+    for (const std::array<std::uint32_t, 3> fragment : {std::array<std::uint32_t, 3>{4, 8, 8}, std::array<std::uint32_t, 3>{16, 8, 16}}) {
+      SCOPED_TRACE(std::to_string(fragment[0]) + "x" + std::to_string(fragment[1]) + "x" + std::to_string(fragment[2]));
+      auto other = cooperative_backend(fragment);
+      ASSERT_TRUE(other);
+      for (bool causal : {false, true}) {
+        const ir::Graph g = sdpa(DType::f16, causal);
+        EXPECT_TRUE(attention_is_cooperative(*other, g));
+        testing::expect_equivalent(g, backend::random_inputs(g, {}, 22), *other);
+        const ir::Graph backward = ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}});
+        testing::expect_equivalent(backward, backend::random_inputs(backward, {}, 24), *other);
+      }
     }
   }
 }
