@@ -243,22 +243,28 @@ std::int64_t coop_kv(const Target& t, Kind kind, std::int64_t dv4) {
   return round_up(4 * dv4, coop_grad(kind) ? cm.k : cm.n);
 }
 
-/// Shared memory of the cooperative kernel with tiles of `bc` rows (the layout in
-/// coop_declarations), and room for the flags and the tile tests' ranges.
-std::int64_t coop_shared_bytes(const Target& t, Kind kind, std::int64_t bc, std::int64_t d4, std::int64_t dv4) {
-  const std::int64_t kd = coop_kd(t, kind, d4), kv = coop_kv(t, kind, dv4), br = kCoopSubgroups * t.cooperative_matrix.m;
+/// Shared memory of the cooperative kernel of `subgroups` subgroups with tiles of `bc` rows (the
+/// layout in coop_declarations), and room for the flags and the tile tests' ranges.
+std::int64_t coop_shared_bytes(const Target& t, Kind kind, std::int64_t subgroups, std::int64_t bc, std::int64_t d4, std::int64_t dv4) {
+  const std::int64_t kd = coop_kd(t, kind, d4), kv = coop_kv(t, kind, dv4), br = subgroups * t.cooperative_matrix.m;
   std::int64_t bytes = 2 * (br + bc) * (kd + 8) + 2 * bc * (kv + 8) + 4 * br * (bc + 4) + 2 * br * (bc + 8) + 4 * bc + 512;
   if (coop_grad(kind)) bytes += 2 * br * (kv + 8) + 4 * bc;  // dy's (dk: v's) rows, the tile's delta
   return bytes;
 }
 
-/// The streamed tile of the cooperative kernel for these head dims: the largest of 64, 32 and 16
-/// (at most the target's override) whose tiles fit in shared memory, or 0 (then the kernel's
-/// scalar path runs).
-std::int64_t coop_tile(const Target& t, Kind kind, std::int64_t d4, std::int64_t dv4) {
-  for (std::int64_t bc : {64, 32, 16})
-    if ((t.attention_tile == 0 || bc <= t.attention_tile) && coop_shared_bytes(t, kind, bc, d4, dv4) <= t.shared_bytes) return bc;
-  return 0;
+/// The cooperative kernel's workgroup and streamed tile for these head dims: kCoopSubgroups
+/// subgroups where their tiles fit in shared memory, else half as many (wide heads: the rows
+/// staged once take most of it), with the largest tile of 64, 32 and 16 rows (at most the
+/// target's override) that fits; {0, 0} where none does (then the kernel's scalar path runs).
+struct CoopLaunch {
+  std::int64_t subgroups = 0, bc = 0;
+};
+CoopLaunch coop_launch(const Target& t, Kind kind, std::int64_t d4, std::int64_t dv4) {
+  for (std::int64_t subgroups : {std::int64_t{kCoopSubgroups}, std::int64_t{kCoopSubgroups / 2}})
+    for (std::int64_t bc : {64, 32, 16})
+      if ((t.attention_tile == 0 || bc <= t.attention_tile) && coop_shared_bytes(t, kind, subgroups, bc, d4, dv4) <= t.shared_bytes)
+        return {subgroups, bc};
+  return {};
 }
 
 /// The cooperative kernel's constants (`constants`) or its shared tiles and fragment products
@@ -272,7 +278,7 @@ std::string coop_declarations(const Target& t, bool constants, Kind kind) {
   std::string s = "layout(constant_id = " + std::to_string(kCoopConstant) +
                   ") const uint COOP = 0u;  // 1: the cooperative-matrix path (its tiles fit)\n"
                   "const uint CM = " + u(cm.m) + ", CN = " + u(cm.n) + ", CK = " + u(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n"
-                  "const uint SG = " + u(t.subgroup_size) + ", NSG = " + u(kCoopSubgroups) + ";  // invocations per subgroup, subgroups\n"
+                  "const uint SG = " + u(t.subgroup_size) + ", NSG = gl_WorkGroupSize.x / SG;  // invocations per subgroup, subgroups (chosen at launch)\n"
                   "const uint LPR = " + u(lanes) + ", RPL = " + u(rows) + ";  // lanes per score row, rows per lane\n" +
                   (grad ? "const uint KP = CK > CN ? CK : CN;  // q and k's head dim is the score product's depth and ds k's columns\n"
                           "const uint KD = (4u * D4 + KP - 1u) / KP * KP, KV = (4u * DV4 + CK - 1u) / CK * CK;  // head dims, padded to fragments\n"
@@ -1278,14 +1284,14 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
     throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " needs more than " + str(shared) +
                            " bytes of shared memory for one row of keys");
   Geometry geo = geometry(target, kind);
-  // A kernel with the cooperative forward takes it where its tiles fit (coop_tile), its scalar
+  // A kernel with the cooperative path takes it where its tiles fit (coop_launch), its scalar
   // path otherwise; constant 5 says which (other kernels have no constant 5: ignored).
-  const std::int64_t coop_bc = attention_cooperative(g, v, target) ? coop_tile(target, kind, d4, dv4) : 0;
-  if (coop_bc > 0) {
-    bc = coop_bc;
-    geo = {kCoopSubgroups * target.subgroup_size, 1};
+  const CoopLaunch coop = attention_cooperative(g, v, target) ? coop_launch(target, kind, d4, dv4) : CoopLaunch{};
+  if (coop.bc > 0) {
+    bc = coop.bc;
+    geo = {static_cast<std::uint32_t>(coop.subgroups) * target.subgroup_size, 1};
   }
-  l.specialization = {push_word(d4), push_word(dv4), push_word(bc), geo.invocations, geo.rows_per_invocation, coop_bc > 0 ? 1u : 0u};
+  l.specialization = {push_word(d4), push_word(dv4), push_word(bc), geo.invocations, geo.rows_per_invocation, coop.bc > 0 ? 1u : 0u};
   // The modifier's tensors: which of the scores' r + 2 dims each spans (constant 5 + i).
   for (std::size_t i = 0; i < modifier_tensors(n); ++i) {
     const Shape& ts = in(ir::fixed_operands(n.op) + i);
@@ -1298,7 +1304,7 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   }
 
   const std::int64_t rows = kind == Kind::dk || kind == Kind::dv ? mk : nq;
-  const std::int64_t per_group = coop_bc > 0 ? kCoopSubgroups * target.cooperative_matrix.m : geo.invocations * geo.rows_per_invocation;  // BR
+  const std::int64_t per_group = coop.bc > 0 ? coop.subgroups * target.cooperative_matrix.m : geo.invocations * geo.rows_per_invocation;  // BR
   const std::int64_t x = std::max<std::int64_t>((rows + per_group - 1) / per_group, 1);
   const std::int64_t y = std::clamp<std::int64_t>(batches, 1, 65535), z = std::max<std::int64_t>((batches + y - 1) / y, 1);
   if (x > 65535 || z > 65535)

@@ -613,6 +613,22 @@ TEST(CooperativeMatrixVulkan, AttentionMatchesTheReferenceEmulatedOrOnTheDevice)
     testing::expect_equivalent(backward, backend::random_inputs(backward, {}, 23), *coop);
   }
   EXPECT_FALSE(attention_is_cooperative(*coop, sdpa(DType::bf16, false)));
+  // Head dim 128: on lavapipe's 32 KiB four subgroups' rows do not fit; two subgroups take the
+  // workgroup (NSG from the launch's workgroup size), forward and backward.
+  {
+    SCOPED_TRACE("head dim 128");
+    ir::Graph g;
+    const ir::ValueId q = g.add_input("q", DType::f16, {2, 45, 128}), k = g.add_input("k", DType::f16, {2, 45, 128}),
+                      v = g.add_input("v", DType::f16, {2, 45, 128});
+    ir::Attrs a;
+    a.value = 0.25;
+    a.causal = true;
+    g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
+    EXPECT_TRUE(attention_is_cooperative(*coop, g));
+    testing::expect_equivalent(g, backend::random_inputs(g, {}, 25), *coop);
+    const ir::Graph backward = ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}});
+    testing::expect_equivalent(backward, backend::random_inputs(backward, {}, 26), *coop);
+  }
   // The kernels' other lane layouts over lavapipe's subgroups of 8: a 4 x 8 x 8 fragment gives
   // two lanes per score row, as NVIDIA's 32 lanes over 16 rows (subgroup shuffles combine a row's
   // max, sum and largest ds); NVIDIA's other fragment, 16 x 8 x 16, has fewer columns than depth

@@ -334,13 +334,18 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
   EXPECT_EQ(l64.specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 1}));
   EXPECT_EQ(l64.groups, (std::array<std::uint32_t, 3>{16, 8, 1}));  // 1000 queries in 64-row workgroups, 8 heads
   EXPECT_EQ(launch(128).specialization, (std::vector<std::uint32_t>{32, 32, 16, 128, 1, 1}));
-  // Head dim 256: q's rows alone take 33 KiB; the same kernel's scalar path (constant 5: off),
-  // its geometry as any GPU's.
+  // Head dim 256: four subgroups' q rows alone take 33 KiB; two subgroups of 16 rows (64
+  // invocations) with 16-key tiles.
   const KernelLaunch l256 = launch(256);
-  EXPECT_EQ(l256.specialization, (std::vector<std::uint32_t>{64, 64, 16, 128, 1, 0}));
-  EXPECT_EQ(l256.groups, (std::array<std::uint32_t, 3>{8, 8, 1}));
-  // dq and dk stage two operands' rows and tiles each: 32-row tiles at head dim 64; at 128 their
-  // tiles do not fit 48 KiB (the scalar path runs).
+  EXPECT_EQ(l256.specialization, (std::vector<std::uint32_t>{64, 64, 16, 64, 1, 1}));
+  EXPECT_EQ(l256.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));  // 1000 queries in 32-row workgroups
+  // Head dim 512: not even that; the same kernel's scalar path (constant 5: off), its geometry as
+  // any GPU's.
+  const KernelLaunch l512 = launch(512);
+  EXPECT_EQ(l512.specialization.at(5), 0u);
+  EXPECT_EQ(l512.specialization.at(3), 128u);
+  // dq and dk stage two operands' rows and tiles each: four subgroups with 32-row tiles at head
+  // dim 64; two at 128.
   auto gradient = [](std::int64_t d, int wrt) {
     ir::Graph g;
     const ir::ValueId q = g.add_input("q", DType::f16, {1, 8, 1000, d});
@@ -358,7 +363,7 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
   };
   for (int wrt : {0, 1}) {
     EXPECT_EQ(gradient(64, wrt).specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 1})) << wrt;
-    EXPECT_EQ(gradient(128, wrt).specialization.at(5), 0u) << wrt;
+    EXPECT_EQ(gradient(128, wrt).specialization, (std::vector<std::uint32_t>{32, 32, 32, 64, 1, 1})) << wrt;
   }
 }
 
