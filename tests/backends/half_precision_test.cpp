@@ -594,40 +594,32 @@ TEST(CooperativeMatrixVulkan, AttentionMatchesTheReferenceEmulatedOrOnTheDevice)
   // Past one workgroup's 64 query rows and one tile's keys, head dims that are no multiple of a
   // fragment's (q and k 40, v 24), causal, forward and backward; and bf16, whose values are no f16
   // values: the scalar kernel.
-  auto sdpa = [](DType dtype, bool causal) {
+  auto sdpa = [](DType dtype, bool causal, std::int64_t n = 77, std::int64_t m = 100, std::int64_t d = 40, std::int64_t dv = 24,
+                 double scale = 0.16) {
     ir::Graph g;
-    const ir::ValueId q = g.add_input("q", dtype, {2, 77, 40}), k = g.add_input("k", dtype, {2, 100, 40}), v = g.add_input("v", dtype, {2, 100, 24});
+    const ir::ValueId q = g.add_input("q", dtype, {2, n, d}), k = g.add_input("k", dtype, {2, m, d}), v = g.add_input("v", dtype, {2, m, dv});
     ir::Attrs a;
-    a.value = 0.16;
+    a.value = scale;
     a.causal = causal;
     a.align = ir::CausalAlign::bottom_right;
     g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
     return g;
   };
-  for (bool causal : {false, true}) {
-    const ir::Graph g = sdpa(DType::f16, causal);
-    EXPECT_TRUE(attention_is_cooperative(*coop, g));
-    testing::expect_equivalent(g, backend::random_inputs(g, {}, 21), *coop);
+  // The forward and its backward (dq, dk, dv) through b's cooperative kernels, against the reference.
+  auto forward_and_backward = [](backend::Backend& b, const ir::Graph& g, std::uint64_t seed, std::uint64_t backward_seed) {
+    EXPECT_TRUE(attention_is_cooperative(b, g));
+    testing::expect_equivalent(g, backend::random_inputs(g, {}, seed), b);
     const ir::Graph backward = ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}});
-    EXPECT_TRUE(attention_is_cooperative(*coop, backward));
-    testing::expect_equivalent(backward, backend::random_inputs(backward, {}, 23), *coop);
-  }
+    EXPECT_TRUE(attention_is_cooperative(b, backward));
+    testing::expect_equivalent(backward, backend::random_inputs(backward, {}, backward_seed), b);
+  };
+  for (bool causal : {false, true}) forward_and_backward(*coop, sdpa(DType::f16, causal), 21, 23);
   EXPECT_FALSE(attention_is_cooperative(*coop, sdpa(DType::bf16, false)));
   // Head dim 128: on lavapipe's 32 KiB four subgroups' rows do not fit; two subgroups take the
   // workgroup (NSG from the launch's workgroup size), forward and backward.
   {
     SCOPED_TRACE("head dim 128");
-    ir::Graph g;
-    const ir::ValueId q = g.add_input("q", DType::f16, {2, 45, 128}), k = g.add_input("k", DType::f16, {2, 45, 128}),
-                      v = g.add_input("v", DType::f16, {2, 45, 128});
-    ir::Attrs a;
-    a.value = 0.25;
-    a.causal = true;
-    g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
-    EXPECT_TRUE(attention_is_cooperative(*coop, g));
-    testing::expect_equivalent(g, backend::random_inputs(g, {}, 25), *coop);
-    const ir::Graph backward = ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}});
-    testing::expect_equivalent(backward, backend::random_inputs(backward, {}, 26), *coop);
+    forward_and_backward(*coop, sdpa(DType::f16, true, 45, 45, 128, 128, 0.25), 25, 26);
   }
   // The kernels' other lane layouts over lavapipe's subgroups of 8: a 4 x 8 x 8 fragment gives
   // two lanes per score row, as NVIDIA's 32 lanes over 16 rows (subgroup shuffles combine a row's
@@ -638,13 +630,7 @@ TEST(CooperativeMatrixVulkan, AttentionMatchesTheReferenceEmulatedOrOnTheDevice)
       SCOPED_TRACE(std::to_string(fragment[0]) + "x" + std::to_string(fragment[1]) + "x" + std::to_string(fragment[2]));
       auto other = cooperative_backend(fragment);
       ASSERT_TRUE(other);
-      for (bool causal : {false, true}) {
-        const ir::Graph g = sdpa(DType::f16, causal);
-        EXPECT_TRUE(attention_is_cooperative(*other, g));
-        testing::expect_equivalent(g, backend::random_inputs(g, {}, 22), *other);
-        const ir::Graph backward = ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}});
-        testing::expect_equivalent(backward, backend::random_inputs(backward, {}, 24), *other);
-      }
+      for (bool causal : {false, true}) forward_and_backward(*other, sdpa(DType::f16, causal), 22, 24);
     }
   }
 }
