@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "codegen/spirv.hpp"
+#include "codegen/spirv_needs.hpp"
 
 namespace qkv::backend {
 
@@ -173,21 +174,33 @@ bool has_extension(const std::vector<vk::ExtensionProperties>& available, std::s
 
 }  // namespace
 
+MemoryModelSupport memory_model_support(const vk::raii::PhysicalDevice& d) {
+  const auto available = d.enumerateDeviceExtensionProperties();
+  if (!has_extension(available, VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME)) return {};
+  const auto f =
+      d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceVulkanMemoryModelFeatures>().get<vk::PhysicalDeviceVulkanMemoryModelFeatures>();
+  return {f.vulkanMemoryModel == VK_TRUE, f.vulkanMemoryModel == VK_TRUE && f.vulkanMemoryModelDeviceScope == VK_TRUE};
+}
+
 CooperativeOffer offered_fragment(const vk::raii::Instance& instance, const vk::raii::PhysicalDevice& d, bool prefer_khr) {
   const auto available = d.enumerateDeviceExtensionProperties();
-  // The kernels' fragment loads and stores use the Vulkan memory model (GL_KHR_memory_scope_semantics).
-  if (!has_extension(available, VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME) ||
-      !d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceVulkanMemoryModelFeatures>()
-           .get<vk::PhysicalDeviceVulkanMemoryModelFeatures>()
-           .vulkanMemoryModel)
-    return {};
+  // The kernels' fragment loads and stores use the Vulkan memory model (GL_KHR_memory_scope_semantics),
+  // and the flash kernels count their tiles with Device-scope atomics, which a device created with
+  // that model must allow (vulkanMemoryModelDeviceScope).
+  if (!memory_model_support(d).device_scope) return {};
   CooperativeOffer nv, khr;
   if (has_extension(available, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) &&
       d.getFeatures2<vk::PhysicalDeviceFeatures2, vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
           .get<vk::PhysicalDeviceCooperativeMatrixFeaturesNV>()
-          .cooperativeMatrix)
-    nv.fragment = chosen_fragment(d.getCooperativeMatrixPropertiesNV());
-  if (has_extension(available, kKhrCooperativeMatrix) && khr_feature(d)) khr = {chosen_fragment(khr_offers(instance, d)), true};
+          .cooperativeMatrix) {
+    nv.offers = d.getCooperativeMatrixPropertiesNV();
+    nv.fragment = chosen_fragment(nv.offers);
+  }
+  if (has_extension(available, kKhrCooperativeMatrix) && khr_feature(d)) {
+    khr.offers = khr_offers(instance, d);
+    khr.fragment = chosen_fragment(khr.offers);
+    khr.khr = true;
+  }
   if (khr.fragment[0] != 0 && (prefer_khr || nv.fragment[0] == 0)) return khr;
   return nv.fragment[0] != 0 ? nv : CooperativeOffer{};
 }
@@ -200,6 +213,7 @@ SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d) {
   r.size = sub.subgroupSize;
   if (!(sub.supportedStages & vk::ShaderStageFlagBits::eCompute)) return r;
   using F = vk::SubgroupFeatureFlagBits;
+  r.operations = sub.supportedOperations;
   r.arithmetic = static_cast<bool>(sub.supportedOperations & F::eArithmetic);
   r.shuffle = static_cast<bool>(sub.supportedOperations & F::eShuffle);
   r.ballot = static_cast<bool>(sub.supportedOperations & F::eBallot);
@@ -317,8 +331,9 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
       float16.pNext = chain;
       chain = &float16;
     }
+    CooperativeOffer offer;
     if (float16_ && storage16_) {
-      const CooperativeOffer offer = offered_fragment(instance_, physical_, options.cooperative_matrix == VulkanOptions::CooperativeMatrix::khr);
+      offer = offered_fragment(instance_, physical_, options.cooperative_matrix == VulkanOptions::CooperativeMatrix::khr);
       cooperative_fragment_ = offer.fragment;
       cooperative_khr_ = offer.khr;
     }
@@ -334,14 +349,35 @@ Context::Context(const VulkanOptions& options) : context_(make_loader_context())
         cooperative.pNext = chain;
         chain = &cooperative;
       }
+    }
+    // The Vulkan memory model, which the cooperative kernels' fragment loads use, with Device
+    // scope, which every kernel's atomics and buffer barriers use (a device created with the
+    // model but not its Device scope forbids that scope in every module). Enabled wherever the
+    // device offers both, so that lavapipe runs every kernel under the model a GPU's cooperative
+    // kernels need; without Device scope, not at all (no cooperative kernels then).
+    if (memory_model_support(physical_).device_scope) {
       enabled.push_back(VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME);
       memory_model.vulkanMemoryModel = VK_TRUE;
+      memory_model.vulkanMemoryModelDeviceScope = VK_TRUE;
       memory_model.pNext = chain;
       chain = &memory_model;
     }
     device_info.pNext = chain;
     device_info.setPEnabledExtensionNames(enabled);
     device_ = vk::raii::Device(physical_, device_info);
+    // What pipelines are checked against: exactly what was enabled above.
+    features_.api_version = std::min<std::uint32_t>(VK_API_VERSION_1_1, properties_.apiVersion);
+    features_.extensions.insert(enabled.begin(), enabled.end());
+    features_.storage_buffer_16bit = storage16_;
+    features_.shader_float16 = float16_;
+    features_.memory_model = features_.memory_model_device_scope = memory_model.vulkanMemoryModel == VK_TRUE;
+    if (sub.ballot) features_.subgroup_operations = sub.operations;
+    if (cooperative_fragment_[0] != 0) features_.cooperative = offer.offers;
+    const auto& limits = properties_.limits;
+    features_.max_shared_memory = limits.maxComputeSharedMemorySize;
+    features_.max_invocations = limits.maxComputeWorkGroupInvocations;
+    features_.max_push_constants = limits.maxPushConstantsSize;
+    features_.max_workgroup_size = {limits.maxComputeWorkGroupSize[0], limits.maxComputeWorkGroupSize[1], limits.maxComputeWorkGroupSize[2]};
     queue_ = vk::raii::Queue(device_, queue_family_, 0);
     pool_ = vk::raii::CommandPool(device_, vk::CommandPoolCreateInfo(vk::CommandPoolCreateFlagBits::eResetCommandBuffer, queue_family_));
   });
@@ -402,6 +438,13 @@ void Context::submit_and_wait(const std::function<void(const vk::raii::CommandBu
   });
 }
 
+std::vector<std::pair<std::string, codegen::SpirvNeeds>> Context::kernel_needs() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::pair<std::string, codegen::SpirvNeeds>> all;
+  for (const auto& [key, p] : pipelines_) all.emplace_back(p->kernel, p->needs);
+  return all;
+}
+
 const Pipeline& Context::pipeline(const codegen::KernelSource& k, const std::vector<std::uint32_t>& specialization) {
   std::string key = k.name + "#" + std::to_string(codegen::content_hash(k.glsl));
   for (std::uint32_t c : specialization) key += "/" + std::to_string(c);
@@ -409,8 +452,17 @@ const Pipeline& Context::pipeline(const codegen::KernelSource& k, const std::vec
   if (auto it = pipelines_.find(key); it != pipelines_.end()) return *it->second;
   auto spirv = codegen::compile_spirv(k.name, k.glsl);
   if (cooperative_khr_ && codegen::uses_nv_cooperative_matrix(spirv)) spirv = codegen::khr_cooperative_matrix(spirv);
+  // What a driver would reject, or a layer report, named here first on any device.
+  codegen::SpirvNeeds needs = codegen::spirv_needs(spirv, specialization);
+  check_kernel(k.name, needs, features_, device_name());
+  if (k.buffers > static_cast<int>(properties_.limits.maxPerStageDescriptorStorageBuffers))
+    throw BackendError("vulkan: kernel " + k.name + " binds " + std::to_string(k.buffers) + " storage buffers, more than the device's " +
+                       std::to_string(properties_.limits.maxPerStageDescriptorStorageBuffers) + " (maxPerStageDescriptorStorageBuffers) (" +
+                       device_name() + ")");
   return guarded("pipeline creation", [&]() -> const Pipeline& {
     auto p = std::make_unique<Pipeline>();
+    p->kernel = k.name;
+    p->needs = std::move(needs);
     p->buffers = k.buffers;
     std::vector<vk::DescriptorSetLayoutBinding> bindings;
     for (int i = 0; i < k.buffers; ++i)

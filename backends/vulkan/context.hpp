@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "backends/vulkan/features.hpp"
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "codegen/glsl.hpp"
 
@@ -18,6 +19,8 @@ namespace qkv::backend::vk_detail {
 
 /// A compiled kernel: its descriptor layout, pipeline layout and pipeline.
 struct Pipeline {
+  std::string kernel;
+  codegen::SpirvNeeds needs;  // what its SPIR-V asked of the device (checked before creation)
   vk::raii::DescriptorSetLayout set_layout{nullptr};
   vk::raii::PipelineLayout layout{nullptr};
   vk::raii::Pipeline pipeline{nullptr};
@@ -71,8 +74,14 @@ class Context {
   Buffer make_buffer(vk::DeviceSize size, vk::BufferUsageFlags usage, bool host_visible) const;
   /// Records commands with `record` into a one-off command buffer, submits it and waits.
   void submit_and_wait(const std::function<void(const vk::raii::CommandBuffer&)>& record) const;
+  /// The features the device was created with, which every pipeline's SPIR-V is checked against.
+  const DeviceFeatures& features() const { return features_; }
+  /// Each pipeline created so far: its kernel's name and what its SPIR-V needs of the device.
+  std::vector<std::pair<std::string, codegen::SpirvNeeds>> kernel_needs() const;
   /// The pipeline of a kernel with these specialization constants (constant_id 0, 1, ...),
-  /// compiled on first use and cached by name, source and constants.
+  /// compiled on first use and cached by name, source and constants. Its SPIR-V is first checked
+  /// against features() (check_kernel): a mismatch is a BackendError naming the kernel and what
+  /// the device lacks, never a driver's crash or a validation message.
   const Pipeline& pipeline(const codegen::KernelSource& k, const std::vector<std::uint32_t>& specialization = {});
 
  private:
@@ -94,13 +103,15 @@ class Context {
   vk::raii::Device device_{nullptr};
   vk::raii::Queue queue_{nullptr};
   vk::raii::CommandPool pool_{nullptr};
-  std::mutex mutex_;
+  DeviceFeatures features_;
+  mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
 };
 
 /// A device's subgroup size and the operations compute shaders may use (none before Vulkan 1.1).
 struct SubgroupSupport {
   std::uint32_t size = 0;
+  vk::SubgroupFeatureFlags operations;
   bool arithmetic = false, shuffle = false, ballot = false;
 };
 SubgroupSupport subgroup_support(const vk::raii::PhysicalDevice& d);
@@ -113,11 +124,21 @@ std::array<std::uint32_t, 3> chosen_fragment(const std::vector<vk::CooperativeMa
 struct CooperativeOffer {
   std::array<std::uint32_t, 3> fragment{};
   bool khr = false;
+  std::vector<vk::CooperativeMatrixPropertiesNV> offers;  // every product the extension lists (KHR's as NV's structure)
 };
+/// Whether a device offers the Vulkan memory model (VK_KHR_vulkan_memory_model), and with it
+/// Device-scope synchronization (vulkanMemoryModelDeviceScope).
+struct MemoryModelSupport {
+  bool model = false, device_scope = false;
+};
+MemoryModelSupport memory_model_support(const vk::raii::PhysicalDevice& d);
 /// chosen_fragment of what device d offers: VK_NV_cooperative_matrix's, which glslang compiles
 /// the kernels to, or VK_KHR_cooperative_matrix's (AMD, Intel; the kernels' SPIR-V translated)
 /// where the device has no NV one or `prefer_khr`; each only with its extension and feature, and
-/// none without the Vulkan memory model (VK_KHR_vulkan_memory_model) the fragment loads use.
+/// none without the Vulkan memory model (VK_KHR_vulkan_memory_model) the fragment loads use with
+/// Device scope (vulkanMemoryModelDeviceScope), which every kernel's atomics and buffer barriers
+/// use: a device whose model lacks it runs the scalar kernels under GLSL's memory model, where
+/// Device scope needs no feature.
 CooperativeOffer offered_fragment(const vk::raii::Instance& instance, const vk::raii::PhysicalDevice& d, bool prefer_khr);
 
 /// "discrete", "integrated", "virtual", "cpu" or "other".

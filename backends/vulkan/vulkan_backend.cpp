@@ -424,10 +424,11 @@ class VulkanBackend final : public Backend {
     if (o.cooperative_matrix == C::on && fragment[0] == 0)
       throw BackendError("vulkan: cooperative matrices required (QKV_VULKAN_COOPERATIVE_MATRIX=1) but " + ctx_->device_name() +
                          " has no VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix with f16 x f16 products accumulated in f32 in a "
-                         "subgroup (and the Vulkan memory model)");
+                         "subgroup (and the Vulkan memory model with its vulkanMemoryModelDeviceScope feature)");
     if (o.cooperative_matrix == C::khr && (fragment[0] == 0 || !ctx_->cooperative_khr()))
       throw BackendError("vulkan: VK_KHR_cooperative_matrix required (QKV_VULKAN_COOPERATIVE_MATRIX=khr) but " + ctx_->device_name() +
-                         " has none with f16 x f16 products accumulated in f32 in a subgroup (and the Vulkan memory model)");
+                         " has none with f16 x f16 products accumulated in f32 in a subgroup (and the Vulkan memory model with its "
+                         "vulkanMemoryModelDeviceScope feature)");
     if (o.cooperative_matrix == C::emulated && (!ctx_->float16() || !ctx_->storage16() || ctx_->subgroup_size() == 0))
       throw BackendError(
           "vulkan: the emulated cooperative-matrix kernel (QKV_VULKAN_COOPERATIVE_MATRIX=emulate) needs f16 arithmetic, 16-bit "
@@ -469,7 +470,7 @@ class VulkanBackend final : public Backend {
     }
     if (fuse_)
       for (const auto& k : codegen::plan_kernels(g, fusion_limits())) {
-        if (k.root == v) return "glsl " + (k.fused() ? codegen::fused_name(g, k) : codegen::kernel_source(g, v, target_).name);
+        if (k.root == v) return "glsl " + (k.fused() ? codegen::fused_name(g, k, target_) : codegen::kernel_source(g, v, target_).name);
         if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end())
           return g.node(v).op == Op::constant ? "(inlined where it is read)" : "(in %" + std::to_string(k.root) + "'s kernel)";
       }
@@ -554,8 +555,12 @@ std::string VulkanDeviceInfo::capabilities() const {
                                              std::to_string(cooperative_fragment[2]) +
                                              (cooperative_khr ? " (VK_KHR, the kernels translated from NV's SPIR-V; f16 matmuls and attention use it)"
                                                               : " (VK_NV, f16 matmuls and attention use it)")
-          : cooperative_matrix ? std::string("yes (no f16 x f16 into f32 fragment, or no Vulkan memory model: unused)")
+          : cooperative_matrix ? std::string("yes (no f16 x f16 into f32 fragment, or no Vulkan memory model with Device scope: unused)")
                                : std::string("no")) +
+         ", Vulkan memory model " +
+         (memory_model_device_scope ? "with Device scope"
+          : memory_model            ? "without Device scope"
+                                    : "no") +
          ", timestamps " + yes(timestamps);
 }
 
@@ -591,6 +596,9 @@ std::vector<VulkanDeviceInfo> vulkan_devices() {
                              .get<vk::PhysicalDevice16BitStorageFeatures>()
                              .storageBuffer16BitAccess;
       info.cooperative_matrix = has("VK_KHR_cooperative_matrix") || has("VK_NV_cooperative_matrix");
+      const vk_detail::MemoryModelSupport model = vk_detail::memory_model_support(d);
+      info.memory_model = model.model;
+      info.memory_model_device_scope = model.device_scope;
       const vk_detail::CooperativeOffer offer = vk_detail::offered_fragment(instance, d, false);
       info.cooperative_fragment = offer.fragment;
       info.cooperative_khr = offer.khr;

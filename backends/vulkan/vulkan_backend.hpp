@@ -89,6 +89,9 @@ struct VulkanDeviceInfo {
   /// device has none usable (vk_detail::offered_fragment), and whether it is VK_KHR's.
   std::array<std::uint32_t, 3> cooperative_fragment{};
   bool cooperative_khr = false;
+  /// VK_KHR_vulkan_memory_model's vulkanMemoryModel, and vulkanMemoryModelDeviceScope with it
+  /// (which the cooperative kernels need: their atomics use Device scope).
+  bool memory_model = false, memory_model_device_scope = false;
   bool timestamps = false;  // its compute queue writes timestamps (profiling)
   /// "subgroup 32 (arithmetic, shuffle), 48 KiB shared memory, ..." on one line.
   std::string capabilities() const;

@@ -18,6 +18,7 @@
 #include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
+#include "codegen/spirv_needs.hpp"
 #include "ir/bind.hpp"
 #include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
@@ -183,14 +184,40 @@ void expect_khr_translation(const std::string& name, const std::vector<std::uint
   }
 }
 
-void expect_valid_spirv(const KernelSource& k) {
+/// What spirv_needs reads of a cooperative kernel (NV's, and its KHR translation): the Vulkan
+/// memory model with its Device-scope capability wherever Device scope is used, and every
+/// multiply-add f16 x f16 + f32 -> f32 in a subgroup of the target's fragment.
+void expect_cooperative_needs(const std::string& name, const std::vector<std::uint32_t>& words, const Target& t, bool khr) {
+  const SpirvNeeds needs = spirv_needs(words);
+  EXPECT_TRUE(needs.unknown.empty()) << name << ": " << ::testing::PrintToString(needs.unknown);
+  EXPECT_EQ(needs.memory_model, static_cast<std::uint32_t>(spv::MemoryModelVulkan)) << name;
+  EXPECT_TRUE(needs.capabilities.count(spv::CapabilityVulkanMemoryModel)) << name;
+  EXPECT_EQ(needs.capabilities.count(spv::CapabilityVulkanMemoryModelDeviceScope), needs.memory_scopes.count(spv::ScopeDevice)) << name;
+  EXPECT_TRUE(needs.capabilities.count(khr ? 6022u : static_cast<std::uint32_t>(spv::CapabilityCooperativeMatrixNV))) << name;
+  ASSERT_FALSE(needs.products.empty()) << name;
+  for (const SpirvNeeds::Product& p : needs.products) {
+    EXPECT_EQ(std::vector<std::uint32_t>({p.m, p.n, p.k}),
+              std::vector<std::uint32_t>({t.cooperative_matrix.m, t.cooperative_matrix.n, t.cooperative_matrix.k}))
+        << name;
+    EXPECT_EQ(std::vector<std::uint32_t>({p.a, p.b, p.c, p.result, p.scope}), std::vector<std::uint32_t>({0, 0, 1, 1, spv::ScopeSubgroup})) << name;
+    EXPECT_EQ(p.khr, khr) << name;
+  }
+}
+
+void expect_valid_spirv(const KernelSource& k, const Target& t = gpu()) {
   const std::vector<std::uint32_t> words = compile_spirv(k.name, k.glsl);
   spvtools::SpirvTools tools(SPV_ENV_VULKAN_1_1);
   std::string messages;
   tools.SetMessageConsumer([&](spv_message_level_t, const char*, const spv_position_t&, const char* m) { messages += std::string(m) + "\n"; });
   EXPECT_TRUE(tools.Validate(words)) << k.name << ":\n" << messages;
   EXPECT_EQ(uses_nv_cooperative_matrix(words), k.glsl.find("GL_NV_cooperative_matrix") != std::string::npos) << k.name;
-  if (uses_nv_cooperative_matrix(words)) expect_khr_translation(k.name, words);
+  if (uses_nv_cooperative_matrix(words)) {
+    expect_khr_translation(k.name, words);
+    expect_cooperative_needs(k.name, words, t, false);
+    expect_cooperative_needs(k.name + " (KHR)", khr_cooperative_matrix(words), t, true);
+  } else {
+    EXPECT_TRUE(spirv_needs(words).products.empty()) << k.name;
+  }
 }
 
 TEST(CooperativeMatrix, EveryLayoutCompilesToValidSpirv) {
@@ -205,7 +232,7 @@ TEST(CooperativeMatrix, EveryLayoutCompilesToValidSpirv) {
           expect_valid_spirv(k);
         }
   // NVIDIA's other fragment shape, and the emulated kernel (scalar fragments) for lavapipe.
-  expect_valid_spirv(matmul_kernel(matmul(DType::f16, false, true, 1, false), gpu(16, 8, 16)));
+  expect_valid_spirv(matmul_kernel(matmul(DType::f16, false, true, 1, false), gpu(16, 8, 16)), gpu(16, 8, 16));
   Target emulated = gpu();
   emulated.subgroup_size = 8;
   emulated.cooperative_matrix.emulated = true;
@@ -281,7 +308,7 @@ TEST(CooperativeMatrix, AttentionKernelsCompileToValidSpirv) {
         const KernelSource k = kernel_source(g, a, t);
         EXPECT_NE(k.name.find(t.cooperative_matrix.emulated ? "_coop_emulated" : "_coop"), std::string::npos) << k.name;
         EXPECT_EQ(k.glsl.find("coopMatMulAddNV") != std::string::npos, !t.cooperative_matrix.emulated) << k.name;
-        expect_valid_spirv(k);
+        expect_valid_spirv(k, t);
       }
       ++cases;
     }
