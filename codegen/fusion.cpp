@@ -368,11 +368,20 @@ std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, std::int64_t view_a
   return plan;
 }
 
-std::string fused_name(const ir::Graph& g, const KernelGroup& k) {
+std::string fused_name(const ir::Graph& g, const KernelGroup& k, const Target& target) {
   const Node& root = g.node(k.root);
   std::string name = "fused";
-  for (ValueId m : k.inlined)
-    if (!scalar_constant(g.node(m))) name += "_" + std::string(ir::op_name(g.node(m).op));
+  for (ValueId m : k.inlined) {
+    if (scalar_constant(g.node(m))) continue;
+    if (g.node(m).op != Op::matmul) {
+      name += "_" + std::string(ir::op_name(g.node(m).op));
+      continue;
+    }
+    // An epilogue's matmul: which kernel multiplies (cooperative matrices, lanes or tiles).
+    detail::MatmulDtypes dtypes = detail::matmul_dtypes(g, m, false);
+    dtypes.out = held_dtype(g, k.root);
+    name += "_" + detail::matmul_family(target, dtypes);
+  }
   return name + "_" + std::string(ir::op_name(root.op)) + "_r" + std::to_string(chain_shape(g, k, nullptr).rank);
 }
 
@@ -464,7 +473,7 @@ KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId m
   detail::MatmulDtypes dtypes = detail::matmul_dtypes(g, mm, false);
   dtypes.out = held_dtype(g, k.root);  // the chain's value, narrowed where its cast's storage is 16-bit
   KernelSource source = detail::matmul_source(mat, target, dtypes, &e);
-  source.name = fused_name(g, k);  // as explain and profiles name it; the source says which matmul kernel
+  source.name = fused_name(g, k, target);  // as explain and profiles name it
   return source;
 }
 
@@ -491,7 +500,7 @@ KernelSource batch_summed_source(const ir::Graph& g, const KernelGroup& k, Value
   const std::size_t line = source.glsl.find('\n') + 1;  // after #version
   source.glsl.insert(line, "// computes " + covered_nodes(g, k) + ": the sum over %" + std::to_string(mm) +
                                "'s batch is one matmul whose depth runs over the batch and K together\n");
-  source.name = fused_name(g, k) + round.name;
+  source.name = fused_name(g, k, target) + round.name;
   return source;
 }
 
@@ -580,7 +589,7 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
   } else {
     s = detail::kernel_header(held, store.held) + s + "void main() {\n" + detail::linear_index() + "  y[i] = " + store("qkv_chain(i)") + ";\n}\n";
   }
-  return {fused_name(g, k) + store.suffix(held), s, operands + 1};
+  return {fused_name(g, k, target) + store.suffix(held), s, operands + 1};
 }
 
 KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>& shapes, const Target& target) {

@@ -45,8 +45,10 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
 /// operands (fusion off).
 std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, std::int64_t view_alignment = 0);
 
-/// A fused kernel's name: "fused_", the ops it computes, its rank ("fused_div_mul_add_r3").
-std::string fused_name(const ir::Graph& g, const KernelGroup& k);
+/// A fused kernel's name: "fused_", the ops it computes, its rank ("fused_div_mul_add_r3"); an
+/// epilogue's matmul is named by the kernel `target` multiplies it with (matmul_family:
+/// "fused_matmul_coop16x16x16_add_r3", "fused_matmul_lanes8_add_max_r3").
+std::string fused_name(const ir::Graph& g, const KernelGroup& k, const Target& target);
 /// The shader of a fused kernel: its nodes as one expression per element, or for a matmul with
 /// an epilogue the matmul kernel for `target` storing the chain's value at each product.
 KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target& target = {});

@@ -471,6 +471,15 @@ bool uses_cooperative_matrix(const Target& target, const MatmulDtypes& dtypes) {
   return shared <= target.shared_bytes && kCoopSubgroups * kCoopSubgroups * sg <= target.max_invocations;
 }
 
+std::string matmul_family(const Target& target, const MatmulDtypes& dtypes) {
+  if (uses_cooperative_matrix(target, dtypes)) {
+    const auto& cm = target.cooperative_matrix;
+    return std::string(cm.emulated ? "matmul_coop_emulated" : "matmul_coop") + std::to_string(cm.m) + "x" + std::to_string(cm.n) + "x" +
+           std::to_string(cm.k);
+  }
+  return uses_lanes(target) ? "matmul_lanes" + std::to_string(target.subgroup_size) : "matmul";
+}
+
 KernelSource matmul_source(const Node& n, const Target& target, const MatmulDtypes& dtypes, const MatmulEpilogue* epilogue) {
   if (uses_cooperative_matrix(target, dtypes)) return matmul_cooperative_source(n, target, dtypes, epilogue);
   return uses_lanes(target) ? matmul_lanes_source(n, target.subgroup_size, dtypes, epilogue) : matmul_tiled_source(n, dtypes, epilogue);

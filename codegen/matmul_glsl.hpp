@@ -39,6 +39,9 @@ MatmulDtypes matmul_dtypes(const ir::Graph& g, ir::ValueId mm, bool own_output);
 /// Whether the matmul kernel for these operands on `target` multiplies with cooperative
 /// matrices: the target has them (Target::cooperative_matrix) and A and B are f16 values.
 bool uses_cooperative_matrix(const Target& target, const MatmulDtypes& dtypes);
+/// Which of the three kernels matmul_source gives, as its name begins: "matmul_coop16x16x16"
+/// ("matmul_coop_emulated16x16x16"), "matmul_lanes8" (the subgroup size) or "matmul" (tiled).
+std::string matmul_family(const Target& target, const MatmulDtypes& dtypes);
 /// The cooperative-matrix kernel where uses_cooperative_matrix, else the lanes kernel on CPU
 /// devices with subgroup broadcasts and the tiled one elsewhere; with an epilogue, its value is
 /// what each store writes.
