@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <regex>
 
 #include "backends/reference/reference_backend.hpp"
 #include "backends/vulkan/context.hpp"
@@ -179,10 +180,73 @@ template <class Change> std::unique_ptr<backend::Backend> vulkan_with(Change cha
   return backend::make_vulkan_backend(options);
 }
 
+/// How each attention and matmul kernel an executable runs computes, in node order: the matmul
+/// or flash-attention kernel its name gives ("flash_attention_dq_coop16x16x16", "matmul_lanes8",
+/// also inside a fused kernel's name), leaving out how its operands and result are held (16-bit
+/// buffers or widened, rounded on store) and what its epilogue computes.
+std::vector<std::string> computing_kernels(const backend::Backend& b, const ir::Graph& lowered) {
+  static const std::regex kernel(
+      "flash_attention_[a-z]+(_coop(_emulated)?[0-9]+x[0-9]+x[0-9]+)?|matmul(_coop(_emulated)?[0-9]+x[0-9]+x[0-9]+|_lanes[0-9]+)?");
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < lowered.size(); ++i) {
+    const std::string k = b.kernel_name(lowered, static_cast<ir::ValueId>(i));
+    std::smatch m;
+    if (k.starts_with("glsl ") && std::regex_search(k, m, kernel)) names.push_back(m.str());
+  }
+  return names;
+}
+
+/// Runs `g` on `half` (16-bit buffers, conversions on the device) and on `widened` (conversions
+/// on the host) and expects the same bits, after asserting that both ran the same attention and
+/// matmul kernels: only then are the bits a promise.
+void expect_same_kernels_same_bits(const ir::Graph& g, const backend::TensorMap& inputs, backend::Backend& half, backend::Backend& widened) {
+  auto a = half.compile(g), b = widened.compile(g);
+  ASSERT_EQ(computing_kernels(half, a->graph()), computing_kernels(widened, b->graph()));
+  const backend::TensorMap got = a->run(inputs), want = b->run(inputs);
+  for (const auto& [name, t] : want) {
+    ASSERT_EQ(got.at(name).dtype(), t.dtype()) << name;
+    EXPECT_EQ(std::memcmp(got.at(name).raw(), t.raw(), t.nbytes()), 0) << name << ": the same kernels, converting on the device or the host";
+  }
+}
+
+/// Whether any device has cooperative matrices (VK_KHR_cooperative_matrix or VK_NV_...).
+bool any_cooperative_matrix() {
+  for (const auto& d : backend::vulkan_devices())
+    if (d.cooperative_matrix) return true;
+  return false;
+}
+
+/// A vulkan backend multiplying f16 values with cooperative matrices: the device's where one has
+/// them (VK_KHR's, the kernels translated, when QKV_VULKAN_COOPERATIVE_MATRIX=khr), else emulated
+/// with `fragment` (rows, columns, depth); nullptr where the device lacks what the emulation needs
+/// (f16 arithmetic).
+std::unique_ptr<backend::Backend> cooperative_backend(std::array<std::uint32_t, 3> fragment = {16, 16, 16}) {
+  auto options = backend::vulkan_options_from_env();
+  using C = backend::VulkanOptions::CooperativeMatrix;
+  options.cooperative_matrix = options.cooperative_matrix == C::khr ? C::khr : any_cooperative_matrix() ? C::on : C::emulated;
+  options.emulated_fragment = fragment;
+  try {
+    return backend::make_vulkan_backend(options);
+  } catch (const BackendError&) {
+    return nullptr;
+  }
+}
+
 TEST(HalfPrecisionVulkan, HalfTensorsCrossAndStayIn16BitBuffers) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  auto host_widened = vulkan_with([](backend::VulkanOptions& o) { o.half_storage = false; });
+  using C = backend::VulkanOptions::CooperativeMatrix;
   if (!any_storage16()) GTEST_SKIP() << "no device with 16-bit storage buffers";
+  // Widened on the host, f16 attention has f32 operands and runs the scalar kernels; in 16-bit
+  // buffers it takes cooperative matrices where the device has them. Bits are compared between
+  // the scalar kernels on both sides; the cooperative ones (the device's, or emulated) within the
+  // budget, as a GPU runs them by default.
+  auto host_widened = vulkan_with([](backend::VulkanOptions& o) {
+    o.half_storage = false;
+    o.cooperative_matrix = C::off;
+  });
+  auto scalar = vulkan_with([](backend::VulkanOptions& o) { o.cooperative_matrix = C::off; });
+  auto cooperative = cooperative_backend();
+  if (!cooperative) GTEST_SKIP() << "no cooperative matrices, nor f16 arithmetic to emulate them";
   const std::map<std::string, std::int64_t> dims{{"B", 2}, {"H", 2}, {"N", 70}, {"D", 16}};
   for (DType dtype : {DType::f16, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -205,14 +269,15 @@ TEST(HalfPrecisionVulkan, HalfTensorsCrossAndStayIn16BitBuffers) {
       EXPECT_TRUE(kernel.starts_with("(view of") || kernel == "glsl cast_" + std::string(dtype_name(dtype)) + "_f32") << kernel;
     }
     EXPECT_GE(views, 2);
-    const backend::TensorMap got = exe->run(inputs);
-    // The same kernels compute the same values whether the conversions run on the device or the host.
-    const backend::TensorMap want = host_widened->compile(g)->run(inputs);
-    for (const auto& [name, t] : want) {
-      ASSERT_EQ(got.at(name).dtype(), dtype) << name;
-      EXPECT_EQ(std::memcmp(got.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
-    }
+    for (const auto& [name, t] : exe->run(inputs)) EXPECT_EQ(t.dtype(), dtype) << name;
+    expect_same_kernels_same_bits(g, inputs, *scalar, *host_widened);
     testing::expect_equivalent(g, inputs, "vulkan");
+    // f16 attention on cooperative matrices (bf16 has none: the scalar kernels again).
+    const auto coop_kernels = computing_kernels(*cooperative, cooperative->compile(g)->graph());
+    EXPECT_EQ(std::count_if(coop_kernels.begin(), coop_kernels.end(), [](const std::string& k) { return k.find("_coop") != std::string::npos; }),
+              dtype == DType::f16 ? 5 : 0)
+        << ::testing::PrintToString(coop_kernels);
+    testing::expect_equivalent(g, inputs, *cooperative);
 
     // The forward alone: the flash kernel reads q, k and v in 16 bits and writes its output
     // rounded into the output's 16-bit storage, so the plan is half of f32's.
@@ -418,9 +483,23 @@ TEST(HalfPrecisionVulkan, ElementwiseAndReductionKernelsReadAndWriteTheir16BitBu
 TEST(HalfPrecisionVulkan, MatmulsReadAndWriteTheir16BitBuffers) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   if (!any_storage16()) GTEST_SKIP() << "no device with 16-bit storage buffers";
-  auto host_widened = vulkan_with([](backend::VulkanOptions& o) { o.half_storage = false; });
-  // The lanes kernel (lavapipe's) and the tiled one (GPUs'), each reading 16-bit operands.
-  auto tiled = vulkan_with([](backend::VulkanOptions& o) { o.tuning = backend::VulkanOptions::Tuning::gpu; });
+  using C = backend::VulkanOptions::CooperativeMatrix;
+  // Bits are compared between the scalar kernels, converting on the device or the host; the
+  // cooperative-matrix kernel (the device's, or emulated) that f16 matmuls take by default on a
+  // GPU is compared within the budget.
+  auto host_widened = vulkan_with([](backend::VulkanOptions& o) {
+    o.half_storage = false;
+    o.cooperative_matrix = C::off;
+  });
+  // The device's geometry (lavapipe's lanes kernel, a GPU's tiled one) and the tiled one, each
+  // reading 16-bit operands, then the cooperative-matrix kernel.
+  auto scalar = vulkan_with([](backend::VulkanOptions& o) { o.cooperative_matrix = C::off; });
+  auto tiled = vulkan_with([](backend::VulkanOptions& o) {
+    o.tuning = backend::VulkanOptions::Tuning::gpu;
+    o.cooperative_matrix = C::off;
+  });
+  auto cooperative = cooperative_backend();
+  if (!cooperative) GTEST_SKIP() << "no cooperative matrices, nor f16 arithmetic to emulate them";
   const std::map<std::string, std::int64_t> dims{{"M", 37}, {"N", 70}, {"K", 45}};
   for (DType dtype : {DType::f16, DType::bf16}) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -429,7 +508,7 @@ TEST(HalfPrecisionVulkan, MatmulsReadAndWriteTheir16BitBuffers) {
     const ir::Graph backward = ir::build_backward(forward, {"", {"a", "b", "c"}, {"y", "z"}});
     for (const ir::Graph* g : {&forward, &backward}) {
       const backend::TensorMap inputs = backend::random_inputs(*g, dims, 11);
-      for (auto* b : {vulkan.get(), tiled.get()}) {
+      for (auto* b : {scalar.get(), tiled.get(), cooperative.get()}) {
         auto exe = b->compile(*g);
         // a and b are read only by matmuls, which load them in 16 bits: their casts are views.
         for (std::size_t i = 0; i < exe->graph().size(); ++i) {
@@ -439,15 +518,14 @@ TEST(HalfPrecisionVulkan, MatmulsReadAndWriteTheir16BitBuffers) {
           if (name != "a" && name != "b") continue;
           EXPECT_TRUE(b->kernel_name(exe->graph(), static_cast<ir::ValueId>(i)).starts_with("(view of")) << name;
         }
-        const backend::TensorMap got = exe->run(inputs);
-        const backend::TensorMap want = host_widened->compile(*g)->run(inputs);
-        for (const auto& [name, t] : want) {
-          ASSERT_EQ(got.at(name).dtype(), t.dtype()) << name;
-          if (b == vulkan.get()) {
-            EXPECT_EQ(std::memcmp(got.at(name).raw(), t.raw(), t.nbytes()), 0) << name << ": the same kernels, converting on the device or the host";
-          }
-        }
+        testing::expect_equivalent(*g, inputs, *b);
       }
+      // The device's geometry converting on the device or the host: the same kernels, the same bits.
+      expect_same_kernels_same_bits(*g, inputs, *scalar, *host_widened);
+      const auto coop_kernels = computing_kernels(*cooperative, cooperative->compile(*g)->graph());
+      EXPECT_TRUE(dtype != DType::f16 ||
+                  std::all_of(coop_kernels.begin(), coop_kernels.end(), [](const std::string& k) { return k.find("_coop") != std::string::npos; }))
+          << ::testing::PrintToString(coop_kernels);
       testing::expect_equivalent(*g, inputs, "vulkan");
     }
     // z's matmul writes its product rounded into z's 16-bit storage: no kernel for the cast.
@@ -496,29 +574,6 @@ TEST_P(HalfPrecision, MultiHeadAttentionWrittenInTheDslTrainsInItsDtype) {
     EXPECT_EQ(backward.node(backward.output("d_wq")).dtype, dtype);
     in["dout"] = backend::random_inputs(backward, {{"B", 2}, {"T", 9}}, 8).at("dout");
     testing::expect_equivalent(backward, in, GetParam());
-  }
-}
-
-/// Whether any device has cooperative matrices (VK_KHR_cooperative_matrix or VK_NV_...).
-bool any_cooperative_matrix() {
-  for (const auto& d : backend::vulkan_devices())
-    if (d.cooperative_matrix) return true;
-  return false;
-}
-
-/// A vulkan backend multiplying f16 values with cooperative matrices: the device's where one has
-/// them (VK_KHR's, the kernels translated, when QKV_VULKAN_COOPERATIVE_MATRIX=khr), else emulated
-/// with `fragment` (rows, columns, depth); nullptr where the device lacks what the emulation needs
-/// (f16 arithmetic).
-std::unique_ptr<backend::Backend> cooperative_backend(std::array<std::uint32_t, 3> fragment = {16, 16, 16}) {
-  auto options = backend::vulkan_options_from_env();
-  using C = backend::VulkanOptions::CooperativeMatrix;
-  options.cooperative_matrix = options.cooperative_matrix == C::khr ? C::khr : any_cooperative_matrix() ? C::on : C::emulated;
-  options.emulated_fragment = fragment;
-  try {
-    return backend::make_vulkan_backend(options);
-  } catch (const BackendError&) {
-    return nullptr;
   }
 }
 
