@@ -669,10 +669,11 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
 
   // Shared tiles, and a reader per head-dim operand: elements 4g..4g+3 of a row, 0 past its end.
   std::string tiles, readers;
-  const std::string scalar_only = coop ? "(1u - COOP) * " : "", sized_one = coop ? " + COOP" : "";  // 1 float when the cooperative path runs
+  // 16 bytes when the cooperative path runs (a vec4, four floats: see nonfinite).
+  const std::string scalar_only = coop ? "(1u - COOP) * " : "", sized_one = coop ? " + COOP" : "", sized_four = coop ? " + 4u * COOP" : "";
   for (const Operand& o : streamed(kind))
     tiles += o.vec4s ? std::string("shared vec4 ") + o.tile + "[" + scalar_only + "BC * " + o.vec4s + sized_one + "];\n"
-                     : std::string("shared float ") + o.tile + "[" + scalar_only + "BC" + sized_one + "];\n";
+                     : std::string("shared float ") + o.tile + "[" + scalar_only + "BC" + sized_four + "];\n";
   for (const Operand& o : {kQ, kK, kV, kDy, kLse, kDelta}) {
     const auto slot = static_cast<std::size_t>(std::find(arrays.begin(), arrays.end(), o.array) - arrays.begin());
     if (slot == arrays.size()) continue;
@@ -778,8 +779,9 @@ uint tensor_stride(uint dims, int d) {
     if (!ranged.empty())
       tile_text += fill(R"(
 // The ranges of $K operands over the tile being tested: float bits ordered as uints (for
-// atomicMin / atomicMax), and whether a NaN was seen; three slots of $K.
-shared uint range_lo[3 * $K], range_hi[3 * $K], range_nan[3 * $K];
+// atomicMin / atomicMax), and whether a NaN was seen; three slots of $K (each array padded to
+// 16 bytes, as every shared variable: see nonfinite).
+shared uint range_lo[$KR], range_hi[$KR], range_nan[$KR];
 uint tile_tests = 0u;
 uint iv_order(float v) { uint u = floatBitsToUint(v); return (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u; }
 float iv_unorder(uint k) { return uintBitsToFloat((k & 0x80000000u) != 0u ? k & 0x7fffffffu : ~k); }
@@ -797,7 +799,7 @@ Iv range_read(uint at, bool along_both) {
   return along_both || range_nan[at] != 0u ? iv_unknown() : Iv(iv_unorder(range_lo[at]), iv_unorder(range_hi[at]), false);
 }
 )",
-                        {{"K", k}});
+                        {{"K", k}, {"KR", str(static_cast<std::int64_t>((3 * ranged.size() + 3) / 4 * 4))}});
     tile_text += "\n// Whether every score of queries [qa, qb] by keys [ka, kb] is masked whatever the scores are\n"
                  "// (called by the whole workgroup, which gets one answer).\n"
                  "// Sets tile_unmasked (the modifier's masks keep every score) and tile_mask_kept likewise.\n"
@@ -863,7 +865,10 @@ $SPECS$COOPCONSTSconst uint INV = gl_WorkGroupSize.x, BR = $BR;
 const int R = $R;
 $BINDINGSlayout(push_constant) uniform Params { uint p[$WORDS]; } pc;
 
-$COOPDECL$TILESshared uint nonfinite;
+// [0]: whether a row the tiles skip holds inf or NaN. Every shared variable's size is a multiple
+// of 16 bytes, so that wherever the compiler places them the cooperative-matrix loads and stores
+// find their tiles 16-byte aligned (NVIDIA's driver placed a lone uint first: every load was off).
+$COOPDECL$TILESshared uint nonfinite[4];
 
 uint N, M, DR, DVR;  // the bound sizes
 float scale;
@@ -970,12 +975,12 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
     const auto skipped = checked_skipped(kind), own = checked_own(kind);
     if (!skipped.empty() || !own.empty()) {
       // The rows outside [lo, hi), or every row when any tile may be skipped.
-      s += "  if (lid == 0u) nonfinite = 0u;\n  barrier();\n  uint gap = may_skip ? 0u : hi - lo;  // streamed rows surely visited\n";
+      s += "  if (lid == 0u) nonfinite[0] = 0u;\n  barrier();\n  uint gap = may_skip ? 0u : hi - lo;  // streamed rows surely visited\n";
       for (const Operand& o : skipped)
         s += fill(R"(  for (uint x = lid; x < ($OTHERCOUNT - gap) * $W; x += INV) {
     uint j = x / $W;
     j = j < lo ? j : j + gap;
-    if (!finite(load_$A($AT + j * $RS + x % $W))) atomicOr(nonfinite, 1u);
+    if (!finite(load_$A($AT + j * $RS + x % $W))) atomicOr(nonfinite[0], 1u);
   }
 )",
                   {{"OTHERCOUNT", other_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
@@ -983,10 +988,10 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
         s += fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t)
     if ($ANY && own(t) < $OWNCOUNT)
       for (uint d = 0u; d < $W; ++d)
-        if (!finite(load_$A($AT + own(t) * $RS + d))) atomicOr(nonfinite, 1u);
+        if (!finite(load_$A($AT + own(t) * $RS + d))) atomicOr(nonfinite[0], 1u);
 )",
                   {{"ANY", causal ? "true" : "may_skip"}, {"OWNCOUNT", own_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
-      s += "  barrier();\n  if (nonfinite != 0u) { lo = 0u; hi = " + other_count + "; may_skip = false; }\n";
+      s += "  barrier();\n  if (nonfinite[0] != 0u) { lo = 0u; hi = " + other_count + "; may_skip = false; }\n";
     }
   }
   s += "  uint visited = 0u;  // scores in the tiles computed\n";

@@ -331,7 +331,7 @@ class Reader {
     for (std::uint32_t v : shared_) {
       auto t = pointee(v);
       auto bytes = t ? size_of(*t) : std::nullopt;
-      if (bytes) needs_.shared_bytes += *bytes;
+      if (bytes) needs_.shared_bytes += *bytes, needs_.shared_variables.push_back(*bytes);
       else needs_.unknown.push_back("the size of shared variable %" + std::to_string(v));
     }
     for (std::uint32_t v : push_constants_) {

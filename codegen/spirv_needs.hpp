@@ -35,8 +35,10 @@ struct SpirvNeeds {
   /// Invocations per workgroup (LocalSize, LocalSizeId or the WorkgroupSize built-in, with the
   /// specialization constants applied).
   std::array<std::uint32_t, 3> workgroup_size{1, 1, 1};
-  /// Bytes of the Workgroup storage class's variables (shared memory), each at its natural size.
+  /// Bytes of the Workgroup storage class's variables (shared memory), each at its natural size,
+  /// in all and one by one (in declaration order).
   std::uint64_t shared_bytes = 0;
+  std::vector<std::uint64_t> shared_variables;
   /// Bytes of the push-constant block (its last member's offset plus its size).
   std::uint32_t push_constant_bytes = 0;
   /// What could not be sized or evaluated (a specialization-constant operation this reader does
