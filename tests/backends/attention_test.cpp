@@ -140,7 +140,7 @@ TEST_P(AttentionBackends, RunsAgainWithOtherShapesAndBadInputsLeaveNoTrace) {
   for (std::int64_t i = 0; i < first.at("out").numel(); ++i) EXPECT_EQ(first.at("out").at(i), again.at("out").at(i));
 }
 
-INSTANTIATE_TEST_SUITE_P(All, AttentionBackends, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, AttentionBackends, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 }  // namespace
 }  // namespace qkv
@@ -159,7 +159,7 @@ TEST_P(EmptyTensors, ZeroSizedDimsRunAndGiveEmptyOutputs) {
   EXPECT_EQ(exe->run({{"x", Tensor::from<float>({1, 3}, {0, 0, 0})}}).at("out").at(2), 2.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, EmptyTensors, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, EmptyTensors, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 }  // namespace
 }  // namespace qkv

@@ -785,7 +785,7 @@ TEST(CooperativeMatrixVulkan, AnEmulatedFragmentThatDoesNotSplitOverTheSubgroupI
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, HalfPrecision, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, HalfPrecision, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 }  // namespace
 }  // namespace qkv

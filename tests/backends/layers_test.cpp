@@ -81,7 +81,7 @@ TEST_P(Blocks, MatchTheReference) {
   testing::expect_equivalent(g, backend::random_inputs(g, {{"N", 5}}, 8), GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(All, Blocks, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, Blocks, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 TEST(BlockGradients, MatchFiniteDifferences) {
   auto x = input<"x">(dim<"N">, dim<6>);

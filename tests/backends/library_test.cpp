@@ -399,7 +399,7 @@ TEST_P(Library, ModulesForwardAndBackward) {
   testing::expect_equivalent(backward, in, GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(All, Library, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, Library, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 TEST(LibraryGradients, RopeSlidingWindowAlibiAndEntropyMatchFiniteDifferences) {
   auto x = input<"x">(dim<2>, dim<5>, dim<8>);

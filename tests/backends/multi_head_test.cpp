@@ -114,7 +114,7 @@ TEST_P(MultiHead, NamedEmbeddingAndHeadsRunAtAnySize) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, MultiHead, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, MultiHead, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 }  // namespace
 }  // namespace qkv

@@ -41,7 +41,7 @@ TEST_P(Numerics, NanInAQueryGivesNanNotZeros) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, Numerics, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, Numerics, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 TEST(Numerics, SoftmaxOnSaturatingScoresIsAsAccurateAsPlainFloat32) {
   // Scores about 3,700 with a spread of 10: a few weights near 1 per row. The cpu softmax was 7.7x

@@ -64,7 +64,7 @@ TEST_P(RunObserver, ReportsEveryOutputOnceWithTheValuesRunReturns) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, RunObserver, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, RunObserver, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 }  // namespace
 }  // namespace qkv

@@ -57,7 +57,7 @@ TEST_P(State, MisuseIsAClearError) {
   EXPECT_THROW(exe->set_state({{"w", Tensor(DType::f64, {3})}}), ShapeError);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, State, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, State, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 TEST(StateIr, UpdatesPrintParseAndVerify) {
   ir::Graph g = accumulator();

@@ -222,7 +222,7 @@ TEST_P(Torch, HalfPreNormDecoderBlock) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, Torch, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, Torch, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 }  // namespace
 }  // namespace qkv

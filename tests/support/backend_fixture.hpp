@@ -46,6 +46,12 @@ backend::TensorMap inputs_in_dtype(backend::TensorMap inputs, DType dtype);
 /// (and returns infinity) when the shapes differ.
 double normwise_error(const Tensor& actual, const Tensor& expected);
 
+/// A test parameterised by a backend's name is named after it ("All/Blocks.Forward/vulkan"), so
+/// that --gtest_filter='*vulkan*' picks every Vulkan test (a GPU session's suite does).
+struct BackendParamName {
+  template <class P> std::string operator()(const ::testing::TestParamInfo<P>& info) const { return std::string(info.param); }
+};
+
 /// Runs `g` on `backend_name` with `inputs` and expects every output within budget against the
 /// float64 reference. Skips (or fails, where required) when the backend cannot start.
 void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, const std::string& backend_name);

@@ -58,7 +58,7 @@ TEST_P(Optimizers, AdamW) {
   EXPECT_NEAR(t.parameters().at("w").at(0), w, 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, Optimizers, ::testing::Values("reference", "cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, Optimizers, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 TEST(Init, XavierBoundsSeedsAndLoading) {
   Tensor a = train::initialize({64, 32}, {train::Init::xavier_uniform}, 1);
@@ -272,7 +272,7 @@ TEST_P(Training, LossScalingSkipsAnOverflowingStepAndRecovers) {
   EXPECT_EQ(t.loss_scale(), 2048.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, Training, ::testing::Values("cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(All, Training, ::testing::Values("cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 }  // namespace
 }  // namespace qkv
