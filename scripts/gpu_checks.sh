@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Everything a GPU session checks and measures, in one call that fits the device tool's 10 minutes.
+# The device machine is bare: NVIDIA's Vulkan driver needs glvnd's libraries, which this machine
+# downloads once into .gl/ (git ignores it) and the script unpacks there:
+#   echo /.gl/ >>.git/info/exclude; mkdir -p .gl /tmp/amd64/partial
+#   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+#   apt-get $o update && (cd .gl && apt-get $o download libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2)
+# Without them vkCreateInstance fails with ErrorIncompatibleDriver (seen on an H200, driver 580).
+# Build here, pack the programs it runs, and run it there through ../shared/gpu:
+#   cmake --build --preset default && ../shared/gpu/pack.sh build/default qkv bench/qkv_bench \
+#     bench/qkv_graph_bench tests/qkv_backends_tests tests/qkv_train_tests tests/qkv_tools_tests
+#   device run, carry [".gpu", ".gl"]:  bash .gpu/run.sh 'bash scripts/gpu_checks.sh'
+# Parts (each under its own time limit; suite, khr and check side by side; at most 10 minutes in
+# all, about 5 on an H200; logs in $OUT, or /tmp/qkv-gpu-logs without the tool):
+#   devices   qkv devices, nvidia-smi
+#   suite     every Vulkan test, validation layers on, sharded over the cores (a validation message
+#             fails its test); the train and tools tests that run vulkan too
+#   khr       the cooperative and half-precision tests with the kernels translated to
+#             VK_KHR_cooperative_matrix (QKV_VULKAN_COOPERATIVE_MATRIX=khr; validation off: the
+#             packed layer, Debian's 1.3.239, predates the extension)
+#   check     qkv check all --backend vulkan --grad in f32, f16 and bf16
+#   bench     attention rows timed by the device's timestamps, f16/bf16/f32 matmul rows at 4096^3
+#             (matmul), then PyTorch CUDA's on the same GPU (../shared/gpu/torch_sdpa.py,
+#             bench/torch_matmul.py)
+# QKV_GPU_PARTS picks parts (default: all, in that order); QKV_GPU_SHAPES the attention shapes.
+# Tried end to end on lavapipe: QKV_GPU_PARTS=devices,check bash scripts/gpu_checks.sh
+set -uo pipefail
+out=${OUT:-/tmp/qkv-gpu-logs}
+mkdir -p "$out"
+summary=$out/summary.txt
+parts=${QKV_GPU_PARTS:-devices,suite,khr,check,bench}
+shapes=${QKV_GPU_SHAPES:-4,8,512,64;1,8,4096,64}
+jobs=$(nproc)
+((jobs > 12)) && jobs=12
+root=$(pwd)
+wanted() { [[ ",$parts," == *",$1,"* ]]; }
+
+# part NAME SECONDS COMMAND...: runs COMMAND under a time limit into NAME.log, one summary line.
+part() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" bash -c "$*" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc in $((SECONDS - t0)) s$([ $rc -eq 124 ] && echo ' (timed out)')" | tee -a "$summary"
+}
+
+# sharded BINARY FILTER: the tests of BINARY matching FILTER over $jobs processes; each shard's
+# output, then the failures of all.
+sharded() {
+  local bin=$1 filter=$2 dir
+  dir=$(mktemp -d)
+  for ((i = 0; i < jobs; i++)); do
+    GTEST_TOTAL_SHARDS=$jobs GTEST_SHARD_INDEX=$i "$bin" --gtest_filter="$filter" >"$dir/$i.log" 2>&1 &
+  done
+  wait
+  cat "$dir"/*.log
+  echo "== $bin, $jobs shards: $(cat "$dir"/*.log | grep -c '^\[       OK \]') passed, $(cat "$dir"/*.log | grep -c '^\[  FAILED  \] [A-Za-z]') failed, $(cat "$dir"/*.log | grep -c '^\[  SKIPPED \]') skipped"
+  grep -h '^\[  FAILED  \] [A-Za-z]' "$dir"/*.log | sort -u
+  ! grep -q '^\[  FAILED  \]' "$dir"/*.log
+}
+export -f sharded
+export jobs
+
+echo "qkv gpu checks: $(date -u +%FT%TZ), $(nproc) cores, parts $parts" >"$summary"
+if compgen -G ".gl/*.deb" >/dev/null && ! ldconfig -p | grep -q libGLdispatch; then
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+# The tools tests run the qkv program at the path it was built at.
+if src=$(cat /tmp/qkv-gpu/src_path 2>/dev/null) && [ ! -x "$src/build/default/qkv" ] && command -v qkv >/dev/null; then
+  mkdir -p "$src/build/default" && ln -sf "$(command -v qkv)" "$src/build/default/qkv"
+fi
+wanted devices && part devices 30 'qkv devices; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | head -3'
+# The suite, the KHR tests and the checks compile shaders on the CPUs: side by side.
+wanted suite && part suite 300 "jobs=$((jobs * 2 / 3)) sharded qkv_backends_tests '*Vulkan*:*vulkan*:*Cooperative*'; r=\$?; \
+    qkv_train_tests --gtest_filter='*vulkan*:*Vulkan*'; t=\$?; qkv_tools_tests --gtest_filter='*vulkan*:*Vulkan*'; exit \$((r | t | \$?))" &
+wanted khr && part khr 300 "QKV_VULKAN_COOPERATIVE_MATRIX=khr QKV_VULKAN_VALIDATION=0 jobs=3 sharded qkv_backends_tests \
+    'CooperativeMatrix*:HalfPrecision*/vulkan:HalfPrecisionVulkan.*:Torch.Half*/vulkan:VulkanFeatures.*'" &
+wanted check && part check 300 'for t in f32 f16 bf16; do (qkv check all --backend vulkan --grad --dtype $t >/tmp/check_$t.log 2>&1; echo "== --dtype $t: exit $?" >>/tmp/check_$t.log) & done; wait; \
+    cat /tmp/check_*.log; ! grep -q "exit [1-9]" /tmp/check_*.log' &
+wait
+if wanted bench; then
+  part bench 150 "QKV_BENCH_DEVICE_TIME=1 QKV_BENCH_SHAPES='$shapes' QKV_BENCH_BACKENDS=vulkan qkv_bench --benchmark_filter='^vulkan' \
+    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_min_time=0.1 --benchmark_color=false"
+  part matmul 60 "QKV_BENCH_MATMUL=4096,4096,4096 QKV_BENCH_BACKENDS=vulkan qkv_graph_bench --benchmark_filter='^vulkan.*matmul' \
+    --benchmark_min_time=0.1 --benchmark_color=false"
+  part torch 60 "python3 $root/.gpu/torch_sdpa.py ${shapes//;/ } && python3 $root/bench/torch_matmul.py 4096,4096,4096"
+fi
+echo "logs in $out" | tee -a "$summary"
