@@ -76,10 +76,12 @@ LaneTile lanes_tile(std::int64_t m, std::int64_t n, std::uint32_t sg) {
 }
 
 /// Whether matmuls on `target` take the lanes kernel: a CPU device that can broadcast within
-/// subgroups of a size the source unrolls, unless a tiled geometry is forced.
+/// subgroups of a size the source unrolls, unless a tiled geometry is forced. Its tile is
+/// unrolled over 4 x 8 subgroups' rows and columns: past 32 lanes the SPIR-V optimizer's SSA
+/// rewriter overflows its stack on it, so wider subgroups take the tiled kernel.
 bool uses_lanes(const Target& target) {
   const std::uint32_t sg = target.subgroup_size;
-  return target.cpu && target.matmul.invocations == 0 && sg >= 4 && sg <= 64 && (sg & (sg - 1)) == 0;
+  return target.cpu && target.matmul.invocations == 0 && sg >= 4 && sg <= 32 && (sg & (sg - 1)) == 0;
 }
 
 /// The operand and output buffers and push constants both matmul kernels declare, with the
@@ -325,10 +327,34 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulDt
     s += " }\n";
   }
   s += "  }\n  uint oy = batch * M * N;\n";
-  for (std::uint32_t r = 0; r < rows; ++r) {
-    s += "  if (" + str(r / sg) + "u < RG && r0 + " + str(r) + "u < M) {";
-    for (std::uint32_t j = 0; j < cols; ++j) s += " if (kb" + str(j) + ") st(oy + (r0 + " + str(r) + "u) * N + cb" + str(j) + ", qkv_epilogue(c" + str(r) + "_" + str(j) + ", r0 + " + str(r) + "u, cb" + str(j) + "));";
-    s += " }\n";
+  // An epilogue is inlined where it is called: unrolled over a tile of more than 256 stores (at
+  // subgroups of 16, 512 copies of a GELU's gradient) it overflowed the stack of the SPIR-V
+  // optimizer's SSA rewriter, so such a tile calls it once, in a loop (which lavapipe compiles
+  // slower: smaller tiles keep the unrolled stores).
+  if (!epilogue || rows * cols <= 256) {
+    for (std::uint32_t r = 0; r < rows; ++r) {
+      s += "  if (" + str(r / sg) + "u < RG && r0 + " + str(r) + "u < M) {";
+      for (std::uint32_t j = 0; j < cols; ++j)
+        s += " if (kb" + str(j) + ") st(oy + (r0 + " + str(r) + "u) * N + cb" + str(j) + ", qkv_epilogue(c" + str(r) + "_" + str(j) + ", r0 + " + str(r) +
+             "u, cb" + str(j) + "));";
+      s += " }\n";
+    }
+  } else {
+    std::string acc, bases, kept;
+    for (std::uint32_t r = 0; r < rows; ++r)
+      for (std::uint32_t j = 0; j < cols; ++j) acc += std::string(r + j ? ", " : "") + "c" + str(r) + "_" + str(j);
+    for (std::uint32_t j = 0; j < cols; ++j) {
+      bases += std::string(j ? ", " : "") + "cb" + str(j);
+      kept += std::string(j ? ", " : "") + "kb" + str(j);
+    }
+    s += "  float acc[" + str(rows * cols) + "] = float[](" + acc + ");\n"
+         "  uint cbs[" + str(cols) + "] = uint[](" + bases + ");\n"
+         "  bool kbs[" + str(cols) + "] = bool[](" + kept + ");\n"
+         "  for (uint r = 0u; r < " + str(rows) + "u; ++r) {\n"
+         "    if (r / " + str(sg) + "u >= RG || r0 + r >= M) continue;\n"
+         "    for (uint j = 0u; j < " + str(cols) + "u; ++j)\n"
+         "      if (kbs[j]) st(oy + (r0 + r) * N + cbs[j], qkv_epilogue(acc[r * " + str(cols) + "u + j], r0 + r, cbs[j]));\n"
+         "  }\n";
   }
   s += "}\n";
   std::string name = "matmul_lanes" + str(sg) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);

@@ -193,6 +193,41 @@ TEST(Fusion, AMatmulAbsorbsItsEpilogue) {
   EXPECT_EQ(tail, (std::vector<std::uint32_t>{0, 0, 1, 40, 8, 1, 0x3f000000u}));
 }
 
+/// The lanes kernel (CPU devices) unrolls its tile over the subgroup's size: past 256 stores its
+/// epilogue, which glslang inlines where it is called, is called once in a loop over the tile (at
+/// subgroups of 16, 512 copies of a GELU's gradient overflowed the stack of the SPIR-V
+/// optimizer), and every kernel compiles at every subgroup size.
+TEST(Fusion, TheLanesKernelCallsItsEpilogueOnceAtEverySubgroupSize) {
+  Graph g;
+  const ir::Dim n = g.symbol("N");
+  const ValueId x = g.add_input("x", DType::f32, {2, n, 64});
+  const ValueId w = g.add_input("w", DType::f32, {64, 64});
+  const ValueId mm = g.add(Op::matmul, {x, w});
+  // GELU's gradient: 0.5 (1 + erf(t / sqrt 2)) + t exp(-t^2 / 2) / sqrt(2 pi), times dy.
+  const ValueId cdf =
+      g.add(Op::mul, {g.add(Op::add, {g.add(Op::erf, {g.add(Op::mul, {mm, g.constant(0.7071)})}), g.constant(1.0)}), g.constant(0.5)});
+  const ValueId pdf =
+      g.add(Op::mul, {g.add(Op::exp, {g.add(Op::neg, {g.add(Op::mul, {g.add(Op::mul, {mm, mm}), g.constant(0.5)})})}), g.constant(0.3989)});
+  const ValueId y = g.add(Op::mul, {g.add(Op::add, {cdf, g.add(Op::mul, {mm, pdf})}), g.add_input("dy", DType::f32, {2, n, 64})});
+  g.set_output("y", y);
+  const auto plan = plan_kernels(g);
+  ASSERT_EQ(plan.size(), 1u);
+  for (std::uint32_t sg : {4u, 8u, 16u, 32u, 64u}) {
+    SCOPED_TRACE(sg);
+    Target t;
+    t.cpu = true;
+    t.subgroup_size = sg;
+    const KernelSource k = fused_source(g, plan[0], t);
+    // Past 32 lanes the tiled kernel (the unrolled tile overflowed the optimizer even so).
+    EXPECT_NE(k.name.find(sg <= 32 ? "matmul_lanes" + std::to_string(sg) : std::string("fused_matmul_mul")), std::string::npos) << k.name;
+    const std::string body = k.glsl.substr(k.glsl.find("void main()"));
+    std::size_t calls = 0;
+    for (std::size_t at = body.find("qkv_epilogue("); at != std::string::npos; at = body.find("qkv_epilogue(", at + 1)) ++calls;
+    EXPECT_EQ(calls, sg <= 8 ? 32u * sg : 1u) << body;  // unrolled over 4 sg rows by 8 columns up to 256 stores
+    EXPECT_NO_THROW(compile_spirv(k.name, k.glsl));
+  }
+}
+
 /// A matmul whose result is read elsewhere, or whose consumer has another shape, keeps its
 /// own store.
 TEST(Fusion, AMatmulReadElsewhereIsStored) {
