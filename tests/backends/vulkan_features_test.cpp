@@ -7,6 +7,7 @@
 
 #include <spirv/unified1/spirv.hpp>
 
+#include <cstdlib>
 #include <functional>
 
 #include "backends/vulkan/context.hpp"
@@ -252,6 +253,15 @@ TEST(VulkanFeatures, TheMemoryModelIsEnabledWithItsDeviceScopeOrNotAtAll) {
   if (!d.cooperative.empty()) {
     EXPECT_TRUE(d.memory_model_device_scope);
   }
+}
+
+// ctest runs the subgroup-dependent tests again at lavapipe's sizes 4 and 16 (vulkan.subgroup_N):
+// this says they did not silently run at the default size.
+TEST(VulkanFeatures, TheSubgroupSizeIsTheOneTheRunAsksFor) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  const char* expected = std::getenv("QKV_EXPECT_SUBGROUP_SIZE");
+  if (!expected) GTEST_SKIP() << "QKV_EXPECT_SUBGROUP_SIZE is not set";
+  EXPECT_EQ(std::to_string(backend::vk_detail::Context::get(backend::vulkan_options_from_env())->subgroup_size()), expected) << vulkan->device();
 }
 
 }  // namespace
