@@ -1284,8 +1284,10 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
     throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " exceeds the flash kernels' 4096 floats of registers per row");
   const std::int64_t shared = std::max<std::int64_t>(target.shared_bytes, 16384);
   std::int64_t bc = target.attention_tile ? target.attention_tile : 32;
-  while (bc > 1 && bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > shared) bc /= 2;
-  if (bc * tile_row_floats(kind, d4, dv4) * 4 + 16 > shared)
+  // Beside the tiles: the non-finite flag, the tile tests' ranges and the cooperative path's
+  // arrays sized for its absence (512 bytes, as coop_shared_bytes reserves).
+  while (bc > 1 && bc * tile_row_floats(kind, d4, dv4) * 4 + 512 > shared) bc /= 2;
+  if (bc * tile_row_floats(kind, d4, dv4) * 4 + 512 > shared)
     throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " needs more than " + str(shared) +
                            " bytes of shared memory for one row of keys");
   Geometry geo = geometry(target, kind);

@@ -47,6 +47,9 @@ class Reader {
  private:
   // w: the instruction's operand words (after the opcode word), n of them.
   void instruction(spv::Op op, const std::uint32_t* w, std::uint32_t n) {
+    // Every case below reads at most its first 5 words: shorter instructions are malformed.
+    if (n < min_operands(op))
+      throw BackendError("spirv: instruction " + std::to_string(op) + " has " + std::to_string(n) + " operand words, fewer than it must");
     bool has_result = false, has_type = false;
     spv::HasResultAndType(op, &has_result, &has_type);
     if (op == kOpLoadCoopKhr || op == kOpMulAddCoopKhr) has_result = has_type = true;
@@ -124,6 +127,40 @@ class Reader {
     }
   }
 
+  static std::uint32_t min_operands(spv::Op op) {
+    switch (op) {
+      case spv::OpCapability:
+      case spv::OpExtension: return 1;
+      case spv::OpMemoryModel:
+      case spv::OpExecutionMode:
+      case spv::OpExecutionModeId:
+      case spv::OpDecorate:
+      case spv::OpConstant:
+      case spv::OpSpecConstant:
+      case spv::OpConstantTrue:
+      case spv::OpConstantFalse:
+      case spv::OpSpecConstantTrue:
+      case spv::OpSpecConstantFalse:
+      case spv::OpConstantComposite:
+      case spv::OpSpecConstantComposite:
+      case spv::OpControlBarrier:
+      case spv::OpMemoryBarrier: return 2;
+      case spv::OpMemberDecorate:
+      case spv::OpSpecConstantOp:
+      case spv::OpVariable:
+      case spv::OpAtomicStore: return 3;
+      case spv::OpCooperativeMatrixMulAddNV: return 5;
+      default:
+        if (op == kOpTypeCoopKhr) return 5;
+        if (op == kOpMulAddCoopKhr) return 5;
+        if (is_atomic(op)) return 4;
+        if (op >= spv::OpGroupNonUniformElect && op <= spv::OpGroupNonUniformQuadSwap) return 3;
+        if (op == spv::OpTypeCooperativeMatrixNV) return 5;
+        if (op >= spv::OpTypeVoid && op <= spv::OpTypeForwardPointer) return 1;  // types_[w[0]]
+        return 0;
+    }
+  }
+
   static bool is_atomic(spv::Op op) {
     return (op >= spv::OpAtomicLoad && op <= spv::OpAtomicXor) || op == spv::OpAtomicFMinEXT || op == spv::OpAtomicFMaxEXT ||
            op == spv::OpAtomicFAddEXT;
@@ -175,8 +212,8 @@ class Reader {
       case spv::OpUDiv: if (two && a[1]) r = a[0] / a[1]; break;
       case spv::OpSDiv: if (two && a[1]) r = static_cast<std::uint64_t>(s(0) / s(1)); break;
       case spv::OpUMod: if (two && a[1]) r = a[0] % a[1]; break;
-      case spv::OpShiftLeftLogical: if (two) r = a[0] << a[1]; break;
-      case spv::OpShiftRightLogical: if (two) r = a[0] >> a[1]; break;
+      case spv::OpShiftLeftLogical: if (two && a[1] < 32) r = a[0] << a[1]; break;
+      case spv::OpShiftRightLogical: if (two && a[1] < 32) r = a[0] >> a[1]; break;
       case spv::OpBitwiseAnd: if (two) r = a[0] & a[1]; break;
       case spv::OpBitwiseOr: if (two) r = a[0] | a[1]; break;
       case spv::OpBitwiseXor: if (two) r = a[0] ^ a[1]; break;
@@ -201,7 +238,7 @@ class Reader {
       case spv::OpBitcast: if (!a.empty()) r = a[0]; break;
       default: break;
     }
-    if (r) values_[id] = *r;
+    if (r) values_[id] = *r & 0xffffffffu;  // sizes and scopes are 32-bit: wrap as the device would
   }
 
   std::optional<std::uint64_t> composite_element(std::uint32_t composite, std::uint32_t index) const {

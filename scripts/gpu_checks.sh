@@ -27,6 +27,7 @@
 set -uo pipefail
 out=${OUT:-/tmp/qkv-gpu-logs}
 mkdir -p "$out"
+rm -f "$out/.failed"
 summary=$out/summary.txt
 parts=${QKV_GPU_PARTS:-devices,suite,khr,check,bench}
 shapes=${QKV_GPU_SHAPES:-4,8,512,64;1,8,4096,64}
@@ -40,24 +41,34 @@ part() {
   local name=$1 limit=$2
   shift 2
   local t0=$SECONDS
-  timeout --kill-after=10 "$limit" bash -c "$*" >"$out/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" bash -o pipefail -c "$*" >"$out/$name.log" 2>&1
   local rc=$?
-  echo "$name: exit $rc in $((SECONDS - t0)) s$([ $rc -eq 124 ] && echo ' (timed out)')" | tee -a "$summary"
+  ((rc == 0)) || echo "$name" >>"$out/.failed"
+  echo "$name: exit $rc in $((SECONDS - t0)) s$( ((rc == 124 || rc == 137)) && echo ' (timed out)')" | tee -a "$summary"
 }
 
 # sharded BINARY FILTER: the tests of BINARY matching FILTER over $jobs processes; each shard's
-# output, then the failures of all.
+# output, then the failures of all. Fails when a test failed or a shard did not end normally
+# (a crash prints no FAILED line).
 sharded() {
-  local bin=$1 filter=$2 dir
+  local bin=$1 filter=$2 dir rc=0
   dir=$(mktemp -d)
+  local pids=()
   for ((i = 0; i < jobs; i++)); do
     GTEST_TOTAL_SHARDS=$jobs GTEST_SHARD_INDEX=$i "$bin" --gtest_filter="$filter" >"$dir/$i.log" 2>&1 &
+    pids+=($!)
   done
-  wait
+  for i in "${!pids[@]}"; do
+    local status=0
+    wait "${pids[$i]}" || status=$?
+    ((status == 0)) || { rc=1; echo "== shard $i of $bin exited with $status"; }
+  done
   cat "$dir"/*.log
-  echo "== $bin, $jobs shards: $(cat "$dir"/*.log | grep -c '^\[       OK \]') passed, $(cat "$dir"/*.log | grep -c '^\[  FAILED  \] [A-Za-z]') failed, $(cat "$dir"/*.log | grep -c '^\[  SKIPPED \]') skipped"
-  grep -h '^\[  FAILED  \] [A-Za-z]' "$dir"/*.log | sort -u
-  ! grep -q '^\[  FAILED  \]' "$dir"/*.log
+  local failed
+  failed=$(grep -h '^\[  FAILED  \] [A-Za-z]' "$dir"/*.log | sed 's/ (.*//; s/, where GetParam.*//' | sort -u)
+  echo "== $bin, $jobs shards: $(cat "$dir"/*.log | grep -c '^\[       OK \]') passed, $(printf '%s' "$failed" | grep -c .) failed, $(cat "$dir"/*.log | grep -c '^\[  SKIPPED \]') skipped"
+  [ -n "$failed" ] && echo "$failed"
+  [ -z "$failed" ] && ((rc == 0))
 }
 export -f sharded
 export jobs
@@ -71,20 +82,25 @@ fi
 if src=$(cat /tmp/qkv-gpu/src_path 2>/dev/null) && [ ! -x "$src/build/default/qkv" ] && command -v qkv >/dev/null; then
   mkdir -p "$src/build/default" && ln -sf "$(command -v qkv)" "$src/build/default/qkv"
 fi
-wanted devices && part devices 30 'qkv devices; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | head -3'
+wanted devices && part devices 30 'qkv devices && { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true; }'
 # The suite, the KHR tests and the checks compile shaders on the CPUs: side by side.
-wanted suite && part suite 300 "jobs=$((jobs * 2 / 3)) sharded qkv_backends_tests '*Vulkan*:*vulkan*:*Cooperative*'; r=\$?; \
+wanted suite && part suite 270 "jobs=$((jobs * 2 / 3)) sharded qkv_backends_tests '*Vulkan*:*vulkan*:*Cooperative*'; r=\$?; \
     qkv_train_tests --gtest_filter='*vulkan*:*Vulkan*'; t=\$?; qkv_tools_tests --gtest_filter='*vulkan*:*Vulkan*'; exit \$((r | t | \$?))" &
-wanted khr && part khr 300 "QKV_VULKAN_COOPERATIVE_MATRIX=khr QKV_VULKAN_VALIDATION=0 jobs=3 sharded qkv_backends_tests \
+wanted khr && part khr 270 "QKV_VULKAN_COOPERATIVE_MATRIX=khr QKV_VULKAN_VALIDATION=0 jobs=3 sharded qkv_backends_tests \
     'CooperativeMatrix*:HalfPrecision*/vulkan:HalfPrecisionVulkan.*:Torch.Half*/vulkan:VulkanFeatures.*'" &
-wanted check && part check 300 'for t in f32 f16 bf16; do (qkv check all --backend vulkan --grad --dtype $t >/tmp/check_$t.log 2>&1; echo "== --dtype $t: exit $?" >>/tmp/check_$t.log) & done; wait; \
+wanted check && part check 270 'for t in f32 f16 bf16; do (qkv check all --backend vulkan --grad --dtype $t >/tmp/check_$t.log 2>&1; echo "== --dtype $t: exit $?" >>/tmp/check_$t.log) & done; wait; \
     cat /tmp/check_*.log; ! grep -q "exit [1-9]" /tmp/check_*.log' &
 wait
 if wanted bench; then
-  part bench 150 "QKV_BENCH_DEVICE_TIME=1 QKV_BENCH_SHAPES='$shapes' QKV_BENCH_BACKENDS=vulkan qkv_bench --benchmark_filter='^vulkan' \
+  part bench 120 "QKV_BENCH_DEVICE_TIME=1 QKV_BENCH_SHAPES='$shapes' QKV_BENCH_BACKENDS=vulkan qkv_bench --benchmark_filter='^vulkan' \
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_min_time=0.1 --benchmark_color=false"
   part matmul 60 "QKV_BENCH_MATMUL=4096,4096,4096 QKV_BENCH_BACKENDS=vulkan qkv_graph_bench --benchmark_filter='^vulkan.*matmul' \
     --benchmark_min_time=0.1 --benchmark_color=false"
   part torch 60 "python3 $root/.gpu/torch_sdpa.py ${shapes//;/ } && python3 $root/bench/torch_matmul.py 4096,4096,4096"
 fi
 echo "logs in $out" | tee -a "$summary"
+if [ -s "$out/.failed" ]; then
+  echo "failed: $(tr '\n' ' ' <"$out/.failed")" | tee -a "$summary"
+  rm -f "$out/.failed"
+  exit 1
+fi

@@ -184,9 +184,9 @@ MemoryModelSupport memory_model_support(const vk::raii::PhysicalDevice& d) {
 
 CooperativeOffer offered_fragment(const vk::raii::Instance& instance, const vk::raii::PhysicalDevice& d, bool prefer_khr) {
   const auto available = d.enumerateDeviceExtensionProperties();
-  // The kernels' fragment loads and stores use the Vulkan memory model (GL_KHR_memory_scope_semantics),
-  // and the flash kernels count their tiles with Device-scope atomics, which a device created with
-  // that model must allow (vulkanMemoryModelDeviceScope).
+  // The kernels' fragment loads and stores use the Vulkan memory model (GL_KHR_memory_scope_semantics);
+  // a device created with it forbids Device scope in every module unless it also allows it
+  // (vulkanMemoryModelDeviceScope), and the other kernels' atomics and buffer barriers use it.
   if (!memory_model_support(d).device_scope) return {};
   CooperativeOffer nv, khr;
   if (has_extension(available, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) &&
@@ -455,7 +455,7 @@ const Pipeline& Context::pipeline(const codegen::KernelSource& k, const std::vec
   // What a driver would reject, or a layer report, named here first on any device.
   codegen::SpirvNeeds needs = codegen::spirv_needs(spirv, specialization);
   check_kernel(k.name, needs, features_, device_name());
-  if (k.buffers > static_cast<int>(properties_.limits.maxPerStageDescriptorStorageBuffers))
+  if (static_cast<std::uint32_t>(k.buffers) > properties_.limits.maxPerStageDescriptorStorageBuffers)  // some report UINT32_MAX
     throw BackendError("vulkan: kernel " + k.name + " binds " + std::to_string(k.buffers) + " storage buffers, more than the device's " +
                        std::to_string(properties_.limits.maxPerStageDescriptorStorageBuffers) + " (maxPerStageDescriptorStorageBuffers) (" +
                        device_name() + ")");

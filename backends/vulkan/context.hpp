@@ -136,9 +136,9 @@ MemoryModelSupport memory_model_support(const vk::raii::PhysicalDevice& d);
 /// the kernels to, or VK_KHR_cooperative_matrix's (AMD, Intel; the kernels' SPIR-V translated)
 /// where the device has no NV one or `prefer_khr`; each only with its extension and feature, and
 /// none without the Vulkan memory model (VK_KHR_vulkan_memory_model) the fragment loads use with
-/// Device scope (vulkanMemoryModelDeviceScope), which every kernel's atomics and buffer barriers
-/// use: a device whose model lacks it runs the scalar kernels under GLSL's memory model, where
-/// Device scope needs no feature.
+/// Device scope (vulkanMemoryModelDeviceScope), which the other kernels' atomics and buffer
+/// barriers use: a device whose model lacks it runs the scalar kernels under GLSL's memory model,
+/// where Device scope needs no feature.
 CooperativeOffer offered_fragment(const vk::raii::Instance& instance, const vk::raii::PhysicalDevice& d, bool prefer_khr);
 
 /// "discrete", "integrated", "virtual", "cpu" or "other".

@@ -90,7 +90,8 @@ struct VulkanDeviceInfo {
   std::array<std::uint32_t, 3> cooperative_fragment{};
   bool cooperative_khr = false;
   /// VK_KHR_vulkan_memory_model's vulkanMemoryModel, and vulkanMemoryModelDeviceScope with it
-  /// (which the cooperative kernels need: their atomics use Device scope).
+  /// (the cooperative kernels need both: enabling the model without its Device scope would forbid
+  /// the other kernels' Device-scope atomics and barriers).
   bool memory_model = false, memory_model_device_scope = false;
   bool timestamps = false;  // its compute queue writes timestamps (profiling)
   /// "subgroup 32 (arithmetic, shuffle), 48 KiB shared memory, ..." on one line.

@@ -245,10 +245,13 @@ TEST(VulkanFeatures, TheMemoryModelIsEnabledWithItsDeviceScopeOrNotAtAll) {
   EXPECT_EQ(d.memory_model, d.extensions.count("VK_KHR_vulkan_memory_model") == 1);
   // Where the device offers both (lavapipe does), every kernel runs under the model the
   // cooperative kernels need, as on a GPU.
+  int found = 0;
   for (const auto& info : backend::vulkan_devices())
-    if (info.name == vulkan->device().substr(0, info.name.size())) {
+    if (vulkan->device().starts_with(info.name + " (")) {
+      ++found;
       EXPECT_EQ(d.memory_model, info.memory_model_device_scope) << info.name;
     }
+  EXPECT_EQ(found, 1) << vulkan->device();
   // Cooperative matrices only with it.
   if (!d.cooperative.empty()) {
     EXPECT_TRUE(d.memory_model_device_scope);

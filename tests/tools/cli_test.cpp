@@ -397,8 +397,8 @@ TEST_F(Cli, DumpPrintsIrDotGlslAndBackward) {
   Result glsl = run("dump decoder-block --glsl");
   ASSERT_EQ(glsl.status, 0) << glsl.output;
   EXPECT_NE(glsl.output.find("%28 = slice : f32[1,32,32] (no kernel: read in place, %17 from byte 4096)"), std::string::npos) << glsl.output;
-  EXPECT_TRUE(std::regex_search(glsl.output,
-                                std::regex("\\(kernel fused_matmul(_lanes[0-9]+)?_add_max_r3, computing %66 matmul, %68 add, %69 constant, %70 max\\)")))
+  EXPECT_TRUE(std::regex_search(
+      glsl.output, std::regex("\\(kernel fused_matmul(_lanes[0-9]+)?_add_max_r3, computing %66 matmul, %68 add, %69 constant, %70 max\\)")))
       << glsl.output;
   EXPECT_NE(glsl.output.find("float qkv_epilogue(float acc, uint row, uint col)"), std::string::npos) << glsl.output;
   // With no device (no driver found), the shaders a GPU with common limits would run, said so.
