@@ -109,6 +109,7 @@ class Reader {
       case spv::OpVariable:
         if (w[2] == kWorkgroupStorage) shared_.push_back(w[1]);
         if (w[2] == kPushConstantStorage) push_constants_.push_back(w[1]);
+        if (w[2] == spv::StorageClassStorageBuffer) ++needs_.storage_buffers;
         break;
       case spv::OpControlBarrier:
         scope(needs_.execution_scopes, w[0], "a control barrier's execution scope");

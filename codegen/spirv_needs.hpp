@@ -39,6 +39,8 @@ struct SpirvNeeds {
   /// in all and one by one (in declaration order).
   std::uint64_t shared_bytes = 0;
   std::vector<std::uint64_t> shared_variables;
+  /// Storage buffers the module binds (variables of the StorageBuffer storage class).
+  std::uint32_t storage_buffers = 0;
   /// Bytes of the push-constant block (its last member's offset plus its size).
   std::uint32_t push_constant_bytes = 0;
   /// What could not be sized or evaluated (a specialization-constant operation this reader does

@@ -133,6 +133,9 @@ std::string kernel_mismatch(const std::string& kernel, const codegen::SpirvNeeds
   if (needs.shared_bytes > d.max_shared_memory)
     return k + std::to_string(needs.shared_bytes) + " bytes of shared memory, more than the device's " + std::to_string(d.max_shared_memory) +
            " (maxComputeSharedMemorySize)";
+  if (needs.storage_buffers > d.max_storage_buffers)
+    return k + std::to_string(needs.storage_buffers) + " storage buffers, more than the device's " + std::to_string(d.max_storage_buffers) +
+           " (maxPerStageDescriptorStorageBuffers)";
   if (needs.push_constant_bytes > d.max_push_constants)
     return k + std::to_string(needs.push_constant_bytes) + " bytes of push constants, more than the device's " +
            std::to_string(d.max_push_constants) + " (maxPushConstantsSize)";

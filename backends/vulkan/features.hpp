@@ -33,7 +33,7 @@ struct DeviceFeatures {
   /// The cooperative-matrix products the device lists for the enabled extension (NV's or KHR's),
   /// empty where neither is enabled.
   std::vector<vk::CooperativeMatrixPropertiesNV> cooperative;
-  std::uint32_t max_shared_memory = 0, max_invocations = 0, max_push_constants = 0;
+  std::uint32_t max_shared_memory = 0, max_invocations = 0, max_push_constants = 0, max_storage_buffers = 0;
   std::array<std::uint32_t, 3> max_workgroup_size{};
 };
 

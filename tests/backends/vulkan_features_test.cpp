@@ -44,6 +44,7 @@ DeviceFeatures nvidia_like() {
   d.max_shared_memory = 49152;
   d.max_invocations = 1024;
   d.max_push_constants = 256;
+  d.max_storage_buffers = 1048576;
   d.max_workgroup_size = {1024, 1024, 64};
   return d;
 }
@@ -225,6 +226,7 @@ TEST(VulkanFeatures, EveryPipelineIsCheckedAndAWithheldFeatureNamesTheKernel) {
        {"invocations along workgroup axis x", "maxComputeWorkGroupSize"}},
       {"4 KiB of shared memory", [](DeviceFeatures& d) { d.max_shared_memory = 4096; }, {"maxComputeSharedMemorySize"}},
       {"64 bytes of push constants", [](DeviceFeatures& d) { d.max_push_constants = 64; }, {"bytes of push constants", "maxPushConstantsSize"}},
+      {"two storage buffers", [](DeviceFeatures& d) { d.max_storage_buffers = 2; }, {"storage buffers", "maxPerStageDescriptorStorageBuffers"}},
   };
   if (device.storage_buffer_16bit)
     cases.push_back({"16-bit storage", [](DeviceFeatures& d) { d.storage_buffer_16bit = false; }, {"storageBuffer16BitAccess"}});
