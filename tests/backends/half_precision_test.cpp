@@ -2,10 +2,13 @@
 // double) and rounds its result once, as PyTorch; tensors in and out keep their dtypes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "backends/reference/reference_backend.hpp"
 #include "backends/vulkan/context.hpp"
@@ -185,13 +188,44 @@ template <class Change> std::unique_ptr<backend::Backend> vulkan_with(Change cha
 /// also inside a fused kernel's name), leaving out how its operands and result are held (16-bit
 /// buffers or widened, rounded on store) and what its epilogue computes.
 std::vector<std::string> computing_kernels(const backend::Backend& b, const ir::Graph& lowered) {
-  static const std::regex kernel(
-      "flash_attention_[a-z]+(_coop(_emulated)?[0-9]+x[0-9]+x[0-9]+)?|matmul(_coop(_emulated)?[0-9]+x[0-9]+x[0-9]+|_lanes[0-9]+)?");
+  // The name's '_'-separated words: "flash" "attention" <what>, or "matmul", then the variant
+  // word(s) if any: "coop16x16x16", "coop" "emulated16x16x16", "lanes8".
+  const auto computing = [](std::string_view name) -> std::string {
+    std::vector<std::string_view> w;
+    for (std::size_t at = 0; at <= name.size();) {
+      const std::size_t end = std::min(name.find('_', at), name.size());
+      w.push_back(name.substr(at, end - at));
+      at = end + 1;
+    }
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      std::string out;
+      std::size_t next = 0;
+      bool matmul = false;
+      if (w[i] == "flash" && i + 2 < w.size() && w[i + 1] == "attention") {
+        out = "flash_attention_" + std::string(w[i + 2]);
+        next = i + 3;
+      } else if (w[i] == "matmul") {
+        out = "matmul";
+        next = i + 1;
+        matmul = true;
+      } else {
+        continue;
+      }
+      if (next < w.size() && w[next].starts_with("coop")) {
+        out += "_" + std::string(w[next]);
+        if (w[next] == "coop" && next + 1 < w.size() && w[next + 1].starts_with("emulated")) out += "_" + std::string(w[next + 1]);
+      } else if (matmul && next < w.size() && w[next].starts_with("lanes")) {
+        out += "_" + std::string(w[next]);
+      }
+      return out;
+    }
+    return {};
+  };
   std::vector<std::string> names;
   for (std::size_t i = 0; i < lowered.size(); ++i) {
     const std::string k = b.kernel_name(lowered, static_cast<ir::ValueId>(i));
-    std::smatch m;
-    if (k.starts_with("glsl ") && std::regex_search(k, m, kernel)) names.push_back(m.str());
+    if (!k.starts_with("glsl ")) continue;
+    if (std::string c = computing(std::string_view(k).substr(5)); !c.empty()) names.push_back(std::move(c));
   }
   return names;
 }
