@@ -804,6 +804,15 @@ KernelSource one_hot_source() {
   return {"one_hot", s, 2};
 }
 
+KernelSource embedding_source() {
+  std::string s = header(2) +
+                  "// x0 = ids, x1 = the table; p[0] = elements, p[1] = row width, p[2] = the table's rows\n"
+                  "void main() {\n" + kLinearIndex +
+                  "  const int id = int(x0[i / pc.p[1]]);\n"
+                  "  y[i] = id >= 0 && id < int(pc.p[2]) ? x1[uint(id) * pc.p[1] + i % pc.p[1]] : 0.0;\n}\n";
+  return {"embedding", s, 3};
+}
+
 KernelSource causal_mask_source() {
   std::string s = header(1) +
                   "// p[0] = elements, p[1] = Lk, p[2] = shift (Lk - Lq for bottom-right, else 0) as int bits,\n"
@@ -1173,6 +1182,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     case Op::iota: return iota_source();
     case Op::dropout_mask: return dropout_mask_source();
     case Op::one_hot: return one_hot_source();
+    case Op::embedding: return embedding_source();
     QKV_REDUCE_CASES
     case Op::softmax: return axis_source(g, v, target);
     case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, v, true));
@@ -1265,6 +1275,13 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       l.push = {push_word(os.numel()), push_word(n.attrs.depth)};
       l.groups = linear_groups(os.numel());
       return l;
+    case Op::embedding: {
+      const Shape& table = in_shape(1);
+      const std::int64_t width = table[0] == 0 ? 0 : table.numel() / table[0];
+      l.push = {push_word(os.numel()), push_word(std::max<std::int64_t>(width, 1)), push_word(table[0])};
+      l.groups = linear_groups(os.numel());
+      return l;
+    }
     QKV_ATTENTION_CASES return detail::attention_launch(g, v, shapes, target);
     case Op::input:
     case Op::reshape:

@@ -147,7 +147,7 @@ struct SequenceParallel::Impl {
       case ir::OpCategory::mask:
         if (n.op == Op::iota && positions_of(id) != 0) return;                       // fed each rank's positions in the sequence
         if (n.op == Op::iota && !operand_axis_mentions(n, 0, n.attrs.axis)) return;  // indices along another axis
-        if (n.op != Op::one_hot && !sequence_axes(n.shape).empty()) refuse(id, "depends on positions in the sequence");
+        if (n.op != Op::one_hot && n.op != Op::embedding && !sequence_axes(n.shape).empty()) refuse(id, "depends on positions in the sequence");
         return;
       case ir::OpCategory::composite: check_composite(id); return;
     }

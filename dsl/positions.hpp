@@ -41,15 +41,14 @@ template <Expr X> constexpr auto sinusoidal_positions(X x, double base = 10000.0
 }
 
 /// Token (or position) embeddings: table[ids] for i32 ids [...] and a table [V, D], as
-/// torch.nn.Embedding; written one_hot(ids) @ table, so it differentiates with matmul's rule.
+/// torch.nn.Embedding: the embedding op, a gather of rows (its gradient one_hot(ids)^T dy).
 /// \code
 ///   auto ids = input<"ids", DType::i32>(dim<"B">, dim<"N">);
 ///   auto e = embedding(ids, input<"wte">(dim<100>, dim<32>));  // [B, N, 32]
 /// \endcode
 template <Expr Ids, Expr Table> constexpr auto embedding(Ids ids, Table table) {
   static_assert(Ids::dtype == DType::i32, "qkv: embedding ids are i32");
-  static_assert(!ir::is_symbol(Table::shape[0]), "qkv: the embedding table needs a static number of rows");
-  return matmul(one_hot<Table::shape[0]>(ids), table);
+  return make_node<ir::Op::embedding>(ids, table);
 }
 
 /// Learned absolute positions: x + table[position_ids], table [max_len, D], position ids i32

@@ -181,6 +181,43 @@ Grads matmul(const GradientArgs& a) {
   return {a.unbroadcast(da, 0), a.unbroadcast(db, 1)};
 }
 
+// d/dtable table[ids] = one_hot(ids)^T dy, summed over the ids' leading dims: each row the sum
+// of the dy rows that picked it (ids outside the table pick none). O(ids x V x row): a matmul
+// like the tied LM head's backward.
+Grads embedding(const GradientArgs& a) {
+  Graph& g = a.g;
+  const Shape ids = a.shape(a.in[0]), table = a.shape(a.in[1]);
+  if (is_symbol(table[0]))
+    throw UnsupportedError("embedding: no gradient for a table of " + g.dim_name(table[0]) + " rows (one_hot needs a static depth)");
+  Attrs depth;
+  depth.depth = table[0];
+  ValueId picks = g.add(Op::one_hot, {a.in[0]}, depth);  // [..., V]
+  ValueId dy = a.dy;                                     // [..., row...]
+  if (ids.rank == 0) {
+    picks = g.add(Op::reshape, {picks}, shape_attrs(Shape{1, table[0]}));
+    Shape flat{1};
+    for (int i = 1; i < table.rank; ++i) flat.push_back(table[i]);
+    dy = g.add(Op::reshape, {dy}, shape_attrs(flat));
+  }
+  const int lead = std::max(ids.rank, 1) - 1;  // batch dims of the matmul, summed after it
+  // The rows flattened to one trailing dim, so the matmul's contraction is over the last id axis.
+  Shape rows = a.shape(dy);
+  Dim width = 1;
+  for (int i = 1; i < table.rank; ++i) width = g.derive_dim(DimOp::product, width, table[i]);
+  Shape flat;
+  for (int i = 0; i <= lead; ++i) flat.push_back(rows[i]);
+  flat.push_back(width);
+  if (table.rank != 2) dy = g.add(Op::reshape, {dy}, shape_attrs(flat));
+  if (is_half(g.node(dy).dtype)) picks = g.cast(picks, g.node(dy).dtype);
+  ValueId dtable = g.add(Op::matmul, {picks, dy}, matmul_attrs(true, false));  // [lead..., V, width]
+  Attrs sum;
+  sum.axis = 0;
+  sum.keepdim = false;
+  for (int i = 0; i < lead; ++i) dtable = g.add(Op::reduce_sum, {dtable}, sum);
+  if (table.rank != 2) dtable = g.add(Op::reshape, {dtable}, shape_attrs(table));
+  return {-1, dtable};
+}
+
 // d/dx permute(x, p) = permute(dy, p^-1)
 Grads permute(const GradientArgs& a) {
   Attrs inverse;

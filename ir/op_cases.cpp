@@ -130,6 +130,11 @@ std::vector<OpCase> one_hot() {
   return {{"ids 2x3", {{{2, 3}, Fill::ids}}, d}};
 }
 
+// Tables of 5 rows: the ids fill (-1 to 6) picks some rows twice and some ids outside the table.
+std::vector<OpCase> embedding() {
+  return {{"ids 2x3, rows of 4", {{{2, 3}, Fill::ids}, {{5, 4}}}, {}}, {"ids 7, rows of 2x3", {{{7}, Fill::ids}, {{5, 2, 3}}}, {}}};
+}
+
 std::vector<OpCase> log_softmax() { return {{"last axis", {{{4, 9}}}, axis(-1)}, {"first axis", {{{6, 3}}}, axis(0)}}; }
 
 std::vector<OpCase> reduce_mean() { return {{"last axis", {{{3, 33}}}, axis(1)}, {"middle no keepdim", {{{2, 7, 3}}}, axis(1, false)}}; }

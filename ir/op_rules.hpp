@@ -171,6 +171,19 @@ constexpr ShapeResult one_hot(std::span<const Operand> in, const Attrs& a) {
   return r;
 }
 
+/// ids [...] (i32), table [V, ...] -> [..., ...] in the table's dtype.
+constexpr ShapeResult embedding(std::span<const Operand> in, const Attrs&) {
+  const Operand& ids = in[0];
+  const Operand& table = in[1];
+  if (ids.dtype != DType::i32) return fail(ShapeErr::not_integer, 0, 0, 0);
+  if (!is_float(table.dtype)) return fail(ShapeErr::not_float, 0, 0, 1);
+  if (table.shape.rank < 1) return fail(ShapeErr::rank_too_small, table.shape.rank, 1, 1);
+  if (ids.shape.rank + table.shape.rank - 1 > kMaxRank) return fail(ShapeErr::rank_too_large, ids.shape.rank + table.shape.rank - 1);
+  ShapeResult r{ids.shape, table.dtype};
+  for (int i = 1; i < table.shape.rank; ++i) r.shape.push_back(table.shape[i]);
+  return r;
+}
+
 constexpr ShapeResult select(std::span<const Operand> in, const Attrs&) {
   if (in[0].dtype != DType::boolean) return fail(ShapeErr::not_bool, 0, 0, 0);
   const ShapeResult f = require_float(in, 1);

@@ -469,6 +469,7 @@ class CpuExecutable final : public ExecutableSkeleton {
       QKV_COMPARE_CASES return cpu::binary(n.op, in(0), in(1), out);
       case Op::broadcast_to: return cpu::broadcast(in(0), out);
       case Op::one_hot: return cpu::one_hot(in(0), n.attrs.depth, out);
+      case Op::embedding: return cpu::embedding(in(0), in(1), out);
       case Op::log_softmax: return cpu::log_softmax(in(0), n.attrs.axis, out);
       case Op::reduce_mean: break;  // decomposed
       case Op::where: return cpu::select(in(0), in(1), in(2), out);

@@ -243,6 +243,16 @@ void one_hot(ConstView ids, std::int64_t depth, View out) {
   }
 }
 
+void embedding(ConstView ids, ConstView table, View out) {
+  const std::int64_t rows = table.shape[0], width = rows == 0 ? 0 : table.shape.numel() / rows, n = ids.shape.numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto id = static_cast<std::int64_t>(ids.data[i]);
+    float* dst = out.data + i * width;
+    if (id >= 0 && id < rows) std::copy_n(table.data + id * width, width, dst);
+    else std::fill_n(dst, width, 0.0f);
+  }
+}
+
 void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
   MatmulDims d = matmul_dims(a.shape, b.shape, out.shape, ta);
   // Tasks: each batch's product, its rows split into chunks when there are fewer batches than

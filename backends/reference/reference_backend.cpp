@@ -179,6 +179,16 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
         }
         return;
       }
+      case Op::embedding: {
+        const auto rows = static_cast<std::size_t>(in_shape(1)[0]);
+        const std::size_t width = rows == 0 ? 0 : in(1).size() / rows;
+        for (std::size_t j = 0; j < in(0).size(); ++j) {
+          const auto id = static_cast<std::int64_t>(in(0)[j]);
+          for (std::size_t c = 0; c < width; ++c)
+            out[j * width + c] = id >= 0 && static_cast<std::size_t>(id) < rows ? in(1)[static_cast<std::size_t>(id) * width + c] : T(0);
+        }
+        return;
+      }
       case Op::causal_mask: return causal_mask_kernel(os[0], os[1], n.attrs.align, n.attrs.window, out.data());
       case Op::slice: {
         AxisSplit s = split_at(in_shape(0), n.attrs.axis);
