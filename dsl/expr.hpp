@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -39,7 +40,8 @@ struct Term {
   ir::Op op{};                    // node
   ir::Attrs attrs{};              // node
   std::vector<TermPtr> children;  // node
-  std::string_view name;          // input
+  std::string_view name;          // input: a FixedString's, or owned_name
+  std::string owned_name;         // input named at run time (param)
   DType dtype = DType::f32;       // input
   ir::Shape shape{};              // input, constant
   double value = 0.0;             // constant
@@ -86,6 +88,17 @@ template <DimArg... Ds> std::vector<const DimArg*> dim_decls(DimList<Ds...>) {
   auto t = std::make_shared<Term>();
   t->kind = Term::Kind::input;
   t->name = name;
+  t->dtype = dtype;
+  t->shape = shape;
+  t->dims = std::move(dims);
+  return t;
+}
+/// An input whose name is made at run time (a checkpoint's parameter): the term keeps the name.
+[[gnu::noinline]] inline TermPtr make_param_term(std::string name, DType dtype, const ir::Shape& shape, std::vector<const DimArg*> dims) {
+  auto t = std::make_shared<Term>();
+  t->kind = Term::Kind::input;
+  t->owned_name = std::move(name);
+  t->name = t->owned_name;
   t->dtype = dtype;
   t->shape = shape;
   t->dims = std::move(dims);

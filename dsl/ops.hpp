@@ -15,6 +15,19 @@ template <FixedString Name, DType DT = DType::f32, DimArg... Ds> constexpr Input
   return {};
 }
 
+/// An input named at run time: a parameter of a model whose names come from its config and
+/// checkpoint ("transformer.h.3.attn.c_attn.weight"); its type is its shape and dtype, as an
+/// op's result. Each call is one graph input: make one per parameter and use it where needed
+/// (a tied LM head reads the token embedding's).
+/// \code
+///   auto x = input<"x">(dim<"B">, dim<"T">, dim<"E">) * 1.0;  // an op's result: the loop keeps its type
+///   for (int i = 0; i < 2; ++i) x = x + linear(x, param("h." + std::to_string(i) + ".weight", dim<"E">, dim<"E">));
+/// \endcode
+template <DType DT = DType::f32, DimArg... Ds> Node<DimList<Ds...>::shape(), DT> param(std::string name, DimC<Ds>...) {
+  static_assert(sizeof...(Ds) <= ir::kMaxRank, "qkv: input rank above kMaxRank");
+  return {{}, detail::make_param_term(std::move(name), DT, DimList<Ds...>::shape(), detail::dim_decls(DimList<Ds...>{}))};
+}
+
 /// A scalar constant.
 constexpr Constant<> constant(double value) { return Constant<>{{}, value}; }
 

@@ -1,0 +1,136 @@
+// Model folders: config.json through the reflected config structs, the weights checked against
+// the module's named_parameters() before any is kept.
+#include "models/pretrained.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <set>
+
+#include "io/file.hpp"
+#include "io/safetensors.hpp"
+#include "ir/error.hpp"
+#include "models/config.hpp"
+#include "models/gpt2.hpp"
+
+namespace qkv::models {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+nlohmann::json read_json(const std::string& path) {
+  try {
+    return nlohmann::json::parse(io::read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(path + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+}
+
+/// Every tensor of the folder's checkpoint: model.safetensors, or the shards its index lists.
+io::TensorFile read_weights(const fs::path& dir) {
+  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  if (fs::exists(single)) return io::read_safetensors(single.string());
+  if (!fs::exists(index))
+    throw IoError(dir.string() + ": no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are read)");
+  const nlohmann::json j = read_json(index.string());
+  if (!j.contains("weight_map") || !j["weight_map"].is_object()) throw IoError(index.string() + ": no \"weight_map\" object");
+  std::map<std::string, std::set<std::string>> by_shard;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw IoError(index.string() + ": weight_map[\"" + name + "\"] is not a file name");
+    by_shard[file.get<std::string>()].insert(name);
+  }
+  io::TensorFile all;
+  for (const auto& [file, names] : by_shard) {
+    if (file.find('/') != std::string::npos || file == "..") throw IoError(index.string() + ": shard \"" + file + "\" is not a file in the folder");
+    io::TensorFile shard = io::read_safetensors((dir / file).string());
+    for (const std::string& name : names) {
+      auto it = shard.find(name);
+      if (it == shard.end()) throw IoError((dir / file).string() + ": has no " + name + ", which the index places there");
+      all.insert(shard.extract(it));
+    }
+  }
+  return all;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+/// The checkpoint's tensors matched to the module's parameters. A checkpoint saved from the base
+/// model (GPT2Model, as the original gpt2 on the hub) lacks the "transformer." prefix; buffers
+/// older transformers saved (attention masks) and a tied head's copy are not parameters.
+template <class Module>
+std::map<std::string, Tensor, std::less<>> match_weights(const Module& m, io::TensorFile tensors, const std::string& where,
+                                                         const std::string& base_prefix, const std::vector<std::string>& ignored_suffixes) {
+  bool has_prefix = base_prefix.empty();
+  for (const auto& [name, t] : tensors) has_prefix |= name.starts_with(base_prefix);
+  std::map<std::string, Tensor, std::less<>> weights;
+  std::vector<std::string> missing, wrong;
+  for_each_parameter(m, "", [&](const std::string& path, const Parameter& p) {
+    std::string key = path;
+    if (!has_prefix && key.starts_with(base_prefix)) key = key.substr(base_prefix.size());
+    auto it = tensors.find(key);
+    if (it == tensors.end()) return missing.push_back(key);
+    if (it->second.shape() != p.shape) {
+      wrong.push_back(key + " is " + shape_text(it->second.shape()) + ", the config gives " + shape_text(p.shape));
+    } else if (!is_float(it->second.dtype())) {
+      wrong.push_back(key + " is " + std::string(dtype_name(it->second.dtype())) + ", not a float");
+    } else {
+      weights.emplace(path, std::move(it->second));
+    }
+    tensors.erase(it);
+  });
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : tensors) {
+    bool ignore = false;
+    for (const std::string& s : ignored_suffixes) ignore |= name.ends_with(s);
+    if (!ignore) unexpected.push_back(name);
+  }
+  if (missing.empty() && wrong.empty() && unexpected.empty()) return weights;
+  std::string why;
+  auto list = [&](const char* what, const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    why += std::string(why.empty() ? "" : "; ") + what + ": ";
+    for (std::size_t i = 0; i < names.size() && i < 8; ++i) why += (i ? ", " : "") + names[i];
+    if (names.size() > 8) why += " and " + std::to_string(names.size() - 8) + " more";
+  };
+  list("missing", missing);
+  list("wrong", wrong);
+  list("unexpected", unexpected);
+  throw IoError(where + ": the checkpoint does not fit the config: " + why);
+}
+
+}  // namespace
+
+bool is_model_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+}
+
+Pretrained load_pretrained(const std::string& dir, bool hidden) {
+  const fs::path folder(dir);
+  const std::string config_path = (folder / "config.json").string();
+  if (!fs::is_directory(folder)) throw IoError(dir + ": not a folder");
+  const nlohmann::json j = read_json(config_path);
+  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string()) throw IoError(config_path + ": no \"model_type\" string");
+  Pretrained p;
+  p.dir = dir;
+  p.model_type = j["model_type"].get<std::string>();
+  if (p.model_type == "gpt2") {
+    const auto c = read_config<Gpt2Config>(j, config_path);
+    const Gpt2LMHeadModel m = make_gpt2(c);
+    p.parameters = named_parameters(m);
+    p.weights = match_weights(m, read_weights(folder), dir, "transformer.", {".attn.bias", ".attn.masked_bias", "lm_head.weight"});
+    p.graph = gpt2_graph(m, c, hidden);
+    p.vocab_size = c.vocab_size;
+    p.max_positions = c.n_positions;
+    p.eos_token_ids = c.eos_token_id.value_or(std::vector<std::int64_t>{});
+    return p;
+  }
+  throw UsageError(config_path + ": model_type \"" + p.model_type + "\" is not built (gpt2 is)");
+}
+
+}  // namespace qkv::models

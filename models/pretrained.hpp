@@ -1,0 +1,40 @@
+// Hugging Face model folders, as transformers' save_pretrained writes them: config.json (its
+// model_type picks the architecture), the weights as model.safetensors or as shards listed by
+// model.safetensors.index.json, and the tokenizer's files.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ir/graph.hpp"
+#include "ir/tensor.hpp"
+
+namespace qkv::models {
+
+/// A model loaded from a folder: its forward graph and its weights under the graph's input names.
+struct Pretrained {
+  std::string dir;
+  std::string model_type;  // config.json's: "gpt2"
+  /// named_parameters() of the module the config describes, in declaration order.
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> parameters;
+  /// Every parameter, by the name the graph's input has; a half checkpoint's tensors keep their dtype.
+  std::map<std::string, Tensor, std::less<>> weights;
+  /// input_ids and position_ids i32 [B, T] -> "logits" [B, T, vocab] (and "hidden" when asked).
+  ir::Graph graph;
+  std::int64_t vocab_size = 0;
+  std::int64_t max_positions = 0;
+  std::vector<std::int64_t> eos_token_ids;
+};
+
+/// Whether `path` is a model folder (a directory with a config.json).
+bool is_model_dir(const std::string& path);
+
+/// Reads config.json and the weights of the folder `dir`. Every problem with the weights (a
+/// tensor missing, one the model does not have, one of the wrong shape, an unreadable shard) is
+/// named in one IoError, and nothing is returned half-loaded. `hidden` adds the output "hidden".
+Pretrained load_pretrained(const std::string& dir, bool hidden = false);
+
+}  // namespace qkv::models

@@ -1,0 +1,123 @@
+// GPT-2 from a model folder written by transformers (tests/fixtures/make_hf_fixtures.py): the
+// reflected module's names and shapes, the checkpoint's errors, and logits on every backend
+// against transformers' within the float64 reference's budget.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "backends/equivalence.hpp"
+#include "backends/reference/reference_backend.hpp"
+#include "io/safetensors.hpp"
+#include "models/gpt2.hpp"
+#include "models/pretrained.hpp"
+#include "tests/support/backend_fixture.hpp"
+
+namespace qkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kTiny = std::string(QKV_SOURCE_DIR) + "/tests/fixtures/hf/gpt2-tiny";
+
+io::TensorFile expected() { return io::read_safetensors(kTiny + "/expected.safetensors"); }
+
+/// input_ids and position_ids 0..T-1 for the ids [1, T].
+backend::TensorMap prompt_inputs(const Tensor& ids) {
+  Tensor positions(DType::i32, ids.shape());
+  for (std::int64_t i = 0; i < ids.numel(); ++i) positions.data<std::int32_t>()[i] = static_cast<std::int32_t>(i % ids.shape().back());
+  return {{"input_ids", ids}, {"position_ids", positions}};
+}
+
+TEST(Gpt2, ParametersCarryTransformersNames) {
+  models::Gpt2Config c{};
+  c.vocab_size = 50, c.n_positions = 16, c.n_embd = 8, c.n_layer = 2, c.n_head = 2;
+  const auto named = models::named_parameters(models::make_gpt2(c));
+  ASSERT_EQ(named.size(), 2u + 2 * 12 + 2);
+  EXPECT_EQ(named[0].first, "transformer.wte.weight");
+  EXPECT_EQ(named[0].second, (std::vector<std::int64_t>{50, 8}));
+  EXPECT_EQ(named[2].first, "transformer.h.0.ln_1.weight");
+  EXPECT_EQ(named[4].first, "transformer.h.0.attn.c_attn.weight");
+  EXPECT_EQ(named[4].second, (std::vector<std::int64_t>{8, 24}));
+  EXPECT_EQ(named[10].second, (std::vector<std::int64_t>{8, 32}));  // mlp.c_fc: n_inner defaults to 4 n_embd
+  EXPECT_EQ(named.back().first, "transformer.ln_f.bias");
+  c.tie_word_embeddings = false;
+  EXPECT_EQ(models::named_parameters(models::make_gpt2(c)).back().first, "lm_head.weight");
+}
+
+TEST(Gpt2, ConfigKeysAreCheckedByName) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "gpt2_bad_config";
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type": "gpt2", "vocab_size": 10, "n_positions": 8, "n_embd": "8", "n_layer": 1, "n_head": 2})";
+  try {
+    models::load_pretrained(dir.string());
+    FAIL() << "a string n_embd loaded";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json: \"n_embd\" is a string, expected an integer"), std::string::npos) << e.what();
+  }
+  std::ofstream(dir / "config.json") << R"({"model_type": "gpt2", "vocab_size": 10, "n_positions": 8, "n_layer": 1, "n_head": 2})";
+  try {
+    models::load_pretrained(dir.string());
+    FAIL() << "a config without n_embd loaded";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json: no \"n_embd\""), std::string::npos) << e.what();
+  }
+}
+
+TEST(Gpt2, CheckpointThatDoesNotFitIsOneError) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "gpt2_bad_weights";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(kTiny + "/config.json", dir / "config.json");
+  io::TensorFile w = io::read_safetensors(kTiny + "/model.safetensors");
+  w.erase("transformer.h.1.ln_2.bias");                                    // missing
+  w["transformer.h.0.attn.c_proj.weight"] = Tensor(DType::f32, {64, 63});  // wrong shape
+  w["transformer.extra"] = Tensor(DType::f32, {1});                        // unexpected
+  io::write_safetensors((dir / "model.safetensors").string(), w);
+  try {
+    models::load_pretrained(dir.string());
+    FAIL() << "a checkpoint that does not fit loaded";
+  } catch (const IoError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("missing: transformer.h.1.ln_2.bias"), std::string::npos) << m;
+    EXPECT_NE(m.find("wrong: transformer.h.0.attn.c_proj.weight is [64, 63], the config gives [64, 64]"), std::string::npos) << m;
+    EXPECT_NE(m.find("unexpected: transformer.extra"), std::string::npos) << m;
+  }
+}
+
+class Gpt2Backends : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Gpt2Backends, LogitsMatchTransformers) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  const models::Pretrained m = models::load_pretrained(kTiny, true);
+  const io::TensorFile hf = expected();
+  backend::TensorMap inputs = prompt_inputs(hf.at("input_ids"));
+  for (const auto& [name, t] : m.weights) inputs.emplace(name, t);
+  auto oracle = backend::make_reference_backend({backend::Precision::f64, true})->compile(m.graph)->run(inputs);
+  auto plain = backend::make_reference_backend({backend::Precision::f32, true})->compile(m.graph)->run(inputs);
+  auto got = b->compile(m.graph)->run(inputs);
+  // transformers in float64 computes what qkv's float64 reference computes.
+  const Tensor& hf64 = hf.at("logits_f64");
+  ASSERT_EQ(oracle.at("logits").shape(), hf64.shape());
+  double worst64 = 0;
+  for (std::int64_t i = 0; i < hf64.numel(); ++i) worst64 = std::max(worst64, std::abs(oracle.at("logits").at(i) - hf64.at(i)));
+  EXPECT_LT(worst64, 1e-9);
+  for (const char* out : {"logits"}) {
+    const auto torch_vs_f64 = backend::compare_output(out, hf.at(out), oracle.at(out), plain.at(out));
+    EXPECT_TRUE(torch_vs_f64.pass) << "transformers' f32 " << out << " is " << torch_vs_f64.max_abs_error << " from float64, budget "
+                                   << torch_vs_f64.budget;
+    const auto ours = backend::compare_output(out, got.at(out), oracle.at(out), plain.at(out));
+    EXPECT_TRUE(ours.pass) << GetParam() << "'s " << out << " is " << ours.max_abs_error << " from float64, budget " << ours.budget;
+  }
+  const auto hidden = backend::compare_output("hidden", got.at("hidden"), oracle.at("hidden"), plain.at("hidden"));
+  EXPECT_TRUE(hidden.pass) << hidden.max_abs_error << " vs budget " << hidden.budget;
+  double worst_hidden = 0;
+  for (std::int64_t i = 0; i < hf.at("last_hidden_state").numel(); ++i)
+    worst_hidden = std::max(worst_hidden, std::abs(oracle.at("hidden").at(i) - hf.at("last_hidden_state").at(i)));
+  EXPECT_LT(worst_hidden, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Gpt2Backends, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
+
+}  // namespace
+}  // namespace qkv
