@@ -29,6 +29,17 @@ template <class T> void concat_rows(const T* a, std::int64_t na, const T* b, std
   }
 }
 
+/// out = cache [outer, n, inner] with rows [start, start + t) from fresh [outer, t, inner], rows
+/// outside [0, n) dropped. With out == cache (in place) only the fresh rows are written.
+template <class T>
+void cache_write_rows(const T* cache, const T* fresh, std::int64_t outer, std::int64_t n, std::int64_t t, std::int64_t inner, std::int64_t start,
+                      T* out) {
+  if (out != cache) std::copy_n(cache, outer * n * inner, out);
+  const std::int64_t first = std::max<std::int64_t>(0, -start), last = std::min(t, n - start);
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t k = first; k < last; ++k) std::copy_n(fresh + (o * t + k) * inner, inner, out + (o * n + start + k) * inner);
+}
+
 /// out[..., k, ...] = k along the axis of `s` split as [outer, n, inner].
 template <class T> void iota_kernel(const AxisSplit& s, T* out) {
   for (std::int64_t o = 0; o < s.outer; ++o)

@@ -60,7 +60,8 @@ std::string elementwise_expr(Op op) {
     case Op::matmul:
     case Op::reshape:
     case Op::slice:
-    case Op::concat: break;
+    case Op::concat:
+    case Op::cache_write: break;
   }
   QKV_UNREACHABLE(std::string(ir::op_name(op)) + " has no elementwise expression");
 }
@@ -843,6 +844,17 @@ KernelSource concat_source() {
   return {"concat", s, 3};
 }
 
+/// cache_write as a copy: every element of the cache, from the new rows where they are written.
+KernelSource cache_write_source() {
+  std::string s = header(3) +
+                  "// x0 = the cache, x1 = the new rows, x2[0] = start; p[0] = elements, p[1] = inner, p[2] = the cache's rows, p[3] = the new rows\n"
+                  "void main() {\n" + kLinearIndex +
+                  "  const uint inner = pc.p[1], rows = pc.p[2], fresh = pc.p[3];\n"
+                  "  const int k = int((i / inner) % rows) - int(x2[0]);\n"
+                  "  y[i] = k >= 0 && k < int(fresh) ? x1[((i / inner / rows) * fresh + uint(k)) * inner + i % inner] : x0[i];\n}\n";
+  return {"cache_write", s, 4};
+}
+
 KernelSource iota_source() {
   std::string s = header(1) + "// p[0] = elements, p[1] = inner, p[2] = the axis' size\nvoid main() {\n" + kLinearIndex +
                   "  y[i] = float((i / pc.p[1]) % pc.p[2]);\n}\n";
@@ -1179,6 +1191,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     case Op::permute: return elementwise_source(g, v);
     case Op::slice: return slice_source();
     case Op::concat: return concat_source();
+    case Op::cache_write: return cache_write_source();
     case Op::iota: return iota_source();
     case Op::dropout_mask: return dropout_mask_source();
     case Op::one_hot: return one_hot_source();
@@ -1225,12 +1238,14 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
     }
     case Op::slice:
     case Op::concat:
+    case Op::cache_write:
     case Op::iota: {
       const Shape& xs = n.op == Op::iota ? os : in_shape(0);
       std::int64_t inner = 1;
       for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
       if (n.op == Op::slice) l.push = {push_word(os.numel()), push_word(inner), push_word(os[n.attrs.axis]), push_word(xs[n.attrs.axis]), push_word(n.attrs.begin)};
-      else if (n.op == Op::concat) l.push = {push_word(os.numel()), push_word(inner), push_word(xs[n.attrs.axis]), push_word(in_shape(1)[n.attrs.axis])};
+      else if (n.op == Op::concat || n.op == Op::cache_write)
+        l.push = {push_word(os.numel()), push_word(inner), push_word(xs[n.attrs.axis]), push_word(in_shape(1)[n.attrs.axis])};
       else l.push = {push_word(os.numel()), push_word(inner), push_word(os[n.attrs.axis])};
       l.groups = linear_groups(os.numel());
       return l;

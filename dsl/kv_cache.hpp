@@ -5,6 +5,24 @@
 
 namespace qkv::dsl {
 
+/// cache with fresh's rows written at [start, start + T) along Axis (T: fresh's dim there; start
+/// an i32 scalar input): a key/value cache allocated once for the longest sequence and written in
+/// place each step, when the graph updates the held cache with it (Graph::set_update). Rows past
+/// either end are dropped.
+/// \code
+///   auto cache = input<"past.0.key">(dim<"B">, dim<4>, dim<"S">, dim<16>);
+///   auto fresh = input<"k">(dim<"B">, dim<4>, dim<"T">, dim<16>);
+///   auto keys = cache_write<2>(cache, fresh, input<"start", DType::i32>());  // [B, 4, S, 16]
+/// \endcode
+template <int Axis, Expr C, Expr N, Expr S> constexpr auto cache_write(C cache, N fresh, S start) {
+  constexpr ir::Attrs attrs = [] {
+    ir::Attrs a;
+    a.axis = Axis < 0 ? Axis + C::shape.rank : Axis;
+    return a;
+  }();
+  return make_node<ir::Op::cache_write, attrs>(cache, fresh, start);
+}
+
 /// One decoding step of causal multi-head self-attention with a key/value cache. x [B, T, E] are
 /// the new tokens (T = 1 when generating), past_k and past_v [B, H, P, E/H] the cached keys and
 /// values of the P earlier tokens (P may be 0). Returns the output for the new tokens and the

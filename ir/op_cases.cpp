@@ -130,6 +130,13 @@ std::vector<OpCase> one_hot() {
   return {{"ids 2x3", {{{2, 3}, Fill::ids}}, d}};
 }
 
+// Caches of 6 rows along the axis, 2 or 3 written at a start from -1 to 6 (the ids fill): some
+// writes fall partly or wholly outside.
+std::vector<OpCase> cache_write() {
+  return {{"keys 2x6x3 <- 2x2x3", {{{2, 6, 3}}, {{2, 2, 3}}, {{}, Fill::ids}}, axis(1)},
+          {"heads 2x2x6x4 <- 2x2x3x4", {{{2, 2, 6, 4}}, {{2, 2, 3, 4}}, {{}, Fill::ids}}, axis(-2)}};
+}
+
 // Tables of 5 rows: the ids fill (-1 to 6) picks some rows twice and some ids outside the table.
 std::vector<OpCase> embedding() {
   return {{"ids 2x3, rows of 4", {{{2, 3}, Fill::ids}, {{5, 4}}}, {}}, {"ids 7, rows of 2x3", {{{7}, Fill::ids}, {{5, 2, 3}}}, {}}};

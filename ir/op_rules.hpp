@@ -423,6 +423,22 @@ constexpr ShapeResult concat(std::span<const Operand> in, const Attrs& a) {
   return r;
 }
 
+/// cache [..., S, ...], new [..., T, ...] (the other dims equal, one dtype), start i32 [] -> cache's.
+constexpr ShapeResult cache_write(std::span<const Operand> in, const Attrs& a) {
+  const Operand& cache = in[0];
+  const Operand& rows = in[1];
+  if (!is_float(cache.dtype)) return fail(ShapeErr::not_float, 0, 0, 0);
+  if (rows.dtype != cache.dtype) return fail(ShapeErr::dtypes_differ, 0, 0, 1);
+  if (in[2].dtype != DType::i32) return fail(ShapeErr::not_integer, 0, 0, 2);
+  if (in[2].shape.rank != 0) return fail(ShapeErr::rank_too_large, in[2].shape.rank, 0, 2);
+  if (rows.shape.rank != cache.shape.rank) return fail(ShapeErr::dims_differ, cache.shape.rank, rows.shape.rank, 1);
+  const int ax = normalize_axis(a.axis, cache.shape.rank);
+  if (ax < 0 || ax >= cache.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, cache.shape.rank);
+  for (int i = 0; i < cache.shape.rank; ++i)
+    if (i != ax && !dims_compatible(cache.shape[i], rows.shape[i])) return fail(ShapeErr::dims_differ, cache.shape[i], rows.shape[i], 1, i);
+  return {cache.shape, cache.dtype};
+}
+
 constexpr ShapeResult iota(std::span<const Operand> in, const Attrs& a) {
   const Operand& x = in[0];
   int ax = normalize_axis(a.axis, x.shape.rank);

@@ -24,10 +24,40 @@ template <std::int64_t K, Expr X> auto third(X qkv) {
   return dsl::detail::reshape_to<one>(slice<2, K, K + 1>(dsl::detail::reshape_to<packed>(qkv)));
 }
 
-template <Expr X> X block(X x, const Gpt2Block& b, double eps) {
+/// The attention of a block over its step's keys and values: plain causal attention, or through
+/// the key/value cache of `layer` (what Cache holds: the graph's cache inputs and positions).
+struct NoCache {};
+template <class Positions, class Start> struct Cache {
+  Positions positions;  // i32 [B, T]
+  Start start;          // i32 []
+};
+
+/// The graph's updates: each held input and the term of its new value.
+using Updates = std::vector<std::pair<std::string, dsl::detail::TermPtr>>;
+
+template <Expr X, class C> X block(X x, const Gpt2Block& b, double eps, const C& cache, std::size_t layer, Updates& updates) {
   auto a = norm(x, b.ln_1, eps);
   auto qkv = matmul(a, param(b.attn.c_attn.weight.name, dim<E>, dim<3 * E>)) + param(b.attn.c_attn.bias.name, dim<3 * E>);
-  auto heads = scaled_dot_product_attention(split_heads<H>(third<0>(qkv)), split_heads<H>(third<1>(qkv)), split_heads<H>(third<2>(qkv)), causal);
+  auto q = split_heads<H>(third<0>(qkv));
+  auto k = split_heads<H>(third<1>(qkv));
+  auto v = split_heads<H>(third<2>(qkv));
+  auto heads = [&] {
+    if constexpr (std::is_same_v<C, NoCache>) {
+      return scaled_dot_product_attention(q, k, v, causal);
+    } else {
+      const std::string past = "past." + std::to_string(layer);
+      using Past = decltype(param(std::string(), dim<"B">, dim<H>, dim<"S">, dim<E / H>));
+      const Past past_k = param(past + ".key", dim<"B">, dim<H>, dim<"S">, dim<E / H>);
+      const Past past_v = param(past + ".value", dim<"B">, dim<H>, dim<"S">, dim<E / H>);
+      auto keys = cache_write<2>(past_k, k, cache.start);
+      auto values = cache_write<2>(past_v, v, cache.start);
+      updates.emplace_back(past + ".key", keys.term());
+      updates.emplace_back(past + ".value", values.term());
+      const auto positions = cache.positions;
+      return scaled_dot_product_attention(q, keys, values,
+                                          mask_mod([=](auto bi, auto, auto q_idx, auto kv_idx) { return kv_idx <= at(positions, bi, q_idx); }));
+    }
+  }();
   auto attended = matmul(merge_heads<E.value>(heads), param(b.attn.c_proj.weight.name, dim<E>, dim<E>)) + bias_of(b.attn.c_proj);
   auto h = x + attended;
   auto m = norm(h, b.ln_2, eps);
@@ -67,21 +97,40 @@ Gpt2LMHeadModel make_gpt2(const Gpt2Config& c) {
   return m;
 }
 
-ir::Graph gpt2_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c, bool hidden) {
+namespace {
+
+/// The model's graph from its inputs' expressions: the blocks with or without a cache.
+template <class C, Expr Ids, Expr Positions>
+ir::Graph build(const Gpt2LMHeadModel& m, const Gpt2Config& c, Ids ids, Positions positions, const C& cache, bool hidden) {
   const double eps = c.layer_norm_epsilon.value_or(1e-5);
-  auto ids = input<"input_ids", DType::i32>(dim<"B">, dim<"T">);
-  auto positions = input<"position_ids", DType::i32>(dim<"B">, dim<"T">);
   auto wte = param(m.transformer.wte.weight.name, dim<V>, dim<E>);
   auto x = embedding(ids, wte) + embedding(positions, param(m.transformer.wpe.weight.name, dim<P>, dim<E>));
-  for (const Gpt2Block& b : m.transformer.h) x = block(x, b, eps);
+  Updates updates;
+  for (std::size_t i = 0; i < m.transformer.h.size(); ++i) x = block(x, m.transformer.h[i], eps, cache, i, updates);
   auto h = norm(x, m.transformer.ln_f, eps);
-  auto head = [&] {
+  auto logits = [&] {
     if (m.lm_head) return matmul<false, true>(h, param(m.lm_head->weight.name, dim<V>, dim<E>));
     return matmul<false, true>(h, wte);  // tied: the token embedding is the head
   }();
-  ir::Graph g = hidden ? lower(named<"logits">(head), named<"hidden">(h)) : lower(named<"logits">(head));
-  return ir::specialize_dims(g,
+  dsl::detail::Lowerer l;
+  l.graph().set_output("logits", l.emit(logits.term()));
+  if (hidden) l.graph().set_output("hidden", l.emit(h.term()));
+  for (const auto& [name, term] : updates) l.graph().set_update(name, l.emit(term));
+  return ir::specialize_dims(l.graph(),
                              {{"E", c.n_embd}, {"H", c.n_head}, {"V", c.vocab_size}, {"P", c.n_positions}, {"F", c.n_inner.value_or(4 * c.n_embd)}});
+}
+
+}  // namespace
+
+ir::Graph gpt2_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c, bool hidden) {
+  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), input<"position_ids", DType::i32>(dim<"B">, dim<"T">), NoCache{}, hidden);
+}
+
+ir::Graph gpt2_step_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c) {
+  auto positions = input<"position_ids", DType::i32>(dim<"B">, dim<"T">);
+  auto start = input<"cache_start", DType::i32>();
+  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), positions, Cache<decltype(positions), decltype(start)>{positions, start},
+               false);
 }
 
 }  // namespace qkv::models

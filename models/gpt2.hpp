@@ -68,4 +68,12 @@ Gpt2LMHeadModel make_gpt2(const Gpt2Config& c);
 /// `hidden`, "hidden" [B, T, E] (after the final layer norm).
 ir::Graph gpt2_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c, bool hidden = false);
 
+/// One generation step (a prefill of T tokens, or a decode step of one) against a key/value
+/// cache: inputs input_ids and position_ids i32 [B, T] and cache_start i32 [] (the position the
+/// step's first token takes), and the cache "past.<layer>.key" / ".value" [B, H, S, E/H] (S:
+/// the longest sequence), which the graph updates with the step's keys and values written at
+/// [cache_start, cache_start + T) (cache_write, in place where the backend holds the cache).
+/// Query t sees the keys at positions <= position_ids[b, t]. Output "logits" [B, T, V].
+ir::Graph gpt2_step_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c);
+
 }  // namespace qkv::models

@@ -125,6 +125,10 @@ Pretrained load_pretrained(const std::string& dir, bool hidden) {
     p.parameters = named_parameters(m);
     p.weights = match_weights(m, read_weights(folder), dir, "transformer.", {".attn.bias", ".attn.masked_bias", "lm_head.weight"});
     p.graph = gpt2_graph(m, c, hidden);
+    p.step_graph = gpt2_step_graph(m, c);
+    p.layers = c.n_layer;
+    p.kv_heads = c.n_head;
+    p.head_dim = c.n_embd / c.n_head;
     p.vocab_size = c.vocab_size;
     p.max_positions = c.n_positions;
     p.eos_token_ids = c.eos_token_id.value_or(std::vector<std::int64_t>{});

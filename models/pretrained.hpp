@@ -24,6 +24,10 @@ struct Pretrained {
   std::map<std::string, Tensor, std::less<>> weights;
   /// input_ids and position_ids i32 [B, T] -> "logits" [B, T, vocab] (and "hidden" when asked).
   ir::Graph graph;
+  /// One generation step against a key/value cache (gpt2_step_graph): input_ids, position_ids
+  /// [B, T], cache_start []; held cache inputs "past.<layer>.key/value" [B, kv_heads, S, head_dim].
+  ir::Graph step_graph;
+  std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
   std::int64_t vocab_size = 0;
   std::int64_t max_positions = 0;
   std::vector<std::int64_t> eos_token_ids;

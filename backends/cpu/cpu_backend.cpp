@@ -480,6 +480,7 @@ class CpuExecutable final : public ExecutableSkeleton {
       case Op::causal_mask: return cpu::causal_mask(n.attrs.align, n.attrs.window, out);
       case Op::slice: return cpu::slice(in(0), n.attrs.axis, n.attrs.begin, out);
       case Op::concat: return cpu::concat(in(0), in(1), n.attrs.axis, out);
+      case Op::cache_write: return cpu::cache_write(in(0), in(1), in(2), n.attrs.axis, out);
       case Op::iota: return cpu::iota(n.attrs.axis, out);
       case Op::dropout_mask: return cpu::dropout_mask(in(1), n.attrs.value, out);
       case Op::softmax: return cpu::softmax(in(0), n.attrs.axis, out);
@@ -607,6 +608,7 @@ class CpuBackend final : public Backend {
       case Op::broadcast_to:
       case Op::slice:
       case Op::concat:
+      case Op::cache_write:
       case Op::reduce_mean: return "loop";
     }
     // clang-format on

@@ -301,6 +301,11 @@ void concat(ConstView a, ConstView b, int axis, View out) {
   concat_rows(a.data, s.n, b.data, b.shape[axis], s.outer, s.inner, out.data);
 }
 
+void cache_write(ConstView cache, ConstView fresh, ConstView start, int axis, View out) {
+  AxisSplit s = split_at(cache.shape, axis);
+  cache_write_rows(cache.data, fresh.data, s.outer, s.n, fresh.shape[axis], s.inner, static_cast<std::int64_t>(start.data[0]), out.data);
+}
+
 void iota(int axis, View out) { iota_kernel(split_at(out.shape, axis), out.data); }
 
 void dropout_mask(ConstView seed, double p, View out) {

@@ -43,6 +43,8 @@ void softmax(ConstView x, int axis, View out);
 void log_softmax(ConstView x, int axis, View out);
 void broadcast(ConstView x, View out);
 void one_hot(ConstView ids, std::int64_t depth, View out);
+/// out = cache with fresh's rows written at [start, start + T) along `axis` (in place when out.data == cache.data).
+void cache_write(ConstView cache, ConstView fresh, ConstView start, int axis, View out);
 /// out[i, :] = table[ids[i], :] (a zero row for ids outside the table).
 void embedding(ConstView ids, ConstView table, View out);
 void matmul(ConstView a, ConstView b, bool transpose_a, bool transpose_b, View out);

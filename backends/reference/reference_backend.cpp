@@ -198,6 +198,11 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
         AxisSplit s = split_at(in_shape(0), n.attrs.axis);
         return concat_rows(in(0).data(), s.n, in(1).data(), in_shape(1)[n.attrs.axis], s.outer, s.inner, out.data());
       }
+      case Op::cache_write: {
+        AxisSplit s = split_at(in_shape(0), n.attrs.axis);
+        return cache_write_rows(in(0).data(), in(1).data(), s.outer, s.n, in_shape(1)[n.attrs.axis], s.inner, static_cast<std::int64_t>(in(2)[0]),
+                                out.data());
+      }
       case Op::iota: return iota_kernel(split_at(os, n.attrs.axis), out.data());
       case Op::dropout_mask:
         return dropout_mask_kernel(dropout_seed(in(1)[0]), n.attrs.value, static_cast<std::int64_t>(out.size()), out.data());

@@ -9,6 +9,7 @@
 #include "backends/equivalence.hpp"
 #include "backends/reference/reference_backend.hpp"
 #include "io/safetensors.hpp"
+#include "models/generate.hpp"
 #include "models/gpt2.hpp"
 #include "models/pretrained.hpp"
 #include "tests/support/backend_fixture.hpp"
@@ -115,6 +116,29 @@ TEST_P(Gpt2Backends, LogitsMatchTransformers) {
   for (std::int64_t i = 0; i < hf.at("last_hidden_state").numel(); ++i)
     worst_hidden = std::max(worst_hidden, std::abs(oracle.at("hidden").at(i) - hf.at("last_hidden_state").at(i)));
   EXPECT_LT(worst_hidden, 1e-4);
+}
+
+TEST_P(Gpt2Backends, GreedyGenerationGivesTransformersTokens) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  const models::Pretrained m = models::load_pretrained(kTiny);
+  const io::TensorFile hf = expected();
+  const Tensor& ids = hf.at("input_ids");
+  const Tensor& greedy = hf.at("greedy_ids");
+  std::vector<std::int32_t> prompt(ids.data<std::int32_t>(), ids.data<std::int32_t>() + ids.numel());
+  models::Generator gen(m, *b, 48);
+  models::GenerationOptions o;
+  o.max_new_tokens = 32;
+  o.use_model_stop_tokens = false;
+  std::vector<std::int32_t> streamed;
+  const std::vector<std::int32_t> got = gen.generate(prompt, o, [&](std::int32_t t) {
+    streamed.push_back(t);
+    return true;
+  });
+  const std::vector<std::int32_t> want(greedy.data<std::int32_t>() + ids.numel(), greedy.data<std::int32_t>() + greedy.numel());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(streamed, got);
+  // A second generation on the same executable starts from a fresh cache.
+  EXPECT_EQ(gen.generate(prompt, o), want);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Gpt2Backends, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());

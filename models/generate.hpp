@@ -1,0 +1,59 @@
+// Text generation with a key/value cache: the cache allocated once for the longest sequence and
+// held by the backend, a prefill of the prompt, then one-token decode steps, each writing its key
+// and value into the cache in place; greedy choice or seeded sampling (temperature, top-k,
+// top-p), stop tokens and a token limit.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "models/pretrained.hpp"
+
+namespace qkv::models {
+
+/// How the next token is picked from the logits: greedy (temperature 0, the first largest, as
+/// torch.argmax), or sampled from softmax(logits / temperature) restricted to the top_k largest
+/// (0: all) and then to the smallest set whose probability reaches top_p, in transformers'
+/// order; `seed` makes sampling repeatable.
+struct Sampling {
+  double temperature = 0.0;
+  std::int64_t top_k = 0;
+  double top_p = 1.0;
+  std::uint64_t seed = 0;
+};
+
+struct GenerationOptions {
+  std::int64_t max_new_tokens = 32;
+  /// Tokens that end the generation (kept in the output); the model's eos_token_id by default.
+  std::vector<std::int64_t> stop_tokens;
+  bool use_model_stop_tokens = true;
+  Sampling sampling;
+};
+
+/// The next token from one row of logits [vocab].
+std::int32_t pick_token(const float* logits, std::int64_t vocab, const Sampling& s, std::uint64_t step);
+
+class Generator {
+ public:
+  /// Compiles the model's step graph on `backend` and holds its weights and a zero cache for
+  /// `max_length` positions (prompt and new tokens; at most the model's positions).
+  Generator(const Pretrained& model, backend::Backend& backend, std::int64_t max_length);
+  /// The prompt's continuation: the new tokens, each passed to `on_token` as soon as it is
+  /// picked (which may return false to stop). Throws UsageError when the prompt and
+  /// max_new_tokens do not fit max_length, or the prompt is empty.
+  std::vector<std::int32_t> generate(const std::vector<std::int32_t>& prompt, const GenerationOptions& o,
+                                     const std::function<bool(std::int32_t)>& on_token = {});
+  /// The executable that runs the steps (its plan, its held state).
+  backend::Executable& executable() { return *exe_; }
+
+ private:
+  const Pretrained& model_;
+  std::int64_t max_length_;
+  std::unique_ptr<backend::Executable> exe_;
+  backend::TensorMap state_;
+};
+
+}  // namespace qkv::models
