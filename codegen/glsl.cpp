@@ -855,6 +855,19 @@ KernelSource cache_write_source() {
   return {"cache_write", s, 4};
 }
 
+/// cache_write in place (ir::writes_into_operand): y is the cache's own storage; only the new
+/// rows are written, one invocation per new element.
+KernelSource cache_write_in_place_source() {
+  std::string s = header(3) +
+                  "// x0 = the cache (y is its storage; not read), x1 = the new rows, x2[0] = start; p[0] = the new rows' elements,\n"
+                  "// p[1] = inner, p[2] = the cache's rows, p[3] = the new rows\n"
+                  "void main() {\n" + kLinearIndex +
+                  "  const uint inner = pc.p[1], rows = pc.p[2], fresh = pc.p[3];\n"
+                  "  const int row = int((i / inner) % fresh) + int(x2[0]);\n"
+                  "  if (row >= 0 && row < int(rows)) y[((i / inner / fresh) * rows + uint(row)) * inner + i % inner] = x1[i];\n}\n";
+  return {"cache_write_in_place", s, 4};
+}
+
 KernelSource iota_source() {
   std::string s = header(1) + "// p[0] = elements, p[1] = inner, p[2] = the axis' size\nvoid main() {\n" + kLinearIndex +
                   "  y[i] = float((i / pc.p[1]) % pc.p[2]);\n}\n";
@@ -1191,7 +1204,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     case Op::permute: return elementwise_source(g, v);
     case Op::slice: return slice_source();
     case Op::concat: return concat_source();
-    case Op::cache_write: return cache_write_source();
+    case Op::cache_write: return ir::writes_into_operand(g, v) ? cache_write_in_place_source() : cache_write_source();
     case Op::iota: return iota_source();
     case Op::dropout_mask: return dropout_mask_source();
     case Op::one_hot: return one_hot_source();
@@ -1244,6 +1257,12 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       std::int64_t inner = 1;
       for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
       if (n.op == Op::slice) l.push = {push_word(os.numel()), push_word(inner), push_word(os[n.attrs.axis]), push_word(xs[n.attrs.axis]), push_word(n.attrs.begin)};
+      else if (n.op == Op::cache_write && ir::writes_into_operand(g, v)) {
+        const std::int64_t fresh = in_shape(1).numel();
+        l.push = {push_word(fresh), push_word(inner), push_word(xs[n.attrs.axis]), push_word(in_shape(1)[n.attrs.axis])};
+        l.groups = linear_groups(fresh);
+        return l;
+      }
       else if (n.op == Op::concat || n.op == Op::cache_write)
         l.push = {push_word(os.numel()), push_word(inner), push_word(xs[n.attrs.axis]), push_word(in_shape(1)[n.attrs.axis])};
       else l.push = {push_word(os.numel()), push_word(inner), push_word(os[n.attrs.axis])};

@@ -1,6 +1,7 @@
 // Graph construction with inference and structural sharing.
 #include "ir/graph.hpp"
 
+#include <algorithm>
 #include <functional>
 
 #include "ir/error.hpp"
@@ -263,6 +264,22 @@ ValueId Graph::output(std::string_view name) const {
   for (const auto& [n, v] : outputs_)
     if (n == name) return v;
   throw IrError("graph has no output '" + std::string(name) + "'");
+}
+
+bool writes_into_operand(const Graph& g, ValueId v) {
+  const Node& n = g.node(v);
+  if (n.op != Op::cache_write) return false;
+  const ValueId cache = n.inputs[0];
+  const Node& c = g.node(cache);
+  if (c.op != Op::input || c.dtype != DType::f32) return false;  // a 16-bit cache is widened where kernels read it: copied
+  bool updated = false;
+  for (const auto& [name, u] : g.updates()) updated |= name == c.name && u == v;
+  if (!updated) return false;
+  for (const auto& [name, o] : g.outputs())
+    if (o == cache) return false;
+  for (const Node& other : g.nodes())
+    if (&other != &n && std::find(other.inputs.begin(), other.inputs.end(), cache) != other.inputs.end()) return false;
+  return true;
 }
 
 }  // namespace qkv::ir

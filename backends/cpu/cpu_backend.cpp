@@ -186,9 +186,16 @@ class CpuExecutable final : public ExecutableSkeleton {
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes_[i] = shapes_[i].numel() * static_cast<std::int64_t>(dtype_size(storage_.dtype[i]));
     std::vector<std::int64_t> views(graph_.size(), -1);
     std::vector<ir::Placement> placed(graph_.size());
+    in_place_.assign(graph_.size(), false);
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       if (storage_.view[i]) views[i] = 0;
       if (round_in_[i] >= 0) placed[i] = {round_in_[i], 0};  // the attention's kernel writes its rounded output
+      // A cache the executable holds takes its new rows where it is (the update then copies nothing).
+      if (ir::writes_into_operand(graph_, static_cast<ir::ValueId>(i)) && storage_.dtype[i] == DType::f32 &&
+          state_.contains(graph_.node(graph_.nodes()[i].inputs[0]).name)) {
+        views[i] = 0;
+        in_place_[i] = true;
+      }
     }
     // f32, f16 and bf16 inputs are read where the caller keeps them; bool and i32 inputs are
     // widened into the arena.
@@ -446,6 +453,7 @@ class CpuExecutable final : public ExecutableSkeleton {
     };
     cpu::View out{nullptr, shapes_[i]};
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
+    if (in_place_[i]) out.data = const_cast<float*>(static_cast<const float*>(value_bytes(i).data));  // the held cache
     if (round_in_[i] >= 0) {  // an attention writing its output rounded, where its round's value lives
       const auto r = static_cast<std::size_t>(round_in_[i]);
       out = {nullptr, shapes_[i], arena_bytes() + memory_.offset[r], storage_.dtype[r]};
@@ -536,6 +544,7 @@ class CpuExecutable final : public ExecutableSkeleton {
 
   cpu::TileCounter tiles_;                       // the running kernel's tiles
   std::vector<std::int64_t> bytes_;              // node -> its value's bytes, as planned
+  std::vector<bool> in_place_;                   // node -> a cache_write into the held cache it updates
   std::vector<std::vector<Widened>> widened_;    // node -> its operands widened into the scratch
   std::int64_t scratch_bytes_ = 0;               // after the arena's values
   std::vector<TileCount> tile_counts_;           // the last run's, per fused kernel

@@ -188,6 +188,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       const auto v = static_cast<ir::ValueId>(i);
       if (graph_.nodes()[i].op != Op::input && !codegen::has_kernel(graph_, v, align)) views[i] = codegen::view_offset(graph_, v, align).value_or(-1);
+      if (ir::writes_into_operand(graph_, v)) views[i] = 0;  // its kernel writes the new rows into the cache it updates
       placed[i] = codegen::written_into(graph_, v, align).value_or(ir::Placement{});
     }
     memory_ = ir::plan_memory(

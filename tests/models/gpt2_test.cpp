@@ -141,6 +141,29 @@ TEST_P(Gpt2Backends, GreedyGenerationGivesTransformersTokens) {
   EXPECT_EQ(gen.generate(prompt, o), want);
 }
 
+// A decode step writes its key and value into the held cache in place: the memory it plans does
+// not grow with the cache's length (a copy of the cache per layer would be 2 x layers x S rows).
+TEST_P(Gpt2Backends, DecodeStepPlansNoCopyOfTheCache) {
+  if (GetParam() == "reference") GTEST_SKIP() << "the reference computes every value anew";
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  const models::Pretrained m = models::load_pretrained(kTiny);
+  auto planned = [&](std::int64_t cache_length) {
+    models::Generator gen(m, *b, cache_length);
+    models::GenerationOptions o;
+    o.max_new_tokens = 3;
+    o.use_model_stop_tokens = false;
+    gen.generate({5, 6, 7}, o);  // the last run is a decode step of one token
+    return gen.executable().planned_bytes();
+  };
+  // The caches themselves (on vulkan they live in the arena the plan sizes; on cpu, in the
+  // executable's state), and nothing more per position.
+  auto cache_bytes = [&](std::int64_t length) { return 2 * m.layers * m.kv_heads * length * m.head_dim * 4; };
+  const std::int64_t short_cache = planned(8), long_cache = planned(64);
+  EXPECT_GT(short_cache, 0);
+  const std::int64_t held_in_plan = GetParam() == "vulkan" ? cache_bytes(64) - cache_bytes(8) : 0;
+  EXPECT_LE(long_cache - short_cache, held_in_plan);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, Gpt2Backends, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 }  // namespace
