@@ -1,0 +1,489 @@
+// Byte-level BPE as tokenizers computes it: added tokens split out first, then the
+// pre-tokenizers' pieces, each piece's bytes mapped to printable characters (GPT-2's
+// bytes_to_unicode) and merged by rank, then the post-processor's special tokens.
+#include "io/tokenizer.hpp"
+
+#include <unicode/regex.h>
+#include <unicode/unistr.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <limits>
+
+#include "io/file.hpp"
+#include "ir/error.hpp"
+
+namespace qkv::io {
+
+namespace {
+
+using nlohmann::json;
+
+/// GPT-2's pattern, which ByteLevel(use_regex=true) splits with.
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+/// bytes_to_unicode: each byte as a printable code point (printable Latin-1 bytes as
+/// themselves, the others from U+0100 on).
+std::array<char32_t, 256> byte_to_codepoint() {
+  std::array<char32_t, 256> map{};
+  std::array<bool, 256> direct{};
+  for (int b = '!'; b <= '~'; ++b) direct[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+  char32_t next = 256;
+  for (int b = 0; b < 256; ++b) map[b] = direct[b] ? static_cast<char32_t>(b) : next++;
+  return map;
+}
+
+void append_utf8(std::string& out, char32_t c) {
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  }
+}
+
+/// The code points of valid UTF-8 (each a string of its bytes).
+std::vector<std::string> utf8_chars(std::string_view s) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const std::size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    out.emplace_back(s.substr(i, std::min(n, s.size() - i)));
+    i += n;
+  }
+  return out;
+}
+
+/// Whether `s` is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+std::size_t valid_utf8_prefix(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = 0;
+    char32_t cp = 0, min = 0;
+    if (c < 0x80) n = 1, cp = c;
+    else if ((c & 0xE0) == 0xC0) n = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) n = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) n = 4, cp = c & 0x07, min = 0x10000;
+    else return i;
+    if (i + n > s.size()) return i;
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += n;
+  }
+  return i;
+}
+
+/// Bytes as text: valid UTF-8 kept, each invalid byte (or truncated sequence) one U+FFFD.
+std::string replace_invalid(std::string_view bytes) {
+  std::string out;
+  while (!bytes.empty()) {
+    const std::size_t ok = valid_utf8_prefix(bytes);
+    out += bytes.substr(0, ok);
+    bytes.remove_prefix(ok);
+    if (bytes.empty()) break;
+    out += "\xEF\xBF\xBD";
+    // Skip the lead byte and its continuation bytes that cannot start anything.
+    std::size_t skip = 1;
+    while (skip < bytes.size() && skip < 4 && (static_cast<unsigned char>(bytes[skip]) & 0xC0) == 0x80 &&
+           (static_cast<unsigned char>(bytes[0]) & 0xC0) != 0x80)
+      ++skip;
+    bytes.remove_prefix(skip);
+  }
+  return out;
+}
+
+/// A regular expression split as tokenizers' Split(pattern, behavior): the matches and the text
+/// between them as pieces (Isolated), or only the text between (Removed).
+struct Splitter {
+  std::unique_ptr<icu::RegexPattern> pattern;
+  bool keep_matches = true;
+
+  std::vector<std::string> split(const std::string& text) const {
+    const icu::UnicodeString u = icu::UnicodeString::fromUTF8(text);
+    UErrorCode status = U_ZERO_ERROR;
+    std::unique_ptr<icu::RegexMatcher> m(pattern->matcher(u, status));
+    std::vector<std::string> pieces;
+    auto piece = [&](std::int32_t a, std::int32_t b) {
+      if (a >= b) return;
+      std::string s;
+      u.tempSubStringBetween(a, b).toUTF8String(s);
+      pieces.push_back(std::move(s));
+    };
+    std::int32_t last = 0;
+    while (m->find(status) && U_SUCCESS(status)) {
+      const std::int32_t a = m->start(status), b = m->end(status);
+      if (a == b) continue;  // an empty match splits nothing
+      piece(last, a);
+      if (keep_matches) piece(a, b);
+      last = b;
+    }
+    piece(last, u.length());
+    return pieces;
+  }
+};
+
+std::unique_ptr<icu::RegexPattern> compile(const std::string& regex, const std::string& what) {
+  UErrorCode status = U_ZERO_ERROR;
+  UParseError where{};
+  std::unique_ptr<icu::RegexPattern> p(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(regex), 0, where, status));
+  if (U_FAILURE(status)) throw IoError(what + ": the pattern " + regex + " is not a regular expression ICU reads (" + u_errorName(status) + ")");
+  return p;
+}
+
+struct PairHash {
+  std::size_t operator()(const std::pair<std::string, std::string>& p) const {
+    return std::hash<std::string>()(p.first) * 31 + std::hash<std::string>()(p.second);
+  }
+};
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::string what;
+  std::unordered_map<std::string, std::int32_t> vocab;
+  std::vector<std::string> tokens;  // id -> token (vocabulary or added)
+  std::unordered_map<std::pair<std::string, std::string>, int, PairHash> ranks;
+  bool ignore_merges = false;
+  std::optional<std::int32_t> unk;
+  // Added tokens, longest first (matched before anything else), and which ids are special.
+  std::vector<std::pair<std::string, std::int32_t>> added;
+  std::vector<bool> special;
+  std::vector<Splitter> splits;
+  bool byte_level = false;
+  bool add_prefix_space = false;
+  std::array<char32_t, 256> to_cp = byte_to_codepoint();
+  std::unordered_map<char32_t, unsigned char> from_cp;
+  // The post-processor: ids before and after the sequence.
+  std::vector<std::int32_t> prefix, suffix;
+
+  void set_token(std::int32_t id, const std::string& token) {
+    if (id < 0) throw IoError(what + ": token \"" + token + "\" has a negative id");
+    if (static_cast<std::size_t>(id) >= tokens.size()) {
+      tokens.resize(static_cast<std::size_t>(id) + 1);
+      special.resize(static_cast<std::size_t>(id) + 1);
+    }
+    tokens[static_cast<std::size_t>(id)] = token;
+  }
+
+  void finish() {
+    for (int b = 0; b < 256; ++b) from_cp[to_cp[b]] = static_cast<unsigned char>(b);
+    std::stable_sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  }
+
+  /// A piece's BPE tokens, appended to `ids`.
+  void bpe(const std::string& piece, std::vector<std::int32_t>& ids) const {
+    std::string mapped;
+    if (byte_level) {
+      for (unsigned char c : piece) append_utf8(mapped, to_cp[c]);
+    } else {
+      mapped = piece;
+    }
+    if (ignore_merges) {
+      if (auto it = vocab.find(mapped); it != vocab.end()) return ids.push_back(it->second);
+    }
+    std::vector<std::string> symbols = utf8_chars(mapped);
+    while (symbols.size() > 1) {
+      int best = std::numeric_limits<int>::max();
+      std::size_t at = 0;
+      for (std::size_t i = 0; i + 1 < symbols.size(); ++i) {
+        auto it = ranks.find({symbols[i], symbols[i + 1]});
+        if (it != ranks.end() && it->second < best) best = it->second, at = i;
+      }
+      if (best == std::numeric_limits<int>::max()) break;
+      // Merge every occurrence of the best pair, left to right.
+      const std::string a = symbols[at], b = symbols[at + 1];
+      std::vector<std::string> merged;
+      for (std::size_t i = 0; i < symbols.size(); ++i) {
+        if (i + 1 < symbols.size() && symbols[i] == a && symbols[i + 1] == b) {
+          merged.push_back(a + b);
+          ++i;
+        } else {
+          merged.push_back(symbols[i]);
+        }
+      }
+      symbols = std::move(merged);
+    }
+    for (const std::string& s : symbols) {
+      auto it = vocab.find(s);
+      if (it != vocab.end()) ids.push_back(it->second);
+      else if (unk) ids.push_back(*unk);
+      else throw IoError(what + ": the token \"" + s + "\" is not in the vocabulary and there is no unk_token");
+    }
+  }
+
+  void encode_text(const std::string& text, bool first, std::vector<std::int32_t>& ids) const {
+    std::vector<std::string> pieces{text};
+    if (byte_level && add_prefix_space && first && !text.empty() && text[0] != ' ') pieces[0] = " " + text;
+    for (const Splitter& s : splits) {
+      std::vector<std::string> next;
+      for (const std::string& p : pieces)
+        for (std::string& q : s.split(p)) next.push_back(std::move(q));
+      pieces = std::move(next);
+    }
+    for (const std::string& p : pieces) bpe(p, ids);
+  }
+};
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+namespace {
+
+std::string type_of(const json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; }
+
+void add_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& what);
+
+}  // namespace
+
+Tokenizer Tokenizer::from_json(const std::string& text, const std::string& what) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw IoError(what + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  auto t = std::make_unique<Impl>();
+  t->what = what;
+  try {
+    const json& model = j.at("model");
+    if (type_of(model) != "BPE") throw IoError(what + ": model type \"" + type_of(model) + "\" is not read (BPE is)");
+    for (const auto& [token, id] : model.at("vocab").items()) {
+      t->vocab.emplace(token, id.get<std::int32_t>());
+      t->set_token(id.get<std::int32_t>(), token);
+    }
+    int rank = 0;
+    for (const json& m : model.at("merges")) {
+      std::pair<std::string, std::string> pair;
+      if (m.is_string()) {
+        const std::string s = m.get<std::string>();
+        const std::size_t space = s.find(' ');
+        if (space == std::string::npos) throw IoError(what + ": merge \"" + s + "\" is not two tokens");
+        pair = {s.substr(0, space), s.substr(space + 1)};
+      } else {
+        pair = {m.at(0).get<std::string>(), m.at(1).get<std::string>()};
+      }
+      t->ranks.emplace(std::move(pair), rank++);
+    }
+    t->ignore_merges = model.value("ignore_merges", false);
+    if (model.contains("unk_token") && model["unk_token"].is_string())
+      if (auto it = t->vocab.find(model["unk_token"].get<std::string>()); it != t->vocab.end()) t->unk = it->second;
+    if (model.value("byte_fallback", false)) throw IoError(what + ": byte_fallback BPE (SentencePiece's) is not read yet");
+    for (const json& a : j.value("added_tokens", json::array())) {
+      const auto id = a.at("id").get<std::int32_t>();
+      const std::string content = a.at("content").get<std::string>();
+      t->set_token(id, content);
+      t->special[static_cast<std::size_t>(id)] = a.value("special", false);
+      t->added.emplace_back(content, id);
+    }
+    if (j.contains("normalizer") && !j["normalizer"].is_null())
+      throw IoError(what + ": normalizer \"" + type_of(j["normalizer"]) + "\" is not read yet (byte-level BPE has none)");
+    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) add_pre_tokenizer(*t, j["pre_tokenizer"], what);
+    if (j.contains("post_processor") && !j["post_processor"].is_null()) {
+      std::vector<json> processors{j["post_processor"]};
+      if (type_of(processors[0]) == "Sequence") processors = j["post_processor"].at("processors").get<std::vector<json>>();
+      for (const json& p : processors) {
+        const std::string type = type_of(p);
+        if (type == "ByteLevel") continue;  // offsets only
+        if (type != "TemplateProcessing") throw IoError(what + ": post_processor \"" + type + "\" is not read yet");
+        bool before = true;
+        for (const json& item : p.at("single")) {
+          if (item.contains("Sequence")) {
+            before = false;
+            continue;
+          }
+          const std::string name = item.at("SpecialToken").at("id").get<std::string>();
+          for (const json& id : p.at("special_tokens").at(name).at("ids")) (before ? t->prefix : t->suffix).push_back(id.get<std::int32_t>());
+        }
+      }
+    }
+    if (j.contains("decoder") && !j["decoder"].is_null() && type_of(j["decoder"]) != "ByteLevel")
+      throw IoError(what + ": decoder \"" + type_of(j["decoder"]) + "\" is not read yet (ByteLevel is)");
+  } catch (const json::exception& e) {
+    throw IoError(what + ": " + std::string(e.what()));
+  }
+  t->finish();
+  return Tokenizer(std::move(t));
+}
+
+namespace {
+
+void add_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& what) {
+  const std::string type = type_of(p);
+  if (t.byte_level) throw IoError(what + ": a pre-tokenizer after ByteLevel is not read");
+  if (type == "Sequence") {
+    for (const json& q : p.at("pretokenizers")) add_pre_tokenizer(t, q, what);
+  } else if (type == "ByteLevel") {
+    t.byte_level = true;
+    t.add_prefix_space = p.value("add_prefix_space", false);
+    if (p.value("use_regex", true)) t.splits.push_back({compile(kGpt2Pattern, what), true});
+  } else if (type == "Split") {
+    const json& pattern = p.at("pattern");
+    std::string regex;
+    if (pattern.contains("Regex")) {
+      regex = pattern["Regex"].get<std::string>();
+    } else {
+      // A literal string: escaped as a pattern.
+      for (char c : pattern.at("String").get<std::string>()) {
+        if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) regex += '\\';
+        regex += c;
+      }
+    }
+    const std::string behavior = p.value("behavior", "Isolated");
+    if (p.value("invert", false) || (behavior != "Isolated" && behavior != "Removed"))
+      throw IoError(what + ": Split with behavior " + behavior + (p.value("invert", false) ? ", inverted," : "") +
+                    " is not read (Isolated and Removed are)");
+    t.splits.push_back({compile(regex, what), behavior == "Isolated"});
+  } else {
+    throw IoError(what + ": pre_tokenizer \"" + type + "\" is not read yet (ByteLevel, Split and Sequence are)");
+  }
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path json_path = fs::path(dir) / "tokenizer.json";
+  if (fs::exists(json_path)) return from_json(read_file(json_path.string()), json_path.string());
+  const fs::path vocab = fs::path(dir) / "vocab.json", merges = fs::path(dir) / "merges.txt";
+  if (!fs::exists(vocab) || !fs::exists(merges)) throw IoError(dir + ": no tokenizer.json, nor vocab.json and merges.txt");
+  // GPT-2's files as a tokenizer.json: byte-level BPE, <|endoftext|> special where the vocabulary has it.
+  json j;
+  json vocab_json;
+  try {
+    vocab_json = json::parse(read_file(vocab.string()));
+  } catch (const json::exception& e) {
+    throw IoError(vocab.string() + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  json merge_list = json::array();
+  const std::string text = read_file(merges.string());
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(at, end - at);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty() && !line.starts_with("#version")) merge_list.push_back(line);
+    at = end + 1;
+  }
+  j["model"] = {{"type", "BPE"}, {"vocab", vocab_json}, {"merges", merge_list}};
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  j["decoder"] = {{"type", "ByteLevel"}};
+  if (vocab_json.is_object() && vocab_json.contains("<|endoftext|>"))
+    j["added_tokens"] = json::array({{{"id", vocab_json["<|endoftext|>"]}, {"content", "<|endoftext|>"}, {"special", true}}});
+  return from_json(j.dump(), vocab.string());
+}
+
+std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  std::vector<std::int32_t> ids;
+  if (add_special_tokens) ids = impl_->prefix;
+  // Added tokens first, leftmost and then longest; the text between them through the model.
+  std::size_t done = 0;
+  bool first = true;
+  for (std::size_t i = 0; i <= text.size();) {
+    const std::pair<std::string, std::int32_t>* hit = nullptr;
+    if (i < text.size())
+      for (const auto& a : impl_->added)
+        if (!a.first.empty() && text.substr(i).starts_with(a.first)) {
+          hit = &a;
+          break;
+        }
+    if (!hit && i < text.size()) {
+      ++i;
+      continue;
+    }
+    if (i > done) impl_->encode_text(std::string(text.substr(done, i - done)), first, ids);
+    first = false;
+    if (!hit) break;
+    ids.push_back(hit->second);
+    i += hit->first.size();
+    done = i;
+  }
+  if (add_special_tokens) ids.insert(ids.end(), impl_->suffix.begin(), impl_->suffix.end());
+  return ids;
+}
+
+std::string Tokenizer::token_bytes(std::int32_t id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= impl_->tokens.size())
+    throw UsageError("token id " + std::to_string(id) + " is outside the vocabulary");
+  const std::string& token = impl_->tokens[static_cast<std::size_t>(id)];
+  const bool added = std::any_of(impl_->added.begin(), impl_->added.end(), [&](const auto& a) { return a.second == id; });
+  if (!impl_->byte_level || added) return token;
+  std::string bytes;
+  for (const std::string& c : utf8_chars(token)) {
+    // The code point back to its byte.
+    char32_t cp = 0;
+    const auto lead = static_cast<unsigned char>(c[0]);
+    cp = c.size() == 1 ? lead : c.size() == 2 ? lead & 0x1F : c.size() == 3 ? lead & 0x0F : lead & 0x07;
+    for (std::size_t k = 1; k < c.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(c[k]) & 0x3F);
+    auto it = impl_->from_cp.find(cp);
+    if (it == impl_->from_cp.end()) bytes += c;  // not a byte-level character: as it is
+    else bytes += static_cast<char>(it->second);
+  }
+  return bytes;
+}
+
+bool Tokenizer::is_special(std::int32_t id) const {
+  return id >= 0 && static_cast<std::size_t>(id) < impl_->special.size() && impl_->special[static_cast<std::size_t>(id)];
+}
+
+std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens) const {
+  std::string bytes;
+  for (std::int32_t id : ids)
+    if (!(skip_special_tokens && is_special(id))) bytes += token_bytes(id);
+  return replace_invalid(bytes);
+}
+
+std::optional<std::int32_t> Tokenizer::token_id(std::string_view token) const {
+  for (const auto& a : impl_->added)
+    if (a.first == token) return a.second;
+  if (auto it = impl_->vocab.find(std::string(token)); it != impl_->vocab.end()) return it->second;
+  return std::nullopt;
+}
+
+std::int64_t Tokenizer::vocab_size() const { return static_cast<std::int64_t>(impl_->tokens.size()); }
+
+std::string TextStream::push(std::int32_t id) {
+  if (skip_special_ && t_.is_special(id)) return "";
+  pending_ += t_.token_bytes(id);
+  // Emit the longest valid prefix; keep an incomplete character's bytes (at most 3) for later.
+  const std::size_t ok = valid_utf8_prefix(pending_);
+  std::string out;
+  if (pending_.size() - ok >= 4 || (ok < pending_.size() && valid_utf8_prefix(pending_.substr(ok)) == 0 && pending_.size() - ok > 0 &&
+                                    (static_cast<unsigned char>(pending_[ok]) & 0xC0) == 0x80)) {
+    out = replace_invalid(pending_);
+    pending_.clear();
+    return out;
+  }
+  out = pending_.substr(0, ok);
+  pending_.erase(0, ok);
+  return out;
+}
+
+std::string TextStream::finish() {
+  std::string out = replace_invalid(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace qkv::io
