@@ -28,6 +28,18 @@ struct TrainFlags {
   std::string dtype = "f32";  // f16 or bf16: mixed precision (f32 parameters; f16 scales its loss)
 };
 int cmd_train(const TrainFlags& f);
+struct GenerateFlags {
+  std::string model;  // a model folder
+  std::string prompt;
+  std::string backend;
+  std::int64_t max_tokens = 32;
+  double temperature = 0.0;
+  std::int64_t top_k = 0;
+  double top_p = 1.0;
+  std::uint64_t seed = 1;
+  bool ignore_eos = false;
+};
+int cmd_generate(const GenerateFlags& f);
 struct FuzzFlags {
   int graphs = 200;
   int ops = 6;

@@ -40,7 +40,11 @@ std::deque<std::pair<Request*, RawPairs>> g_requests;  // a deque: the options k
 /// empty where it does not apply.
 void add_model_options(CLI::App* app, Request& r, const char* grad_help) {
   RawPairs* raw = &g_requests.emplace_back(&r, RawPairs{}).second;
-  app->add_option("model", r.target, "a built-in model (qkv models) or a graph's IR text FILE.qkv (qkv dump --ir writes one)")->required();
+  app->add_option("model", r.target,
+                  "a built-in model (qkv models), a graph's IR text FILE.qkv (qkv dump --ir writes one), or a model folder as "
+                  "transformers saves it (config.json, model.safetensors, tokenizer.json)")
+      ->required();
+  app->add_option("--prompt", r.prompt, "a model folder's input: text its tokenizer makes into input_ids (default: random ids, --dim B, T)");
   app->add_option("--set", raw->set, "a model option: NAME=VALUE (qkv models lists them)");
   app->add_option("--in", raw->in, "an input: NAME=FILE.npy (random from --seed when not given)");
   app->add_option("--weights", r.weights, "parameters: a .safetensors file or a folder of NAME.npy, under PyTorch's names");
@@ -161,6 +165,20 @@ int main(int argc, char** argv) {
                    "loss scaling)")
       ->capture_default_str();
 
+  qkv::tool::GenerateFlags generate_f;
+  generate_f.backend = backend;
+  auto* generate = app.add_subcommand("generate", "continue a prompt with a model folder's model (as transformers saves one), streaming the text");
+  generate->add_option("model", generate_f.model, "the model folder: config.json, model.safetensors, tokenizer.json")->required();
+  generate->add_option("--prompt", generate_f.prompt, "the text to continue")->required();
+  generate->add_option("--backend", generate_f.backend, backend_help);
+  generate->add_option("--max-tokens", generate_f.max_tokens, "new tokens at most (fewer where the model's positions end)")->capture_default_str();
+  generate->add_option("--temperature", generate_f.temperature, "0 picks the most likely token; above 0 samples from softmax(logits / T)")
+      ->capture_default_str();
+  generate->add_option("--top-k", generate_f.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str();
+  generate->add_option("--top-p", generate_f.top_p, "sample among the most likely tokens whose probability adds up to p")->capture_default_str();
+  add_seed_option(generate, generate_f.seed, "seed of the sampling");
+  generate->add_flag("--ignore-eos", generate_f.ignore_eos, "go on past the model's end-of-text token");
+
   qkv::tool::FuzzFlags fuzz_f;
   std::string fuzz_backends = "reference,cpu,vulkan";
   auto* fuzz = app.add_subcommand(
@@ -209,6 +227,7 @@ int main(int argc, char** argv) {
     if (viz->parsed()) return cmd_viz(viz_r, backend, png_dir, labels);
     if (train->parsed()) return cmd_train(train_f);
     if (fuzz->parsed()) return cmd_fuzz(fuzz_f, backend_list(fuzz_backends));
+    if (generate->parsed()) return cmd_generate(generate_f);
   } catch (...) {
     return report(std::current_exception());
   }

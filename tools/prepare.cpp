@@ -12,10 +12,12 @@
 #include "io/file.hpp"
 #include "io/npy.hpp"
 #include "io/safetensors.hpp"
+#include "io/tokenizer.hpp"
 #include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "models/models.hpp"
+#include "models/pretrained.hpp"
 #include "train/init.hpp"
 
 namespace qkv::tool {
@@ -211,7 +213,22 @@ Prepared prepare(const Request& r) {
     files.emplace(name, std::move(f));
   }
   const models::ModelSpec* spec = nullptr;
-  if (is_graph_file(r.target)) {
+  std::optional<models::Pretrained> pretrained;
+  if (!r.prompt.empty() && !models::is_model_dir(r.target)) throw UsageError("--prompt is for model folders; " + r.target + " is not one");
+  if (models::is_model_dir(r.target)) {
+    if (!r.set.empty()) throw UsageError("--set is for built-in models; " + r.target + " is a model folder (its config.json sets it)");
+    if (!r.weights.empty()) throw UsageError("--weights " + r.weights + ": " + r.target + " is a model folder with weights of its own");
+    pretrained = models::load_pretrained(r.target);
+    p.graph = pretrained->graph;
+    p.data = {"input_ids", "position_ids"};
+    std::int64_t count = 0;
+    for (const auto& [name, shape] : pretrained->parameters) {
+      std::int64_t n = 1;
+      for (auto d : shape) n *= d;
+      count += n;
+    }
+    p.title = r.target + " (" + pretrained->model_type + ", " + std::to_string(count) + " parameters)";
+  } else if (is_graph_file(r.target)) {
     if (!r.set.empty()) throw UsageError("--set is for built-in models; " + r.target + " is a graph already");
     std::string text = io::read_file(r.target);
     try {
@@ -239,7 +256,7 @@ Prepared prepare(const Request& r) {
   if (r.dtype != "f32") {
     const std::optional<DType> dtype = parse_dtype(r.dtype);
     if (!dtype || !is_half(*dtype)) throw UsageError("--dtype " + r.dtype + ": f32, f16 or bf16");
-    if (!spec) throw UsageError("--dtype is for built-in models; " + r.target + " declares its own dtypes");
+    if (!spec && !pretrained) throw UsageError("--dtype is for built-in models and model folders; " + r.target + " declares its own dtypes");
     p.graph = ir::to_dtype(p.graph, *dtype);  // files and weights in other float dtypes are converted to it
     p.title += " in " + r.dtype;
   }
@@ -330,12 +347,57 @@ Prepared prepare(const Request& r) {
       p.sources[n.name] = it->second.file;
     }
   }
-  // The rest from the seed: parameters at Xavier scale, data ~ N(0, 1).
-  for (auto& [name, t] : random_parameters(p.graph, p.data, r.seed, with_default_sizes(p.graph, dims)))
-    if (!p.inputs.contains(name)) {
-      p.sources[name] = "seed " + std::to_string(r.seed);
-      p.inputs.emplace(name, std::move(t));
+  // A model folder's weights (in the graph's dtype), and its token ids: the prompt's, or random
+  // in the vocabulary ([B, T] from --dim, 1 x 8 by default); positions 0..T-1.
+  if (pretrained) {
+    for (ir::ValueId v : p.graph.inputs()) {
+      const ir::Node& n = p.graph.node(v);
+      auto it = pretrained->weights.find(n.name);
+      if (it == pretrained->weights.end()) continue;
+      p.inputs.emplace(n.name, it->second.dtype() == n.dtype ? it->second : it->second.to(n.dtype));
+      p.sources[n.name] = r.target;
     }
+    if (!p.inputs.contains("input_ids")) {
+      Tensor ids;
+      if (!r.prompt.empty()) {
+        const io::Tokenizer tokenizer = io::Tokenizer::from_folder(r.target);
+        const std::vector<std::int32_t> tokens = tokenizer.encode(r.prompt);
+        if (tokens.empty()) throw UsageError("--prompt: no tokens");
+        ids = Tensor::from<std::int32_t>({1, static_cast<std::int64_t>(tokens.size())}, tokens);
+        p.sources["input_ids"] = "--prompt";
+      } else {
+        const std::int64_t b = dims.contains("B") ? dims.at("B") : 1, t = dims.contains("T") ? dims.at("T") : 8;
+        ids = Tensor(DType::i32, {b, t});
+        std::uint64_t state = r.seed * 0x9E3779B97F4A7C15ull + 1;
+        for (std::int64_t i = 0; i < ids.numel(); ++i) {
+          state = state * 6364136223846793005ull + 1442695040888963407ull;
+          ids.data<std::int32_t>()[i] = static_cast<std::int32_t>((state >> 33) % static_cast<std::uint64_t>(pretrained->vocab_size));
+        }
+        p.sources["input_ids"] = "seed " + std::to_string(r.seed);
+      }
+      p.inputs.emplace("input_ids", std::move(ids));
+    }
+    const std::vector<std::int64_t> shape = p.inputs.at("input_ids").shape();
+    if (shape.size() != 2) throw UsageError("input_ids: expected [batch, tokens], got " + shape_string(shape));
+    if (shape[1] > pretrained->max_positions)
+      throw UsageError("input_ids: " + std::to_string(shape[1]) + " tokens, more than the model's " + std::to_string(pretrained->max_positions) +
+                       " positions");
+    dims["B"] = shape[0];  // the gradient seeds' sizes (--grad)
+    dims["T"] = shape[1];
+    if (!p.inputs.contains("position_ids")) {
+      Tensor positions(DType::i32, shape);
+      for (std::int64_t i = 0; i < positions.numel(); ++i) positions.data<std::int32_t>()[i] = static_cast<std::int32_t>(i % shape[1]);
+      p.inputs.emplace("position_ids", std::move(positions));
+      p.sources["position_ids"] = "0.." + std::to_string(shape[1] - 1);
+    }
+  }
+  // The rest from the seed: parameters at Xavier scale, data ~ N(0, 1).
+  if (!pretrained)
+    for (auto& [name, t] : random_parameters(p.graph, p.data, r.seed, with_default_sizes(p.graph, dims)))
+      if (!p.inputs.contains(name)) {
+        p.sources[name] = "seed " + std::to_string(r.seed);
+        p.inputs.emplace(name, std::move(t));
+      }
   for (ir::ValueId v : p.graph.inputs())
     if (!p.inputs.contains(p.graph.node(v).name)) p.sources[p.graph.node(v).name] = "seed " + std::to_string(r.seed);
   fill_missing(p.graph, p.inputs, dims, r.seed);

@@ -20,7 +20,7 @@ std::map<std::string, std::string> pairs(const std::vector<std::string>& items, 
 std::string shape_string(const std::vector<std::int64_t>& s);
 
 struct Request {
-  std::string target;                       // a model name or FILE.qkv
+  std::string target;                       // a model name, FILE.qkv, or a model folder (config.json, model.safetensors)
   std::map<std::string, std::string> set;   // --set
   std::map<std::string, std::string> in;    // --in NAME=FILE.npy
   std::map<std::string, std::string> dims;  // --dim NAME=SIZE (sizes of named dims without inputs)
@@ -28,6 +28,7 @@ struct Request {
   std::uint64_t seed = 1;
   bool grad = false;          // the backward graph: outputs d_<input>, inputs d<output>
   std::string dtype = "f32";  // --dtype: a built-in model's float values in f16 or bf16
+  std::string prompt;         // --prompt: a model folder's input text (its tokenizer makes the ids)
 };
 
 struct Prepared {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "backends/equivalence.hpp"
 #include "backends/reference/reference_backend.hpp"
@@ -84,6 +85,24 @@ TEST(Gpt2, CheckpointThatDoesNotFitIsOneError) {
     EXPECT_NE(m.find("wrong: transformer.h.0.attn.c_proj.weight is [64, 63], the config gives [64, 64]"), std::string::npos) << m;
     EXPECT_NE(m.find("unexpected: transformer.extra"), std::string::npos) << m;
   }
+}
+
+TEST(Sampling, TopKTopPAndTemperatureChooseAsTransformers) {
+  const std::vector<float> logits{1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  // Greedy: the first of the largest, as torch.argmax.
+  EXPECT_EQ(models::pick_token(logits.data(), 5, {}, 0), 1);
+  std::map<std::int32_t, int> seen;
+  for (std::uint64_t step = 0; step < 400; ++step) ++seen[models::pick_token(logits.data(), 5, {1.0, 3, 1.0, 9}, step)];
+  EXPECT_EQ(seen.size(), 3u);  // top-k 3: tokens 1, 3 and 2 only
+  EXPECT_FALSE(seen.contains(0) || seen.contains(4));
+  EXPECT_GT(seen[1] + seen[3], 2 * seen[2]);  // e^3 vs e^2 each
+  seen.clear();
+  // top-p 0.5: tokens 1 and 3 hold 0.42 each of the mass; the smallest prefix reaching 0.5 is both.
+  for (std::uint64_t step = 0; step < 200; ++step) ++seen[models::pick_token(logits.data(), 5, {1.0, 0, 0.5, 9}, step)];
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen.contains(1) && seen.contains(3));
+  // A low temperature is nearly greedy; the same seed and step give the same token.
+  EXPECT_EQ(models::pick_token(logits.data(), 5, {0.01, 0, 1.0, 5}, 3), models::pick_token(logits.data(), 5, {0.01, 0, 1.0, 5}, 3));
 }
 
 class Gpt2Backends : public ::testing::TestWithParam<std::string> {};

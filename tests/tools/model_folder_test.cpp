@@ -1,0 +1,89 @@
+// The qkv program on a model folder as transformers saves one (tests/fixtures/hf/gpt2-tiny):
+// generate streams transformers' greedy continuation, and run, check and explain take the folder
+// as they take a built-in model.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "io/safetensors.hpp"
+#include "io/tokenizer.hpp"
+
+namespace {
+
+const std::string kTiny = std::string(QKV_SOURCE_DIR) + "/tests/fixtures/hf/gpt2-tiny";
+
+struct Result {
+  int status;
+  std::string out;  // stdout and stderr
+};
+
+Result qkv(const std::string& args) {
+  FILE* p = popen((std::string(QKV_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  return {WEXITSTATUS(pclose(p)), out};
+}
+
+TEST(ModelFolder, GenerateStreamsTransformersGreedyText) {
+  const qkv::io::Tokenizer t = qkv::io::Tokenizer::from_folder(kTiny);
+  const auto hf = qkv::io::read_safetensors(kTiny + "/expected.safetensors");
+  const qkv::Tensor& greedy = hf.at("greedy_ids");
+  const std::vector<std::int32_t> ids(greedy.data<std::int32_t>(), greedy.data<std::int32_t>() + greedy.numel());
+  for (const char* backend : {"cpu", "vulkan"}) {
+    SCOPED_TRACE(backend);
+    const Result r = qkv("generate " + kTiny + " --prompt 'The quick brown fox' --max-tokens 32 --ignore-eos --backend " + backend);
+    if (r.status != 0 && std::string(backend) == "vulkan" && r.out.find("no Vulkan") != std::string::npos && !std::getenv("QKV_REQUIRE_VULKAN"))
+      continue;
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(r.out.substr(0, r.out.find("\nqkv: ")), t.decode(ids, true)) << r.out;
+    EXPECT_NE(r.out.find("qkv: 10 prompt tokens in "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(", 32 new tokens, "), std::string::npos) << r.out;
+  }
+}
+
+TEST(ModelFolder, SampledGenerationIsRepeatableBySeed) {
+  const std::string base = "generate " + kTiny + " --prompt 'Attention' --max-tokens 12 --temperature 0.9 --top-k 40 --top-p 0.95 --ignore-eos";
+  const Result a = qkv(base + " --seed 7"), b = qkv(base + " --seed 7"), c = qkv(base + " --seed 8");
+  ASSERT_EQ(a.status, 0) << a.out;
+  auto text = [](const Result& r) { return r.out.substr(0, r.out.find("\nqkv: ")); };
+  EXPECT_EQ(text(a), text(b));
+  EXPECT_NE(text(a), text(c));
+}
+
+TEST(ModelFolder, RunCheckAndExplainTakeTheFolder) {
+  const Result check = qkv("check " + kTiny + " --prompt 'Hello, world!' --backend reference,cpu");
+  ASSERT_EQ(check.status, 0) << check.out;
+  EXPECT_NE(check.out.find("(gpt2, 129792 parameters)"), std::string::npos) << check.out;
+  EXPECT_NE(check.out.find("all backends within budget"), std::string::npos) << check.out;
+  const Result explain = qkv("explain " + kTiny + " --backend cpu --dim T=16");
+  ASSERT_EQ(explain.status, 0) << explain.out;
+  EXPECT_NE(explain.out.find("score matrix: not materialised"), std::string::npos) << explain.out;
+  const Result run = qkv("run " + kTiny + " --prompt 'The quick brown fox'");
+  ASSERT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("input_ids                (1, 10)          from --prompt"), std::string::npos) << run.out;
+}
+
+TEST(ModelFolder, MistakesExitWithTwo) {
+  const Result set = qkv("run " + kTiny + " --set heads=2");
+  EXPECT_EQ(set.status, 2);
+  EXPECT_NE(set.out.find("is a model folder (its config.json sets it)"), std::string::npos) << set.out;
+  const Result prompt = qkv("run sdpa --prompt hi");
+  EXPECT_EQ(prompt.status, 2);
+  EXPECT_NE(prompt.out.find("--prompt is for model folders"), std::string::npos) << prompt.out;
+  const Result folder = qkv("generate /nonexistent --prompt hi");
+  EXPECT_EQ(folder.status, 2);
+  EXPECT_NE(folder.out.find("/nonexistent: not a model folder"), std::string::npos) << folder.out;
+  const Result top_p = qkv("generate " + kTiny + " --prompt hi --top-p 1.5");
+  EXPECT_EQ(top_p.status, 2);
+  const std::string missing = std::string(::testing::TempDir()) + "/no_weights";
+  std::filesystem::create_directories(missing);
+  std::filesystem::copy_file(kTiny + "/config.json", missing + "/config.json", std::filesystem::copy_options::overwrite_existing);
+  const Result weights = qkv("run " + missing);
+  EXPECT_EQ(weights.status, 2);
+  EXPECT_NE(weights.out.find("no model.safetensors or model.safetensors.index.json"), std::string::npos) << weights.out;
+}
+
+}  // namespace
