@@ -2,9 +2,8 @@
 // config's layers, each reading its parameters by checkpoint name.
 #include "models/gpt2.hpp"
 
-#include "dsl/dsl.hpp"
 #include "ir/error.hpp"
-#include "ir/passes/passes.hpp"
+#include "models/step_graph.hpp"
 
 namespace qkv::models {
 
@@ -24,16 +23,9 @@ template <std::int64_t K, Expr X> auto third(X qkv) {
   return dsl::detail::reshape_to<one>(slice<2, K, K + 1>(dsl::detail::reshape_to<packed>(qkv)));
 }
 
-/// The attention of a block over its step's keys and values: plain causal attention, or through
-/// the key/value cache of `layer` (what Cache holds: the graph's cache inputs and positions).
-struct NoCache {};
-template <class Positions, class Start> struct Cache {
-  Positions positions;  // i32 [B, T]
-  Start start;          // i32 []
-};
-
-/// The graph's updates: each held input and the term of its new value.
-using Updates = std::vector<std::pair<std::string, dsl::detail::TermPtr>>;
+using detail::Cache;
+using detail::NoCache;
+using detail::Updates;
 
 template <Expr X, class C> X block(X x, const Gpt2Block& b, double eps, const C& cache, std::size_t layer, Updates& updates) {
   auto a = norm(x, b.ln_1, eps);
@@ -112,12 +104,9 @@ ir::Graph build(const Gpt2LMHeadModel& m, const Gpt2Config& c, Ids ids, Position
     if (m.lm_head) return matmul<false, true>(h, param(m.lm_head->weight.name, dim<V>, dim<E>));
     return matmul<false, true>(h, wte);  // tied: the token embedding is the head
   }();
-  dsl::detail::Lowerer l;
-  l.graph().set_output("logits", l.emit(logits.term()));
-  if (hidden) l.graph().set_output("hidden", l.emit(h.term()));
-  for (const auto& [name, term] : updates) l.graph().set_update(name, l.emit(term));
-  return ir::specialize_dims(l.graph(),
-                             {{"E", c.n_embd}, {"H", c.n_head}, {"V", c.vocab_size}, {"P", c.n_positions}, {"F", c.n_inner.value_or(4 * c.n_embd)}});
+  const std::map<std::string, std::int64_t> sizes{
+      {"E", c.n_embd}, {"H", c.n_head}, {"V", c.vocab_size}, {"P", c.n_positions}, {"F", c.n_inner.value_or(4 * c.n_embd)}};
+  return detail::lower_step(logits, hidden ? &h : nullptr, updates, sizes);
 }
 
 }  // namespace

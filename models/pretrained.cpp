@@ -12,6 +12,7 @@
 #include "ir/error.hpp"
 #include "models/config.hpp"
 #include "models/gpt2.hpp"
+#include "models/llama.hpp"
 
 namespace qkv::models {
 
@@ -134,7 +135,23 @@ Pretrained load_pretrained(const std::string& dir, bool hidden) {
     p.eos_token_ids = c.eos_token_id.value_or(std::vector<std::int64_t>{});
     return p;
   }
-  throw UsageError(config_path + ": model_type \"" + p.model_type + "\" is not built (gpt2 is)");
+  if (p.model_type == "llama") {
+    const auto c = read_config<LlamaConfig>(j, config_path);
+    const LlamaForCausalLM m = make_llama(c);
+    p.parameters = named_parameters(m);
+    p.weights = match_weights(m, read_weights(folder), dir, "", {"rotary_emb.inv_freq"});
+    p.weights.emplace(kInvFreq, llama_inv_freq(c));
+    p.graph = llama_graph(m, c, hidden);
+    p.step_graph = llama_step_graph(m, c);
+    p.vocab_size = c.vocab_size;
+    p.max_positions = c.max_position_embeddings;
+    p.eos_token_ids = c.eos_token_id.value_or(std::vector<std::int64_t>{});
+    p.layers = c.num_hidden_layers;
+    p.kv_heads = c.num_key_value_heads.value_or(c.num_attention_heads);
+    p.head_dim = c.head_dim.value_or(c.hidden_size / c.num_attention_heads);
+    return p;
+  }
+  throw UsageError(config_path + ": model_type \"" + p.model_type + "\" is not built (gpt2 and llama are)");
 }
 
 }  // namespace qkv::models
