@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ir/graph.hpp"
-#include "models/module.hpp"
+#include "models/layers.hpp"
 
 namespace qkv::models {
 
@@ -33,12 +33,6 @@ struct Gpt2Config {
 struct Conv1D {
   BOOST_HANA_DEFINE_STRUCT(Conv1D, (Parameter, weight), (Parameter, bias));
 };
-struct LayerNorm {
-  BOOST_HANA_DEFINE_STRUCT(LayerNorm, (Parameter, weight), (Parameter, bias));
-};
-struct Embedding {
-  BOOST_HANA_DEFINE_STRUCT(Embedding, (Parameter, weight));
-};
 struct Gpt2Attention {
   BOOST_HANA_DEFINE_STRUCT(Gpt2Attention, (Conv1D, c_attn), (Conv1D, c_proj));
 };
@@ -50,10 +44,6 @@ struct Gpt2Block {
 };
 struct Gpt2Model {
   BOOST_HANA_DEFINE_STRUCT(Gpt2Model, (Embedding, wte), (Embedding, wpe), (std::vector<Gpt2Block>, h), (LayerNorm, ln_f));
-};
-/// An untied head: lm_head.weight [V, E] (nn.Linear without bias).
-struct LmHead {
-  BOOST_HANA_DEFINE_STRUCT(LmHead, (Parameter, weight));
 };
 struct Gpt2LMHeadModel {
   BOOST_HANA_DEFINE_STRUCT(Gpt2LMHeadModel, (Gpt2Model, transformer), (std::optional<LmHead>, lm_head));

@@ -10,8 +10,7 @@
 
 #include "ir/graph.hpp"
 #include "ir/tensor.hpp"
-#include "models/gpt2.hpp"
-#include "models/module.hpp"
+#include "models/layers.hpp"
 
 namespace qkv::models {
 
@@ -48,13 +47,6 @@ struct LlamaConfig {
                            (std::optional<std::vector<std::int64_t>>, eos_token_id));
 };
 
-/// nn.Linear: weight [out, in], bias [out] when built with one.
-struct Linear {
-  BOOST_HANA_DEFINE_STRUCT(Linear, (Parameter, weight), (std::optional<Parameter>, bias));
-};
-struct RmsNorm {
-  BOOST_HANA_DEFINE_STRUCT(RmsNorm, (Parameter, weight));
-};
 struct LlamaAttention {
   BOOST_HANA_DEFINE_STRUCT(LlamaAttention, (Linear, q_proj), (Linear, k_proj), (Linear, v_proj), (Linear, o_proj));
 };

@@ -10,6 +10,7 @@
 #include "io/file.hpp"
 #include "io/safetensors.hpp"
 #include "ir/error.hpp"
+#include "models/bert.hpp"
 #include "models/config.hpp"
 #include "models/gpt2.hpp"
 #include "models/llama.hpp"
@@ -151,7 +152,27 @@ Pretrained load_pretrained(const std::string& dir, bool hidden) {
     p.head_dim = c.head_dim.value_or(c.hidden_size / c.num_attention_heads);
     return p;
   }
-  throw UsageError(config_path + ": model_type \"" + p.model_type + "\" is not built (gpt2 and llama are)");
+  if (p.model_type == "bert") {
+    const auto c = read_config<BertConfig>(j, config_path);
+    io::TensorFile tensors = read_weights(folder);
+    // A checkpoint of a model with a head (BertForMaskedLM, ...) holds the encoder under "bert.".
+    if (!tensors.contains("embeddings.word_embeddings.weight") && tensors.contains("bert.embeddings.word_embeddings.weight")) {
+      io::TensorFile encoder;
+      for (auto& [name, t] : tensors)
+        if (name.starts_with("bert.")) encoder.emplace(name.substr(5), std::move(t));
+      tensors = std::move(encoder);
+    }
+    const BertModel m = make_bert(c, tensors.contains("pooler.dense.weight"));
+    p.parameters = named_parameters(m);
+    p.weights = match_weights(m, std::move(tensors), dir, "", {"position_ids"});
+    p.graph = bert_graph(m, c);
+    p.vocab_size = c.vocab_size;
+    p.max_positions = c.max_position_embeddings;
+    p.layers = c.num_hidden_layers;
+    p.data = {"input_ids", "token_type_ids", "position_ids", "attention_mask"};
+    return p;
+  }
+  throw UsageError(config_path + ": model_type \"" + p.model_type + "\" is not built (gpt2, llama and bert are)");
 }
 
 }  // namespace qkv::models

@@ -22,12 +22,15 @@ struct Pretrained {
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> parameters;
   /// Every parameter, by the name the graph's input has; a half checkpoint's tensors keep their dtype.
   std::map<std::string, Tensor, std::less<>> weights;
-  /// input_ids and position_ids i32 [B, T] -> "logits" [B, T, vocab] (and "hidden" when asked).
+  /// Decoders: input_ids and position_ids i32 [B, T] -> "logits" [B, T, vocab] (and "hidden" when
+  /// asked); encoders (bert): see bert_graph.
   ir::Graph graph;
   /// One generation step against a key/value cache (gpt2_step_graph): input_ids, position_ids
   /// [B, T], cache_start []; held cache inputs "past.<layer>.key/value" [B, kv_heads, S, head_dim].
   ir::Graph step_graph;
   std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
+  /// The graph's data inputs (the others are weights), each i32 [B, T].
+  std::vector<std::string> data{"input_ids", "position_ids"};
   std::int64_t vocab_size = 0;
   std::int64_t max_positions = 0;
   std::vector<std::int64_t> eos_token_ids;

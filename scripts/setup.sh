@@ -2,7 +2,7 @@
 # Installs every Debian 12 package qkv needs to build, test and benchmark. Safe to rerun.
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build pkg-config git python3
+  build-essential cmake ninja-build pkg-config git python3 python3-pip
   libopenblas-dev
   libvulkan-dev vulkan-tools mesa-vulkan-drivers vulkan-validationlayers
   glslc libshaderc-dev spirv-tools
@@ -22,3 +22,5 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# The real checkpoint the tests run (all-MiniLM-L6-v2), downloaded once, nothing installed.
+bash "$(dirname "$0")/fetch_models.sh"

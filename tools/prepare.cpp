@@ -220,7 +220,7 @@ Prepared prepare(const Request& r) {
     if (!r.weights.empty()) throw UsageError("--weights " + r.weights + ": " + r.target + " is a model folder with weights of its own");
     pretrained = models::load_pretrained(r.target);
     p.graph = pretrained->graph;
-    p.data = {"input_ids", "position_ids"};
+    p.data = pretrained->data;
     std::int64_t count = 0;
     for (const auto& [name, shape] : pretrained->parameters) {
       std::int64_t n = 1;
@@ -390,6 +390,14 @@ Prepared prepare(const Request& r) {
       p.inputs.emplace("position_ids", std::move(positions));
       p.sources["position_ids"] = "0.." + std::to_string(shape[1] - 1);
     }
+    // An encoder's token types (all 0) and attention mask (every token kept).
+    for (const auto& [name, fill] : {std::pair<const char*, std::int32_t>{"token_type_ids", 0}, {"attention_mask", 1}})
+      if (find_input(p.graph, name) && !p.inputs.contains(name)) {
+        Tensor t(DType::i32, shape);
+        std::fill_n(t.data<std::int32_t>(), t.numel(), fill);
+        p.inputs.emplace(name, std::move(t));
+        p.sources[name] = fill ? "all 1" : "all 0";
+      }
   }
   // The rest from the seed: parameters at Xavier scale, data ~ N(0, 1).
   if (!pretrained)
