@@ -3,7 +3,10 @@
 // bytes_to_unicode) and merged by rank, then the post-processor's special tokens.
 #include "io/tokenizer.hpp"
 
+#include <unicode/locid.h>
+#include <unicode/normalizer2.h>
 #include <unicode/regex.h>
+#include <unicode/uchar.h>
 #include <unicode/unistr.h>
 
 #include <nlohmann/json.hpp>
@@ -149,6 +152,103 @@ std::unique_ptr<icu::RegexPattern> compile(const std::string& regex, const std::
   return p;
 }
 
+/// Code points of UTF-8 text (ICU's reading: invalid bytes as U+FFFD).
+std::vector<char32_t> code_points(const std::string& text) {
+  const icu::UnicodeString u = icu::UnicodeString::fromUTF8(text);
+  std::vector<char32_t> out;
+  for (std::int32_t i = 0; i < u.length(); i = u.moveIndex32(i, 1)) out.push_back(static_cast<char32_t>(u.char32At(i)));
+  return out;
+}
+
+std::string to_utf8(const std::vector<char32_t>& cps) {
+  std::string s;
+  for (char32_t c : cps) append_utf8(s, c);
+  return s;
+}
+
+/// Rust's char::is_whitespace (tokenizers' test): the White_Space property.
+bool is_whitespace(char32_t c) { return u_isUWhiteSpace(static_cast<UChar32>(c)); }
+
+/// BertNormalizer (tokenizers' order): control characters dropped and whitespace made spaces,
+/// CJK ideographs spaced apart, accents stripped (NFD less nonspacing marks), lowercased per
+/// character (full case mapping, no context, as Rust's char::to_lowercase).
+struct BertNormalizer {
+  bool clean_text = true, chinese = true, strip_accents = true, lowercase = true;
+
+  static bool is_cjk(char32_t c) {
+    return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+           (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) || (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+  }
+
+  std::string apply(const std::string& text) const {
+    std::vector<char32_t> cps;
+    for (char32_t c : code_points(text)) {
+      if (clean_text) {
+        const auto type = u_charType(static_cast<UChar32>(c));
+        const bool control =
+            c != U'\t' && c != U'\n' && c != U'\r' &&
+            (type == U_CONTROL_CHAR || type == U_FORMAT_CHAR || type == U_SURROGATE || type == U_PRIVATE_USE_CHAR || type == U_UNASSIGNED);
+        if (c == 0 || c == 0xFFFD || control) continue;
+        if (is_whitespace(c)) c = ' ';
+      }
+      if (chinese && is_cjk(c)) {
+        cps.insert(cps.end(), {U' ', c, U' '});
+        continue;
+      }
+      cps.push_back(c);
+    }
+    if (strip_accents) {
+      UErrorCode status = U_ZERO_ERROR;
+      const icu::Normalizer2* nfd = icu::Normalizer2::getNFDInstance(status);
+      icu::UnicodeString u = icu::UnicodeString::fromUTF8(to_utf8(cps));
+      const icu::UnicodeString decomposed = nfd->normalize(u, status);
+      std::vector<char32_t> kept;
+      for (std::int32_t i = 0; i < decomposed.length(); i = decomposed.moveIndex32(i, 1)) {
+        const UChar32 c = decomposed.char32At(i);
+        if (u_charType(c) != U_NON_SPACING_MARK) kept.push_back(static_cast<char32_t>(c));
+      }
+      cps = std::move(kept);
+    }
+    if (!lowercase) return to_utf8(cps);
+    std::string out;
+    for (char32_t c : cps) {
+      icu::UnicodeString one(static_cast<UChar32>(c));
+      one.toLower(icu::Locale::getRoot());
+      if (one.length() == 1 || (one.length() == 2 && U16_IS_LEAD(one.charAt(0)))) {
+        append_utf8(out, static_cast<char32_t>(one.char32At(0)));
+      } else {
+        std::string s;
+        one.toUTF8String(s);
+        out += s;
+      }
+    }
+    return out;
+  }
+};
+
+/// BertPreTokenizer: split on whitespace (dropped) and around each punctuation character (ASCII
+/// punctuation or Unicode's P* categories).
+std::vector<std::string> bert_pre_tokenize(const std::string& text) {
+  std::vector<std::string> pieces;
+  std::vector<char32_t> word;
+  auto flush = [&] {
+    if (!word.empty()) pieces.push_back(to_utf8(word));
+    word.clear();
+  };
+  for (char32_t c : code_points(text)) {
+    if (is_whitespace(c)) {
+      flush();
+    } else if ((c < 0x80 && std::ispunct(static_cast<int>(c))) || u_ispunct(static_cast<UChar32>(c))) {
+      flush();
+      pieces.push_back(to_utf8({c}));
+    } else {
+      word.push_back(c);
+    }
+  }
+  flush();
+  return pieces;
+}
+
 struct PairHash {
   std::size_t operator()(const std::pair<std::string, std::string>& p) const {
     return std::hash<std::string>()(p.first) * 31 + std::hash<std::string>()(p.second);
@@ -164,6 +264,12 @@ struct Tokenizer::Impl {
   std::unordered_map<std::pair<std::string, std::string>, int, PairHash> ranks;
   bool ignore_merges = false;
   std::optional<std::int32_t> unk;
+  // WordPiece (BERT): longest match first, continuations prefixed.
+  bool wordpiece = false;
+  std::string continuing_prefix = "##";
+  std::size_t max_word_chars = 100;
+  std::optional<BertNormalizer> bert_normalizer;
+  bool bert_pre_tokenizer = false;
   // Added tokens, longest first (matched before anything else), and which ids are special.
   std::vector<std::pair<std::string, std::int32_t>> added;
   std::vector<bool> special;
@@ -187,6 +293,33 @@ struct Tokenizer::Impl {
   void finish() {
     for (int b = 0; b < 256; ++b) from_cp[to_cp[b]] = static_cast<unsigned char>(b);
     std::stable_sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  }
+
+  /// A word's WordPiece tokens (all of it [UNK] when some part matches nothing), appended to `ids`.
+  void word_piece(const std::string& word, std::vector<std::int32_t>& ids) const {
+    const std::vector<std::string> chars = utf8_chars(word);
+    auto unknown = [&] {
+      if (!unk) throw IoError(what + ": \"" + word + "\" has no WordPiece tokens and there is no unk_token");
+      ids.push_back(*unk);
+    };
+    if (chars.size() > max_word_chars) return unknown();
+    std::vector<std::int32_t> pieces;
+    for (std::size_t start = 0; start < chars.size();) {
+      std::size_t end = chars.size();
+      std::optional<std::int32_t> found;
+      for (; end > start; --end) {
+        std::string sub = start > 0 ? continuing_prefix : "";
+        for (std::size_t i = start; i < end; ++i) sub += chars[i];
+        if (auto it = vocab.find(sub); it != vocab.end()) {
+          found = it->second;
+          break;
+        }
+      }
+      if (!found) return unknown();
+      pieces.push_back(*found);
+      start = end;
+    }
+    ids.insert(ids.end(), pieces.begin(), pieces.end());
   }
 
   /// A piece's BPE tokens, appended to `ids`.
@@ -230,8 +363,10 @@ struct Tokenizer::Impl {
     }
   }
 
-  void encode_text(const std::string& text, bool first, std::vector<std::int32_t>& ids) const {
+  void encode_text(const std::string& raw, bool first, std::vector<std::int32_t>& ids) const {
+    const std::string text = bert_normalizer ? bert_normalizer->apply(raw) : raw;
     std::vector<std::string> pieces{text};
+    if (bert_pre_tokenizer) pieces = bert_pre_tokenize(text);
     if (byte_level && add_prefix_space && first && !text.empty() && text[0] != ' ') pieces[0] = " " + text;
     for (const Splitter& s : splits) {
       std::vector<std::string> next;
@@ -239,7 +374,7 @@ struct Tokenizer::Impl {
         for (std::string& q : s.split(p)) next.push_back(std::move(q));
       pieces = std::move(next);
     }
-    for (const std::string& p : pieces) bpe(p, ids);
+    for (const std::string& p : pieces) wordpiece ? word_piece(p, ids) : bpe(p, ids);
   }
 };
 
@@ -267,13 +402,20 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& what)
   t->what = what;
   try {
     const json& model = j.at("model");
-    if (type_of(model) != "BPE") throw IoError(what + ": model type \"" + type_of(model) + "\" is not read (BPE is)");
+    if (type_of(model) != "BPE" && type_of(model) != "WordPiece")
+      throw IoError(what + ": model type \"" + type_of(model) + "\" is not read (BPE and WordPiece are)");
+    t->wordpiece = type_of(model) == "WordPiece";
     for (const auto& [token, id] : model.at("vocab").items()) {
       t->vocab.emplace(token, id.get<std::int32_t>());
       t->set_token(id.get<std::int32_t>(), token);
     }
+    if (t->wordpiece) {
+      if (model.contains("continuing_subword_prefix") && model["continuing_subword_prefix"].is_string())
+        t->continuing_prefix = model["continuing_subword_prefix"].get<std::string>();
+      t->max_word_chars = model.value("max_input_chars_per_word", std::size_t{100});
+    }
     int rank = 0;
-    for (const json& m : model.at("merges")) {
+    for (const json& m : t->wordpiece ? json::array() : model.at("merges")) {
       std::pair<std::string, std::string> pair;
       if (m.is_string()) {
         const std::string s = m.get<std::string>();
@@ -296,8 +438,16 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& what)
       t->special[static_cast<std::size_t>(id)] = a.value("special", false);
       t->added.emplace_back(content, id);
     }
-    if (j.contains("normalizer") && !j["normalizer"].is_null())
-      throw IoError(what + ": normalizer \"" + type_of(j["normalizer"]) + "\" is not read yet (byte-level BPE has none)");
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+      const json& n = j["normalizer"];
+      if (type_of(n) != "BertNormalizer") throw IoError(what + ": normalizer \"" + type_of(n) + "\" is not read yet (BertNormalizer is)");
+      BertNormalizer b;
+      b.clean_text = n.value("clean_text", true);
+      b.chinese = n.value("handle_chinese_chars", true);
+      b.lowercase = n.value("lowercase", true);
+      b.strip_accents = n.contains("strip_accents") && n["strip_accents"].is_boolean() ? n["strip_accents"].get<bool>() : b.lowercase;
+      t->bert_normalizer = b;
+    }
     if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) add_pre_tokenizer(*t, j["pre_tokenizer"], what);
     if (j.contains("post_processor") && !j["post_processor"].is_null()) {
       std::vector<json> processors{j["post_processor"]};
@@ -317,8 +467,8 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& what)
         }
       }
     }
-    if (j.contains("decoder") && !j["decoder"].is_null() && type_of(j["decoder"]) != "ByteLevel")
-      throw IoError(what + ": decoder \"" + type_of(j["decoder"]) + "\" is not read yet (ByteLevel is)");
+    if (j.contains("decoder") && !j["decoder"].is_null() && type_of(j["decoder"]) != "ByteLevel" && type_of(j["decoder"]) != "WordPiece")
+      throw IoError(what + ": decoder \"" + type_of(j["decoder"]) + "\" is not read yet (ByteLevel and WordPiece are)");
   } catch (const json::exception& e) {
     throw IoError(what + ": " + std::string(e.what()));
   }
@@ -333,6 +483,8 @@ void add_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& wha
   if (t.byte_level) throw IoError(what + ": a pre-tokenizer after ByteLevel is not read");
   if (type == "Sequence") {
     for (const json& q : p.at("pretokenizers")) add_pre_tokenizer(t, q, what);
+  } else if (type == "BertPreTokenizer") {
+    t.bert_pre_tokenizer = true;
   } else if (type == "ByteLevel") {
     t.byte_level = true;
     t.add_prefix_space = p.value("add_prefix_space", false);
@@ -355,7 +507,7 @@ void add_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& wha
                     " is not read (Isolated and Removed are)");
     t.splits.push_back({compile(regex, what), behavior == "Isolated"});
   } else {
-    throw IoError(what + ": pre_tokenizer \"" + type + "\" is not read yet (ByteLevel, Split and Sequence are)");
+    throw IoError(what + ": pre_tokenizer \"" + type + "\" is not read yet (ByteLevel, Split, BertPreTokenizer and Sequence are)");
   }
 }
 
@@ -449,9 +601,26 @@ bool Tokenizer::is_special(std::int32_t id) const {
 
 std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens) const {
   std::string bytes;
+  bool first = true;
   for (std::int32_t id : ids)
-    if (!(skip_special_tokens && is_special(id))) bytes += token_bytes(id);
+    if (!(skip_special_tokens && is_special(id))) {
+      bytes += piece(id, first);
+      first = false;
+    }
   return replace_invalid(bytes);
+}
+
+std::string Tokenizer::piece(std::int32_t id, bool first) const {
+  if (!impl_->wordpiece) return token_bytes(id);
+  // tokenizers' WordPiece decoder, token by token: a continuation glued on, a word after a
+  // space, then the cleanup of what English puts no space before (" ." -> ".").
+  const std::string token = token_bytes(id);
+  std::string s = token.starts_with(impl_->continuing_prefix) ? token.substr(impl_->continuing_prefix.size()) : (first ? "" : " ") + token;
+  for (const char* from : {" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're"}) {
+    const std::string f = from, to = f == " ' " ? "'" : f.substr(1);
+    for (std::size_t at = s.find(f); at != std::string::npos; at = s.find(f, at + to.size())) s.replace(at, f.size(), to);
+  }
+  return s;
 }
 
 std::optional<std::int32_t> Tokenizer::token_id(std::string_view token) const {
@@ -465,7 +634,8 @@ std::int64_t Tokenizer::vocab_size() const { return static_cast<std::int64_t>(im
 
 std::string TextStream::push(std::int32_t id) {
   if (skip_special_ && t_.is_special(id)) return "";
-  pending_ += t_.token_bytes(id);
+  pending_ += t_.piece(id, !started_);
+  started_ = true;
   // Emit the longest valid prefix; keep an incomplete character's bytes (at most 3) for later.
   const std::size_t ok = valid_utf8_prefix(pending_);
   std::string out;

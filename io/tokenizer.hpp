@@ -36,6 +36,9 @@ class Tokenizer {
   std::string decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens = false) const;
   /// The bytes one token stands for (for streaming: a character may span tokens).
   std::string token_bytes(std::int32_t id) const;
+  /// What the decoder makes of one token (the first of a text or not): its bytes for byte-level
+  /// BPE; for WordPiece, the word with a space before it or the continuation glued on.
+  std::string piece(std::int32_t id, bool first) const;
   /// Whether `id` is a special token (<|endoftext|>, [CLS]).
   bool is_special(std::int32_t id) const;
   /// The id of a token (a special token's content, or a vocabulary entry).
@@ -65,6 +68,7 @@ class TextStream {
   const Tokenizer& t_;
   bool skip_special_;
   std::string pending_;
+  bool started_ = false;
 };
 
 }  // namespace qkv::io

@@ -40,6 +40,14 @@ struct GenerateFlags {
   bool ignore_eos = false;
 };
 int cmd_generate(const GenerateFlags& f);
+struct EmbedFlags {
+  std::string model;  // an encoder's model folder
+  std::vector<std::string> texts;
+  std::string file;  // a text a line
+  std::string backend;
+  std::string out;  // .npy [texts, dims]
+};
+int cmd_embed(const EmbedFlags& f);
 struct FuzzFlags {
   int graphs = 200;
   int ops = 6;

@@ -179,6 +179,16 @@ int main(int argc, char** argv) {
   add_seed_option(generate, generate_f.seed, "seed of the sampling");
   generate->add_flag("--ignore-eos", generate_f.ignore_eos, "go on past the model's end-of-text token");
 
+  qkv::tool::EmbedFlags embed_f;
+  embed_f.backend = backend;
+  auto* embed =
+      app.add_subcommand("embed", "sentence embeddings from an encoder's model folder (all-MiniLM-L6-v2 and its kind), as sentence-transformers");
+  embed->add_option("model", embed_f.model, "the model folder: config.json, model.safetensors, tokenizer.json")->required();
+  embed->add_option("--text", embed_f.texts, "a text to embed (repeatable)");
+  embed->add_option("--file", embed_f.file, "texts to embed, one a line");
+  embed->add_option("--backend", embed_f.backend, backend_help);
+  embed->add_option("--out", embed_f.out, "write the embeddings [texts, dims] to this .npy file");
+
   qkv::tool::FuzzFlags fuzz_f;
   std::string fuzz_backends = "reference,cpu,vulkan";
   auto* fuzz = app.add_subcommand(
@@ -228,6 +238,7 @@ int main(int argc, char** argv) {
     if (train->parsed()) return cmd_train(train_f);
     if (fuzz->parsed()) return cmd_fuzz(fuzz_f, backend_list(fuzz_backends));
     if (generate->parsed()) return cmd_generate(generate_f);
+    if (embed->parsed()) return cmd_embed(embed_f);
   } catch (...) {
     return report(std::current_exception());
   }

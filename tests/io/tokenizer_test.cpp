@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -51,6 +52,21 @@ TEST(Tokenizer, Llama3StyleSplitIgnoreMergesAndTemplate) {
   ASSERT_TRUE(bos);
   EXPECT_EQ(t.encode("hi").front(), *bos);
   EXPECT_NE(t.encode("hi", false).front(), *bos);
+}
+
+TEST(Tokenizer, BertWordPieceGivesTokenizersIds) {
+  // A WordPiece tokenizer trained for the BERT fixture, and all-MiniLM-L6-v2's when fetched.
+  expect_cases(io::Tokenizer::from_folder(kFixtures + "/bert-tiny"), kFixtures + "/bert-tiny/tokenizer_cases.json");
+  const char* models = std::getenv("QKV_MODELS_DIR");
+  const char* home = std::getenv("HOME");
+  const std::string minilm = (models ? std::string(models) : std::string(home ? home : "/root") + "/.cache/qkv/models") + "/all-MiniLM-L6-v2";
+  if (!std::filesystem::exists(minilm + "/tokenizer.json")) {
+    if (std::getenv("QKV_REQUIRE_MODELS")) FAIL() << minilm << " is missing: run scripts/fetch_models.sh";
+    GTEST_SKIP() << minilm << " is missing: scripts/fetch_models.sh fetches it";
+  }
+  const io::Tokenizer t = io::Tokenizer::from_folder(minilm);
+  expect_cases(t, kFixtures + "/minilm/tokenizer_cases.json");
+  EXPECT_EQ(t.vocab_size(), 30522);
 }
 
 TEST(Tokenizer, Gpt2VocabAndMergesFilesReadAsTokenizerJson) {

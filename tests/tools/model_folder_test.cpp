@@ -3,10 +3,13 @@
 // as they take a built-in model.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
+#include "io/npy.hpp"
 #include "io/safetensors.hpp"
 #include "io/tokenizer.hpp"
 
@@ -64,6 +67,36 @@ TEST(ModelFolder, RunCheckAndExplainTakeTheFolder) {
   const Result run = qkv("run " + kTiny + " --prompt 'The quick brown fox'");
   ASSERT_EQ(run.status, 0) << run.out;
   EXPECT_NE(run.out.find("input_ids                (1, 10)          from --prompt"), std::string::npos) << run.out;
+}
+
+TEST(ModelFolder, EmbedGivesSentenceTransformersEmbeddings) {
+  const char* models = std::getenv("QKV_MODELS_DIR");
+  const char* home = std::getenv("HOME");
+  const std::string minilm = (models ? std::string(models) : std::string(home ? home : "/root") + "/.cache/qkv/models") + "/all-MiniLM-L6-v2";
+  if (!std::filesystem::exists(minilm + "/model.safetensors")) {
+    if (std::getenv("QKV_REQUIRE_MODELS")) FAIL() << minilm << " is missing: run scripts/fetch_models.sh";
+    GTEST_SKIP() << minilm << " is missing: scripts/fetch_models.sh fetches it";
+  }
+  const std::string out = std::string(::testing::TempDir()) + "/minilm.npy";
+  const Result r = qkv("embed " + minilm + " --file " + std::string(QKV_SOURCE_DIR) + "/tests/fixtures/hf/minilm/sentences.txt --out " + out);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("(384 dims)  A man is playing a guitar."), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cosine similarity:"), std::string::npos) << r.out;
+  const qkv::Tensor got = qkv::io::read_npy(out);
+  const auto fixture = qkv::io::read_safetensors(std::string(QKV_SOURCE_DIR) + "/tests/fixtures/hf/minilm/expected.safetensors");
+  const qkv::Tensor& want = fixture.at("sentence_embedding");
+  ASSERT_EQ(got.shape(), want.shape());
+  for (std::int64_t row = 0; row < want.shape()[0]; ++row) {
+    double dot = 0, aa = 0, bb = 0;
+    for (std::int64_t i = 0; i < want.shape()[1]; ++i) {
+      const double a = got.at(row * want.shape()[1] + i), b = want.at(row * want.shape()[1] + i);
+      dot += a * b, aa += a * a, bb += b * b;
+    }
+    EXPECT_LT(1 - dot / std::sqrt(aa * bb), 1e-4) << row;
+  }
+  const Result decoder = qkv("embed " + kTiny + " --text hi");
+  EXPECT_EQ(decoder.status, 2);
+  EXPECT_NE(decoder.out.find("has no sentence embeddings"), std::string::npos) << decoder.out;
 }
 
 TEST(ModelFolder, MistakesExitWithTwo) {
