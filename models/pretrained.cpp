@@ -81,7 +81,9 @@ std::map<std::string, Tensor, std::less<>> match_weights(const Module& m, io::Te
     } else if (!is_float(it->second.dtype())) {
       wrong.push_back(key + " is " + std::string(dtype_name(it->second.dtype())) + ", not a float");
     } else {
-      weights.emplace(path, std::move(it->second));
+      // A half checkpoint's weights are widened once, here: the graphs compute in f32 (holding them
+      // in 16 bits, read so by the kernels, is still to come).
+      weights.emplace(path, it->second.dtype() == DType::f32 ? std::move(it->second) : it->second.to(DType::f32));
     }
     tensors.erase(it);
   });

@@ -20,7 +20,7 @@ struct Pretrained {
   std::string model_type;  // config.json's: "gpt2"
   /// named_parameters() of the module the config describes, in declaration order.
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> parameters;
-  /// Every parameter, by the name the graph's input has; a half checkpoint's tensors keep their dtype.
+  /// Every parameter, by the name the graph's input has, in f32 (a half checkpoint's widened once).
   std::map<std::string, Tensor, std::less<>> weights;
   /// Decoders: input_ids and position_ids i32 [B, T] -> "logits" [B, T, vocab] (and "hidden" when
   /// asked); encoders (bert): see bert_graph.
@@ -39,7 +39,8 @@ struct Pretrained {
 /// Whether `path` is a model folder (a directory with a config.json).
 bool is_model_dir(const std::string& path);
 
-/// Reads config.json and the weights of the folder `dir`. Every problem with the weights (a
+/// Reads config.json and the weights of the folder `dir` (model.safetensors, or the shards
+/// model.safetensors.index.json lists; f32, f16 or bf16). Every problem with the weights (a
 /// tensor missing, one the model does not have, one of the wrong shape, an unreadable shard) is
 /// named in one IoError, and nothing is returned half-loaded. `hidden` adds the output "hidden".
 Pretrained load_pretrained(const std::string& dir, bool hidden = false);

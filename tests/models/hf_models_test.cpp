@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <map>
 #include <tuple>
 
@@ -107,6 +110,71 @@ TEST(Sampling, TopKTopPAndTemperatureChooseAsTransformers) {
 }
 
 /// Each architecture's fixture folder on each backend.
+/// A copy of the GPT-2 fixture folder whose checkpoint `change` rewrites.
+fs::path gpt2_copy(const std::string& name, const std::function<void(const fs::path&, io::TensorFile&)>& change) {
+  const fs::path dir = fs::path(::testing::TempDir()) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(kTiny + "/config.json", dir / "config.json");
+  io::TensorFile w = io::read_safetensors(kTiny + "/model.safetensors");
+  change(dir, w);
+  return dir;
+}
+
+std::string load_error(const fs::path& dir) {
+  try {
+    models::load_pretrained(dir.string());
+  } catch (const IoError& e) {
+    return e.what();
+  }
+  return "(loaded)";
+}
+
+TEST(Checkpoint, ShardedLoadsAsOneFile) {
+  const fs::path dir = gpt2_copy("gpt2_sharded", [](const fs::path& d, io::TensorFile& w) {
+    io::TensorFile first, second;
+    nlohmann::json index;
+    for (auto& [name, t] : w) {
+      const bool early = name < "transformer.h.1";
+      (early ? first : second).emplace(name, t);
+      index["weight_map"][name] = early ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    }
+    io::write_safetensors((d / "model-00001-of-00002.safetensors").string(), first);
+    io::write_safetensors((d / "model-00002-of-00002.safetensors").string(), second);
+    std::ofstream(d / "model.safetensors.index.json") << index.dump();
+  });
+  const models::Pretrained sharded = models::load_pretrained(dir.string());
+  const models::Pretrained single = models::load_pretrained(kTiny);
+  ASSERT_EQ(sharded.weights.size(), single.weights.size());
+  for (const auto& [name, t] : single.weights) EXPECT_EQ(std::memcmp(sharded.weights.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
+  // A shard cut short is named; nothing is returned.
+  const fs::path shard = dir / "model-00002-of-00002.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 100);
+  EXPECT_NE(load_error(dir).find("model-00002-of-00002.safetensors"), std::string::npos) << load_error(dir);
+}
+
+TEST(Checkpoint, WrongDtypeIsNamed) {
+  const fs::path dir = gpt2_copy("gpt2_int_weight", [](const fs::path& d, io::TensorFile& w) {
+    w["transformer.ln_f.bias"] = Tensor(DType::i32, {64});
+    io::write_safetensors((d / "model.safetensors").string(), w);
+  });
+  EXPECT_NE(load_error(dir).find("wrong: transformer.ln_f.bias is i32, not a float"), std::string::npos) << load_error(dir);
+}
+
+TEST(Checkpoint, HalfCheckpointRunsAsItsWeightsRounded) {
+  // A bf16 checkpoint computes what the f32 one does with its weights rounded to bf16.
+  io::TensorFile rounded;
+  const fs::path dir = gpt2_copy("gpt2_bf16", [&](const fs::path& d, io::TensorFile& w) {
+    for (auto& [name, t] : w) {
+      t = t.to(DType::bf16);
+      rounded.emplace(name, t.to(DType::f32));
+    }
+    io::write_safetensors((d / "model.safetensors").string(), w);
+  });
+  const models::Pretrained half = models::load_pretrained(dir.string());
+  for (const auto& [name, t] : rounded) EXPECT_EQ(std::memcmp(half.weights.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
+}
+
 class HfModels : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
   std::string dir() const { return std::string(QKV_SOURCE_DIR) + "/tests/fixtures/hf/" + std::get<0>(GetParam()); }
