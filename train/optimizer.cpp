@@ -110,6 +110,26 @@ ir::Graph training_step(const ir::Graph& backward, const std::vector<std::string
   const SetUpdate set_update = [&g, finite](const std::string& name, ValueId v) {
     g.set_update(name, finite < 0 ? v : g.add(Op::where, {finite, v, input_named(g, name)}));
   };
+  if (grads.empty())
+    for (const auto& p : params) grads.push_back(g.output("d_" + p));
+  // clip_grad_norm_: every gradient times min(1, max_norm / (global L2 norm + 1e-6)), in f32.
+  const double max_norm = std::visit([](const auto& o) { return o.max_grad_norm; }, optimizer);
+  if (max_norm > 0) {
+    ValueId squares = -1;
+    for (ValueId grad : grads) {
+      ValueId sq = g.cast(g.add(Op::mul, {grad, grad}), DType::f32);
+      ir::Attrs first;
+      first.axis = 0;
+      first.keepdim = false;
+      while (g.node(sq).shape.rank > 0) sq = g.add(Op::reduce_sum, {sq}, first);
+      squares = squares < 0 ? sq : g.add(Op::add, {squares, sq});
+    }
+    const ValueId norm = g.add(Op::sqrt, {squares});
+    const ValueId coef = g.add(Op::div, {g.constant(max_norm), g.add(Op::add, {norm, g.constant(1e-6)})});
+    const ValueId clamped = g.add(Op::where, {g.add(Op::greater, {coef, g.constant(1.0)}), g.constant(1.0), coef});
+    for (ValueId& grad : grads) grad = g.add(Op::mul, {grad, g.cast(clamped, g.node(grad).dtype)});
+    g.set_output(kGradNorm, norm);
+  }
   ValueId step = -1;
   if (std::holds_alternative<AdamW>(optimizer)) {
     ValueId t = g.add_input("adamw.step", DType::f32, {});
@@ -119,7 +139,7 @@ ir::Graph training_step(const ir::Graph& backward, const std::vector<std::string
   for (std::size_t i = 0; i < params.size(); ++i) {
     const std::string& p = params[i];
     ValueId w = input_named(g, p);
-    ValueId grad = scaling ? grads[i] : g.output("d_" + p);
+    ValueId grad = grads[i];
     if (const auto* s = std::get_if<Sgd>(&optimizer)) sgd(g, p, w, grad, *s, set_update);
     else adamw(g, p, w, grad, std::get<AdamW>(optimizer), step, set_update);
   }

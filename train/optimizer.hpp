@@ -11,10 +11,13 @@
 namespace qkv::train {
 
 /// PyTorch's SGD: g += weight_decay * p; v = momentum * v + g (when momentum > 0); p -= lr * v.
+/// max_grad_norm > 0 clips the gradients first, as torch.nn.utils.clip_grad_norm_: all of them
+/// scaled by min(1, max_grad_norm / (their global L2 norm + 1e-6)).
 struct Sgd {
   double lr = 0.01;
   double momentum = 0.0;
   double weight_decay = 0.0;
+  double max_grad_norm = 0.0;
 };
 
 /// PyTorch's AdamW: p *= 1 - lr * weight_decay; m, v moving averages of g and g^2; p -= lr *
@@ -25,6 +28,7 @@ struct AdamW {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  double max_grad_norm = 0.0;  // as Sgd's
 };
 
 using Optimizer = std::variant<Sgd, AdamW>;
@@ -49,6 +53,8 @@ inline constexpr const char* kLossScale = "amp.scale";
 inline constexpr const char* kGoodSteps = "amp.good_steps";
 inline constexpr const char* kScaledLoss = "amp.scaled_loss";
 inline constexpr const char* kSkipped = "amp.skipped";
+/// The output of a step with gradient clipping: the gradients' global L2 norm before clipping.
+inline constexpr const char* kGradNorm = "grad_norm";
 
 /// `forward` with output kScaledLoss = (its output `loss`, as f32) * the scalar input kLossScale:
 /// the output to differentiate when the loss is scaled.
@@ -61,7 +67,8 @@ ir::Graph with_scaled_loss(const ir::Graph& forward, const std::string& loss);
 /// `backward`'s outputs other than the gradients (the gradients feed the updates on the backend).
 /// With `scaling`, the gradients are scaled ones (of kScaledLoss, or averages of them): the step
 /// unscales them, skips the updates when one is not finite, updates the scale (inputs kLossScale
-/// and kGoodSteps, added when `backward` lacks them) and outputs kSkipped.
+/// and kGoodSteps, added when `backward` lacks them) and outputs kSkipped. With max_grad_norm, the
+/// (unscaled) gradients are clipped before the update and kGradNorm is an output.
 ir::Graph training_step(const ir::Graph& backward, const std::vector<std::string>& params, const Optimizer& optimizer,
                         const LossScaling* scaling = nullptr);
 

@@ -58,6 +58,22 @@ TEST_P(Optimizers, AdamW) {
   EXPECT_NEAR(t.parameters().at("w").at(0), w, 1e-5);
 }
 
+TEST_P(Optimizers, GradientClippingAsClipGradNorm) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  // Gradient w = (3, -4): norm 5, clipped to 1 (scaled by 1 / (5 + 1e-6)); an SGD step of lr 1
+  // moves w by the clipped gradient. A norm under the limit is left alone.
+  train::Trainer clipped(quadratic(), "loss", {"w"}, train::Sgd{.lr = 1.0, .max_grad_norm = 1.0}, *b,
+                         {{"w", Tensor::from<float>({2}, {3.0f, -4.0f})}});
+  clipped.step({});
+  const double scale = 1.0 / (5.0 + 1e-6);
+  EXPECT_NEAR(clipped.parameters().at("w").at(0), 3.0 - 3.0 * scale, 1e-6);
+  EXPECT_NEAR(clipped.parameters().at("w").at(1), -4.0 + 4.0 * scale, 1e-6);
+  train::Trainer loose(quadratic(), "loss", {"w"}, train::AdamW{.lr = 0.1, .weight_decay = 0.0, .max_grad_norm = 10.0}, *b,
+                       {{"w", Tensor::from<float>({2}, {3.0f, -4.0f})}});
+  loose.step({});
+  EXPECT_NEAR(loose.parameters().at("w").at(0), 3.0 - 0.1, 1e-5);  // AdamW's first step: lr * sign(g)
+}
+
 INSTANTIATE_TEST_SUITE_P(All, Optimizers, ::testing::Values("reference", "cpu", "vulkan"), ::qkv::testing::BackendParamName());
 
 TEST(Init, XavierBoundsSeedsAndLoading) {
