@@ -10,6 +10,7 @@
 #include "io/file.hpp"
 #include "io/safetensors.hpp"
 #include "ir/error.hpp"
+#include "ir/passes/passes.hpp"
 #include "models/bert.hpp"
 #include "models/config.hpp"
 #include "models/gpt2.hpp"
@@ -108,6 +109,57 @@ std::map<std::string, Tensor, std::less<>> match_weights(const Module& m, io::Te
 }
 
 }  // namespace
+
+ir::Graph lm_loss_graph(const Pretrained& model) {
+  using ir::Op;
+  ir::Graph g = ir::rebuild(model.graph);
+  if (model.data != std::vector<std::string>{"input_ids", "position_ids"} || g.outputs().empty() || g.outputs()[0].first != "logits")
+    throw UsageError(model.dir + ": a " + model.model_type + " model has no next-token logits to train (decoders such as gpt2 and llama do)");
+  const ir::ValueId logits = g.output("logits");
+  const ir::Shape s = g.node(logits).shape;  // [B, T, V], V static
+  const ir::ValueId targets = g.add_input("targets", DType::i32, {s[0], s[1]});
+  ir::Attrs last, depth, all;
+  last.axis = 2;
+  depth.depth = s[2];
+  all.axis = 0;
+  all.keepdim = false;
+  const ir::ValueId picked = g.add(Op::one_hot, {targets}, depth);  // ids outside [0, V) (-1) pick nothing
+  ir::ValueId log_likelihood = g.add(Op::mul, {picked, g.add(Op::log_softmax, {logits}, last)});
+  ir::ValueId scored = picked;
+  for (int i = 0; i < 3; ++i) {
+    log_likelihood = g.add(Op::reduce_sum, {log_likelihood}, all);
+    scored = g.add(Op::reduce_sum, {scored}, all);
+  }
+  const ir::ValueId count = g.add(Op::max, {scored, g.constant(1.0)});
+  g.clear_results();
+  g.set_output("loss", g.add(Op::neg, {g.add(Op::div, {log_likelihood, count})}));
+  return ir::rebuild(g);
+}
+
+void save_pretrained(const Pretrained& model, const std::map<std::string, Tensor, std::less<>>& weights, const std::string& out_dir) {
+  io::make_dirs(out_dir);
+  io::TensorFile checkpoint;
+  for (const auto& [name, shape] : model.parameters) {
+    auto it = weights.find(name);
+    if (it == weights.end()) throw UsageError("save_pretrained: no value for " + name);
+    if (it->second.shape() != shape)
+      throw ShapeError("save_pretrained: " + name + " has shape of " + std::to_string(it->second.rank()) + " dims, not the config's");
+    checkpoint.emplace(name, it->second.dtype() == DType::f32 ? it->second : it->second.to(DType::f32));
+  }
+  io::OutputBatch batch;
+  batch.add((fs::path(out_dir) / "model.safetensors").string(), io::format_safetensors(checkpoint, {{"format", "pt"}}));
+  // Everything else of the folder: config, tokenizer, generation and pooling settings.
+  for (const auto& entry : fs::recursive_directory_iterator(model.dir)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("model") && (name.ends_with(".safetensors") || name.ends_with(".index.json"))) continue;
+    if (name.ends_with(".bin") || name.ends_with(".pt") || name.ends_with(".h5")) continue;
+    const fs::path rel = fs::relative(entry.path(), model.dir);
+    if (!rel.parent_path().empty()) io::make_dirs((fs::path(out_dir) / rel.parent_path()).string());
+    batch.add((fs::path(out_dir) / rel).string(), io::read_file(entry.path().string()));
+  }
+  batch.commit();
+}
 
 bool is_model_dir(const std::string& path) {
   std::error_code ec;

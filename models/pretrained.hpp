@@ -36,6 +36,17 @@ struct Pretrained {
   std::vector<std::int64_t> eos_token_ids;
 };
 
+/// A decoder's next-token loss for fine-tuning: `model.graph` with an input "targets" i32 [B, T]
+/// (the next token of each position, -1 where none is scored) and the output "loss": the mean
+/// cross-entropy over the scored positions (transformers' loss with labels shifted, -100 as -1).
+ir::Graph lm_loss_graph(const Pretrained& model);
+
+/// Writes `weights` (the model's parameters under their checkpoint names, as trained) as a model
+/// folder transformers' from_pretrained loads: model.safetensors with the checkpoint's names, and
+/// config.json, the tokenizer's files and the others of `model.dir` copied. All files are written
+/// or none (a failure leaves `out_dir` as it was).
+void save_pretrained(const Pretrained& model, const std::map<std::string, Tensor, std::less<>>& weights, const std::string& out_dir);
+
 /// Whether `path` is a model folder (a directory with a config.json).
 bool is_model_dir(const std::string& path);
 

@@ -28,6 +28,21 @@ struct TrainFlags {
   std::string dtype = "f32";  // f16 or bf16: mixed precision (f32 parameters; f16 scales its loss)
 };
 int cmd_train(const TrainFlags& f);
+/// Fine-tuning a decoder's model folder on a text file (qkv train MODEL_DIR --text FILE).
+struct FinetuneFlags {
+  std::string model;
+  std::string text;
+  std::string save;  // the trained model folder
+  std::string backend;
+  int steps = 20;
+  int batch = 4;
+  int seq = 32;  // tokens per sequence
+  double lr = 1e-3;
+  double weight_decay = 0.01;
+  double max_grad_norm = 1.0;
+  std::uint64_t seed = 1;
+};
+int cmd_finetune(const FinetuneFlags& f);
 struct GenerateFlags {
   std::string model;  // a model folder
   std::string prompt;

@@ -152,7 +152,17 @@ int main(int argc, char** argv) {
   qkv::tool::TrainFlags train_f;
   train_f.backend = backend;
   auto* train = app.add_subcommand(
-      "train", "train a one-layer causal transformer on the copy task, with generated backward graphs; data-parallel under mpirun");
+      "train",
+      "train a one-layer causal transformer on the copy task, or fine-tune a model folder on a text (MODEL_DIR --text FILE --save DIR), "
+      "with generated backward graphs; data-parallel under mpirun");
+  qkv::tool::FinetuneFlags finetune_f;
+  train->add_option("model", finetune_f.model, "a decoder's model folder to fine-tune (as transformers saves one); none: the copy task");
+  train->add_option("--text", finetune_f.text, "fine-tuning: the text file to learn the next tokens of");
+  train->add_option("--save", finetune_f.save, "fine-tuning: write the trained model folder here (transformers' from_pretrained loads it)");
+  train->add_option("--seq", finetune_f.seq, "fine-tuning: tokens per sequence")->capture_default_str();
+  train->add_option("--weight-decay", finetune_f.weight_decay, "fine-tuning: AdamW's weight decay")->capture_default_str();
+  train->add_option("--max-grad-norm", finetune_f.max_grad_norm, "fine-tuning: clip the gradients' global norm to this (0: no clipping)")
+      ->capture_default_str();
   train->add_option("--backend", train_f.backend, backend_help + "; under mpirun (data-parallel), a list a,b gives rank i the i-th, cycling");
   train->add_option("--steps", train_f.steps, "SGD steps")->capture_default_str();
   train->add_option("--batch", train_f.batch, "sequences per step")->capture_default_str();
@@ -235,7 +245,20 @@ int main(int argc, char** argv) {
     if (explain->parsed()) return cmd_explain(explain_r, backend, explain_profile);
     if (bench->parsed()) return cmd_bench(bench_r, bench_backends, repeat, profile);
     if (viz->parsed()) return cmd_viz(viz_r, backend, png_dir, labels);
-    if (train->parsed()) return cmd_train(train_f);
+    if (train->parsed() && !finetune_f.model.empty()) {
+      finetune_f.backend = train_f.backend.empty() ? backend : train_f.backend;
+      // --steps, --batch, --lr and --seed as given (fine-tuning has defaults of its own).
+      if (train->count("--steps")) finetune_f.steps = train_f.steps;
+      if (train->count("--batch")) finetune_f.batch = train_f.batch;
+      if (train->count("--lr")) finetune_f.lr = train_f.lr;
+      finetune_f.seed = train_f.seed;
+      return cmd_finetune(finetune_f);
+    }
+    if (train->parsed()) {
+      if (!finetune_f.text.empty() || !finetune_f.save.empty())
+        throw qkv::UsageError("--text and --save are for fine-tuning a model folder (qkv train MODEL_DIR ...)");
+      return cmd_train(train_f);
+    }
     if (fuzz->parsed()) return cmd_fuzz(fuzz_f, backend_list(fuzz_backends));
     if (generate->parsed()) return cmd_generate(generate_f);
     if (embed->parsed()) return cmd_embed(embed_f);

@@ -4,17 +4,18 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <tuple>
 
 #include "backends/equivalence.hpp"
 #include "backends/reference/reference_backend.hpp"
 #include "io/safetensors.hpp"
+#include "ir/passes/passes.hpp"
 #include "models/generate.hpp"
 #include "models/gpt2.hpp"
 #include "models/llama.hpp"
@@ -257,6 +258,39 @@ TEST_P(HfModels, DecodeStepPlansNoCopyOfTheCache) {
   EXPECT_GT(short_cache, 0);
   const std::int64_t held_in_plan = backend() == "vulkan" ? cache_bytes(64) - cache_bytes(8) : 0;
   EXPECT_LE(long_cache - short_cache, held_in_plan);
+}
+
+// Fine-tuning's loss and its gradient for every parameter, against transformers' loss with
+// labels = the prompt and its backward (a tied embedding's gradient sums both of its uses).
+TEST_P(HfModels, NextTokenLossAndGradientsMatchTransformers) {
+  QKV_GET_BACKEND_OR_SKIP(b, backend());
+  const models::Pretrained m = models::load_pretrained(dir());
+  const io::TensorFile hf = expected();
+  const ir::Graph loss = models::lm_loss_graph(m);
+  std::vector<std::string> params;
+  for (const auto& [name, shape] : m.parameters) params.push_back(name);
+  const ir::Graph backward = ir::build_backward(loss, {"loss", params, {}});
+  const Tensor& ids = hf.at("input_ids");
+  backend::TensorMap in = prompt_inputs(ids);
+  Tensor targets(DType::i32, ids.shape());
+  for (std::int64_t i = 0; i < ids.numel(); ++i) targets.data<std::int32_t>()[i] = i + 1 < ids.numel() ? ids.data<std::int32_t>()[i + 1] : -1;
+  in.emplace("targets", targets);
+  for (const auto& [name, t] : m.weights) in.emplace(name, t);
+  auto oracle = backend::make_reference_backend({backend::Precision::f64, true})->compile(backward)->run(in);
+  auto plain = backend::make_reference_backend({backend::Precision::f32, true})->compile(backward)->run(in);
+  auto got = b->compile(backward)->run(in);
+  EXPECT_NEAR(oracle.at("loss").at(0), hf.at("loss").at(0), 1e-5);
+  int checked = 0;
+  for (const std::string& p : params) {
+    SCOPED_TRACE(p);
+    const std::string out = "d_" + p;
+    const auto torch_vs_f64 = backend::compare_output(out, hf.at("grad." + p), oracle.at(out), plain.at(out));
+    EXPECT_TRUE(torch_vs_f64.pass) << "transformers' " << torch_vs_f64.max_abs_error << ", budget " << torch_vs_f64.budget;
+    const auto ours = backend::compare_output(out, got.at(out), oracle.at(out), plain.at(out));
+    EXPECT_TRUE(ours.pass) << backend() << "'s " << ours.max_abs_error << ", budget " << ours.budget;
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int>(m.parameters.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, HfModels,

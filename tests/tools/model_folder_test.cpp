@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "io/npy.hpp"
@@ -97,6 +98,41 @@ TEST(ModelFolder, EmbedGivesSentenceTransformersEmbeddings) {
   const Result decoder = qkv("embed " + kTiny + " --text hi");
   EXPECT_EQ(decoder.status, 2);
   EXPECT_NE(decoder.out.find("has no sentence embeddings"), std::string::npos) << decoder.out;
+}
+
+TEST(ModelFolder, FineTuningSavesAFolderWithTheCheckpointsNames) {
+  const std::string text = std::string(::testing::TempDir()) + "/finetune.txt";
+  {
+    std::ofstream f(text);
+    for (int i = 0; i < 4; ++i) f << "The quick brown fox jumps over the lazy dog. A key/value cache holds the keys and values.\n";
+  }
+  const std::string out = std::string(::testing::TempDir()) + "/gpt2-finetuned";
+  std::filesystem::remove_all(out);
+  const Result r = qkv("train " + kTiny + " --text " + text + " --steps 6 --batch 2 --seq 24 --lr 0.01 --save " + out);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("AdamW lr 0.01, weight decay 0.01, clip 1"), std::string::npos) << r.out;
+  // The loss falls on a text this short, and the folder holds the checkpoint's tensors, trained.
+  const auto arrow = r.out.find(" -> ", r.out.rfind("loss "));
+  ASSERT_NE(arrow, std::string::npos) << r.out;
+  const double first = std::stod(r.out.substr(r.out.rfind("loss ", arrow) + 5)), last = std::stod(r.out.substr(arrow + 4));
+  EXPECT_LT(last, first) << r.out;
+  const auto before = qkv::io::read_safetensors(kTiny + "/model.safetensors");
+  const auto after = qkv::io::read_safetensors(out + "/model.safetensors");
+  ASSERT_EQ(after.size(), before.size());
+  for (const auto& [name, t] : before) {
+    ASSERT_TRUE(after.contains(name)) << name;
+    EXPECT_EQ(after.at(name).shape(), t.shape()) << name;
+  }
+  EXPECT_NE(after.at("transformer.h.0.attn.c_attn.weight").at(0), before.at("transformer.h.0.attn.c_attn.weight").at(0));
+  EXPECT_TRUE(std::filesystem::exists(out + "/tokenizer.json") && std::filesystem::exists(out + "/config.json"));
+  const Result run = qkv("run " + out + " --prompt 'The quick'");
+  EXPECT_EQ(run.status, 0) << run.out;
+  // Mistakes: no text, a text without a model, an encoder.
+  EXPECT_EQ(qkv("train " + kTiny + " --steps 2").status, 2);
+  EXPECT_EQ(qkv("train --text " + text).status, 2);
+  const Result bert = qkv("train " + std::string(QKV_SOURCE_DIR) + "/tests/fixtures/hf/bert-tiny --text " + text);
+  EXPECT_EQ(bert.status, 2);
+  EXPECT_NE(bert.out.find("has no next-token logits to train"), std::string::npos) << bert.out;
 }
 
 TEST(ModelFolder, MistakesExitWithTwo) {
