@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
   }
   auto backend = backend::create(backend_name);
   const double bandwidth = read_bandwidth();
-  std::printf("GPT-2 small shape (%.1fM parameters, f32, random weights) on %s\n", static_cast<double>(weight_bytes) / 4e6, backend->device().c_str());
+  std::printf("GPT-2 small shape (%.1fM parameters, f32, random weights) on %s\n", static_cast<double>(weight_bytes) / 4e6,
+              backend->device().c_str());
   std::printf("read bandwidth %.1f GB/s (a parallel sum); medians of %d runs of %d decode steps\n\n", bandwidth / 1e9, repeat, steps);
   std::printf("| cache P | tokens/s | ms/token | bound tokens/s | of bound |\n|---|---|---|---|---|\n");
   for (const std::int64_t cache : {std::int64_t{128}, 2048 - std::int64_t{steps} - 1}) {

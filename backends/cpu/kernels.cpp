@@ -256,12 +256,37 @@ void embedding(ConstView ids, ConstView table, View out) {
 void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
   MatmulDims d = matmul_dims(a.shape, b.shape, out.shape, ta);
   // Tasks: each batch's product, its rows split into chunks when there are fewer batches than
-  // threads to keep busy. Small products run inline.
+  // threads to keep busy; a product of few rows (a decode step's [1, K] x [K, N]) split into
+  // column blocks instead. Small products run inline.
   ThreadPool& pool = ThreadPool::global();
   const bool small = d.m * d.n * d.k < (1 << 15);
-  std::int64_t chunks = 1;
+  std::int64_t chunks = 1, column_chunks = 1;
   if (!small && d.batch < 2 * pool.size() && d.m >= 32) chunks = std::min<std::int64_t>(2 * pool.size(), d.m / 16);
+  else if (!small && d.batch < 2 * pool.size() && d.n >= 256) column_chunks = std::min<std::int64_t>(2 * pool.size(), d.n / 128);
   const std::int64_t rows = (d.m + chunks - 1) / chunks;
+  const std::int64_t cols = ((d.n + column_chunks - 1) / column_chunks + 15) / 16 * 16;
+  if (column_chunks > 1) {
+    auto column_task = [&](std::int64_t t) {
+      const std::int64_t bt = t / column_chunks, c0 = (t % column_chunks) * cols, c = std::min(cols, d.n - c0);
+      if (c <= 0) return;
+      std::int64_t oa = 0, ob = 0, rem = bt;
+      for (int i = d.batch_shape.rank - 1; i >= 0; --i) {
+        oa += (rem % d.batch_shape[i]) * d.a_batch[static_cast<std::size_t>(i)];
+        ob += (rem % d.batch_shape[i]) * d.b_batch[static_cast<std::size_t>(i)];
+        rem /= d.batch_shape[i];
+      }
+      const float* pb = b.data + ob * d.k * d.n + (tb ? c0 * d.k : c0);
+      if (d.m == 1 && !ta) {  // one row: a matrix-vector product, B streamed once and not packed
+        cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, static_cast<int>(tb ? c : d.k), static_cast<int>(tb ? d.k : c), 1.0f, pb,
+                    static_cast<int>(tb ? d.k : d.n), a.data + oa * d.k, 1, 0.0f, out.data + bt * d.n + c0, 1);
+        return;
+      }
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(d.m), static_cast<int>(c),
+                  static_cast<int>(d.k), 1.0f, a.data + oa * d.m * d.k, static_cast<int>(ta ? d.m : d.k), pb, static_cast<int>(tb ? d.k : d.n), 0.0f,
+                  out.data + bt * d.m * d.n + c0, static_cast<int>(d.n));
+    };
+    return pool.parallel_for(d.batch * column_chunks, column_task);
+  }
   auto task = [&](std::int64_t t) {
     const std::int64_t bt = t / chunks, r0 = (t % chunks) * rows, r = std::min(rows, d.m - r0);
     if (r <= 0) return;
