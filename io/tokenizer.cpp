@@ -1,6 +1,7 @@
-// Byte-level BPE as tokenizers computes it: added tokens split out first, then the
-// pre-tokenizers' pieces, each piece's bytes mapped to printable characters (GPT-2's
-// bytes_to_unicode) and merged by rank, then the post-processor's special tokens.
+// Tokenizers as Hugging Face tokenizers computes them: added tokens split out first, then the
+// normaliser and the pre-tokenizers' pieces; byte-level BPE maps each piece's bytes to printable
+// characters (GPT-2's bytes_to_unicode) and merges them by rank, WordPiece takes the longest
+// vocabulary entries first; then the post-processor's special tokens.
 #include "io/tokenizer.hpp"
 
 #include <unicode/locid.h>
@@ -131,6 +132,7 @@ struct Splitter {
       u.tempSubStringBetween(a, b).toUTF8String(s);
       pieces.push_back(std::move(s));
     };
+    if (U_FAILURE(status)) throw IoError(std::string("tokenizer: a pattern failed on the text (") + u_errorName(status) + ")");
     std::int32_t last = 0;
     while (m->find(status) && U_SUCCESS(status)) {
       const std::int32_t a = m->start(status), b = m->end(status);
@@ -139,6 +141,7 @@ struct Splitter {
       if (keep_matches) piece(a, b);
       last = b;
     }
+    if (U_FAILURE(status)) throw IoError(std::string("tokenizer: a pattern failed on the text (") + u_errorName(status) + ")");
     piece(last, u.length());
     return pieces;
   }
@@ -276,13 +279,15 @@ struct Tokenizer::Impl {
   std::vector<Splitter> splits;
   bool byte_level = false;
   bool add_prefix_space = false;
+  std::size_t byte_level_at = 0;  // the splits before ByteLevel's own
   std::array<char32_t, 256> to_cp = byte_to_codepoint();
   std::unordered_map<char32_t, unsigned char> from_cp;
   // The post-processor: ids before and after the sequence.
   std::vector<std::int32_t> prefix, suffix;
 
   void set_token(std::int32_t id, const std::string& token) {
-    if (id < 0) throw IoError(what + ": token \"" + token + "\" has a negative id");
+    // Ids index f32-held tensors on every backend: exact below 2^24.
+    if (id < 0 || id >= (1 << 24)) throw IoError(what + ": token \"" + token + "\" has id " + std::to_string(id) + ", outside [0, 2^24)");
     if (static_cast<std::size_t>(id) >= tokens.size()) {
       tokens.resize(static_cast<std::size_t>(id) + 1);
       special.resize(static_cast<std::size_t>(id) + 1);
@@ -363,12 +368,17 @@ struct Tokenizer::Impl {
     }
   }
 
-  void encode_text(const std::string& raw, bool first, std::vector<std::int32_t>& ids) const {
+  void encode_text(const std::string& raw, std::vector<std::int32_t>& ids) const {
     const std::string text = bert_normalizer ? bert_normalizer->apply(raw) : raw;
     std::vector<std::string> pieces{text};
     if (bert_pre_tokenizer) pieces = bert_pre_tokenize(text);
-    if (byte_level && add_prefix_space && first && !text.empty() && text[0] != ' ') pieces[0] = " " + text;
-    for (const Splitter& s : splits) {
+    for (std::size_t k = 0; k <= splits.size(); ++k) {
+      // ByteLevel's add_prefix_space: a space before every piece it is given, as tokenizers does.
+      if (byte_level && add_prefix_space && k == byte_level_at)
+        for (std::string& p : pieces)
+          if (!p.starts_with(' ')) p.insert(0, 1, ' ');
+      if (k == splits.size()) break;
+      const Splitter& s = splits[k];
       std::vector<std::string> next;
       for (const std::string& p : pieces)
         for (std::string& q : s.split(p)) next.push_back(std::move(q));
@@ -431,9 +441,17 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& what)
     if (model.contains("unk_token") && model["unk_token"].is_string())
       if (auto it = t->vocab.find(model["unk_token"].get<std::string>()); it != t->vocab.end()) t->unk = it->second;
     if (model.value("byte_fallback", false)) throw IoError(what + ": byte_fallback BPE (SentencePiece's) is not read yet");
+    for (const char* key : {"end_of_word_suffix"})
+      if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
+        throw IoError(what + ": BPE with " + key + " is not read yet");
+    if (!t->wordpiece && model.contains("continuing_subword_prefix") && model["continuing_subword_prefix"].is_string() &&
+        !model["continuing_subword_prefix"].get<std::string>().empty())
+      throw IoError(what + ": BPE with continuing_subword_prefix is not read yet");
     for (const json& a : j.value("added_tokens", json::array())) {
       const auto id = a.at("id").get<std::int32_t>();
       const std::string content = a.at("content").get<std::string>();
+      if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false))
+        throw IoError(what + ": added token \"" + content + "\" with lstrip, rstrip or single_word is not read yet");
       t->set_token(id, content);
       t->special[static_cast<std::size_t>(id)] = a.value("special", false);
       t->added.emplace_back(content, id);
@@ -488,6 +506,7 @@ void add_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& wha
   } else if (type == "ByteLevel") {
     t.byte_level = true;
     t.add_prefix_space = p.value("add_prefix_space", false);
+    t.byte_level_at = t.splits.size();
     if (p.value("use_regex", true)) t.splits.push_back({compile(kGpt2Pattern, what), true});
   } else if (type == "Split") {
     const json& pattern = p.at("pattern");
@@ -551,7 +570,6 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_spec
   if (add_special_tokens) ids = impl_->prefix;
   // Added tokens first, leftmost and then longest; the text between them through the model.
   std::size_t done = 0;
-  bool first = true;
   for (std::size_t i = 0; i <= text.size();) {
     const std::pair<std::string, std::int32_t>* hit = nullptr;
     if (i < text.size())
@@ -564,8 +582,7 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_spec
       ++i;
       continue;
     }
-    if (i > done) impl_->encode_text(std::string(text.substr(done, i - done)), first, ids);
-    first = false;
+    if (i > done) impl_->encode_text(std::string(text.substr(done, i - done)), ids);
     if (!hit) break;
     ids.push_back(hit->second);
     i += hit->first.size();

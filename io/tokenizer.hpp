@@ -1,8 +1,10 @@
 // Tokenizers as Hugging Face `tokenizers` writes them (tokenizer.json): text to token ids and
 // back, with the ids `tokenizers` gives. Byte-level BPE (GPT-2, Llama 3: ByteLevel and Split
 // pre-tokenizers, merges, ignore_merges, added and special tokens, TemplateProcessing), read from
-// tokenizer.json or from GPT-2's vocab.json and merges.txt. Pre-tokenizer patterns run on ICU's
-// regular expressions (Unicode properties and look-ahead, as tokenizers' Oniguruma).
+// tokenizer.json or from GPT-2's vocab.json and merges.txt; and WordPiece (BERT: BertNormalizer,
+// BertPreTokenizer, ## continuations). Pre-tokenizer patterns run on ICU's regular expressions
+// (Unicode properties and look-ahead, as tokenizers' Oniguruma); what a file asks for that is not
+// read is an error naming it, never other ids.
 #pragma once
 
 #include <cstdint>

@@ -273,7 +273,10 @@ bool writes_into_operand(const Graph& g, ValueId v) {
   const Node& c = g.node(cache);
   if (c.op != Op::input || c.dtype != DType::f32) return false;  // a 16-bit cache is widened where kernels read it: copied
   bool updated = false;
-  for (const auto& [name, u] : g.updates()) updated |= name == c.name && u == v;
+  for (const auto& [name, u] : g.updates()) {
+    updated |= name == c.name && u == v;
+    if (u == cache) return false;  // another held input takes the cache's old value
+  }
   if (!updated) return false;
   for (const auto& [name, o] : g.outputs())
     if (o == cache) return false;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -15,7 +16,9 @@ std::int32_t pick_token(const float* logits, std::int64_t vocab, const Sampling&
   if (s.temperature <= 0.0) return static_cast<std::int32_t>(std::max_element(logits, logits + vocab) - logits);
   std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return logits[a] > logits[b]; });
+  // NaN logits sort last (never picked while a number is there).
+  auto key = [&](std::int32_t i) { return std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : logits[i]; };
+  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return key(a) > key(b); });
   std::size_t keep = order.size();
   if (s.top_k > 0) keep = std::min<std::size_t>(keep, static_cast<std::size_t>(s.top_k));
   std::vector<double> p(keep);
@@ -41,6 +44,8 @@ std::int32_t pick_token(const float* logits, std::int64_t vocab, const Sampling&
 }
 
 Generator::Generator(const Pretrained& model, backend::Backend& backend, std::int64_t max_length) : model_(model), max_length_(max_length) {
+  if (model.step_graph.size() == 0)
+    throw UsageError(model.dir + ": a " + model.model_type + " model does not generate (decoders such as gpt2 and llama do)");
   if (max_length <= 0 || max_length > model.max_positions)
     throw UsageError("generate: " + std::to_string(max_length) + " positions asked for, the model has " + std::to_string(model.max_positions));
   exe_ = backend.compile(model.step_graph);
@@ -53,6 +58,11 @@ Generator::Generator(const Pretrained& model, backend::Backend& backend, std::in
 std::vector<std::int32_t> Generator::generate(const std::vector<std::int32_t>& prompt, const GenerationOptions& o,
                                               const std::function<bool(std::int32_t)>& on_token) {
   if (prompt.empty()) throw UsageError("generate: the prompt has no tokens");
+  for (std::int32_t id : prompt)
+    if (id < 0 || id >= model_.vocab_size)
+      throw UsageError("generate: token id " + std::to_string(id) + " is outside the model's vocabulary of " + std::to_string(model_.vocab_size));
+  if (o.max_new_tokens < 0 || o.max_new_tokens > max_length_)
+    throw UsageError("generate: max_new_tokens outside [0, " + std::to_string(max_length_) + "]");
   const auto length = static_cast<std::int64_t>(prompt.size());
   if (length + o.max_new_tokens > max_length_)
     throw UsageError("generate: a prompt of " + std::to_string(length) + " tokens and " + std::to_string(o.max_new_tokens) + " new ones exceed " +

@@ -41,6 +41,7 @@ class Generator {
   /// Compiles the model's step graph on `backend` and holds its weights and a zero cache for
   /// `max_length` positions (prompt and new tokens; at most the model's positions).
   Generator(const Pretrained& model, backend::Backend& backend, std::int64_t max_length);
+  Generator(Pretrained&&, backend::Backend&, std::int64_t) = delete;  // keeps a reference to the model
   /// The prompt's continuation: the new tokens, each passed to `on_token` as soon as it is
   /// picked (which may return false to stop). Throws UsageError when the prompt and
   /// max_new_tokens do not fit max_length, or the prompt is empty.

@@ -148,15 +148,28 @@ void save_pretrained(const Pretrained& model, const std::map<std::string, Tensor
   }
   io::OutputBatch batch;
   batch.add((fs::path(out_dir) / "model.safetensors").string(), io::format_safetensors(checkpoint, {{"format", "pt"}}));
-  // Everything else of the folder: config, tokenizer, generation and pooling settings.
-  for (const auto& entry : fs::recursive_directory_iterator(model.dir)) {
-    if (!entry.is_regular_file()) continue;
-    const std::string name = entry.path().filename().string();
-    if (name.starts_with("model") && (name.ends_with(".safetensors") || name.ends_with(".index.json"))) continue;
-    if (name.ends_with(".bin") || name.ends_with(".pt") || name.ends_with(".h5")) continue;
-    const fs::path rel = fs::relative(entry.path(), model.dir);
-    if (!rel.parent_path().empty()) io::make_dirs((fs::path(out_dir) / rel.parent_path()).string());
-    batch.add((fs::path(out_dir) / rel).string(), io::read_file(entry.path().string()));
+  // The folder's settings: config, tokenizer, generation and sentence-transformers' pooling (other
+  // frameworks' weights, now stale, are not copied).
+  static const char* const kSettings[] = {"config.json",
+                                          "generation_config.json",
+                                          "tokenizer.json",
+                                          "tokenizer_config.json",
+                                          "special_tokens_map.json",
+                                          "added_tokens.json",
+                                          "vocab.json",
+                                          "vocab.txt",
+                                          "merges.txt",
+                                          "tokenizer.model",
+                                          "sentence_bert_config.json",
+                                          "config_sentence_transformers.json",
+                                          "modules.json",
+                                          "1_Pooling/config.json",
+                                          "2_Normalize/config.json"};
+  for (const char* rel : kSettings) {
+    const fs::path from = fs::path(model.dir) / rel;
+    if (!fs::is_regular_file(from)) continue;
+    if (fs::path(rel).has_parent_path()) io::make_dirs((fs::path(out_dir) / fs::path(rel).parent_path()).string());
+    batch.add((fs::path(out_dir) / rel).string(), io::read_file(from.string()));
   }
   batch.commit();
 }
@@ -194,7 +207,10 @@ Pretrained load_pretrained(const std::string& dir, bool hidden) {
     const auto c = read_config<LlamaConfig>(j, config_path);
     const LlamaForCausalLM m = make_llama(c);
     p.parameters = named_parameters(m);
-    p.weights = match_weights(m, read_weights(folder), dir, "", {"rotary_emb.inv_freq"});
+    // A tied checkpoint may hold the head's copy of the embedding (transformers ties it on load).
+    std::vector<std::string> ignored{"rotary_emb.inv_freq"};
+    if (!m.lm_head) ignored.push_back("lm_head.weight");
+    p.weights = match_weights(m, read_weights(folder), dir, "", ignored);
     p.weights.emplace(kInvFreq, llama_inv_freq(c));
     p.graph = llama_graph(m, c, hidden);
     p.step_graph = llama_step_graph(m, c);

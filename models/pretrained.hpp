@@ -20,13 +20,15 @@ struct Pretrained {
   std::string model_type;  // config.json's: "gpt2"
   /// named_parameters() of the module the config describes, in declaration order.
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> parameters;
-  /// Every parameter, by the name the graph's input has, in f32 (a half checkpoint's widened once).
+  /// Every parameter, by the name the graph's input has, in f32 (a half checkpoint's widened once),
+  /// and the model's buffers the graph reads (Llama's model.rotary_emb.inv_freq).
   std::map<std::string, Tensor, std::less<>> weights;
   /// Decoders: input_ids and position_ids i32 [B, T] -> "logits" [B, T, vocab] (and "hidden" when
   /// asked); encoders (bert): see bert_graph.
   ir::Graph graph;
-  /// One generation step against a key/value cache (gpt2_step_graph): input_ids, position_ids
-  /// [B, T], cache_start []; held cache inputs "past.<layer>.key/value" [B, kv_heads, S, head_dim].
+  /// A decoder's generation step against a key/value cache (gpt2_step_graph): input_ids,
+  /// position_ids [B, T], cache_start []; held cache inputs "past.<layer>.key/value" [B, kv_heads,
+  /// S, head_dim]. Empty for encoders.
   ir::Graph step_graph;
   std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
   /// The graph's data inputs (the others are weights), each i32 [B, T].

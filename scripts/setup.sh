@@ -22,5 +22,6 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-# The real checkpoint the tests run (all-MiniLM-L6-v2), downloaded once, nothing installed.
-bash "$(dirname "$0")/fetch_models.sh"
+# The real checkpoint the tests run (all-MiniLM-L6-v2), downloaded once, nothing installed. Offline,
+# setup goes on without it: its tests skip (CI sets QKV_REQUIRE_MODELS, and fails them instead).
+bash "$(dirname "$0")/fetch_models.sh" || echo "setup.sh: all-MiniLM-L6-v2 not fetched (offline?); its tests will skip" >&2

@@ -22,7 +22,8 @@ std::int64_t max_tokens(const std::string& dir, std::int64_t positions) {
   if (!std::filesystem::exists(path)) return positions;
   try {
     const nlohmann::json j = nlohmann::json::parse(io::read_file(path));
-    if (j.contains("max_seq_length") && j["max_seq_length"].is_number_integer()) return std::min(positions, j["max_seq_length"].get<std::int64_t>());
+    if (j.contains("max_seq_length") && j["max_seq_length"].is_number_integer() && j["max_seq_length"].get<std::int64_t>() >= 2)
+      return std::min(positions, j["max_seq_length"].get<std::int64_t>());
   } catch (const nlohmann::json::exception& e) {
     throw IoError(path + ": not valid JSON (" + std::string(e.what()) + ")");
   }
@@ -36,9 +37,10 @@ int cmd_embed(const EmbedFlags& f) {
   std::vector<std::string> texts = f.texts;
   if (!f.file.empty()) {
     const std::string all = io::read_file(f.file);
+    // A text a line, empty ones too (the rows of --out are the file's lines); no line after a final newline.
     for (std::size_t at = 0; at < all.size();) {
-      std::size_t end = std::min(all.find('\n', at), all.size());
-      if (end > at) texts.push_back(all.substr(at, end - at));
+      const std::size_t end = std::min(all.find('\n', at), all.size());
+      texts.push_back(all.substr(at, end - at));
       at = end + 1;
     }
   }

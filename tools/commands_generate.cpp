@@ -1,5 +1,6 @@
 // qkv generate: text from a model folder, streamed as it is produced.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "io/tokenizer.hpp"
@@ -12,14 +13,18 @@ namespace qkv::tool {
 int cmd_generate(const GenerateFlags& f) {
   if (!models::is_model_dir(f.model)) throw UsageError(f.model + ": not a model folder (a folder with config.json, as transformers saves one)");
   if (f.max_tokens < 1) throw UsageError("--max-tokens " + std::to_string(f.max_tokens) + ": at least 1");
-  if (f.temperature < 0) throw UsageError("--temperature: at least 0 (0 picks the most likely token)");
-  if (f.top_p <= 0 || f.top_p > 1) throw UsageError("--top-p: in (0, 1]");
+  if (!(f.temperature >= 0) || !std::isfinite(f.temperature)) throw UsageError("--temperature: a number, at least 0 (0 picks the most likely token)");
+  if (!(f.top_p > 0 && f.top_p <= 1)) throw UsageError("--top-p: in (0, 1]");
   if (f.top_k < 0) throw UsageError("--top-k: at least 0 (0: every token)");
-  const io::Tokenizer tokenizer = io::Tokenizer::from_folder(f.model);
   const models::Pretrained model = models::load_pretrained(f.model);
+  if (model.step_graph.size() == 0)
+    throw UsageError(f.model + ": a " + model.model_type +
+                     " model does not generate text (decoders such as gpt2 and llama do; qkv embed reads encoders)");
+  const io::Tokenizer tokenizer = io::Tokenizer::from_folder(f.model);
   const std::vector<std::int32_t> prompt = tokenizer.encode(f.prompt);
   if (prompt.empty()) throw UsageError("--prompt: the tokenizer gives no tokens for it (give some text)");
-  const std::int64_t length = std::min<std::int64_t>(model.max_positions, static_cast<std::int64_t>(prompt.size()) + f.max_tokens);
+  const std::int64_t length =
+      std::min<std::int64_t>(model.max_positions, static_cast<std::int64_t>(prompt.size()) + std::min(f.max_tokens, model.max_positions));
   if (static_cast<std::int64_t>(prompt.size()) >= length)
     throw UsageError("--prompt: " + std::to_string(prompt.size()) + " tokens leave no room in the model's " + std::to_string(model.max_positions) +
                      " positions");

@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
   train->add_option("--max-grad-norm", finetune_f.max_grad_norm, "fine-tuning: clip the gradients' global norm to this (0: no clipping)")
       ->capture_default_str();
   train->add_option("--backend", train_f.backend, backend_help + "; under mpirun (data-parallel), a list a,b gives rank i the i-th, cycling");
-  train->add_option("--steps", train_f.steps, "SGD steps")->capture_default_str();
+  train->add_option("--steps", train_f.steps, "optimizer steps (the copy task: SGD; fine-tuning: AdamW, 20 by default)")->capture_default_str();
   train->add_option("--batch", train_f.batch, "sequences per step")->capture_default_str();
   train->add_option("--lr", train_f.lr, "learning rate")->capture_default_str();
   add_seed_option(train, train_f.seed, "seed of the parameters and batches");

@@ -27,7 +27,7 @@ struct Request {
   std::string weights;                      // --weights FILE.safetensors or DIR of NAME.npy
   std::uint64_t seed = 1;
   bool grad = false;          // the backward graph: outputs d_<input>, inputs d<output>
-  std::string dtype = "f32";  // --dtype: a built-in model's float values in f16 or bf16
+  std::string dtype = "f32";  // --dtype: a built-in model's or model folder's float values in f16 or bf16
   std::string prompt;         // --prompt: a model folder's input text (its tokenizer makes the ids)
 };
 

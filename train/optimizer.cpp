@@ -117,7 +117,8 @@ ir::Graph training_step(const ir::Graph& backward, const std::vector<std::string
   if (max_norm > 0) {
     ValueId squares = -1;
     for (ValueId grad : grads) {
-      ValueId sq = g.cast(g.add(Op::mul, {grad, grad}), DType::f32);
+      const ValueId wide = g.cast(grad, DType::f32);  // squares of f16 gradients past 256 overflow f16
+      ValueId sq = g.add(Op::mul, {wide, wide});
       ir::Attrs first;
       first.axis = 0;
       first.keepdim = false;
