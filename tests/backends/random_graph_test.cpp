@@ -49,7 +49,7 @@ TEST(RandomGraph, CoversTheRegistryNamedDimsAndGradients) {
   }
   EXPECT_GT(named, 20);
   EXPECT_GT(two_outputs, 20);
-  EXPECT_GT(chained, 150);
+  EXPECT_GT(chained, 140);  // ops whose operands are i32 (one_hot, embedding, cache_write's start) chain less
 }
 
 TEST(RandomGraph, IsDeterministicInItsSeed) {
