@@ -24,7 +24,7 @@ constexpr DimArg Half = DimArg::derived(ir::DimOp::quotient, D.value, 2);
 template <DimArg Out, DimArg In, Expr X> auto project(X x, const Linear& l) {
   auto y = linear(x, param(l.weight.name, dim<Out>, dim<In>));
   if (l.bias) return y + param(l.bias->name, dim<Out>);
-  return y + 0.0;  // one type either way (a + 0 folds away)
+  return y;  // the same type: an op's result is typed by its shape and dtype only
 }
 
 template <Expr X> auto norm(X x, const RmsNorm& n, double eps) { return rms_norm(x, param(n.weight.name, dim<E>), eps); }
@@ -100,7 +100,7 @@ ir::Graph build(const LlamaForCausalLM& m, const LlamaConfig& c, Ids ids, Positi
   const double eps = c.rms_norm_eps.value_or(1e-6);
   auto embed = param(m.model.embed_tokens.weight.name, dim<V>, dim<E>);
   auto inv_freq = param(kInvFreq, dim<Half>);
-  auto x = embedding(ids, embed) + 0.0;  // an op's result: the layers' loop keeps its type
+  auto x = embedding(ids, embed);  // an op's result, of the type each layer returns
   Updates updates;
   for (std::size_t i = 0; i < m.model.layers.size(); ++i) x = layer(x, m.model.layers[i], eps, positions, inv_freq, cache, i, updates);
   auto h = norm(x, m.model.norm, eps);

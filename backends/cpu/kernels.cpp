@@ -265,16 +265,21 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
   else if (!small && d.batch < 2 * pool.size() && d.n >= 256) column_chunks = std::min<std::int64_t>(2 * pool.size(), d.n / 128);
   const std::int64_t rows = (d.m + chunks - 1) / chunks;
   const std::int64_t cols = ((d.n + column_chunks - 1) / column_chunks + 15) / 16 * 16;
+  // Batch entry bt's offsets into a and b, in matrices (broadcast batch dims stride 0).
+  auto batch_offsets = [&](std::int64_t bt) {
+    std::int64_t oa = 0, ob = 0, rem = bt;
+    for (int i = d.batch_shape.rank - 1; i >= 0; --i) {
+      oa += (rem % d.batch_shape[i]) * d.a_batch[static_cast<std::size_t>(i)];
+      ob += (rem % d.batch_shape[i]) * d.b_batch[static_cast<std::size_t>(i)];
+      rem /= d.batch_shape[i];
+    }
+    return std::pair{oa, ob};
+  };
   if (column_chunks > 1) {
     auto column_task = [&](std::int64_t t) {
       const std::int64_t bt = t / column_chunks, c0 = (t % column_chunks) * cols, c = std::min(cols, d.n - c0);
       if (c <= 0) return;
-      std::int64_t oa = 0, ob = 0, rem = bt;
-      for (int i = d.batch_shape.rank - 1; i >= 0; --i) {
-        oa += (rem % d.batch_shape[i]) * d.a_batch[static_cast<std::size_t>(i)];
-        ob += (rem % d.batch_shape[i]) * d.b_batch[static_cast<std::size_t>(i)];
-        rem /= d.batch_shape[i];
-      }
+      const auto [oa, ob] = batch_offsets(bt);
       const float* pb = b.data + ob * d.k * d.n + (tb ? c0 * d.k : c0);
       if (d.m == 1 && !ta) {  // one row: a matrix-vector product, B streamed once and not packed
         cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, static_cast<int>(tb ? c : d.k), static_cast<int>(tb ? d.k : c), 1.0f, pb,
@@ -290,12 +295,7 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
   auto task = [&](std::int64_t t) {
     const std::int64_t bt = t / chunks, r0 = (t % chunks) * rows, r = std::min(rows, d.m - r0);
     if (r <= 0) return;
-    std::int64_t oa = 0, ob = 0, rem = bt;
-    for (int i = d.batch_shape.rank - 1; i >= 0; --i) {
-      oa += (rem % d.batch_shape[i]) * d.a_batch[static_cast<std::size_t>(i)];
-      ob += (rem % d.batch_shape[i]) * d.b_batch[static_cast<std::size_t>(i)];
-      rem /= d.batch_shape[i];
-    }
+    const auto [oa, ob] = batch_offsets(bt);
     const float* pa = a.data + oa * d.m * d.k + (ta ? r0 : r0 * d.k);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(r), static_cast<int>(d.n),
                 static_cast<int>(d.k), 1.0f, pa, static_cast<int>(ta ? d.m : d.k), b.data + ob * d.k * d.n, static_cast<int>(tb ? d.k : d.n), 0.0f,

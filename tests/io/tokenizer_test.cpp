@@ -12,6 +12,7 @@
 #include "io/file.hpp"
 #include "io/tokenizer.hpp"
 #include "ir/error.hpp"
+#include "tests/support/backend_fixture.hpp"
 
 namespace qkv {
 namespace {
@@ -57,13 +58,7 @@ TEST(Tokenizer, Llama3StyleSplitIgnoreMergesAndTemplate) {
 TEST(Tokenizer, BertWordPieceGivesTokenizersIds) {
   // A WordPiece tokenizer trained for the BERT fixture, and all-MiniLM-L6-v2's when fetched.
   expect_cases(io::Tokenizer::from_folder(kFixtures + "/bert-tiny"), kFixtures + "/bert-tiny/tokenizer_cases.json");
-  const char* models = std::getenv("QKV_MODELS_DIR");
-  const char* home = std::getenv("HOME");
-  const std::string minilm = (models ? std::string(models) : std::string(home ? home : "/root") + "/.cache/qkv/models") + "/all-MiniLM-L6-v2";
-  if (!std::filesystem::exists(minilm + "/tokenizer.json")) {
-    if (std::getenv("QKV_REQUIRE_MODELS")) FAIL() << minilm << " is missing: run scripts/fetch_models.sh";
-    GTEST_SKIP() << minilm << " is missing: scripts/fetch_models.sh fetches it";
-  }
+  QKV_MINILM_OR_SKIP(minilm);
   const io::Tokenizer t = io::Tokenizer::from_folder(minilm);
   expect_cases(t, kFixtures + "/minilm/tokenizer_cases.json");
   EXPECT_EQ(t.vocab_size(), 30522);

@@ -19,13 +19,6 @@ namespace {
 
 const std::string kFixtures = std::string(QKV_SOURCE_DIR) + "/tests/fixtures/hf";
 
-/// The folder scripts/fetch_models.sh unpacks all-MiniLM-L6-v2 into.
-std::string minilm_dir() {
-  const char* dir = std::getenv("QKV_MODELS_DIR");
-  const char* home = std::getenv("HOME");
-  return (dir ? std::string(dir) : std::string(home ? home : "/root") + "/.cache/qkv/models") + "/all-MiniLM-L6-v2";
-}
-
 /// The encoder's inputs: ids, mask and types from the fixture, positions 0..T-1.
 backend::TensorMap encoder_inputs(const models::Pretrained& m, const io::TensorFile& hf) {
   backend::TensorMap in(m.weights.begin(), m.weights.end());
@@ -88,12 +81,9 @@ TEST_P(BertBackends, PaddedBatchMatchesTransformers) {
 }
 
 TEST_P(BertBackends, MiniLmSentenceEmbeddingsMatchSentenceTransformers) {
-  if (!std::filesystem::exists(minilm_dir() + "/model.safetensors")) {
-    if (std::getenv("QKV_REQUIRE_MODELS")) FAIL() << minilm_dir() << " is missing: run scripts/fetch_models.sh";
-    GTEST_SKIP() << minilm_dir() << " is missing: scripts/fetch_models.sh fetches it";
-  }
+  QKV_MINILM_OR_SKIP(minilm);
   QKV_GET_BACKEND_OR_SKIP(b, GetParam());
-  const models::Pretrained m = models::load_pretrained(minilm_dir());
+  const models::Pretrained m = models::load_pretrained(minilm);
   EXPECT_EQ(m.parameters.size(), 103u);
   const io::TensorFile st = io::read_safetensors(kFixtures + "/minilm/expected.safetensors");
   auto got = b->compile(m.graph)->run(encoder_inputs(m, st));

@@ -19,6 +19,17 @@ bool vulkan_required() {
   return env && std::string(env) == "1";
 }
 
+std::string minilm_dir() {
+  const char* dir = std::getenv("QKV_MODELS_DIR");
+  const char* home = std::getenv("HOME");
+  return (dir ? std::string(dir) : std::string(home ? home : "/root") + "/.cache/qkv/models") + "/all-MiniLM-L6-v2";
+}
+
+bool models_required() {
+  const char* env = std::getenv("QKV_REQUIRE_MODELS");
+  return env && std::string(env) == "1";
+}
+
 std::shared_ptr<backend::Backend> backend_or_reason(const std::string& name, std::string& why) {
   static std::map<std::string, std::shared_ptr<backend::Backend>> cache;
   static std::map<std::string, std::string> failures;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,12 @@ std::shared_ptr<backend::Backend> backend_or_reason(const std::string& name, std
 
 /// Whether a missing Vulkan device fails tests (CI sets QKV_REQUIRE_VULKAN=1).
 bool vulkan_required();
+
+/// The folder scripts/fetch_models.sh unpacks all-MiniLM-L6-v2 into: $QKV_MODELS_DIR (default
+/// ~/.cache/qkv/models)/all-MiniLM-L6-v2.
+std::string minilm_dir();
+/// Whether a missing real checkpoint fails tests (CI sets QKV_REQUIRE_MODELS=1).
+bool models_required();
 
 /// One of the registry's op cases: the op, the case's index among the op's cases, the case.
 struct RegistryCase {
@@ -61,6 +68,15 @@ void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, bac
 }  // namespace qkv::testing
 
 /// Gets a backend by name into `var`, or skips the test with the reason (fails in CI for Vulkan).
+/// Declares `var`, all-MiniLM-L6-v2's folder, or skips the test (fails it where models are
+/// required) when scripts/fetch_models.sh has not fetched it.
+#define QKV_MINILM_OR_SKIP(var)                                                                         \
+  const std::string var = ::qkv::testing::minilm_dir();                                                 \
+  if (!std::filesystem::exists(var + "/model.safetensors")) {                                           \
+    if (::qkv::testing::models_required()) FAIL() << var << " is missing: run scripts/fetch_models.sh"; \
+    GTEST_SKIP() << var << " is missing: scripts/fetch_models.sh fetches it";                           \
+  }
+
 #define QKV_GET_BACKEND_OR_SKIP(var, name)                                                      \
   std::string var##_why;                                                                        \
   auto var = ::qkv::testing::backend_or_reason(name, var##_why);                                \

@@ -75,13 +75,7 @@ TEST(ModelFolder, RunCheckAndExplainTakeTheFolder) {
 }
 
 TEST(ModelFolder, EmbedGivesSentenceTransformersEmbeddings) {
-  const char* models = std::getenv("QKV_MODELS_DIR");
-  const char* home = std::getenv("HOME");
-  const std::string minilm = (models ? std::string(models) : std::string(home ? home : "/root") + "/.cache/qkv/models") + "/all-MiniLM-L6-v2";
-  if (!std::filesystem::exists(minilm + "/model.safetensors")) {
-    if (std::getenv("QKV_REQUIRE_MODELS")) FAIL() << minilm << " is missing: run scripts/fetch_models.sh";
-    GTEST_SKIP() << minilm << " is missing: scripts/fetch_models.sh fetches it";
-  }
+  QKV_MINILM_OR_SKIP(minilm);
   const std::string out = std::string(::testing::TempDir()) + "/minilm.npy";
   const Result r = qkv("embed " + minilm + " --file " + std::string(QKV_SOURCE_DIR) + "/tests/fixtures/hf/minilm/sentences.txt --out " + out);
   ASSERT_EQ(r.status, 0) << r.out;
