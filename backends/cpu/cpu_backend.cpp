@@ -87,7 +87,8 @@ Storage storage_of(const ir::Graph& g) {
 
 /// Whether operand `k` of `n` may be f16 or bf16 for its kernel: fused attention's forward and
 /// log-sum-exp read q, k and v so, its gradients q, k, v and dy (widening each tile as they load
-/// it); the other kernels get their half operands widened.
+/// it), matmul its right operand and embedding its table; the other kernels get their half
+/// operands widened.
 bool reads_half(const Node& n, std::size_t k) {
   switch (n.op) {
     case Op::attention:
@@ -99,6 +100,8 @@ bool reads_half(const Node& n, std::size_t k) {
     case Op::attention_grad:
     case Op::masked_attention_grad:
     case Op::flex_attention_grad: return k <= 3;
+    case Op::matmul:      // its right operand (weights held in 16 bits), converted as it is streamed
+    case Op::embedding: return k == 1;  // its table, a row at a time
     default: return false;
   }
 }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "backends/cpu/gemv.hpp"
 #include "backends/cpu/isa.hpp"
 #include "backends/cpu/thread_pool.hpp"
 #include "backends/cpu/vector_math.hpp"
@@ -248,23 +249,24 @@ void embedding(ConstView ids, ConstView table, View out) {
   for (std::int64_t i = 0; i < n; ++i) {
     const auto id = static_cast<std::int64_t>(ids.data[i]);
     float* dst = out.data + i * width;
-    if (id >= 0 && id < rows) std::copy_n(table.data + id * width, width, dst);
+    if (id >= 0 && id < rows) widen(table, id * width, width, dst);  // f32, or an f16 or bf16 table's row widened
     else std::fill_n(dst, width, 0.0f);
   }
 }
 
 void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
   MatmulDims d = matmul_dims(a.shape, b.shape, out.shape, ta);
-  // Tasks: each batch's product, its rows split into chunks when there are fewer batches than
-  // threads to keep busy; a product of few rows (a decode step's [1, K] x [K, N]) split into
-  // column blocks instead. Small products run inline.
-  ThreadPool& pool = ThreadPool::global();
-  const bool small = d.m * d.n * d.k < (1 << 15);
-  std::int64_t chunks = 1, column_chunks = 1;
-  if (!small && d.batch < 2 * pool.size() && d.m >= 32) chunks = std::min<std::int64_t>(2 * pool.size(), d.m / 16);
-  else if (!small && d.batch < 2 * pool.size() && d.n >= 256) column_chunks = std::min<std::int64_t>(2 * pool.size(), d.n / 128);
-  const std::int64_t rows = (d.m + chunks - 1) / chunks;
-  const std::int64_t cols = ((d.n + column_chunks - 1) / column_chunks + 15) / 16 * 16;
+  // One matrix B for every batch entry, and a's entries one after another: one product of all
+  // their rows (a batch of decode steps reads B once).
+  if (!ta && b.shape.rank == 2 && a.shape.rank == out.shape.rank) {
+    d.m *= d.batch;
+    d.batch = 1;
+  }
+  // B stored transposed or not, in f32 or (b.stored) f16 or bf16, its element offset `at`.
+  auto b_at = [&](std::int64_t at) -> const void* {
+    if (b.stored == DType::f32) return b.data + at;
+    return static_cast<const std::uint16_t*>(b.half) + at;
+  };
   // Batch entry bt's offsets into a and b, in matrices (broadcast batch dims stride 0).
   auto batch_offsets = [&](std::int64_t bt) {
     std::int64_t oa = 0, ob = 0, rem = bt;
@@ -275,23 +277,54 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
     }
     return std::pair{oa, ob};
   };
+  ThreadPool& pool = ThreadPool::global();
+  // Few rows (decode steps): bound by reading B, which few_rows_product streams once.
+  if (!ta && d.m <= kFewRows) {
+    for (std::int64_t bt = 0; bt < d.batch; ++bt) {
+      const auto [oa, ob] = batch_offsets(bt);
+      few_rows_product(a.data + oa * d.m * d.k, d.m, d.k, d.n, b_at(ob * d.k * d.n), b.stored, tb, out.data + bt * d.m * d.n);
+    }
+    return;
+  }
+  // A half B with more rows: column blocks of it widened into each thread's buffer, each block's
+  // product by sgemm (B is never widened whole).
+  if (b.stored != DType::f32) {
+    constexpr std::int64_t kColumns = 256;
+    const std::int64_t blocks = (d.n + kColumns - 1) / kColumns;
+    return pool.parallel_for(d.batch * blocks, [&](std::int64_t t) {
+      const std::int64_t bt = t / blocks, c0 = (t % blocks) * kColumns, c = std::min(kColumns, d.n - c0);
+      const auto [oa, ob] = batch_offsets(bt);
+      thread_local std::vector<float> block;
+      if (block.size() < static_cast<std::size_t>(c * d.k)) block.resize(static_cast<std::size_t>(c * d.k));
+      const ConstView whole{nullptr, {}, b.half, b.stored};
+      const std::int64_t first = ob * d.k * d.n;
+      if (tb) widen(whole, first + c0 * d.k, c * d.k, block.data());  // rows [c0, c0 + c) of [n, k]: contiguous
+      else
+        for (std::int64_t j = 0; j < d.k; ++j) widen(whole, first + j * d.n + c0, c, block.data() + j * c);
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(d.m), static_cast<int>(c),
+                  static_cast<int>(d.k), 1.0f, a.data + oa * d.m * d.k, static_cast<int>(ta ? d.m : d.k), block.data(), static_cast<int>(tb ? d.k : c), 0.0f, out.data + bt * d.m * d.n + c0,
+                  static_cast<int>(d.n));
+    });
+  }
+  // Tasks: each batch's product, its rows split into chunks when there are fewer batches than
+  // threads to keep busy, or, with few rows, its columns. Small products run inline.
+  const bool small = d.m * d.n * d.k < (1 << 15);
+  std::int64_t chunks = 1, column_chunks = 1;
+  if (!small && d.batch < 2 * pool.size() && d.m >= 32) chunks = std::min<std::int64_t>(2 * pool.size(), d.m / 16);
+  else if (!small && d.batch < 2 * pool.size() && d.n >= 256) column_chunks = std::min<std::int64_t>(2 * pool.size(), d.n / 128);
   if (column_chunks > 1) {
-    auto column_task = [&](std::int64_t t) {
+    const std::int64_t cols = ((d.n + column_chunks - 1) / column_chunks + 15) / 16 * 16;
+    return pool.parallel_for(d.batch * column_chunks, [&](std::int64_t t) {
       const std::int64_t bt = t / column_chunks, c0 = (t % column_chunks) * cols, c = std::min(cols, d.n - c0);
       if (c <= 0) return;
       const auto [oa, ob] = batch_offsets(bt);
-      const float* pb = b.data + ob * d.k * d.n + (tb ? c0 * d.k : c0);
-      if (d.m == 1 && !ta) {  // one row: a matrix-vector product, B streamed once and not packed
-        cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, static_cast<int>(tb ? c : d.k), static_cast<int>(tb ? d.k : c), 1.0f, pb,
-                    static_cast<int>(tb ? d.k : d.n), a.data + oa * d.k, 1, 0.0f, out.data + bt * d.n + c0, 1);
-        return;
-      }
       cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(d.m), static_cast<int>(c),
-                  static_cast<int>(d.k), 1.0f, a.data + oa * d.m * d.k, static_cast<int>(ta ? d.m : d.k), pb, static_cast<int>(tb ? d.k : d.n), 0.0f,
-                  out.data + bt * d.m * d.n + c0, static_cast<int>(d.n));
-    };
-    return pool.parallel_for(d.batch * column_chunks, column_task);
+                  static_cast<int>(d.k), 1.0f, a.data + oa * d.m * d.k, static_cast<int>(ta ? d.m : d.k),
+                  b.data + ob * d.k * d.n + (tb ? c0 * d.k : c0), static_cast<int>(tb ? d.k : d.n), 0.0f, out.data + bt * d.m * d.n + c0,
+                  static_cast<int>(d.n));
+    });
   }
+  const std::int64_t rows = (d.m + chunks - 1) / chunks;
   auto task = [&](std::int64_t t) {
     const std::int64_t bt = t / chunks, r0 = (t % chunks) * rows, r = std::min(rows, d.m - r0);
     if (r <= 0) return;

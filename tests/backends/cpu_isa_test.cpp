@@ -11,10 +11,13 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/cpu/gemv.hpp"
 #include "backends/cpu/isa.hpp"
+#include "backends/cpu/thread_pool.hpp"
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/tile_gemm.hpp"
 #include "backends/cpu/vector_math.hpp"
+#include "ir/half.hpp"
 #include "ir/random.hpp"
 
 namespace qkv::backend::cpu {
@@ -205,6 +208,50 @@ TEST(CpuIsa, TileGemmIsTheProductOnEveryTail) {
                 ASSERT_NEAR(c[e], want[e], j < n ? 1e-6 * (static_cast<double>(k) + 2) : 0.0)
                     << "transposed " << transposed << " accumulate " << accumulate << " m " << m << " n " << n << " k " << k << " at " << i << ","
                     << j;
+              }
+          }
+}
+
+TEST(CpuIsa, FewRowsProductIsTheProductInEveryLayoutAndDtype) {
+  // Decode steps' matmuls: 1 to 4 rows times B [k, n] or its transpose [n, k] in f32, f16 and
+  // bf16, read as stored. k and n leave every vector and column-group tail, and the larger ones
+  // split B over several tasks (rows of B summed in blocks, or column blocks).
+  const std::int64_t ks[] = {1, 13, 64, 77, 1500};
+  const std::int64_t ns[] = {1, 3, 5, 17, 300, 3001};
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (const DType stored : {DType::f32, DType::f16, DType::bf16})
+    for (const bool transposed : {false, true})
+      for (const std::int64_t rows : {1, 2, 3, 4})
+        for (const std::int64_t k : ks)
+          for (const std::int64_t n : ns) {
+            if (k * n > 600000 && rows > 1) continue;  // the large shapes once per layout
+            std::vector<float> x(static_cast<std::size_t>(rows * k)), b(static_cast<std::size_t>(k * n));
+            for (float& v : x) v = uniform(rng);
+            for (float& v : b) v = uniform(rng);
+            std::vector<Half> b16(b.size());
+            std::vector<BFloat16> bb16(b.size());
+            to_half(b.data(), b16.data(), static_cast<std::int64_t>(b.size()));
+            to_bfloat16(b.data(), bb16.data(), static_cast<std::int64_t>(b.size()));
+            // What the kernel should read: B's elements as stored.
+            if (stored == DType::f16) to_float(b16.data(), b.data(), static_cast<std::int64_t>(b.size()));
+            if (stored == DType::bf16) to_float(bb16.data(), b.data(), static_cast<std::int64_t>(b.size()));
+            const void* stored_b = stored == DType::f32 ? static_cast<const void*>(b.data())
+                                   : stored == DType::f16 ? static_cast<const void*>(b16.data())
+                                                          : static_cast<const void*>(bb16.data());
+            std::vector<float> out(static_cast<std::size_t>(rows * n), kNaN);
+            few_rows_product(x.data(), rows, k, n, stored_b, stored, transposed, out.data());
+            for (std::int64_t r = 0; r < rows; ++r)
+              for (std::int64_t c = 0; c < n; ++c) {
+                double want = 0, scale = 0;
+                for (std::int64_t j = 0; j < k; ++j) {
+                  const double term = static_cast<double>(x[static_cast<std::size_t>(r * k + j)]) *
+                                      b[static_cast<std::size_t>(transposed ? c * k + j : j * n + c)];
+                  want += term;
+                  scale += std::abs(term);
+                }
+                ASSERT_NEAR(out[static_cast<std::size_t>(r * n + c)], want, 1e-6 * scale + 1e-30)
+                    << dtype_name(stored) << " transposed " << transposed << " rows " << rows << " k " << k << " n " << n << " at " << r << "," << c;
               }
           }
 }

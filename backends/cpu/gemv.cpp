@@ -1,0 +1,193 @@
+// Few-row products (gemv.hpp), written once over the vector type and compiled per ISA
+// (backends/cpu/isa.hpp).
+#include "backends/cpu/gemv.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "backends/cpu/isa.hpp"
+#include "backends/cpu/thread_pool.hpp"
+#include "backends/cpu/vectors.hpp"
+#include "ir/error.hpp"
+#include "ir/half.hpp"
+
+namespace qkv::backend::cpu {
+
+namespace {
+
+using simd::Lanes;
+using simd::load;
+using simd::splat;
+using simd::store;
+using simd::v16f;
+using simd::v8f;
+
+/// Elements [first, first + count) of b in f32: where b holds them, or widened into `buffer`
+/// (at least count floats; the vectorised conversions of ir/half.hpp).
+const float* f32_run(const void* b, DType stored, std::int64_t first, std::int64_t count, float* buffer) {
+  if (stored == DType::f32) return static_cast<const float*>(b) + first;
+  if (stored == DType::f16) to_float(static_cast<const Half*>(b) + first, buffer, count);
+  else to_float(static_cast<const BFloat16*>(b) + first, buffer, count);
+  return buffer;
+}
+
+template <class V> [[gnu::always_inline]] inline float lane_sum(const V& v) {
+  float s = 0.0f;
+  for (int l = 0; l < Lanes<V>::n; ++l) s += v[l];
+  return s;
+}
+
+/// Elements of B's rows widened at a time (a half B's runs stay in L1 between conversion and use).
+constexpr std::int64_t kRun = 512;
+
+/// B stored transposed, [n, k]: out[r, c] is a dot product of x's row r with B's row c, both
+/// contiguous. C rows of B at a time, each read once for all R rows of x.
+template <class V, int R, int C>
+[[gnu::always_inline]] inline void dot_columns(const float* x, std::int64_t k, const void* b, DType stored, std::int64_t c, float* buffer,
+                                               float* out, std::int64_t n) {
+  constexpr int L = Lanes<V>::n;
+  V acc[R][C];
+  float tail[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) acc[r][j] = V{}, tail[r][j] = 0.0f;
+  for (std::int64_t k0 = 0; k0 < k; k0 += kRun) {
+    const std::int64_t len = std::min(kRun, k - k0);
+    const float* row[C];
+    for (int j = 0; j < C; ++j) row[j] = f32_run(b, stored, (c + j) * k + k0, len, buffer + j * kRun);
+    std::int64_t i = 0;
+    for (; i + L <= len; i += L) {
+      V w[C];
+      for (int j = 0; j < C; ++j) w[j] = load<V>(row[j] + i);
+      for (int r = 0; r < R; ++r) {
+        const V xv = load<V>(x + r * k + k0 + i);
+        for (int j = 0; j < C; ++j) acc[r][j] += xv * w[j];
+      }
+    }
+    for (; i < len; ++i)
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < C; ++j) tail[r][j] += x[r * k + k0 + i] * row[j][i];
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) out[r * n + c + j] = lane_sum(acc[r][j]) + tail[r][j];
+}
+
+/// Columns [c0, c1) of the transposed product, for R rows of x.
+template <class V, int R>
+[[gnu::always_inline]] inline void transposed_columns(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t c0,
+                                                      std::int64_t c1, float* buffer, float* out) {
+  std::int64_t c = c0;
+  for (; c + 4 <= c1; c += 4) dot_columns<V, R, 4>(x, k, b, stored, c, buffer, out, n);
+  for (; c < c1; ++c) dot_columns<V, R, 1>(x, k, b, stored, c, buffer, out, n);
+}
+
+// The kernels are instantiated per count of rows (their accumulators in registers), and the
+// counts picked by a switch rather than a lambda, which would not be compiled for the ISA.
+template <class V>
+[[gnu::always_inline]] inline void transposed_block_impl(const float* x, std::int64_t rows, std::int64_t k, std::int64_t n, const void* b,
+                                                         DType stored, std::int64_t c0, std::int64_t c1, float* out) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < 4 * kRun) buffer.resize(4 * kRun);
+  switch (rows) {
+    case 1: return transposed_columns<V, 1>(x, k, n, b, stored, c0, c1, buffer.data(), out);
+    case 2: return transposed_columns<V, 2>(x, k, n, b, stored, c0, c1, buffer.data(), out);
+    case 3: return transposed_columns<V, 3>(x, k, n, b, stored, c0, c1, buffer.data(), out);
+    default: return transposed_columns<V, kFewRows>(x, k, n, b, stored, c0, c1, buffer.data(), out);
+  }
+}
+
+/// partial[R, n] += x's columns [j, j + J) times B's rows [j, j + J) (J contiguous streams), each
+/// element of B read once for all R rows of x, the partial sums loaded and stored once.
+template <class V, int R, int J>
+[[gnu::always_inline]] inline void add_rows_of_b(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t j,
+                                                 float* buffer, float* partial) {
+  constexpr int L = Lanes<V>::n;
+  V s[R][J];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < J; ++q) s[r][q] = splat<V>(x[r * k + j + q]);
+  for (std::int64_t c0 = 0; c0 < n; c0 += kRun) {
+    const std::int64_t len = std::min(kRun, n - c0);
+    const float* w[J];
+    for (int q = 0; q < J; ++q) w[q] = f32_run(b, stored, (j + q) * n + c0, len, buffer + q * kRun);
+    std::int64_t i = 0;
+    for (; i + L <= len; i += L) {
+      V wv[J];
+      for (int q = 0; q < J; ++q) wv[q] = load<V>(w[q] + i);
+      for (int r = 0; r < R; ++r) {
+        float* o = partial + r * n + c0 + i;
+        V sum = load<V>(o);
+        for (int q = 0; q < J; ++q) sum += s[r][q] * wv[q];
+        store(o, sum);
+      }
+    }
+    for (; i < len; ++i)
+      for (int r = 0; r < R; ++r)
+        for (int q = 0; q < J; ++q) partial[r * n + c0 + i] += x[r * k + j + q] * w[q][i];
+  }
+}
+
+/// B stored as [k, n]: B's rows [j0, j1) times x's columns [j0, j1), summed into `partial`
+/// [R, n] (zeroed first), four rows of B at a time.
+template <class V, int R>
+[[gnu::always_inline]] inline void row_block_rows(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t j0,
+                                                  std::int64_t j1, float* buffer, float* partial) {
+  std::fill_n(partial, R * n, 0.0f);
+  std::int64_t j = j0;
+  for (; j + 4 <= j1; j += 4) add_rows_of_b<V, R, 4>(x, k, n, b, stored, j, buffer, partial);
+  for (; j < j1; ++j) add_rows_of_b<V, R, 1>(x, k, n, b, stored, j, buffer, partial);
+}
+
+template <class V>
+[[gnu::always_inline]] inline void row_block_impl(const float* x, std::int64_t rows, std::int64_t k, std::int64_t n, const void* b, DType stored,
+                                                  std::int64_t j0, std::int64_t j1, float* partial) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < 4 * kRun) buffer.resize(4 * kRun);
+  switch (rows) {
+    case 1: return row_block_rows<V, 1>(x, k, n, b, stored, j0, j1, buffer.data(), partial);
+    case 2: return row_block_rows<V, 2>(x, k, n, b, stored, j0, j1, buffer.data(), partial);
+    case 3: return row_block_rows<V, 3>(x, k, n, b, stored, j0, j1, buffer.data(), partial);
+    default: return row_block_rows<V, kFewRows>(x, k, n, b, stored, j0, j1, buffer.data(), partial);
+  }
+}
+
+}  // namespace
+
+QKV_ISA_DISPATCH(void, transposed_block,
+                 (const float* x, std::int64_t rows, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t c0, std::int64_t c1,
+                  float* out),
+                 (x, rows, k, n, b, stored, c0, c1, out), v16f, v8f)
+QKV_ISA_DISPATCH(void, row_block,
+                 (const float* x, std::int64_t rows, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t j0, std::int64_t j1,
+                  float* partial),
+                 (x, rows, k, n, b, stored, j0, j1, partial), v16f, v8f)
+
+void few_rows_product(const float* x, std::int64_t rows, std::int64_t k, std::int64_t n, const void* b, DType stored, bool transposed, float* out) {
+  QKV_ASSERT(rows >= 1 && rows <= kFewRows, "few_rows_product takes 1 to kFewRows rows");
+  ThreadPool& pool = ThreadPool::global();
+  // Tasks of about 256 KiB of B each (enough to amortise a task, many more than threads).
+  const std::int64_t element = stored == DType::f32 ? 4 : 2;
+  const std::int64_t per_task = std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, element * (transposed ? k : n)));
+  if (transposed) {
+    const std::int64_t columns = (per_task + 3) / 4 * 4, tasks = (n + columns - 1) / columns;
+    return pool.parallel_for(tasks, [&](std::int64_t t) { transposed_block(x, rows, k, n, b, stored, t * columns, std::min(n, (t + 1) * columns), out); });
+  }
+  // Row blocks of B summed into partial products, then added in block order (the same sums
+  // whatever the threads).
+  const std::int64_t tasks = (k + per_task - 1) / per_task;
+  if (tasks == 1) return row_block(x, rows, k, n, b, stored, 0, k, out);
+  std::vector<float> partials(static_cast<std::size_t>(tasks * rows * n));
+  pool.parallel_for(tasks, [&](std::int64_t t) {
+    row_block(x, rows, k, n, b, stored, t * per_task, std::min(k, (t + 1) * per_task), partials.data() + t * rows * n);
+  });
+  const std::int64_t size = rows * n;
+  const std::int64_t parts = std::min<std::int64_t>(pool.size(), (size + 4095) / 4096), chunk = (size + parts - 1) / parts;
+  pool.parallel_for(parts, [&](std::int64_t part) {
+    const std::int64_t i0 = part * chunk, i1 = std::min(size, i0 + chunk);
+    for (std::int64_t i = i0; i < i1; ++i) {
+      float s = partials[static_cast<std::size_t>(i)];
+      for (std::int64_t t = 1; t < tasks; ++t) s += partials[static_cast<std::size_t>(t * size + i)];
+      out[i] = s;
+    }
+  });
+}
+
+}  // namespace qkv::backend::cpu
