@@ -1,12 +1,18 @@
 // safetensors reading and writing, the header parsed with nlohmann::json.
 #include "io/safetensors.hpp"
 
+#include <fcntl.h>
 #include <nlohmann/json.hpp>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <string_view>
 #include <set>
 #include <vector>
 
@@ -42,7 +48,10 @@ const char* safetensors_dtype(DType d) {
   return "?";
 }
 
-Tensor decode(const std::string& dtype, std::vector<std::int64_t> shape, const char* p, std::size_t bytes, const std::string& what) {
+/// A tensor of the header's `dtype` from its `bytes` at p: a view of them when `owner` keeps them
+/// alive (a mapped file) and they are aligned to the element size, a copy otherwise.
+Tensor decode(const std::string& dtype, std::vector<std::int64_t> shape, const char* p, std::size_t bytes, const std::string& what,
+              const std::shared_ptr<const void>& owner) {
   auto size_of = [&]() -> std::size_t {
     for (const auto& d : kDtypes)
       if (dtype == d.name) return d.size;
@@ -72,6 +81,8 @@ Tensor decode(const std::string& dtype, std::vector<std::int64_t> shape, const c
                   : dtype == "BF16" ? DType::bf16
                   : dtype == "BOOL" ? DType::boolean
                                     : DType::i32;
+  if (owner && d != DType::boolean && reinterpret_cast<std::uintptr_t>(p) % size_of == 0)
+    return Tensor::view(d, std::move(shape), reinterpret_cast<const std::byte*>(p), bytes, owner);
   Tensor t(d, std::move(shape));
   if (bytes) std::memcpy(t.raw(), p, bytes);
   if (d == DType::boolean)
@@ -80,9 +91,17 @@ Tensor decode(const std::string& dtype, std::vector<std::int64_t> shape, const c
   return t;
 }
 
-}  // namespace
+/// A file mapped read-only (private: nothing is ever written back).
+struct Mapping {
+  void* address;
+  std::size_t size;
+  Mapping(void* a, std::size_t s) : address(a), size(s) {}
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() { munmap(address, size); }
+};
 
-TensorFile parse_safetensors(const std::string& bytes, const std::string& what) {
+TensorFile parse(std::string_view bytes, const std::string& what, const std::shared_ptr<const void>& owner) {
   if (bytes.size() < 8) bad(what, "not a safetensors file (shorter than its 8-byte header length)");
   const std::uint64_t header_len = read_u64_le(bytes.data());
   if (header_len > bytes.size() - 8) {
@@ -138,7 +157,7 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& what) 
       bad(where,
           "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") run past the " + std::to_string(data_size) + " data bytes");
     ranges.emplace_back(begin, end);
-    out.emplace(name, decode(entry["dtype"].get<std::string>(), std::move(shape), data + begin, end - begin, where));
+    out.emplace(name, decode(entry["dtype"].get<std::string>(), std::move(shape), data + begin, end - begin, where, owner));
   }
   std::sort(ranges.begin(), ranges.end());
   for (std::size_t i = 1; i < ranges.size(); ++i)
@@ -146,7 +165,24 @@ TensorFile parse_safetensors(const std::string& bytes, const std::string& what) 
   return out;
 }
 
-TensorFile read_safetensors(const std::string& path) { return parse_safetensors(read_file(path), path); }
+}  // namespace
+
+TensorFile parse_safetensors(const std::string& bytes, const std::string& what) { return parse(bytes, what, nullptr); }
+
+TensorFile read_safetensors(const std::string& path) {
+  // Mapped, so that the weights are read in place (pages loaded as they are first touched, shared
+  // with the page cache) rather than copied; read whole where a file cannot be mapped.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return parse_safetensors(read_file(path), path);  // read_file names the problem
+  struct stat st {};
+  void* address = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 8)
+    address = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (address == MAP_FAILED) return parse_safetensors(read_file(path), path);
+  auto mapping = std::make_shared<const Mapping>(address, static_cast<std::size_t>(st.st_size));
+  return parse(std::string_view(static_cast<const char*>(address), mapping->size), path, mapping);
+}
 
 std::string format_safetensors(const TensorFile& tensors, const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();

@@ -14,7 +14,9 @@ using TensorFile = std::map<std::string, Tensor, std::less<>>;
 
 /// Reads every tensor of a .safetensors file. F32, F64, F16, BF16, BOOL and I32 as they are (a
 /// checkpoint's half-precision weights keep their dtype and bits); I64 narrowed to i32 with a
-/// range check. Throws IoError naming the file and
+/// range check. The file is memory-mapped and its tensors are views of it (Tensor::view: no copy
+/// until one is written; the mapping lives as long as one of them), except where it cannot be
+/// mapped or a tensor's bytes are not aligned to its elements. Throws IoError naming the file and
 /// what is wrong (truncated header, bad JSON, offsets outside the data or overlapping, sizes that
 /// disagree with shape and dtype, unknown dtypes).
 TensorFile read_safetensors(const std::string& path);

@@ -1,6 +1,7 @@
 // Host tensors.
 #include "ir/tensor.hpp"
 
+#include <cstdint>
 #include <limits>
 #include <new>
 
@@ -58,6 +59,29 @@ Tensor::Tensor(DType dtype, std::vector<std::int64_t> shape, bool zero)
     : dtype_(dtype), shape_(std::move(shape)), bytes_(allocate<Bytes>(dtype_, shape_, zero)) {}
 
 Tensor Tensor::uninitialized(DType dtype, std::vector<std::int64_t> shape) { return Tensor(dtype, std::move(shape), false); }
+
+Tensor Tensor::view(DType dtype, std::vector<std::int64_t> shape, const std::byte* data, std::size_t nbytes, std::shared_ptr<const void> owner) {
+  const auto size = static_cast<std::size_t>(count(shape, dtype_size(dtype))) * dtype_size(dtype);
+  if (size != nbytes) throw ShapeError("tensor: " + std::to_string(nbytes) + " bytes for " + std::string(dtype_name(dtype)) + shape_text(shape));
+  QKV_ASSERT(reinterpret_cast<std::uintptr_t>(data) % dtype_size(dtype) == 0, "a tensor view's bytes are aligned to its elements");
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  if (nbytes == 0) return t;
+  t.view_ = data;
+  t.view_bytes_ = nbytes;
+  t.owner_ = std::move(owner);
+  return t;
+}
+
+void Tensor::own() {
+  Bytes copy = allocate<Bytes>(dtype_, shape_, false);
+  std::memcpy(copy.data(), view_, view_bytes_);
+  bytes_ = std::move(copy);
+  view_ = nullptr;
+  view_bytes_ = 0;
+  owner_.reset();
+}
 
 std::int64_t Tensor::numel() const { return count(shape_); }
 

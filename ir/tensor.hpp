@@ -1,4 +1,5 @@
-// qkv::Tensor: a dense, row-major host tensor that owns its bytes.
+// qkv::Tensor: a dense, row-major host tensor that owns its bytes, or reads bytes someone else
+// owns (a memory-mapped checkpoint) until it is first written.
 #pragma once
 
 #include <cstddef>
@@ -44,6 +45,11 @@ class Tensor {
   /// allocating anything.
   static std::optional<std::int64_t> checked_numel(const std::vector<std::int64_t>& shape, std::size_t elem_size = 1);
   /// A tensor holding `values` (its dtype from the element type; bool stored as bytes).
+  /// A tensor that reads `nbytes` at `data`, kept alive by `owner` (a mapped file), without
+  /// copying them: copies of it share them, and the first mutable access (data<T>() or raw() of
+  /// a non-const tensor) copies them into storage of its own. `data` must be aligned to the
+  /// dtype's size; throws ShapeError when nbytes does not fit the shape.
+  static Tensor view(DType dtype, std::vector<std::int64_t> shape, const std::byte* data, std::size_t nbytes, std::shared_ptr<const void> owner);
   template <class T> static Tensor from(std::vector<std::int64_t> shape, const std::vector<T>& values) {
     Tensor t(dtype_of<T>(), std::move(shape));
     if (static_cast<std::size_t>(t.numel()) != values.size())
@@ -60,21 +66,26 @@ class Tensor {
   const std::vector<std::int64_t>& shape() const { return shape_; }
   int rank() const { return static_cast<int>(shape_.size()); }
   std::int64_t numel() const;
-  std::size_t nbytes() const { return bytes_.size(); }
-  bool empty() const { return shape_.empty() && bytes_.empty(); }
+  std::size_t nbytes() const { return view_ ? view_bytes_ : bytes_.size(); }
+  bool empty() const { return shape_.empty() && nbytes() == 0; }
+  /// Whether the bytes are someone else's (view), not yet copied.
+  bool is_view() const { return view_ != nullptr; }
 
   /// Typed element access; T must match the dtype (float, double, std::int32_t, Half, BFloat16,
   /// or std::uint8_t for bool).
   template <class T> T* data() {
     check_type<T>();
-    return reinterpret_cast<T*>(bytes_.data());
+    return reinterpret_cast<T*>(raw());
   }
   template <class T> const T* data() const {
     check_type<T>();
-    return reinterpret_cast<const T*>(bytes_.data());
+    return reinterpret_cast<const T*>(raw());
   }
-  std::byte* raw() { return bytes_.data(); }
-  const std::byte* raw() const { return bytes_.data(); }
+  std::byte* raw() {
+    if (view_) own();
+    return bytes_.data();
+  }
+  const std::byte* raw() const { return view_ ? view_ : bytes_.data(); }
 
   /// Element i (row-major) as a double, whatever the dtype.
   double at(std::int64_t i) const;
@@ -103,7 +114,12 @@ class Tensor {
   std::vector<std::int64_t> shape_;
   using Bytes = std::vector<std::byte, tensor_storage::DefaultInitAllocator<std::byte>>;
   Tensor(DType dtype, std::vector<std::int64_t> shape, bool zero);
+  /// Copies a view's bytes into bytes_ and lets go of them.
+  void own();
   Bytes bytes_;
+  const std::byte* view_ = nullptr;  // a view's bytes (bytes_ empty), owned by owner_
+  std::size_t view_bytes_ = 0;
+  std::shared_ptr<const void> owner_;
 };
 
 }  // namespace qkv

@@ -83,8 +83,8 @@ std::vector<std::int32_t> Generator::generate(const std::vector<std::int32_t>& p
     const backend::TensorMap result = exe_->run({{"input_ids", ids}, {"position_ids", positions}, {"cache_start", start}});
     const Tensor& logits = result.at("logits");
     const Tensor last = logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
-    const std::int32_t next =
-        pick_token(last.data<float>() + (t - 1) * model_.vocab_size, model_.vocab_size, o.sampling, static_cast<std::uint64_t>(n));
+    const std::int32_t next = pick_token(last.data<float>() + (last.numel() - model_.vocab_size), model_.vocab_size, o.sampling,
+                                         static_cast<std::uint64_t>(n));  // the last position's row
     out.push_back(next);
     position += t;
     step_ids = {next};

@@ -100,9 +100,10 @@ ir::Graph build(const Gpt2LMHeadModel& m, const Gpt2Config& c, Ids ids, Position
   Updates updates;
   for (std::size_t i = 0; i < m.transformer.h.size(); ++i) x = block(x, m.transformer.h[i], eps, cache, i, updates);
   auto h = norm(x, m.transformer.ln_f, eps);
+  auto rows = detail::head_rows<C>(h);
   auto logits = [&] {
-    if (m.lm_head) return matmul<false, true>(h, param(m.lm_head->weight.name, dim<V>, dim<E>));
-    return matmul<false, true>(h, wte);  // tied: the token embedding is the head
+    if (m.lm_head) return matmul<false, true>(rows, param(m.lm_head->weight.name, dim<V>, dim<E>));
+    return matmul<false, true>(rows, wte);  // tied: the token embedding is the head
   }();
   const std::map<std::string, std::int64_t> sizes{
       {"E", c.n_embd}, {"H", c.n_head}, {"V", c.vocab_size}, {"P", c.n_positions}, {"F", c.n_inner.value_or(4 * c.n_embd)}};

@@ -63,7 +63,8 @@ ir::Graph gpt2_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c, bool hidden 
 /// step's first token takes), and the cache "past.<layer>.key" / ".value" [B, H, S, E/H] (S:
 /// the longest sequence), which the graph updates with the step's keys and values written at
 /// [cache_start, cache_start + T) (cache_write, in place where the backend holds the cache).
-/// Query t sees the keys at positions <= position_ids[b, t]. Output "logits" [B, T, V].
+/// Query t sees the keys at positions <= position_ids[b, t]. Output "logits" [B, 1, V]: the last
+/// position's, which the next token is picked from.
 ir::Graph gpt2_step_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c);
 
 }  // namespace qkv::models

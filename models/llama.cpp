@@ -104,9 +104,10 @@ ir::Graph build(const LlamaForCausalLM& m, const LlamaConfig& c, Ids ids, Positi
   Updates updates;
   for (std::size_t i = 0; i < m.model.layers.size(); ++i) x = layer(x, m.model.layers[i], eps, positions, inv_freq, cache, i, updates);
   auto h = norm(x, m.model.norm, eps);
+  auto rows = detail::head_rows<C>(h);
   auto logits = [&] {
-    if (m.lm_head) return matmul<false, true>(h, param(m.lm_head->weight.name, dim<V>, dim<E>));
-    return matmul<false, true>(h, embed);
+    if (m.lm_head) return matmul<false, true>(rows, param(m.lm_head->weight.name, dim<V>, dim<E>));
+    return matmul<false, true>(rows, embed);
   }();
   const std::map<std::string, std::int64_t> sizes{{"E", c.hidden_size}, {"H", c.num_attention_heads}, {"Hkv", kv_heads(c)},
                                                   {"D", head_dim(c)},   {"F", c.intermediate_size},   {"V", c.vocab_size}};

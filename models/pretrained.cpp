@@ -67,7 +67,8 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
 /// older transformers saved (attention masks) and a tied head's copy are not parameters.
 template <class Module>
 std::map<std::string, Tensor, std::less<>> match_weights(const Module& m, io::TensorFile tensors, const std::string& where,
-                                                         const std::string& base_prefix, const std::vector<std::string>& ignored_suffixes) {
+                                                         const std::string& base_prefix, const std::vector<std::string>& ignored_suffixes,
+                                                         WeightDtype held) {
   bool has_prefix = base_prefix.empty();
   for (const auto& [name, t] : tensors) has_prefix |= name.starts_with(base_prefix);
   std::map<std::string, Tensor, std::less<>> weights;
@@ -82,9 +83,10 @@ std::map<std::string, Tensor, std::less<>> match_weights(const Module& m, io::Te
     } else if (!is_float(it->second.dtype())) {
       wrong.push_back(key + " is " + std::string(dtype_name(it->second.dtype())) + ", not a float");
     } else {
-      // A half checkpoint's weights are widened once, here: the graphs compute in f32 (holding them
-      // in 16 bits, read so by the kernels, is still to come).
-      weights.emplace(path, it->second.dtype() == DType::f32 ? std::move(it->second) : it->second.to(DType::f32));
+      // f32, f16 and bf16 weights stay as the file holds them (views of it), unless asked in f32.
+      const DType d = it->second.dtype();
+      const bool keep = d == DType::f32 || (is_half(d) && held == WeightDtype::stored);
+      weights.emplace(path, keep ? std::move(it->second) : it->second.to(DType::f32));
     }
     tensors.erase(it);
   });
@@ -107,6 +109,18 @@ std::map<std::string, Tensor, std::less<>> match_weights(const Module& m, io::Te
   list("unexpected", unexpected);
   throw IoError(where + ": the checkpoint does not fit the config: " + why);
 }
+
+/// The model's graphs reading its f16 and bf16 weights as they are held.
+void read_weights_as_held(Pretrained& p) {
+  std::map<std::string, DType, std::less<>> stored;
+  for (const auto& [name, t] : p.weights)
+    if (is_half(t.dtype())) stored.emplace(name, t.dtype());
+  if (stored.empty()) return;
+  p.graph = ir::store_inputs_as(p.graph, stored);
+  if (p.step_graph.size() > 0) p.step_graph = ir::store_inputs_as(p.step_graph, stored);
+}
+
+Pretrained load_architecture(const std::string& dir, bool hidden, WeightDtype held);
 
 }  // namespace
 
@@ -179,7 +193,15 @@ bool is_model_dir(const std::string& path) {
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
 }
 
-Pretrained load_pretrained(const std::string& dir, bool hidden) {
+Pretrained load_pretrained(const std::string& dir, bool hidden, WeightDtype held) {
+  Pretrained p = load_architecture(dir, hidden, held);
+  read_weights_as_held(p);
+  return p;
+}
+
+namespace {
+
+Pretrained load_architecture(const std::string& dir, bool hidden, WeightDtype held) {
   const fs::path folder(dir);
   const std::string config_path = (folder / "config.json").string();
   if (!fs::is_directory(folder)) throw IoError(dir + ": not a folder");
@@ -192,7 +214,7 @@ Pretrained load_pretrained(const std::string& dir, bool hidden) {
     const auto c = read_config<Gpt2Config>(j, config_path);
     const Gpt2LMHeadModel m = make_gpt2(c);
     p.parameters = named_parameters(m);
-    p.weights = match_weights(m, read_weights(folder), dir, "transformer.", {".attn.bias", ".attn.masked_bias", "lm_head.weight"});
+    p.weights = match_weights(m, read_weights(folder), dir, "transformer.", {".attn.bias", ".attn.masked_bias", "lm_head.weight"}, held);
     p.graph = gpt2_graph(m, c, hidden);
     p.step_graph = gpt2_step_graph(m, c);
     p.layers = c.n_layer;
@@ -210,7 +232,7 @@ Pretrained load_pretrained(const std::string& dir, bool hidden) {
     // A tied checkpoint may hold the head's copy of the embedding (transformers ties it on load).
     std::vector<std::string> ignored{"rotary_emb.inv_freq"};
     if (!m.lm_head) ignored.push_back("lm_head.weight");
-    p.weights = match_weights(m, read_weights(folder), dir, "", ignored);
+    p.weights = match_weights(m, read_weights(folder), dir, "", ignored, held);
     p.weights.emplace(kInvFreq, llama_inv_freq(c));
     p.graph = llama_graph(m, c, hidden);
     p.step_graph = llama_step_graph(m, c);
@@ -234,7 +256,7 @@ Pretrained load_pretrained(const std::string& dir, bool hidden) {
     }
     const BertModel m = make_bert(c, tensors.contains("pooler.dense.weight"));
     p.parameters = named_parameters(m);
-    p.weights = match_weights(m, std::move(tensors), dir, "", {"position_ids"});
+    p.weights = match_weights(m, std::move(tensors), dir, "", {"position_ids"}, held);
     p.graph = bert_graph(m, c);
     p.vocab_size = c.vocab_size;
     p.max_positions = c.max_position_embeddings;
@@ -244,5 +266,7 @@ Pretrained load_pretrained(const std::string& dir, bool hidden) {
   }
   throw UsageError(config_path + ": model_type \"" + p.model_type + "\" is not built (gpt2, llama and bert are)");
 }
+
+}  // namespace
 
 }  // namespace qkv::models

@@ -20,15 +20,16 @@ struct Pretrained {
   std::string model_type;  // config.json's: "gpt2"
   /// named_parameters() of the module the config describes, in declaration order.
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> parameters;
-  /// Every parameter, by the name the graph's input has, in f32 (a half checkpoint's widened once),
-  /// and the model's buffers the graph reads (Llama's model.rotary_emb.inv_freq).
+  /// Every parameter, by the name the graph's input has, in the checkpoint's dtype (f32, f16 or
+  /// bf16; f32 when loaded with WeightDtype::f32) and mapped from its file, and the model's
+  /// buffers the graph reads (Llama's model.rotary_emb.inv_freq).
   std::map<std::string, Tensor, std::less<>> weights;
   /// Decoders: input_ids and position_ids i32 [B, T] -> "logits" [B, T, vocab] (and "hidden" when
   /// asked); encoders (bert): see bert_graph.
   ir::Graph graph;
   /// A decoder's generation step against a key/value cache (gpt2_step_graph): input_ids,
-  /// position_ids [B, T], cache_start []; held cache inputs "past.<layer>.key/value" [B, kv_heads,
-  /// S, head_dim]. Empty for encoders.
+  /// position_ids [B, T], cache_start [] -> the last position's "logits" [B, 1, V]; held cache
+  /// inputs "past.<layer>.key/value" [B, kv_heads, S, head_dim]. Empty for encoders.
   ir::Graph step_graph;
   std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
   /// The graph's data inputs (the others are weights), each i32 [B, T].
@@ -52,10 +53,15 @@ void save_pretrained(const Pretrained& model, const std::map<std::string, Tensor
 /// Whether `path` is a model folder (a directory with a config.json).
 bool is_model_dir(const std::string& path);
 
+/// How a checkpoint's f16 and bf16 weights are held: as stored, the graphs declaring those inputs
+/// f16 or bf16 and computing in f32 (ir::store_inputs_as), or widened to f32 once (to train them).
+enum class WeightDtype { stored, f32 };
+
 /// Reads config.json and the weights of the folder `dir` (model.safetensors, or the shards
-/// model.safetensors.index.json lists; f32, f16 or bf16). Every problem with the weights (a
-/// tensor missing, one the model does not have, one of the wrong shape, an unreadable shard) is
-/// named in one IoError, and nothing is returned half-loaded. `hidden` adds the output "hidden".
-Pretrained load_pretrained(const std::string& dir, bool hidden = false);
+/// model.safetensors.index.json lists; f32, f16 or bf16), memory-mapped: the weights are views
+/// of the files (no copy). Every problem with the weights (a tensor missing, one the model does
+/// not have, one of the wrong shape, an unreadable shard) is named in one IoError, and nothing
+/// is returned half-loaded. `hidden` adds the output "hidden".
+Pretrained load_pretrained(const std::string& dir, bool hidden = false, WeightDtype weights = WeightDtype::stored);
 
 }  // namespace qkv::models

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,19 @@ template <int R, class Positions> auto up_to_position(Positions positions) {
   }();
   auto at_query = dsl::detail::reshape_to<laid>(cast(positions));
   return mask_mod([=](auto, auto, auto, auto kv_idx) { return kv_idx <= at_query; });
+}
+
+/// The rows the head reads: every position without a cache; in a step against one, the last
+/// position of each sequence alone ([B, 1, E]), since the next token is picked from it. The head
+/// is the largest matmul ([E, vocab]): a prefill of P tokens would run it on P rows and hold P
+/// rows of logits (transformers' generate keeps the last logits too, logits_to_keep=1).
+template <class C, Expr X> auto head_rows(X h) {
+  if constexpr (std::is_same_v<C, NoCache>) {
+    return h;
+  } else {
+    auto t = iota<1>(h);
+    return sum<1>(where(t == max<1>(t), h, 0.0));  // a select, not a product: other rows' values never reach it
+  }
 }
 
 /// Lowers `logits` (output "logits"), `hidden` when given (output "hidden"), and the updates, then

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,6 +78,12 @@ Graph autocast(const Graph& g, DType lower);
 /// `dtype` where it is made; scalar constants stay f32, as PyTorch's Python scalars (an op takes
 /// them in its tensors' dtype at their full value). f32 gives `g`; throws UsageError for a dtype other than f16 or bf16.
 Graph to_dtype(const Graph& g, DType dtype);
+/// `g` with the f32 inputs named in `dtypes` declared in the f16 or bf16 given there, each cast
+/// to f32 where it is read: weights stored in 16 bits (a half checkpoint, held as it was saved)
+/// and computed with in f32. Backends read such inputs as they are (the cpu's matmul and
+/// embedding convert as they stream them). Throws UsageError for a name that is no input, or an
+/// input that is not f32 given another dtype.
+Graph store_inputs_as(const Graph& g, const std::map<std::string, DType, std::less<>>& dtypes);
 
 /// Replaces each composite node for which `keep` is false with its decomposition
 /// (decompose.cpp). Backends keep the composites they implement directly.

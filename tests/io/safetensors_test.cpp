@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "io/npy.hpp"
 #include "io/safetensors.hpp"
@@ -29,6 +30,41 @@ TEST(Safetensors, ReadsEveryDtypeTorchWrites) {
   EXPECT_EQ(f.at("i64").dtype(), DType::i32);  // narrowed
   EXPECT_EQ(f.at("mask").dtype(), DType::boolean);
   EXPECT_EQ(f.size(), 9u);
+}
+
+// A file is mapped, not copied: its aligned tensors are views of the mapping, which lives as long
+// as one of them does; writing to one copies its bytes first, leaving the file and the others as
+// they were.
+TEST(Safetensors, ReadsTensorsInPlaceAndCopiesOnWrite) {
+  TensorFile written;
+  written.emplace("a", Tensor::from<float>({2, 3}, {1, 2, 3, 4, 5, 6}));
+  Tensor h(DType::bf16, {5});
+  for (int i = 0; i < 5; ++i) h.data<BFloat16>()[i].bits = static_cast<std::uint16_t>(0x3f80 + i);
+  written.emplace("h", h);
+  written.emplace("m", Tensor::from<bool>({3}, {true, false, true}));
+  const std::string path = (std::filesystem::temp_directory_path() / "qkv_mapped.safetensors").string();
+  write_safetensors(path, written);
+  Tensor a, copy;
+  {
+    TensorFile f = read_safetensors(path);
+    EXPECT_TRUE(f.at("a").is_view());
+    EXPECT_TRUE(f.at("h").is_view());
+    EXPECT_EQ(f.at("h").dtype(), DType::bf16);
+    a = f.at("a");
+    copy = a;
+    EXPECT_TRUE(copy.is_view());
+    EXPECT_EQ(std::as_const(copy).raw(), std::as_const(f).at("a").raw());  // read access: the same bytes
+  }  // the file's map of tensors is gone; the views keep the mapping
+  std::filesystem::remove(path);  // and the mapping outlives the file's name
+  EXPECT_EQ(std::as_const(a).data<float>()[5], 6.0f);
+  copy.data<float>()[0] = 42.0f;  // a mutable access: copied first
+  EXPECT_FALSE(copy.is_view());
+  EXPECT_TRUE(a.is_view());
+  EXPECT_EQ(std::as_const(a).data<float>()[0], 1.0f);
+  EXPECT_EQ(copy.data<float>()[0], 42.0f);
+  EXPECT_EQ(copy.data<float>()[5], 6.0f);
+  // Parsed from memory, tensors own their bytes.
+  EXPECT_FALSE(parse_safetensors(format_safetensors(written), "memory").at("a").is_view());
 }
 
 // Half-precision tensors keep their dtype and bits through a file: every f16 and bf16 pattern

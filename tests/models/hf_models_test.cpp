@@ -162,8 +162,9 @@ TEST(Checkpoint, WrongDtypeIsNamed) {
   EXPECT_NE(load_error(dir).find("wrong: transformer.ln_f.bias is i32, not a float"), std::string::npos) << load_error(dir);
 }
 
-TEST(Checkpoint, HalfCheckpointRunsAsItsWeightsRounded) {
-  // A bf16 checkpoint computes what the f32 one does with its weights rounded to bf16.
+TEST(Checkpoint, HalfCheckpointIsHeldInItsDtypeAndRunsAsItsWeightsRounded) {
+  // A bf16 checkpoint's weights stay bf16, read in place from the mapped file, and the graphs
+  // declare them so; it computes what the f32 checkpoint does with its weights rounded to bf16.
   io::TensorFile rounded;
   const fs::path dir = gpt2_copy("gpt2_bf16", [&](const fs::path& d, io::TensorFile& w) {
     for (auto& [name, t] : w) {
@@ -173,7 +174,39 @@ TEST(Checkpoint, HalfCheckpointRunsAsItsWeightsRounded) {
     io::write_safetensors((d / "model.safetensors").string(), w);
   });
   const models::Pretrained half = models::load_pretrained(dir.string());
-  for (const auto& [name, t] : rounded) EXPECT_EQ(std::memcmp(half.weights.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
+  const models::Pretrained widened = models::load_pretrained(dir.string(), false, models::WeightDtype::f32);
+  for (const auto& [name, t] : rounded) {
+    const Tensor& held = half.weights.at(name);
+    EXPECT_EQ(held.dtype(), DType::bf16) << name;
+    EXPECT_TRUE(held.is_view()) << name;
+    EXPECT_EQ(std::memcmp(held.to(DType::f32).raw(), t.raw(), t.nbytes()), 0) << name;
+    EXPECT_EQ(std::memcmp(widened.weights.at(name).raw(), t.raw(), t.nbytes()), 0) << name;
+  }
+  for (const ir::Graph* g : {&half.graph, &half.step_graph}) {
+    for (const ir::ValueId v : g->inputs()) {
+      if (rounded.contains(g->node(v).name)) {
+        EXPECT_EQ(g->node(v).dtype, DType::bf16) << g->node(v).name;
+      }
+    }
+  }
+  // The logits of both, on the reference (the casts are exact: the same numbers) and the cpu
+  // (its kernels read the bf16 weights as they stream them) for prefill and one-row steps.
+  const models::Pretrained full = models::load_pretrained(kTiny);
+  for (const std::int64_t t : {1, 8}) {
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(t));
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(7 * i + 3);
+    backend::TensorMap in = prompt_inputs(Tensor::from<std::int32_t>({1, t}, tokens)), in16 = in;
+    for (const auto& [name, w] : rounded) in.emplace(name, w);
+    for (const auto& [name, w] : half.weights) in16.emplace(name, w);
+    for (const char* name : {"reference", "cpu"}) {
+      auto b = backend::create(name);
+      const Tensor want = b->compile(full.graph)->run(in).at("logits");
+      const Tensor got = b->compile(half.graph)->run(in16).at("logits");
+      ASSERT_EQ(got.shape(), want.shape());
+      for (std::int64_t i = 0; i < got.numel(); ++i)
+        ASSERT_NEAR(got.at(i), want.at(i), std::string(name) == "reference" ? 0.0 : 1e-5 * (1 + std::abs(want.at(i)))) << name << " T " << t << " at " << i;
+    }
+  }
 }
 
 class HfModels : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
