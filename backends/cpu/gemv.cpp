@@ -3,6 +3,8 @@
 #include "backends/cpu/gemv.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/isa.hpp"
@@ -10,6 +12,7 @@
 #include "backends/cpu/vectors.hpp"
 #include "ir/error.hpp"
 #include "ir/half.hpp"
+
 
 namespace qkv::backend::cpu {
 
@@ -31,6 +34,42 @@ const float* f32_run(const void* b, DType stored, std::int64_t first, std::int64
   return buffer;
 }
 
+/// Lanes<V>::n elements of B at p in f32: f32 loaded, bf16 widened in registers (its bits are
+/// f32's upper half), f16 by the AVX-512 conversion (16 lanes: only the AVX-512 copy reads f16
+/// directly; the narrower ones read runs widened into a buffer, as float).
+template <class V> [[gnu::always_inline]] inline V load_as_f32(const float* p) { return load<V>(p); }
+using u16x8 = std::uint16_t __attribute__((vector_size(16)));
+using u16x16 = std::uint16_t __attribute__((vector_size(32)));
+using u32x8 = std::uint32_t __attribute__((vector_size(32)));
+using u32x16 = std::uint32_t __attribute__((vector_size(64)));
+template <class V> [[gnu::always_inline]] inline V load_as_f32(const BFloat16* p) {
+  constexpr bool wide16 = Lanes<V>::n == 16;
+  using U16 = std::conditional_t<wide16, u16x16, u16x8>;
+  using U32 = std::conditional_t<wide16, u32x16, u32x8>;
+  U16 bits;
+  std::memcpy(&bits, p, sizeof bits);
+  const U32 wide = __builtin_convertvector(bits, U32) << 16;
+  V v;
+  std::memcpy(&v, &wide, sizeof v);
+  return v;
+}
+#if defined(__x86_64__)
+template <class V> [[gnu::always_inline]] inline V load_as_f32(const Half* p) {
+  static_assert(Lanes<V>::n == 16, "f16 is read directly by the AVX-512 copy only");
+  // The instruction as such: an intrinsic would not inline through the generic templates
+  // (their target is the baseline's), and GCC 12 converts _Float16 vectors lane by lane.
+  V v;
+  asm("vcvtph2ps %1, %0" : "=v"(v) : "m"(*reinterpret_cast<const std::uint16_t(*)[16]>(p)));
+  return v;
+}
+#endif
+inline float as_f32(float x) { return x; }
+inline float as_f32(BFloat16 x) { return to_float(x); }
+inline float as_f32(Half x) { return to_float(x); }
+
+/// Whether a kernel copy of V reads f16 directly (the AVX-512 one) or widens runs into a buffer.
+template <class V> constexpr bool kReadsF16 = Lanes<V>::n == 16;
+
 template <class V> [[gnu::always_inline]] inline float lane_sum(const V& v) {
   float s = 0.0f;
   for (int l = 0; l < Lanes<V>::n; ++l) s += v[l];
@@ -41,8 +80,9 @@ template <class V> [[gnu::always_inline]] inline float lane_sum(const V& v) {
 constexpr std::int64_t kRun = 512;
 
 /// B stored transposed, [n, k]: out[r, c] is a dot product of x's row r with B's row c, both
-/// contiguous. C rows of B at a time, each read once for all R rows of x.
-template <class V, int R, int C>
+/// contiguous. C rows of B at a time, each read once for all R rows of x. T: B's elements as
+/// read (Widen: runs of an f16 B converted into `buffer` first, read as float).
+template <class V, int R, int C, class T, bool Widen>
 [[gnu::always_inline]] inline void dot_columns(const float* x, std::int64_t k, const void* b, DType stored, std::int64_t c, float* buffer,
                                                float* out, std::int64_t n) {
   constexpr int L = Lanes<V>::n;
@@ -52,12 +92,15 @@ template <class V, int R, int C>
     for (int j = 0; j < C; ++j) acc[r][j] = V{}, tail[r][j] = 0.0f;
   for (std::int64_t k0 = 0; k0 < k; k0 += kRun) {
     const std::int64_t len = std::min(kRun, k - k0);
-    const float* row[C];
-    for (int j = 0; j < C; ++j) row[j] = f32_run(b, stored, (c + j) * k + k0, len, buffer + j * kRun);
+    const T* row[C];
+    for (int j = 0; j < C; ++j) {
+      if constexpr (Widen) row[j] = f32_run(b, stored, (c + j) * k + k0, len, buffer + j * kRun);
+      else row[j] = static_cast<const T*>(b) + (c + j) * k + k0;
+    }
     std::int64_t i = 0;
     for (; i + L <= len; i += L) {
       V w[C];
-      for (int j = 0; j < C; ++j) w[j] = load<V>(row[j] + i);
+      for (int j = 0; j < C; ++j) w[j] = load_as_f32<V>(row[j] + i);
       for (int r = 0; r < R; ++r) {
         const V xv = load<V>(x + r * k + k0 + i);
         for (int j = 0; j < C; ++j) acc[r][j] += xv * w[j];
@@ -65,19 +108,32 @@ template <class V, int R, int C>
     }
     for (; i < len; ++i)
       for (int r = 0; r < R; ++r)
-        for (int j = 0; j < C; ++j) tail[r][j] += x[r * k + k0 + i] * row[j][i];
+        for (int j = 0; j < C; ++j) tail[r][j] += x[r * k + k0 + i] * as_f32(row[j][i]);
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < C; ++j) out[r * n + c + j] = lane_sum(acc[r][j]) + tail[r][j];
 }
 
 /// Columns [c0, c1) of the transposed product, for R rows of x.
-template <class V, int R>
+template <class V, int R, class T, bool Widen>
 [[gnu::always_inline]] inline void transposed_columns(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t c0,
                                                       std::int64_t c1, float* buffer, float* out) {
   std::int64_t c = c0;
-  for (; c + 4 <= c1; c += 4) dot_columns<V, R, 4>(x, k, b, stored, c, buffer, out, n);
-  for (; c < c1; ++c) dot_columns<V, R, 1>(x, k, b, stored, c, buffer, out, n);
+  for (; c + 4 <= c1; c += 4) dot_columns<V, R, 4, T, Widen>(x, k, b, stored, c, buffer, out, n);
+  for (; c < c1; ++c) dot_columns<V, R, 1, T, Widen>(x, k, b, stored, c, buffer, out, n);
+}
+
+/// The transposed product's columns [c0, c1) for R rows, by B's element type.
+template <class V, int R>
+[[gnu::always_inline]] inline void transposed_rows(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t c0,
+                                                   std::int64_t c1, float* buffer, float* out) {
+  if (stored == DType::bf16) return transposed_columns<V, R, BFloat16, false>(x, k, n, b, stored, c0, c1, buffer, out);
+#if defined(__x86_64__)
+  if constexpr (kReadsF16<V>)
+    if (stored == DType::f16) return transposed_columns<V, R, Half, false>(x, k, n, b, stored, c0, c1, buffer, out);
+#endif
+  if (stored == DType::f16) return transposed_columns<V, R, float, true>(x, k, n, b, stored, c0, c1, buffer, out);
+  transposed_columns<V, R, float, false>(x, k, n, b, stored, c0, c1, buffer, out);
 }
 
 // The kernels are instantiated per count of rows (their accumulators in registers), and the
@@ -88,16 +144,17 @@ template <class V>
   thread_local std::vector<float> buffer;
   if (buffer.size() < 4 * kRun) buffer.resize(4 * kRun);
   switch (rows) {
-    case 1: return transposed_columns<V, 1>(x, k, n, b, stored, c0, c1, buffer.data(), out);
-    case 2: return transposed_columns<V, 2>(x, k, n, b, stored, c0, c1, buffer.data(), out);
-    case 3: return transposed_columns<V, 3>(x, k, n, b, stored, c0, c1, buffer.data(), out);
-    default: return transposed_columns<V, kFewRows>(x, k, n, b, stored, c0, c1, buffer.data(), out);
+    case 1: return transposed_rows<V, 1>(x, k, n, b, stored, c0, c1, buffer.data(), out);
+    case 2: return transposed_rows<V, 2>(x, k, n, b, stored, c0, c1, buffer.data(), out);
+    case 3: return transposed_rows<V, 3>(x, k, n, b, stored, c0, c1, buffer.data(), out);
+    default: return transposed_rows<V, kFewRows>(x, k, n, b, stored, c0, c1, buffer.data(), out);
   }
 }
 
 /// partial[R, n] += x's columns [j, j + J) times B's rows [j, j + J) (J contiguous streams), each
-/// element of B read once for all R rows of x, the partial sums loaded and stored once.
-template <class V, int R, int J>
+/// element of B read once for all R rows of x, the partial sums loaded and stored once. T and
+/// Widen: as dot_columns.
+template <class V, int R, int J, class T, bool Widen>
 [[gnu::always_inline]] inline void add_rows_of_b(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t j,
                                                  float* buffer, float* partial) {
   constexpr int L = Lanes<V>::n;
@@ -106,12 +163,15 @@ template <class V, int R, int J>
     for (int q = 0; q < J; ++q) s[r][q] = splat<V>(x[r * k + j + q]);
   for (std::int64_t c0 = 0; c0 < n; c0 += kRun) {
     const std::int64_t len = std::min(kRun, n - c0);
-    const float* w[J];
-    for (int q = 0; q < J; ++q) w[q] = f32_run(b, stored, (j + q) * n + c0, len, buffer + q * kRun);
+    const T* w[J];
+    for (int q = 0; q < J; ++q) {
+      if constexpr (Widen) w[q] = f32_run(b, stored, (j + q) * n + c0, len, buffer + q * kRun);
+      else w[q] = static_cast<const T*>(b) + (j + q) * n + c0;
+    }
     std::int64_t i = 0;
     for (; i + L <= len; i += L) {
       V wv[J];
-      for (int q = 0; q < J; ++q) wv[q] = load<V>(w[q] + i);
+      for (int q = 0; q < J; ++q) wv[q] = load_as_f32<V>(w[q] + i);
       for (int r = 0; r < R; ++r) {
         float* o = partial + r * n + c0 + i;
         V sum = load<V>(o);
@@ -121,19 +181,32 @@ template <class V, int R, int J>
     }
     for (; i < len; ++i)
       for (int r = 0; r < R; ++r)
-        for (int q = 0; q < J; ++q) partial[r * n + c0 + i] += x[r * k + j + q] * w[q][i];
+        for (int q = 0; q < J; ++q) partial[r * n + c0 + i] += x[r * k + j + q] * as_f32(w[q][i]);
   }
 }
 
 /// B stored as [k, n]: B's rows [j0, j1) times x's columns [j0, j1), summed into `partial`
 /// [R, n] (zeroed first), four rows of B at a time.
+template <class V, int R, class T, bool Widen>
+[[gnu::always_inline]] inline void row_block_of(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t j0,
+                                                std::int64_t j1, float* buffer, float* partial) {
+  std::fill_n(partial, R * n, 0.0f);
+  std::int64_t j = j0;
+  for (; j + 4 <= j1; j += 4) add_rows_of_b<V, R, 4, T, Widen>(x, k, n, b, stored, j, buffer, partial);
+  for (; j < j1; ++j) add_rows_of_b<V, R, 1, T, Widen>(x, k, n, b, stored, j, buffer, partial);
+}
+
+/// The row block for R rows, by B's element type.
 template <class V, int R>
 [[gnu::always_inline]] inline void row_block_rows(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t j0,
                                                   std::int64_t j1, float* buffer, float* partial) {
-  std::fill_n(partial, R * n, 0.0f);
-  std::int64_t j = j0;
-  for (; j + 4 <= j1; j += 4) add_rows_of_b<V, R, 4>(x, k, n, b, stored, j, buffer, partial);
-  for (; j < j1; ++j) add_rows_of_b<V, R, 1>(x, k, n, b, stored, j, buffer, partial);
+  if (stored == DType::bf16) return row_block_of<V, R, BFloat16, false>(x, k, n, b, stored, j0, j1, buffer, partial);
+#if defined(__x86_64__)
+  if constexpr (kReadsF16<V>)
+    if (stored == DType::f16) return row_block_of<V, R, Half, false>(x, k, n, b, stored, j0, j1, buffer, partial);
+#endif
+  if (stored == DType::f16) return row_block_of<V, R, float, true>(x, k, n, b, stored, j0, j1, buffer, partial);
+  row_block_of<V, R, float, false>(x, k, n, b, stored, j0, j1, buffer, partial);
 }
 
 template <class V>
