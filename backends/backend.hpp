@@ -66,8 +66,9 @@ class Executable {
   /// Holds `tensors` on the backend as the values of the inputs they name, for every later run
   /// until set again: runs no longer pass them, and the graph's updates write back into them,
   /// so parameters and optimizer state stay on the device between training steps. Replaces
-  /// whatever was held before.
-  virtual void set_state(const TensorMap& tensors) = 0;
+  /// whatever was held before. Taken by value: a caller that moves its tensors in (a generator's
+  /// cache) leaves no second copy.
+  virtual void set_state(TensorMap tensors) = 0;
   /// The held inputs' current values, after every update so far (copied to the host).
   virtual TensorMap state() = 0;
   /// Bytes of intermediate and output storage the last run planned (0 before the first run);

@@ -45,7 +45,7 @@ class HalfPrecisionExecutable final : public Executable {
     return narrow(inner_->run_observed(widen(inputs), narrowing));
   }
   const ir::Graph& graph() const override { return inner_->graph(); }
-  void set_state(const TensorMap& tensors) override { inner_->set_state(inputs_.empty() ? tensors : widen(tensors)); }
+  void set_state(TensorMap tensors) override { inner_->set_state(inputs_.empty() ? std::move(tensors) : widen(tensors)); }
   TensorMap state() override {
     TensorMap s = inner_->state();
     for (auto& [name, t] : s)

@@ -470,7 +470,7 @@ class SequenceParallelExecutable : public backend::Executable {
   explicit SequenceParallelExecutable(std::unique_ptr<SequenceParallel> sp) : sp_(std::move(sp)) {}
   backend::TensorMap run(const backend::TensorMap& inputs) override { return sp_->run(inputs); }
   const ir::Graph& graph() const override { return sp_->graph(); }
-  void set_state(const backend::TensorMap&) override {
+  void set_state(backend::TensorMap) override {
     throw UnsupportedError("sequence parallel: held state (training) is not supported; train data-parallel (train::DataParallel)");
   }
   backend::TensorMap state() override { return {}; }

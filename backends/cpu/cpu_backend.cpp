@@ -100,7 +100,7 @@ bool reads_half(const Node& n, std::size_t k) {
     case Op::attention_grad:
     case Op::masked_attention_grad:
     case Op::flex_attention_grad: return k <= 3;
-    case Op::matmul:      // its right operand (weights held in 16 bits), converted as it is streamed
+    case Op::matmul:                    // its right operand (weights held in 16 bits), converted as it is streamed
     case Op::embedding: return k == 1;  // its table, a row at a time
     default: return false;
   }
@@ -141,9 +141,9 @@ class CpuExecutable final : public ExecutableSkeleton {
   std::int64_t planned_bytes() const override { return memory_.total_bytes + scratch_bytes_; }
   std::vector<TileCount> tile_counts() const override { return tile_counts_; }
 
-  void set_state(const TensorMap& tensors) override {
+  void set_state(TensorMap tensors) override {
     check_state_names(graph_, tensors);
-    state_ = tensors;  // read in place by the next runs; their shapes are part of the plan's signature
+    state_ = std::move(tensors);  // read in place by the next runs; their shapes are part of the plan's signature
   }
   TensorMap state() override { return state_; }
 

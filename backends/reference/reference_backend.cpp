@@ -27,9 +27,9 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
 
   std::int64_t planned_bytes() const override { return planned_bytes_; }
 
-  void set_state(const TensorMap& tensors) override {
+  void set_state(TensorMap tensors) override {
     check_state_names(graph_, tensors);
-    state_ = tensors;
+    state_ = std::move(tensors);
   }
   TensorMap state() override { return state_; }
 

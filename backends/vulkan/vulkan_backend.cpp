@@ -77,9 +77,9 @@ class VulkanExecutable final : public ExecutableSkeleton {
   }
   std::vector<KernelTime> profile() const override { return last_profile_; }
 
-  void set_state(const TensorMap& tensors) override {
+  void set_state(TensorMap tensors) override {
     check_state_names(graph_, tensors);
-    state_ = tensors;
+    state_ = std::move(tensors);
     device_newer_ = false;
     signature_.invalidate();  // the next run plans again and uploads the new state once
   }
