@@ -23,8 +23,8 @@
 
 #include "backends/backend.hpp"
 #include "backends/cpu/thread_pool.hpp"
-#include "models/generate.hpp"
 #include "io/safetensors.hpp"
+#include "models/generate.hpp"
 #include "models/gpt2.hpp"
 #include "models/pretrained.hpp"
 
@@ -55,8 +55,12 @@ template <class V> [[gnu::always_inline]] inline float sum_with(const float* p, 
 }
 #if defined(__x86_64__)
 // The widest loads the CPU has: on AVX-512 machines 64-byte loads read memory faster than 32-byte ones.
-__attribute__((target("arch=x86-64-v4"))) float sum_avx512(const float* p, std::size_t n) { return sum_with<float __attribute__((vector_size(64)))>(p, n); }
-__attribute__((target("arch=x86-64-v3"))) float sum_avx2(const float* p, std::size_t n) { return sum_with<float __attribute__((vector_size(32)))>(p, n); }
+__attribute__((target("arch=x86-64-v4"))) float sum_avx512(const float* p, std::size_t n) {
+  return sum_with<float __attribute__((vector_size(64)))>(p, n);
+}
+__attribute__((target("arch=x86-64-v3"))) float sum_avx2(const float* p, std::size_t n) {
+  return sum_with<float __attribute__((vector_size(32)))>(p, n);
+}
 float sum_of(const float* p, std::size_t n) {
   if (__builtin_cpu_supports("x86-64-v4")) return sum_avx512(p, n);
   if (__builtin_cpu_supports("x86-64-v3")) return sum_avx2(p, n);
@@ -205,10 +209,9 @@ int main(int argc, char** argv) {
   double bandwidth = 0;
   std::ifstream(dir / "bandwidth") >> bandwidth;
   std::filesystem::remove_all(dir);
-  std::printf("GPT-2 small shape (%.1fM parameters, random weights, loaded from a model folder) on %s\n", weights_mb / 4,
-              backend->device().c_str());
-  std::printf("read bandwidth %.1f GB/s (the best of 7 parallel sums of 512 MB); medians of %d runs of %d decode steps\n\n", bandwidth / 1e9,
-              repeat, steps);
+  std::printf("GPT-2 small shape (%.1fM parameters, random weights, loaded from a model folder) on %s\n", weights_mb / 4, backend->device().c_str());
+  std::printf("read bandwidth %.1f GB/s (the best of 7 parallel sums of 512 MB); medians of %d runs of %d decode steps\n\n", bandwidth / 1e9, repeat,
+              steps);
   std::printf("| weights | cache P | tokens/s | ms/token | bound tokens/s | of bound |\n|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
     // Per token: every weight once, and the cache's keys and values of P tokens (f32).

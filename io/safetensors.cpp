@@ -2,18 +2,18 @@
 #include "io/safetensors.hpp"
 
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <string_view>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "io/file.hpp"

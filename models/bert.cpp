@@ -19,11 +19,12 @@ template <Expr X> auto norm(X x, const LayerNorm& n, double eps) {
   return layer_norm(x, param(n.weight.name, dim<E>), param(n.bias.name, dim<E>), eps);
 }
 
-template <Expr X, class Keep> X layer(X x, const BertLayer& l, double eps, const Keep& keep) {
+template <Expr X, class Keep> X layer(X x, const BertLayer& l, double eps, const Keep& keep, std::size_t index, detail::Named* weights) {
   const BertSelfAttention& s = l.attention.self;
   auto q = split_heads<H>(dense<E, E>(x, s.query));
   auto k = split_heads<H>(dense<E, E>(x, s.key));
   auto v = split_heads<H>(dense<E, E>(x, s.value));
+  if (weights) weights->emplace_back("weights." + std::to_string(index), attention_weights(q, k, keep).term());
   auto attended = merge_heads<E.value>(scaled_dot_product_attention(q, k, v, keep));
   auto h = norm(x + dense<E, E>(attended, l.attention.output.dense), l.attention.output.LayerNorm, eps);
   auto up = gelu(dense<F, E>(h, l.intermediate.dense));
@@ -57,7 +58,7 @@ BertModel make_bert(const BertConfig& c, bool pooler) {
   return m;
 }
 
-ir::Graph bert_graph(const BertModel& m, const BertConfig& c) {
+ir::Graph bert_graph(const BertModel& m, const BertConfig& c, const GraphOutputs& outputs) {
   const double eps = c.layer_norm_eps.value_or(1e-12);
   auto ids = input<"input_ids", DType::i32>(dim<"B">, dim<"T">);
   auto types = input<"token_type_ids", DType::i32>(dim<"B">, dim<"T">);
@@ -70,7 +71,9 @@ ir::Graph bert_graph(const BertModel& m, const BertConfig& c) {
                 em.LayerNorm, eps);
   // Padding keys are skipped: key kv_idx of batch entry b is kept where attention_mask[b, kv_idx] is 1.
   auto keep = mask_mod([=](auto b, auto, auto, auto kv_idx) { return at(mask, b, kv_idx) > 0.5; });
-  for (const BertLayer& l : m.encoder.layer) x = layer(x, l, eps, keep);
+  detail::Named weights;
+  for (std::size_t i = 0; i < m.encoder.layer.size(); ++i)
+    x = layer(x, m.encoder.layer[i], eps, keep, i, outputs.attention_weights ? &weights : nullptr);
   // Mean pooling over the kept tokens, then L2 normalisation (F.normalize's eps 1e-12).
   constexpr ir::Shape column{decltype(x)::shape[0], decltype(x)::shape[1], 1};
   auto kept = dsl::detail::reshape_to<column>(cast(mask));
@@ -84,6 +87,7 @@ ir::Graph bert_graph(const BertModel& m, const BertConfig& c) {
     l.graph().set_output("pooler_output", l.emit(tanh(dense<E, E>(cls, m.pooler->dense)).term()));
   }
   l.graph().set_output("sentence_embedding", l.emit(sentence.term()));
+  for (const auto& [name, term] : weights) l.graph().set_output(name, l.emit(term));
   return ir::specialize_dims(l.graph(), {{"E", c.hidden_size},
                                          {"H", c.num_attention_heads},
                                          {"F", c.intermediate_size},

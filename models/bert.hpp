@@ -63,7 +63,9 @@ BertModel make_bert(const BertConfig& c, bool pooler);
 /// The encoder's graph: inputs input_ids, token_type_ids, position_ids and attention_mask (1 for
 /// a token, 0 for padding), i32 [B, T]; outputs "last_hidden_state" [B, T, E], "pooler_output"
 /// [B, E] (with a pooler) and "sentence_embedding" [B, E]: the mean of the hidden states over the
-/// tokens the mask keeps, L2-normalised (sentence-transformers' Pooling + Normalize).
-ir::Graph bert_graph(const BertModel& m, const BertConfig& c);
+/// tokens the mask keeps, L2-normalised (sentence-transformers' Pooling + Normalize); with
+/// outputs.attention_weights, "weights.<layer>" [B, H, T, T] (outputs.hidden adds nothing:
+/// last_hidden_state is always there).
+ir::Graph bert_graph(const BertModel& m, const BertConfig& c, const GraphOutputs& outputs = {});
 
 }  // namespace qkv::models

@@ -31,6 +31,10 @@ struct GenerationOptions {
   std::vector<std::int64_t> stop_tokens;
   bool use_model_stop_tokens = true;
   Sampling sampling;
+  /// The prompt goes through the model in steps of at most this many positions (0: at once), each
+  /// writing its keys and values into the cache: a long prompt's activations are those of a
+  /// chunk, not of the whole prompt (chunked prefill), for the same result.
+  std::int64_t prefill_chunk = 512;
 };
 
 /// The next token from one row of logits [vocab].
@@ -39,22 +43,28 @@ std::int32_t pick_token(const float* logits, std::int64_t vocab, const Sampling&
 class Generator {
  public:
   /// Compiles the model's step graph on `backend` and holds its weights and a zero cache for
-  /// `max_length` positions (prompt and new tokens; at most the model's positions).
-  Generator(const Pretrained& model, backend::Backend& backend, std::int64_t max_length);
-  Generator(Pretrained&&, backend::Backend&, std::int64_t) = delete;  // keeps a reference to the model
-  /// The prompt's continuation: the new tokens, each passed to `on_token` as soon as it is
-  /// picked (which may return false to stop). Throws UsageError when the prompt and
-  /// max_new_tokens do not fit max_length, or the prompt is empty.
+  /// `batch` sequences of `max_length` positions (prompt and new tokens; at most the model's).
+  Generator(const Pretrained& model, backend::Backend& backend, std::int64_t max_length, std::int64_t batch = 1);
+  Generator(Pretrained&&, backend::Backend&, std::int64_t, std::int64_t = 1) = delete;  // keeps a reference to the model
+  /// The prompt's continuation (a generator of batch 1): the new tokens, each passed to
+  /// `on_token` as soon as it is picked (which may return false to stop). Throws UsageError
+  /// when the prompt and max_new_tokens do not fit max_length, or the prompt is empty.
   std::vector<std::int32_t> generate(const std::vector<std::int32_t>& prompt, const GenerationOptions& o,
                                      const std::function<bool(std::int32_t)>& on_token = {});
+  /// The continuations of `batch` prompts of any lengths at once, each step reading the weights
+  /// once for all of them: the shorter prompts are padded on the left (their padding never seen,
+  /// their positions counting from their first token), as transformers' generate pads them. Each
+  /// sequence ends at a stop token or after max_new_tokens; `on_token(sequence, token)` sees
+  /// each new token (false stops that sequence). Sequence i samples with seed o.sampling.seed + i.
+  std::vector<std::vector<std::int32_t>> generate(const std::vector<std::vector<std::int32_t>>& prompts, const GenerationOptions& o,
+                                                  const std::function<bool(std::size_t, std::int32_t)>& on_token = {});
   /// The executable that runs the steps (its plan, its held state).
   backend::Executable& executable() { return *exe_; }
 
  private:
   const Pretrained& model_;
-  std::int64_t max_length_;
+  std::int64_t max_length_, batch_;
   std::unique_ptr<backend::Executable> exe_;
-  backend::TensorMap state_;
 };
 
 }  // namespace qkv::models

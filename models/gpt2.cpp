@@ -23,11 +23,10 @@ template <std::int64_t K, Expr X> auto third(X qkv) {
   return dsl::detail::reshape_to<one>(slice<2, K, K + 1>(dsl::detail::reshape_to<packed>(qkv)));
 }
 
-using detail::Cache;
 using detail::NoCache;
 using detail::Updates;
 
-template <Expr X, class C> X block(X x, const Gpt2Block& b, double eps, const C& cache, std::size_t layer, Updates& updates) {
+template <Expr X, class C> X block(X x, const Gpt2Block& b, double eps, const C& cache, std::size_t layer, Updates& updates, detail::Named* weights) {
   auto a = norm(x, b.ln_1, eps);
   auto qkv = matmul(a, param(b.attn.c_attn.weight.name, dim<E>, dim<3 * E>)) + param(b.attn.c_attn.bias.name, dim<3 * E>);
   auto q = split_heads<H>(third<0>(qkv));
@@ -35,6 +34,7 @@ template <Expr X, class C> X block(X x, const Gpt2Block& b, double eps, const C&
   auto v = split_heads<H>(third<2>(qkv));
   auto heads = [&] {
     if constexpr (std::is_same_v<C, NoCache>) {
+      if (weights) weights->emplace_back("weights." + std::to_string(layer), attention_weights(q, k, causal).term());
       return scaled_dot_product_attention(q, k, v, causal);
     } else {
       const std::string past = "past." + std::to_string(layer);
@@ -45,9 +45,7 @@ template <Expr X, class C> X block(X x, const Gpt2Block& b, double eps, const C&
       auto values = cache_write<2>(past_v, v, cache.start);
       updates.emplace_back(past + ".key", keys.term());
       updates.emplace_back(past + ".value", values.term());
-      const auto positions = cache.positions;
-      return scaled_dot_product_attention(q, keys, values,
-                                          mask_mod([=](auto bi, auto, auto q_idx, auto kv_idx) { return kv_idx <= at(positions, bi, q_idx); }));
+      return scaled_dot_product_attention(q, keys, values, detail::visible_slots<4>(cache));
     }
   }();
   auto attended = matmul(merge_heads<E.value>(heads), param(b.attn.c_proj.weight.name, dim<E>, dim<E>)) + bias_of(b.attn.c_proj);
@@ -93,12 +91,14 @@ namespace {
 
 /// The model's graph from its inputs' expressions: the blocks with or without a cache.
 template <class C, Expr Ids, Expr Positions>
-ir::Graph build(const Gpt2LMHeadModel& m, const Gpt2Config& c, Ids ids, Positions positions, const C& cache, bool hidden) {
+ir::Graph build(const Gpt2LMHeadModel& m, const Gpt2Config& c, Ids ids, Positions positions, const C& cache, const GraphOutputs& outputs) {
   const double eps = c.layer_norm_epsilon.value_or(1e-5);
   auto wte = param(m.transformer.wte.weight.name, dim<V>, dim<E>);
   auto x = embedding(ids, wte) + embedding(positions, param(m.transformer.wpe.weight.name, dim<P>, dim<E>));
   Updates updates;
-  for (std::size_t i = 0; i < m.transformer.h.size(); ++i) x = block(x, m.transformer.h[i], eps, cache, i, updates);
+  detail::Named weights;
+  for (std::size_t i = 0; i < m.transformer.h.size(); ++i)
+    x = block(x, m.transformer.h[i], eps, cache, i, updates, outputs.attention_weights ? &weights : nullptr);
   auto h = norm(x, m.transformer.ln_f, eps);
   auto rows = detail::head_rows<C>(h);
   auto logits = [&] {
@@ -107,20 +107,18 @@ ir::Graph build(const Gpt2LMHeadModel& m, const Gpt2Config& c, Ids ids, Position
   }();
   const std::map<std::string, std::int64_t> sizes{
       {"E", c.n_embd}, {"H", c.n_head}, {"V", c.vocab_size}, {"P", c.n_positions}, {"F", c.n_inner.value_or(4 * c.n_embd)}};
-  return detail::lower_step(logits, hidden ? &h : nullptr, updates, sizes);
+  return detail::lower_step(logits, outputs.hidden ? &h : nullptr, weights, updates, sizes);
 }
 
 }  // namespace
 
-ir::Graph gpt2_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c, bool hidden) {
-  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), input<"position_ids", DType::i32>(dim<"B">, dim<"T">), NoCache{}, hidden);
+ir::Graph gpt2_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c, const GraphOutputs& outputs) {
+  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), input<"position_ids", DType::i32>(dim<"B">, dim<"T">), NoCache{}, outputs);
 }
 
 ir::Graph gpt2_step_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c) {
-  auto positions = input<"position_ids", DType::i32>(dim<"B">, dim<"T">);
-  auto start = input<"cache_start", DType::i32>();
-  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), positions, Cache<decltype(positions), decltype(start)>{positions, start},
-               false);
+  const auto cache = detail::cache_inputs();
+  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), cache.positions, cache, GraphOutputs{});
 }
 
 }  // namespace qkv::models

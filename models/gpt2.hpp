@@ -55,16 +55,18 @@ Gpt2LMHeadModel make_gpt2(const Gpt2Config& c);
 
 /// The forward graph: inputs input_ids and position_ids, i32 [B, T] (B and T named, bound when
 /// run), and the parameters under their checkpoint names; outputs "logits" [B, T, V] and, with
-/// `hidden`, "hidden" [B, T, E] (after the final layer norm).
-ir::Graph gpt2_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c, bool hidden = false);
+/// outputs.hidden, "hidden" [B, T, E] (after the final layer norm); with outputs.attention_weights,
+/// "weights.<layer>" [B, H, T, T].
+ir::Graph gpt2_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c, const GraphOutputs& outputs = {});
 
 /// One generation step (a prefill of T tokens, or a decode step of one) against a key/value
-/// cache: inputs input_ids and position_ids i32 [B, T] and cache_start i32 [] (the position the
-/// step's first token takes), and the cache "past.<layer>.key" / ".value" [B, H, S, E/H] (S:
-/// the longest sequence), which the graph updates with the step's keys and values written at
-/// [cache_start, cache_start + T) (cache_write, in place where the backend holds the cache).
-/// Query t sees the keys at positions <= position_ids[b, t]. Output "logits" [B, 1, V]: the last
-/// position's, which the next token is picked from.
+/// cache: inputs input_ids and position_ids i32 [B, T], cache_start i32 [] (the cache slot the
+/// step's first token takes, in every sequence) and cache_first i32 [B] (each sequence's first
+/// slot: a prompt padded on the left starts later), and the cache "past.<layer>.key" / ".value"
+/// [B, H, S, E/H] (S: the longest sequence), which the graph updates with the step's keys and
+/// values written at [cache_start, cache_start + T) (cache_write, in place where the backend
+/// holds the cache). Query t of sequence b sees slots [cache_first[b], cache_start + t]. Output
+/// "logits" [B, 1, V]: the last position's, which the next token is picked from.
 ir::Graph gpt2_step_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c);
 
 }  // namespace qkv::models

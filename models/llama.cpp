@@ -12,7 +12,6 @@ namespace qkv::models {
 
 namespace {
 
-using detail::Cache;
 using detail::NoCache;
 using detail::Updates;
 
@@ -50,7 +49,8 @@ template <Expr X, Expr P, Expr F> auto rotate(X x, P positions, F inv_freq) {
 }
 
 template <Expr X, Expr P, Expr Inv, class C>
-X layer(X x, const LlamaDecoderLayer& l, double eps, P positions, Inv inv_freq, const C& cache, std::size_t index, Updates& updates) {
+X layer(X x, const LlamaDecoderLayer& l, double eps, P positions, Inv inv_freq, const C& cache, std::size_t index, Updates& updates,
+        detail::Named* weights) {
   auto a = norm(x, l.input_layernorm, eps);
   auto q = rotate(heads<H>(project<H * D, E>(a, l.self_attn.q_proj)), positions, inv_freq);  // [B, H, T, D]
   auto k = rotate(heads<KV>(project<KV * D, E>(a, l.self_attn.k_proj)), positions, inv_freq);
@@ -65,6 +65,11 @@ X layer(X x, const LlamaDecoderLayer& l, double eps, P positions, Inv inv_freq, 
   };
   auto attended = [&] {
     if constexpr (std::is_same_v<C, NoCache>) {
+      if (weights) {  // [B, Hkv, G, T, T] as [B, H, T, T]: query head h G + g is group g of key/value head h
+        auto w = attention_weights(q_groups, grouped(k), causal);
+        constexpr ir::Shape square{X::shape[0], H.value, X::shape[1], X::shape[1]};
+        weights->emplace_back("weights." + std::to_string(index), dsl::detail::reshape_to<square>(w).term());
+      }
       return scaled_dot_product_attention(q_groups, grouped(k), grouped(v), causal);
     } else {
       const std::string past = "past." + std::to_string(index);
@@ -72,7 +77,7 @@ X layer(X x, const LlamaDecoderLayer& l, double eps, P positions, Inv inv_freq, 
       auto values = cache_write<2>(param(past + ".value", dim<"B">, dim<KV>, dim<"S">, dim<D>), v, cache.start);
       updates.emplace_back(past + ".key", keys.term());
       updates.emplace_back(past + ".value", values.term());
-      return scaled_dot_product_attention(q_groups, grouped(keys), grouped(values), detail::up_to_position<5>(cache.positions));
+      return scaled_dot_product_attention(q_groups, grouped(keys), grouped(values), detail::visible_slots<5>(cache));
     }
   }();  // [B, Hkv, G, T, D]
   constexpr ir::Shape per_head{X::shape[0], H.value, X::shape[1], D.value};
@@ -96,13 +101,15 @@ RopeConfig rope_of(const LlamaConfig& c) {
 }
 
 template <class C, Expr Ids, Expr Positions>
-ir::Graph build(const LlamaForCausalLM& m, const LlamaConfig& c, Ids ids, Positions positions, const C& cache, bool hidden) {
+ir::Graph build(const LlamaForCausalLM& m, const LlamaConfig& c, Ids ids, Positions positions, const C& cache, const GraphOutputs& outputs) {
   const double eps = c.rms_norm_eps.value_or(1e-6);
   auto embed = param(m.model.embed_tokens.weight.name, dim<V>, dim<E>);
   auto inv_freq = param(kInvFreq, dim<Half>);
   auto x = embedding(ids, embed);  // an op's result, of the type each layer returns
   Updates updates;
-  for (std::size_t i = 0; i < m.model.layers.size(); ++i) x = layer(x, m.model.layers[i], eps, positions, inv_freq, cache, i, updates);
+  detail::Named weights;
+  for (std::size_t i = 0; i < m.model.layers.size(); ++i)
+    x = layer(x, m.model.layers[i], eps, positions, inv_freq, cache, i, updates, outputs.attention_weights ? &weights : nullptr);
   auto h = norm(x, m.model.norm, eps);
   auto rows = detail::head_rows<C>(h);
   auto logits = [&] {
@@ -111,7 +118,7 @@ ir::Graph build(const LlamaForCausalLM& m, const LlamaConfig& c, Ids ids, Positi
   }();
   const std::map<std::string, std::int64_t> sizes{{"E", c.hidden_size}, {"H", c.num_attention_heads}, {"Hkv", kv_heads(c)},
                                                   {"D", head_dim(c)},   {"F", c.intermediate_size},   {"V", c.vocab_size}};
-  return detail::lower_step(logits, hidden ? &h : nullptr, updates, sizes);
+  return detail::lower_step(logits, outputs.hidden ? &h : nullptr, weights, updates, sizes);
 }
 
 }  // namespace
@@ -175,15 +182,13 @@ Tensor llama_inv_freq(const LlamaConfig& c) {
   return t;
 }
 
-ir::Graph llama_graph(const LlamaForCausalLM& m, const LlamaConfig& c, bool hidden) {
-  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), input<"position_ids", DType::i32>(dim<"B">, dim<"T">), NoCache{}, hidden);
+ir::Graph llama_graph(const LlamaForCausalLM& m, const LlamaConfig& c, const GraphOutputs& outputs) {
+  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), input<"position_ids", DType::i32>(dim<"B">, dim<"T">), NoCache{}, outputs);
 }
 
 ir::Graph llama_step_graph(const LlamaForCausalLM& m, const LlamaConfig& c) {
-  auto positions = input<"position_ids", DType::i32>(dim<"B">, dim<"T">);
-  auto start = input<"cache_start", DType::i32>();
-  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), positions, Cache<decltype(positions), decltype(start)>{positions, start},
-               false);
+  const auto cache = detail::cache_inputs();
+  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), cache.positions, cache, GraphOutputs{});
 }
 
 }  // namespace qkv::models

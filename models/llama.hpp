@@ -73,8 +73,9 @@ Tensor llama_inv_freq(const LlamaConfig& c);
 /// The graph input that holds llama_inv_freq (a buffer of the model, not in its checkpoint).
 inline constexpr const char* kInvFreq = "model.rotary_emb.inv_freq";
 
-/// The forward graph (as gpt2_graph: input_ids and position_ids [B, T] -> "logits", "hidden").
-ir::Graph llama_graph(const LlamaForCausalLM& m, const LlamaConfig& c, bool hidden = false);
+/// The forward graph (as gpt2_graph: input_ids and position_ids [B, T] -> "logits", "hidden",
+/// "weights.<layer>" [B, heads, T, T]).
+ir::Graph llama_graph(const LlamaForCausalLM& m, const LlamaConfig& c, const GraphOutputs& outputs = {});
 /// One generation step against the key/value cache (as gpt2_step_graph; the cache holds the
 /// key/value heads: "past.<layer>.key" [B, kv_heads, S, head_dim]).
 ir::Graph llama_step_graph(const LlamaForCausalLM& m, const LlamaConfig& c);

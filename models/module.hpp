@@ -18,6 +18,14 @@
 
 namespace qkv::models {
 
+/// What a model's forward graph outputs besides its result: the final hidden states ("hidden"),
+/// and each layer's attention weights, "weights.<layer>" [B, heads, T, T] (transformers'
+/// output_attentions; what `qkv viz` draws).
+struct GraphOutputs {
+  bool hidden = false;
+  bool attention_weights = false;
+};
+
 /// One parameter of a module: its checkpoint name (set by name_parameters) and its shape, which
 /// the architecture's constructor takes from the config.
 struct Parameter {

@@ -120,7 +120,7 @@ void read_weights_as_held(Pretrained& p) {
   if (p.step_graph.size() > 0) p.step_graph = ir::store_inputs_as(p.step_graph, stored);
 }
 
-Pretrained load_architecture(const std::string& dir, bool hidden, WeightDtype held);
+Pretrained load_architecture(const std::string& dir, const LoadOptions& options);
 
 }  // namespace
 
@@ -193,15 +193,16 @@ bool is_model_dir(const std::string& path) {
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
 }
 
-Pretrained load_pretrained(const std::string& dir, bool hidden, WeightDtype held) {
-  Pretrained p = load_architecture(dir, hidden, held);
+Pretrained load_pretrained(const std::string& dir, const LoadOptions& options) {
+  Pretrained p = load_architecture(dir, options);
   read_weights_as_held(p);
   return p;
 }
 
 namespace {
 
-Pretrained load_architecture(const std::string& dir, bool hidden, WeightDtype held) {
+Pretrained load_architecture(const std::string& dir, const LoadOptions& options) {
+  const WeightDtype held = options.weights;
   const fs::path folder(dir);
   const std::string config_path = (folder / "config.json").string();
   if (!fs::is_directory(folder)) throw IoError(dir + ": not a folder");
@@ -215,7 +216,7 @@ Pretrained load_architecture(const std::string& dir, bool hidden, WeightDtype he
     const Gpt2LMHeadModel m = make_gpt2(c);
     p.parameters = named_parameters(m);
     p.weights = match_weights(m, read_weights(folder), dir, "transformer.", {".attn.bias", ".attn.masked_bias", "lm_head.weight"}, held);
-    p.graph = gpt2_graph(m, c, hidden);
+    p.graph = gpt2_graph(m, c, options.outputs);
     p.step_graph = gpt2_step_graph(m, c);
     p.layers = c.n_layer;
     p.kv_heads = c.n_head;
@@ -234,7 +235,7 @@ Pretrained load_architecture(const std::string& dir, bool hidden, WeightDtype he
     if (!m.lm_head) ignored.push_back("lm_head.weight");
     p.weights = match_weights(m, read_weights(folder), dir, "", ignored, held);
     p.weights.emplace(kInvFreq, llama_inv_freq(c));
-    p.graph = llama_graph(m, c, hidden);
+    p.graph = llama_graph(m, c, options.outputs);
     p.step_graph = llama_step_graph(m, c);
     p.vocab_size = c.vocab_size;
     p.max_positions = c.max_position_embeddings;
@@ -257,7 +258,7 @@ Pretrained load_architecture(const std::string& dir, bool hidden, WeightDtype he
     const BertModel m = make_bert(c, tensors.contains("pooler.dense.weight"));
     p.parameters = named_parameters(m);
     p.weights = match_weights(m, std::move(tensors), dir, "", {"position_ids"}, held);
-    p.graph = bert_graph(m, c);
+    p.graph = bert_graph(m, c, options.outputs);
     p.vocab_size = c.vocab_size;
     p.max_positions = c.max_position_embeddings;
     p.layers = c.num_hidden_layers;

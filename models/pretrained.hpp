@@ -11,6 +11,7 @@
 
 #include "ir/graph.hpp"
 #include "ir/tensor.hpp"
+#include "models/module.hpp"
 
 namespace qkv::models {
 
@@ -28,8 +29,9 @@ struct Pretrained {
   /// asked); encoders (bert): see bert_graph.
   ir::Graph graph;
   /// A decoder's generation step against a key/value cache (gpt2_step_graph): input_ids,
-  /// position_ids [B, T], cache_start [] -> the last position's "logits" [B, 1, V]; held cache
-  /// inputs "past.<layer>.key/value" [B, kv_heads, S, head_dim]. Empty for encoders.
+  /// position_ids [B, T], cache_start [], cache_first [B] -> the last position's "logits"
+  /// [B, 1, V]; held cache inputs "past.<layer>.key/value" [B, kv_heads, S, head_dim]. Empty
+  /// for encoders.
   ir::Graph step_graph;
   std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
   /// The graph's data inputs (the others are weights), each i32 [B, T].
@@ -57,11 +59,17 @@ bool is_model_dir(const std::string& path);
 /// f16 or bf16 and computing in f32 (ir::store_inputs_as), or widened to f32 once (to train them).
 enum class WeightDtype { stored, f32 };
 
+struct LoadOptions {
+  /// What the forward graph outputs besides its result: "hidden", each layer's "weights.<layer>".
+  GraphOutputs outputs;
+  WeightDtype weights = WeightDtype::stored;
+};
+
 /// Reads config.json and the weights of the folder `dir` (model.safetensors, or the shards
 /// model.safetensors.index.json lists; f32, f16 or bf16), memory-mapped: the weights are views
 /// of the files (no copy). Every problem with the weights (a tensor missing, one the model does
 /// not have, one of the wrong shape, an unreadable shard) is named in one IoError, and nothing
-/// is returned half-loaded. `hidden` adds the output "hidden".
-Pretrained load_pretrained(const std::string& dir, bool hidden = false, WeightDtype weights = WeightDtype::stored);
+/// is returned half-loaded.
+Pretrained load_pretrained(const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace qkv::models

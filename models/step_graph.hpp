@@ -15,27 +15,52 @@ namespace qkv::models::detail {
 
 /// No cache: the whole sequence at once, plain causal attention.
 struct NoCache {};
-/// A step against the cache: each query sees the keys at positions <= its own.
-template <class Positions, class Start> struct Cache {
-  Positions positions;  // i32 [B, T]: each new token's position
-  Start start;          // i32 []: where the step's keys and values are written in the cache
+/// A step against the cache. Sequences of a batch share the cache's slots: the step's T new
+/// tokens go to slots [start, start + T) of every sequence, and a shorter prompt is padded on the
+/// left, so that sequence b's tokens start at slot first[b] (its positions counting from there).
+/// Query t of sequence b sees the keys in slots [first[b], start + t].
+template <class Positions, class Start, class First> struct Cache {
+  Positions positions;  // i32 [B, T]: each new token's position in its sequence (embeddings, RoPE)
+  Start start;          // i32 []: the slot the step's first token is written to, in every sequence
+  First first;          // i32 [B]: each sequence's first slot (0 unless its prompt was padded)
 };
 
-/// The graph's updates: each held input and the term of its new value.
-using Updates = std::vector<std::pair<std::string, dsl::detail::TermPtr>>;
+/// The step-graph inputs of a Cache: position_ids [B, T], cache_start [], cache_first [B].
+inline auto cache_inputs() {
+  using namespace dsl;
+  auto positions = input<"position_ids", DType::i32>(dim<"B">, dim<"T">);
+  auto start = input<"cache_start", DType::i32>();
+  auto first = input<"cache_first", DType::i32>(dim<"B">);
+  return Cache<decltype(positions), decltype(start), decltype(first)>{positions, start, first};
+}
 
-/// The cache's keep-mask for scores of rank R ([B, ..., T, S]): key kv_idx is seen by query t of
-/// batch entry b when kv_idx <= positions[b, t]; the positions laid out as [B, 1.., T, 1].
-template <int R, class Positions> auto up_to_position(Positions positions) {
-  constexpr ir::Shape laid = [] {
+/// Named terms: extra outputs (each layer's attention weights), or the graph's updates (each
+/// held input and the term of its new value).
+using Named = std::vector<std::pair<std::string, dsl::detail::TermPtr>>;
+using Updates = Named;
+
+/// The cache's keep-mask for scores of rank R ([B, ..., T, S]): key slot kv_idx is seen by query
+/// t of sequence b when first[b] <= kv_idx <= start + t, written as 0 <= start + t - kv_idx <=
+/// start + t - first[b] so that both comparisons span the scores and stay in the fused kernel's
+/// modifier (a bound on kv_idx alone, [B, ..., 1, S], would be computed outside it, over a grid
+/// that reads the cache). The per-query bounds are laid out as [B, 1.., T, 1].
+template <int R, class C> auto visible_slots(const C& cache) {
+  using Positions = decltype(cache.positions);
+  constexpr ir::Shape per_query = [] {
     ir::Shape s{Positions::shape[0]};
     for (int i = 1; i < R - 2; ++i) s.push_back(1);
     s.push_back(Positions::shape[1]);
     s.push_back(1);
     return s;
   }();
-  auto at_query = dsl::detail::reshape_to<laid>(cast(positions));
-  return mask_mod([=](auto, auto, auto, auto kv_idx) { return kv_idx <= at_query; });
+  constexpr ir::Shape column{Positions::shape[0], 1};
+  auto slot_of = iota<1>(cast(cache.positions)) + cast(cache.start);  // [B, T]: each query's slot
+  auto slot = dsl::detail::reshape_to<per_query>(slot_of);
+  auto reach = dsl::detail::reshape_to<per_query>(slot_of - dsl::detail::reshape_to<column>(cast(cache.first)));
+  return mask_mod([=](auto, auto, auto, auto kv_idx) {
+    auto back = slot - kv_idx;  // how many slots before the query's the key is
+    return back >= 0.0 && back <= reach;
+  });
 }
 
 /// The rows the head reads: every position without a cache; in a step against one, the last
@@ -51,13 +76,15 @@ template <class C, Expr X> auto head_rows(X h) {
   }
 }
 
-/// Lowers `logits` (output "logits"), `hidden` when given (output "hidden"), and the updates, then
-/// binds the architecture's sizes.
+/// Lowers `logits` (output "logits"), `hidden` when given (output "hidden"), the `extra` outputs
+/// and the updates, then binds the architecture's sizes.
 template <Expr L, class Hidden>
-ir::Graph lower_step(const L& logits, const Hidden* hidden, const Updates& updates, const std::map<std::string, std::int64_t>& sizes) {
+ir::Graph lower_step(const L& logits, const Hidden* hidden, const Named& extra, const Updates& updates,
+                     const std::map<std::string, std::int64_t>& sizes) {
   dsl::detail::Lowerer l;
   l.graph().set_output("logits", l.emit(logits.term()));
   if (hidden) l.graph().set_output("hidden", l.emit(hidden->term()));
+  for (const auto& [name, term] : extra) l.graph().set_output(name, l.emit(term));
   for (const auto& [name, term] : updates) l.graph().set_update(name, l.emit(term));
   return ir::specialize_dims(l.graph(), sizes);
 }

@@ -44,8 +44,8 @@ struct FinetuneFlags {
 };
 int cmd_finetune(const FinetuneFlags& f);
 struct GenerateFlags {
-  std::string model;  // a model folder
-  std::string prompt;
+  std::string model;                 // a model folder
+  std::vector<std::string> prompts;  // several: continued together, one batch
   std::string backend;
   std::int64_t max_tokens = 32;
   double temperature = 0.0;

@@ -24,7 +24,9 @@ int cmd_finetune(const FinetuneFlags& f) {
     throw UsageError("--batch " + std::to_string(f.batch) + " does not divide into " + std::to_string(comm.size()) + " equal shards, one per rank");
   if (lead && !f.save.empty()) io::check_writable_dir(f.save);  // before training, not after
   // Trained in f32: a half checkpoint's weights widened once (the master copy), saved in f32.
-  const models::Pretrained model = models::load_pretrained(f.model, false, models::WeightDtype::f32);
+  models::LoadOptions options;
+  options.weights = models::WeightDtype::f32;
+  const models::Pretrained model = models::load_pretrained(f.model, options);
   const ir::Graph loss = models::lm_loss_graph(model);
   if (f.seq > model.max_positions)
     throw UsageError("--seq " + std::to_string(f.seq) + ": more than the model's " + std::to_string(model.max_positions) + " positions");

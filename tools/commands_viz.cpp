@@ -8,6 +8,7 @@
 
 #include "io/file.hpp"
 #include "io/png.hpp"
+#include "io/tokenizer.hpp"
 #include "models/models.hpp"
 #include "tools/commands.hpp"
 #include "train/init.hpp"
@@ -81,9 +82,17 @@ io::Image weights_figure(const std::vector<double>& m, std::int64_t rows, std::i
 
 }  // namespace
 
-int cmd_viz(const Request& r, const std::string& backend_name, const std::string& dir, const std::string& labels_text) {
+int cmd_viz(const Request& request, const std::string& backend_name, const std::string& dir, const std::string& labels_text) {
   io::check_writable_dir(dir);  // before any work
-  const auto labels = split_labels(labels_text);
+  Request r = request;
+  r.attention_weights = true;  // a model folder's graph: each layer's weights too
+  auto labels = split_labels(labels_text);
+  // A model folder's prompt labels the axes with its tokens, as the tokenizer cut it.
+  if (labels.empty() && !r.prompt.empty()) {
+    const io::Tokenizer tokenizer = io::Tokenizer::from_folder(r.target);
+    const std::vector<std::int32_t> ids = tokenizer.encode(r.prompt);
+    for (std::size_t i = 0; i < ids.size(); ++i) labels.push_back(tokenizer.piece(ids[i], i == 0));
+  }
   auto be = backend::create(backend_name);
   auto weights_of = [&](const Request& req) {
     Prepared p = prepare(req);
@@ -95,7 +104,7 @@ int cmd_viz(const Request& r, const std::string& backend_name, const std::string
   for (const auto& [name, t] : out) {
     if (name.rfind("weights", 0) != 0 || t.rank() < 2) continue;
     const std::int64_t rows = t.shape().end()[-2], cols = t.shape().back();
-    if (t.rank() == 4) {  // [B, H, N, M]: each head of the first sequence, and their mean
+    if (t.rank() == 4) {  // [B, H, N, M]: each head of the first sequence, and their mean (a model folder's per layer: weights.<layer>)
       const std::int64_t heads = t.shape()[1];
       std::vector<double> mean(static_cast<std::size_t>(rows * cols), 0.0);
       for (std::int64_t h = 0; h < heads; ++h) {
@@ -157,6 +166,11 @@ int cmd_viz(const Request& r, const std::string& backend_name, const std::string
   }
   files.commit();
   std::printf("%s on %s: wrote\n", p.title.c_str(), be->name().c_str());
+  if (!labels.empty() && labels_text.empty()) {
+    std::string joined;
+    for (const std::string& l : labels) joined += (joined.empty() ? "" : "|") + l;
+    std::printf("  token labels: %s\n", joined.c_str());
+  }
   for (const auto& w : written) std::printf("  %s\n", w.c_str());
   return 0;
 }

@@ -179,7 +179,8 @@ int main(int argc, char** argv) {
   generate_f.backend = backend;
   auto* generate = app.add_subcommand("generate", "continue a prompt with a model folder's model (as transformers saves one), streaming the text");
   generate->add_option("model", generate_f.model, "the model folder: config.json, model.safetensors, tokenizer.json")->required();
-  generate->add_option("--prompt", generate_f.prompt, "the text to continue")->required();
+  generate->add_option("--prompt", generate_f.prompts, "the text to continue (repeatable: the prompts are continued together, as one batch)")
+      ->required();
   generate->add_option("--backend", generate_f.backend, backend_help);
   generate->add_option("--max-tokens", generate_f.max_tokens, "new tokens at most (fewer where the model's positions end)")->capture_default_str();
   generate->add_option("--temperature", generate_f.temperature, "0 picks the most likely token; above 0 samples from softmax(logits / T)")

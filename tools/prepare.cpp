@@ -218,7 +218,9 @@ Prepared prepare(const Request& r) {
   if (models::is_model_dir(r.target)) {
     if (!r.set.empty()) throw UsageError("--set is for built-in models; " + r.target + " is a model folder (its config.json sets it)");
     if (!r.weights.empty()) throw UsageError("--weights " + r.weights + ": " + r.target + " is a model folder with weights of its own");
-    pretrained = models::load_pretrained(r.target);
+    models::LoadOptions options;
+    options.outputs.attention_weights = r.attention_weights;
+    pretrained = models::load_pretrained(r.target, options);
     p.graph = pretrained->graph;
     p.data = pretrained->data;
     std::int64_t count = 0;

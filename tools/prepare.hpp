@@ -26,9 +26,10 @@ struct Request {
   std::map<std::string, std::string> dims;  // --dim NAME=SIZE (sizes of named dims without inputs)
   std::string weights;                      // --weights FILE.safetensors or DIR of NAME.npy
   std::uint64_t seed = 1;
-  bool grad = false;          // the backward graph: outputs d_<input>, inputs d<output>
-  std::string dtype = "f32";  // --dtype: a built-in model's or model folder's float values in f16 or bf16
-  std::string prompt;         // --prompt: a model folder's input text (its tokenizer makes the ids)
+  bool grad = false;               // the backward graph: outputs d_<input>, inputs d<output>
+  std::string dtype = "f32";       // --dtype: a built-in model's or model folder's float values in f16 or bf16
+  std::string prompt;              // --prompt: a model folder's input text (its tokenizer makes the ids)
+  bool attention_weights = false;  // a model folder's graph also outputs each layer's "weights.<layer>" (qkv viz)
 };
 
 struct Prepared {

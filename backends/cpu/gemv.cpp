@@ -13,7 +13,6 @@
 #include "ir/error.hpp"
 #include "ir/half.hpp"
 
-
 namespace qkv::backend::cpu {
 
 namespace {
@@ -83,8 +82,8 @@ constexpr std::int64_t kRun = 512;
 /// contiguous. C rows of B at a time, each read once for all R rows of x. T: B's elements as
 /// read (Widen: runs of an f16 B converted into `buffer` first, read as float).
 template <class V, int R, int C, class T, bool Widen>
-[[gnu::always_inline]] inline void dot_columns(const float* x, std::int64_t k, const void* b, DType stored, std::int64_t c, float* buffer,
-                                               float* out, std::int64_t n) {
+[[gnu::always_inline]] inline void dot_columns(const float* x, std::int64_t k, const void* b, DType stored, std::int64_t c, float* buffer, float* out,
+                                               std::int64_t n) {
   constexpr int L = Lanes<V>::n;
   V acc[R][C];
   float tail[R][C];
@@ -241,7 +240,8 @@ void few_rows_product(const float* x, std::int64_t rows, std::int64_t k, std::in
   const std::int64_t per_task = std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, element * (transposed ? k : n)));
   if (transposed) {
     const std::int64_t columns = (per_task + 3) / 4 * 4, tasks = (n + columns - 1) / columns;
-    return pool.parallel_for(tasks, [&](std::int64_t t) { transposed_block(x, rows, k, n, b, stored, t * columns, std::min(n, (t + 1) * columns), out); });
+    return pool.parallel_for(tasks,
+                             [&](std::int64_t t) { transposed_block(x, rows, k, n, b, stored, t * columns, std::min(n, (t + 1) * columns), out); });
   }
   // Row blocks of B summed into partial products, then added in block order (the same sums
   // whatever the threads).

@@ -302,8 +302,8 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
       else
         for (std::int64_t j = 0; j < d.k; ++j) widen(whole, first + j * d.n + c0, c, block.data() + j * c);
       cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(d.m), static_cast<int>(c),
-                  static_cast<int>(d.k), 1.0f, a.data + oa * d.m * d.k, static_cast<int>(ta ? d.m : d.k), block.data(), static_cast<int>(tb ? d.k : c), 0.0f, out.data + bt * d.m * d.n + c0,
-                  static_cast<int>(d.n));
+                  static_cast<int>(d.k), 1.0f, a.data + oa * d.m * d.k, static_cast<int>(ta ? d.m : d.k), block.data(),
+                  static_cast<int>(tb ? d.k : c), 0.0f, out.data + bt * d.m * d.n + c0, static_cast<int>(d.n));
     });
   }
   // Tasks: each batch's product, its rows split into chunks when there are fewer batches than

@@ -96,7 +96,6 @@ Graph to_dtype(const Graph& g, DType dtype) {
   });
 }
 
-
 Graph store_inputs_as(const Graph& g, const std::map<std::string, DType, std::less<>>& dtypes) {
   std::map<std::string, DType, std::less<>> declared_as;
   for (const ValueId v : g.inputs()) declared_as.emplace(g.node(v).name, g.node(v).dtype);
@@ -105,8 +104,8 @@ Graph store_inputs_as(const Graph& g, const std::map<std::string, DType, std::le
     if (found == declared_as.end()) throw UsageError("store_inputs_as: the graph has no input '" + name + "'");
     const DType declared = found->second;
     if (dtype != declared && (declared != DType::f32 || !is_half(dtype)))
-      throw UsageError("store_inputs_as: input '" + name + "' is " + std::string(dtype_name(declared)) + "; only f32 inputs are stored in f16 or bf16, not " +
-                       std::string(dtype_name(dtype)));
+      throw UsageError("store_inputs_as: input '" + name + "' is " + std::string(dtype_name(declared)) +
+                       "; only f32 inputs are stored in f16 or bf16, not " + std::string(dtype_name(dtype)));
   }
   return rebuild(g, [&](Graph& out, ValueId, const Node& n, std::span<const ValueId>) -> ValueId {
     if (n.op != Op::input) return -1;

@@ -13,8 +13,8 @@
 
 #include "backends/cpu/gemv.hpp"
 #include "backends/cpu/isa.hpp"
-#include "backends/cpu/thread_pool.hpp"
 #include "backends/cpu/kernels.hpp"
+#include "backends/cpu/thread_pool.hpp"
 #include "backends/cpu/tile_gemm.hpp"
 #include "backends/cpu/vector_math.hpp"
 #include "ir/half.hpp"
@@ -236,7 +236,7 @@ TEST(CpuIsa, FewRowsProductIsTheProductInEveryLayoutAndDtype) {
             // What the kernel should read: B's elements as stored.
             if (stored == DType::f16) to_float(b16.data(), b.data(), static_cast<std::int64_t>(b.size()));
             if (stored == DType::bf16) to_float(bb16.data(), b.data(), static_cast<std::int64_t>(b.size()));
-            const void* stored_b = stored == DType::f32 ? static_cast<const void*>(b.data())
+            const void* stored_b = stored == DType::f32   ? static_cast<const void*>(b.data())
                                    : stored == DType::f16 ? static_cast<const void*>(b16.data())
                                                           : static_cast<const void*>(bb16.data());
             std::vector<float> out(static_cast<std::size_t>(rows * n), kNaN);
@@ -245,8 +245,8 @@ TEST(CpuIsa, FewRowsProductIsTheProductInEveryLayoutAndDtype) {
               for (std::int64_t c = 0; c < n; ++c) {
                 double want = 0, scale = 0;
                 for (std::int64_t j = 0; j < k; ++j) {
-                  const double term = static_cast<double>(x[static_cast<std::size_t>(r * k + j)]) *
-                                      b[static_cast<std::size_t>(transposed ? c * k + j : j * n + c)];
+                  const double term =
+                      static_cast<double>(x[static_cast<std::size_t>(r * k + j)]) * b[static_cast<std::size_t>(transposed ? c * k + j : j * n + c)];
                   want += term;
                   scale += std::abs(term);
                 }

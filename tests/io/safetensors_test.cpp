@@ -54,8 +54,8 @@ TEST(Safetensors, ReadsTensorsInPlaceAndCopiesOnWrite) {
     copy = a;
     EXPECT_TRUE(copy.is_view());
     EXPECT_EQ(std::as_const(copy).raw(), std::as_const(f).at("a").raw());  // read access: the same bytes
-  }  // the file's map of tensors is gone; the views keep the mapping
-  std::filesystem::remove(path);  // and the mapping outlives the file's name
+  }                                                                        // the file's map of tensors is gone; the views keep the mapping
+  std::filesystem::remove(path);                                           // and the mapping outlives the file's name
   EXPECT_EQ(std::as_const(a).data<float>()[5], 6.0f);
   copy.data<float>()[0] = 42.0f;  // a mutable access: copied first
   EXPECT_FALSE(copy.is_view());

@@ -174,7 +174,9 @@ TEST(Checkpoint, HalfCheckpointIsHeldInItsDtypeAndRunsAsItsWeightsRounded) {
     io::write_safetensors((d / "model.safetensors").string(), w);
   });
   const models::Pretrained half = models::load_pretrained(dir.string());
-  const models::Pretrained widened = models::load_pretrained(dir.string(), false, models::WeightDtype::f32);
+  models::LoadOptions in_f32;
+  in_f32.weights = models::WeightDtype::f32;
+  const models::Pretrained widened = models::load_pretrained(dir.string(), in_f32);
   for (const auto& [name, t] : rounded) {
     const Tensor& held = half.weights.at(name);
     EXPECT_EQ(held.dtype(), DType::bf16) << name;
@@ -204,7 +206,8 @@ TEST(Checkpoint, HalfCheckpointIsHeldInItsDtypeAndRunsAsItsWeightsRounded) {
       const Tensor got = b->compile(half.graph)->run(in16).at("logits");
       ASSERT_EQ(got.shape(), want.shape());
       for (std::int64_t i = 0; i < got.numel(); ++i)
-        ASSERT_NEAR(got.at(i), want.at(i), std::string(name) == "reference" ? 0.0 : 1e-5 * (1 + std::abs(want.at(i)))) << name << " T " << t << " at " << i;
+        ASSERT_NEAR(got.at(i), want.at(i), std::string(name) == "reference" ? 0.0 : 1e-5 * (1 + std::abs(want.at(i))))
+            << name << " T " << t << " at " << i;
     }
   }
 }
@@ -218,7 +221,9 @@ class HfModels : public ::testing::TestWithParam<std::tuple<std::string, std::st
 
 TEST_P(HfModels, LogitsMatchTransformers) {
   QKV_GET_BACKEND_OR_SKIP(b, backend());
-  const models::Pretrained m = models::load_pretrained(dir(), true);
+  models::LoadOptions with_hidden;
+  with_hidden.outputs.hidden = true;
+  const models::Pretrained m = models::load_pretrained(dir(), with_hidden);
   const io::TensorFile hf = expected();
   backend::TensorMap inputs = prompt_inputs(hf.at("input_ids"));
   for (const auto& [name, t] : m.weights) inputs.emplace(name, t);
@@ -266,8 +271,79 @@ TEST_P(HfModels, GreedyGenerationGivesTransformersTokens) {
   const std::vector<std::int32_t> want(greedy.data<std::int32_t>() + ids.numel(), greedy.data<std::int32_t>() + greedy.numel());
   EXPECT_EQ(got, want);
   EXPECT_EQ(streamed, got);
-  // A second generation on the same executable starts from a fresh cache.
+  // A second generation on the same executable (its cache as the first left it: every slot it
+  // reads it writes first) gives the same tokens, and so does a prompt fed in chunks of 4.
   EXPECT_EQ(gen.generate(prompt, o), want);
+  o.prefill_chunk = 4;
+  EXPECT_EQ(gen.generate(prompt, o), want);
+}
+
+// Prompts of different lengths in one batch (the shorter padded on the left, each step reading
+// the weights once for all) continue as each does alone: the fixture's prompt as transformers
+// continues it, and shorter ones as a generator of one sequence continues them.
+TEST_P(HfModels, ABatchOfPromptsOfDifferentLengthsContinuesEachAsAlone) {
+  QKV_GET_BACKEND_OR_SKIP(b, backend());
+  const models::Pretrained m = models::load_pretrained(dir());
+  const io::TensorFile hf = expected();
+  const Tensor& ids = hf.at("input_ids");
+  const Tensor& greedy = hf.at("greedy_ids");
+  const std::vector<std::int32_t> prompt(ids.data<std::int32_t>(), ids.data<std::int32_t>() + ids.numel());
+  const std::vector<std::int32_t> want(greedy.data<std::int32_t>() + ids.numel(), greedy.data<std::int32_t>() + greedy.numel());
+  const std::vector<std::vector<std::int32_t>> prompts = {
+      {prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(prompt.size() / 2)}, prompt, {5, 6, 7}};
+  models::GenerationOptions o;
+  o.max_new_tokens = 12;
+  o.use_model_stop_tokens = false;
+  models::Generator batch(m, *b, 48, 3);
+  std::vector<std::size_t> seen(3, 0);
+  const auto got = batch.generate(prompts, o, [&](std::size_t i, std::int32_t) {
+    ++seen[i];
+    return i != 2 || seen[2] < 5;  // the third sequence stops after 5 tokens, the others go on
+  });
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[1], std::vector<std::int32_t>(want.begin(), want.begin() + 12));
+  models::Generator one(m, *b, 48);
+  EXPECT_EQ(got[0], one.generate(prompts[0], o));
+  const std::vector<std::int32_t> third = one.generate(prompts[2], o);
+  EXPECT_EQ(got[2], std::vector<std::int32_t>(third.begin(), third.begin() + 5));
+  EXPECT_EQ(seen, (std::vector<std::size_t>{12, 12, 5}));
+  // A batch generator takes as many prompts as its batch.
+  EXPECT_THROW(batch.generate(prompt, o), UsageError);
+  EXPECT_THROW(batch.generate(std::vector<std::vector<std::int32_t>>{prompt}, o), UsageError);
+}
+
+// Each layer's attention weights as an output (what qkv viz draws): [B, heads, T, T], causal,
+// each query's row a distribution.
+TEST_P(HfModels, AttentionWeightsOfEachLayerAreCausalDistributions) {
+  QKV_GET_BACKEND_OR_SKIP(b, backend());
+  models::LoadOptions with_weights;
+  with_weights.outputs.attention_weights = true;
+  const models::Pretrained m = models::load_pretrained(dir(), with_weights);
+  const io::TensorFile hf = expected();
+  backend::TensorMap inputs = prompt_inputs(hf.at("input_ids"));
+  for (const auto& [name, t] : m.weights) inputs.emplace(name, t);
+  const auto out = b->compile(m.graph)->run(inputs);
+  const std::int64_t t = hf.at("input_ids").shape().back();
+  for (std::int64_t layer = 0; layer < m.layers; ++layer) {
+    const Tensor& w = out.at("weights." + std::to_string(layer));
+    ASSERT_EQ(w.rank(), 4);
+    EXPECT_EQ(w.shape()[2], t);
+    EXPECT_EQ(w.shape()[3], t);
+    const std::int64_t heads = w.shape()[1];
+    EXPECT_GE(heads, m.kv_heads);
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t i = 0; i < t; ++i) {
+        double total = 0;
+        for (std::int64_t j = 0; j < t; ++j) {
+          const double x = w.at((h * t + i) * t + j);
+          if (j > i) {
+            EXPECT_EQ(x, 0.0) << layer << " head " << h << " query " << i << " key " << j;
+          }
+          total += x;
+        }
+        EXPECT_NEAR(total, 1.0, 1e-5) << layer << " head " << h << " query " << i;
+      }
+  }
 }
 
 // A decode step writes its key and value into the held cache in place: the memory it plans does

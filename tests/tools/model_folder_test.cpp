@@ -11,6 +11,7 @@
 #include <string>
 
 #include "io/npy.hpp"
+#include "io/png.hpp"
 #include "io/safetensors.hpp"
 #include "io/tokenizer.hpp"
 #include "tests/support/backend_fixture.hpp"
@@ -50,6 +51,45 @@ TEST(ModelFolder, GenerateStreamsTransformersGreedyText) {
     EXPECT_NE(r.out.find("qkv: 10 prompt tokens in "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(", 32 new tokens, "), std::string::npos) << r.out;
   }
+}
+
+TEST(ModelFolder, GenerateContinuesSeveralPromptsAsOneBatch) {
+  // Prompts of different lengths continued together print each continuation as the prompt alone
+  // gives it (the longer one's is transformers' greedy text).
+  const qkv::io::Tokenizer t = qkv::io::Tokenizer::from_folder(kTiny);
+  const auto hf = qkv::io::read_safetensors(kTiny + "/expected.safetensors");
+  const qkv::Tensor& greedy = hf.at("greedy_ids");
+  const std::vector<std::int32_t> ids(greedy.data<std::int32_t>(), greedy.data<std::int32_t>() + greedy.numel());
+  const Result alone = qkv("generate " + kTiny + " --prompt 'Hi' --max-tokens 32 --ignore-eos --backend cpu");
+  ASSERT_EQ(alone.status, 0) << alone.out;
+  const Result both = qkv("generate " + kTiny + " --prompt 'The quick brown fox' --prompt 'Hi' --max-tokens 32 --ignore-eos --backend cpu");
+  ASSERT_EQ(both.status, 0) << both.out;
+  const std::string text = both.out.substr(0, both.out.find("qkv: "));
+  EXPECT_EQ(text, t.decode(ids, true) + "\n\n" + alone.out.substr(0, alone.out.find("\nqkv: ")) + "\n") << both.out;
+  EXPECT_NE(both.out.find("2 sequences padded to 10"), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find(", 64 new tokens, "), std::string::npos) << both.out;
+}
+
+TEST(ModelFolder, VizDrawsEachLayerAndHeadWithTheTokens) {
+  const std::string dir = ::testing::TempDir() + "qkv_viz_gpt2";
+  const Result r = qkv("viz " + kTiny + " --prompt 'The quick brown fox' --png-dir " + dir + " --backend cpu");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // gpt2-tiny: 2 layers of 4 heads, each head and each layer's mean.
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int head = 0; head < 4; ++head)
+      EXPECT_GT(qkv::io::png_size(dir + "/weights." + std::to_string(layer) + "_" + std::to_string(head) + ".png").first, 0) << layer << head;
+    EXPECT_GT(qkv::io::png_size(dir + "/weights." + std::to_string(layer) + "_mean.png").first, 0) << layer;
+  }
+  // The axes carry the prompt's tokens as the tokenizer cut it.
+  const qkv::io::Tokenizer t = qkv::io::Tokenizer::from_folder(kTiny);
+  const std::vector<std::int32_t> ids = t.encode("The quick brown fox");
+  std::string labels, text;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    labels += (i ? "|" : "") + t.piece(ids[i], i == 0);
+    text += t.piece(ids[i], i == 0);
+  }
+  EXPECT_NE(r.out.find("token labels: " + labels + "\n"), std::string::npos) << r.out;
+  EXPECT_EQ(text, "The quick brown fox");
 }
 
 TEST(ModelFolder, SampledGenerationIsRepeatableBySeed) {
