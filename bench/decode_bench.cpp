@@ -5,7 +5,7 @@
 // (weight bytes + cache bytes) / the read bandwidth measured in the same run. Also the prefill of
 // 512 tokens and peak resident memory against weights plus cache.
 //
-//   build/default/bench/qkv_decode_bench [--backend cpu] [--steps 16] [--repeat 3]
+//   build/default/bench/qkv_decode_bench [--backend cpu] [--steps 16] [--repeat 3] [--weights f32|bf16]
 //   python3 bench/torch_decode.py        (transformers on PyTorch, the same shapes, for the peer row)
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -149,11 +149,13 @@ double decode_rate(models::Generator& gen, std::int64_t cache, int steps, int re
 int main(int argc, char** argv) {
   std::string backend_name = "cpu";
   int steps = 16, repeat = 3;
+  std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--backend") backend_name = argv[i + 1];
     else if (flag == "--steps") steps = std::stoi(argv[i + 1]);
     else if (flag == "--repeat") repeat = std::stoi(argv[i + 1]);
+    else if (flag == "--weights") only = argv[i + 1];  // f32 or bf16 alone (to profile one)
   }
   // The read bandwidth is measured and the checkpoints are written by a child process, so that
   // this one's peak resident memory is the decoding's alone.
@@ -182,6 +184,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   double peak_mb = 0, weights_mb = 0, prefill_s = 0;
   for (const char* dtype : {"f32", "bf16"}) {
+    if (!only.empty() && only != dtype) continue;
     const models::Pretrained m = models::load_pretrained((dir / dtype).string());
     double weight_bytes = 0;
     for (const auto& [name, t] : m.weights) weight_bytes += static_cast<double>(t.nbytes());
@@ -220,8 +223,9 @@ int main(int argc, char** argv) {
     std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.0f%% |\n", r.dtype, static_cast<long long>(r.cache), r.rate, 1e3 / r.rate, bound,
                 100 * r.rate / bound);
   }
-  for (std::size_t i = 0; i < 2; ++i)
+  for (std::size_t i = 0; i < 2 && rows.size() == 4; ++i)
     std::printf("bf16 / f32 at P = %lld: %.2fx\n", static_cast<long long>(rows[i].cache), rows[i + 2].rate / rows[i].rate);
+  if (prefill_s == 0) return 0;  // --weights bf16: no f32 rows
   std::printf("\nprefill of 512 tokens (f32): %.1f ms (%.0f tokens/s)\n", prefill_s * 1e3, 512 / prefill_s);
   const double cache_mb = 2.0 * static_cast<double>(n_layer * positions * n_embd * 4) / 1e6;
   std::printf("peak resident memory decoding (f32): %.0f MB; weights %.0f MB + largest cache %.0f MB = %.0f MB (%.2fx)\n", peak_mb, weights_mb,

@@ -113,41 +113,44 @@ template <class V, int R, int C, class T, bool Widen>
     for (int j = 0; j < C; ++j) out[r * n + c + j] = lane_sum(acc[r][j]) + tail[r][j];
 }
 
-/// Columns [c0, c1) of the transposed product, for R rows of x.
-template <class V, int R, class T, bool Widen>
-[[gnu::always_inline]] inline void transposed_columns(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t c0,
-                                                      std::int64_t c1, float* buffer, float* out) {
-  std::int64_t c = c0;
-  for (; c + 4 <= c1; c += 4) dot_columns<V, R, 4, T, Widen>(x, k, b, stored, c, buffer, out, n);
-  for (; c < c1; ++c) dot_columns<V, R, 1, T, Widen>(x, k, b, stored, c, buffer, out, n);
-}
-
-/// The transposed product's columns [c0, c1) for R rows, by B's element type.
-template <class V, int R>
-[[gnu::always_inline]] inline void transposed_rows(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t c0,
-                                                   std::int64_t c1, float* buffer, float* out) {
-  if (stored == DType::bf16) return transposed_columns<V, R, BFloat16, false>(x, k, n, b, stored, c0, c1, buffer, out);
+/// Calls K::run<V, R, T, Widen>(args...) for x's `rows` (R from 1 to kFewRows: the kernels'
+/// accumulators in registers) and B's dtype (T and Widen: see dot_columns). Switches, not
+/// lambdas, pick them: a lambda would not be compiled for the ISA of the copy calling it.
+template <class V, class K, int R, class... Args> [[gnu::always_inline]] inline void by_dtype(DType stored, Args... args) {
+  if (stored == DType::bf16) return K::template run<V, R, BFloat16, false>(args...);
 #if defined(__x86_64__)
   if constexpr (kReadsF16<V>)
-    if (stored == DType::f16) return transposed_columns<V, R, Half, false>(x, k, n, b, stored, c0, c1, buffer, out);
+    if (stored == DType::f16) return K::template run<V, R, Half, false>(args...);
 #endif
-  if (stored == DType::f16) return transposed_columns<V, R, float, true>(x, k, n, b, stored, c0, c1, buffer, out);
-  transposed_columns<V, R, float, false>(x, k, n, b, stored, c0, c1, buffer, out);
+  if (stored == DType::f16) return K::template run<V, R, float, true>(args...);
+  K::template run<V, R, float, false>(args...);
+}
+template <class V, class K, class... Args> [[gnu::always_inline]] inline void by_rows_and_dtype(std::int64_t rows, DType stored, Args... args) {
+  switch (rows) {
+    case 1: return by_dtype<V, K, 1>(stored, args...);
+    case 2: return by_dtype<V, K, 2>(stored, args...);
+    case 3: return by_dtype<V, K, 3>(stored, args...);
+    default: return by_dtype<V, K, kFewRows>(stored, args...);
+  }
 }
 
-// The kernels are instantiated per count of rows (their accumulators in registers), and the
-// counts picked by a switch rather than a lambda, which would not be compiled for the ISA.
+/// Columns [c0, c1) of the transposed product, for R rows of x.
+struct TransposedColumns {
+  template <class V, int R, class T, bool Widen>
+  [[gnu::always_inline]] static void run(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t c0,
+                                         std::int64_t c1, float* buffer, float* out) {
+    std::int64_t c = c0;
+    for (; c + 4 <= c1; c += 4) dot_columns<V, R, 4, T, Widen>(x, k, b, stored, c, buffer, out, n);
+    for (; c < c1; ++c) dot_columns<V, R, 1, T, Widen>(x, k, b, stored, c, buffer, out, n);
+  }
+};
+
 template <class V>
 [[gnu::always_inline]] inline void transposed_block_impl(const float* x, std::int64_t rows, std::int64_t k, std::int64_t n, const void* b,
                                                          DType stored, std::int64_t c0, std::int64_t c1, float* out) {
   thread_local std::vector<float> buffer;
   if (buffer.size() < 4 * kRun) buffer.resize(4 * kRun);
-  switch (rows) {
-    case 1: return transposed_rows<V, 1>(x, k, n, b, stored, c0, c1, buffer.data(), out);
-    case 2: return transposed_rows<V, 2>(x, k, n, b, stored, c0, c1, buffer.data(), out);
-    case 3: return transposed_rows<V, 3>(x, k, n, b, stored, c0, c1, buffer.data(), out);
-    default: return transposed_rows<V, kFewRows>(x, k, n, b, stored, c0, c1, buffer.data(), out);
-  }
+  by_rows_and_dtype<V, TransposedColumns>(rows, stored, x, k, n, b, stored, c0, c1, buffer.data(), out);
 }
 
 /// partial[R, n] += x's columns [j, j + J) times B's rows [j, j + J) (J contiguous streams), each
@@ -186,39 +189,23 @@ template <class V, int R, int J, class T, bool Widen>
 
 /// B stored as [k, n]: B's rows [j0, j1) times x's columns [j0, j1), summed into `partial`
 /// [R, n] (zeroed first), four rows of B at a time.
-template <class V, int R, class T, bool Widen>
-[[gnu::always_inline]] inline void row_block_of(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t j0,
-                                                std::int64_t j1, float* buffer, float* partial) {
-  std::fill_n(partial, R * n, 0.0f);
-  std::int64_t j = j0;
-  for (; j + 4 <= j1; j += 4) add_rows_of_b<V, R, 4, T, Widen>(x, k, n, b, stored, j, buffer, partial);
-  for (; j < j1; ++j) add_rows_of_b<V, R, 1, T, Widen>(x, k, n, b, stored, j, buffer, partial);
-}
-
-/// The row block for R rows, by B's element type.
-template <class V, int R>
-[[gnu::always_inline]] inline void row_block_rows(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t j0,
-                                                  std::int64_t j1, float* buffer, float* partial) {
-  if (stored == DType::bf16) return row_block_of<V, R, BFloat16, false>(x, k, n, b, stored, j0, j1, buffer, partial);
-#if defined(__x86_64__)
-  if constexpr (kReadsF16<V>)
-    if (stored == DType::f16) return row_block_of<V, R, Half, false>(x, k, n, b, stored, j0, j1, buffer, partial);
-#endif
-  if (stored == DType::f16) return row_block_of<V, R, float, true>(x, k, n, b, stored, j0, j1, buffer, partial);
-  row_block_of<V, R, float, false>(x, k, n, b, stored, j0, j1, buffer, partial);
-}
+struct RowBlock {
+  template <class V, int R, class T, bool Widen>
+  [[gnu::always_inline]] static void run(const float* x, std::int64_t k, std::int64_t n, const void* b, DType stored, std::int64_t j0,
+                                         std::int64_t j1, float* buffer, float* partial) {
+    std::fill_n(partial, R * n, 0.0f);
+    std::int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) add_rows_of_b<V, R, 4, T, Widen>(x, k, n, b, stored, j, buffer, partial);
+    for (; j < j1; ++j) add_rows_of_b<V, R, 1, T, Widen>(x, k, n, b, stored, j, buffer, partial);
+  }
+};
 
 template <class V>
 [[gnu::always_inline]] inline void row_block_impl(const float* x, std::int64_t rows, std::int64_t k, std::int64_t n, const void* b, DType stored,
                                                   std::int64_t j0, std::int64_t j1, float* partial) {
   thread_local std::vector<float> buffer;
   if (buffer.size() < 4 * kRun) buffer.resize(4 * kRun);
-  switch (rows) {
-    case 1: return row_block_rows<V, 1>(x, k, n, b, stored, j0, j1, buffer.data(), partial);
-    case 2: return row_block_rows<V, 2>(x, k, n, b, stored, j0, j1, buffer.data(), partial);
-    case 3: return row_block_rows<V, 3>(x, k, n, b, stored, j0, j1, buffer.data(), partial);
-    default: return row_block_rows<V, kFewRows>(x, k, n, b, stored, j0, j1, buffer.data(), partial);
-  }
+  by_rows_and_dtype<V, RowBlock>(rows, stored, x, k, n, b, stored, j0, j1, buffer.data(), partial);
 }
 
 }  // namespace
@@ -235,9 +222,12 @@ QKV_ISA_DISPATCH(void, row_block,
 void few_rows_product(const float* x, std::int64_t rows, std::int64_t k, std::int64_t n, const void* b, DType stored, bool transposed, float* out) {
   QKV_ASSERT(rows >= 1 && rows <= kFewRows, "few_rows_product takes 1 to kFewRows rows");
   ThreadPool& pool = ThreadPool::global();
-  // Tasks of about 256 KiB of B each (enough to amortise a task, many more than threads).
-  const std::int64_t element = stored == DType::f32 ? 4 : 2;
-  const std::int64_t per_task = std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, element * (transposed ? k : n)));
+  // A B of up to 256 KiB is one task; a larger one is split into tasks of at most 256 KiB and at
+  // least 16 of them (a bf16 projection of 768 x 768 in 256 KiB tasks was 5 tasks on 2 threads).
+  // Both depend on the shapes only, so the sums' order does not depend on the threads.
+  const std::int64_t element = stored == DType::f32 ? 4 : 2, lines = transposed ? n : k;
+  const std::int64_t by_bytes = std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, element * (transposed ? k : n)));
+  const std::int64_t per_task = by_bytes >= lines ? lines : std::max<std::int64_t>(1, std::min(by_bytes, (lines + 15) / 16));
   if (transposed) {
     const std::int64_t columns = (per_task + 3) / 4 * 4, tasks = (n + columns - 1) / columns;
     return pool.parallel_for(tasks,
