@@ -227,7 +227,7 @@ void few_rows_product(const float* x, std::int64_t rows, std::int64_t k, std::in
   // Both depend on the shapes only, so the sums' order does not depend on the threads.
   const std::int64_t element = stored == DType::f32 ? 4 : 2, lines = transposed ? n : k;
   const std::int64_t by_bytes = std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, element * (transposed ? k : n)));
-  const std::int64_t per_task = by_bytes >= lines ? lines : std::max<std::int64_t>(1, std::min(by_bytes, (lines + 15) / 16));
+  const std::int64_t per_task = std::max<std::int64_t>(1, by_bytes >= lines ? lines : std::min(by_bytes, (lines + 15) / 16));
   if (transposed) {
     const std::int64_t columns = (per_task + 3) / 4 * 4, tasks = (n + columns - 1) / columns;
     return pool.parallel_for(tasks,
@@ -236,7 +236,7 @@ void few_rows_product(const float* x, std::int64_t rows, std::int64_t k, std::in
   // Row blocks of B summed into partial products, then added in block order (the same sums
   // whatever the threads).
   const std::int64_t tasks = (k + per_task - 1) / per_task;
-  if (tasks == 1) return row_block(x, rows, k, n, b, stored, 0, k, out);
+  if (tasks <= 1) return row_block(x, rows, k, n, b, stored, 0, k, out);  // k == 0 too: zeros
   std::vector<float> partials(static_cast<std::size_t>(tasks * rows * n));
   pool.parallel_for(tasks, [&](std::int64_t t) {
     row_block(x, rows, k, n, b, stored, t * per_task, std::min(k, (t + 1) * per_task), partials.data() + t * rows * n);

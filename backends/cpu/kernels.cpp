@@ -279,7 +279,7 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
   };
   ThreadPool& pool = ThreadPool::global();
   // Few rows (decode steps): bound by reading B, which few_rows_product streams once.
-  if (!ta && d.m <= kFewRows) {
+  if (!ta && d.m >= 1 && d.m <= kFewRows) {
     for (std::int64_t bt = 0; bt < d.batch; ++bt) {
       const auto [oa, ob] = batch_offsets(bt);
       few_rows_product(a.data + oa * d.m * d.k, d.m, d.k, d.n, b_at(ob * d.k * d.n), b.stored, tb, out.data + bt * d.m * d.n);

@@ -216,8 +216,8 @@ TEST(CpuIsa, FewRowsProductIsTheProductInEveryLayoutAndDtype) {
   // Decode steps' matmuls: 1 to 4 rows times B [k, n] or its transpose [n, k] in f32, f16 and
   // bf16, read as stored. k and n leave every vector and column-group tail, and the larger ones
   // split B over several tasks (rows of B summed in blocks, or column blocks).
-  const std::int64_t ks[] = {1, 13, 64, 77, 1500};
-  const std::int64_t ns[] = {1, 3, 5, 17, 300, 3001};
+  const std::int64_t ks[] = {0, 1, 13, 64, 77, 1500};
+  const std::int64_t ns[] = {0, 1, 3, 5, 17, 300, 3001};
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (const DType stored : {DType::f32, DType::f16, DType::bf16})
