@@ -78,6 +78,17 @@ template <class V> [[gnu::always_inline]] inline float lane_sum(const V& v) {
 /// Elements of B's rows widened at a time (a half B's runs stay in L1 between conversion and use).
 constexpr std::int64_t kRun = 512;
 
+/// C runs of B of `len` elements, run j from element first + j * stride: where B holds them, or
+/// (Widen) widened into the j-th kRun slot of `buffer`.
+template <bool Widen, class T, int C>
+[[gnu::always_inline]] inline void runs_of(const void* b, DType stored, std::int64_t first, std::int64_t stride, std::int64_t len, float* buffer,
+                                           const T* (&run)[C]) {
+  for (int j = 0; j < C; ++j) {
+    if constexpr (Widen) run[j] = f32_run(b, stored, first + j * stride, len, buffer + j * kRun);
+    else run[j] = static_cast<const T*>(b) + first + j * stride;
+  }
+}
+
 /// B stored transposed, [n, k]: out[r, c] is a dot product of x's row r with B's row c, both
 /// contiguous. C rows of B at a time, each read once for all R rows of x. T: B's elements as
 /// read (Widen: runs of an f16 B converted into `buffer` first, read as float).
@@ -92,10 +103,7 @@ template <class V, int R, int C, class T, bool Widen>
   for (std::int64_t k0 = 0; k0 < k; k0 += kRun) {
     const std::int64_t len = std::min(kRun, k - k0);
     const T* row[C];
-    for (int j = 0; j < C; ++j) {
-      if constexpr (Widen) row[j] = f32_run(b, stored, (c + j) * k + k0, len, buffer + j * kRun);
-      else row[j] = static_cast<const T*>(b) + (c + j) * k + k0;
-    }
+    runs_of<Widen>(b, stored, c * k + k0, k, len, buffer, row);
     std::int64_t i = 0;
     for (; i + L <= len; i += L) {
       V w[C];
@@ -166,10 +174,7 @@ template <class V, int R, int J, class T, bool Widen>
   for (std::int64_t c0 = 0; c0 < n; c0 += kRun) {
     const std::int64_t len = std::min(kRun, n - c0);
     const T* w[J];
-    for (int q = 0; q < J; ++q) {
-      if constexpr (Widen) w[q] = f32_run(b, stored, (j + q) * n + c0, len, buffer + q * kRun);
-      else w[q] = static_cast<const T*>(b) + (j + q) * n + c0;
-    }
+    runs_of<Widen>(b, stored, j * n + c0, n, len, buffer, w);
     std::int64_t i = 0;
     for (; i + L <= len; i += L) {
       V wv[J];
