@@ -10,6 +10,7 @@
 #include "io/png.hpp"
 #include "io/tokenizer.hpp"
 #include "models/models.hpp"
+#include "models/pretrained.hpp"
 #include "tools/commands.hpp"
 #include "train/init.hpp"
 #include "train/trainer.hpp"
@@ -88,7 +89,7 @@ int cmd_viz(const Request& request, const std::string& backend_name, const std::
   r.attention_weights = true;  // a model folder's graph: each layer's weights too
   auto labels = split_labels(labels_text);
   // A model folder's prompt labels the axes with its tokens, as the tokenizer cut it.
-  if (labels.empty() && !r.prompt.empty()) {
+  if (labels.empty() && !r.prompt.empty() && models::is_model_dir(r.target)) {
     const io::Tokenizer tokenizer = io::Tokenizer::from_folder(r.target);
     const std::vector<std::int32_t> ids = tokenizer.encode(r.prompt);
     for (std::size_t i = 0; i < ids.size(); ++i) labels.push_back(tokenizer.piece(ids[i], i == 0));
