@@ -180,6 +180,9 @@ TEST(ModelFolder, MistakesExitWithTwo) {
   const Result prompt = qkv("run sdpa --prompt hi");
   EXPECT_EQ(prompt.status, 2);
   EXPECT_NE(prompt.out.find("--prompt is for model folders"), std::string::npos) << prompt.out;
+  const Result viz_prompt = qkv("viz sdpa --prompt hi --png-dir " + ::testing::TempDir() + "qkv_viz_sdpa");
+  EXPECT_EQ(viz_prompt.status, 2);
+  EXPECT_NE(viz_prompt.out.find("--prompt is for model folders"), std::string::npos) << viz_prompt.out;
   const Result folder = qkv("generate /nonexistent --prompt hi");
   EXPECT_EQ(folder.status, 2);
   EXPECT_NE(folder.out.find("/nonexistent: not a model folder"), std::string::npos) << folder.out;
