@@ -260,7 +260,7 @@ TEST(VulkanFeatures, TheMemoryModelIsEnabledWithItsDeviceScopeOrNotAtAll) {
   }
 }
 
-// ctest runs the subgroup-dependent tests again at lavapipe's sizes 4 and 16 (vulkan.subgroup_N):
+// ctest runs the subgroup-dependent tests again at lavapipe's sizes 4 and 16 (vulkan.subgroup_N.*):
 // this says they did not silently run at the default size.
 TEST(VulkanFeatures, TheSubgroupSizeIsTheOneTheRunAsksFor) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
