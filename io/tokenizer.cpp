@@ -15,7 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
-#include <limits>
+#include <queue>
 
 #include "io/file.hpp"
 #include "ir/error.hpp"
@@ -327,6 +327,48 @@ struct Tokenizer::Impl {
     ids.insert(ids.end(), pieces.begin(), pieces.end());
   }
 
+  /// The symbols after every merge, lowest rank first and the leftmost of equal ranks first, as
+  /// tokenizers' Word::merge_all: a heap of candidate pairs over a linked list of symbols, so a
+  /// piece of n characters takes O(n log n) (a long run of spaces or digits is one piece). A
+  /// candidate is stale once either symbol has changed (its version) or been absorbed.
+  std::vector<std::string> merge_by_rank(std::vector<std::string> text) const {
+    const int n = static_cast<int>(text.size());
+    std::vector<int> prev(static_cast<std::size_t>(n)), next(static_cast<std::size_t>(n)), version(static_cast<std::size_t>(n), 0);
+    std::vector<char> alive(static_cast<std::size_t>(n), 1);
+    for (int i = 0; i < n; ++i) prev[static_cast<std::size_t>(i)] = i - 1, next[static_cast<std::size_t>(i)] = i + 1 < n ? i + 1 : -1;
+    struct Candidate {
+      int rank, left, right, left_version, right_version;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+    auto at = [](auto& v, int i) -> auto& { return v[static_cast<std::size_t>(i)]; };
+    auto consider = [&](int left) {
+      const int right = left < 0 ? -1 : at(next, left);
+      if (right < 0) return;
+      if (auto it = ranks.find({at(text, left), at(text, right)}); it != ranks.end())
+        heap.push({it->second, left, right, at(version, left), at(version, right)});
+    };
+    for (int i = 0; i + 1 < n; ++i) consider(i);
+    while (!heap.empty()) {
+      const Candidate c = heap.top();
+      heap.pop();
+      if (!at(alive, c.left) || !at(alive, c.right) || at(next, c.left) != c.right || at(version, c.left) != c.left_version ||
+          at(version, c.right) != c.right_version)
+        continue;
+      at(text, c.left) += at(text, c.right);
+      ++at(version, c.left);
+      at(alive, c.right) = 0;
+      at(next, c.left) = at(next, c.right);
+      if (at(next, c.left) >= 0) at(prev, at(next, c.left)) = c.left;
+      consider(at(prev, c.left));
+      consider(c.left);
+    }
+    std::vector<std::string> merged;
+    for (int i = 0; i < n; ++i)
+      if (at(alive, i)) merged.push_back(std::move(at(text, i)));
+    return merged;
+  }
+
   /// A piece's BPE tokens, appended to `ids`.
   void bpe(const std::string& piece, std::vector<std::int32_t>& ids) const {
     std::string mapped;
@@ -338,28 +380,7 @@ struct Tokenizer::Impl {
     if (ignore_merges) {
       if (auto it = vocab.find(mapped); it != vocab.end()) return ids.push_back(it->second);
     }
-    std::vector<std::string> symbols = utf8_chars(mapped);
-    while (symbols.size() > 1) {
-      int best = std::numeric_limits<int>::max();
-      std::size_t at = 0;
-      for (std::size_t i = 0; i + 1 < symbols.size(); ++i) {
-        auto it = ranks.find({symbols[i], symbols[i + 1]});
-        if (it != ranks.end() && it->second < best) best = it->second, at = i;
-      }
-      if (best == std::numeric_limits<int>::max()) break;
-      // Merge every occurrence of the best pair, left to right.
-      const std::string a = symbols[at], b = symbols[at + 1];
-      std::vector<std::string> merged;
-      for (std::size_t i = 0; i < symbols.size(); ++i) {
-        if (i + 1 < symbols.size() && symbols[i] == a && symbols[i + 1] == b) {
-          merged.push_back(a + b);
-          ++i;
-        } else {
-          merged.push_back(symbols[i]);
-        }
-      }
-      symbols = std::move(merged);
-    }
+    const std::vector<std::string> symbols = merge_by_rank(utf8_chars(mapped));
     for (const std::string& s : symbols) {
       auto it = vocab.find(s);
       if (it != vocab.end()) ids.push_back(it->second);
