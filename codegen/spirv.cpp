@@ -20,8 +20,6 @@ namespace qkv::codegen {
 
 namespace {
 
-constexpr const char* kCompilerSettings = "shaderc vulkan1.1 O";
-
 std::filesystem::path cache_dir() {
   if (std::getenv("QKV_NO_SHADER_CACHE")) return {};
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::filesystem::path(x) / "qkv";
@@ -99,10 +97,11 @@ bool store_cached_spirv(const std::filesystem::path& file, std::uint64_t key, co
   return true;
 }
 
-std::vector<std::uint32_t> compile_spirv(const std::string& name, const std::string& glsl) {
+std::vector<std::uint32_t> compile_spirv(const std::string& name, const std::string& glsl, SpirvOptimization optimization) {
   static std::mutex mutex;
   static std::map<std::uint64_t, std::vector<std::uint32_t>> memory;
-  const std::uint64_t key = content_hash(std::string(kCompilerSettings) + "\n" + glsl);
+  const bool optimize = optimization == SpirvOptimization::performance;
+  const std::uint64_t key = content_hash(std::string("shaderc vulkan1.1 ") + (optimize ? "O" : "O0") + "\n" + glsl);
   std::lock_guard lock(mutex);
   if (auto it = memory.find(key); it != memory.end()) return it->second;
 
@@ -117,7 +116,7 @@ std::vector<std::uint32_t> compile_spirv(const std::string& name, const std::str
   shaderc::Compiler compiler;
   shaderc::CompileOptions options;
   options.SetTargetEnvironment(shaderc_target_env_vulkan, shaderc_env_version_vulkan_1_1);
-  options.SetOptimizationLevel(shaderc_optimization_level_performance);
+  options.SetOptimizationLevel(optimize ? shaderc_optimization_level_performance : shaderc_optimization_level_zero);
   auto result = compiler.CompileGlslToSpv(glsl, shaderc_compute_shader, name.c_str(), options);
   if (result.GetCompilationStatus() != shaderc_compilation_status_success)
     throw BackendError("shader " + name + " does not compile: " + result.GetErrorMessage());

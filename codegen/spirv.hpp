@@ -9,10 +9,17 @@
 
 namespace qkv::codegen {
 
+/// How much libshaderc optimises: `performance` runs spirv-opt's performance passes (what users
+/// run: on lavapipe they make kernels up to 1.85x faster); `none` skips them, which halves a
+/// kernel's compile time on the host (the test suite's choice: its kernels run in microseconds,
+/// compiling them is its cost; codegen's tests still compile every kernel optimised).
+enum class SpirvOptimization { none, performance };
+
 /// SPIR-V words of a GLSL compute shader. Throws BackendError with the compiler's message.
 /// Results are cached in memory and, unless QKV_NO_SHADER_CACHE is set, under
 /// $XDG_CACHE_HOME/qkv (or ~/.cache/qkv), keyed by a hash of the source and compiler settings.
-std::vector<std::uint32_t> compile_spirv(const std::string& name, const std::string& glsl);
+std::vector<std::uint32_t> compile_spirv(const std::string& name, const std::string& glsl,
+                                         SpirvOptimization optimization = SpirvOptimization::performance);
 
 /// Whether a module declares SPV_NV_cooperative_matrix's capability.
 bool uses_nv_cooperative_matrix(const std::vector<std::uint32_t>& words);

@@ -68,6 +68,12 @@ VulkanOptions vulkan_options_from_env() {
       throw BackendError("vulkan: QKV_VULKAN_SUBGROUP_REDUCTIONS is '" + s + "'; give 1 (a subgroup per row where the device can, the default) or 0");
     o.subgroup_reductions = s == "1";
   }
+  if (const char* f = std::getenv("QKV_VULKAN_OPTIMIZE_SPIRV")) {
+    const std::string s = f;
+    if (s != "0" && s != "1")
+      throw BackendError("vulkan: QKV_VULKAN_OPTIMIZE_SPIRV is '" + s + "'; give 1 (spirv-opt's performance passes, the default) or 0");
+    o.optimize_spirv = s == "1";
+  }
   if (const char* f = std::getenv("QKV_VULKAN_HALF_STORAGE")) {
     const std::string s = f;
     if (s != "0" && s != "1")
@@ -241,7 +247,9 @@ vk::raii::Context make_loader_context() {
 }
 }  // namespace
 
-Context::Context(const VulkanOptions& options) : context_(make_loader_context()) {
+Context::Context(const VulkanOptions& options)
+    : context_(make_loader_context()),
+      optimization_(options.optimize_spirv ? codegen::SpirvOptimization::performance : codegen::SpirvOptimization::none) {
   guarded("start-up", [&] {
     vk::ApplicationInfo app("qkv", 1, "qkv", 1, VK_API_VERSION_1_1);
     std::vector<const char*> layers, extensions;
@@ -390,9 +398,10 @@ std::shared_ptr<Context> Context::get(const VulkanOptions& options) {
   // (580, headless) refuses vkCreateInstance with ErrorIncompatibleDriver after a handful of
   // cycles, which the benchmarks, creating a backend per row, ran into.
   static std::mutex mutex;
-  static auto* contexts = new std::map<std::tuple<std::string, bool, bool>, std::shared_ptr<Context>>;
+  static auto* contexts = new std::map<std::tuple<std::string, bool, bool, bool>, std::shared_ptr<Context>>;
   std::lock_guard lock(mutex);
-  auto& slot = (*contexts)[{options.device_filter, options.validation, options.cooperative_matrix == VulkanOptions::CooperativeMatrix::khr}];
+  auto& slot = (*contexts)[{options.device_filter, options.validation, options.cooperative_matrix == VulkanOptions::CooperativeMatrix::khr,
+                            options.optimize_spirv}];
   if (!slot) slot = std::make_shared<Context>(options);
   return slot;
 }
@@ -451,7 +460,7 @@ const Pipeline& Context::pipeline(const codegen::KernelSource& k, const std::vec
   for (std::uint32_t c : specialization) key += "/" + std::to_string(c);
   std::lock_guard lock(mutex_);
   if (auto it = pipelines_.find(key); it != pipelines_.end()) return *it->second;
-  auto spirv = codegen::compile_spirv(k.name, k.glsl);
+  auto spirv = codegen::compile_spirv(k.name, k.glsl, optimization_);
   if (cooperative_khr_ && codegen::uses_nv_cooperative_matrix(spirv)) spirv = codegen::khr_cooperative_matrix(spirv);
   // What a driver would reject, or a layer report, named here first on any device.
   codegen::SpirvNeeds needs = codegen::spirv_needs(spirv, specialization);

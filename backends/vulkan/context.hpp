@@ -14,6 +14,7 @@
 #include "backends/vulkan/features.hpp"
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "codegen/glsl.hpp"
+#include "codegen/spirv.hpp"
 
 namespace qkv::backend::vk_detail {
 
@@ -97,6 +98,7 @@ class Context {
   bool float16_ = false;
   std::array<std::uint32_t, 3> cooperative_fragment_{};
   bool cooperative_khr_ = false;
+  codegen::SpirvOptimization optimization_;  // of every pipeline's kernel
   std::uint32_t queue_family_ = 0;
   double timestamp_period_ns_ = 0;
   std::uint32_t timestamp_bits_ = 0;

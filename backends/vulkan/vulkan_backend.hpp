@@ -54,6 +54,9 @@ struct VulkanOptions {
   /// (4 x 8 x 8 gives lavapipe's subgroups of 8 two lanes per score row, as NVIDIA's 32 lanes
   /// over 16 rows).
   std::array<std::uint32_t, 3> emulated_fragment{16, 16, 16};
+  /// Runs spirv-opt's performance passes on each kernel (codegen::SpirvOptimization;
+  /// QKV_VULKAN_OPTIMIZE_SPIRV=0 skips them: half the compile time, slower kernels; ctest sets it).
+  bool optimize_spirv = true;
 };
 
 /// Options from the environment variables named above.

@@ -170,6 +170,25 @@ TEST(VulkanFeatures, CooperativeKernelsMeetAnNvidiaDeviceAndNameWhatItLacks) {
   EXPECT_EQ(mismatches(nv, amd).size(), nv.size());
 }
 
+// QKV_VULKAN_OPTIMIZE_SPIRV: 1 or 0, anything else an error naming the variable (needs no device).
+TEST(VulkanOptions, OptimizeSpirvIsReadFromTheEnvironment) {
+  const char* was = std::getenv("QKV_VULKAN_OPTIMIZE_SPIRV");
+  const std::string saved = was ? was : "";
+  setenv("QKV_VULKAN_OPTIMIZE_SPIRV", "1", 1);
+  EXPECT_TRUE(backend::vulkan_options_from_env().optimize_spirv);
+  setenv("QKV_VULKAN_OPTIMIZE_SPIRV", "0", 1);
+  EXPECT_FALSE(backend::vulkan_options_from_env().optimize_spirv);
+  setenv("QKV_VULKAN_OPTIMIZE_SPIRV", "yes", 1);
+  try {
+    backend::vulkan_options_from_env();
+    ADD_FAILURE() << "QKV_VULKAN_OPTIMIZE_SPIRV=yes was taken";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("QKV_VULKAN_OPTIMIZE_SPIRV is 'yes'"), std::string::npos) << e.what();
+  }
+  if (was) setenv("QKV_VULKAN_OPTIMIZE_SPIRV", saved.c_str(), 1);
+  else unsetenv("QKV_VULKAN_OPTIMIZE_SPIRV");
+}
+
 /// The live context of the default vulkan backend after running graphs that take every kind of
 /// kernel: elementwise and fused chains, reductions and softmax over subgroups, matmuls, flash
 /// attention forward and backward, 16-bit buffers, and the cooperative kernels (the device's or

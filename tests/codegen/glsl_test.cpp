@@ -166,6 +166,19 @@ TEST(Glsl, EmitGraphNamesEachNode) {
   EXPECT_NE(s.find("#version 450"), std::string::npos);
 }
 
+// Without spirv-opt's passes (what the test programs run) a kernel compiles to other, larger
+// words, cached apart from the optimised ones.
+TEST(Spirv, OptimisationIsACompilerSettingOfTheCache) {
+  ir::Graph g = ir::case_graph(ir::Op::flex_attention, ir::op_cases(ir::Op::flex_attention).front());
+  const KernelSource k = kernel_source(g, g.output("out"));
+  const auto optimised = compile_spirv(k.name, k.glsl, SpirvOptimization::performance);
+  const auto plain = compile_spirv(k.name, k.glsl, SpirvOptimization::none);
+  EXPECT_NE(optimised, plain);
+  EXPECT_GT(plain.size(), optimised.size());
+  EXPECT_EQ(compile_spirv(k.name, k.glsl), optimised) << "the default is the optimised kernel";
+  EXPECT_EQ(compile_spirv(k.name, k.glsl, SpirvOptimization::none), plain);
+}
+
 TEST(Spirv, CompileErrorsAreBackendErrors) { EXPECT_THROW(compile_spirv("broken", "#version 450\nvoid main() { nope(); }\n"), BackendError); }
 
 }  // namespace
