@@ -1,5 +1,7 @@
 // The test programs' main: turns on Vulkan validation and fails any test during which the
-// validation layers reported a message.
+// validation layers reported a message; compiles kernels without spirv-opt's passes (at test
+// sizes compiling a kernel is the cost, not running it; codegen's tests compile every kernel
+// with them). The environment may say otherwise.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -21,6 +23,7 @@ class ValidationListener : public testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   setenv("QKV_VULKAN_VALIDATION", "1", 0);
+  setenv("QKV_VULKAN_OPTIMIZE_SPIRV", "0", 0);
   testing::InitGoogleTest(&argc, argv);
   testing::UnitTest::GetInstance()->listeners().Append(new ValidationListener);
   return RUN_ALL_TESTS();
