@@ -9,10 +9,11 @@
 
 namespace qkv::codegen {
 
-/// How much libshaderc optimises: `performance` runs spirv-opt's performance passes (what users
-/// run: on lavapipe they make kernels up to 1.85x faster); `none` skips them, which halves a
-/// kernel's compile time on the host (the test suite's choice: its kernels run in microseconds,
-/// compiling them is its cost; codegen's tests still compile every kernel optimised).
+/// How much libshaderc optimises: `performance` runs spirv-opt's performance passes (the default:
+/// a GPU driver's compiler may lean on them; lavapipe's LLVM runs as fast either way, sdpa at 512
+/// and 1024 positions within noise); `none` skips them, which are most of a compile on the
+/// host (the test suite's choice: its kernels run in microseconds, compiling them is the cost;
+/// codegen's tests still compile every kernel with them).
 enum class SpirvOptimization { none, performance };
 
 /// SPIR-V words of a GLSL compute shader. Throws BackendError with the compiler's message.

@@ -55,7 +55,7 @@ struct VulkanOptions {
   /// over 16 rows).
   std::array<std::uint32_t, 3> emulated_fragment{16, 16, 16};
   /// Runs spirv-opt's performance passes on each kernel (codegen::SpirvOptimization;
-  /// QKV_VULKAN_OPTIMIZE_SPIRV=0 skips them: half the compile time, slower kernels; ctest sets it).
+  /// QKV_VULKAN_OPTIMIZE_SPIRV=0 skips them, for a faster compile; the test programs do).
   bool optimize_spirv = true;
 };
 
