@@ -99,6 +99,21 @@ void check_writable_dir(const std::string& dir) {
   if (::access(up.c_str(), W_OK) != 0) throw IoError(dir + ": cannot make the folder (" + up.string() + ": " + reason(errno) + ")");
 }
 
+bool is_file(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec);
+}
+
+bool is_directory(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec);
+}
+
+std::string path_in(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
 void make_dirs(const std::string& dir) {
   check_writable_dir(dir);
   std::error_code ec;

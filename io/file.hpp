@@ -26,6 +26,13 @@ void check_writable_dir(const std::string& dir);
 /// Makes `dir` and its parents; throws IoError naming it and the reason.
 void make_dirs(const std::string& dir);
 
+/// Whether `path` is a regular file (or a link to one), and whether it is a folder; false where
+/// it cannot be seen.
+bool is_file(const std::string& path);
+bool is_directory(const std::string& path);
+/// `name` inside folder `dir` ("dir/name", one slash between them).
+std::string path_in(const std::string& dir, const std::string& name);
+
 /// strerror's text for `err`.
 std::string reason(int err);
 

@@ -2,14 +2,19 @@
 // declared with BOOST_HANA_DEFINE_STRUCT, each member from the key of its name. What a key may
 // hold follows from the member's type; a key that is missing (where the member is not optional)
 // or holds the wrong kind of value is an IoError naming the file and the key.
+//
+// The reader sees the parsed document through JsonRef, whose few functions are compiled once in
+// config.cpp: the visitors instantiated for every config struct then call them instead of
+// nlohmann::json's templates, and a unit that reads configs does not parse nlohmann/json.hpp
+// (most of what compiling models/pretrained.cpp cost).
 #pragma once
 
-#include <boost/hana.hpp>
-#include <cmath>
-#include <nlohmann/json.hpp>
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ir/error.hpp"
@@ -17,21 +22,50 @@
 
 namespace qkv::models {
 
-namespace detail {
+/// One value of a parsed JSON document (a view: the document owns it).
+class JsonRef {
+ public:
+  /// "null", "a boolean", "an integer", "a number", "a string", "a list" or "an object".
+  const char* kind() const;
+  bool is_null() const;
+  bool is_boolean() const;
+  bool is_integer() const;
+  bool is_number() const;  // an integer or not
+  bool is_string() const;
+  bool is_list() const;
+  bool is_object() const;
+  bool boolean() const;
+  std::int64_t integer() const;
+  double number() const;
+  std::string string() const;
+  std::size_t size() const;  // a list's length
+  JsonRef operator[](std::size_t i) const;
+  std::optional<JsonRef> find(const std::string& key) const;   // an object's member
+  std::vector<std::pair<std::string, JsonRef>> items() const;  // an object's members, by key
 
-inline const char* json_kind(const nlohmann::json& j) {
-  switch (j.type()) {
-    case nlohmann::json::value_t::null: return "null";
-    case nlohmann::json::value_t::boolean: return "a boolean";
-    case nlohmann::json::value_t::number_integer:
-    case nlohmann::json::value_t::number_unsigned: return "an integer";
-    case nlohmann::json::value_t::number_float: return "a number";
-    case nlohmann::json::value_t::string: return "a string";
-    case nlohmann::json::value_t::array: return "a list";
-    case nlohmann::json::value_t::object: return "an object";
-    default: return "something else";
-  }
-}
+ private:
+  friend class JsonDocument;
+  explicit JsonRef(const void* value) : value_(value) {}
+  const void* value_;  // a nlohmann::json
+};
+
+/// A JSON file, parsed: an IoError naming the file if it is not JSON.
+class JsonDocument {
+ public:
+  static JsonDocument read(const std::string& path);
+  static JsonDocument parse(const std::string& text, const std::string& what);
+  JsonDocument(JsonDocument&&) noexcept;
+  JsonDocument& operator=(JsonDocument&&) noexcept;
+  ~JsonDocument();
+  JsonRef root() const;
+
+ private:
+  struct Impl;
+  explicit JsonDocument(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+namespace detail {
 
 template <class T> const char* wanted() {
   if constexpr (std::is_same_v<T, bool>) return "a boolean";
@@ -42,8 +76,14 @@ template <class T> const char* wanted() {
   else return "an object";
 }
 
-template <class T> void read_value(const nlohmann::json& j, T& out, const std::string& file, const std::string& key) {
-  auto bad = [&] { throw IoError(file + ": \"" + key + "\" is " + json_kind(j) + ", expected " + wanted<T>()); };
+/// The error of a key holding the wrong kind of value.
+[[noreturn]] void wrong_kind(JsonRef j, const std::string& file, const std::string& key, const char* wanted);
+/// Member `name` of object `j` (at `key`), its dotted path in `path`; an IoError if it is
+/// missing and `required`.
+std::optional<JsonRef> member(JsonRef j, const char* name, const std::string& file, const std::string& key, bool required, std::string& path);
+
+template <class T> void read_value(JsonRef j, T& out, const std::string& file, const std::string& key) {
+  auto bad = [&] { wrong_kind(j, file, key, wanted<T>()); };
   if constexpr (is_optional<T>::value) {
     if (j.is_null()) return out.reset();
     typename T::value_type v{};
@@ -51,20 +91,20 @@ template <class T> void read_value(const nlohmann::json& j, T& out, const std::s
     out = std::move(v);
   } else if constexpr (std::is_same_v<T, bool>) {
     if (!j.is_boolean()) bad();
-    out = j.get<bool>();
+    out = j.boolean();
   } else if constexpr (std::is_integral_v<T>) {
-    if (!j.is_number_integer()) bad();
-    out = j.get<T>();
+    if (!j.is_integer()) bad();
+    out = static_cast<T>(j.integer());
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!j.is_number()) bad();
-    out = j.get<T>();
+    out = static_cast<T>(j.number());
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!j.is_string()) bad();
-    out = j.get<std::string>();
+    out = j.string();
   } else if constexpr (is_vector<T>::value) {
     // A list, or one value where a list of one is meant (eos_token_id is either).
     out.clear();
-    if (!j.is_array()) {
+    if (!j.is_list()) {
       typename T::value_type v{};
       read_value(j, v, file, key);
       out.push_back(std::move(v));
@@ -78,26 +118,21 @@ template <class T> void read_value(const nlohmann::json& j, T& out, const std::s
   } else {
     static_assert(boost::hana::Struct<T>::value, "qkv: a config member is a number, bool, string, list, optional, or a config struct");
     if (!j.is_object()) bad();
-    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto member) {
-      const std::string name = boost::hana::to<const char*>(boost::hana::first(member));
-      auto& field = boost::hana::second(member)(out);
-      const std::string path = key.empty() ? name : key + "." + name;
-      auto it = j.find(name);
-      if (it == j.end()) {
-        if constexpr (is_optional<std::remove_reference_t<decltype(field)>>::value) return;
-        else throw IoError(file + ": no \"" + path + "\"");
-      } else {
-        read_value(*it, field, file, path);
-      }
+    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto m) {
+      auto& field = boost::hana::second(m)(out);
+      constexpr bool required = !is_optional<std::remove_reference_t<decltype(field)>>::value;
+      std::string path;
+      if (const std::optional<JsonRef> value = member(j, boost::hana::to<const char*>(boost::hana::first(m)), file, key, required, path))
+        read_value(*value, field, file, path);
     });
   }
 }
 
 }  // namespace detail
 
-/// The config struct `Config` read from parsed JSON (keys it does not declare are ignored, as
-/// transformers' configs carry many that do not change the computation).
-template <class Config> Config read_config(const nlohmann::json& j, const std::string& file) {
+/// The config struct `Config` read from a parsed JSON document (keys it does not declare are
+/// ignored, as transformers' configs carry many that do not change the computation).
+template <class Config> Config read_config(JsonRef j, const std::string& file) {
   Config c{};
   detail::read_value(j, c, file, "");
   return c;

@@ -6,8 +6,15 @@
 // read field by field.
 #pragma once
 
-#include <boost/hana.hpp>
+#include <boost/hana/accessors.hpp>
+#include <boost/hana/concept/struct.hpp>
+#include <boost/hana/define_struct.hpp>
+#include <boost/hana/first.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/second.hpp>
+#include <boost/hana/string.hpp>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -42,24 +49,35 @@ template <class T> struct is_optional<std::optional<T>> : std::true_type {};
 inline std::string join(const std::string& prefix, const std::string& name) { return prefix.empty() ? name : prefix + "." + name; }
 }  // namespace detail
 
-/// Calls f(path, parameter) for every parameter of `module` in declaration order, the path the
-/// dotted checkpoint name under `prefix` (a list's elements by index, an empty optional module
-/// skipped). `Module` is a Parameter, a std::vector or std::optional of modules, or a Hana struct.
-template <class Module, class F> void for_each_parameter(Module& module, const std::string& prefix, F&& f) {
+namespace detail {
+/// The walk behind for_each_parameter, instantiated once per module type (and constness), not
+/// once per visitor: the visitor is type-erased, and a model's parameters are few.
+template <class Module, class P>
+void walk_parameters(Module& module, const std::string& prefix, const std::function<void(const std::string&, P&)>& f) {
   using M = std::remove_const_t<Module>;
   if constexpr (std::is_same_v<M, Parameter>) {
     f(prefix, module);
-  } else if constexpr (detail::is_vector<M>::value) {
-    for (std::size_t i = 0; i < module.size(); ++i) for_each_parameter(module[i], detail::join(prefix, std::to_string(i)), f);
-  } else if constexpr (detail::is_optional<M>::value) {
-    if (module) for_each_parameter(*module, prefix, f);
+  } else if constexpr (is_vector<M>::value) {
+    for (std::size_t i = 0; i < module.size(); ++i) walk_parameters(module[i], join(prefix, std::to_string(i)), f);
+  } else if constexpr (is_optional<M>::value) {
+    if (module) walk_parameters(*module, prefix, f);
   } else {
     static_assert(boost::hana::Struct<M>::value,
                   "qkv: a module member is a Parameter, a std::vector or std::optional of modules, or a module (BOOST_HANA_DEFINE_STRUCT)");
     boost::hana::for_each(boost::hana::accessors<M>(), [&](auto member) {
-      for_each_parameter(boost::hana::second(member)(module), detail::join(prefix, boost::hana::to<const char*>(boost::hana::first(member))), f);
+      walk_parameters(boost::hana::second(member)(module), join(prefix, boost::hana::to<const char*>(boost::hana::first(member))), f);
     });
   }
+}
+}  // namespace detail
+
+/// Calls f(path, parameter) for every parameter of `module` in declaration order, the path the
+/// dotted checkpoint name under `prefix` (a list's elements by index, an empty optional module
+/// skipped). `Module` is a Parameter, a std::vector or std::optional of modules, or a Hana struct;
+/// f takes a `const Parameter&` where the module is const.
+template <class Module, class F> void for_each_parameter(Module& module, const std::string& prefix, F&& f) {
+  using P = std::conditional_t<std::is_const_v<Module>, const Parameter, Parameter>;
+  detail::walk_parameters(module, prefix, std::function<void(const std::string&, P&)>(std::forward<F>(f)));
 }
 
 /// Sets every parameter's name to its path: after it, each Parameter knows its checkpoint name.

@@ -2,9 +2,6 @@
 // the module's named_parameters() before any is kept.
 #include "models/pretrained.hpp"
 
-#include <nlohmann/json.hpp>
-
-#include <filesystem>
 #include <set>
 
 #include "io/file.hpp"
@@ -20,36 +17,26 @@ namespace qkv::models {
 
 namespace {
 
-namespace fs = std::filesystem;
-
-nlohmann::json read_json(const std::string& path) {
-  try {
-    return nlohmann::json::parse(io::read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw IoError(path + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
-}
-
 /// Every tensor of the folder's checkpoint: model.safetensors, or the shards its index lists.
-io::TensorFile read_weights(const fs::path& dir) {
-  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
-  if (fs::exists(single)) return io::read_safetensors(single.string());
-  if (!fs::exists(index))
-    throw IoError(dir.string() + ": no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are read)");
-  const nlohmann::json j = read_json(index.string());
-  if (!j.contains("weight_map") || !j["weight_map"].is_object()) throw IoError(index.string() + ": no \"weight_map\" object");
+io::TensorFile read_weights(const std::string& dir) {
+  const std::string single = io::path_in(dir, "model.safetensors"), index = io::path_in(dir, "model.safetensors.index.json");
+  if (io::is_file(single)) return io::read_safetensors(single);
+  if (!io::is_file(index)) throw IoError(dir + ": no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are read)");
+  const JsonDocument j = JsonDocument::read(index);
+  const std::optional<JsonRef> map = j.root().find("weight_map");
+  if (!map || !map->is_object()) throw IoError(index + ": no \"weight_map\" object");
   std::map<std::string, std::set<std::string>> by_shard;
-  for (const auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string()) throw IoError(index.string() + ": weight_map[\"" + name + "\"] is not a file name");
-    by_shard[file.get<std::string>()].insert(name);
+  for (const auto& [name, file] : map->items()) {
+    if (!file.is_string()) throw IoError(index + ": weight_map[\"" + name + "\"] is not a file name");
+    by_shard[file.string()].insert(name);
   }
   io::TensorFile all;
   for (const auto& [file, names] : by_shard) {
-    if (file.find('/') != std::string::npos || file == "..") throw IoError(index.string() + ": shard \"" + file + "\" is not a file in the folder");
-    io::TensorFile shard = io::read_safetensors((dir / file).string());
+    if (file.find('/') != std::string::npos || file == "..") throw IoError(index + ": shard \"" + file + "\" is not a file in the folder");
+    io::TensorFile shard = io::read_safetensors(io::path_in(dir, file));
     for (const std::string& name : names) {
       auto it = shard.find(name);
-      if (it == shard.end()) throw IoError((dir / file).string() + ": has no " + name + ", which the index places there");
+      if (it == shard.end()) throw IoError(io::path_in(dir, file) + ": has no " + name + ", which the index places there");
       all.insert(shard.extract(it));
     }
   }
@@ -65,21 +52,23 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
 /// The checkpoint's tensors matched to the module's parameters. A checkpoint saved from the base
 /// model (GPT2Model, as the original gpt2 on the hub) lacks the "transformer." prefix; buffers
 /// older transformers saved (attention masks) and a tied head's copy are not parameters.
-template <class Module>
-std::map<std::string, Tensor, std::less<>> match_weights(const Module& m, io::TensorFile tensors, const std::string& where,
-                                                         const std::string& base_prefix, const std::vector<std::string>& ignored_suffixes,
-                                                         WeightDtype held) {
+std::map<std::string, Tensor, std::less<>> match_weights(const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& parameters,
+                                                         io::TensorFile tensors, const std::string& where, const std::string& base_prefix,
+                                                         const std::vector<std::string>& ignored_suffixes, WeightDtype held) {
   bool has_prefix = base_prefix.empty();
   for (const auto& [name, t] : tensors) has_prefix |= name.starts_with(base_prefix);
   std::map<std::string, Tensor, std::less<>> weights;
   std::vector<std::string> missing, wrong;
-  for_each_parameter(m, "", [&](const std::string& path, const Parameter& p) {
+  for (const auto& [path, shape] : parameters) {
     std::string key = path;
     if (!has_prefix && key.starts_with(base_prefix)) key = key.substr(base_prefix.size());
     auto it = tensors.find(key);
-    if (it == tensors.end()) return missing.push_back(key);
-    if (it->second.shape() != p.shape) {
-      wrong.push_back(key + " is " + shape_text(it->second.shape()) + ", the config gives " + shape_text(p.shape));
+    if (it == tensors.end()) {
+      missing.push_back(key);
+      continue;
+    }
+    if (it->second.shape() != shape) {
+      wrong.push_back(key + " is " + shape_text(it->second.shape()) + ", the config gives " + shape_text(shape));
     } else if (!is_float(it->second.dtype())) {
       wrong.push_back(key + " is " + std::string(dtype_name(it->second.dtype())) + ", not a float");
     } else {
@@ -89,7 +78,7 @@ std::map<std::string, Tensor, std::less<>> match_weights(const Module& m, io::Te
       weights.emplace(path, keep ? std::move(it->second) : it->second.to(DType::f32));
     }
     tensors.erase(it);
-  });
+  }
   std::vector<std::string> unexpected;
   for (const auto& [name, t] : tensors) {
     bool ignore = false;
@@ -124,74 +113,7 @@ Pretrained load_architecture(const std::string& dir, const LoadOptions& options)
 
 }  // namespace
 
-ir::Graph lm_loss_graph(const Pretrained& model) {
-  using ir::Op;
-  ir::Graph g = ir::rebuild(model.graph);
-  if (model.data != std::vector<std::string>{"input_ids", "position_ids"} || g.outputs().empty() || g.outputs()[0].first != "logits")
-    throw UsageError(model.dir + ": a " + model.model_type + " model has no next-token logits to train (decoders such as gpt2 and llama do)");
-  const ir::ValueId logits = g.output("logits");
-  const ir::Shape s = g.node(logits).shape;  // [B, T, V], V static
-  const ir::ValueId targets = g.add_input("targets", DType::i32, {s[0], s[1]});
-  ir::Attrs last, depth, all;
-  last.axis = 2;
-  depth.depth = s[2];
-  all.axis = 0;
-  all.keepdim = false;
-  const ir::ValueId picked = g.add(Op::one_hot, {targets}, depth);  // ids outside [0, V) (-1) pick nothing
-  ir::ValueId log_likelihood = g.add(Op::mul, {picked, g.add(Op::log_softmax, {logits}, last)});
-  ir::ValueId scored = picked;
-  for (int i = 0; i < 3; ++i) {
-    log_likelihood = g.add(Op::reduce_sum, {log_likelihood}, all);
-    scored = g.add(Op::reduce_sum, {scored}, all);
-  }
-  const ir::ValueId count = g.add(Op::max, {scored, g.constant(1.0)});
-  g.clear_results();
-  g.set_output("loss", g.add(Op::neg, {g.add(Op::div, {log_likelihood, count})}));
-  return ir::rebuild(g);
-}
-
-void save_pretrained(const Pretrained& model, const std::map<std::string, Tensor, std::less<>>& weights, const std::string& out_dir) {
-  io::make_dirs(out_dir);
-  io::TensorFile checkpoint;
-  for (const auto& [name, shape] : model.parameters) {
-    auto it = weights.find(name);
-    if (it == weights.end()) throw UsageError("save_pretrained: no value for " + name);
-    if (it->second.shape() != shape)
-      throw ShapeError("save_pretrained: " + name + " has shape of " + std::to_string(it->second.rank()) + " dims, not the config's");
-    checkpoint.emplace(name, it->second.dtype() == DType::f32 ? it->second : it->second.to(DType::f32));
-  }
-  io::OutputBatch batch;
-  batch.add((fs::path(out_dir) / "model.safetensors").string(), io::format_safetensors(checkpoint, {{"format", "pt"}}));
-  // The folder's settings: config, tokenizer, generation and sentence-transformers' pooling (other
-  // frameworks' weights, now stale, are not copied).
-  static const char* const kSettings[] = {"config.json",
-                                          "generation_config.json",
-                                          "tokenizer.json",
-                                          "tokenizer_config.json",
-                                          "special_tokens_map.json",
-                                          "added_tokens.json",
-                                          "vocab.json",
-                                          "vocab.txt",
-                                          "merges.txt",
-                                          "tokenizer.model",
-                                          "sentence_bert_config.json",
-                                          "config_sentence_transformers.json",
-                                          "modules.json",
-                                          "1_Pooling/config.json",
-                                          "2_Normalize/config.json"};
-  for (const char* rel : kSettings) {
-    const fs::path from = fs::path(model.dir) / rel;
-    if (!fs::is_regular_file(from)) continue;
-    if (fs::path(rel).has_parent_path()) io::make_dirs((fs::path(out_dir) / fs::path(rel).parent_path()).string());
-    batch.add((fs::path(out_dir) / rel).string(), io::read_file(from.string()));
-  }
-  batch.commit();
-}
-
-bool is_model_dir(const std::string& path) {
-  std::error_code ec;
-  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
-}
+bool is_model_dir(const std::string& path) { return io::is_directory(path) && io::is_file(io::path_in(path, "config.json")); }
 
 Pretrained load_pretrained(const std::string& dir, const LoadOptions& options) {
   Pretrained p = load_architecture(dir, options);
@@ -203,19 +125,20 @@ namespace {
 
 Pretrained load_architecture(const std::string& dir, const LoadOptions& options) {
   const WeightDtype held = options.weights;
-  const fs::path folder(dir);
-  const std::string config_path = (folder / "config.json").string();
-  if (!fs::is_directory(folder)) throw IoError(dir + ": not a folder");
-  const nlohmann::json j = read_json(config_path);
-  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string()) throw IoError(config_path + ": no \"model_type\" string");
+  const std::string config_path = io::path_in(dir, "config.json");
+  if (!io::is_directory(dir)) throw IoError(dir + ": not a folder");
+  const JsonDocument document = JsonDocument::read(config_path);
+  const JsonRef j = document.root();
+  const std::optional<JsonRef> model_type = j.find("model_type");
+  if (!model_type || !model_type->is_string()) throw IoError(config_path + ": no \"model_type\" string");
   Pretrained p;
   p.dir = dir;
-  p.model_type = j["model_type"].get<std::string>();
+  p.model_type = model_type->string();
   if (p.model_type == "gpt2") {
     const auto c = read_config<Gpt2Config>(j, config_path);
     const Gpt2LMHeadModel m = make_gpt2(c);
     p.parameters = named_parameters(m);
-    p.weights = match_weights(m, read_weights(folder), dir, "transformer.", {".attn.bias", ".attn.masked_bias", "lm_head.weight"}, held);
+    p.weights = match_weights(p.parameters, read_weights(dir), dir, "transformer.", {".attn.bias", ".attn.masked_bias", "lm_head.weight"}, held);
     p.graph = gpt2_graph(m, c, options.outputs);
     p.step_graph = gpt2_step_graph(m, c);
     p.layers = c.n_layer;
@@ -233,7 +156,7 @@ Pretrained load_architecture(const std::string& dir, const LoadOptions& options)
     // A tied checkpoint may hold the head's copy of the embedding (transformers ties it on load).
     std::vector<std::string> ignored{"rotary_emb.inv_freq"};
     if (!m.lm_head) ignored.push_back("lm_head.weight");
-    p.weights = match_weights(m, read_weights(folder), dir, "", ignored, held);
+    p.weights = match_weights(p.parameters, read_weights(dir), dir, "", ignored, held);
     p.weights.emplace(kInvFreq, llama_inv_freq(c));
     p.graph = llama_graph(m, c, options.outputs);
     p.step_graph = llama_step_graph(m, c);
@@ -247,7 +170,7 @@ Pretrained load_architecture(const std::string& dir, const LoadOptions& options)
   }
   if (p.model_type == "bert") {
     const auto c = read_config<BertConfig>(j, config_path);
-    io::TensorFile tensors = read_weights(folder);
+    io::TensorFile tensors = read_weights(dir);
     // A checkpoint of a model with a head (BertForMaskedLM, ...) holds the encoder under "bert.".
     if (!tensors.contains("embeddings.word_embeddings.weight") && tensors.contains("bert.embeddings.word_embeddings.weight")) {
       io::TensorFile encoder;
@@ -257,7 +180,7 @@ Pretrained load_architecture(const std::string& dir, const LoadOptions& options)
     }
     const BertModel m = make_bert(c, tensors.contains("pooler.dense.weight"));
     p.parameters = named_parameters(m);
-    p.weights = match_weights(m, std::move(tensors), dir, "", {"position_ids"}, held);
+    p.weights = match_weights(p.parameters, std::move(tensors), dir, "", {"position_ids"}, held);
     p.graph = bert_graph(m, c, options.outputs);
     p.vocab_size = c.vocab_size;
     p.max_positions = c.max_position_embeddings;

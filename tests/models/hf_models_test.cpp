@@ -16,6 +16,7 @@
 #include "backends/reference/reference_backend.hpp"
 #include "io/safetensors.hpp"
 #include "ir/passes/passes.hpp"
+#include "models/config.hpp"
 #include "models/generate.hpp"
 #include "models/gpt2.hpp"
 #include "models/llama.hpp"
@@ -69,6 +70,33 @@ TEST(Gpt2, ConfigKeysAreCheckedByName) {
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("config.json: no \"n_embd\""), std::string::npos) << e.what();
   }
+}
+
+TEST(Llama, NestedConfigKeysAndListElementsAreNamedByTheirPath) {
+  const std::string base = R"({"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+                               "num_attention_heads": 2, "max_position_embeddings": 32)";
+  auto read = [&](const std::string& rest) {
+    return models::read_config<models::LlamaConfig>(models::JsonDocument::parse(base + rest, "x/config.json").root(), "x/config.json");
+  };
+  const models::LlamaConfig c = read(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8}, "eos_token_id": [1, 2]})");
+  EXPECT_EQ(c.rope_scaling->factor, 8.0);  // an integer where a number is meant
+  EXPECT_EQ(c.eos_token_id, (std::vector<std::int64_t>{1, 2}));
+  EXPECT_EQ(read(R"(, "eos_token_id": 7})").eos_token_id, (std::vector<std::int64_t>{7}));  // one id where a list is meant
+  EXPECT_FALSE(read(R"(, "rope_scaling": null})").rope_scaling);
+  auto error = [&](const std::string& rest) {
+    try {
+      read(rest);
+    } catch (const IoError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(R"(, "rope_scaling": {"factor": "8"}})"), "x/config.json: \"rope_scaling.factor\" is a string, expected a number");
+  EXPECT_EQ(error(R"(, "eos_token_id": [1, 2.5]})"), "x/config.json: \"eos_token_id[1]\" is a number, expected an integer");
+  EXPECT_EQ(error(R"(, "rope_scaling": [1]})"), "x/config.json: \"rope_scaling\" is a list, expected an object");
+  EXPECT_EQ(error("}"), "no error");
+  EXPECT_EQ(error(R"(, "hidden_size": null})"), "x/config.json: \"hidden_size\" is null, expected an integer");
+  EXPECT_NE(error(R"(, "vocab_size": })").find("x/config.json: not valid JSON"), std::string::npos);
 }
 
 TEST(Gpt2, CheckpointThatDoesNotFitIsOneError) {
