@@ -64,8 +64,8 @@ class ExecutableSkeleton : public Executable {
     observer_->between_kernels();
   }
 
-  /// shapes_ for this run's tensors.
-  void bind_shapes(bool f64_for_f32 = false) { shapes_ = ir::bind_shapes(graph_, merged_inputs(graph_, tensors_), f64_for_f32); }
+  /// shapes_ for this run's tensors (read in place: no input is copied to bind them).
+  void bind_shapes(bool f64_for_f32 = false) { shapes_ = ir::bind_shapes(graph_, tensors_, f64_for_f32); }
   /// Output `v` from f32 values at `src`, as the graph types it (f32, or bool from 0 and 1).
   Tensor f32_output(ir::ValueId v, const float* src) const {
     Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));  // written in full

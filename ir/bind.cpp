@@ -63,15 +63,31 @@ double bound_value(const Graph& g, const Node& n, const std::vector<Shape>& shap
 }
 
 std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs, bool f64_for_f32) {
+  std::vector<const Tensor*> in_order;
+  for (ValueId v : g.inputs()) {
+    auto it = inputs.find(g.node(v).name);
+    if (it == inputs.end()) throw ShapeError("missing input '" + g.node(v).name + "' (" + g.type_string(v) + ")");
+    in_order.push_back(&it->second);
+  }
+  if (in_order.size() != inputs.size()) {
+    for (const auto& [name, t] : inputs) {
+      bool known = false;
+      for (ValueId v : g.inputs()) known |= g.node(v).name == name;
+      if (!known) throw ShapeError("graph has no input '" + name + "'");
+    }
+  }
+  return bind_shapes(g, in_order, f64_for_f32);
+}
+
+std::vector<Shape> bind_shapes(const Graph& g, const std::vector<const Tensor*>& inputs, bool f64_for_f32) {
+  if (inputs.size() != g.inputs().size())
+    throw ShapeError(std::to_string(inputs.size()) + " input tensors for a graph of " + std::to_string(g.inputs().size()) + " inputs");
   std::map<Dim, std::pair<std::int64_t, std::string>> bound;  // symbol -> (value, input that bound it)
   std::vector<Shape> shapes(g.size());
-  std::size_t used = 0;
-  for (ValueId v : g.inputs()) {
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    const ValueId v = g.inputs()[k];
     const Node& n = g.node(v);
-    auto it = inputs.find(n.name);
-    if (it == inputs.end()) throw ShapeError("missing input '" + n.name + "' (" + g.type_string(v) + ")");
-    ++used;
-    const Tensor& t = it->second;
+    const Tensor& t = *inputs[k];
     std::string expected = g.type_string(v);
     if (t.dtype() != n.dtype && !(f64_for_f32 && n.dtype == DType::f32 && t.dtype() == DType::f64))
       throw ShapeError("input '" + n.name + "': expected " + expected + ", got " + t.type_string() + " (dtype differs)");
@@ -91,13 +107,6 @@ std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tenso
       s.push_back(actual);
     }
     shapes[static_cast<std::size_t>(v)] = s;
-  }
-  if (used != inputs.size()) {
-    for (const auto& [name, t] : inputs) {
-      bool known = false;
-      for (ValueId v : g.inputs()) known |= g.node(v).name == name;
-      if (!known) throw ShapeError("graph has no input '" + name + "'");
-    }
   }
   // A symbol's value: bound by an input, or a derived dim's from its parts.
   auto known = [&](Dim d) -> std::optional<std::int64_t> {

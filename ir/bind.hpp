@@ -17,6 +17,10 @@ namespace qkv::ir {
 /// With `f64_for_f32`, f64 tensors are accepted for f32 inputs (the reference backend's
 /// double-precision mode, for finite differences).
 std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs, bool f64_for_f32 = false);
+/// The same for the tensors of the graph's inputs in their order (g.inputs()), read where they
+/// are: what an executable binds each plan with, its held state (a model's weights and its
+/// key/value cache) among them, without copying a tensor.
+std::vector<Shape> bind_shapes(const Graph& g, const std::vector<const Tensor*>& inputs, bool f64_for_f32 = false);
 
 /// The size of dim `d` of `g` once bound to `shapes` (as bind_shapes gives them): a static dim
 /// itself, a named dim the size of an input that declares it, a derived dim from its parts
