@@ -386,6 +386,7 @@ Context::Context(const VulkanOptions& options)
     features_.max_invocations = limits.maxComputeWorkGroupInvocations;
     features_.max_push_constants = limits.maxPushConstantsSize;
     features_.max_storage_buffers = limits.maxPerStageDescriptorStorageBuffers;  // some drivers report UINT32_MAX
+    features_.max_storage_range = limits.maxStorageBufferRange;
     features_.max_workgroup_size = {limits.maxComputeWorkGroupSize[0], limits.maxComputeWorkGroupSize[1], limits.maxComputeWorkGroupSize[2]};
     queue_ = vk::raii::Queue(device_, queue_family_, 0);
     pool_ = vk::raii::CommandPool(device_, vk::CommandPoolCreateInfo(vk::CommandPoolCreateFlagBits::eResetCommandBuffer, queue_family_));

@@ -35,6 +35,8 @@ struct DeviceFeatures {
   std::vector<vk::CooperativeMatrixPropertiesNV> cooperative;
   std::uint32_t max_shared_memory = 0, max_invocations = 0, max_push_constants = 0, max_storage_buffers = 0;
   std::array<std::uint32_t, 3> max_workgroup_size{};
+  /// maxStorageBufferRange: the most bytes one storage-buffer binding may span (lavapipe: 128 MiB).
+  std::uint64_t max_storage_range = 0;
 };
 
 /// Throws BackendError "vulkan: kernel NAME needs WHAT, which DEVICE ..." for the first need of

@@ -193,6 +193,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
     }
     memory_ = ir::plan_memory(
         graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads, &views, &placed);
+    check_binding_ranges();
 
     using U = vk::BufferUsageFlagBits;
     arena_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(memory_.total_bytes), U::eStorageBuffer | U::eTransferSrc | U::eTransferDst, false);
@@ -261,6 +262,26 @@ class VulkanExecutable final : public ExecutableSkeleton {
       query_pool_ = vk::raii::QueryPool(dev, vk::QueryPoolCreateInfo({}, vk::QueryType::eTimestamp, static_cast<std::uint32_t>(kernels_.size() + 1)));
     record(uploads, downloads, updates);
     upload_state();
+  }
+
+  /// Each kernel binds its operands and its result whole, one storage-buffer range apiece: a
+  /// value larger than the device's maxStorageBufferRange is a ResourceError naming it, before
+  /// anything is allocated (a validation error, or a wrong result, otherwise).
+  void check_binding_ranges() const {
+    const std::uint64_t limit = ctx_->features().max_storage_range;
+    for (const auto& k : kernels_) {
+      std::vector<ir::ValueId> bound = k.group.operands;
+      bound.push_back(k.value);
+      for (ir::ValueId v : bound) {
+        const auto b = static_cast<std::uint64_t>(bytes_of(v));
+        if (limit == 0 || b <= limit) continue;
+        const Node& n = graph_.node(v);
+        const std::string what = n.op == Op::input ? "input '" + n.name + "'" : "%" + std::to_string(v) + " " + std::string(ir::op_name(n.op));
+        throw ResourceError("vulkan: " + what + " " + graph_.type_string(n.dtype, shapes_[static_cast<std::size_t>(v)]) + " is " + std::to_string(b) +
+                            " bytes, more than one storage buffer binding may span on " + ctx_->device_name() + " (maxStorageBufferRange " +
+                            std::to_string(limit) + "); a kernel binds each of its tensors whole");
+      }
+    }
   }
 
   /// The arena ranges each kernel reads (its operands) and writes (its value, and for the flash

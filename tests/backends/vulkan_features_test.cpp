@@ -279,6 +279,31 @@ TEST(VulkanFeatures, TheMemoryModelIsEnabledWithItsDeviceScopeOrNotAtAll) {
   }
 }
 
+// A kernel binds each tensor whole: one larger than maxStorageBufferRange (lavapipe: 128 MiB; GPT-2
+// small's f32 embedding is 154 MB) is named in a ResourceError when planned, not left to a
+// validation error or a wrong result.
+TEST(VulkanFeatures, ATensorBeyondTheStorageBufferRangeIsNamed) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  const std::uint64_t limit = backend::vk_detail::Context::get(backend::vulkan_options_from_env())->features().max_storage_range;
+  if (limit > (std::uint64_t{1} << 30)) GTEST_SKIP() << "the device binds " << limit << " bytes at once: more than this test allocates";
+  ir::Graph g;
+  const ir::ValueId x = g.add_input("x", DType::f32, {g.symbol("N")});
+  g.set_output("y", g.add(ir::Op::mul, {x, x}));
+  auto exe = vulkan->compile(g);
+  const auto fits = static_cast<std::int64_t>(limit / 4);
+  EXPECT_EQ(exe->run({{"x", Tensor::from<float>({3}, {1, 2, 3})}}).at("y").at(2), 9.0);
+  try {
+    exe->run({{"x", Tensor(DType::f32, {fits + 1})}});
+    FAIL() << "a tensor of " << (fits + 1) * 4 << " bytes was bound";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find("vulkan: input 'x' f32[" + std::to_string(fits + 1) + "] is " + std::to_string((fits + 1) * 4) +
+                                         " bytes, more than one storage buffer binding may span"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(exe->run({{"x", Tensor::from<float>({2}, {4, 5})}}).at("y").at(1), 25.0);  // and it still runs what fits
+}
+
 // ctest runs the subgroup-dependent tests again at lavapipe's sizes 4 and 16 (vulkan.subgroup_N.*):
 // this says they did not silently run at the default size.
 TEST(VulkanFeatures, TheSubgroupSizeIsTheOneTheRunAsksFor) {
