@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <filesystem>
 #include <queue>
 
@@ -271,8 +272,32 @@ struct Tokenizer::Impl {
   bool wordpiece = false;
   std::string continuing_prefix = "##";
   std::size_t max_word_chars = 100;
-  std::optional<BertNormalizer> bert_normalizer;
+  // The normalizers, in order: BertNormalizer, or SentencePiece's Prepend("▁") and Replace(" ", "▁").
+  struct Normalizer {
+    std::optional<BertNormalizer> bert;
+    std::string prepend;   // Prepend: before a non-empty text
+    std::string from, to;  // Replace: every `from` (a literal) by `to`
+  };
+  std::vector<Normalizer> normalizers;
   bool bert_pre_tokenizer = false;
+  // Metaspace: spaces as `replacement` and one before the text (always, or where the text starts
+  // the input: "first"), then pieces that each start at a replacement when `split`.
+  struct Metaspace {
+    std::string replacement;
+    bool prepend_always = false, prepend_first = false, split = true;
+  };
+  std::optional<Metaspace> metaspace;
+  // SentencePiece's BPE: a character outside the vocabulary as its bytes' tokens <0x00>..<0xFF>,
+  // and (fuse_unk) a run of characters with no tokens as one unk.
+  bool byte_fallback = false, fuse_unk = false;
+  // The decoder, where it is neither ByteLevel nor WordPiece: each token through Replace and
+  // ByteFallback, Fuse (tokens joined: what follows applies to the text), Strip.
+  struct DecodeStep {
+    enum Kind { replace, byte_fallback, fuse, strip } kind;
+    std::string from, to;             // replace; strip: `from` is the character stripped
+    std::size_t start = 0, stop = 0;  // strip: at most this many from the start and from the end
+  };
+  std::vector<DecodeStep> decoder;
   // Added tokens, longest first (matched before anything else), and which ids are special.
   std::vector<std::pair<std::string, std::int32_t>> added;
   std::vector<bool> special;
@@ -369,6 +394,46 @@ struct Tokenizer::Impl {
     return merged;
   }
 
+  /// A piece's characters as BPE's first symbols: with byte_fallback, one outside the vocabulary
+  /// as its bytes' tokens (where the vocabulary has them all); else the unk token, a run of them
+  /// one unk with fuse_unk. As tokenizers' BPE::merge_word, an unk waits for the next character
+  /// in the vocabulary (or the end), so byte tokens that come between go before it.
+  std::vector<std::string> initial_symbols(const std::string& piece) const {
+    std::vector<std::string> chars = utf8_chars(piece);
+    if (!byte_fallback && !fuse_unk) return chars;
+    std::vector<std::string> symbols;
+    bool pending_unk = false;
+    auto end_unk = [&] {
+      if (pending_unk) symbols.push_back(tokens[static_cast<std::size_t>(*unk)]);
+      pending_unk = false;
+    };
+    for (std::string& c : chars) {
+      if (vocab.contains(c)) {
+        end_unk();
+        symbols.push_back(std::move(c));
+        continue;
+      }
+      if (byte_fallback) {
+        std::vector<std::string> bytes;
+        for (unsigned char b : c) {
+          static const char* const hex = "0123456789ABCDEF";
+          std::string token = std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
+          if (!vocab.contains(token)) break;
+          bytes.push_back(std::move(token));
+        }
+        if (bytes.size() == c.size()) {
+          symbols.insert(symbols.end(), bytes.begin(), bytes.end());
+          continue;
+        }
+      }
+      if (!unk) throw IoError(what + ": \"" + c + "\" is not in the vocabulary and there is no unk_token");
+      if (!fuse_unk) end_unk();
+      pending_unk = true;
+    }
+    end_unk();
+    return symbols;
+  }
+
   /// A piece's BPE tokens, appended to `ids`.
   void bpe(const std::string& piece, std::vector<std::int32_t>& ids) const {
     std::string mapped;
@@ -380,7 +445,7 @@ struct Tokenizer::Impl {
     if (ignore_merges) {
       if (auto it = vocab.find(mapped); it != vocab.end()) return ids.push_back(it->second);
     }
-    const std::vector<std::string> symbols = merge_by_rank(utf8_chars(mapped));
+    const std::vector<std::string> symbols = merge_by_rank(initial_symbols(mapped));
     for (const std::string& s : symbols) {
       auto it = vocab.find(s);
       if (it != vocab.end()) ids.push_back(it->second);
@@ -389,9 +454,39 @@ struct Tokenizer::Impl {
     }
   }
 
-  void encode_text(const std::string& raw, std::vector<std::int32_t>& ids) const {
-    const std::string text = bert_normalizer ? bert_normalizer->apply(raw) : raw;
+  /// Every `from` in `text` replaced by `to`.
+  static std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+    if (from.empty()) return text;
+    for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) text.replace(at, from.size(), to);
+    return text;
+  }
+
+  std::vector<std::string> metaspace_pieces(const std::string& text, bool at_start) const {
+    const Metaspace& m = *metaspace;
+    std::string s = replace_all(text, " ", m.replacement);
+    if ((m.prepend_always || (m.prepend_first && at_start)) && !s.starts_with(m.replacement)) s.insert(0, m.replacement);
+    if (!m.split) return {s};
+    // Split before each replacement (tokenizers' MergedWithNext).
+    std::vector<std::string> pieces;
+    std::size_t from = 0;
+    for (std::size_t at = s.find(m.replacement, 1); at != std::string::npos; at = s.find(m.replacement, at + 1)) {
+      pieces.push_back(s.substr(from, at - from));
+      from = at;
+    }
+    if (from < s.size()) pieces.push_back(s.substr(from));
+    return pieces;
+  }
+
+  /// The ids of `raw`, a text between added tokens; `at_start` where it starts the input.
+  void encode_text(const std::string& raw, std::vector<std::int32_t>& ids, bool at_start) const {
+    std::string text = raw;
+    for (const Normalizer& n : normalizers) {
+      if (n.bert) text = n.bert->apply(text);
+      else if (!n.prepend.empty()) text = text.empty() ? text : n.prepend + text;
+      else text = replace_all(std::move(text), n.from, n.to);
+    }
     std::vector<std::string> pieces{text};
+    if (metaspace) pieces = metaspace_pieces(text, at_start);
     if (bert_pre_tokenizer) pieces = bert_pre_tokenize(text);
     for (std::size_t k = 0; k <= splits.size(); ++k) {
       // ByteLevel's add_prefix_space: a space before every piece it is given, as tokenizers does.
@@ -419,6 +514,8 @@ namespace {
 std::string type_of(const json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; }
 
 void add_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& what);
+void add_normalizer(Tokenizer::Impl& t, const json& n, const std::string& what);
+void add_decoder(Tokenizer::Impl& t, const json& d, const std::string& what);
 
 }  // namespace
 
@@ -461,7 +558,8 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& what)
     t->ignore_merges = model.value("ignore_merges", false);
     if (model.contains("unk_token") && model["unk_token"].is_string())
       if (auto it = t->vocab.find(model["unk_token"].get<std::string>()); it != t->vocab.end()) t->unk = it->second;
-    if (model.value("byte_fallback", false)) throw IoError(what + ": byte_fallback BPE (SentencePiece's) is not read yet");
+    t->byte_fallback = model.value("byte_fallback", false);
+    t->fuse_unk = model.value("fuse_unk", false);
     for (const char* key : {"end_of_word_suffix"})
       if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
         throw IoError(what + ": BPE with " + key + " is not read yet");
@@ -477,16 +575,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& what)
       t->special[static_cast<std::size_t>(id)] = a.value("special", false);
       t->added.emplace_back(content, id);
     }
-    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-      const json& n = j["normalizer"];
-      if (type_of(n) != "BertNormalizer") throw IoError(what + ": normalizer \"" + type_of(n) + "\" is not read yet (BertNormalizer is)");
-      BertNormalizer b;
-      b.clean_text = n.value("clean_text", true);
-      b.chinese = n.value("handle_chinese_chars", true);
-      b.lowercase = n.value("lowercase", true);
-      b.strip_accents = n.contains("strip_accents") && n["strip_accents"].is_boolean() ? n["strip_accents"].get<bool>() : b.lowercase;
-      t->bert_normalizer = b;
-    }
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) add_normalizer(*t, j["normalizer"], what);
     if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) add_pre_tokenizer(*t, j["pre_tokenizer"], what);
     if (j.contains("post_processor") && !j["post_processor"].is_null()) {
       std::vector<json> processors{j["post_processor"]};
@@ -507,7 +596,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& what)
       }
     }
     if (j.contains("decoder") && !j["decoder"].is_null() && type_of(j["decoder"]) != "ByteLevel" && type_of(j["decoder"]) != "WordPiece")
-      throw IoError(what + ": decoder \"" + type_of(j["decoder"]) + "\" is not read yet (ByteLevel and WordPiece are)");
+      add_decoder(*t, j["decoder"], what);
   } catch (const json::exception& e) {
     throw IoError(what + ": " + std::string(e.what()));
   }
@@ -546,9 +635,76 @@ void add_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& wha
       throw IoError(what + ": Split with behavior " + behavior + (p.value("invert", false) ? ", inverted," : "") +
                     " is not read (Isolated and Removed are)");
     t.splits.push_back({compile(regex, what), behavior == "Isolated"});
+  } else if (type == "Metaspace") {
+    if (!t.splits.empty() || t.bert_pre_tokenizer) throw IoError(what + ": Metaspace with other pre-tokenizers is not read");
+    Tokenizer::Impl::Metaspace m;
+    m.replacement = p.value("replacement", "\u2581");
+    // prepend_scheme (tokenizers >= 0.14), or the older add_prefix_space.
+    const std::string scheme = p.contains("prepend_scheme")        ? p["prepend_scheme"].get<std::string>()
+                               : p.value("add_prefix_space", true) ? "always"
+                                                                   : "never";
+    if (scheme != "always" && scheme != "first" && scheme != "never")
+      throw IoError(what + ": Metaspace prepend_scheme \"" + scheme + "\" is not read");
+    m.prepend_always = scheme == "always";
+    m.prepend_first = scheme == "first";
+    m.split = p.value("split", true);
+    t.metaspace = m;
   } else {
-    throw IoError(what + ": pre_tokenizer \"" + type + "\" is not read yet (ByteLevel, Split, BertPreTokenizer and Sequence are)");
+    throw IoError(what + ": pre_tokenizer \"" + type + "\" is not read yet (ByteLevel, Split, BertPreTokenizer, Metaspace and Sequence are)");
   }
+}
+
+void add_normalizer(Tokenizer::Impl& t, const json& n, const std::string& what) {
+  const std::string type = type_of(n);
+  Tokenizer::Impl::Normalizer step;
+  if (type == "Sequence") {
+    for (const json& m : n.at("normalizers")) add_normalizer(t, m, what);
+    return;
+  }
+  if (type == "BertNormalizer") {
+    BertNormalizer b;
+    b.clean_text = n.value("clean_text", true);
+    b.chinese = n.value("handle_chinese_chars", true);
+    b.lowercase = n.value("lowercase", true);
+    b.strip_accents = n.contains("strip_accents") && n["strip_accents"].is_boolean() ? n["strip_accents"].get<bool>() : b.lowercase;
+    step.bert = b;
+  } else if (type == "Prepend") {
+    step.prepend = n.at("prepend").get<std::string>();
+    if (step.prepend.empty()) return;
+  } else if (type == "Replace" && n.at("pattern").contains("String")) {
+    step.from = n["pattern"]["String"].get<std::string>();
+    step.to = n.at("content").get<std::string>();
+  } else {
+    throw IoError(what + ": normalizer \"" + type + (type == "Replace" ? "\" with a Regex pattern" : "\"") +
+                  " is not read yet (BertNormalizer, Prepend, Replace of a string and Sequence are)");
+  }
+  t.normalizers.push_back(std::move(step));
+}
+
+void add_decoder(Tokenizer::Impl& t, const json& d, const std::string& what) {
+  using Step = Tokenizer::Impl::DecodeStep;
+  const std::string type = type_of(d);
+  if (type == "Sequence") {
+    for (const json& e : d.at("decoders")) add_decoder(t, e, what);
+    return;
+  }
+  Step step{Step::fuse, "", "", 0, 0};
+  if (type == "Replace" && d.at("pattern").contains("String")) {
+    step = {Step::replace, d["pattern"]["String"].get<std::string>(), d.at("content").get<std::string>(), 0, 0};
+  } else if (type == "ByteFallback") {
+    step.kind = Step::byte_fallback;
+  } else if (type == "Fuse") {
+    step.kind = Step::fuse;
+  } else if (type == "Strip") {
+    step = {Step::strip, d.at("content").get<std::string>(), "", d.value("start", std::size_t{0}), d.value("stop", std::size_t{0})};
+    const bool fused = std::any_of(t.decoder.begin(), t.decoder.end(), [](const Step& s) { return s.kind == Step::fuse; });
+    // After Fuse it strips the whole text's end, which a stream of tokens does not know yet.
+    if (fused && step.stop > 0) throw IoError(what + ": a Strip decoder with stop after Fuse is not read yet");
+  } else {
+    throw IoError(what + ": decoder \"" + type +
+                  "\" is not read yet (ByteLevel, WordPiece, and Sequences of Replace of a string, ByteFallback, Fuse and Strip are)");
+  }
+  t.decoder.push_back(std::move(step));
 }
 
 }  // namespace
@@ -558,7 +714,14 @@ Tokenizer Tokenizer::from_folder(const std::string& dir) {
   const fs::path json_path = fs::path(dir) / "tokenizer.json";
   if (fs::exists(json_path)) return from_json(read_file(json_path.string()), json_path.string());
   const fs::path vocab = fs::path(dir) / "vocab.json", merges = fs::path(dir) / "merges.txt";
-  if (!fs::exists(vocab) || !fs::exists(merges)) throw IoError(dir + ": no tokenizer.json, nor vocab.json and merges.txt");
+  if (!fs::exists(vocab) || !fs::exists(merges)) {
+    if (fs::exists(fs::path(dir) / "tokenizer.model"))
+      throw IoError(dir +
+                    ": only tokenizer.model, SentencePiece's own format, which is not read: transformers writes the tokenizer.json that is "
+                    "(python -c \"from transformers import AutoTokenizer as T; T.from_pretrained('" +
+                    dir + "').save_pretrained('" + dir + "')\")");
+    throw IoError(dir + ": no tokenizer.json, nor vocab.json and merges.txt");
+  }
   // GPT-2's files as a tokenizer.json: byte-level BPE, <|endoftext|> special where the vocabulary has it.
   json j;
   json vocab_json;
@@ -603,7 +766,7 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_spec
       ++i;
       continue;
     }
-    if (i > done) impl_->encode_text(std::string(text.substr(done, i - done)), ids);
+    if (i > done) impl_->encode_text(std::string(text.substr(done, i - done)), ids, done == 0);
     if (!hit) break;
     ids.push_back(hit->second);
     i += hit->first.size();
@@ -618,6 +781,7 @@ std::string Tokenizer::token_bytes(std::int32_t id) const {
     throw UsageError("token id " + std::to_string(id) + " is outside the vocabulary");
   const std::string& token = impl_->tokens[static_cast<std::size_t>(id)];
   const bool added = std::any_of(impl_->added.begin(), impl_->added.end(), [&](const auto& a) { return a.second == id; });
+  if (!impl_->decoder.empty()) return piece(id, false);
   if (!impl_->byte_level || added) return token;
   std::string bytes;
   for (const std::string& c : utf8_chars(token)) {
@@ -649,6 +813,39 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_sp
 }
 
 std::string Tokenizer::piece(std::int32_t id, bool first) const {
+  if (!impl_->decoder.empty()) {
+    if (id < 0 || static_cast<std::size_t>(id) >= impl_->tokens.size())
+      throw UsageError("token id " + std::to_string(id) + " is outside the vocabulary");
+    // tokenizers' decode_chain, one token at a time: after Fuse a step sees the whole text, of
+    // which this token is the start when it is the first.
+    using Step = Impl::DecodeStep;
+    std::string s = impl_->tokens[static_cast<std::size_t>(id)];
+    bool fused = false;
+    for (const Step& step : impl_->decoder) {
+      switch (step.kind) {
+        case Step::replace: s = Impl::replace_all(std::move(s), step.from, step.to); break;
+        case Step::byte_fallback:
+          if (s.size() == 6 && s.starts_with("<0x") && s[5] == '>' && std::isxdigit(static_cast<unsigned char>(s[3])) &&
+              std::isxdigit(static_cast<unsigned char>(s[4])))
+            s = std::string(1, static_cast<char>(std::stoi(s.substr(3, 2), nullptr, 16)));
+          break;
+        case Step::fuse: fused = true; break;
+        case Step::strip: {
+          std::size_t front = 0, back = 0;
+          if (!fused || first)
+            while (front < step.start && s.compare(front * step.from.size(), step.from.size(), step.from) == 0) ++front;
+          s.erase(0, front * step.from.size());
+          if (!fused)
+            while (back < step.stop && s.size() >= (back + 1) * step.from.size() &&
+                   s.compare(s.size() - (back + 1) * step.from.size(), step.from.size(), step.from) == 0)
+              ++back;
+          s.erase(s.size() - back * step.from.size());
+          break;
+        }
+      }
+    }
+    return s;
+  }
   if (!impl_->wordpiece) return token_bytes(id);
   // tokenizers' WordPiece decoder, token by token: a continuation glued on, a word after a
   // space, then the cleanup of what English puts no space before (" ." -> ".").

@@ -1,5 +1,6 @@
 // Tokenizers against Hugging Face tokenizers' ids (tests/fixtures/make_hf_fixtures.py): GPT-2's
-// byte-level BPE and a Llama 3-style one (Split pattern, ignore_merges, <|begin_of_text|>), on
+// byte-level BPE, a Llama 3-style one (Split pattern, ignore_merges, <|begin_of_text|>), and
+// SentencePiece-style byte-fallback BPE (Llama 2, Mistral) in two layouts, on
 // texts with Unicode, whitespace runs, digits, punctuation and characters no training text had.
 #include <gtest/gtest.h>
 
@@ -61,6 +62,41 @@ TEST(Tokenizer, Llama3StyleSplitIgnoreMergesAndTemplate) {
   EXPECT_NE(t.encode("hi", false).front(), *bos);
 }
 
+// SentencePiece's BPE as transformers converts it (Llama 2, Mistral, TinyLlama): "▁" for spaces
+// and before the text, characters outside the vocabulary as byte tokens, <s> from the template;
+// in the layout with a Prepend and Replace normalizer, and in the one with a Metaspace
+// pre-tokenizer that prepends only where the text starts the input ("<s>Hello" has no "▁").
+TEST(Tokenizer, SentencePieceByteFallbackBpeGivesTokenizersIds) {
+  for (const char* layout : {"llama2", "metaspace"}) {
+    SCOPED_TRACE(layout);
+    const std::string dir = kFixtures + "/tokenizers/sentencepiece-" + layout;
+    const io::Tokenizer t = io::Tokenizer::from_folder(dir);
+    expect_cases(t, dir + "/cases.json", 14);
+    // A character no training text had falls back to its UTF-8 bytes' tokens: U+2135 is E2 84 B5.
+    const std::vector<std::int32_t> ids = t.encode("x\u2135", false);
+    ASSERT_GE(ids.size(), 3u);
+    const std::vector<std::int32_t> bytes(ids.end() - 3, ids.end());
+    EXPECT_EQ(bytes, (std::vector<std::int32_t>{*t.token_id("<0xE2>"), *t.token_id("<0x84>"), *t.token_id("<0xB5>")}));
+    EXPECT_EQ(t.token_bytes(bytes[0]), "\xE2");
+    EXPECT_EQ(t.decode(ids), "x\u2135");
+    EXPECT_EQ(t.decode(t.encode("Hello world"), true), "Hello world");  // <s> skipped, the leading space stripped
+  }
+}
+
+// A character with neither a token nor byte tokens is unk; fuse_unk makes a run of them one, and
+// an unk waits for the next character in the vocabulary, so byte tokens before that come first
+// (ids from tokenizers 0.23.3 on this vocabulary).
+TEST(Tokenizer, UnknownCharactersFuseAndWaitAsTokenizersDoes) {
+  for (const bool fuse : {true, false}) {
+    const std::string json = R"({"model": {"type": "BPE", "vocab": {"<unk>": 0, "x": 1, "y": 2, "xy": 3, "<0x41>": 4},
+                                 "merges": [["x", "y"]], "unk_token": "<unk>", "byte_fallback": true, "fuse_unk": )" +
+                             std::string(fuse ? "true" : "false") + "}}";
+    const io::Tokenizer t = io::Tokenizer::from_json(json, "t.json");
+    const std::vector<std::int32_t> expected = fuse ? std::vector<std::int32_t>{0, 3, 4, 0} : std::vector<std::int32_t>{0, 0, 3, 4, 0};
+    EXPECT_EQ(t.encode("\u2135\u2135xy\u2135A"), expected);
+  }
+}
+
 TEST(Tokenizer, BertWordPieceGivesTokenizersIds) {
   // A WordPiece tokenizer trained for the BERT fixture, and all-MiniLM-L6-v2's when fetched.
   expect_cases(io::Tokenizer::from_folder(kFixtures + "/bert-tiny"), kFixtures + "/bert-tiny/tokenizer_cases.json");
@@ -99,6 +135,31 @@ TEST(Tokenizer, UnreadableFilesNameTheProblem) {
     EXPECT_NE(std::string(e.what()).find("t.json: the pattern (["), std::string::npos) << e.what();
   }
   EXPECT_THROW(io::Tokenizer::from_json("{", "t.json"), IoError);
+  for (const auto& [part, named] : std::vector<std::pair<std::string, std::string>>{
+           {R"("normalizer": {"type": "NFKC"})", "normalizer \"NFKC\" is not read yet"},
+           {R"("decoder": {"type": "CTC"})", "decoder \"CTC\" is not read yet"},
+           {R"("decoder": {"type": "Sequence", "decoders": [{"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 0, "stop": 1}]})",
+            "a Strip decoder with stop after Fuse is not read yet"},
+           {R"("pre_tokenizer": {"type": "Metaspace", "replacement": "_", "prepend_scheme": "sometimes"})",
+            "Metaspace prepend_scheme \"sometimes\" is not read"}}) {
+    try {
+      io::Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, )" + part + "}", "t.json");
+      ADD_FAILURE() << part << " was read";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("t.json: " + named), std::string::npos) << e.what();
+    }
+  }
+  // A folder with only SentencePiece's own file says how to get a tokenizer.json.
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "only_tokenizer_model";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.model") << "not read";
+  try {
+    io::Tokenizer::from_folder(dir.string());
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.model"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("save_pretrained"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Tokenizer, StreamHoldsBytesOfAnIncompleteCharacter) {
