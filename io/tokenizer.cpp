@@ -4,6 +4,7 @@
 // vocabulary entries first; then the post-processor's special tokens.
 #include "io/tokenizer.hpp"
 
+#include <sentencepiece_processor.h>
 #include <unicode/locid.h>
 #include <unicode/normalizer2.h>
 #include <unicode/regex.h>
@@ -298,6 +299,17 @@ struct Tokenizer::Impl {
     std::size_t start = 0, stop = 0;  // strip: at most this many from the start and from the end
   };
   std::vector<DecodeStep> decoder;
+  // SentencePiece's own model (tokenizer.model): it encodes each text between added tokens.
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sentencepiece;
+
+  /// The decoder transformers gives a converted SentencePiece model: "▁" as a space, byte tokens
+  /// as their bytes, the text's first space dropped.
+  void sentencepiece_decoder() {
+    decoder = {{DecodeStep::replace, "\u2581", " ", 0, 0},
+               {DecodeStep::byte_fallback, "", "", 0, 0},
+               {DecodeStep::fuse, "", "", 0, 0},
+               {DecodeStep::strip, " ", "", 1, 0}};
+  }
   // Added tokens, longest first (matched before anything else), and which ids are special.
   std::vector<std::pair<std::string, std::int32_t>> added;
   std::vector<bool> special;
@@ -479,6 +491,12 @@ struct Tokenizer::Impl {
 
   /// The ids of `raw`, a text between added tokens; `at_start` where it starts the input.
   void encode_text(const std::string& raw, std::vector<std::int32_t>& ids, bool at_start) const {
+    if (sentencepiece) {
+      std::vector<int> out;
+      if (const auto status = sentencepiece->Encode(raw, &out); !status.ok()) throw IoError(what + ": " + status.ToString());
+      ids.insert(ids.end(), out.begin(), out.end());
+      return;
+    }
     std::string text = raw;
     for (const Normalizer& n : normalizers) {
       if (n.bert) text = n.bert->apply(text);
@@ -715,12 +733,8 @@ Tokenizer Tokenizer::from_folder(const std::string& dir) {
   if (fs::exists(json_path)) return from_json(read_file(json_path.string()), json_path.string());
   const fs::path vocab = fs::path(dir) / "vocab.json", merges = fs::path(dir) / "merges.txt";
   if (!fs::exists(vocab) || !fs::exists(merges)) {
-    if (fs::exists(fs::path(dir) / "tokenizer.model"))
-      throw IoError(dir +
-                    ": only tokenizer.model, SentencePiece's own format, which is not read: transformers writes the tokenizer.json that is "
-                    "(python -c \"from transformers import AutoTokenizer as T; T.from_pretrained('" +
-                    dir + "').save_pretrained('" + dir + "')\")");
-    throw IoError(dir + ": no tokenizer.json, nor vocab.json and merges.txt");
+    if (fs::exists(fs::path(dir) / "tokenizer.model")) return from_sentencepiece((fs::path(dir) / "tokenizer.model").string());
+    throw IoError(dir + ": no tokenizer.json, tokenizer.model, nor vocab.json and merges.txt");
   }
   // GPT-2's files as a tokenizer.json: byte-level BPE, <|endoftext|> special where the vocabulary has it.
   json j;
@@ -747,6 +761,43 @@ Tokenizer Tokenizer::from_folder(const std::string& dir) {
   if (vocab_json.is_object() && vocab_json.contains("<|endoftext|>"))
     j["added_tokens"] = json::array({{{"id", vocab_json["<|endoftext|>"]}, {"content", "<|endoftext|>"}, {"special", true}}});
   return from_json(j.dump(), vocab.string());
+}
+
+Tokenizer Tokenizer::from_sentencepiece(const std::string& path) {
+  auto t = std::make_unique<Impl>();
+  t->what = path;
+  auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  if (!std::filesystem::is_regular_file(path)) throw IoError(path + ": cannot open (not a file)");
+  if (const auto status = sp->Load(path); !status.ok()) throw IoError(path + ": not a SentencePiece model (" + status.ToString() + ")");
+  for (int id = 0; id < sp->GetPieceSize(); ++id) {
+    const std::string piece = sp->IdToPiece(id);
+    t->set_token(id, piece);
+    t->vocab.emplace(piece, id);
+    // <s>, </s> and <unk> are special, and found in a text before it is encoded, as transformers does.
+    if (sp->IsControl(id) || sp->IsUnknown(id)) {
+      t->special[static_cast<std::size_t>(id)] = true;
+      t->added.emplace_back(piece, id);
+    }
+  }
+  if (sp->unk_id() >= 0) t->unk = sp->unk_id();
+  // <s> before the text and no </s> after it, unless the folder's tokenizer_config.json says otherwise.
+  bool add_bos = true, add_eos = false;
+  const std::filesystem::path config = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  if (std::filesystem::exists(config)) {
+    try {
+      const json c = json::parse(read_file(config.string()));
+      if (c.contains("add_bos_token") && c["add_bos_token"].is_boolean()) add_bos = c["add_bos_token"].get<bool>();
+      if (c.contains("add_eos_token") && c["add_eos_token"].is_boolean()) add_eos = c["add_eos_token"].get<bool>();
+    } catch (const json::exception& e) {
+      throw IoError(config.string() + ": not valid JSON (" + std::string(e.what()) + ")");
+    }
+  }
+  if (add_bos && sp->bos_id() >= 0) t->prefix = {sp->bos_id()};
+  if (add_eos && sp->eos_id() >= 0) t->suffix = {sp->eos_id()};
+  t->sentencepiece_decoder();
+  t->sentencepiece = std::move(sp);
+  t->finish();
+  return Tokenizer(std::move(t));
 }
 
 std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {

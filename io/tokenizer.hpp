@@ -1,8 +1,10 @@
 // Tokenizers as Hugging Face `tokenizers` writes them (tokenizer.json): text to token ids and
 // back, with the ids `tokenizers` gives. Byte-level BPE (GPT-2, Llama 3: ByteLevel and Split
 // pre-tokenizers, merges, ignore_merges, added and special tokens, TemplateProcessing), read from
-// tokenizer.json or from GPT-2's vocab.json and merges.txt; and WordPiece (BERT: BertNormalizer,
-// BertPreTokenizer, ## continuations). Pre-tokenizer patterns run on ICU's regular expressions
+// tokenizer.json or from GPT-2's vocab.json and merges.txt; SentencePiece's BPE as transformers
+// converts it (Llama 2, Mistral: byte fallback, Metaspace or Prepend and Replace, its decoder),
+// or SentencePiece's own tokenizer.model through libsentencepiece; and WordPiece (BERT:
+// BertNormalizer, BertPreTokenizer, ## continuations). Pre-tokenizer patterns run on ICU's regular expressions
 // (Unicode properties and look-ahead, as tokenizers' Oniguruma); what a file asks for that is not
 // read is an error naming it, never other ids.
 #pragma once
@@ -21,10 +23,16 @@ namespace qkv::io {
 class Tokenizer {
  public:
   /// The tokenizer of a model folder: tokenizer.json, else vocab.json + merges.txt (GPT-2's
-  /// files). Throws IoError naming the file and what is wrong.
+  /// files), else tokenizer.model (SentencePiece's). Throws IoError naming the file and what is
+  /// wrong.
   static Tokenizer from_folder(const std::string& dir);
   /// From tokenizer.json's text; `what` names it in errors.
   static Tokenizer from_json(const std::string& json, const std::string& what);
+  /// From SentencePiece's own tokenizer.model (read by libsentencepiece): the ids sentencepiece
+  /// gives each text between special tokens, <s> before them (unless the folder's
+  /// tokenizer_config.json sets add_bos_token false; add_eos_token adds </s>), decoded as
+  /// transformers decodes a converted model.
+  static Tokenizer from_sentencepiece(const std::string& model_path);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -6,7 +6,7 @@ packages=(
   libopenblas-dev
   libvulkan-dev vulkan-tools mesa-vulkan-drivers vulkan-validationlayers
   glslc libshaderc-dev spirv-tools
-  libcli11-dev nlohmann-json3-dev libpng-dev libboost-dev libicu-dev
+  libcli11-dev nlohmann-json3-dev libpng-dev libboost-dev libicu-dev libsentencepiece-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   libopenmpi-dev openmpi-bin

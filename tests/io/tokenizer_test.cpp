@@ -86,6 +86,20 @@ TEST(Tokenizer, SentencePieceByteFallbackBpeGivesTokenizersIds) {
 // A character with neither a token nor byte tokens is unk; fuse_unk makes a run of them one, and
 // an unk waits for the next character in the vocabulary, so byte tokens before that come first
 // (ids from tokenizers 0.23.3 on this vocabulary).
+// SentencePiece's own tokenizer.model, read by libsentencepiece: sentencepiece's ids (a run of
+// spaces split as SentencePiece splits it, not as the BPE transformers converts it to); and that
+// conversion, a tokenizer.json with a Metaspace that always prepends, with transformers' ids.
+TEST(Tokenizer, SentencePieceModelFileGivesSentencePieceIds) {
+  const std::string dir = kFixtures + "/tokenizers/sentencepiece-model";
+  const io::Tokenizer t = io::Tokenizer::from_folder(dir);
+  expect_cases(t, dir + "/cases.json", 14);
+  EXPECT_EQ(t.token_id("<s>"), 1);
+  EXPECT_TRUE(t.is_special(1));
+  EXPECT_EQ(t.decode(t.encode("x\u2135 y"), true), "x\u2135 y");
+  expect_cases(io::Tokenizer::from_folder(kFixtures + "/tokenizers/sentencepiece-converted"),
+               kFixtures + "/tokenizers/sentencepiece-converted/cases.json", 14);
+}
+
 TEST(Tokenizer, UnknownCharactersFuseAndWaitAsTokenizersDoes) {
   for (const bool fuse : {true, false}) {
     const std::string json = R"({"model": {"type": "BPE", "vocab": {"<unk>": 0, "x": 1, "y": 2, "xy": 3, "<0x41>": 4},
@@ -149,16 +163,15 @@ TEST(Tokenizer, UnreadableFilesNameTheProblem) {
       EXPECT_NE(std::string(e.what()).find("t.json: " + named), std::string::npos) << e.what();
     }
   }
-  // A folder with only SentencePiece's own file says how to get a tokenizer.json.
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "only_tokenizer_model";
+  // A tokenizer.model that is not one.
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "bad_tokenizer_model";
   std::filesystem::create_directories(dir);
-  std::ofstream(dir / "tokenizer.model") << "not read";
+  std::ofstream(dir / "tokenizer.model") << "not a model";
   try {
     io::Tokenizer::from_folder(dir.string());
     FAIL();
   } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("tokenizer.model"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("save_pretrained"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find((dir / "tokenizer.model").string() + ": not a SentencePiece model"), std::string::npos) << e.what();
   }
 }
 
