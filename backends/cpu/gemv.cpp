@@ -43,6 +43,15 @@ using u32x8 = std::uint32_t __attribute__((vector_size(32)));
 using u32x16 = std::uint32_t __attribute__((vector_size(64)));
 template <class V> [[gnu::always_inline]] inline V load_as_f32(const BFloat16* p) {
   constexpr bool wide16 = Lanes<V>::n == 16;
+#if defined(__x86_64__)
+  if constexpr (wide16) {
+    // One zero-extending load to 16 lanes and a shift: GCC 12 builds the conversion below from two
+    // 8-lane halves and an insert, which left a bf16 product at 13 GB/s where f32's reads 19.7.
+    V v;
+    asm("vpmovzxwd %1, %0\n\tvpslld $16, %0, %0" : "=v"(v) : "m"(*reinterpret_cast<const std::uint16_t(*)[16]>(p)));
+    return v;
+  }
+#endif
   using U16 = std::conditional_t<wide16, u16x16, u16x8>;
   using U32 = std::conditional_t<wide16, u32x16, u32x8>;
   U16 bits;
@@ -89,6 +98,11 @@ template <bool Widen, class T, int C>
   }
 }
 
+/// Elements ahead of the one read that a stream of B in 16 bits asks the cache for (0: none).
+/// Hardware prefetching alone left a bf16 product reading 15 GB/s where an f32 one read 20 on a
+/// 2-core Xeon: half the bytes per element, half the lines in flight. 512 bytes ahead: 19-22.
+template <class T> constexpr std::int64_t kPrefetchDistance = std::is_same_v<T, BFloat16> || std::is_same_v<T, Half> ? 256 : 0;
+
 /// B stored transposed, [n, k]: out[r, c] is a dot product of x's row r with B's row c, both
 /// contiguous. C rows of B at a time, each read once for all R rows of x. T: B's elements as
 /// read (Widen: runs of an f16 B converted into `buffer` first, read as float).
@@ -107,6 +121,8 @@ template <class V, int R, int C, class T, bool Widen>
     std::int64_t i = 0;
     for (; i + L <= len; i += L) {
       V w[C];
+      if constexpr (kPrefetchDistance < T >> 0)
+        for (int j = 0; j < C; ++j) __builtin_prefetch(row[j] + i + kPrefetchDistance<T>);
       for (int j = 0; j < C; ++j) w[j] = load_as_f32<V>(row[j] + i);
       for (int r = 0; r < R; ++r) {
         const V xv = load<V>(x + r * k + k0 + i);
@@ -178,6 +194,8 @@ template <class V, int R, int J, class T, bool Widen>
     std::int64_t i = 0;
     for (; i + L <= len; i += L) {
       V wv[J];
+      if constexpr (kPrefetchDistance < T >> 0)
+        for (int q = 0; q < J; ++q) __builtin_prefetch(w[q] + i + kPrefetchDistance<T>);
       for (int q = 0; q < J; ++q) wv[q] = load_as_f32<V>(w[q] + i);
       for (int r = 0; r < R; ++r) {
         float* o = partial + r * n + c0 + i;
