@@ -3,6 +3,7 @@
 #include "backends/cpu/attention.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -103,6 +104,40 @@ Transposed transposed(const float* x, std::int64_t cols, std::int64_t d, int slo
   return {buf.data(), ld};
 }
 
+/// Whether the values of a forward attention are finite, key tile by key tile, each tile checked
+/// once, when a skip first needs it: leaving masked keys out is exact only while their values are
+/// finite (softmax weights @ v multiplies a masked key's value by a weight of 0, and 0 * NaN is
+/// NaN). A decode step against a long cache thereby reads the few values it leaves out, not the
+/// whole cache's values again.
+class FiniteValues {
+ public:
+  FiniteValues(const ConstView& v, const ir::Shape& batch, const Strides& strides, std::int64_t m, std::int64_t dv, std::int64_t batches)
+      : v_(v), batch_(batch), strides_(strides), m_(m), dv_(dv), tiles_((m + kKeyBlock - 1) / kKeyBlock),
+        state_(static_cast<std::size_t>(batches * tiles_)) {}
+
+  /// Whether batch entry b's values of keys [j0, j1) are all finite (checked a tile at a time).
+  bool rows(std::int64_t b, std::int64_t j0, std::int64_t j1) const {
+    for (std::int64_t t = j0 / kKeyBlock; t * kKeyBlock < j1; ++t) {
+      std::atomic<std::uint8_t>& known = state_[static_cast<std::size_t>(b * tiles_ + t)];
+      std::uint8_t k = known.load(std::memory_order_relaxed);  // 0: not checked, 1: finite, 2: not
+      if (k == 0) {
+        const std::int64_t first = t * kKeyBlock, count = std::min(kKeyBlock, m_ - first);
+        k = all_finite(v_, offset_at(b, batch_, strides_) + first * dv_, count * dv_) ? 1 : 2;
+        known.store(k, std::memory_order_relaxed);  // tasks that check it at once find the same
+      }
+      if (k == 2) return false;
+    }
+    return true;
+  }
+
+ private:
+  const ConstView& v_;
+  const ir::Shape& batch_;
+  const Strides& strides_;
+  std::int64_t m_, dv_, tiles_;
+  mutable std::vector<std::atomic<std::uint8_t>> state_;
+};
+
 /// The masked scores of one attention, tile by tile, over the batch dims `batch` of the
 /// kernel's output.
 class Scores {
@@ -196,11 +231,13 @@ class Scores {
   /// masked zeros would meet are finite), every key otherwise. Counts the scores; f may return
   /// how many of the tile's it left out itself (each_slice).
   template <class F> void each_key_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, bool skip, F f) const {
-    const auto [begin, end] = skip ? keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m_};
+    auto [begin, end] = skip ? keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m_};
+    if (!may_leave_out(b, 0, begin)) begin = 0;
+    if (!may_leave_out(b, end, m_)) end = m_;
     std::int64_t computed = 0;
     for (std::int64_t j0 = begin; j0 < end; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, end - j0);
-      if (skip && tile_masked(b, i0, rows, j0, cols)) continue;
+      if (skip && tile_masked(b, i0, rows, j0, cols) && may_leave_out(b, j0, j0 + cols)) continue;
       computed += rows * cols;
       if constexpr (std::is_void_v<decltype(f(j0, cols))>) f(j0, cols);
       else computed -= f(j0, cols);
@@ -222,7 +259,7 @@ class Scores {
     auto kept = [&](std::int64_t r) { return std::clamp<std::int64_t>(i0 + r + shift_ - j0 + 1, 0, cols); };  // keys row r keeps
     const bool diagonal = skip && a_.causal && kept(0) < cols;
     const bool boundary = skip && !a_.causal && a_.mod && a_.mod->may_mask_within(b, i0, rows, j0, cols);
-    if (!diagonal && !boundary) {
+    if ((!diagonal && !boundary) || !may_leave_out(b, j0, j0 + cols)) {
       f(0, rows, std::int64_t{0}, cols);
       return 0;
     }
@@ -259,6 +296,12 @@ class Scores {
     }
     count_tiles(cols * n_, computed);
   }
+
+  /// Checks the values of the keys a skip leaves out (the forward's; the backward checks its
+  /// operands whole, before it decides to skip).
+  void check_values(const FiniteValues* finite) { finite_ = finite; }
+  /// Whether keys [j0, j1) of batch entry b may be left out where masked.
+  bool may_leave_out(std::int64_t b, std::int64_t j0, std::int64_t j1) const { return j0 >= j1 || !finite_ || finite_->rows(b, j0, j1); }
 
   /// Whether blocks may be skipped: causality, a keep-mask laid out along the keys or the queries
   /// only (padding), or a modifier that can mask whole tiles.
@@ -317,6 +360,7 @@ class Scores {
   std::int64_t shift_;
   std::uint32_t threshold_ = ir::dropout_threshold(a_.dropout);
   float keep_ = static_cast<float>(ir::dropout_keep_value(a_.dropout));
+  const FiniteValues* finite_ = nullptr;
 };
 
 /// row[j] *= z[j] for j < n: the cpu's own mul row kernel.
@@ -398,18 +442,16 @@ bool backward_may_skip(const Scores& sc, std::int64_t b, const ConstView& v, std
 
 void attention(const AttentionArgs& a) {
   const ir::Shape& os = a.out.shape;
-  const Scores sc(a.s, batch_of(os));
+  Scores sc(a.s, batch_of(os));
   const std::int64_t n = sc.n(), dv = os.back(0), m = sc.m();
   const std::int64_t batches = sc.batches();
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dv);
   const std::int64_t qb = kQueryBlock, blocks = blocks_of(n, qb);
-  // Skipping key blocks that causality or the window masks is exact only while those keys'
-  // values are finite: the meaning (softmax weights @ v) multiplies a masked key's value by a
-  // weight of 0, and 0 * NaN or 0 * inf is NaN. A batch whose v holds one processes every block.
-  std::vector<std::uint8_t> finite_v(static_cast<std::size_t>(batches), 1);
-  if (sc.may_skip())
-    ThreadPool::global().parallel_for(
-        batches, [&](std::int64_t b) { finite_v[static_cast<std::size_t>(b)] = all_finite(a.v, offset_at(b, sc.batch(), vs), m * dv); });
+  // Masked keys are left out where their values are finite (FiniteValues): a key tile whose
+  // values hold a NaN or an infinity is computed, its zero weights meeting them as the meaning does.
+  const FiniteValues finite(a.v, sc.batch(), vs, m, dv, batches);
+  sc.check_values(&finite);
+  const bool skip = sc.may_skip();
 
   ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
     thread_local std::vector<float> s_buf, m_buf, l_buf, o_buf;
@@ -423,7 +465,6 @@ void attention(const AttentionArgs& a) {
     m_buf.assign(static_cast<std::size_t>(rows), kNegInf);
     l_buf.assign(static_cast<std::size_t>(rows), 0.0f);
     std::fill_n(o, rows * dv, 0.0f);
-    const bool skip = finite_v[static_cast<std::size_t>(b)] != 0;
     sc.each_key_tile(b, i0, rows, skip, [&](std::int64_t j0, std::int64_t cols) {
       const Transposed kt = sc.keys(b, j0, cols);
       // The tile whole, or in slices along a mask's boundary: rows [r0, r1) over keys

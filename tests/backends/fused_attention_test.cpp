@@ -454,8 +454,8 @@ std::vector<std::pair<std::string, ir::Graph>> prefix_and_padding_models() {
 /// tokens at N = 512 leave half the forward's tiles (256 queries x 256 keys) per head, and the
 /// tiles on the diagonal run as 16-row slices over their own document's keys, so 3/4 of the
 /// scores are skipped; causality written as a mask_mod skips the tiles above the diagonal and
-/// most of the triangle in the tiles on it. A NaN in v behind a skipped tile still gives NaN, as
-/// the meaning does.
+/// most of the triangle in the tiles on it. A NaN in v behind a masked tile still gives NaN, as
+/// the meaning does: that key tile is computed.
 TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
   const std::int64_t n = 512;
   auto documents = [&](backend::TensorMap& in) { pack_documents(in, n); };
@@ -474,13 +474,15 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
     testing::expect_equivalent(forward, in, "cpu");
     // A NaN in head 0's key 300 (document 2; q, k and v are one tensor) meets the queries of
     // the other documents only through a masked zero: the meaning gives NaN there, and the
-    // kernel does not skip that head's tiles (head 1 still skips its 3/4).
+    // kernel leaves out no masked key of the key tile that holds it (keys 256 to 511) in that
+    // head. Head 0 still skips the other masked tile (queries 256-511 x keys 0-255) and half of
+    // the diagonal tile of keys 0-255, 3/8 of its scores; head 1 its 3/4.
     in.at("q").data<float>()[300 * 16 + 2] = std::numeric_limits<float>::quiet_NaN();
     testing::expect_equivalent(forward, in, "cpu");
     EXPECT_TRUE(std::isnan(exe->run(in).at("out").at(2)));
-    EXPECT_EQ(exe->tile_counts()[0].skipped, n * n * 3 / 4);
-    // Head 0 computes whole tiles, each across documents, with their masks; head 1 as before.
-    EXPECT_EQ(exe->tile_counts()[0].unmasked, n * n / 4);
+    EXPECT_EQ(exe->tile_counts()[0].skipped, n * n * 3 / 8 + n * n * 3 / 4);
+    // Head 0's slices of keys 0-255 and head 1's lie inside one document; the rest is masked.
+    EXPECT_EQ(exe->tile_counts()[0].unmasked, n * n / 8 + n * n / 4);
   }
   // Forward and backward: every kernel skips.
   ir::Graph g = ir::build_backward(forward, {"", {"q"}, {"out"}});
