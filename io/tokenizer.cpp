@@ -627,6 +627,7 @@ namespace {
 void add_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& what) {
   const std::string type = type_of(p);
   if (t.byte_level) throw IoError(what + ": a pre-tokenizer after ByteLevel is not read");
+  if (t.metaspace) throw IoError(what + ": a pre-tokenizer after Metaspace is not read");
   if (type == "Sequence") {
     for (const json& q : p.at("pretokenizers")) add_pre_tokenizer(t, q, what);
   } else if (type == "BertPreTokenizer") {
