@@ -100,6 +100,9 @@ class ExecutableSkeleton : public Executable {
     gather_inputs(graph_, input_ids_, inputs, state_, tensors_);
     value_checks_.check(tensors_);
     if (!signature_.matches(tensors_)) {
+      // A plan that throws (a ResourceError for shapes that do not fit) may have released the
+      // last one: until one succeeds, every run plans again, the last shapes' too.
+      signature_.invalidate();
       plan();
       signature_.record(tensors_);
     }

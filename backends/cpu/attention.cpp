@@ -107,8 +107,8 @@ Transposed transposed(const float* x, std::int64_t cols, std::int64_t d, int slo
 /// Whether the values of a forward attention are finite, key tile by key tile, each tile checked
 /// once, when a skip first needs it: leaving masked keys out is exact only while their values are
 /// finite (softmax weights @ v multiplies a masked key's value by a weight of 0, and 0 * NaN is
-/// NaN). A decode step against a long cache thereby reads the few values it leaves out, not the
-/// whole cache's values again.
+/// NaN). A decode step thereby reads the values of the tiles it leaves out (the slots of a cache
+/// sized for the longest sequence that are not written yet), not every value of the cache again.
 class FiniteValues {
  public:
   FiniteValues(const ConstView& v, const ir::Shape& batch, const Strides& strides, std::int64_t m, std::int64_t dv, std::int64_t batches)

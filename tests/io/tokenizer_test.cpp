@@ -83,9 +83,6 @@ TEST(Tokenizer, SentencePieceByteFallbackBpeGivesTokenizersIds) {
   }
 }
 
-// A character with neither a token nor byte tokens is unk; fuse_unk makes a run of them one, and
-// an unk waits for the next character in the vocabulary, so byte tokens before that come first
-// (ids from tokenizers 0.23.3 on this vocabulary).
 // SentencePiece's own tokenizer.model, read by libsentencepiece: sentencepiece's ids (a run of
 // spaces split as SentencePiece splits it, not as the BPE transformers converts it to); and that
 // conversion, a tokenizer.json with a Metaspace that always prepends, with transformers' ids.
@@ -100,6 +97,9 @@ TEST(Tokenizer, SentencePieceModelFileGivesSentencePieceIds) {
                kFixtures + "/tokenizers/sentencepiece-converted/cases.json", 14);
 }
 
+// A character with neither a token nor byte tokens is unk; fuse_unk makes a run of them one, and
+// an unk waits for the next character in the vocabulary, so byte tokens before that come first
+// (ids from tokenizers 0.23.3 on this vocabulary).
 TEST(Tokenizer, UnknownCharactersFuseAndWaitAsTokenizersDoes) {
   for (const bool fuse : {true, false}) {
     const std::string json = R"({"model": {"type": "BPE", "vocab": {"<unk>": 0, "x": 1, "y": 2, "xy": 3, "<0x41>": 4},

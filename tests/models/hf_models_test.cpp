@@ -79,6 +79,7 @@ TEST(Llama, NestedConfigKeysAndListElementsAreNamedByTheirPath) {
     return models::read_config<models::LlamaConfig>(models::JsonDocument::parse(base + rest, "x/config.json").root(), "x/config.json");
   };
   const models::LlamaConfig c = read(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8}, "eos_token_id": [1, 2]})");
+  ASSERT_TRUE(c.rope_scaling);
   EXPECT_EQ(c.rope_scaling->factor, 8.0);  // an integer where a number is meant
   EXPECT_EQ(c.eos_token_id, (std::vector<std::int64_t>{1, 2}));
   EXPECT_EQ(read(R"(, "eos_token_id": 7})").eos_token_id, (std::vector<std::int64_t>{7}));  // one id where a list is meant
