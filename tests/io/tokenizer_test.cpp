@@ -65,9 +65,10 @@ TEST(Tokenizer, Llama3StyleSplitIgnoreMergesAndTemplate) {
 // SentencePiece's BPE as transformers converts it (Llama 2, Mistral, TinyLlama): "▁" for spaces
 // and before the text, characters outside the vocabulary as byte tokens, <s> from the template;
 // in the layout with a Prepend and Replace normalizer, and in the one with a Metaspace
-// pre-tokenizer that prepends only where the text starts the input ("<s>Hello" has no "▁").
+// pre-tokenizer that prepends only where the text starts the input ("<s>Hello" has no "▁"),
+// whole or split before each "▁" (split=true: no merge crosses a word).
 TEST(Tokenizer, SentencePieceByteFallbackBpeGivesTokenizersIds) {
-  for (const char* layout : {"llama2", "metaspace"}) {
+  for (const char* layout : {"llama2", "metaspace", "metaspace-split"}) {
     SCOPED_TRACE(layout);
     const std::string dir = kFixtures + "/tokenizers/sentencepiece-" + layout;
     const io::Tokenizer t = io::Tokenizer::from_folder(dir);
