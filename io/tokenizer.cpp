@@ -332,6 +332,12 @@ struct Tokenizer::Impl {
     tokens[static_cast<std::size_t>(id)] = token;
   }
 
+  /// Token `id`'s string; a UsageError outside the vocabulary.
+  const std::string& token(std::int32_t id) const {
+    if (id < 0 || static_cast<std::size_t>(id) >= tokens.size()) throw UsageError("token id " + std::to_string(id) + " is outside the vocabulary");
+    return tokens[static_cast<std::size_t>(id)];
+  }
+
   void finish() {
     for (int b = 0; b < 256; ++b) from_cp[to_cp[b]] = static_cast<unsigned char>(b);
     std::stable_sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
@@ -829,11 +835,9 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_spec
 }
 
 std::string Tokenizer::token_bytes(std::int32_t id) const {
-  if (id < 0 || static_cast<std::size_t>(id) >= impl_->tokens.size())
-    throw UsageError("token id " + std::to_string(id) + " is outside the vocabulary");
-  const std::string& token = impl_->tokens[static_cast<std::size_t>(id)];
-  const bool added = std::any_of(impl_->added.begin(), impl_->added.end(), [&](const auto& a) { return a.second == id; });
   if (!impl_->decoder.empty()) return piece(id, false);
+  const std::string& token = impl_->token(id);
+  const bool added = std::any_of(impl_->added.begin(), impl_->added.end(), [&](const auto& a) { return a.second == id; });
   if (!impl_->byte_level || added) return token;
   std::string bytes;
   for (const std::string& c : utf8_chars(token)) {
@@ -866,12 +870,10 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_sp
 
 std::string Tokenizer::piece(std::int32_t id, bool first) const {
   if (!impl_->decoder.empty()) {
-    if (id < 0 || static_cast<std::size_t>(id) >= impl_->tokens.size())
-      throw UsageError("token id " + std::to_string(id) + " is outside the vocabulary");
     // tokenizers' decode_chain, one token at a time: after Fuse a step sees the whole text, of
     // which this token is the start when it is the first.
     using Step = Impl::DecodeStep;
-    std::string s = impl_->tokens[static_cast<std::size_t>(id)];
+    std::string s = impl_->token(id);
     bool fused = false;
     for (const Step& step : impl_->decoder) {
       switch (step.kind) {

@@ -79,6 +79,8 @@ TEST(Tokenizer, SentencePieceByteFallbackBpeGivesTokenizersIds) {
     const std::vector<std::int32_t> bytes(ids.end() - 3, ids.end());
     EXPECT_EQ(bytes, (std::vector<std::int32_t>{*t.token_id("<0xE2>"), *t.token_id("<0x84>"), *t.token_id("<0xB5>")}));
     EXPECT_EQ(t.token_bytes(bytes[0]), "\xE2");
+    EXPECT_THROW(t.piece(static_cast<std::int32_t>(t.vocab_size()), false), UsageError);  // an id past the vocabulary
+    EXPECT_THROW(t.token_bytes(-1), UsageError);
     EXPECT_EQ(t.decode(ids), "x\u2135");
     EXPECT_EQ(t.decode(t.encode("Hello world"), true), "Hello world");  // <s> skipped, the leading space stripped
   }
