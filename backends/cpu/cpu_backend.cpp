@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "backends/cpu/attention.hpp"
+#include "backends/cpu/gemm.hpp"
 #include "backends/cpu/isa.hpp"
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/thread_pool.hpp"
@@ -566,8 +567,9 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   std::string device() const override {
-    return "host CPU, qkv's vector kernels " + std::string(cpu::isa_name(cpu::host_isa())) + ", " + std::string(openblas_get_config()) + ", " +
-           std::to_string(cpu::ThreadPool::global().size()) + " threads (OpenBLAS on 1, qkv's pool owns the cores)";
+    return "host CPU, qkv's vector kernels " + std::string(cpu::isa_name(cpu::host_isa())) + ", matmul by " + cpu::gemm_kernel_name() + ", " +
+           std::string(openblas_get_config()) + ", " + std::to_string(cpu::ThreadPool::global().size()) +
+           " threads (OpenBLAS on 1, qkv's pool owns the cores)";
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
@@ -587,7 +589,7 @@ class CpuBackend final : public Backend {
       case Op::cast:
         if (storage_of(g).view[static_cast<std::size_t>(v)]) return "(view of its operand, widened where read)";
         return "loop";
-      case Op::matmul: return "sgemm";
+      case Op::matmul: return std::string(cpu::gemm_kernel_name()) + " (up to 4 rows: one pass over B)";
       case Op::attention:
       case Op::masked_attention: return "fused attention (online softmax)";
       // The modifier is named: explain says what was fused.

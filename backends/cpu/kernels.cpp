@@ -1,13 +1,13 @@
-// CPU kernels: contiguous inner loops the compiler vectorises, sgemm for matmul.
+// CPU kernels: contiguous inner loops the compiler vectorises, gemm.hpp's GEMM for matmul.
 #include "backends/cpu/kernels.hpp"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
+#include "backends/cpu/gemm.hpp"
 #include "backends/cpu/gemv.hpp"
 #include "backends/cpu/isa.hpp"
 #include "backends/cpu/thread_pool.hpp"
@@ -277,7 +277,6 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
     }
     return std::pair{oa, ob};
   };
-  ThreadPool& pool = ThreadPool::global();
   // Few rows (decode steps): bound by reading B, which few_rows_product streams once.
   if (!ta && d.m >= 1 && d.m <= kFewRows) {
     for (std::int64_t bt = 0; bt < d.batch; ++bt) {
@@ -286,59 +285,14 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
     }
     return;
   }
-  // A half B with more rows: column blocks of it widened into each thread's buffer, each block's
-  // product by sgemm (B is never widened whole).
-  if (b.stored != DType::f32) {
-    constexpr std::int64_t kColumns = 256;
-    const std::int64_t blocks = (d.n + kColumns - 1) / kColumns;
-    return pool.parallel_for(d.batch * blocks, [&](std::int64_t t) {
-      const std::int64_t bt = t / blocks, c0 = (t % blocks) * kColumns, c = std::min(kColumns, d.n - c0);
-      const auto [oa, ob] = batch_offsets(bt);
-      thread_local std::vector<float> block;
-      if (block.size() < static_cast<std::size_t>(c * d.k)) block.resize(static_cast<std::size_t>(c * d.k));
-      const ConstView whole{nullptr, {}, b.half, b.stored};
-      const std::int64_t first = ob * d.k * d.n;
-      if (tb) widen(whole, first + c0 * d.k, c * d.k, block.data());  // rows [c0, c0 + c) of [n, k]: contiguous
-      else
-        for (std::int64_t j = 0; j < d.k; ++j) widen(whole, first + j * d.n + c0, c, block.data() + j * c);
-      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(d.m), static_cast<int>(c),
-                  static_cast<int>(d.k), 1.0f, a.data + oa * d.m * d.k, static_cast<int>(ta ? d.m : d.k), block.data(),
-                  static_cast<int>(tb ? d.k : c), 0.0f, out.data + bt * d.m * d.n + c0, static_cast<int>(d.n));
-    });
-  }
-  // Tasks: each batch's product, its rows split into chunks when there are fewer batches than
-  // threads to keep busy, or, with few rows, its columns. Small products run inline.
-  const bool small = d.m * d.n * d.k < (1 << 15);
-  std::int64_t chunks = 1, column_chunks = 1;
-  if (!small && d.batch < 2 * pool.size() && d.m >= 32) chunks = std::min<std::int64_t>(2 * pool.size(), d.m / 16);
-  else if (!small && d.batch < 2 * pool.size() && d.n >= 256) column_chunks = std::min<std::int64_t>(2 * pool.size(), d.n / 128);
-  if (column_chunks > 1) {
-    const std::int64_t cols = ((d.n + column_chunks - 1) / column_chunks + 15) / 16 * 16;
-    return pool.parallel_for(d.batch * column_chunks, [&](std::int64_t t) {
-      const std::int64_t bt = t / column_chunks, c0 = (t % column_chunks) * cols, c = std::min(cols, d.n - c0);
-      if (c <= 0) return;
-      const auto [oa, ob] = batch_offsets(bt);
-      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(d.m), static_cast<int>(c),
-                  static_cast<int>(d.k), 1.0f, a.data + oa * d.m * d.k, static_cast<int>(ta ? d.m : d.k),
-                  b.data + ob * d.k * d.n + (tb ? c0 * d.k : c0), static_cast<int>(tb ? d.k : d.n), 0.0f, out.data + bt * d.m * d.n + c0,
-                  static_cast<int>(d.n));
-    });
-  }
-  const std::int64_t rows = (d.m + chunks - 1) / chunks;
-  auto task = [&](std::int64_t t) {
-    const std::int64_t bt = t / chunks, r0 = (t % chunks) * rows, r = std::min(rows, d.m - r0);
-    if (r <= 0) return;
+  // The rest: packed GEMM (a half B widened as it is packed, never whole).
+  const GemmShape shape{d.m, d.n, d.k, ta, tb, ta ? d.m : d.k, tb ? d.k : d.n, d.n, b.stored};
+  std::vector<GemmOperands> entries(static_cast<std::size_t>(d.batch));
+  for (std::int64_t bt = 0; bt < d.batch; ++bt) {
     const auto [oa, ob] = batch_offsets(bt);
-    const float* pa = a.data + oa * d.m * d.k + (ta ? r0 : r0 * d.k);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(r), static_cast<int>(d.n),
-                static_cast<int>(d.k), 1.0f, pa, static_cast<int>(ta ? d.m : d.k), b.data + ob * d.k * d.n, static_cast<int>(tb ? d.k : d.n), 0.0f,
-                out.data + bt * d.m * d.n + r0 * d.n, static_cast<int>(d.n));
-  };
-  if (small) {
-    for (std::int64_t t = 0; t < d.batch * chunks; ++t) task(t);
-  } else {
-    pool.parallel_for(d.batch * chunks, task);
+    entries[static_cast<std::size_t>(bt)] = {a.data + oa * d.m * d.k, b_at(ob * d.k * d.n), out.data + bt * d.m * d.n};
   }
+  gemm(shape, entries);
 }
 
 void permute(ConstView x, const std::array<std::int8_t, ir::kMaxRank>& perm, View out) {

@@ -48,7 +48,7 @@ void cache_write(ConstView cache, ConstView fresh, ConstView start, int axis, Vi
 /// out[i, :] = table[ids[i], :] (a zero row for ids outside the table); the table may be f16 or bf16.
 void embedding(ConstView ids, ConstView table, View out);
 /// b may be f16 or bf16 (a half checkpoint's weights): read as it is by few_rows_product, or
-/// widened block by block for sgemm.
+/// widened as gemm packs it.
 void matmul(ConstView a, ConstView b, bool transpose_a, bool transpose_b, View out);
 void permute(ConstView x, const std::array<std::int8_t, ir::kMaxRank>& perm, View out);
 void causal_mask(ir::CausalAlign align, std::int64_t window, View out);

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/cpu/gemm.hpp"
 #include "backends/cpu/gemv.hpp"
 #include "backends/cpu/isa.hpp"
 #include "backends/cpu/kernels.hpp"
@@ -210,6 +211,87 @@ TEST(CpuIsa, TileGemmIsTheProductOnEveryTail) {
                     << j;
               }
           }
+}
+
+TEST(CpuIsa, GemmIsTheProductInEveryLayoutDtypeAndTail) {
+  // The backend's packed GEMM: m and n leave every row and column tail of both register tiles
+  // (12 x 32 on AVX-512, 6 x 16 on AVX2) and split over threads; k = 0, one term, and more than
+  // one block of 256 terms; n past one packed panel of B (4096 columns); A and B each as stored or
+  // transposed, B in f32, f16 and bf16 (read as stored), a batch of entries with their own operands.
+  struct Dims {
+    std::int64_t m, n, k;
+  };
+  const Dims dims[] = {{1, 1, 1}, {5, 7, 0}, {6, 16, 3}, {13, 33, 17}, {25, 47, 300}, {40, 130, 513}, {7, 4100, 9}, {97, 65, 64}};
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (const DType stored : {DType::f32, DType::f16, DType::bf16})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const Dims& d : dims) {
+          const std::int64_t batch = 2;
+          // Leading dimensions wider than the matrices, so a stride mix-up reads other values.
+          const std::int64_t lda = (ta ? d.m : d.k) + 3, ldb = (tb ? d.k : d.n) + 5, ldc = d.n + 2;
+          const std::int64_t a_size = (ta ? d.k : d.m) * lda + 1, b_size = (tb ? d.n : d.k) * ldb + 1, c_size = d.m * ldc;
+          std::vector<float> a(static_cast<std::size_t>(batch * a_size)), b(static_cast<std::size_t>(batch * b_size));
+          for (float& v : a) v = uniform(rng);
+          for (float& v : b) v = uniform(rng);
+          std::vector<Half> b16(b.size());
+          std::vector<BFloat16> bb16(b.size());
+          to_half(b.data(), b16.data(), static_cast<std::int64_t>(b.size()));
+          to_bfloat16(b.data(), bb16.data(), static_cast<std::int64_t>(b.size()));
+          if (stored == DType::f16) to_float(b16.data(), b.data(), static_cast<std::int64_t>(b.size()));
+          if (stored == DType::bf16) to_float(bb16.data(), b.data(), static_cast<std::int64_t>(b.size()));
+          std::vector<float> c(static_cast<std::size_t>(batch * c_size), kNaN);
+          std::vector<GemmOperands> entries;
+          for (std::int64_t e = 0; e < batch; ++e) {
+            const std::size_t at = static_cast<std::size_t>(e * b_size);
+            const void* be = stored == DType::f32   ? static_cast<const void*>(b.data() + at)
+                             : stored == DType::f16 ? static_cast<const void*>(b16.data() + at)
+                                                    : static_cast<const void*>(bb16.data() + at);
+            entries.push_back({a.data() + e * a_size, be, c.data() + e * c_size});
+          }
+          gemm({d.m, d.n, d.k, ta, tb, lda, ldb, ldc, stored}, entries);
+          for (std::int64_t e = 0; e < batch; ++e)
+            for (std::int64_t i = 0; i < d.m; ++i)
+              for (std::int64_t j = 0; j < ldc; ++j) {
+                const float got = c[static_cast<std::size_t>(e * c_size + i * ldc + j)];
+                if (j >= d.n) {  // columns past n are left alone
+                  ASSERT_TRUE(std::isnan(got));
+                  continue;
+                }
+                double sum = 0, scale = 0;
+                for (std::int64_t p = 0; p < d.k; ++p) {
+                  const double x = a[static_cast<std::size_t>(e * a_size + (ta ? p * lda + i : i * lda + p))];
+                  const double y = b[static_cast<std::size_t>(e * b_size + (tb ? j * ldb + p : p * ldb + j))];
+                  sum += x * y;
+                  scale += std::abs(x * y);
+                }
+                ASSERT_NEAR(got, sum, 1e-6 * (scale + 1)) << "dtype " << dtype_name(stored) << " ta " << ta << " tb " << tb << " m " << d.m << " n "
+                                                          << d.n << " k " << d.k << " entry " << e << " at " << i << "," << j;
+              }
+        }
+}
+
+TEST(CpuIsa, GemmSumsEachElementInTheSameOrderHoweverTheWorkIsSplit) {
+  // Determinism: an element's sum does not depend on which block or thread computes it, so the
+  // product of a column range of B (a different split of the work) is bitwise the same. (Not on
+  // the baseline ISA, where each block is OpenBLAS's sgemm and its order follows the block's shape.)
+  if (!own_gemm_available()) GTEST_SKIP() << "the baseline ISA's GEMM is OpenBLAS";
+  const std::int64_t m = 70, n = 600, k = 700;
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)), whole(static_cast<std::size_t>(m * n)),
+      part(static_cast<std::size_t>(m * n), 0.0f);
+  for (float& v : a) v = uniform(rng);
+  for (float& v : b) v = uniform(rng);
+  const GemmOperands all{a.data(), b.data(), whole.data()};
+  gemm({m, n, k, false, false, k, n, n, DType::f32}, {&all, 1});
+  const std::int64_t first = 37, cols = 100;  // not on a strip or block boundary
+  const GemmOperands some{a.data(), b.data() + first, part.data() + first};
+  gemm({m, cols, k, false, false, k, n, n, DType::f32}, {&some, 1});
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = first; j < first + cols; ++j)
+      ASSERT_EQ(part[static_cast<std::size_t>(i * n + j)], whole[static_cast<std::size_t>(i * n + j)]) << i << "," << j;
 }
 
 TEST(CpuIsa, FewRowsProductIsTheProductInEveryLayoutAndDtype) {
