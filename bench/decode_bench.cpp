@@ -23,6 +23,7 @@
 
 #include "backends/backend.hpp"
 #include "backends/cpu/thread_pool.hpp"
+#include "bench/limits.hpp"
 #include "io/safetensors.hpp"
 #include "models/generate.hpp"
 #include "models/gpt2.hpp"
@@ -36,59 +37,6 @@ using Clock = std::chrono::steady_clock;
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-/// Floats [0, n) of p summed with four vector accumulators of V: a loop bound by its loads.
-template <class V> [[gnu::always_inline]] inline float sum_with(const float* p, std::size_t n) {
-  constexpr std::size_t lanes = sizeof(V) / sizeof(float);
-  V s[4] = {};
-  for (std::size_t i = 0; i + 4 * lanes <= n; i += 4 * lanes)
-    for (std::size_t j = 0; j < 4; ++j) {
-      V v;
-      std::memcpy(&v, p + i + lanes * j, sizeof v);
-      s[j] += v;
-    }
-  float total = 0;
-  for (const V& v : s)
-    for (std::size_t l = 0; l < lanes; ++l) total += v[l];
-  return total;
-}
-#if defined(__x86_64__)
-// The widest loads the CPU has: on AVX-512 machines 64-byte loads read memory faster than 32-byte ones.
-__attribute__((target("arch=x86-64-v4"))) float sum_avx512(const float* p, std::size_t n) {
-  return sum_with<float __attribute__((vector_size(64)))>(p, n);
-}
-__attribute__((target("arch=x86-64-v3"))) float sum_avx2(const float* p, std::size_t n) {
-  return sum_with<float __attribute__((vector_size(32)))>(p, n);
-}
-float sum_of(const float* p, std::size_t n) {
-  if (__builtin_cpu_supports("x86-64-v4")) return sum_avx512(p, n);
-  if (__builtin_cpu_supports("x86-64-v3")) return sum_avx2(p, n);
-  return sum_with<float __attribute__((vector_size(16)))>(p, n);
-}
-#else
-float sum_of(const float* p, std::size_t n) { return sum_with<float __attribute__((vector_size(16)))>(p, n); }
-#endif
-
-/// Bytes read per second by a sum over a buffer far larger than the caches, one contiguous part
-/// per thread: what a decode step's reads of weights and cache can reach at best.
-double read_bandwidth() {
-  const std::size_t floats = std::size_t{128} << 20;  // 512 MB
-  std::vector<float> a(floats, 1.0f);
-  auto& pool = backend::cpu::ThreadPool::global();
-  const std::int64_t parts = pool.size();
-  std::vector<float> sums(static_cast<std::size_t>(parts));
-  std::vector<double> rates;
-  for (int r = 0; r < 7; ++r) {
-    const auto t0 = Clock::now();
-    pool.parallel_for(parts, [&](std::int64_t c) {
-      const std::size_t part = floats / static_cast<std::size_t>(parts);
-      sums[static_cast<std::size_t>(c)] = sum_of(a.data() + static_cast<std::size_t>(c) * part, part);
-    });
-    rates.push_back(static_cast<double>(floats * 4) / std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  if (sums[0] != static_cast<float>(floats / static_cast<std::size_t>(parts))) std::printf("read_bandwidth: wrong sum\n");
-  return *std::max_element(rates.begin(), rates.end());
 }
 
 double peak_rss_mb() {
@@ -161,7 +109,7 @@ int main(int argc, char** argv) {
   // this one's peak resident memory is the decoding's alone.
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("qkv_decode_bench_" + std::to_string(getpid()));
   if (const pid_t child = fork(); child == 0) {
-    const double measured = read_bandwidth();
+    const double measured = bench::read_bandwidth();
     write_checkpoints(dir);
     std::ofstream(dir / "bandwidth") << measured;
     _exit(0);
