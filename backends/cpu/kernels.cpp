@@ -96,9 +96,21 @@ void fill(View out, float value) { std::fill_n(out.data, out.shape.numel(), valu
 
 void unary(ir::Op op, ConstView x, View out) {
   const std::int64_t n = out.shape.numel();
-  if (op == ir::Op::tanh) return tanh_of(x.data, out.data, n);  // vectorised (vector_math.cpp)
   if (op == ir::Op::cast) {
     std::copy_n(x.data, n, out.data);
+    return;
+  }
+  // The vectorised ones (vector_math.cpp), in chunks over the pool.
+  void (*vectorised)(const float*, float*, std::int64_t) = op == ir::Op::tanh  ? &tanh_of
+                                                           : op == ir::Op::erf ? &erf_of
+                                                           : op == ir::Op::exp ? &exp_of
+                                                                               : nullptr;
+  if (vectorised) {
+    constexpr std::int64_t kChunk = 1 << 14;
+    const std::int64_t chunks = (n + kChunk - 1) / kChunk;
+    auto chunk = [&](std::int64_t c) { vectorised(x.data + c * kChunk, out.data + c * kChunk, std::min(kChunk, n - c * kChunk)); };
+    if (chunks <= 1) vectorised(x.data, out.data, n);
+    else ThreadPool::global().parallel_for(chunks, chunk);
     return;
   }
   // The others: the registry row's host expression, in a loop per op the compiler can vectorise.
@@ -164,6 +176,16 @@ void reduce(ir::Op op, ConstView x, int axis, View out) {
   AxisSplit s = split_at(x.shape, axis);
   const bool sum = op == ir::Op::reduce_sum;
   const float init = sum ? 0.0f : -std::numeric_limits<float>::infinity();
+  if (s.inner == 1 && s.n > 1) {  // rows are contiguous (a norm's mean): vectorised, rows spread over the pool
+    const std::int64_t per_task = std::max<std::int64_t>(1, (1 << 14) / s.n), tasks = (s.outer + per_task - 1) / per_task;
+    auto task = [&](std::int64_t t) {
+      for (std::int64_t o = t * per_task; o < std::min(s.outer, (t + 1) * per_task); ++o)
+        out.data[o] = sum ? sum_of(x.data + o * s.n, s.n) : max_of(x.data + o * s.n, s.n, init);
+    };
+    if (tasks <= 1) task(0);
+    else ThreadPool::global().parallel_for(tasks, task);
+    return;
+  }
   for (std::int64_t o = 0; o < s.outer; ++o) {
     float* dst = out.data + o * s.inner;
     std::fill_n(dst, s.inner, init);

@@ -8,6 +8,12 @@
 
 namespace qkv::backend::cpu {
 
+namespace {
+/// Whether this thread is running one of a parallel_for's tasks (a kernel that spreads its own
+/// work, such as an elementwise op's chunks, may be called from another kernel's task).
+thread_local bool in_task = false;
+}  // namespace
+
 ThreadPool::ThreadPool(int threads) {
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
 }
@@ -36,7 +42,9 @@ void ThreadPool::run_tasks() {
   while (next_ < n_) {
     std::int64_t i = next_++;
     lock.unlock();
+    in_task = true;
     (*fn_)(i);
+    in_task = false;
     lock.lock();
     if (++finished_ == n_) done_.notify_all();
   }
@@ -57,7 +65,7 @@ void ThreadPool::work() {
 
 void ThreadPool::parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn) {
   if (n <= 0) return;
-  if (n == 1 || workers_.empty()) {
+  if (n == 1 || workers_.empty() || in_task) {  // nested in a task: its thread runs them all
     for (std::int64_t i = 0; i < n; ++i) fn(i);
     return;
   }

@@ -21,7 +21,9 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   /// Calls fn(i) for i in [0, n), spread over the pool; returns when all calls have returned.
-  /// Runs inline when n == 1 or the pool has one thread. Not reentrant.
+  /// Runs inline when n == 1, the pool has one thread, or the caller is itself one of a
+  /// parallel_for's tasks (nested calls run on the task's thread). Not for two threads outside
+  /// the pool at once.
   void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn);
 
   /// The process-wide pool.

@@ -117,6 +117,37 @@ template <class V> [[gnu::always_inline]] inline V tanh_v(const V& x) {
   return nan ? x : a < 0.25f ? small : negative ? -magnitude : magnitude;
 }
 
+/// erf(x): below |x| = 1 its odd series x * P(x^2) (a minimax fit to degree 25), beyond
+/// Abramowitz and Stegun's 7.1.26, 1 - t Q(t) exp(-x^2) with t = 1 / (1 + 0.3275911 |x|) (an
+/// absolute error of 1.5e-7, under 1.8e-7 relative where erf >= 0.84), the sign restored. The
+/// same algorithm and coefficients as the GLSL qkv_erf; NaN stays NaN.
+template <class V> [[gnu::always_inline]] inline V erf_v(const V& x) {
+  using I = typename Lanes<V>::I;
+  const V x2 = x * x;
+  V p = splat<V>(9.422759065e-11f);
+  p = p * x2 + -1.229055530e-09f;
+  p = p * x2 + 1.480719282e-08f;
+  p = p * x2 + -1.636584469e-07f;
+  p = p * x2 + 1.646211437e-06f;
+  p = p * x2 + -1.492565036e-05f;
+  p = p * x2 + 1.205533298e-04f;
+  p = p * x2 + -8.548327023e-04f;
+  p = p * x2 + 5.223977625e-03f;
+  p = p * x2 + -2.686617065e-02f;
+  p = p * x2 + 1.128379167e-01f;
+  p = p * x2 + -3.761263890e-01f;
+  p = p * x2 + 1.128379167e+00f;
+  const V small = x * p;
+  const I negative = x < 0.0f;
+  const V a = negative ? -x : x;
+  if (!any_lane(a >= 1.0f)) return small;
+  const V t = 1.0f / (1.0f + 0.3275911f * a);
+  const V q = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+  const V magnitude = 1.0f - q * exp_v(-x2);
+  const I nan = x != x;
+  return nan ? x : a < 1.0f ? small : negative ? -magnitude : magnitude;
+}
+
 /// Per-lane sums of a row of floats, in double: each lane adds four vectors' values in float
 /// (at most three roundings of a few ulp of the lane's partial sum), then the partial sum joins
 /// the lane's double accumulator. Converting every vector to double (two conversions and two
@@ -248,6 +279,26 @@ template <class V> [[gnu::always_inline]] inline void tanh_of_impl(const float* 
       x, y, n, 0.0f, [](const V& v) __attribute__((always_inline)) { return tanh_v(v); });
 }
 
+template <class V> [[gnu::always_inline]] inline void erf_of_impl(const float* x, float* y, std::int64_t n) {
+  rows_of<V>(
+      x, y, n, 0.0f, [](const V& v) __attribute__((always_inline)) { return erf_v(v); });
+}
+
+template <class V> [[gnu::always_inline]] inline void exp_of_impl(const float* x, float* y, std::int64_t n) {
+  rows_of<V>(
+      x, y, n, 0.0f, [](const V& v) __attribute__((always_inline)) { return exp_v(v); });
+}
+
+template <class V> [[gnu::always_inline]] inline float sum_of_impl(const float* x, std::int64_t n) {
+  constexpr int L = Lanes<V>::n;
+  RowSum<V> sum;
+  std::int64_t i = 0;
+  for (; i + L <= n; i += L) sum.add(load<V>(x + i));
+  double total = sum.total();
+  for (; i < n; ++i) total += x[i];
+  return static_cast<float>(total);
+}
+
 template <class V> [[gnu::always_inline]] inline void softcap_row_impl(float* s, float* dmod, std::int64_t n, float cap) {
   constexpr int L = Lanes<V>::n;
   const float inverse = 1.0f / cap;  // a product, not a division per score (within an ulp of s / cap)
@@ -279,6 +330,9 @@ QKV_ISA_DISPATCH(bool, all_finite, (const float* x, std::int64_t n), (x, n), v16
 QKV_ISA_DISPATCH(void, divide_inplace, (float* y, std::int64_t n, float d), (y, n, d), v16f, v8f)
 QKV_ISA_DISPATCH(void, scale_inplace, (float* y, std::int64_t n, float s), (y, n, s), v16f, v8f)
 QKV_ISA_DISPATCH(void, tanh_of, (const float* x, float* y, std::int64_t n), (x, y, n), v16f, v8f)
+QKV_ISA_DISPATCH(void, erf_of, (const float* x, float* y, std::int64_t n), (x, y, n), v16f, v8f)
+QKV_ISA_DISPATCH(void, exp_of, (const float* x, float* y, std::int64_t n), (x, y, n), v16f, v8f)
+QKV_ISA_DISPATCH(float, sum_of, (const float* x, std::int64_t n), (x, n), v16f, v8f)
 
 namespace {
 

@@ -32,6 +32,17 @@ void scale_inplace(float* y, std::int64_t n, float s);
 /// beyond), NaN gives NaN. Soft-capping evaluates it on every score.
 void tanh_of(const float* x, float* y, std::int64_t n);
 
+/// y[i] = erf(x[i]) for i < n (x == y allowed): vectorised, within 2e-7 of erf, the same
+/// algorithm as the vulkan backend's (see erf_v); NaN gives NaN.
+void erf_of(const float* x, float* y, std::int64_t n);
+
+/// y[i] = exp(x[i]) for i < n (x == y allowed), the same exp as exp_shifted_sum (0 below
+/// -87.3, +inf above 88.72).
+void exp_of(const float* x, float* y, std::int64_t n);
+
+/// The sum of x[0..n), accumulated per lane in float over four vectors, then in double.
+float sum_of(const float* x, std::int64_t n);
+
 /// Soft-capping in one pass: s[i] = cap * t with t = tanh(s[i] / cap) and, when dmod is given,
 /// dmod[i] = 1 - t * t (its derivative); the same tanh as tanh_of. The cpu's score modifier
 /// takes this path for a region that is exactly cap * tanh(score / cap).

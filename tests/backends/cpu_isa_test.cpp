@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "backends/cpu/gemm.hpp"
@@ -75,6 +76,40 @@ TEST(CpuIsa, ExpAndTanhMatchTheLibmOnEveryTail) {
 }
 
 /// The specialised soft-capping pass is cap * tanh(s / cap), its derivative 1 - tanh^2, NaN kept.
+TEST(CpuIsa, ErfExpAndSumMatchTheLibmOnEveryTail) {
+  // erf on both sides of the switch at |x| = 1 and far into its tails, exp up to overflow, each
+  // length leaving every vector tail; NaN stays NaN in every lane.
+  for (std::int64_t n : kLengths) {
+    for (const auto& [lo, hi] : {std::pair{-0.99f, 0.99f}, std::pair{-6.0f, 6.0f}}) {
+      const std::vector<float> x = ramp(n, lo, hi);
+      std::vector<float> y(x.size());
+      erf_of(x.data(), y.data(), n);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double want = std::erf(static_cast<double>(x[static_cast<std::size_t>(i)]));
+        EXPECT_NEAR(y[static_cast<std::size_t>(i)], want, 2e-7 * std::abs(want) + 1e-38) << n << " " << x[static_cast<std::size_t>(i)];
+      }
+    }
+    std::vector<float> x = ramp(n, -90.0f, 89.0f), y(static_cast<std::size_t>(n));
+    exp_of(x.data(), y.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float v = x[static_cast<std::size_t>(i)], e = std::exp(v), got = y[static_cast<std::size_t>(i)];
+      if (v < -87.3f) EXPECT_EQ(got, 0.0f) << v;
+      else if (std::isinf(e)) EXPECT_TRUE(std::isinf(got)) << v;
+      else EXPECT_NEAR(got, e, 4e-7f * e) << n << " " << v;
+    }
+    x = ramp(n, -3.0f, 5.0f);
+    double want = 0;
+    for (float v : x) want += v;
+    EXPECT_NEAR(sum_of(x.data(), n), want, 1e-6 * (std::abs(want) + n)) << n;
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::vector<float> z = ramp(n, -2.0f, 2.0f);
+      z[static_cast<std::size_t>(i)] = kNaN;
+      erf_of(z.data(), z.data(), n);
+      EXPECT_TRUE(std::isnan(z[static_cast<std::size_t>(i)])) << n << " " << i;
+    }
+  }
+}
+
 TEST(CpuIsa, SoftcapRowIsCapTimesTanh) {
   for (std::int64_t n : kLengths) {
     std::vector<float> x = ramp(n, -200.0f, 200.0f);
@@ -292,6 +327,22 @@ TEST(CpuIsa, GemmSumsEachElementInTheSameOrderHoweverTheWorkIsSplit) {
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = first; j < first + cols; ++j)
       ASSERT_EQ(part[static_cast<std::size_t>(i * n + j)], whole[static_cast<std::size_t>(i * n + j)]) << i << "," << j;
+}
+
+TEST(CpuIsa, AParallelForInsideATaskRunsOnTheTasksThread) {
+  // A kernel that spreads its own work over the pool (an elementwise op's chunks, a GEMM) may be
+  // called from another kernel's task: the inner loop runs inline instead of waiting on the pool
+  // (which deadlocked).
+  ThreadPool& pool = ThreadPool::global();
+  std::vector<std::int64_t> sums(8, 0);
+  pool.parallel_for(8, [&](std::int64_t t) {
+    const auto outer = std::this_thread::get_id();
+    pool.parallel_for(100, [&](std::int64_t i) {
+      EXPECT_EQ(std::this_thread::get_id(), outer);
+      sums[static_cast<std::size_t>(t)] += i;
+    });
+  });
+  for (std::int64_t s : sums) EXPECT_EQ(s, 4950);
 }
 
 TEST(CpuIsa, FewRowsProductIsTheProductInEveryLayoutAndDtype) {

@@ -64,17 +64,18 @@ TEST(RandomGraph, IsDeterministicInItsSeed) {
 
 TEST(RandomGraph, ShrinkingKeepsTheFirstFailingNodesCone) {
   // A long f32 sum leaves a budget of a few ulps (factor 0): the shrunk graph is the cone of the
-  // sum, the first node that fails, without what follows it.
+  // sum, the first node that fails, without what follows it. (Over the outer axis: the cpu sums
+  // each column in float, one term after another; contiguous rows it sums in double.)
   ir::Graph g;
-  const ir::ValueId x = g.add_input("x", DType::f32, {8, 20000});
+  const ir::ValueId x = g.add_input("x", DType::f32, {20000, 8});
   g.add_input("unused", DType::f32, {3});
   const ir::ValueId a = g.add(ir::Op::neg, {x});
   ir::Attrs last;
-  last.axis = 1;
+  last.axis = 0;
   const ir::ValueId s = g.add(ir::Op::reduce_sum, {a}, last);
   g.set_output("out", g.add(ir::Op::mul, {s, s}));
   std::mt19937_64 rng(3);
-  const backend::TensorMap inputs{{"x", backend::filled_tensor(ir::Fill::normal, {8, 20000}, rng)}, {"unused", Tensor(DType::f32, {3})}};
+  const backend::TensorMap inputs{{"x", backend::filled_tensor(ir::Fill::normal, {20000, 8}, rng)}, {"unused", Tensor(DType::f32, {3})}};
   ASSERT_FALSE(backend::check_equivalence(g, inputs, {"cpu"}, 0.0).pass());
   const ir::Graph small = backend::shrink_failure(g, inputs, "cpu", 0.0);
   EXPECT_EQ(small.node(small.outputs().at(0).second).op, ir::Op::reduce_sum) << ir::print(small);
