@@ -39,6 +39,17 @@ template <int N> struct OffsetWalker {
   std::array<std::int64_t, ir::kMaxRank> index{};
   std::array<std::int64_t, N> offset{};
 
+  /// Moves to the element at row-major position `linear` of shape (from any position).
+  void seek(std::int64_t linear) {
+    offset = {};
+    for (int d = shape.rank - 1; d >= 0; --d) {
+      const auto du = static_cast<std::size_t>(d);
+      index[du] = linear % shape[d];
+      linear /= shape[d];
+      for (int k = 0; k < N; ++k) offset[static_cast<std::size_t>(k)] += strides[static_cast<std::size_t>(k)][du] * index[du];
+    }
+  }
+
   void next() {
     for (int d = shape.rank - 1; d >= 0; --d) {
       auto du = static_cast<std::size_t>(d);

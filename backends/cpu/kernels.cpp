@@ -56,18 +56,6 @@ template <ir::Op O>
   }
 }
 
-template <ir::Op O> void binary_impl(ConstView a, ConstView b, View out) {
-  const ir::Shape& os = out.shape;
-  std::int64_t inner = os.rank ? os.back() : 1;
-  Strides sa = broadcast_strides(a.shape, os), sb = broadcast_strides(b.shape, os);
-  std::int64_t ia = os.rank ? sa[static_cast<std::size_t>(os.rank - 1)] : 0;
-  std::int64_t ib = os.rank ? sb[static_cast<std::size_t>(os.rank - 1)] : 0;
-  ir::Shape rows = leading(os);
-  std::int64_t nrows = rows.numel();
-  OffsetWalker<2> w{rows, {sa, sb}};
-  for (std::int64_t r = 0; r < nrows; ++r, w.next()) binary_rows<O>(a.data + w.offset[0], b.data + w.offset[1], out.data + r * inner, inner, ia, ib);
-}
-
 }  // namespace
 
 void widen(const ConstView& x, std::int64_t first, std::int64_t n, float* to) {
@@ -126,28 +114,9 @@ void unary(ir::Op op, ConstView x, View out) {
 
 namespace {
 
-/// f(std::integral_constant<ir::Op, op>{}) for a binary elementwise op: one switch for the kernels
-/// instantiated per op.
-template <class F> void with_binary_op(ir::Op op, F f) {
-#define QKV_WITH_BINARY(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
-  if (op == ir::Op::id) return f(std::integral_constant<ir::Op, ir::Op::id>{});
-  QKV_BINARY_OPS(QKV_WITH_BINARY)
-  QKV_COMPARE_OPS(QKV_WITH_BINARY)
-#undef QKV_WITH_BINARY
-  QKV_UNREACHABLE("not a binary op");
-}
-
-}  // namespace
-
-void binary(ir::Op op, ConstView a, ConstView b, View out) {
-  with_binary_op(op, [&](auto o) { binary_impl<decltype(o)::value>(a, b, out); });
-}
-
-namespace {
-
 /// binary_row's loops, inlined into a copy compiled per ISA (the compiler vectorises them for
-/// each; `Isa` only names the copy). Its own chain rather than with_binary_op: a lambda's body would
-/// be compiled once, for the baseline.
+/// each; `Isa` only names the copy). A chain of ifs rather than a generic lambda per op: a
+/// lambda's body would be compiled once, for the baseline.
 template <Isa>
 [[gnu::always_inline]] inline void binary_row_impl(ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* out,
                                                    std::int64_t n) {
@@ -164,6 +133,42 @@ template <Isa>
 
 QKV_ISA_DISPATCH(void, binary_row, (ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* out, std::int64_t n),
                  (op, a, a_varies, b, b_varies, out, n), Isa::avx512, Isa::baseline)
+
+void binary(ir::Op op, ConstView a, ConstView b, View out) {
+  // Rows of the output's last dim, each one binary_row (compiled per ISA); an operand broadcast
+  // along the last dim is read at one element per row. Operands of the output's own shape are one
+  // row. Tasks of about 16K elements over the pool.
+  const ir::Shape& os = out.shape;
+  const std::int64_t n = os.numel();
+  if (n == 0) return;
+  constexpr std::int64_t kTask = 1 << 14;
+  ThreadPool& pool = ThreadPool::global();
+  if (a.shape == os && b.shape == os) {
+    const std::int64_t tasks = (n + kTask - 1) / kTask;
+    auto task = [&](std::int64_t t) {
+      const std::int64_t first = t * kTask;
+      binary_row(op, a.data + first, true, b.data + first, true, out.data + first, std::min(kTask, n - first));
+    };
+    if (tasks <= 1) task(0);
+    else pool.parallel_for(tasks, task);
+    return;
+  }
+  const std::int64_t inner = os.rank ? os.back() : 1;
+  const Strides sa = broadcast_strides(a.shape, os), sb = broadcast_strides(b.shape, os);
+  const bool a_varies = os.rank && sa[static_cast<std::size_t>(os.rank - 1)] != 0,
+             b_varies = os.rank && sb[static_cast<std::size_t>(os.rank - 1)] != 0;
+  const ir::Shape rows = leading(os);
+  const std::int64_t nrows = rows.numel(), per_task = std::max<std::int64_t>(1, kTask / inner), tasks = (nrows + per_task - 1) / per_task;
+  auto task = [&](std::int64_t t) {
+    OffsetWalker<2> w{rows, {sa, sb}};
+    const std::int64_t first = t * per_task, last = std::min(nrows, first + per_task);
+    w.seek(first);
+    for (std::int64_t r = first; r < last; ++r, w.next())
+      binary_row(op, a.data + w.offset[0], a_varies, b.data + w.offset[1], b_varies, out.data + r * inner, inner);
+  };
+  if (tasks <= 1) task(0);
+  else pool.parallel_for(tasks, task);
+}
 
 void select(ConstView cond, ConstView a, ConstView b, View out) {
   const ir::Shape& os = out.shape;
