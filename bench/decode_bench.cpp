@@ -5,7 +5,7 @@
 // (weight bytes + cache bytes) / the read bandwidth measured in the same run. Also the prefill of
 // 512 tokens and peak resident memory against weights plus cache.
 //
-//   build/default/bench/qkv_decode_bench [--backend cpu] [--steps 16] [--repeat 3] [--weights f32|bf16]
+//   build/default/bench/qkv_decode_bench [--backend cpu] [--steps 16] [--repeat 3] [--weights f32|bf16] [--prefill-only 1]
 //   python3 bench/torch_decode.py        (transformers on PyTorch, the same shapes, for the peer row)
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -98,12 +98,14 @@ int main(int argc, char** argv) {
   std::string backend_name = "cpu";
   int steps = 16, repeat = 3;
   std::string only;
+  bool prefill_only = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--backend") backend_name = argv[i + 1];
     else if (flag == "--steps") steps = std::stoi(argv[i + 1]);
     else if (flag == "--repeat") repeat = std::stoi(argv[i + 1]);
-    else if (flag == "--weights") only = argv[i + 1];  // f32 or bf16 alone (to profile one)
+    else if (flag == "--weights") only = argv[i + 1];                                   // f32 or bf16 alone (to profile one)
+    else if (flag == "--prefill-only") prefill_only = argv[i + 1] == std::string("1");  // the f32 prefill alone (to profile it)
   }
   // The read bandwidth is measured and the checkpoints are written by a child process, so that
   // this one's peak resident memory is the decoding's alone.
@@ -137,6 +139,7 @@ int main(int argc, char** argv) {
     double weight_bytes = 0;
     for (const auto& [name, t] : m.weights) weight_bytes += static_cast<double>(t.nbytes());
     for (const std::int64_t cache : caches) {
+      if (prefill_only) break;
       models::Generator gen(m, *backend, cache + steps + 1);
       rows.push_back({dtype, cache, decode_rate(gen, cache, steps, repeat), weight_bytes});
     }

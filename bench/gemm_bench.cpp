@@ -162,10 +162,12 @@ int main(int argc, char** argv) {
       static char buf[4][32];
       static int i = 0;
       i = (i + 1) % 4;
+      if (g <= 0) return "-";  // not measured (--no-peers)
       std::snprintf(buf[i], sizeof buf[i], "%6.0f (%3.0f%%)", g, 100 * g / peak);
-      return buf[i];
+      return static_cast<const char*>(buf[i]);
     };
-    std::printf("%-17s %-17s %15s %15s %15s %15s %8.2fx\n", s.what, dims, cell(f32), cell(b16), cell(ob), cell(ob_best), f32 / ob_best);
+    std::printf("%-17s %-17s %15s %15s %15s %15s %8.2fx\n", s.what, dims, cell(f32), cell(b16), cell(ob), cell(ob_best),
+                ob_best > 0 ? f32 / ob_best : 0.0);
   }
   return 0;
 }
