@@ -130,6 +130,11 @@ template <class F>
       for (std::int64_t p = 0; p < kc; ++p) {
         const std::int64_t first = (p0 + p) * s.ldb + j0 + c0;
         float* dst = to + p * NR;
+        if (f32 && w == NR) {  // a whole strip: vectors (a copy_n here was a memcpy call per term)
+          const float* from = static_cast<const float*>(b) + first;
+          for (int v = 0; v < F::nv; ++v) store(dst + v * F::lanes, load<typename F::Vec>(from + v * F::lanes));
+          continue;
+        }
         if (f32) std::copy_n(static_cast<const float*>(b) + first, w, dst);
         else widen(whole, first, w, dst);
         std::fill(dst + w, dst + NR, 0.0f);
