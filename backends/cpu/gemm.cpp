@@ -274,15 +274,18 @@ void gemm(const GemmShape& s, std::span<const GemmOperands> entries) {
   ThreadPool& pool = ThreadPool::global();
   const auto batch = static_cast<std::int64_t>(entries.size());
   const std::int64_t threads = pool.size();
-  // Blocks of columns first, each at most one packed panel of B wide (so that each element of B
-  // is packed once), then more blocks of columns, or of rows, until every thread has the same
-  // number of them or each has several; never narrower than four strips of B or shorter than
-  // four strips of A.
+  // Blocks of columns at most one packed panel of B wide, then more blocks until every thread has
+  // the same number of them or each has several. Each block packs its rows of A and its columns
+  // of B once, so splitting columns packs A once more per block and splitting rows packs B once
+  // more: the split is along the dimension whose other operand is the smaller (columns when
+  // m <= n), never narrower than four strips of B or shorter than four strips of A.
   std::int64_t row_blocks = 1, column_blocks = (s.n + kern.nc - 1) / kern.nc;
   const bool small = s.m * s.n * s.k < (1 << 15);
+  const bool rows_first = s.m > s.n;
   while (!small && batch * row_blocks * column_blocks % threads != 0 && batch * row_blocks * column_blocks < 8 * threads) {
-    if (s.n / (column_blocks + 1) >= 4 * kern.nr) ++column_blocks;
-    else if (s.m / (row_blocks + 1) >= 4 * kern.mr) ++row_blocks;
+    const bool more_columns = s.n / (column_blocks + 1) >= 4 * kern.nr, more_rows = s.m / (row_blocks + 1) >= 4 * kern.mr;
+    if (more_rows && (rows_first || !more_columns)) ++row_blocks;
+    else if (more_columns) ++column_blocks;
     else break;
   }
   const std::int64_t rows = round_up((s.m + row_blocks - 1) / row_blocks, kern.mr);
