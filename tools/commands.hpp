@@ -11,7 +11,7 @@ namespace qkv::tool {
 int cmd_devices();
 int cmd_ops();
 int cmd_models();
-int cmd_run(const Request& r, const std::string& backend, const std::vector<std::string>& outs);
+int cmd_run(const Request& r, const std::string& backend, const std::vector<std::string>& outs, const std::string& out_dtype);
 int cmd_check(const Request& r, const std::string& backends, const std::string& dump_dir, double budget_factor);
 int cmd_dump(const Request& r, bool ir, bool dot, bool glsl);
 /// With `profile`, each kernel's median device time too (backends that time their kernels).

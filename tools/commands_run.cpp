@@ -2,12 +2,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <optional>
 
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "dist/sequence_parallel.hpp"
 #include "io/file.hpp"
 #include "io/npy.hpp"
+#include "io/safetensors.hpp"
 #include "ir/gradients.hpp"
 #include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
@@ -101,22 +104,57 @@ int cmd_models() {
   return 0;
 }
 
-int cmd_run(const Request& r, const std::string& backend_name, const std::vector<std::string>& outs) {
-  Prepared p = prepare(r);
-  auto out_files = pairs(outs, "--out");
-  auto has_output = [&](const std::string& name) {
-    for (const auto& [o, v] : p.graph.outputs())
-      if (o == name) return true;
-    return false;
-  };
-  for (const auto& [name, file] : out_files) {
-    if (!has_output(name)) {
+namespace {
+
+/// What --out writes: each output asked for, its file, and the dtype it is written in (the
+/// graph's, or --out-dtype's for a float output). Checked before any work: an output the graph
+/// lacks, a file that is neither .npy nor .safetensors, a dtype .npy cannot hold, two outputs in
+/// one .npy, an unwritable destination.
+struct OutPlan {
+  std::map<std::string, std::string> files;  // output -> file
+  std::map<std::string, DType> dtypes;       // output -> dtype written
+};
+
+OutPlan plan_outputs(const Prepared& p, const std::vector<std::string>& outs, const std::string& out_dtype) {
+  OutPlan plan;
+  plan.files = pairs(outs, "--out");
+  std::optional<DType> convert;
+  if (!out_dtype.empty()) {
+    convert = parse_dtype(out_dtype);
+    if (!convert || !is_float(*convert) || *convert == DType::f64) throw UsageError("--out-dtype " + out_dtype + ": f32, f16 or bf16");
+  }
+  std::map<std::string, std::string> npy_owner;  // .npy file -> the output it holds
+  for (const auto& [name, file] : plan.files) {
+    const auto found = std::find_if(p.graph.outputs().begin(), p.graph.outputs().end(), [&](const auto& o) { return o.first == name; });
+    if (found == p.graph.outputs().end()) {
       std::string list;
       for (const auto& [o, v] : p.graph.outputs()) list += (list.empty() ? "" : ", ") + o;
       throw UsageError(p.title + " has no output '" + name + "' (outputs: " + list + ")");
     }
+    const DType own = p.graph.node(found->second).dtype;
+    const DType written = convert && is_float(own) ? *convert : own;
+    plan.dtypes[name] = written;
+    const std::string what = "--out " + name + "=" + file;
+    if (file.ends_with(".npy")) {
+      if (written == DType::bf16)
+        throw UsageError(what + ": '" + name + "' is bf16, which .npy cannot hold: write a .safetensors file, or widen it with --out-dtype f32");
+      if (const auto [at, fresh] = npy_owner.emplace(file, name); !fresh)
+        throw UsageError(what + ": '" + at->second +
+                         "' is written there too, and a .npy file holds one tensor: write a .safetensors file for several");
+    } else if (!file.ends_with(".safetensors")) {
+      throw UsageError(what + ": a .npy or .safetensors file");
+    }
     io::check_writable(file);  // before any work: a bad destination fails the run at once
   }
+  return plan;
+}
+
+}  // namespace
+
+int cmd_run(const Request& r, const std::string& backend_name, const std::vector<std::string>& outs, const std::string& out_dtype) {
+  Prepared p = prepare(r);
+  const OutPlan out_plan = plan_outputs(p, outs, out_dtype);
+  const auto& out_files = out_plan.files;
   auto be = backend::create(backend_name);
   // Under mpirun: sequence-parallel, each rank computing its rows of the sequence (N, and M where
   // keys are the same sequence), attention as ring attention; only the outputs asked for with
@@ -136,9 +174,16 @@ int cmd_run(const Request& r, const std::string& backend_name, const std::vector
   backend::TensorMap result = parallel ? parallel->run(p.inputs) : exe->run(p.inputs);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (comm.rank() != 0) return 0;
-  // Every output file is written, or none.
+  // Every output file is written, or none; the outputs sharing a .safetensors file under their names.
   io::OutputBatch files;
-  for (const auto& [name, file] : out_files) files.add(file, io::format_npy(as_given(p, result.at(name))));
+  std::map<std::string, io::TensorFile> safetensors;
+  for (const auto& [name, file] : out_files) {
+    Tensor t = as_given(p, result.at(name));
+    if (t.dtype() != out_plan.dtypes.at(name)) t = t.to(out_plan.dtypes.at(name));
+    if (file.ends_with(".npy")) files.add(file, io::format_npy(t));
+    else safetensors[file].emplace(name, std::move(t));
+  }
+  for (const auto& [file, tensors] : safetensors) files.add(file, io::format_safetensors(tensors));
   files.commit();
   std::printf("%s on %s (%s)%s: %.3f ms\n", p.title.c_str(), be->name().c_str(), be->device().c_str(),
               parallel ? (", sequence-parallel over " + std::to_string(comm.size()) + " ranks").c_str() : "", ms);
@@ -150,7 +195,7 @@ int cmd_run(const Request& r, const std::string& backend_name, const std::vector
     Tensor t = as_given(p, result.at(name));
     auto f = out_files.find(name);
     std::printf("  out %-24s %-16s %s\n", name.c_str(), shape_string(t.shape()).c_str(),
-                f != out_files.end() ? ("-> " + f->second).c_str() : "(not written; --out NAME=FILE.npy)");
+                f != out_files.end() ? ("-> " + f->second).c_str() : "(not written; --out NAME=FILE.npy or .safetensors)");
   }
   for (const auto& [name, v] : p.graph.outputs()) print_small(name, as_given(p, result.at(name)));
   return 0;

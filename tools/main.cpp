@@ -46,7 +46,9 @@ void add_model_options(CLI::App* app, Request& r, const char* grad_help) {
       ->required();
   app->add_option("--prompt", r.prompt, "a model folder's input: text its tokenizer makes into input_ids (default: random ids, --dim B, T)");
   app->add_option("--set", raw->set, "a model option: NAME=VALUE (qkv models lists them)");
-  app->add_option("--in", raw->in, "an input: NAME=FILE.npy (random from --seed when not given)");
+  app->add_option("--in", raw->in,
+                  "an input: NAME=FILE.npy, or NAME=FILE.safetensors[:TENSOR] (its tensor NAME unless TENSOR is given; random from --seed "
+                  "when not given)");
   app->add_option("--weights", r.weights, "parameters: a .safetensors file or a folder of NAME.npy, under PyTorch's names");
   app->add_option("--dim", raw->dims, "the size of a named dim no input gives: NAME=SIZE");
   add_seed_option(app, r.seed, "seed of the random inputs and parameters");
@@ -100,12 +102,14 @@ int main(int argc, char** argv) {
 
   Request run_r;
   std::vector<std::string> outs;
-  auto* run = app.add_subcommand(
-      "run",
-      "run a model on .npy inputs and write .npy outputs; under mpirun, sequence-parallel (each rank holds N/P rows, attention as ring attention)");
+  std::string out_dtype;
+  auto* run = app.add_subcommand("run",
+                                 "run a model on .npy or .safetensors inputs and write its outputs to .npy or .safetensors files; under mpirun, "
+                                 "sequence-parallel (each rank holds N/P rows, attention as ring attention)");
   add_model_options(run, run_r, "run the backward graph: inputs d<output> (random unless given), outputs d_<input>");
   run->add_option("--backend", backend, backend_help);
-  run->add_option("--out", outs, "an output to write: NAME=FILE.npy");
+  run->add_option("--out", outs, "an output to write: NAME=FILE.npy, or NAME=FILE.safetensors (several outputs may share one, each under its name)");
+  run->add_option("--out-dtype", out_dtype, "write the float outputs in f32, f16 or bf16 (f32 widens a bf16 output for .npy)");
 
   Request check_r;
   std::string backends = "reference,cpu,vulkan", dump_dir;
@@ -240,7 +244,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("devices")) return cmd_devices();
     if (app.got_subcommand("ops")) return cmd_ops();
     if (app.got_subcommand("models")) return cmd_models();
-    if (run->parsed()) return cmd_run(run_r, backend, outs);
+    if (run->parsed()) return cmd_run(run_r, backend, outs, out_dtype);
     if (check->parsed()) return cmd_check(check_r, backends, dump_dir, budget_factor);
     if (dump->parsed()) return cmd_dump(dump_r, ir, dot, glsl);
     if (explain->parsed()) return cmd_explain(explain_r, backend, explain_profile);

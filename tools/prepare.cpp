@@ -209,7 +209,23 @@ Prepared prepare(const Request& r) {
   std::map<std::string, InFile> files;  // each --in file, read once
   for (const auto& [name, file] : r.in) {
     InFile f;
-    f.tensor = io::read_npy(file, &f.stored);
+    // FILE.safetensors[:TENSOR]: the tensor named TENSOR, or the input's own name.
+    const std::size_t colon = file.rfind(".safetensors:");
+    if (colon != std::string::npos || file.ends_with(".safetensors")) {
+      const std::string path = colon == std::string::npos ? file : file.substr(0, colon + 12);
+      const std::string tensor = colon == std::string::npos ? name : file.substr(colon + 13);
+      const io::TensorFile all = io::read_safetensors(path);
+      const auto found = all.find(tensor);
+      if (found == all.end()) {
+        std::string list;
+        for (const auto& [t, v] : all) list += (list.empty() ? "" : ", ") + t;
+        throw UsageError("--in " + name + "=" + file + ": " + path + " has no tensor '" + tensor + "' (tensors: " + (list.empty() ? "none" : list) +
+                         ")");
+      }
+      f.tensor = found->second;
+    } else {
+      f.tensor = io::read_npy(file, &f.stored);
+    }
     files.emplace(name, std::move(f));
   }
   const models::ModelSpec* spec = nullptr;

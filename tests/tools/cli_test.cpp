@@ -12,6 +12,7 @@
 
 #include "io/npy.hpp"
 #include "io/png.hpp"
+#include "io/safetensors.hpp"
 
 namespace {
 
@@ -92,6 +93,45 @@ TEST_F(Cli, RunWritesOutputs) {
     EXPECT_NEAR(out.at(0), 1.537883, 1e-4);
     EXPECT_NEAR(w.at(0), 0.731059, 1e-4);
   }
+}
+
+TEST_F(Cli, RunWritesOutputsInEveryDtypeAndReadsSafetensors) {
+  // Several outputs into one .safetensors file under their names, in the graph's dtype (bf16);
+  // --out-dtype f32 widens them for .npy.
+  Result both = run("run sdpa --dtype bf16 --out out=" + path("o.safetensors") + " --out weights=" + path("o.safetensors"));
+  ASSERT_EQ(both.status, 0) << both.output;
+  const qkv::io::TensorFile written = qkv::io::read_safetensors(path("o.safetensors"));
+  ASSERT_EQ(written.size(), 2u);
+  EXPECT_EQ(written.at("out").dtype(), qkv::DType::bf16);
+  EXPECT_EQ(written.at("weights").shape(), (std::vector<std::int64_t>{2, 8, 8}));
+  Result wide = run("run sdpa --dtype bf16 --out-dtype f32 --out out=" + path("o.npy"));
+  ASSERT_EQ(wide.status, 0) << wide.output;
+  const qkv::Tensor o = qkv::io::read_npy(path("o.npy"));
+  EXPECT_EQ(o.dtype(), qkv::DType::f32);
+  for (std::int64_t i = 0; i < o.numel(); ++i) ASSERT_EQ(o.at(i), written.at("out").at(i)) << i;  // bf16 widens exactly
+  // Inputs from a .safetensors file: the tensor named after the input, or the one after ':'.
+  qkv::io::write_safetensors(path("in.safetensors"), {{"q", qkv::Tensor::from<float>({1, 1, 2}, {1, 0})},
+                                                      {"keys", qkv::Tensor::from<float>({1, 2, 2}, {1, 0, 0, 1})},
+                                                      {"v", qkv::Tensor::from<float>({1, 2, 2}, {1, 2, 3, 4})}});
+  const std::string in = path("in.safetensors");
+  Result read = run("run sdpa --set scale=1 --in q=" + in + " --in k=" + in + ":keys --in v=" + in + " --out out=" + path("r.npy"));
+  ASSERT_EQ(read.status, 0) << read.output;
+  EXPECT_NEAR(qkv::io::read_npy(path("r.npy")).at(0), 1.537883, 1e-4);  // as RunWritesOutputs from .npy files
+  // Bad requests: exit 2, one line naming what is wrong, nothing written.
+  const std::pair<std::string, std::string> bad[] = {
+      {"run sdpa --in q=" + in + ":query", "has no tensor 'query' (tensors: keys, q, v)"},
+      {"run sdpa --out out=" + path("a.npy") + " --out weights=" + path("a.npy"), "a .npy file holds one tensor: write a .safetensors file"},
+      {"run sdpa --out out=" + path("a.txt"), "--out out=" + path("a.txt") + ": a .npy or .safetensors file"},
+      {"run sdpa --out-dtype i32 --out out=" + path("a.npy"), "--out-dtype i32: f32, f16 or bf16"},
+      {"run sdpa --out out=" + path("a.safetensors") + " --out weights=" + path("missing/w.safetensors"), "does not exist"},
+  };
+  for (const auto& [args, message] : bad) {
+    Result r = run(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+  for (const char* f : {"a.npy", "a.txt", "a.safetensors"}) EXPECT_FALSE(fs::exists(path(f))) << f;
 }
 
 TEST_F(Cli, RunPromotesLowerRankFilesAndTakesOptions) {
@@ -269,7 +309,9 @@ TEST_F(Cli, ModelsRunAndCheckInHalfPrecision) {
   EXPECT_EQ(qkv::io::read_npy(path("o.npy")).dtype(), qkv::DType::f16);
   Result bf16_npy = run("run sdpa --dtype bf16 --out out=" + path("b.npy"));
   EXPECT_EQ(bf16_npy.status, 2) << bf16_npy.output;
-  EXPECT_NE(bf16_npy.output.find("has no NumPy dtype"), std::string::npos) << bf16_npy.output;
+  EXPECT_NE(bf16_npy.output.find("'out' is bf16, which .npy cannot hold: write a .safetensors file, or widen it with --out-dtype f32"),
+            std::string::npos)
+      << bf16_npy.output;
   EXPECT_FALSE(std::filesystem::exists(path("b.npy")));
   Result bench = run("bench decoder-block --dtype bf16 --backend cpu --repeat 2");
   EXPECT_EQ(bench.status, 0) << bench.output;
