@@ -1,8 +1,8 @@
-// Scaled dot-product attention on each backend, with OpenBLAS sgemm (the limit: the same FLOPs
-// as two plain matrix products) and a plain sgemm-softmax-sgemm measured as peers in the same
-// run. FLOPs are counted as 4*B*H*N^2*D per forward, also for causal rows (so their rate over the
-// full rows' is the speed-up of skipping masked blocks), and as 3x that for forward + backward
-// rows (the training graph: dq, dk, dv from an output gradient). Flex rows add a score modifier
+// Scaled dot-product attention on each backend, against the FMA peak measured in the same run
+// (bench/limits.hpp), with OpenBLAS sgemm and qkv's own GEMM (the same FLOPs as two plain matrix
+// products) and a plain sgemm-softmax-sgemm measured as peers. FLOPs are counted as 4*B*H*N^2*D per forward, also for causal rows (so their rate over
+// the full rows' is the speed-up of skipping masked blocks), and as 3x that for forward + backward rows (the training graph: dq, dk, dv from an
+// output gradient). Flex rows add a score modifier
 // (-softcap: 30 tanh(s / 30); -alibi-causal: ALiBi's per-head slopes with causality, counted as
 // full rows like -causal; -dropout-fwd+bwd: dropout 0.1 on the weights, drawn inside the fused
 // kernels, forward + backward; -document: packed documents of 128 tokens, a mask_mod from their
@@ -32,7 +32,10 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "backends/cpu/gemm.hpp"
+#include "backends/cpu/thread_pool.hpp"
 #include "backends/equivalence.hpp"
+#include "bench/limits.hpp"
 #include "bench/report.hpp"
 #include "dsl/dsl.hpp"
 #include "ir/passes/passes.hpp"
@@ -208,6 +211,32 @@ void bench_sgemm(benchmark::State& state, Shape s) {
   set_rate(state, s.flops());
 }
 
+/// The same two products through the cpu backend's GEMM (backends/cpu/gemm.hpp), a head per
+/// thread of its pool at a time (one N x N score buffer per thread, as the sgemm row).
+void bench_qkv_gemm(benchmark::State& state, Shape s) {
+  using namespace qkv::backend::cpu;
+  const auto heads = s.b * s.h, threads = static_cast<std::int64_t>(ThreadPool::global().size());
+  std::vector<float> q(static_cast<std::size_t>(heads * s.n * s.d), 0.5f), scores(static_cast<std::size_t>(threads * s.n * s.n), 0.25f),
+      out(q.size());
+  const GemmShape qk{s.n, s.n, s.d, false, true, s.d, s.d, s.n, qkv::DType::f32}, pv{s.n, s.d, s.n, false, false, s.n, s.d, s.d, qkv::DType::f32};
+  std::vector<GemmOperands> first, second;
+  for (auto _ : state)
+    for (std::int64_t h0 = 0; h0 < heads; h0 += threads) {
+      first.clear();
+      second.clear();
+      for (std::int64_t h = h0; h < std::min(heads, h0 + threads); ++h) {
+        float* qh = q.data() + h * s.n * s.d;
+        float* sh = scores.data() + (h - h0) * s.n * s.n;
+        first.push_back({qh, qh, sh});
+        second.push_back({sh, qh, out.data() + h * s.n * s.d});
+      }
+      gemm(qk, first);
+      gemm(pv, second);
+    }
+  benchmark::DoNotOptimize(out.data());
+  set_rate(state, s.flops());
+}
+
 /// The plain composition: sgemm, a scalar softmax loop, sgemm (the score matrix materialised).
 void bench_sgemm_softmax_sgemm(benchmark::State& state, Shape s) {
   const auto heads = s.b * s.h;
@@ -254,9 +283,14 @@ class RatioReporter : public benchmark::ConsoleReporter {
     std::map<std::string, double> peer;
     for (const auto& r : rates_)
       if (r.what == "sgemm") peer[r.shape] = r.gflops;
-    std::printf("\n%-24s %-22s %12s %14s %12s %8s\n", "shape", "implementation", "GFLOP/s", "vs sgemm", "plan MiB", "skip%");
+    // The cpu rows' limit: the FMA peak of every core, measured now (the vulkan rows on lavapipe
+    // run on the same cores, through LLVM's vectoriser).
+    const double peak = qkv::bench::fma_peak_flops(qkv::backend::cpu::ThreadPool::global().size()) / 1e9;
+    std::printf("\nFMA peak: %.0f GFLOP/s (%s, %d threads, measured in this run)\n", peak, qkv::backend::cpu::isa_name(qkv::backend::cpu::host_isa()),
+                qkv::backend::cpu::ThreadPool::global().size());
+    std::printf("%-24s %-22s %12s %10s %14s %12s %8s\n", "shape", "implementation", "GFLOP/s", "of peak", "vs sgemm", "plan MiB", "skip%");
     for (const auto& r : rates_) {
-      std::printf("%-24s %-22s %12.2f %13.1f%%", r.shape.c_str(), r.what.c_str(), r.gflops,
+      std::printf("%-24s %-22s %12.2f %9.1f%% %13.1f%%", r.shape.c_str(), r.what.c_str(), r.gflops, 100.0 * r.gflops / peak,
                   peer.contains(r.shape) ? 100.0 * r.gflops / peer[r.shape] : 0.0);
       if (r.mib >= 0) std::printf(" %12.1f", r.mib);
       if (r.skip >= 0) std::printf(" %8.1f", r.skip);
@@ -316,6 +350,7 @@ int main(int argc, char** argv) {
   }
   for (const auto& s : shapes) {
     benchmark::RegisterBenchmark(("sgemm/" + s.label()).c_str(), bench_sgemm, s)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("qkv-gemm/" + s.label()).c_str(), bench_qkv_gemm, s)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark(("sgemm-softmax-sgemm/" + s.label()).c_str(), bench_sgemm_softmax_sgemm, s)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
