@@ -17,6 +17,7 @@
 #include "ir/region.hpp"
 #include "models/models.hpp"
 #include "tools/commands.hpp"
+#include "tools/progress.hpp"
 
 namespace qkv::tool {
 
@@ -320,12 +321,15 @@ int cmd_bench(const Request& r, const std::string& backends, int repeat, bool pr
     for (std::size_t i = 0; i < g.size(); ++i) flops += ir::estimated_flops(g, static_cast<ir::ValueId>(i), shapes);
     std::vector<double> ms;
     std::vector<std::vector<backend::KernelTime>> profiles;
+    Progress progress("bench " + name + ": run", repeat);
     for (int i = 0; i < repeat; ++i) {
       auto t0 = std::chrono::steady_clock::now();
       exe->run(p.inputs);
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       if (profile) profiles.push_back(exe->profile());
+      if (lead) progress.update(i + 1);
     }
+    progress.clear();
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
     if (!lead) continue;

@@ -9,6 +9,7 @@
 #include "io/npy.hpp"
 #include "ir/printer.hpp"
 #include "tools/commands.hpp"
+#include "tools/progress.hpp"
 
 namespace qkv::tool {
 
@@ -17,12 +18,15 @@ int cmd_fuzz(const FuzzFlags& f, const std::vector<std::string>& backends) {
   if (!f.dump_dir.empty()) io::check_writable_dir(f.dump_dir);
   const auto t0 = std::chrono::steady_clock::now();
   int failed = 0, backward = 0;
+  Progress progress("fuzz: graph", f.graphs);
   for (int i = 0; i < f.graphs; ++i) {
     const std::uint64_t seed = f.seed + static_cast<std::uint64_t>(i);
     const auto rg = backend::random_graph(seed, f.ops);
     const auto result = backend::check_random_graph(rg, backends, f.grad, f.budget_factor);
     backward += result.backward_checked;
+    progress.update(i + 1);
     if (result.pass) continue;
+    progress.clear();
     ++failed;
     std::printf("graph seed %llu FAILED: %s\n", static_cast<unsigned long long>(seed), result.failure.c_str());
     const std::string failing_backend =
@@ -47,6 +51,7 @@ int cmd_fuzz(const FuzzFlags& f, const std::vector<std::string>& backends) {
     }
     if (failed >= f.max_failures) break;
   }
+  progress.clear();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%d random graphs (seeds %llu..), %d with a backward graph, on", f.graphs, static_cast<unsigned long long>(f.seed), backward);
   for (const auto& b : backends) std::printf(" %s", b.c_str());

@@ -23,15 +23,20 @@ struct Result {
   std::string output;
 };
 
-/// Runs qkv with `args`; `env` (e.g. "-u A B=1") changes its environment through env(1).
-Result run(const std::string& args, const std::string& env = "") {
-  std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(QKV_BINARY) + " " + args + " 2>&1";
+/// Runs a shell command, its stdout and stderr together.
+Result shell(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
   while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   int status = pclose(p);
   return {WEXITSTATUS(status), out};
+}
+
+/// Runs qkv with `args`; `env` (e.g. "-u A B=1") changes its environment through env(1).
+Result run(const std::string& args, const std::string& env = "") {
+  return shell((env.empty() ? "" : "env " + env + " ") + std::string(QKV_BINARY) + " " + args);
 }
 
 /// Whether `text` holds `before` + `after`, or `before` + "_lanes" + digits + `after` (a matmul
@@ -132,6 +137,25 @@ TEST_F(Cli, RunWritesOutputsInEveryDtypeAndReadsSafetensors) {
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   }
   for (const char* f : {"a.npy", "a.txt", "a.safetensors"}) EXPECT_FALSE(fs::exists(path(f))) << f;
+}
+
+TEST_F(Cli, LongCommandsShowProgressOnATerminalOnly) {
+  // On a terminal (script(1) gives the command one) fuzz and bench rewrite a progress line on
+  // stderr and erase it before their results; through a pipe (as everywhere else in these
+  // tests) they print none.
+  const std::string shown_at_once = "QKV_PROGRESS_DELAY_MS=0";
+  for (const std::string args : {"fuzz --graphs 40 --backend cpu", "bench sdpa --backend cpu --repeat 2000"}) {
+    Result tty = shell("env " + shown_at_once + " script -q -e -c '" + std::string(QKV_BINARY) + " " + args + "' /dev/null");
+    ASSERT_EQ(tty.status, 0) << args << "\n" << tty.output;
+    const std::string line = args.rfind("fuzz", 0) == 0 ? "fuzz: graph " : "bench cpu: run ";
+    EXPECT_NE(tty.output.find("\r\033[K" + line), std::string::npos) << args << "\n" << tty.output;
+    const std::size_t last = tty.output.rfind(line);
+    EXPECT_NE(tty.output.find("\r\033[K", last), std::string::npos) << "not erased: " << tty.output;  // erased after the last one
+    Result piped = run(args, shown_at_once);
+    ASSERT_EQ(piped.status, 0) << piped.output;
+    EXPECT_EQ(piped.output.find(line), std::string::npos) << piped.output;
+    EXPECT_EQ(piped.output.find('\r'), std::string::npos) << piped.output;
+  }
 }
 
 TEST_F(Cli, RunPromotesLowerRankFilesAndTakesOptions) {
