@@ -589,7 +589,7 @@ class CpuBackend final : public Backend {
       case Op::cast:
         if (storage_of(g).view[static_cast<std::size_t>(v)]) return "(view of its operand, widened where read)";
         return "loop";
-      case Op::matmul: return std::string(cpu::gemm_kernel_name()) + " (up to 4 rows: one pass over B)";
+      case Op::matmul: return std::string(cpu::gemm_kernel_name()) + " (up to 4 rows of A as stored: one pass over B)";
       case Op::attention:
       case Op::masked_attention: return "fused attention (online softmax)";
       // The modifier is named: explain says what was fused.

@@ -117,9 +117,11 @@ template <class F>
   for (std::int64_t c0 = 0; c0 < cols; c0 += NR, to += NR * kc) {
     const int w = static_cast<int>(std::min<std::int64_t>(NR, cols - c0));
     if (s.b_transposed) {  // B(p, j) = b[j * ldb + p]: the strip's w columns are rows of b, transposed in registers
-      const float* from = static_cast<const float*>(b) + (j0 + c0) * s.ldb + p0;
+      const float* from = nullptr;
       std::int64_t ld = s.ldb;
-      if (!f32) {  // widened first, the w rows one after another
+      if (f32) {
+        from = static_cast<const float*>(b) + (j0 + c0) * s.ldb + p0;
+      } else {  // widened first, the w rows one after another
         if (row.size() < static_cast<std::size_t>(w * kc)) row.resize(static_cast<std::size_t>(w * kc));
         for (int c = 0; c < w; ++c) widen(whole, (j0 + c0 + c) * s.ldb + p0, kc, row.data() + c * kc);
         from = row.data();
@@ -217,27 +219,40 @@ QKV_TARGET_AVX2 void block_avx2(const GemmShape& s, const Block& t) { block_impl
 
 int to_int(std::int64_t v) { return static_cast<int>(v); }
 
-/// The baseline ISA's block: OpenBLAS's sgemm on it, a half B's columns widened first.
+/// The baseline ISA's block: OpenBLAS's sgemm on it; a half B widened 256 terms at a time (each
+/// part's product added to the last), never whole.
 void block_openblas(const GemmShape& s, const Block& t) {
   const GemmOperands& e = *t.entry;
+  const auto trans = [](bool t_) { return t_ ? CblasTrans : CblasNoTrans; };
+  float* c = e.c + t.i0 * s.ldc + t.j0;
   const float* a = e.a + (s.a_transposed ? t.i0 : t.i0 * s.lda);
-  const float* b = static_cast<const float*>(e.b) + (s.b_transposed ? t.j0 * s.ldb : t.j0);
-  std::int64_t ldb = s.ldb;
-  if (s.b_dtype != DType::f32) {
-    std::vector<float>& wide = buffers().row;
-    wide.resize(static_cast<std::size_t>(t.cols * s.k));
-    const ConstView whole{nullptr, {}, e.b, s.b_dtype};
-    if (s.b_transposed) {
-      for (std::int64_t j = 0; j < t.cols; ++j) widen(whole, (t.j0 + j) * s.ldb, s.k, wide.data() + j * s.k);
-      ldb = s.k;
+  if (s.b_dtype == DType::f32) {
+    const float* b = static_cast<const float*>(e.b) + (s.b_transposed ? t.j0 * s.ldb : t.j0);
+    cblas_sgemm(CblasRowMajor, trans(s.a_transposed), trans(s.b_transposed), to_int(t.rows), to_int(t.cols), to_int(s.k), 1.0f, a, to_int(s.lda), b,
+                to_int(s.ldb), 0.0f, c, to_int(s.ldc));
+    return;
+  }
+  if (s.k == 0) {
+    for (std::int64_t i = 0; i < t.rows; ++i) std::fill_n(c + i * s.ldc, t.cols, 0.0f);
+    return;
+  }
+  constexpr std::int64_t kKc = 256;
+  std::vector<float>& wide = buffers().row;
+  const ConstView whole{nullptr, {}, e.b, s.b_dtype};
+  for (std::int64_t p0 = 0; p0 < s.k; p0 += kKc) {
+    const std::int64_t kc = std::min(kKc, s.k - p0);
+    wide.resize(static_cast<std::size_t>(t.cols * kc));
+    std::int64_t ldb = 0;
+    if (s.b_transposed) {  // the block's columns: rows of b, kc terms each
+      for (std::int64_t j = 0; j < t.cols; ++j) widen(whole, (t.j0 + j) * s.ldb + p0, kc, wide.data() + j * kc);
+      ldb = kc;
     } else {
-      for (std::int64_t p = 0; p < s.k; ++p) widen(whole, p * s.ldb + t.j0, t.cols, wide.data() + p * t.cols);
+      for (std::int64_t p = 0; p < kc; ++p) widen(whole, (p0 + p) * s.ldb + t.j0, t.cols, wide.data() + p * t.cols);
       ldb = t.cols;
     }
-    b = wide.data();
+    cblas_sgemm(CblasRowMajor, trans(s.a_transposed), trans(s.b_transposed), to_int(t.rows), to_int(t.cols), to_int(kc), 1.0f,
+                a + (s.a_transposed ? p0 * s.lda : p0), to_int(s.lda), wide.data(), to_int(ldb), p0 > 0 ? 1.0f : 0.0f, c, to_int(s.ldc));
   }
-  cblas_sgemm(CblasRowMajor, s.a_transposed ? CblasTrans : CblasNoTrans, s.b_transposed ? CblasTrans : CblasNoTrans, to_int(t.rows), to_int(t.cols),
-              to_int(s.k), 1.0f, a, to_int(s.lda), b, to_int(ldb), 0.0f, e.c + t.i0 * s.ldc + t.j0, to_int(s.ldc));
 }
 
 using BlockFn = void (*)(const GemmShape&, const Block&);

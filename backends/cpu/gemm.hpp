@@ -36,9 +36,9 @@ const char* gemm_kernel_name();
 
 /// Computes every entry's product, spread over ThreadPool::global() (an entry's rows and columns
 /// split into blocks when the batch alone leaves threads idle). With qkv's kernels each element of
-/// C is summed by one thread in a fixed order (p ascending, one fused multiply-add per term)
-/// whatever the split: the result is the same with 1 thread or 16. (OpenBLAS's order, on the
-/// baseline ISA, follows each block's shape.)
+/// C is summed by one thread in a fixed order whatever the split (each block of 256 terms in
+/// registers, p ascending, one fused multiply-add per term, then added to C): the result is the
+/// same with 1 thread or 16. (OpenBLAS's order, on the baseline ISA, follows each block's shape.)
 void gemm(const GemmShape& s, std::span<const GemmOperands> entries);
 
 }  // namespace qkv::backend::cpu

@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <cstdlib>
+#include <utility>
 
 namespace qkv::backend::cpu {
 
@@ -42,9 +43,13 @@ void ThreadPool::run_tasks() {
   while (next_ < n_) {
     std::int64_t i = next_++;
     lock.unlock();
-    in_task = true;
-    (*fn_)(i);
-    in_task = false;
+    {
+      struct InTask {  // restored even when the task throws
+        bool was = std::exchange(in_task, true);
+        ~InTask() { in_task = was; }
+      } scope;
+      (*fn_)(i);
+    }
     lock.lock();
     if (++finished_ == n_) done_.notify_all();
   }

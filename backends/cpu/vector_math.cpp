@@ -67,7 +67,7 @@ template <class V> [[gnu::always_inline]] inline V exp_v(const V& in) {
   const I underflow = x < -87.3f;
   const I overflow = x > 88.72283f;
   x = x < -87.3f ? splat<V>(-87.3f) : x;
-  x = x > 88.3f ? splat<V>(88.3f) : x;
+  x = x > 88.72283f ? splat<V>(88.72283f) : x;
   const V round = splat<V>(12582912.0f);  // 1.5 * 2^23: adding and subtracting rounds to an integer
   V k = (x * 1.44269504088896341f + round) - round;
   V r = x - k * 0.693359375f - k * -2.12194440e-4f;
@@ -78,8 +78,10 @@ template <class V> [[gnu::always_inline]] inline V exp_v(const V& in) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  I bits = (__builtin_convertvector(k, I) + 127) << 23;
-  V e = p * __builtin_bit_cast(V, bits);
+  // 2^k as 2^h 2^(k-h), h = k/2: each factor a normal float for every k in [-126, 128] (2^128
+  // alone is not, and exp(x) for x up to 88.72 needs it).
+  const I ki = __builtin_convertvector(k, I), h = ki >> 1;
+  V e = p * __builtin_bit_cast(V, (h + 127) << 23) * __builtin_bit_cast(V, (ki - h + 127) << 23);
   const I nan = in != in;
   return nan ? in : underflow ? splat<V>(0.0f) : overflow ? splat<V>(std::numeric_limits<float>::infinity()) : e;
 }
@@ -117,7 +119,7 @@ template <class V> [[gnu::always_inline]] inline V tanh_v(const V& x) {
   return nan ? x : a < 0.25f ? small : negative ? -magnitude : magnitude;
 }
 
-/// erf(x): below |x| = 1 its odd series x * P(x^2) (a minimax fit to degree 25), beyond
+/// erf(x): below |x| = 1 its odd Taylor series x * P(x^2) to x^25, beyond
 /// Abramowitz and Stegun's 7.1.26, 1 - t Q(t) exp(-x^2) with t = 1 / (1 + 0.3275911 |x|) (an
 /// absolute error of 1.5e-7, under 1.8e-7 relative where erf >= 0.84), the sign restored. The
 /// same algorithm and coefficients as the GLSL qkv_erf; NaN stays NaN.

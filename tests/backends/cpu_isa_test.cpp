@@ -97,6 +97,16 @@ TEST(CpuIsa, ErfExpAndSumMatchTheLibmOnEveryTail) {
       else if (std::isinf(e)) EXPECT_TRUE(std::isinf(got)) << v;
       else EXPECT_NEAR(got, e, 4e-7f * e) << n << " " << v;
     }
+    // exp's ends: 88.72 is finite (2^128 times a factor under 1), past it +inf; below -87.3, 0.
+    const std::vector<float> ends = {88.3f, 88.5f, 88.7f, 88.72f, 88.73f, 89.0f, -87.0f, -87.4f, -100.0f};
+    std::vector<float> e_out(ends.size());
+    exp_of(ends.data(), e_out.data(), static_cast<std::int64_t>(ends.size()));
+    for (std::size_t i = 0; i < ends.size(); ++i) {
+      const float v = ends[i], e = std::exp(v);
+      if (v < -87.3f) EXPECT_EQ(e_out[i], 0.0f) << v;
+      else if (std::isinf(e)) EXPECT_TRUE(std::isinf(e_out[i])) << v;
+      else EXPECT_NEAR(e_out[i], e, 4e-7f * e) << v;
+    }
     x = ramp(n, -3.0f, 5.0f);
     double want = 0;
     for (float v : x) want += v;
@@ -248,15 +258,37 @@ TEST(CpuIsa, TileGemmIsTheProductOnEveryTail) {
           }
 }
 
+/// A B operand as a half checkpoint holds it: `b` rounded in place to `stored` (the values a kernel
+/// reading it should see) and its 16-bit copies; at(i) points at element i in `stored`.
+struct StoredB {
+  DType stored;
+  std::vector<float>& b;
+  std::vector<Half> f16;
+  std::vector<BFloat16> bf16;
+  StoredB(DType stored_as, std::vector<float>& values) : stored(stored_as), b(values), f16(values.size()), bf16(values.size()) {
+    const auto n = static_cast<std::int64_t>(b.size());
+    to_half(b.data(), f16.data(), n);
+    to_bfloat16(b.data(), bf16.data(), n);
+    if (stored == DType::f16) to_float(f16.data(), b.data(), n);
+    if (stored == DType::bf16) to_float(bf16.data(), b.data(), n);
+  }
+  const void* at(std::size_t i) const {
+    if (stored == DType::f16) return f16.data() + i;
+    if (stored == DType::bf16) return bf16.data() + i;
+    return b.data() + i;
+  }
+};
+
 TEST(CpuIsa, GemmIsTheProductInEveryLayoutDtypeAndTail) {
   // The backend's packed GEMM: m and n leave every row and column tail of both register tiles
   // (12 x 32 on AVX-512, 6 x 16 on AVX2) and split over threads; k = 0, one term, and more than
-  // one block of 256 terms; n past one packed panel of B (4096 columns); A and B each as stored or
+  // one block of 256 terms; n past one packed panel of B (4096 columns: two column blocks); a block
+  // of rows taller than one packed block of A (192 rows on AVX-512); A and B each as stored or
   // transposed, B in f32, f16 and bf16 (read as stored), a batch of entries with their own operands.
   struct Dims {
     std::int64_t m, n, k;
   };
-  const Dims dims[] = {{1, 1, 1}, {5, 7, 0}, {6, 16, 3}, {13, 33, 17}, {25, 47, 300}, {40, 130, 513}, {7, 4100, 9}, {97, 65, 64}};
+  const Dims dims[] = {{1, 1, 1}, {5, 7, 0}, {6, 16, 3}, {13, 33, 17}, {25, 47, 300}, {40, 130, 513}, {7, 4100, 9}, {97, 65, 64}, {500, 40, 20}};
   std::mt19937 rng(13);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (const DType stored : {DType::f32, DType::f16, DType::bf16})
@@ -270,21 +302,11 @@ TEST(CpuIsa, GemmIsTheProductInEveryLayoutDtypeAndTail) {
           std::vector<float> a(static_cast<std::size_t>(batch * a_size)), b(static_cast<std::size_t>(batch * b_size));
           for (float& v : a) v = uniform(rng);
           for (float& v : b) v = uniform(rng);
-          std::vector<Half> b16(b.size());
-          std::vector<BFloat16> bb16(b.size());
-          to_half(b.data(), b16.data(), static_cast<std::int64_t>(b.size()));
-          to_bfloat16(b.data(), bb16.data(), static_cast<std::int64_t>(b.size()));
-          if (stored == DType::f16) to_float(b16.data(), b.data(), static_cast<std::int64_t>(b.size()));
-          if (stored == DType::bf16) to_float(bb16.data(), b.data(), static_cast<std::int64_t>(b.size()));
+          const StoredB held(stored, b);
           std::vector<float> c(static_cast<std::size_t>(batch * c_size), kNaN);
           std::vector<GemmOperands> entries;
-          for (std::int64_t e = 0; e < batch; ++e) {
-            const std::size_t at = static_cast<std::size_t>(e * b_size);
-            const void* be = stored == DType::f32   ? static_cast<const void*>(b.data() + at)
-                             : stored == DType::f16 ? static_cast<const void*>(b16.data() + at)
-                                                    : static_cast<const void*>(bb16.data() + at);
-            entries.push_back({a.data() + e * a_size, be, c.data() + e * c_size});
-          }
+          for (std::int64_t e = 0; e < batch; ++e)
+            entries.push_back({a.data() + e * a_size, held.at(static_cast<std::size_t>(e * b_size)), c.data() + e * c_size});
           gemm({d.m, d.n, d.k, ta, tb, lda, ldb, ldc, stored}, entries);
           for (std::int64_t e = 0; e < batch; ++e)
             for (std::int64_t i = 0; i < d.m; ++i)
@@ -362,16 +384,8 @@ TEST(CpuIsa, FewRowsProductIsTheProductInEveryLayoutAndDtype) {
             std::vector<float> x(static_cast<std::size_t>(rows * k)), b(static_cast<std::size_t>(k * n));
             for (float& v : x) v = uniform(rng);
             for (float& v : b) v = uniform(rng);
-            std::vector<Half> b16(b.size());
-            std::vector<BFloat16> bb16(b.size());
-            to_half(b.data(), b16.data(), static_cast<std::int64_t>(b.size()));
-            to_bfloat16(b.data(), bb16.data(), static_cast<std::int64_t>(b.size()));
-            // What the kernel should read: B's elements as stored.
-            if (stored == DType::f16) to_float(b16.data(), b.data(), static_cast<std::int64_t>(b.size()));
-            if (stored == DType::bf16) to_float(bb16.data(), b.data(), static_cast<std::int64_t>(b.size()));
-            const void* stored_b = stored == DType::f32   ? static_cast<const void*>(b.data())
-                                   : stored == DType::f16 ? static_cast<const void*>(b16.data())
-                                                          : static_cast<const void*>(bb16.data());
+            const StoredB held(stored, b);  // what the kernel should read: B's elements as stored
+            const void* stored_b = held.at(0);
             std::vector<float> out(static_cast<std::size_t>(rows * n), kNaN);
             few_rows_product(x.data(), rows, k, n, stored_b, stored, transposed, out.data());
             for (std::int64_t r = 0; r < rows; ++r)
