@@ -131,11 +131,15 @@ std::map<std::string, double> openblas_in_child(const char* self, const std::str
 int main(int argc, char** argv) {
   int reps = 7;
   bool peers = true;
-  for (int i = 1; i < argc; ++i)
+  for (int i = 1; i < argc; ++i) {
+    const bool value = i + 1 < argc;
     if (std::strcmp(argv[i], "--no-peers") == 0) peers = false;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--threads") == 0) setenv("QKV_NUM_THREADS", argv[i + 1], 1);
+    else if (std::strcmp(argv[i], "--reps") == 0 && value) reps = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--threads") == 0 && value) setenv("QKV_NUM_THREADS", argv[++i], 1);
+    else {
+      std::fprintf(stderr, "usage: %s [--reps N] [--threads T] [--no-peers]\n", argv[0]);
+      return 2;
+    }
   }
   if (std::getenv("QKV_GEMM_BENCH_CHILD")) {  // OpenBLAS's rows only, under the core the parent chose
     for (const Case& s : kCases) std::printf("%s\t%.3f\n", s.what, openblas_gflops(s, reps));

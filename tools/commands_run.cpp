@@ -136,6 +136,7 @@ OutPlan plan_outputs(const Prepared& p, const std::vector<std::string>& outs, co
     plan.dtypes[name] = written;
     const std::string what = "--out " + name + "=" + file;
     if (file.ends_with(".npy")) {
+      if (written == DType::bf16 && convert) throw UsageError(what + " with --out-dtype bf16: .npy cannot hold bf16: write a .safetensors file");
       if (written == DType::bf16)
         throw UsageError(what + ": '" + name + "' is bf16, which .npy cannot hold: write a .safetensors file, or widen it with --out-dtype f32");
       if (const auto [at, fresh] = npy_owner.emplace(file, name); !fresh)

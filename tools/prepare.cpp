@@ -206,7 +206,8 @@ Prepared prepare(const Request& r) {
     Tensor tensor;
     std::string stored;  // the file's dtype as NumPy names it
   };
-  std::map<std::string, InFile> files;  // each --in file, read once
+  std::map<std::string, InFile> files;                // each --in file, read once
+  std::map<std::string, io::TensorFile> safetensors;  // each .safetensors file, mapped once
   for (const auto& [name, file] : r.in) {
     InFile f;
     // FILE.safetensors[:TENSOR]: the tensor named TENSOR, or the input's own name.
@@ -214,7 +215,9 @@ Prepared prepare(const Request& r) {
     if (colon != std::string::npos || file.ends_with(".safetensors")) {
       const std::string path = colon == std::string::npos ? file : file.substr(0, colon + 12);
       const std::string tensor = colon == std::string::npos ? name : file.substr(colon + 13);
-      const io::TensorFile all = io::read_safetensors(path);
+      auto cached = safetensors.find(path);
+      if (cached == safetensors.end()) cached = safetensors.emplace(path, io::read_safetensors(path)).first;
+      const io::TensorFile& all = cached->second;
       const auto found = all.find(tensor);
       if (found == all.end()) {
         std::string list;
