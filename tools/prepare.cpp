@@ -196,21 +196,19 @@ std::string symbol_list(const ir::Graph& g) {
   return s.empty() ? "none" : s;
 }
 
-}  // namespace
+/// An --in file's tensor, and its dtype as NumPy names it (empty for a .safetensors tensor).
+struct InFile {
+  Tensor tensor;
+  std::string stored;
+};
 
-Prepared prepare(const Request& r) {
-  Prepared p;
-  std::map<std::string, std::int64_t> dims;
-  for (const auto& [name, value] : r.dims) dims[name] = parse_size("--dim", name, value);
-  struct InFile {
-    Tensor tensor;
-    std::string stored;  // the file's dtype as NumPy names it
-  };
-  std::map<std::string, InFile> files;                // each --in file, read once
-  std::map<std::string, io::TensorFile> safetensors;  // each .safetensors file, mapped once
+/// Each --in file, read once: NAME=FILE.npy, or NAME=FILE.safetensors[:TENSOR] (the tensor named
+/// TENSOR, or the input's own name; a file several inputs take from is mapped once).
+std::map<std::string, InFile> read_input_files(const Request& r) {
+  std::map<std::string, InFile> files;
+  std::map<std::string, io::TensorFile> safetensors;
   for (const auto& [name, file] : r.in) {
     InFile f;
-    // FILE.safetensors[:TENSOR]: the tensor named TENSOR, or the input's own name.
     const std::size_t colon = file.rfind(".safetensors:");
     if (colon != std::string::npos || file.ends_with(".safetensors")) {
       const std::string path = colon == std::string::npos ? file : file.substr(0, colon + 12);
@@ -231,6 +229,16 @@ Prepared prepare(const Request& r) {
     }
     files.emplace(name, std::move(f));
   }
+  return files;
+}
+
+}  // namespace
+
+Prepared prepare(const Request& r) {
+  Prepared p;
+  std::map<std::string, std::int64_t> dims;
+  for (const auto& [name, value] : r.dims) dims[name] = parse_size("--dim", name, value);
+  const std::map<std::string, InFile> files = read_input_files(r);
   const models::ModelSpec* spec = nullptr;
   std::optional<models::Pretrained> pretrained;
   if (!r.prompt.empty() && !models::is_model_dir(r.target)) throw UsageError("--prompt is for model folders; " + r.target + " is not one");
