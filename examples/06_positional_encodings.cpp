@@ -8,7 +8,8 @@
 #include <qkv/dsl.hpp>
 
 #include "examples/example.hpp"
-#include "io/png.hpp"
+#include "io/file.hpp"
+#include "plot/figure.hpp"
 
 int main(int argc, char** argv) {
   using namespace qkv;
@@ -27,8 +28,13 @@ int main(int argc, char** argv) {
     std::vector<double> values(static_cast<std::size_t>(pe.numel()));
     for (std::int64_t i = 0; i < pe.numel(); ++i) values[static_cast<std::size_t>(i)] = pe.at(i);
     std::filesystem::create_directories(dir);
-    io::Image img = io::heatmap(values, 50, 16, 10, -1.0, 1.0);
-    io::write_png(dir + "/sinusoidal_positions.png", img);
+    plot::HeatmapFigure figure;
+    figure.panels.resize(1);
+    plot::Heatmap& map = figure.panels[0];
+    map.title = "sinusoidal positions", map.rows = 50, map.cols = 16, map.values = values;
+    map.x_name = "dimension", map.y_name = "position";
+    figure.lo = -1, figure.hi = 1, figure.colormap = plot::Colormap::red_blue, figure.bar_label = "value";
+    io::write_file_atomic(dir + "/sinusoidal_positions.png", plot::render(plot::to_svg(figure), plot::Format::png));
     std::printf("heatmap (50 positions down, 16 dims across) -> %s/sinusoidal_positions.png\n", dir.c_str());
     if (std::abs(pe.at(1 * 16 + 0) - std::sin(1.0)) > 1e-5 || std::abs(pe.at(1 * 16 + 1) - std::cos(1.0)) > 1e-5) return 1;
 

@@ -6,10 +6,13 @@ packages=(
   libopenblas-dev
   libvulkan-dev vulkan-tools mesa-vulkan-drivers vulkan-validationlayers
   glslc libshaderc-dev spirv-tools
-  libcli11-dev nlohmann-json3-dev libpng-dev libboost-dev libicu-dev libsentencepiece-dev
+  libcli11-dev nlohmann-json3-dev libboost-dev libicu-dev libsentencepiece-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   libopenmpi-dev openmpi-bin
+  libcairo2-dev libpango1.0-dev librsvg2-dev fonts-dejavu-core
+  chromium chromium-driver python3-selenium
+  doxygen
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -17,14 +17,20 @@ int cmd_dump(const Request& r, bool ir, bool dot, bool glsl);
 /// With `profile`, each kernel's median device time too (backends that time their kernels).
 int cmd_explain(const Request& r, const std::string& backend, bool profile = false);
 int cmd_bench(const Request& r, const std::string& backends, int repeat, bool profile);
-int cmd_viz(const Request& r, const std::string& backend, const std::string& dir, const std::string& labels);
+struct VizFlags {
+  std::string dir;              // --dir: the figures' folder
+  std::string formats = "png";  // --format: comma-separated png, svg, pdf
+  std::string html;             // --html: the explorer's file
+  std::string labels;           // --labels: comma-separated token labels
+};
+int cmd_viz(const Request& r, const std::string& backend, const VizFlags& flags);
 struct TrainFlags {
   std::string backend;
   int steps = 100;
   int batch = 32;
   double lr = 0.3;
   std::uint64_t seed = 1;
-  std::string png;
+  std::string plot;           // --plot: the loss curve's file (.png, .svg, .pdf)
   std::string dtype = "f32";  // f16 or bf16: mixed precision (f32 parameters; f16 scales its loss)
 };
 int cmd_train(const TrainFlags& f);

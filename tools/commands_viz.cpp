@@ -1,30 +1,38 @@
-// qkv viz (attention heatmaps as PNG) and qkv train (the copy task with a loss curve).
+// qkv viz: a model's attention weights as figures (every head side by side with one colour bar,
+// causal next to full, the positional encoding) and as an interactive explorer in one HTML file.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <optional>
 #include <sstream>
 
 #include "io/file.hpp"
-#include "io/png.hpp"
 #include "io/tokenizer.hpp"
 #include "models/models.hpp"
 #include "models/pretrained.hpp"
+#include "plot/figure.hpp"
 #include "tools/commands.hpp"
-#include "train/init.hpp"
-#include "train/trainer.hpp"
+#include "tools/explorer.hpp"
 
 namespace qkv::tool {
 
 namespace {
 
-constexpr std::int64_t kCell = 24;
-
-std::vector<std::string> split_labels(const std::string& labels) {
+std::vector<std::string> split(const std::string& text, char sep) {
   std::vector<std::string> out;
-  std::stringstream ss(labels);
-  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
+  return out;
+}
+
+std::vector<plot::Format> parse_formats(const std::string& text) {
+  std::vector<plot::Format> out;
+  for (const std::string& f : split(text, ',')) {
+    const auto format = plot::format_of("." + f);
+    if (!format) throw UsageError("--format " + text + ": '" + f + "' is not a figure format (png, svg, pdf)");
+    if (std::find(out.begin(), out.end(), *format) == out.end()) out.push_back(*format);
+  }
+  if (out.empty()) throw UsageError("--format: name png, svg or pdf");
   return out;
 }
 
@@ -35,64 +43,71 @@ std::vector<double> matrix(const Tensor& t, std::int64_t index, std::int64_t row
   return m;
 }
 
-/// A figure: `title` on top, `x_name` and labels across the top, `y_name` and labels down the
-/// left, the heatmap, and a colour bar for [lo, hi] named `bar` at the right.
-io::Image figure(const io::Image& map, const std::string& title, const std::string& x_name, const std::string& y_name,
-                 const std::vector<std::string>& x_labels, const std::vector<std::string>& y_labels, std::int64_t cell, double lo, double hi,
-                 const std::string& bar, const std::string& note) {
-  std::int64_t label_w = 0;
-  for (const auto& l : y_labels) label_w = std::max(label_w, io::text_width(l.substr(0, 10)));
-  const bool x_labelled = !x_labels.empty();
-  const std::int64_t left = 14 + label_w + (label_w ? 6 : 0), top = 14 + 12 + (x_labelled ? 12 : 0);
-  const io::Image key = io::colour_bar(lo, hi, map.height, bar);
-  const std::int64_t width = std::max(left + map.width + 12 + key.width + 4, io::text_width(title) + 8);
-  const std::int64_t height = top + map.height + (note.empty() ? 6 : 20);
-  io::Image img(width, height);
-  io::draw_text(img, 4, 2, title);
-  io::draw_text(img, left + map.width / 2 - io::text_width(x_name) / 2, 14, x_name);
-  io::draw_text(img, 2, top + map.height / 2 - 9 * static_cast<std::int64_t>(y_name.size()) / 2, y_name, 1, true);
-  for (std::size_t j = 0; j < x_labels.size() && static_cast<std::int64_t>(j) * cell < map.width; ++j)
-    io::draw_text(img, left + static_cast<std::int64_t>(j) * cell + 2, top - 11,
-                  x_labels[j].substr(0, static_cast<std::size_t>(std::max<std::int64_t>((cell - 4) / 6, 1))));
-  for (std::size_t i = 0; i < y_labels.size() && static_cast<std::int64_t>(i) * cell < map.height; ++i)
-    io::draw_text(img, 12, top + static_cast<std::int64_t>(i) * cell + cell / 2 - 3, y_labels[i].substr(0, 10));
-  img.paste(map, left, top);
-  img.paste(key, left + map.width + 12, top - 14);
-  if (!note.empty()) io::draw_text(img, 4, top + map.height + 8, note);
-  return img;
+/// One panel of attention weights: queries down, keys across, masked keys (weight exactly 0)
+/// hatched.
+plot::Heatmap weights_panel(std::vector<double> m, std::int64_t rows, std::int64_t cols, const std::string& title,
+                            const std::vector<std::string>& labels) {
+  plot::Heatmap h;
+  h.title = title, h.rows = rows, h.cols = cols, h.values = std::move(m);
+  h.x_labels = h.y_labels = labels;
+  h.x_name = "key", h.y_name = "query";
+  if (std::any_of(h.values.begin(), h.values.end(), [](double v) { return v == 0.0; }))
+    for (double v : h.values) h.masked.push_back(v == 0.0);
+  return h;
 }
 
-/// An attention-weights figure: queries down, keys across, the colour scale fitted to the largest
-/// weight (random attention at about 1/N is not one flat block), masked keys (weight exactly 0)
-/// hatched grey.
-io::Image weights_figure(const std::vector<double>& m, std::int64_t rows, std::int64_t cols, const std::string& title,
-                         const std::vector<std::string>& labels) {
-  std::vector<std::uint8_t> masked(m.size());
-  double hi = 0;
-  bool any_masked = false;
-  for (std::size_t i = 0; i < m.size(); ++i) {
-    masked[i] = m[i] == 0.0;
-    any_masked |= m[i] == 0.0;
-    if (std::isfinite(m[i])) hi = std::max(hi, m[i]);
-  }
-  if (hi <= 0) hi = 1;
-  const std::int64_t cell = std::clamp<std::int64_t>(480 / std::max(rows, cols), 2, kCell);
-  return figure(io::heatmap(m, rows, cols, cell, 0.0, hi, &masked), title, "key", "query", labels, labels, cell, 0.0, hi, "weight",
-                any_masked ? "grey: masked (weight 0)" : "");
+/// Weights figures share one colour scale from 0 to the largest weight (random attention at about
+/// 1/N is not one flat block), at least 0.05.
+plot::HeatmapFigure weights_figure(std::string title, std::vector<plot::Heatmap> panels) {
+  double hi = 0.05;
+  for (const auto& p : panels)
+    for (double v : p.values)
+      if (std::isfinite(v)) hi = std::max(hi, v);
+  plot::HeatmapFigure f;
+  f.title = std::move(title), f.panels = std::move(panels);
+  f.lo = 0, f.hi = hi;
+  f.colormap = plot::Colormap::blues;
+  f.bar_label = "attention weight";
+  return f;
 }
 
-}  // namespace
-
-int cmd_viz(const Request& request, const std::string& backend_name, const std::string& dir, const std::string& labels_text) {
-  io::check_writable_dir(dir);  // before any work
-  Request r = request;
-  r.attention_weights = true;  // a model folder's graph: each layer's weights too
-  auto labels = split_labels(labels_text);
-  // A model folder's prompt labels the axes with its tokens, as the tokenizer cut it.
+/// The labels of the axes: --labels, or a model folder's prompt as its tokenizer cut it.
+std::vector<std::string> token_labels(const Request& r, const std::string& labels_text) {
+  std::vector<std::string> labels = split(labels_text, ',');
   if (labels.empty() && !r.prompt.empty() && models::is_model_dir(r.target)) {
     const io::Tokenizer tokenizer = io::Tokenizer::from_folder(r.target);
     const std::vector<std::int32_t> ids = tokenizer.encode(r.prompt);
     for (std::size_t i = 0; i < ids.size(); ++i) labels.push_back(tokenizer.piece(ids[i], i == 0));
+  }
+  return labels;
+}
+
+bool has_causal_option(const std::string& target) {
+  try {
+    const auto& options = models::find_model(target).options;
+    return std::any_of(options.begin(), options.end(), [](const auto& o) { return o.name == "causal"; });
+  } catch (const UsageError&) {  // a graph's IR text or a model folder, not a built-in model
+    return false;
+  }
+}
+
+}  // namespace
+
+int cmd_viz(const Request& request, const std::string& backend_name, const VizFlags& flags) {
+  if (flags.dir.empty() && flags.html.empty()) throw UsageError("viz: name a folder for the figures (--dir), an explorer file (--html), or both");
+  const std::vector<plot::Format> formats = parse_formats(flags.formats);
+  if (!flags.dir.empty()) io::check_writable_dir(flags.dir);  // before any work
+  namespace fs = std::filesystem;
+  const bool html_in_dir = !flags.dir.empty() && fs::path(flags.html).parent_path().lexically_normal() == fs::path(flags.dir).lexically_normal();
+  if (!flags.html.empty() && !html_in_dir) io::check_writable(flags.html);  // (the figures' folder is made if missing)
+  Request r = request;
+  r.attention_weights = true;  // a model folder's graph: each layer's weights too
+  const std::vector<std::string> labels = token_labels(r, flags.labels);
+  // A built-in model's sequence as long as the labels, one sequence (only the first is drawn).
+  if (r.in.empty() && !models::is_model_dir(r.target)) {
+    r.fallback_dims["B"] = 1;
+    if (!labels.empty())
+      for (const char* d : {"N", "M", "T"}) r.fallback_dims[d] = static_cast<std::int64_t>(labels.size());
   }
   auto be = backend::create(backend_name);
   auto weights_of = [&](const Request& req) {
@@ -101,50 +116,55 @@ int cmd_viz(const Request& request, const std::string& backend_name, const std::
     return std::make_pair(p, out);
   };
   auto [p, out] = weights_of(r);
-  std::vector<std::pair<std::string, io::Image>> images;  // file name, image: written together at the end
+
+  std::vector<std::pair<std::string, plot::HeatmapFigure>> figures;  // file name without extension, figure
+  Explorer explorer{.title = p.title, .backend = be->name(), .tokens = labels, .layers = {}};
+  const bool has_mean = out.contains("weights") && out.at("weights").rank() == 3;
   for (const auto& [name, t] : out) {
     if (name.rfind("weights", 0) != 0 || t.rank() < 2) continue;
     const std::int64_t rows = t.shape().end()[-2], cols = t.shape().back();
-    if (t.rank() == 4) {  // [B, H, N, M]: each head of the first sequence, and their mean (a model folder's per layer: weights.<layer>)
+    std::vector<plot::Heatmap> panels;
+    if (t.rank() == 4) {  // [B, H, N, M]: each head of the first sequence (a model folder's per layer: weights.<layer>)
       const std::int64_t heads = t.shape()[1];
       std::vector<double> mean(static_cast<std::size_t>(rows * cols), 0.0);
+      ExplorerLayer layer{.name = name, .heads = heads, .rows = rows, .cols = cols, .weights = {}};
       for (std::int64_t h = 0; h < heads; ++h) {
-        auto m = matrix(t, h, rows, cols);
+        std::vector<double> m = matrix(t, h, rows, cols);
         for (std::size_t i = 0; i < m.size(); ++i) mean[i] += m[i] / static_cast<double>(heads);
-        images.emplace_back(name + "_" + std::to_string(h) + ".png", weights_figure(m, rows, cols, name + ": head " + std::to_string(h), labels));
+        layer.weights.insert(layer.weights.end(), m.begin(), m.end());
+        panels.push_back(weights_panel(std::move(m), rows, cols, "head " + std::to_string(h + 1), labels));
       }
-      images.emplace_back(name + "_mean.png", weights_figure(mean, rows, cols, name + ": mean over heads", labels));
+      if (heads > 1 && !has_mean) panels.push_back(weights_panel(std::move(mean), rows, cols, "mean over heads", labels));
+      explorer.layers.push_back(std::move(layer));
     } else {
-      images.emplace_back(name + ".png", weights_figure(matrix(t, 0, rows, cols), rows, cols, name, labels));
+      panels.push_back(weights_panel(matrix(t, 0, rows, cols), rows, cols, name, labels));
     }
+    figures.emplace_back(name, weights_figure(p.title + ": " + name, std::move(panels)));
   }
-  if (images.empty()) {
+  if (explorer.layers.empty())  // no per-head weights: each weights output as a layer of one head
+    for (const auto& [name, t] : out)
+      if (name.rfind("weights", 0) == 0 && t.rank() >= 2) {
+        const std::int64_t rows = t.shape().end()[-2], cols = t.shape().back();
+        std::vector<double> m = matrix(t, 0, rows, cols);
+        explorer.layers.push_back({.name = name, .heads = 1, .rows = rows, .cols = cols, .weights = m});
+      }
+  if (figures.empty()) {
     std::string outs;
     for (const auto& [name, v] : p.graph.outputs()) outs += (outs.empty() ? "" : ", ") + name;
+    if (!flags.html.empty()) throw UsageError(p.title + " has no attention weights to explore (outputs: " + outs + ")");
     std::printf("%s has no attention weights to draw (outputs: %s)%s; drawing the positional encoding only\n", p.title.c_str(), outs.c_str(),
                 r.set.contains("weights") ? "" : "; models with a weights option draw them with --set weights=true");
   }
   // Causal next to full, for models with a causal option that output weights.
-  const auto spec_opts = [&]() -> std::vector<models::OptionSpec> {
-    try {
-      return models::find_model(r.target).options;
-    } catch (const UsageError&) {  // a graph's IR text, not a built-in model
-      return {};
-    }
-  }();
-  if (!images.empty() && std::any_of(spec_opts.begin(), spec_opts.end(), [](const auto& o) { return o.name == "causal"; })) {
+  if (!figures.empty() && has_causal_option(r.target)) {
     Request full = r, causal = r;
     full.set["causal"] = "false";
     causal.set["causal"] = "true";
-    auto a = weights_of(full).second.at("weights");
-    auto b = weights_of(causal).second.at("weights");
+    const Tensor a = weights_of(full).second.at("weights"), b = weights_of(causal).second.at("weights");
     const std::int64_t rows = a.shape().end()[-2], cols = a.shape().back();
-    auto left = weights_figure(matrix(a, 0, rows, cols), rows, cols, "full", labels);
-    auto right = weights_figure(matrix(b, 0, rows, cols), rows, cols, "causal", labels);
-    io::Image both(left.width + right.width + 10, std::max(left.height, right.height));
-    both.paste(left, 0, 0);
-    both.paste(right, left.width + 10, 0);
-    images.emplace_back("causal_vs_full.png", both);
+    figures.emplace_back("causal_vs_full",
+                         weights_figure(p.title + ": full and causal", {weights_panel(matrix(a, 0, rows, cols), rows, cols, "full", labels),
+                                                                        weights_panel(matrix(b, 0, rows, cols), rows, cols, "causal", labels)}));
   }
   // The sinusoidal position encoding for the model's sequence length.
   std::int64_t n = 0;
@@ -152,81 +172,44 @@ int cmd_viz(const Request& request, const std::string& backend_name, const std::
     if (name.rfind("weights", 0) == 0 && t.rank() >= 2) n = t.shape().end()[-2];
   n = std::max<std::int64_t>(n, 32);  // enough rows to see the waves
   ir::Graph pe_graph = models::sinusoidal_positions_graph();
-  auto pe = be->compile(pe_graph)->run({{"x", Tensor(DType::f32, {n, 64})}}).at("pe");
-  const std::int64_t cell = std::clamp<std::int64_t>(512 / n, 2, 8);
-  images.emplace_back("positions.png",
-                      figure(io::heatmap(matrix(pe, 0, n, 64), n, 64, cell, -1.0, 1.0), "sinusoidal positions: " + std::to_string(n) + " x 64",
-                             "dimension 0-63", "position 0-" + std::to_string(n - 1), {}, {}, cell, -1.0, 1.0, "value", ""));
-  io::make_dirs(dir);
-  io::OutputBatch files;
+  const Tensor pe = be->compile(pe_graph)->run({{"x", Tensor(DType::f32, {n, 64})}}).at("pe");
+  plot::Heatmap positions;
+  positions.rows = n, positions.cols = 64, positions.values = matrix(pe, 0, n, 64);
+  positions.x_name = "dimension", positions.y_name = "position";
+  plot::HeatmapFigure positions_figure;
+  positions_figure.title = "sinusoidal positions: " + std::to_string(n) + " x 64";
+  positions_figure.panels = {positions};
+  positions_figure.lo = -1, positions_figure.hi = 1;
+  positions_figure.colormap = plot::Colormap::red_blue;
+  positions_figure.bar_label = "value";
+  positions_figure.annotate = plot::Annotate::never;
+  figures.emplace_back("positions", positions_figure);
+
+  io::OutputBatch files;  // every file written, or none
   std::vector<std::string> written;
-  for (const auto& [name, img] : images) {
-    const std::string path = (std::filesystem::path(dir) / name).string();
-    files.add(path, io::encode_png(img));
-    written.push_back(path);
+  if (!flags.dir.empty()) {
+    io::make_dirs(flags.dir);
+    for (const auto& [name, figure] : figures) {
+      const std::string svg = plot::to_svg(figure);
+      for (plot::Format format : formats) {
+        const std::string path = (std::filesystem::path(flags.dir) / (name + "." + plot::extension(format))).string();
+        files.add(path, plot::render(svg, format));
+        written.push_back(path);
+      }
+    }
+  }
+  if (!flags.html.empty()) {
+    files.add(flags.html, explorer_html(explorer));
+    written.push_back(flags.html);
   }
   files.commit();
   std::printf("%s on %s: wrote\n", p.title.c_str(), be->name().c_str());
-  if (!labels.empty() && labels_text.empty()) {
+  if (!labels.empty() && flags.labels.empty()) {
     std::string joined;
     for (const std::string& l : labels) joined += (joined.empty() ? "" : "|") + l;
     std::printf("  token labels: %s\n", joined.c_str());
   }
   for (const auto& w : written) std::printf("  %s\n", w.c_str());
-  return 0;
-}
-
-int cmd_train(const TrainFlags& f) {
-  if (f.steps < 1 || f.batch < 1 || !(f.lr > 0)) throw UsageError("--steps and --batch must be positive, --lr above 0");
-  const std::optional<DType> dtype = parse_dtype(f.dtype);
-  if (!dtype || (*dtype != DType::f32 && !is_half(*dtype))) throw UsageError("--dtype " + f.dtype + ": f32, f16 or bf16");
-  train::MixedPrecision mixed;
-  mixed.compute = *dtype;
-  // Under mpirun, data-parallel: each rank trains on its shard of every batch, on its own backend
-  // (--backend a,b: rank i takes the i-th, cycling), and rank 0 reports.
-  dist::Communicator& comm = dist::Communicator::world();
-  const bool lead = comm.rank() == 0;
-  if (f.batch % comm.size() != 0)
-    throw UsageError("--batch " + std::to_string(f.batch) + " does not divide into " + std::to_string(comm.size()) + " equal shards, one per rank");
-  if (lead && !f.png.empty()) io::check_writable(f.png);  // before training, not after
-  const std::vector<std::string> choices = backend_list(f.backend);
-  auto be = backend::create(choices[static_cast<std::size_t>(comm.rank()) % choices.size()]);
-  ir::Graph model = models::copy_task_model();
-  auto params = models::copy_task_params();
-  train::Trainer trainer(model, "loss", params, train::Sgd{.lr = f.lr, .momentum = 0.9}, *be,
-                         train::initialize(model, params, {train::Init::xavier_uniform}, f.seed), train::DataParallel{.comm = &comm}, mixed);
-  const std::vector<std::string> names = comm.allgather(be->name());
-  if (lead) {
-    if (comm.size() == 1) std::printf("copy task on %s (%s)", be->name().c_str(), be->device().c_str());
-    else std::printf("copy task, data-parallel over %d ranks (batch %d each):", comm.size(), f.batch / comm.size());
-    for (std::size_t r = 0; comm.size() > 1 && r < names.size(); ++r) std::printf("%s rank %zu on %s", r ? "," : "", r, names[r].c_str());
-    std::printf("; %d steps, batch %d, SGD lr %g momentum 0.9; chance loss %.4f\n", f.steps, f.batch, f.lr, models::copy_task_chance_loss());
-    if (mixed.compute != DType::f32)
-      std::printf("mixed precision: matmuls and attention in %s, f32 parameters%s\n", f.dtype.c_str(),
-                  mixed.scales_loss() ? ", dynamic loss scaling" : "");
-  }
-  std::vector<double> losses;
-  int skipped = 0;
-  for (int s = 0; s < f.steps; ++s) {
-    const auto batch = models::copy_task_batch(f.batch, f.seed * 1000 + static_cast<std::uint64_t>(s));
-    losses.push_back(trainer.step(train::shard_batch(batch, comm.rank(), comm.size())));
-    skipped += trainer.last_step_skipped();
-    if (!lead) continue;
-    const int width = 30, done = (s + 1) * width / f.steps;
-    std::printf("step %4d/%d [%s%s] loss %.4f\n", s + 1, f.steps, std::string(static_cast<std::size_t>(done), '#').c_str(),
-                std::string(static_cast<std::size_t>(width - done), '.').c_str(), losses.back());
-  }
-  if (!lead) return 0;
-  std::printf("loss %.4f -> %.4f\n", losses.front(), losses.back());
-  if (mixed.scales_loss()) std::printf("loss scale %g; %d of %d steps skipped (gradients overflowed f16)\n", trainer.loss_scale(), skipped, f.steps);
-  if (!f.png.empty()) {
-    io::Image plot = io::line_plot(losses, 640, 340, "SGD step", "loss");
-    io::Image img(plot.width, plot.height + 16);
-    io::draw_text(img, 8, 4, "copy task: cross-entropy loss per step (chance " + io::tick_label(models::copy_task_chance_loss()) + ")");
-    img.paste(plot, 0, 16);
-    io::write_png(f.png, img);
-    std::printf("loss curve -> %s\n", f.png.c_str());
-  }
   return 0;
 }
 

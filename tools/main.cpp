@@ -4,10 +4,12 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <filesystem>
 #include <new>
+#include <string_view>
 #include <utility>
 
 #include "backends/backend.hpp"
@@ -146,13 +148,17 @@ int main(int argc, char** argv) {
   bench->add_flag("--profile", profile, "per kernel: its median device time and share (vulkan, from timestamp queries)");
 
   Request viz_r;
-  std::string png_dir, labels;
-  auto* viz = app.add_subcommand("viz", "attention-weight heatmaps (per head, mean, causal vs full) and the positional encoding, as PNG");
+  qkv::tool::VizFlags viz_f;
+  auto* viz = app.add_subcommand("viz",
+                                 "attention weights as figures (heads side by side, causal next to full, the positional encoding) in PNG, SVG "
+                                 "or PDF, and an interactive explorer as one HTML file");
   add_model_options(viz, viz_r, "");
   viz->add_option("--backend", backend, backend_help);
-  viz->add_option("--png-dir", png_dir, "folder to write the PNG files to (made if missing)")->required();
-  viz->add_option("--labels", labels, "token labels, comma-separated (queries down, keys across)");
-
+  viz->add_option("--dir,--png-dir", viz_f.dir, "folder to write the figures to (made if missing)");
+  viz->add_option("--format", viz_f.formats, "figure formats, comma-separated: png, svg, pdf")->capture_default_str();
+  viz->add_option("--html", viz_f.html, "write the interactive attention explorer to this HTML file (self-contained, opens offline)");
+  viz->add_option("--labels", viz_f.labels,
+                  "token labels, comma-separated (queries down, keys across); a built-in model's sequence is as long as the labels");
   qkv::tool::TrainFlags train_f;
   train_f.backend = backend;
   auto* train = app.add_subcommand(
@@ -172,7 +178,7 @@ int main(int argc, char** argv) {
   train->add_option("--batch", train_f.batch, "sequences per step")->capture_default_str();
   train->add_option("--lr", train_f.lr, "learning rate")->capture_default_str();
   add_seed_option(train, train_f.seed, "seed of the parameters and batches");
-  train->add_option("--png", train_f.png, "write the loss curve to this PNG file");
+  train->add_option("--plot,--png", train_f.plot, "write the loss curve to this file: .png, .svg or .pdf");
   train
       ->add_option("--dtype", train_f.dtype,
                    "f32, or f16 or bf16 for mixed precision: matmuls and attention in it, f32 master parameters (f16 with dynamic "
@@ -234,6 +240,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "qkv: %s (see --help)\n", e.what());
     return 2;
   }
+  // The docs' tests (tests/doc/doc_blocks.py) check that each command they show parses.
+  if (const char* parse_only = std::getenv("QKV_PARSE_ONLY"); parse_only && std::string_view(parse_only) == "1") return 0;
   using namespace qkv::tool;
   try {
     for (auto& [request, raw] : g_requests) {
@@ -249,7 +257,7 @@ int main(int argc, char** argv) {
     if (dump->parsed()) return cmd_dump(dump_r, ir, dot, glsl);
     if (explain->parsed()) return cmd_explain(explain_r, backend, explain_profile);
     if (bench->parsed()) return cmd_bench(bench_r, bench_backends, repeat, profile);
-    if (viz->parsed()) return cmd_viz(viz_r, backend, png_dir, labels);
+    if (viz->parsed()) return cmd_viz(viz_r, backend, viz_f);
     if (train->parsed() && !finetune_f.model.empty()) {
       finetune_f.backend = train_f.backend.empty() ? backend : train_f.backend;
       // --steps, --batch, --lr and --seed as given (fine-tuning has defaults of its own).

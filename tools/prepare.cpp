@@ -274,6 +274,7 @@ Prepared prepare(const Request& r) {
     models::Options options;
     spec = &models::find_model(r.target);
     options = models::resolve_options(*spec, r.set);
+    for (const auto& [name, size] : r.fallback_dims) dims.try_emplace(name, size);  // before the model's own defaults
     for (const auto& [name, size] : spec->dims) dims.try_emplace(name, size);
     p.data = spec->data;
     p.title = spec->name;
@@ -296,6 +297,8 @@ Prepared prepare(const Request& r) {
   for (const auto& [name, value] : r.dims)
     if (!symbols.contains(name))
       throw UsageError("--dim " + name + "=" + value + ": " + p.title + " has no dim '" + name + "' (named dims: " + symbol_list(p.graph) + ")");
+  for (const auto& [name, size] : r.fallback_dims)
+    if (symbols.contains(name)) dims.try_emplace(name, size);
   // The backward graph, and the exact names of its gradient seeds (inputs d<output>).
   std::optional<ir::Graph> backward;
   std::set<std::string> seeds;

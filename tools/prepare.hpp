@@ -20,11 +20,12 @@ std::map<std::string, std::string> pairs(const std::vector<std::string>& items, 
 std::string shape_string(const std::vector<std::int64_t>& s);
 
 struct Request {
-  std::string target;                       // a model name, FILE.qkv, or a model folder (config.json, model.safetensors)
-  std::map<std::string, std::string> set;   // --set
-  std::map<std::string, std::string> in;    // --in NAME=FILE.npy
-  std::map<std::string, std::string> dims;  // --dim NAME=SIZE (sizes of named dims without inputs)
-  std::string weights;                      // --weights FILE.safetensors or DIR of NAME.npy
+  std::string target;                                 // a model name, FILE.qkv, or a model folder (config.json, model.safetensors)
+  std::map<std::string, std::string> set;             // --set
+  std::map<std::string, std::string> in;              // --in NAME=FILE.npy
+  std::map<std::string, std::string> dims;            // --dim NAME=SIZE (sizes of named dims without inputs)
+  std::map<std::string, std::int64_t> fallback_dims;  // sizes of the graph's named dims that --dim does not give (qkv viz: N from --labels)
+  std::string weights;                                // --weights FILE.safetensors or DIR of NAME.npy
   std::uint64_t seed = 1;
   bool grad = false;               // the backward graph: outputs d_<input>, inputs d<output>
   std::string dtype = "f32";       // --dtype: a built-in model's or model folder's float values in f16 or bf16

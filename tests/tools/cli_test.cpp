@@ -10,9 +10,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "io/file.hpp"
 #include "io/npy.hpp"
-#include "io/png.hpp"
 #include "io/safetensors.hpp"
+#include "plot/figure.hpp"
 
 namespace {
 
@@ -300,12 +301,12 @@ TEST_F(Cli, ExplainBenchVizTrain) {
   EXPECT_NE(bench.output.find("\ncpu "), std::string::npos) << bench.output;
   Result viz = run("viz mha --png-dir " + path("viz") + " --labels a,b,c");
   ASSERT_EQ(viz.status, 0) << viz.output;
-  for (const char* f : {"weights.png", "weights_per_head_0.png", "weights_per_head_mean.png", "causal_vs_full.png", "positions.png"})
-    EXPECT_GT(qkv::io::png_size(path("viz/") + f).first, 0) << f;
+  for (const char* f : {"weights.png", "weights_per_head.png", "causal_vs_full.png", "positions.png"})
+    EXPECT_TRUE(qkv::plot::png_size(qkv::io::read_file(path("viz/") + f))) << f;
   Result train = run("train --steps 40 --png " + path("loss.png"));
   ASSERT_EQ(train.status, 0) << train.output;
   EXPECT_NE(train.output.find("step   40/40 [##############################]"), std::string::npos) << train.output;
-  EXPECT_EQ(qkv::io::png_size(path("loss.png")), (std::pair<std::int64_t, std::int64_t>{640, 356}));
+  EXPECT_EQ(qkv::plot::png_size(qkv::io::read_file(path("loss.png"))), (std::pair<std::int64_t, std::int64_t>{1280, 720}));  // 640 x 360, twice
   // Mixed precision: f16 with loss scaling, bf16 without; a dtype it cannot train in is refused.
   Result f16 = run("train --steps 40 --dtype f16");
   ASSERT_EQ(f16.status, 0) << f16.output;
@@ -512,14 +513,14 @@ TEST_F(Cli, RunGradWritesInputGradients) {
 
 namespace {
 
-TEST(Readme, OpsTableIsGenerated) {
-  std::ifstream in(std::string(QKV_SOURCE_DIR) + "/README.md");
-  std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+TEST(Docs, OpsTableIsGenerated) {
+  std::ifstream in(std::string(QKV_SOURCE_DIR) + "/docs/ir.md");
+  std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string begin = "<!-- qkv ops -->\n", end = "<!-- end qkv ops -->";
-  auto b = readme.find(begin), e = readme.find(end);
-  ASSERT_NE(b, std::string::npos);
-  ASSERT_NE(e, std::string::npos);
-  EXPECT_EQ(readme.substr(b + begin.size(), e - b - begin.size()), run("ops").output) << "regenerate it with: qkv ops";
+  auto b = page.find(begin), e = page.find(end);
+  ASSERT_NE(b, std::string::npos) << "docs/ir.md has no " << begin;
+  ASSERT_NE(e, std::string::npos) << "docs/ir.md has no " << end;
+  EXPECT_EQ(page.substr(b + begin.size(), e - b - begin.size()), run("ops").output) << "regenerate docs/ir.md's table with: qkv ops";
 }
 
 }  // namespace
@@ -644,8 +645,70 @@ TEST_F(Cli, VizSaysWhenThereAreNoWeightsToDraw) {
     Result r = run(args + " --png-dir " + path("v"));
     ASSERT_EQ(r.status, 0) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("has no attention weights to draw"), std::string::npos) << r.output;
-    EXPECT_GT(qkv::io::png_size(path("v/positions.png")).first, 0);
+    EXPECT_TRUE(qkv::plot::png_size(qkv::io::read_file(path("v/positions.png"))));
   }
+}
+
+/// Every <text> element of class `cls` in an SVG, in order.
+std::vector<std::string> svg_texts(const std::string& svg, const std::string& cls) {
+  std::vector<std::string> out;
+  const std::string open = "<text class=\"" + cls + "\"";
+  for (std::size_t at = svg.find(open); at != std::string::npos; at = svg.find(open, at + 1)) {
+    const std::size_t begin = svg.find('>', at) + 1;
+    out.push_back(svg.substr(begin, svg.find("</text>", begin) - begin));
+  }
+  return out;
+}
+
+TEST_F(Cli, VizDrawsTheSeedsFigureInOneCommand) {
+  // The tutorials' figure: two heads side by side, annotated, whole token labels, one colour bar.
+  const std::vector<std::string> words = {"Your", "journey", "starts", "with", "one", "step"};
+  Result r = run("viz mha --set heads=2 --labels Your,journey,starts,with,one,step --dir " + path("figs") + " --format svg,png,pdf");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string svg = qkv::io::read_file(path("figs/weights_per_head.svg"));
+  EXPECT_EQ(svg_texts(svg, "title"), (std::vector<std::string>{"head 1", "head 2"}));
+  std::vector<std::string> twice = words;
+  twice.insert(twice.end(), words.begin(), words.end());
+  EXPECT_EQ(svg_texts(svg, "xtick"), twice);  // six tokens: the sequence is as long as the labels
+  EXPECT_EQ(svg_texts(svg, "ytick"), twice);
+  const auto cells = svg_texts(svg, "annotation");
+  ASSERT_EQ(cells.size(), 72u);
+  double row = 0;
+  for (std::size_t i = 0; i < 6; ++i) row += std::stod(cells[i]);
+  EXPECT_NEAR(row, 1.0, 0.004);  // a row of weights, written to three decimals
+  std::size_t bars = 0;
+  for (std::size_t at = svg.find("class=\"colour-bar\""); at != std::string::npos; at = svg.find("class=\"colour-bar\"", at + 1)) ++bars;
+  EXPECT_EQ(bars, 1u);  // one colour bar for both heads
+  for (const char* name : {"weights", "weights_per_head", "causal_vs_full", "positions"}) {
+    EXPECT_TRUE(qkv::plot::png_size(qkv::io::read_file(path("figs/") + name + ".png"))) << name;
+    EXPECT_EQ(qkv::io::read_file(path("figs/") + name + ".pdf").rfind("%PDF-", 0), 0u) << name;
+  }
+  // Causal next to full: the causal panel hatches the 15 future keys and writes no number there.
+  const std::string both = qkv::io::read_file(path("figs/causal_vs_full.svg"));
+  EXPECT_EQ(svg_texts(both, "title"), (std::vector<std::string>{"full", "causal"}));
+  EXPECT_EQ(svg_texts(both, "annotation").size(), 36u + 21u);
+  // The explorer too, into the same folder.
+  Result html = run("viz mha --labels a,b,c --html " + path("figs/explorer.html"));
+  ASSERT_EQ(html.status, 0) << html.output;
+  const std::string page = qkv::io::read_file(path("figs/explorer.html"));
+  EXPECT_NE(page.find("\"tokens\":[\"a\",\"b\",\"c\"]"), std::string::npos);
+  EXPECT_EQ(page.find("/*QKV_DATA*/"), std::string::npos);
+}
+
+TEST_F(Cli, VizAndTrainRefuseWhatTheyCannotWrite) {
+  auto expect = [&](const std::string& args, const std::string& message) {
+    Result r = run(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
+  };
+  expect("viz mha --dir " + path("f") + " --format png,jpg", "'jpg' is not a figure format (png, svg, pdf)");
+  expect("viz mha", "name a folder for the figures (--dir), an explorer file (--html), or both");
+  expect("viz mha --html " + path("missing/e.html"), "missing does not exist");
+  expect("viz sdpa --set weights=false --html " + path("e.html"), "has no attention weights to explore");
+  expect("train --steps 3 --plot " + path("loss.jpg"), "--plot " + path("loss.jpg") + ": name a .png, .svg or .pdf file");
+  EXPECT_FALSE(fs::exists(path("f")));
+  EXPECT_FALSE(fs::exists(path("e.html")));
 }
 
 }  // namespace

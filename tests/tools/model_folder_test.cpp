@@ -10,10 +10,11 @@
 #include <fstream>
 #include <string>
 
+#include "io/file.hpp"
 #include "io/npy.hpp"
-#include "io/png.hpp"
 #include "io/safetensors.hpp"
 #include "io/tokenizer.hpp"
+#include "plot/figure.hpp"
 #include "tests/support/backend_fixture.hpp"
 
 namespace {
@@ -72,13 +73,13 @@ TEST(ModelFolder, GenerateContinuesSeveralPromptsAsOneBatch) {
 
 TEST(ModelFolder, VizDrawsEachLayerAndHeadWithTheTokens) {
   const std::string dir = ::testing::TempDir() + "qkv_viz_gpt2";
-  const Result r = qkv("viz " + kTiny + " --prompt 'The quick brown fox' --png-dir " + dir + " --backend cpu");
+  const Result r = qkv("viz " + kTiny + " --prompt 'The quick brown fox' --dir " + dir + " --format png,svg --backend cpu");
   ASSERT_EQ(r.status, 0) << r.out;
-  // gpt2-tiny: 2 layers of 4 heads, each head and each layer's mean.
+  // gpt2-tiny: 2 layers of 4 heads, a figure each: the heads side by side and their mean.
   for (int layer = 0; layer < 2; ++layer) {
-    for (int head = 0; head < 4; ++head)
-      EXPECT_GT(qkv::io::png_size(dir + "/weights." + std::to_string(layer) + "_" + std::to_string(head) + ".png").first, 0) << layer << head;
-    EXPECT_GT(qkv::io::png_size(dir + "/weights." + std::to_string(layer) + "_mean.png").first, 0) << layer;
+    const std::string svg = qkv::io::read_file(dir + "/weights." + std::to_string(layer) + ".svg");
+    for (const char* title : {">head 1<", ">head 4<", ">mean over heads<"}) EXPECT_NE(svg.find(title), std::string::npos) << layer << title;
+    EXPECT_TRUE(qkv::plot::png_size(qkv::io::read_file(dir + "/weights." + std::to_string(layer) + ".png"))) << layer;
   }
   // The axes carry the prompt's tokens as the tokenizer cut it.
   const qkv::io::Tokenizer t = qkv::io::Tokenizer::from_folder(kTiny);
@@ -90,6 +91,9 @@ TEST(ModelFolder, VizDrawsEachLayerAndHeadWithTheTokens) {
   }
   EXPECT_NE(r.out.find("token labels: " + labels + "\n"), std::string::npos) << r.out;
   EXPECT_EQ(text, "The quick brown fox");
+  const std::string svg = qkv::io::read_file(dir + "/weights.0.svg");
+  EXPECT_NE(svg.find("class=\"xtick\""), std::string::npos);
+  for (std::size_t i = 0; i < ids.size(); ++i) EXPECT_NE(svg.find(">" + t.piece(ids[i], i == 0) + "</text>"), std::string::npos) << i;
 }
 
 TEST(ModelFolder, SampledGenerationIsRepeatableBySeed) {
