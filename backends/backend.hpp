@@ -17,18 +17,19 @@ using TensorMap = std::map<std::string, Tensor, std::less<>>;
 
 /// One kernel's share of a run, measured on the device.
 struct KernelTime {
-  ir::ValueId value;  // the node of Executable::graph() the kernel computes
-  double seconds;     // from the end of the previous kernel (or of the uploads) to its own end
+  ir::ValueId value;  ///< the node of Executable::graph() the kernel computes
+  double seconds;     ///< from the end of the previous kernel (or of the uploads) to its own end
 };
 
 /// How many of attention's scores one fused kernel computed and how many it skipped in whole
 /// masked tiles (block sparsity: causality, a sliding window, a modifier that drops whole tiles).
 /// Counted in scores, not tiles: a tile cut short at the diagonal counts what it computed.
 struct TileCount {
-  ir::ValueId value;      // the fused node of Executable::graph()
-  std::int64_t computed;  // scores in the tiles computed
-  std::int64_t skipped;   // scores left out in tiles (or, on the cpu, slices of a tile) all masked
-  std::int64_t unmasked;  // of the computed, scores in tiles their masks keep whole, run without evaluating them (cpu)
+  ir::ValueId value;      ///< the fused node of Executable::graph()
+  std::int64_t computed;  ///< scores in the tiles computed
+  std::int64_t skipped;   ///< scores left out in tiles (or, on the cpu, slices of a tile) all masked
+  std::int64_t unmasked;  ///< of the computed, scores in tiles their masks keep whole, run without evaluating them (cpu)
+  /// skipped / (computed + skipped): the share of the scores left out (0 when there were none).
   double skipped_fraction() const { return computed + skipped == 0 ? 0.0 : static_cast<double>(skipped) / static_cast<double>(computed + skipped); }
 };
 
@@ -87,6 +88,8 @@ class Executable {
   virtual std::vector<TileCount> tile_counts() const { return {}; }
 };
 
+/// A backend: compiles graphs into executables for its device. Made by create(name); what it
+/// does not run itself (supports) is decomposed before it compiles.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -120,10 +123,11 @@ bool backend_supports(std::string_view name, const ir::Node& n);
 /// cannot start (no Vulkan loader or device); never substitutes another backend.
 std::unique_ptr<Backend> create(std::string_view name);
 
+/// Whether a backend can start here, as `qkv devices` reports it.
 struct BackendStatus {
-  std::string name;
-  bool available = false;
-  std::string detail;  // the device when available, otherwise why not
+  std::string name;        ///< reference, cpu or vulkan
+  bool available = false;  ///< whether create(name) succeeds
+  std::string detail;      ///< the device when available, otherwise why not
 };
 /// Tries to start each backend and reports what it found.
 std::vector<BackendStatus> probe_backends();

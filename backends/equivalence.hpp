@@ -13,24 +13,28 @@
 
 namespace qkv::backend {
 
+/// One output of one backend against the float64 reference.
 struct OutputComparison {
-  std::string output;
-  double max_abs_error = 0;  // max |backend - float64 reference|
-  double max_rel_error = 0;  // max_abs_error / max |float64 reference| (normwise)
-  double budget = 0;         // allowed max_abs_error
-  bool pass = false;
+  std::string output;        ///< the output's name
+  double max_abs_error = 0;  ///< max |backend - float64 reference|
+  double max_rel_error = 0;  ///< max_abs_error / max |float64 reference| (normwise)
+  double budget = 0;         ///< allowed max_abs_error
+  bool pass = false;         ///< max_abs_error <= budget (a NaN or infinity the reference lacks counts as infinite error)
 };
 
+/// One backend's results against the reference.
 struct BackendReport {
-  std::string backend;
-  std::string device;
-  std::string error;  // why it did not run (unavailable, unsupported op); empty when it ran
-  std::vector<OutputComparison> outputs;
-  bool pass = false;
+  std::string backend;                    ///< its name
+  std::string device;                     ///< the device it ran on, as `qkv devices` names it
+  std::string error;                      ///< why it did not run (unavailable, unsupported op); empty when it ran
+  std::vector<OutputComparison> outputs;  ///< one per output of the graph
+  bool pass = false;                      ///< it ran and every output passed
 };
 
+/// What check_equivalence found, backend by backend.
 struct EquivalenceReport {
-  std::vector<BackendReport> backends;
+  std::vector<BackendReport> backends;  ///< in the order asked for
+  /// Whether every backend passed.
   bool pass() const;
   /// A fixed-width table: backend, output, max abs error, max rel error, budget, pass/fail.
   std::string table() const;
@@ -63,9 +67,10 @@ EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs,
 /// flips, independent, add up along a path as a random walk: the floor is 3 sqrt(n) ulps, at
 /// least one).
 struct ComputedIn {
-  DType format = DType::f32;
-  int roundings = 0;
+  DType format = DType::f32;  ///< the narrowest float format: f32, f16 or bf16
+  int roundings = 0;          ///< half-precision results on the longest path (0 for f32)
 };
+/// How output `name` of `g` was computed (throws IrError when `g` has no such output).
 ComputedIn computed_in(const ir::Graph& g, const std::string& name);
 
 /// Compares `actual` with the float64 `oracle` given the plain-f32 result `plain` (and, where

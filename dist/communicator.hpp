@@ -25,7 +25,9 @@ bool launched_by_mpi();
 class Pending {
  public:
   Pending() = default;
+  /// Takes over `o`'s collective; `o` is left with none.
   Pending(Pending&& o) noexcept;
+  /// Waits for this one's collective, if any, then takes over `o`'s.
   Pending& operator=(Pending&& o) noexcept;
   Pending(const Pending&) = delete;
   Pending& operator=(const Pending&) = delete;
@@ -55,13 +57,14 @@ class Communicator {
   /// is before it stops.
   static Communicator& world();
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const { return rank_; }  ///< this process's rank, 0 to size() - 1
+  int size() const { return size_; }  ///< the number of ranks (1 without mpirun)
   /// "rank 1 of 4", for messages.
   std::string describe() const;
 
   /// Sums `data` elementwise over the ranks, in place. Every rank receives the same bits.
   void allreduce_sum(std::span<float> data);
+  /// Sums `data` elementwise over the ranks, in place, in double precision.
   void allreduce_sum(std::span<double> data);
   /// The same, started without waiting: the sum is in `data` once the result's wait() returns.
   Pending start_allreduce_sum(std::span<float> data);

@@ -30,10 +30,11 @@ std::vector<std::int64_t> shard_rows(std::int64_t n, int rank, int ranks, Sequen
 /// Throws ShapeError when N does not divide into the layout's chunks.
 Tensor shard_sequence(const Tensor& t, int rank, int ranks, SequenceLayout layout);
 
+/// What RingAttention computes, and how the sequence is sharded.
 struct RingAttentionOptions {
-  double scale = 0;  // the scores' scale; 0: 1/sqrt(D)
-  bool causal = false;
-  SequenceLayout layout = SequenceLayout::zigzag;
+  double scale = 0;                                ///< the scores' scale; 0: 1/sqrt(D)
+  bool causal = false;                             ///< whether future keys are masked
+  SequenceLayout layout = SequenceLayout::zigzag;  ///< how the shards were cut (shard_sequence)
   /// A score modifier (ir/region.hpp) of the score and the query's and key's positions, which it
   /// sees as positions in the whole sequence (ALiBi, document masks by position, soft-capping);
   /// null: none. Modifiers that read tensors are not supported yet (UnsupportedError).
@@ -45,6 +46,7 @@ struct RingAttentionOptions {
 /// rank) and computing on its own backend. Blocks a causal mask hides entirely are skipped.
 class RingAttention {
  public:
+  /// Ring attention over `comm`'s ranks, each computing on its `backend`; both must outlive it.
   RingAttention(Communicator& comm, backend::Backend& backend, RingAttentionOptions options);
   ~RingAttention();
 
@@ -58,7 +60,9 @@ class RingAttention {
   /// dq has q's shape; dk and dv have q's batch dims, as the attention op's gradients: where k
   /// and v have fewer heads than q (grouped-query), one per query head, to be summed per group.
   struct Gradients {
-    Tensor dq, dk, dv;
+    Tensor dq;  ///< the gradient of this rank's q shard
+    Tensor dk;  ///< the gradient of this rank's k shard, per query head
+    Tensor dv;  ///< the gradient of this rank's v shard, per query head
   };
   /// The gradients of the last forward's shards from this rank's rows of the output's gradient:
   /// the same ring, with each block's dk and dv travelling with it back to its owner.
@@ -67,13 +71,14 @@ class RingAttention {
   /// Of the last forward or backward: the blocks computed and skipped, and the seconds spent
   /// waiting for blocks that computing did not hide.
   struct Stats {
-    int blocks = 0;
-    int skipped = 0;
-    int transfers = 0;         // messages between ranks
-    int hidden_transfers = 0;  // of those, complete by the time the compute they overlap ended
-    double wait_seconds = 0;
-    double total_seconds = 0;
+    int blocks = 0;            ///< block pairs computed
+    int skipped = 0;           ///< block pairs a causal mask hid entirely
+    int transfers = 0;         ///< messages between ranks
+    int hidden_transfers = 0;  ///< of those, complete by the time the compute they overlap ended
+    double wait_seconds = 0;   ///< time spent waiting for transfers
+    double total_seconds = 0;  ///< the whole call's time
   };
+  /// What the last forward or backward did.
   const Stats& stats() const { return stats_; }
 
  private:

@@ -12,39 +12,47 @@ namespace qkv::dsl {
 
 /// Option tag: mask out future keys (see causal_mask for the two alignments).
 template <ir::CausalAlign Align> struct CausalTag {};
+/// Option: causal attention aligned top-left, query i sees keys j <= i (a model's own sequence).
 inline constexpr CausalTag<ir::CausalAlign::top_left> causal{};
+/// Option: causal attention aligned bottom-right, query i sees keys j <= i + Lk - Lq (new queries
+/// after cached keys: each sees every cached key and the new ones up to itself).
 inline constexpr CausalTag<ir::CausalAlign::bottom_right> causal_bottom_right{};
 
 /// Option: multiply the scores by this instead of 1/sqrt(d_k).
 struct Scale {
-  double value;
+  double value;  ///< The factor q kᵀ is multiplied by.
 };
+/// The option Scale{s}: q kᵀ is multiplied by s instead of 1/sqrt(D).
 constexpr Scale scale(double s) { return {s}; }
 
 /// Option: divide the (scaled) scores by a temperature; above 1 flattens the weights.
 struct Temperature {
-  double value;
+  double value;  ///< The temperature the scaled scores are divided by.
 };
+/// The option Temperature{t}: the scaled scores divided by t.
 constexpr Temperature temperature(double t) { return {t}; }
 
 /// Option: causal attention to the last W keys only (sliding-window attention, as Mistral's):
 /// query i sees keys j with i + s - W < j <= i + s, s = Lk - Lq (bottom-right aligned, so a
 /// query appended after cached keys sees the W keys before it).
 template <std::int64_t W> struct SlidingWindow { static_assert(W > 0, "qkv: a sliding window holds at least one key"); };
+/// Option: causal attention to the last W keys only (SlidingWindow<W> gives which keys).
 template <std::int64_t W> inline constexpr SlidingWindow<W> sliding_window{};
 
 /// Option: logit soft-capping of the scores before masking, cap * tanh(s / cap) (Gemma 2).
 struct SoftCap {
-  double cap;
+  double cap;  ///< The cap: the scaled scores are mapped into (-cap, cap).
 };
+/// The option SoftCap{cap}: the scaled scores become cap * tanh(s / cap) (see softcap).
 constexpr SoftCap softcap_scores(double cap) { return {cap}; }
 
 /// Option: dropout on the attention weights with probability p (training only: pass p = 0, or
 /// leave the option out, to evaluate), keyed by an i32 scalar seed input; see dropout().
 template <Expr S> struct AttnDropout {
-  S seed;
-  double p;
+  S seed;    ///< The i32 scalar seed input (0 <= seed < 2^24) keying the mask.
+  double p;  ///< The probability of dropping each weight; 0 draws no mask.
 };
+/// The option AttnDropout{seed, p}: dropout(weights, seed, p) after the softmax.
 template <Expr S> constexpr AttnDropout<S> attn_dropout(double p, S seed) { return {seed, p}; }
 
 namespace detail {

@@ -7,8 +7,14 @@
 
 namespace qkv::dsl {
 
-enum class Activation { relu, gelu, gelu_tanh };
+/// The activation of feed_forward (and of the blocks' MLPs).
+enum class Activation {
+  relu,      ///< relu(x).
+  gelu,      ///< The exact GELU, gelu(x).
+  gelu_tanh  ///< The tanh approximation of GELU, gelu_tanh(x).
+};
 
+/// The activation A applied to x elementwise.
 template <Activation A, Expr X> constexpr auto activate(X x) {
   if constexpr (A == Activation::relu) return relu(x);
   else if constexpr (A == Activation::gelu) return gelu(x);

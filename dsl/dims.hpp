@@ -10,15 +10,18 @@
 
 namespace qkv::dsl {
 
+/// The longest dim name, or text of a dim expression ("3*E"), a DimArg holds, in characters.
 inline constexpr std::size_t kMaxNameLength = 31;
 
 /// A string usable as a template argument: input<"q">, output names.
 template <std::size_t N> struct FixedString {
-  std::array<char, N> chars{};
+  std::array<char, N> chars{};  ///< The characters and a terminating '\0' (N counts it).
   constexpr FixedString() = default;
+  /// From a string literal (implicit, so that input<"q"> converts "q").
   constexpr FixedString(const char (&s)[N]) {
     for (std::size_t i = 0; i < N; ++i) chars[i] = s[i];
   }
+  /// The string, without the terminating '\0'.
   constexpr std::string_view view() const { return {chars.data(), N - 1}; }
 };
 
@@ -40,12 +43,18 @@ template <FixedString Prefix, FixedString Name> constexpr auto param_path() {
 /// `E / H`: its text is its name, "3*E"), or a dim a builder derived from two others' values
 /// (`derived(DimOp::quotient, e, h)`, declared to the graph from their symbols).
 struct DimArg {
+  /// The size, or (negative) the symbol: ir::symbol_id of a name, ir::derived_dim of an
+  /// expression's or derived()'s operands.
   ir::Dim value = 0;
+  /// The name or the expression's text ("3*E"), '\0'-padded; empty for a size or a derived() dim.
   std::array<char, kMaxNameLength + 1> name{};
-  ir::DimOp op = ir::DimOp::sum;  // derived(): how `a` and `b` make the value
-  ir::Dim a = 0, b = 0;
+  ir::DimOp op = ir::DimOp::sum;  ///< derived(): how `a` and `b` make the value.
+  ir::Dim a = 0;                  ///< derived(): the first operand's dim (0 otherwise).
+  ir::Dim b = 0;                  ///< derived(): the second operand's dim (0 otherwise).
 
+  /// A static size: dim<64>.
   constexpr DimArg(long long size) : value(size) {}
+  /// A dim named by a string literal of at most kMaxNameLength characters: dim<"N">.
   template <std::size_t N>
   requires(N - 1 <= kMaxNameLength) constexpr DimArg(const char (&s)[N]) : value(ir::symbol_id(std::string_view(s, N - 1))) {
     for (std::size_t i = 0; i + 1 < N; ++i) name[i] = s[i];
@@ -62,7 +71,9 @@ struct DimArg {
     }
     return r;
   }
+  /// Whether the dim is a symbol (a name, an expression of one, or derived from one), not a size.
   constexpr bool is_named() const { return ir::is_symbol(value); }
+  /// The name or expression text; empty for a size or a derived() dim.
   constexpr std::string_view name_view() const {
     std::size_t n = 0;
     while (n < name.size() && name[n]) ++n;
@@ -105,13 +116,19 @@ constexpr DimArg combine_dims(ir::DimOp op, char sign, const DimArg& a, const Di
 }
 }  // namespace detail
 
-/// Dim expressions for shapes and sizes: dim<3 * E>, dim<E / H> (checked when bound: E must divide).
+/// The dim a + b, for shapes and sizes (dim<N + M>): a size when both are, else a symbol named by
+/// its text ("N+M").
 constexpr DimArg operator+(const DimArg& a, const DimArg& b) { return detail::combine_dims(ir::DimOp::sum, '+', a, b); }
+/// The dim a * b (dim<3 * E>): a size when both are, else a symbol named by its text ("3*E").
 constexpr DimArg operator*(const DimArg& a, const DimArg& b) { return detail::combine_dims(ir::DimOp::product, '*', a, b); }
+/// The dim a / b (dim<E / H>): a size when both are (a compile error unless b divides a), else a
+/// symbol named by its text ("E/H"), whose division is checked when the graph is bound.
 constexpr DimArg operator/(const DimArg& a, const DimArg& b) { return detail::combine_dims(ir::DimOp::quotient, '/', a, b); }
 
 /// The type of dim<D>; carries D.
-template <DimArg D> struct DimC { static constexpr DimArg arg = D; };
+template <DimArg D> struct DimC {
+  static constexpr DimArg arg = D;  ///< The dim D.
+};
 
 /// dim<64>: a static size; dim<"N">: a dim named N, bound when the graph runs. Equal names in
 /// different inputs are the same dim.
@@ -119,6 +136,7 @@ template <DimArg D> inline constexpr DimC<D> dim{};
 
 /// A list of dims, kept in expression types so that lowering can name their symbols.
 template <DimArg... Ds> struct DimList {
+  /// The shape of the dims: each one's size or symbol.
   static constexpr ir::Shape shape() {
     ir::Shape s;
     (s.push_back(Ds.value), ...);

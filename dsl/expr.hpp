@@ -21,6 +21,7 @@ namespace qkv::dsl {
 /// Base of every expression type.
 struct ExprBase {};
 
+/// An expression type: derives from ExprBase, with a static `shape` (ir::Shape) and `dtype`.
 template <class E>
 concept Expr = std::is_base_of_v<ExprBase, E> && requires {
   { E::shape } -> std::convertible_to<ir::Shape>;
@@ -117,10 +118,12 @@ template <DimArg... Ds> std::vector<const DimArg*> dim_decls(DimList<Ds...>) {
 
 /// A named graph input. Name and dims are part of the type (a leaf: wrt() names inputs by type).
 template <FixedString Name, DType DT, DimArg... Ds> struct Input : ExprBase {
-  static constexpr ir::Shape shape = DimList<Ds...>::shape();
-  static constexpr DType dtype = DT;
-  using dims = DimList<Ds...>;
+  static constexpr ir::Shape shape = DimList<Ds...>::shape();  ///< The dims Ds: sizes and symbols.
+  static constexpr DType dtype = DT;                           ///< The dtype DT.
+  using dims = DimList<Ds...>;                                 ///< The dims, for lowering to declare their names.
+  /// The input's name in the graph.
   static constexpr std::string_view name() { return Name.view(); }
+  /// The leaf term lowering emits as the graph input `name()`.
   detail::TermPtr term() const { return detail::make_input_term(name(), DT, shape, detail::dim_decls(dims{})); }
   /// x[i] for an index a score or mask modifier gets: at(x, i) (dsl/score_mods.hpp).
   template <class I> auto operator[](I i) const { return at(*this, i); }
@@ -129,20 +132,25 @@ template <FixedString Name, DType DT, DimArg... Ds> struct Input : ExprBase {
 /// A tensor of a static shape filled with one value (a scalar by default); with `rsqrt_of` (a
 /// named dim), the value divided by the square root of that dim's size when the graph is bound.
 template <ir::Shape S = ir::Shape{}> struct Constant : ExprBase {
-  static constexpr ir::Shape shape = S;
-  static constexpr DType dtype = DType::f32;
-  double value = 0.0;
+  static constexpr ir::Shape shape = S;       ///< The static shape S.
+  static constexpr DType dtype = DType::f32;  ///< f32 (in arithmetic a scalar takes the other operand's dtype).
+  double value = 0.0;                         ///< The value of every element.
+  /// The named dim whose size's square root divides `value` when the graph is bound (0: none).
   ir::Dim rsqrt_of = 0;
-  const DimArg* rsqrt_of_derived = nullptr;  // rsqrt_of when a builder derived it (D*D for 1/D): declared when lowered
+  /// rsqrt_of when a builder derived it (D*D for 1/D): declared to the graph when lowered.
+  const DimArg* rsqrt_of_derived = nullptr;
+  /// The constant's term, which lowering emits as an ir::Graph constant.
   detail::TermPtr term() const { return detail::make_constant_term(value, S, rsqrt_of, rsqrt_of_derived); }
 };
 
 /// An op's result: its type is its shape and dtype, nothing else (what it was computed from is
 /// in `term`), so equal shapes share one type and one instantiation of every builder.
 template <ir::Shape S, DType DT> struct Node : ExprBase {
-  static constexpr ir::Shape shape = S;
-  static constexpr DType dtype = DT;
+  static constexpr ir::Shape shape = S;  ///< The shape S, as the op's rule inferred it (or param()'s dims).
+  static constexpr DType dtype = DT;     ///< The dtype DT, as the op's rule inferred it (or param()'s).
+  /// What the node computes: its op, attributes and operands' terms (or param()'s input).
   detail::TermPtr term_;
+  /// The node's term (shared: copies of a node are one term, lowered once).
   detail::TermPtr term() const { return term_; }
   /// x[i] for an index a score or mask modifier gets: at(x, i) (dsl/score_mods.hpp).
   template <class I> auto operator[](I i) const { return at(*this, i); }
@@ -160,7 +168,7 @@ template <ir::Op O, ir::Attrs A, class... Cs> constexpr ir::ShapeResult rule() {
 /// error and the two dims involved) under the static assertion.
 template <ir::Op O, ir::ShapeErr Error, ir::Dim Lhs, ir::Dim Rhs> struct shape_check {
   static_assert(Error == ir::ShapeErr::none, "qkv: shape or dtype error at this call; see shape_check<op, error, lhs, rhs> in the lines above");
-  static constexpr bool ok = true;
+  static constexpr bool ok = true;  ///< True: the check compiled (the rule held).
 };
 
 /// Builds a node whose attributes are known only at run time (a dropout probability) after

@@ -6,14 +6,17 @@
 
 namespace qkv::dsl {
 
+/// Whether X is an Input (made by input<...>), the leaves wrt() takes.
 template <class X> struct is_input : std::false_type {};
 template <FixedString Name, DType DT, DimArg... Ds> struct is_input<Input<Name, DT, Ds...>> : std::true_type {};
 
 /// The inputs to differentiate with respect to.
 template <class... Xs> struct Wrt {
   static_assert((is_input<Xs>::value && ...), "qkv: wrt() takes inputs (the leaves made by input<...>)");
+  /// The inputs' names, in order.
   static std::vector<std::string> names() { return {std::string(Xs::name())...}; }
 };
+/// The inputs xs (made by input<...>) for grad() to differentiate with respect to.
 template <Expr... Xs> constexpr Wrt<Xs...> wrt(Xs...) { return {}; }
 
 /// One graph computing the scalar `loss` (output "loss") and its gradient with respect to each

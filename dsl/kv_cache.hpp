@@ -23,12 +23,21 @@ template <int Axis, Expr C, Expr N, Expr S> constexpr auto cache_write(C cache, 
   return make_node<ir::Op::cache_write, attrs>(cache, fresh, start);
 }
 
+/// The result of cached_self_attention: the output and the cache after the step.
+template <class O, class K, class V> struct CachedAttention {
+  O output;  ///< The output for the new tokens, [B, T, E].
+  K keys;    ///< The cached keys after the step, [B, H, P+T, E/H].
+  V values;  ///< The cached values after the step, [B, H, P+T, E/H].
+};
+
 /// One decoding step of causal multi-head self-attention with a key/value cache. x [B, T, E] are
 /// the new tokens (T = 1 when generating), past_k and past_v [B, H, P, E/H] the cached keys and
 /// values of the P earlier tokens (P may be 0). Returns the output for the new tokens and the
 /// cache after appending them, keys and values [B, H, P+T, E/H]; the new queries attend to every
 /// cached key and causally among themselves (bottom-right), so the output equals the full causal
 /// computation's last T rows.
+/// `p` are the attention's parameters (mha_params); `opts` go to scaled_dot_product_attention
+/// after causal_bottom_right.
 /// \code
 ///   auto x = input<"x">(dim<1>, dim<"T">, dim<32>);
 ///   auto past_k = input<"past_k">(dim<1>, dim<4>, dim<"P">, dim<8>);
@@ -36,12 +45,6 @@ template <int Axis, Expr C, Expr N, Expr S> constexpr auto cache_write(C cache, 
 ///   auto step = cached_self_attention<4>(x, past_k, past_v, mha_params<"attn", 32>());
 ///   ir::Graph g = lower(named<"out">(step.output), named<"k">(step.keys), named<"v">(step.values));
 /// \endcode
-template <class O, class K, class V> struct CachedAttention {
-  O output;
-  K keys;
-  V values;
-};
-
 template <std::int64_t H, Expr X, Expr PK, Expr PV, class... Ps, class... Opts>
 constexpr auto cached_self_attention(X x, PK past_k, PV past_v, MhaParams<Ps...> p, Opts... opts) {
   auto q = split_heads<H>(add_bias(linear(x, p.wq), p.bq));

@@ -17,12 +17,15 @@ template <Expr X, Expr W, Expr B> constexpr auto linear(X x, W w, B b) { return 
 /// x @ W^T, without a bias.
 template <Expr X, Expr W> constexpr auto linear(X x, W w) { return matmul<false, true>(x, w); }
 
-/// The bias of a layer built with bias=False.
+/// The type of no_bias.
 struct NoBias {};
+/// The bias of a layer built with bias=False: linear and add_bias add nothing for it.
 inline constexpr NoBias no_bias{};
+/// x @ W^T: linear without a bias, for a layer built with bias=False.
 template <Expr X, Expr W> constexpr auto linear(X x, W w, NoBias) { return matmul<false, true>(x, w); }
-/// b + x, or x for no_bias.
+/// x + b, broadcasting.
 template <Expr X, Expr B> constexpr auto add_bias(X x, B b) { return x + b; }
+/// x unchanged: add_bias for a layer built with bias=False.
 template <Expr X> constexpr auto add_bias(X x, NoBias) { return x; }
 
 /// Layer normalisation over the last dim, as torch.nn.functional.layer_norm: (x - mean) /
@@ -35,7 +38,9 @@ template <Expr X, Expr G, Expr B> constexpr auto layer_norm(X x, G gamma, B beta
 /// RMS normalisation over the last dim: x / sqrt(mean(x^2) + eps) * gamma.
 template <Expr X, Expr G> constexpr auto rms_norm(X x, G gamma, double eps = 1e-6) { return x / sqrt(mean<-1>(x * x) + eps) * gamma; }
 
+/// max(x, 0) elementwise.
 template <Expr X> constexpr auto relu(X x) { return maximum(x, 0.0); }
+/// The logistic function 1 / (1 + e^-x) elementwise.
 template <Expr X> constexpr auto sigmoid(X x) { return 1.0 / (exp(-x) + 1.0); }
 /// x * sigmoid(x) (also called swish).
 template <Expr X> constexpr auto silu(X x) { return x * sigmoid(x); }

@@ -14,9 +14,11 @@ namespace qkv::dsl {
 
 /// An expression with an output name: named<"weights">(w).
 template <FixedString Name, Expr E> struct Named {
-  E expr;
+  E expr;  ///< The expression.
+  /// The output's name in the graph.
   static constexpr std::string_view name() { return Name.view(); }
 };
+/// e as the graph output named Name, for lower().
 template <FixedString Name, Expr E> constexpr Named<Name, E> named(E e) { return {e}; }
 
 namespace detail {

@@ -73,8 +73,8 @@ template <Expr M> constexpr auto attn_mask_bias(M attn_mask) {
 /// The result of multi-head attention: the output [B, N, E] and the weights per head
 /// [B, H, N, M] (mean_over_heads gives torch's average_attn_weights=True).
 template <class Out, class W> struct HeadsResult {
-  Out output;
-  W weights;
+  Out output;  ///< The output, [B, N, E].
+  W weights;   ///< The attention weights of each head, [B, H, N, M].
 };
 
 /// Mean of per-head weights [B, H, N, M] over the heads: [B, N, M].
@@ -105,15 +105,16 @@ constexpr auto multi_head_attention(Q query, K key, V value, Wq wq, Wk wk, Wv wv
 /// The parameters of torch.nn.MultiheadAttention as expressions: projection weights [out, in]
 /// and biases (or no_bias), usually made by mha_params or mha_params_kv.
 template <class Wq, class Wk, class Wv, class Bq, class Bk, class Bv, class Wo, class Bo> struct MhaParams {
-  Wq wq;
-  Wk wk;
-  Wv wv;
-  Bq bq;
-  Bk bk;
-  Bv bv;
-  Wo wo;
-  Bo bo;
+  Wq wq;  ///< The query projection's weight [E, E].
+  Wk wk;  ///< The key projection's weight [E, Ek].
+  Wv wv;  ///< The value projection's weight [E, Ev].
+  Bq bq;  ///< The query projection's bias [E], or no_bias.
+  Bk bk;  ///< The key projection's bias [E], or no_bias.
+  Bv bv;  ///< The value projection's bias [E], or no_bias.
+  Wo wo;  ///< The output projection's weight [E, E].
+  Bo bo;  ///< The output projection's bias [E], or no_bias.
 };
+/// MhaParams of the eight parameters, in its members' order (wq, wk, wv, bq, bk, bv, wo, bo).
 template <class... Ts> constexpr MhaParams<Ts...> make_mha_params(Ts... ts) { return {ts...}; }
 
 /// Inputs named as torch.nn.MultiheadAttention(E, H, bias=Bias)'s state_dict under `Prefix`:
@@ -214,6 +215,7 @@ template <Expr X, Expr Wq, Expr Wk, Expr Wv, class... Opts> constexpr auto self_
 ///                             self_attention_raw(x, input<"q1">(dim<3>, dim<2>), input<"k1">(dim<3>, dim<2>), input<"v1">(dim<3>, dim<2>), causal));
 /// \endcode
 template <Expr A> constexpr auto concat_heads(A a) { return a; }
+/// a, b and the rest concatenated along the last dim (see concat_heads(A)).
 template <Expr A, Expr B, Expr... Rest> constexpr auto concat_heads(A a, B b, Rest... rest) { return concat_heads(concat<-1>(a, b), rest...); }
 
 /// Grouped-query attention: H query heads share Hkv key/value heads (Hkv divides H; Hkv = 1 is

@@ -55,30 +55,65 @@ constexpr ir::Attrs axis_attrs(int axis, bool keepdim = true) {
 }
 }  // namespace detail
 
-// Elementwise arithmetic with NumPy broadcasting; a number operand becomes a scalar constant.
+// Elementwise arithmetic on float tensors of one dtype, with NumPy broadcasting: the result has
+// the broadcast shape. A number operand becomes a scalar constant, which takes the other
+// operand's dtype (x * 0.5 stays f16 when x is).
+
+/// a + b elementwise, broadcasting; a or b may be a number.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto operator+(A a, B b) { return make_node<ir::Op::add>(detail::as_expr(a), detail::as_expr(b)); }
+/// a - b elementwise, broadcasting; a or b may be a number.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto operator-(A a, B b) { return make_node<ir::Op::sub>(detail::as_expr(a), detail::as_expr(b)); }
+/// a * b elementwise, broadcasting; a or b may be a number.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto operator*(A a, B b) { return make_node<ir::Op::mul>(detail::as_expr(a), detail::as_expr(b)); }
+/// a / b elementwise, broadcasting; a or b may be a number.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto operator/(A a, B b) { return make_node<ir::Op::div>(detail::as_expr(a), detail::as_expr(b)); }
+/// -a elementwise (the op neg).
 template <Expr A> constexpr auto operator-(A a) { return make_node<ir::Op::neg>(a); }
 
+/// The larger of a and b elementwise, broadcasting (NaN if either is, as torch.maximum); a or b may
+/// be a number: maximum(x, 0.0) is ReLU.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto maximum(A a, B b) { return make_node<ir::Op::max>(detail::as_expr(a), detail::as_expr(b)); }
-// f(x) for every unary op of the registry (ir/ops.def), named as the op: exp, log, sqrt, tanh,
-// erf, sin, cos, and neg (also -x).
+
+// f(x) elementwise for every unary op of the registry (ir/ops.def), named as the op. Each takes a
+// float tensor and returns one of its shape and dtype; `qkv ops` lists them.
 #define QKV_DSL_UNARY(id, ...) \
   template <Expr A> auto id(A a) { return make_node<ir::Op::id>(a); }
 QKV_UNARY_OPS(QKV_DSL_UNARY)
 #undef QKV_DSL_UNARY
+/// \fn template <Expr A> auto neg(A a)
+/// -x elementwise: the same node as the operator -x.
+/// \fn template <Expr A> auto exp(A a)
+/// e^x elementwise.
+/// \fn template <Expr A> auto log(A a)
+/// The natural logarithm elementwise (-inf at 0, NaN below).
+/// \fn template <Expr A> auto sqrt(A a)
+/// The square root elementwise.
+/// \fn template <Expr A> auto tanh(A a)
+/// The hyperbolic tangent elementwise.
+/// \fn template <Expr A> auto erf(A a)
+/// The error function elementwise (the exact GELU's).
+/// \fn template <Expr A> auto sin(A a)
+/// The sine elementwise (positional encodings, rotary embeddings).
+/// \fn template <Expr A> auto cos(A a)
+/// The cosine elementwise.
+/// \fn template <Expr A> auto softplus(A a)
+/// log(1 + e^x) elementwise, a smooth ReLU (Mamba's step sizes, gates).
+/// \fn template <Expr A> auto round_f16(A a)
+/// x rounded to the nearest f16 (ties to even, infinity past 65504) but kept in x's dtype: how f32
+/// kernels hold f16 values. Its gradient is zero; cast<DType::f16> carries half precision's.
+/// \fn template <Expr A> auto round_bf16(A a)
+/// x rounded to the nearest bf16 (ties to even) but kept in x's dtype: how f32 kernels hold bf16
+/// values. Its gradient is zero; cast<DType::bf16> carries half precision's.
 
 namespace detail {
 constexpr ir::Attrs dtype_attrs(DType dtype) {
@@ -177,36 +212,47 @@ template <Expr X> constexpr auto mean_all(X x) {
   else return mean_all(mean<0, false>(x));
 }
 
-/// a == b and a > b elementwise, as boolean tensors.
+/// a == b elementwise, as a boolean tensor.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto equal(A a, B b) { return make_node<ir::Op::equal>(detail::as_expr(a), detail::as_expr(b)); }
+/// a > b elementwise, as a boolean tensor.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto greater(A a, B b) { return make_node<ir::Op::greater>(detail::as_expr(a), detail::as_expr(b)); }
 
-/// Comparisons and logic as operators, as Halide writes them (masks and mask_mod): boolean
-/// tensors with IEEE semantics (a comparison with NaN is false, so a >= b is a > b or a == b,
-/// and NaN != x is true).
-/// &&, || and ! take boolean tensors and evaluate both sides.
+// Comparisons and logic as operators, as Halide writes them (masks and mask_mod): boolean
+// tensors of the broadcast shape, with IEEE semantics (a comparison with NaN is false, so a >= b
+// is a > b or a == b, and NaN != x is true). &&, || and ! take boolean tensors and evaluate both
+// sides.
+
+/// a == b elementwise, broadcasting, as a boolean tensor (equal); a or b may be a number.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto operator==(A a, B b) { return equal(a, b); }
+/// a > b elementwise, broadcasting, as a boolean tensor (greater); a or b may be a number.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto operator>(A a, B b) { return greater(a, b); }
+/// a < b elementwise, broadcasting, as a boolean tensor (greater(b, a)); a or b may be a number.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto operator<(A a, B b) { return greater(b, a); }
+/// Logical not of a boolean tensor.
 template <detail::BoolExpr A> constexpr auto operator!(A a) { return equal(cast(a), 0.0); }
+/// Logical and of boolean tensors, broadcasting (both sides are evaluated).
 template <detail::BoolExpr A, detail::BoolExpr B> constexpr auto operator&&(A a, B b) { return greater(cast(a) * cast(b), 0.5); }
+/// Logical or of boolean tensors, broadcasting (both sides are evaluated).
 template <detail::BoolExpr A, detail::BoolExpr B> constexpr auto operator||(A a, B b) { return greater(maximum(cast(a), cast(b)), 0.5); }
+/// a != b elementwise, as a boolean tensor: !(a == b), so true where either is NaN.
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto operator!=(A a, B b) { return !(a == b); }
+/// a >= b elementwise, as a boolean tensor: a > b || a == b (false where either is NaN).
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto operator>=(A a, B b) { return a > b || a == b; }
+/// a <= b elementwise, as a boolean tensor: b > a || a == b (false where either is NaN).
 template <class A, class B>
 requires detail::Operands<A, B>
 constexpr auto operator<=(A a, B b) { return b > a || a == b; }
@@ -302,6 +348,7 @@ template <Expr X> constexpr auto look_ahead_mask(X x) { return causal_mask(x); }
 /// \endcode
 template <std::int64_t W, Expr X> constexpr auto sliding_window_mask(X x) { return causal_mask<ir::CausalAlign::bottom_right, W>(x); }
 
+/// -inf, the score of a dropped key (where(mask, scores, kNegInf)).
 inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 }  // namespace qkv::dsl

@@ -18,8 +18,8 @@ namespace qkv::dsl {
 /// ... along that axis, broadcasting along the others) computed from q's and k's shapes only,
 /// and a subscript for tensors laid out along that axis.
 template <int FromEnd, ir::Dim Size, Expr Grid> struct ScoreIndex : decltype(iota<Grid::shape.rank - 1 - FromEnd>(std::declval<Grid>())) {
-  static constexpr int from_end = FromEnd;
-  static constexpr ir::Dim size = Size;
+  static constexpr int from_end = FromEnd;  ///< The axis, counted from the end of the scores' dims.
+  static constexpr ir::Dim size = Size;     ///< The axis' size (a size or a symbol).
 };
 
 /// What a modifier gets for an axis the scores do not have (b of scores [N, M] or [B, N, M]).
@@ -82,7 +82,10 @@ template <Expr X, detail::AScoreIndex... I> constexpr auto at(X x, I...) {
 ///     return softcap(score, 30) + slope[h] * (kv_idx - q_idx);
 ///   }));
 /// \endcode
-template <class F> struct ScoreMod { F f; };
+template <class F> struct ScoreMod {
+  F f;  ///< The modifier, f(score, b, h, q_idx, kv_idx).
+};
+/// The option ScoreMod{f}: the scaled scores become f(score, b, h, q_idx, kv_idx).
 template <class F> constexpr ScoreMod<F> score_mod(F f) { return {f}; }
 
 /// Option: a mask modifier f(b, h, q_idx, kv_idx), as FlexAttention's mask_mod: a boolean
@@ -95,7 +98,10 @@ template <class F> constexpr ScoreMod<F> score_mod(F f) { return {f}; }
 ///     return at(doc, b, q_idx) == at(doc, b, kv_idx) && q_idx >= kv_idx;
 ///   }));
 /// \endcode
-template <class F> struct MaskMod { F f; };
+template <class F> struct MaskMod {
+  F f;  ///< The modifier, f(b, h, q_idx, kv_idx).
+};
+/// The option MaskMod{f}: a key is dropped where f(b, h, q_idx, kv_idx) is false.
 template <class F> constexpr MaskMod<F> mask_mod(F f) { return {f}; }
 
 namespace detail {

@@ -17,8 +17,9 @@ Tensor read_npy(const std::string& path, std::string* stored_as = nullptr);
 /// leaves nothing half-written. Throws IoError.
 void write_npy(const std::string& path, const Tensor& t);
 
-/// The same, from and to memory.
+/// read_npy from memory: `what` names the bytes in errors.
 Tensor parse_npy(const std::string& bytes, const std::string& what, std::string* stored_as = nullptr);
+/// write_npy to memory: the file's bytes.
 std::string format_npy(const Tensor& t);
 
 }  // namespace qkv::io

@@ -10,6 +10,7 @@
 
 namespace qkv::io {
 
+/// A safetensors file's tensors, by name.
 using TensorFile = std::map<std::string, Tensor, std::less<>>;
 
 /// Reads every tensor of a .safetensors file. F32, F64, F16, BF16, BOOL and I32 as they are (a
@@ -24,8 +25,9 @@ TensorFile read_safetensors(const std::string& path);
 /// temporary file renamed into place, so a failed write leaves nothing half-written.
 void write_safetensors(const std::string& path, const TensorFile& tensors, const std::map<std::string, std::string>& metadata = {});
 
-/// The same, from and to memory.
+/// read_safetensors from memory: `what` names the bytes in errors. The tensors are copies.
 TensorFile parse_safetensors(const std::string& bytes, const std::string& what);
+/// write_safetensors to memory: the file's bytes.
 std::string format_safetensors(const TensorFile& tensors, const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace qkv::io

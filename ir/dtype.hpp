@@ -14,6 +14,7 @@ namespace qkv {
 /// host; i32 holds token ids and class targets (graph inputs only).
 enum class DType : std::uint8_t { f32, f64, boolean, i32, f16, bf16 };
 
+/// The dtype's name as the IR text and the command line write it: "f32", "bool", "bf16", ...
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
     case DType::f32: return "f32";
@@ -26,6 +27,7 @@ constexpr std::string_view dtype_name(DType t) {
   return "?";
 }
 
+/// Bytes per element (a bool takes one byte).
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;
@@ -43,6 +45,7 @@ constexpr bool is_float(DType t) { return t == DType::f32 || t == DType::f64 || 
 /// f16 or bf16: stored in 16 bits; ops on them compute in f32 and round their result once.
 constexpr bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
 
+/// The dtype dtype_name gives `s`, or nullopt for any other text.
 constexpr std::optional<DType> parse_dtype(std::string_view s) {
   if (s == "f32") return DType::f32;
   if (s == "f64") return DType::f64;

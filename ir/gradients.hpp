@@ -10,23 +10,24 @@
 
 namespace qkv::ir {
 
+/// How an op is differentiated: the kind of its registry row's gradient column.
 enum class GradKind : std::uint8_t {
-  rule,       // a rule written as IR ops (emit_gradient)
-  zero,       // boolean, integer or piecewise-constant output, or a source: no gradient flows
-  decompose,  // differentiated through its decomposition (decompositions.cpp)
-  missing,    // no rule: autodiff reports the op by name (the coverage test keeps this empty)
+  rule,       ///< a rule written as IR ops (emit_gradient)
+  zero,       ///< boolean, integer or piecewise-constant output, or a source: no gradient flows
+  decompose,  ///< differentiated through its decomposition (decompositions.cpp)
+  missing,    ///< no rule: autodiff reports the op by name (the coverage test keeps this empty)
 };
 
 /// What a gradient rule reads: node `n` of the forward graph, its value `y` and the loss's
 /// gradient `dy` with respect to it, its operands `in` (all values of `g`, the graph the rule
 /// adds to) and a zero scalar of `g`.
 struct GradientArgs {
-  Graph& g;
-  const Node& n;
-  ValueId y;
-  ValueId dy;
-  std::span<const ValueId> in;
-  ValueId zero;
+  Graph& g;                     ///< the graph the rule adds its nodes to
+  const Node& n;                ///< the forward node being differentiated
+  ValueId y;                    ///< its value, in g
+  ValueId dy;                   ///< the loss's gradient with respect to y, in g
+  std::span<const ValueId> in;  ///< its operands, in g
+  ValueId zero;                 ///< a zero scalar of g
   /// A value's shape, by value: adding nodes may move the graph's node storage.
   Shape shape(ValueId v) const { return g.node(v).shape; }
   /// `grad` summed back to the shape of operand `operand`.
@@ -36,10 +37,11 @@ struct GradientArgs {
 /// A gradient rule: one value per operand of the node, or -1 for an operand that gets none.
 using GradientRule = std::vector<ValueId> (*)(const GradientArgs&);
 
+/// An op's gradient column: how it is differentiated, and why or with what.
 struct GradientInfo {
-  GradKind kind = GradKind::missing;
-  std::string_view why;         // for zero and decompose: the reason
-  GradientRule emit = nullptr;  // for rule: the function that emits it
+  GradKind kind = GradKind::missing;  ///< rule, zero, decompose or missing
+  std::string_view why;               ///< for zero and decompose: the reason
+  GradientRule emit = nullptr;        ///< for rule: the function that emits it
 };
 
 /// How autodiff differentiates `op`: its registry row's gradient column (ops.def).

@@ -16,25 +16,26 @@
 
 namespace qkv::ir {
 
+/// A value of a graph: the index of the node that defines it.
 using ValueId = std::int32_t;
 
 class Graph;
 
 /// A derived dim: `a op b`.
 struct DerivedDim {
-  DimOp op = DimOp::sum;
-  Dim a = 0;
-  Dim b = 0;
+  DimOp op = DimOp::sum;  ///< how a and b combine: sum, product or quotient
+  Dim a = 0;              ///< the left dim
+  Dim b = 0;              ///< the right dim
 };
 
 /// One node: an op applied to earlier values. Each node defines one value.
 struct Node {
-  Op op = Op::input;
-  std::vector<ValueId> inputs;
-  Attrs attrs;
-  DType dtype = DType::f32;
-  Shape shape;
-  std::string name;  // inputs: the input's name; otherwise empty
+  Op op = Op::input;            ///< the op applied
+  std::vector<ValueId> inputs;  ///< its operands, values defined earlier
+  Attrs attrs;                  ///< its attributes (the fields its op reads; the others default)
+  DType dtype = DType::f32;     ///< the value's dtype
+  Shape shape;                  ///< the value's shape
+  std::string name;             ///< inputs: the input's name; otherwise empty
   /// Flex attention ops: the score modifier (ir/region.hpp), shared and never changed; null for
   /// every other op.
   std::shared_ptr<const Graph> region;
@@ -52,6 +53,7 @@ class Graph {
   /// The dim `a op b` (see derived_dim), its name ("A+B", "3*E", "E/H") and parts recorded when
   /// it is a symbol.
   Dim derive_dim(DimOp op, Dim a, Dim b);
+  /// The dim `a + b` (derive_dim with DimOp::sum).
   Dim sum_dim(Dim a, Dim b) { return derive_dim(DimOp::sum, a, b); }
   /// Adds a named input; adding the same name again with the same type returns the same value.
   ValueId add_input(std::string_view name, DType dtype, const Shape& shape);
@@ -71,14 +73,19 @@ class Graph {
   /// writes back parameters and optimizer state that the backend holds between runs.
   void set_update(std::string_view input, ValueId value);
 
+  /// Every node, in topological order; a value's id is its index.
   const std::deque<Node>& nodes() const { return nodes_; }
   /// The node defining `v`; references stay valid while nodes are added (deque storage).
   const Node& node(ValueId v) const { return nodes_.at(static_cast<std::size_t>(v)); }
+  /// The number of nodes.
   std::size_t size() const { return nodes_.size(); }
   /// Input values in the order they were added.
   std::vector<ValueId> inputs() const;
+  /// The named outputs, in the order they were set.
   const std::vector<std::pair<std::string, ValueId>>& outputs() const { return outputs_; }
+  /// The value of output `name`; throws IrError naming it when there is none.
   ValueId output(std::string_view name) const;
+  /// The updates (input name, new value), in the order they were set.
   const std::vector<std::pair<std::string, ValueId>>& updates() const { return updates_; }
   /// Output values and update values: what a run must compute and keep to its end.
   std::vector<ValueId> result_values() const;
@@ -89,6 +96,7 @@ class Graph {
     outputs_.clear();
     updates_.clear();
   }
+  /// Every declared symbol and its name.
   const std::map<Dim, std::string>& symbols() const { return symbols_; }
   /// Derived symbols and how each is made of two dims.
   const std::map<Dim, DerivedDim>& derived_dims() const { return derived_; }
@@ -97,6 +105,7 @@ class Graph {
   std::string dim_name(Dim d) const;
   /// "f32[B,N,64]".
   std::string type_string(DType dtype, const Shape& shape) const;
+  /// The type of value `v`, as "f32[B,N,64]".
   std::string type_string(ValueId v) const { return type_string(node(v).dtype, node(v).shape); }
 
   /// Appends a node without inference or sharing; the verifier checks it. For parsers and passes.

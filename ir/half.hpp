@@ -15,12 +15,14 @@ namespace qkv {
 
 /// An f16 element: its bits.
 struct Half {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< IEEE binary16: sign, 5 exponent bits, 10 significand bits
+  /// Equal bits (so +0 and -0 differ, and a NaN equals itself).
   friend bool operator==(Half, Half) = default;
 };
 /// A bf16 element: its bits (the high half of the f32 it rounds).
 struct BFloat16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< sign, 8 exponent bits, 7 significand bits
+  /// Equal bits (so +0 and -0 differ, and a NaN equals itself).
   friend bool operator==(BFloat16, BFloat16) = default;
 };
 
@@ -101,8 +103,11 @@ namespace qkv {
 /// (NaN stays NaN, though its payload bits may differ): F16C for f16 where the CPU has it (one
 /// instruction per 8 values), AVX2 integer rounding for bf16.
 void to_half(const float* in, Half* out, std::int64_t n);
+/// out[i] = in[i] widened from f16 to f32 (exact), for n elements.
 void to_float(const Half* in, float* out, std::int64_t n);
+/// out[i] = in[i] rounded to the nearest bf16 (ties to even), for n elements.
 void to_bfloat16(const float* in, BFloat16* out, std::int64_t n);
+/// out[i] = in[i] widened from bf16 to f32 (exact), for n elements.
 void to_float(const BFloat16* in, float* out, std::int64_t n);
 /// in[i] rounded to `t`'s nearest value (f16 or bf16), kept in f32: what round_f16 and round_bf16
 /// compute; `in` and `out` may be the same.

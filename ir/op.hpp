@@ -15,6 +15,7 @@ namespace qkv::ir {
 
 #include "ir/ops.def"
 
+/// Every op of the registry (ir/ops.def), in its order: `qkv ops` lists them with their docs.
 enum class Op : std::uint8_t {
 #define QKV_OP_ENUMERATOR(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) id,
   QKV_OPS(QKV_OP_ENUMERATOR)
@@ -22,6 +23,7 @@ enum class Op : std::uint8_t {
 };
 
 #define QKV_OP_ONE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) +1
+/// The number of ops in the registry.
 inline constexpr int kNumOps = 0 QKV_OPS(QKV_OP_ONE);
 #undef QKV_OP_ONE
 
@@ -60,6 +62,7 @@ inline constexpr int kNumOps = 0 QKV_OPS(QKV_OP_ONE);
   QKV_SOURCE_CASES QKV_UNARY_CASES QKV_CAST_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES \
       QKV_LAYOUT_CASES QKV_MASK_CASES
 
+/// An op's kind, its registry list: which rules, kernels and cases it shares with the others of its list.
 enum class OpCategory : std::uint8_t { source, unary, binary, select, compare, reduce, contract, layout, mask, composite };
 
 /// How a unary op maps an interval, the registry's last column for unary ops: interval
@@ -89,6 +92,8 @@ enum AttrFlag : std::uint32_t {
   kAttrDropout = 1u << 13,
 };
 
+/// Where a causal mask's diagonal starts when there are more keys than queries: key j is kept for
+/// query i when j <= i (top_left) or j <= i + keys - queries (bottom_right).
 enum class CausalAlign : std::uint8_t { top_left, bottom_right };
 
 /// A permutation: out dim i is input dim perm[i].
@@ -123,6 +128,7 @@ enum class AttrPrint : std::uint8_t { always, when_set, never };
 
 /// An attribute's values compare equal; doubles also when both are NaN (a NaN constant is one node).
 template <class T> constexpr bool attr_equal(const T& a, const T& b) { return a == b; }
+/// Doubles compare equal also when both are NaN.
 constexpr bool attr_equal(double a, double b) { return a == b || (a != a && b != b); }
 
 /// Attributes of a node. One flat literal struct: each op reads the fields its registry entry
@@ -132,12 +138,47 @@ struct Attrs {
   QKV_ATTRS(QKV_ATTR_FIELD)
 #undef QKV_ATTR_FIELD
 
+  /// Every field equal (attr_equal): equal nodes are shared.
   friend constexpr bool operator==(const Attrs& a, const Attrs& b) {
 #define QKV_ATTR_EQUAL(field, type, init, flag, print, kind) &&attr_equal(a.field, b.field)
     return true QKV_ATTRS(QKV_ATTR_EQUAL);
 #undef QKV_ATTR_EQUAL
   }
 };
+/// \var Attrs::axis
+/// The axis a reduction, softmax, concat, slice, iota or cache_write works along.
+/// \var Attrs::keepdim
+/// Reductions: whether the reduced axis stays, of size 1.
+/// \var Attrs::transpose_a
+/// matmul: whether the first operand's last two dims are swapped.
+/// \var Attrs::transpose_b
+/// matmul: whether the second operand's last two dims are swapped.
+/// \var Attrs::perm
+/// permute: output dim i is input dim perm[i] (printed over the result's rank).
+/// \var Attrs::shape
+/// The result's shape for reshape, broadcast_to and constant (an input's is its type).
+/// \var Attrs::value
+/// A constant's value, a scale (attention's), or dropout_mask's probability.
+/// \var Attrs::rsqrt_of
+/// A constant's value is divided by the square root of this dim's size once bound (0: none).
+/// \var Attrs::depth
+/// one_hot: the number of classes.
+/// \var Attrs::begin
+/// slice: the first index kept.
+/// \var Attrs::end
+/// slice: one past the last index kept.
+/// \var Attrs::causal
+/// Attention ops: whether future keys are masked.
+/// \var Attrs::align
+/// Causal masks: where the diagonal starts.
+/// \var Attrs::window
+/// Attention ops and causal_mask: keep only the last `window` keys (0: all).
+/// \var Attrs::wrt
+/// Attention gradients: the operand differentiated (0 q, 1 k, 2 v, 3 + i: the modifier's tensor i).
+/// \var Attrs::dropout
+/// Flex attention: dropout probability on the weights (0: none).
+/// \var Attrs::dtype
+/// input and cast: their result's dtype.
 
 /// Attributes carrying only a shape (reshape, broadcast_to, constant).
 constexpr Attrs shape_attrs(const Shape& s) {
@@ -146,21 +187,27 @@ constexpr Attrs shape_attrs(const Shape& s) {
   return a;
 }
 
+/// What the registry says of an op, for printing, parsing and checking nodes.
 struct OpInfo {
-  std::string_view name;
-  int arity;
-  OpCategory category;
-  std::uint32_t attrs;
-  std::string_view doc;
+  std::string_view name;  ///< as printed and parsed ("matmul")
+  int arity;              ///< operands it takes; -n: n or more (the variadic flex attention ops)
+  OpCategory category;    ///< its list in ops.def
+  std::uint32_t attrs;    ///< the AttrFlag bits of the attributes it reads
+  std::string_view doc;   ///< its meaning, as `qkv ops` prints it
 };
 
 #define QKV_OP_INFO(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) \
   {#id, arity, OpCategory::category, attrs, doc},
+/// Every op's OpInfo, indexed by the Op's value.
 inline constexpr std::array<OpInfo, kNumOps> kOpInfos = {{QKV_OPS(QKV_OP_INFO)}};
 #undef QKV_OP_INFO
 
+/// The registry's entry of `op`.
 constexpr const OpInfo& op_info(Op op) { return kOpInfos[static_cast<std::size_t>(op)]; }
+/// The op's name as the IR text writes it.
 constexpr std::string_view op_name(Op op) { return op_info(op).name; }
+/// Whether the op computes each element from the same position of its operands (unary, binary
+/// and select ops).
 constexpr bool is_elementwise(Op op) {
   auto c = op_info(op).category;
   return c == OpCategory::unary || c == OpCategory::binary || c == OpCategory::select;

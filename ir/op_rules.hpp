@@ -30,6 +30,7 @@ enum class ShapeErr : std::uint8_t {
   bad_probability,        // dropout_mask: p is not in [0, 1)
 };
 
+/// The words an error message uses for `e` ("inner dimensions differ").
 constexpr std::string_view shape_err_name(ShapeErr e) {
   switch (e) {
     case ShapeErr::none: return "none";
@@ -53,20 +54,22 @@ constexpr std::string_view shape_err_name(ShapeErr e) {
   return "?";
 }
 
+/// What a shape rule knows of an operand: its type.
 struct Operand {
-  Shape shape;
-  DType dtype = DType::f32;
+  Shape shape;               ///< the operand's shape
+  DType dtype = DType::f32;  ///< the operand's dtype
 };
 
 /// The result of a rule: a shape and dtype, or an error with the dims that caused it.
 struct ShapeResult {
-  Shape shape{};
-  DType dtype = DType::f32;
-  ShapeErr error = ShapeErr::none;
-  Dim lhs = 0;
-  Dim rhs = 0;
-  int operand = 0;
-  int axis = 0;
+  Shape shape{};                    ///< the result's shape, when ok()
+  DType dtype = DType::f32;         ///< the result's dtype, when ok()
+  ShapeErr error = ShapeErr::none;  ///< what was wrong, or none
+  Dim lhs = 0;                      ///< the first of the dims that disagree (or the bad value)
+  Dim rhs = 0;                      ///< the second of the dims that disagree
+  int operand = 0;                  ///< the operand at fault
+  int axis = 0;                     ///< the axis at fault
+  /// Whether the rule accepted the operands.
   constexpr bool ok() const { return error == ShapeErr::none; }
 };
 

@@ -14,8 +14,10 @@ namespace qkv::ir {
 /// their names by `symbol_id`, so the same name always means the same symbol.
 using Dim = std::int64_t;
 
+/// The largest rank a shape may have.
 inline constexpr int kMaxRank = 8;
 
+/// Whether `d` is a symbol (a named or derived dim) rather than a size.
 constexpr bool is_symbol(Dim d) { return d < 0; }
 
 /// The symbol id of a dim name (FNV-1a, mapped to the negative numbers).
@@ -78,18 +80,23 @@ constexpr Dim quotient_dims(Dim a, Dim b) { return derived_dim(DimOp::quotient, 
 
 /// A shape of rank <= kMaxRank. Structural, so it can be a template argument.
 struct Shape {
-  std::array<Dim, kMaxRank> dims{};
-  int rank = 0;
+  std::array<Dim, kMaxRank> dims{};  ///< the first `rank` are the dims; the rest stay 0
+  int rank = 0;                      ///< how many dims
 
   constexpr Shape() = default;
+  /// The dims given, in order (at most kMaxRank).
   constexpr Shape(std::initializer_list<Dim> ds) {
     for (Dim d : ds) dims[static_cast<std::size_t>(rank++)] = d;
   }
+  /// Dim i, 0 <= i < rank (not checked).
   constexpr Dim operator[](int i) const { return dims[static_cast<std::size_t>(i)]; }
+  /// Dim i, 0 <= i < rank (not checked), to change.
   constexpr Dim& operator[](int i) { return dims[static_cast<std::size_t>(i)]; }
+  /// Appends a dim; the rank must stay <= kMaxRank (not checked).
   constexpr void push_back(Dim d) { dims[static_cast<std::size_t>(rank++)] = d; }
   /// Dim counted from the end: back(0) is the last dim.
   constexpr Dim back(int i = 0) const { return (*this)[rank - 1 - i]; }
+  /// Whether every dim is a size (no symbol).
   constexpr bool is_static() const {
     for (int i = 0; i < rank; ++i)
       if (is_symbol((*this)[i])) return false;
@@ -101,6 +108,7 @@ struct Shape {
     for (int i = 0; i < rank; ++i) n *= (*this)[i];
     return n;
   }
+  /// Same rank and the same dims (symbols compare by id).
   friend constexpr bool operator==(const Shape& a, const Shape& b) {
     if (a.rank != b.rank) return false;
     for (int i = 0; i < a.rank; ++i)

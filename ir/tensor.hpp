@@ -30,6 +30,8 @@ template <class T> struct DefaultInitAllocator : std::allocator<T> {
 };
 }  // namespace tensor_storage
 
+/// A host tensor: a dtype, a shape and its elements, row-major. Copies are deep, except that a
+/// view's bytes are shared until one copy is written to. What graphs take and give on every backend.
 class Tensor {
  public:
   Tensor() = default;
@@ -44,12 +46,13 @@ class Tensor {
   /// `elem_size`-byte bytes overflows 63 bits: check sizes read from files with this before
   /// allocating anything.
   static std::optional<std::int64_t> checked_numel(const std::vector<std::int64_t>& shape, std::size_t elem_size = 1);
-  /// A tensor holding `values` (its dtype from the element type; bool stored as bytes).
   /// A tensor that reads `nbytes` at `data`, kept alive by `owner` (a mapped file), without
   /// copying them: copies of it share them, and the first mutable access (data<T>() or raw() of
   /// a non-const tensor) copies them into storage of its own. `data` must be aligned to the
   /// dtype's size; throws ShapeError when nbytes does not fit the shape.
   static Tensor view(DType dtype, std::vector<std::int64_t> shape, const std::byte* data, std::size_t nbytes, std::shared_ptr<const void> owner);
+  /// A tensor holding `values` (its dtype from the element type, dtype_of; bool stored as
+  /// bytes). Throws ShapeError when their count is not the shape's.
   template <class T> static Tensor from(std::vector<std::int64_t> shape, const std::vector<T>& values) {
     Tensor t(dtype_of<T>(), std::move(shape));
     if (static_cast<std::size_t>(t.numel()) != values.size())
@@ -62,11 +65,14 @@ class Tensor {
     return t;
   }
 
-  DType dtype() const { return dtype_; }
+  DType dtype() const { return dtype_; }  ///< the element type
+  /// The dims, outermost first (empty for a scalar).
   const std::vector<std::int64_t>& shape() const { return shape_; }
-  int rank() const { return static_cast<int>(shape_.size()); }
-  std::int64_t numel() const;
+  int rank() const { return static_cast<int>(shape_.size()); }  ///< the number of dims
+  std::int64_t numel() const;                                   ///< the number of elements (1 for a scalar)
+  /// The bytes the elements take.
   std::size_t nbytes() const { return view_ ? view_bytes_ : bytes_.size(); }
+  /// Whether this is a default-constructed tensor (no dims and no bytes), not a scalar.
   bool empty() const { return shape_.empty() && nbytes() == 0; }
   /// Whether the bytes are someone else's (view), not yet copied.
   bool is_view() const { return view_ != nullptr; }
@@ -77,14 +83,17 @@ class Tensor {
     check_type<T>();
     return reinterpret_cast<T*>(raw());
   }
+  /// Typed read-only element access; T as for the mutable data<T>() (throws on a mismatch).
   template <class T> const T* data() const {
     check_type<T>();
     return reinterpret_cast<const T*>(raw());
   }
+  /// The bytes, to write: a view first copies them into storage of its own.
   std::byte* raw() {
     if (view_) own();
     return bytes_.data();
   }
+  /// The bytes, read-only (a view's are the owner's).
   const std::byte* raw() const { return view_ ? view_ : bytes_.data(); }
 
   /// Element i (row-major) as a double, whatever the dtype.
@@ -96,6 +105,8 @@ class Tensor {
   /// "f32[2,3]".
   std::string type_string() const;
 
+  /// The dtype of element type T (float f32, double f64, std::int32_t i32, Half f16, BFloat16
+  /// bf16, bool and std::uint8_t bool); any other T does not compile.
   template <class T> static constexpr DType dtype_of() {
     if constexpr (std::is_same_v<T, float>) return DType::f32;
     else if constexpr (std::is_same_v<T, double>) return DType::f64;

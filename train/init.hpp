@@ -9,12 +9,15 @@
 
 namespace qkv::train {
 
+/// How initial values are drawn: constants, uniform in [a, b), normal (mean a, standard deviation
+/// b), or Xavier/Glorot's uniform and normal, scaled by the shape's fans.
 enum class Init { zeros, ones, uniform, normal, xavier_uniform, xavier_normal };
 
+/// An initialiser and its parameters.
 struct InitSpec {
-  Init kind = Init::xavier_uniform;
-  double a = 0.0;  // uniform: low; normal: mean
-  double b = 1.0;  // uniform: high; normal: standard deviation
+  Init kind = Init::xavier_uniform;  ///< the distribution
+  double a = 0.0;                    ///< uniform: low; normal: mean
+  double b = 1.0;                    ///< uniform: high; normal: standard deviation
 };
 
 /// A tensor of `shape` drawn from `spec`. Xavier/Glorot uses fan_in = shape[-2] and fan_out =

@@ -14,23 +14,24 @@ namespace qkv::train {
 /// max_grad_norm > 0 clips the gradients first, as torch.nn.utils.clip_grad_norm_: all of them
 /// scaled by min(1, max_grad_norm / (their global L2 norm + 1e-6)).
 struct Sgd {
-  double lr = 0.01;
-  double momentum = 0.0;
-  double weight_decay = 0.0;
-  double max_grad_norm = 0.0;
+  double lr = 0.01;            ///< learning rate
+  double momentum = 0.0;       ///< 0: plain SGD, no velocity state
+  double weight_decay = 0.0;   ///< L2 penalty added to the gradient
+  double max_grad_norm = 0.0;  ///< clip the gradients' global norm to this (0: no clipping)
 };
 
 /// PyTorch's AdamW: p *= 1 - lr * weight_decay; m, v moving averages of g and g^2; p -= lr *
 /// m_hat / (sqrt(v_hat) + eps) with bias corrections from the step count, all in the graph.
 struct AdamW {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;
-  double max_grad_norm = 0.0;  // as Sgd's
+  double lr = 1e-3;            ///< learning rate
+  double beta1 = 0.9;          ///< decay of the gradient's moving average m
+  double beta2 = 0.999;        ///< decay of the squared gradient's moving average v
+  double eps = 1e-8;           ///< added to sqrt(v_hat) in the denominator
+  double weight_decay = 0.01;  ///< decoupled weight decay, applied to the parameters
+  double max_grad_norm = 0.0;  ///< as Sgd's
 };
 
+/// An optimizer and its settings: what the trainer writes into the step graph as updates.
 using Optimizer = std::variant<Sgd, AdamW>;
 
 /// Dynamic loss scaling for f16 gradients (torch.cuda.amp.GradScaler, with its defaults): the
@@ -40,19 +41,19 @@ using Optimizer = std::variant<Sgd, AdamW>;
 /// `backoff_factor`; after `growth_interval` steps in a row without one, it is multiplied by
 /// `growth_factor`. All of it runs in the step graph, on the backend.
 struct LossScaling {
-  double init_scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int growth_interval = 2000;
+  double init_scale = 65536.0;  ///< the scale of the first step
+  double growth_factor = 2.0;   ///< the scale's factor after growth_interval good steps
+  double backoff_factor = 0.5;  ///< the scale's factor after a skipped step
+  int growth_interval = 2000;   ///< good steps in a row before the scale grows
 };
 
 /// The names loss scaling adds to a step graph: its state (the scale, and the count of good steps
 /// since it last changed), the scaled loss the backward differentiates, and an output that is 1
 /// for a skipped step, else 0.
 inline constexpr const char* kLossScale = "amp.scale";
-inline constexpr const char* kGoodSteps = "amp.good_steps";
-inline constexpr const char* kScaledLoss = "amp.scaled_loss";
-inline constexpr const char* kSkipped = "amp.skipped";
+inline constexpr const char* kGoodSteps = "amp.good_steps";    ///< state: good steps since the scale last changed
+inline constexpr const char* kScaledLoss = "amp.scaled_loss";  ///< output: the loss times the scale
+inline constexpr const char* kSkipped = "amp.skipped";         ///< output: 1 for a skipped step, else 0
 /// The output of a step with gradient clipping: the gradients' global L2 norm before clipping.
 inline constexpr const char* kGradNorm = "grad_norm";
 

@@ -25,8 +25,8 @@ namespace qkv::train {
 /// With equal shards and a loss that is a mean over the batch, P ranks with B/P each train as one
 /// process with batch B.
 struct DataParallel {
-  dist::Communicator* comm = nullptr;  // null, or a job of one: not distributed
-  std::size_t bucket_bytes = std::size_t{1} << 20;
+  dist::Communicator* comm = nullptr;               ///< the job; null, or a job of one: not distributed
+  std::size_t bucket_bytes = std::size_t{1} << 20;  ///< gradients per reduction message, about
   /// Run the data-parallel step (forward and backward, then the update as a second executable)
   /// even in a job of one: what the distributed benchmark's cost model measures on one process.
   bool split_when_alone = false;
@@ -39,9 +39,9 @@ struct DataParallel {
 /// For f16, dynamic loss scaling (`scaling`) keeps small gradients from flushing to zero and
 /// skips steps whose gradients overflow; bf16 has f32's range and runs without it.
 struct MixedPrecision {
-  DType compute = DType::f32;  // f32: off
-  bool loss_scaling = true;    // for f16
-  LossScaling scaling;
+  DType compute = DType::f32;  ///< f16 or bf16; f32: off
+  bool loss_scaling = true;    ///< whether f16 training scales the loss (bf16 never does)
+  LossScaling scaling;         ///< the loss scaling's settings
   /// Whether the loss is scaled: f16 with loss_scaling.
   bool scales_loss() const { return compute == DType::f16 && loss_scaling; }
 };
@@ -50,15 +50,17 @@ struct MixedPrecision {
 /// the same on every rank (collectives start in the same order everywhere): the parameters in
 /// the order the backward graph computes their gradients, cut every DataParallel::bucket_bytes.
 struct GradientBucket {
-  std::vector<std::string> params;
-  std::vector<std::size_t> offsets;  // of each parameter's gradient in the message, in floats
-  std::size_t floats = 0;
+  std::vector<std::string> params;   ///< the parameters, in the order their gradients are packed
+  std::vector<std::size_t> offsets;  ///< of each parameter's gradient in the message, in floats
+  std::size_t floats = 0;            ///< the message's length, in floats
 };
 
 /// Rank `rank`'s shard of a batch for a job of `ranks`: every tensor's rows [rank B/P, (rank+1)
 /// B/P) along its first dim. Throws ShapeError naming the tensor when B does not divide by P.
 backend::TensorMap shard_batch(const backend::TensorMap& batch, int rank, int ranks);
 
+/// Trains a graph's parameters on a backend: one step graph (forward, backward, optimizer
+/// updates) whose parameters and optimizer state stay on the backend between steps.
 class Trainer {
  public:
   /// `forward` has a scalar output `loss`; `params` name the inputs to train (the others are
@@ -85,15 +87,17 @@ class Trainer {
 
   /// What the last data-parallel step's gradient reductions overlapped.
   struct ReductionStats {
-    int buckets = 0;
-    int overlapped = 0;            // reductions started while kernels of the backward were still to run
-    int done_during_backward = 0;  // reductions complete when the backward ended: wholly hidden
+    int buckets = 0;               ///< reductions started
+    int overlapped = 0;            ///< reductions started while kernels of the backward were still to run
+    int done_during_backward = 0;  ///< reductions complete when the backward ended: wholly hidden
   };
+  /// What the last data-parallel step's reductions overlapped (zeros when not data-parallel).
   const ReductionStats& reduction_stats() const { return reduction_stats_; }
 
   /// With loss scaling: the scale the next step uses, and whether the last step was skipped (its
   /// gradients held an inf or NaN). Without: 1 and false.
   double loss_scale();
+  /// Whether the last step was skipped for an inf or NaN gradient (always false without loss scaling).
   bool last_step_skipped() const { return last_step_skipped_; }
 
  private:

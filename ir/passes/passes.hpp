@@ -34,10 +34,11 @@ Graph fuse_attention(const Graph& g, const std::function<bool(const Node&)>& kee
 /// masked_attention or flex_attention): what the backward asks for and what a backend computes
 /// in the same pass. Same attributes (and region) as the attention node.
 struct LseCall {
-  Op op;
-  std::vector<ValueId> inputs;
-  Attrs attrs;  // the forward's, without dropout (the lse normalises the weights before it)
+  Op op;                        ///< attention_lse, masked_attention_lse or flex_attention_lse
+  std::vector<ValueId> inputs;  ///< its operands: q, k, then the mask or the modifier's tensors
+  Attrs attrs;                  ///< the forward's, without dropout (the lse normalises the weights before it)
 };
+/// The LseCall of `attention`, which must be an attention, masked_attention or flex_attention node.
 LseCall lse_of(const Node& attention);
 
 /// Moves each attention_lse (attention's backward reads it) to right after the attention node
@@ -112,9 +113,9 @@ Graph specialize_dims(const Graph& g, const std::map<std::string, std::int64_t>&
 /// seeded from a new input named "d" + output ("dout" for "out"); gradients with respect to the
 /// float inputs named in `wrt`.
 struct GradientSpec {
-  std::string loss;
-  std::vector<std::string> wrt;
-  std::vector<std::string> seeds;
+  std::string loss;                ///< a scalar output seeded with 1, or empty
+  std::vector<std::string> wrt;    ///< the float inputs to differentiate with respect to
+  std::vector<std::string> seeds;  ///< outputs seeded from new inputs "d" + name
 };
 
 /// Reverse-mode autodiff (autodiff.cpp): one graph computing the forward outputs and, for each

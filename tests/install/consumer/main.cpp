@@ -1,4 +1,4 @@
-// A complete program using installed qkv (the README's "qkv as a library" shows this file): causal
+// A complete program using installed qkv (docs/library.md shows this file): causal
 // scaled dot-product attention written in the DSL, run on a backend chosen at run time, checked
 // against the value worked out by hand.
 #include <cmath>
