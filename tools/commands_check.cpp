@@ -156,11 +156,13 @@ int cmd_check(const Request& r, const std::string& backends, const std::string& 
   dist::Communicator& comm = dist::Communicator::world();
   const bool lead = comm.rank() == 0;
   bool pass = true;
-  for (const auto& target : targets) {
+  Progress progress("check " + r.target + ": model", lead && targets.size() > 1 ? static_cast<std::int64_t>(targets.size()) : 0);
+  for (std::size_t done = 0; done < targets.size(); ++done) {
     Request one = r;
-    one.target = target;
+    one.target = targets[done];
     Prepared p = prepare(one);
     auto report = backend::check_equivalence(p.graph, p.inputs, names, factor, [&](const std::string& name) { return make_backend(comm, name); });
+    progress.clear();  // the report prints where the line was
     if (lead) {
       std::printf("%s, seed %llu, against the float64 reference%s:\n", p.title.c_str(), static_cast<unsigned long long>(r.seed),
                   comm.size() > 1 ? (", each backend sequence-parallel over " + std::to_string(comm.size()) + " ranks").c_str() : "");
@@ -173,6 +175,8 @@ int cmd_check(const Request& r, const std::string& backends, const std::string& 
       for (const auto& b : report.backends)
         if (!b.pass && b.error.empty()) localise(p.graph, p.inputs, b.backend, dump_dir, factor);
     }
+    std::fflush(stdout);
+    progress.update(static_cast<std::int64_t>(done + 1));
   }
   return pass ? 0 : 1;
 }

@@ -8,7 +8,7 @@
 namespace qkv::tool {
 
 Progress::Progress(std::string what, std::int64_t total)
-    : what_(std::move(what)), total_(total), enabled_(::isatty(STDERR_FILENO) == 1 && !std::getenv("QKV_NO_PROGRESS")) {
+    : what_(std::move(what)), total_(total), enabled_(total > 0 && ::isatty(STDERR_FILENO) == 1 && !std::getenv("QKV_NO_PROGRESS")) {
   if (const char* delay = std::getenv("QKV_PROGRESS_DELAY_MS")) delay_ = std::chrono::milliseconds(std::atoi(delay));
 }
 

@@ -10,7 +10,7 @@ namespace qkv::tool {
 /// "WHAT DONE/TOTAL (S s)" on stderr, rewritten in place (a carriage return) at most ten times a
 /// second once the work has taken a second (QKV_PROGRESS_DELAY_MS changes that), and erased when the work is done or the Progress
 /// goes out of scope, so that it never mixes with what the command prints. Nothing at all when
-/// stderr is not a terminal (a pipe, a file, CI's log) or QKV_NO_PROGRESS is set.
+/// stderr is not a terminal (a pipe, a file, CI's log), QKV_NO_PROGRESS is set, or `total` is 0.
 class Progress {
  public:
   Progress(std::string what, std::int64_t total);

@@ -141,14 +141,14 @@ TEST_F(Cli, RunWritesOutputsInEveryDtypeAndReadsSafetensors) {
 }
 
 TEST_F(Cli, LongCommandsShowProgressOnATerminalOnly) {
-  // On a terminal (script(1) gives the command one) fuzz and bench rewrite a progress line on
+  // On a terminal (script(1) gives the command one) fuzz, bench and check all rewrite a progress line on
   // stderr and erase it before their results; through a pipe (as everywhere else in these
   // tests) they print none.
   const std::string shown_at_once = "QKV_PROGRESS_DELAY_MS=0";
-  for (const std::string args : {"fuzz --graphs 40 --backend cpu", "bench sdpa --backend cpu --repeat 2000"}) {
+  for (const std::string args : {"fuzz --graphs 40 --backend cpu", "bench sdpa --backend cpu --repeat 2000", "check all --backend cpu"}) {
     Result tty = shell("env " + shown_at_once + " script -q -e -c '" + std::string(QKV_BINARY) + " " + args + "' /dev/null");
     ASSERT_EQ(tty.status, 0) << args << "\n" << tty.output;
-    const std::string line = args.rfind("fuzz", 0) == 0 ? "fuzz: graph " : "bench cpu: run ";
+    const std::string line = args.rfind("fuzz", 0) == 0 ? "fuzz: graph " : args.rfind("bench", 0) == 0 ? "bench cpu: run " : "check all: model ";
     EXPECT_NE(tty.output.find("\r\033[K" + line), std::string::npos) << args << "\n" << tty.output;
     const std::size_t last = tty.output.rfind(line);
     EXPECT_NE(tty.output.find("\r\033[K", last), std::string::npos) << "not erased: " << tty.output;  // erased after the last one
