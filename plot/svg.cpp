@@ -287,6 +287,37 @@ void draw_panel(Svg& svg, const HeatmapFigure& f, const Heatmap& p, const PanelL
   if (!p.y_name.empty() && y_named) svg.centred(ox + 10, my + l.map_h / 2, p.y_name, kLabelSize, "middle", "axis-name", -90);
 }
 
+/// The colour bar for [lo, hi] with its ticks and label, at (x, y), `height` tall; its right edge.
+double draw_colour_bar(Svg& svg, std::string& defs, const HeatmapFigure& f, double lo, double hi, double x, double y, double height) {
+  constexpr double width = 16;
+  std::string gradient = "<linearGradient id=\"bar\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">";
+  for (int s = 0; s <= 16; ++s) gradient += "<stop offset=\"" + num(s / 16.0) + "\" stop-color=\"" + hex(colour(f.colormap, s / 16.0)) + "\"/>";
+  defs += gradient + "</linearGradient>\n";
+  svg.rect(x, y, width, height, "url(#bar)", " class=\"colour-bar\"");
+  double step = 1, widest_tick = 0;
+  for (double t : nice_ticks(lo, hi, 5, &step)) {
+    const double at = y + height * (hi - t) / (hi - lo);
+    const std::string s = fixed(t, decimals_for(step));
+    svg.line(x + width, at, x + width + 3, at, kInk);
+    svg.centred(x + width + 6, at, s, kLabelSize - 1, "start", "bar-tick");
+    widest_tick = std::max(widest_tick, text_width(s, kLabelSize - 1));
+  }
+  const double label_x = x + width + 10 + widest_tick + 8;
+  if (!f.bar_label.empty()) svg.centred(label_x, y + height / 2, f.bar_label, kLabelSize, "middle", "axis-name", -90);
+  return label_x + 12;
+}
+
+/// The colour scale: the figure's, or its panels' range of finite, unmasked values.
+std::pair<double, double> colour_range(const HeatmapFigure& f) {
+  if (f.lo < f.hi) return {f.lo, f.hi};
+  double lo = INFINITY, hi = -INFINITY;
+  for (const Heatmap& p : f.panels)
+    for (std::size_t i = 0; i < p.values.size(); ++i)
+      if (std::isfinite(p.values[i]) && (p.masked.empty() || !p.masked[i])) lo = std::min(lo, p.values[i]), hi = std::max(hi, p.values[i]);
+  if (!(lo < hi)) lo = std::isfinite(lo) ? lo - 0.5 : 0, hi = lo + 1;
+  return {lo, hi};
+}
+
 }  // namespace
 
 std::string to_svg(const HeatmapFigure& f) {
@@ -296,50 +327,24 @@ std::string to_svg(const HeatmapFigure& f) {
         (!p.masked.empty() && p.masked.size() != p.values.size()))
       throw std::invalid_argument("heatmap '" + p.title + "': " + std::to_string(p.values.size()) + " values for " + std::to_string(p.rows) + " x " +
                                   std::to_string(p.cols));
-  double lo = f.lo, hi = f.hi;
-  if (!(lo < hi)) {
-    lo = INFINITY, hi = -INFINITY;
-    for (const Heatmap& p : f.panels)
-      for (std::size_t i = 0; i < p.values.size(); ++i)
-        if (std::isfinite(p.values[i]) && (p.masked.empty() || !p.masked[i])) lo = std::min(lo, p.values[i]), hi = std::max(hi, p.values[i]);
-    if (!(lo < hi)) lo = std::isfinite(lo) ? lo - 0.5 : 0, hi = lo + 1;
-  }
+  const auto [lo, hi] = colour_range(f);
   const PanelLayout l = layout_panels(f);
   const int columns = std::max(1, std::min(f.columns, static_cast<int>(f.panels.size())));
   const double top = f.title.empty() ? 4 : 34;
   Svg svg;
   std::string defs;
-  if (!f.title.empty()) svg.text(0, 22, f.title, kFigureTitleSize, "middle", "figure-title", 0, true);  // x set below
   for (std::size_t i = 0; i < f.panels.size(); ++i) {
     const double ox = static_cast<double>(static_cast<int>(i) % columns) * l.width,
                  oy = top + static_cast<double>(static_cast<int>(i) / columns) * l.height;
     draw_panel(svg, f, f.panels[i], l, ox, oy, static_cast<int>(i) % columns == 0, lo, hi, defs);
   }
-  // The colour bar, as tall as a panel's matrix (at least 120 pixels), right of the panels.
-  const double bar_x = static_cast<double>(columns) * l.width + 6, bar_y = top + l.map_y, bar_h = std::max(l.map_h, 120.0), bar_w = 16;
-  std::string gradient = "<linearGradient id=\"bar\" x1=\"0\" y1=\"1\" x2=\"0\" y2=\"0\">";
-  for (int s = 0; s <= 16; ++s) gradient += "<stop offset=\"" + num(s / 16.0) + "\" stop-color=\"" + hex(colour(f.colormap, s / 16.0)) + "\"/>";
-  defs += gradient + "</linearGradient>\n";
-  svg.rect(bar_x, bar_y, bar_w, bar_h, "url(#bar)", " class=\"colour-bar\"");
-  double step = 1, widest_tick = 0;
-  for (double t : nice_ticks(lo, hi, 5, &step)) {
-    const double y = bar_y + bar_h * (hi - t) / (hi - lo);
-    const std::string s = fixed(t, decimals_for(step));
-    svg.line(bar_x + bar_w, y, bar_x + bar_w + 3, y, kInk);
-    svg.centred(bar_x + bar_w + 6, y, s, kLabelSize - 1, "start", "bar-tick");
-    widest_tick = std::max(widest_tick, text_width(s, kLabelSize - 1));
-  }
-  const double label_x = bar_x + bar_w + 10 + widest_tick + 8;
-  if (!f.bar_label.empty()) svg.centred(label_x, bar_y + bar_h / 2, f.bar_label, kLabelSize, "middle", "axis-name", -90);
-  const double width = std::max(label_x + 20, text_width(f.title, kFigureTitleSize, true) + 20);
+  // One colour bar right of the panels, as tall as a panel's matrix (at least 120 pixels).
+  const double bar_y = top + l.map_y, bar_h = std::max(l.map_h, 120.0);
+  const double right = draw_colour_bar(svg, defs, f, lo, hi, static_cast<double>(columns) * l.width + 6, bar_y, bar_h);
+  const double width = std::max(right, text_width(f.title, kFigureTitleSize, true) + 20);
   const double rows = std::ceil(static_cast<double>(f.panels.size()) / columns);
-  const double height = std::max(top + rows * l.height, bar_y + bar_h + 12);
-  std::string doc = svg.document(width, height, defs);
-  if (!f.title.empty()) {  // centre the figure's title now that the width is known
-    const std::string placeholder = "class=\"figure-title\" x=\"0\"";
-    doc.replace(doc.find(placeholder), placeholder.size(), "class=\"figure-title\" x=\"" + num(width / 2) + "\"");
-  }
-  return doc;
+  if (!f.title.empty()) svg.text(width / 2, 22, f.title, kFigureTitleSize, "middle", "figure-title", 0, true);
+  return svg.document(width, std::max(top + rows * l.height, bar_y + bar_h + 12), defs);
 }
 
 std::string to_svg(const LinePlot& p) {
