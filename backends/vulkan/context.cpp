@@ -390,6 +390,15 @@ Context::Context(const VulkanOptions& options)
     features_.max_workgroup_size = {limits.maxComputeWorkGroupSize[0], limits.maxComputeWorkGroupSize[1], limits.maxComputeWorkGroupSize[2]};
     queue_ = vk::raii::Queue(device_, queue_family_, 0);
     pool_ = vk::raii::CommandPool(device_, vk::CommandPoolCreateInfo(vk::CommandPoolCreateFlagBits::eResetCommandBuffer, queue_family_));
+    profile_.name = device_name();
+    profile_.cpu = properties_.deviceType == vk::PhysicalDeviceType::eCpu;
+    profile_.subgroup_size = subgroup_size_;
+    profile_.subgroup_arithmetic = subgroup_arithmetic_;
+    profile_.cooperative_fragment = cooperative_fragment_;
+    profile_.cooperative_khr = cooperative_khr_;
+    profile_.storage_offset_alignment = limits.minStorageBufferOffsetAlignment;
+    profile_.max_workgroup_count = limits.maxComputeWorkGroupCount[0];
+    profile_.features = features_;
   });
 }
 
@@ -461,11 +470,8 @@ const Pipeline& Context::pipeline(const codegen::KernelSource& k, const std::vec
   for (std::uint32_t c : specialization) key += "/" + std::to_string(c);
   std::lock_guard lock(mutex_);
   if (auto it = pipelines_.find(key); it != pipelines_.end()) return *it->second;
-  auto spirv = codegen::compile_spirv(k.name, k.glsl, optimization_);
-  if (cooperative_khr_ && codegen::uses_nv_cooperative_matrix(spirv)) spirv = codegen::khr_cooperative_matrix(spirv);
-  // What a driver would reject, or a layer report, named here first on any device.
-  codegen::SpirvNeeds needs = codegen::spirv_needs(spirv, specialization);
-  check_kernel(k.name, needs, features_, device_name());
+  codegen::SpirvNeeds needs;
+  const std::vector<std::uint32_t> spirv = device_spirv(k, profile_, optimization_, specialization, &needs);
   return guarded("pipeline creation", [&]() -> const Pipeline& {
     auto p = std::make_unique<Pipeline>();
     p->kernel = k.name;

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "backends/vulkan/device_profile.hpp"
 #include "backends/vulkan/features.hpp"
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "codegen/glsl.hpp"
@@ -77,6 +78,8 @@ class Context {
   void submit_and_wait(const std::function<void(const vk::raii::CommandBuffer&)>& record) const;
   /// The features the device was created with, which every pipeline's SPIR-V is checked against.
   const DeviceFeatures& features() const { return features_; }
+  /// Everything about the device that decides its kernels (choose_kernels, device_spirv).
+  const DeviceProfile& profile() const { return profile_; }
   /// Each pipeline created so far: its kernel's name and what its SPIR-V needs of the device.
   std::vector<std::pair<std::string, codegen::SpirvNeeds>> kernel_needs() const;
   /// The pipeline of a kernel with these specialization constants (constant_id 0, 1, ...),
@@ -106,6 +109,7 @@ class Context {
   vk::raii::Queue queue_{nullptr};
   vk::raii::CommandPool pool_{nullptr};
   DeviceFeatures features_;
+  DeviceProfile profile_;
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
 };

@@ -427,59 +427,17 @@ class VulkanExecutable final : public ExecutableSkeleton {
 
 class VulkanBackend final : public Backend {
  public:
-  explicit VulkanBackend(const VulkanOptions& o)
-      : ctx_(Context::get(o)), fuse_(o.fusion), half_inputs_(o.half_storage && ctx_->storage16() ? ir::HalfInputs::kept : ir::HalfInputs::widened) {
-    target_.cpu = o.tuning == VulkanOptions::Tuning::automatic ? ctx_->properties().deviceType == vk::PhysicalDeviceType::eCpu
-                                                               : o.tuning == VulkanOptions::Tuning::cpu;
-    target_.shared_bytes = ctx_->properties().limits.maxComputeSharedMemorySize;
-    target_.max_invocations = ctx_->properties().limits.maxComputeWorkGroupInvocations;
-    target_.subgroup_size = ctx_->subgroup_size();
-    target_.subgroup_reductions = o.subgroup_reductions && ctx_->subgroup_arithmetic();
-    if (o.attention_invocations > ctx_->properties().limits.maxComputeWorkGroupInvocations)
-      throw BackendError("vulkan: " + std::to_string(o.attention_invocations) + " invocations per workgroup exceed the device's " +
-                         std::to_string(ctx_->properties().limits.maxComputeWorkGroupInvocations));
-    target_.attention_invocations = o.attention_invocations;
-    target_.attention_rows = o.attention_rows;
-    target_.attention_tile = o.attention_tile;
-    using C = VulkanOptions::CooperativeMatrix;
-    const auto& fragment = ctx_->cooperative_fragment();
-    if (o.cooperative_matrix == C::on && fragment[0] == 0)
-      throw BackendError("vulkan: cooperative matrices required (QKV_VULKAN_COOPERATIVE_MATRIX=1) but " + ctx_->device_name() +
-                         " has no VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix with f16 x f16 products accumulated in f32 in a "
-                         "subgroup (and the Vulkan memory model with its vulkanMemoryModelDeviceScope feature)");
-    if (o.cooperative_matrix == C::khr && (fragment[0] == 0 || !ctx_->cooperative_khr()))
-      throw BackendError("vulkan: VK_KHR_cooperative_matrix required (QKV_VULKAN_COOPERATIVE_MATRIX=khr) but " + ctx_->device_name() +
-                         " has none with f16 x f16 products accumulated in f32 in a subgroup (and the Vulkan memory model with its "
-                         "vulkanMemoryModelDeviceScope feature)");
-    if (o.cooperative_matrix == C::emulated && (!ctx_->float16() || !ctx_->storage16() || ctx_->subgroup_size() == 0))
-      throw BackendError(
-          "vulkan: the emulated cooperative-matrix kernel (QKV_VULKAN_COOPERATIVE_MATRIX=emulate) needs f16 arithmetic, 16-bit "
-          "storage and subgroups, which " +
-          ctx_->device_name() + " lacks");
-    if (o.cooperative_matrix == C::emulated) {
-      const auto& f = o.emulated_fragment;
-      if (f[0] == 0 || f[1] == 0 || f[2] == 0 || f[0] * f[1] % ctx_->subgroup_size() != 0)
-        throw BackendError("vulkan: an emulated fragment of " + std::to_string(f[0]) + " x " + std::to_string(f[1]) + " x " + std::to_string(f[2]) +
-                           " does not split over subgroups of " + std::to_string(ctx_->subgroup_size()));
-      target_.cooperative_matrix = {f[0], f[1], f[2], true};
-    } else if (o.cooperative_matrix != C::off && fragment[0] != 0) target_.cooperative_matrix = {fragment[0], fragment[1], fragment[2], false};
-    if (o.matmul_geometry[0] != 0) {
-      const auto& m = o.matmul_geometry;
-      target_.matmul = {m[0], m[1], m[2], m[3], m[4]};
-      const std::string why = target_.matmul.invalid(target_.shared_bytes, target_.max_invocations);
-      if (!why.empty())
-        throw BackendError("vulkan: the matmul geometry " + std::to_string(m[0]) + "," + std::to_string(m[1]) + "," + std::to_string(m[2]) + "," +
-                           std::to_string(m[3]) + "," + std::to_string(m[4]) + " is invalid: " + why);
-    }
+  explicit VulkanBackend(const VulkanOptions& o) : ctx_(Context::get(o)), fuse_(o.fusion) {
+    const vk_detail::KernelChoices choices = vk_detail::choose_kernels(ctx_->profile(), o);
+    target_ = choices.target;
+    fusion_limits_ = choices.fusion;
+    half_inputs_ = choices.half_inputs;
   }
   std::string name() const override { return "vulkan"; }
   std::string device() const override { return ctx_->device_name(); }
   /// A kernel binding more storage buffers than the device allows per shader (a flex modifier
   /// reading many tensors) is decomposed where the op has a decomposition.
-  bool supports(const Node& n) const override {
-    return vulkan_supports(n) &&
-           static_cast<std::uint32_t>(codegen::storage_buffers(n)) <= ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
-  }
+  bool supports(const Node& n) const override { return vk_detail::device_supports(ctx_->profile(), n); }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
     if (!codegen::has_kernel(g, v, view_alignment(*ctx_))) {
       if (g.node(v).op == ir::Op::input) return "(input, uploaded)";
@@ -506,13 +464,7 @@ class VulkanBackend final : public Backend {
       }
     return g.node(v).inputs;
   }
-  codegen::FusionLimits fusion_limits() const {
-    codegen::FusionLimits limits;
-    const std::uint32_t device = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
-    limits.storage_buffers = static_cast<int>(std::min(device, static_cast<std::uint32_t>(limits.storage_buffers)));
-    limits.view_alignment = view_alignment(*ctx_);
-    return limits;
-  }
+  const codegen::FusionLimits& fusion_limits() const { return fusion_limits_; }
   /// The shaders compile(g) runs (codegen::emit_glsl for this device).
   /// The GLSL the device would run for g, without creating its pipelines.
   std::string shaders(const ir::Graph& g) const {
@@ -534,8 +486,9 @@ class VulkanBackend final : public Backend {
  private:
   std::shared_ptr<Context> ctx_;
   codegen::Target target_;
+  codegen::FusionLimits fusion_limits_;
   bool fuse_ = true;
-  ir::HalfInputs half_inputs_;
+  ir::HalfInputs half_inputs_ = ir::HalfInputs::widened;
 };
 
 }  // namespace
@@ -551,18 +504,17 @@ std::string vulkan_shaders(const ir::Graph& g, const VulkanOptions& options) {
   } catch (const BackendError&) {  // no device here: what a GPU with common limits would run
   }
   if (device) return device->shaders(g);
-  codegen::Target gpu;
-  gpu.cpu = options.tuning == VulkanOptions::Tuning::cpu;
-  gpu.shared_bytes = 49152;
-  gpu.max_invocations = 1024;
-  gpu.subgroup_size = 32;
-  gpu.subgroup_reductions = options.subgroup_reductions;
-  codegen::FusionLimits limits;
-  limits.view_alignment = 64;
-  const ir::Graph lowered = ir::lower_for_backend(g, vulkan_supports);
-  return "// No Vulkan device here: the shaders for a GPU with subgroups of 32, 48 KiB of shared memory\n"
-         "// and storage offsets aligned to 64 bytes.\n" +
-         codegen::emit_glsl(lowered, limits, gpu, options.fusion);
+  // No device here: what a GPU of the most common family would run (NVIDIA's limits, without
+  // cooperative matrices, whose kernels need f16 graphs).
+  const std::vector<vk_detail::DeviceProfile> families = vk_detail::device_families();
+  const auto gpu = std::find_if(families.begin(), families.end(), [](const auto& d) { return d.cooperative_fragment[0] == 0 && !d.cpu; });
+  VulkanOptions o = options;
+  o.cooperative_matrix = VulkanOptions::CooperativeMatrix::off;
+  const vk_detail::KernelChoices choices = vk_detail::choose_kernels(*gpu, o);
+  const ir::Graph lowered = ir::lower_for_backend(
+      g, [&](const Node& n) { return vk_detail::device_supports(*gpu, n); }, choices.half_inputs);
+  return "// No Vulkan device here: the shaders for a GPU like " + gpu->name + ",\n// storage offsets aligned to " +
+         std::to_string(choices.fusion.view_alignment) + " bytes.\n" + codegen::emit_glsl(lowered, choices.fusion, choices.target, options.fusion);
 }
 
 std::string VulkanDeviceInfo::capabilities() const {
