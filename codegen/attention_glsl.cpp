@@ -35,6 +35,7 @@
 #include <optional>
 
 #include "codegen/glsl_detail.hpp"
+#include "codegen/push_constants.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
 #include "ir/printer.hpp"
@@ -629,7 +630,36 @@ bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& targ
   return std::all_of(multiplied.begin(), multiplied.end(), [&](std::size_t k) { return rounded_to(g, n.inputs[k], DType::f16); });
 }
 
-int attention_push_words(const Node& n) { return 9 + 5 * batch_rank(n) + (attention_strided(n) ? 5 + 2 * batch_rank(n) : 0); }
+PushConstants attention_push_constants(const Node& n) {
+  using T = PushConstants::Type;
+  const int r = batch_rank(n);
+  PushConstants p;
+  p.scalar("queries", T::u32, "N")
+      .scalar("keys", T::u32, "M")
+      .scalar("head_dim", T::u32, "D: q's and k's row width")
+      .scalar("value_dim", T::u32, "Dv: v's and dy's row width (0 for the log-sum-exp)")
+      .scalar("scale", T::f32, "what the scores are multiplied by")
+      .scalar("shift", T::i32, "causal: query i keeps keys j <= i + shift")
+      .scalar("window", T::i32, "causal: only the last `window` of those (0: all)")
+      .scalar("mask_row_stride", T::u32, "the keep-mask's stride along queries (0: broadcast)")
+      .scalar("mask_col_stride", T::u32, "and along keys")
+      .array("batch", r, "the batch dims' sizes")
+      .array("q_batch_strides", r, "elements between batch entries, per batch dim (0: broadcast)")
+      .array("k_batch_strides", r, "")
+      .array("v_batch_strides", r, "")
+      .array("mask_batch_strides", r, "");
+  if (attention_strided(n))  // heads read and written in place through strides
+    p.scalar("q_row_stride", T::u32, "elements between rows")
+        .scalar("k_row_stride", T::u32, "")
+        .scalar("v_row_stride", T::u32, "")
+        .scalar("dy_row_stride", T::u32, "")
+        .scalar("out_row_stride", T::u32, "")
+        .array("dy_batch_strides", r, "")
+        .array("out_batch_strides", r, "");
+  return p;
+}
+
+int attention_push_words(const Node& n) { return attention_push_constants(n).words(); }
 
 KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative) {
   const Kind kind = kind_of(n);
@@ -711,7 +741,7 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
       tensor_strides += "  t" + t + "_row = tensor_stride(T" + t + "_DIMS, R);\n  t" + t + "_col = tensor_stride(T" + t + "_DIMS, R + 1);\n";
     }
     if (tensors > 0)
-      modifier_text += R"(uint score_dim(int d) { return d < R ? pc.p[9 + d] : d == R ? N : M; }
+      modifier_text += R"(uint score_dim(int d) { return d < R ? pc.batch[d] : d == R ? N : M; }
 // A tensor's element stride along the scores' dim d: 0 where it broadcasts, else the product of
 // the later dims it spans.
 uint tensor_stride(uint dims, int d) {
@@ -768,7 +798,7 @@ uint tensor_stride(uint dims, int d) {
       const std::string t = str(static_cast<std::int64_t>(i));
       ranged.push_back({"T" + t, "t" + t + "_at", "t" + t + "_row", "t" + t + "_col"});
     }
-  if (mask) ranged.push_back({"KEEP", "mask_at", "pc.p[7]", "pc.p[8]"});
+  if (mask) ranged.push_back({"KEEP", "mask_at", "pc.mask_row_stride", "pc.mask_col_stride"});
   std::string tile_text;
   if (tests_tiles) {
     const std::string k = str(static_cast<std::int64_t>(ranged.size()));
@@ -853,9 +883,6 @@ Iv range_read(uint at, bool along_both) {
 #extension GL_EXT_control_flow_attributes : require
 $SIXTEEN$COOPEXT// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
 // and streams the $OTHERS through shared memory BC at a time.
-// p[0] N queries, p[1] M keys, p[2] D, p[3] Dv, p[4] scale (float bits), p[5] causal shift
-// (int bits), p[6] window, p[7..8] the keep-mask's query and key strides, p[9..] $R batch dims,
-// then the batch strides of q, k, v and the keep-mask (elements)$STRIDEDWORDS.
 layout(local_size_x_id = 3) in;               // INV invocations, chosen per device
 layout(constant_id = 0) const uint D4 = 1u;   // q and k's head dim in vec4s (rounded up)
 layout(constant_id = 1) const uint DV4 = 1u;  // v's head dim in vec4s
@@ -863,8 +890,7 @@ layout(constant_id = 2) const uint BC = 1u;   // streamed rows per shared tile
 layout(constant_id = 4) const uint RPT = 1u;  // rows per invocation, chosen per device
 $SPECS$COOPCONSTSconst uint INV = gl_WorkGroupSize.x, BR = $BR;
 const int R = $R;
-$BINDINGSlayout(push_constant) uniform Params { uint p[$WORDS]; } pc;
-
+$BINDINGS$PUSH
 // [0]: whether a row the tiles skip holds inf or NaN. Every shared variable's size is a multiple
 // of 16 bytes, so that wherever the compiler places them the cooperative-matrix loads and stores
 // find their tiles 16-byte aligned (NVIDIA's driver placed a lone uint first: every load was off).
@@ -891,21 +917,21 @@ $KEPT  return keep;
 }
 
 void main() {
-  N = pc.p[0]; M = pc.p[1]; DR = pc.p[2]; DVR = pc.p[3];
-  scale = uintBitsToFloat(pc.p[4]); shift = int(pc.p[5]); window = int(pc.p[6]);
+  N = pc.queries; M = pc.keys; DR = pc.head_dim; DVR = pc.value_dim;
+  scale = pc.scale; shift = pc.shift; window = pc.window;
   uint batches = 1u;
-  for (int d = 0; d < R; ++d) batches *= pc.p[9 + d];
+  for (int d = 0; d < R; ++d) batches *= pc.batch[d];
   uint b = gl_WorkGroupID.y + gl_WorkGroupID.z * gl_NumWorkGroups.y;
   if (b >= batches) return;  // uniform: the whole workgroup
   q_at = 0u; k_at = 0u; v_at = 0u; mask_at = 0u; dy_at = 0u; out_at = 0u;$TENSORZERO
   uint rem = b;
   for (int d = R - 1; d >= 0; --d) {
-    uint idx = rem % pc.p[9 + d];
-    rem /= pc.p[9 + d];
-    q_at += idx * pc.p[9 + R + d];
-    k_at += idx * pc.p[9 + 2 * R + d];
-    v_at += idx * pc.p[9 + 3 * R + d];
-    mask_at += idx * pc.p[9 + 4 * R + d];
+    uint idx = rem % pc.batch[d];
+    rem /= pc.batch[d];
+    q_at += idx * pc.q_batch_strides[d];
+    k_at += idx * pc.k_batch_strides[d];
+    v_at += idx * pc.v_batch_strides[d];
+    mask_at += idx * pc.mask_batch_strides[d];
 $TENSORAT$STRIDEDAT  }
 $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
   lid = gl_LocalInvocationIndex;
@@ -919,7 +945,7 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                         {"R", str(r)},
                         {"BINDINGS", bindings},
                         {"SIXTEEN", sixteen ? "#extension GL_EXT_shader_16bit_storage : require\n" : ""},
-                        {"WORDS", str(kMaxPushWords)},
+                        {"PUSH", attention_push_constants(n).glsl()},
                         {"TILES", tiles},
                         {"READERS", readers + helpers},
                         {"SPECS", specs},
@@ -946,18 +972,14 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                         {"KEPT", std::string(causal ? "  int limit = int(i) + shift;\n"
                                                       "  keep = int(j) <= limit && (window == 0 || int(j) > limit - window);\n"
                                                     : "") +
-                                     (mask ? "  keep = keep && (tile_mask_kept || KEEP[mask_at + i * pc.p[7] + j * pc.p[8]] != 0.0);\n" : "")},
+                                     (mask ? "  keep = keep && (tile_mask_kept || KEEP[mask_at + i * pc.mask_row_stride + j * pc.mask_col_stride] != 0.0);\n" : "")},
                         {"OWNCOUNT", own_count},
                         {"OTHERCOUNT", other_count},
-                        {"STRIDEDWORDS", strided ? ", then the row strides of q, k, v, dy and the output,\n"
-                                                   "// then the batch strides of dy and the output: heads are read and written in place"
-                                                 : ""},
-                        {"STRIDEDAT", strided ? "    dy_at += idx * pc.p[" + str(9 + 5 * r + 5) + " + d];\n"
-                                                "    out_at += idx * pc.p[" + str(9 + 5 * r + 5 + r) + " + d];\n"
+                        {"STRIDEDAT", strided ? "    dy_at += idx * pc.dy_batch_strides[d];\n"
+                                                "    out_at += idx * pc.out_batch_strides[d];\n"
                                               : ""},
-                        {"ROWSTRIDES", strided ? "  q_rs = pc.p[" + str(9 + 5 * r) + "]; k_rs = pc.p[" + str(9 + 5 * r + 1) + "]; v_rs = pc.p[" +
-                                                     str(9 + 5 * r + 2) + "]; dy_rs = pc.p[" + str(9 + 5 * r + 3) + "]; out_rs = pc.p[" +
-                                                     str(9 + 5 * r + 4) + "];\n"
+                        {"ROWSTRIDES", strided ? "  q_rs = pc.q_row_stride; k_rs = pc.k_row_stride; v_rs = pc.v_row_stride; dy_rs = pc.dy_row_stride; "
+                                                 "out_rs = pc.out_row_stride;\n"
                                                : "  q_rs = DR; k_rs = DR; v_rs = DVR; dy_rs = DVR; out_rs = " + out_width + ";\n"
                                                  "  dy_at = b * N * DVR;\n  out_at = b * " + out_count + " * out_rs;\n"}});
 
@@ -970,7 +992,7 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                   : "  hi = uint(clamp(int(r0 + rows) + shift, 0, int(M)));\n"
                     "  if (window > 0) lo = uint(clamp(int(r0) + shift - window + 1, 0, int(M)));\n";
   // A keep-mask can drop a whole tile only when it does not vary along both axes.
-  s += std::string("  bool may_skip = ") + (region_skips ? "true" : mask ? "pc.p[7] == 0u || pc.p[8] == 0u" : "false") + ";  // tiles tested\n";
+  s += std::string("  bool may_skip = ") + (region_skips ? "true" : mask ? "pc.mask_row_stride == 0u || pc.mask_col_stride == 0u" : "false") + ";  // tiles tested\n";
   if (causal || tests_tiles) {
     const auto skipped = checked_skipped(kind), own = checked_own(kind);
     if (!skipped.empty() || !own.empty()) {
@@ -1207,7 +1229,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   std::string name = "flash_attention_" + kind_name(kind) +
                      (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
                      (drop ? "_dropout" : "") + "_b" + str(r) + Store{rounded}.suffix();
-  return {name, s, static_cast<int>(arrays.size()) + 2, true};
+  return {name, s, static_cast<int>(arrays.size()) + 2, true, attention_push_constants(n).signature()};
 }
 
 KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
@@ -1226,20 +1248,21 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   KernelLaunch l;
   const std::int64_t shift = n.attrs.causal && n.attrs.align == ir::CausalAlign::bottom_right ? mk - nq : 0;
   const auto mask_st = mask ? broadcast_strides(*mask, r + 2) : std::array<std::int64_t, ir::kMaxRank>{};
-  l.push = {push_word(nq),
-            push_word(mk),
-            push_word(d),
-            push_word(dv),
-            std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, n, shapes))),
-            static_cast<std::uint32_t>(static_cast<std::int32_t>(shift)),
-            push_word(n.attrs.window),
-            push_word(mask_st[static_cast<std::size_t>(r)]),
-            push_word(mask_st[static_cast<std::size_t>(r + 1)])};
+  const PushConstants declared = attention_push_constants(n);
+  PushConstants::Values push = declared.values();
+  const auto ri = static_cast<std::size_t>(r);
+  push.set("queries", push_word(nq))
+      .set("keys", push_word(mk))
+      .set("head_dim", push_word(d))
+      .set("value_dim", push_word(dv))
+      .set_float("scale", ir::bound_value(g, n, shapes))
+      .set_int("shift", shift)
+      .set_int("window", n.attrs.window)
+      .set("mask_row_stride", push_word(mask_st[ri]))
+      .set("mask_col_stride", push_word(mask_st[ri + 1]));
   std::int64_t batches = 1;
-  for (int i = 0; i < r; ++i) {
-    l.push.push_back(push_word(out[i]));
-    batches *= out[i];
-  }
+  for (int i = 0; i < r; ++i) batches *= out[i];
+  push.set_array("batch", std::span(out.dims.data(), ri));
   // Each row operand's strides as the kernel reads it (a head view's permuted), the mask's
   // broadcast; then, for strided kernels, the row strides and dy's and the output's batch strides.
   using Strides = std::array<std::int64_t, ir::kMaxRank>;
@@ -1260,20 +1283,26 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   const bool grads = kind == Kind::dq || kind == Kind::dk || kind == Kind::dv;
   const Strides none{};
   const Strides q_st = read_strides(0), k_st = read_strides(1), v_st = kind == Kind::lse ? none : read_strides(2), dy_st = grads ? read_strides(3) : none;
-  for (const Strides& st : {q_st, k_st, v_st, mask ? broadcast_strides(*mask, r + 2) : none})
-    for (int i = 0; i < r; ++i) l.push.push_back(push_word(st[static_cast<std::size_t>(i)]));
+  push.set_array("q_batch_strides", std::span(q_st.data(), ri))
+      .set_array("k_batch_strides", std::span(k_st.data(), ri))
+      .set_array("v_batch_strides", std::span(v_st.data(), ri))
+      .set_array("mask_batch_strides", std::span(mask_st.data(), ri));
   if (attention_strided(n)) {
     Strides out_st = contiguous_strides(out);
     if (const ir::ValueId p = placed_into(g, v); p >= 0) {  // written into the permute's storage
       const Strides c = contiguous_strides(shapes[static_cast<std::size_t>(p)]);
       for (int j = 0; j < out.rank; ++j) out_st[static_cast<std::size_t>(g.node(p).attrs.perm[static_cast<std::size_t>(j)])] = c[static_cast<std::size_t>(j)];
     }
-    const auto row = static_cast<std::size_t>(r);
-    const Strides& written = out_st;
-    for (const Strides* st : {&q_st, &k_st, &v_st, &dy_st, &written}) l.push.push_back(push_word((*st)[row]));
-    for (const Strides* st : {&dy_st, &written})
-      for (int i = 0; i < r; ++i) l.push.push_back(push_word((*st)[static_cast<std::size_t>(i)]));
+    push.set("q_row_stride", push_word(q_st[ri]))
+        .set("k_row_stride", push_word(k_st[ri]))
+        .set("v_row_stride", push_word(v_st[ri]))
+        .set("dy_row_stride", push_word(dy_st[ri]))
+        .set("out_row_stride", push_word(out_st[ri]))
+        .set_array("dy_batch_strides", std::span(dy_st.data(), ri))
+        .set_array("out_batch_strides", std::span(out_st.data(), ri));
   }
+  l.push = push.words();
+  l.push_signature = declared.signature();
 
   // Head dims size the registers and tiles; the tile height (at most 32 rows) keeps shared
   // memory within what the device has.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "codegen/glsl.hpp"
+#include "codegen/push_constants.hpp"
 
 namespace qkv::codegen::detail {
 
@@ -14,6 +15,8 @@ bool attention_fits(const ir::Node& n);
 /// Whether the node's kernel reads its row operands and writes its output through row and batch
 /// strides (up to two batch dims), so head views and placed outputs can be given to it.
 bool attention_strided(const ir::Node& n);
+/// The push constants of the node's kernel, by name (codegen/push_constants.hpp).
+PushConstants attention_push_constants(const ir::Node& n);
 /// Push-constant words the node's kernel needs.
 int attention_push_words(const ir::Node& n);
 /// `held`: the dtypes its q, k, v and dy buffers hold (f16 and bf16 read and widened where

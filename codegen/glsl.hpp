@@ -26,6 +26,9 @@ struct KernelSource {
   /// The flash-attention kernels bind one more buffer after the output: two uints, the low and
   /// high words of the scores in the tiles they computed (the rest they skipped as masked).
   bool counts_tiles = false;
+  /// The signature of the push constants the shader declares (PushConstants::signature), for
+  /// the families that declare theirs by name; 0 for the rest.
+  std::uint64_t push_signature = 0;
 };
 
 /// A matmul workgroup computes a BM x BN tile of one batch entry's output, each of its
@@ -87,6 +90,9 @@ struct KernelLaunch {
   /// For a kernel that counts its tiles: every score it covers (batch entries x N x M), of which
   /// those not counted as computed were skipped.
   std::int64_t scores = 0;
+  /// The signature of the declaration `push` was packed from: the kernel's own
+  /// (KernelSource::push_signature), or the dispatch is refused.
+  std::uint64_t push_signature = 0;
 };
 
 /// Whether the generator has a kernel of its own for this node; composites it has none for are

@@ -13,6 +13,7 @@
 #include "backends/vulkan/context.hpp"
 #include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
+#include "codegen/push_constants.hpp"
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
 
@@ -223,6 +224,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
     for (auto& k : kernels_) {
       launches_.push_back(k.group.fused() ? codegen::fused_launch(graph_, k.group, shapes_, target_)
                                           : codegen::kernel_launch(graph_, k.value, shapes_, target_));
+      codegen::check_push(k.source, launches_.back());
       if (codegen::specialized(graph_, k.group)) k.pipeline = &ctx_->pipeline(k.source, launches_.back().specialization);
     }
 

@@ -1,0 +1,110 @@
+// Push constants declared once: the GLSL block and the packed words come from one declaration,
+// and a launch packed from any other declaration (a sabotaged order) is refused before dispatch.
+#include "codegen/push_constants.hpp"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+
+#include "codegen/attention_glsl.hpp"
+#include "codegen/spirv.hpp"
+#include "codegen/spirv_needs.hpp"
+#include "ir/bind.hpp"
+#include "ir/graph.hpp"
+
+namespace qkv::codegen {
+namespace {
+
+using T = PushConstants::Type;
+
+PushConstants example(int dims) {
+  PushConstants p;
+  p.scalar("rows", T::u32, "N").scalar("scale", T::f32, "").scalar("shift", T::i32, "").array("batch", dims, "sizes");
+  return p;
+}
+
+TEST(PushConstants, TheBlockAndTheWordsFollowTheDeclaration) {
+  const PushConstants p = example(2);
+  EXPECT_EQ(p.words(), 5);
+  EXPECT_EQ(p.glsl(),
+            "layout(push_constant) uniform Params {\n  uint rows;  // N\n  float scale;\n  int shift;\n  uint batch[2];  // sizes\n} pc;\n");
+  const std::int64_t sizes[] = {3, 7};
+  // Set in any order, laid out as declared.
+  const std::vector<std::uint32_t> words = p.values().set_array("batch", sizes).set_int("shift", -2).set_float("scale", 0.125).set("rows", 9).words();
+  EXPECT_EQ(words, (std::vector<std::uint32_t>{9, std::bit_cast<std::uint32_t>(0.125f), static_cast<std::uint32_t>(-2), 3, 7}));
+  // No batch dims: the array is declared with one element and packed with a zero.
+  const PushConstants none = example(0);
+  EXPECT_NE(none.glsl().find("uint batch[1];"), std::string::npos);
+  EXPECT_EQ(none.values().set("rows", 1).set_float("scale", 1).set_int("shift", 0).set_array("batch", {}).words().size(), 4u);
+  EXPECT_NE(example(2).signature(), example(3).signature());
+}
+
+TEST(PushConstantsDeathTest, AMisuseIsOurBugAndStopsAtOnce) {
+  const PushConstants p = example(1);
+  const std::int64_t one[] = {4}, two[] = {4, 5};
+  EXPECT_DEATH(p.values().set("rows", 1).set_float("scale", 1).set_int("shift", 0).words(), "push constant batch was not set");
+  EXPECT_DEATH(p.values().set("rows", 1).set("rows", 2), "push constant rows set twice");
+  EXPECT_DEATH(p.values().set("scale", 1), "push constant scale is declared float, set as uint");
+  EXPECT_DEATH(p.values().set("cols", 1), "push constant cols is not declared");
+  EXPECT_DEATH(p.values().set_array("batch", two), "push constant batch: 2 values for 1");
+  EXPECT_DEATH(p.values().set_array("rows", one), "push constant rows is not an array");
+  EXPECT_DEATH(PushConstants().scalar("a", T::u32, "").scalar("a", T::f32, ""), "push constant a declared twice");
+}
+
+/// A flash-attention node over q, k, v [B, H, N, D] (two batch dims).
+struct Attention {
+  ir::Graph g;
+  ir::ValueId y = -1;
+  std::vector<ir::Shape> shapes;
+  Attention() {
+    const ir::ValueId q = g.add_input("q", DType::f32, {2, 3, 40, 16}), k = g.add_input("k", DType::f32, {2, 3, 50, 16}),
+                      v = g.add_input("v", DType::f32, {2, 3, 50, 8});
+    ir::Attrs a;
+    a.value = 0.25;
+    a.causal = true;
+    y = g.add(ir::Op::attention, {q, k, v}, a);
+    g.set_output("out", y);
+    shapes = ir::bind_shapes(
+        g, {{"q", Tensor(DType::f32, {2, 3, 40, 16})}, {"k", Tensor(DType::f32, {2, 3, 50, 16})}, {"v", Tensor(DType::f32, {2, 3, 50, 8})}});
+  }
+};
+
+TEST(PushConstants, TheFlashKernelsDeclareTheirsByName) {
+  const Attention a;
+  const KernelSource source = detail::attention_source(a.g.node(a.y));
+  const KernelLaunch launch = detail::attention_launch(a.g, a.y, a.shapes, Target{});
+  EXPECT_NE(source.push_signature, 0u);
+  EXPECT_EQ(launch.push_signature, source.push_signature);
+  EXPECT_EQ(static_cast<int>(launch.push.size()), detail::attention_push_words(a.g.node(a.y)));
+  for (const char* read : {"N = pc.queries;", "scale = pc.scale;", "rem % pc.batch[d]", "k_at += idx * pc.k_batch_strides[d];"})
+    EXPECT_NE(source.glsl.find(read), std::string::npos) << read;
+  EXPECT_EQ(source.glsl.find("pc.p["), std::string::npos) << "no word read by position";
+  // The shader's block is exactly as large as the words its launch packs.
+  EXPECT_EQ(spirv_needs(compile_spirv(source.name, source.glsl, SpirvOptimization::none)).push_constant_bytes, launch.push.size() * 4);
+  // What the words say, by name: N 40, M 50, D 16, Dv 8, the scale, B 2 and H 3.
+  EXPECT_EQ(std::vector<std::uint32_t>(launch.push.begin(), launch.push.begin() + 4), (std::vector<std::uint32_t>{40, 50, 16, 8}));
+  EXPECT_EQ(launch.push[4], std::bit_cast<std::uint32_t>(0.25f));
+  EXPECT_EQ(launch.push[9], 2u);
+  EXPECT_EQ(launch.push[10], 3u);
+}
+
+TEST(PushConstantsDeathTest, ALaunchPackedFromAnotherDeclarationIsRefused) {
+  // The sabotage: the same members with queries and keys swapped. The launch's words would read
+  // M as N; its signature differs from the shader's, and the dispatch stops before recording.
+  const Attention a;
+  const KernelSource source = detail::attention_source(a.g.node(a.y));
+  KernelLaunch launch = detail::attention_launch(a.g, a.y, a.shapes, Target{});
+  check_push(source, launch);  // as generated: accepted
+  PushConstants swapped;
+  const PushConstants declared = detail::attention_push_constants(a.g.node(a.y));
+  for (const auto& m : declared.members()) {
+    const std::string name = m.name == "queries" ? "keys" : m.name == "keys" ? "queries" : m.name;
+    if (m.array) swapped.array(name, m.count, m.doc);
+    else swapped.scalar(name, m.type, m.doc);
+  }
+  launch.push_signature = swapped.signature();
+  EXPECT_DEATH(check_push(source, launch), "its launch packed push constants declared differently from the shader's");
+}
+
+}  // namespace
+}  // namespace qkv::codegen
