@@ -77,6 +77,10 @@ std::string render(const std::string& svg, Format format, double scale = 2);
 /// Width and height of a PNG file's bytes, or nullopt for bytes that are not PNG.
 std::optional<std::pair<std::int64_t, std::int64_t>> png_size(std::string_view bytes);
 
+/// `text` as a figure can show it: valid UTF-8, each byte of a broken sequence (a byte-level
+/// token's piece of a character) and each control character replaced by U+FFFD.
+std::string displayable(std::string_view text);
+
 /// Width in SVG pixels of `text` in the figures' font (DejaVu Sans) at `size` pixels, as Pango
 /// lays it out: what placing labels needs.
 double text_width(std::string_view text, double size, bool bold = false);

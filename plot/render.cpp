@@ -78,7 +78,37 @@ std::uint32_t colour(Colormap map, double t) {
   return out;
 }
 
-double text_width(std::string_view text, double size, bool bold) {
+std::string displayable(std::string_view text) {
+  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+  std::string out;
+  const auto byte = [&](std::size_t i) { return i < text.size() ? static_cast<unsigned char>(text[i]) : 0u; };
+  for (std::size_t i = 0; i < text.size();) {
+    const unsigned c = byte(i);
+    // The length of a well-formed sequence starting here (Unicode's table 3-7), or 0.
+    std::size_t n = 0;
+    if (c >= 0x20 && c < 0x7f) n = 1;
+    else if (c >= 0xc2 && c <= 0xdf) n = 2;
+    else if (c >= 0xe0 && c <= 0xef) n = 3;
+    else if (c >= 0xf0 && c <= 0xf4) n = 4;
+    const unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80, hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    bool ok = n > 0;
+    for (std::size_t k = 1; ok && k < n; ++k) {
+      const unsigned b = byte(i + k);
+      ok = k == 1 ? b >= lo && b <= hi : (b & 0xc0) == 0x80;
+    }
+    if (ok) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else {
+      out.append(kReplacement);
+      ++i;
+    }
+  }
+  return out;
+}
+
+double text_width(std::string_view raw, double size, bool bold) {
+  const std::string text = displayable(raw);
   // One Pango layout for the process, behind a lock: measuring is rare and cheap. The font map is
   // Pango's own for Cairo, the one librsvg lays the SVG's text out with, so the widths agree.
   static std::mutex lock;

@@ -20,9 +20,9 @@ constexpr const char* kInk = "#262626";
 constexpr const char* kFont = "DejaVu Sans, Verdana, sans-serif";
 constexpr std::size_t kLongestLabel = 32;  // characters of a label drawn; longer ones end in an ellipsis
 
-std::string escaped(std::string_view s) {
+std::string escaped(std::string_view raw) {
   std::string out;
-  for (char c : s) {
+  for (char c : displayable(raw)) {
     switch (c) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
@@ -151,6 +151,9 @@ cairo_status_t append(void* closure, const unsigned char* data, unsigned int len
 std::string cells_png(const Heatmap& m, const std::vector<std::uint32_t>& colours, int cell) {
   const int w = static_cast<int>(m.cols) * cell, h = static_cast<int>(m.rows) * cell;
   std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)> s(cairo_image_surface_create(CAIRO_FORMAT_RGB24, w, h), cairo_surface_destroy);
+  if (cairo_surface_status(s.get()) != CAIRO_STATUS_SUCCESS)  // past 32767 pixels a side, or out of memory
+    throw std::runtime_error("a heatmap of " + std::to_string(m.rows) + " x " + std::to_string(m.cols) + " cells is too large to draw (" +
+                             cairo_status_to_string(cairo_surface_status(s.get())) + ")");
   cairo_surface_flush(s.get());
   unsigned char* data = cairo_image_surface_get_data(s.get());
   const int stride = cairo_image_surface_get_stride(s.get());

@@ -18,6 +18,9 @@ namespace qkv::tool {
 
 namespace {
 
+/// The most weights an explorer page holds (a few tens of MB of HTML a browser opens at once).
+constexpr std::int64_t kExplorerWeights = 4'000'000;
+
 std::vector<std::string> split(const std::string& text, char sep) {
   std::vector<std::string> out;
   std::stringstream ss(text);
@@ -98,7 +101,11 @@ int cmd_viz(const Request& request, const std::string& backend_name, const VizFl
   const std::vector<plot::Format> formats = parse_formats(flags.formats);
   if (!flags.dir.empty()) io::check_writable_dir(flags.dir);  // before any work
   namespace fs = std::filesystem;
-  const bool html_in_dir = !flags.dir.empty() && fs::path(flags.html).parent_path().lexically_normal() == fs::path(flags.dir).lexically_normal();
+  const auto normal = [](const fs::path& p) {  // "out/" and "out" alike
+    const fs::path n = p.lexically_normal();
+    return n.has_filename() ? n : n.parent_path();
+  };
+  const bool html_in_dir = !flags.dir.empty() && normal(fs::path(flags.html).parent_path()) == normal(flags.dir);
   if (!flags.html.empty() && !html_in_dir) io::check_writable(flags.html);  // (the figures' folder is made if missing)
   Request r = request;
   r.attention_weights = true;  // a model folder's graph: each layer's weights too
@@ -190,15 +197,26 @@ int cmd_viz(const Request& request, const std::string& backend_name, const VizFl
   if (!flags.dir.empty()) {
     io::make_dirs(flags.dir);
     for (const auto& [name, figure] : figures) {
-      const std::string svg = plot::to_svg(figure);
-      for (plot::Format format : formats) {
-        const std::string path = (std::filesystem::path(flags.dir) / (name + "." + plot::extension(format))).string();
-        files.add(path, plot::render(svg, format));
-        written.push_back(path);
+      const std::string base = (std::filesystem::path(flags.dir) / name).string();
+      std::vector<std::string> bytes;
+      try {
+        const std::string svg = plot::to_svg(figure);
+        for (plot::Format format : formats) bytes.push_back(plot::render(svg, format));
+      } catch (const std::runtime_error& e) {  // a figure past Cairo's 32767 pixels a side
+        throw UsageError(base + ": " + e.what());
+      }
+      for (std::size_t i = 0; i < formats.size(); ++i) {
+        files.add(base + "." + plot::extension(formats[i]), bytes[i]);
+        written.push_back(base + "." + plot::extension(formats[i]));
       }
     }
   }
   if (!flags.html.empty()) {
+    std::int64_t held = 0;
+    for (const ExplorerLayer& l : explorer.layers) held += l.heads * l.rows * l.cols;
+    if (held > kExplorerWeights)
+      throw UsageError("--html " + flags.html + ": " + std::to_string(held) + " weights (" + std::to_string(explorer.layers.size()) +
+                       " layers) are more than an explorer holds (" + std::to_string(kExplorerWeights) + "); give fewer tokens");
     files.add(flags.html, explorer_html(explorer));
     written.push_back(flags.html);
   }

@@ -687,9 +687,12 @@ TEST_F(Cli, VizDrawsTheSeedsFigureInOneCommand) {
   const std::string both = qkv::io::read_file(path("figs/causal_vs_full.svg"));
   EXPECT_EQ(svg_texts(both, "title"), (std::vector<std::string>{"full", "causal"}));
   EXPECT_EQ(svg_texts(both, "annotation").size(), 36u + 21u);
-  // The explorer too, into the same folder.
+  // The explorer too, into the same folder, and into a folder --dir makes (however it is spelled).
   Result html = run("viz mha --labels a,b,c --html " + path("figs/explorer.html"));
   ASSERT_EQ(html.status, 0) << html.output;
+  Result fresh = run("viz mha --labels a,b,c --dir " + path("fresh/") + " --format svg --html " + path("fresh/explorer.html"));
+  ASSERT_EQ(fresh.status, 0) << fresh.output;
+  EXPECT_TRUE(fs::exists(path("fresh/explorer.html")));
   const std::string page = qkv::io::read_file(path("figs/explorer.html"));
   EXPECT_NE(page.find("\"tokens\":[\"a\",\"b\",\"c\"]"), std::string::npos);
   EXPECT_EQ(page.find("/*QKV_DATA*/"), std::string::npos);

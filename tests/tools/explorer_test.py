@@ -107,11 +107,11 @@ try:
     check(heatmap() != one_map, "the hovered query's row is framed in the heatmap")
 
     query.click()
-    ActionChains(browser).move_by_offset(0, 400).perform()  # away: a kept choice stays
+    ActionChains(browser).move_to_element(browser.find_element(By.ID, "title")).perform()  # away: a kept choice stays
     check(edges() == hovered, "a clicked token keeps its lines when the pointer leaves")
     browser.save_screenshot(os.path.join(artifacts, "explorer_head2_starts.png"))
     query.click()
-    ActionChains(browser).move_by_offset(0, 30).perform()
+    ActionChains(browser).move_to_element(browser.find_element(By.ID, "title")).perform()
     check(edges() == one_edges, "clicking again lets it go: %d lines" % edges())
 
     layers = Select(browser.find_element(By.ID, "layer")).options
@@ -133,6 +133,26 @@ try:
     browser.save_screenshot(os.path.join(artifacts, "explorer_bert_layer1.png"))
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     check(not errors, "no console errors on the checkpoint's page: %r" % errors)
+
+    # A model whose weights are not all finite (qkv writes NaN as null), and labels that would
+    # end the data's <script> element if they were written as they are.
+    hostile = explorer("hostile", ["mha", "--labels", "</script><b>x,<!--<script>,a&b"])
+    with open(hostile, encoding="utf-8") as f:
+        page = f.read()
+    data = page.split('id="qkv-data"')[1].split("</script>")[0]
+    check(r"\u003c/script\u003e\u003cb\u003ex" in data and r"\u003c!--\u003cscript\u003e" in data, "labels are written escaped in the data")
+    start = page.index('"weights":[') + len('"weights":[')
+    page = page[:start] + "null,null," + page[start + page[start:].index(",", page[start:].index(",") + 1) + 1:]
+    with open(hostile, "w", encoding="utf-8") as f:
+        f.write(page)
+    browser.get("file://" + hostile)
+    WebDriverWait(browser, 20).until(lambda b: b.execute_script("return document.body.dataset.ready") == "true")
+    tokens = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "text.token.query")]
+    check(tokens == ["</script><b>x", "<!--<script>", "a&b"], "hostile labels shown as written: %r" % tokens)
+    ActionChains(browser).move_to_element(browser.find_elements(By.CSS_SELECTOR, "text.token.query")[0]).perform()
+    check("NaN" in browser.find_element(By.ID, "status").text, "a NaN weight is named, not a broken page: %r" % browser.find_element(By.ID, "status").text)
+    errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    check(not errors, "no console errors with NaN weights: %r" % errors)
 finally:
     browser.quit()
     shutil.rmtree(work, ignore_errors=True)

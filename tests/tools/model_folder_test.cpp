@@ -94,6 +94,11 @@ TEST(ModelFolder, VizDrawsEachLayerAndHeadWithTheTokens) {
   const std::string svg = qkv::io::read_file(dir + "/weights.0.svg");
   EXPECT_NE(svg.find("class=\"xtick\""), std::string::npos);
   for (std::size_t i = 0; i < ids.size(); ++i) EXPECT_NE(svg.find(">" + t.piece(ids[i], i == 0) + "</text>"), std::string::npos) << i;
+  // Byte-level tokens that are pieces of a character (CJK, an emoji) are drawn as U+FFFD.
+  const Result wide =
+      qkv("viz " + kTiny + " --prompt '日本語 😀 ok' --dir " + dir + "_utf8 --format svg,png --html " + dir + "_utf8/e.html --backend cpu");
+  ASSERT_EQ(wide.status, 0) << wide.out;
+  EXPECT_NE(qkv::io::read_file(dir + "_utf8/weights.0.svg").find("\uFFFD"), std::string::npos);
 }
 
 TEST(ModelFolder, SampledGenerationIsRepeatableBySeed) {
