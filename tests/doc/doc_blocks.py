@@ -7,7 +7,9 @@
       the build compiles them (tests/doc/docs.cmake).
   doc_blocks.py check --source-dir S --qkv QKV PAGE
       checks the page's other blocks and exits 1 naming the page and line of each failure:
-        ```sh      every command that runs qkv parses (QKV_PARSE_ONLY=1: usage errors exit 2)
+        ```sh      every command that runs qkv parses (QKV_PARSE_ONLY=1: usage errors exit 2); a
+                   command that names the qkv program but does not run it in a way this script
+                   reads (a launcher such as `timeout`, `$VAR`) fails, so none goes unchecked
         ```ir      `qkv dump` of the block (IR text) prints the block back: it parses, verifies, and
                    is printed as qkv prints it
         file=PATH  (in the fence line, after the language) the block is PATH's text (cpp), or each
@@ -97,8 +99,15 @@ def extract(args):
             os.remove(path)
 
 
+# Programs whose arguments may name the qkv binary as a file, not run it (packing, installing).
+NAMES_QKV_AS_A_FILE = {"cmake", "pack.sh"}
+# Words that a command may start with before the program it runs.
+SHELL_KEYWORDS = {"do", "then", "else", "!", "time", "exec", "nohup", "command"}
+
+
 def commands(body, first_line):
-    """Yields (line number, argv after `qkv`) for each qkv invocation in a ```sh block."""
+    """Yields (line number, argv after `qkv` or None, error or None) for each qkv invocation in a
+    ```sh block, and an error for each command that names qkv but does not run it as read here."""
     joined, start = "", None
     for n, raw in enumerate(body):
         if start is None:
@@ -108,6 +117,7 @@ def commands(body, first_line):
             continue
         text, joined, line = joined + raw, "", start
         start = None
+        text = re.sub(r"(^|\s)(\d+|&)(?=>)", r"\1", text)  # 2>file, &>file: the redirection alone
         try:
             lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|()<>")
             lexer.whitespace_split = True
@@ -116,27 +126,57 @@ def commands(body, first_line):
         except ValueError as e:
             yield line, None, f"cannot split the line as the shell would: {e}"
             continue
-        command = []
+        command, redirect = [], False
         for token in tokens + [";"]:
-            if token and set(token) <= set(";&|()<>"):
+            if redirect:  # the file a redirection names
+                redirect = False
+            elif token and set(token) <= set(";&|()<>"):
+                if "<" in token or ">" in token:
+                    redirect = True
+                    continue
                 yield from invocation(line, command)
                 command = []
             else:
                 command.append(token)
 
 
+def is_qkv(word):
+    return os.path.basename(word) == "qkv"
+
+
 def invocation(line, command):
-    """The qkv arguments of one simple command: leading VAR=value assignments, `env` and
-    `mpirun ...` are skipped; a command that does not run qkv gives nothing."""
+    """The qkv arguments of one simple command. Leading VAR=value assignments, shell keywords (`do`,
+    `then`, `time`, ...), `env` with its options and assignments, and `mpirun ...` (or `mpiexec`)
+    are skipped to the program the command runs. A command that runs another program gives nothing,
+    unless qkv is among its words and the program is not one that names it as a file
+    (NAMES_QKV_AS_A_FILE), or qkv is only assigned to a variable: those are errors, since what runs
+    cannot be checked."""
     i = 0
-    while i < len(command) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", command[i]):
-        i += 1
-    if i < len(command) and command[i] in ("mpirun", "mpiexec"):
-        i += 1
-        while i < len(command) and os.path.basename(command[i]) != "qkv":
+    while i < len(command):
+        word = command[i]
+        if re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word) or word in SHELL_KEYWORDS:
             i += 1
-    if i < len(command) and os.path.basename(command[i]) == "qkv":
+        elif word == "env":
+            i += 1
+            while i < len(command) and (command[i].startswith("-") or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", command[i])):
+                i += 2 if command[i] in ("-u", "--unset", "-C", "--chdir", "-S", "--split-string") else 1
+        else:
+            break
+    if i < len(command) and command[i] in ("mpirun", "mpiexec"):
+        j = i + 1
+        while j < len(command) and not is_qkv(command[j]):
+            j += 1
+        if j < len(command):
+            yield line, command[j + 1:], None
+        return
+    if i < len(command) and is_qkv(command[i]):
         yield line, command[i + 1:], None
+    elif i < len(command) and os.path.basename(command[i]) not in NAMES_QKV_AS_A_FILE and any(is_qkv(w) for w in command[i + 1:]):
+        yield line, None, (f"names qkv, but runs {command[i]}, which this script cannot read as a qkv command: "
+                           f"run qkv directly (or add {os.path.basename(command[i])} to NAMES_QKV_AS_A_FILE "
+                           f"in tests/doc/doc_blocks.py if it takes qkv as a file): {shlex.join(command)}")
+    elif i == len(command) and any(is_qkv(w.partition("=")[2]) for w in command):
+        yield line, None, f"names qkv in a variable, whose later use this script cannot check: run qkv directly: {shlex.join(command)}"
 
 
 def check(args):
