@@ -59,7 +59,9 @@ class PushConstants {
     std::vector<std::vector<std::uint32_t>> values_;
     std::vector<bool> set_;
   };
-  Values values() const { return Values(*this); }
+  /// Values refer to this declaration: keep it alive while they are set (no temporaries).
+  Values values() const& { return Values(*this); }
+  Values values() const&& = delete;
 
  private:
   std::vector<Member> members_;

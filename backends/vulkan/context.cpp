@@ -397,7 +397,8 @@ Context::Context(const VulkanOptions& options)
     profile_.cooperative_fragment = cooperative_fragment_;
     profile_.cooperative_khr = cooperative_khr_;
     profile_.storage_offset_alignment = limits.minStorageBufferOffsetAlignment;
-    profile_.max_workgroup_count = limits.maxComputeWorkGroupCount[0];
+    profile_.max_workgroup_count =
+        std::min({limits.maxComputeWorkGroupCount[0], limits.maxComputeWorkGroupCount[1], limits.maxComputeWorkGroupCount[2]});
     profile_.features = features_;
   });
 }

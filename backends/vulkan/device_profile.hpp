@@ -29,7 +29,7 @@ struct DeviceProfile {
   std::array<std::uint32_t, 3> cooperative_fragment{};  ///< f16 x f16 -> f32 fragment (M, N, K) enabled, all 0 for none
   bool cooperative_khr = false;                         ///< that fragment is VK_KHR_cooperative_matrix's (kernels translated from NV's)
   std::uint64_t storage_offset_alignment = 16;          ///< minStorageBufferOffsetAlignment
-  std::uint32_t max_workgroup_count = 65535;            ///< maxComputeWorkGroupCount[0] (the x dimension of a dispatch)
+  std::uint32_t max_workgroup_count = 65535;            ///< maxComputeWorkGroupCount: the most workgroups along an axis (the least of the three)
   DeviceFeatures features;                              ///< what the device was created with, and its limits
 };
 
@@ -60,8 +60,9 @@ std::vector<std::uint32_t> device_spirv(const codegen::KernelSource& k, const De
 /// limits: vulkan.gpuinfo.org): NVIDIA (subgroups of 32, 48 KiB shared memory, NV cooperative
 /// matrices or none), AMD RDNA in wave32 and wave64 (64 KiB, KHR cooperative matrices), Intel Arc
 /// (subgroups of 8, 16 and 32), Apple through MoltenVK (32 KiB), Qualcomm Adreno and Arm Mali
-/// (small workgroups), a device with no subgroups and no 16-bit storage, and lavapipe at subgroups
-/// of 4, 8 and 16.
+/// (small workgroups), a small Vulkan 1.1 device (no subgroups, no 16-bit storage, 16 KiB, 4 storage
+/// buffers a stage, 256 invocations: the specification allows 128, which qkv's elementwise kernels
+/// do not fit yet), and lavapipe at subgroups of 4, 8 and 16.
 std::vector<DeviceProfile> device_families();
 
 }  // namespace qkv::backend::vk_detail

@@ -225,6 +225,10 @@ class VulkanExecutable final : public ExecutableSkeleton {
       launches_.push_back(k.group.fused() ? codegen::fused_launch(graph_, k.group, shapes_, target_)
                                           : codegen::kernel_launch(graph_, k.value, shapes_, target_));
       codegen::check_push(k.source, launches_.back());
+      for (std::uint32_t groups : launches_.back().groups)
+        if (groups > ctx_->profile().max_workgroup_count)
+          throw UnsupportedError("vulkan: kernel " + k.source.name + " needs " + std::to_string(groups) + " workgroups along an axis; " +
+                                 ctx_->device_name() + " dispatches at most " + std::to_string(ctx_->profile().max_workgroup_count));
       if (codegen::specialized(graph_, k.group)) k.pipeline = &ctx_->pipeline(k.source, launches_.back().specialization);
     }
 
@@ -510,6 +514,7 @@ std::string vulkan_shaders(const ir::Graph& g, const VulkanOptions& options) {
   // cooperative matrices, whose kernels need f16 graphs).
   const std::vector<vk_detail::DeviceProfile> families = vk_detail::device_families();
   const auto gpu = std::find_if(families.begin(), families.end(), [](const auto& d) { return d.cooperative_fragment[0] == 0 && !d.cpu; });
+  QKV_ASSERT(gpu != families.end(), "device_families() lists no GPU without cooperative matrices");
   VulkanOptions o = options;
   o.cooperative_matrix = VulkanOptions::CooperativeMatrix::off;
   const vk_detail::KernelChoices choices = vk_detail::choose_kernels(*gpu, o);

@@ -51,41 +51,51 @@ TEST(PushConstantsDeathTest, AMisuseIsOurBugAndStopsAtOnce) {
   EXPECT_DEATH(PushConstants().scalar("a", T::u32, "").scalar("a", T::f32, ""), "push constant a declared twice");
 }
 
-/// A flash-attention node over q, k, v [B, H, N, D] (two batch dims).
+/// A flash-attention node over q [..., 40, 16], k [..., 50, 16], v [..., 50, 8] with `batch_dims`
+/// leading dims of sizes 2, 3, 4, 5.
 struct Attention {
   ir::Graph g;
   ir::ValueId y = -1;
   std::vector<ir::Shape> shapes;
-  Attention() {
-    const ir::ValueId q = g.add_input("q", DType::f32, {2, 3, 40, 16}), k = g.add_input("k", DType::f32, {2, 3, 50, 16}),
-                      v = g.add_input("v", DType::f32, {2, 3, 50, 8});
+  explicit Attention(int batch_dims = 2) {
+    ir::Shape qs, ks, vs;
+    for (int d = 0; d < batch_dims; ++d) qs.push_back(2 + d), ks.push_back(2 + d), vs.push_back(2 + d);
+    qs.push_back(40), qs.push_back(16), ks.push_back(50), ks.push_back(16), vs.push_back(50), vs.push_back(8);
+    const ir::ValueId q = g.add_input("q", DType::f32, qs), k = g.add_input("k", DType::f32, ks), v = g.add_input("v", DType::f32, vs);
     ir::Attrs a;
     a.value = 0.25;
     a.causal = true;
     y = g.add(ir::Op::attention, {q, k, v}, a);
     g.set_output("out", y);
-    shapes = ir::bind_shapes(
-        g, {{"q", Tensor(DType::f32, {2, 3, 40, 16})}, {"k", Tensor(DType::f32, {2, 3, 50, 16})}, {"v", Tensor(DType::f32, {2, 3, 50, 8})}});
+    auto dims = [](const ir::Shape& s) { return std::vector<std::int64_t>(s.dims.begin(), s.dims.begin() + s.rank); };
+    shapes = ir::bind_shapes(g, {{"q", Tensor(DType::f32, dims(qs))}, {"k", Tensor(DType::f32, dims(ks))}, {"v", Tensor(DType::f32, dims(vs))}});
   }
 };
 
 TEST(PushConstants, TheFlashKernelsDeclareTheirsByName) {
-  const Attention a;
-  const KernelSource source = detail::attention_source(a.g.node(a.y));
-  const KernelLaunch launch = detail::attention_launch(a.g, a.y, a.shapes, Target{});
-  EXPECT_NE(source.push_signature, 0u);
-  EXPECT_EQ(launch.push_signature, source.push_signature);
-  EXPECT_EQ(static_cast<int>(launch.push.size()), detail::attention_push_words(a.g.node(a.y)));
-  for (const char* read : {"N = pc.queries;", "scale = pc.scale;", "rem % pc.batch[d]", "k_at += idx * pc.k_batch_strides[d];"})
-    EXPECT_NE(source.glsl.find(read), std::string::npos) << read;
-  EXPECT_EQ(source.glsl.find("pc.p["), std::string::npos) << "no word read by position";
-  // The shader's block is exactly as large as the words its launch packs.
-  EXPECT_EQ(spirv_needs(compile_spirv(source.name, source.glsl, SpirvOptimization::none)).push_constant_bytes, launch.push.size() * 4);
-  // What the words say, by name: N 40, M 50, D 16, Dv 8, the scale, B 2 and H 3.
-  EXPECT_EQ(std::vector<std::uint32_t>(launch.push.begin(), launch.push.begin() + 4), (std::vector<std::uint32_t>{40, 50, 16, 8}));
-  EXPECT_EQ(launch.push[4], std::bit_cast<std::uint32_t>(0.25f));
-  EXPECT_EQ(launch.push[9], 2u);
-  EXPECT_EQ(launch.push[10], 3u);
+  // No batch dims to four (strided, heads read in place, up to two), each block as large as the
+  // words its launch packs, within the pipeline's 32.
+  for (int batch_dims = 0; batch_dims <= 4; ++batch_dims) {
+    SCOPED_TRACE(batch_dims);
+    const Attention a(batch_dims);
+    const KernelSource source = detail::attention_source(a.g.node(a.y));
+    const KernelLaunch launch = detail::attention_launch(a.g, a.y, a.shapes, Target{});
+    EXPECT_NE(source.push_signature, 0u);
+    EXPECT_EQ(launch.push_signature, source.push_signature);
+    EXPECT_EQ(static_cast<int>(launch.push.size()), detail::attention_push_words(a.g.node(a.y)));
+    EXPECT_LE(launch.push.size(), static_cast<std::size_t>(kMaxPushWords));
+    for (const char* read : {"N = pc.queries;", "scale = pc.scale;", "rem % pc.batch[d]", "k_at += idx * pc.k_batch_strides[d];"})
+      EXPECT_NE(source.glsl.find(read), std::string::npos) << read;
+    EXPECT_EQ(source.glsl.find("pc.p["), std::string::npos) << "no word read by position";
+    EXPECT_EQ(spirv_needs(compile_spirv(source.name, source.glsl, SpirvOptimization::none)).push_constant_bytes, launch.push.size() * 4);
+    // What the words say, by name: N 40, M 50, D 16, Dv 8, the scale, then the batch dims.
+    EXPECT_EQ(std::vector<std::uint32_t>(launch.push.begin(), launch.push.begin() + 4), (std::vector<std::uint32_t>{40, 50, 16, 8}));
+    EXPECT_EQ(launch.push[4], std::bit_cast<std::uint32_t>(0.25f));
+    for (int d = 0; d < batch_dims; ++d) EXPECT_EQ(launch.push[9 + static_cast<std::size_t>(d)], static_cast<std::uint32_t>(2 + d));
+    if (batch_dims == 0) {
+      EXPECT_EQ(launch.push[9], 0u);  // the empty batch array's one word
+    }
+  }
 }
 
 TEST(PushConstantsDeathTest, ALaunchPackedFromAnotherDeclarationIsRefused) {
