@@ -4,10 +4,10 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "backends/random_graph.hpp"
 #include "io/file.hpp"
 #include "io/npy.hpp"
 #include "ir/printer.hpp"
+#include "sweeps/random_graph.hpp"
 #include "tools/commands.hpp"
 #include "tools/progress.hpp"
 

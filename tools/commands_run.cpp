@@ -12,10 +12,10 @@
 #include "io/npy.hpp"
 #include "io/safetensors.hpp"
 #include "ir/gradients.hpp"
-#include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "models/models.hpp"
+#include "sweeps/op_cases.hpp"
 #include "tools/commands.hpp"
 
 namespace qkv::tool {

@@ -5,8 +5,8 @@
 #include <limits>
 
 #include "backends/reference/reference_backend.hpp"
-#include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
+#include "sweeps/op_cases.hpp"
 #include "tests/support/backend_fixture.hpp"
 
 namespace qkv {

@@ -2,9 +2,9 @@
 // backward graph on every backend against the reference.
 #include <gtest/gtest.h>
 
-#include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
+#include "sweeps/op_cases.hpp"
 #include "tests/support/backend_fixture.hpp"
 #include "tests/support/gradcheck.hpp"
 

@@ -14,8 +14,8 @@
 #include "backends/vulkan/context.hpp"
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "dsl/dsl.hpp"
-#include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
+#include "sweeps/op_cases.hpp"
 #include "tests/support/backend_fixture.hpp"
 
 namespace qkv {

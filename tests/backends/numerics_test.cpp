@@ -6,9 +6,9 @@
 #include <limits>
 #include <random>
 
-#include "backends/random_graph.hpp"
 #include "backends/reference/reference_backend.hpp"
 #include "dsl/dsl.hpp"
+#include "sweeps/random_graph.hpp"
 #include "tests/support/backend_fixture.hpp"
 
 namespace qkv {

@@ -5,8 +5,8 @@
 
 #include <set>
 
-#include "backends/random_graph.hpp"
 #include "ir/printer.hpp"
+#include "sweeps/random_graph.hpp"
 #include "tests/support/backend_fixture.hpp"
 
 namespace qkv {

@@ -7,7 +7,7 @@
 #include "backends/backend.hpp"
 #include "backends/equivalence.hpp"
 #include "backends/reference/reference_backend.hpp"
-#include "ir/op_cases.hpp"
+#include "sweeps/op_cases.hpp"
 
 namespace qkv::backend {
 namespace {

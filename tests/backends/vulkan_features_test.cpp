@@ -16,8 +16,8 @@
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
 #include "codegen/spirv_needs.hpp"
-#include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
+#include "sweeps/op_cases.hpp"
 #include "tests/support/backend_fixture.hpp"
 
 namespace qkv {

@@ -6,11 +6,11 @@
 #include <cstdlib>
 #include <limits>
 
-#include "backends/random_graph.hpp"
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "dsl/dsl.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
+#include "sweeps/random_graph.hpp"
 #include "tests/support/backend_fixture.hpp"
 #include "tests/support/gradcheck.hpp"
 

@@ -20,8 +20,8 @@
 #include "codegen/spirv.hpp"
 #include "codegen/spirv_needs.hpp"
 #include "ir/bind.hpp"
-#include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
+#include "sweeps/op_cases.hpp"
 
 namespace qkv::codegen {
 namespace {

@@ -12,8 +12,8 @@
 #include "codegen/spirv.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
-#include "ir/op_cases.hpp"
 #include "ir/passes/passes.hpp"
+#include "sweeps/op_cases.hpp"
 
 namespace qkv::codegen {
 namespace {

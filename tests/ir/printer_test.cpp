@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "ir/error.hpp"
-#include "ir/op_cases.hpp"
 #include "ir/printer.hpp"
+#include "sweeps/op_cases.hpp"
 
 namespace qkv::ir {
 namespace {

@@ -1,7 +1,7 @@
 // Backend helpers for tests.
 #include "tests/support/backend_fixture.hpp"
 
-#include "backends/random_graph.hpp"
+#include "sweeps/random_graph.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Test cases of every op: broadcasting, odd sizes, every axis and attribute.
-#include "ir/op_cases.hpp"
+#include "sweeps/op_cases.hpp"
 
 #include <cmath>
 

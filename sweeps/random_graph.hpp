@@ -10,7 +10,7 @@
 
 #include "backends/backend.hpp"
 #include "backends/equivalence.hpp"
-#include "ir/op_cases.hpp"
+#include "sweeps/op_cases.hpp"
 
 namespace qkv::backend {
 

@@ -1,5 +1,5 @@
 // Random graphs from the registry, their differential check, and shrinking.
-#include "backends/random_graph.hpp"
+#include "sweeps/random_graph.hpp"
 
 #include <algorithm>
 #include <cstdio>
