@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "plot/cairo_bytes.hpp"
 #include "plot/figure.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -129,12 +130,22 @@ double text_width(std::string_view raw, double size, bool bold) {
   return static_cast<double>(logical.width) / PANGO_SCALE;
 }
 
-namespace {
+namespace detail {
 
-cairo_status_t append(void* closure, const unsigned char* data, unsigned int length) {
+cairo_status_t append_bytes(void* closure, const unsigned char* data, unsigned int length) {
   static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
   return CAIRO_STATUS_SUCCESS;
 }
+
+std::string png_bytes(cairo_surface_t* surface) {
+  std::string bytes;
+  if (cairo_surface_write_to_png_stream(surface, append_bytes, &bytes) != CAIRO_STATUS_SUCCESS) throw std::runtime_error("PNG encoding failed");
+  return bytes;
+}
+
+}  // namespace detail
+
+namespace {
 
 struct Unref {
   void operator()(RsvgHandle* h) const { g_object_unref(h); }
@@ -161,7 +172,7 @@ std::string render(const std::string& svg, Format format, double scale) {
   std::unique_ptr<cairo_surface_t, Unref> surface(
       format == Format::png
           ? cairo_image_surface_create(CAIRO_FORMAT_ARGB32, static_cast<int>(std::ceil(width * s)), static_cast<int>(std::ceil(height * s)))
-          : cairo_pdf_surface_create_for_stream(append, &bytes, width * s, height * s));
+          : cairo_pdf_surface_create_for_stream(detail::append_bytes, &bytes, width * s, height * s));
   {
     std::unique_ptr<cairo_t, Unref> cr(cairo_create(surface.get()));
     cairo_scale(cr.get(), s, s);
@@ -173,7 +184,7 @@ std::string render(const std::string& svg, Format format, double scale) {
     }
   }
   if (format == Format::png) {
-    if (cairo_surface_write_to_png_stream(surface.get(), append, &bytes) != CAIRO_STATUS_SUCCESS) throw std::runtime_error("PNG encoding failed");
+    bytes = detail::png_bytes(surface.get());
   } else {
     cairo_surface_finish(surface.get());  // the PDF's last bytes
   }

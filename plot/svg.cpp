@@ -1,14 +1,13 @@
 // Figures laid out and written as SVG: heatmap panels with their labels, a shared colour bar, and
 // line plots with ticked axes. Text is measured with the font the renderer draws it in
 // (text_width), so labels are placed, rotated or thinned out where they would collide.
-#include <cairo.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
 
+#include "plot/cairo_bytes.hpp"
 #include "plot/figure.hpp"
 
 namespace qkv::plot {
@@ -142,11 +141,6 @@ std::string base64(const std::string& bytes) {
   return out;
 }
 
-cairo_status_t append(void* closure, const unsigned char* data, unsigned int length) {
-  static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
-  return CAIRO_STATUS_SUCCESS;
-}
-
 /// The cells of a large matrix as one PNG, `cell` pixels an entry (cheaper than a rect each).
 std::string cells_png(const Heatmap& m, const std::vector<std::uint32_t>& colours, int cell) {
   const int w = static_cast<int>(m.cols) * cell, h = static_cast<int>(m.rows) * cell;
@@ -162,9 +156,7 @@ std::string cells_png(const Heatmap& m, const std::vector<std::uint32_t>& colour
       reinterpret_cast<std::uint32_t*>(data + static_cast<std::ptrdiff_t>(y) * stride)[x] =
           colours[static_cast<std::size_t>(y / cell * m.cols + x / cell)];
   cairo_surface_mark_dirty(s.get());
-  std::string bytes;
-  if (cairo_surface_write_to_png_stream(s.get(), append, &bytes) != CAIRO_STATUS_SUCCESS) throw std::runtime_error("PNG encoding failed");
-  return bytes;
+  return detail::png_bytes(s.get());
 }
 
 /// Where one panel's parts go, relative to its top-left corner. Every panel of a figure shares it.
