@@ -15,7 +15,7 @@
 
 namespace qkv::bench {
 
-namespace limits_detail {
+namespace detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -74,13 +74,13 @@ inline float sum_of(const float* p, std::size_t n) {
   return sum_with<v4f>(p, n);
 }
 
-}  // namespace limits_detail
+}  // namespace detail
 
 /// FLOPs (a fused multiply-add is two) of one vector FMA chain step on the ISA the cpu kernels
 /// use (backend::cpu::host_isa(), so QKV_CPU_ISA caps the peak as it caps the kernels), per
 /// second, summed over `threads` threads of the backend's pool running at once. Best of 5.
 inline double fma_peak_flops(int threads) {
-  using namespace limits_detail;
+  using namespace detail;
   using backend::cpu::Isa;
   const Isa isa = backend::cpu::host_isa();
   const std::int64_t rounds = 1 << 22;
@@ -109,7 +109,7 @@ inline double fma_peak_flops(int threads) {
 /// Bytes read per second by a sum over a buffer far larger than the caches, one contiguous part
 /// per thread of the backend's pool: what a pass over weights and cache can reach at best.
 inline double read_bandwidth() {
-  using namespace limits_detail;
+  using namespace detail;
   const std::size_t floats = std::size_t{128} << 20;  // 512 MB
   std::vector<float> a(floats, 1.0f);
   auto& pool = backend::cpu::ThreadPool::global();

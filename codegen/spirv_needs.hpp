@@ -1,6 +1,6 @@
 // What a SPIR-V compute module asks of the device that runs it, read from its instructions: the
 // facts a Vulkan driver checks at vkCreateComputePipelines (or silently miscompiles), so that the
-// backend can check them first against what it created the device with (vk_detail::check_kernel).
+// backend can check them first against what it created the device with (vulkan::check_kernel).
 #pragma once
 
 #include <array>

@@ -8,7 +8,7 @@
 
 #include "backends/equivalence.hpp"
 #include "backends/reference/reference_backend.hpp"
-#include "dist/sequence_parallel.hpp"
+#include "distributed/sequence_parallel.hpp"
 #include "io/file.hpp"
 #include "io/npy.hpp"
 #include "ir/bind.hpp"
@@ -140,10 +140,10 @@ void localise(const ir::Graph& g, const backend::TensorMap& inputs, const std::s
 
 namespace {
 /// A backend by name; under mpirun, running every graph sequence-parallel over the job.
-std::unique_ptr<backend::Backend> make_backend(dist::Communicator& comm, const std::string& name) {
+std::unique_ptr<backend::Backend> make_backend(distributed::Communicator& comm, const std::string& name) {
   auto b = backend::create(name);
   if (comm.size() == 1) return b;
-  return dist::sequence_parallel_backend(comm, std::move(b), {"N", "M"});
+  return distributed::sequence_parallel_backend(comm, std::move(b), {"N", "M"});
 }
 }  // namespace
 
@@ -153,7 +153,7 @@ int cmd_check(const Request& r, const std::string& backends, const std::string& 
   std::vector<std::string> targets = r.target == "all" ? models::model_names() : std::vector<std::string>{r.target};
   const auto names = backend_list(backends);
   // Under mpirun each backend runs the model sequence-parallel, checked against one process's float64.
-  dist::Communicator& comm = dist::Communicator::world();
+  distributed::Communicator& comm = distributed::Communicator::world();
   const bool lead = comm.rank() == 0;
   bool pass = true;
   Progress progress("check " + r.target + ": model", lead && targets.size() > 1 ? static_cast<std::int64_t>(targets.size()) : 0);
@@ -301,7 +301,7 @@ int cmd_bench(const Request& r, const std::string& backends, int repeat, bool pr
   if (repeat < 1) throw UsageError("--repeat must be at least 1");
   const auto names = backend_list(backends);  // before any output
   Prepared p = prepare(r);
-  dist::Communicator& comm = dist::Communicator::world();  // under mpirun: sequence-parallel, rank 0 reports
+  distributed::Communicator& comm = distributed::Communicator::world();  // under mpirun: sequence-parallel, rank 0 reports
   const bool lead = comm.rank() == 0;
   if (lead) {
     std::printf("%s: median of %d runs after one warm-up%s\n", p.title.c_str(), repeat,

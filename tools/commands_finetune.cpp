@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <random>
 
-#include "dist/communicator.hpp"
+#include "distributed/communicator.hpp"
 #include "io/file.hpp"
 #include "io/tokenizer.hpp"
 #include "models/pretrained.hpp"
@@ -18,7 +18,7 @@ int cmd_finetune(const FinetuneFlags& f) {
   if (f.steps < 1 || f.batch < 1 || f.seq < 2 || !(f.lr > 0) || f.weight_decay < 0 || f.max_grad_norm < 0)
     throw UsageError("--steps, --batch and --lr must be positive, --seq at least 2, --weight-decay and --max-grad-norm at least 0");
   if (!models::is_model_dir(f.model)) throw UsageError(f.model + ": not a model folder (a folder with config.json, as transformers saves one)");
-  dist::Communicator& comm = dist::Communicator::world();
+  distributed::Communicator& comm = distributed::Communicator::world();
   const bool lead = comm.rank() == 0;
   if (f.batch % comm.size() != 0)
     throw UsageError("--batch " + std::to_string(f.batch) + " does not divide into " + std::to_string(comm.size()) + " equal shards, one per rank");

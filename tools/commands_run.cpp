@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "backends/vulkan/vulkan_backend.hpp"
-#include "dist/sequence_parallel.hpp"
+#include "distributed/sequence_parallel.hpp"
 #include "io/file.hpp"
 #include "io/npy.hpp"
 #include "io/safetensors.hpp"
@@ -160,14 +160,14 @@ int cmd_run(const Request& r, const std::string& backend_name, const std::vector
   // Under mpirun: sequence-parallel, each rank computing its rows of the sequence (N, and M where
   // keys are the same sequence), attention as ring attention; only the outputs asked for with
   // --out (the weights, say, would keep a score matrix), gathered on rank 0, which reports.
-  dist::Communicator& comm = dist::Communicator::world();
+  distributed::Communicator& comm = distributed::Communicator::world();
   std::unique_ptr<backend::Executable> exe;
-  std::unique_ptr<dist::SequenceParallel> parallel;
+  std::unique_ptr<distributed::SequenceParallel> parallel;
   if (comm.size() > 1) {
     std::vector<std::string> keep;
     for (const auto& [name, file] : out_files) keep.push_back(name);
     if (!keep.empty()) p.graph = ir::select_outputs(p.graph, keep);
-    parallel = std::make_unique<dist::SequenceParallel>(comm, *be, p.graph, std::vector<std::string>{"N", "M"});
+    parallel = std::make_unique<distributed::SequenceParallel>(comm, *be, p.graph, std::vector<std::string>{"N", "M"});
   } else {
     exe = be->compile(p.graph);
   }

@@ -20,7 +20,7 @@ int cmd_train(const TrainFlags& f) {
   mixed.compute = *dtype;
   // Under mpirun, data-parallel: each rank trains on its shard of every batch, on its own backend
   // (--backend a,b: rank i takes the i-th, cycling), and rank 0 reports.
-  dist::Communicator& comm = dist::Communicator::world();
+  distributed::Communicator& comm = distributed::Communicator::world();
   const bool lead = comm.rank() == 0;
   if (f.batch % comm.size() != 0)
     throw UsageError("--batch " + std::to_string(f.batch) + " does not divide into " + std::to_string(comm.size()) + " equal shards, one per rank");

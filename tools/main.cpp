@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "backends/backend.hpp"
-#include "dist/communicator.hpp"
+#include "distributed/communicator.hpp"
 #include "models/models.hpp"
 #include "tools/commands.hpp"
 
@@ -82,7 +82,8 @@ std::pair<int, std::string> describe(std::exception_ptr error) {
 /// whole job (the other ranks would wait for it in their next collective).
 int report(std::exception_ptr error) {
   const auto [code, message] = describe(error);
-  if (qkv::dist::launched_by_mpi() && qkv::dist::Communicator::world().size() > 1) qkv::dist::Communicator::world().abort(code, message);
+  if (qkv::distributed::launched_by_mpi() && qkv::distributed::Communicator::world().size() > 1)
+    qkv::distributed::Communicator::world().abort(code, message);
   std::fprintf(stderr, "qkv: %s\n", message.c_str());
   return code;
 }

@@ -79,7 +79,7 @@ std::vector<GradientBucket> plan_buckets(const ir::Graph& backward, const backen
 /// Between the backward's kernels, MPI gets to move the reductions in flight.
 class BucketReducer final : public backend::RunObserver {
  public:
-  BucketReducer(dist::Communicator& comm, const std::vector<GradientBucket>& plan) : comm_(comm), plan_(plan), buckets_(plan.size()) {
+  BucketReducer(distributed::Communicator& comm, const std::vector<GradientBucket>& plan) : comm_(comm), plan_(plan), buckets_(plan.size()) {
     for (std::size_t b = 0; b < plan.size(); ++b) {
       buckets_[b].data.resize(plan[b].floats);
       buckets_[b].missing = plan[b].params.size();
@@ -135,9 +135,9 @@ class BucketReducer final : public backend::RunObserver {
   struct Bucket {
     std::vector<float> data;
     std::size_t missing = 0;  // gradients not yet reported
-    dist::Pending pending;
+    distributed::Pending pending;
   };
-  dist::Communicator& comm_;
+  distributed::Communicator& comm_;
   const std::vector<GradientBucket>& plan_;
   std::vector<Bucket> buckets_;
   std::size_t started_ = 0;                                                        // buckets [0, started_) are being reduced
@@ -187,7 +187,7 @@ Trainer::Trainer(const ir::Graph& forward, const std::string& loss, const std::v
 
 void Trainer::start_data_parallel(const ir::Graph& forward, const Optimizer& optimizer, backend::Backend& backend,
                                   const backend::TensorMap& initial) {
-  dist::Communicator& comm = *parallel_.comm;
+  distributed::Communicator& comm = *parallel_.comm;
   // Every rank starts from rank 0's parameters.
   backend::TensorMap start;
   for (const auto& p : params_) {
@@ -225,7 +225,7 @@ double Trainer::loss_scale() {
 }
 
 double Trainer::data_parallel_step(const backend::TensorMap& batch) {
-  dist::Communicator& comm = *parallel_.comm;
+  distributed::Communicator& comm = *parallel_.comm;
   BucketReducer reducer(comm, buckets_);
   const backend::TensorMap out = exe_->run_observed(batch, reducer);
   reduction_stats_ = reducer.backward_ended();

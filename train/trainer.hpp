@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "dist/communicator.hpp"
+#include "distributed/communicator.hpp"
 #include "train/optimizer.hpp"
 
 namespace qkv::train {
@@ -25,7 +25,7 @@ namespace qkv::train {
 /// With equal shards and a loss that is a mean over the batch, P ranks with B/P each train as one
 /// process with batch B.
 struct DataParallel {
-  dist::Communicator* comm = nullptr;               ///< the job; null, or a job of one: not distributed
+  distributed::Communicator* comm = nullptr;        ///< the job; null, or a job of one: not distributed
   std::size_t bucket_bytes = std::size_t{1} << 20;  ///< gradients per reduction message, about
   /// Run the data-parallel step (forward and backward, then the update as a second executable)
   /// even in a job of one: what the distributed benchmark's cost model measures on one process.

@@ -108,7 +108,7 @@ VulkanOptions vulkan_options_from_env() {
   return o;
 }
 
-namespace vk_detail {
+namespace vulkan {
 
 std::array<std::uint32_t, 3> chosen_fragment(const std::vector<vk::CooperativeMatrixPropertiesNV>& offered) {
   std::array<std::uint32_t, 3> best{};
@@ -391,7 +391,7 @@ Context::Context(const VulkanOptions& options)
     queue_ = vk::raii::Queue(device_, queue_family_, 0);
     pool_ = vk::raii::CommandPool(device_, vk::CommandPoolCreateInfo(vk::CommandPoolCreateFlagBits::eResetCommandBuffer, queue_family_));
     profile_.name = device_name();
-    profile_.cpu = properties_.deviceType == vk::PhysicalDeviceType::eCpu;
+    profile_.cpu_device = properties_.deviceType == vk::PhysicalDeviceType::eCpu;
     profile_.subgroup_size = subgroup_size_;
     profile_.subgroup_arithmetic = subgroup_arithmetic_;
     profile_.cooperative_fragment = cooperative_fragment_;
@@ -495,5 +495,5 @@ const Pipeline& Context::pipeline(const codegen::KernelSource& k, const std::vec
   });
 }
 
-}  // namespace vk_detail
+}  // namespace vulkan
 }  // namespace qkv::backend

@@ -17,7 +17,7 @@
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
 
-namespace qkv::backend::vk_detail {
+namespace qkv::backend::vulkan {
 
 /// A compiled kernel: its descriptor layout, pipeline layout and pipeline.
 struct Pipeline {
@@ -159,4 +159,4 @@ template <class F> auto guarded(const char* what, F&& f) -> decltype(f()) {
   }
 }
 
-}  // namespace qkv::backend::vk_detail
+}  // namespace qkv::backend::vulkan

@@ -10,7 +10,7 @@
 
 #include "ir/error.hpp"
 
-namespace qkv::backend::vk_detail {
+namespace qkv::backend::vulkan {
 
 namespace {
 
@@ -146,4 +146,4 @@ void check_kernel(const std::string& kernel, const codegen::SpirvNeeds& needs, c
   if (std::string why = kernel_mismatch(kernel, needs, device); !why.empty()) throw BackendError("vulkan: " + why + " (" + device_name + ")");
 }
 
-}  // namespace qkv::backend::vk_detail
+}  // namespace qkv::backend::vulkan

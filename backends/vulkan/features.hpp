@@ -16,7 +16,7 @@
 
 #include "codegen/spirv_needs.hpp"
 
-namespace qkv::backend::vk_detail {
+namespace qkv::backend::vulkan {
 
 /// The device's features as they were enabled at vkCreateDevice (not merely offered), and the
 /// limits a pipeline must keep.
@@ -47,4 +47,4 @@ void check_kernel(const std::string& kernel, const codegen::SpirvNeeds& needs, c
 /// What check_kernel would say, or "" where the kernel may run.
 std::string kernel_mismatch(const std::string& kernel, const codegen::SpirvNeeds& needs, const DeviceFeatures& device);
 
-}  // namespace qkv::backend::vk_detail
+}  // namespace qkv::backend::vulkan

@@ -89,7 +89,7 @@ struct VulkanDeviceInfo {
   bool storage16 = false;                 // storageBuffer16BitAccess (f16 buffers)
   bool cooperative_matrix = false;        // VK_KHR_cooperative_matrix or VK_NV_cooperative_matrix
   /// The f16 fragment (M x N x K) the cooperative-matrix kernels would use, all 0 where the
-  /// device has none usable (vk_detail::offered_fragment), and whether it is VK_KHR's.
+  /// device has none usable (vulkan::offered_fragment), and whether it is VK_KHR's.
   std::array<std::uint32_t, 3> cooperative_fragment{};
   bool cooperative_khr = false;
   /// VK_KHR_vulkan_memory_model's vulkanMemoryModel, and vulkanMemoryModelDeviceScope with it

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "backends.hpp"
-#include "dist.hpp"
+#include "distributed.hpp"
 #include "dsl.hpp"
 #include "io.hpp"
 #include "ir.hpp"

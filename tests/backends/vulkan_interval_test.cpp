@@ -55,7 +55,7 @@ ValueRange cpp_rule(const Rule& rule, const ValueRange& a, const ValueRange& b, 
 
 /// The GLSL rules over `cases` of four intervals (12 floats each: lo, hi, nan for a, b, c, w):
 /// 3 floats (lo, hi, nan) per case and rule.
-std::vector<float> glsl_rules(backend::vk_detail::Context& ctx, const std::vector<float>& cases) {
+std::vector<float> glsl_rules(backend::vulkan::Context& ctx, const std::vector<float>& cases) {
   const std::size_t count = cases.size() / 12;
   // The helpers of every monotone unary op (generated from the registry's rows): a region that
   // uses them all.
@@ -115,7 +115,7 @@ bool same_end(double cpp, float glsl, double tolerance) {
 
 TEST(VulkanIntervals, EveryGlslRuleAgreesWithBoundRegion) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  auto ctx = backend::vk_detail::Context::get(backend::vulkan_options_from_env());
+  auto ctx = backend::vulkan::Context::get(backend::vulkan_options_from_env());
   const double inf = HUGE_VAL;
   const double ends[] = {-inf, -7.5, -2, -1, -0.25, 0, 0.5, 1, 3, 40, inf};
   std::mt19937 rng(7);

@@ -139,7 +139,7 @@ TEST(VulkanMatmul, EachTargetTakesItsKernel) {
   // The lanes kernel unrolls its broadcasts over the device's subgroup, whose size its name
   // carries (4, 8 or 16 on lavapipe as LP_NATIVE_VECTOR_WIDTH sets it, 32 on NVIDIA); a device
   // without subgroup broadcasts, or of another size (AMD's 64), takes the tiled kernel.
-  const std::uint32_t sg = backend::vk_detail::Context::get(backend::vulkan_options_from_env())->subgroup_size();
+  const std::uint32_t sg = backend::vulkan::Context::get(backend::vulkan_options_from_env())->subgroup_size();
   const bool lanes = sg >= 4 && sg <= 32 && (sg & (sg - 1)) == 0;
   const Graph g = matmul_graph({}, {}, false, true);
   const auto v = g.output("out");

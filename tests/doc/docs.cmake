@@ -21,7 +21,7 @@ list(FILTER qkv_doc_units EXCLUDE REGEX "^$")
 list(LENGTH qkv_doc_units qkv_doc_count)
 message(STATUS "docs: ${qkv_doc_count} C++ blocks")
 add_library(qkv_doc_blocks OBJECT ${qkv_doc_units})
-target_link_libraries(qkv_doc_blocks PRIVATE qkv_dsl qkv_backends qkv_io qkv_train qkv_dist qkv_models qkv_warnings)
+target_link_libraries(qkv_doc_blocks PRIVATE qkv_dsl qkv_backends qkv_io qkv_train qkv_distributed qkv_models qkv_warnings)
 # A fragment's values are often its last statement's result, or its function's parameters.
 target_compile_options(qkv_doc_blocks PRIVATE -Wno-unused-variable -Wno-unused-but-set-variable -Wno-unused-parameter)
 
@@ -42,7 +42,7 @@ endforeach()
 find_package(Doxygen)
 if(DOXYGEN_FOUND)
   set(QKV_API_HEADERS
-      backends/backend.hpp backends/equivalence.hpp dist/communicator.hpp dist/ring_attention.hpp
+      backends/backend.hpp backends/equivalence.hpp distributed/communicator.hpp distributed/ring_attention.hpp
       dsl/analysis.hpp dsl/attention.hpp dsl/blocks.hpp dsl/dims.hpp dsl/dsl.hpp dsl/expr.hpp dsl/grad.hpp
       dsl/kv_cache.hpp dsl/layers.hpp dsl/losses.hpp dsl/lower.hpp dsl/masks.hpp dsl/multi_head.hpp dsl/ops.hpp
       dsl/positions.hpp dsl/score_mods.hpp io/npy.hpp io/safetensors.hpp

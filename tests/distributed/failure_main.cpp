@@ -1,17 +1,17 @@
 // A job whose last rank fails while the others wait for it in a collective: "throw" (an error,
-// reported as the qkv program reports one) or "kill" (the process dies). tests/dist/
+// reported as the qkv program reports one) or "kill" (the process dies). tests/distributed/
 // check_failure.cmake runs it under mpirun and checks the whole job ends promptly, each rank
 // saying what happened to it.
 #include <csignal>
 #include <string>
 #include <vector>
 
-#include "dist/communicator.hpp"
+#include "distributed/communicator.hpp"
 #include "ir/error.hpp"
 
 int main(int argc, char** argv) {
   const std::string how = argc > 1 ? argv[1] : "throw";
-  qkv::dist::Communicator& c = qkv::dist::Communicator::world();
+  qkv::distributed::Communicator& c = qkv::distributed::Communicator::world();
   try {
     for (int i = 0; i < 1000; ++i) {
       if (i == 3 && c.rank() == c.size() - 1) {

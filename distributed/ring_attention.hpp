@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "dist/communicator.hpp"
+#include "distributed/communicator.hpp"
 
-namespace qkv::dist {
+namespace qkv::distributed {
 
 /// How a sequence of N rows is laid out over P ranks.
 enum class SequenceLayout {
@@ -90,4 +90,4 @@ class RingAttention {
   Stats stats_;
 };
 
-}  // namespace qkv::dist
+}  // namespace qkv::distributed

@@ -14,7 +14,7 @@
 namespace qkv {
 namespace {
 
-using dist::Communicator;
+using distributed::Communicator;
 
 constexpr int kBatch = 8;  // divides by 1, 2 and 4 ranks
 constexpr int kSteps = 6;

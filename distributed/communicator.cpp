@@ -1,5 +1,5 @@
 // The job's communicator: MPI_COMM_WORLD under an MPI launcher, otherwise a job of one.
-#include "dist/communicator.hpp"
+#include "distributed/communicator.hpp"
 
 #include <unistd.h>
 
@@ -19,7 +19,7 @@
 #include <mpi.h>
 #endif
 
-namespace qkv::dist {
+namespace qkv::distributed {
 
 namespace {
 
@@ -297,4 +297,4 @@ void Communicator::abort(int code, const std::string& message) {
   std::_Exit(code);
 }
 
-}  // namespace qkv::dist
+}  // namespace qkv::distributed

@@ -15,8 +15,8 @@ plus the cost model's prediction of the ratio from what one thread measures alon
                    step runs it: forward and backward, then the update) + an allreduce of the
                    gradients' bytes (timed in the job).
 
-    python3 bench/dist_bench.py --build build/default               # P = 2 and 4, N = 4096
-    python3 bench/dist_bench.py --build build/default --ranks 2 --seq 8192 --rounds 5
+    python3 bench/distributed_bench.py --build build/default               # P = 2 and 4, N = 4096
+    python3 bench/distributed_bench.py --build build/default --ranks 2 --seq 8192 --rounds 5
 """
 
 import argparse
@@ -51,10 +51,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cores", type=int, default=os.cpu_count())
     a = ap.parse_args()
-    exe = os.path.join(a.build, "bench", "qkv_dist_bench")
+    exe = os.path.join(a.build, "bench", "qkv_distributed_bench")
     mpirun = shutil.which("mpirun")
     if not mpirun:
-        sys.exit("dist_bench: mpirun not found (scripts/setup.sh installs Open MPI)")
+        sys.exit("distributed_bench: mpirun not found (scripts/setup.sh installs Open MPI)")
     mpirun = os.path.realpath(mpirun)  # Open MPI takes its prefix from the path it is started by
     common = ["--seq", str(a.seq), "--dim", str(a.dim), "--heads", str(a.heads), "--reps", str(a.reps), "--batch", str(a.batch),
               "--bucket-bytes", str(a.bucket_bytes)]

@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "backends/equivalence.hpp"
-#include "dist/ring_attention.hpp"
+#include "distributed/ring_attention.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/region.hpp"
@@ -17,8 +17,8 @@
 namespace qkv {
 namespace {
 
-using dist::Communicator;
-using dist::SequenceLayout;
+using distributed::Communicator;
+using distributed::SequenceLayout;
 
 struct Case {
   bool causal;
@@ -52,7 +52,7 @@ TEST_P(RingAttention, EqualsAttentionOverTheWholeSequence) {
   const ir::ValueId ki = g.add_input("k", DType::f32, {B, H, N, D});
   const ir::ValueId vi = g.add_input("v", DType::f32, {B, H, N, Dv});
   ir::Attrs a;
-  a.value = scale;
+  a.scale = scale;
   a.causal = c.causal;
   const auto mod = c.modifier ? position_modifier() : nullptr;
   g.set_output("y", mod ? g.add(ir::Op::flex_attention, {qi, ki, vi}, a, mod) : g.add(ir::Op::attention, {qi, ki, vi}, a));
@@ -62,12 +62,12 @@ TEST_P(RingAttention, EqualsAttentionOverTheWholeSequence) {
   auto oracle = backend::create("reference")->compile(backward)->run(inputs);
 
   auto cpu = backend::create("cpu");
-  dist::RingAttention ring(comm, *cpu, {.scale = scale, .causal = c.causal, .layout = c.layout, .score_mod = mod});
-  auto mine = [&](const Tensor& t) { return dist::shard_sequence(t, comm.rank(), P, c.layout); };
+  distributed::RingAttention ring(comm, *cpu, {.scale = scale, .causal = c.causal, .layout = c.layout, .score_mod = mod});
+  auto mine = [&](const Tensor& t) { return distributed::shard_sequence(t, comm.rank(), P, c.layout); };
   const Tensor y = ring.forward(mine(q), mine(k), mine(v));
   EXPECT_LE(testing::normwise_error(y, mine(oracle.at("y"))), 1e-5) << comm.describe();
   const int forward_blocks = ring.stats().blocks, forward_transfers = ring.stats().transfers;
-  const dist::RingAttention::Gradients grads = ring.backward(mine(dy));
+  const distributed::RingAttention::Gradients grads = ring.backward(mine(dy));
   EXPECT_LE(testing::normwise_error(grads.dq, mine(oracle.at("d_q"))), 1e-5) << comm.describe();
   EXPECT_LE(testing::normwise_error(grads.dk, mine(oracle.at("d_k"))), 1e-5) << comm.describe();
   EXPECT_LE(testing::normwise_error(grads.dv, mine(oracle.at("d_v"))), 1e-5) << comm.describe();
@@ -103,11 +103,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RingAttention,
                          });
 
 TEST(RingAttentionShards, NameTheRowsEachRankHolds) {
-  EXPECT_EQ(dist::shard_rows(8, 1, 2, SequenceLayout::contiguous), (std::vector<std::int64_t>{4, 5, 6, 7}));
-  EXPECT_EQ(dist::shard_rows(8, 0, 2, SequenceLayout::zigzag), (std::vector<std::int64_t>{0, 1, 6, 7}));
-  EXPECT_EQ(dist::shard_rows(8, 1, 2, SequenceLayout::zigzag), (std::vector<std::int64_t>{2, 3, 4, 5}));
+  EXPECT_EQ(distributed::shard_rows(8, 1, 2, SequenceLayout::contiguous), (std::vector<std::int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(distributed::shard_rows(8, 0, 2, SequenceLayout::zigzag), (std::vector<std::int64_t>{0, 1, 6, 7}));
+  EXPECT_EQ(distributed::shard_rows(8, 1, 2, SequenceLayout::zigzag), (std::vector<std::int64_t>{2, 3, 4, 5}));
   try {
-    dist::shard_rows(6, 0, 2, SequenceLayout::zigzag);
+    distributed::shard_rows(6, 0, 2, SequenceLayout::zigzag);
     ADD_FAILURE() << "6 rows in 4 chunks";
   } catch (const ShapeError& e) {
     EXPECT_NE(std::string(e.what()).find("a sequence of 6 rows does not divide into 4 equal chunks"), std::string::npos) << e.what();

@@ -7,12 +7,12 @@
 #include <numeric>
 #include <string>
 
-#include "dist/communicator.hpp"
+#include "distributed/communicator.hpp"
 
 namespace qkv {
 namespace {
 
-using dist::Communicator;
+using distributed::Communicator;
 
 TEST(Communicator, IsTheJobTheLauncherStarted) {
   Communicator& c = Communicator::world();
@@ -41,8 +41,8 @@ TEST(Communicator, AllreduceSumsOverTheRanks) {
 TEST(Communicator, StartedAllreducesCompleteOnWait) {
   Communicator& c = Communicator::world();
   std::vector<float> a(4097, 1.0f), b(3, static_cast<float>(c.rank()));
-  dist::Pending pa = c.start_allreduce_sum(a);
-  dist::Pending pb = c.start_allreduce_sum(b);
+  distributed::Pending pa = c.start_allreduce_sum(a);
+  distributed::Pending pb = c.start_allreduce_sum(b);
   pb.wait();
   pa.wait();
   pa.wait();  // a second wait does nothing

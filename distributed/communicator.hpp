@@ -1,4 +1,4 @@
-// qkv::dist: the processes of one job and the collectives that data-parallel training and
+// qkv::distributed: the processes of one job and the collectives that data-parallel training and
 // distributed attention use. A job is MPI's world when this process was started by mpirun (or
 // another MPI launcher) in a build with MPI (CMake option QKV_WITH_MPI); otherwise it is this
 // process alone, where every collective is the identity, so code written for a job of P ranks
@@ -12,7 +12,7 @@
 
 #include "ir/error.hpp"
 
-namespace qkv::dist {
+namespace qkv::distributed {
 
 /// Whether this build can run a job of more than one process.
 bool built_with_mpi();
@@ -92,4 +92,4 @@ class Communicator {
   bool mpi_ = false;
 };
 
-}  // namespace qkv::dist
+}  // namespace qkv::distributed

@@ -1,16 +1,17 @@
 // Sequence parallelism for whole graphs: an analysis that every node is local to positions or is
 // attention over the sequence, then stages (backend executables) between ring attentions.
-#include "dist/sequence_parallel.hpp"
+#include "distributed/sequence_parallel.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <tuple>
 
+#include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/region.hpp"
 
-namespace qkv::dist {
+namespace qkv::distributed {
 
 namespace {
 
@@ -209,16 +210,15 @@ struct SequenceParallel::Impl {
     return t;
   }
 
-  /// The attention node's scale: its value, over sqrt of its rsqrt_of dim's size when it has one.
+  /// The attention node's scale: its scale attribute, over sqrt of its rsqrt_of dim's size when it has one.
   double scale_of(ValueId id, const std::map<ValueId, Tensor>& values) const {
     const Node& n = g.node(id);
-    if (n.attrs.rsqrt_of == 0) return n.attrs.value;
-    if (!ir::is_symbol(n.attrs.rsqrt_of)) return n.attrs.value / std::sqrt(static_cast<double>(n.attrs.rsqrt_of));
+    if (n.attrs.rsqrt_of == 0) return n.attrs.scale;
+    if (!ir::is_symbol(n.attrs.rsqrt_of)) return ir::rsqrt_scaled(n.attrs.scale, n.attrs.rsqrt_of);
     for (std::size_t i = 0; i < std::min<std::size_t>(3, n.inputs.size()); ++i) {
       const ir::Shape& s = g.node(n.inputs[i]).shape;
       for (int a = 0; a < s.rank; ++a)
-        if (s[a] == n.attrs.rsqrt_of)
-          return n.attrs.value / std::sqrt(static_cast<double>(values.at(n.inputs[i]).shape()[static_cast<std::size_t>(a)]));
+        if (s[a] == n.attrs.rsqrt_of) return ir::rsqrt_scaled(n.attrs.scale, values.at(n.inputs[i]).shape()[static_cast<std::size_t>(a)]);
     }
     refuse(id, "has a scale of a dim none of q, k, v has");
   }
@@ -383,7 +383,8 @@ backend::TensorMap SequenceParallel::run_shards(const backend::TensorMap& shards
   for (std::size_t k = 0; k < m.stages.size(); ++k) {
     for (ValueId a : m.attention_at[k]) {
       const Node& n = m.g.node(a);
-      const ValueId q = n.inputs[0], kk = n.inputs[1];
+      const ir::AttentionRoles& roles = ir::attention_roles(n.op);
+      const ValueId q = n.inputs[static_cast<std::size_t>(roles.q)], kk = n.inputs[static_cast<std::size_t>(roles.k)];
       if (n.op == Op::attention_lse || n.op == Op::flex_attention_lse) {
         // The forward over these q and k has it; v does not matter (k stands in when there is none).
         Impl::Ring* found = nullptr;
@@ -395,13 +396,13 @@ backend::TensorMap SequenceParallel::run_shards(const backend::TensorMap& shards
         values.insert_or_assign(a, found->attention->lse());
         continue;
       }
-      Impl::Ring& r = ring_for(a, q, kk, n.inputs[2]);
+      Impl::Ring& r = ring_for(a, q, kk, n.inputs[static_cast<std::size_t>(roles.v)]);
       if (n.op == Op::attention || n.op == Op::flex_attention) {
         values.insert_or_assign(a, r.y);
         continue;
       }
       // The gradients: one backward ring for every wrt with the same dy.
-      const ValueId dy = n.inputs[3];
+      const ValueId dy = n.inputs[static_cast<std::size_t>(roles.dy)];
       auto it = r.gradients.find(dy);
       if (it == r.gradients.end()) it = r.gradients.emplace(dy, r.attention->backward(values.at(dy))).first;
       values.insert_or_assign(a, n.attrs.wrt == 0 ? it->second.dq : n.attrs.wrt == 1 ? it->second.dk : it->second.dv);
@@ -509,4 +510,4 @@ std::unique_ptr<backend::Backend> sequence_parallel_backend(Communicator& comm, 
   return std::make_unique<SequenceParallelBackend>(comm, std::move(inner), std::move(sequence_dims), layout);
 }
 
-}  // namespace qkv::dist
+}  // namespace qkv::distributed

@@ -1,4 +1,4 @@
-# Runs tests/dist/failure_main.cpp's program as a job of RANKS ranks whose last rank fails (HOW:
+# Runs tests/distributed/failure_main.cpp's program as a job of RANKS ranks whose last rank fails (HOW:
 # throw or kill) and checks that the job ends within a bounded time with a nonzero status, the
 # failing rank's message (for throw) and, from every other rank, that it stopped because another
 # rank failed. Called by ctest with -DMPIEXEC= -DPROGRAM= -DRANKS= -DHOW=.

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "dist/communicator.hpp"
-#include "dist/ring_attention.hpp"
+#include "distributed/communicator.hpp"
+#include "distributed/ring_attention.hpp"
 #include "ir/graph.hpp"
 
-namespace qkv::dist {
+namespace qkv::distributed {
 
 class SequenceParallel {
  public:
@@ -59,4 +59,4 @@ class SequenceParallel {
 std::unique_ptr<backend::Backend> sequence_parallel_backend(Communicator& comm, std::unique_ptr<backend::Backend> inner,
                                                             std::vector<std::string> sequence_dims, SequenceLayout layout = SequenceLayout::zigzag);
 
-}  // namespace qkv::dist
+}  // namespace qkv::distributed

@@ -1,8 +1,8 @@
-// Distributed benchmarks: ring attention and data-parallel training. Run by bench/dist_bench.py,
+// Distributed benchmarks: ring attention and data-parallel training. Run by bench/distributed_bench.py,
 // which starts it alone (the one-process peer, and single-thread calibration for the cost model)
 // and under mpirun (the job), and prints the table. Prints one JSON object from rank 0.
 //
-//   qkv_dist_bench --seq 4096 --dim 64 --heads 4 --reps 5 --model-ranks 2
+//   qkv_distributed_bench --seq 4096 --dim 64 --heads 4 --reps 5 --model-ranks 2
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/ring_attention.hpp"
+#include "distributed/ring_attention.hpp"
 #include "ir/passes/passes.hpp"
 #include "models/models.hpp"
 #include "train/init.hpp"
@@ -48,24 +48,24 @@ Tensor random_tensor(std::vector<std::int64_t> shape, std::uint64_t seed) {
   return t;
 }
 
-dist::RingAttentionOptions ring_options(bool causal, dist::SequenceLayout layout) {
-  dist::RingAttentionOptions o;
+distributed::RingAttentionOptions ring_options(bool causal, distributed::SequenceLayout layout) {
+  distributed::RingAttentionOptions o;
   o.causal = causal;
   o.layout = layout;
   return o;
 }
 
 /// The slowest rank's value (the job waits for it).
-double slowest(dist::Communicator& c, double x) {
+double slowest(distributed::Communicator& c, double x) {
   double m = 0;
   for (const auto& s : c.allgather(std::to_string(x))) m = std::max(m, std::stod(s));
   return m;
 }
 
 /// Median seconds of forward and of backward of ring attention over q, k, v [1, H, rows, D] shards.
-std::pair<double, double> time_ring(dist::Communicator& c, backend::Backend& b, dist::RingAttentionOptions o, std::int64_t rows, const Options& opt,
-                                    double* wait_fraction = nullptr, double* hidden_fraction = nullptr) {
-  dist::RingAttention ring(c, b, o);
+std::pair<double, double> time_ring(distributed::Communicator& c, backend::Backend& b, distributed::RingAttentionOptions o, std::int64_t rows,
+                                    const Options& opt, double* wait_fraction = nullptr, double* hidden_fraction = nullptr) {
+  distributed::RingAttention ring(c, b, o);
   const Tensor q = random_tensor({1, opt.heads, rows, opt.dim}, 1 + c.rank()), k = random_tensor({1, opt.heads, rows, opt.dim}, 2 + c.rank());
   const Tensor v = random_tensor({1, opt.heads, rows, opt.dim}, 3 + c.rank()), dy = random_tensor({1, opt.heads, rows, opt.dim}, 4 + c.rank());
   std::vector<double> f, bw;
@@ -97,8 +97,8 @@ std::pair<double, double> time_ring(dist::Communicator& c, backend::Backend& b, 
 /// the shares of gradient buckets whose reduction started while the backward still ran
 /// (`overlapped`) and was complete when it ended (`done`), on the rank with fewest, over the
 /// timed steps.
-double time_training(dist::Communicator* c, backend::Backend& b, int batch, const Options& opt, bool split = false, double* overlapped = nullptr,
-                     double* done = nullptr) {
+double time_training(distributed::Communicator* c, backend::Backend& b, int batch, const Options& opt, bool split = false,
+                     double* overlapped = nullptr, double* done = nullptr) {
   const ir::Graph model = models::copy_task_model();
   const auto params = models::copy_task_params();
   train::Trainer t(model, "loss", params, train::Sgd{.lr = 0.3, .momentum = 0.9}, b,
@@ -138,12 +138,12 @@ int main(int argc, char** argv) {
     else if (a == "--batch") opt.batch = static_cast<int>(v);
     else if (a == "--bucket-bytes") opt.bucket_bytes = static_cast<std::size_t>(v);
     else {
-      std::fprintf(stderr, "qkv_dist_bench: unknown option %s\n", a.c_str());
+      std::fprintf(stderr, "qkv_distributed_bench: unknown option %s\n", a.c_str());
       return 2;
     }
   }
   try {
-    dist::Communicator& c = dist::Communicator::world();
+    distributed::Communicator& c = distributed::Communicator::world();
     auto cpu = backend::create("cpu");
     const int P = c.size();
     std::string json = "{\"ranks\": " + std::to_string(P) + ", \"seq\": " + std::to_string(opt.seq) + ", \"dim\": " + std::to_string(opt.dim) +
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
       const ir::Shape s{1, opt.heads, opt.seq, opt.dim};
       const ir::ValueId q = g.add_input("q", DType::f32, s), k = g.add_input("k", DType::f32, s), v = g.add_input("v", DType::f32, s);
       ir::Attrs a;
-      a.value = 1.0 / std::sqrt(static_cast<double>(opt.dim));
+      a.scale = 1.0 / std::sqrt(static_cast<double>(opt.dim));
       a.causal = true;
       g.set_output("y", g.add(ir::Op::attention, {q, k, v}, a));
       auto exe = cpu->compile(ir::build_backward(g, {"", {"q", "k", "v"}, {"y"}}));
@@ -172,8 +172,8 @@ int main(int argc, char** argv) {
       // The cost model's blocks: one chunk of N / (2P) rows against one chunk, whole and causal
       // (a job of one holds one chunk, contiguous).
       const std::int64_t chunk = opt.seq / (2 * opt.model_ranks);
-      const auto full = time_ring(c, *cpu, ring_options(false, dist::SequenceLayout::contiguous), chunk, opt);
-      const auto diag = time_ring(c, *cpu, ring_options(true, dist::SequenceLayout::contiguous), chunk, opt);
+      const auto full = time_ring(c, *cpu, ring_options(false, distributed::SequenceLayout::contiguous), chunk, opt);
+      const auto diag = time_ring(c, *cpu, ring_options(true, distributed::SequenceLayout::contiguous), chunk, opt);
       put("block_full_forward", full.first);
       put("block_full_backward", full.second);
       put("block_diag_forward", diag.first);
@@ -182,7 +182,8 @@ int main(int argc, char** argv) {
       put("train_shard_step_seconds", time_training(&c, *cpu, opt.batch / opt.model_ranks, opt, true));
     } else {
       double wait_fraction = 0, hidden_fraction = 0;
-      const auto ring = time_ring(c, *cpu, ring_options(true, dist::SequenceLayout::zigzag), opt.seq / P, opt, &wait_fraction, &hidden_fraction);
+      const auto ring =
+          time_ring(c, *cpu, ring_options(true, distributed::SequenceLayout::zigzag), opt.seq / P, opt, &wait_fraction, &hidden_fraction);
       put("ring_forward", ring.first);
       put("ring_backward", ring.second);
       put("ring_wait_fraction", wait_fraction);
@@ -217,7 +218,7 @@ int main(int argc, char** argv) {
     }
     if (c.rank() == 0) std::printf("%s}\n", json.c_str());
   } catch (const qkv::Error& e) {
-    dist::Communicator::world().abort(exit_code(e), e.what());
+    distributed::Communicator::world().abort(exit_code(e), e.what());
   }
   return 0;
 }

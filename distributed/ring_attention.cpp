@@ -1,6 +1,6 @@
 // Ring attention: blocks of keys and values travel around the ring of ranks; each rank merges its
 // queries' partial results by log-sum-exp, and in the backward the blocks carry their dk, dv home.
-#include "dist/ring_attention.hpp"
+#include "distributed/ring_attention.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +11,7 @@
 #include "ir/graph.hpp"
 #include "ir/region.hpp"
 
-namespace qkv::dist {
+namespace qkv::distributed {
 
 namespace {
 
@@ -138,7 +138,7 @@ struct RingAttention::Impl {
 
   ir::Attrs attrs(bool diagonal, int wrt = 0) const {
     ir::Attrs a;
-    a.value = options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q_chunk_shape.back()));
+    a.scale = options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q_chunk_shape.back()));
     a.causal = diagonal;  // a diagonal block of equal chunks: top-left causal; others are whole
     a.wrt = static_cast<std::int8_t>(wrt);
     return a;
@@ -400,4 +400,4 @@ RingAttention::Gradients RingAttention::backward(const Tensor& dy) {
   return r;
 }
 
-}  // namespace qkv::dist
+}  // namespace qkv::distributed

@@ -7,21 +7,21 @@
 #include <cmath>
 
 #include "backends/equivalence.hpp"
-#include "dist/sequence_parallel.hpp"
+#include "distributed/sequence_parallel.hpp"
 #include "ir/passes/passes.hpp"
 #include "models/models.hpp"
 
 namespace qkv {
 namespace {
 
-using dist::Communicator;
+using distributed::Communicator;
 
 /// The model run sequence-parallel on the cpu, within the equivalence budget against one process's
 /// float64 (as every backend is held), with `rings` ring attentions.
-void expect_as_one_process(const ir::Graph& g, const std::map<std::string, std::int64_t>& dims, dist::SequenceLayout layout, int rings) {
+void expect_as_one_process(const ir::Graph& g, const std::map<std::string, std::int64_t>& dims, distributed::SequenceLayout layout, int rings) {
   Communicator& comm = Communicator::world();
   auto cpu = backend::create("cpu");
-  EXPECT_EQ(dist::SequenceParallel(comm, *cpu, g, {"N", "M"}, layout).ring_attentions(), rings);
+  EXPECT_EQ(distributed::SequenceParallel(comm, *cpu, g, {"N", "M"}, layout).ring_attentions(), rings);
   // Inputs at half scale: unit-normal weights make a block's activations and gradients large
   // enough that any change of summation order (the ring's, by chunks) meets the budget's edge.
   backend::TensorMap inputs = backend::random_inputs(g, dims, 1);
@@ -29,7 +29,7 @@ void expect_as_one_process(const ir::Graph& g, const std::map<std::string, std::
     for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= 0.5f;
   const backend::EquivalenceReport report =
       backend::check_equivalence(g, inputs, {"cpu"}, backend::kDefaultBudgetFactor, [&](const std::string& name) {
-        return dist::sequence_parallel_backend(comm, backend::create(name), {"N", "M"}, layout);
+        return distributed::sequence_parallel_backend(comm, backend::create(name), {"N", "M"}, layout);
       });
   EXPECT_TRUE(report.pass()) << comm.describe() << "\n" << report.table();
 }
@@ -40,15 +40,15 @@ TEST(SequenceParallel, DecoderBlockEqualsOneProcess) {
   const auto& m = model("decoder-block");
   const ir::Graph g = m.build(models::resolve_options(m, {}), {});
   const std::int64_t n = 8 * Communicator::world().size();
-  expect_as_one_process(g, {{"B", 2}, {"N", n}}, dist::SequenceLayout::zigzag, 1);
-  expect_as_one_process(g, {{"B", 1}, {"N", n}}, dist::SequenceLayout::contiguous, 1);
+  expect_as_one_process(g, {{"B", 2}, {"N", n}}, distributed::SequenceLayout::zigzag, 1);
+  expect_as_one_process(g, {{"B", 1}, {"N", n}}, distributed::SequenceLayout::contiguous, 1);
 }
 
 TEST(SequenceParallel, SdpaWithAScoreModifierEqualsOneProcess) {
   const auto& m = model("sdpa");
   const ir::Graph g = m.build(models::resolve_options(m, {{"causal", "true"}, {"weights", "false"}, {"softcap", "2"}}), {});
   const std::int64_t n = 4 * Communicator::world().size();
-  expect_as_one_process(g, {{"B", 3}, {"N", n}, {"M", n}, {"D", 8}, {"Dv", 5}}, dist::SequenceLayout::zigzag, 1);
+  expect_as_one_process(g, {{"B", 3}, {"N", n}, {"M", n}, {"D", 8}, {"Dv", 5}}, distributed::SequenceLayout::zigzag, 1);
 }
 
 TEST(SequenceParallel, TwoBlocksMakeTwoRingsAndThreeStages) {
@@ -80,10 +80,10 @@ TEST(SequenceParallel, TwoBlocksMakeTwoRingsAndThreeStages) {
   const std::int64_t n = 8 * Communicator::world().size();
   Communicator& comm = Communicator::world();
   auto cpu = backend::create("cpu");
-  dist::SequenceParallel sp(comm, *cpu, g, {"N"});
+  distributed::SequenceParallel sp(comm, *cpu, g, {"N"});
   EXPECT_EQ(sp.ring_attentions(), 2);
   EXPECT_EQ(sp.stages(), 3);
-  expect_as_one_process(g, {{"B", 1}, {"N", n}}, dist::SequenceLayout::zigzag, 2);
+  expect_as_one_process(g, {{"B", 1}, {"N", n}}, distributed::SequenceLayout::zigzag, 2);
 }
 
 // A backward graph: ring attention's backward for the attention, and the weights' gradients
@@ -95,7 +95,7 @@ TEST(SequenceParallel, DecoderBlockBackwardEqualsOneProcess) {
   for (ir::ValueId v : forward.inputs()) wrt.push_back(forward.node(v).name);
   const ir::Graph backward = ir::build_backward(forward, {"", wrt, {"out"}});
   const std::int64_t n = 8 * Communicator::world().size();
-  expect_as_one_process(backward, {{"B", 2}, {"N", n}}, dist::SequenceLayout::zigzag, 5);  // attention, lse and 3 gradients
+  expect_as_one_process(backward, {{"B", 2}, {"N", n}}, distributed::SequenceLayout::zigzag, 5);  // attention, lse and 3 gradients
 }
 
 // Sums over the sequence: each rank's part, summed over the ranks.
@@ -107,7 +107,7 @@ TEST(SequenceParallel, SumsOverTheSequenceAreSummedOverTheRanks) {
   const ir::ValueId pooled = g.add(ir::Op::reduce_sum, {x}, a);
   g.set_output("pooled", pooled);
   g.set_output("scaled", g.add(ir::Op::mul, {x, pooled}));  // read after the sum: by every rank's rows
-  expect_as_one_process(g, {{"B", 2}, {"N", 4 * Communicator::world().size()}}, dist::SequenceLayout::zigzag, 0);
+  expect_as_one_process(g, {{"B", 2}, {"N", 4 * Communicator::world().size()}}, distributed::SequenceLayout::zigzag, 0);
 }
 
 // A mean over the sequence: each rank's sum and count, summed over the ranks, so the count is the
@@ -121,7 +121,7 @@ TEST(SequenceParallel, MeansOverTheSequenceCountTheWholeSequence) {
   g.set_output("mean", mean);
   g.set_output("centered", g.add(ir::Op::sub, {x, mean}));
   const std::int64_t n = 4 * Communicator::world().size();
-  expect_as_one_process(g, {{"B", 2}, {"N", n}}, dist::SequenceLayout::zigzag, 0);
+  expect_as_one_process(g, {{"B", 2}, {"N", n}}, distributed::SequenceLayout::zigzag, 0);
 
   // The decoder block trained on the mean of its output's squares over batch and sequence.
   const auto& m = model("decoder-block");
@@ -138,7 +138,7 @@ TEST(SequenceParallel, MeansOverTheSequenceCountTheWholeSequence) {
   std::vector<std::string> wrt;
   for (ir::ValueId v : loss.inputs()) wrt.push_back(loss.node(v).name);
   const ir::Graph backward = ir::select_outputs(ir::build_backward(loss, {"loss", wrt, {}}), {"loss", "d_x", "d_linear1.weight"});
-  expect_as_one_process(backward, {{"B", 2}, {"N", 8 * Communicator::world().size()}}, dist::SequenceLayout::zigzag, 5);
+  expect_as_one_process(backward, {{"B", 2}, {"N", 8 * Communicator::world().size()}}, distributed::SequenceLayout::zigzag, 5);
 }
 
 // Positions made inside the graph (iota over the sequence: rotary embeddings here) are each
@@ -147,12 +147,12 @@ TEST(SequenceParallel, RotaryEmbeddingsSeeWholeSequencePositions) {
   const auto& m = model("gqa");
   const ir::Graph g = m.build(models::resolve_options(m, {{"rope", "true"}, {"embed", "32"}, {"heads", "4"}, {"kv_heads", "2"}}), {});
   const std::int64_t n = 4 * Communicator::world().size();
-  expect_as_one_process(g, {{"B", 2}, {"N", n}}, dist::SequenceLayout::zigzag, 1);
-  expect_as_one_process(g, {{"B", 1}, {"N", n}}, dist::SequenceLayout::contiguous, 1);
+  expect_as_one_process(g, {{"B", 2}, {"N", n}}, distributed::SequenceLayout::zigzag, 1);
+  expect_as_one_process(g, {{"B", 1}, {"N", n}}, distributed::SequenceLayout::contiguous, 1);
   // Its backward: k and v have fewer heads than q (grouped-query), so their gradients sum the group's.
   std::vector<std::string> wrt;
   for (ir::ValueId v : g.inputs()) wrt.push_back(g.node(v).name);
-  expect_as_one_process(ir::build_backward(g, {"", wrt, {"out"}}), {{"B", 2}, {"N", n}}, dist::SequenceLayout::zigzag, 5);
+  expect_as_one_process(ir::build_backward(g, {"", wrt, {"out"}}), {{"B", 2}, {"N", n}}, distributed::SequenceLayout::zigzag, 5);
 }
 
 TEST(SequenceParallel, RefusesWhatMixesPositionsByName) {
@@ -160,7 +160,7 @@ TEST(SequenceParallel, RefusesWhatMixesPositionsByName) {
   auto cpu = backend::create("cpu");
   auto refused = [&](const ir::Graph& g, const std::string& expect) {
     try {
-      dist::SequenceParallel sp(comm, *cpu, g, {"N", "M"});
+      distributed::SequenceParallel sp(comm, *cpu, g, {"N", "M"});
       ADD_FAILURE() << "accepted; expected: " << expect;
     } catch (const UnsupportedError& e) {
       EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
@@ -184,7 +184,7 @@ TEST(SequenceParallel, RefusesWhatMixesPositionsByName) {
   // No sequence dim at all.
   ir::Graph h;
   h.set_output("y", h.add(ir::Op::neg, {h.add_input("x", DType::f32, {4})}));
-  EXPECT_THROW(dist::SequenceParallel(comm, *cpu, h, {"N"}), UsageError);
+  EXPECT_THROW(distributed::SequenceParallel(comm, *cpu, h, {"N"}), UsageError);
 }
 
 }  // namespace
