@@ -1,10 +1,11 @@
 // Bulk f16 and bf16 conversions: F16C and AVX2 where the CPU has them, portable loops otherwise.
 #include "ir/half.hpp"
 
+#include "ir/host_isa.hpp"
+
 #include <algorithm>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
+#if defined(__x86_64__)
 #include <immintrin.h>
 #define QKV_HAVE_F16C_PATH 1
 #endif
@@ -21,15 +22,9 @@ inline std::uint16_t bf16_bits(float x) {
 }
 
 #ifdef QKV_HAVE_F16C_PATH
-bool has_f16c() {
-  // CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know "f16c"); "avx"
-  // also says the OS saves the registers.
-  static const bool yes = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0 && __builtin_cpu_supports("avx");
-  }();
-  return yes;
-}
+/// F16C and AVX2 (both in x86-64-v3): where the process's ISA choice (ir/host_isa.hpp, with its
+/// QKV_CPU_ISA cap) allows them.
+bool has_x86_64_v3() { return host_isa() >= Isa::avx2; }
 
 __attribute__((target("avx,f16c"))) std::int64_t to_half_f16c(const float* in, Half* out, std::int64_t n) {
   std::int64_t i = 0;
@@ -49,11 +44,6 @@ __attribute__((target("avx,f16c"))) std::int64_t round_f16_f16c(const float* in,
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
   return i;
-}
-
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
 }
 
 /// Eight f32 lanes rounded to bf16 (nearest even), each bf16 in its lane's high half, the low
@@ -100,7 +90,7 @@ __attribute__((target("avx2"))) std::int64_t bf16_to_float_avx2(const BFloat16* 
 void to_half(const float* in, Half* out, std::int64_t n) {
   std::int64_t i = 0;
 #ifdef QKV_HAVE_F16C_PATH
-  if (has_f16c()) i = to_half_f16c(in, out, n);
+  if (has_x86_64_v3()) i = to_half_f16c(in, out, n);
 #endif
   for (; i < n; ++i) out[i] = to_half(static_cast<double>(in[i]));
 }
@@ -108,7 +98,7 @@ void to_half(const float* in, Half* out, std::int64_t n) {
 void to_float(const Half* in, float* out, std::int64_t n) {
   std::int64_t i = 0;
 #ifdef QKV_HAVE_F16C_PATH
-  if (has_f16c()) i = to_float_f16c(in, out, n);
+  if (has_x86_64_v3()) i = to_float_f16c(in, out, n);
 #endif
   for (; i < n; ++i) out[i] = to_float(in[i]);
 }
@@ -116,7 +106,7 @@ void to_float(const Half* in, float* out, std::int64_t n) {
 void to_bfloat16(const float* in, BFloat16* out, std::int64_t n) {
   std::int64_t i = 0;
 #ifdef QKV_HAVE_F16C_PATH
-  if (has_avx2()) i = to_bfloat16_avx2(in, out, n);
+  if (has_x86_64_v3()) i = to_bfloat16_avx2(in, out, n);
 #endif
   for (; i < n; ++i) out[i].bits = bf16_bits(in[i]);
 }
@@ -124,7 +114,7 @@ void to_bfloat16(const float* in, BFloat16* out, std::int64_t n) {
 void to_float(const BFloat16* in, float* out, std::int64_t n) {
   std::int64_t i = 0;
 #ifdef QKV_HAVE_F16C_PATH
-  if (has_avx2()) i = bf16_to_float_avx2(in, out, n);
+  if (has_x86_64_v3()) i = bf16_to_float_avx2(in, out, n);
 #endif
   for (; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(in[i].bits) << 16);
 }
@@ -133,13 +123,13 @@ void round_through(DType t, const float* in, float* out, std::int64_t n) {
   std::int64_t i = 0;
   if (t == DType::bf16) {
 #ifdef QKV_HAVE_F16C_PATH
-    if (has_avx2()) i = round_bf16_avx2(in, out, n);
+    if (has_x86_64_v3()) i = round_bf16_avx2(in, out, n);
 #endif
     for (; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(bf16_bits(in[i])) << 16);
     return;
   }
 #ifdef QKV_HAVE_F16C_PATH
-  if (has_f16c()) i = round_f16_f16c(in, out, n);
+  if (has_x86_64_v3()) i = round_f16_f16c(in, out, n);
 #endif
   for (; i < n; ++i) out[i] = static_cast<float>(round_to(DType::f16, static_cast<double>(in[i])));
 }

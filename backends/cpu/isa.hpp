@@ -6,16 +6,14 @@
 // CPU reports (cpuid), once per process, as OpenBLAS picks its own kernels.
 #pragma once
 
+#include "ir/host_isa.hpp"
+
 namespace qkv::backend::cpu {
 
-enum class Isa { baseline, avx2, avx512 };
-
-/// The best instruction set this CPU runs: AVX-512 (F, BW, DQ, VL), AVX2 with FMA, or neither.
-/// QKV_CPU_ISA=avx2 or baseline caps it (to compare, or to test the other paths on a newer CPU).
-Isa host_isa();
-
-/// "AVX-512", "AVX2" or "baseline".
-const char* isa_name(Isa isa);
+// The choice is made once for the whole process (ir/host_isa.hpp), with QKV_CPU_ISA's cap.
+using ::qkv::host_isa;
+using ::qkv::Isa;
+using ::qkv::isa_name;
 
 }  // namespace qkv::backend::cpu
 

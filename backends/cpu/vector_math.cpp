@@ -6,7 +6,6 @@
 #include "backends/cpu/vectors.hpp"
 #include "ir/random.hpp"
 
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string_view>
@@ -16,33 +15,6 @@
 #endif
 
 namespace qkv::backend::cpu {
-
-Isa host_isa() {
-  static const Isa isa = [] {
-    Isa best = Isa::baseline;
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v3")) best = Isa::avx2;
-    if (__builtin_cpu_supports("x86-64-v4")) best = Isa::avx512;
-#endif
-    if (const char* cap = std::getenv("QKV_CPU_ISA")) {
-      const std::string_view c = cap;
-      if (c == "baseline") best = Isa::baseline;
-      else if (c == "avx2" && best == Isa::avx512) best = Isa::avx2;
-    }
-    return best;
-  }();
-  return isa;
-}
-
-const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::avx512: return "AVX-512";
-    case Isa::avx2: return "AVX2";
-    case Isa::baseline: break;
-  }
-  return "baseline";
-}
 
 namespace {
 
