@@ -106,8 +106,9 @@ std::string best_openblas_core() {
   switch (host_isa()) {
     case Isa::avx512: return "SkylakeX";
     case Isa::avx2: return "Haswell";
-    default: return "";
+    case Isa::baseline: break;
   }
+  return "";
 }
 
 /// Runs this program again with OPENBLAS_CORETYPE=core and returns the OpenBLAS rows it prints.

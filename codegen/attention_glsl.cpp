@@ -73,7 +73,7 @@ struct Geometry {
 };
 Geometry geometry(const Target& t, Kind kind) {
   const bool rows_side = kind == Kind::forward || kind == Kind::lse;
-  Geometry g = !t.cpu ? Geometry{128, 1} : rows_side ? Geometry{8, 8} : Geometry{16, 4};
+  Geometry g = !t.cpu_device ? Geometry{128, 1} : rows_side ? Geometry{8, 8} : Geometry{16, 4};
   if (t.attention_invocations) g.invocations = t.attention_invocations;
   if (t.attention_rows) g.rows_per_invocation = t.attention_rows;
   return g;
@@ -96,9 +96,7 @@ Kind kind_of(const Node& n) {
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " is not fused attention");
 }
 
-bool masked(const Node& n) {
-  return n.op == Op::masked_attention || n.op == Op::masked_attention_lse || n.op == Op::masked_attention_grad;
-}
+bool masked(const Node& n) { return ir::attention_roles(n.op).mask >= 0; }
 
 /// A flex node's tensor operands (those its score modifier reads), after its fixed operands.
 std::size_t modifier_tensors(const Node& n) {
@@ -1241,9 +1239,9 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   const Shape& qs = in(0);
   const Shape& ks = in(1);
   const std::int64_t nq = qs.back(1), mk = ks.back(1), d = qs.back(0);
-  const std::int64_t dv = kind == Kind::forward ? out.back(0) : kind == Kind::lse ? 0 : in(2).back(0);
+  const std::int64_t dv = kind == Kind::forward ? out.back(0) : kind == Kind::lse ? 0 : in(static_cast<std::size_t>(ir::attention_roles(n.op).v)).back(0);
   const Shape* mask = nullptr;
-  if (masked(n)) mask = &in(kind == Kind::forward ? 3 : kind == Kind::lse ? 2 : 6);
+  if (masked(n)) mask = &in(static_cast<std::size_t>(ir::attention_roles(n.op).mask));
 
   KernelLaunch l;
   const std::int64_t shift = n.attrs.causal && n.attrs.align == ir::CausalAlign::bottom_right ? mk - nq : 0;
@@ -1255,7 +1253,7 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
       .set("keys", push_word(mk))
       .set("head_dim", push_word(d))
       .set("value_dim", push_word(dv))
-      .set_float("scale", ir::bound_value(g, n, shapes))
+      .set_float("scale", ir::bound_scale(g, n, shapes))
       .set_int("shift", shift)
       .set_int("window", n.attrs.window)
       .set("mask_row_stride", push_word(mask_st[ri]))

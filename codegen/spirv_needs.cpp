@@ -55,7 +55,7 @@ class Reader {
     if (op == kOpLoadCoopKhr || op == kOpMulAddCoopKhr) has_result = has_type = true;
     if (op == kOpTypeCoopKhr) has_result = true;
     if (has_result && has_type && n >= 2) type_of_[w[1]] = w[0];
-    switch (op) {
+    switch (static_cast<std::uint32_t>(op)) {  // an opcode word: any number, most of them not ours
       case spv::OpCapability: needs_.capabilities.insert(w[0]); break;
       case spv::OpExtension: needs_.extensions.insert(literal_string(w, n)); break;
       case spv::OpMemoryModel: needs_.memory_model = w[1]; break;
@@ -129,7 +129,7 @@ class Reader {
   }
 
   static std::uint32_t min_operands(spv::Op op) {
-    switch (op) {
+    switch (static_cast<std::uint32_t>(op)) {  // an opcode word: any number, most of them not ours
       case spv::OpCapability:
       case spv::OpExtension: return 1;
       case spv::OpMemoryModel:
@@ -206,7 +206,7 @@ class Reader {
     const auto s = [&](std::size_t i) { return static_cast<std::int64_t>(static_cast<std::int32_t>(a[i])); };
     std::optional<std::uint64_t> r;
     const bool two = a.size() >= 2, three = a.size() >= 3;
-    switch (op) {
+    switch (static_cast<std::uint32_t>(op)) {  // an opcode word: any number, most of them not ours
       case spv::OpIAdd: if (two) r = a[0] + a[1]; break;
       case spv::OpISub: if (two) r = a[0] - a[1]; break;
       case spv::OpIMul: if (two) r = a[0] * a[1]; break;
@@ -302,7 +302,7 @@ class Reader {
     auto it = types_.find(type);
     if (it == types_.end() || depth > 16) return std::nullopt;
     const auto& o = it->second.operands;
-    switch (it->second.op) {
+    switch (static_cast<std::uint32_t>(it->second.op)) {  // an opcode word
       case spv::OpTypeBool: return 4;
       case spv::OpTypeInt:
       case spv::OpTypeFloat: return o[0] / 8;

@@ -175,7 +175,7 @@ template <Expr X, Expr S> constexpr auto dropout(X x, S seed, double p) {
   static_assert(S::dtype == DType::i32 && S::shape.rank == 0, "qkv: the dropout seed is an i32 scalar");
   if (p == 0.0) return x * constant(1.0);  // evaluation: no mask drawn
   ir::Attrs probability;
-  probability.value = p;
+  probability.dropout = p;
   return x * make_node_with<ir::Op::dropout_mask>(probability, x, seed);
 }
 

@@ -58,8 +58,15 @@ std::int64_t bound_dim(const Graph& g, const std::vector<Shape>& shapes, Dim d) 
 }
 
 double bound_value(const Graph& g, const Node& n, const std::vector<Shape>& shapes) {
+  QKV_ASSERT(n.op == Op::constant, "a constant's value");
   if (n.attrs.rsqrt_of == 0) return n.attrs.value;
-  return n.attrs.value / std::sqrt(static_cast<double>(std::max<std::int64_t>(bound_dim(g, shapes, n.attrs.rsqrt_of), 1)));
+  return rsqrt_scaled(n.attrs.value, bound_dim(g, shapes, n.attrs.rsqrt_of));
+}
+
+double bound_scale(const Graph& g, const Node& n, const std::vector<Shape>& shapes) {
+  QKV_ASSERT(is_fused_attention(n.op), "an attention op's scale");
+  if (n.attrs.rsqrt_of == 0) return n.attrs.scale;
+  return rsqrt_scaled(n.attrs.scale, bound_dim(g, shapes, n.attrs.rsqrt_of));
 }
 
 std::vector<Shape> bind_shapes(const Graph& g, const std::map<std::string, Tensor, std::less<>>& inputs, bool f64_for_f32) {

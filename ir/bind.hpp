@@ -1,6 +1,9 @@
 // Binding a graph's symbolic dims to the shapes of the tensors it runs on.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,9 +35,17 @@ std::int64_t bound_dim(const Graph& g, const std::vector<Shape>& shapes, Dim d);
 /// quotient that is not exact.
 std::int64_t dim_size(const Graph& g, Dim d, const std::map<std::string, std::int64_t>& sizes);
 
-/// A node's `value` attribute as it runs: scaled by 1/sqrt(size) of its `rsqrt_of` dim if set
-/// (the default attention scale of a named head dim).
+/// The scale formula of `rsqrt_of`: a value over the square root of a dim's size (at least 1),
+/// the default attention scale 1/sqrt(head dim). Every place that binds a dim (binding, the
+/// specialize_dims pass, sequence parallelism) scales with this.
+inline double rsqrt_scaled(double value, std::int64_t size) { return value / std::sqrt(static_cast<double>(std::max<std::int64_t>(size, 1))); }
+
+/// A constant's value as it runs: scaled by 1/sqrt(size) of its `rsqrt_of` dim if set.
 double bound_value(const Graph& g, const Node& n, const std::vector<Shape>& shapes);
+
+/// An attention op's scale as it runs: scaled by 1/sqrt(size) of its `rsqrt_of` dim if set (the
+/// default scale of a named head dim).
+double bound_scale(const Graph& g, const Node& n, const std::vector<Shape>& shapes);
 
 /// Row-major element count of a concrete shape.
 inline std::int64_t numel(const Shape& s) { return s.numel(); }

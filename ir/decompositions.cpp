@@ -29,7 +29,7 @@ ValueId causal(Graph& g, const Node& n, ValueId s) {
 /// Attention's scores q kT * scale, -inf where the keep-mask (when mask >= 0), causality or the
 /// sliding window drops a key.
 ValueId masked_scores(Graph& g, const Node& n, ValueId q, ValueId k, ValueId mask) {
-  ValueId s = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
+  ValueId s = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.scale, {}, n.attrs.rsqrt_of)});
   if (mask >= 0) s = g.add(Op::where, {mask, s, g.constant(-HUGE_VAL)});
   return causal(g, n, s);
 }
@@ -37,7 +37,7 @@ ValueId masked_scores(Graph& g, const Node& n, ValueId q, ValueId k, ValueId mas
 /// Flex attention's scores: its region applied to q kT * scale, then causality and the window.
 /// `tensors` are the region's tensor operands.
 ValueId modified_scores(Graph& g, const Node& n, ValueId q, ValueId k, std::span<const ValueId> tensors) {
-  ValueId s = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
+  ValueId s = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.scale, {}, n.attrs.rsqrt_of)});
   return causal(g, n, inline_region(g, *n.region, s, tensors));
 }
 
@@ -52,11 +52,11 @@ ValueId row_lse(Graph& g, ValueId s) {
 }
 
 /// x (shaped as flex attention node n's weights) times its dropout mask when n drops weights:
-/// dropout_mask(x, seed) {value = p}, the seed n's last operand `in.back()`.
+/// dropout_mask(x, seed) {dropout = p}, the seed n's last operand `in.back()`.
 ValueId dropped(Graph& g, const Node& n, std::span<const ValueId> in, ValueId x) {
   if (!has_dropout_seed(n.op, n.attrs)) return x;
   Attrs p;
-  p.value = n.attrs.dropout;
+  p.dropout = n.attrs.dropout;
   return g.add(Op::mul, {x, g.add(Op::dropout_mask, {x, in.back()}, p)});
 }
 
@@ -107,7 +107,7 @@ ValueId attention_grad(Graph& g, const Node& n, std::span<const ValueId> in) {
   ValueId p = probabilities(g, s, lse);
   if (n.attrs.wrt == 2) return g.add(Op::matmul, {p, dy}, transposed(true, false));
   ValueId ds = g.add(Op::mul, {p, g.add(Op::sub, {g.add(Op::matmul, {dy, v}, transposed(false, true)), delta})});
-  ValueId scale = g.constant(n.attrs.value, {}, n.attrs.rsqrt_of);
+  ValueId scale = g.constant(n.attrs.scale, {}, n.attrs.rsqrt_of);
   if (n.attrs.wrt == 0) return g.add(Op::mul, {g.add(Op::matmul, {ds, k}), scale});
   return g.add(Op::mul, {g.add(Op::matmul, {ds, q}, transposed(true, false)), scale});
 }
@@ -133,7 +133,7 @@ ValueId flex_attention_grad(Graph& g, const Node& n, std::span<const ValueId> in
   // With dropout's mask z: dv = (p z)T dy and dm = p (z (dy vT) - delta).
   ValueId q = in[0], k = in[1], v = in[2], dy = in[3], lse = in[4], delta = in[5];
   const std::span<const ValueId> tensors = in.subspan(6, modifier_tensor_count(n.op, n.attrs, in.size()));
-  const ValueId scaled = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.value, {}, n.attrs.rsqrt_of)});
+  const ValueId scaled = g.add(Op::mul, {g.add(Op::matmul, {q, k}, transposed(false, true)), g.constant(n.attrs.scale, {}, n.attrs.rsqrt_of)});
   const ValueId p = probabilities(g, causal(g, n, inline_region(g, *n.region, scaled, tensors)), lse);
   if (n.attrs.wrt == 2) return g.add(Op::matmul, {dropped(g, n, in, p), dy}, transposed(true, false));
   const ValueId dp = dropped(g, n, in, g.add(Op::matmul, {dy, v}, transposed(false, true)));
@@ -141,7 +141,7 @@ ValueId flex_attention_grad(Graph& g, const Node& n, std::span<const ValueId> in
   const int wrt = n.attrs.wrt < 3 ? kRegionScore : kRegionFixedInputs + n.attrs.wrt - 3;
   const ValueId d = g.add(Op::mul, {dm, inline_region(g, differentiate_region(*n.region, wrt), scaled, tensors)});
   if (n.attrs.wrt >= 3) return d;
-  ValueId scale = g.constant(n.attrs.value, {}, n.attrs.rsqrt_of);
+  ValueId scale = g.constant(n.attrs.scale, {}, n.attrs.rsqrt_of);
   if (n.attrs.wrt == 0) return g.add(Op::mul, {g.add(Op::matmul, {d, k}), scale});
   return g.add(Op::mul, {g.add(Op::matmul, {d, q}, transposed(true, false)), scale});
 }

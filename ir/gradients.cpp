@@ -73,8 +73,8 @@ QKV_UNARY_OPS(QKV_TERM_FUNCTION)
 ValueId unary_derivative(Graph& g, Op op, ValueId x_id, ValueId y_id, ValueId seed_id) {
   const Term x{&g, x_id}, y{&g, y_id}, seed{&g, seed_id};
   (void)x, (void)y;  // a row's derivative may read either or neither
-#define QKV_UNARY_DERIVATIVE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, derivative, \
-                             monotone)                                                                                                          \
+#define QKV_UNARY_DERIVATIVE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, host, glsl, \
+                             derivative, monotone)                                                                                                   \
   if (op == Op::id) return (derivative).v;
   QKV_UNARY_OPS(QKV_UNARY_DERIVATIVE)
 #undef QKV_UNARY_DERIVATIVE

@@ -164,6 +164,35 @@ std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<s
   return m;
 }
 
+namespace {
+
+/// The attributes an op with these AttrFlag bits reads, by name ("none" for none).
+std::string attr_names(std::uint32_t flags) {
+  std::string s;
+#define QKV_ATTR_NAME(field, type, init, flag, print, kind) \
+  if (flags & (flag)) s += (s.empty() ? "" : ", ") + std::string(#field);
+  QKV_ATTRS(QKV_ATTR_NAME)
+#undef QKV_ATTR_NAME
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+std::string unread_attribute(Op op, const Attrs& attrs) {
+  const OpInfo& info = op_info(op);
+  const Attrs defaults;
+  std::string field;
+#define QKV_UNREAD_ATTR(name, type, init, flag, print, kind) \
+  if (field.empty() && !(info.attrs & (flag)) && !attr_equal(attrs.name, defaults.name)) field = #name;
+  QKV_ATTRS(QKV_UNREAD_ATTR)
+#undef QKV_UNREAD_ATTR
+  if (field.empty()) return {};
+  std::string m = std::string(info.name) + ": has no attribute '" + field + "' (it reads " + attr_names(info.attrs) + ")";
+  if (field == "value" && (info.attrs & kAttrScale)) m += "; an attention op's scale is its 'scale'";
+  if (field == "value" && (info.attrs & kAttrDropout)) m += "; a dropout probability is 'dropout'";
+  return m;
+}
+
 ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs, std::shared_ptr<const Graph> region) {
   QKV_ASSERT(op != Op::input, "use add_input for inputs");
   const OpInfo& info = op_info(op);
@@ -172,6 +201,7 @@ ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs, std::shared_
                   std::to_string(inputs.size()));
   if (is_flex_attention(op) != (region != nullptr))
     throw IrError(std::string(info.name) + (region ? ": takes no region" : ": needs its score modifier region"));
+  if (const std::string unread = unread_attribute(op, attrs); !unread.empty()) throw IrError(unread);
   std::vector<Operand> operands;
   for (ValueId v : inputs) {
     if (v < 0 || static_cast<std::size_t>(v) >= nodes_.size())

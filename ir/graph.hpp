@@ -123,6 +123,11 @@ class Graph {
 /// The one-line message for a rule failure: "matmul: inner dimensions differ (64 vs 8)".
 std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<std::string>& operand_types);
 
+/// Empty when every attribute the op does not read keeps its default; else why not ("attention:
+/// has no attribute 'value' (it reads scale, ...)"). Graph::add and the IR text parser refuse such
+/// a node: one meaning per attribute, and equal nodes compare equal.
+std::string unread_attribute(Op op, const Attrs& attrs);
+
 /// Hash of a node's op, inputs, attributes and region (for structural sharing).
 std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a, const Graph* region = nullptr);
 

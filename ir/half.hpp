@@ -26,19 +26,19 @@ struct BFloat16 {
   friend bool operator==(BFloat16, BFloat16) = default;
 };
 
-namespace half_detail {
+namespace detail {
 /// A format's significand bits (with the implicit one), smallest normal exponent and largest exponent.
 struct Format {
   int digits, emin, emax;
 };
 constexpr Format kF16{11, -14, 15};
 constexpr Format kBF16{8, -126, 127};
-}  // namespace half_detail
+}  // namespace detail
 
 /// `x` rounded to the nearest value of a float format with `f`'s significand and exponent range
 /// (ties to even), as a double: what a result stored in that format holds. Infinities and NaN
 /// pass; a finite value past the largest rounds to infinity.
-inline double round_to_format(double x, half_detail::Format f) {
+inline double round_to_format(double x, detail::Format f) {
   if (!std::isfinite(x) || x == 0.0) return x;
   int e = 0;
   (void)std::frexp(x, &e);                           // |x| = m 2^e, m in [0.5, 1): the leading bit is 2^(e-1)
@@ -52,16 +52,19 @@ inline double round_to_format(double x, half_detail::Format f) {
 /// `x` rounded to f16's or bf16's nearest value (f32 and f64: to f32's; others: unchanged).
 inline double round_to(DType t, double x) {
   switch (t) {
-    case DType::f16: return round_to_format(x, half_detail::kF16);
-    case DType::bf16: return round_to_format(x, half_detail::kBF16);
+    case DType::f16: return round_to_format(x, detail::kF16);
+    case DType::bf16: return round_to_format(x, detail::kBF16);
     case DType::f32: return static_cast<double>(static_cast<float>(x));
-    default: return x;
+    case DType::f64:
+    case DType::boolean:
+    case DType::i32: return x;
   }
+  return x;
 }
 
 /// The f16 nearest `x`.
 inline Half to_half(double x) {
-  const double r = round_to_format(x, half_detail::kF16);
+  const double r = round_to_format(x, detail::kF16);
   const std::uint16_t sign = std::signbit(r) ? 0x8000 : 0;
   if (std::isnan(r)) return {static_cast<std::uint16_t>(sign | 0x7e00)};
   if (std::isinf(r)) return {static_cast<std::uint16_t>(sign | 0x7c00)};
@@ -88,7 +91,7 @@ inline float to_float(Half h) {
 /// rounded value is an f32).
 inline BFloat16 to_bfloat16(double x) {
   if (std::isnan(x)) return {static_cast<std::uint16_t>(std::signbit(x) ? 0xffc0 : 0x7fc0)};
-  const auto f = static_cast<float>(round_to_format(x, half_detail::kBF16));
+  const auto f = static_cast<float>(round_to_format(x, detail::kBF16));
   return {static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(f) >> 16)};
 }
 

@@ -17,12 +17,12 @@ namespace qkv::ir {
 
 /// Every op of the registry (ir/ops.def), in its order: `qkv ops` lists them with their docs.
 enum class Op : std::uint8_t {
-#define QKV_OP_ENUMERATOR(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) id,
+#define QKV_OP_ENUMERATOR(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, ...) id,
   QKV_OPS(QKV_OP_ENUMERATOR)
 #undef QKV_OP_ENUMERATOR
 };
 
-#define QKV_OP_ONE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) +1
+#define QKV_OP_ONE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, ...) +1
 /// The number of ops in the registry.
 inline constexpr int kNumOps = 0 QKV_OPS(QKV_OP_ONE);
 #undef QKV_OP_ONE
@@ -35,7 +35,8 @@ inline constexpr int kNumOps = 0 QKV_OPS(QKV_OP_ONE);
 ///     case Op::matmul: ...
 ///   }
 /// \endcode
-#define QKV_OP_CASE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) case ::qkv::ir::Op::id:
+#define QKV_OP_CASE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, ...) \
+  case ::qkv::ir::Op::id:
 #define QKV_SOURCE_CASES QKV_SOURCE_OPS(QKV_OP_CASE)
 #define QKV_UNARY_CASES QKV_UNARY_OPS(QKV_OP_CASE)
 #define QKV_CAST_CASES QKV_CAST_OPS(QKV_OP_CASE)
@@ -90,6 +91,7 @@ enum AttrFlag : std::uint32_t {
   kAttrWindow = 1u << 11,
   kAttrWrt = 1u << 12,
   kAttrDropout = 1u << 13,
+  kAttrScale = 1u << 14,
 };
 
 /// Where a causal mask's diagonal starts when there are more keys than queries: key j is kept for
@@ -107,23 +109,24 @@ enum class AttrPrint : std::uint8_t { always, when_set, never };
 /// field of Attrs, equality, hashing (graph.cpp), printing and parsing (printer.cpp: text_<kind>
 /// and parse_<kind>), in this order (the order attributes print in); `flag` is the AttrFlag an
 /// op's row names to read the field.
-#define QKV_ATTRS(X)                                                                                                        \
-  X(axis, int, 0, kAttrAxis, always, axis)                                                                                  \
-  X(keepdim, bool, true, kAttrKeepdim, always, boolean)                                                                     \
-  X(transpose_a, bool, false, kAttrTranspose, always, boolean)                                                              \
-  X(transpose_b, bool, false, kAttrTranspose, always, boolean)                                                              \
-  X(perm, Perm, {}, kAttrPerm, always, perm)     /* printed over the result's rank */                                       \
-  X(shape, Shape, {}, kAttrShape, always, shape) /* an input's is its type */                                               \
-  X(value, double, 0.0, kAttrValue, always, number)                                                                         \
-  X(rsqrt_of, Dim, 0, kAttrValue, when_set, dim) /* value / sqrt(this dim's size) when bound (0: none) */                   \
-  X(depth, std::int64_t, 0, kAttrDepth, always, size)                                                                       \
-  X(begin, std::int64_t, 0, kAttrRange, always, size)                                                                       \
-  X(end, std::int64_t, 0, kAttrRange, always, size)                                                                         \
-  X(causal, bool, false, kAttrCausal, always, boolean)                                                                      \
-  X(align, CausalAlign, CausalAlign::top_left, kAttrAlign, always, align)                                                   \
-  X(window, std::int64_t, 0, kAttrWindow, when_set, size)      /* keep only the last `window` keys (0: all) */              \
-  X(wrt, std::int8_t, 0, kAttrWrt, always, operand)            /* attention_grad: the operand (0 q, 1 k, 2 v, 3 + i: ti) */ \
-  X(dropout, double, 0.0, kAttrDropout, when_set, number)      /* flex attention: dropout on the weights (0: none) */       \
+#define QKV_ATTRS(X)                                                                                                          \
+  X(axis, int, 0, kAttrAxis, always, axis)                                                                                    \
+  X(keepdim, bool, true, kAttrKeepdim, always, boolean)                                                                       \
+  X(transpose_a, bool, false, kAttrTranspose, always, boolean)                                                                \
+  X(transpose_b, bool, false, kAttrTranspose, always, boolean)                                                                \
+  X(perm, Perm, {}, kAttrPerm, always, perm)     /* printed over the result's rank */                                         \
+  X(shape, Shape, {}, kAttrShape, always, shape) /* an input's is its type */                                                 \
+  X(value, double, 0.0, kAttrValue, always, number)                                                                           \
+  X(scale, double, 0.0, kAttrScale, always, number)                                                                           \
+  X(rsqrt_of, Dim, 0, (kAttrValue | kAttrScale), when_set, dim) /* value or scale / sqrt(this dim's size) (0: none) */        \
+  X(depth, std::int64_t, 0, kAttrDepth, always, size)                                                                         \
+  X(begin, std::int64_t, 0, kAttrRange, always, size)                                                                         \
+  X(end, std::int64_t, 0, kAttrRange, always, size)                                                                           \
+  X(causal, bool, false, kAttrCausal, always, boolean)                                                                        \
+  X(align, CausalAlign, CausalAlign::top_left, kAttrAlign, always, align)                                                     \
+  X(window, std::int64_t, 0, kAttrWindow, when_set, size)      /* keep only the last `window` keys (0: all) */                \
+  X(wrt, std::int8_t, 0, kAttrWrt, always, operand)            /* attention_grad: the operand (0 q, 1 k, 2 v, 3 + i: ti) */   \
+  X(dropout, double, 0.0, kAttrDropout, when_set, number)      /* flex attention, dropout_mask: drop probability (0: none) */ \
   X(dtype, DType, DType::f32, kAttrDtype, never, result_dtype) /* input and cast: their result's dtype */
 
 /// An attribute's values compare equal; doubles also when both are NaN (a NaN constant is one node).
@@ -158,9 +161,12 @@ struct Attrs {
 /// \var Attrs::shape
 /// The result's shape for reshape, broadcast_to and constant (an input's is its type).
 /// \var Attrs::value
-/// A constant's value, a scale (attention's), or dropout_mask's probability.
+/// A constant's value.
+/// \var Attrs::scale
+/// Attention ops: the factor of the scores q kT (1/sqrt(head dim) by default, through rsqrt_of).
 /// \var Attrs::rsqrt_of
-/// A constant's value is divided by the square root of this dim's size once bound (0: none).
+/// A constant's value or an attention op's scale is divided by the square root of this dim's
+/// size once bound (0: none).
 /// \var Attrs::depth
 /// one_hot: the number of classes.
 /// \var Attrs::begin
@@ -176,7 +182,7 @@ struct Attrs {
 /// \var Attrs::wrt
 /// Attention gradients: the operand differentiated (0 q, 1 k, 2 v, 3 + i: the modifier's tensor i).
 /// \var Attrs::dropout
-/// Flex attention: dropout probability on the weights (0: none).
+/// Flex attention and dropout_mask: the probability that a weight is dropped (0: none).
 /// \var Attrs::dtype
 /// input and cast: their result's dtype.
 
@@ -187,17 +193,72 @@ constexpr Attrs shape_attrs(const Shape& s) {
   return a;
 }
 
+/// What mixed precision (the autocast pass) does to an op's float operands: the registry's
+/// autocast column, PyTorch's CUDA autocast lists for qkv's ops.
+enum class Autocast : std::uint8_t {
+  lower,    ///< matmul and attention: float operands (attention's q, k, v) cast to the lower dtype
+  f32,      ///< exponentials, logarithms, softmaxes and sums: half operands cast to f32
+  promote,  ///< operands of mixed float dtypes all cast to the widest (torch's promotion)
+  keep,     ///< sources and casts: as they are
+};
+
+/// Which operand of an attention op is which: the registry's roles column (-1: the op has no
+/// such operand). A flex op's modifier tensors follow its fixed operands (fixed_operands), and
+/// its dropout seed, when it drops, is its last operand.
+struct AttentionRoles {
+  std::int8_t q = -1;      ///< the queries [..,N,D]
+  std::int8_t k = -1;      ///< the keys [..,M,D]
+  std::int8_t v = -1;      ///< the values [..,M,Dv]
+  std::int8_t mask = -1;   ///< the boolean keep-mask of the masked_ ops
+  std::int8_t dy = -1;     ///< the backward's output gradient
+  std::int8_t lse = -1;    ///< the backward's row statistic log(sum(exp(s)))
+  std::int8_t delta = -1;  ///< the backward's sum(dy * y) per row
+  /// Whether the op is of the attention family at all.
+  constexpr bool attention() const { return q >= 0; }
+  /// Whether the op is attention's forward (reads q, k and v, gives the output).
+  constexpr bool forward() const { return v >= 0 && dy < 0; }
+  /// Whether the op is attention's gradient (reads dy).
+  constexpr bool backward() const { return dy >= 0; }
+  /// Whether operand `i` is one of the streamed tensors, q, k, v or dy (not the mask, lse,
+  /// delta, a modifier's tensor or the seed).
+  constexpr bool streamed(std::size_t i) const {
+    for (int r : {q, k, v, dy})
+      if (r >= 0 && static_cast<std::size_t>(r) == i) return true;
+    return false;
+  }
+};
+
+/// The values of the roles column.
+namespace operand_roles {
+/// Not an attention op.
+inline constexpr AttentionRoles none{};
+/// attention, flex_attention: (q, k, v, ...).
+inline constexpr AttentionRoles qkv{0, 1, 2};
+/// masked_attention: (q, k, v, mask).
+inline constexpr AttentionRoles qkv_mask{0, 1, 2, 3};
+/// attention_lse, flex_attention_lse: (q, k, ...).
+inline constexpr AttentionRoles qk{0, 1};
+/// masked_attention_lse: (q, k, mask).
+inline constexpr AttentionRoles qk_mask{0, 1, -1, 2};
+/// attention_grad, flex_attention_grad: (q, k, v, dy, lse, delta, ...).
+inline constexpr AttentionRoles grad{0, 1, 2, -1, 3, 4, 5};
+/// masked_attention_grad: (q, k, v, dy, lse, delta, mask).
+inline constexpr AttentionRoles grad_mask{0, 1, 2, 6, 3, 4, 5};
+}  // namespace operand_roles
+
 /// What the registry says of an op, for printing, parsing and checking nodes.
 struct OpInfo {
   std::string_view name;  ///< as printed and parsed ("matmul")
   int arity;              ///< operands it takes; -n: n or more (the variadic flex attention ops)
   OpCategory category;    ///< its list in ops.def
   std::uint32_t attrs;    ///< the AttrFlag bits of the attributes it reads
+  Autocast autocast;      ///< what mixed precision does to its operands
+  AttentionRoles roles;   ///< which operand is q, k, v, ... (attention ops)
   std::string_view doc;   ///< its meaning, as `qkv ops` prints it
 };
 
-#define QKV_OP_INFO(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, ...) \
-  {#id, arity, OpCategory::category, attrs, doc},
+#define QKV_OP_INFO(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, ...) \
+  {#id, arity, OpCategory::category, attrs, Autocast::autocast, operand_roles::roles, doc},
 /// Every op's OpInfo, indexed by the Op's value.
 inline constexpr std::array<OpInfo, kNumOps> kOpInfos = {{QKV_OPS(QKV_OP_INFO)}};
 #undef QKV_OP_INFO
@@ -206,6 +267,8 @@ inline constexpr std::array<OpInfo, kNumOps> kOpInfos = {{QKV_OPS(QKV_OP_INFO)}}
 constexpr const OpInfo& op_info(Op op) { return kOpInfos[static_cast<std::size_t>(op)]; }
 /// The op's name as the IR text writes it.
 constexpr std::string_view op_name(Op op) { return op_info(op).name; }
+/// Which operand of an attention op is q, k, v, the mask, dy, lse and delta (the roles column).
+constexpr const AttentionRoles& attention_roles(Op op) { return op_info(op).roles; }
 /// Whether the op computes each element from the same position of its operands (unary, binary
 /// and select ops).
 constexpr bool is_elementwise(Op op) {
@@ -215,8 +278,8 @@ constexpr bool is_elementwise(Op op) {
 
 /// The Monotone column of a unary op's row.
 constexpr Monotone unary_monotone(Op op) {
-#define QKV_UNARY_MONOTONE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, derivative, \
-                           monotone)                                                                                                          \
+#define QKV_UNARY_MONOTONE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, host, glsl, \
+                           derivative, monotone)                                                                                                   \
   if (op == Op::id) return Monotone::monotone;
   QKV_UNARY_OPS(QKV_UNARY_MONOTONE)
 #undef QKV_UNARY_MONOTONE

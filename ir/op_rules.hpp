@@ -452,7 +452,7 @@ constexpr ShapeResult iota(std::span<const Operand> in, const Attrs& a) {
 constexpr ShapeResult dropout_mask(std::span<const Operand> in, const Attrs& a) {
   if (in[1].dtype != DType::i32) return fail(ShapeErr::not_integer, 0, 0, 1);
   if (in[1].shape.rank != 0) return fail(ShapeErr::rank_too_large, in[1].shape.rank, 0, 1);
-  if (!(a.value >= 0.0 && a.value < 1.0)) return fail(ShapeErr::bad_probability);
+  if (!(a.dropout >= 0.0 && a.dropout < 1.0)) return fail(ShapeErr::bad_probability);
   // In x's dtype when x is f16 or bf16 (the kept value 1/(1-p) rounded to it), so x * mask
   // stays in x's dtype; f32 otherwise.
   return {in[0].shape, is_half(in[0].dtype) ? in[0].dtype : DType::f32};

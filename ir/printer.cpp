@@ -410,6 +410,7 @@ class Parser {
       operands.push_back({g_.node(v).shape, g_.node(v).dtype});
       types.push_back(g_.type_string(v));
     }
+    if (const std::string unread = unread_attribute(n.op, n.attrs); !unread.empty()) fail(unread);
     const ShapeResult r = infer_shape(n.op, operands, n.attrs);
     if (!r.ok()) fail(shape_error_message(n.op, r, types));
     if (!(r.shape == n.shape) || r.dtype != n.dtype)

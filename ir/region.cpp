@@ -270,7 +270,8 @@ ValueRange unary_range(Op op, const ValueRange& a) {
     }
     return ValueRange::unknown();
   };
-#define QKV_UNARY_RANGE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, derivative, monotone) \
+#define QKV_UNARY_RANGE(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, host, glsl, \
+                        derivative, monotone)                                                                                                   \
   if (op == Op::id) return range([](double x) { return host; });
   QKV_UNARY_OPS(QKV_UNARY_RANGE)
 #undef QKV_UNARY_RANGE

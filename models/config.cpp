@@ -22,8 +22,10 @@ const char* JsonRef::kind() const {
     case nlohmann::json::value_t::string: return "a string";
     case nlohmann::json::value_t::array: return "a list";
     case nlohmann::json::value_t::object: return "an object";
-    default: return "something else";
+    case nlohmann::json::value_t::binary:  // not from a JSON text
+    case nlohmann::json::value_t::discarded: break;
   }
+  return "something else";
 }
 
 bool JsonRef::is_null() const { return json_of(value_).is_null(); }

@@ -32,6 +32,12 @@ Attrs shape(std::initializer_list<Dim> s, double value = 0.0) {
   r.value = value;
   return r;
 }
+/// An attention op's attributes: its scale.
+Attrs scaled(double scale) {
+  Attrs r;
+  r.scale = scale;
+  return r;
+}
 Attrs align(CausalAlign a, std::int64_t window = 0) {
   Attrs r;
   r.align = a;
@@ -116,7 +122,9 @@ std::vector<OpCase> concat() {
 std::vector<OpCase> iota() { return {{"axis 1 of 3x5", {{{3, 5}}}, axis(1)}, {"axis 0 of 2x3x4", {{{2, 3, 4}}}, axis(0)}}; }
 
 std::vector<OpCase> dropout_mask() {
-  Attrs p = shape({}, 0.3), none = shape({}, 0.0), most = shape({}, 0.9);
+  Attrs p, none, most;
+  p.dropout = 0.3;
+  most.dropout = 0.9;
   return {{"p 0.3", {{{4, 33}}, {{}, Fill::seed}}, p}, {"p 0", {{{3, 5}}, {{}, Fill::seed}}, none}, {"p 0.9", {{{5, 7}}, {{}, Fill::seed}}, most}};
 }
 
@@ -176,7 +184,7 @@ std::vector<OpCase> causal_mask() {
 }
 
 std::vector<OpCase> attention() {
-  Attrs plain = shape({}, 0.35);
+  Attrs plain = scaled(0.35);
   Attrs causal = plain;
   causal.causal = true;
   Attrs bottom = causal;
@@ -191,7 +199,7 @@ std::vector<OpCase> attention() {
 }
 
 std::vector<OpCase> masked_attention() {
-  Attrs plain = shape({}, 0.25);
+  Attrs plain = scaled(0.25);
   Attrs causal = plain;
   causal.causal = true;
   return {{"padding mask", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 8}}, {{2, 1, 7}, Fill::keep_first}}, plain},
@@ -199,7 +207,7 @@ std::vector<OpCase> masked_attention() {
 }
 
 std::vector<OpCase> attention_lse() {
-  Attrs plain = shape({}, 0.35);
+  Attrs plain = scaled(0.35);
   Attrs window = plain;
   window.causal = true;
   window.align = CausalAlign::bottom_right;
@@ -208,7 +216,7 @@ std::vector<OpCase> attention_lse() {
 }
 
 std::vector<OpCase> masked_attention_lse() {
-  Attrs causal = shape({}, 0.25);
+  Attrs causal = scaled(0.25);
   causal.causal = true;
   return {{"padding mask causal", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 1, 7}, Fill::keep_first}}, causal}};
 }
@@ -216,7 +224,7 @@ std::vector<OpCase> masked_attention_lse() {
 std::vector<OpCase> attention_grad() {
   // (q, k, v, dy, lse, delta): lse and delta are free inputs here, so every term is exercised;
   // lse is positive, so that p = exp(s - lse) stays near 1 as it does in use.
-  Attrs a = shape({}, 0.35);
+  Attrs a = scaled(0.35);
   auto wrt = [&](int w, bool causal, std::int64_t window = 0) {
     Attrs r = a;
     r.wrt = static_cast<std::int8_t>(w);
@@ -242,7 +250,7 @@ std::vector<OpCase> attention_grad() {
 std::vector<OpCase> masked_attention_grad() {
   std::vector<OpCase> r;
   for (int w = 0; w < 3; ++w) {
-    Attrs a = shape({}, 0.25);
+    Attrs a = scaled(0.25);
     a.wrt = static_cast<std::int8_t>(w);
     a.causal = w == 1;
     r.push_back({std::string("d") + "qkv"[w] + " padding mask" + (a.causal ? " causal" : ""),
@@ -253,7 +261,7 @@ std::vector<OpCase> masked_attention_grad() {
 }
 
 std::vector<OpCase> flex_attention() {
-  Attrs plain = shape({}, 0.35);
+  Attrs plain = scaled(0.35);
   Attrs causal = plain;
   causal.causal = true;
   Attrs window = causal;
@@ -281,10 +289,10 @@ std::vector<OpCase> flex_attention() {
 }
 
 std::vector<OpCase> flex_attention_lse() {
-  Attrs causal = shape({}, 0.35);
+  Attrs causal = scaled(0.35);
   causal.causal = true;
   return {{"softcap causal", {{{2, 5, 8}}, {{2, 7, 8}}}, causal, modifier(Mod::softcap)},
-          {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 5, 7}}}, shape({}, 0.35), modifier(Mod::capped_bias)}};
+          {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 5, 7}}}, scaled(0.35), modifier(Mod::capped_bias)}};
 }
 
 std::vector<OpCase> flex_attention_grad() {
@@ -293,7 +301,7 @@ std::vector<OpCase> flex_attention_grad() {
   const std::vector<CaseInput> heads = {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{2, 3, 6, 4}}, {{2, 3, 6, 1}, Fill::positive}, {{2, 3, 6, 1}}};
   const std::vector<CaseInput> batched = {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 6}}, {{2, 5, 1}, Fill::positive}, {{2, 5, 1}}};
   for (int w = 0; w < 4; ++w) {
-    Attrs a = shape({}, 0.35);
+    Attrs a = scaled(0.35);
     a.wrt = static_cast<std::int8_t>(w);
     a.causal = w != 1;
     std::vector<CaseInput> slopes = heads, bias = batched;
@@ -303,13 +311,13 @@ std::vector<OpCase> flex_attention_grad() {
     r.push_back({name + " slopes per head" + (a.causal ? " causal" : ""), slopes, a, modifier(Mod::slope)});
     r.push_back({name + " softcap then bias" + (a.causal ? " causal" : ""), bias, a, modifier(Mod::capped_bias)});
   }
-  Attrs dq = shape({}, 0.35);
+  Attrs dq = scaled(0.35);
   std::vector<CaseInput> docs = batched;
   docs.push_back({{2, 5, 1}, Fill::segments});
   docs.push_back({{2, 1, 7}, Fill::segments});
   r.push_back({"dq document ids, empty rows", docs, dq, modifier(Mod::document)});
   for (int w = 0; w < 4; ++w) {  // with dropout: its seed last
-    Attrs a = shape({}, 0.35);
+    Attrs a = scaled(0.35);
     a.wrt = static_cast<std::int8_t>(w);
     a.causal = w != 1;
     std::vector<CaseInput> bias = batched;
@@ -331,7 +339,7 @@ std::vector<OpCase> softmax() {
 
 std::vector<OpCase> op_cases(Op op) {
   switch (op) {
-#define QKV_CASES_COLUMN(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, ...) \
+#define QKV_CASES_COLUMN(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, ...) \
   case Op::id: return cases::cases_of;
     QKV_OPS(QKV_CASES_COLUMN)
 #undef QKV_CASES_COLUMN

@@ -35,7 +35,7 @@ std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
   std::vector<bool> member(g.size(), false);
   for (std::size_t i = 0; i + 1 < g.size(); ++i) {
     const Node& n = g.nodes()[i];
-    if (n.op != Op::attention && n.op != Op::masked_attention && n.op != Op::flex_attention) continue;
+    if (!ir::attention_roles(n.op).forward()) continue;
     const Node& s = g.nodes()[i + 1];
     const ir::LseCall lse = ir::lse_of(n);
     if (s.op != lse.op || s.inputs != lse.inputs || !(s.attrs == lse.attrs) || !ir::same_region(s.region.get(), n.region.get())) continue;
@@ -44,8 +44,7 @@ std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
   }
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];
-    if ((n.op != Op::attention_grad && n.op != Op::masked_attention_grad && n.op != Op::flex_attention_grad) || n.attrs.wrt > 2 || member[i])
-      continue;
+    if (!ir::attention_roles(n.op).backward() || n.attrs.wrt > 2 || member[i]) continue;
     std::vector<std::size_t> members = {i};
     for (std::size_t j = i + 1; j < g.size() && members.size() < 3; ++j) {
       const Node& s = g.nodes()[j];
@@ -91,20 +90,10 @@ Storage storage_of(const ir::Graph& g) {
 /// it), matmul its right operand and embedding its table; the other kernels get their half
 /// operands widened.
 bool reads_half(const Node& n, std::size_t k) {
-  switch (n.op) {
-    case Op::attention:
-    case Op::masked_attention:
-    case Op::flex_attention: return k <= 2;
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-    case Op::flex_attention_lse: return k <= 1;
-    case Op::attention_grad:
-    case Op::masked_attention_grad:
-    case Op::flex_attention_grad: return k <= 3;
-    case Op::matmul:                    // its right operand (weights held in 16 bits), converted as it is streamed
-    case Op::embedding: return k == 1;  // its table, a row at a time
-    default: return false;
-  }
+  if (ir::attention_roles(n.op).attention()) return ir::attention_roles(n.op).streamed(k);
+  // matmul its right operand (weights held in 16 bits), converted as it is streamed; embedding
+  // its table, a row at a time.
+  return (n.op == Op::matmul || n.op == Op::embedding) && k == 1;
 }
 
 /// Per node: the round_f16, round_bf16 or cast to a half type that is its only reader, when its
@@ -121,8 +110,9 @@ std::vector<ir::ValueId> rounds_in_kernel(const ir::Graph& g) {
   for (ir::ValueId v : g.result_values()) readers[static_cast<std::size_t>(v)] += 2;  // kept whole
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];
-    const bool grad = n.op == Op::attention_grad || n.op == Op::masked_attention_grad || (n.op == Op::flex_attention_grad && n.attrs.wrt <= 2);
-    if ((n.op != Op::attention && n.op != Op::masked_attention && n.op != Op::flex_attention && !grad) || readers[i] != 1) continue;
+    const ir::AttentionRoles& roles = ir::attention_roles(n.op);
+    const bool grad = roles.backward() && n.attrs.wrt <= 2;
+    if ((!roles.forward() && !grad) || readers[i] != 1) continue;
     const Node& r = g.node(reader[i]);
     if (r.op == Op::round_f16 || r.op == Op::round_bf16 || (r.op == Op::cast && is_half(r.dtype))) fused[i] = reader[i];
   }
@@ -279,8 +269,16 @@ class CpuExecutable final : public ExecutableSkeleton {
       switch (ir::op_info(n.op).category) {
         case ir::OpCategory::unary: return cpu::unary(n.op, x[0], part);
         case ir::OpCategory::select: return cpu::select(x[0], x[1], x[2], part);
-        default: return cpu::binary(n.op, x[0], x[1], part);
+        case ir::OpCategory::binary:
+        case ir::OpCategory::compare: return cpu::binary(n.op, x[0], x[1], part);
+        case ir::OpCategory::source:
+        case ir::OpCategory::reduce:
+        case ir::OpCategory::contract:
+        case ir::OpCategory::layout:
+        case ir::OpCategory::mask:
+        case ir::OpCategory::composite: break;  // not elementwise: chunkwise() refuses them
       }
+      QKV_UNREACHABLE("a chunkwise node is elementwise");
     });
   }
 
@@ -365,7 +363,7 @@ class CpuExecutable final : public ExecutableSkeleton {
       bool ok = true;
       const Node& n = graph_.nodes()[i];
       if (n.op == Op::attention_grad || n.op == Op::masked_attention_grad) {
-        const ir::Shape& dy = shapes_[static_cast<std::size_t>(n.inputs[3])];
+        const ir::Shape& dy = shapes_[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(ir::attention_roles(n.op).dy)])];
         std::int64_t batches = 1;
         for (int d = 0; d + 2 < dy.rank; ++d) batches *= dy[d];
         ok = batches >= static_cast<std::int64_t>(cpu::ThreadPool::global().size());
@@ -425,35 +423,35 @@ class CpuExecutable final : public ExecutableSkeleton {
       QKV_ASSERT(reads_half(n, static_cast<std::size_t>(k)), "a half operand neither widened nor read as it is");
       return cpu::ConstView{nullptr, shapes_[v], b.data, b.stored};
     };
-    // The attention ops' scores: q, k, the keep-mask operand at `mask_at` (none when < 0) held
-    // in `mask`, the bound scale and the causal attributes.
-    auto scores = [&](const Node& node, int mask_at, cpu::ConstView& mask) {
-      if (mask_at >= 0) mask = in(mask_at);
-      cpu::ScoreArgs s{in(0),
-                       in(1),
-                       mask_at >= 0 ? &mask : nullptr,
-                       static_cast<float>(ir::bound_value(graph_, node, shapes_)),
-                       node.attrs.causal,
-                       node.attrs.align,
-                       node.attrs.window};
+    // The attention ops' scores: q, k, the keep-mask (held in `mask`, for the masked_ ops), the
+    // bound scale and the causal attributes; the operands found by their roles.
+    const ir::AttentionRoles& roles = ir::attention_roles(n.op);
+    auto scores = [&](cpu::ConstView& mask) {
+      if (roles.mask >= 0) mask = in(roles.mask);
+      const auto scale = static_cast<float>(ir::bound_scale(graph_, n, shapes_));
+      cpu::ScoreArgs s{in(roles.q), in(roles.k), roles.mask >= 0 ? &mask : nullptr, scale, n.attrs.causal, n.attrs.align, n.attrs.window};
       s.tiles = &tiles_;
       return s;
     };
-    // Flex attention's modifier over its tensors (operands `first` on), iterated like the
-    // kernel's scores: over the output's batch dims.
-    auto modifier = [&](const Node& node, std::size_t first, bool derivative) {
+    // Flex attention's modifier over its tensors (the operands after the fixed ones), iterated
+    // like the kernel's scores: over the output's batch dims.
+    auto modifier = [&](bool derivative) {
       std::vector<cpu::ConstView> tensors;
-      for (std::size_t k = 0; k < ir::modifier_tensor_count(node.op, node.attrs, node.inputs.size()); ++k)
-        tensors.push_back(in(static_cast<int>(first + k)));
+      for (std::size_t k = 0; k < ir::modifier_tensor_count(n.op, n.attrs, n.inputs.size()); ++k)
+        tensors.push_back(in(static_cast<int>(ir::fixed_operands(n.op) + k)));
       ir::Shape batch;
       for (int r = 0; r + 2 < shapes_[i].rank; ++r) batch.push_back(shapes_[i][r]);
-      return cpu::ScoreModifier(*node.region, derivative, std::move(tensors), batch, in(0).shape.back(1), in(1).shape.back(1));
+      return cpu::ScoreModifier(*n.region, derivative, std::move(tensors), batch, in(roles.q).shape.back(1), in(roles.k).shape.back(1));
     };
     // Flex attention's dropout: its probability, and the seed (the last operand).
-    auto dropout = [&](const Node& node, cpu::ScoreArgs& s) {
-      if (!ir::has_dropout_seed(node.op, node.attrs)) return;
-      s.dropout = node.attrs.dropout;
-      s.seed = dropout_seed(in(static_cast<int>(node.inputs.size() - 1)).data[0]);
+    auto dropout = [&](cpu::ScoreArgs& s) {
+      if (!ir::has_dropout_seed(n.op, n.attrs)) return;
+      s.dropout = n.attrs.dropout;
+      s.seed = dropout_seed(in(static_cast<int>(n.inputs.size() - 1)).data[0]);
+    };
+    // The gradients' arguments: the scores, v, dy and the row statistics.
+    auto grad_args = [&](const cpu::ScoreArgs& s, const cpu::View& into) {
+      return cpu::AttentionGradArgs{s, in(roles.v), in(roles.dy), in(roles.lse), in(roles.delta), n.attrs.wrt, into};
     };
     cpu::View out{nullptr, shapes_[i]};
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
@@ -494,50 +492,49 @@ class CpuExecutable final : public ExecutableSkeleton {
       case Op::concat: return cpu::concat(in(0), in(1), n.attrs.axis, out);
       case Op::cache_write: return cpu::cache_write(in(0), in(1), in(2), n.attrs.axis, out);
       case Op::iota: return cpu::iota(n.attrs.axis, out);
-      case Op::dropout_mask: return cpu::dropout_mask(in(1), n.attrs.value, out);
+      case Op::dropout_mask: return cpu::dropout_mask(in(1), n.attrs.dropout, out);
       case Op::softmax: return cpu::softmax(in(0), n.attrs.axis, out);
       case Op::attention:
       case Op::masked_attention: {
         cpu::ConstView mask{};
         float* lse = group_fused_[i] ? out_ptr(group_[i][1]) : nullptr;  // with its attention_lse
-        return cpu::attention({scores(n, n.op == Op::masked_attention ? 3 : -1, mask), in(2), out, lse});
+        return cpu::attention({scores(mask), in(roles.v), out, lse});
       }
       case Op::attention_lse:
       case Op::masked_attention_lse: {
         cpu::ConstView mask{};
-        return cpu::attention_lse(scores(n, n.op == Op::masked_attention_lse ? 2 : -1, mask), out);
+        return cpu::attention_lse(scores(mask), out);
       }
       case Op::attention_grad:
       case Op::masked_attention_grad: {
         cpu::ConstView mask{};
-        const cpu::AttentionGradArgs args{scores(n, n.op == Op::masked_attention_grad ? 6 : -1, mask), in(2), in(3), in(4), in(5),
-                                          n.attrs.wrt, out};
+        const cpu::AttentionGradArgs args = grad_args(scores(mask), out);
         if (!group_fused_[i]) return cpu::attention_grad(args);
         return attention_grads(i, args);
       }
       case Op::flex_attention: {
         cpu::ConstView none{};
-        const cpu::ScoreModifier mod = modifier(n, 3, false);
-        cpu::ScoreArgs s = scores(n, -1, none);
+        const cpu::ScoreModifier mod = modifier(false);
+        cpu::ScoreArgs s = scores(none);
         s.mod = &mod;
-        dropout(n, s);
+        dropout(s);
         float* lse = group_fused_[i] ? out_ptr(group_[i][1]) : nullptr;  // with its flex_attention_lse
-        return cpu::attention({s, in(2), out, lse});
+        return cpu::attention({s, in(roles.v), out, lse});
       }
       case Op::flex_attention_lse: {
         cpu::ConstView none{};
-        const cpu::ScoreModifier mod = modifier(n, 2, false);
-        cpu::ScoreArgs s = scores(n, -1, none);
+        const cpu::ScoreModifier mod = modifier(false);
+        cpu::ScoreArgs s = scores(none);
         s.mod = &mod;
         return cpu::attention_lse(s, out);
       }
       case Op::flex_attention_grad: {  // q, k and v (cpu_supports): a modifier tensor's is decomposed
         cpu::ConstView none{};
-        const cpu::ScoreModifier mod = modifier(n, 6, true);
-        cpu::ScoreArgs s = scores(n, -1, none);
+        const cpu::ScoreModifier mod = modifier(true);
+        cpu::ScoreArgs s = scores(none);
         s.mod = &mod;
-        dropout(n, s);
-        const cpu::AttentionGradArgs args{s, in(2), in(3), in(4), in(5), n.attrs.wrt, out};
+        dropout(s);
+        const cpu::AttentionGradArgs args = grad_args(s, out);
         if (!group_fused_[i]) return cpu::attention_grad(args);
         return attention_grads(i, args);
       }

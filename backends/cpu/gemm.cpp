@@ -269,8 +269,11 @@ const Kernel& kernel() {
 #if defined(__x86_64__)
       case Isa::avx512: return {&block_avx512, Avx512::mr, Avx512::nr, Avx512::nc, "packed AVX-512 12x32 register tile"};
       case Isa::avx2: return {&block_avx2, Avx2::mr, Avx2::nr, Avx2::nc, "packed AVX2 6x16 register tile"};
+#else
+      case Isa::avx512:
+      case Isa::avx2:
 #endif
-      default: break;
+      case Isa::baseline: break;
     }
     return {&block_openblas, 16, 16, 4096, "OpenBLAS sgemm"};
   }();

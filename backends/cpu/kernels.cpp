@@ -102,10 +102,10 @@ void unary(ir::Op op, ConstView x, View out) {
     return;
   }
   // The others: the registry row's host expression, in a loop per op the compiler can vectorise.
-#define QKV_UNARY_LOOP(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
-  if (op == ir::Op::id) {                                                                                                          \
-    for (std::int64_t i = 0; i < n; ++i) out.data[i] = apply_unary(ir::Op::id, x.data[i]);                                         \
-    return;                                                                                                                        \
+#define QKV_UNARY_LOOP(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, host, glsl, ...) \
+  if (op == ir::Op::id) {                                                                                                                           \
+    for (std::int64_t i = 0; i < n; ++i) out.data[i] = apply_unary(ir::Op::id, x.data[i]);                                                          \
+    return;                                                                                                                                         \
   }
   QKV_UNARY_OPS(QKV_UNARY_LOOP)
 #undef QKV_UNARY_LOOP
@@ -121,7 +121,7 @@ template <Isa>
 [[gnu::always_inline]] inline void binary_row_impl(ir::Op op, const float* a, bool a_varies, const float* b, bool b_varies, float* out,
                                                    std::int64_t n) {
   const std::int64_t sa = a_varies ? 1 : 0, sb = b_varies ? 1 : 0;
-#define QKV_BINARY_ROW(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
+#define QKV_BINARY_ROW(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, host, glsl, ...) \
   if (op == ir::Op::id) return binary_rows<ir::Op::id>(a, b, out, n, sa, sb);
   QKV_BINARY_OPS(QKV_BINARY_ROW)
   QKV_COMPARE_OPS(QKV_BINARY_ROW)

@@ -205,7 +205,7 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
       }
       case Op::iota: return iota_kernel(split_at(os, n.attrs.axis), out.data());
       case Op::dropout_mask:
-        return dropout_mask_kernel(dropout_seed(in(1)[0]), n.attrs.value, static_cast<std::int64_t>(out.size()), out.data());
+        return dropout_mask_kernel(dropout_seed(in(1)[0]), n.attrs.dropout, static_cast<std::int64_t>(out.size()), out.data());
       QKV_ATTENTION_CASES
       QKV_COMPOSITE_CASES break;
     }

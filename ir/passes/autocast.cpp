@@ -2,6 +2,7 @@
 // ones that lose accuracy in it run in f32, the rest in their operands' widest dtype. And a whole
 // model in one half dtype, as PyTorch's model.half().
 #include <algorithm>
+#include <vector>
 
 #include "ir/passes/passes.hpp"
 
@@ -9,37 +10,18 @@ namespace qkv::ir {
 
 namespace {
 
-enum class Policy : std::uint8_t {
-  lower,    // matmul and attention: float operands cast to the lower dtype
-  f32,      // exponentials, logarithms, softmaxes and sums: half operands cast to f32
-  promote,  // everything else: operands of mixed float dtypes all cast to the widest
-};
-
-/// PyTorch's CUDA autocast lists, for qkv's ops: matmul and attention (the tensor-core ops) in
-/// the lower dtype; exp, log, softplus, softmax, log_softmax, sums and means in f32 (their range
-/// or accumulation needs it: torch's "fp32 list"); the others run in the widest dtype among their
-/// operands (torch's promotion), so a residual add of an f32 stream and a half branch is f32.
-Policy policy(Op op) {
-  switch (op) {
-    case Op::matmul:
-    case Op::attention:
-    case Op::masked_attention:
-    case Op::flex_attention: return Policy::lower;
-    case Op::exp:
-    case Op::log:
-    case Op::softplus:
-    case Op::softmax:
-    case Op::log_softmax:
-    case Op::reduce_sum:
-    case Op::reduce_mean: return Policy::f32;
-    default: return Policy::promote;
+/// The operands the op's autocast policy applies to: attention's q, k and v (not a mask, a
+/// modifier's tensors or a seed) for the ops that run in the lower dtype, every operand of the others.
+std::vector<std::size_t> policy_operands(Op op, std::size_t operands) {
+  const AttentionRoles& r = attention_roles(op);
+  std::vector<std::size_t> at;
+  if (op_info(op).autocast == Autocast::lower && r.attention()) {
+    for (int i : {r.q, r.k, r.v})
+      if (i >= 0) at.push_back(static_cast<std::size_t>(i));
+    return at;
   }
-}
-
-/// How many leading operands the policy applies to: attention's q, k and v (not a mask, a
-/// modifier's tensors or a seed), every operand of the others.
-std::size_t policy_operands(Op op, std::size_t operands) {
-  return op == Op::attention || op == Op::masked_attention || op == Op::flex_attention ? 3 : operands;
+  for (std::size_t i = 0; i < operands; ++i) at.push_back(i);
+  return at;
 }
 
 }  // namespace
@@ -49,18 +31,20 @@ Graph autocast(const Graph& g, DType lower) {
   // Attention fused first, so that the whole of it runs in the lower dtype as one op (its softmax
   // inside accumulates in f32 as the fused kernels do) rather than its softmax alone in f32.
   return rebuild(fuse_attention(g), [lower](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
-    if (n.op == Op::input || n.op == Op::constant || n.op == Op::cast || in.empty()) return -1;
-    const std::size_t k = policy_operands(n.op, in.size());
+    const Autocast policy = op_info(n.op).autocast;
+    if (policy == Autocast::keep || in.empty()) return -1;
+    const std::vector<std::size_t> operands = policy_operands(n.op, in.size());
     auto is_tensor = [&](ValueId v) { return is_float(out.node(v).dtype) && out.node(v).shape.rank > 0; };
     DType want = lower;
-    switch (policy(n.op)) {
-      case Policy::lower: break;
-      case Policy::f32: want = DType::f32; break;
-      case Policy::promote: {
+    switch (policy) {
+      case Autocast::keep:
+      case Autocast::lower: break;
+      case Autocast::f32: want = DType::f32; break;
+      case Autocast::promote: {
         // The widest float dtype among the tensor operands (f32 over f16 and bf16; f16 and bf16
         // together promote to f32, as torch's do).
         bool any_f32 = false, any_f16 = false, any_bf16 = false;
-        for (std::size_t i = 0; i < k; ++i)
+        for (std::size_t i : operands)
           if (is_tensor(in[i])) {
             const DType d = out.node(in[i]).dtype;
             any_f32 |= d == DType::f32;
@@ -74,7 +58,7 @@ Graph autocast(const Graph& g, DType lower) {
     }
     std::vector<ValueId> ops(in.begin(), in.end());
     bool changed = false;
-    for (std::size_t i = 0; i < k; ++i) {
+    for (std::size_t i : operands) {
       if (!is_tensor(ops[i]) || out.node(ops[i]).dtype == want) continue;
       ops[i] = out.cast(ops[i], want);
       changed = true;

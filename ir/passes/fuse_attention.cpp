@@ -75,8 +75,8 @@ class Matcher {
         const Node& mask = g_.node(dm);
         if (mask.op != Op::dropout_mask || mask.inputs[0] != w || !single(dm) || uses_[static_cast<std::size_t>(w)] != 2) continue;
         if (!rules::same_batch(g_.node(w).shape, o.shape)) return false;
-        if (mask.attrs.value != 0.0) {  // p = 0 multiplies by ones: no dropout
-          m.attrs.dropout = mask.attrs.value;
+        if (mask.attrs.dropout != 0.0) {  // p = 0 multiplies by ones: no dropout
+          m.attrs.dropout = mask.attrs.dropout;
           m.seed = mask.inputs[1];
         }
         p = w;
@@ -114,7 +114,7 @@ class Matcher {
     m.q = mm.inputs[0];
     m.k = mm.inputs[1];
     m.v = o.inputs[1];
-    m.attrs.value = scale_;
+    m.attrs.scale = scale_;
     m.attrs.rsqrt_of = scale_rsqrt_of_;
     if (x == score_ && m.seed < 0) {  // plain or masked attention
       m.mask = mask;

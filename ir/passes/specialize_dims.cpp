@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/verifier.hpp"
 
@@ -51,8 +52,9 @@ Graph specialize_dims(const Graph& g, const std::map<std::string, std::int64_t>&
     Attrs a = n.attrs;
     a.shape = shape(a.shape);
     if (a.rsqrt_of != 0) a.rsqrt_of = dim(dim, a.rsqrt_of);
-    if (a.rsqrt_of != 0 && !is_symbol(a.rsqrt_of)) {  // the scale of a dim that is now a size, as if built so
-      a.value /= std::sqrt(static_cast<double>(a.rsqrt_of));
+    if (a.rsqrt_of != 0 && !is_symbol(a.rsqrt_of)) {                          // the scale of a dim that is now a size, as if built so
+      double& scaled = op_info(n.op).attrs & kAttrScale ? a.scale : a.value;  // attention's scale, a constant's value
+      scaled = rsqrt_scaled(scaled, a.rsqrt_of);
       a.rsqrt_of = 0;
     }
     map[i] = out.add(n.op, std::move(inputs), a, n.region);

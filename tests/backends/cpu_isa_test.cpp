@@ -168,15 +168,13 @@ TEST(CpuIsa, RowHelpersAndNaNInEveryLane) {
         for (std::int64_t i = 0; i < n; ++i) {
           const float a = x[uniform == 1 ? 0 : static_cast<std::size_t>(i)], b = p[uniform == 2 ? 0 : static_cast<std::size_t>(i)];
           float want = 0;
-          switch (op) {
-            case ir::Op::add: want = a + b; break;
-            case ir::Op::sub: want = a - b; break;
-            case ir::Op::mul: want = a * b; break;
-            case ir::Op::div: want = a / b; break;
-            case ir::Op::max: want = a > b ? a : b; break;
-            case ir::Op::equal: want = a == b ? 1.0f : 0.0f; break;
-            default: want = a > b ? 1.0f : 0.0f; break;
-          }
+          if (op == ir::Op::add) want = a + b;
+          else if (op == ir::Op::sub) want = a - b;
+          else if (op == ir::Op::mul) want = a * b;
+          else if (op == ir::Op::div) want = a / b;
+          else if (op == ir::Op::max) want = a > b ? a : b;
+          else if (op == ir::Op::equal) want = a == b ? 1.0f : 0.0f;
+          else want = a > b ? 1.0f : 0.0f;  // greater
           if (std::isnan(want)) EXPECT_TRUE(std::isnan(out[static_cast<std::size_t>(i)]));
           else EXPECT_EQ(out[static_cast<std::size_t>(i)], want) << ir::op_name(op) << " " << n << " " << i;
         }

@@ -145,8 +145,8 @@ TEST(FusedAttention, CpuLseBesideTheForwardNeverOverwritesItsOperands) {
       "  %1 = input \"k\" : f32[2,300,8]\n"
       "  %2 = input \"x\" : f32[2,300,8]\n"
       "  %3 = exp(%2) : f32[2,300,8]\n"
-      "  %4 = attention(%0, %1, %3) {value=0.35, causal=true, align=top_left} : f32[2,300,8]\n"
-      "  %5 = attention_lse(%0, %1) {value=0.35, causal=true, align=top_left} : f32[2,300,1]\n"
+      "  %4 = attention(%0, %1, %3) {scale=0.35, causal=true, align=top_left} : f32[2,300,8]\n"
+      "  %5 = attention_lse(%0, %1) {scale=0.35, causal=true, align=top_left} : f32[2,300,1]\n"
       "  return y=%4, lse=%5\n"
       "}\n");
   testing::expect_equivalent(g, backend::random_inputs(g, {}, 11), "cpu");
@@ -632,7 +632,7 @@ TEST(FusedAttention, RandomMaskingModifiersSkipOnlyMaskedTiles) {
     const ir::ValueId q = g.add_input("q", DType::f32, {1, 2, n, 8}), k = g.add_input("k", DType::f32, {1, 2, m, 8});
     const ir::ValueId t0 = g.add_input("t0", DType::f32, {n, 1}), t1 = g.add_input("t1", DType::f32, {m});
     ir::Attrs scale;
-    scale.value = 0.35;
+    scale.scale = 0.35;
     g.set_output("out", g.add(ir::Op::flex_attention, {q, k, k, t0, t1}, scale, region));
     auto in = backend::random_inputs(g, {}, static_cast<std::uint64_t>(trial));
     // Ids laid out in segments, positions, or noise: what lets tiles be proved masked, or not.
@@ -676,11 +676,11 @@ TEST(FusedAttention, VulkanDecomposesAModifierWithMoreTensorsThanTheDeviceBinds)
   operands.push_back(operands[0]);
   for (int i = 0; i < tensors; ++i) operands.push_back(g.add_input("t" + std::to_string(i), DType::f32, {2, 1, 1}));
   ir::Attrs scale;
-  scale.value = 0.35;
+  scale.scale = 0.35;
   const ir::ValueId y = g.add(ir::Op::flex_attention, operands, scale, std::make_shared<const ir::Graph>(std::move(region)));
   g.set_output("out", y);
   const std::uint32_t most =
-      backend::vk_detail::Context::get(backend::vulkan_options_from_env())->properties().limits.maxPerStageDescriptorStorageBuffers;
+      backend::vulkan::Context::get(backend::vulkan_options_from_env())->properties().limits.maxPerStageDescriptorStorageBuffers;
   EXPECT_EQ(codegen::storage_buffers(g.node(y)), 3 + tensors + 2);
   auto exe = vulkan->compile(g);
   bool fused = false;

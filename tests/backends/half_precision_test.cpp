@@ -98,7 +98,7 @@ ir::Graph attention(DType dtype) {
   to.dtype = dtype;
   const ir::ValueId v = g.add(ir::Op::cast, {v32}, to);
   ir::Attrs a;
-  a.value = 0.25;
+  a.scale = 0.25;
   a.causal = true;
   const ir::ValueId y = g.add(ir::Op::attention, {q, k, v}, a);
   g.set_output("y", y);
@@ -395,7 +395,7 @@ TEST(HalfPrecisionVulkan, ReductionsAndAttentionStoreTheirRoundedValues) {
       over_row.axis = 2;
       over_row.keepdim = true;
       softmax_row.axis = 2;
-      sdpa.value = 0.3;
+      sdpa.scale = 0.3;
       sdpa.causal = true;
       // Each read by an elementwise op (a result would be a cast to the half dtype instead).
       g.set_output("sum", g.add(ir::Op::tanh, {g.add(ir::Op::reduce_sum, {x}, over_n)}));
@@ -437,7 +437,7 @@ TEST(HalfPrecisionVulkan, ReductionsAndAttentionStoreTheirRoundedValues) {
   over_n.axis = 1;
   over_n.keepdim = false;
   softmax_row.axis = 2;
-  sdpa.value = 0.3;
+  sdpa.scale = 0.3;
   g.set_output("sum", g.add(ir::Op::round_f16, {g.add(ir::Op::reduce_sum, {x}, over_n)}));
   g.set_output("softmax", g.add(ir::Op::round_bf16, {g.add(ir::Op::softmax, {x}, softmax_row)}));
   g.set_output("attention", g.add(ir::Op::round_f16, {g.add(ir::Op::attention, {q, q, q}, sdpa)}));
@@ -691,7 +691,7 @@ TEST(CooperativeMatrixVulkan, AttentionMatchesTheReferenceEmulatedOrOnTheDevice)
     ir::Graph g;
     const ir::ValueId q = g.add_input("q", dtype, {2, n, d}), k = g.add_input("k", dtype, {2, m, d}), v = g.add_input("v", dtype, {2, m, dv});
     ir::Attrs a;
-    a.value = scale;
+    a.scale = scale;
     a.causal = causal;
     a.align = ir::CausalAlign::bottom_right;
     g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
@@ -737,7 +737,7 @@ TEST(CooperativeMatrixVulkan, AttentionForwardPropagatesNanAndInfAsTheReference)
   const ir::ValueId q = g.add_input("q", DType::f16, {1, 70, 16}), k = g.add_input("k", DType::f16, {1, 50, 16}),
                     v = g.add_input("v", DType::f16, {1, 50, 16});
   ir::Attrs a;
-  a.value = 0.25;
+  a.scale = 0.25;
   a.causal = true;
   g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
   ASSERT_TRUE(attention_is_cooperative(*coop, g));
@@ -770,15 +770,15 @@ TEST(CooperativeMatrixVulkan, TheFragmentIsChosenAmongWhatTheDeviceOffers) {
   };
   using F = std::array<std::uint32_t, 3>;
   // NVIDIA's list (Turing to Hopper): 16 x 16 x 16 with f32 accumulators where offered.
-  EXPECT_EQ(backend::vk_detail::chosen_fragment({offer(16, 8, 16, C::eFloat16, C::eFloat16), offer(16, 8, 16, C::eFloat16, C::eFloat32),
-                                                 offer(16, 16, 16, C::eFloat16, C::eFloat32), offer(16, 8, 8, C::eFloat16, C::eFloat32)}),
+  EXPECT_EQ(backend::vulkan::chosen_fragment({offer(16, 8, 16, C::eFloat16, C::eFloat16), offer(16, 8, 16, C::eFloat16, C::eFloat32),
+                                              offer(16, 16, 16, C::eFloat16, C::eFloat32), offer(16, 8, 8, C::eFloat16, C::eFloat32)}),
             (F{16, 16, 16}));
-  EXPECT_EQ(backend::vk_detail::chosen_fragment({offer(16, 8, 8, C::eFloat16, C::eFloat32), offer(16, 8, 16, C::eFloat16, C::eFloat32)}),
+  EXPECT_EQ(backend::vulkan::chosen_fragment({offer(16, 8, 8, C::eFloat16, C::eFloat32), offer(16, 8, 16, C::eFloat16, C::eFloat32)}),
             (F{16, 8, 16}));
   // f16 accumulators, int8 operands, another scope, odd sizes: none the kernel can use.
-  EXPECT_EQ(backend::vk_detail::chosen_fragment({offer(16, 16, 16, C::eFloat16, C::eFloat16), offer(16, 16, 32, C::eSint8, C::eSint32),
-                                                 offer(16, 16, 16, C::eFloat16, C::eFloat32, vk::ScopeNV::eWorkgroup),
-                                                 offer(12, 16, 16, C::eFloat16, C::eFloat32)}),
+  EXPECT_EQ(backend::vulkan::chosen_fragment({offer(16, 16, 16, C::eFloat16, C::eFloat16), offer(16, 16, 32, C::eSint8, C::eSint32),
+                                              offer(16, 16, 16, C::eFloat16, C::eFloat32, vk::ScopeNV::eWorkgroup),
+                                              offer(12, 16, 16, C::eFloat16, C::eFloat32)}),
             (F{0, 0, 0}));
 }
 

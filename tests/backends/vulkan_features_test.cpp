@@ -1,5 +1,5 @@
 // Every kernel's SPIR-V is checked against the features its device was created with before its
-// pipeline is created (vk_detail::check_kernel): what a GPU's driver would reject or a current
+// pipeline is created (vulkan::check_kernel): what a GPU's driver would reject or a current
 // validation layer report is an error here first, naming the kernel and what the device lacks.
 // The checks run against lavapipe's live context and against an NVIDIA-like device described by
 // hand, with each feature withheld in turn.
@@ -23,8 +23,8 @@
 namespace qkv {
 namespace {
 
-using backend::vk_detail::DeviceFeatures;
-using backend::vk_detail::kernel_mismatch;
+using backend::vulkan::DeviceFeatures;
+using backend::vulkan::kernel_mismatch;
 using Kernels = std::vector<std::pair<std::string, codegen::SpirvNeeds>>;
 
 /// A device as NVIDIA's Vulkan driver describes a Hopper GPU: Vulkan 1.3, subgroups of 32 with
@@ -55,7 +55,7 @@ DeviceFeatures nvidia_like() {
 /// shared tiles): what the backend would create pipelines of on such a GPU.
 Kernels cooperative_attention_kernels(std::array<std::uint32_t, 3> fragment, bool khr) {
   codegen::Target t;
-  t.cpu = false;
+  t.cpu_device = false;
   t.shared_bytes = 49152;
   t.max_invocations = 1024;
   t.subgroup_size = 32;
@@ -68,7 +68,7 @@ Kernels cooperative_attention_kernels(std::array<std::uint32_t, 3> fragment, boo
       const ir::ValueId q = g.add_input("q", DType::f16, {1, 8, 1000, d}), k = g.add_input("k", DType::f16, {1, 8, 1000, d});
       const ir::ValueId v = g.add_input("v", DType::f16, {1, 8, 1000, d});
       ir::Attrs a;
-      a.value = 0.125;
+      a.scale = 0.125;
       a.causal = variant == 1;
       if (variant == 2) {
         const ir::ValueId keep = g.add_input("keep", DType::boolean, {1, 1, 1, 1000});
@@ -193,7 +193,7 @@ TEST(VulkanOptions, OptimizeSpirvIsReadFromTheEnvironment) {
 /// kernel: elementwise and fused chains, reductions and softmax over subgroups, matmuls, flash
 /// attention forward and backward, 16-bit buffers, and the cooperative kernels (the device's or
 /// emulated).
-std::shared_ptr<backend::vk_detail::Context> context_after_every_kind_of_kernel() {
+std::shared_ptr<backend::vulkan::Context> context_after_every_kind_of_kernel() {
   auto options = backend::vulkan_options_from_env();
   auto vulkan = backend::make_vulkan_backend(options);
   ir::Graph g;
@@ -201,7 +201,7 @@ std::shared_ptr<backend::vk_detail::Context> context_after_every_kind_of_kernel(
   const ir::ValueId q = g.add_input("q", DType::f32, {2, n, 16}), k = g.add_input("k", DType::f32, {2, n, 16});
   const ir::ValueId v = g.add_input("v", DType::f32, {2, n, 16});
   ir::Attrs attention;
-  attention.value = 0.25;
+  attention.scale = 0.25;
   const ir::ValueId o = g.add(ir::Op::attention, {q, k, v}, attention);
   ir::Attrs rows;
   rows.axis = 2;
@@ -224,7 +224,7 @@ std::shared_ptr<backend::vk_detail::Context> context_after_every_kind_of_kernel(
     } catch (const BackendError&) {  // no f16 arithmetic to emulate them
     }
   }
-  return backend::vk_detail::Context::get(backend::vulkan_options_from_env());
+  return backend::vulkan::Context::get(backend::vulkan_options_from_env());
 }
 
 TEST(VulkanFeatures, EveryPipelineIsCheckedAndAWithheldFeatureNamesTheKernel) {
@@ -261,7 +261,7 @@ TEST(VulkanFeatures, EveryPipelineIsCheckedAndAWithheldFeatureNamesTheKernel) {
 
 TEST(VulkanFeatures, TheMemoryModelIsEnabledWithItsDeviceScopeOrNotAtAll) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  const DeviceFeatures& d = backend::vk_detail::Context::get(backend::vulkan_options_from_env())->features();
+  const DeviceFeatures& d = backend::vulkan::Context::get(backend::vulkan_options_from_env())->features();
   EXPECT_EQ(d.memory_model, d.memory_model_device_scope);
   EXPECT_EQ(d.memory_model, d.extensions.count("VK_KHR_vulkan_memory_model") == 1);
   // Where the device offers both (lavapipe does), every kernel runs under the model the
@@ -284,7 +284,7 @@ TEST(VulkanFeatures, TheMemoryModelIsEnabledWithItsDeviceScopeOrNotAtAll) {
 // validation error or a wrong result.
 TEST(VulkanFeatures, ATensorBeyondTheStorageBufferRangeIsNamed) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  const std::uint64_t limit = backend::vk_detail::Context::get(backend::vulkan_options_from_env())->features().max_storage_range;
+  const std::uint64_t limit = backend::vulkan::Context::get(backend::vulkan_options_from_env())->features().max_storage_range;
   if (limit > (std::uint64_t{1} << 30)) GTEST_SKIP() << "the device binds " << limit << " bytes at once: more than this test allocates";
   ir::Graph g;
   const ir::ValueId x = g.add_input("x", DType::f32, {g.symbol("N")});
@@ -313,7 +313,7 @@ TEST(VulkanFeatures, TheSubgroupSizeIsTheOneTheRunAsksFor) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   const char* expected = std::getenv("QKV_EXPECT_SUBGROUP_SIZE");
   if (!expected) GTEST_SKIP() << "QKV_EXPECT_SUBGROUP_SIZE is not set";
-  EXPECT_EQ(std::to_string(backend::vk_detail::Context::get(backend::vulkan_options_from_env())->subgroup_size()), expected) << vulkan->device();
+  EXPECT_EQ(std::to_string(backend::vulkan::Context::get(backend::vulkan_options_from_env())->subgroup_size()), expected) << vulkan->device();
 }
 
 }  // namespace

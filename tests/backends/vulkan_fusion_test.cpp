@@ -206,7 +206,7 @@ TEST(VulkanFusion, HeadsAreReadAndWrittenInPlace) {
   };
   const auto q = split("q"), k = split("k"), v = split("v");
   ir::Attrs causal;
-  causal.value = 0.4;
+  causal.scale = 0.4;
   causal.causal = true;
   const auto o = g.add(Op::attention, {q, k, v}, causal);
   g.set_output("y", g.add(Op::reshape, {g.add(Op::permute, {o}, heads)}, ir::shape_attrs({b, n, 15})));

@@ -30,7 +30,7 @@ namespace {
 /// 48 KiB of shared memory).
 Target gpu(std::uint32_t m = 16, std::uint32_t n = 16, std::uint32_t k = 16) {
   Target t;
-  t.cpu = false;
+  t.cpu_device = false;
   t.shared_bytes = 49152;
   t.max_invocations = 1024;
   t.subgroup_size = 32;
@@ -321,7 +321,7 @@ TEST(CooperativeMatrix, OnlyAttentionOfF16ValuesTakesIt) {
     ir::Graph g;
     const ir::ValueId q = g.add_input("q", dtype, {1, 8, 4096, 64});
     ir::Attrs a;
-    a.value = 0.125;
+    a.scale = 0.125;
     g.set_output("out", g.add(ir::Op::attention, {q, q, q}, a));
     return ir::lower_for_backend(g, implements, ir::HalfInputs::kept);
   };
@@ -350,7 +350,7 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
     ir::Graph g;
     const ir::ValueId q = g.add_input("q", DType::f16, {1, 8, 1000, d});
     ir::Attrs a;
-    a.value = 0.125;
+    a.scale = 0.125;
     g.set_output("out", g.add(ir::Op::attention, {q, q, q}, a));
     g = ir::lower_for_backend(g, implements, ir::HalfInputs::kept);
     std::vector<ir::Shape> shapes;
@@ -377,7 +377,7 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
     ir::Graph g;
     const ir::ValueId q = g.add_input("q", DType::f16, {1, 8, 1000, d});
     ir::Attrs a;
-    a.value = 0.125;
+    a.scale = 0.125;
     g.set_output("out", g.add(ir::Op::attention, {q, q, q}, a));
     g = ir::lower_for_backend(ir::build_backward(g, {"", {"q"}, {"out"}}), implements, ir::HalfInputs::kept);
     std::vector<ir::Shape> shapes;

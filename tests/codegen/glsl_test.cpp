@@ -51,7 +51,7 @@ TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
   ir::Graph g;
   auto q = g.add_input("q", DType::f32, {8, 4096, 64});
   ir::Attrs a;
-  a.value = 0.125;
+  a.scale = 0.125;
   auto y = g.add(ir::Op::attention, {q, q, q}, a);
   g.set_output("y", y);
   auto shapes = ir::bind_shapes(g, {{"q", Tensor(DType::f32, {8, 4096, 64})}});

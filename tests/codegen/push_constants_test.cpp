@@ -63,7 +63,7 @@ struct Attention {
     qs.push_back(40), qs.push_back(16), ks.push_back(50), ks.push_back(16), vs.push_back(50), vs.push_back(8);
     const ir::ValueId q = g.add_input("q", DType::f32, qs), k = g.add_input("k", DType::f32, ks), v = g.add_input("v", DType::f32, vs);
     ir::Attrs a;
-    a.value = 0.25;
+    a.scale = 0.25;
     a.causal = true;
     y = g.add(ir::Op::attention, {q, k, v}, a);
     g.set_output("out", y);

@@ -29,7 +29,7 @@ TEST(FuseAttention, CausalSdpaBecomesOneNode) {
   EXPECT_EQ(count(g, ir::Op::softmax), 0);
   EXPECT_EQ(count(g, ir::Op::matmul), 0);
   std::string text = ir::print(g);
-  EXPECT_NE(text.find("{value=0.25, causal=true, align=bottom_right}"), std::string::npos) << text;
+  EXPECT_NE(text.find("{scale=0.25, causal=true, align=bottom_right}"), std::string::npos) << text;
 }
 
 TEST(FuseAttention, FusesOnlyWhatTheBackendKeeps) {
@@ -294,7 +294,7 @@ TEST(FuseAttention, BadRegionsAreRejectedByName) {
   EXPECT_THROW(g.add(ir::Op::attention, {x, x, x}, {}, std::make_shared<const ir::Graph>(plain)), Error);  // not a flex op
   // A region reading a tensor the node does not pass.
   EXPECT_THROW(g.add(ir::Op::flex_attention, {x, x, x, x}, {}, std::make_shared<const ir::Graph>(plain)), Error);
-  EXPECT_THROW(ir::parse_graph("graph {\n  %0 = input \"q\" : f32[3,4]\n  %1 = flex_attention(%0, %0, %0) {value=1, causal=false, align=top_left} : "
+  EXPECT_THROW(ir::parse_graph("graph {\n  %0 = input \"q\" : f32[3,4]\n  %1 = flex_attention(%0, %0, %0) {scale=1, causal=false, align=top_left} : "
                                "f32[3,4]\n  return o=%1\n}\n"),
                Error);
 }

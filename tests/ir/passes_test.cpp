@@ -308,7 +308,7 @@ TEST(ToDtype, ScalarConstantsStayF32AndAttentionKeepsItsScale) {
   for (const Node& n : fused.nodes())
     if (n.op == Op::attention) {
       attention = true;
-      EXPECT_EQ(n.attrs.value, 0.125);
+      EXPECT_EQ(n.attrs.scale, 0.125);
     }
   EXPECT_TRUE(attention) << print(fused);
 }

@@ -140,12 +140,19 @@ TEST(Parser, EveryErrorNamesItsLine) {
   expect_parse_error("graph {\n  %0 = input \"a\" : f32[2]\n  %1 = input \"a\" : f32[2]\n  return out=%0\n}\n", "line 3: input name 'a' used twice");
   expect_parse_error("graph {\n  %0 = input \"a\" : f32[2]\n}\n", "no 'return' line");
   // Attention's backward ops check their operands' ranks before reading any dim.
-  expect_parse_error(one_input("f32[2]", "  %1 = attention_lse(%0, %0) {value=1, causal=false, align=top_left} : f32[2,1]\n  return out=%1\n"),
+  expect_parse_error(one_input("f32[2]", "  %1 = attention_lse(%0, %0) {scale=1, causal=false, align=top_left} : f32[2,1]\n  return out=%1\n"),
                      "line 3:");
   expect_parse_error(one_input("f32[]",
-                               "  %1 = attention_grad(%0, %0, %0, %0, %0, %0) {value=1, causal=false, align=top_left, wrt=1} : f32[]\n"
+                               "  %1 = attention_grad(%0, %0, %0, %0, %0, %0) {scale=1, causal=false, align=top_left, wrt=1} : f32[]\n"
                                "  return out=%1\n"),
                      "line 3:");
+  // One meaning per attribute: a scale written as attention's value (as before scale was its own)
+  // is refused where it is written, with the attribute to use.
+  expect_parse_error(
+      one_input("f32[2,3]", "  %1 = attention(%0, %0, %0) {value=0.5, causal=false, align=top_left} : f32[2,3]\n  return out=%1\n"),
+      "line 3: attention: has no attribute 'value' (it reads scale, rsqrt_of, causal, align, window); an attention op's scale is its 'scale'");
+  expect_parse_error(one_input("f32[2,3]", "  %1 = exp(%0) {axis=1} : f32[2,3]\n  return out=%1\n"),
+                     "line 3: exp: has no attribute 'axis' (it reads none)");
 }
 
 TEST(Parser, AGraphWithoutOutputsRoundTrips) {

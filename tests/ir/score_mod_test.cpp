@@ -172,7 +172,13 @@ double evaluate(const ir::Graph& r, const std::vector<double>& in, std::string_v
       case ir::OpCategory::source: v.push_back(n.op == ir::Op::input ? in[v.size()] : n.attrs.value); break;
       case ir::OpCategory::unary: v.push_back(backend::apply_unary(n.op, at_in(0))); break;
       case ir::OpCategory::select: v.push_back(at_in(0) != 0 ? at_in(1) : at_in(2)); break;
-      default: v.push_back(backend::apply_binary(n.op, at_in(0), at_in(1)));
+      case ir::OpCategory::binary:
+      case ir::OpCategory::compare: v.push_back(backend::apply_binary(n.op, at_in(0), at_in(1))); break;
+      case ir::OpCategory::reduce:
+      case ir::OpCategory::contract:
+      case ir::OpCategory::layout:
+      case ir::OpCategory::mask:
+      case ir::OpCategory::composite: ADD_FAILURE() << "a modifier region holds only elementwise ops"; return 0.0;
     }
   }
   return v[static_cast<std::size_t>(r.output(output))];

@@ -49,7 +49,7 @@ TEST(ShapeErrors, BadOperandsAndAttributesAreNamed) {
   EXPECT_EQ(error_of([&] { g.add(Op::cast, {x}, to_i32); }),
             "cast: cast takes an f32, f16, bf16, i32 or bool tensor to f32, f16 or bf16 (operand 0 is f32[3,10]); operands f32[3,10]");
   Attrs p;
-  p.value = 1.0;
+  p.dropout = 1.0;
   EXPECT_EQ(error_of([&] {
               g.add(Op::dropout_mask, {x, seed}, p);
             }),
