@@ -583,11 +583,11 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
   if (reduction) {
     // Sums merged over several axes add in the order the separate sums did.
     const std::vector<int> order = root.op == Op::reduce_sum ? sum_order(g, k.root, k.inlined) : std::vector<int>{};
-    s = detail::axis_shader(detail::kernel_header(held, store.held), s + detail::axis_body(root.op, "qkv_chain(", ")", target, order, store), target);
+    s = detail::axis_shader(detail::kernel_header(held, store.held, target), s + detail::axis_body(root.op, "qkv_chain(", ")", target, order, store), target);
   } else if (!rows.empty()) {
-    s = detail::axis_shader(detail::kernel_header(held, store.held), s + detail::row_body(rows, "qkv_chain", target, store), target);
+    s = detail::axis_shader(detail::kernel_header(held, store.held, target), s + detail::row_body(rows, "qkv_chain", target, store), target);
   } else {
-    s = detail::kernel_header(held, store.held) + s + "void main() {\n" + detail::linear_index() + "  y[i] = " + store("qkv_chain(i)") + ";\n}\n";
+    s = detail::kernel_header(held, store.held, target) + s + "void main() {\n" + detail::linear_index() + "  y[i] = " + store("qkv_chain(i)") + ";\n}\n";
   }
   return {fused_name(g, k, target) + store.suffix(held), s, operands + 1};
 }
@@ -624,7 +624,7 @@ KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::v
     l = detail::axis_launch(outer, axis, inner, target);
   } else {
     l.push = {detail::push_word(cs.numel())};
-    l.groups = detail::elementwise_groups(cs.numel());
+    l.groups = detail::elementwise_groups(cs.numel(), target);
   }
   for (int d = 0; d < cs.rank; ++d) l.push.push_back(detail::push_word(cs[d]));
   for (ValueId in : k.operands) {

@@ -38,7 +38,7 @@ std::string float_literal(double v) {
 
 /// The GLSL expression of each elementwise op over operands a, b (and condition c for where).
 std::string elementwise_expr(Op op) {
-#define QKV_GLSL_EXPR(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
+#define QKV_GLSL_EXPR(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, host, glsl, ...) \
   if (op == Op::id) return glsl;
   QKV_UNARY_OPS(QKV_GLSL_EXPR)
   QKV_BINARY_OPS(QKV_GLSL_EXPR)
@@ -74,8 +74,8 @@ std::vector<std::string> operand_names(Op op, int arity) {
 }
 
 /// A kernel's declarations: buffers x0, x1, ... holding `inputs` and y holding `out`
-/// (detail::held_element), the push constants, and the workgroup's size.
-std::string header(const std::vector<DType>& inputs, DType out = DType::f32, std::uint32_t local_x = kWorkgroupSize, std::uint32_t local_y = 1) {
+/// (detail::held_element), the push constants, and the workgroup's size (Target::invocations).
+std::string header(const std::vector<DType>& inputs, DType out, std::uint32_t local_x, std::uint32_t local_y = 1) {
   std::string s = "#version 450\n";
   if (is_half(out) || std::any_of(inputs.begin(), inputs.end(), [](DType t) { return is_half(t); }))
     s += "#extension GL_EXT_shader_16bit_storage : require\n";
@@ -87,7 +87,7 @@ std::string header(const std::vector<DType>& inputs, DType out = DType::f32, std
   s += "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
   return s;
 }
-std::string header(int inputs, std::uint32_t local_x = kWorkgroupSize, std::uint32_t local_y = 1) {
+std::string header(int inputs, std::uint32_t local_x, std::uint32_t local_y = 1) {
   return header(std::vector<DType>(static_cast<std::size_t>(inputs), DType::f32), DType::f32, local_x, local_y);
 }
 
@@ -234,8 +234,9 @@ const char* kLinearIndex =
     "  uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;\n"
     "  if (i >= pc.p[0]) return;\n";
 
-std::array<std::uint32_t, 3> linear_groups(std::int64_t total) {
-  std::int64_t groups = (total + kWorkgroupSize - 1) / kWorkgroupSize;
+/// Workgroups of `invocations` for `total` invocations: past 65535 along x, rows along y.
+std::array<std::uint32_t, 3> linear_groups(std::int64_t total, std::uint32_t invocations) {
+  std::int64_t groups = (total + invocations - 1) / invocations;
   if (groups == 0) groups = 1;
   std::int64_t x = groups < 65535 ? groups : 65535;
   return {static_cast<std::uint32_t>(x), static_cast<std::uint32_t>((groups + x - 1) / x), 1};
@@ -332,11 +333,11 @@ std::string axis_body_per_invocation(Op op, const std::string& open, const std::
 
 /// The declarations a kernel sharing rows across lanes needs: the mode (p[3]), kRows, and
 /// qkv_sum / qkv_max over the lanes sharing a row (axis_body_per_subgroup).
-std::string subgroup_row_helpers(std::uint32_t rows) {
+std::string subgroup_row_helpers(std::uint32_t rows, std::uint32_t invocations) {
   std::string s = "// p[0] = rows (outer * inner), p[1] = n (the reduced axis), p[2] = inner,\n"
                   "// p[3] = 0: an invocation per row, 1: a subgroup per row, 2: a workgroup per row\n";
   s += "const uint kRows = " + std::to_string(rows) + "u;  // per workgroup with a subgroup per row\n";
-  s += "shared float qkv_partial[" + std::to_string(kWorkgroupSize) + "];\n";
+  s += "shared float qkv_partial[" + std::to_string(invocations) + "];  // one per subgroup, at most\n";
   s += "uint mode;  // uniform: a push constant\n";
   for (const std::string f : {"Add", "Max"}) {
     const std::string combine = f == "Add" ? "x += qkv_partial[s];" : "x = max(x, qkv_partial[s]);";
@@ -381,11 +382,11 @@ std::string subgroup_row_loop() {
 /// combined through shared memory. NaN propagates as the reference has it: a lane that saw one
 /// makes the row's max NaN (through a flag's max: GLSL's max is not defined for NaN), and a
 /// softmax row of -inf gives zeros.
-std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, std::uint32_t rows, const std::vector<int>& sum_order,
-                                   const detail::Store& out) {
+std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, const Target& target, std::uint32_t rows,
+                                   const std::vector<int>& sum_order, const detail::Store& out) {
   auto read = [&](const std::string& index) { return open + index + close; };
   const std::string lanes = "for (uint k = lane; k < n; k += step)";
-  std::string s = subgroup_row_helpers(rows);
+  std::string s = subgroup_row_helpers(rows, target.invocations);
   s += "void main() {\n" + subgroup_row_loop();
   const std::string max_pass = "    float m;\n" + max_row("m", lanes, read("base + k * inner"), true, "    ");
   QKV_ASSERT(op == Op::reduce_sum || op == Op::reduce_max || op == Op::softmax, "not an axis op");
@@ -411,16 +412,16 @@ std::string axis_body_per_subgroup(Op op, const std::string& open, const std::st
 /// rows/*: R4096_C256 11 ms against 29, R512_C4096 23 against 47, R16384_C32 6 against 32):
 /// its SIMD lanes already take 8 rows at once, and each subgroup operation is a shuffle
 /// sequence.
-bool subgroup_rows_kernel(const Target& t) { return t.subgroup_reductions && t.subgroup_size > 0 && !t.cpu; }
+bool subgroup_rows_kernel(const Target& t) { return t.subgroup_reductions && t.subgroup_size > 0 && !t.cpu_device; }
 
-/// Rows per workgroup of the subgroup kernel: one per subgroup of kWorkgroupSize invocations.
-std::uint32_t subgroup_rows(const Target& t) { return std::max<std::uint32_t>(kWorkgroupSize / t.subgroup_size, 1); }
+/// Rows per workgroup of the subgroup kernel: one per subgroup of the workgroup's invocations.
+std::uint32_t subgroup_rows(const Target& t) { return std::max<std::uint32_t>(t.invocations / t.subgroup_size, 1); }
 
 }  // namespace
 
 std::string detail::axis_body(Op op, const std::string& open, const std::string& close, const Target& target, const std::vector<int>& sum_order,
                               const Store& store) {
-  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, subgroup_rows(target), sum_order, store);
+  if (subgroup_rows_kernel(target)) return axis_body_per_subgroup(op, open, close, target, subgroup_rows(target), sum_order, store);
   return axis_body_per_invocation(op, open, close, sum_order, store);
 }
 
@@ -432,7 +433,7 @@ std::string detail::row_body(const std::vector<RowReduction>& reductions, const 
   const bool lanes = subgroup_rows_kernel(target);
   std::string s;
   if (lanes) {
-    s = subgroup_row_helpers(subgroup_rows(target)) + "void main() {\n" + subgroup_row_loop();
+    s = subgroup_row_helpers(subgroup_rows(target), target.invocations) + "void main() {\n" + subgroup_row_loop();
   } else {
     s = "// p[0] = outer * inner (rows), p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
         "  uint n = pc.p[1], inner = pc.p[2], lane = 0u, step = 1u;\n  {\n    uint base = (i / inner) * n * inner + i % inner;\n";
@@ -468,9 +469,9 @@ KernelLaunch detail::axis_launch(std::int64_t outer, std::int64_t n, std::int64_
   l.push = {push_word(rows), push_word(n), push_word(inner), mode};
   if (mode == 1) {
     const std::int64_t per_group = subgroup_rows(target);
-    l.groups = linear_groups((rows + per_group - 1) / per_group * kWorkgroupSize);
+    l.groups = linear_groups((rows + per_group - 1) / per_group * target.invocations, target.invocations);
   } else {
-    l.groups = linear_groups(mode == 2 ? rows * kWorkgroupSize : rows);
+    l.groups = linear_groups(mode == 2 ? rows * target.invocations : rows, target.invocations);
   }
   return l;
 }
@@ -491,9 +492,7 @@ std::string detail::elementwise_expression(Op op, const std::vector<std::string>
   return substitute(elementwise_expr(op), operand_names(op, static_cast<int>(operands.size())), operands);
 }
 
-std::string detail::kernel_header(int inputs) { return header(inputs); }
-
-std::string detail::kernel_header(const std::vector<DType>& inputs, DType out) { return header(inputs, out); }
+std::string detail::kernel_header(const std::vector<DType>& inputs, DType out, const Target& target) { return header(inputs, out, target.invocations); }
 
 std::string detail::Store::operator()(const std::string& value) const { return narrowed(held, rounded_value(rounded, value)); }
 
@@ -514,7 +513,7 @@ std::vector<Op> detail::Store::rounds() const {
 
 std::string detail::linear_index() { return kLinearIndex; }
 
-std::array<std::uint32_t, 3> detail::elementwise_groups(std::int64_t total) { return linear_groups(total); }
+std::array<std::uint32_t, 3> detail::elementwise_groups(std::int64_t total, const Target& target) { return linear_groups(total, target.invocations); }
 
 namespace {
 /// The helper functions of the ops `uses` names, each once.
@@ -638,7 +637,7 @@ std::optional<std::string> interval_end(Op op) {
   auto expr = [&](auto f, const char* glsl) {
     return "a <= " + float_literal(start) + " ? " + float_literal(f(start)) + " : a == iv_inf() ? " + float_literal(f(inf)) + " : " + glsl;
   };
-#define QKV_INTERVAL_END(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, cases_of, doc, host, glsl, ...) \
+#define QKV_INTERVAL_END(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, host, glsl, ...) \
   if (op == Op::id) return expr([](double x) { return host; }, glsl);
   QKV_UNARY_OPS(QKV_INTERVAL_END)
 #undef QKV_INTERVAL_END
@@ -727,7 +726,7 @@ namespace {
 /// An elementwise op (or a permute, or a cast between 32-bit types) on its own: operands and
 /// output in the dtypes their storage holds (held_dtype: 16-bit inputs read in place, an output
 /// narrowed into its cast's 16-bit storage), widened and narrowed as they are loaded and stored.
-KernelSource elementwise_source(const ir::Graph& g, ir::ValueId v) {
+KernelSource elementwise_source(const ir::Graph& g, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
   int rank = n.shape.rank;
   int arity = static_cast<int>(n.inputs.size());
@@ -735,7 +734,7 @@ KernelSource elementwise_source(const ir::Graph& g, ir::ValueId v) {
   std::vector<DType> held;
   for (ir::ValueId in : n.inputs) held.push_back(held_dtype(g, in));
   const detail::Store store{DType::f32, held_dtype(g, v)};
-  std::string s = header(held, store.held);
+  std::string s = header(held, store.held, target.invocations);
   const std::vector<Op> rounds = store.rounds();
   s += helpers_for([&](Op op) { return op == n.op || std::find(rounds.begin(), rounds.end(), op) != rounds.end(); });
   s += "// p[0] = elements, p[1..rank] = output dims, then each operand's strides\n";
@@ -775,10 +774,10 @@ constexpr std::int64_t kCastElements = 8;
 /// are contiguous; each invocation converts kCastElements in a row (fewer invocations: lavapipe
 /// pays per invocation). A narrowing cast rounds to nearest even first (the value itself is then
 /// exact in 16 bits, whatever the device's conversion rounds to).
-KernelSource cast16_source(const ir::Graph& g, const Node& n) {
+KernelSource cast16_source(const ir::Graph& g, const Node& n, const Target& target) {
   const DType from = g.node(n.inputs[0]).dtype, to = n.dtype;
   std::string s = "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n";
-  s += "layout(local_size_x = " + std::to_string(kWorkgroupSize) + ", local_size_y = 1) in;\n";
+  s += "layout(local_size_x = " + std::to_string(target.invocations) + ", local_size_y = 1) in;\n";
   s += "layout(std430, binding = 0) readonly buffer In0 { " + std::string(detail::held_element(from)) + " x0[]; };\n";
   s += "layout(std430, binding = 1) writeonly buffer Out { " + std::string(detail::held_element(to)) + " y[]; };\n";
   s += "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
@@ -793,20 +792,20 @@ KernelSource cast16_source(const ir::Graph& g, const Node& n) {
   return {"cast_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)), s, 2};
 }
 
-KernelSource constant_source() {
-  std::string s = header(0) + "// p[0] = elements, p[1] = the value's float bits\nvoid main() {\n" + kLinearIndex +
+KernelSource constant_source(const Target& target) {
+  std::string s = header(0, target.invocations) + "// p[0] = elements, p[1] = the value's float bits\nvoid main() {\n" + kLinearIndex +
                   "  y[i] = uintBitsToFloat(pc.p[1]);\n}\n";
   return {"constant", s, 1};
 }
 
-KernelSource one_hot_source() {
-  std::string s = header(1) + "// p[0] = elements, p[1] = depth\nvoid main() {\n" + kLinearIndex +
+KernelSource one_hot_source(const Target& target) {
+  std::string s = header(1, target.invocations) + "// p[0] = elements, p[1] = depth\nvoid main() {\n" + kLinearIndex +
                   "  y[i] = x0[i / pc.p[1]] == float(i % pc.p[1]) ? 1.0 : 0.0;\n}\n";
   return {"one_hot", s, 2};
 }
 
-KernelSource embedding_source() {
-  std::string s = header(2) +
+KernelSource embedding_source(const Target& target) {
+  std::string s = header(2, target.invocations) +
                   "// x0 = ids, x1 = the table; p[0] = elements, p[1] = row width, p[2] = the table's rows\n"
                   "void main() {\n" + kLinearIndex +
                   "  const int id = int(x0[i / pc.p[1]]);\n"
@@ -814,8 +813,8 @@ KernelSource embedding_source() {
   return {"embedding", s, 3};
 }
 
-KernelSource causal_mask_source() {
-  std::string s = header(1) +
+KernelSource causal_mask_source(const Target& target) {
+  std::string s = header(1, target.invocations) +
                   "// p[0] = elements, p[1] = Lk, p[2] = shift (Lk - Lq for bottom-right, else 0) as int bits,\n"
                   "// p[3] = sliding window (0: none)\n"
                   "void main() {\n" +
@@ -827,8 +826,8 @@ KernelSource causal_mask_source() {
 }
 
 /// Slices and joins along one axis, the tensors seen as [outer, n, inner].
-KernelSource slice_source() {
-  std::string s = header(1) + "// p[0] = elements, p[1] = inner, p[2] = n out, p[3] = n in, p[4] = begin\nvoid main() {\n" +
+KernelSource slice_source(const Target& target) {
+  std::string s = header(1, target.invocations) + "// p[0] = elements, p[1] = inner, p[2] = n out, p[3] = n in, p[4] = begin\nvoid main() {\n" +
                   kLinearIndex +
                   "  uint inner = pc.p[1], per = pc.p[2] * inner;\n"
                   "  uint o = i / per, j = (i % per) / inner, r = i % inner;\n"
@@ -836,8 +835,8 @@ KernelSource slice_source() {
   return {"slice", s, 2};
 }
 
-KernelSource concat_source() {
-  std::string s = header(2) + "// p[0] = elements, p[1] = inner, p[2] = n of a, p[3] = n of b\nvoid main() {\n" + kLinearIndex +
+KernelSource concat_source(const Target& target) {
+  std::string s = header(2, target.invocations) + "// p[0] = elements, p[1] = inner, p[2] = n of a, p[3] = n of b\nvoid main() {\n" + kLinearIndex +
                   "  uint inner = pc.p[1], na = pc.p[2], nb = pc.p[3], per = (na + nb) * inner;\n"
                   "  uint o = i / per, j = (i % per) / inner, r = i % inner;\n"
                   "  y[i] = j < na ? x0[(o * na + j) * inner + r] : x1[(o * nb + j - na) * inner + r];\n}\n";
@@ -845,8 +844,8 @@ KernelSource concat_source() {
 }
 
 /// cache_write as a copy: every element of the cache, from the new rows where they are written.
-KernelSource cache_write_source() {
-  std::string s = header(3) +
+KernelSource cache_write_source(const Target& target) {
+  std::string s = header(3, target.invocations) +
                   "// x0 = the cache, x1 = the new rows, x2[0] = start; p[0] = elements, p[1] = inner, p[2] = the cache's rows, p[3] = the new rows\n"
                   "void main() {\n" + kLinearIndex +
                   "  const uint inner = pc.p[1], rows = pc.p[2], fresh = pc.p[3];\n"
@@ -857,8 +856,8 @@ KernelSource cache_write_source() {
 
 /// cache_write in place (ir::writes_into_operand): y is the cache's own storage; only the new
 /// rows are written, one invocation per new element.
-KernelSource cache_write_in_place_source() {
-  std::string s = header(3) +
+KernelSource cache_write_in_place_source(const Target& target) {
+  std::string s = header(3, target.invocations) +
                   "// x0 = the cache (y is its storage; not read), x1 = the new rows, x2[0] = start; p[0] = the new rows' elements,\n"
                   "// p[1] = inner, p[2] = the cache's rows, p[3] = the new rows\n"
                   "void main() {\n" + kLinearIndex +
@@ -868,14 +867,14 @@ KernelSource cache_write_in_place_source() {
   return {"cache_write_in_place", s, 4};
 }
 
-KernelSource iota_source() {
-  std::string s = header(1) + "// p[0] = elements, p[1] = inner, p[2] = the axis' size\nvoid main() {\n" + kLinearIndex +
+KernelSource iota_source(const Target& target) {
+  std::string s = header(1, target.invocations) + "// p[0] = elements, p[1] = inner, p[2] = the axis' size\nvoid main() {\n" + kLinearIndex +
                   "  y[i] = float((i / pc.p[1]) % pc.p[2]);\n}\n";
   return {"iota", s, 2};
 }
 
-KernelSource dropout_mask_source() {
-  std::string s = header(2) +
+KernelSource dropout_mask_source(const Target& target) {
+  std::string s = header(2, target.invocations) +
                   "// p[0] = elements, p[1] = drop threshold (2^32 p), p[2] = the kept value's float bits; x1[0] = seed\n" +
                   detail::philox_function() + "void main() {\n" + kLinearIndex +
                   "  y[i] = qkv_philox(i, uint(x1[0])) >= pc.p[1] ? uintBitsToFloat(pc.p[2]) : 0.0;\n}\n";
@@ -893,7 +892,7 @@ KernelSource axis_source(const ir::Graph& g, ir::ValueId v, const Target& target
   const std::string read = detail::widened(in, "x0[@]"), helpers = detail::math_helpers_of(store.rounds());
   const std::size_t at = read.find('@');
   return {std::string(ir::op_name(op)) + store.suffix({in}),
-          detail::axis_shader(header({in}, store.held), helpers + detail::axis_body(op, read.substr(0, at), read.substr(at + 1), target, {}, store), target),
+          detail::axis_shader(header({in}, store.held, target.invocations), helpers + detail::axis_body(op, read.substr(0, at), read.substr(at + 1), target, {}, store), target),
           2};
 }
 
@@ -961,22 +960,7 @@ namespace {
 
 /// The operand slots of a flash kernel that it reads as rows through a row stride: q, k and v
 /// (q and k for the lse), and dy for the gradients.
-bool strided_slot(const Node& reader, std::size_t slot) {
-  switch (reader.op) {
-    case Op::attention_lse:
-    case Op::masked_attention_lse:
-    case Op::flex_attention_lse: return slot < 2;
-    case Op::attention_grad:
-    case Op::masked_attention_grad:
-    case Op::flex_attention_grad: return slot < 4;
-    case Op::attention:
-    case Op::masked_attention:
-    case Op::flex_attention: return slot < 3;
-    QKV_PRIMITIVE_CASES
-    QKV_COMPOSITE_CASES return false;  // not a flash kernel
-  }
-  return false;
-}
+bool strided_slot(const Node& reader, std::size_t slot) { return ir::attention_roles(reader.op).streamed(slot); }
 
 /// The nodes that read v, with the operand slot, once per slot (readers come after v).
 std::vector<std::pair<ir::ValueId, std::size_t>> readers_of(const ir::Graph& g, ir::ValueId v) {
@@ -1019,7 +1003,7 @@ bool half_view(const ir::Graph& g, ir::ValueId v) {
 
 ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v) {
   const Node& n = g.node(v);
-  const bool flash = (n.op == Op::attention || n.op == Op::masked_attention || n.op == Op::flex_attention) && detail::attention_fits(n);
+  const bool flash = ir::attention_roles(n.op).forward() && detail::attention_fits(n);
   // An elementwise node or reduction read only by the cast is the root of its kernel (a cast16
   // reads its operand from memory), unless it is a view.
   const bool stores = (elementwise(g, n) || axis_reduction(n)) && !exact_round(g, v) && !half_view(g, v);
@@ -1067,8 +1051,13 @@ bool rounded_to(const ir::Graph& g, ir::ValueId v, DType dtype) {
     case Op::neg: return rounded_to(g, n.inputs[0], dtype);
     case Op::concat: return rounded_to(g, n.inputs[0], dtype) && rounded_to(g, n.inputs[1], dtype);
     case Op::where: return rounded_to(g, n.inputs[1], dtype) && rounded_to(g, n.inputs[2], dtype);
-    default: return false;
+    case Op::exp: case Op::log: case Op::sqrt: case Op::tanh: case Op::erf: case Op::sin: case Op::cos: case Op::softplus:
+    case Op::round_f16: case Op::round_bf16:  // of the other half dtype (its own is above)
+    case Op::cache_write:
+    QKV_SOURCE_CASES QKV_BINARY_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
+    QKV_COMPOSITE_CASES QKV_ATTENTION_CASES return false;  // computes new values (or holds an input as it came)
   }
+  QKV_UNREACHABLE("op");
 }
 
 bool exact_round(const ir::Graph& g, ir::ValueId v) {
@@ -1085,8 +1074,12 @@ bool exact_round(const ir::Graph& g, ir::ValueId v) {
     case Op::cast:
     case Op::round_f16:
     case Op::round_bf16: return rounded_to(g, n.inputs[0], n.op == Op::round_f16 ? DType::f16 : DType::bf16);
-    default: return false;
+    case Op::neg: case Op::exp: case Op::log: case Op::sqrt: case Op::tanh: case Op::erf: case Op::sin: case Op::cos: case Op::softplus:
+    case Op::broadcast_to: case Op::cache_write:
+    QKV_SOURCE_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
+    QKV_COMPOSITE_CASES QKV_ATTENTION_CASES return false;
   }
+  QKV_UNREACHABLE("op");
 }
 
 namespace detail {
@@ -1192,27 +1185,27 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
 KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
   switch (n.op) {
-    case Op::constant: return constant_source();
+    case Op::constant: return constant_source(target);
     QKV_UNARY_CASES
     QKV_BINARY_CASES
     QKV_COMPARE_CASES
     case Op::cast:
-      if (cast16(g, n)) return cast16_source(g, n);
-      return elementwise_source(g, v);
+      if (cast16(g, n)) return cast16_source(g, n, target);
+      return elementwise_source(g, v, target);
     case Op::where:
     case Op::broadcast_to:
-    case Op::permute: return elementwise_source(g, v);
-    case Op::slice: return slice_source();
-    case Op::concat: return concat_source();
-    case Op::cache_write: return ir::writes_into_operand(g, v) ? cache_write_in_place_source() : cache_write_source();
-    case Op::iota: return iota_source();
-    case Op::dropout_mask: return dropout_mask_source();
-    case Op::one_hot: return one_hot_source();
-    case Op::embedding: return embedding_source();
+    case Op::permute: return elementwise_source(g, v, target);
+    case Op::slice: return slice_source(target);
+    case Op::concat: return concat_source(target);
+    case Op::cache_write: return ir::writes_into_operand(g, v) ? cache_write_in_place_source(target) : cache_write_source(target);
+    case Op::iota: return iota_source(target);
+    case Op::dropout_mask: return dropout_mask_source(target);
+    case Op::one_hot: return one_hot_source(target);
+    case Op::embedding: return embedding_source(target);
     QKV_REDUCE_CASES
     case Op::softmax: return axis_source(g, v, target);
     case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, v, true));
-    case Op::causal_mask: return causal_mask_source();
+    case Op::causal_mask: return causal_mask_source(target);
     QKV_ATTENTION_CASES {
       std::vector<DType> held;  // q, k, v, dy
       for (std::size_t k = 0; k < std::min<std::size_t>(n.inputs.size(), 4); ++k) held.push_back(held_dtype(g, n.inputs[k]));
@@ -1235,18 +1228,18 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
   KernelLaunch l;
   if (cast16(g, n)) {
     l.push = {push_word(os.numel())};
-    l.groups = linear_groups((os.numel() + kCastElements - 1) / kCastElements);
+    l.groups = linear_groups((os.numel() + kCastElements - 1) / kCastElements, target.invocations);
     return l;
   }
   switch (n.op) {
     case Op::constant:
       l.push = {push_word(os.numel()), std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, n, shapes)))};
-      l.groups = linear_groups(os.numel());
+      l.groups = linear_groups(os.numel(), target.invocations);
       return l;
     case Op::causal_mask: {
       std::int64_t shift = n.attrs.align == ir::CausalAlign::bottom_right ? os[1] - os[0] : 0;
       l.push = {push_word(os.numel()), push_word(os[1]), static_cast<std::uint32_t>(static_cast<std::int32_t>(shift)), push_word(n.attrs.window)};
-      l.groups = linear_groups(os.numel());
+      l.groups = linear_groups(os.numel(), target.invocations);
       return l;
     }
     case Op::slice:
@@ -1260,19 +1253,19 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       else if (n.op == Op::cache_write && ir::writes_into_operand(g, v)) {
         const std::int64_t fresh = in_shape(1).numel();
         l.push = {push_word(fresh), push_word(inner), push_word(xs[n.attrs.axis]), push_word(in_shape(1)[n.attrs.axis])};
-        l.groups = linear_groups(fresh);
+        l.groups = linear_groups(fresh, target.invocations);
         return l;
       }
       else if (n.op == Op::concat || n.op == Op::cache_write)
         l.push = {push_word(os.numel()), push_word(inner), push_word(xs[n.attrs.axis]), push_word(in_shape(1)[n.attrs.axis])};
       else l.push = {push_word(os.numel()), push_word(inner), push_word(os[n.attrs.axis])};
-      l.groups = linear_groups(os.numel());
+      l.groups = linear_groups(os.numel(), target.invocations);
       return l;
     }
     case Op::dropout_mask:
-      l.push = {push_word(os.numel()), ir::dropout_threshold(n.attrs.value),
-                std::bit_cast<std::uint32_t>(static_cast<float>(ir::dropout_keep_value(n.attrs.value)))};
-      l.groups = linear_groups(os.numel());
+      l.push = {push_word(os.numel()), ir::dropout_threshold(n.attrs.dropout),
+                std::bit_cast<std::uint32_t>(static_cast<float>(ir::dropout_keep_value(n.attrs.dropout)))};
+      l.groups = linear_groups(os.numel(), target.invocations);
       return l;
     QKV_UNARY_CASES
     QKV_BINARY_CASES
@@ -1293,7 +1286,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
         }
         for (int d = 0; d < os.rank; ++d) l.push.push_back(push_word(st[static_cast<std::size_t>(d)]));
       }
-      l.groups = linear_groups(os.numel());
+      l.groups = linear_groups(os.numel(), target.invocations);
       return l;
     }
     QKV_REDUCE_CASES
@@ -1307,13 +1300,13 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
     case Op::matmul: return detail::matmul_launch(n, shapes, os, target, detail::matmul_dtypes(g, v, true));
     case Op::one_hot:
       l.push = {push_word(os.numel()), push_word(n.attrs.depth)};
-      l.groups = linear_groups(os.numel());
+      l.groups = linear_groups(os.numel(), target.invocations);
       return l;
     case Op::embedding: {
       const Shape& table = in_shape(1);
       const std::int64_t width = table[0] == 0 ? 0 : table.numel() / table[0];
       l.push = {push_word(os.numel()), push_word(std::max<std::int64_t>(width, 1)), push_word(table[0])};
-      l.groups = linear_groups(os.numel());
+      l.groups = linear_groups(os.numel(), target.invocations);
       return l;
     }
     QKV_ATTENTION_CASES return detail::attention_launch(g, v, shapes, target);

@@ -16,7 +16,6 @@ namespace qkv::codegen {
 
 /// Push constants are 32 uint words (the 128 bytes every Vulkan device offers).
 inline constexpr int kMaxPushWords = 32;
-inline constexpr std::uint32_t kWorkgroupSize = 256;
 
 struct KernelSource {
   std::string name;  // e.g. "binary_add_r3"; a family (flex attention kernels of different
@@ -49,18 +48,22 @@ struct MatmulGeometry {
 /// from it, and so is which matmul kernel runs (the one source that depends on the device); the
 /// rest of the GLSL is device-independent, and every source is cached by content.
 struct Target {
-  /// A CPU device (lavapipe): few, wide invocations that keep several rows each, since every
-  /// shared-memory read is scalarised per lane. Otherwise a GPU: many invocations with one row
-  /// each, so that the device has enough warps to hide memory latency and no row spills
-  /// registers.
-  bool cpu = true;
+  /// A Vulkan device that is a CPU (lavapipe): few, wide invocations that keep several rows
+  /// each, since every shared-memory read is scalarised per lane. Otherwise a GPU: many
+  /// invocations with one row each, so that the device has enough warps to hide memory latency
+  /// and no row spills registers.
+  bool cpu_device = true;
   /// Shared memory a workgroup may use (maxComputeSharedMemorySize; 16 KiB on every device).
   std::int64_t shared_bytes = 16384;
-  /// Overrides of the flash-attention geometry for tuning experiments (0: chosen from `cpu`):
+  /// Overrides of the flash-attention geometry for tuning experiments (0: chosen from `cpu_device`):
   /// invocations per workgroup, rows per invocation, and the most rows per shared tile.
   std::uint32_t attention_invocations = 0, attention_rows = 0, attention_tile = 0;
   /// Invocations a workgroup may have (maxComputeWorkGroupInvocations; at least 128).
   std::uint32_t max_invocations = 128;
+  /// Invocations per workgroup of the elementwise, layout, reduction and softmax kernels (the
+  /// fused ones too): 256 by default (no device: `qkv dump --glsl`); for a device, choose_kernels
+  /// takes the largest power of two it allows up to 256 (at least 128 on every Vulkan device).
+  std::uint32_t invocations = 256;
   /// Invocations per subgroup where kernels may broadcast within one (subgroupBroadcast), or 0.
   std::uint32_t subgroup_size = 0;
   /// Reductions and softmax give each row a subgroup, combined by subgroupAdd and subgroupMax

@@ -72,17 +72,16 @@ std::string row_body(const std::vector<RowReduction>& reductions, const std::str
 std::string axis_shader(const std::string& header, const std::string& body, const Target& target);
 /// Push constants and workgroups of axis_body's kernel for these sizes.
 KernelLaunch axis_launch(std::int64_t outer, std::int64_t n, std::int64_t inner, const Target& target);
-/// The buffer and push-constant declarations of a kernel reading `inputs` buffers x0, x1, ...
-/// and writing y, with 256 invocations along x.
-std::string kernel_header(int inputs);
-/// The same where the buffers hold `inputs` and `out` (held_element: 16-bit ones with
-/// GL_EXT_shader_16bit_storage); a kernel reads x<k> through widened and stores through a Store.
-std::string kernel_header(const std::vector<DType>& inputs, DType out);
+/// The buffer and push-constant declarations of a kernel reading buffers x0, x1, ... that hold
+/// `inputs` and writing y that holds `out` (held_element: 16-bit ones with
+/// GL_EXT_shader_16bit_storage), with the target's invocations along x (Target::invocations); a
+/// kernel reads x<k> through widened and stores through a Store.
+std::string kernel_header(const std::vector<DType>& inputs, DType out, const Target& target);
 /// The statements that give an elementwise kernel its element `i` (p[0] = elements) and return
 /// past the last.
 std::string linear_index();
 /// Workgroups of kernel_header's kernels for `total` elements (past 65535 along x, rows along y).
-std::array<std::uint32_t, 3> elementwise_groups(std::int64_t total);
+std::array<std::uint32_t, 3> elementwise_groups(std::int64_t total, const Target& target);
 /// How a buffer holds values of `t` (GL_EXT_shader_16bit_storage for the 16-bit ones): f16 as
 /// float16_t, bf16 as the high half of an f32 in a uint16_t, every other dtype as float.
 const char* held_element(DType t);

@@ -81,7 +81,7 @@ LaneTile lanes_tile(std::int64_t m, std::int64_t n, std::uint32_t sg) {
 /// rewriter overflows its stack on it, so wider subgroups take the tiled kernel.
 bool uses_lanes(const Target& target) {
   const std::uint32_t sg = target.subgroup_size;
-  return target.cpu && target.matmul.invocations == 0 && sg >= 4 && sg <= 32 && (sg & (sg - 1)) == 0;
+  return target.cpu_device && target.matmul.invocations == 0 && sg >= 4 && sg <= 32 && (sg & (sg - 1)) == 0;
 }
 
 /// The operand and output buffers and push constants both matmul kernels declare, with the
@@ -159,8 +159,8 @@ std::string batch_offsets(int batch_rank) {
 
 MatmulGeometry matmul_geometry(const Target& target, std::int64_t m, std::int64_t n) {
   if (target.matmul.invocations) return target.matmul;
-  if (m <= 4) return target.cpu ? kCpuThin : kGpuThin;
-  if (target.cpu) return kCpuTile;
+  if (m <= 4) return target.cpu_device ? kCpuThin : kGpuThin;
+  if (target.cpu_device) return kCpuTile;
   // Every device offers 16 KiB of shared memory and 128 invocations; the big tile needs 256.
   const bool big = m >= 128 && n >= 128 && kGpuTile.invalid(target.shared_bytes, target.max_invocations).empty();
   return big ? kGpuTile : kGpuSmall;

@@ -5,7 +5,7 @@
 #include "codegen/spirv_needs.hpp"
 #include "ir/error.hpp"
 
-namespace qkv::backend::vk_detail {
+namespace qkv::backend::vulkan {
 
 namespace {
 
@@ -46,9 +46,14 @@ codegen::Target::CooperativeMatrix cooperative_choice(const DeviceProfile& d, co
 KernelChoices choose_kernels(const DeviceProfile& d, const VulkanOptions& o) {
   KernelChoices c;
   codegen::Target& t = c.target;
-  t.cpu = o.tuning == VulkanOptions::Tuning::automatic ? d.cpu : o.tuning == VulkanOptions::Tuning::cpu;
+  t.cpu_device = o.tuning == VulkanOptions::Tuning::automatic ? d.cpu_device : o.tuning == VulkanOptions::Tuning::cpu;
   t.shared_bytes = d.features.max_shared_memory;
   t.max_invocations = d.features.max_invocations;
+  // The elementwise, layout, reduction and softmax kernels' workgroups: 256 invocations, or the
+  // largest power of two the device allows (128 on a device at the specification's minimum).
+  const std::uint32_t allowed = std::min({d.features.max_invocations, d.features.max_workgroup_size[0], 256u});
+  t.invocations = 1;
+  while (t.invocations * 2 <= allowed) t.invocations *= 2;
   t.subgroup_size = d.subgroup_size;
   t.subgroup_reductions = o.subgroup_reductions && d.subgroup_arithmetic;
   if (o.attention_invocations > d.features.max_invocations)
@@ -184,18 +189,16 @@ std::vector<DeviceProfile> device_families() {
   mali.features.memory_model = mali.features.memory_model_device_scope = false;
   mali.features.extensions.erase("VK_KHR_vulkan_memory_model");
   all.push_back(mali);
-  // Near the least a Vulkan 1.1 device may offer (the specification's required limits): no
-  // subgroup operations in compute, no 16-bit storage or f16 arithmetic, 16 KiB of shared memory,
-  // 4 storage buffers a stage (kernels binding more are decomposed), 128 bytes of push constants,
-  // 2^27-byte buffers, 256-byte storage offsets; but 256 invocations, not 128: qkv's elementwise,
-  // reduction and softmax kernels have workgroups of 256 (kWorkgroupSize), which this family's
-  // test found at 128.
-  DeviceProfile least = gpu("a small Vulkan 1.1 GPU (no subgroups, no 16-bit storage, 16 KiB, 256 invocations, 4 buffers)", 0, 16);
+  // The least a Vulkan 1.1 device may offer (the specification's required limits): no subgroup
+  // operations in compute, no 16-bit storage or f16 arithmetic, 16 KiB of shared memory, 128
+  // invocations a workgroup, 4 storage buffers a stage (kernels binding more are decomposed), 128
+  // bytes of push constants, 2^27-byte buffers, 256-byte storage offsets.
+  DeviceProfile least = gpu("a small Vulkan 1.1 GPU (no subgroups, no 16-bit storage, 16 KiB, 128 invocations, 4 buffers)", 0, 16);
   least.features.storage_buffer_16bit = least.features.shader_float16 = false;
   least.features.memory_model = least.features.memory_model_device_scope = false;
   least.features.extensions.clear();
-  least.features.max_invocations = 256;
-  least.features.max_workgroup_size = {256, 256, 64};
+  least.features.max_invocations = 128;
+  least.features.max_workgroup_size = {128, 128, 64};
   least.features.max_storage_buffers = 4;
   least.features.max_storage_range = std::uint64_t{1} << 27;
   least.storage_offset_alignment = 256;
@@ -203,11 +206,11 @@ std::vector<DeviceProfile> device_families() {
   // lavapipe (Mesa's CPU device) at each subgroup size LP_NATIVE_VECTOR_WIDTH gives it.
   for (std::uint32_t sg : {4u, 8u, 16u}) {
     DeviceProfile lavapipe = gpu("lavapipe (subgroup " + std::to_string(sg) + ")", sg, 32);
-    lavapipe.cpu = true;
+    lavapipe.cpu_device = true;
     lavapipe.features.max_storage_buffers = 32;
     all.push_back(lavapipe);
   }
   return all;
 }
 
-}  // namespace qkv::backend::vk_detail
+}  // namespace qkv::backend::vulkan

@@ -19,11 +19,11 @@
 #include "codegen/spirv.hpp"
 #include "ir/passes/passes.hpp"
 
-namespace qkv::backend::vk_detail {
+namespace qkv::backend::vulkan {
 
 struct DeviceProfile {
   std::string name;                                     ///< the device's (or the family's) name
-  bool cpu = false;                                     ///< VK_PHYSICAL_DEVICE_TYPE_CPU (lavapipe)
+  bool cpu_device = false;                              ///< VK_PHYSICAL_DEVICE_TYPE_CPU (lavapipe)
   std::uint32_t subgroup_size = 0;                      ///< where compute shaders may use subgroups (ballot), else 0
   bool subgroup_arithmetic = false;                     ///< subgroupAdd, subgroupMax in compute shaders
   std::array<std::uint32_t, 3> cooperative_fragment{};  ///< f16 x f16 -> f32 fragment (M, N, K) enabled, all 0 for none
@@ -60,9 +60,9 @@ std::vector<std::uint32_t> device_spirv(const codegen::KernelSource& k, const De
 /// limits: vulkan.gpuinfo.org): NVIDIA (subgroups of 32, 48 KiB shared memory, NV cooperative
 /// matrices or none), AMD RDNA in wave32 and wave64 (64 KiB, KHR cooperative matrices), Intel Arc
 /// (subgroups of 8, 16 and 32), Apple through MoltenVK (32 KiB), Qualcomm Adreno and Arm Mali
-/// (small workgroups), a small Vulkan 1.1 device (no subgroups, no 16-bit storage, 16 KiB, 4 storage
-/// buffers a stage, 256 invocations: the specification allows 128, which qkv's elementwise kernels
-/// do not fit yet), and lavapipe at subgroups of 4, 8 and 16.
+/// (small workgroups), a Vulkan 1.1 device at the specification's minimums (no subgroups, no
+/// 16-bit storage, 16 KiB, 4 storage buffers a stage, 128 invocations), and lavapipe at
+/// subgroups of 4, 8 and 16.
 std::vector<DeviceProfile> device_families();
 
-}  // namespace qkv::backend::vk_detail
+}  // namespace qkv::backend::vulkan

@@ -23,9 +23,9 @@ namespace {
 
 using ir::Node;
 using ir::Op;
-using vk_detail::Buffer;
-using vk_detail::Context;
-using vk_detail::guarded;
+using vulkan::Buffer;
+using vulkan::Context;
+using vulkan::guarded;
 
 /// Host <-> staging conversion: device buffers hold every value, booleans too, as float.
 void write_staging(const Tensor& t, void* dst) {
@@ -404,9 +404,9 @@ class VulkanExecutable final : public ExecutableSkeleton {
   struct Kernel {
     ir::ValueId value;
     codegen::KernelSource source;
-    const vk_detail::Pipeline* pipeline;  // for the bound shapes when the kernel is specialized
-    int counter = -1;                     // its tile counter in counts_, when it counts
-    codegen::KernelGroup group;           // the nodes it computes and the values it reads
+    const vulkan::Pipeline* pipeline;  // for the bound shapes when the kernel is specialized
+    int counter = -1;                  // its tile counter in counts_, when it counts
+    codegen::KernelGroup group;        // the nodes it computes and the values it reads
   };
 
   std::shared_ptr<Context> ctx_;
@@ -434,7 +434,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
 class VulkanBackend final : public Backend {
  public:
   explicit VulkanBackend(const VulkanOptions& o) : ctx_(Context::get(o)), fuse_(o.fusion) {
-    const vk_detail::KernelChoices choices = vk_detail::choose_kernels(ctx_->profile(), o);
+    const vulkan::KernelChoices choices = vulkan::choose_kernels(ctx_->profile(), o);
     target_ = choices.target;
     fusion_limits_ = choices.fusion;
     half_inputs_ = choices.half_inputs;
@@ -443,7 +443,7 @@ class VulkanBackend final : public Backend {
   std::string device() const override { return ctx_->device_name(); }
   /// A kernel binding more storage buffers than the device allows per shader (a flex modifier
   /// reading many tensors) is decomposed where the op has a decomposition.
-  bool supports(const Node& n) const override { return vk_detail::device_supports(ctx_->profile(), n); }
+  bool supports(const Node& n) const override { return vulkan::device_supports(ctx_->profile(), n); }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
     if (!codegen::has_kernel(g, v, view_alignment(*ctx_))) {
       if (g.node(v).op == ir::Op::input) return "(input, uploaded)";
@@ -512,14 +512,14 @@ std::string vulkan_shaders(const ir::Graph& g, const VulkanOptions& options) {
   if (device) return device->shaders(g);
   // No device here: what a GPU of the most common family would run (NVIDIA's limits, without
   // cooperative matrices, whose kernels need f16 graphs).
-  const std::vector<vk_detail::DeviceProfile> families = vk_detail::device_families();
-  const auto gpu = std::find_if(families.begin(), families.end(), [](const auto& d) { return d.cooperative_fragment[0] == 0 && !d.cpu; });
+  const std::vector<vulkan::DeviceProfile> families = vulkan::device_families();
+  const auto gpu = std::find_if(families.begin(), families.end(), [](const auto& d) { return d.cooperative_fragment[0] == 0 && !d.cpu_device; });
   QKV_ASSERT(gpu != families.end(), "device_families() lists no GPU without cooperative matrices");
   VulkanOptions o = options;
   o.cooperative_matrix = VulkanOptions::CooperativeMatrix::off;
-  const vk_detail::KernelChoices choices = vk_detail::choose_kernels(*gpu, o);
+  const vulkan::KernelChoices choices = vulkan::choose_kernels(*gpu, o);
   const ir::Graph lowered = ir::lower_for_backend(
-      g, [&](const Node& n) { return vk_detail::device_supports(*gpu, n); }, choices.half_inputs);
+      g, [&](const Node& n) { return vulkan::device_supports(*gpu, n); }, choices.half_inputs);
   return "// No Vulkan device here: the shaders for a GPU like " + gpu->name + ",\n// storage offsets aligned to " +
          std::to_string(choices.fusion.view_alignment) + " bytes.\n" + codegen::emit_glsl(lowered, choices.fusion, choices.target, options.fusion);
 }
@@ -554,9 +554,9 @@ std::vector<VulkanDeviceInfo> vulkan_devices() {
     for (auto& d : vk::raii::PhysicalDevices(instance)) {
       VulkanDeviceInfo info;
       const auto p = d.getProperties();
-      const vk_detail::SubgroupSupport sub = vk_detail::subgroup_support(d);
+      const vulkan::SubgroupSupport sub = vulkan::subgroup_support(d);
       info.name = p.deviceName.data();
-      info.type = vk_detail::device_type_name(p.deviceType);
+      info.type = vulkan::device_type_name(p.deviceType);
       info.api = std::to_string(VK_API_VERSION_MAJOR(p.apiVersion)) + "." + std::to_string(VK_API_VERSION_MINOR(p.apiVersion));
       info.subgroup_size = sub.size;
       info.subgroup_arithmetic = sub.arithmetic;
@@ -577,10 +577,10 @@ std::vector<VulkanDeviceInfo> vulkan_devices() {
                              .get<vk::PhysicalDevice16BitStorageFeatures>()
                              .storageBuffer16BitAccess;
       info.cooperative_matrix = has("VK_KHR_cooperative_matrix") || has("VK_NV_cooperative_matrix");
-      const vk_detail::MemoryModelSupport model = vk_detail::memory_model_support(d);
+      const vulkan::MemoryModelSupport model = vulkan::memory_model_support(d);
       info.memory_model = model.model;
       info.memory_model_device_scope = model.device_scope;
-      const vk_detail::CooperativeOffer offer = vk_detail::offered_fragment(instance, d, false);
+      const vulkan::CooperativeOffer offer = vulkan::offered_fragment(instance, d, false);
       info.cooperative_fragment = offer.fragment;
       info.cooperative_khr = offer.khr;
       for (const auto& q : d.getQueueFamilyProperties())

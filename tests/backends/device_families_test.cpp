@@ -1,5 +1,5 @@
 // Every kernel qkv generates, under the limits of each GPU family users have: the same choices the
-// vulkan backend makes on such a device (vk_detail::choose_kernels from its DeviceProfile), each
+// vulkan backend makes on such a device (vulkan::choose_kernels from its DeviceProfile), each
 // kernel compiled, translated where the family has KHR cooperative matrices, validated by
 // SPIRV-Tools for its Vulkan version, and checked as a pipeline would be (invocations, shared
 // memory, storage buffers, push constants, capabilities, subgroup operations, cooperative-matrix
@@ -23,7 +23,7 @@
 namespace qkv {
 namespace {
 
-using backend::vk_detail::DeviceProfile;
+using backend::vulkan::DeviceProfile;
 
 struct Model {
   std::string name;
@@ -80,13 +80,13 @@ class DeviceFamily : public ::testing::TestWithParam<DeviceProfile> {};
 
 TEST_P(DeviceFamily, EveryKernelCompilesValidatesAndFits) {
   const DeviceProfile& device = GetParam();
-  const backend::vk_detail::KernelChoices choices = backend::vk_detail::choose_kernels(device, backend::VulkanOptions{});
+  const backend::vulkan::KernelChoices choices = backend::vulkan::choose_kernels(device, backend::VulkanOptions{});
   std::size_t kernels = 0, cooperative = 0;
   for (const Model& m : models()) {
     const std::string what = m.name + (m.backward ? " backward" : "") + " in " + std::string(dtype_name(m.dtype));
     SCOPED_TRACE(what);
     const ir::Graph lowered = ir::lower_for_backend(
-        build(m), [&](const ir::Node& n) { return backend::vk_detail::device_supports(device, n); }, choices.half_inputs);
+        build(m), [&](const ir::Node& n) { return backend::vulkan::device_supports(device, n); }, choices.half_inputs);
     for (const ir::Node& n : lowered.nodes()) ASSERT_FALSE(codegen::unsupported_reason(lowered, n)) << *codegen::unsupported_reason(lowered, n);
     std::map<std::string, std::int64_t> dims = m.dims;
     for (const auto& [name, size] : models::find_model(m.name).dims) dims.try_emplace(name, size);
@@ -101,7 +101,7 @@ TEST_P(DeviceFamily, EveryKernelCompilesValidatesAndFits) {
       codegen::SpirvNeeds needs;
       std::vector<std::uint32_t> spirv;
       try {
-        spirv = backend::vk_detail::device_spirv(source, device, codegen::SpirvOptimization::none, launch.specialization, &needs);
+        spirv = backend::vulkan::device_spirv(source, device, codegen::SpirvOptimization::none, launch.specialization, &needs);
       } catch (const Error& e) {
         ADD_FAILURE() << e.what();
         continue;
@@ -142,14 +142,14 @@ std::string test_name(const ::testing::TestParamInfo<DeviceProfile>& info) {
   return name + "_" + std::to_string(info.index);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DeviceFamily, ::testing::ValuesIn(backend::vk_detail::device_families()), test_name);
+INSTANTIATE_TEST_SUITE_P(Families, DeviceFamily, ::testing::ValuesIn(backend::vulkan::device_families()), test_name);
 
 TEST(DeviceFamilies, KernelsChosenForAnotherDeviceAreRefusedByName) {
   // lavapipe's choices on a device with a quarter of its shared memory and 64 invocations: the
   // flash kernels' tiles and the reductions' workgroups no longer fit, and device_spirv says so.
-  const std::vector<DeviceProfile> families = backend::vk_detail::device_families();
-  const DeviceProfile lavapipe = *std::find_if(families.begin(), families.end(), [](const DeviceProfile& d) { return d.cpu; });
-  const backend::vk_detail::KernelChoices choices = backend::vk_detail::choose_kernels(lavapipe, backend::VulkanOptions{});
+  const std::vector<DeviceProfile> families = backend::vulkan::device_families();
+  const DeviceProfile lavapipe = *std::find_if(families.begin(), families.end(), [](const DeviceProfile& d) { return d.cpu_device; });
+  const backend::vulkan::KernelChoices choices = backend::vulkan::choose_kernels(lavapipe, backend::VulkanOptions{});
   DeviceProfile smaller = lavapipe;
   smaller.name = "a smaller device";
   smaller.features.max_shared_memory = lavapipe.features.max_shared_memory / 4;
@@ -163,9 +163,9 @@ TEST(DeviceFamilies, KernelsChosenForAnotherDeviceAreRefusedByName) {
     if (group.fused()) continue;
     const codegen::KernelSource source = codegen::kernel_source(lowered, group.root, choices.target);
     const codegen::KernelLaunch launch = codegen::kernel_launch(lowered, group.root, shapes, choices.target);
-    EXPECT_NO_THROW(backend::vk_detail::device_spirv(source, lavapipe, codegen::SpirvOptimization::none, launch.specialization));
+    EXPECT_NO_THROW(backend::vulkan::device_spirv(source, lavapipe, codegen::SpirvOptimization::none, launch.specialization));
     try {
-      backend::vk_detail::device_spirv(source, smaller, codegen::SpirvOptimization::none, launch.specialization);
+      backend::vulkan::device_spirv(source, smaller, codegen::SpirvOptimization::none, launch.specialization);
     } catch (const BackendError& e) {
       ++refused;
       EXPECT_NE(std::string(e.what()).find("kernel " + source.name + " needs "), std::string::npos) << e.what();
@@ -179,7 +179,7 @@ TEST(DeviceFamilies, CoverTheLimitsUsersHave) {
   // cooperative matrices; devices without 16-bit storage or the Vulkan memory model.
   std::set<std::uint32_t> subgroups, shared;
   bool nv = false, khr = false, no16 = false, no_model = false, small = false;
-  for (const DeviceProfile& d : backend::vk_detail::device_families()) {
+  for (const DeviceProfile& d : backend::vulkan::device_families()) {
     subgroups.insert(d.subgroup_size);
     shared.insert(d.features.max_shared_memory / 1024);
     nv |= d.cooperative_fragment[0] != 0 && !d.cooperative_khr;

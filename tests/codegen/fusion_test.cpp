@@ -215,7 +215,7 @@ TEST(Fusion, TheLanesKernelCallsItsEpilogueOnceAtEverySubgroupSize) {
   for (std::uint32_t sg : {4u, 8u, 16u, 32u, 64u}) {
     SCOPED_TRACE(sg);
     Target t;
-    t.cpu = true;
+    t.cpu_device = true;
     t.subgroup_size = sg;
     const KernelSource k = fused_source(g, plan[0], t);
     // Past 32 lanes the tiled kernel (the unrolled tile overflowed the optimizer even so).
@@ -280,7 +280,7 @@ TEST(Fusion, SubgroupReductionsCompileAndCoverEveryRow) {
   g.set_output("p", g.add(Op::softmax, {e}, axis));
   g.set_output("e", e);
   Target t;
-  t.cpu = false;
+  t.cpu_device = false;
   t.subgroup_size = 8;
   t.subgroup_reductions = true;
   const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {37, 8})}});
@@ -300,7 +300,7 @@ TEST(Fusion, SubgroupReductionsCompileAndCoverEveryRow) {
     EXPECT_EQ(short_rows.push[3], 0u);
     EXPECT_EQ(short_rows.groups[0] * short_rows.groups[1], 1u);
     Target lavapipe = t;
-    lavapipe.cpu = true;  // an invocation per row, without subgroup operations
+    lavapipe.cpu_device = true;  // an invocation per row, without subgroup operations
     const KernelSource plain = k.fused() ? fused_source(g, k, lavapipe) : kernel_source(g, k.root, lavapipe);
     EXPECT_EQ(plain.glsl.find("subgroup"), std::string::npos);
   }
