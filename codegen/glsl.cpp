@@ -337,7 +337,7 @@ std::string subgroup_row_helpers(std::uint32_t rows, std::uint32_t invocations) 
   std::string s = "// p[0] = rows (outer * inner), p[1] = n (the reduced axis), p[2] = inner,\n"
                   "// p[3] = 0: an invocation per row, 1: a subgroup per row, 2: a workgroup per row\n";
   s += "const uint kRows = " + std::to_string(rows) + "u;  // per workgroup with a subgroup per row\n";
-  s += "shared float qkv_partial[" + std::to_string(invocations) + "];  // one per subgroup, at most\n";
+  s += "shared float qkv_partial[" + std::to_string(invocations) + "];\n";  // one per subgroup, at most
   s += "uint mode;  // uniform: a push constant\n";
   for (const std::string f : {"Add", "Max"}) {
     const std::string combine = f == "Add" ? "x += qkv_partial[s];" : "x = max(x, qkv_partial[s]);";
