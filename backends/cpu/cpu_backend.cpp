@@ -404,6 +404,39 @@ class CpuExecutable final : public ExecutableSkeleton {
 
   bool computed_with_leader(std::size_t i) const { return leader_[i] >= 0 && group_fused_[static_cast<std::size_t>(leader_[i])]; }
 
+  /// A fused attention op (execute's): its scores from q, k, the keep-mask, the bound scale and
+  /// the causal attributes (operands found by their roles), with flex attention's modifier over
+  /// its tensors (the operands after the fixed ones, iterated over the output's batch dims) and
+  /// dropout; then the forward (with its log-sum-exp beside it when grouped), the row statistic,
+  /// or the gradients. `in(k)` is operand k as the kernel reads it.
+  template <class In> void execute_attention(std::size_t i, const Node& n, const In& in, const cpu::View& out) {
+    const ir::AttentionRoles& roles = ir::attention_roles(n.op);
+    cpu::ConstView mask{};
+    if (roles.mask >= 0) mask = in(roles.mask);
+    const auto scale = static_cast<float>(ir::bound_scale(graph_, n, shapes_));
+    cpu::ScoreArgs s{in(roles.q), in(roles.k), roles.mask >= 0 ? &mask : nullptr, scale, n.attrs.causal, n.attrs.align, n.attrs.window};
+    s.tiles = &tiles_;
+    std::optional<cpu::ScoreModifier> mod;
+    if (ir::is_flex_attention(n.op)) {  // a modifier tensor's gradient is decomposed (cpu_supports)
+      std::vector<cpu::ConstView> tensors;
+      for (std::size_t k = 0; k < ir::modifier_tensor_count(n.op, n.attrs, n.inputs.size()); ++k)
+        tensors.push_back(in(static_cast<int>(ir::fixed_operands(n.op) + k)));
+      ir::Shape batch;
+      for (int r = 0; r + 2 < shapes_[i].rank; ++r) batch.push_back(shapes_[i][r]);
+      mod.emplace(*n.region, roles.backward(), std::move(tensors), batch, s.q.shape.back(1), s.k.shape.back(1));
+      s.mod = &*mod;
+    }
+    if (ir::has_dropout_seed(n.op, n.attrs)) {  // its probability, and the seed (the last operand)
+      s.dropout = n.attrs.dropout;
+      s.seed = dropout_seed(in(static_cast<int>(n.inputs.size() - 1)).data[0]);
+    }
+    if (roles.forward()) return cpu::attention({s, in(roles.v), out, group_fused_[i] ? out_ptr(group_[i][1]) : nullptr});
+    if (!roles.backward()) return cpu::attention_lse(s, out);
+    const cpu::AttentionGradArgs args{s, in(roles.v), in(roles.dy), in(roles.lse), in(roles.delta), n.attrs.wrt, out};
+    if (!group_fused_[i]) return cpu::attention_grad(args);
+    attention_grads(i, args);
+  }
+
   void execute(std::size_t i) {
     const Node& n = graph_.nodes()[i];
     if (storage_.view[i]) return;  // reads its operand's storage
@@ -422,36 +455,6 @@ class CpuExecutable final : public ExecutableSkeleton {
         if (w == operand) return cpu::ConstView{reinterpret_cast<const float*>(arena_bytes() + memory_.total_bytes + at), shapes_[v]};
       QKV_ASSERT(reads_half(n, static_cast<std::size_t>(k)), "a half operand neither widened nor read as it is");
       return cpu::ConstView{nullptr, shapes_[v], b.data, b.stored};
-    };
-    // The attention ops' scores: q, k, the keep-mask (held in `mask`, for the masked_ ops), the
-    // bound scale and the causal attributes; the operands found by their roles.
-    const ir::AttentionRoles& roles = ir::attention_roles(n.op);
-    auto scores = [&](cpu::ConstView& mask) {
-      if (roles.mask >= 0) mask = in(roles.mask);
-      const auto scale = static_cast<float>(ir::bound_scale(graph_, n, shapes_));
-      cpu::ScoreArgs s{in(roles.q), in(roles.k), roles.mask >= 0 ? &mask : nullptr, scale, n.attrs.causal, n.attrs.align, n.attrs.window};
-      s.tiles = &tiles_;
-      return s;
-    };
-    // Flex attention's modifier over its tensors (the operands after the fixed ones), iterated
-    // like the kernel's scores: over the output's batch dims.
-    auto modifier = [&](bool derivative) {
-      std::vector<cpu::ConstView> tensors;
-      for (std::size_t k = 0; k < ir::modifier_tensor_count(n.op, n.attrs, n.inputs.size()); ++k)
-        tensors.push_back(in(static_cast<int>(ir::fixed_operands(n.op) + k)));
-      ir::Shape batch;
-      for (int r = 0; r + 2 < shapes_[i].rank; ++r) batch.push_back(shapes_[i][r]);
-      return cpu::ScoreModifier(*n.region, derivative, std::move(tensors), batch, in(roles.q).shape.back(1), in(roles.k).shape.back(1));
-    };
-    // Flex attention's dropout: its probability, and the seed (the last operand).
-    auto dropout = [&](cpu::ScoreArgs& s) {
-      if (!ir::has_dropout_seed(n.op, n.attrs)) return;
-      s.dropout = n.attrs.dropout;
-      s.seed = dropout_seed(in(static_cast<int>(n.inputs.size() - 1)).data[0]);
-    };
-    // The gradients' arguments: the scores, v, dy and the row statistics.
-    auto grad_args = [&](const cpu::ScoreArgs& s, const cpu::View& into) {
-      return cpu::AttentionGradArgs{s, in(roles.v), in(roles.dy), in(roles.lse), in(roles.delta), n.attrs.wrt, into};
     };
     cpu::View out{nullptr, shapes_[i]};
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
@@ -494,50 +497,7 @@ class CpuExecutable final : public ExecutableSkeleton {
       case Op::iota: return cpu::iota(n.attrs.axis, out);
       case Op::dropout_mask: return cpu::dropout_mask(in(1), n.attrs.dropout, out);
       case Op::softmax: return cpu::softmax(in(0), n.attrs.axis, out);
-      case Op::attention:
-      case Op::masked_attention: {
-        cpu::ConstView mask{};
-        float* lse = group_fused_[i] ? out_ptr(group_[i][1]) : nullptr;  // with its attention_lse
-        return cpu::attention({scores(mask), in(roles.v), out, lse});
-      }
-      case Op::attention_lse:
-      case Op::masked_attention_lse: {
-        cpu::ConstView mask{};
-        return cpu::attention_lse(scores(mask), out);
-      }
-      case Op::attention_grad:
-      case Op::masked_attention_grad: {
-        cpu::ConstView mask{};
-        const cpu::AttentionGradArgs args = grad_args(scores(mask), out);
-        if (!group_fused_[i]) return cpu::attention_grad(args);
-        return attention_grads(i, args);
-      }
-      case Op::flex_attention: {
-        cpu::ConstView none{};
-        const cpu::ScoreModifier mod = modifier(false);
-        cpu::ScoreArgs s = scores(none);
-        s.mod = &mod;
-        dropout(s);
-        float* lse = group_fused_[i] ? out_ptr(group_[i][1]) : nullptr;  // with its flex_attention_lse
-        return cpu::attention({s, in(roles.v), out, lse});
-      }
-      case Op::flex_attention_lse: {
-        cpu::ConstView none{};
-        const cpu::ScoreModifier mod = modifier(false);
-        cpu::ScoreArgs s = scores(none);
-        s.mod = &mod;
-        return cpu::attention_lse(s, out);
-      }
-      case Op::flex_attention_grad: {  // q, k and v (cpu_supports): a modifier tensor's is decomposed
-        cpu::ConstView none{};
-        const cpu::ScoreModifier mod = modifier(true);
-        cpu::ScoreArgs s = scores(none);
-        s.mod = &mod;
-        dropout(s);
-        const cpu::AttentionGradArgs args = grad_args(s, out);
-        if (!group_fused_[i]) return cpu::attention_grad(args);
-        return attention_grads(i, args);
-      }
+      QKV_ATTENTION_CASES return execute_attention(i, n, in, out);
     }
     // clang-format on
     QKV_UNREACHABLE("op");
