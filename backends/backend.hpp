@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ir/graph.hpp"
+#include "ir/storage_plan.hpp"
 #include "ir/tensor.hpp"
 
 namespace qkv::backend {
@@ -105,6 +106,10 @@ class Backend {
   /// The kernel that computes node `v` of a graph this backend lowered (Executable::graph()), in
   /// words: what `qkv explain` shows.
   virtual std::string kernel_name(const ir::Graph& lowered, ir::ValueId v) const = 0;
+  /// The storage plan of a graph this backend lowered: per value, the dtype its storage holds and
+  /// whether it is a view or written in place by another value's kernel, as the executable
+  /// plans it (what `qkv explain` counts bytes by and `qkv dump --storage` prints).
+  virtual ir::StoragePlan storage_plan(const ir::Graph& lowered) const { return ir::plain_storage_plan(lowered); }
   /// The values the kernel computing node `v` reads from memory: its inputs, unless the backend
   /// fuses nodes (then a fused kernel's operands, and nothing for a node computed inside another
   /// node's kernel). What `qkv explain` counts as bytes moved.

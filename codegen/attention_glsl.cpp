@@ -612,7 +612,7 @@ bool attention_fits(const Node& n) {
 
 bool attention_strided(const Node& n) { return ir::is_fused_attention(n.op) && batch_rank(n) <= kMostStridedBatchRank; }
 
-bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& target) {
+bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
   if (!ir::is_fused_attention(n.op) || !coop_target(target)) return false;
   // The operands multiplied in fragments: q and k, then v (the forward) or dy (dv), or both (dq
@@ -625,7 +625,7 @@ bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& targ
     case Kind::dq:
     case Kind::dk: multiplied.insert(multiplied.end(), {2, 3}); break;
   }
-  return std::all_of(multiplied.begin(), multiplied.end(), [&](std::size_t k) { return rounded_to(g, n.inputs[k], DType::f16); });
+  return std::all_of(multiplied.begin(), multiplied.end(), [&](std::size_t k) { return storage[n.inputs[k]].f16_numbers; });
 }
 
 PushConstants attention_push_constants(const Node& n) {
@@ -1230,7 +1230,8 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   return {name, s, static_cast<int>(arrays.size()) + 2, true, attention_push_constants(n).signature()};
 }
 
-KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
+KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes,
+                              const Target& target) {
   const Node& n = g.node(v);
   const Kind kind = kind_of(n);
   const int r = batch_rank(n);
@@ -1268,7 +1269,7 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
     const ir::ValueId x = n.inputs[slot];
     const Shape& s = shapes[static_cast<std::size_t>(x)];
     Strides own = contiguous_strides(s);
-    if (head_view(g, x)) {
+    if (storage[x].kind == ir::StorageKind::head_view) {
       const Node& p = g.node(x);
       const Strides c = contiguous_strides(shapes[static_cast<std::size_t>(p.inputs[0])]);
       for (int j = 0; j < s.rank; ++j) own[static_cast<std::size_t>(j)] = c[static_cast<std::size_t>(p.attrs.perm[static_cast<std::size_t>(j)])];
@@ -1287,7 +1288,7 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
       .set_array("mask_batch_strides", std::span(mask_st.data(), ri));
   if (attention_strided(n)) {
     Strides out_st = contiguous_strides(out);
-    if (const ir::ValueId p = placed_into(g, v); p >= 0) {  // written into the permute's storage
+    if (const ir::ValueId p = storage[v].into.into; p >= 0 && storage[p].kind == ir::StorageKind::placed) {  // the permute's storage
       const Strides c = contiguous_strides(shapes[static_cast<std::size_t>(p)]);
       for (int j = 0; j < out.rank; ++j) out_st[static_cast<std::size_t>(g.node(p).attrs.perm[static_cast<std::size_t>(j)])] = c[static_cast<std::size_t>(j)];
     }
@@ -1320,7 +1321,7 @@ KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vect
   Geometry geo = geometry(target, kind);
   // A kernel with the cooperative path takes it where its tiles fit (coop_launch), its scalar
   // path otherwise; constant 5 says which (other kernels have no constant 5: ignored).
-  const CoopLaunch coop = attention_cooperative(g, v, target) ? coop_launch(target, kind, d4, dv4) : CoopLaunch{};
+  const CoopLaunch coop = attention_cooperative(g, storage, v, target) ? coop_launch(target, kind, d4, dv4) : CoopLaunch{};
   if (coop.bc > 0) {
     bc = coop.bc;
     geo = {static_cast<std::uint32_t>(coop.subgroups) * target.subgroup_size, 1};

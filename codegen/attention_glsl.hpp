@@ -23,7 +23,7 @@ int attention_push_words(const ir::Node& n);
 /// loaded; missing entries f32); `out`: the dtype its output is written in (f16 or bf16 rounded
 /// to nearest even first).
 /// `rounded`: f16 or bf16 where the output is stored rounded to it in f32 storage
-/// (codegen::rounded_on_store). `cooperative`: the target whose cooperative matrices the
+/// (ir::ValueStorage::rounded). `cooperative`: the target whose cooperative matrices the
 /// forward's kernel also uses (where attention_cooperative), its scalar path beside them for
 /// head dims whose tiles do not fit.
 KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held = {}, DType out = DType::f32, DType rounded = DType::f32,
@@ -31,7 +31,11 @@ KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held 
 /// Whether node v is a flash-attention forward, its log-sum-exp or dv, whose operands multiplied
 /// in fragments (q, k, and v or dy) are f16 values, on a target whose cooperative matrices
 /// (Target::cooperative_matrix) its kernel can use.
-bool attention_cooperative(const ir::Graph& g, ir::ValueId v, const Target& target);
-KernelLaunch attention_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target);
+bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target);
+/// Push constants, specialization and workgroups of node v's kernel for these shapes: operands
+/// `storage` gives as head views read through their permuted strides, an output placed into a
+/// permute written through its strides.
+KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<ir::Shape>& shapes,
+                              const Target& target);
 
 }  // namespace qkv::codegen::detail

@@ -208,7 +208,7 @@ const ir::Shape& chain_shape(const ir::Graph& g, const KernelGroup& k, const std
   return shapes ? (*shapes)[static_cast<std::size_t>(v)] : g.node(v).shape;
 }
 
-void verify(const ir::Graph& g, const std::vector<KernelGroup>& plan, std::int64_t view_alignment) {
+void verify(const ir::Graph& g, const ir::StoragePlan& storage, const std::vector<KernelGroup>& plan) {
   // Every value a kernel, a view or a result reads from memory is stored by an earlier kernel (or
   // is an input or a view); nodes computed inside kernels (in one, or recomputed in several)
   // are read only there.
@@ -216,7 +216,7 @@ void verify(const ir::Graph& g, const std::vector<KernelGroup>& plan, std::int64
   for (std::size_t k = 0; k < plan.size(); ++k) stored_by[static_cast<std::size_t>(plan[k].root)] = static_cast<int>(k);
   auto from_memory = [&](ValueId v, int k, const std::string& reader) {
     const int at = stored_by[static_cast<std::size_t>(v)];
-    QKV_ASSERT(!has_kernel(g, v, view_alignment) || (at >= 0 && at < k),
+    QKV_ASSERT(!storage.has_kernel(v) || (at >= 0 && at < k),
                "kernel fusion: " + reader + " reads %" + std::to_string(v) + ", which no earlier kernel stores");
   };
   for (std::size_t k = 0; k < plan.size(); ++k) {
@@ -234,14 +234,14 @@ void verify(const ir::Graph& g, const std::vector<KernelGroup>& plan, std::int64
     for (ValueId in : kg.operands) from_memory(in, static_cast<int>(k), name);
   }
   for (std::size_t i = 0; i < g.size(); ++i)
-    if (!has_kernel(g, static_cast<ValueId>(i), view_alignment))
+    if (!storage.has_kernel(static_cast<ValueId>(i)))
       for (ValueId in : g.nodes()[i].inputs) from_memory(in, static_cast<int>(plan.size()), "view %" + std::to_string(i));
   for (ValueId v : g.result_values()) from_memory(v, static_cast<int>(plan.size()), "the results");
 }
 
 }  // namespace
 
-std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& limits) {
+std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan& storage, const FusionLimits& limits) {
   const std::size_t n = g.size();
   std::vector<std::vector<ValueId>> readers(n);
   for (std::size_t i = 0; i < n; ++i)
@@ -271,7 +271,7 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
     std::vector<std::vector<ValueId>> kernels_of(n);  // the kernels computing each node inside them
     for (std::size_t i = n; i-- > 0;) {
       const Node& root = g.nodes()[i];
-      if (!kernels_of[i].empty() || !has_kernel(g, static_cast<ValueId>(i), limits.view_alignment)) continue;
+      if (!kernels_of[i].empty() || !storage.has_kernel(static_cast<ValueId>(i))) continue;
       const auto r = static_cast<ValueId>(i);
       root_of[i] = true;
       if (!elementwise(g, root) && !axis_reduction(root)) continue;
@@ -287,7 +287,7 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
         candidates.pop();
         const Node& node = g.node(v);
         if (inside(v) || scalar_constant(node)) continue;  // constants: placed with the kernel's reads below
-        if (!has_kernel(g, v, limits.view_alignment)) continue;  // a view (an exact round too): read in place
+        if (!storage.has_kernel(v)) continue;  // a view (an exact round too): read in place
         // A matmul becomes the kernel's core when it has the kernel's shape (every element of the
         // chain is one of its products) and the kernel has none yet.
         const std::vector<ValueId> reductions = row_reductions(g, root, members);
@@ -320,7 +320,7 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
     // A value some node reads from memory (outside a kernel computing it) must be stored.
     auto needs_storage = [&](ValueId v) {
       const auto j = static_cast<std::size_t>(v);
-      if (root_of[j] || inline_constant[j] || !has_kernel(g, v, limits.view_alignment)) return;
+      if (root_of[j] || inline_constant[j] || !storage.has_kernel(v)) return;
       stored[j] = true;
       again = true;
     };
@@ -357,18 +357,18 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& li
     if (!k.fused()) k.operands = root.inputs;
     plan.push_back(std::move(k));
   }
-  verify(g, plan, limits.view_alignment);
+  verify(g, storage, plan);
   return plan;
 }
 
-std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, std::int64_t view_alignment) {
+std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, const ir::StoragePlan& storage) {
   std::vector<KernelGroup> plan;
   for (std::size_t i = 0; i < g.size(); ++i)
-    if (has_kernel(g, static_cast<ValueId>(i), view_alignment)) plan.push_back({static_cast<ValueId>(i), {}, g.nodes()[i].inputs});
+    if (storage.has_kernel(static_cast<ValueId>(i))) plan.push_back({static_cast<ValueId>(i), {}, g.nodes()[i].inputs});
   return plan;
 }
 
-std::string fused_name(const ir::Graph& g, const KernelGroup& k, const Target& target) {
+std::string fused_name(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, const Target& target) {
   const Node& root = g.node(k.root);
   std::string name = "fused";
   for (ValueId m : k.inlined) {
@@ -378,8 +378,8 @@ std::string fused_name(const ir::Graph& g, const KernelGroup& k, const Target& t
       continue;
     }
     // An epilogue's matmul: which kernel multiplies (cooperative matrices, lanes or tiles).
-    detail::MatmulDtypes dtypes = detail::matmul_dtypes(g, m, false);
-    dtypes.out = held_dtype(g, k.root);
+    detail::MatmulDtypes dtypes = detail::matmul_dtypes(g, storage, m, false);
+    dtypes.out = storage.held(k.root);
     name += "_" + detail::matmul_family(target, dtypes);
   }
   return name + "_" + std::string(ir::op_name(root.op)) + "_r" + std::to_string(chain_shape(g, k, nullptr).rank);
@@ -418,7 +418,7 @@ std::vector<ValueId> constants_of(const ir::Graph& g, const KernelGroup& k) {
 /// A matmul with its epilogue: the matmul kernel for `target`, storing the chain's value at each
 /// product. The chain reads operand k (after A and B) as x<k + 2> at o<k>: the batch entry's
 /// offset e<k> (qkv_epilogue_batch) plus row and column through its strides.
-KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId mm, const Target& target) {
+KernelSource epilogue_source(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, ValueId mm, const Target& target) {
   const Node& mat = g.node(mm);
   const int rank = mat.shape.rank, batch_rank = rank - 2, base = detail::matmul_push_words(rank);
   const int operands = static_cast<int>(k.operands.size()) - 2;
@@ -427,7 +427,7 @@ KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId m
   auto stride = [&](int o, int d) { return word(o * rank + d); };
   detail::MatmulEpilogue e;
   e.operands = operands;
-  for (auto it = k.operands.begin() + 2; it != k.operands.end(); ++it) e.held.push_back(held_dtype(g, *it));
+  for (auto it = k.operands.begin() + 2; it != k.operands.end(); ++it) e.held.push_back(storage.held(*it));
   std::string& s = e.glsl;
   s += "// computes " + covered_nodes(g, k) + " on each product of %" + std::to_string(mm) + "\n";
   s += "// p[" + std::to_string(base) + "..] = each operand's " + std::to_string(rank) + " strides over the output's dims, then each constant's float bits\n";
@@ -454,7 +454,7 @@ KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId m
   auto value = [&](ValueId v) -> std::string {
     if (auto it = std::find(k.operands.begin() + 2, k.operands.end(), v); it != k.operands.end()) {
       const auto o = it - k.operands.begin() - 2;
-      return detail::widened(held_dtype(g, *it), "x" + std::to_string(o + 2) + "[o" + std::to_string(o) + "]");
+      return detail::widened(storage.held(*it), "x" + std::to_string(o + 2) + "[o" + std::to_string(o) + "]");
     }
     if (auto it = std::find(constants.begin(), constants.end(), v); it != constants.end())
       return "uintBitsToFloat(" + word(rank * operands + static_cast<int>(it - constants.begin())) + ")";
@@ -470,10 +470,10 @@ KernelSource epilogue_source(const ir::Graph& g, const KernelGroup& k, ValueId m
   s = detail::math_helpers_of(ops) + s;
   for (ValueId m : members)
     if (m != mm && !scalar_constant(g.node(m))) e.name += "_" + std::string(ir::op_name(g.node(m).op));
-  detail::MatmulDtypes dtypes = detail::matmul_dtypes(g, mm, false);
-  dtypes.out = held_dtype(g, k.root);  // the chain's value, narrowed where its cast's storage is 16-bit
+  detail::MatmulDtypes dtypes = detail::matmul_dtypes(g, storage, mm, false);
+  dtypes.out = storage.held(k.root);  // the chain's value, narrowed where its cast's storage is 16-bit
   KernelSource source = detail::matmul_source(mat, target, dtypes, &e);
-  source.name = fused_name(g, k, target);  // as explain and profiles name it
+  source.name = fused_name(g, storage, k, target);  // as explain and profiles name it
   return source;
 }
 
@@ -486,9 +486,9 @@ ir::Node batch_summed_matmul(const ir::Graph& g, ValueId mm) {
   return flat;
 }
 
-KernelSource batch_summed_source(const ir::Graph& g, const KernelGroup& k, ValueId mm, const Target& target) {
-  // Its sums stored rounded where a round is the sum's only reader (rounded_on_store).
-  const DType rounded = rounded_on_store(g, k.root);
+KernelSource batch_summed_source(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, ValueId mm, const Target& target) {
+  // Its sums stored rounded where a round is the sum's only reader (the storage plan's `rounded`).
+  const DType rounded = storage[k.root].rounded;
   detail::MatmulEpilogue round;
   if (is_half(rounded)) {
     round.name = detail::Store{rounded}.suffix();
@@ -496,22 +496,23 @@ KernelSource batch_summed_source(const ir::Graph& g, const KernelGroup& k, Value
                  "void qkv_epilogue_batch(uint batch) {}\nfloat qkv_epilogue(float acc, uint row, uint col) { return " + detail::rounded_value(rounded, "acc") +
                  "; }\n";
   }
-  KernelSource source = detail::matmul_source(batch_summed_matmul(g, mm), target, detail::matmul_dtypes(g, mm, false), is_half(rounded) ? &round : nullptr);
+  KernelSource source = detail::matmul_source(batch_summed_matmul(g, mm), target, detail::matmul_dtypes(g, storage, mm, false), is_half(rounded) ? &round : nullptr);
   const std::size_t line = source.glsl.find('\n') + 1;  // after #version
   source.glsl.insert(line, "// computes " + covered_nodes(g, k) + ": the sum over %" + std::to_string(mm) +
                                "'s batch is one matmul whose depth runs over the batch and K together\n");
-  source.name = fused_name(g, k, target) + round.name;
+  source.name = fused_name(g, storage, k, target) + round.name;
   return source;
 }
 
-KernelLaunch batch_summed_launch(const ir::Graph& g, ValueId mm, const std::vector<ir::Shape>& shapes, const Target& target) {
+KernelLaunch batch_summed_launch(const ir::Graph& g, const ir::StoragePlan& storage, ValueId mm, const std::vector<ir::Shape>& shapes,
+                                 const Target& target) {
   const Node& mat = g.node(mm);
   const ir::Shape& as = shapes[static_cast<std::size_t>(mat.inputs[0])];  // [batch.., K, M]
   const ir::Shape& bs = shapes[static_cast<std::size_t>(mat.inputs[1])];  // [batch.., K, N]
   std::int64_t depth = as.back(1);
   for (int d = 0; d + 2 < as.rank; ++d) depth *= as[d];
   const std::vector<ir::Shape> flat = {ir::Shape{depth, as.back(0)}, ir::Shape{depth, bs.back(0)}};
-  return detail::matmul_launch(batch_summed_matmul(g, mm), flat, ir::Shape{as.back(0), bs.back(0)}, target, detail::matmul_dtypes(g, mm, false));
+  return detail::matmul_launch(batch_summed_matmul(g, mm), flat, ir::Shape{as.back(0), bs.back(0)}, target, detail::matmul_dtypes(g, storage, mm, false));
 }
 
 }  // namespace
@@ -520,9 +521,9 @@ bool specialized(const ir::Graph& g, const KernelGroup& k) {
   return k.fused() ? matmul_of(g, k.inlined) >= 0 : specialized(g.node(k.root));
 }
 
-KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target& target) {
+KernelSource fused_source(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, const Target& target) {
   if (const ValueId mm = matmul_of(g, k.inlined); mm >= 0)
-    return axis_reduction(g.node(k.root)) ? batch_summed_source(g, k, mm, target) : epilogue_source(g, k, mm, target);
+    return axis_reduction(g.node(k.root)) ? batch_summed_source(g, storage, k, mm, target) : epilogue_source(g, storage, k, mm, target);
   const Node& root = g.node(k.root);
   const bool reduction = axis_reduction(root);
   const std::vector<ValueId> reductions = row_reductions(g, root, k.inlined);
@@ -537,13 +538,13 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
     if ((!reduction || g.node(m).op != root.op) && !reduced(m)) members.push_back(m);
   if (!reduction) members.push_back(k.root);
   for (ValueId m : members) ops.push_back(g.node(m).op);
-  // A reduction whose only reader is a round stores its values rounded (rounded_on_store); a
+  // A reduction whose only reader is a round stores its values rounded (the storage plan's `rounded`); a
   // root whose only reader is a cast to f16 or bf16 stores them in the cast's 16-bit storage
-  // (narrowed_into), and 16-bit inputs are read where they are (half_view).
-  const detail::Store store{reduction ? rounded_on_store(g, k.root) : DType::f32, held_dtype(g, k.root)};
+  // (a narrowed cast), and 16-bit inputs are read where they are (half views).
+  const detail::Store store{reduction ? storage[k.root].rounded : DType::f32, storage.held(k.root)};
   for (Op round : store.rounds()) ops.push_back(round);
   std::vector<DType> held;
-  for (ValueId o : k.operands) held.push_back(held_dtype(g, o));
+  for (ValueId o : k.operands) held.push_back(storage.held(o));
   auto word = [&](int w) { return "pc.p[" + std::to_string(base + w) + "]"; };
   std::string s = detail::math_helpers_of(ops);  // after the header, below
   s += "// computes " + covered_nodes(g, k) + "\n";
@@ -589,10 +590,11 @@ KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target
   } else {
     s = detail::kernel_header(held, store.held, target) + s + "void main() {\n" + detail::linear_index() + "  y[i] = " + store("qkv_chain(i)") + ";\n}\n";
   }
-  return {fused_name(g, k, target) + store.suffix(held), s, operands + 1};
+  return {fused_name(g, storage, k, target) + store.suffix(held), s, operands + 1};
 }
 
-KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>& shapes, const Target& target) {
+KernelLaunch fused_launch(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, const std::vector<ir::Shape>& shapes,
+                          const Target& target) {
   const Node& root = g.node(k.root);
   const ValueId mm = matmul_of(g, k.inlined);
   const ir::Shape& cs = chain_shape(g, k, &shapes);
@@ -602,9 +604,9 @@ KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::v
       if (scalar_constant(g.node(v))) l.push.push_back(std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, g.node(v), shapes))));
     QKV_ASSERT(static_cast<int>(l.push.size()) <= kMaxPushWords, "kernel fusion: too many push-constant words");
   };
-  if (mm >= 0 && axis_reduction(root)) return batch_summed_launch(g, mm, shapes, target);
+  if (mm >= 0 && axis_reduction(root)) return batch_summed_launch(g, storage, mm, shapes, target);
   if (mm >= 0) {
-    l = detail::matmul_launch(g.node(mm), shapes, shapes[static_cast<std::size_t>(mm)], target, detail::matmul_dtypes(g, mm, false));
+    l = detail::matmul_launch(g.node(mm), shapes, shapes[static_cast<std::size_t>(mm)], target, detail::matmul_dtypes(g, storage, mm, false));
     for (std::size_t o = 2; o < k.operands.size(); ++o) {
       const auto st = detail::broadcast_strides(shapes[static_cast<std::size_t>(k.operands[o])], cs.rank);
       for (int d = 0; d < cs.rank; ++d) l.push.push_back(detail::push_word(st[static_cast<std::size_t>(d)]));

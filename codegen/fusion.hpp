@@ -23,9 +23,6 @@ struct KernelGroup {
 /// the device's maxPerStageDescriptorStorageBuffers (the vulkan backend lowers the default to it).
 struct FusionLimits {
   int storage_buffers = 16;
-  /// Slices that can be read in place at a multiple of this many bytes get no kernel (see
-  /// view_offset); 0: every slice is copied.
-  std::int64_t view_alignment = 0;
 };
 
 /// The kernels of `g`, one per node that has one, in node order. Elementwise chains are fused:
@@ -36,31 +33,34 @@ struct FusionLimits {
 /// kernel's shape is fused as the kernel's core, its chain then computed in the matmul's store
 /// (the epilogue); reductions and softmax read their input through its chain; constants are
 /// computed inside every elementwise kernel that reads them (and get a kernel of their own only
-/// where another kernel reads them). A fused kernel's operands fit its push constants and
+/// where another kernel reads them). Values `storage` gives no kernel (views, values written in
+/// place) are read where they lie. A fused kernel's operands fit its push constants and
 /// `limits`. Verified before it is returned: every value a kernel, a view or a result reads from
 /// memory is stored by an earlier kernel or is an input or a view.
-std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const FusionLimits& limits = {});
+std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan& storage, const FusionLimits& limits = {});
 
-/// One kernel per node that has one (has_kernel for view_alignment), each reading its node's
-/// operands (fusion off).
-std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, std::int64_t view_alignment = 0);
+/// One kernel per node that has one in `storage`, each reading its node's operands (fusion off).
+std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, const ir::StoragePlan& storage);
 
 /// A fused kernel's name: "fused_", the ops it computes, its rank ("fused_div_mul_add_r3"); an
 /// epilogue's matmul is named by the kernel `target` multiplies it with (matmul_family:
 /// "fused_matmul_coop16x16x16_add_r3", "fused_matmul_lanes8_add_max_r3").
-std::string fused_name(const ir::Graph& g, const KernelGroup& k, const Target& target);
+std::string fused_name(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, const Target& target);
 /// The shader of a fused kernel: its nodes as one expression per element, or for a matmul with
 /// an epilogue the matmul kernel for `target` storing the chain's value at each product.
-KernelSource fused_source(const ir::Graph& g, const KernelGroup& k, const Target& target = {});
+KernelSource fused_source(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, const Target& target = {});
 /// Push constants and workgroups of a fused kernel for concrete shapes.
-KernelLaunch fused_launch(const ir::Graph& g, const KernelGroup& k, const std::vector<ir::Shape>& shapes, const Target& target = {});
+KernelLaunch fused_launch(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, const std::vector<ir::Shape>& shapes,
+                          const Target& target = {});
 /// Whether a kernel's pipeline depends on the bound shapes (codegen::specialized; a matmul with an
 /// epilogue is).
 bool specialized(const ir::Graph& g, const KernelGroup& k);
 /// Every kernel of a graph for these limits and this target (fused, or with `fuse` false one per
-/// node), each headed by the node it stores and the nodes it computes inside, after the slices
-/// read in place: what `qkv dump --glsl` prints (for the vulkan device: backend::vulkan_shaders).
-std::string emit_glsl(const ir::Graph& g, const FusionLimits& limits = {}, const Target& target = {}, bool fuse = true);
+/// node), each headed by the node it stores and the nodes it computes inside, after the values
+/// with no kernel and why (the storage plan's views and values written in place): what `qkv
+/// dump --glsl` prints (for the vulkan device: backend::vulkan_shaders).
+std::string emit_glsl(const ir::Graph& g, const ir::StoragePlan& storage, const FusionLimits& limits = {}, const Target& target = {},
+                      bool fuse = true);
 /// "%4 div, %5 sub, %6 mul": the nodes a kernel covers, root last.
 std::string covered_nodes(const ir::Graph& g, const KernelGroup& k);
 

@@ -724,16 +724,17 @@ namespace {
 
 /// Elementwise family: out index -> per-operand offsets through strides (0 where broadcast).
 /// An elementwise op (or a permute, or a cast between 32-bit types) on its own: operands and
-/// output in the dtypes their storage holds (held_dtype: 16-bit inputs read in place, an output
-/// narrowed into its cast's 16-bit storage), widened and narrowed as they are loaded and stored.
-KernelSource elementwise_source(const ir::Graph& g, ir::ValueId v, const Target& target) {
+/// output in the dtypes their storage holds (ir::ValueStorage::held: 16-bit inputs read in place,
+/// an output narrowed into its cast's 16-bit storage), widened and narrowed as they are loaded
+/// and stored.
+KernelSource elementwise_source(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
   int rank = n.shape.rank;
   int arity = static_cast<int>(n.inputs.size());
   auto names = operand_names(n.op, arity);
   std::vector<DType> held;
-  for (ir::ValueId in : n.inputs) held.push_back(held_dtype(g, in));
-  const detail::Store store{DType::f32, held_dtype(g, v)};
+  for (ir::ValueId in : n.inputs) held.push_back(storage.held(in));
+  const detail::Store store{DType::f32, storage.held(v)};
   std::string s = header(held, store.held, target.invocations);
   const std::vector<Op> rounds = store.rounds();
   s += helpers_for([&](Op op) { return op == n.op || std::find(rounds.begin(), rounds.end(), op) != rounds.end(); });
@@ -884,11 +885,11 @@ KernelSource dropout_mask_source(const Target& target) {
 /// Reductions and softmax over one axis, seen as [outer, n, inner]: one invocation or one
 /// subgroup per row.
 /// A reduction's or softmax's kernel: its input as its storage holds it (a 16-bit input read in
-/// place), its values stored rounded (rounded_on_store) or narrowed (narrowed_into).
-KernelSource axis_source(const ir::Graph& g, ir::ValueId v, const Target& target) {
+/// place), its values stored rounded or narrowed (as the storage plan says).
+KernelSource axis_source(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
   const Op op = g.node(v).op;
-  const DType in = held_dtype(g, g.node(v).inputs[0]);
-  const detail::Store store{rounded_on_store(g, v), held_dtype(g, v)};
+  const DType in = storage.held(g.node(v).inputs[0]);
+  const detail::Store store{storage[v].rounded, storage.held(v)};
   const std::string read = detail::widened(in, "x0[@]"), helpers = detail::math_helpers_of(store.rounds());
   const std::size_t at = read.find('@');
   return {std::string(ir::op_name(op)) + store.suffix({in}),
@@ -915,8 +916,6 @@ bool implements(const Node& n) {
   return false;
 }
 
-bool has_kernel(const Node& n) { return n.op != Op::input && n.op != Op::reshape; }
-
 bool cast16(const ir::Graph& g, const Node& n) { return n.op == Op::cast && (is_half(n.dtype) || is_half(g.node(n.inputs[0]).dtype)); }
 
 bool elementwise(const ir::Graph& g, const Node& n) {
@@ -938,224 +937,16 @@ bool elementwise(const ir::Graph& g, const Node& n) {
 
 bool axis_reduction(const Node& n) { return n.op == Op::reduce_sum || n.op == Op::reduce_max || n.op == Op::softmax; }
 
-std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
-  const Node& n = g.node(v);
-  if (n.op == Op::reshape || head_view(g, v) || half_view(g, v) || exact_round(g, v)) return 0;
-  if (n.op != Op::slice || alignment <= 0) return std::nullopt;
-  const ir::Shape& in = g.node(n.inputs[0]).shape;
-  std::int64_t inner = 1;
-  for (int d = 0; d < in.rank; ++d) {
-    if (d < n.attrs.axis && in[d] != 1) return std::nullopt;
-    if (d > n.attrs.axis) {
-      if (ir::is_symbol(in[d])) return std::nullopt;
-      inner *= in[d];
-    }
-  }
-  const std::int64_t bytes = n.attrs.begin * inner * 4;
-  if (bytes % alignment != 0) return std::nullopt;
-  return bytes;
-}
-
-namespace {
-
-/// The operand slots of a flash kernel that it reads as rows through a row stride: q, k and v
-/// (q and k for the lse), and dy for the gradients.
-bool strided_slot(const Node& reader, std::size_t slot) { return ir::attention_roles(reader.op).streamed(slot); }
-
-/// The nodes that read v, with the operand slot, once per slot (readers come after v).
-std::vector<std::pair<ir::ValueId, std::size_t>> readers_of(const ir::Graph& g, ir::ValueId v) {
-  std::vector<std::pair<ir::ValueId, std::size_t>> r;
-  for (std::size_t i = static_cast<std::size_t>(v) + 1; i < g.size(); ++i)
-    for (std::size_t slot = 0; slot < g.nodes()[i].inputs.size(); ++slot)
-      if (g.nodes()[i].inputs[slot] == v) r.emplace_back(static_cast<ir::ValueId>(i), slot);
-  return r;
-}
-
-/// A permutation that keeps the last dim last: rows stay contiguous.
-bool keeps_rows(const Node& n) { return n.op == Op::permute && n.attrs.perm[static_cast<std::size_t>(n.shape.rank - 1)] == n.shape.rank - 1; }
-
-bool is_result(const ir::Graph& g, ir::ValueId v) {
-  const auto results = g.result_values();
-  return std::find(results.begin(), results.end(), v) != results.end();
-}
-
-}  // namespace
-
-ir::ValueId placed_into(const ir::Graph& g, ir::ValueId v) {
-  const Node& n = g.node(v);
-  if (!ir::is_fused_attention(n.op) || !detail::attention_strided(n) || n.shape.rank < 2 || n.shape.back(0) == 1 || is_result(g, v)) return -1;
-  const auto readers = readers_of(g, v);
-  return readers.size() == 1 && keeps_rows(g.node(readers.front().first)) ? readers.front().first : -1;
-}
-
-bool half_view(const ir::Graph& g, ir::ValueId v) {
-  const Node& n = g.node(v);
-  if (n.op != Op::cast || n.dtype != DType::f32 || !is_half(g.node(n.inputs[0]).dtype) || g.node(n.inputs[0]).op != Op::input || is_result(g, v))
-    return false;
-  const auto readers = readers_of(g, v);
-  return !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](const auto& r) {
-    const Node& reader = g.node(r.first);
-    if (reader.op == Op::matmul) return r.second < 2;
-    if (ir::is_fused_attention(reader.op)) return strided_slot(reader, r.second) && detail::attention_fits(reader);
-    return (elementwise(g, reader) && !exact_round(g, r.first)) || axis_reduction(reader);  // a kernel, not a view, reads it
-  });
-}
-
-ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v) {
-  const Node& n = g.node(v);
-  const bool flash = ir::attention_roles(n.op).forward() && detail::attention_fits(n);
-  // An elementwise node or reduction read only by the cast is the root of its kernel (a cast16
-  // reads its operand from memory), unless it is a view.
-  const bool stores = (elementwise(g, n) || axis_reduction(n)) && !exact_round(g, v) && !half_view(g, v);
-  if ((!flash && !stores && n.op != Op::matmul) || is_result(g, v)) return -1;
-  const auto readers = readers_of(g, v);
-  if (readers.size() != 1) return -1;
-  const Node& c = g.node(readers.front().first);
-  return c.op == Op::cast && is_half(c.dtype) ? readers.front().first : -1;
-}
-
-DType held_dtype(const ir::Graph& g, ir::ValueId v) {
-  if (is_half(g.node(v).dtype)) return g.node(v).dtype;
-  if (const ir::ValueId c = narrowed_into(g, v); c >= 0) return g.node(c).dtype;
-  return half_view(g, v) ? g.node(g.node(v).inputs[0]).dtype : DType::f32;
-}
-
-DType rounded_on_store(const ir::Graph& g, ir::ValueId v) {
-  const Node& n = g.node(v);
-  const bool flash = ir::is_fused_attention(n.op) && detail::attention_fits(n);
-  const bool axis = axis_reduction(n);
-  if ((!flash && !axis) || is_result(g, v)) return DType::f32;
-  const auto readers = readers_of(g, v);
-  if (readers.size() != 1) return DType::f32;
-  const ir::ValueId r = readers.front().first;
-  const Op round = g.node(r).op;
-  if (round != Op::round_f16 && round != Op::round_bf16) return DType::f32;
-  if (axis && n.op != Op::softmax && n.attrs.keepdim)
-    for (const auto& reader : readers_of(g, r)) {
-      const Node& e = g.node(reader.first);
-      if (elementwise(g, e) || cast16(g, e)) return DType::f32;  // the elementwise categories, half casts included
-    }
-  return round == Op::round_f16 ? DType::f16 : DType::bf16;
-}
-
-bool rounded_to(const ir::Graph& g, ir::ValueId v, DType dtype) {
-  const Node& n = g.node(v);
-  if (n.dtype == dtype || n.op == (dtype == DType::f16 ? Op::round_f16 : Op::round_bf16)) return true;
-  if (is_half(dtype) && rounded_on_store(g, v) == dtype) return true;
-  switch (n.op) {
-    case Op::cast: return g.node(n.inputs[0]).dtype == dtype;
-    case Op::reshape:
-    case Op::permute:
-    case Op::slice:
-    case Op::broadcast_to:
-    case Op::neg: return rounded_to(g, n.inputs[0], dtype);
-    case Op::concat: return rounded_to(g, n.inputs[0], dtype) && rounded_to(g, n.inputs[1], dtype);
-    case Op::where: return rounded_to(g, n.inputs[1], dtype) && rounded_to(g, n.inputs[2], dtype);
-    case Op::exp: case Op::log: case Op::sqrt: case Op::tanh: case Op::erf: case Op::sin: case Op::cos: case Op::softplus:
-    case Op::round_f16: case Op::round_bf16:  // of the other half dtype (its own is above)
-    case Op::cache_write:
-    QKV_SOURCE_CASES QKV_BINARY_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
-    QKV_COMPOSITE_CASES QKV_ATTENTION_CASES return false;  // computes new values (or holds an input as it came)
-  }
-  QKV_UNREACHABLE("op");
-}
-
-bool exact_round(const ir::Graph& g, ir::ValueId v) {
-  const Node& n = g.node(v);
-  if (n.op != Op::round_f16 && n.op != Op::round_bf16) return false;
-  if (rounded_on_store(g, n.inputs[0]) == (n.op == Op::round_f16 ? DType::f16 : DType::bf16)) return true;  // its operand's kernel rounds
-  // Only of a value stored anyway (an elementwise operand is cheaper computed inside the
-  // kernels that read the round, as a round of it is).
-  switch (g.node(n.inputs[0]).op) {
-    case Op::reshape:
-    case Op::permute:
-    case Op::slice:
-    case Op::concat:
-    case Op::cast:
-    case Op::round_f16:
-    case Op::round_bf16: return rounded_to(g, n.inputs[0], n.op == Op::round_f16 ? DType::f16 : DType::bf16);
-    case Op::neg: case Op::exp: case Op::log: case Op::sqrt: case Op::tanh: case Op::erf: case Op::sin: case Op::cos: case Op::softplus:
-    case Op::broadcast_to: case Op::cache_write:
-    QKV_SOURCE_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
-    QKV_COMPOSITE_CASES QKV_ATTENTION_CASES return false;
-  }
-  QKV_UNREACHABLE("op");
-}
-
 namespace detail {
 
-MatmulDtypes matmul_dtypes(const ir::Graph& g, ir::ValueId mm, bool own_output) {
+MatmulDtypes matmul_dtypes(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId mm, bool own_output) {
   const Node& n = g.node(mm);
-  MatmulDtypes d{held_dtype(g, n.inputs[0]), held_dtype(g, n.inputs[1]), own_output ? held_dtype(g, mm) : DType::f32, false};
-  d.f16_values = rounded_to(g, n.inputs[0], DType::f16) && rounded_to(g, n.inputs[1], DType::f16);
+  MatmulDtypes d{storage.held(n.inputs[0]), storage.held(n.inputs[1]), own_output ? storage.held(mm) : DType::f32, false};
+  d.f16_values = storage[n.inputs[0]].f16_numbers && storage[n.inputs[1]].f16_numbers;
   return d;
 }
 
 }  // namespace detail
-
-bool head_view(const ir::Graph& g, ir::ValueId v) {
-  const Node& n = g.node(v);
-  if (!keeps_rows(n) || is_result(g, v) || placed_into(g, n.inputs[0]) >= 0) return false;
-  // Its operand is laid out contiguously: a kernel's result, an input, or reshapes of one.
-  ir::ValueId x = n.inputs[0];
-  while (g.node(x).op == Op::reshape) x = g.node(x).inputs[0];
-  if (g.node(x).op == Op::permute && head_view(g, x)) return false;
-  if (placed_into(g, x) >= 0) return false;
-  const auto readers = readers_of(g, v);
-  return !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](const auto& r) {
-    const Node& reader = g.node(r.first);
-    return ir::is_fused_attention(reader.op) && detail::attention_strided(reader) && strided_slot(reader, r.second);
-  });
-}
-
-namespace {
-
-/// The concats that read v.
-std::vector<ir::ValueId> concat_readers(const ir::Graph& g, ir::ValueId v) {
-  std::vector<ir::ValueId> r;
-  for (const auto& read : readers_of(g, v))
-    if (g.node(read.first).op == Op::concat && (r.empty() || r.back() != read.first)) r.push_back(read.first);
-  return r;
-}
-
-}  // namespace
-
-bool concat_in_place(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
-  const Node& c = g.node(v);
-  if (c.op != Op::concat || alignment <= 0 || c.inputs[0] == c.inputs[1]) return false;
-  // Each operand is a contiguous run of the result: every dim before the axis is 1, and the
-  // second operand starts at an aligned static offset.
-  for (int d = 0; d < c.shape.rank; ++d)
-    if (ir::is_symbol(c.shape[d]) || (d < c.attrs.axis && c.shape[d] != 1)) return false;
-  if (g.node(c.inputs[0]).shape.numel() * 4 % alignment != 0) return false;
-  for (ir::ValueId o : c.inputs) {
-    const Node& operand = g.node(o);
-    // Its own storage, written by its kernel (or by its operands', for a concat in place), and
-    // this the only concat that reads it.
-    const bool own = operand.op == Op::concat ? concat_in_place(g, o, alignment) : has_kernel(g, o, alignment) && placed_into(g, o) < 0;
-    if (operand.op == Op::input || !own || concat_readers(g, o).size() != 1) return false;
-  }
-  return true;
-}
-
-std::optional<ir::Placement> written_into(const ir::Graph& g, ir::ValueId v, std::int64_t alignment) {
-  if (const ir::ValueId p = placed_into(g, v); p >= 0) return ir::Placement{p, 0};
-  if (const ir::ValueId c = narrowed_into(g, v); c >= 0) return ir::Placement{c, 0};
-  for (ir::ValueId c : concat_readers(g, v)) {
-    if (!concat_in_place(g, c, alignment)) continue;
-    const Node& n = g.node(c);
-    return ir::Placement{c, n.inputs[0] == v ? 0 : g.node(n.inputs[0]).shape.numel() * 4};
-  }
-  return std::nullopt;
-}
-
-bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment) {
-  const Node& n = g.node(v);
-  if (n.op == Op::permute && placed_into(g, n.inputs[0]) == v) return false;  // its operand's kernel writes it
-  if (n.op == Op::cast && narrowed_into(g, n.inputs[0]) == v) return false;     // likewise, rounded
-  if (concat_in_place(g, v, view_alignment)) return false;                     // its operands' kernels write it
-  return has_kernel(n) && !view_offset(g, v, view_alignment);
-}
 
 int storage_buffers(const Node& n) { return static_cast<int>(n.inputs.size()) + 1 + (ir::is_fused_attention(n.op) ? 1 : 0); }
 
@@ -1182,7 +973,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
   return std::nullopt;
 }
 
-KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& target) {
+KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
   switch (n.op) {
     case Op::constant: return constant_source(target);
@@ -1191,10 +982,10 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     QKV_COMPARE_CASES
     case Op::cast:
       if (cast16(g, n)) return cast16_source(g, n, target);
-      return elementwise_source(g, v, target);
+      return elementwise_source(g, storage, v, target);
     case Op::where:
     case Op::broadcast_to:
-    case Op::permute: return elementwise_source(g, v, target);
+    case Op::permute: return elementwise_source(g, storage, v, target);
     case Op::slice: return slice_source(target);
     case Op::concat: return concat_source(target);
     case Op::cache_write: return ir::writes_into_operand(g, v) ? cache_write_in_place_source(target) : cache_write_source(target);
@@ -1203,13 +994,14 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
     case Op::one_hot: return one_hot_source(target);
     case Op::embedding: return embedding_source(target);
     QKV_REDUCE_CASES
-    case Op::softmax: return axis_source(g, v, target);
-    case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, v, true));
+    case Op::softmax: return axis_source(g, storage, v, target);
+    case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, storage, v, true));
     case Op::causal_mask: return causal_mask_source(target);
     QKV_ATTENTION_CASES {
       std::vector<DType> held;  // q, k, v, dy
-      for (std::size_t k = 0; k < std::min<std::size_t>(n.inputs.size(), 4); ++k) held.push_back(held_dtype(g, n.inputs[k]));
-      return detail::attention_source(n, held, held_dtype(g, v), rounded_on_store(g, v), detail::attention_cooperative(g, v, target) ? &target : nullptr);
+      for (std::size_t k = 0; k < std::min<std::size_t>(n.inputs.size(), 4); ++k) held.push_back(storage.held(n.inputs[k]));
+      return detail::attention_source(n, held, storage.held(v), storage[v].rounded,
+                                      detail::attention_cooperative(g, storage, v, target) ? &target : nullptr);
     }
     case Op::input:
     case Op::reshape:
@@ -1221,7 +1013,7 @@ KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& targ
 
 bool specialized(const Node& n) { return n.op == Op::matmul || ir::is_fused_attention(n.op); }
 
-KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
+KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
   const Node& n = g.node(v);
   const Shape& os = shapes[static_cast<std::size_t>(v)];
   auto in_shape = [&](int k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
@@ -1297,7 +1089,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
       return detail::axis_launch(outer, xs[n.attrs.axis], inner, target);
     }
-    case Op::matmul: return detail::matmul_launch(n, shapes, os, target, detail::matmul_dtypes(g, v, true));
+    case Op::matmul: return detail::matmul_launch(n, shapes, os, target, detail::matmul_dtypes(g, storage, v, true));
     case Op::one_hot:
       l.push = {push_word(os.numel()), push_word(n.attrs.depth)};
       l.groups = linear_groups(os.numel(), target.invocations);
@@ -1309,7 +1101,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
       l.groups = linear_groups(os.numel(), target.invocations);
       return l;
     }
-    QKV_ATTENTION_CASES return detail::attention_launch(g, v, shapes, target);
+    QKV_ATTENTION_CASES return detail::attention_launch(g, storage, v, shapes, target);
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:
@@ -1318,34 +1110,18 @@ KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
 
-std::string emit_glsl(const ir::Graph& g, const FusionLimits& limits, const Target& target, bool fuse) {
+std::string emit_glsl(const ir::Graph& g, const ir::StoragePlan& storage, const FusionLimits& limits, const Target& target, bool fuse) {
   std::string out;
   for (std::size_t i = 0; i < g.size(); ++i) {
     const auto v = static_cast<ir::ValueId>(i);
-    const Node& n = g.nodes()[i];
-    if (n.op == Op::input || n.op == Op::reshape || has_kernel(g, v, limits.view_alignment)) continue;
-    const std::string head = "// ---- %" + std::to_string(i) + " = " + std::string(ir::op_name(n.op)) + " : " + g.type_string(v) + " (no kernel: ";
-    if (n.op == Op::slice)
-      out += head + "read in place, %" + std::to_string(n.inputs[0]) + " from byte " + std::to_string(*view_offset(g, v, limits.view_alignment)) + ")\n";
-    else if (head_view(g, v))
-      out += head + "the flash kernels read %" + std::to_string(n.inputs[0]) + " in place through its strides)\n";
-    else if (exact_round(g, v) && is_half(rounded_on_store(g, n.inputs[0])))
-      out += head + "%" + std::to_string(n.inputs[0]) + "'s kernel stores its values rounded to " + (n.op == Op::round_f16 ? "f16" : "bf16") + ")\n";
-    else if (exact_round(g, v))
-      out += head + "its operand %" + std::to_string(n.inputs[0]) + "'s values are already " + (n.op == Op::round_f16 ? "f16" : "bf16") + " numbers)\n";
-    else if (half_view(g, v))
-      out += head + "its readers load %" + std::to_string(n.inputs[0]) + "'s " + std::string(dtype_name(g.node(n.inputs[0]).dtype)) +
-             " values in place, widening each)\n";
-    else if (n.op == Op::concat)
-      out += head + "%" + std::to_string(n.inputs[0]) + "'s and %" + std::to_string(n.inputs[1]) + "'s kernels write it in place)\n";
-    else if (narrowed_into(g, n.inputs[0]) == v)
-      out += head + "%" + std::to_string(n.inputs[0]) + "'s kernel writes it, rounded to " + std::string(dtype_name(n.dtype)) + ")\n";
-    else
-      out += head + "%" + std::to_string(n.inputs[0]) + "'s kernel writes it in place through its strides)\n";
+    const ir::StorageKind kind = storage[v].kind;
+    if (storage.has_kernel(v) || kind == ir::StorageKind::input || kind == ir::StorageKind::reshape) continue;
+    out += "// ---- %" + std::to_string(i) + " = " + std::string(ir::op_name(g.node(v).op)) + " : " + g.type_string(v) +
+           " (no kernel: " + ir::no_kernel_reason(g, storage, v) + ")\n";
   }
-  for (const KernelGroup& k : fuse ? plan_kernels(g, limits) : unfused_kernels(g, limits.view_alignment)) {
+  for (const KernelGroup& k : fuse ? plan_kernels(g, storage, limits) : unfused_kernels(g, storage)) {
     const Node& n = g.node(k.root);
-    KernelSource source = k.fused() ? fused_source(g, k, target) : kernel_source(g, k.root, target);
+    KernelSource source = k.fused() ? fused_source(g, storage, k, target) : kernel_source(g, storage, k.root, target);
     out += "// ---- %" + std::to_string(k.root) + " = " + std::string(ir::op_name(n.op)) + " : " + g.type_string(k.root) + " (kernel " + source.name +
            (k.fused() ? ", computing " + covered_nodes(g, k) : std::string()) + ")\n" + source.glsl + "\n";
   }

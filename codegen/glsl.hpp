@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ir/graph.hpp"
-#include "ir/passes/memory_plan.hpp"
+#include "ir/storage_plan.hpp"
 
 namespace qkv::codegen {
 
@@ -81,6 +81,10 @@ struct Target {
     bool emulated = false;
     bool operator==(const CooperativeMatrix&) const = default;
   } cooperative_matrix{};
+  /// Storage ranges bind at multiples of this many bytes (minStorageBufferOffsetAlignment, at
+  /// least 16): where slices and concat operands may lie in place (codegen::plan_storage); 0
+  /// (no device: `qkv dump --glsl`): none do.
+  std::int64_t view_alignment = 0;
 };
 
 struct KernelLaunch {
@@ -102,11 +106,9 @@ struct KernelLaunch {
 /// decomposed before code generation (softmax and the attention family have one, the latter up
 /// to four batch dims; a flex modifier's score-shaped tensor gradient is decomposed).
 bool implements(const ir::Node& n);
-/// Whether a node runs as a kernel (inputs are uploaded; reshapes alias their operand).
-bool has_kernel(const ir::Node& n);
 /// Whether n is a cast to or from f16 or bf16: a kernel of its own, never fused, converting
-/// contiguous elements (where no other kernel reads or writes the 16-bit values in place:
-/// half_view, narrowed_into).
+/// contiguous elements (where no other kernel reads or writes the 16-bit values in place: the
+/// storage plan's half views and narrowed casts).
 bool cast16(const ir::Graph& g, const ir::Node& n);
 /// Nodes computed at each element of their kernel from their operands' values at that element:
 /// unary, binary, select and comparison ops, and broadcast_to (its operand is read through
@@ -116,74 +118,20 @@ bool elementwise(const ir::Graph& g, const ir::Node& n);
 /// Sums, maxima and softmax over one axis: a kernel of their own reading their input through
 /// the elementwise chain that computes it (codegen/fusion.cpp).
 bool axis_reduction(const ir::Node& n);
-/// Where node v's value lies in its operand's storage when it is a view and needs no kernel: a
-/// reshape, a head view, a half view or an exact round at byte 0; a slice whose elements are contiguous in its operand (every dim before
-/// the axis is 1, those after it static) at begin * inner size * 4 bytes, when that is a
-/// multiple of `alignment` (a descriptor's offset must be: minStorageBufferOffsetAlignment);
-/// alignment 0 views no slice. nullopt for every other node.
-std::optional<std::int64_t> view_offset(const ir::Graph& g, ir::ValueId v, std::int64_t alignment);
-/// has_kernel, and not a view for this alignment, nor a permute its operand's kernel writes.
-bool has_kernel(const ir::Graph& g, ir::ValueId v, std::int64_t view_alignment);
-/// Whether permute v is a head view: it keeps the last dim last, every reader is a flash kernel
-/// reading it as q, k, v or dy (which take row and batch strides), and its operand is laid out
-/// contiguously; then it has no kernel and aliases its operand at byte 0 (view_offset), read
-/// through its permuted strides ([B, N, H, D] projections read as [B, H, N, D] heads).
-bool head_view(const ir::Graph& g, ir::ValueId v);
-/// Whether v, the cast to f32 of an f16 or bf16 input, has no kernel because every reader is a
-/// flash kernel reading it as q, k, v or dy, a matmul reading it as A or B, an elementwise node
-/// or an axis reduction (whatever kernel computes it, which reads v as an operand), all of which
-/// widen the 16-bit values where they load them: it aliases the input.
-bool half_view(const ir::Graph& g, ir::ValueId v);
-/// The cast to f16 or bf16 that is the only reader of v, a flash forward kernel (attention,
-/// masked or flex), a matmul, an elementwise node or an axis reduction, when v is no result and
-/// has a kernel: v's kernel writes its output rounded into the cast's 16-bit storage, and the
-/// cast has no kernel. -1 otherwise.
-ir::ValueId narrowed_into(const ir::Graph& g, ir::ValueId v);
-/// Whether every value of v is a `dtype` (f16 or bf16) number: v has that dtype, rounds to it,
-/// is the cast of such a value, or moves such values (a reshape, permute, slice, broadcast,
-/// concat, negation or select of them). In a half graph (ir::emulate_half_precision) every
-/// value the original graph typed f16 is one.
-bool rounded_to(const ir::Graph& g, ir::ValueId v, DType dtype);
-/// f16 or bf16 where v's kernel stores its values rounded to that dtype, f32 otherwise: v is a
-/// flash-attention node (any of the family), a softmax, or a sum or max over an axis, it is no
-/// result, and its one reader is a round to that dtype (a half graph rounds the result of every
-/// such op), which is then a view of v's storage (exact_round) rather than a kernel. A sum or max
-/// that keeps its dim is left alone where the round has elementwise readers: fusion may compute
-/// it inside their kernel, per row.
-DType rounded_on_store(const ir::Graph& g, ir::ValueId v);
-/// Whether v is a round_f16 or round_bf16 of values already of its dtype (a half graph rounds
-/// the result of every half op, a permute's or a slice's too) held in a layout op's, a cast's
-/// or a round's storage: the identity, so a view of that storage with no kernel (view_offset).
-bool exact_round(const ir::Graph& g, ir::ValueId v);
-/// The dtype v's storage holds: f16 or bf16 for a half-typed value, a half view and a flash or
-/// matmul output narrowed into a cast, f32 for the rest (bool and i32 values are held as floats).
-DType held_dtype(const ir::Graph& g, ir::ValueId v);
-/// The permute (keeping the last dim last) that is the only reader of flash-kernel output v,
-/// when v is not a result: v's kernel writes its output into that permute's storage through
-/// the permuted strides ([B, H, N, D] heads stored as [B, N, H, D]), and the permute has no
-/// kernel. -1 otherwise.
-ir::ValueId placed_into(const ir::Graph& g, ir::ValueId v);
-/// Whether concat v has no kernel because its operands' kernels write their results into it:
-/// each operand is a contiguous run of it (the dims before the axis are 1, every dim static, the
-/// second operand's offset a multiple of `alignment`), has storage of its own written by a
-/// kernel (or is such a concat), is no input, and is read by no other concat (the packed QKV
-/// weight's and bias's gradients, concat(concat(dq, dk), dv)).
-bool concat_in_place(const ir::Graph& g, ir::ValueId v, std::int64_t alignment);
-/// Where v's kernel writes its result when that lies in a later value's storage: an attention's
-/// output in its permute's (placed_into), a concat's operand in the concat at its byte offset.
-std::optional<ir::Placement> written_into(const ir::Graph& g, ir::ValueId v, std::int64_t alignment);
 /// The storage buffers the node's kernel binds (KernelSource::buffers): its operands, its
 /// output, and the flash kernels' tile counter. A device allows a limited number per shader
 /// (maxPerStageDescriptorStorageBuffers: 32 on lavapipe); past it, the backend decomposes.
 int storage_buffers(const ir::Node& n);
 /// Why the Vulkan code generator cannot handle a node, or nullopt when it can.
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const ir::Node& n);
-/// The shader of node `v` for `target` (only matmul's depends on it: see matmul_glsl.cpp).
-KernelSource kernel_source(const ir::Graph& g, ir::ValueId v, const Target& target = {});
+/// The shader of node `v` for `target` (only matmul's depends on it: see matmul_glsl.cpp),
+/// reading and writing its values as `storage` holds them (codegen::plan_storage).
+KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target = {});
 /// Whether node `v`'s pipeline depends on the bound shapes and the device (KernelLaunch::specialization:
 /// the flash kernels' head dims and geometry, the matmul's tile geometry).
 bool specialized(const ir::Node& n);
 /// Push constants and workgroup counts of node `v` for concrete shapes (one per node).
-KernelLaunch kernel_launch(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target = {});
+KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<ir::Shape>& shapes,
+                           const Target& target = {});
 
 }  // namespace qkv::codegen

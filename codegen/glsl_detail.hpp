@@ -37,8 +37,8 @@ inline constexpr int kAxisPushWords = 4;
 /// `value` rounded to f16 or bf16 by the kernel's qkv_round_f16 or qkv_round_bf16 (math_helpers_of
 /// the round op defines them); `value` itself for f32.
 std::string rounded_value(DType rounded, const std::string& value);
-/// How a kernel stores each value: rounded to f16 or bf16 in f32 storage (`rounded`:
-/// codegen::rounded_on_store), and in 16-bit storage (`held`: codegen::narrowed_into).
+/// How a kernel stores each value: rounded to f16 or bf16 in f32 storage (`rounded`), and in
+/// 16-bit storage (`held`), as the storage plan says (ir::ValueStorage).
 struct Store {
   DType rounded = DType::f32, held = DType::f32;
   /// The stored expression for f32 `value`.

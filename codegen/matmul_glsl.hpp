@@ -24,9 +24,9 @@ struct MatmulEpilogue {
   std::vector<DType> held;  // the dtypes the operands' buffers hold (f32 where missing)
 };
 
-/// The dtypes a matmul kernel's buffers hold (codegen::held_dtype): A and B may be f16 or bf16
+/// The dtypes a matmul kernel's buffers hold (ir::ValueStorage::held): A and B may be f16 or bf16
 /// (a half input read in place, widened exactly as it is loaded), the output f16 or bf16 (the
-/// product rounded once as it is stored into its cast's storage, codegen::narrowed_into).
+/// product rounded once as it is stored into its cast's storage: a narrowed cast).
 struct MatmulDtypes {
   DType a = DType::f32, b = DType::f32, out = DType::f32;
   /// A's and B's values are all f16 numbers (held in f16, or f32 values the graph rounded to
@@ -35,7 +35,7 @@ struct MatmulDtypes {
 };
 /// The dtypes of matmul `mm`'s buffers, and whether its operands are f16 values; `own_output`:
 /// its kernel stores the matmul's own value (not a fused epilogue's), possibly narrowed.
-MatmulDtypes matmul_dtypes(const ir::Graph& g, ir::ValueId mm, bool own_output);
+MatmulDtypes matmul_dtypes(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId mm, bool own_output);
 /// Whether the matmul kernel for these operands on `target` multiplies with cooperative
 /// matrices: the target has them (Target::cooperative_matrix) and A and B are f16 values.
 bool uses_cooperative_matrix(const Target& target, const MatmulDtypes& dtypes);

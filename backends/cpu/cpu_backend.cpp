@@ -18,6 +18,7 @@
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "ir/region.hpp"
+#include "ir/storage_plan.hpp"
 
 namespace qkv::backend {
 
@@ -59,30 +60,56 @@ std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
   return group;
 }
 
-/// How each value is held: its dtype there (f16 or bf16 for a half graph's half values: its
-/// kept inputs, each op's result rounded by round_f16 or round_bf16 and the casts to a half type;
-/// f32 for the rest, bool and i32 inputs widened into the arena), and whether it is a view of
-/// its operand's storage (a reshape; the cast to f32 of a half input, whose readers widen what
-/// they read; the cast of a value already held in the cast's dtype).
-struct Storage {
-  std::vector<DType> dtype;
-  std::vector<bool> view;
-};
-
-Storage storage_of(const ir::Graph& g) {
-  Storage s{std::vector<DType>(g.size(), DType::f32), std::vector<bool>(g.size(), false)};
+/// The storage plan of the cpu kernels. Values are held in f32 but for a half graph's 16-bit
+/// ones (its kept half inputs, each round_f16 or round_bf16 result and the casts to a half type);
+/// bool and i32 inputs are widened into the arena. A reshape is a view of its operand, so is the
+/// cast to f32 of 16-bit values (a half view: its readers widen what they read, or read it as it
+/// is: reads_half) and the cast of a value already held in the cast's dtype (an exact round). The
+/// round or 16-bit cast that is the only reader of a fused attention, or of its gradient with
+/// respect to q, k or v, is written by that kernel, rounded as it stores (narrowed).
+ir::StoragePlan cpu_storage_plan(const ir::Graph& g) {
+  ir::StoragePlan plan;
+  plan.values.resize(g.size());
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];
-    const DType operand = n.inputs.empty() ? DType::f32 : s.dtype[static_cast<std::size_t>(n.inputs[0])];
-    if (n.op == Op::input && is_half(n.dtype)) s.dtype[i] = n.dtype;
-    if (n.op == Op::round_f16) s.dtype[i] = DType::f16;
-    if (n.op == Op::round_bf16) s.dtype[i] = DType::bf16;
-    if (n.op == Op::cast && is_half(n.dtype)) s.dtype[i] = n.dtype;
-    s.view[i] = n.op == Op::reshape || (n.op == Op::cast && n.dtype == DType::f32 && is_half(g.node(n.inputs[0]).dtype)) ||
-                (n.op == Op::cast && is_half(n.dtype) && operand == n.dtype);
-    if (s.view[i]) s.dtype[i] = operand;
+    ir::ValueStorage& s = plan.values[i];
+    if (n.op == Op::input) s.kind = ir::StorageKind::input;
+    if ((n.op == Op::input || n.op == Op::cast) && is_half(n.dtype)) s.held = n.dtype;
+    if (n.op == Op::round_f16) s.held = DType::f16;
+    if (n.op == Op::round_bf16) s.held = DType::bf16;
+    s.f16_numbers = s.held == DType::f16;
+    s.bf16_numbers = s.held == DType::bf16;
+    if (n.op == Op::reshape) s.kind = ir::StorageKind::reshape;
+    else if (n.op == Op::cast && n.dtype == DType::f32 && is_half(g.node(n.inputs[0]).dtype)) s.kind = ir::StorageKind::half_view;
+    else if (n.op == Op::cast && is_half(n.dtype) && plan.held(n.inputs[0]) == n.dtype) s.kind = ir::StorageKind::exact_round;
+    if (s.is_view()) {
+      s.of = n.inputs[0];
+      s.held = plan.held(s.of);
+    }
   }
-  return s;
+  std::vector<int> readers(g.size(), 0);
+  std::vector<ir::ValueId> reader(g.size(), -1);
+  for (std::size_t i = 0; i < g.size(); ++i)
+    for (ir::ValueId v : g.nodes()[i].inputs) {
+      ++readers[static_cast<std::size_t>(v)];
+      reader[static_cast<std::size_t>(v)] = static_cast<ir::ValueId>(i);
+    }
+  for (ir::ValueId v : g.result_values()) readers[static_cast<std::size_t>(v)] += 2;  // kept whole
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const ir::AttentionRoles& roles = ir::attention_roles(g.nodes()[i].op);
+    const bool grad = roles.backward() && g.nodes()[i].attrs.wrt <= 2;
+    if ((!roles.forward() && !grad) || readers[i] != 1) continue;
+    const ir::ValueId r = reader[i];
+    const Node& round = g.node(r);
+    if (round.op != Op::round_f16 && round.op != Op::round_bf16 && !(round.op == Op::cast && is_half(round.dtype))) continue;
+    ir::ValueStorage& rs = plan.values[static_cast<std::size_t>(r)];
+    rs.kind = ir::StorageKind::narrowed;
+    rs.of = static_cast<ir::ValueId>(i);
+    plan.values[i].into = {r, 0};
+    plan.values[i].held = rs.held;
+  }
+  ir::verify_storage(g, plan);
+  return plan;
 }
 
 /// Whether operand `k` of `n` may be f16 or bf16 for its kernel: fused attention's forward and
@@ -96,37 +123,10 @@ bool reads_half(const Node& n, std::size_t k) {
   return (n.op == Op::matmul || n.op == Op::embedding) && k == 1;
 }
 
-/// Per node: the round_f16, round_bf16 or cast to a half type that is its only reader, when its
-/// kernel computes that too (fused attention writing its rounded output, or its gradients
-/// theirs; the attention itself gets no storage), -1 otherwise.
-std::vector<ir::ValueId> rounds_in_kernel(const ir::Graph& g) {
-  std::vector<int> readers(g.size(), 0);
-  std::vector<ir::ValueId> reader(g.size(), -1), fused(g.size(), -1);
-  for (std::size_t i = 0; i < g.size(); ++i)
-    for (ir::ValueId v : g.nodes()[i].inputs) {
-      ++readers[static_cast<std::size_t>(v)];
-      reader[static_cast<std::size_t>(v)] = static_cast<ir::ValueId>(i);
-    }
-  for (ir::ValueId v : g.result_values()) readers[static_cast<std::size_t>(v)] += 2;  // kept whole
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const Node& n = g.nodes()[i];
-    const ir::AttentionRoles& roles = ir::attention_roles(n.op);
-    const bool grad = roles.backward() && n.attrs.wrt <= 2;
-    if ((!roles.forward() && !grad) || readers[i] != 1) continue;
-    const Node& r = g.node(reader[i]);
-    if (r.op == Op::round_f16 || r.op == Op::round_bf16 || (r.op == Op::cast && is_half(r.dtype))) fused[i] = reader[i];
-  }
-  return fused;
-}
-
 class CpuExecutable final : public ExecutableSkeleton {
  public:
-  explicit CpuExecutable(ir::Graph g)
-      : ExecutableSkeleton(std::move(g)), slot_(graph_.size(), -1), storage_(storage_of(graph_)), round_in_(rounds_in_kernel(graph_)),
-        rounded_by_(graph_.size(), -1) {
+  explicit CpuExecutable(ir::Graph g) : ExecutableSkeleton(std::move(g)), slot_(graph_.size(), -1), storage_(cpu_storage_plan(graph_)) {
     for (std::size_t i = 0; i < input_ids_.size(); ++i) slot_[static_cast<std::size_t>(input_ids_[i])] = static_cast<int>(i);
-    for (std::size_t i = 0; i < graph_.size(); ++i)
-      if (round_in_[i] >= 0) rounded_by_[static_cast<std::size_t>(round_in_[i])] = static_cast<ir::ValueId>(i);
     find_kernel_groups();
   }
   std::int64_t planned_bytes() const override { return memory_.total_bytes + scratch_bytes_; }
@@ -141,7 +141,7 @@ class CpuExecutable final : public ExecutableSkeleton {
   void compute() override {
     tile_counts_.clear();
     for (std::size_t i = 0; i < graph_.size(); ++i) {
-      if (!computed_with_leader(i) && rounded_by_[i] < 0) {
+      if (!computed_with_leader(i) && !in_kernel_of_operand(i)) {
         tiles_.computed = 0;
         tiles_.skipped = 0;
         tiles_.unmasked = 0;
@@ -177,15 +177,13 @@ class CpuExecutable final : public ExecutableSkeleton {
   void plan() override {
     bind_shapes();
     bytes_.assign(graph_.size(), 0);
-    for (std::size_t i = 0; i < graph_.size(); ++i) bytes_[i] = shapes_[i].numel() * static_cast<std::int64_t>(dtype_size(storage_.dtype[i]));
-    std::vector<std::int64_t> views(graph_.size(), -1);
-    std::vector<ir::Placement> placed(graph_.size());
+    for (std::size_t i = 0; i < graph_.size(); ++i) bytes_[i] = shapes_[i].numel() * static_cast<std::int64_t>(dtype_size(held(i)));
+    std::vector<std::int64_t> views = storage_.memory_views();
+    const std::vector<ir::Placement> placed = storage_.memory_placements();  // attentions writing their rounded outputs
     in_place_.assign(graph_.size(), false);
     for (std::size_t i = 0; i < graph_.size(); ++i) {
-      if (storage_.view[i]) views[i] = 0;
-      if (round_in_[i] >= 0) placed[i] = {round_in_[i], 0};  // the attention's kernel writes its rounded output
       // A cache the executable holds takes its new rows where it is (the update then copies nothing).
-      if (ir::writes_into_operand(graph_, static_cast<ir::ValueId>(i)) && storage_.dtype[i] == DType::f32 &&
+      if (ir::writes_into_operand(graph_, static_cast<ir::ValueId>(i)) && held(i) == DType::f32 &&
           state_.contains(graph_.node(graph_.nodes()[i].inputs[0]).name)) {
         views[i] = 0;
         in_place_[i] = true;
@@ -220,13 +218,13 @@ class CpuExecutable final : public ExecutableSkeleton {
     const ir::OpCategory c = ir::op_info(n.op).category;
     const bool elementwise = c == ir::OpCategory::unary || c == ir::OpCategory::binary || c == ir::OpCategory::compare || c == ir::OpCategory::select;
     const bool reduction = n.op == Op::reduce_sum || n.op == Op::reduce_max;
-    if ((!elementwise && !reduction) || n.op == Op::cast || storage_.dtype[i] != DType::f32 || memory_.offset[i] < 0) return false;
-    if (reduction) return is_half(storage_.dtype[static_cast<std::size_t>(n.inputs[0])]);
+    if ((!elementwise && !reduction) || n.op == Op::cast || held(i) != DType::f32 || memory_.offset[i] < 0) return false;
+    if (reduction) return is_half(storage_.held(n.inputs[0]));
     bool half = false;
     for (ir::ValueId v : n.inputs) {
       const auto u = static_cast<std::size_t>(v);
       if (!(shapes_[u] == shapes_[i]) && shapes_[u].numel() != 1) return false;
-      half |= is_half(storage_.dtype[u]) && shapes_[u] == shapes_[i];
+      half |= is_half(held(u)) && shapes_[u] == shapes_[i];
     }
     return half;
   }
@@ -290,12 +288,12 @@ class CpuExecutable final : public ExecutableSkeleton {
     scratch_bytes_ = 0;
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       const Node& n = graph_.nodes()[i];
-      if (n.op == Op::input || storage_.view[i] || computed_with_leader(i) || rounded_by_[i] >= 0 || chunkwise(i)) continue;
+      if (n.op == Op::input || storage_.values[i].is_view() || computed_with_leader(i) || in_kernel_of_operand(i) || chunkwise(i)) continue;
       std::int64_t at = 0;
       for (std::size_t k = 0; k < n.inputs.size(); ++k) {
         const auto v = static_cast<std::size_t>(n.inputs[k]);
         const bool seen = std::any_of(widened_[i].begin(), widened_[i].end(), [&](const auto& w) { return w.first == n.inputs[k]; });
-        if (storage_.dtype[v] == DType::f32 || reads_half(n, k) || seen) continue;
+        if (held(v) == DType::f32 || reads_half(n, k) || seen) continue;
         widened_[i].emplace_back(n.inputs[k], at);
         at += (shapes_[v].numel() * 4 + 63) / 64 * 64;
       }
@@ -303,14 +301,18 @@ class CpuExecutable final : public ExecutableSkeleton {
     }
   }
 
+  /// The dtype value i's storage holds.
+  DType held(std::size_t i) const { return storage_.values[i].held; }
+  /// Whether value i is computed by its operand's kernel (a round an attention writes).
+  bool in_kernel_of_operand(std::size_t i) const { return storage_.values[i].kind == ir::StorageKind::narrowed; }
   const Tensor& input_tensor(std::size_t v) const { return *tensors_[static_cast<std::size_t>(slot_[v])]; }
   std::byte* arena_bytes() { return reinterpret_cast<std::byte*>(arena_.data()); }
   const std::byte* arena_bytes() const { return reinterpret_cast<const std::byte*>(arena_.data()); }
   /// Value v's bytes: in the arena, or in the caller's tensor for an input read in place.
   ConstBytes value_bytes(std::size_t v) const {
     auto root = static_cast<std::size_t>(memory_.storage_of[v]);
-    if (memory_.offset[root] < 0) return {input_tensor(root).raw(), storage_.dtype[v]};
-    return {arena_bytes() + memory_.offset[root], storage_.dtype[v]};
+    if (memory_.offset[root] < 0) return {input_tensor(root).raw(), held(v)};
+    return {arena_bytes() + memory_.offset[root], held(v)};
   }
   float* out_ptr(std::size_t v) { return reinterpret_cast<float*>(arena_bytes() + memory_.offset[v]); }
 
@@ -393,10 +395,10 @@ class CpuExecutable final : public ExecutableSkeleton {
   void attention_grads(std::size_t i, const cpu::AttentionGradArgs& args) {
     std::optional<cpu::View> grads[3];
     for (std::size_t member : group_[i]) {
-      const auto r = static_cast<std::size_t>(round_in_[member]);
-      grads[graph_.nodes()[member].attrs.wrt] = round_in_[member] >= 0
-                                                    ? cpu::View{nullptr, shapes_[member], arena_bytes() + memory_.offset[r], storage_.dtype[r]}
-                                                    : cpu::View{out_ptr(member), shapes_[member]};
+      const ir::ValueId r = storage_.values[member].into.into;
+      grads[graph_.nodes()[member].attrs.wrt] =
+          r >= 0 ? cpu::View{nullptr, shapes_[member], arena_bytes() + memory_.offset[static_cast<std::size_t>(r)], storage_.held(r)}
+                 : cpu::View{out_ptr(member), shapes_[member]};
     }
     auto at = [&](int k) { return grads[k] ? &*grads[k] : nullptr; };
     cpu::attention_grads(args, at(0), at(1), at(2));
@@ -439,7 +441,7 @@ class CpuExecutable final : public ExecutableSkeleton {
 
   void execute(std::size_t i) {
     const Node& n = graph_.nodes()[i];
-    if (storage_.view[i]) return;  // reads its operand's storage
+    if (storage_.values[i].is_view()) return;  // reads its operand's storage
     if (chunkwise(i)) return execute_chunkwise(i, out_ptr(i));
     // f16 and bf16 operands: widened into the scratch, or read as they are (reads_half).
     for (const auto& [v, at] : widened_[i]) {
@@ -459,13 +461,13 @@ class CpuExecutable final : public ExecutableSkeleton {
     cpu::View out{nullptr, shapes_[i]};
     if (memory_.offset[i] >= 0) out.data = out_ptr(i);
     if (in_place_[i]) out.data = const_cast<float*>(static_cast<const float*>(value_bytes(i).data));  // the held cache
-    if (round_in_[i] >= 0) {  // an attention writing its output rounded, where its round's value lives
-      const auto r = static_cast<std::size_t>(round_in_[i]);
-      out = {nullptr, shapes_[i], arena_bytes() + memory_.offset[r], storage_.dtype[r]};
-    } else if (is_half(storage_.dtype[i])) {  // a round_f16 or round_bf16 writing its 16-bit value
-      out = {nullptr, shapes_[i], out_ptr(i), storage_.dtype[i]};
+    const ir::ValueId round = storage_.values[i].into.into;
+    if (round >= 0) {  // an attention writing its output rounded, where its round's value lives
+      out = {nullptr, shapes_[i], arena_bytes() + memory_.offset[static_cast<std::size_t>(round)], storage_.held(round)};
+    } else if (is_half(held(i))) {  // a round_f16 or round_bf16 writing its 16-bit value
+      out = {nullptr, shapes_[i], out_ptr(i), held(i)};
     }
-    if (n.op != Op::input && is_half(storage_.dtype[i])) return narrow_into(in(0), out);  // round_f16, round_bf16, a cast: into 16-bit storage
+    if (n.op != Op::input && round < 0 && is_half(held(i))) return narrow_into(in(0), out);  // round_f16, round_bf16, a cast: into 16-bit storage
     // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
     // clang-format off
     switch (n.op) {
@@ -513,9 +515,7 @@ class CpuExecutable final : public ExecutableSkeleton {
   std::vector<std::vector<std::size_t>> group_;  // leader -> its group's nodes (empty otherwise)
   std::vector<bool> group_fused_;                // leader -> the group runs as one kernel
   std::vector<int> slot_;                        // node -> index into tensors_ (inputs only)
-  Storage storage_;                              // node -> how its value is held
-  std::vector<ir::ValueId> round_in_;            // attention -> the round its kernel computes, or -1
-  std::vector<ir::ValueId> rounded_by_;          // that round -> its attention, or -1
+  ir::StoragePlan storage_;                      // node -> how its value is held (cpu_storage_plan)
   ir::MemoryPlan memory_;
   std::vector<float> arena_;
 };
@@ -529,23 +529,18 @@ class CpuBackend final : public Backend {
            " threads (OpenBLAS on 1, qkv's pool owns the cores)";
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
+  ir::StoragePlan storage_plan(const ir::Graph& g) const override { return cpu_storage_plan(g); }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
     const Node& node = g.node(v);
-    if (node.op == Op::round_f16 || node.op == Op::round_bf16 || (node.op == Op::cast && is_half(node.dtype))) {
-      const std::vector<ir::ValueId> rounds = rounds_in_kernel(g);
-      for (std::size_t i = 0; i < rounds.size(); ++i)
-        if (rounds[i] == v) return "(in %" + std::to_string(i) + "'s kernel, its output rounded)";
-      if (storage_of(g).view[static_cast<std::size_t>(v)]) return "(view of its operand)";
-      return std::string("round to ") + (node.op == Op::round_f16 || node.dtype == DType::f16 ? "f16" : "bf16") + ", stored in 16 bits";
-    }
+    const ir::StoragePlan storage = cpu_storage_plan(g);
+    if (node.op != Op::input && !storage.has_kernel(v)) return "(" + ir::no_kernel_reason(g, storage, v) + ")";
+    if (node.op == Op::round_f16 || node.op == Op::round_bf16 || (node.op == Op::cast && is_half(node.dtype)))
+      return "round to " + std::string(dtype_name(storage.held(v))) + ", stored in 16 bits";
     // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
     // clang-format off
     switch (g.node(v).op) {
       case Op::input: return g.node(v).dtype == DType::f32 || is_half(g.node(v).dtype) ? "(input, read in place)" : "(input, widened to f32)";
-      case Op::reshape: return "(view of its operand)";
-      case Op::cast:
-        if (storage_of(g).view[static_cast<std::size_t>(v)]) return "(view of its operand, widened where read)";
-        return "loop";
+      case Op::reshape: break;  // a view (above)
       case Op::matmul: return std::string(cpu::gemm_kernel_name()) + " (up to 4 rows of A as stored: one pass over B)";
       case Op::attention:
       case Op::masked_attention: return "fused attention (online softmax)";
@@ -575,6 +570,7 @@ class CpuBackend final : public Backend {
       QKV_COMPARE_CASES
       QKV_REDUCE_CASES
       QKV_MASK_CASES
+      case Op::cast:
       case Op::permute:
       case Op::broadcast_to:
       case Op::slice:

@@ -36,7 +36,7 @@ struct DeviceProfile {
 /// What qkv generates for a device and the user's options.
 struct KernelChoices {
   codegen::Target target;                                ///< the code generator's device record
-  codegen::FusionLimits fusion;                          ///< storage buffers a fused kernel may bind, slices read in place
+  codegen::FusionLimits fusion;                          ///< storage buffers a fused kernel may bind
   ir::HalfInputs half_inputs = ir::HalfInputs::widened;  ///< whether f16/bf16 tensors stay 16-bit on the device
 };
 

@@ -14,6 +14,7 @@
 #include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
 #include "codegen/push_constants.hpp"
+#include "codegen/storage_plan.hpp"
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
 
@@ -37,25 +38,18 @@ void write_staging(const Tensor& t, void* dst) {
   for (std::int64_t i = 0; i < t.numel(); ++i) f[i] = static_cast<float>(t.at(i));
 }
 
-/// The alignment of every storage range the kernels bind: the device's
-/// minStorageBufferOffsetAlignment, at least 16. Slices read in place start at multiples of it.
-std::int64_t view_alignment(const Context& ctx) {
-  return static_cast<std::int64_t>(std::max<vk::DeviceSize>(ctx.properties().limits.minStorageBufferOffsetAlignment, 16));
-}
-
 class VulkanExecutable final : public ExecutableSkeleton {
  public:
   /// Fuses elementwise chains within `fusion`'s limits, or gives every node its own kernel.
   VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g, codegen::Target target, std::optional<codegen::FusionLimits> fusion)
-      : ExecutableSkeleton(std::move(g)), ctx_(std::move(ctx)), target_(target) {
-    for (std::size_t i = 0; i < graph_.size(); ++i) held_.push_back(codegen::held_dtype(graph_, static_cast<ir::ValueId>(i)));
+      : ExecutableSkeleton(std::move(g)), ctx_(std::move(ctx)), target_(target), storage_(codegen::plan_storage(graph_, target_.view_alignment)) {
     const std::uint32_t most = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
-    std::vector<codegen::KernelGroup> groups =
-        fusion ? codegen::plan_kernels(graph_, *fusion) : codegen::unfused_kernels(graph_, view_alignment(*ctx_));
+    std::vector<codegen::KernelGroup> groups = fusion ? codegen::plan_kernels(graph_, storage_, *fusion) : codegen::unfused_kernels(graph_, storage_);
     for (auto& group : groups) {
       const ir::ValueId v = group.root;
       const Node& n = graph_.node(v);
-      codegen::KernelSource source = group.fused() ? codegen::fused_source(graph_, group, target_) : codegen::kernel_source(graph_, v, target_);
+      codegen::KernelSource source =
+          group.fused() ? codegen::fused_source(graph_, storage_, group, target_) : codegen::kernel_source(graph_, storage_, v, target_);
       Kernel k{v, std::move(source), nullptr, -1, std::move(group)};
       QKV_ASSERT(k.group.fused() || k.source.buffers == codegen::storage_buffers(n), "codegen::storage_buffers disagrees with " + k.source.name);
       if (static_cast<std::uint32_t>(k.source.buffers) > most)  // supports() decomposes what can be
@@ -111,15 +105,14 @@ class VulkanExecutable final : public ExecutableSkeleton {
     read_tile_counts();
   }
   Tensor output(std::string_view name, ir::ValueId v) override {
-    return held_output(v, static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.find(name)->second,
-                       held_[static_cast<std::size_t>(v)]);
+    return held_output(v, static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.find(name)->second, storage_.held(v));
   }
 
  private:
   /// Bytes of v's value in the arena: 2 per element for an f16 or bf16 value (a kept input, a
   /// cast to a half type, a half view of an input), 4 for the rest (bool and i32 as floats).
   std::int64_t bytes_of(ir::ValueId v) const {
-    return shapes_[static_cast<std::size_t>(v)].numel() * (is_half(held_[static_cast<std::size_t>(v)]) ? 2 : 4);
+    return shapes_[static_cast<std::size_t>(v)].numel() * static_cast<std::int64_t>(dtype_size(storage_.held(v)));
   }
   std::int64_t offset_of(ir::ValueId v) const {
     const auto i = static_cast<std::size_t>(v);
@@ -168,7 +161,6 @@ class VulkanExecutable final : public ExecutableSkeleton {
     bind_shapes();
     std::vector<std::int64_t> bytes(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) bytes[i] = bytes_of(static_cast<ir::ValueId>(i));
-    const std::int64_t align = view_alignment(*ctx_);
     // A fused kernel's node reads the kernel's operands; the nodes computed inside it get no storage.
     std::vector<std::vector<ir::ValueId>> reads(graph_.size());
     for (std::size_t i = 0; i < graph_.size(); ++i) reads[i] = graph_.nodes()[i].inputs;
@@ -180,20 +172,12 @@ class VulkanExecutable final : public ExecutableSkeleton {
         no_storage.insert(&graph_.node(m));
       }
     }
-    // Reshapes, contiguous slices and head views are read in place (codegen::view_offset): they
-    // have no kernel. A flash kernel's output read only through a permute is written into that
-    // permute's storage (codegen::placed_into), which has no kernel either; so are a concat's
-    // operands into the concat (codegen::concat_in_place).
-    std::vector<std::int64_t> views(graph_.size(), -1);
-    std::vector<ir::Placement> placed(graph_.size());
-    for (std::size_t i = 0; i < graph_.size(); ++i) {
-      const auto v = static_cast<ir::ValueId>(i);
-      if (graph_.nodes()[i].op != Op::input && !codegen::has_kernel(graph_, v, align)) views[i] = codegen::view_offset(graph_, v, align).value_or(-1);
-      if (ir::writes_into_operand(graph_, v)) views[i] = 0;  // its kernel writes the new rows into the cache it updates
-      placed[i] = codegen::written_into(graph_, v, align).value_or(ir::Placement{});
-    }
+    // The storage plan's views read their operands' storage in place, and its placed, narrowed
+    // and concat values are written by their operands' kernels (codegen::plan_storage).
+    const std::vector<std::int64_t> views = storage_.memory_views();
+    const std::vector<ir::Placement> placed = storage_.memory_placements();
     memory_ = ir::plan_memory(
-        graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, align, &reads, &views, &placed);
+        graph_, bytes, [&](const Node& n) { return no_storage.contains(&n); }, storage_.view_alignment, &reads, &views, &placed);
     check_binding_ranges();
 
     using U = vk::BufferUsageFlagBits;
@@ -222,8 +206,8 @@ class VulkanExecutable final : public ExecutableSkeleton {
     // Launch parameters per kernel for these shapes, and the pipelines specialized for them.
     launches_.clear();
     for (auto& k : kernels_) {
-      launches_.push_back(k.group.fused() ? codegen::fused_launch(graph_, k.group, shapes_, target_)
-                                          : codegen::kernel_launch(graph_, k.value, shapes_, target_));
+      launches_.push_back(k.group.fused() ? codegen::fused_launch(graph_, storage_, k.group, shapes_, target_)
+                                          : codegen::kernel_launch(graph_, storage_, k.value, shapes_, target_));
       codegen::check_push(k.source, launches_.back());
       for (std::uint32_t groups : launches_.back().groups)
         if (groups > ctx_->profile().max_workgroup_count)
@@ -411,6 +395,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
 
   std::shared_ptr<Context> ctx_;
   codegen::Target target_;
+  ir::StoragePlan storage_;  // per node: the dtype its storage holds, the storage it aliases or is written into
   std::vector<Kernel> kernels_;
   std::vector<codegen::KernelLaunch> launches_;  // per kernel, for shapes_
   ir::MemoryPlan memory_;
@@ -426,7 +411,6 @@ class VulkanExecutable final : public ExecutableSkeleton {
   vk::raii::QueryPool query_pool_{nullptr};  // kernel timestamps, when profiling
   bool profiling_ = false;
   std::vector<KernelTime> last_profile_;
-  std::vector<DType> held_;  // node -> the dtype its storage holds (codegen::held_dtype)
   vk::raii::Fence fence_{nullptr};
   vk::raii::CommandBuffer command_buffer_{nullptr};
 };
@@ -444,27 +428,23 @@ class VulkanBackend final : public Backend {
   /// A kernel binding more storage buffers than the device allows per shader (a flex modifier
   /// reading many tensors) is decomposed where the op has a decomposition.
   bool supports(const Node& n) const override { return vulkan::device_supports(ctx_->profile(), n); }
+  ir::StoragePlan storage_plan(const ir::Graph& g) const override { return codegen::plan_storage(g, target_.view_alignment); }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
-    if (!codegen::has_kernel(g, v, view_alignment(*ctx_))) {
-      if (g.node(v).op == ir::Op::input) return "(input, uploaded)";
-      const std::string of = "%" + std::to_string(g.node(v).inputs[0]);
-      const auto at = codegen::view_offset(g, v, view_alignment(*ctx_));
-      if (g.node(v).op == Op::concat) return "(its operands' kernels write it in place)";
-      if (!at) return "(written in place by " + of + "'s kernel)";
-      if (codegen::head_view(g, v)) return "(view of " + of + " read through strides)";
-      return "(view of " + of + (*at ? " at byte " + std::to_string(*at) : "") + ")";
-    }
+    const ir::StoragePlan storage = storage_plan(g);
+    if (g.node(v).op == Op::input) return "(input, uploaded)";
+    if (!storage.has_kernel(v)) return "(" + ir::no_kernel_reason(g, storage, v) + ")";
     if (fuse_)
-      for (const auto& k : codegen::plan_kernels(g, fusion_limits())) {
-        if (k.root == v) return "glsl " + (k.fused() ? codegen::fused_name(g, k, target_) : codegen::kernel_source(g, v, target_).name);
+      for (const auto& k : codegen::plan_kernels(g, storage, fusion_limits())) {
+        if (k.root == v)
+          return "glsl " + (k.fused() ? codegen::fused_name(g, storage, k, target_) : codegen::kernel_source(g, storage, v, target_).name);
         if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end())
           return g.node(v).op == Op::constant ? "(inlined where it is read)" : "(in %" + std::to_string(k.root) + "'s kernel)";
       }
-    return "glsl " + codegen::kernel_source(g, v, target_).name;
+    return "glsl " + codegen::kernel_source(g, storage, v, target_).name;
   }
   std::vector<ir::ValueId> kernel_reads(const ir::Graph& g, ir::ValueId v) const override {
     if (fuse_)
-      for (const auto& k : codegen::plan_kernels(g, fusion_limits())) {
+      for (const auto& k : codegen::plan_kernels(g, storage_plan(g), fusion_limits())) {
         if (k.root == v) return k.operands;
         if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end()) return {};
       }
@@ -476,7 +456,7 @@ class VulkanBackend final : public Backend {
   std::string shaders(const ir::Graph& g) const {
     const ir::Graph lowered = ir::lower_for_backend(
         g, [this](const Node& n) { return supports(n); }, half_inputs_);
-    return codegen::emit_glsl(lowered, fusion_limits(), target_, fuse_);
+    return codegen::emit_glsl(lowered, storage_plan(lowered), fusion_limits(), target_, fuse_);
   }
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     // With 16-bit storage, half inputs and outputs cross as they are (cast kernels convert them
@@ -521,7 +501,8 @@ std::string vulkan_shaders(const ir::Graph& g, const VulkanOptions& options) {
   const ir::Graph lowered = ir::lower_for_backend(
       g, [&](const Node& n) { return vulkan::device_supports(*gpu, n); }, choices.half_inputs);
   return "// No Vulkan device here: the shaders for a GPU like " + gpu->name + ",\n// storage offsets aligned to " +
-         std::to_string(choices.fusion.view_alignment) + " bytes.\n" + codegen::emit_glsl(lowered, choices.fusion, choices.target, options.fusion);
+         std::to_string(choices.target.view_alignment) + " bytes.\n" +
+         codegen::emit_glsl(lowered, codegen::plan_storage(lowered, choices.target.view_alignment), choices.fusion, choices.target, options.fusion);
 }
 
 std::string VulkanDeviceInfo::capabilities() const {

@@ -16,6 +16,7 @@
 #include "backends/vulkan/device_profile.hpp"
 #include "codegen/fusion.hpp"
 #include "codegen/spirv_needs.hpp"
+#include "codegen/storage_plan.hpp"
 #include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "models/models.hpp"
@@ -92,11 +93,12 @@ TEST_P(DeviceFamily, EveryKernelCompilesValidatesAndFits) {
     for (const auto& [name, size] : models::find_model(m.name).dims) dims.try_emplace(name, size);
     const backend::TensorMap inputs = backend::random_inputs(lowered, dims, 1);
     const std::vector<ir::Shape> shapes = ir::bind_shapes(lowered, inputs);
-    for (const codegen::KernelGroup& group : codegen::plan_kernels(lowered, choices.fusion)) {
-      const codegen::KernelSource source =
-          group.fused() ? codegen::fused_source(lowered, group, choices.target) : codegen::kernel_source(lowered, group.root, choices.target);
-      const codegen::KernelLaunch launch = group.fused() ? codegen::fused_launch(lowered, group, shapes, choices.target)
-                                                         : codegen::kernel_launch(lowered, group.root, shapes, choices.target);
+    const ir::StoragePlan storage = codegen::plan_storage(lowered, choices.target.view_alignment);
+    for (const codegen::KernelGroup& group : codegen::plan_kernels(lowered, storage, choices.fusion)) {
+      const codegen::KernelSource source = group.fused() ? codegen::fused_source(lowered, storage, group, choices.target)
+                                                         : codegen::kernel_source(lowered, storage, group.root, choices.target);
+      const codegen::KernelLaunch launch = group.fused() ? codegen::fused_launch(lowered, storage, group, shapes, choices.target)
+                                                         : codegen::kernel_launch(lowered, storage, group.root, shapes, choices.target);
       SCOPED_TRACE("kernel " + source.name);
       codegen::SpirvNeeds needs;
       std::vector<std::uint32_t> spirv;
@@ -159,10 +161,11 @@ TEST(DeviceFamilies, KernelsChosenForAnotherDeviceAreRefusedByName) {
   const backend::TensorMap inputs = backend::random_inputs(lowered, m.dims, 1);
   const std::vector<ir::Shape> shapes = ir::bind_shapes(lowered, inputs);
   int refused = 0;
-  for (const codegen::KernelGroup& group : codegen::plan_kernels(lowered, choices.fusion)) {
+  const ir::StoragePlan storage = codegen::plan_storage(lowered, choices.target.view_alignment);
+  for (const codegen::KernelGroup& group : codegen::plan_kernels(lowered, storage, choices.fusion)) {
     if (group.fused()) continue;
-    const codegen::KernelSource source = codegen::kernel_source(lowered, group.root, choices.target);
-    const codegen::KernelLaunch launch = codegen::kernel_launch(lowered, group.root, shapes, choices.target);
+    const codegen::KernelSource source = codegen::kernel_source(lowered, storage, group.root, choices.target);
+    const codegen::KernelLaunch launch = codegen::kernel_launch(lowered, storage, group.root, shapes, choices.target);
     EXPECT_NO_THROW(backend::vulkan::device_spirv(source, lavapipe, codegen::SpirvOptimization::none, launch.specialization));
     try {
       backend::vulkan::device_spirv(source, smaller, codegen::SpirvOptimization::none, launch.specialization);

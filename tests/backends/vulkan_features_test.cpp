@@ -16,6 +16,7 @@
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
 #include "codegen/spirv_needs.hpp"
+#include "codegen/storage_plan.hpp"
 #include "ir/passes/passes.hpp"
 #include "sweeps/op_cases.hpp"
 #include "tests/support/backend_fixture.hpp"
@@ -81,8 +82,8 @@ Kernels cooperative_attention_kernels(std::array<std::uint32_t, 3> fragment, boo
       for (const ir::Node& n : g.nodes()) shapes.push_back(n.shape);
       for (std::size_t i = 0; i < g.size(); ++i) {
         if (!ir::is_fused_attention(g.nodes()[i].op)) continue;
-        const codegen::KernelSource ks = codegen::kernel_source(g, static_cast<ir::ValueId>(i), t);
-        const codegen::KernelLaunch launch = codegen::kernel_launch(g, static_cast<ir::ValueId>(i), shapes, t);
+        const codegen::KernelSource ks = codegen::kernel_source(g, codegen::plan_storage(g), static_cast<ir::ValueId>(i), t);
+        const codegen::KernelLaunch launch = codegen::kernel_launch(g, codegen::plan_storage(g), static_cast<ir::ValueId>(i), shapes, t);
         if (ks.name.find("_coop") == std::string::npos || launch.specialization.at(5) == 0) continue;  // the scalar path
         auto words = codegen::compile_spirv(ks.name, ks.glsl);
         if (khr) words = codegen::khr_cooperative_matrix(words);

@@ -19,6 +19,7 @@
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
 #include "codegen/spirv_needs.hpp"
+#include "codegen/storage_plan.hpp"
 #include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "sweeps/op_cases.hpp"
@@ -67,10 +68,10 @@ bool cooperative(const KernelSource& k) { return k.glsl.find("shared float16_t A
 
 /// The kernel that computes the graph's matmul (with its epilogue when fused).
 KernelSource matmul_kernel(const ir::Graph& g, const Target& target) {
-  for (const KernelGroup& k : plan_kernels(g)) {
+  for (const KernelGroup& k : plan_kernels(g, plan_storage(g))) {
     bool has_matmul = g.node(k.root).op == ir::Op::matmul;
     for (ir::ValueId v : k.inlined) has_matmul |= g.node(v).op == ir::Op::matmul;
-    if (has_matmul) return k.fused() ? fused_source(g, k, target) : kernel_source(g, k.root, target);
+    if (has_matmul) return k.fused() ? fused_source(g, plan_storage(g), k, target) : kernel_source(g, plan_storage(g), k.root, target);
   }
   ADD_FAILURE() << "no matmul kernel";
   return {};
@@ -274,7 +275,7 @@ TEST(CooperativeMatrix, LaunchCoversTheOutputInWorkgroupTiles) {
     if (g.nodes()[i].op == ir::Op::matmul) mm = static_cast<ir::ValueId>(i);
     shapes.push_back(g.nodes()[i].shape);
   }
-  const KernelLaunch l = kernel_launch(g, mm, shapes, gpu());
+  const KernelLaunch l = kernel_launch(g, plan_storage(g), mm, shapes, gpu());
   EXPECT_EQ(l.groups, (std::array<std::uint32_t, 3>{3, 2, 6}));
   EXPECT_EQ(l.specialization, std::vector<std::uint32_t>{128});
 }
@@ -305,7 +306,7 @@ TEST(CooperativeMatrix, AttentionKernelsCompileToValidSpirv) {
       if (op == ir::Op::attention_grad || op == ir::Op::masked_attention_grad || op == ir::Op::flex_attention_grad)
         ++grads.at(static_cast<std::size_t>(g.node(a).attrs.wrt));
       for (const Target& t : {gpu(), gpu(16, 8, 16), emulated}) {
-        const KernelSource k = kernel_source(g, a, t);
+        const KernelSource k = kernel_source(g, plan_storage(g), a, t);
         EXPECT_NE(k.name.find(t.cooperative_matrix.emulated ? "_coop_emulated" : "_coop"), std::string::npos) << k.name;
         EXPECT_EQ(k.glsl.find("coopMatMulAddNV") != std::string::npos, !t.cooperative_matrix.emulated) << k.name;
         expect_valid_spirv(k, t);
@@ -327,17 +328,17 @@ TEST(CooperativeMatrix, OnlyAttentionOfF16ValuesTakesIt) {
   };
   for (DType dtype : {DType::f32, DType::bf16}) {
     const ir::Graph g = sdpa(dtype);
-    EXPECT_EQ(kernel_source(g, fused_attention(g), gpu()).name.find("coop"), std::string::npos) << dtype_name(dtype);
+    EXPECT_EQ(kernel_source(g, plan_storage(g), fused_attention(g), gpu()).name.find("coop"), std::string::npos) << dtype_name(dtype);
   }
   const ir::Graph g = sdpa(DType::f16);
-  EXPECT_EQ(kernel_source(g, fused_attention(g), Target{}).name.find("coop"), std::string::npos) << "a device without";
-  EXPECT_NE(kernel_source(g, fused_attention(g), gpu()).name.find("coop"), std::string::npos);
+  EXPECT_EQ(kernel_source(g, plan_storage(g), fused_attention(g), Target{}).name.find("coop"), std::string::npos) << "a device without";
+  EXPECT_NE(kernel_source(g, plan_storage(g), fused_attention(g), gpu()).name.find("coop"), std::string::npos);
   // The training graph's kernels take it too: the forward's log-sum-exp, dq, dk and dv.
   const ir::Graph backward = ir::lower_for_backend(ir::build_backward(sdpa(DType::f16), {"", {"q"}, {"out"}}), implements, ir::HalfInputs::kept);
   int fused = 0;
   for (std::size_t i = 0; i < backward.size(); ++i)
     if (ir::is_fused_attention(backward.nodes()[i].op) && backward.nodes()[i].op != ir::Op::attention) {
-      EXPECT_NE(kernel_source(backward, static_cast<ir::ValueId>(i), gpu()).name.find("coop"), std::string::npos)
+      EXPECT_NE(kernel_source(backward, plan_storage(backward), static_cast<ir::ValueId>(i), gpu()).name.find("coop"), std::string::npos)
           << ir::op_name(backward.nodes()[i].op);
       ++fused;
     }
@@ -355,7 +356,7 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
     g = ir::lower_for_backend(g, implements, ir::HalfInputs::kept);
     std::vector<ir::Shape> shapes;
     for (const ir::Node& n : g.nodes()) shapes.push_back(n.shape);
-    return kernel_launch(g, fused_attention(g), shapes, gpu());
+    return kernel_launch(g, plan_storage(g), fused_attention(g), shapes, gpu());
   };
   const KernelLaunch l64 = launch(64);
   EXPECT_EQ(l64.specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 1}));
@@ -384,7 +385,7 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
     for (const ir::Node& n : g.nodes()) shapes.push_back(n.shape);
     for (std::size_t i = 0; i < g.size(); ++i)
       if (g.nodes()[i].op == ir::Op::attention_grad && g.nodes()[i].attrs.wrt == wrt)
-        return kernel_launch(g, static_cast<ir::ValueId>(i), shapes, gpu());
+        return kernel_launch(g, plan_storage(g), static_cast<ir::ValueId>(i), shapes, gpu());
     ADD_FAILURE() << "no gradient " << wrt;
     return KernelLaunch{};
   };

@@ -6,6 +6,7 @@
 
 #include "codegen/fusion.hpp"
 #include "codegen/spirv.hpp"
+#include "codegen/storage_plan.hpp"
 #include "ir/bind.hpp"
 
 namespace qkv::codegen {
@@ -34,12 +35,12 @@ struct Chain {
 
 TEST(Fusion, AnElementwiseChainIsOneKernelReadingItsInputsOnce) {
   Chain c;
-  const auto plan = plan_kernels(c.g);
+  const auto plan = plan_kernels(c.g, plan_storage(c.g));
   ASSERT_EQ(plan.size(), 1u);
   EXPECT_EQ(plan[0].root, c.out);
   EXPECT_EQ(plan[0].inlined, (std::vector<ValueId>{c.sum, c.half, c.scaled, c.squashed}));
   EXPECT_EQ(plan[0].operands, (std::vector<ValueId>{c.x, c.b}));
-  const KernelSource k = fused_source(c.g, plan[0]);
+  const KernelSource k = fused_source(c.g, plan_storage(c.g), plan[0]);
   EXPECT_EQ(k.name, "fused_add_mul_tanh_sub_r3");
   EXPECT_EQ(k.buffers, 3);
   EXPECT_NE(k.glsl.find("float qkv_tanh(float x)"), std::string::npos) << k.glsl;    // the accurate tanh, as unfused
@@ -48,7 +49,7 @@ TEST(Fusion, AnElementwiseChainIsOneKernelReadingItsInputsOnce) {
   EXPECT_NO_THROW(compile_spirv(k.name, k.glsl));
   // Launch: elements, dims, x's strides, b's (broadcast: 0 along B and N), the constant's bits.
   const auto shapes = ir::bind_shapes(c.g, {{"x", Tensor(DType::f32, {2, 3, 16})}, {"b", Tensor(DType::f32, {16})}});
-  const KernelLaunch l = fused_launch(c.g, plan[0], shapes);
+  const KernelLaunch l = fused_launch(c.g, plan_storage(c.g), plan[0], shapes);
   EXPECT_EQ(l.push, (std::vector<std::uint32_t>{96, 2, 3, 16, 48, 16, 1, 0, 0, 1, 0x3f000000u}));
 }
 
@@ -70,7 +71,7 @@ TEST(Fusion, ResultsKeepTheirKernelsAndSharedNodesAreRecomputed) {
   g.set_output("r", r);
   g.set_output("s", s);
   g.set_output("t", t);
-  const auto plan = plan_kernels(g);
+  const auto plan = plan_kernels(g, plan_storage(g));
   std::vector<ValueId> roots;
   for (const auto& k : plan) roots.push_back(k.root);
   EXPECT_EQ(roots, (std::vector<ValueId>{r, s, t}));
@@ -91,7 +92,7 @@ TEST(Fusion, ANodeAReaderCannotComputeIsStored) {
   const ValueId z = g.add(Op::matmul, {h, w});  // cannot: loads h from memory
   g.set_output("y", y);
   g.set_output("z", z);
-  const auto plan = plan_kernels(g);
+  const auto plan = plan_kernels(g, plan_storage(g));
   ASSERT_EQ(plan.size(), 3u);
   EXPECT_EQ(plan[0].root, h);
   EXPECT_EQ(plan[1].root, y);
@@ -118,23 +119,23 @@ TEST(Fusion, ALayerNormIsOneRowKernel) {
   const ValueId var = g.add(Op::mul, {var_sum, inv});
   const ValueId y = g.add(Op::div, {d, g.add(Op::sqrt, {g.add(Op::add, {var, g.constant(1e-5)})})});
   g.set_output("y", y);
-  const auto plan = plan_kernels(g);
+  const auto plan = plan_kernels(g, plan_storage(g));
   ASSERT_EQ(plan.size(), 1u);
   EXPECT_EQ(plan[0].root, y);
   for (ValueId inside : {mean_sum, d, var_sum})
     EXPECT_NE(std::find(plan[0].inlined.begin(), plan[0].inlined.end(), inside), plan[0].inlined.end()) << "%" << inside;
-  const KernelSource src = fused_source(g, plan[0]);
+  const KernelSource src = fused_source(g, plan_storage(g), plan[0]);
   EXPECT_NE(src.glsl.find("float r" + std::to_string(mean_sum) + ";"), std::string::npos) << src.glsl;
   EXPECT_NO_THROW(compile_spirv(src.name, src.glsl));
 
   g.set_output("var", var);
-  const auto two = plan_kernels(g);
+  const auto two = plan_kernels(g, plan_storage(g));
   ASSERT_EQ(two.size(), 4u);
   EXPECT_EQ(two[0].root, mean_sum);
   EXPECT_EQ(two[1].root, var_sum);
   EXPECT_EQ(two[2].root, var);
   EXPECT_EQ(two[3].root, y);
-  for (const auto& k : two) EXPECT_NO_THROW(compile_spirv(fused_source(g, k).name, fused_source(g, k).glsl));
+  for (const auto& k : two) EXPECT_NO_THROW(compile_spirv(fused_source(g, plan_storage(g), k).name, fused_source(g, plan_storage(g), k).glsl));
 }
 
 /// exp(b) of shape [8] broadcast into [N, 8] is recomputed per element in add's kernel: the
@@ -147,12 +148,12 @@ TEST(Fusion, AValueOfASmallerShapeIsRecomputedPerElement) {
   const ValueId eb = g.add(Op::exp, {b});
   const ValueId y = g.add(Op::add, {x, eb});
   g.set_output("y", y);
-  const auto plan = plan_kernels(g);
+  const auto plan = plan_kernels(g, plan_storage(g));
   ASSERT_EQ(plan.size(), 1u);
   EXPECT_EQ(plan[0].root, y);
   EXPECT_EQ(plan[0].inlined, (std::vector<ValueId>{eb}));
   EXPECT_EQ(plan[0].operands, (std::vector<ValueId>{b, x}));  // in the order the chain reads them
-  const KernelSource k = fused_source(g, plan[0]);
+  const KernelSource k = fused_source(g, plan_storage(g), plan[0]);
   EXPECT_NO_THROW(compile_spirv(k.name, k.glsl));
 }
 
@@ -173,20 +174,20 @@ TEST(Fusion, AMatmulAbsorbsItsEpilogue) {
   const ValueId act = g.add(Op::tanh, {biased});
   const ValueId y = g.add(Op::add, {act, res});
   g.set_output("y", y);
-  const auto plan = plan_kernels(g);
+  const auto plan = plan_kernels(g, plan_storage(g));
   ASSERT_EQ(plan.size(), 1u);
   EXPECT_EQ(plan[0].root, y);
   EXPECT_EQ(plan[0].inlined, (std::vector<ValueId>{mm, half, scaled, biased, act}));
   EXPECT_EQ(plan[0].operands, (std::vector<ValueId>{x, w, bias, res}));
   EXPECT_TRUE(specialized(g, plan[0]));
-  const KernelSource k = fused_source(g, plan[0]);
+  const KernelSource k = fused_source(g, plan_storage(g), plan[0]);
   EXPECT_NE(k.glsl.find("qkv_epilogue"), std::string::npos) << k.glsl;
   EXPECT_NO_THROW(compile_spirv(k.name, k.glsl));
   const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {2, 5, 16})},
                                           {"w", Tensor(DType::f32, {16, 8})},
                                           {"bias", Tensor(DType::f32, {8})},
                                           {"res", Tensor(DType::f32, {2, 5, 8})}});
-  const KernelLaunch l = fused_launch(g, plan[0], shapes);
+  const KernelLaunch l = fused_launch(g, plan_storage(g), plan[0], shapes);
   ASSERT_GE(l.push.size(), 5u);
   // bias: batch stride 0, row stride 0, column stride 1; res: 40, 8, 1; then 0.5.
   const std::vector<std::uint32_t> tail(l.push.end() - 7, l.push.end());
@@ -210,14 +211,14 @@ TEST(Fusion, TheLanesKernelCallsItsEpilogueOnceAtEverySubgroupSize) {
       g.add(Op::mul, {g.add(Op::exp, {g.add(Op::neg, {g.add(Op::mul, {g.add(Op::mul, {mm, mm}), g.constant(0.5)})})}), g.constant(0.3989)});
   const ValueId y = g.add(Op::mul, {g.add(Op::add, {cdf, g.add(Op::mul, {mm, pdf})}), g.add_input("dy", DType::f32, {2, n, 64})});
   g.set_output("y", y);
-  const auto plan = plan_kernels(g);
+  const auto plan = plan_kernels(g, plan_storage(g));
   ASSERT_EQ(plan.size(), 1u);
   for (std::uint32_t sg : {4u, 8u, 16u, 32u, 64u}) {
     SCOPED_TRACE(sg);
     Target t;
     t.cpu_device = true;
     t.subgroup_size = sg;
-    const KernelSource k = fused_source(g, plan[0], t);
+    const KernelSource k = fused_source(g, plan_storage(g), plan[0], t);
     // Past 32 lanes the tiled kernel (the unrolled tile overflowed the optimizer even so).
     EXPECT_NE(k.name.find(sg <= 32 ? "matmul_lanes" + std::to_string(sg) : std::string("fused_matmul_mul")), std::string::npos) << k.name;
     const std::string body = k.glsl.substr(k.glsl.find("void main()"));
@@ -239,7 +240,7 @@ TEST(Fusion, AMatmulReadElsewhereIsStored) {
   const ValueId t = g.add(Op::tanh, {mm});
   g.set_output("mm", mm);
   g.set_output("t", t);
-  const auto plan = plan_kernels(g);
+  const auto plan = plan_kernels(g, plan_storage(g));
   ASSERT_EQ(plan.size(), 2u);
   EXPECT_EQ(plan[0].root, mm);
   EXPECT_EQ(plan[1].root, t);
@@ -256,12 +257,12 @@ TEST(Fusion, AMatmulsOperandIsStoredEvenWhenItsEpilogueReadsIt) {
   const ValueId h = g.add(Op::tanh, {x});
   const ValueId y = g.add(Op::add, {g.add(Op::matmul, {h, w}), h});
   g.set_output("y", y);
-  const auto plan = plan_kernels(g);
+  const auto plan = plan_kernels(g, plan_storage(g));
   ASSERT_EQ(plan.size(), 2u);
   EXPECT_EQ(plan[0].root, h);
   EXPECT_EQ(plan[1].root, y);
   EXPECT_EQ(plan[1].operands, (std::vector<ValueId>{h, w, h}));  // A, B, then the epilogue's own read of h
-  EXPECT_NO_THROW(compile_spirv(fused_source(g, plan[1]).name, fused_source(g, plan[1]).glsl));
+  EXPECT_NO_THROW(compile_spirv(fused_source(g, plan_storage(g), plan[1]).name, fused_source(g, plan_storage(g), plan[1]).glsl));
 }
 
 /// With subgroup arithmetic a reduction gives each row a subgroup where rows are at least a
@@ -284,24 +285,25 @@ TEST(Fusion, SubgroupReductionsCompileAndCoverEveryRow) {
   t.subgroup_size = 8;
   t.subgroup_reductions = true;
   const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {37, 8})}});
-  for (const auto& k : plan_kernels(g)) {
+  for (const auto& k : plan_kernels(g, plan_storage(g))) {
     const ir::Node& root = g.node(k.root);
     if (root.op == Op::exp) continue;
-    const KernelSource src = k.fused() ? fused_source(g, k, t) : kernel_source(g, k.root, t);
+    const KernelSource src = k.fused() ? fused_source(g, plan_storage(g), k, t) : kernel_source(g, plan_storage(g), k.root, t);
     SCOPED_TRACE(src.name);
     EXPECT_NE(src.glsl.find(root.op == Op::reduce_sum ? "subgroupAdd(" : "subgroupMax("), std::string::npos) << src.glsl;
     EXPECT_NO_THROW(compile_spirv(src.name, src.glsl));
-    const KernelLaunch l = k.fused() ? fused_launch(g, k, shapes, t) : kernel_launch(g, k.root, shapes, t);
+    const KernelLaunch l = k.fused() ? fused_launch(g, plan_storage(g), k, shapes, t) : kernel_launch(g, plan_storage(g), k.root, shapes, t);
     EXPECT_EQ(l.groups[0] * l.groups[1], 2u) << "37 rows, 32 per workgroup of 256";
     EXPECT_EQ(l.push[3], 1u);
     Target wide = t;
     wide.subgroup_size = 16;  // rows of 8: an invocation each
-    const KernelLaunch short_rows = k.fused() ? fused_launch(g, k, shapes, wide) : kernel_launch(g, k.root, shapes, wide);
+    const KernelLaunch short_rows =
+        k.fused() ? fused_launch(g, plan_storage(g), k, shapes, wide) : kernel_launch(g, plan_storage(g), k.root, shapes, wide);
     EXPECT_EQ(short_rows.push[3], 0u);
     EXPECT_EQ(short_rows.groups[0] * short_rows.groups[1], 1u);
     Target lavapipe = t;
     lavapipe.cpu_device = true;  // an invocation per row, without subgroup operations
-    const KernelSource plain = k.fused() ? fused_source(g, k, lavapipe) : kernel_source(g, k.root, lavapipe);
+    const KernelSource plain = k.fused() ? fused_source(g, plan_storage(g), k, lavapipe) : kernel_source(g, plan_storage(g), k.root, lavapipe);
     EXPECT_EQ(plain.glsl.find("subgroup"), std::string::npos);
   }
 }
@@ -323,20 +325,25 @@ TEST(Fusion, ContiguousAlignedSlicesAreViews) {
     return g.add(Op::slice, {v}, a);
   };
   const ValueId rows = slice(w, 0, 32, 64), cols = slice(w, 1, 0, 16), inner = slice(c, 1, 2, 4), odd = slice(c, 1, 1, 2), named = slice(x, 0, 2, 4);
-  EXPECT_EQ(view_offset(g, rows, 64), 32 * 32 * 4);
-  EXPECT_EQ(view_offset(g, cols, 64), std::nullopt);
-  EXPECT_EQ(view_offset(g, inner, 64), 2 * 8 * 4);
-  EXPECT_EQ(view_offset(g, odd, 64), std::nullopt);  // 32 bytes in
-  EXPECT_EQ(view_offset(g, odd, 16), 32);
-  EXPECT_EQ(view_offset(g, named, 16), std::nullopt);
-  EXPECT_EQ(view_offset(g, rows, 0), std::nullopt);
+  // The byte offset of each slice that is a view at this alignment, or nullopt.
+  auto view_offset = [&](ValueId v, std::int64_t alignment) -> std::optional<std::int64_t> {
+    const ir::ValueStorage s = plan_storage(g, alignment)[v];
+    if (s.kind != ir::StorageKind::slice) return std::nullopt;
+    EXPECT_EQ(s.of, g.node(v).inputs[0]);
+    return s.offset;
+  };
+  EXPECT_EQ(view_offset(rows, 64), 32 * 32 * 4);
+  EXPECT_EQ(view_offset(cols, 64), std::nullopt);
+  EXPECT_EQ(view_offset(inner, 64), 2 * 8 * 4);
+  EXPECT_EQ(view_offset(odd, 64), std::nullopt);  // 32 bytes in
+  EXPECT_EQ(view_offset(odd, 16), 32);
+  EXPECT_EQ(view_offset(named, 16), std::nullopt);
+  EXPECT_EQ(view_offset(rows, 0), std::nullopt);
   for (ValueId v : {rows, cols, inner, odd, named}) g.set_output("s" + std::to_string(v), v);
-  FusionLimits limits;
-  limits.view_alignment = 64;
   std::vector<ValueId> roots;
-  for (const auto& k : plan_kernels(g, limits)) roots.push_back(k.root);
+  for (const auto& k : plan_kernels(g, plan_storage(g, 64))) roots.push_back(k.root);
   EXPECT_EQ(roots, (std::vector<ValueId>{cols, odd, named}));
-  EXPECT_EQ(plan_kernels(g).size(), 5u) << "without an alignment every slice is copied";
+  EXPECT_EQ(plan_kernels(g, plan_storage(g)).size(), 5u) << "without an alignment every slice is copied";
 }
 
 /// A reduction reads its input through the chain that computes it: sum((x - b)^2) and
@@ -355,22 +362,22 @@ TEST(Fusion, AReductionComputesTheChainItReads) {
   const ValueId p = g.add(Op::softmax, {g.add(Op::mul, {x, half})}, axis);
   g.set_output("sum", sum);
   g.set_output("p", p);
-  const auto plan = plan_kernels(g);
+  const auto plan = plan_kernels(g, plan_storage(g));
   ASSERT_EQ(plan.size(), 2u);
   EXPECT_EQ(plan[0].root, sum);
   EXPECT_EQ(plan[0].inlined, (std::vector<ValueId>{d, sq}));
   EXPECT_EQ(plan[0].operands, (std::vector<ValueId>{x, b}));
   EXPECT_EQ(plan[1].root, p);
-  const KernelSource k = fused_source(g, plan[0]);
+  const KernelSource k = fused_source(g, plan_storage(g), plan[0]);
   EXPECT_EQ(k.name, "fused_sub_mul_reduce_sum_r2");
   EXPECT_NE(k.glsl.find("acc += qkv_chain(base + k * inner);"), std::string::npos) << k.glsl;
   EXPECT_NO_THROW(compile_spirv(k.name, k.glsl));
-  const KernelSource soft = fused_source(g, plan[1]);
+  const KernelSource soft = fused_source(g, plan_storage(g), plan[1]);
   EXPECT_EQ(soft.name, "fused_mul_softmax_r2");
   EXPECT_NO_THROW(compile_spirv(soft.name, soft.glsl));
   // The reduction's four words, the input's dims (5, 8), x's and b's strides, no constants.
   const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {5, 8})}, {"b", Tensor(DType::f32, {8})}});
-  EXPECT_EQ(fused_launch(g, plan[0], shapes).push, (std::vector<std::uint32_t>{5, 8, 1, 0, 5, 8, 8, 1, 0, 1}));
+  EXPECT_EQ(fused_launch(g, plan_storage(g), plan[0], shapes).push, (std::vector<std::uint32_t>{5, 8, 1, 0, 5, 8, 8, 1, 0, 1}));
 }
 
 /// A sum of 20 inputs: each kernel binds at most the limit's buffers, so the chain splits.
@@ -382,10 +389,10 @@ TEST(Fusion, KernelsKeepTheDevicesBufferLimit) {
   g.set_output("sum", acc);
   FusionLimits limits;
   limits.storage_buffers = 8;
-  const auto plan = plan_kernels(g, limits);
+  const auto plan = plan_kernels(g, plan_storage(g), limits);
   EXPECT_EQ(plan.size(), 4u);  // 6 adds per kernel (6 new inputs and the sum before them), and the first
   for (const auto& k : plan) EXPECT_LE(static_cast<int>(k.operands.size()) + 1, 8);
-  EXPECT_EQ(unfused_kernels(g).size(), 19u);
+  EXPECT_EQ(unfused_kernels(g, plan_storage(g)).size(), 19u);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
+#include "codegen/storage_plan.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
 #include "ir/passes/passes.hpp"
@@ -22,10 +23,13 @@ TEST(Glsl, EveryOpCaseCompiles) {
   for (ir::Op op : ir::all_ops())
     for (const auto& c : ir::op_cases(op)) {
       ir::Graph g = ir::decompose_composites(ir::case_graph(op, c), implements);
+      const ir::StoragePlan storage = plan_storage(g);
       for (std::size_t i = 0; i < g.size(); ++i) {
-        if (!has_kernel(g.nodes()[i])) continue;
+        // Every node that can have a kernel: the views of this plan too, as they would be
+        // copied where a plan cannot view them.
+        if (g.nodes()[i].op == ir::Op::input || g.nodes()[i].op == ir::Op::reshape) continue;
         ASSERT_FALSE(unsupported_reason(g, g.nodes()[i]).has_value()) << ir::op_name(op);
-        KernelSource k = kernel_source(g, static_cast<ir::ValueId>(i));
+        KernelSource k = kernel_source(g, storage, static_cast<ir::ValueId>(i));
         auto words = compile_spirv(k.name, k.glsl);
         ASSERT_FALSE(words.empty());
         EXPECT_EQ(words[0], 0x07230203u) << "not SPIR-V";
@@ -37,7 +41,7 @@ TEST(Glsl, SourceDependsOnOpAndRankNotSizes) {
   auto source_for = [](std::vector<std::int64_t> shape) {
     ir::OpCase c{"x", {{shape}, {shape}}, {}};
     ir::Graph g = ir::case_graph(ir::Op::add, c);
-    return kernel_source(g, g.output("out")).glsl;
+    return kernel_source(g, plan_storage(g), g.output("out")).glsl;
   };
   EXPECT_EQ(source_for({3, 4}), source_for({30, 40}));
   EXPECT_NE(source_for({3, 4}), source_for({3, 4, 5}));
@@ -55,16 +59,17 @@ TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
   auto y = g.add(ir::Op::attention, {q, q, q}, a);
   g.set_output("y", y);
   auto shapes = ir::bind_shapes(g, {{"q", Tensor(DType::f32, {8, 4096, 64})}});
-  const KernelLaunch cpu = kernel_launch(g, y, shapes, Target{true}), gpu = kernel_launch(g, y, shapes, Target{false});
+  const KernelLaunch cpu = kernel_launch(g, plan_storage(g), y, shapes, Target{true}),
+                     gpu = kernel_launch(g, plan_storage(g), y, shapes, Target{false});
   EXPECT_EQ(cpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 8, 8, 0}));
   EXPECT_EQ(gpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 128, 1, 0}));
   EXPECT_EQ(cpu.groups, (std::array<std::uint32_t, 3>{64, 8, 1}));  // 4096 queries / 64 per workgroup (8 x 8), 8 heads
   EXPECT_EQ(gpu.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));  // 128 per workgroup
   EXPECT_EQ(cpu.push, gpu.push);
   // Where the device has 48 KiB of shared memory, tiles of 32 keys fit (2 x 8 KiB).
-  EXPECT_EQ(kernel_launch(g, y, shapes, Target{false, 49152}).specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 0}));
+  EXPECT_EQ(kernel_launch(g, plan_storage(g), y, shapes, Target{false, 49152}).specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 0}));
   // A tuning experiment's override (QKV_VULKAN_ATTENTION_GEOMETRY=32,4,8): 128 rows per workgroup.
-  const KernelLaunch tuned = kernel_launch(g, y, shapes, Target{false, 49152, 32, 4, 8});
+  const KernelLaunch tuned = kernel_launch(g, plan_storage(g), y, shapes, Target{false, 49152, 32, 4, 8});
   EXPECT_EQ(tuned.specialization, (std::vector<std::uint32_t>{16, 16, 8, 32, 4, 0}));
   EXPECT_EQ(tuned.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));
   // Head dims 2048: the registers suffice, one row of keys and values (16 KiB) does not fit in
@@ -74,13 +79,13 @@ TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
   auto wy = wide.add(ir::Op::attention, {w, w, w}, a);
   auto wide_shapes = ir::bind_shapes(wide, {{"q", Tensor(DType::f32, {1, 8, 2048})}});
   try {
-    kernel_launch(wide, wy, wide_shapes, Target{false, 16384});
+    kernel_launch(wide, plan_storage(wide), wy, wide_shapes, Target{false, 16384});
     ADD_FAILURE() << "16 KiB of keys and values per row in 16 KiB of shared memory";
   } catch (const UnsupportedError& e) {
     EXPECT_NE(std::string(e.what()).find("head dims 2048 and 2048 needs more than 16384 bytes of shared memory"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(kernel_launch(wide, wy, wide_shapes, Target{false, 49152}).specialization[2], 2u);  // BC: two rows per tile
-  auto words = compile_spirv(kernel_source(g, y).name, kernel_source(g, y).glsl);
+  EXPECT_EQ(kernel_launch(wide, plan_storage(wide), wy, wide_shapes, Target{false, 49152}).specialization[2], 2u);  // BC: two rows per tile
+  auto words = compile_spirv(kernel_source(g, plan_storage(g), y).name, kernel_source(g, plan_storage(g), y).glsl);
   EXPECT_FALSE(words.empty());
 }
 
@@ -99,7 +104,7 @@ TEST(Glsl, FlexModifierIsInlinedWithItsTensorsDims) {
   const ir::OpCase forward = find(ir::Op::flex_attention, "slopes per head causal");
   ir::Graph g = ir::case_graph(ir::Op::flex_attention, forward);
   const ir::ValueId y = g.output("out");
-  const KernelSource k = kernel_source(g, y);
+  const KernelSource k = kernel_source(g, plan_storage(g), y);
   EXPECT_EQ(k.name, "flash_attention_forward_flex_causal_b2");
   EXPECT_EQ(k.buffers, 6);  // q, k, v, the slopes, the output, the tile counter
   EXPECT_TRUE(k.counts_tiles);
@@ -111,13 +116,13 @@ TEST(Glsl, FlexModifierIsInlinedWithItsTensorsDims) {
   EXPECT_NE(k.glsl.find("sc[t][j] = score_mod(sum4(s4[t]) * scale, own(t), t0 + c)"), std::string::npos);
   std::map<std::string, Tensor, std::less<>> in;
   for (std::size_t i = 0; i < forward.inputs.size(); ++i) in.emplace("x" + std::to_string(i), Tensor(DType::f32, forward.inputs[i].shape));
-  const KernelLaunch l = kernel_launch(g, y, ir::bind_shapes(g, in), Target{true});
+  const KernelLaunch l = kernel_launch(g, plan_storage(g), y, ir::bind_shapes(g, in), Target{true});
   ASSERT_EQ(l.specialization.size(), 7u);
   EXPECT_EQ(l.specialization[6], 0b0010u) << "the slopes span the heads (dim 1 of 4) only";
   EXPECT_FALSE(compile_spirv(k.name, k.glsl).empty());
 
   ir::Graph grad = ir::case_graph(ir::Op::flex_attention_grad, find(ir::Op::flex_attention_grad, "dq slopes per head causal"));
-  const KernelSource kd = kernel_source(grad, grad.output("out"));
+  const KernelSource kd = kernel_source(grad, plan_storage(grad), grad.output("out"));
   EXPECT_EQ(kd.name, "flash_attention_dq_flex_causal_b2");
   EXPECT_NE(kd.glsl.find("vec2 score_mod_d(float score, uint q_idx, uint kv_idx)"), std::string::npos) << kd.glsl;
   EXPECT_NE(kd.glsl.find("ds[t] = pr * (sum4(dp4[t]) - delta_r[t]) * dmod;"), std::string::npos) << kd.glsl;
@@ -138,7 +143,7 @@ TEST(Glsl, MaskingModifierTestsEachTileByIntervalArithmetic) {
   for (const auto& [op, label] :
        {std::pair{ir::Op::flex_attention, "document ids, empty rows"}, std::pair{ir::Op::flex_attention_grad, "dq document ids, empty rows"}}) {
     ir::Graph g = ir::case_graph(op, find(op, label));
-    const KernelSource k = kernel_source(g, g.output("out"));
+    const KernelSource k = kernel_source(g, plan_storage(g), g.output("out"));
     SCOPED_TRACE(k.name);
     EXPECT_NE(k.glsl.find("Iv bound_mod(Iv q_idx, Iv kv_idx, Iv t0, Iv t1) {"), std::string::npos) << k.glsl;
     EXPECT_NE(k.glsl.find(" = t1;  // cast"), std::string::npos) << k.glsl;
@@ -161,7 +166,7 @@ TEST(Glsl, MaskingModifierTestsEachTileByIntervalArithmetic) {
 
 TEST(Glsl, EmitGraphNamesEachNode) {
   ir::Graph g = ir::case_graph(ir::Op::softmax, ir::op_cases(ir::Op::softmax)[0]);
-  std::string s = emit_glsl(g);
+  std::string s = emit_glsl(g, plan_storage(g));
   EXPECT_NE(s.find("// ---- %1 = softmax"), std::string::npos);
   EXPECT_NE(s.find("#version 450"), std::string::npos);
 }
@@ -170,7 +175,7 @@ TEST(Glsl, EmitGraphNamesEachNode) {
 // words, cached apart from the optimised ones.
 TEST(Spirv, OptimisationIsACompilerSettingOfTheCache) {
   ir::Graph g = ir::case_graph(ir::Op::flex_attention, ir::op_cases(ir::Op::flex_attention).front());
-  const KernelSource k = kernel_source(g, g.output("out"));
+  const KernelSource k = kernel_source(g, plan_storage(g), g.output("out"));
   const auto optimised = compile_spirv(k.name, k.glsl, SpirvOptimization::performance);
   const auto plain = compile_spirv(k.name, k.glsl, SpirvOptimization::none);
   EXPECT_NE(optimised, plain);

@@ -1,6 +1,7 @@
 // Push constants declared once: the GLSL block and the packed words come from one declaration,
 // and a launch packed from any other declaration (a sabotaged order) is refused before dispatch.
 #include "codegen/push_constants.hpp"
+#include "codegen/storage_plan.hpp"
 
 #include <gtest/gtest.h>
 
@@ -79,7 +80,7 @@ TEST(PushConstants, TheFlashKernelsDeclareTheirsByName) {
     SCOPED_TRACE(batch_dims);
     const Attention a(batch_dims);
     const KernelSource source = detail::attention_source(a.g.node(a.y));
-    const KernelLaunch launch = detail::attention_launch(a.g, a.y, a.shapes, Target{});
+    const KernelLaunch launch = detail::attention_launch(a.g, plan_storage(a.g), a.y, a.shapes, Target{});
     EXPECT_NE(source.push_signature, 0u);
     EXPECT_EQ(launch.push_signature, source.push_signature);
     EXPECT_EQ(static_cast<int>(launch.push.size()), detail::attention_push_words(a.g.node(a.y)));
@@ -103,7 +104,7 @@ TEST(PushConstantsDeathTest, ALaunchPackedFromAnotherDeclarationIsRefused) {
   // M as N; its signature differs from the shader's, and the dispatch stops before recording.
   const Attention a;
   const KernelSource source = detail::attention_source(a.g.node(a.y));
-  KernelLaunch launch = detail::attention_launch(a.g, a.y, a.shapes, Target{});
+  KernelLaunch launch = detail::attention_launch(a.g, plan_storage(a.g), a.y, a.shapes, Target{});
   check_push(source, launch);  // as generated: accepted
   PushConstants swapped;
   const PushConstants declared = detail::attention_push_constants(a.g.node(a.y));

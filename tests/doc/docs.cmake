@@ -47,7 +47,7 @@ if(DOXYGEN_FOUND)
       dsl/kv_cache.hpp dsl/layers.hpp dsl/losses.hpp dsl/lower.hpp dsl/masks.hpp dsl/multi_head.hpp dsl/ops.hpp
       dsl/positions.hpp dsl/score_mods.hpp io/npy.hpp io/safetensors.hpp
       ir/bind.hpp ir/dtype.hpp ir/error.hpp ir/gradients.hpp ir/graph.hpp ir/half.hpp ir/op.hpp ir/op_rules.hpp
-      ir/passes/passes.hpp ir/printer.hpp ir/shape.hpp ir/tensor.hpp ir/verifier.hpp
+      ir/passes/passes.hpp ir/printer.hpp ir/shape.hpp ir/storage_plan.hpp ir/tensor.hpp ir/verifier.hpp
       train/init.hpp train/optimizer.hpp train/trainer.hpp)
   list(TRANSFORM QKV_API_HEADERS PREPEND ${PROJECT_SOURCE_DIR}/)
   list(APPEND QKV_API_HEADERS ${PROJECT_SOURCE_DIR}/docs/namespaces.dox)
