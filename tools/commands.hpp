@@ -13,7 +13,7 @@ int cmd_ops();
 int cmd_models();
 int cmd_run(const Request& r, const std::string& backend, const std::vector<std::string>& outs, const std::string& out_dtype);
 int cmd_check(const Request& r, const std::string& backends, const std::string& dump_dir, double budget_factor);
-int cmd_dump(const Request& r, bool ir, bool dot, bool glsl);
+int cmd_dump(const Request& r, bool ir, bool dot, bool glsl, const std::string& storage_backend);
 /// With `profile`, each kernel's median device time too (backends that time their kernels).
 int cmd_explain(const Request& r, const std::string& backend, bool profile = false);
 int cmd_bench(const Request& r, const std::string& backends, int repeat, bool profile);

@@ -15,6 +15,7 @@
 #include "ir/op_cost.hpp"
 #include "ir/printer.hpp"
 #include "ir/region.hpp"
+#include "ir/storage_plan.hpp"
 #include "models/models.hpp"
 #include "tools/commands.hpp"
 #include "tools/progress.hpp"
@@ -207,6 +208,7 @@ int cmd_explain(const Request& r, const std::string& backend_name, bool profile)
     }
   }
   std::printf("%s on %s (%s)\n", p.title.c_str(), be->name().c_str(), be->device().c_str());
+  const ir::StoragePlan storage = be->storage_plan(g);
   std::vector<std::string> kernel(g.size());
   int width = 34;
   for (std::size_t i = 0; i < g.size(); ++i) {
@@ -220,12 +222,17 @@ int cmd_explain(const Request& r, const std::string& backend_name, bool profile)
   for (std::size_t i = 0; i < g.size(); ++i) {
     const auto v = static_cast<ir::ValueId>(i);
     const ir::Node& n = g.node(v);
-    // Bytes its kernel reads and writes: none for an input, a view, or a node computed inside
-    // another's kernel (the backends name those in parentheses).
+    // Bytes its kernel reads and writes, in the dtypes their storage holds (2 bytes an element
+    // for 16-bit storage): none for an input, a view or a value written by another value's
+    // kernel (the storage plan's), or a node computed inside another's kernel (the backends name
+    // those in parentheses).
     double moved = 0;
-    if (n.op != ir::Op::input && n.op != ir::Op::reshape && !kernel[i].starts_with("(")) {
-      moved = 4.0 * static_cast<double>(shapes[i].numel());
-      for (ir::ValueId in : be->kernel_reads(g, v)) moved += 4.0 * static_cast<double>(shapes[static_cast<std::size_t>(in)].numel());
+    auto held_bytes = [&](ir::ValueId x) {
+      return static_cast<double>(dtype_size(storage.held(x))) * static_cast<double>(shapes[static_cast<std::size_t>(x)].numel());
+    };
+    if (storage.has_kernel(v) && !kernel[i].starts_with("(")) {
+      moved = held_bytes(v);
+      for (ir::ValueId in : be->kernel_reads(g, v)) moved += held_bytes(in);
     }
     const double f = ir::estimated_flops(g, v, shapes);
     flops += f;

@@ -14,6 +14,7 @@
 #include "ir/gradients.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
+#include "ir/storage_plan.hpp"
 #include "models/models.hpp"
 #include "sweeps/op_cases.hpp"
 #include "tools/commands.hpp"
@@ -202,13 +203,20 @@ int cmd_run(const Request& r, const std::string& backend_name, const std::vector
   return 0;
 }
 
-int cmd_dump(const Request& r, bool ir, bool dot, bool glsl) {
+int cmd_dump(const Request& r, bool ir, bool dot, bool glsl, const std::string& storage_backend) {
   Prepared p = prepare(r);
   if (dot) std::fputs(ir::to_dot(p.graph).c_str(), stdout);
   if (glsl) {
     std::fputs(backend::vulkan_shaders(p.graph).c_str(), stdout);  // the only backend that runs shaders
   }
-  if (ir || (!dot && !glsl)) std::fputs(ir::print(p.graph).c_str(), stdout);
+  if (!storage_backend.empty()) {  // the plan of the graph the backend runs (lowered for it)
+    auto be = backend::create(storage_backend);
+    const auto exe = be->compile(p.graph);
+    const ir::Graph& lowered = exe->graph();
+    std::printf("# storage plan of %s on %s (%s)\n%s", p.title.c_str(), be->name().c_str(), be->device().c_str(),
+                ir::print_storage(lowered, be->storage_plan(lowered)).c_str());
+  }
+  if (ir || (!dot && !glsl && storage_backend.empty())) std::fputs(ir::print(p.graph).c_str(), stdout);
   return 0;
 }
 

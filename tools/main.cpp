@@ -125,11 +125,16 @@ int main(int argc, char** argv) {
 
   Request dump_r;
   bool ir = false, dot = false, glsl = false;
-  auto* dump = app.add_subcommand("dump", "print a model's IR, Graphviz drawing, generated shaders or backward graph");
+  std::string storage;
+  auto* dump = app.add_subcommand("dump", "print a model's IR, Graphviz drawing, generated shaders, storage plan or backward graph");
   add_model_options(dump, dump_r, "the backward graph instead of the forward");
   dump->add_flag("--ir", ir, "the IR text (default); qkv run FILE.qkv runs it");
   dump->add_flag("--dot", dot, "a Graphviz DOT drawing");
   dump->add_flag("--glsl", glsl, "the GLSL compute shaders the vulkan backend generates for the graph");
+  dump->add_option("--storage", storage,
+                   "the storage plan of backend NAME's executable: per value of its lowered graph, the dtype its storage holds, "
+                   "the views and the values written in place by another value's kernel")
+      ->type_name("NAME");
 
   Request explain_r;
   auto* explain = app.add_subcommand("explain", "per node: the kernel chosen, FLOPs, bytes; totals; whether the score matrix is materialised");
@@ -255,7 +260,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("models")) return cmd_models();
     if (run->parsed()) return cmd_run(run_r, backend, outs, out_dtype);
     if (check->parsed()) return cmd_check(check_r, backends, dump_dir, budget_factor);
-    if (dump->parsed()) return cmd_dump(dump_r, ir, dot, glsl);
+    if (dump->parsed()) return cmd_dump(dump_r, ir, dot, glsl, storage);
     if (explain->parsed()) return cmd_explain(explain_r, backend, explain_profile);
     if (bench->parsed()) return cmd_bench(bench_r, bench_backends, repeat, profile);
     if (viz->parsed()) return cmd_viz(viz_r, backend, viz_f);

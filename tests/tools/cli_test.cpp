@@ -346,7 +346,16 @@ TEST_F(Cli, ModelsRunAndCheckInHalfPrecision) {
   Result explain = run("explain sdpa --dtype f16 --set weights=false --backend cpu");
   EXPECT_EQ(explain.status, 0) << explain.output;
   EXPECT_NE(explain.output.find("(input, read in place)"), std::string::npos) << explain.output;
-  EXPECT_NE(explain.output.find("'s kernel, its output rounded)"), std::string::npos) << explain.output;
+  EXPECT_NE(explain.output.find("(written in place by %6's kernel, rounded to f16)"), std::string::npos) << explain.output;
+  // Its bytes in the dtypes held: q, k and v read and the output written in 16 bits (4 x 256 x 2).
+  EXPECT_EQ(squeezed_line(explain.output, "%6"), "%6 attention (2, 8, 16) fused attention (online softmax) 0.008 0.002") << explain.output;
+  // The storage plan the explanation read: what the attention's kernel writes, and where.
+  Result storage = run("dump sdpa --dtype f16 --set weights=false --storage cpu");
+  EXPECT_EQ(storage.status, 0) << storage.output;
+  EXPECT_NE(storage.output.find("%6 = attention : f32[B,N,Dv]  held f16  kernel, written into %7\n"), std::string::npos) << storage.output;
+  EXPECT_NE(storage.output.find("%7 = cast : f16[B,N,Dv]  held f16  no kernel: written in place by %6's kernel, rounded to f16\n"), std::string::npos)
+      << storage.output;
+  EXPECT_EQ(run("dump sdpa --storage gpu").status, 2) << "an unknown backend";
   const bool vulkan = run("devices").output.find("vulkan     available") != std::string::npos;
   for (const char* backend : {"reference", "vulkan"}) {
     if (std::string(backend) == "vulkan" && !vulkan) continue;  // no device here (EveryModelCommandRunsOnVulkan says so)
@@ -397,7 +406,7 @@ TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
   ASSERT_EQ(fused.status, 0) << fused.output;
   EXPECT_NE(fused.output.find("kernels: 9, computing 29 nodes more inside them (fused)"), std::string::npos) << fused.output;
   EXPECT_NE(fused.output.find("(view of %26 read through strides)"), std::string::npos) << fused.output;
-  EXPECT_NE(fused.output.find("(written in place by %44's kernel)"), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("(written in place by %44's kernel through its strides)"), std::string::npos) << fused.output;
   EXPECT_NE(fused.output.find("glsl fused_reduce_sum_div_sub_mul_reduce_sum_div_add_sqrt_div_mul_add_r3"), std::string::npos) << fused.output;
   // The ReLU in the store of the lanes kernel (lavapipe's, the subgroup size in its name) or of the
   // tiled one (a GPU's).
@@ -477,7 +486,7 @@ TEST_F(Cli, DumpPrintsIrDotGlslAndBackward) {
   // their epilogues, each kernel headed by the nodes it computes.
   Result glsl = run("dump decoder-block --glsl");
   ASSERT_EQ(glsl.status, 0) << glsl.output;
-  EXPECT_NE(glsl.output.find("%28 = slice : f32[1,32,32] (no kernel: read in place, %17 from byte 4096)"), std::string::npos) << glsl.output;
+  EXPECT_NE(glsl.output.find("%28 = slice : f32[1,32,32] (no kernel: view of %17 at byte 4096)"), std::string::npos) << glsl.output;
   EXPECT_TRUE(contains_maybe_lanes(glsl.output, "(kernel fused_matmul", "_add_max_r3, computing %66 matmul, %68 add, %69 constant, %70 max)"))
       << glsl.output;
   EXPECT_NE(glsl.output.find("float qkv_epilogue(float acc, uint row, uint col)"), std::string::npos) << glsl.output;
