@@ -108,7 +108,9 @@ class Backend {
   virtual std::string kernel_name(const ir::Graph& lowered, ir::ValueId v) const = 0;
   /// The storage plan of a graph this backend lowered: per value, the dtype its storage holds and
   /// whether it is a view or written in place by another value's kernel, as the executable
-  /// plans it (what `qkv explain` counts bytes by and `qkv dump --storage` prints).
+  /// plans it (what `qkv explain` counts bytes by and `qkv dump --storage` prints). The default,
+  /// the reference's, is ir::plain_storage_plan: every value but a reshape its own (the reference
+  /// holds them in float64; the plan counts them in their dtypes).
   virtual ir::StoragePlan storage_plan(const ir::Graph& lowered) const { return ir::plain_storage_plan(lowered); }
   /// The values the kernel computing node `v` reads from memory: its inputs, unless the backend
   /// fuses nodes (then a fused kernel's operands, and nothing for a node computed inside another

@@ -12,11 +12,7 @@ namespace {
 std::string value_name(ValueId v) { return "%" + std::to_string(v); }
 
 /// The dtype a round or cast rounds its values to.
-std::string_view rounds_to(const Node& n) {
-  if (n.op == Op::round_f16) return "f16";
-  if (n.op == Op::round_bf16) return "bf16";
-  return dtype_name(n.dtype);
-}
+DType rounds_to(const Node& n) { return n.op == Op::round_f16 ? DType::f16 : n.op == Op::round_bf16 ? DType::bf16 : n.dtype; }
 
 }  // namespace
 
@@ -98,11 +94,11 @@ std::string no_kernel_reason(const Graph& g, const StoragePlan& plan, ValueId v)
     case StorageKind::head_view: return "view of " + of + " read through strides";
     case StorageKind::half_view: return "view of " + of + ", its " + std::string(dtype_name(plan.held(s.of))) + " values widened where read";
     case StorageKind::exact_round:
-      if (plan[s.of].rounded == (n.op == Op::round_bf16 ? DType::bf16 : DType::f16) && plan[s.of].has_kernel())
-        return "view of " + of + ", whose kernel stores its values rounded to " + std::string(rounds_to(n));
-      return "view of " + of + ", whose values are already " + std::string(rounds_to(n)) + " numbers";
+      if (plan[s.of].rounded == rounds_to(n) && plan[s.of].has_kernel())
+        return "view of " + of + ", whose kernel stores its values rounded to " + std::string(dtype_name(rounds_to(n)));
+      return "view of " + of + ", whose values are already " + std::string(dtype_name(rounds_to(n))) + " numbers";
     case StorageKind::placed: return "written in place by " + of + "'s kernel through its strides";
-    case StorageKind::narrowed: return "written in place by " + of + "'s kernel, rounded to " + std::string(rounds_to(n));
+    case StorageKind::narrowed: return "written in place by " + of + "'s kernel, rounded to " + std::string(dtype_name(rounds_to(n)));
     case StorageKind::concat: return "written in place by " + value_name(n.inputs[0]) + "'s and " + value_name(n.inputs[1]) + "'s kernels";
   }
   QKV_UNREACHABLE("storage kind");

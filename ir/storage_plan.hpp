@@ -97,7 +97,8 @@ StoragePlan plain_storage_plan(const Graph& g);
 /// `qkv explain` and `qkv dump --glsl` print.
 std::string no_kernel_reason(const Graph& g, const StoragePlan& plan, ValueId v);
 
-/// The plan in text, one line per value: "%5 slice  held f32  slice of %3 at byte 4096".
+/// The plan in text, one line per value: "%5 = slice : f32[32,32]  held f32  no kernel: view of %3 at
+/// byte 4096".
 std::string print_storage(const Graph& g, const StoragePlan& plan);
 
 /// Checks the plan's own consistency: views read earlier values, placements name later values

@@ -66,7 +66,9 @@ std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
 /// cast to f32 of 16-bit values (a half view: its readers widen what they read, or read it as it
 /// is: reads_half) and the cast of a value already held in the cast's dtype (an exact round). The
 /// round or 16-bit cast that is the only reader of a fused attention, or of its gradient with
-/// respect to q, k or v, is written by that kernel, rounded as it stores (narrowed).
+/// respect to q, k or v, is written by that kernel, rounded as it stores (narrowed). A cache update
+/// is planned as a kernel: the executable writes it into the cache in place when it holds the
+/// cache as state (known when state is set, not from the graph).
 ir::StoragePlan cpu_storage_plan(const ir::Graph& g) {
   ir::StoragePlan plan;
   plan.values.resize(g.size());
@@ -77,8 +79,6 @@ ir::StoragePlan cpu_storage_plan(const ir::Graph& g) {
     if ((n.op == Op::input || n.op == Op::cast) && is_half(n.dtype)) s.held = n.dtype;
     if (n.op == Op::round_f16) s.held = DType::f16;
     if (n.op == Op::round_bf16) s.held = DType::bf16;
-    s.f16_numbers = s.held == DType::f16;
-    s.bf16_numbers = s.held == DType::bf16;
     if (n.op == Op::reshape) s.kind = ir::StorageKind::reshape;
     else if (n.op == Op::cast && n.dtype == DType::f32 && is_half(g.node(n.inputs[0]).dtype)) s.kind = ir::StorageKind::half_view;
     else if (n.op == Op::cast && is_half(n.dtype) && plan.held(n.inputs[0]) == n.dtype) s.kind = ir::StorageKind::exact_round;
@@ -107,6 +107,10 @@ ir::StoragePlan cpu_storage_plan(const ir::Graph& g) {
     rs.of = static_cast<ir::ValueId>(i);
     plan.values[i].into = {r, 0};
     plan.values[i].held = rs.held;
+  }
+  for (ir::ValueStorage& s : plan.values) {  // what 16-bit storage holds is 16-bit numbers
+    s.f16_numbers = s.held == DType::f16;
+    s.bf16_numbers = s.held == DType::bf16;
   }
   ir::verify_storage(g, plan);
   return plan;
