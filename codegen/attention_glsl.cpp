@@ -27,6 +27,9 @@
 // the cpu does with ir::bound_region), are skipped only after the workgroup has checked that the
 // values they would have multiplied by those zeros are finite; otherwise it visits every tile.
 // Each kernel adds the scores it computed to a 64-bit counter (Executable::tile_counts).
+// The GLSL below is written as the shader reads, line by line in string literals joined with +,
+// a layout clang-format would break at every literal: this file is laid out by hand.
+// clang-format off
 #include "codegen/attention_glsl.hpp"
 
 #include <algorithm>

@@ -33,6 +33,7 @@
 #include <bit>
 #include <optional>
 #include <queue>
+#include <span>
 
 #include "codegen/glsl_detail.hpp"
 #include "codegen/matmul_glsl.hpp"
@@ -109,14 +110,33 @@ Reads reads_of(const ir::Graph& g, ValueId root, const std::vector<ValueId>& inl
   return r;
 }
 
-/// Push-constant words of a fused kernel: elements (a reduction's kAxisPushWords, a matmul's own),
-/// dims, each operand's strides, each constant. A matmul's epilogue reads each operand through
-/// strides of the output's rank and takes the dims from the matmul's words.
+/// The push constants of a fused kernel without a matmul, declared once for its shader and its
+/// launch: a reduction's or row kernel's axis_push_constants (`axis`) or its elements, the
+/// chain's dims and each operand's strides over them, then each constant's value (c0, c1, ...).
+PushConstants chain_push_constants(bool axis, int rank, int operands, int constants) {
+  PushConstants p = axis ? detail::axis_push_constants() : PushConstants{};
+  if (!axis) p.scalar("elements", PushConstants::Type::u32, "the chain's elements");
+  detail::declare_operand_strides(p, rank, operands);
+  for (int c = 0; c < constants; ++c) p.scalar("c" + std::to_string(c), PushConstants::Type::f32, "a constant it computes with");
+  return p;
+}
+
+/// The push constants of a matmul's epilogue, after the matmul's: each of its operands' strides
+/// over the output's `rank` dims (x2_strides, ...), then each constant's value (c0, c1, ...).
+PushConstants epilogue_push_constants(int rank, int operands, int constants) {
+  PushConstants p;
+  for (int o = 0; o < operands; ++o) p.array(detail::strides_name(o + 2), rank, "x" + std::to_string(o + 2) + "'s strides over the output's dims");
+  for (int c = 0; c < constants; ++c) p.scalar("c" + std::to_string(c), PushConstants::Type::f32, "a constant it computes with");
+  return p;
+}
+
+/// Push-constant words of a fused kernel. A matmul's epilogue reads each operand through strides
+/// of the output's rank and takes the dims from the matmul's words.
 int push_words(const Node& root, int rank, const Reads& r, bool rows) {
   const int operands = static_cast<int>(r.operands.size()), constants = static_cast<int>(r.constants.size());
   if (r.matmul && axis_reduction(root)) return detail::matmul_push_words(2);  // summed over its batch (sums_batches)
-  if (r.matmul) return detail::matmul_push_words(rank) + rank * (operands - 2) + constants;
-  return (axis_reduction(root) || rows ? detail::kAxisPushWords : 1) + rank * (1 + operands) + constants;
+  if (r.matmul) return detail::matmul_push_words(rank) + epilogue_push_constants(rank, operands - 2, constants).words();
+  return chain_push_constants(axis_reduction(root) || rows, rank, operands, constants).words();
 }
 
 /// What a reduction kernel reduces: the input of its deepest reduction and the range of that
@@ -287,11 +307,12 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan&
         candidates.pop();
         const Node& node = g.node(v);
         if (inside(v) || scalar_constant(node)) continue;  // constants: placed with the kernel's reads below
-        if (!storage.has_kernel(v)) continue;  // a view (an exact round too): read in place
+        if (!storage.has_kernel(v)) continue;              // a view (an exact round too): read in place
         // A matmul becomes the kernel's core when it has the kernel's shape (every element of the
         // chain is one of its products) and the kernel has none yet.
         const std::vector<ValueId> reductions = row_reductions(g, root, members);
-        const bool epilogue = node.op == Op::matmul && elementwise(g, root) && node.shape == root_shape && matmul_of(g, members) < 0 && reductions.empty();
+        const bool epilogue =
+            node.op == Op::matmul && elementwise(g, root) && node.shape == root_shape && matmul_of(g, members) < 0 && reductions.empty();
         // A row kernel: an elementwise kernel that computes sums or maxima over its rows first
         // (a layer norm's mean and variance, then its normalised elements).
         const bool row = elementwise(g, root) && matmul_of(g, members) < 0 && row_reduction(g, node, root_shape) &&
@@ -299,7 +320,9 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan&
         const bool merged = axis_reduction(root) && merges_reduction(g, r, members, v);
         // A reduce_sum over a matmul's batch dims: one matmul over the batch and K together.
         const bool summed = root.op == Op::reduce_sum && matmul_of(g, members) < 0 && sums_batches(g, v, reduced_of(g, r, members));
-        if (!(elementwise(g, node) || epilogue || merged || summed || row) || is_result[static_cast<std::size_t>(v)] || stored[static_cast<std::size_t>(v)]) continue;
+        if (!(elementwise(g, node) || epilogue || merged || summed || row) || is_result[static_cast<std::size_t>(v)] ||
+            stored[static_cast<std::size_t>(v)])
+          continue;
         // Read only inside this kernel (the matmul core reads its operands from memory), or an
         // elementwise node with few readers, recomputed in each of their kernels.
         const auto& rs = readers[static_cast<std::size_t>(v)];
@@ -389,8 +412,7 @@ namespace {
 
 /// The statements computing a kernel's members in node order (`members`, the matmul of an
 /// epilogue excluded: its value is `acc`), each read through `value`.
-template <class Value>
-std::string chain_statements(const ir::Graph& g, const std::vector<ValueId>& members, Value value) {
+template <class Value> std::string chain_statements(const ir::Graph& g, const std::vector<ValueId>& members, Value value) {
   std::string s;
   for (ValueId m : members) {
     const Node& node = g.node(m);
@@ -420,17 +442,16 @@ std::vector<ValueId> constants_of(const ir::Graph& g, const KernelGroup& k) {
 /// offset e<k> (qkv_epilogue_batch) plus row and column through its strides.
 KernelSource epilogue_source(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, ValueId mm, const Target& target) {
   const Node& mat = g.node(mm);
-  const int rank = mat.shape.rank, batch_rank = rank - 2, base = detail::matmul_push_words(rank);
+  const int rank = mat.shape.rank, batch_rank = rank - 2;
   const int operands = static_cast<int>(k.operands.size()) - 2;
   const std::vector<ValueId> constants = constants_of(g, k);
-  auto word = [&](int w) { return "pc.p[" + std::to_string(base + w) + "]"; };
-  auto stride = [&](int o, int d) { return word(o * rank + d); };
+  auto stride = [&](int o, int d) { return "pc." + detail::strides_name(o + 2) + "[" + std::to_string(d) + "]"; };
   detail::MatmulEpilogue e;
   e.operands = operands;
+  e.push = epilogue_push_constants(rank, operands, static_cast<int>(constants.size()));
   for (auto it = k.operands.begin() + 2; it != k.operands.end(); ++it) e.held.push_back(storage.held(*it));
   std::string& s = e.glsl;
   s += "// computes " + covered_nodes(g, k) + " on each product of %" + std::to_string(mm) + "\n";
-  s += "// p[" + std::to_string(base) + "..] = each operand's " + std::to_string(rank) + " strides over the output's dims, then each constant's float bits\n";
   if (operands) {
     s += "uint";
     for (int o = 0; o < operands; ++o) s += std::string(o ? "," : "") + " e" + std::to_string(o);
@@ -441,7 +462,7 @@ KernelSource epilogue_source(const ir::Graph& g, const ir::StoragePlan& storage,
     s += "  uint rem = batch;\n";
     for (int o = 0; o < operands; ++o) s += "  e" + std::to_string(o) + " = 0u;\n";
     for (int d = batch_rank - 1; d >= 0; --d) {
-      const std::string dim = "pc.p[" + std::to_string(7 + d) + "]";
+      const std::string dim = "pc.batch[" + std::to_string(d) + "]";
       s += "  { uint idx = rem % " + dim + "; rem /= " + dim + ";";
       for (int o = 0; o < operands; ++o) s += " e" + std::to_string(o) + " += idx * " + stride(o, d) + ";";
       s += " }\n";
@@ -450,14 +471,14 @@ KernelSource epilogue_source(const ir::Graph& g, const ir::StoragePlan& storage,
   s += "}\n";
   s += "float qkv_epilogue(float acc, uint row, uint col) {\n";
   for (int o = 0; o < operands; ++o)
-    s += "  uint o" + std::to_string(o) + " = e" + std::to_string(o) + " + row * " + stride(o, batch_rank) + " + col * " + stride(o, batch_rank + 1) + ";\n";
+    s += "  uint o" + std::to_string(o) + " = e" + std::to_string(o) + " + row * " + stride(o, batch_rank) + " + col * " + stride(o, batch_rank + 1) +
+         ";\n";
   auto value = [&](ValueId v) -> std::string {
     if (auto it = std::find(k.operands.begin() + 2, k.operands.end(), v); it != k.operands.end()) {
       const auto o = it - k.operands.begin() - 2;
       return detail::widened(storage.held(*it), "x" + std::to_string(o + 2) + "[o" + std::to_string(o) + "]");
     }
-    if (auto it = std::find(constants.begin(), constants.end(), v); it != constants.end())
-      return "uintBitsToFloat(" + word(rank * operands + static_cast<int>(it - constants.begin())) + ")";
+    if (auto it = std::find(constants.begin(), constants.end(), v); it != constants.end()) return "pc.c" + std::to_string(it - constants.begin());
     return "v" + std::to_string(v);
   };
   std::vector<ValueId> members = k.inlined;
@@ -493,10 +514,11 @@ KernelSource batch_summed_source(const ir::Graph& g, const ir::StoragePlan& stor
   if (is_half(rounded)) {
     round.name = detail::Store{rounded}.suffix();
     round.glsl = detail::math_helpers_of({rounded == DType::f16 ? Op::round_f16 : Op::round_bf16}) +
-                 "void qkv_epilogue_batch(uint batch) {}\nfloat qkv_epilogue(float acc, uint row, uint col) { return " + detail::rounded_value(rounded, "acc") +
-                 "; }\n";
+                 "void qkv_epilogue_batch(uint batch) {}\nfloat qkv_epilogue(float acc, uint row, uint col) { return " +
+                 detail::rounded_value(rounded, "acc") + "; }\n";
   }
-  KernelSource source = detail::matmul_source(batch_summed_matmul(g, mm), target, detail::matmul_dtypes(g, storage, mm, false), is_half(rounded) ? &round : nullptr);
+  KernelSource source =
+      detail::matmul_source(batch_summed_matmul(g, mm), target, detail::matmul_dtypes(g, storage, mm, false), is_half(rounded) ? &round : nullptr);
   const std::size_t line = source.glsl.find('\n') + 1;  // after #version
   source.glsl.insert(line, "// computes " + covered_nodes(g, k) + ": the sum over %" + std::to_string(mm) +
                                "'s batch is one matmul whose depth runs over the batch and K together\n");
@@ -512,14 +534,13 @@ KernelLaunch batch_summed_launch(const ir::Graph& g, const ir::StoragePlan& stor
   std::int64_t depth = as.back(1);
   for (int d = 0; d + 2 < as.rank; ++d) depth *= as[d];
   const std::vector<ir::Shape> flat = {ir::Shape{depth, as.back(0)}, ir::Shape{depth, bs.back(0)}};
-  return detail::matmul_launch(batch_summed_matmul(g, mm), flat, ir::Shape{as.back(0), bs.back(0)}, target, detail::matmul_dtypes(g, storage, mm, false));
+  return detail::matmul_launch(batch_summed_matmul(g, mm), flat, ir::Shape{as.back(0), bs.back(0)}, target,
+                               detail::matmul_dtypes(g, storage, mm, false));
 }
 
 }  // namespace
 
-bool specialized(const ir::Graph& g, const KernelGroup& k) {
-  return k.fused() ? matmul_of(g, k.inlined) >= 0 : specialized(g.node(k.root));
-}
+bool specialized(const ir::Graph& g, const KernelGroup& k) { return k.fused() ? matmul_of(g, k.inlined) >= 0 : specialized(g.node(k.root)); }
 
 KernelSource fused_source(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, const Target& target) {
   if (const ValueId mm = matmul_of(g, k.inlined); mm >= 0)
@@ -529,8 +550,9 @@ KernelSource fused_source(const ir::Graph& g, const ir::StoragePlan& storage, co
   const std::vector<ValueId> reductions = row_reductions(g, root, k.inlined);
   const ValueId chain_root = chain_value(g, k.root, k.inlined);
   const int rank = chain_shape(g, k, nullptr).rank;
-  const int operands = static_cast<int>(k.operands.size()), base = reduction || !reductions.empty() ? detail::kAxisPushWords : 1;
+  const int operands = static_cast<int>(k.operands.size());
   const std::vector<ValueId> constants = constants_of(g, k);
+  const PushConstants push = chain_push_constants(reduction || !reductions.empty(), rank, operands, static_cast<int>(constants.size()));
   auto reduced = [&](ValueId m) { return std::find(reductions.begin(), reductions.end(), m) != reductions.end(); };
   std::vector<Op> ops;
   std::vector<ValueId> members;  // the chain's nodes: not the reductions merged into the root, nor a row kernel's
@@ -545,17 +567,14 @@ KernelSource fused_source(const ir::Graph& g, const ir::StoragePlan& storage, co
   for (Op round : store.rounds()) ops.push_back(round);
   std::vector<DType> held;
   for (ValueId o : k.operands) held.push_back(storage.held(o));
-  auto word = [&](int w) { return "pc.p[" + std::to_string(base + w) + "]"; };
   std::string s = detail::math_helpers_of(ops);  // after the header, below
   s += "// computes " + covered_nodes(g, k) + "\n";
-  s += "// p[" + std::to_string(base) + "..] = the " + std::to_string(rank) + " dims of the elements below, then each operand's strides, then each constant's float bits\n";
   auto value = [&](ValueId v) {
     if (auto it = std::find(k.operands.begin(), k.operands.end(), v); it != k.operands.end()) {
       const auto o = std::to_string(it - k.operands.begin());
       return detail::widened(held[static_cast<std::size_t>(it - k.operands.begin())], "x" + o + "[o" + o + "]");
     }
-    if (auto it = std::find(constants.begin(), constants.end(), v); it != constants.end())
-      return "uintBitsToFloat(" + word(rank * (1 + operands) + static_cast<int>(it - constants.begin())) + ")";
+    if (auto it = std::find(constants.begin(), constants.end(), v); it != constants.end()) return "pc.c" + std::to_string(it - constants.begin());
     return (reduced(v) ? "r" : "v") + std::to_string(v);
   };
   // A function of element i computing `result` from the members it depends on (a row kernel's
@@ -569,8 +588,8 @@ KernelSource fused_source(const ir::Graph& g, const ir::StoragePlan& storage, co
     std::vector<ValueId> used;
     for (ValueId m : members)
       if (needed[static_cast<std::size_t>(m)]) used.push_back(m);
-    return "float " + name + "(uint i) {\n" + detail::operand_offsets(rank, operands, base) + chain_statements(g, used, value) + "  return " + value(result) +
-           ";\n}\n";
+    return "float " + name + "(uint i) {\n" + detail::operand_offsets(rank, operands) + chain_statements(g, used, value) + "  return " +
+           value(result) + ";\n}\n";
   };
   std::vector<detail::RowReduction> rows;
   for (ValueId r : reductions) {
@@ -584,13 +603,17 @@ KernelSource fused_source(const ir::Graph& g, const ir::StoragePlan& storage, co
   if (reduction) {
     // Sums merged over several axes add in the order the separate sums did.
     const std::vector<int> order = root.op == Op::reduce_sum ? sum_order(g, k.root, k.inlined) : std::vector<int>{};
-    s = detail::axis_shader(detail::kernel_header(held, store.held, target), s + detail::axis_body(root.op, "qkv_chain(", ")", target, order, store), target);
+    s = detail::axis_shader(detail::kernel_header(held, store.held, push, target),
+                            s + detail::axis_body(root.op, "qkv_chain(", ")", target, order, store), target);
   } else if (!rows.empty()) {
-    s = detail::axis_shader(detail::kernel_header(held, store.held, target), s + detail::row_body(rows, "qkv_chain", target, store), target);
+    s = detail::axis_shader(detail::kernel_header(held, store.held, push, target), s + detail::row_body(rows, "qkv_chain", target, store), target);
   } else {
-    s = detail::kernel_header(held, store.held, target) + s + "void main() {\n" + detail::linear_index() + "  y[i] = " + store("qkv_chain(i)") + ";\n}\n";
+    s = detail::kernel_header(held, store.held, push, target) + s + "void main() {\n" + detail::linear_index() + "  y[i] = " + store("qkv_chain(i)") +
+        ";\n}\n";
   }
-  return {fused_name(g, storage, k, target) + store.suffix(held), s, operands + 1};
+  KernelSource source{fused_name(g, storage, k, target) + store.suffix(held), s, operands + 1};
+  source.push_signature = push.signature();
+  return source;
 }
 
 KernelLaunch fused_launch(const ir::Graph& g, const ir::StoragePlan& storage, const KernelGroup& k, const std::vector<ir::Shape>& shapes,
@@ -599,41 +622,48 @@ KernelLaunch fused_launch(const ir::Graph& g, const ir::StoragePlan& storage, co
   const ValueId mm = matmul_of(g, k.inlined);
   const ir::Shape& cs = chain_shape(g, k, &shapes);
   KernelLaunch l;
-  auto push_constants = [&] {
-    for (ValueId v : k.inlined)
-      if (scalar_constant(g.node(v))) l.push.push_back(std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, g.node(v), shapes))));
-    QKV_ASSERT(static_cast<int>(l.push.size()) <= kMaxPushWords, "kernel fusion: too many push-constant words");
+  const std::vector<ValueId> constants = constants_of(g, k);
+  auto set_constants = [&](PushConstants::Values& push) {
+    for (std::size_t c = 0; c < constants.size(); ++c) push.set_float("c" + std::to_string(c), ir::bound_value(g, g.node(constants[c]), shapes));
   };
   if (mm >= 0 && axis_reduction(root)) return batch_summed_launch(g, storage, mm, shapes, target);
   if (mm >= 0) {
-    l = detail::matmul_launch(g.node(mm), shapes, shapes[static_cast<std::size_t>(mm)], target, detail::matmul_dtypes(g, storage, mm, false));
-    for (std::size_t o = 2; o < k.operands.size(); ++o) {
-      const auto st = detail::broadcast_strides(shapes[static_cast<std::size_t>(k.operands[o])], cs.rank);
-      for (int d = 0; d < cs.rank; ++d) l.push.push_back(detail::push_word(st[static_cast<std::size_t>(d)]));
-    }
-    push_constants();
-    return l;
+    const int operands = static_cast<int>(k.operands.size()) - 2;
+    const PushConstants epilogue = epilogue_push_constants(cs.rank, operands, static_cast<int>(constants.size()));
+    return detail::matmul_launch(g.node(mm), shapes, shapes[static_cast<std::size_t>(mm)], target, detail::matmul_dtypes(g, storage, mm, false),
+                                 &epilogue, [&](PushConstants::Values& push) {
+                                   for (int o = 0; o < operands; ++o) {
+                                     const auto st = detail::broadcast_strides(
+                                         shapes[static_cast<std::size_t>(k.operands[static_cast<std::size_t>(o + 2)])], cs.rank);
+                                     push.set_array(detail::strides_name(o + 2), std::span(st.data(), static_cast<std::size_t>(cs.rank)));
+                                   }
+                                   set_constants(push);
+                                 });
   }
-  if (const auto rows = row_reductions(g, root, k.inlined); !rows.empty()) {
+  const std::vector<ValueId> rows = row_reductions(g, root, k.inlined);
+  const PushConstants declaration =
+      chain_push_constants(!rows.empty() || axis_reduction(root), cs.rank, static_cast<int>(k.operands.size()), static_cast<int>(constants.size()));
+  PushConstants::Values push = declaration.values();
+  if (!rows.empty()) {
     const int axis = g.node(rows.front()).attrs.axis;
     std::int64_t outer = 1, inner = 1;
     for (int i = 0; i < cs.rank; ++i) (i < axis ? outer : inner) *= i == axis ? 1 : cs[i];
-    l = detail::axis_launch(outer, cs[axis], inner, target);
+    l = detail::axis_launch(outer, cs[axis], inner, target, push);
   } else if (axis_reduction(root)) {
     const Reduced d = reduced_of(g, k.root, k.inlined);
     std::int64_t outer = 1, axis = 1, inner = 1;
     for (int i = 0; i < cs.rank; ++i) (i < d.first ? outer : i <= d.last ? axis : inner) *= cs[i];
-    l = detail::axis_launch(outer, axis, inner, target);
+    l = detail::axis_launch(outer, axis, inner, target, push);
   } else {
-    l.push = {detail::push_word(cs.numel())};
+    push.set("elements", detail::push_word(cs.numel()));
     l.groups = detail::elementwise_groups(cs.numel(), target);
   }
-  for (int d = 0; d < cs.rank; ++d) l.push.push_back(detail::push_word(cs[d]));
-  for (ValueId in : k.operands) {
-    const auto st = detail::broadcast_strides(shapes[static_cast<std::size_t>(in)], cs.rank);
-    for (int d = 0; d < cs.rank; ++d) l.push.push_back(detail::push_word(st[static_cast<std::size_t>(d)]));
-  }
-  push_constants();
+  std::vector<ir::Shape> read;
+  for (ValueId in : k.operands) read.push_back(shapes[static_cast<std::size_t>(in)]);
+  detail::set_operand_strides(push, cs, read);
+  set_constants(push);
+  l.push = push.words();
+  l.push_signature = declaration.signature();
   return l;
 }
 

@@ -1,4 +1,7 @@
 // GLSL generation: one shader family per op category, elementwise expressions from one table.
+// The GLSL below is written as the shader reads, line by line in string literals joined with +,
+// a layout clang-format would break at every literal: this file is laid out by hand.
+// clang-format off
 #include "codegen/glsl.hpp"
 
 #include <algorithm>
@@ -9,11 +12,13 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <span>
 
 #include "codegen/attention_glsl.hpp"
 #include "codegen/fusion.hpp"
 #include "codegen/glsl_detail.hpp"
 #include "codegen/matmul_glsl.hpp"
+#include "codegen/push_constants.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
 #include "ir/printer.hpp"
@@ -74,8 +79,9 @@ std::vector<std::string> operand_names(Op op, int arity) {
 }
 
 /// A kernel's declarations: buffers x0, x1, ... holding `inputs` and y holding `out`
-/// (detail::held_element), the push constants, and the workgroup's size (Target::invocations).
-std::string header(const std::vector<DType>& inputs, DType out, std::uint32_t local_x, std::uint32_t local_y = 1) {
+/// (detail::held_element), the push constants `push` declares, and the workgroup's size
+/// (Target::invocations).
+std::string header(const std::vector<DType>& inputs, DType out, const PushConstants& push, std::uint32_t local_x, std::uint32_t local_y = 1) {
   std::string s = "#version 450\n";
   if (is_half(out) || std::any_of(inputs.begin(), inputs.end(), [](DType t) { return is_half(t); }))
     s += "#extension GL_EXT_shader_16bit_storage : require\n";
@@ -84,11 +90,16 @@ std::string header(const std::vector<DType>& inputs, DType out, std::uint32_t lo
     s += "layout(std430, binding = " + std::to_string(i) + ") readonly buffer In" + std::to_string(i) + " { " + detail::held_element(inputs[i]) + " x" +
          std::to_string(i) + "[]; };\n";
   s += "layout(std430, binding = " + std::to_string(inputs.size()) + ") writeonly buffer Out { " + detail::held_element(out) + " y[]; };\n";
-  s += "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
-  return s;
+  return s + push.glsl();
 }
-std::string header(int inputs, std::uint32_t local_x, std::uint32_t local_y = 1) {
-  return header(std::vector<DType>(static_cast<std::size_t>(inputs), DType::f32), DType::f32, local_x, local_y);
+/// `source` with the signature of the push constants it declares.
+KernelSource declared(KernelSource source, const PushConstants& push) {
+  source.push_signature = push.signature();
+  return source;
+}
+
+std::string header(int inputs, const PushConstants& push, std::uint32_t local_x) {
+  return header(std::vector<DType>(static_cast<std::size_t>(inputs), DType::f32), DType::f32, push, local_x);
 }
 
 }  // namespace
@@ -230,9 +241,11 @@ const char* kErf =
     "  return sign(x) * (1.0 - q * exp(-x * x));\n"
     "}\n";
 
-const char* kLinearIndex =
-    "  uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;\n"
-    "  if (i >= pc.p[0]) return;\n";
+/// The statements giving an invocation its element i, returning past the push constant `bound`.
+std::string element_index(const std::string& bound) {
+  return "  uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;\n"
+         "  if (i >= pc." + bound + ") return;\n";
+}
 
 /// Workgroups of `invocations` for `total` invocations: past 65535 along x, rows along y.
 std::array<std::uint32_t, 3> linear_groups(std::int64_t total, std::uint32_t invocations) {
@@ -272,7 +285,7 @@ std::string sum_row(const std::function<std::string(const std::string&)>& read, 
   if (order.size() < 2) return indent + "for (uint k = " + first + "; k < n; k += " + step + ") acc += " + read("base + k * inner") + ";\n";
   const int m = static_cast<int>(order.size());
   const int last = *std::max_element(order.begin(), order.end());
-  auto dim = [](int d) { return "pc.p[" + std::to_string(detail::kAxisPushWords + d) + "]"; };
+  auto dim = [](int d) { return "pc.dims[" + std::to_string(d) + "]"; };
   std::string s, offset;
   for (int l = 0; l < m; ++l) {
     std::string stride = "1u";  // in rows of `inner`: the merged axes after this one
@@ -310,8 +323,7 @@ std::string max_row(const std::string& m, const std::string& elements, const std
 /// One invocation per row: the invocations of a SIMD lane set take consecutive rows.
 std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, const std::vector<int>& sum_order, const detail::Store& out) {
   auto read = [&](const std::string& index) { return open + index + close; };
-  std::string s = "// p[0] = outer * inner, p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
-                  "  uint n = pc.p[1], inner = pc.p[2];\n  uint base = (i / inner) * n * inner + i % inner;\n";
+  std::string s = "void main() {\n" + element_index("rows") + "  uint n = pc.n, inner = pc.inner;\n  uint base = (i / inner) * n * inner + i % inner;\n";
   QKV_ASSERT(op == Op::reduce_sum || op == Op::reduce_max || op == Op::softmax, "not an axis op");
   if (op == Op::reduce_sum) {
     s += "  float acc = 0.0;\n" + sum_row(read, sum_order, "0u", "1u", "  ") + "  y[i] = " + out("acc") + ";\n";
@@ -331,12 +343,10 @@ std::string axis_body_per_invocation(Op op, const std::string& open, const std::
   return s + "}\n";
 }
 
-/// The declarations a kernel sharing rows across lanes needs: the mode (p[3]), kRows, and
+/// The declarations a kernel sharing rows across lanes needs: the mode (pc.mode), kRows, and
 /// qkv_sum / qkv_max over the lanes sharing a row (axis_body_per_subgroup).
 std::string subgroup_row_helpers(std::uint32_t rows, std::uint32_t invocations) {
-  std::string s = "// p[0] = rows (outer * inner), p[1] = n (the reduced axis), p[2] = inner,\n"
-                  "// p[3] = 0: an invocation per row, 1: a subgroup per row, 2: a workgroup per row\n";
-  s += "const uint kRows = " + std::to_string(rows) + "u;  // per workgroup with a subgroup per row\n";
+  std::string s = "const uint kRows = " + std::to_string(rows) + "u;  // per workgroup with a subgroup per row\n";
   s += "shared float qkv_partial[" + std::to_string(invocations) + "];\n";  // one per subgroup, at most
   s += "uint mode;  // uniform: a push constant\n";
   for (const std::string f : {"Add", "Max"}) {
@@ -360,8 +370,8 @@ std::string subgroup_row_helpers(std::uint32_t rows, std::uint32_t invocations) 
 /// invocation takes part in (closed by "  }\n}\n"); the row's elements are base + k * inner for
 /// k = lane, lane + step, ... below n.
 std::string subgroup_row_loop() {
-  return "  uint rows = pc.p[0], n = pc.p[1], inner = pc.p[2];\n"
-         "  mode = pc.p[3];\n"
+  return "  uint rows = pc.rows, n = pc.n, inner = pc.inner;\n"
+         "  mode = pc.mode;\n"
          "  uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
          "  uint first = mode == 0u ? group * gl_WorkGroupSize.x + gl_LocalInvocationID.x : mode == 1u ? group * kRows : group;\n"
          "  uint count = mode == 1u ? kRows : 1u, r0 = mode == 1u ? gl_SubgroupID : 0u, rstep = mode == 1u ? gl_NumSubgroups : 1u;\n"
@@ -374,7 +384,7 @@ std::string subgroup_row_loop() {
          "    uint base = (i / inner) * n * inner + i % inner;\n";
 }
 
-/// Rows in one of three ways, chosen per launch by p[3] (axis_launch): 0, an invocation per row
+/// Rows in one of three ways, chosen per launch by pc.mode (axis_launch): 0, an invocation per row
 /// (short rows); 1, a subgroup per row, lane l reading the row's elements l, l + S, ... (S =
 /// gl_SubgroupSize as the device runs it) and subgroupAdd or subgroupMax combining the lanes,
 /// the workgroup's subgroups taking its kRows rows in turn (so nothing assumes the subgroup size
@@ -435,8 +445,7 @@ std::string detail::row_body(const std::vector<RowReduction>& reductions, const 
   if (lanes) {
     s = subgroup_row_helpers(subgroup_rows(target), target.invocations) + "void main() {\n" + subgroup_row_loop();
   } else {
-    s = "// p[0] = outer * inner (rows), p[1] = n (the reduced axis), p[2] = inner, p[3] unused\nvoid main() {\n" + std::string(kLinearIndex) +
-        "  uint n = pc.p[1], inner = pc.p[2], lane = 0u, step = 1u;\n  {\n    uint base = (i / inner) * n * inner + i % inner;\n";
+    s = "void main() {\n" + element_index("rows") + "  uint n = pc.n, inner = pc.inner, lane = 0u, step = 1u;\n  {\n    uint base = (i / inner) * n * inner + i % inner;\n";
   }
   const std::string elements = "for (uint k = lane; k < n; k += step)";
   for (const RowReduction& r : reductions) {
@@ -460,13 +469,23 @@ std::string detail::axis_shader(const std::string& header, const std::string& bo
          header.substr(line + 1) + body;
 }
 
-KernelLaunch detail::axis_launch(std::int64_t outer, std::int64_t n, std::int64_t inner, const Target& target) {
+PushConstants detail::axis_push_constants() {
+  using T = PushConstants::Type;
+  PushConstants p;
+  p.scalar("rows", T::u32, "outer * inner: the rows reduced")
+      .scalar("n", T::u32, "the reduced axis' size")
+      .scalar("inner", T::u32, "elements after the axis (a row's stride)")
+      .scalar("mode", T::u32, "0: an invocation per row, 1: a subgroup per row, 2: a workgroup per row");
+  return p;
+}
+
+KernelLaunch detail::axis_launch(std::int64_t outer, std::int64_t n, std::int64_t inner, const Target& target, PushConstants::Values& push) {
   KernelLaunch l;
   const std::int64_t rows = outer * inner;
   // Rows shorter than a subgroup take an invocation each (a subgroup would idle most lanes); on
   // a GPU rows of 2048 or more take a workgroup (a subgroup's lanes would add 32 or more each).
   const std::uint32_t mode = !subgroup_rows_kernel(target) || n < static_cast<std::int64_t>(target.subgroup_size) ? 0 : n >= 2048 ? 2 : 1;
-  l.push = {push_word(rows), push_word(n), push_word(inner), mode};
+  push.set("rows", push_word(rows)).set("n", push_word(n)).set("inner", push_word(inner)).set("mode", mode);
   if (mode == 1) {
     const std::int64_t per_group = subgroup_rows(target);
     l.groups = linear_groups((rows + per_group - 1) / per_group * target.invocations, target.invocations);
@@ -476,13 +495,37 @@ KernelLaunch detail::axis_launch(std::int64_t outer, std::int64_t n, std::int64_
   return l;
 }
 
-std::string detail::operand_offsets(int rank, int operands, int first_word) {
-  auto word = [&](int w) { return "pc.p[" + std::to_string(first_word + w) + "]"; };
+void detail::declare_operand_strides(PushConstants& p, int rank, int operands) {
+  if (rank == 0) return;  // no dims to step through: the loops over them are unrolled away
+  p.array("dims", rank, "the dims of the elements computed");
+  for (int k = 0; k < operands; ++k) p.array(strides_name(k), rank, "x" + std::to_string(k) + "'s strides over them (0 where it broadcasts)");
+}
+
+PushConstants detail::elementwise_push_constants(int rank, int operands) {
+  PushConstants p;
+  p.scalar("elements", PushConstants::Type::u32, "the output's elements");
+  declare_operand_strides(p, rank, operands);
+  return p;
+}
+
+std::string detail::strides_name(int operand) { return "x" + std::to_string(operand) + "_strides"; }
+
+void detail::set_operand_strides(PushConstants::Values& push, const Shape& shape, const std::vector<Shape>& operands) {
+  if (shape.rank == 0) return;
+  push.set_array("dims", std::span(shape.dims.data(), static_cast<std::size_t>(shape.rank)));
+  for (std::size_t k = 0; k < operands.size(); ++k) {
+    const auto st = broadcast_strides(operands[k], shape.rank);
+    push.set_array(strides_name(static_cast<int>(k)), std::span(st.data(), static_cast<std::size_t>(shape.rank)));
+  }
+}
+
+std::string detail::operand_offsets(int rank, int operands) {
   std::string s = "  uint rem = i;\n";
   for (int k = 0; k < operands; ++k) s += "  uint o" + std::to_string(k) + " = 0u;\n";
   for (int d = rank - 1; d >= 0; --d) {
-    s += "  { uint idx = rem % " + word(d) + "; rem /= " + word(d) + ";";
-    for (int k = 0; k < operands; ++k) s += " o" + std::to_string(k) + " += idx * " + word(rank * (k + 1) + d) + ";";
+    const std::string dim = "pc.dims[" + std::to_string(d) + "]";
+    s += "  { uint idx = rem % " + dim + "; rem /= " + dim + ";";
+    for (int k = 0; k < operands; ++k) s += " o" + std::to_string(k) + " += idx * pc." + strides_name(k) + "[" + std::to_string(d) + "];";
     s += " }\n";
   }
   return s;
@@ -492,7 +535,9 @@ std::string detail::elementwise_expression(Op op, const std::vector<std::string>
   return substitute(elementwise_expr(op), operand_names(op, static_cast<int>(operands.size())), operands);
 }
 
-std::string detail::kernel_header(const std::vector<DType>& inputs, DType out, const Target& target) { return header(inputs, out, target.invocations); }
+std::string detail::kernel_header(const std::vector<DType>& inputs, DType out, const PushConstants& push, const Target& target) {
+  return header(inputs, out, push, target.invocations);
+}
 
 std::string detail::Store::operator()(const std::string& value) const { return narrowed(held, rounded_value(rounded, value)); }
 
@@ -511,7 +556,7 @@ std::vector<Op> detail::Store::rounds() const {
   return ops;
 }
 
-std::string detail::linear_index() { return kLinearIndex; }
+std::string detail::linear_index() { return element_index("elements"); }
 
 std::array<std::uint32_t, 3> detail::elementwise_groups(std::int64_t total, const Target& target) { return linear_groups(total, target.invocations); }
 
@@ -735,16 +780,16 @@ KernelSource elementwise_source(const ir::Graph& g, const ir::StoragePlan& stora
   std::vector<DType> held;
   for (ir::ValueId in : n.inputs) held.push_back(storage.held(in));
   const detail::Store store{DType::f32, storage.held(v)};
-  std::string s = header(held, store.held, target.invocations);
+  const PushConstants push = detail::elementwise_push_constants(rank, arity);
+  std::string s = header(held, store.held, push, target.invocations);
   const std::vector<Op> rounds = store.rounds();
   s += helpers_for([&](Op op) { return op == n.op || std::find(rounds.begin(), rounds.end(), op) != rounds.end(); });
-  s += "// p[0] = elements, p[1..rank] = output dims, then each operand's strides\n";
-  s += "void main() {\n" + std::string(kLinearIndex) + detail::operand_offsets(rank, arity, 1);
+  s += "void main() {\n" + element_index("elements") + detail::operand_offsets(rank, arity);
   for (int k = 0; k < arity; ++k)
     s += "  float " + names[static_cast<std::size_t>(k)] + " = " +
          detail::widened(held[static_cast<std::size_t>(k)], "x" + std::to_string(k) + "[o" + std::to_string(k) + "]") + ";\n";
   s += "  y[i] = " + store(elementwise_expr(n.op)) + ";\n}\n";
-  return {std::string(ir::op_name(n.op)) + "_r" + std::to_string(rank) + store.suffix(held), s, arity + 1};
+  return declared({std::string(ir::op_name(n.op)) + "_r" + std::to_string(rank) + store.suffix(held), s, arity + 1}, push);
 }
 
 }  // namespace
@@ -767,6 +812,35 @@ std::string narrowed(DType t, const std::string& value) {
 
 namespace {
 
+/// The push constants of the kernels that are not elementwise, reductions, matmuls or flash
+/// attention (casts to and from 16 bits, constants, masks, slices and joins, lookups), declared
+/// once for the shader and its launch: first the elements, an invocation each (`in_place`: a
+/// cache update in place, the new rows'), then what the op needs.
+PushConstants per_element_push_constants(const Node& n, bool in_place = false) {
+  using T = PushConstants::Type;
+  PushConstants p;
+  p.scalar("elements", T::u32, in_place ? "the new rows' elements" : "the output's elements");
+  const std::string axis = "elements after the axis";
+  if (n.op == Op::constant) p.scalar("value", T::f32, "the value");
+  if (n.op == Op::one_hot) p.scalar("depth", T::u32, "the classes: the last dim's size");
+  if (n.op == Op::embedding) p.scalar("width", T::u32, "a table row's elements").scalar("rows", T::u32, "the table's rows (other ids give zeros)");
+  if (n.op == Op::causal_mask)
+    p.scalar("keys", T::u32, "Lk: the mask's columns")
+        .scalar("shift", T::i32, "Lk - Lq where aligned bottom-right, else 0")
+        .scalar("window", T::i32, "the sliding window (0: none)");
+  if (n.op == Op::slice)
+    p.scalar("inner", T::u32, axis)
+        .scalar("size", T::u32, "the output's size along the axis")
+        .scalar("operand_size", T::u32, "the operand's size along the axis")
+        .scalar("begin", T::u32, "the first index taken");
+  if (n.op == Op::concat) p.scalar("inner", T::u32, axis).scalar("a_size", T::u32, "x0's size along the axis").scalar("b_size", T::u32, "x1's");
+  if (n.op == Op::cache_write)
+    p.scalar("inner", T::u32, axis).scalar("rows", T::u32, "the cache's size along the axis").scalar("fresh", T::u32, "the new rows' size along it");
+  if (n.op == Op::iota) p.scalar("inner", T::u32, axis).scalar("size", T::u32, "the axis' size");
+  if (n.op == Op::dropout_mask) p.scalar("threshold", T::u32, "kept where the draw is at least 2^32 p").scalar("kept", T::f32, "the kept value, 1 / (1 - p)");
+  return p;
+}
+
 /// Elements each invocation of a cast to or from a 16-bit float converts.
 constexpr std::int64_t kCastElements = 8;
 
@@ -777,109 +851,78 @@ constexpr std::int64_t kCastElements = 8;
 /// exact in 16 bits, whatever the device's conversion rounds to).
 KernelSource cast16_source(const ir::Graph& g, const Node& n, const Target& target) {
   const DType from = g.node(n.inputs[0]).dtype, to = n.dtype;
+  const PushConstants push = per_element_push_constants(n);
   std::string s = "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n";
   s += "layout(local_size_x = " + std::to_string(target.invocations) + ", local_size_y = 1) in;\n";
   s += "layout(std430, binding = 0) readonly buffer In0 { " + std::string(detail::held_element(from)) + " x0[]; };\n";
   s += "layout(std430, binding = 1) writeonly buffer Out { " + std::string(detail::held_element(to)) + " y[]; };\n";
-  s += "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n";
+  s += push.glsl();
   s += helpers_for([&](Op op) { return (op == Op::round_f16 && to == DType::f16) || (op == Op::round_bf16 && to == DType::bf16); });
-  s += "// p[0] = elements\nvoid main() {\n";
+  s += "void main() {\n";
   s += "  uint first = (gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x) * " +
        std::to_string(kCastElements) + "u;\n";
-  s += "  for (uint i = first; i < min(first + " + std::to_string(kCastElements) + "u, pc.p[0]); ++i) {\n";
+  s += "  for (uint i = first; i < min(first + " + std::to_string(kCastElements) + "u, pc.elements); ++i) {\n";
   s += "    float a = " + detail::widened(from, "x0[i]") + ";\n";
   s += "    y[i] = " + detail::narrowed(to, "a") + ";\n";
   s += "  }\n}\n";
-  return {"cast_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)), s, 2};
+  return declared({"cast_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)), s, 2}, push);
 }
 
-KernelSource constant_source(const Target& target) {
-  std::string s = header(0, target.invocations) + "// p[0] = elements, p[1] = the value's float bits\nvoid main() {\n" + kLinearIndex +
-                  "  y[i] = uintBitsToFloat(pc.p[1]);\n}\n";
-  return {"constant", s, 1};
-}
+/// The kernels that compute each output element alone, an invocation each: the GLSL of their
+/// element i, reading the push constants per_element_push_constants declares for the op. Slices and
+/// joins see their tensors as [outer, n, inner] along the axis.
+struct PerElement {
+  Op op;
+  bool in_place;  // a cache update writing its new rows into the cache's storage
+  const char* name;
+  int inputs;
+  const char* body;
+};
+const PerElement kPerElement[] = {
+    {Op::constant, false, "constant", 0, "  y[i] = pc.value;\n"},
+    {Op::one_hot, false, "one_hot", 1, "  y[i] = x0[i / pc.depth] == float(i % pc.depth) ? 1.0 : 0.0;\n"},
+    // x0 = the ids, x1 = the table.
+    {Op::embedding, false, "embedding", 2,
+     "  const int id = int(x0[i / pc.width]);\n"
+     "  y[i] = id >= 0 && id < int(pc.rows) ? x1[uint(id) * pc.width + i % pc.width] : 0.0;\n"},
+    {Op::causal_mask, false, "causal_mask", 1,
+     "  int row = int(i / pc.keys);\n  int col = int(i % pc.keys);\n"
+     "  int limit = row + pc.shift, window = pc.window;\n"
+     "  y[i] = (col <= limit && (window == 0 || col > limit - window)) ? 1.0 : 0.0;\n"},
+    {Op::slice, false, "slice", 1,
+     "  uint inner = pc.inner, per = pc.size * inner;\n"
+     "  uint o = i / per, j = (i % per) / inner, r = i % inner;\n"
+     "  y[i] = x0[(o * pc.operand_size + pc.begin + j) * inner + r];\n"},
+    {Op::concat, false, "concat", 2,
+     "  uint inner = pc.inner, na = pc.a_size, nb = pc.b_size, per = (na + nb) * inner;\n"
+     "  uint o = i / per, j = (i % per) / inner, r = i % inner;\n"
+     "  y[i] = j < na ? x0[(o * na + j) * inner + r] : x1[(o * nb + j - na) * inner + r];\n"},
+    // As a copy: every element of the cache x0, from the new rows x1 where they are written at
+    // x2[0].
+    {Op::cache_write, false, "cache_write", 3,
+     "  const uint inner = pc.inner, rows = pc.rows, fresh = pc.fresh;\n"
+     "  const int k = int((i / inner) % rows) - int(x2[0]);\n"
+     "  y[i] = k >= 0 && k < int(fresh) ? x1[((i / inner / rows) * fresh + uint(k)) * inner + i % inner] : x0[i];\n"},
+    // In place (ir::writes_into_operand): y is the cache's own storage (x0 is not read); only
+    // the new rows x1 are written, an invocation per new element.
+    {Op::cache_write, true, "cache_write_in_place", 3,
+     "  const uint inner = pc.inner, rows = pc.rows, fresh = pc.fresh;\n"
+     "  const int row = int((i / inner) % fresh) + int(x2[0]);\n"
+     "  if (row >= 0 && row < int(rows)) y[((i / inner / fresh) * rows + uint(row)) * inner + i % inner] = x1[i];\n"},
+    {Op::iota, false, "iota", 1, "  y[i] = float((i / pc.inner) % pc.size);\n"},
+    // x1[0] = the seed.
+    {Op::dropout_mask, false, "dropout_mask", 2, "  y[i] = qkv_philox(i, uint(x1[0])) >= pc.threshold ? pc.kept : 0.0;\n"},
+};
 
-KernelSource one_hot_source(const Target& target) {
-  std::string s = header(1, target.invocations) + "// p[0] = elements, p[1] = depth\nvoid main() {\n" + kLinearIndex +
-                  "  y[i] = x0[i / pc.p[1]] == float(i % pc.p[1]) ? 1.0 : 0.0;\n}\n";
-  return {"one_hot", s, 2};
-}
-
-KernelSource embedding_source(const Target& target) {
-  std::string s = header(2, target.invocations) +
-                  "// x0 = ids, x1 = the table; p[0] = elements, p[1] = row width, p[2] = the table's rows\n"
-                  "void main() {\n" + kLinearIndex +
-                  "  const int id = int(x0[i / pc.p[1]]);\n"
-                  "  y[i] = id >= 0 && id < int(pc.p[2]) ? x1[uint(id) * pc.p[1] + i % pc.p[1]] : 0.0;\n}\n";
-  return {"embedding", s, 3};
-}
-
-KernelSource causal_mask_source(const Target& target) {
-  std::string s = header(1, target.invocations) +
-                  "// p[0] = elements, p[1] = Lk, p[2] = shift (Lk - Lq for bottom-right, else 0) as int bits,\n"
-                  "// p[3] = sliding window (0: none)\n"
-                  "void main() {\n" +
-                  kLinearIndex +
-                  "  int row = int(i / pc.p[1]);\n  int col = int(i % pc.p[1]);\n"
-                  "  int limit = row + int(pc.p[2]), window = int(pc.p[3]);\n"
-                  "  y[i] = (col <= limit && (window == 0 || col > limit - window)) ? 1.0 : 0.0;\n}\n";
-  return {"causal_mask", s, 2};
-}
-
-/// Slices and joins along one axis, the tensors seen as [outer, n, inner].
-KernelSource slice_source(const Target& target) {
-  std::string s = header(1, target.invocations) + "// p[0] = elements, p[1] = inner, p[2] = n out, p[3] = n in, p[4] = begin\nvoid main() {\n" +
-                  kLinearIndex +
-                  "  uint inner = pc.p[1], per = pc.p[2] * inner;\n"
-                  "  uint o = i / per, j = (i % per) / inner, r = i % inner;\n"
-                  "  y[i] = x0[(o * pc.p[3] + pc.p[4] + j) * inner + r];\n}\n";
-  return {"slice", s, 2};
-}
-
-KernelSource concat_source(const Target& target) {
-  std::string s = header(2, target.invocations) + "// p[0] = elements, p[1] = inner, p[2] = n of a, p[3] = n of b\nvoid main() {\n" + kLinearIndex +
-                  "  uint inner = pc.p[1], na = pc.p[2], nb = pc.p[3], per = (na + nb) * inner;\n"
-                  "  uint o = i / per, j = (i % per) / inner, r = i % inner;\n"
-                  "  y[i] = j < na ? x0[(o * na + j) * inner + r] : x1[(o * nb + j - na) * inner + r];\n}\n";
-  return {"concat", s, 3};
-}
-
-/// cache_write as a copy: every element of the cache, from the new rows where they are written.
-KernelSource cache_write_source(const Target& target) {
-  std::string s = header(3, target.invocations) +
-                  "// x0 = the cache, x1 = the new rows, x2[0] = start; p[0] = elements, p[1] = inner, p[2] = the cache's rows, p[3] = the new rows\n"
-                  "void main() {\n" + kLinearIndex +
-                  "  const uint inner = pc.p[1], rows = pc.p[2], fresh = pc.p[3];\n"
-                  "  const int k = int((i / inner) % rows) - int(x2[0]);\n"
-                  "  y[i] = k >= 0 && k < int(fresh) ? x1[((i / inner / rows) * fresh + uint(k)) * inner + i % inner] : x0[i];\n}\n";
-  return {"cache_write", s, 4};
-}
-
-/// cache_write in place (ir::writes_into_operand): y is the cache's own storage; only the new
-/// rows are written, one invocation per new element.
-KernelSource cache_write_in_place_source(const Target& target) {
-  std::string s = header(3, target.invocations) +
-                  "// x0 = the cache (y is its storage; not read), x1 = the new rows, x2[0] = start; p[0] = the new rows' elements,\n"
-                  "// p[1] = inner, p[2] = the cache's rows, p[3] = the new rows\n"
-                  "void main() {\n" + kLinearIndex +
-                  "  const uint inner = pc.p[1], rows = pc.p[2], fresh = pc.p[3];\n"
-                  "  const int row = int((i / inner) % fresh) + int(x2[0]);\n"
-                  "  if (row >= 0 && row < int(rows)) y[((i / inner / fresh) * rows + uint(row)) * inner + i % inner] = x1[i];\n}\n";
-  return {"cache_write_in_place", s, 4};
-}
-
-KernelSource iota_source(const Target& target) {
-  std::string s = header(1, target.invocations) + "// p[0] = elements, p[1] = inner, p[2] = the axis' size\nvoid main() {\n" + kLinearIndex +
-                  "  y[i] = float((i / pc.p[1]) % pc.p[2]);\n}\n";
-  return {"iota", s, 2};
-}
-
-KernelSource dropout_mask_source(const Target& target) {
-  std::string s = header(2, target.invocations) +
-                  "// p[0] = elements, p[1] = drop threshold (2^32 p), p[2] = the kept value's float bits; x1[0] = seed\n" +
-                  detail::philox_function() + "void main() {\n" + kLinearIndex +
-                  "  y[i] = qkv_philox(i, uint(x1[0])) >= pc.p[1] ? uintBitsToFloat(pc.p[2]) : 0.0;\n}\n";
-  return {"dropout_mask", s, 3};
+KernelSource per_element_source(const Node& n, bool in_place, const Target& target) {
+  for (const PerElement& k : kPerElement) {
+    if (k.op != n.op || k.in_place != in_place) continue;
+    const PushConstants push = per_element_push_constants(n, in_place);
+    const std::string helpers = n.op == Op::dropout_mask ? detail::philox_function() : std::string();
+    const std::string s = header(k.inputs, push, target.invocations) + helpers + "void main() {\n" + element_index("elements") + k.body + "}\n";
+    return declared({k.name, s, k.inputs + 1}, push);
+  }
+  QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no per-element kernel");
 }
 
 /// Reductions and softmax over one axis, seen as [outer, n, inner]: one invocation or one
@@ -892,9 +935,10 @@ KernelSource axis_source(const ir::Graph& g, const ir::StoragePlan& storage, ir:
   const detail::Store store{storage[v].rounded, storage.held(v)};
   const std::string read = detail::widened(in, "x0[@]"), helpers = detail::math_helpers_of(store.rounds());
   const std::size_t at = read.find('@');
-  return {std::string(ir::op_name(op)) + store.suffix({in}),
-          detail::axis_shader(header({in}, store.held, target.invocations), helpers + detail::axis_body(op, read.substr(0, at), read.substr(at + 1), target, {}, store), target),
-          2};
+  const PushConstants push = detail::axis_push_constants();
+  const std::string body = helpers + detail::axis_body(op, read.substr(0, at), read.substr(at + 1), target, {}, store);
+  return declared({std::string(ir::op_name(op)) + store.suffix({in}), detail::axis_shader(header({in}, store.held, push, target.invocations), body, target), 2},
+                  push);
 }
 
 }  // namespace
@@ -957,13 +1001,15 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
     case OpCategory::binary:
     case OpCategory::select:
     case OpCategory::compare:
-    case OpCategory::layout: words = 1 + n.shape.rank * (1 + static_cast<int>(n.inputs.size())); break;
+    case OpCategory::layout: words = detail::elementwise_push_constants(n.shape.rank, static_cast<int>(n.inputs.size())).words(); break;
     case OpCategory::contract: words = detail::matmul_push_words(n.shape.rank); break;
     case OpCategory::source:
-    case OpCategory::reduce:
-    case OpCategory::mask: words = 4; break;
+    case OpCategory::mask: words = per_element_push_constants(n).words(); break;
+    case OpCategory::reduce: words = detail::axis_push_constants().words(); break;
     case OpCategory::composite:
-      words = n.op == Op::softmax ? detail::kAxisPushWords : ir::is_fused_attention(n.op) ? detail::attention_push_words(n) : kMaxPushWords + 1;
+      words = n.op == Op::softmax              ? detail::axis_push_constants().words()
+              : ir::is_fused_attention(n.op) ? detail::attention_push_words(n)
+                                             : kMaxPushWords + 1;
       break;
   }
   (void)g;
@@ -976,7 +1022,14 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
 KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
   switch (n.op) {
-    case Op::constant: return constant_source(target);
+    case Op::constant:
+    case Op::slice:
+    case Op::concat:
+    case Op::iota:
+    case Op::dropout_mask:
+    case Op::one_hot:
+    case Op::embedding:
+    case Op::causal_mask: return per_element_source(n, false, target);
     QKV_UNARY_CASES
     QKV_BINARY_CASES
     QKV_COMPARE_CASES
@@ -986,17 +1039,10 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::where:
     case Op::broadcast_to:
     case Op::permute: return elementwise_source(g, storage, v, target);
-    case Op::slice: return slice_source(target);
-    case Op::concat: return concat_source(target);
-    case Op::cache_write: return ir::writes_into_operand(g, v) ? cache_write_in_place_source(target) : cache_write_source(target);
-    case Op::iota: return iota_source(target);
-    case Op::dropout_mask: return dropout_mask_source(target);
-    case Op::one_hot: return one_hot_source(target);
-    case Op::embedding: return embedding_source(target);
+    case Op::cache_write: return per_element_source(n, ir::writes_into_operand(g, v), target);
     QKV_REDUCE_CASES
     case Op::softmax: return axis_source(g, storage, v, target);
     case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, storage, v, true));
-    case Op::causal_mask: return causal_mask_source(target);
     QKV_ATTENTION_CASES {
       std::vector<DType> held;  // q, k, v, dy
       for (std::size_t k = 0; k < std::min<std::size_t>(n.inputs.size(), 4); ++k) held.push_back(storage.held(n.inputs[k]));
@@ -1018,47 +1064,77 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
   const Shape& os = shapes[static_cast<std::size_t>(v)];
   auto in_shape = [&](int k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
   KernelLaunch l;
+  // Packs the words of `declaration` set by `set`.
+  auto packed = [&](const PushConstants& declaration, const std::function<void(PushConstants::Values&)>& set) {
+    PushConstants::Values push = declaration.values();
+    set(push);
+    l.push = push.words();
+    l.push_signature = declaration.signature();
+  };
   if (cast16(g, n)) {
-    l.push = {push_word(os.numel())};
+    packed(per_element_push_constants(n), [&](PushConstants::Values& p) { p.set("elements", push_word(os.numel())); });
     l.groups = linear_groups((os.numel() + kCastElements - 1) / kCastElements, target.invocations);
     return l;
   }
+  // An axis along which a slice, a join or iota is taken, with the elements after it.
+  const Shape& xs = n.op == Op::iota || n.inputs.empty() ? os : in_shape(0);
+  std::int64_t inner = 1;
+  for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
+  l.groups = linear_groups(os.numel(), target.invocations);
   switch (n.op) {
     case Op::constant:
-      l.push = {push_word(os.numel()), std::bit_cast<std::uint32_t>(static_cast<float>(ir::bound_value(g, n, shapes)))};
-      l.groups = linear_groups(os.numel(), target.invocations);
+      packed(per_element_push_constants(n), [&](auto& p) { p.set("elements", push_word(os.numel())).set_float("value", ir::bound_value(g, n, shapes)); });
       return l;
-    case Op::causal_mask: {
-      std::int64_t shift = n.attrs.align == ir::CausalAlign::bottom_right ? os[1] - os[0] : 0;
-      l.push = {push_word(os.numel()), push_word(os[1]), static_cast<std::uint32_t>(static_cast<std::int32_t>(shift)), push_word(n.attrs.window)};
-      l.groups = linear_groups(os.numel(), target.invocations);
+    case Op::causal_mask:
+      packed(per_element_push_constants(n), [&](auto& p) {
+        p.set("elements", push_word(os.numel()))
+            .set("keys", push_word(os[1]))
+            .set_int("shift", n.attrs.align == ir::CausalAlign::bottom_right ? os[1] - os[0] : 0)
+            .set_int("window", n.attrs.window);
+      });
       return l;
-    }
     case Op::slice:
+      packed(per_element_push_constants(n), [&](auto& p) {
+        p.set("elements", push_word(os.numel()))
+            .set("inner", push_word(inner))
+            .set("size", push_word(os[n.attrs.axis]))
+            .set("operand_size", push_word(xs[n.attrs.axis]))
+            .set("begin", push_word(n.attrs.begin));
+      });
+      return l;
     case Op::concat:
-    case Op::cache_write:
-    case Op::iota: {
-      const Shape& xs = n.op == Op::iota ? os : in_shape(0);
-      std::int64_t inner = 1;
-      for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
-      if (n.op == Op::slice) l.push = {push_word(os.numel()), push_word(inner), push_word(os[n.attrs.axis]), push_word(xs[n.attrs.axis]), push_word(n.attrs.begin)};
-      else if (n.op == Op::cache_write && ir::writes_into_operand(g, v)) {
-        const std::int64_t fresh = in_shape(1).numel();
-        l.push = {push_word(fresh), push_word(inner), push_word(xs[n.attrs.axis]), push_word(in_shape(1)[n.attrs.axis])};
-        l.groups = linear_groups(fresh, target.invocations);
-        return l;
-      }
-      else if (n.op == Op::concat || n.op == Op::cache_write)
-        l.push = {push_word(os.numel()), push_word(inner), push_word(xs[n.attrs.axis]), push_word(in_shape(1)[n.attrs.axis])};
-      else l.push = {push_word(os.numel()), push_word(inner), push_word(os[n.attrs.axis])};
-      l.groups = linear_groups(os.numel(), target.invocations);
+      packed(per_element_push_constants(n), [&](auto& p) {
+        p.set("elements", push_word(os.numel())).set("inner", push_word(inner)).set("a_size", push_word(xs[n.attrs.axis])).set("b_size", push_word(in_shape(1)[n.attrs.axis]));
+      });
+      return l;
+    case Op::cache_write: {
+      const bool in_place = ir::writes_into_operand(g, v);
+      const std::int64_t elements = in_place ? in_shape(1).numel() : os.numel();
+      packed(per_element_push_constants(n, in_place), [&](auto& p) {
+        p.set("elements", push_word(elements)).set("inner", push_word(inner)).set("rows", push_word(xs[n.attrs.axis])).set("fresh", push_word(in_shape(1)[n.attrs.axis]));
+      });
+      l.groups = linear_groups(elements, target.invocations);
       return l;
     }
-    case Op::dropout_mask:
-      l.push = {push_word(os.numel()), ir::dropout_threshold(n.attrs.dropout),
-                std::bit_cast<std::uint32_t>(static_cast<float>(ir::dropout_keep_value(n.attrs.dropout)))};
-      l.groups = linear_groups(os.numel(), target.invocations);
+    case Op::iota:
+      packed(per_element_push_constants(n), [&](auto& p) { p.set("elements", push_word(os.numel())).set("inner", push_word(inner)).set("size", push_word(os[n.attrs.axis])); });
       return l;
+    case Op::dropout_mask:
+      packed(per_element_push_constants(n), [&](auto& p) {
+        p.set("elements", push_word(os.numel())).set("threshold", ir::dropout_threshold(n.attrs.dropout)).set_float("kept", ir::dropout_keep_value(n.attrs.dropout));
+      });
+      return l;
+    case Op::one_hot:
+      packed(per_element_push_constants(n), [&](auto& p) { p.set("elements", push_word(os.numel())).set("depth", push_word(n.attrs.depth)); });
+      return l;
+    case Op::embedding: {
+      const Shape& table = in_shape(1);
+      const std::int64_t width = table[0] == 0 ? 0 : table.numel() / table[0];
+      packed(per_element_push_constants(n), [&](auto& p) {
+        p.set("elements", push_word(os.numel())).set("width", push_word(std::max<std::int64_t>(width, 1))).set("rows", push_word(table[0]));
+      });
+      return l;
+    }
     QKV_UNARY_CASES
     QKV_BINARY_CASES
     QKV_COMPARE_CASES
@@ -1066,41 +1142,33 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::where:
     case Op::broadcast_to:
     case Op::permute: {
-      l.push.push_back(push_word(os.numel()));
-      for (int d = 0; d < os.rank; ++d) l.push.push_back(push_word(os[d]));
-      for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+      std::vector<Shape> read(n.inputs.size());
+      for (std::size_t k = 0; k < n.inputs.size(); ++k) read[k] = in_shape(static_cast<int>(k));
+      packed(detail::elementwise_push_constants(os.rank, static_cast<int>(n.inputs.size())), [&](auto& p) {
+        p.set("elements", push_word(os.numel()));
+        if (n.op != Op::permute) return detail::set_operand_strides(p, os, read);
+        // A permute reads its operand through the permuted strides.
+        if (os.rank == 0) return;
+        const auto c = detail::contiguous_strides(in_shape(0));
         std::array<std::int64_t, ir::kMaxRank> st{};
-        if (n.op == Op::permute) {
-          auto c = detail::contiguous_strides(in_shape(0));
-          for (int d = 0; d < os.rank; ++d) st[static_cast<std::size_t>(d)] = c[static_cast<std::size_t>(n.attrs.perm[static_cast<std::size_t>(d)])];
-        } else {
-          st = detail::broadcast_strides(in_shape(static_cast<int>(k)), os.rank);
-        }
-        for (int d = 0; d < os.rank; ++d) l.push.push_back(push_word(st[static_cast<std::size_t>(d)]));
-      }
-      l.groups = linear_groups(os.numel(), target.invocations);
+        for (int d = 0; d < os.rank; ++d) st[static_cast<std::size_t>(d)] = c[static_cast<std::size_t>(n.attrs.perm[static_cast<std::size_t>(d)])];
+        p.set_array("dims", std::span(os.dims.data(), static_cast<std::size_t>(os.rank)));
+        p.set_array(detail::strides_name(0), std::span(st.data(), static_cast<std::size_t>(os.rank)));
+      });
       return l;
     }
     QKV_REDUCE_CASES
     case Op::softmax: {
-      const Shape& xs = in_shape(0);
-      std::int64_t outer = 1, inner = 1;
+      std::int64_t outer = 1;
       for (int i = 0; i < n.attrs.axis; ++i) outer *= xs[i];
-      for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
-      return detail::axis_launch(outer, xs[n.attrs.axis], inner, target);
+      const PushConstants declaration = detail::axis_push_constants();
+      PushConstants::Values push = declaration.values();
+      l = detail::axis_launch(outer, xs[n.attrs.axis], inner, target, push);
+      l.push = push.words();
+      l.push_signature = declaration.signature();
+      return l;
     }
     case Op::matmul: return detail::matmul_launch(n, shapes, os, target, detail::matmul_dtypes(g, storage, v, true));
-    case Op::one_hot:
-      l.push = {push_word(os.numel()), push_word(n.attrs.depth)};
-      l.groups = linear_groups(os.numel(), target.invocations);
-      return l;
-    case Op::embedding: {
-      const Shape& table = in_shape(1);
-      const std::int64_t width = table[0] == 0 ? 0 : table.numel() / table[0];
-      l.push = {push_word(os.numel()), push_word(std::max<std::int64_t>(width, 1)), push_word(table[0])};
-      l.groups = linear_groups(os.numel(), target.invocations);
-      return l;
-    }
     QKV_ATTENTION_CASES return detail::attention_launch(g, storage, v, shapes, target);
     case Op::input:
     case Op::reshape:

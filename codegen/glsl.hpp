@@ -21,12 +21,12 @@ struct KernelSource {
   std::string name;  // e.g. "binary_add_r3"; a family (flex attention kernels of different
                      // modifiers share one), so pipelines are keyed by content
   std::string glsl;
-  int buffers = 0;   // storage buffer bindings: the inputs in order, then the output
+  int buffers = 0;  // storage buffer bindings: the inputs in order, then the output
   /// The flash-attention kernels bind one more buffer after the output: two uints, the low and
   /// high words of the scores in the tiles they computed (the rest they skipped as masked).
   bool counts_tiles = false;
-  /// The signature of the push constants the shader declares (PushConstants::signature), for
-  /// the families that declare theirs by name; 0 for the rest.
+  /// The signature of the push constants the shader declares by name (PushConstants::signature):
+  /// every kernel family declares its own once, for its shader and its launch.
   std::uint64_t push_signature = 0;
 };
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "codegen/glsl.hpp"
+#include "codegen/push_constants.hpp"
 #include "ir/graph.hpp"
-
 
 namespace qkv::codegen::detail {
 
@@ -28,12 +28,21 @@ std::string philox_function();
 
 /// An elementwise op's GLSL expression over these operand expressions (a, b, or c, a, b for where).
 std::string elementwise_expression(ir::Op op, const std::vector<std::string>& operands);
-/// Statements that split element `i` into its indices along `rank` dims (pc.p[first_word + d])
-/// and give each operand k its offset o<k> through its strides (pc.p[first_word + rank (k + 1) +
-/// d], 0 where it broadcasts).
-std::string operand_offsets(int rank, int operands, int first_word);
-/// Push-constant words of axis_body's kernels, before a fused kernel's own.
-inline constexpr int kAxisPushWords = 4;
+/// Declares, after `p`'s members, the `dims` of a kernel's elements and each of `operands`
+/// operands' strides over them (strides_name; 0 where it broadcasts): the elementwise family's
+/// and every fused chain's. Nothing for rank 0 (the loops over no dims are unrolled away).
+void declare_operand_strides(PushConstants& p, int rank, int operands);
+/// "x<operand>_strides".
+std::string strides_name(int operand);
+/// Sets those for elements of `shape` and operands of `operands` shapes (broadcast_strides).
+void set_operand_strides(PushConstants::Values& push, const ir::Shape& shape, const std::vector<ir::Shape>& operands);
+/// Statements that split element `i` into its indices along `rank` dims (pc.dims) and give each
+/// operand k its offset o<k> through its strides (pc.x<k>_strides).
+std::string operand_offsets(int rank, int operands);
+/// The elementwise family's push constants: its `elements`, then declare_operand_strides'.
+PushConstants elementwise_push_constants(int rank, int operands);
+/// The push constants of axis_body's kernels (before a fused kernel's own): rows, n, inner, mode.
+PushConstants axis_push_constants();
 /// `value` rounded to f16 or bf16 by the kernel's qkv_round_f16 or qkv_round_bf16 (math_helpers_of
 /// the round op defines them); `value` itself for f32.
 std::string rounded_value(DType rounded, const std::string& value);
@@ -49,8 +58,8 @@ struct Store {
   /// when rounding, "_bf16x1" for operand 1, "_f16y" for 16-bit output storage.
   std::string suffix(const std::vector<DType>& inputs = {}) const;
 };
-/// main() of a reduction or softmax over one axis (p[0] = outer * inner, p[1] = the axis' size,
-/// p[2] = inner, p[3] = a workgroup per row), reading its input's element e as open + e + close
+/// main() of a reduction or softmax over one axis (its push constants axis_push_constants',
+/// a fused kernel's dims after them), reading its input's element e as open + e + close
 /// ("x0[" and "]" unfused): one invocation per row, or with target.subgroup_reductions a
 /// subgroup per row (a workgroup for long rows on a GPU: axis_launch).
 /// `sum_order`: for a sum merged from several (fusion's), the chain shape's axis each of them
@@ -70,14 +79,14 @@ struct RowReduction {
 std::string row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target, const Store& store = {});
 /// header + body for an axis_body kernel, with the subgroup extensions it needs for `target`.
 std::string axis_shader(const std::string& header, const std::string& body, const Target& target);
-/// Push constants and workgroups of axis_body's kernel for these sizes.
-KernelLaunch axis_launch(std::int64_t outer, std::int64_t n, std::int64_t inner, const Target& target);
-/// The buffer and push-constant declarations of a kernel reading buffers x0, x1, ... that hold
+/// Workgroups of axis_body's kernel for these sizes, setting its axis_push_constants in `push`.
+KernelLaunch axis_launch(std::int64_t outer, std::int64_t n, std::int64_t inner, const Target& target, PushConstants::Values& push);
+/// The buffer and push-constant (`push`) declarations of a kernel reading buffers x0, x1, ... that hold
 /// `inputs` and writing y that holds `out` (held_element: 16-bit ones with
 /// GL_EXT_shader_16bit_storage), with the target's invocations along x (Target::invocations); a
 /// kernel reads x<k> through widened and stores through a Store.
-std::string kernel_header(const std::vector<DType>& inputs, DType out, const Target& target);
-/// The statements that give an elementwise kernel its element `i` (p[0] = elements) and return
+std::string kernel_header(const std::vector<DType>& inputs, DType out, const PushConstants& push, const Target& target);
+/// The statements that give an elementwise kernel its element `i` (pc.elements) and return
 /// past the last.
 std::string linear_index();
 /// Workgroups of kernel_header's kernels for `total` elements (past 65535 along x, rows along y).
@@ -108,7 +117,6 @@ std::string interval_helpers(const ir::Graph* region);
 /// its inputs' ranges (the score is unknown): ir::bound_region emitted node by node. With
 /// `keeps` (ir::masking_conditions), `bool name(...)` instead: whether every one of those
 /// conditions provably selects its keeping branch over the ranges.
-std::string region_bound_function(const ir::Graph& region, const std::string& name,
-                                  const std::vector<std::pair<ir::ValueId, bool>>* keeps = nullptr);
+std::string region_bound_function(const ir::Graph& region, const std::string& name, const std::vector<std::pair<ir::ValueId, bool>>* keeps = nullptr);
 
 }  // namespace qkv::codegen::detail

@@ -15,9 +15,13 @@
 // memory lane by lane and keeps the accumulators of a kernel with barriers in its coroutine frame);
 // the lanes kernel 7.2-11.2 (6-9% of sgemm) with 32 rows x 8 columns per lane, which a sweep put
 // at 13.2-13.8 beside 16 x 4: 7.2, 32 x 4: 8.5, 16 x 8: 9.6, 64 x 8: 11.6, 32 x 16: 13.2-14.1.
+// The GLSL below is written as the shader reads, line by line in string literals joined with +,
+// a layout clang-format would break at every literal: this file is laid out by hand.
+// clang-format off
 #include "codegen/matmul_glsl.hpp"
 
 #include <algorithm>
+#include <span>
 
 #include "codegen/glsl_detail.hpp"
 #include "ir/error.hpp"
@@ -96,10 +100,8 @@ std::string bindings(int batch_rank, const MatmulDtypes& dtypes, const MatmulEpi
     s += "layout(std430, binding = " + std::to_string(2 + k) + ") readonly buffer In" + std::to_string(2 + k) + " { " + held_element(t) + " x" +
          std::to_string(2 + k) + "[]; };\n";
   }
-  s += "layout(std430, binding = " + std::to_string(2 + extra) + ") writeonly buffer Out { " + held_element(dtypes.out) + " y[]; };\n"
-       "layout(push_constant) uniform Params { uint p[" + std::to_string(kMaxPushWords) + "]; } pc;\n"
-       "// p[0..2] = M, N, K; p[3..6] = a's row and column strides, b's row and column strides;\n"
-       "// then " + std::to_string(batch_rank) + " batch dims, a's and b's batch strides (elements)\n";
+  s += "layout(std430, binding = " + std::to_string(2 + extra) + ") writeonly buffer Out { " + held_element(dtypes.out) + " y[]; };\n";
+  s += matmul_push_constants(batch_rank + 2, epilogue ? &epilogue->push : nullptr).glsl();
   s += "float ld0(uint i) { return " + widened(dtypes.a, "x0[i]") + "; }\n";
   s += "float ld1(uint i) { return " + widened(dtypes.b, "x1[i]") + "; }\n";
   if (epilogue) s += "\n// The epilogue: what each store writes.\n" + epilogue->glsl + "\n";
@@ -136,7 +138,10 @@ std::string dtype_suffix(const MatmulDtypes& d) {
   return s;
 }
 
-KernelSource named(KernelSource k, const MatmulEpilogue* epilogue) {
+/// k named for its epilogue, binding its buffers, declaring its push constants after the matmul's
+/// of an output of `rank` dims.
+KernelSource named(KernelSource k, int rank, const MatmulEpilogue* epilogue) {
+  k.push_signature = matmul_push_constants(rank, epilogue ? &epilogue->push : nullptr).signature();
   if (epilogue) {
     k.name += epilogue->name;
     k.buffers += epilogue->operands;
@@ -149,8 +154,8 @@ KernelSource named(KernelSource k, const MatmulEpilogue* epilogue) {
 std::string batch_offsets(int batch_rank) {
   std::string s;
   for (int d = batch_rank - 1; d >= 0; --d) {
-    std::string dim = std::to_string(7 + d), sa = std::to_string(7 + batch_rank + d), sb = std::to_string(7 + 2 * batch_rank + d);
-    s += "  { uint idx = rem % pc.p[" + dim + "]; rem /= pc.p[" + dim + "]; oa += idx * pc.p[" + sa + "]; ob += idx * pc.p[" + sb + "]; }\n";
+    const std::string at = "[" + std::to_string(d) + "]";
+    s += "  { uint idx = rem % pc.batch" + at + "; rem /= pc.batch" + at + "; oa += idx * pc.a_batch_strides" + at + "; ob += idx * pc.b_batch_strides" + at + "; }\n";
   }
   return s;
 }
@@ -166,7 +171,25 @@ MatmulGeometry matmul_geometry(const Target& target, std::int64_t m, std::int64_
   return big ? kGpuTile : kGpuSmall;
 }
 
-int matmul_push_words(int rank) { return 7 + 3 * (rank - 2); }
+PushConstants matmul_push_constants(int rank, const PushConstants* epilogue) {
+  using T = PushConstants::Type;
+  PushConstants p;
+  p.scalar("M", T::u32, "the output's rows")
+      .scalar("N", T::u32, "its columns")
+      .scalar("K", T::u32, "the depth")
+      .scalar("a_row_stride", T::u32, "A's stride between rows (elements)")
+      .scalar("a_depth_stride", T::u32, "A's along the depth")
+      .scalar("b_depth_stride", T::u32, "B's along the depth")
+      .scalar("b_col_stride", T::u32, "B's between columns");
+  if (rank > 2)
+    p.array("batch", rank - 2, "the output's batch dims")
+        .array("a_batch_strides", rank - 2, "A's strides over them (0 where it broadcasts)")
+        .array("b_batch_strides", rank - 2, "B's");
+  if (epilogue) p.extend(*epilogue);
+  return p;
+}
+
+int matmul_push_words(int rank) { return matmul_push_constants(rank).words(); }
 
 namespace {
 
@@ -197,12 +220,12 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, cons
        "  for (uint l = 0u; l < LA; ++l) {\n"
        "    uint e = gl_LocalInvocationID.x + l * NT;\n"
        "    " + a_index("e") + "\n"
-       "    la[l] = (e < BM * BK && m0 + r < M && k0 + kk < K) ? ld0(oa + (m0 + r) * pc.p[3] + (k0 + kk) * pc.p[4]) : 0.0;\n"
+       "    la[l] = (e < BM * BK && m0 + r < M && k0 + kk < K) ? ld0(oa + (m0 + r) * pc.a_row_stride + (k0 + kk) * pc.a_depth_stride) : 0.0;\n"
        "  }\n"
        "  for (uint l = 0u; l < LB; ++l) {\n"
        "    uint e = gl_LocalInvocationID.x + l * NT;\n"
        "    " + b_index("e") + "\n"
-       "    lb[l] = (e < BK * BN && n0 + c < N && k0 + kk < K) ? ld1(ob + (k0 + kk) * pc.p[5] + (n0 + c) * pc.p[6]) : 0.0;\n"
+       "    lb[l] = (e < BK * BN && n0 + c < N && k0 + kk < K) ? ld1(ob + (k0 + kk) * pc.b_depth_stride + (n0 + c) * pc.b_col_stride) : 0.0;\n"
        "  }\n"
        "}\n\n"
        "// Registers -> shared buffer `buf`.\n"
@@ -219,7 +242,7 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, cons
        "  }\n"
        "}\n\n";
   s += "void main() {\n"
-       "  M = pc.p[0]; N = pc.p[1]; K = pc.p[2];\n"
+       "  M = pc.M; N = pc.N; K = pc.K;\n"
        "  uint tx = gl_LocalInvocationID.x % WN, ty = gl_LocalInvocationID.x / WN;\n"
        "  m0 = gl_WorkGroupID.y * BM; n0 = gl_WorkGroupID.x * BN;\n"
        "  uint batch = gl_WorkGroupID.z, rem = batch;\n"
@@ -267,7 +290,7 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, cons
        "    }\n"
        "}\n";
   std::string name = "matmul_b" + br + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);
-  return named({name, s, 3}, epilogue);
+  return named({name, s, 3}, n.shape.rank, epilogue);
 }
 
 /// The matmul for CPU devices (lavapipe), where a subgroup is one SIMD register of lanes: every
@@ -293,7 +316,7 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulDt
   s += bindings(batch_rank, dtypes, epilogue);
   s += "// A subgroup computes RG * " + str(sg) + " rows by TN * " + str(sg) + " columns; lane l owns columns c0 + j * " + str(sg) + " + l.\n";
   s += "void main() {\n"
-       "  uint M = pc.p[0], N = pc.p[1], K = pc.p[2];\n"
+       "  uint M = pc.M, N = pc.N, K = pc.K;\n"
        "  if (M == 0u || N == 0u) return;\n"
        "  uint lane = gl_SubgroupInvocationID;\n"
        "  uint r0 = (gl_WorkGroupID.y * gl_NumSubgroups + gl_SubgroupID) * (RG * " + str(sg) + "u), c0 = gl_WorkGroupID.x * (TN * " + str(sg) + "u);\n"
@@ -304,10 +327,10 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulDt
   s += "  // Rows and columns past the matrix (or the tile) read its last one (so every load is in bounds) and count as 0.\n";
   for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
     s += "  uint ra" + str(i) + " = r0 + " + str(i * sg) + "u + lane; bool ka" + str(i) + " = " + str(i) + "u < RG && ra" + str(i) + " < M; uint pa" + str(i) +
-         " = oa + min(ra" + str(i) + ", M - 1u) * pc.p[3];\n";
+         " = oa + min(ra" + str(i) + ", M - 1u) * pc.a_row_stride;\n";
   for (std::uint32_t j = 0; j < cols; ++j)
     s += "  uint cb" + str(j) + " = c0 + " + str(j * sg) + "u + lane; bool kb" + str(j) + " = " + str(j) + "u < TN && cb" + str(j) + " < N; uint pb" + str(j) +
-         " = ob + min(cb" + str(j) + ", N - 1u) * pc.p[6];\n";
+         " = ob + min(cb" + str(j) + ", N - 1u) * pc.b_col_stride;\n";
   for (std::uint32_t r = 0; r < rows; ++r) {
     s += "  float";
     for (std::uint32_t j = 0; j < cols; ++j) s += std::string(j ? "," : "") + " c" + str(r) + "_" + str(j) + " = 0.0";
@@ -315,10 +338,10 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulDt
   }
   s += "  for (uint k = 0u; k < K; ++k) {\n";
   for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
-    s += "    float a" + str(i) + " = 0.0; if (" + str(i) + "u < RG) { a" + str(i) + " = ld0(pa" + str(i) + " + k * pc.p[4]); a" + str(i) + " = ka" + str(i) + " ? a" +
+    s += "    float a" + str(i) + " = 0.0; if (" + str(i) + "u < RG) { a" + str(i) + " = ld0(pa" + str(i) + " + k * pc.a_depth_stride); a" + str(i) + " = ka" + str(i) + " ? a" +
          str(i) + " : 0.0; }\n";
   for (std::uint32_t j = 0; j < cols; ++j)
-    s += "    float b" + str(j) + " = 0.0; if (" + str(j) + "u < TN) { b" + str(j) + " = ld1(pb" + str(j) + " + k * pc.p[5]); b" + str(j) + " = kb" + str(j) + " ? b" +
+    s += "    float b" + str(j) + " = 0.0; if (" + str(j) + "u < TN) { b" + str(j) + " = ld1(pb" + str(j) + " + k * pc.b_depth_stride); b" + str(j) + " = kb" + str(j) + " ? b" +
          str(j) + " : 0.0; }\n";
   for (std::uint32_t r = 0; r < rows; ++r) {
     s += "    if (" + str(r / sg) + "u < RG) { float a = subgroupBroadcast(a" + str(r / sg) + ", " + str(r % sg) + "u);";
@@ -358,7 +381,7 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulDt
   }
   s += "}\n";
   std::string name = "matmul_lanes" + str(sg) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);
-  return named({name, s, 3}, epilogue);
+  return named({name, s, 3}, n.shape.rank, epilogue);
 }
 
 /// Fragments per subgroup (rows x columns) and subgroups per workgroup (rows x columns) of the
@@ -446,7 +469,7 @@ KernelSource matmul_cooperative_source(const Node& n, const Target& target, cons
   auto a_index = [&](const char* e) { return a_tile_index(a_k_first, e); };
   auto b_index = [&](const char* e) { return b_tile_index(b_n_first, e); };
   s += "void main() {\n"
-       "  uint M = pc.p[0], N = pc.p[1], K = pc.p[2];\n"
+       "  uint M = pc.M, N = pc.N, K = pc.K;\n"
        "  uint lid = gl_LocalInvocationID.x;\n"
        "  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;\n"
        "  r0 = (gl_SubgroupID / SN) * FM * CM;\n"
@@ -460,12 +483,12 @@ KernelSource matmul_cooperative_source(const Node& n, const Target& target, cons
        "    for (uint l = 0u; l < LA; ++l) {\n"
        "      uint e = lid + l * NT;\n"
        "      " + a_index("e") + "\n"
-       "      As[r * AS + kk] = float16_t(m0 + r < M && k0 + kk < K ? ld0(oa + (m0 + r) * pc.p[3] + (k0 + kk) * pc.p[4]) : 0.0);\n"
+       "      As[r * AS + kk] = float16_t(m0 + r < M && k0 + kk < K ? ld0(oa + (m0 + r) * pc.a_row_stride + (k0 + kk) * pc.a_depth_stride) : 0.0);\n"
        "    }\n"
        "    for (uint l = 0u; l < LB; ++l) {\n"
        "      uint e = lid + l * NT;\n"
        "      " + b_index("e") + "\n"
-       "      Bs[kk * BS + c] = float16_t(n0 + c < N && k0 + kk < K ? ld1(ob + (k0 + kk) * pc.p[5] + (n0 + c) * pc.p[6]) : 0.0);\n"
+       "      Bs[kk * BS + c] = float16_t(n0 + c < N && k0 + kk < K ? ld1(ob + (k0 + kk) * pc.b_depth_stride + (n0 + c) * pc.b_col_stride) : 0.0);\n"
        "    }\n"
        "    barrier();\n"
        "    [[unroll]] for (uint kk = 0u; kk < BK; kk += CK) multiply(kk);\n"
@@ -482,7 +505,7 @@ KernelSource matmul_cooperative_source(const Node& n, const Target& target, cons
   std::string name = std::string(emulated ? "matmul_coop_emulated" : "matmul_coop") + std::to_string(cm.m) + "x" + std::to_string(cm.n) + "x" +
                      std::to_string(cm.k) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") +
                      dtype_suffix(dtypes);
-  return named({name, s, 3}, epilogue);
+  return named({name, s, 3}, n.shape.rank, epilogue);
 }
 
 }  // namespace
@@ -511,21 +534,41 @@ KernelSource matmul_source(const Node& n, const Target& target, const MatmulDtyp
   return uses_lanes(target) ? matmul_lanes_source(n, target.subgroup_size, dtypes, epilogue) : matmul_tiled_source(n, dtypes, epilogue);
 }
 
-KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, const Shape& os, const Target& target, const MatmulDtypes& dtypes) {
+KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, const Shape& os, const Target& target, const MatmulDtypes& dtypes,
+                           const PushConstants* epilogue, const std::function<void(PushConstants::Values&)>& set_epilogue) {
   const Shape& as = shapes[static_cast<std::size_t>(n.inputs[0])];
   const Shape& bs = shapes[static_cast<std::size_t>(n.inputs[1])];
   const bool ta = n.attrs.transpose_a, tb = n.attrs.transpose_b;
   const std::int64_t m = os.back(1), nn = os.back(0), k = ta ? as.back(1) : as.back(0);
   KernelLaunch l;
-  l.push = {push_word(m), push_word(nn), push_word(k), push_word(ta ? 1 : k), push_word(ta ? m : 1), push_word(tb ? 1 : nn), push_word(tb ? k : 1)};
+  const PushConstants declared = matmul_push_constants(os.rank, epilogue);
+  PushConstants::Values push = declared.values();
+  push.set("M", push_word(m))
+      .set("N", push_word(nn))
+      .set("K", push_word(k))
+      .set("a_row_stride", push_word(ta ? 1 : k))
+      .set("a_depth_stride", push_word(ta ? m : 1))
+      .set("b_depth_stride", push_word(tb ? 1 : nn))
+      .set("b_col_stride", push_word(tb ? k : 1));
   Shape batch, ab, bb;
   for (int i = 0; i + 2 < os.rank; ++i) batch.push_back(os[i]);
   for (int i = 0; i + 2 < as.rank; ++i) ab.push_back(as[i]);
   for (int i = 0; i + 2 < bs.rank; ++i) bb.push_back(bs[i]);
   auto sa = broadcast_strides(ab, batch.rank), sb = broadcast_strides(bb, batch.rank);
-  for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(batch[i]));
-  for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(sa[static_cast<std::size_t>(i)] * m * k));
-  for (int i = 0; i < batch.rank; ++i) l.push.push_back(push_word(sb[static_cast<std::size_t>(i)] * k * nn));
+  if (batch.rank > 0) {
+    std::array<std::int64_t, ir::kMaxRank> a_strides{}, b_strides{};
+    for (std::size_t i = 0; i < static_cast<std::size_t>(batch.rank); ++i) {
+      a_strides[i] = sa[i] * m * k;
+      b_strides[i] = sb[i] * k * nn;
+    }
+    const auto r = static_cast<std::size_t>(batch.rank);
+    push.set_array("batch", std::span(batch.dims.data(), r))
+        .set_array("a_batch_strides", std::span(a_strides.data(), r))
+        .set_array("b_batch_strides", std::span(b_strides.data(), r));
+  }
+  if (set_epilogue) set_epilogue(push);
+  l.push = push.words();
+  l.push_signature = declared.signature();
   if (uses_cooperative_matrix(target, dtypes)) {
     const Target::CooperativeMatrix& cm = target.cooperative_matrix;
     const std::int64_t bm = kCoopSubgroups * kCoopFragments * cm.m, bn = kCoopSubgroups * kCoopFragments * cm.n;

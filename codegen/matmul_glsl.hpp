@@ -3,9 +3,11 @@
 // dispatches here.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "codegen/glsl.hpp"
+#include "codegen/push_constants.hpp"
 
 namespace qkv::codegen::detail {
 
@@ -22,6 +24,7 @@ struct MatmulEpilogue {
   std::string glsl;
   int operands = 0;
   std::vector<DType> held;  // the dtypes the operands' buffers hold (f32 where missing)
+  PushConstants push;       // its push constants, declared after the matmul's
 };
 
 /// The dtypes a matmul kernel's buffers hold (ir::ValueStorage::held): A and B may be f16 or bf16
@@ -46,9 +49,15 @@ std::string matmul_family(const Target& target, const MatmulDtypes& dtypes);
 /// devices with subgroup broadcasts and the tiled one elsewhere; with an epilogue, its value is
 /// what each store writes.
 KernelSource matmul_source(const ir::Node& n, const Target& target, const MatmulDtypes& dtypes = {}, const MatmulEpilogue* epilogue = nullptr);
+/// The matmul family's push constants for an output of `rank` dims (M, N, K, the operands' row
+/// and depth strides, the batch dims and the operands' batch strides), then an epilogue's.
+PushConstants matmul_push_constants(int rank, const PushConstants* epilogue = nullptr);
 /// Push-constant words of a matmul whose output has `rank` dims.
 int matmul_push_words(int rank);
+/// Push constants, specialization and workgroups of matmul `n` for these shapes; with an
+/// epilogue, its push constants are declared by `epilogue` and set by `set_epilogue`.
 KernelLaunch matmul_launch(const ir::Node& n, const std::vector<ir::Shape>& shapes, const ir::Shape& out, const Target& target,
-                           const MatmulDtypes& dtypes = {});
+                           const MatmulDtypes& dtypes = {}, const PushConstants* epilogue = nullptr,
+                           const std::function<void(PushConstants::Values&)>& set_epilogue = {});
 
 }  // namespace qkv::codegen::detail

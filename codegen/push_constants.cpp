@@ -21,22 +21,34 @@ const char* type_name(PushConstants::Type t) {
 }
 
 std::uint32_t word_of(std::int64_t v, std::string_view name) {
-  QKV_ASSERT(v >= 0 && v <= std::numeric_limits<std::uint32_t>::max(), "push constant " + std::string(name) + ": " + std::to_string(v) + " does not fit a uint");
+  QKV_ASSERT(v >= 0 && v <= std::numeric_limits<std::uint32_t>::max(),
+             "push constant " + std::string(name) + ": " + std::to_string(v) + " does not fit a uint");
   return static_cast<std::uint32_t>(v);
 }
 
 }  // namespace
 
 PushConstants& PushConstants::scalar(std::string name, Type type, std::string doc) {
-  QKV_ASSERT(std::none_of(members_.begin(), members_.end(), [&](const Member& m) { return m.name == name; }), "push constant " + name + " declared twice");
+  QKV_ASSERT(std::none_of(members_.begin(), members_.end(), [&](const Member& m) { return m.name == name; }),
+             "push constant " + name + " declared twice");
   members_.push_back({std::move(name), type, false, 1, std::move(doc)});
   return *this;
 }
 
 PushConstants& PushConstants::array(std::string name, int count, std::string doc) {
   QKV_ASSERT(count >= 0, "push constant array " + name + " of negative size");
-  QKV_ASSERT(std::none_of(members_.begin(), members_.end(), [&](const Member& m) { return m.name == name; }), "push constant " + name + " declared twice");
+  QKV_ASSERT(std::none_of(members_.begin(), members_.end(), [&](const Member& m) { return m.name == name; }),
+             "push constant " + name + " declared twice");
   members_.push_back({std::move(name), Type::u32, true, count, std::move(doc)});
+  return *this;
+}
+
+PushConstants& PushConstants::extend(const PushConstants& more) {
+  for (const Member& m : more.members_) {
+    QKV_ASSERT(std::none_of(members_.begin(), members_.end(), [&](const Member& o) { return o.name == m.name; }),
+               "push constant " + m.name + " declared twice");
+    members_.push_back(m);
+  }
   return *this;
 }
 
@@ -120,6 +132,7 @@ std::vector<std::uint32_t> PushConstants::Values::words() const {
 }
 
 void check_push(const KernelSource& kernel, const KernelLaunch& launch) {
+  QKV_ASSERT(kernel.push_signature != 0, "kernel " + kernel.name + " declares no push constants by name");
   QKV_ASSERT(launch.push_signature == kernel.push_signature,
              "kernel " + kernel.name + ": its launch packed push constants declared differently from the shader's");
   QKV_ASSERT(static_cast<int>(launch.push.size()) <= kMaxPushWords, "kernel " + kernel.name + ": more push-constant words than the pipeline has");

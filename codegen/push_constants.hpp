@@ -34,6 +34,9 @@ class PushConstants {
   /// so that loops over no dims still compile, and packed as declared.
   PushConstants& array(std::string name, int count, std::string doc);
 
+  /// Appends `more`'s members after these (a family's words, then a fused kernel's own).
+  PushConstants& extend(const PushConstants& more);
+
   const std::vector<Member>& members() const { return members_; }
   /// 32-bit words the block takes (std430: every member 4 bytes, arrays 4 bytes an element).
   int words() const;

@@ -59,12 +59,11 @@ std::optional<std::vector<std::uint32_t>> load_cached_spirv(const std::filesyste
   std::ifstream in(file, std::ios::binary);
   if (!in) return std::nullopt;
   CacheHeader h{};
-  if (!in.read(reinterpret_cast<char*>(&h), sizeof h) || std::memcmp(h.magic, kCacheMagic, sizeof kCacheMagic) != 0 || h.key != key ||
-      h.words == 0 || h.words > (std::uint64_t{1} << 24))
+  if (!in.read(reinterpret_cast<char*>(&h), sizeof h) || std::memcmp(h.magic, kCacheMagic, sizeof kCacheMagic) != 0 || h.key != key || h.words == 0 ||
+      h.words > (std::uint64_t{1} << 24))
     return std::nullopt;
   std::vector<std::uint32_t> words(static_cast<std::size_t>(h.words));
-  if (!in.read(reinterpret_cast<char*>(words.data()), static_cast<std::streamsize>(words.size() * 4)) || in.peek() != EOF)
-    return std::nullopt;
+  if (!in.read(reinterpret_cast<char*>(words.data()), static_cast<std::streamsize>(words.size() * 4)) || in.peek() != EOF) return std::nullopt;
   if (words[0] != 0x07230203u || checksum_of(words) != h.checksum) return std::nullopt;
   return words;
 }

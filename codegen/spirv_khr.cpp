@@ -205,7 +205,8 @@ class Rewrite {
     for (const auto& [id, u] : anchors) {
       int& slot = use[find(id)];
       if (slot >= 0 && slot != static_cast<int>(u))
-        fail("fragment %" + std::to_string(id) + " is both a multiply-add's " + kUseNames[static_cast<std::size_t>(slot)] + " and its " + kUseNames[u]);
+        fail("fragment %" + std::to_string(id) + " is both a multiply-add's " + kUseNames[static_cast<std::size_t>(slot)] + " and its " +
+             kUseNames[u]);
       slot = static_cast<int>(u);
     }
     for (std::uint32_t id = 0; id < parent_.size(); ++id) use_[id] = use[find(id)] < 0 ? static_cast<int>(kAccumulator) : use[find(id)];
@@ -282,7 +283,7 @@ class Rewrite {
   std::vector<int> use_;                      // id -> its class's use
   std::map<std::uint32_t, std::set<std::uint32_t>> uses_;
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint32_t> variants_;  // (type, use) -> id
-  std::array<std::uint32_t, 3> constant_{};                                   // the integer constants 0, 1, 2
+  std::array<std::uint32_t, 3> constant_{};                                    // the integer constants 0, 1, 2
   std::vector<std::vector<std::uint32_t>> new_constants_;                      // OpConstant operands to declare
   std::uint32_t bound_ = 0;
 };

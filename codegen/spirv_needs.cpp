@@ -81,9 +81,7 @@ class Reader {
       case spv::OpTypeRuntimeArray:
       case spv::OpTypeStruct:
       case spv::OpTypePointer:
-      case spv::OpTypeCooperativeMatrixNV:
-        types_[w[0]] = Type{op, {w + 1, w + n}};
-        break;
+      case spv::OpTypeCooperativeMatrixNV: types_[w[0]] = Type{op, {w + 1, w + n}}; break;
       case spv::OpConstant:
       case spv::OpSpecConstant: {
         std::uint64_t v = n >= 3 ? w[2] : 0;
@@ -206,6 +204,8 @@ class Reader {
     const auto s = [&](std::size_t i) { return static_cast<std::int64_t>(static_cast<std::int32_t>(a[i])); };
     std::optional<std::uint64_t> r;
     const bool two = a.size() >= 2, three = a.size() >= 3;
+    // A table of folds, one a line: laid out by hand.
+    // clang-format off
     switch (static_cast<std::uint32_t>(op)) {  // an opcode word: any number, most of them not ours
       case spv::OpIAdd: if (two) r = a[0] + a[1]; break;
       case spv::OpISub: if (two) r = a[0] - a[1]; break;
@@ -239,6 +239,7 @@ class Reader {
       case spv::OpBitcast: if (!a.empty()) r = a[0]; break;
       default: break;
     }
+    // clang-format on
     if (r) values_[id] = *r & 0xffffffffu;  // sizes and scopes are 32-bit: wrap as the device would
   }
 

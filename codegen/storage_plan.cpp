@@ -92,7 +92,8 @@ class Planner {
 
   bool half_view(ValueId v) const {
     const Node& n = node(v);
-    if (n.op != Op::cast || n.dtype != DType::f32 || !is_half(node(n.inputs[0]).dtype) || node(n.inputs[0]).op != Op::input || is_result(v)) return false;
+    if (n.op != Op::cast || n.dtype != DType::f32 || !is_half(node(n.inputs[0]).dtype) || node(n.inputs[0]).op != Op::input || is_result(v))
+      return false;
     return !readers(v).empty() && std::all_of(readers(v).begin(), readers(v).end(), [&](const Reader& r) {
       const Node& reader = node(r.first);
       if (reader.op == Op::matmul) return r.second < 2;
@@ -137,6 +138,8 @@ class Planner {
     const Node& n = node(v);
     if (n.dtype == dtype || round_dtype(n.op) == dtype) return true;
     if (is_half(dtype) && rounded_on_store(v) == dtype) return true;
+    // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
+    // clang-format off
     switch (n.op) {
       case Op::cast: return node(n.inputs[0]).dtype == dtype;
       case Op::reshape:
@@ -152,6 +155,7 @@ class Planner {
       QKV_SOURCE_CASES QKV_BINARY_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
       QKV_COMPOSITE_CASES QKV_ATTENTION_CASES return false;  // computes new values (or holds an input as it came)
     }
+    // clang-format on
     QKV_UNREACHABLE("op");
   }
 
@@ -162,7 +166,8 @@ class Planner {
     if (!is_half(dtype)) return false;
     if (rounded_on_store(n.inputs[0]) == dtype) return true;  // its operand's kernel rounds
     // Only of a value stored anyway (an elementwise operand is cheaper computed inside the
-    // kernels that read the round, as a round of it is).
+    // kernels that read the round, as a round of it is). Laid out by hand (case lists).
+    // clang-format off
     switch (node(n.inputs[0]).op) {
       case Op::reshape:
       case Op::permute:
@@ -176,6 +181,7 @@ class Planner {
       QKV_SOURCE_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
       QKV_COMPOSITE_CASES QKV_ATTENTION_CASES return false;
     }
+    // clang-format on
     QKV_UNREACHABLE("op");
   }
 
@@ -224,8 +230,8 @@ class Planner {
     const Node& n = node(v);
     if (n.op == Op::input || n.op == Op::reshape) return false;
     if (n.op == Op::permute && placed_into(n.inputs[0]) == v) return false;  // its operand's kernel writes it
-    if (n.op == Op::cast && narrowed_into(n.inputs[0]) == v) return false;     // likewise, rounded
-    return !concat_in_place(v) && !view_offset(v);                             // its operands' kernels write it, or a view
+    if (n.op == Op::cast && narrowed_into(n.inputs[0]) == v) return false;   // likewise, rounded
+    return !concat_in_place(v) && !view_offset(v);                           // its operands' kernels write it, or a view
   }
 
   /// The kind of v's storage.

@@ -8,10 +8,15 @@
 #include <bit>
 
 #include "codegen/attention_glsl.hpp"
+#include "codegen/fusion.hpp"
+#include "codegen/glsl_detail.hpp"
+#include "codegen/matmul_glsl.hpp"
 #include "codegen/spirv.hpp"
 #include "codegen/spirv_needs.hpp"
 #include "ir/bind.hpp"
 #include "ir/graph.hpp"
+#include "ir/passes/passes.hpp"
+#include "sweeps/op_cases.hpp"
 
 namespace qkv::codegen {
 namespace {
@@ -96,6 +101,97 @@ TEST(PushConstants, TheFlashKernelsDeclareTheirsByName) {
     if (batch_dims == 0) {
       EXPECT_EQ(launch.push[9], 0u);  // the empty batch array's one word
     }
+  }
+}
+
+/// `declared` with members `a` and `b` trading places: the sabotaged order.
+PushConstants swapped(const PushConstants& declared, const std::string& a, const std::string& b) {
+  PushConstants p;
+  for (const auto& m : declared.members()) {
+    const std::string name = m.name == a ? b : m.name == b ? a : m.name;
+    if (m.array) p.array(name, m.count, m.doc);
+    else p.scalar(name, m.type, m.doc);
+  }
+  return p;
+}
+
+/// Kernels of every family fused: a matmul with a bias, a ReLU and a scale in its store (an
+/// epilogue with an operand and constants), a layer norm's row kernel, a softmax of a chain.
+ir::Graph fused_families() {
+  using ir::Op;
+  ir::Graph g;
+  const auto x = g.add_input("x", DType::f32, {2, 8, 16}), w = g.add_input("w", DType::f32, {16, 32}), b = g.add_input("b", DType::f32, {32});
+  const auto y = g.add(Op::mul, {g.add(Op::max, {g.add(Op::add, {g.add(Op::matmul, {x, w}), b}), g.constant(0.0)}), g.constant(0.5)});
+  ir::Attrs last;
+  last.axis = 2;
+  last.keepdim = true;
+  const auto centred = g.add(Op::sub, {y, g.add(Op::div, {g.add(Op::reduce_sum, {y}, last), g.constant(32.0)})});
+  g.set_output("norm", g.add(Op::mul, {centred, g.add(Op::exp, {g.add(Op::reduce_max, {centred}, last)})}));
+  g.set_output("soft", g.add(Op::softmax, {g.add(Op::tanh, {y})}, last));
+  return g;
+}
+
+/// Every kernel the generator writes, for every op's cases and for fused kernels of every kind,
+/// declares its push constants by name, and its launch packs that declaration: check_push
+/// accepts each, and no launch has more words than a pipeline.
+TEST(PushConstants, EveryKernelDeclaresItsPushConstantsAndItsLaunchPacksThem) {
+  int kernels = 0, fused = 0;
+  auto check = [&](const ir::Graph& g, const std::vector<ir::Shape>& shapes, const std::string& what) {
+    const ir::StoragePlan storage = plan_storage(g, 16);
+    for (bool fuse : {false, true})
+      for (const KernelGroup& k : fuse ? plan_kernels(g, storage) : unfused_kernels(g, storage)) {
+        const KernelSource source = k.fused() ? fused_source(g, storage, k) : kernel_source(g, storage, k.root);
+        SCOPED_TRACE(what + ": " + source.name);
+        const KernelLaunch launch = k.fused() ? fused_launch(g, storage, k, shapes) : kernel_launch(g, storage, k.root, shapes);
+        EXPECT_NE(source.push_signature, 0u);
+        check_push(source, launch);
+        EXPECT_NE(source.glsl.find("layout(push_constant) uniform Params {"), std::string::npos);
+        ++kernels;
+        fused += k.fused();
+      }
+  };
+  for (ir::Op op : ir::all_ops())
+    for (const auto& c : ir::op_cases(op)) {
+      const ir::Graph g = ir::decompose_composites(ir::case_graph(op, c), implements);
+      std::map<std::string, Tensor, std::less<>> inputs;
+      for (std::size_t k = 0; k < c.inputs.size(); ++k)
+        inputs.emplace("x" + std::to_string(k), Tensor(ir::fill_dtype(c.inputs[k].fill), c.inputs[k].shape));
+      check(g, ir::bind_shapes(g, inputs), std::string(ir::op_name(op)) + " " + c.label);
+    }
+  const ir::Graph g = fused_families();
+  check(g, ir::bind_shapes(g, {{"x", Tensor(DType::f32, {2, 8, 16})}, {"w", Tensor(DType::f32, {16, 32})}, {"b", Tensor(DType::f32, {32})}}),
+        "fused");
+  EXPECT_GT(kernels, 200);
+  EXPECT_GE(fused, 3) << "the epilogue, the row kernel and the softmax of a chain";
+}
+
+/// Each family's sabotage: its launch packed from its declaration with two members swapped is
+/// refused (the words would read one as the other).
+TEST(PushConstantsDeathTest, EachFamilysLaunchFromASwappedDeclarationIsRefused) {
+  using ir::Op;
+  ir::Graph g;
+  const auto x = g.add_input("x", DType::f32, {2, 8, 16}), w = g.add_input("w", DType::f32, {2, 16, 32});
+  ir::Attrs last;
+  last.axis = 2;
+  const auto sum = g.add(Op::add, {x, x}), mm = g.add(Op::matmul, {x, w}), reduced = g.add(Op::reduce_sum, {x}, last);
+  for (auto v : {sum, mm, reduced}) g.set_output("y" + std::to_string(v), v);
+  const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {2, 8, 16})}, {"w", Tensor(DType::f32, {2, 16, 32})}});
+  const ir::StoragePlan storage = plan_storage(g);
+  struct Family {
+    ir::ValueId v;
+    PushConstants declared;
+    std::string a, b;
+  };
+  const Family families[] = {{sum, detail::elementwise_push_constants(3, 2), "x0_strides", "x1_strides"},
+                             {mm, detail::matmul_push_constants(3), "M", "N"},
+                             {reduced, detail::axis_push_constants(), "n", "inner"}};
+  for (const Family& f : families) {
+    const KernelSource source = kernel_source(g, storage, f.v);
+    KernelLaunch launch = kernel_launch(g, storage, f.v, shapes);
+    EXPECT_EQ(launch.push_signature, f.declared.signature()) << source.name << ": the family's declaration";
+    check_push(source, launch);  // as generated: accepted
+    launch.push_signature = swapped(f.declared, f.a, f.b).signature();
+    EXPECT_DEATH(check_push(source, launch), "its launch packed push constants declared differently from the shader's") << source.name;
   }
 }
 
