@@ -111,6 +111,7 @@ std::size_t modifier_tensors(const Node& n) {
 /// i's dims are constant 6 + i.
 constexpr int kCoopConstant = 5, kFirstTensorConstant = 6;
 
+
 /// The output's batch dims are the operands' broadcast batch dims, for every kind.
 int batch_rank(const Node& n) { return n.shape.rank - 2; }
 
@@ -662,33 +663,138 @@ PushConstants attention_push_constants(const Node& n) {
 
 int attention_push_words(const Node& n) { return attention_push_constants(n).words(); }
 
-KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative) {
-  const Kind kind = kind_of(n);
-  // The forward with cooperative matrices beside its scalar path (coop_declarations).
-  const bool coop = cooperative != nullptr;
-  const int r = batch_rank(n);
-  const bool causal = n.attrs.causal, mask = masked(n), drop = ir::has_dropout_seed(n.op, n.attrs);
-  const bool key_rows = kind == Kind::dk || kind == Kind::dv;  // rows are keys, streaming queries
-  const std::string own_count = key_rows ? "M" : "N", other_count = key_rows ? "N" : "M";
+namespace {
+
+/// A flash kernel's operand whose range over a tile decides block sparsity: the buffer, this
+/// batch entry's offset, its query and key strides.
+struct Ranged {
+  std::string array, at, row, col;
+};
+
+/// What the sections of a flash kernel's source (attention_source) share: the node's facts as
+/// its GLSL names them.
+struct Flash {
+  Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target);
+  const Node& n;
+  const std::vector<DType>& held;
+  DType out_dtype, rounded;
+  /// The forward with cooperative matrices beside its scalar path (coop_declarations), or null.
+  const Target* cooperative;
+  Kind kind;
+  bool coop, causal, mask, drop;
+  bool key_rows;  // rows are keys, streaming queries
+  bool strided;
+  int r;
+  std::string own_count, other_count, out_width, out_count;
+  std::vector<std::string> arrays;  // the bindings' names, the node's operands in order
+  std::size_t tensors = 0;          // the modifier's
+  bool with_derivative = false;     // dq and dk need the modifier's derivative
+  std::vector<std::pair<ir::ValueId, bool>> masking;
+  std::optional<ir::Graph> modifier;  // the region, differentiated where with_derivative
+  bool region_skips = false, tests_tiles = false;
+  std::vector<Ranged> ranged;
+  /// q, k, v and dy may be held in 16 bits (f16 as float16_t, bf16 as the high half of an f32).
+  DType held_in(std::size_t i) const { return i < held.size() && i < 4 ? held[i] : DType::f32; }
+};
+
+Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target)
+    : n(node),
+      held(held_dtypes),
+      out_dtype(out),
+      rounded(rounded_to),
+      cooperative(coop_target),
+      kind(kind_of(node)),
+      coop(coop_target != nullptr),
+      causal(node.attrs.causal),
+      mask(masked(node)),
+      drop(ir::has_dropout_seed(node.op, node.attrs)),
+      key_rows(kind == Kind::dk || kind == Kind::dv),
+      strided(attention_strided(node)),
+      r(batch_rank(node)),
+      own_count(key_rows ? "M" : "N"),
+      other_count(key_rows ? "N" : "M"),
+      out_count(own_count) {
   // The output's rows: the forward's and dv's are Dv wide, dq's and dk's D, the lse's one float.
-  const bool strided = attention_strided(n);
-  const std::string out_width = kind == Kind::lse ? "1u" : kind == Kind::forward || kind == Kind::dv ? "DVR" : "DR";
-  const std::string out_count = own_count;
+  out_width = kind == Kind::lse ? "1u" : kind == Kind::forward || kind == Kind::dv ? "DVR" : "DR";
 
   // Bindings: the node's operands in order, then the output.
-  std::vector<std::string> arrays = kind == Kind::forward ? std::vector<std::string>{"Q", "K", "V"}
+  arrays = kind == Kind::forward ? std::vector<std::string>{"Q", "K", "V"}
                                     : kind == Kind::lse   ? std::vector<std::string>{"Q", "K"}
                                                           : std::vector<std::string>{"Q", "K", "V", "DY", "LSE", "DELTA"};
   if (mask) arrays.emplace_back("KEEP");
-  const std::size_t tensors = modifier_tensors(n);
+  tensors = modifier_tensors(n);
   for (std::size_t i = 0; i < tensors; ++i) arrays.push_back("T" + str(static_cast<std::int64_t>(i)));
   if (drop) arrays.emplace_back("SEED");  // dropout's seed, the last operand
-  // q, k, v and dy may be held in 16 bits (f16 as float16_t, bf16 as the high half of an f32).
-  auto held_in = [&](std::size_t i) { return i < held.size() && i < 4 ? held[i] : DType::f32; };
+  // The score modifier: a function of the scaled score and its indices, reading the tensors T<i>
+  // at offsets set per batch entry from which of the scores' dims each spans (a specialization
+  // constant: the sizes come from the push constants). dq and dk also need its derivative.
+  with_derivative = kind == Kind::dq || kind == Kind::dk;
+  // A tile whose masking conditions provably keep every score runs the modifier without them
+  // (FlexAttention's full blocks): tile_masked sets tile_unmasked, and score_mod dispatches.
+  masking = n.region ? ir::masking_conditions(*n.region) : std::vector<std::pair<ir::ValueId, bool>>{};
+  if (n.region) modifier = with_derivative ? ir::differentiate_region(*n.region, ir::kRegionScore, true) : *n.region;
+  // Block sparsity: a tile is skipped when every score in it is masked whatever the scores are.
+  // The modifier's tensors (and a keep-mask) laid out along the queries or the keys only are
+  // reduced to their ranges over the tile's rows in shared memory, and the region is bounded
+  // from them and the tile's index ranges by interval arithmetic (ir::bound_region's rules); a
+  // keep-mask that is 0 over the tile drops it too. Three slots of ranges rotate so that one
+  // barrier per tile separates gathering, reading and clearing.
+  region_skips = n.region && ir::region_masks(*n.region);
+  tests_tiles = region_skips || mask;
+  if (region_skips)
+    for (std::size_t i = 0; i < tensors; ++i) {
+      const std::string t = str(static_cast<std::int64_t>(i));
+      ranged.push_back({"T" + t, "t" + t + "_at", "t" + t + "_row", "t" + t + "_col"});
+    }
+  if (mask) ranged.push_back({"KEEP", "mask_at", "pc.mask_row_stride", "pc.mask_col_stride"});
+}
+
+/// `text` with `by` before each of its lines (a block nested one level deeper).
+std::string indented(const std::string& text, const std::string& by) {
+  std::string out;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size() - 1) + 1;
+    out += by + text.substr(at, end - at);
+    at = end;
+  }
+  return out;
+}
+
+/// dot[t] = row t . tile row c (the score before scaling); `a` the registers, `tile` the tile.
+std::string dots(const char* out, const char* a, const char* tile, const char* g) {
+  return fill(R"(      vec4 $OUT4[RPT];
+      [[unroll]] for (uint t = 0u; t < RPT; ++t) $OUT4[t] = vec4(0.0);
+      [[unroll]] for (uint g = 0u; g < $G; ++g) {
+        vec4 x = $TILE[c * $G + g];
+        [[unroll]] for (uint t = 0u; t < RPT; ++t) $OUT4[t] += $A[t * $G + g] * x;
+      }
+)",
+              {{"OUT", out}, {"A", a}, {"TILE", tile}, {"G", g}});
+}
+
+/// The statement that skips a tile tile_masked finds masked, where tiles are tested.
+std::string flash_skip(const Flash& f) {
+  return !f.tests_tiles ? ""
+         : f.key_rows   ? "    if (may_skip && tile_masked(t0, t0 + cols - 1u, r0, r0 + rows - 1u)) continue;\n"
+                        : "    if (may_skip && tile_masked(r0, r0 + rows - 1u, t0, t0 + cols - 1u)) continue;\n";
+}
+
+/// The scores this workgroup computed, added to a 64-bit count as two words.
+std::string flash_counts() {
+  return "  if (lid == 0u && visited > 0u) {\n"
+         "    uint before = atomicAdd(COUNTS[0], visited);\n"
+         "    if (before + visited < before) atomicAdd(COUNTS[1], 1u);  // the low word wrapped\n"
+         "  }\n";
+}
+
+/// The buffers: the node's operands in order, each in the dtype it is held in, then the output and
+/// the tile counts.
+std::string flash_bindings(const Flash& f) {
+  const std::vector<std::string>& arrays = f.arrays;
+  const DType out_dtype = f.out_dtype;
   std::string bindings;
-  const bool sixteen = is_half(out_dtype) || std::any_of(held.begin(), held.end(), [](DType t) { return is_half(t); });
   for (std::size_t i = 0; i < arrays.size(); ++i) {
-    const DType t = held_in(i);
+    const DType t = f.held_in(i);
     const char* element = held_element(t);
     bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(i)) + ") readonly buffer B" + arrays[i] + " { " + element + " " +
                 arrays[i] + "[]; };\n";
@@ -697,8 +803,14 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
               std::string(held_element(out_dtype)) + " OUT[]; };\n";
   bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size()) + 1) +
               ") buffer BCOUNTS { uint COUNTS[]; };  // scores in the tiles computed: low, high word\n";
+  return bindings;
+}
 
-  // Shared tiles, and a reader per head-dim operand: elements 4g..4g+3 of a row, 0 past its end.
+/// Shared tiles, and a reader per head-dim operand: elements 4g..4g+3 of a row, 0 past its end.
+std::pair<std::string, std::string> flash_tiles_and_readers(const Flash& f) {
+  const Kind kind = f.kind;
+  const bool coop = f.coop;
+  const std::vector<std::string>& arrays = f.arrays;
   std::string tiles, readers;
   // 16 bytes when the cooperative path runs (a vec4, four floats: see nonfinite).
   const std::string scalar_only = coop ? "(1u - COOP) * " : "", sized_one = coop ? " + COOP" : "", sized_four = coop ? " + 4u * COOP" : "";
@@ -708,7 +820,7 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
   for (const Operand& o : {kQ, kK, kV, kDy, kLse, kDelta}) {
     const auto slot = static_cast<std::size_t>(std::find(arrays.begin(), arrays.end(), o.array) - arrays.begin());
     if (slot == arrays.size()) continue;
-    const DType t = held_in(slot);
+    const DType t = f.held_in(slot);
     // load_$A: an element as f32 (a 16-bit one widened exactly).
     const std::string e = std::string(o.array) + "[i]";
     readers += "float load_" + std::string(o.array) + "(uint i) { return " + widened(t, e) + "; }\n";
@@ -721,18 +833,23 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
 )",
                     {{"AT", o.at}, {"A", o.array}, {"W", o.real_width}, {"RS", o.row_stride}});
   }
+  return {tiles, readers};
+}
 
-  // The score modifier: a function of the scaled score and its indices, reading the tensors T<i>
-  // at offsets set per batch entry from which of the scores' dims each spans (a specialization
-  // constant: the sizes come from the push constants). dq and dk also need its derivative.
-  const bool with_derivative = kind == Kind::dq || kind == Kind::dk;
-  // A tile whose masking conditions provably keep every score runs the modifier without them
-  // (FlexAttention's full blocks): tile_masked sets tile_unmasked, and score_mod dispatches.
-  const auto masking = n.region ? ir::masking_conditions(*n.region) : std::vector<std::pair<ir::ValueId, bool>>{};
-  std::optional<ir::Graph> modifier;
+/// The score modifier's text: its tensors' specialization constants, globals, per-batch offsets
+/// and strides, and its functions (score_mod, or score_mod_d with its derivative).
+struct ModifierText {
+  std::string specs, globals, functions, at, strides;
+};
+
+ModifierText flash_modifier(const Flash& f) {
+  const Node& n = f.n;
+  const std::size_t tensors = f.tensors;
+  const bool with_derivative = f.with_derivative;
+  const auto& masking = f.masking;
+  const std::optional<ir::Graph>& modifier = f.modifier;
   std::string specs, tensor_globals, modifier_text, tensor_at, tensor_strides;
   if (n.region) {
-    modifier = with_derivative ? ir::differentiate_region(*n.region, ir::kRegionScore, true) : *n.region;
     for (std::size_t i = 0; i < tensors; ++i) {
       const std::string t = str(static_cast<std::int64_t>(i));
       specs += "layout(constant_id = " + str(kFirstTensorConstant + static_cast<std::int64_t>(i)) + ") const uint T" + t +
@@ -769,8 +886,15 @@ uint tensor_stride(uint dims, int d) {
                        "_kept(score, q_idx, kv_idx) : " + fn + "_masked(score, q_idx, kv_idx);\n}\n";
     }
   }
-  // Dropout on the weights: the factor dropout_mask gives the same element of the weights
-  // [batch, N, M] (bits keyed by the seed and its index), with p and 1 / (1 - p) written in.
+  return {specs, tensor_globals, modifier_text, tensor_at, tensor_strides};
+}
+
+/// Dropout on the weights: the factor dropout_mask gives the same element of the weights
+/// [batch, N, M] (bits keyed by the seed and its index), with p and 1 / (1 - p) written in; and
+/// main()'s setup of it.
+std::pair<std::string, std::string> flash_dropout(const Flash& f) {
+  const Node& n = f.n;
+  const bool drop = f.drop;
   std::string dropout_text, dropout_setup;
   if (drop) {
     dropout_text = "\n// Dropout (p = " + ir::format_number(n.attrs.dropout) + "): dropout_mask's factor for weight (i, j) of this batch entry.\n" +
@@ -782,24 +906,19 @@ uint tensor_stride(uint dims, int d) {
                    "}\n";
     dropout_setup = "  batch_index = b;\n  drop_seed = uint(SEED[0]);\n";
   }
-  // Block sparsity: a tile is skipped when every score in it is masked whatever the scores are.
-  // The modifier's tensors (and a keep-mask) laid out along the queries or the keys only are
-  // reduced to their ranges over the tile's rows in shared memory, and the region is bounded
-  // from them and the tile's index ranges by interval arithmetic (ir::bound_region's rules); a
-  // keep-mask that is 0 over the tile drops it too. Three slots of ranges rotate so that one
-  // barrier per tile separates gathering, reading and clearing.
-  const bool region_skips = n.region && ir::region_masks(*n.region);
-  const bool tests_tiles = region_skips || mask;
-  struct Ranged {
-    std::string array, at, row, col;  // the buffer, this batch entry's offset, query and key strides
-  };
-  std::vector<Ranged> ranged;
-  if (region_skips)
-    for (std::size_t i = 0; i < tensors; ++i) {
-      const std::string t = str(static_cast<std::int64_t>(i));
-      ranged.push_back({"T" + t, "t" + t + "_at", "t" + t + "_row", "t" + t + "_col"});
-    }
-  if (mask) ranged.push_back({"KEEP", "mask_at", "pc.mask_row_stride", "pc.mask_col_stride"});
+  return {dropout_text, dropout_setup};
+}
+
+/// tile_masked(qa, qb, ka, kb), where block sparsity is tested (Flash::tests_tiles), with the
+/// ranges of the operands it reads (Flash::ranged), or nothing.
+std::string flash_tile_test(const Flash& f) {
+  const Node& n = f.n;
+  const bool mask = f.mask;
+  const std::size_t tensors = f.tensors;
+  const auto& masking = f.masking;
+  const bool region_skips = f.region_skips;
+  const bool tests_tiles = f.tests_tiles;
+  const std::vector<Ranged>& ranged = f.ranged;
   std::string tile_text;
   if (tests_tiles) {
     const std::string k = str(static_cast<std::int64_t>(ranged.size()));
@@ -872,6 +991,34 @@ Iv range_read(uint at, bool along_both) {
     }
     tile_text += "}\n";
   }
+  return tile_text;
+}
+
+/// The kernel's declarations and main()'s opening, up to the rows it takes and the streamed rows
+/// it visits.
+std::string flash_prologue(const Flash& f) {
+  const Node& n = f.n;
+  const Kind kind = f.kind;
+  const bool coop = f.coop;
+  const bool causal = f.causal;
+  const bool mask = f.mask;
+  const bool drop = f.drop;
+  const bool key_rows = f.key_rows;
+  const bool strided = f.strided;
+  const int r = f.r;
+  const std::string& own_count = f.own_count;
+  const std::string& other_count = f.other_count;
+  const std::string& out_width = f.out_width;
+  const std::string& out_count = f.out_count;
+  const std::size_t tensors = f.tensors;
+  const std::optional<ir::Graph>& modifier = f.modifier;
+  const DType out_dtype = f.out_dtype;
+  const DType rounded = f.rounded;
+  const Target* cooperative = f.cooperative;
+  const auto [tiles, readers] = flash_tiles_and_readers(f);
+  const ModifierText mod = flash_modifier(f);
+  const std::pair<std::string, std::string> dropout = flash_dropout(f);
+  const bool sixteen = is_half(f.out_dtype) || std::any_of(f.held.begin(), f.held.end(), [](DType t) { return is_half(t); });
   std::string tensor_zero;  // t<i>_at accumulates over the batch dims
   for (std::size_t i = 0; i < tensors; ++i) tensor_zero += " t" + str(static_cast<std::int64_t>(i)) + "_at = 0u;";
 
@@ -944,12 +1091,12 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                         {"ROWS", key_rows ? "keys" : "queries"},
                         {"OTHERS", key_rows ? "queries" : "keys"},
                         {"R", str(r)},
-                        {"BINDINGS", bindings},
+                        {"BINDINGS", flash_bindings(f)},
                         {"SIXTEEN", sixteen ? "#extension GL_EXT_shader_16bit_storage : require\n" : ""},
                         {"PUSH", attention_push_constants(n).glsl()},
                         {"TILES", tiles},
                         {"READERS", readers + helpers},
-                        {"SPECS", specs},
+                        {"SPECS", mod.specs},
                         {"COOPEXT", !coop ? ""
                                     : std::string("#extension GL_KHR_shader_subgroup_basic : require\n"
                                                   "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n") +
@@ -962,14 +1109,14 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                         {"COOPCONSTS", coop ? coop_declarations(*cooperative, true, kind) : ""},
                         {"COOPDECL", coop ? coop_declarations(*cooperative, false, kind) : ""},
                         {"BR", coop ? "COOP * NSG * CM + (1u - COOP) * INV * RPT" : "INV * RPT"},
-                        {"TGLOBALS", tensor_globals},
-                        {"MODIFIER", modifier_text},
-                        {"TENSORAT", tensor_at},
-                        {"TENSORSTRIDES", tensor_strides},
+                        {"TGLOBALS", mod.globals},
+                        {"MODIFIER", mod.functions},
+                        {"TENSORAT", mod.at},
+                        {"TENSORSTRIDES", mod.strides},
                         {"TENSORZERO", tensor_zero},
-                        {"DROPOUT", dropout_text},
-                        {"TILETEST", tile_text},
-                        {"DROPSETUP", dropout_setup},
+                        {"DROPOUT", dropout.first},
+                        {"TILETEST", flash_tile_test(f)},
+                        {"DROPSETUP", dropout.second},
                         {"KEPT", std::string(causal ? "  int limit = int(i) + shift;\n"
                                                       "  keep = int(j) <= limit && (window == 0 || int(j) > limit - window);\n"
                                                     : "") +
@@ -983,7 +1130,22 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                                                  "out_rs = pc.out_row_stride;\n"
                                                : "  q_rs = DR; k_rs = DR; v_rs = DVR; dy_rs = DVR; out_rs = " + out_width + ";\n"
                                                  "  dy_at = b * N * DVR;\n  out_at = b * " + out_count + " * out_rs;\n"}});
+  return s;
+}
 
+/// Which streamed rows are visited (causality and a window narrow them, a tile test may skip
+/// tiles), made exact where what a skipped row would multiply is not finite.
+std::string flash_narrowing(const Flash& f) {
+  const Kind kind = f.kind;
+  const bool causal = f.causal;
+  const bool mask = f.mask;
+  const bool key_rows = f.key_rows;
+  const std::string& own_count = f.own_count;
+  const std::string& other_count = f.other_count;
+  const bool region_skips = f.region_skips;
+  const bool tests_tiles = f.tests_tiles;
+  const std::vector<Ranged>& ranged = f.ranged;
+  std::string s;
   // Causality and the window narrow the streamed rows, and tiles the modifier or a keep-mask
   // masks whole may be skipped; skipping is exact only if what their zero probabilities would
   // multiply is finite.
@@ -1019,9 +1181,14 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
   }
   s += "  uint visited = 0u;  // scores in the tiles computed\n";
   if (!ranged.empty()) s += "  if (lid == 0u) { range_clear(0u); range_clear(1u); }\n  barrier();\n";
+  return s;
+}
 
-  const std::size_t body_at = s.size();  // the scalar path's part of main, from here
-  // The row operands, in registers; rows past the end hold zeros.
+/// The row operands in registers (rows past the end hold zeros) and the accumulators.
+std::string flash_registers(const Flash& f) {
+  const Kind kind = f.kind;
+  const std::string& own_count = f.own_count;
+  std::string s;
   auto load_rows = [&](const char* reg, const Operand& o) {
     return fill(R"(  vec4 $REG[RPT * $G];
   [[unroll]] for (uint t = 0u; t < RPT; ++t)
@@ -1051,14 +1218,69 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
     case Kind::dk: s += load_rows("kr", kK) + load_rows("vr", kV) + zeros("acc", "D4"); break;
     case Kind::dv: s += load_rows("kr", kK) + zeros("acc", "DV4"); break;
   }
+  return s;
+}
 
-  // The tile loop: load the tiles, then each invocation's rows against every tile row c.
+/// The tile loop: load the tiles, then each invocation's rows against every tile row c.
+/// The forward's and the log-sum-exp's pass over a tile: the online softmax, four keys at a time.
+std::string flash_online_softmax(const Flash& f) {
+  const Node& n = f.n;
+  const Kind kind = f.kind;
+  const bool drop = f.drop;
+  std::string s;
+  // Four keys at a time, their scores in a vec4 per row (registers: an array of a tile's
+  // scores would live in local memory on a GPU). The running max moves, and the sum and
+  // accumulator are rescaled, only when a chunk raises it.
+  s += "    for (uint c0 = 0u; c0 < cols; c0 += 4u) {\n"
+       "      vec4 sc[RPT];  // the chunk's scores, then exp(score - m)\n"
+       "      [[unroll]] for (uint t = 0u; t < RPT; ++t) sc[t] = vec4(neg_inf());\n"
+       "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
+       "        uint c = c0 + j;\n"
+       "        if (c >= cols) break;\n" +
+       indented(dots("s", "q", "k_tile", "D4"), "  ") +
+       "        [[unroll]] for (uint t = 0u; t < RPT; ++t)\n" +
+       (n.region ? "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = score_mod(sum4(s4[t]) * scale, own(t), t0 + c);\n"
+                 : "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = sum4(s4[t]) * scale;\n") +
+       "      }\n"
+       "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n"
+       "        float m_new = qkv_max(m[t], qkv_max(qkv_max(sc[t].x, sc[t].y), qkv_max(sc[t].z, sc[t].w)));\n"
+       "        if (m_new != m[t]) {  // also NaN, which then reaches l and o as in the decomposition\n"
+       "          float alpha = exp(m[t] - (m_new == neg_inf() ? 0.0 : m_new));\n"
+       "          l[t] *= alpha;\n";
+  if (kind == Kind::forward) s += "          [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n";
+  s += "          m[t] = m_new;\n"
+       "        }\n"
+       "        sc[t] = exp(sc[t] - vec4(m[t] == neg_inf() ? 0.0 : m[t]));  // no key yet: every exp is 0\n"
+       "        l[t] += sum4(sc[t]);\n";
+  if (kind == Kind::forward && drop)  // the sum normalises the undropped weights; v meets the dropped ones
+    s += "        if (own(t) < N)\n"
+         "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
+         "            if (c0 + j < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j);\n";
+  s += "      }\n";
+  if (kind == Kind::forward)
+    s += "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
+         "        uint c = c0 + j;\n"
+         "        if (c >= cols) break;\n"
+         "        [[unroll]] for (uint g = 0u; g < DV4; ++g) {\n"
+         "          vec4 x = v_tile[c * DV4 + g];\n"
+         "          [[unroll]] for (uint t = 0u; t < RPT; ++t) o[t * DV4 + g] += sc[t][j] * x;\n"
+         "        }\n"
+         "      }\n";
+  s += "    }\n";
+  return s;
+}
+
+std::string flash_tile_loop(const Flash& f) {
+  const Node& n = f.n;
+  const Kind kind = f.kind;
+  const bool drop = f.drop;
+  const bool key_rows = f.key_rows;
+  const std::string& own_count = f.own_count;
+  const bool with_derivative = f.with_derivative;
+  std::string s;
   s += "  for (uint t0 = lo; t0 < hi; t0 += BC) {\n"
        "    uint cols = min(BC, hi - t0);\n";
-  const std::string skip = !tests_tiles ? ""
-                           : key_rows    ? "    if (may_skip && tile_masked(t0, t0 + cols - 1u, r0, r0 + rows - 1u)) continue;\n"
-                                         : "    if (may_skip && tile_masked(r0, r0 + rows - 1u, t0, t0 + cols - 1u)) continue;\n";
-  s += skip;
+  s += flash_skip(f);
   s += "    visited += rows * cols;\n"
        "    barrier();  // everyone is done with the previous tiles\n";
   for (const Operand& o : streamed(kind))
@@ -1067,27 +1289,6 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                  : fill("    for (uint x = lid; x < BC; x += INV) $TILE[x] = x < cols ? $A[$AT + t0 + x] : 0.0;\n",
                         {{"TILE", o.tile}, {"A", o.array}, {"AT", o.at}});
   s += "    barrier();\n";
-  // `text` with `by` before each of its lines (a block nested one level deeper).
-  auto indented = [](const std::string& text, const std::string& by) {
-    std::string out;
-    for (std::size_t at = 0; at < text.size();) {
-      const std::size_t end = std::min(text.find('\n', at), text.size() - 1) + 1;
-      out += by + text.substr(at, end - at);
-      at = end;
-    }
-    return out;
-  };
-  // dot[t] = row t . tile row c (the score before scaling); `a` the registers, `tile` the tile.
-  auto dots = [](const char* out, const char* a, const char* tile, const char* g) {
-    return fill(R"(      vec4 $OUT4[RPT];
-      [[unroll]] for (uint t = 0u; t < RPT; ++t) $OUT4[t] = vec4(0.0);
-      [[unroll]] for (uint g = 0u; g < $G; ++g) {
-        vec4 x = $TILE[c * $G + g];
-        [[unroll]] for (uint t = 0u; t < RPT; ++t) $OUT4[t] += $A[t * $G + g] * x;
-      }
-)",
-                {{"OUT", out}, {"A", a}, {"TILE", tile}, {"G", g}});
-  };
   // p = exp(s - lse), 0 where the score is masked (or -inf), for row t and tile row c.
   const std::string qi = key_rows ? "t0 + c" : "own(t)", kj = key_rows ? "own(t)" : "t0 + c";
   // With a modifier, mod(s) takes the score's place and dq, dk multiply by d mod / d score; both
@@ -1105,45 +1306,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   switch (kind) {
     case Kind::forward:
     case Kind::lse:
-      // Four keys at a time, their scores in a vec4 per row (registers: an array of a tile's
-      // scores would live in local memory on a GPU). The running max moves, and the sum and
-      // accumulator are rescaled, only when a chunk raises it.
-      s += "    for (uint c0 = 0u; c0 < cols; c0 += 4u) {\n"
-           "      vec4 sc[RPT];  // the chunk's scores, then exp(score - m)\n"
-           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) sc[t] = vec4(neg_inf());\n"
-           "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
-           "        uint c = c0 + j;\n"
-           "        if (c >= cols) break;\n" +
-           indented(dots("s", "q", "k_tile", "D4"), "  ") +
-           "        [[unroll]] for (uint t = 0u; t < RPT; ++t)\n" +
-           (n.region ? "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = score_mod(sum4(s4[t]) * scale, own(t), t0 + c);\n"
-                     : "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = sum4(s4[t]) * scale;\n") +
-           "      }\n"
-           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n"
-           "        float m_new = qkv_max(m[t], qkv_max(qkv_max(sc[t].x, sc[t].y), qkv_max(sc[t].z, sc[t].w)));\n"
-           "        if (m_new != m[t]) {  // also NaN, which then reaches l and o as in the decomposition\n"
-           "          float alpha = exp(m[t] - (m_new == neg_inf() ? 0.0 : m_new));\n"
-           "          l[t] *= alpha;\n";
-      if (kind == Kind::forward) s += "          [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n";
-      s += "          m[t] = m_new;\n"
-           "        }\n"
-           "        sc[t] = exp(sc[t] - vec4(m[t] == neg_inf() ? 0.0 : m[t]));  // no key yet: every exp is 0\n"
-           "        l[t] += sum4(sc[t]);\n";
-      if (kind == Kind::forward && drop)  // the sum normalises the undropped weights; v meets the dropped ones
-        s += "        if (own(t) < N)\n"
-             "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
-             "            if (c0 + j < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j);\n";
-      s += "      }\n";
-      if (kind == Kind::forward)
-        s += "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
-             "        uint c = c0 + j;\n"
-             "        if (c >= cols) break;\n"
-             "        [[unroll]] for (uint g = 0u; g < DV4; ++g) {\n"
-             "          vec4 x = v_tile[c * DV4 + g];\n"
-             "          [[unroll]] for (uint t = 0u; t < RPT; ++t) o[t * DV4 + g] += sc[t][j] * x;\n"
-             "        }\n"
-             "      }\n";
-      s += "    }\n";
+      s += flash_online_softmax(f);
       break;
     case Kind::dq:
     case Kind::dk: {
@@ -1181,16 +1344,14 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
       break;
   }
   s += "  }\n\n";
+  return s;
+}
 
-  // The scores this workgroup computed, added to a 64-bit count as two words.
-  const std::string counts =
-      "  if (lid == 0u && visited > 0u) {\n"
-      "    uint before = atomicAdd(COUNTS[0], visited);\n"
-      "    if (before + visited < before) atomicAdd(COUNTS[1], 1u);  // the low word wrapped\n"
-      "  }\n";
-  s += counts;
-  // Each row's result, in the output's dtype.
-  auto stored = [&](const std::string& value) { return output(value); };
+/// The tile counts, then each row's result in the output's dtype (rounded as Flash::rounded says).
+std::string flash_store(const Flash& f) {
+  const Kind kind = f.kind;
+  std::string s = flash_counts();
+  const Store output{f.rounded, f.out_dtype};
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
     return fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t) {
     if (own(t) >= $COUNT) continue;
@@ -1199,7 +1360,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
         if (4u * g + e < $W) OUT[out_at + own(t) * out_rs + 4u * g + e] = $STORED;
   }
 )",
-                {{"COUNT", count}, {"G", g}, {"W", width}, {"STORED", stored(fill(value, {{"REG", reg}}))}});
+                {{"COUNT", count}, {"G", g}, {"W", width}, {"STORED", output(fill(value, {{"REG", reg}}))}});
   };
   switch (kind) {
     case Kind::forward:
@@ -1208,19 +1369,33 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
       break;
     case Kind::lse:
       s += "  [[unroll]] for (uint t = 0u; t < RPT; ++t)  // -inf for a row with no key\n"
-           "    if (own(t) < N) OUT[out_at + own(t)] = " + stored("(m[t] == neg_inf() ? 0.0 : m[t]) + qkv_log(l[t])") + ";\n";
+           "    if (own(t) < N) OUT[out_at + own(t)] = " + output("(m[t] == neg_inf() ? 0.0 : m[t]) + qkv_log(l[t])") + ";\n";
       break;
     case Kind::dq: s += store("acc", "D4", "DR", "N", "$REG[t * D4 + g][e] * scale"); break;
     case Kind::dk: s += store("acc", "D4", "DR", "M", "$REG[t * D4 + g][e] * scale"); break;
     case Kind::dv: s += store("acc", "DV4", "DVR", "M", "$REG[t * DV4 + g][e]"); break;
   }
+  return s;
+}
+
+}  // namespace
+
+KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative) {
+  const Flash f(n, held, out_dtype, rounded, cooperative);
+  const Kind kind = f.kind;
+  const bool coop = f.coop, causal = f.causal, mask = f.mask, drop = f.drop;
+  std::string s = flash_prologue(f) + flash_narrowing(f);
+  const std::size_t body_at = s.size();  // the scalar path's part of main, from here
+  s += flash_registers(f) + flash_tile_loop(f) + flash_store(f);
+  const Store output{rounded, out_dtype};
+  auto stored = [&](const std::string& value) { return output(value); };
   if (coop) {  // the scalar path, and beside it the cooperative one
     const std::string scalar = s.substr(body_at);
     s.resize(body_at);
     const bool with_drop = drop && kind != Kind::lse;
     s += "  if (COOP != 0u) {\n" +
-         indented(coop_grad(kind) ? coop_grad_body(*cooperative, kind, n.region != nullptr, with_drop, skip, counts, stored)
-                                  : coop_body(*cooperative, kind, n.region != nullptr, with_drop, skip, counts, stored),
+         indented(coop_grad(kind) ? coop_grad_body(*cooperative, kind, n.region != nullptr, with_drop, flash_skip(f), flash_counts(), stored)
+                                  : coop_body(*cooperative, kind, n.region != nullptr, with_drop, flash_skip(f), flash_counts(), stored),
                   "  ") +
          "  } else {\n" +
          indented(scalar, "  ") + "  }\n";
@@ -1229,8 +1404,8 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
   const Target::CooperativeMatrix* cm = coop ? &cooperative->cooperative_matrix : nullptr;
   std::string name = "flash_attention_" + kind_name(kind) +
                      (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
-                     (drop ? "_dropout" : "") + "_b" + str(r) + Store{rounded}.suffix();
-  return {name, s, static_cast<int>(arrays.size()) + 2, true, attention_push_constants(n).signature()};
+                     (drop ? "_dropout" : "") + "_b" + str(f.r) + Store{rounded}.suffix();
+  return {name, s, static_cast<int>(f.arrays.size()) + 2, true, attention_push_constants(n).signature()};
 }
 
 KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes,

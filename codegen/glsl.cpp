@@ -1059,6 +1059,51 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
 
 bool specialized(const Node& n) { return n.op == Op::matmul || ir::is_fused_attention(n.op); }
 
+/// Push constants and workgroups of a kPerElement kernel: an invocation per element (per new
+/// element of a cache updated in place), the members per_element_push_constants declares.
+KernelLaunch per_element_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
+  const Node& n = g.node(v);
+  const Shape& os = shapes[static_cast<std::size_t>(v)];
+  auto in_shape = [&](int k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
+  // An axis along which a slice, a join, a cache update or iota is taken, with the elements after it.
+  const Shape& xs = n.op == Op::iota || n.inputs.empty() ? os : in_shape(0);
+  std::int64_t inner = 1;
+  for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
+  const bool in_place = n.op == Op::cache_write && ir::writes_into_operand(g, v);
+  const std::int64_t elements = in_place ? in_shape(1).numel() : os.numel();
+  const PushConstants declaration = per_element_push_constants(n, in_place);
+  PushConstants::Values p = declaration.values();
+  p.set("elements", push_word(elements));
+  if (n.op == Op::constant) p.set_float("value", ir::bound_value(g, n, shapes));
+  if (n.op == Op::one_hot) p.set("depth", push_word(n.attrs.depth));
+  if (n.op == Op::embedding) {
+    const Shape& table = in_shape(1);
+    const std::int64_t width = table[0] == 0 ? 0 : table.numel() / table[0];
+    p.set("width", push_word(std::max<std::int64_t>(width, 1))).set("rows", push_word(table[0]));
+  }
+  if (n.op == Op::causal_mask)
+    p.set("keys", push_word(os[1]))
+        .set_int("shift", n.attrs.align == ir::CausalAlign::bottom_right ? os[1] - os[0] : 0)
+        .set_int("window", n.attrs.window);
+  if (n.op == Op::slice)
+    p.set("inner", push_word(inner))
+        .set("size", push_word(os[n.attrs.axis]))
+        .set("operand_size", push_word(xs[n.attrs.axis]))
+        .set("begin", push_word(n.attrs.begin));
+  if (n.op == Op::concat || n.op == Op::cache_write)  // the operand's size along the axis, and the new rows'
+    p.set("inner", push_word(inner))
+        .set(n.op == Op::concat ? "a_size" : "rows", push_word(xs[n.attrs.axis]))
+        .set(n.op == Op::concat ? "b_size" : "fresh", push_word(in_shape(1)[n.attrs.axis]));
+  if (n.op == Op::iota) p.set("inner", push_word(inner)).set("size", push_word(os[n.attrs.axis]));
+  if (n.op == Op::dropout_mask)
+    p.set("threshold", ir::dropout_threshold(n.attrs.dropout)).set_float("kept", ir::dropout_keep_value(n.attrs.dropout));
+  KernelLaunch l;
+  l.push = p.words();
+  l.push_signature = declaration.signature();
+  l.groups = linear_groups(elements, target.invocations);
+  return l;
+}
+
 KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
   const Node& n = g.node(v);
   const Shape& os = shapes[static_cast<std::size_t>(v)];
@@ -1076,65 +1121,16 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     l.groups = linear_groups((os.numel() + kCastElements - 1) / kCastElements, target.invocations);
     return l;
   }
-  // An axis along which a slice, a join or iota is taken, with the elements after it.
-  const Shape& xs = n.op == Op::iota || n.inputs.empty() ? os : in_shape(0);
-  std::int64_t inner = 1;
-  for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
-  l.groups = linear_groups(os.numel(), target.invocations);
   switch (n.op) {
     case Op::constant:
-      packed(per_element_push_constants(n), [&](auto& p) { p.set("elements", push_word(os.numel())).set_float("value", ir::bound_value(g, n, shapes)); });
-      return l;
     case Op::causal_mask:
-      packed(per_element_push_constants(n), [&](auto& p) {
-        p.set("elements", push_word(os.numel()))
-            .set("keys", push_word(os[1]))
-            .set_int("shift", n.attrs.align == ir::CausalAlign::bottom_right ? os[1] - os[0] : 0)
-            .set_int("window", n.attrs.window);
-      });
-      return l;
     case Op::slice:
-      packed(per_element_push_constants(n), [&](auto& p) {
-        p.set("elements", push_word(os.numel()))
-            .set("inner", push_word(inner))
-            .set("size", push_word(os[n.attrs.axis]))
-            .set("operand_size", push_word(xs[n.attrs.axis]))
-            .set("begin", push_word(n.attrs.begin));
-      });
-      return l;
     case Op::concat:
-      packed(per_element_push_constants(n), [&](auto& p) {
-        p.set("elements", push_word(os.numel())).set("inner", push_word(inner)).set("a_size", push_word(xs[n.attrs.axis])).set("b_size", push_word(in_shape(1)[n.attrs.axis]));
-      });
-      return l;
-    case Op::cache_write: {
-      const bool in_place = ir::writes_into_operand(g, v);
-      const std::int64_t elements = in_place ? in_shape(1).numel() : os.numel();
-      packed(per_element_push_constants(n, in_place), [&](auto& p) {
-        p.set("elements", push_word(elements)).set("inner", push_word(inner)).set("rows", push_word(xs[n.attrs.axis])).set("fresh", push_word(in_shape(1)[n.attrs.axis]));
-      });
-      l.groups = linear_groups(elements, target.invocations);
-      return l;
-    }
+    case Op::cache_write:
     case Op::iota:
-      packed(per_element_push_constants(n), [&](auto& p) { p.set("elements", push_word(os.numel())).set("inner", push_word(inner)).set("size", push_word(os[n.attrs.axis])); });
-      return l;
     case Op::dropout_mask:
-      packed(per_element_push_constants(n), [&](auto& p) {
-        p.set("elements", push_word(os.numel())).set("threshold", ir::dropout_threshold(n.attrs.dropout)).set_float("kept", ir::dropout_keep_value(n.attrs.dropout));
-      });
-      return l;
     case Op::one_hot:
-      packed(per_element_push_constants(n), [&](auto& p) { p.set("elements", push_word(os.numel())).set("depth", push_word(n.attrs.depth)); });
-      return l;
-    case Op::embedding: {
-      const Shape& table = in_shape(1);
-      const std::int64_t width = table[0] == 0 ? 0 : table.numel() / table[0];
-      packed(per_element_push_constants(n), [&](auto& p) {
-        p.set("elements", push_word(os.numel())).set("width", push_word(std::max<std::int64_t>(width, 1))).set("rows", push_word(table[0]));
-      });
-      return l;
-    }
+    case Op::embedding: return per_element_launch(g, v, shapes, target);
     QKV_UNARY_CASES
     QKV_BINARY_CASES
     QKV_COMPARE_CASES
@@ -1144,6 +1140,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::permute: {
       std::vector<Shape> read(n.inputs.size());
       for (std::size_t k = 0; k < n.inputs.size(); ++k) read[k] = in_shape(static_cast<int>(k));
+      l.groups = linear_groups(os.numel(), target.invocations);
       packed(detail::elementwise_push_constants(os.rank, static_cast<int>(n.inputs.size())), [&](auto& p) {
         p.set("elements", push_word(os.numel()));
         if (n.op != Op::permute) return detail::set_operand_strides(p, os, read);
@@ -1159,8 +1156,10 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     }
     QKV_REDUCE_CASES
     case Op::softmax: {
-      std::int64_t outer = 1;
+      const Shape& xs = in_shape(0);
+      std::int64_t outer = 1, inner = 1;
       for (int i = 0; i < n.attrs.axis; ++i) outer *= xs[i];
+      for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
       const PushConstants declaration = detail::axis_push_constants();
       PushConstants::Values push = declaration.values();
       l = detail::axis_launch(outer, xs[n.attrs.axis], inner, target, push);
