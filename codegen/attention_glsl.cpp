@@ -106,12 +106,6 @@ std::size_t modifier_tensors(const Node& n) {
   return ir::is_flex_attention(n.op) ? ir::modifier_tensor_count(n.op, n.attrs, n.inputs.size()) : 0;
 }
 
-/// Constant 5 selects the cooperative-matrix forward in kernels built with it (1 where its tiles
-/// fit the device's shared memory for the bound head dims); the modifier's tensors follow: tensor
-/// i's dims are constant 6 + i.
-constexpr int kCoopConstant = 5, kFirstTensorConstant = 6;
-
-
 /// The output's batch dims are the operands' broadcast batch dims, for every kind.
 int batch_rank(const Node& n) { return n.shape.rank - 2; }
 
@@ -278,9 +272,7 @@ std::string coop_declarations(const Target& t, bool constants, Kind kind) {
   const auto [lanes, rows] = coop_lanes(t.subgroup_size, cm.m);
   const auto u = [](std::uint32_t v) { return std::to_string(v) + "u"; };
   const bool grad = coop_grad(kind), dv = kind == Kind::dv;
-  std::string s = "layout(constant_id = " + std::to_string(kCoopConstant) +
-                  ") const uint COOP = 0u;  // 1: the cooperative-matrix path (its tiles fit)\n"
-                  "const uint CM = " + u(cm.m) + ", CN = " + u(cm.n) + ", CK = " + u(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n"
+  std::string s = "const uint CM = " + u(cm.m) + ", CN = " + u(cm.n) + ", CK = " + u(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n"
                   "const uint SG = " + u(t.subgroup_size) + ", NSG = gl_WorkGroupSize.x / SG;  // invocations per subgroup, subgroups (chosen at launch)\n"
                   "const uint LPR = " + u(lanes) + ", RPL = " + u(rows) + ";  // lanes per score row, rows per lane\n" +
                   (grad ? "const uint KP = CK > CN ? CK : CN;  // q and k's head dim is the score product's depth and ds k's columns\n"
@@ -632,6 +624,26 @@ bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, i
   return std::all_of(multiplied.begin(), multiplied.end(), [&](std::size_t k) { return storage[n.inputs[k]].f16_numbers; });
 }
 
+/// The flash kernels' specialization constants, declared once for the shader and its launch: the
+/// head dims in vec4s, the tile height, the workgroup's invocations, rows per invocation, the
+/// switch to the cooperative-matrix path (1 where a kernel built with one has its tiles fit the
+/// device's shared memory for the bound head dims; the rest ignore it), and which of the scores'
+/// dims each modifier tensor spans.
+SpecConstants attention_spec_constants(const Node& n) {
+  SpecConstants c;
+  c.constant("D4", 1, "q and k's head dim in vec4s (rounded up)")
+      .constant("DV4", 1, "v's head dim in vec4s")
+      .constant("BC", 1, "streamed rows per shared tile")
+      .local_size("INV invocations, chosen per device")
+      .constant("RPT", 1, "rows per invocation, chosen per device")
+      .constant("COOP", 0, "1: the cooperative-matrix path (its tiles fit), where the kernel has one");
+  for (std::size_t i = 0; i < modifier_tensors(n); ++i) {
+    const std::string t = std::to_string(i);
+    c.constant("T" + t + "_DIMS", 0, "the scores' dims t" + t + " spans (bit d: dim d)");
+  }
+  return c;
+}
+
 PushConstants attention_push_constants(const Node& n) {
   using T = PushConstants::Type;
   const int r = batch_rank(n);
@@ -836,10 +848,10 @@ std::pair<std::string, std::string> flash_tiles_and_readers(const Flash& f) {
   return {tiles, readers};
 }
 
-/// The score modifier's text: its tensors' specialization constants, globals, per-batch offsets
-/// and strides, and its functions (score_mod, or score_mod_d with its derivative).
+/// The score modifier's text: its tensors' globals, per-batch offsets and strides (their dims are
+/// specialization constants: attention_spec_constants), and its functions (score_mod, or score_mod_d with its derivative).
 struct ModifierText {
-  std::string specs, globals, functions, at, strides;
+  std::string globals, functions, at, strides;
 };
 
 ModifierText flash_modifier(const Flash& f) {
@@ -848,12 +860,10 @@ ModifierText flash_modifier(const Flash& f) {
   const bool with_derivative = f.with_derivative;
   const auto& masking = f.masking;
   const std::optional<ir::Graph>& modifier = f.modifier;
-  std::string specs, tensor_globals, modifier_text, tensor_at, tensor_strides;
+  std::string tensor_globals, modifier_text, tensor_at, tensor_strides;
   if (n.region) {
     for (std::size_t i = 0; i < tensors; ++i) {
       const std::string t = str(static_cast<std::int64_t>(i));
-      specs += "layout(constant_id = " + str(kFirstTensorConstant + static_cast<std::int64_t>(i)) + ") const uint T" + t +
-               "_DIMS = 0u;  // the scores' dims t" + t + " spans (bit d: dim d)\n";
       tensor_globals += "uint t" + t + "_at, t" + t + "_row, t" + t + "_col;  // t" + t + "'s offset and query, key strides\n";
       tensor_at += "    t" + t + "_at += idx * tensor_stride(T" + t + "_DIMS, d);\n";
       tensor_strides += "  t" + t + "_row = tensor_stride(T" + t + "_DIMS, R);\n  t" + t + "_col = tensor_stride(T" + t + "_DIMS, R + 1);\n";
@@ -886,7 +896,7 @@ uint tensor_stride(uint dims, int d) {
                        "_kept(score, q_idx, kv_idx) : " + fn + "_masked(score, q_idx, kv_idx);\n}\n";
     }
   }
-  return {specs, tensor_globals, modifier_text, tensor_at, tensor_strides};
+  return {tensor_globals, modifier_text, tensor_at, tensor_strides};
 }
 
 /// Dropout on the weights: the factor dropout_mask gives the same element of the weights
@@ -1031,11 +1041,6 @@ std::string flash_prologue(const Flash& f) {
 #extension GL_EXT_control_flow_attributes : require
 $SIXTEEN$COOPEXT// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
 // and streams the $OTHERS through shared memory BC at a time.
-layout(local_size_x_id = 3) in;               // INV invocations, chosen per device
-layout(constant_id = 0) const uint D4 = 1u;   // q and k's head dim in vec4s (rounded up)
-layout(constant_id = 1) const uint DV4 = 1u;  // v's head dim in vec4s
-layout(constant_id = 2) const uint BC = 1u;   // streamed rows per shared tile
-layout(constant_id = 4) const uint RPT = 1u;  // rows per invocation, chosen per device
 $SPECS$COOPCONSTSconst uint INV = gl_WorkGroupSize.x, BR = $BR;
 const int R = $R;
 $BINDINGS$PUSH
@@ -1096,7 +1101,7 @@ $TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
                         {"PUSH", attention_push_constants(n).glsl()},
                         {"TILES", tiles},
                         {"READERS", readers + helpers},
-                        {"SPECS", mod.specs},
+                        {"SPECS", attention_spec_constants(n).glsl()},
                         {"COOPEXT", !coop ? ""
                                     : std::string("#extension GL_KHR_shader_subgroup_basic : require\n"
                                                   "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n") +
@@ -1405,7 +1410,7 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
   std::string name = "flash_attention_" + kind_name(kind) +
                      (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
                      (drop ? "_dropout" : "") + "_b" + str(f.r) + Store{rounded}.suffix();
-  return {name, s, static_cast<int>(f.arrays.size()) + 2, true, attention_push_constants(n).signature()};
+  return {name, s, static_cast<int>(f.arrays.size()) + 2, true, attention_push_constants(n).signature(), attention_spec_constants(n).signature()};
 }
 
 KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes,
@@ -1504,8 +1509,15 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
     bc = coop.bc;
     geo = {static_cast<std::uint32_t>(coop.subgroups) * target.subgroup_size, 1};
   }
-  l.specialization = {push_word(d4), push_word(dv4), push_word(bc), geo.invocations, geo.rows_per_invocation, coop.bc > 0 ? 1u : 0u};
-  // The modifier's tensors: which of the scores' r + 2 dims each spans (constant 5 + i).
+  const SpecConstants spec = attention_spec_constants(n);
+  SpecConstants::Values constants = spec.values();
+  constants.set("D4", push_word(d4))
+      .set("DV4", push_word(dv4))
+      .set("BC", push_word(bc))
+      .set("local_size", geo.invocations)
+      .set("RPT", geo.rows_per_invocation)
+      .set("COOP", coop.bc > 0 ? 1u : 0u);
+  // The modifier's tensors: which of the scores' r + 2 dims each spans.
   for (std::size_t i = 0; i < modifier_tensors(n); ++i) {
     const Shape& ts = in(ir::fixed_operands(n.op) + i);
     std::uint32_t dims = 0;
@@ -1513,8 +1525,10 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
       const int j = dim - (r + 2 - ts.rank);
       if (j >= 0 && ts[j] != 1) dims |= 1u << dim;
     }
-    l.specialization.push_back(dims);
+    constants.set("T" + std::to_string(i) + "_DIMS", dims);
   }
+  l.specialization = constants.words();
+  l.spec_signature = spec.signature();
 
   const std::int64_t rows = kind == Kind::dk || kind == Kind::dv ? mk : nq;
   const std::int64_t per_group = coop.bc > 0 ? coop.subgroups * target.cooperative_matrix.m : geo.invocations * geo.rows_per_invocation;  // BR

@@ -17,6 +17,8 @@ bool attention_fits(const ir::Node& n);
 bool attention_strided(const ir::Node& n);
 /// The push constants of the node's kernel, by name (codegen/push_constants.hpp).
 PushConstants attention_push_constants(const ir::Node& n);
+/// The specialization constants of the node's kernel, by name (codegen/push_constants.hpp).
+SpecConstants attention_spec_constants(const ir::Node& n);
 /// Push-constant words the node's kernel needs.
 int attention_push_words(const ir::Node& n);
 /// `held`: the dtypes its q, k, v and dy buffers hold (f16 and bf16 read and widened where

@@ -28,6 +28,8 @@ struct KernelSource {
   /// The signature of the push constants the shader declares by name (PushConstants::signature):
   /// every kernel family declares its own once, for its shader and its launch.
   std::uint64_t push_signature = 0;
+  /// Likewise for its specialization constants (SpecConstants::signature), where it has any.
+  std::uint64_t spec_signature = 0;
 };
 
 /// A matmul workgroup computes a BM x BN tile of one batch entry's output, each of its
@@ -100,6 +102,8 @@ struct KernelLaunch {
   /// The signature of the declaration `push` was packed from: the kernel's own
   /// (KernelSource::push_signature), or the dispatch is refused.
   std::uint64_t push_signature = 0;
+  /// The signature of the declaration `specialization` was set from (SpecConstants::signature).
+  std::uint64_t spec_signature = 0;
 };
 
 /// Whether the generator has a kernel of its own for this node; composites it has none for are

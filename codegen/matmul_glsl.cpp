@@ -139,9 +139,10 @@ std::string dtype_suffix(const MatmulDtypes& d) {
 }
 
 /// k named for its epilogue, binding its buffers, declaring its push constants after the matmul's
-/// of an output of `rank` dims.
-KernelSource named(KernelSource k, int rank, const MatmulEpilogue* epilogue) {
+/// of an output of `rank` dims, and the specialization constants of its kernel.
+KernelSource named(KernelSource k, int rank, const MatmulEpilogue* epilogue, MatmulKernel kernel) {
   k.push_signature = matmul_push_constants(rank, epilogue ? &epilogue->push : nullptr).signature();
+  k.spec_signature = matmul_spec_constants(kernel).signature();
   if (epilogue) {
     k.name += epilogue->name;
     k.buffers += epilogue->operands;
@@ -191,6 +192,27 @@ PushConstants matmul_push_constants(int rank, const PushConstants* epilogue) {
 
 int matmul_push_words(int rank) { return matmul_push_constants(rank).words(); }
 
+SpecConstants matmul_spec_constants(MatmulKernel kernel) {
+  SpecConstants c;
+  switch (kernel) {
+    case MatmulKernel::tiled:
+      c.local_size("NT invocations")
+          .constant("TM", 8, "output rows per invocation (a multiple of 4)")
+          .constant("TN4", 1, "output columns per invocation, in vec4s")
+          .constant("BK", 16, "the depth of a shared tile")
+          .constant("WN", 8, "invocations across a tile's columns")
+          .constant("NT", 64, "invocations (the local size)");
+      break;
+    case MatmulKernel::lanes:
+      c.local_size("whole subgroups")
+          .constant("RG", kLaneRowGroups, "row groups of a subgroup's size per subgroup")
+          .constant("TN", kLaneColumns, "columns per lane");
+      break;
+    case MatmulKernel::cooperative: c.local_size("NT invocations: SM x SN subgroups"); break;
+  }
+  return c;
+}
+
 namespace {
 
 KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, const MatmulEpilogue* epilogue) {
@@ -200,13 +222,8 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, cons
   // contiguous one (k for A and n for B unless transposed).
   const bool a_k_first = !n.attrs.transpose_a, b_n_first = !n.attrs.transpose_b;
   std::string s = "#version 450\n#extension GL_EXT_control_flow_attributes : require\n" + sixteen_bit(dtypes, epilogue);
-  s += "layout(local_size_x_id = 0) in;               // NT invocations\n"
-       "layout(constant_id = 1) const uint TM = 8u;   // output rows per invocation (a multiple of 4)\n"
-       "layout(constant_id = 2) const uint TN4 = 1u;  // output columns per invocation, in vec4s\n"
-       "layout(constant_id = 3) const uint BK = 16u;  // the depth of a shared tile\n"
-       "layout(constant_id = 4) const uint WN = 8u;   // invocations across a tile's columns\n"
-       "layout(constant_id = 5) const uint NT = 64u;  // invocations (the local size)\n"
-       "const uint WM = NT / WN, TM4 = TM / 4u, BM4 = WM * TM4, BM = 4u * BM4, BN4 = WN * TN4, BN = 4u * BN4;\n"
+  s += matmul_spec_constants(MatmulKernel::tiled).glsl();
+  s += "const uint WM = NT / WN, TM4 = TM / 4u, BM4 = WM * TM4, BM = 4u * BM4, BN4 = WN * TN4, BN = 4u * BN4;\n"
        "const uint LA = (BM * BK + NT - 1u) / NT, LB = (BK * BN + NT - 1u) / NT;  // words each invocation loads per tile\n";
   s += bindings(batch_rank, dtypes, epilogue);
   s += "shared vec4 As[2u * BK * BM4];  // [buffer][k][row / 4]: A's tile, k-major\n"
@@ -290,7 +307,7 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, cons
        "    }\n"
        "}\n";
   std::string name = "matmul_b" + br + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);
-  return named({name, s, 3}, n.shape.rank, epilogue);
+  return named({name, s, 3}, n.shape.rank, epilogue, MatmulKernel::tiled);
 }
 
 /// The matmul for CPU devices (lavapipe), where a subgroup is one SIMD register of lanes: every
@@ -309,10 +326,9 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulDt
   const std::uint32_t rows = kLaneRowGroups * sg, cols = kLaneColumns;
   const auto str = [](std::uint32_t v) { return std::to_string(v); };
   std::string s = "#version 450\n#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_ballot : require\n" + sixteen_bit(dtypes, epilogue);
-  s += "layout(local_size_x_id = 0) in;  // whole subgroups of " + str(sg) + " lanes\n";
   s += "// The tile, per launch (lanes_tile): RG groups of " + str(sg) + " rows by " + str(sg) + " TN columns per subgroup. The\n"
        "// code below is unrolled for the largest tile; what a smaller one does not use is folded away.\n";
-  s += "layout(constant_id = 1) const uint RG = " + str(kLaneRowGroups) + "u;\nlayout(constant_id = 2) const uint TN = " + str(kLaneColumns) + "u;\n";
+  s += matmul_spec_constants(MatmulKernel::lanes).glsl();
   s += bindings(batch_rank, dtypes, epilogue);
   s += "// A subgroup computes RG * " + str(sg) + " rows by TN * " + str(sg) + " columns; lane l owns columns c0 + j * " + str(sg) + " + l.\n";
   s += "void main() {\n"
@@ -381,7 +397,7 @@ KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulDt
   }
   s += "}\n";
   std::string name = "matmul_lanes" + str(sg) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);
-  return named({name, s, 3}, n.shape.rank, epilogue);
+  return named({name, s, 3}, n.shape.rank, epilogue, MatmulKernel::lanes);
 }
 
 /// Fragments per subgroup (rows x columns) and subgroups per workgroup (rows x columns) of the
@@ -413,7 +429,7 @@ KernelSource matmul_cooperative_source(const Node& n, const Target& target, cons
   std::string s = "#version 450\n#extension GL_EXT_control_flow_attributes : require\n#extension GL_KHR_shader_subgroup_basic : require\n"
                   "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n" + sixteen_bit(dtypes, epilogue);
   if (!emulated) s += "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n";
-  s += "layout(local_size_x_id = 0) in;  // NT invocations: SM x SN subgroups\n";
+  s += matmul_spec_constants(MatmulKernel::cooperative).glsl();
   s += "const uint CM = " + str(cm.m) + ", CN = " + str(cm.n) + ", CK = " + str(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n";
   s += "const uint FM = " + str(kCoopFragments) + ", FN = " + str(kCoopFragments) + ";  // fragments per subgroup\n";
   s += "const uint SM = " + str(kCoopSubgroups) + ", SN = " + str(kCoopSubgroups) + ", SG = " + str(target.subgroup_size) + ";  // subgroups, invocations per subgroup\n";
@@ -505,7 +521,7 @@ KernelSource matmul_cooperative_source(const Node& n, const Target& target, cons
   std::string name = std::string(emulated ? "matmul_coop_emulated" : "matmul_coop") + std::to_string(cm.m) + "x" + std::to_string(cm.n) + "x" +
                      std::to_string(cm.k) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") +
                      dtype_suffix(dtypes);
-  return named({name, s, 3}, n.shape.rank, epilogue);
+  return named({name, s, 3}, n.shape.rank, epilogue, MatmulKernel::cooperative);
 }
 
 }  // namespace
@@ -569,11 +585,19 @@ KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, cons
   if (set_epilogue) set_epilogue(push);
   l.push = push.words();
   l.push_signature = declared.signature();
+  // The kernel's specialization constants, set by name.
+  auto specialized = [&](MatmulKernel kernel, const std::function<void(SpecConstants::Values&)>& set) {
+    const SpecConstants spec = matmul_spec_constants(kernel);
+    SpecConstants::Values constants = spec.values();
+    set(constants);
+    l.specialization = constants.words();
+    l.spec_signature = spec.signature();
+  };
   if (uses_cooperative_matrix(target, dtypes)) {
     const Target::CooperativeMatrix& cm = target.cooperative_matrix;
     const std::int64_t bm = kCoopSubgroups * kCoopFragments * cm.m, bn = kCoopSubgroups * kCoopFragments * cm.n;
     l.groups = {push_word(std::max<std::int64_t>(1, (nn + bn - 1) / bn)), push_word(std::max<std::int64_t>(1, (m + bm - 1) / bm)), push_word(batch.numel())};
-    l.specialization = {kCoopSubgroups * kCoopSubgroups * target.subgroup_size};
+    specialized(MatmulKernel::cooperative, [&](SpecConstants::Values& c) { c.set("local_size", kCoopSubgroups * kCoopSubgroups * target.subgroup_size); });
     return l;
   }
   if (uses_lanes(target)) {
@@ -582,13 +606,15 @@ KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, cons
     const std::int64_t rows = t.row_groups * t.subgroups * sg, cols = t.columns * sg;
     l.groups = {push_word(std::max<std::int64_t>(1, (nn + cols - 1) / cols)), push_word(std::max<std::int64_t>(1, (m + rows - 1) / rows)),
                 push_word(batch.numel())};
-    l.specialization = {t.subgroups * sg, t.row_groups, t.columns};
+    specialized(MatmulKernel::lanes, [&](SpecConstants::Values& c) { c.set("local_size", t.subgroups * sg).set("RG", t.row_groups).set("TN", t.columns); });
     return l;
   }
   const MatmulGeometry g = matmul_geometry(target, m, nn);
   l.groups = {push_word(std::max<std::int64_t>(1, (nn + g.bn() - 1) / g.bn())), push_word(std::max<std::int64_t>(1, (m + g.bm() - 1) / g.bm())),
               push_word(batch.numel())};
-  l.specialization = {g.invocations, g.tm, g.tn4, g.bk, g.wn, g.invocations};
+  specialized(MatmulKernel::tiled, [&](SpecConstants::Values& c) {
+    c.set("local_size", g.invocations).set("TM", g.tm).set("TN4", g.tn4).set("BK", g.bk).set("WN", g.wn).set("NT", g.invocations);
+  });
   return l;
 }
 

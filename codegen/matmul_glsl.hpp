@@ -52,6 +52,11 @@ KernelSource matmul_source(const ir::Node& n, const Target& target, const Matmul
 /// The matmul family's push constants for an output of `rank` dims (M, N, K, the operands' row
 /// and depth strides, the batch dims and the operands' batch strides), then an epilogue's.
 PushConstants matmul_push_constants(int rank, const PushConstants* epilogue = nullptr);
+/// The three matmul kernels: tiles through shared memory, subgroup lanes, cooperative matrices.
+enum class MatmulKernel : std::uint8_t { tiled, lanes, cooperative };
+/// Each kernel's specialization constants, by name: the tiled one's geometry (MatmulGeometry),
+/// the lanes one's tile (subgroups, row groups, columns), the cooperative one's invocations.
+SpecConstants matmul_spec_constants(MatmulKernel kernel);
 /// Push-constant words of a matmul whose output has `rank` dims.
 int matmul_push_words(int rank);
 /// Push constants, specialization and workgroups of matmul `n` for these shapes; with an

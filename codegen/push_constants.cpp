@@ -131,11 +131,65 @@ std::vector<std::uint32_t> PushConstants::Values::words() const {
   return out;
 }
 
+SpecConstants& SpecConstants::constant(std::string name, std::uint32_t fallback, std::string doc) {
+  QKV_ASSERT(!name.empty() && name != "local_size", "specialization constant " + name + ": a reserved name");
+  QKV_ASSERT(std::none_of(members_.begin(), members_.end(), [&](const Member& m) { return m.name == name; }),
+             "specialization constant " + name + " declared twice");
+  members_.push_back({std::move(name), fallback, std::move(doc)});
+  return *this;
+}
+
+SpecConstants& SpecConstants::local_size(std::string doc) {
+  QKV_ASSERT(std::none_of(members_.begin(), members_.end(), [](const Member& m) { return m.name.empty(); }), "the workgroup size declared twice");
+  members_.push_back({"", 0, std::move(doc)});
+  return *this;
+}
+
+std::string SpecConstants::glsl() const {
+  std::string s;
+  for (std::size_t i = 0; i < members_.size(); ++i) {
+    const Member& m = members_[i];
+    s += m.name.empty() ? "layout(local_size_x_id = " + std::to_string(i) + ") in;"
+                        : "layout(constant_id = " + std::to_string(i) + ") const uint " + m.name + " = " + std::to_string(m.fallback) + "u;";
+    s += (m.doc.empty() ? "" : "  // " + m.doc) + "\n";
+  }
+  return s;
+}
+
+std::uint64_t SpecConstants::signature() const {
+  std::string text = "specialization:";
+  for (const Member& m : members_) text += (m.name.empty() ? "local_size" : m.name) + ";";
+  return content_hash(text);
+}
+
+SpecConstants::Values::Values(const SpecConstants& declaration)
+    : declaration_(&declaration), values_(declaration.members_.size(), 0), set_(declaration.members_.size(), false) {}
+
+SpecConstants::Values& SpecConstants::Values::set(std::string_view name, std::uint32_t value) {
+  const auto& members = declaration_->members_;
+  const auto it = std::find_if(members.begin(), members.end(), [&](const Member& m) { return (m.name.empty() ? "local_size" : m.name) == name; });
+  QKV_ASSERT(it != members.end(), "specialization constant " + std::string(name) + " is not declared");
+  const auto i = static_cast<std::size_t>(it - members.begin());
+  QKV_ASSERT(!set_[i], "specialization constant " + std::string(name) + " set twice");
+  values_[i] = value;
+  set_[i] = true;
+  return *this;
+}
+
+std::vector<std::uint32_t> SpecConstants::Values::words() const {
+  for (std::size_t i = 0; i < set_.size(); ++i)
+    QKV_ASSERT(set_[i], "specialization constant " + (declaration_->members_[i].name.empty() ? "local_size" : declaration_->members_[i].name) +
+                            " was not set");
+  return values_;
+}
+
 void check_push(const KernelSource& kernel, const KernelLaunch& launch) {
   QKV_ASSERT(kernel.push_signature != 0, "kernel " + kernel.name + " declares no push constants by name");
   QKV_ASSERT(launch.push_signature == kernel.push_signature,
              "kernel " + kernel.name + ": its launch packed push constants declared differently from the shader's");
   QKV_ASSERT(static_cast<int>(launch.push.size()) <= kMaxPushWords, "kernel " + kernel.name + ": more push-constant words than the pipeline has");
+  QKV_ASSERT(launch.spec_signature == kernel.spec_signature,
+             "kernel " + kernel.name + ": its launch set specialization constants declared differently from the shader's");
 }
 
 }  // namespace qkv::codegen

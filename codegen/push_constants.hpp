@@ -70,8 +70,50 @@ class PushConstants {
   std::vector<Member> members_;
 };
 
+/// A kernel family's specialization constants, declared once by name: the shader's
+/// `layout(constant_id = i) const uint NAME = default;` lines (ids in declaration order; one may
+/// be the workgroup's size, `layout(local_size_x_id = i) in;`) and the launch's values (by name,
+/// laid out by id: KernelLaunch::specialization) are both generated from it.
+class SpecConstants {
+ public:
+  struct Member {
+    std::string name;  // empty for the workgroup's size
+    std::uint32_t fallback = 0;
+    std::string doc;
+  };
+  /// A uint constant with its default (what the shader compiles to before it is specialized).
+  SpecConstants& constant(std::string name, std::uint32_t fallback, std::string doc);
+  /// The workgroup's invocations along x (gl_WorkGroupSize.x), set by name as `local_size`.
+  SpecConstants& local_size(std::string doc);
+
+  const std::vector<Member>& members() const { return members_; }
+  /// The declarations, one a line with its doc.
+  std::string glsl() const;
+  /// A hash of the members' names and ids.
+  std::uint64_t signature() const;
+
+  /// Values for a launch, set by name; words() gives them by id. QKV_ASSERT: every one set.
+  class Values {
+   public:
+    explicit Values(const SpecConstants& declaration);
+    Values& set(std::string_view name, std::uint32_t value);
+    std::vector<std::uint32_t> words() const;
+
+   private:
+    const SpecConstants* declaration_;
+    std::vector<std::uint32_t> values_;
+    std::vector<bool> set_;
+  };
+  Values values() const& { return Values(*this); }
+  Values values() const&& = delete;
+
+ private:
+  std::vector<Member> members_;
+};
+
 /// QKV_ASSERT that `launch` was packed from the push constants `kernel` declares (their
-/// signatures agree) and fits them: what a backend checks before it records a dispatch.
+/// signatures agree) and fits them, and that its specialization constants are the ones the
+/// kernel declares: what a backend checks before it records a dispatch.
 void check_push(const KernelSource& kernel, const KernelLaunch& launch);
 
 }  // namespace qkv::codegen

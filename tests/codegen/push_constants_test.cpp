@@ -57,6 +57,27 @@ TEST(PushConstantsDeathTest, AMisuseIsOurBugAndStopsAtOnce) {
   EXPECT_DEATH(PushConstants().scalar("a", T::u32, "").scalar("a", T::f32, ""), "push constant a declared twice");
 }
 
+TEST(SpecConstants, TheDeclarationsAndTheValuesFollowTheDeclaration) {
+  SpecConstants c;
+  c.constant("D4", 1, "head dim").local_size("invocations").constant("BC", 32, "");
+  EXPECT_EQ(c.glsl(),
+            "layout(constant_id = 0) const uint D4 = 1u;  // head dim\nlayout(local_size_x_id = 1) in;  // invocations\n"
+            "layout(constant_id = 2) const uint BC = 32u;\n");
+  EXPECT_EQ(c.values().set("BC", 16).set("local_size", 128).set("D4", 4).words(), (std::vector<std::uint32_t>{4, 128, 16}));
+  SpecConstants swapped;
+  swapped.local_size("invocations").constant("D4", 1, "head dim").constant("BC", 32, "");
+  EXPECT_NE(c.signature(), swapped.signature());
+}
+
+TEST(SpecConstantsDeathTest, AMisuseIsOurBugAndStopsAtOnce) {
+  SpecConstants c;
+  c.constant("D4", 1, "").local_size("");
+  EXPECT_DEATH(c.values().set("D4", 1).words(), "specialization constant local_size was not set");
+  EXPECT_DEATH(c.values().set("D4", 1).set("D4", 2), "specialization constant D4 set twice");
+  EXPECT_DEATH(c.values().set("BC", 1), "specialization constant BC is not declared");
+  EXPECT_DEATH(SpecConstants().constant("A", 0, "").constant("A", 1, ""), "specialization constant A declared twice");
+}
+
 /// A flash-attention node over q [..., 40, 16], k [..., 50, 16], v [..., 50, 8] with `batch_dims`
 /// leading dims of sizes 2, 3, 4, 5.
 struct Attention {
@@ -211,6 +232,44 @@ TEST(PushConstantsDeathTest, ALaunchPackedFromAnotherDeclarationIsRefused) {
   }
   launch.push_signature = swapped.signature();
   EXPECT_DEATH(check_push(source, launch), "its launch packed push constants declared differently from the shader's");
+}
+
+/// The specialization constants' sabotage: a flash kernel's and each matmul kernel's launch set
+/// from its declaration with two constants swapped is refused (the tile height would size the
+/// head dim's registers).
+TEST(SpecConstantsDeathTest, ALaunchFromASwappedDeclarationIsRefused) {
+  const Attention a;
+  const KernelSource source = detail::attention_source(a.g.node(a.y));
+  KernelLaunch launch = detail::attention_launch(a.g, plan_storage(a.g), a.y, a.shapes, Target{});
+  const SpecConstants declared = detail::attention_spec_constants(a.g.node(a.y));
+  EXPECT_EQ(launch.spec_signature, declared.signature());
+  EXPECT_EQ(launch.specialization.size(), declared.members().size());
+  check_push(source, launch);  // as generated: accepted
+  SpecConstants swapped;
+  for (const auto& m : declared.members()) {
+    if (m.name.empty()) swapped.local_size(m.doc);
+    else swapped.constant(m.name == "D4" ? "BC" : m.name == "BC" ? "D4" : m.name, m.fallback, m.doc);
+  }
+  launch.spec_signature = swapped.signature();
+  EXPECT_DEATH(check_push(source, launch), "its launch set specialization constants declared differently from the shader's");
+
+  ir::Graph g;
+  const auto x = g.add_input("x", DType::f32, {64, 64}), w = g.add_input("w", DType::f32, {64, 64});
+  const auto mm = g.add(ir::Op::matmul, {x, w});
+  g.set_output("y", mm);
+  const auto shapes = ir::bind_shapes(g, {{"x", Tensor(DType::f32, {64, 64})}, {"w", Tensor(DType::f32, {64, 64})}});
+  Target lanes;
+  lanes.subgroup_size = 8;  // lavapipe's: the lanes kernel
+  Target tiled;
+  tiled.cpu_device = false;  // a GPU's: the tiled kernel
+  for (const Target& t : {lanes, tiled}) {
+    const KernelSource mm_source = kernel_source(g, plan_storage(g), mm, t);
+    KernelLaunch mm_launch = kernel_launch(g, plan_storage(g), mm, shapes, t);
+    check_push(mm_source, mm_launch);
+    EXPECT_NE(mm_launch.spec_signature, 0u) << mm_source.name;
+    mm_launch.spec_signature = detail::matmul_spec_constants(detail::MatmulKernel::cooperative).signature();
+    EXPECT_DEATH(check_push(mm_source, mm_launch), "specialization constants declared differently") << mm_source.name;
+  }
 }
 
 }  // namespace
