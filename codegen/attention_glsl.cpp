@@ -1413,40 +1413,18 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
   return {name, s, static_cast<int>(f.arrays.size()) + 2, true, attention_push_constants(n).signature(), attention_spec_constants(n).signature()};
 }
 
-KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes,
-                              const Target& target) {
+namespace {
+
+/// Sets node v's operand strides in `push`: each row operand's batch strides as the kernel reads
+/// it (a head view's permuted), the mask's broadcast ones (`mask_st`); for strided kernels the row
+/// strides and dy's and the output's batch strides (a placed output's through its permute's).
+void set_attention_strides(PushConstants::Values& push, const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v,
+                           const std::vector<Shape>& shapes, const std::array<std::int64_t, ir::kMaxRank>& mask_st) {
   const Node& n = g.node(v);
   const Kind kind = kind_of(n);
   const int r = batch_rank(n);
-  auto in = [&](std::size_t k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[k])]; };
-  const Shape& out = shapes[static_cast<std::size_t>(v)];
-  const Shape& qs = in(0);
-  const Shape& ks = in(1);
-  const std::int64_t nq = qs.back(1), mk = ks.back(1), d = qs.back(0);
-  const std::int64_t dv = kind == Kind::forward ? out.back(0) : kind == Kind::lse ? 0 : in(static_cast<std::size_t>(ir::attention_roles(n.op).v)).back(0);
-  const Shape* mask = nullptr;
-  if (masked(n)) mask = &in(static_cast<std::size_t>(ir::attention_roles(n.op).mask));
-
-  KernelLaunch l;
-  const std::int64_t shift = n.attrs.causal && n.attrs.align == ir::CausalAlign::bottom_right ? mk - nq : 0;
-  const auto mask_st = mask ? broadcast_strides(*mask, r + 2) : std::array<std::int64_t, ir::kMaxRank>{};
-  const PushConstants declared = attention_push_constants(n);
-  PushConstants::Values push = declared.values();
   const auto ri = static_cast<std::size_t>(r);
-  push.set("queries", push_word(nq))
-      .set("keys", push_word(mk))
-      .set("head_dim", push_word(d))
-      .set("value_dim", push_word(dv))
-      .set_float("scale", ir::bound_scale(g, n, shapes))
-      .set_int("shift", shift)
-      .set_int("window", n.attrs.window)
-      .set("mask_row_stride", push_word(mask_st[ri]))
-      .set("mask_col_stride", push_word(mask_st[ri + 1]));
-  std::int64_t batches = 1;
-  for (int i = 0; i < r; ++i) batches *= out[i];
-  push.set_array("batch", std::span(out.dims.data(), ri));
-  // Each row operand's strides as the kernel reads it (a head view's permuted), the mask's
-  // broadcast; then, for strided kernels, the row strides and dy's and the output's batch strides.
+  const Shape& out = shapes[static_cast<std::size_t>(v)];
   using Strides = std::array<std::int64_t, ir::kMaxRank>;
   auto read_strides = [&](std::size_t slot) {
     const ir::ValueId x = n.inputs[slot];
@@ -1483,6 +1461,43 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
         .set_array("dy_batch_strides", std::span(dy_st.data(), ri))
         .set_array("out_batch_strides", std::span(out_st.data(), ri));
   }
+}
+
+}  // namespace
+
+KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes,
+                              const Target& target) {
+  const Node& n = g.node(v);
+  const Kind kind = kind_of(n);
+  const int r = batch_rank(n);
+  auto in = [&](std::size_t k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[k])]; };
+  const Shape& out = shapes[static_cast<std::size_t>(v)];
+  const Shape& qs = in(0);
+  const Shape& ks = in(1);
+  const std::int64_t nq = qs.back(1), mk = ks.back(1), d = qs.back(0);
+  const std::int64_t dv = kind == Kind::forward ? out.back(0) : kind == Kind::lse ? 0 : in(static_cast<std::size_t>(ir::attention_roles(n.op).v)).back(0);
+  const Shape* mask = nullptr;
+  if (masked(n)) mask = &in(static_cast<std::size_t>(ir::attention_roles(n.op).mask));
+
+  KernelLaunch l;
+  const std::int64_t shift = n.attrs.causal && n.attrs.align == ir::CausalAlign::bottom_right ? mk - nq : 0;
+  const auto mask_st = mask ? broadcast_strides(*mask, r + 2) : std::array<std::int64_t, ir::kMaxRank>{};
+  const PushConstants declared = attention_push_constants(n);
+  PushConstants::Values push = declared.values();
+  const auto ri = static_cast<std::size_t>(r);
+  push.set("queries", push_word(nq))
+      .set("keys", push_word(mk))
+      .set("head_dim", push_word(d))
+      .set("value_dim", push_word(dv))
+      .set_float("scale", ir::bound_scale(g, n, shapes))
+      .set_int("shift", shift)
+      .set_int("window", n.attrs.window)
+      .set("mask_row_stride", push_word(mask_st[ri]))
+      .set("mask_col_stride", push_word(mask_st[ri + 1]));
+  std::int64_t batches = 1;
+  for (int i = 0; i < r; ++i) batches *= out[i];
+  push.set_array("batch", std::span(out.dims.data(), ri));
+  set_attention_strides(push, g, storage, v, shapes, mask_st);
   l.push = push.words();
   l.push_signature = declared.signature();
 
@@ -1503,7 +1518,7 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
                            " bytes of shared memory for one row of keys");
   Geometry geo = geometry(target, kind);
   // A kernel with the cooperative path takes it where its tiles fit (coop_launch), its scalar
-  // path otherwise; constant 5 says which (other kernels have no constant 5: ignored).
+  // path otherwise; COOP says which (kernels without the path ignore it).
   const CoopLaunch coop = attention_cooperative(g, storage, v, target) ? coop_launch(target, kind, d4, dv4) : CoopLaunch{};
   if (coop.bc > 0) {
     bc = coop.bc;

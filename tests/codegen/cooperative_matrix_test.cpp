@@ -346,7 +346,7 @@ TEST(CooperativeMatrix, OnlyAttentionOfF16ValuesTakesIt) {
 }
 
 TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
-  // Head dim 64 on 48 KiB: four subgroups of 16 query rows, tiles of 32 keys (constant 5: on).
+  // Head dim 64 on 48 KiB: four subgroups of 16 query rows, tiles of 32 keys (COOP: on).
   auto launch = [](std::int64_t d) {
     ir::Graph g;
     const ir::ValueId q = g.add_input("q", DType::f16, {1, 8, 1000, d});
@@ -367,7 +367,7 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
   const KernelLaunch l256 = launch(256);
   EXPECT_EQ(l256.specialization, (std::vector<std::uint32_t>{64, 64, 16, 64, 1, 1}));
   EXPECT_EQ(l256.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));  // 1000 queries in 32-row workgroups
-  // Head dim 512: not even that; the same kernel's scalar path (constant 5: off), its geometry as
+  // Head dim 512: not even that; the same kernel's scalar path (COOP: off), its geometry as
   // any GPU's.
   const KernelLaunch l512 = launch(512);
   EXPECT_EQ(l512.specialization.at(5), 0u);
