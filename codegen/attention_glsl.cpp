@@ -38,6 +38,7 @@
 #include <optional>
 
 #include "codegen/glsl_detail.hpp"
+#include "codegen/glsl_files.hpp"
 #include "codegen/push_constants.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
@@ -429,32 +430,7 @@ $DROP        p_s[wr * PS + c] = float16_t(p);
 )",
               {{"SCORE", score}, {"DROP", drop ? "        if (c < cols && kj < M) p *= dropout_factor(qi, kj);  // dv = (p z)T dy\n" : ""}});
   } else {
-    s += fill(R"(    // The online softmax, each lane over LPR-th of its rows' scores: the running max moves, and the
-    // sum and output are rescaled, only when the tile raises it.
-    [[unroll]] for (uint i = 0u; i < RPL; ++i) {
-      uint wr = wr0 + i * (SG / LPR), qi = r0 + wr;
-      float sc[BC / LPR];
-      float mx = neg_inf();
-      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
-        uint c = sub + j * LPR, kj = t0 + c;
-        sc[j] = neg_inf();
-        if (c < cols && qi < N && kept(qi, kj)) sc[j] = $SCORE;
-        mx = qkv_max(mx, sc[j]);
-      }
-$SHUFFLEMAX      float m_new = qkv_max(m[i], mx);
-      if (m_new != m[i]) {  // also NaN, which then reaches l and o as in the decomposition
-        float alpha = exp(m[i] - (m_new == neg_inf() ? 0.0 : m_new));
-        l[i] *= alpha;
-$ORESCALE        m[i] = m_new;
-      }
-      float base = m[i] == neg_inf() ? 0.0 : m[i];  // no key yet: every exp is 0
-      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
-        uint c = sub + j * LPR;
-        float p = exp(sc[j] - base);
-        l[i] += p;
-$PWRITE      }
-    }
-)",
+    s += fill(std::string(glsl_file("flash_coop_online_softmax.glsl")),
               {{"SCORE", score},
                {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) mx = qkv_max(mx, subgroupShuffleXor(mx, w));\n" : ""},
                {"ORESCALE", lse ? "" : "        [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) o[i * (KV / LPR) + x] *= alpha;\n"},
@@ -540,48 +516,7 @@ std::string coop_grad_body(const Target& t, Kind kind, bool modifier, bool drop,
                              {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) big = qkv_max(big, subgroupShuffleXor(big, w));\n" : ""},
                              {"DROP", drop ? " * dropout_factor(qi, kj)" : ""},
                              {"DMOD", modifier ? " * dmod" : ""}});
-  s += fill(R"(    barrier();
-    // dp into registers (each lane its rows' LPR-th columns), then the scores into s_s.
-    for (uint c = 0u; c < BC; c += CN) dp_chunk(sg, c);
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
-    float dp[RPL * (BC / LPR)];
-    [[unroll]] for (uint i = 0u; i < RPL; ++i)
-      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) dp[i * (BC / LPR) + j] = s_s[(wr0 + i * (SG / LPR)) * SS + sub + j * LPR];
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();  // read before the scores are stored
-    for (uint c = 0u; c < BC; c += CN) score_chunk(sg, c);
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
-    // ds = p (z dp - delta) d mod, p = exp(s - lse): 0 where masked, NaN where dp or delta is.
-    // Written in f16 scaled per row by a power of two that brings the row's largest |ds| to
-    // [2^13, 2^14) (within f16's range whatever the inputs; its 11 bits relative to that
-    // largest), and unscaled exactly as the product is added to the row.
-    float unscale[RPL];
-    [[unroll]] for (uint i = 0u; i < RPL; ++i) {
-      uint wr = wr0 + i * (SG / LPR), $OWN = r0 + wr;
-      float ds[BC / LPR];
-      float big = 0.0;
-      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
-        uint c = sub + j * LPR, $OTHER = t0 + c;
-        ds[j] = 0.0;
-        if (c < cols) {
-          float sc = s_s[wr * SS + c] * scale;
-$MODIFIED          float pr = ($OWN < $OWNCOUNT && kept(qi, kj) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;
-          ds[j] = pr * (dp[i * (BC / LPR) + j]$DROP - $DELTA)$DMOD;
-        }
-        big = qkv_max(big, abs(ds[j]));
-      }
-$SHUFFLEMAX      int e = 14;
-      if (big > 0.0 && finite(big)) frexp(big, e);  // big = f 2^e, f in [0.5, 1)
-      e = clamp(e, -100, 100);
-      unscale[i] = ldexp(1.0, e - 14);
-      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) p_s[wr * PS + sub + j * LPR] = float16_t(ldexp(ds[j], 14 - e));
-    }
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
-$ACCUMULATE  }
-)",
+  s += fill(std::string(glsl_file("flash_coop_grad_tile.glsl")),
             names);
   s += counts;
   s += fill(R"(  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
@@ -937,28 +872,7 @@ std::string flash_tile_test(const Flash& f) {
     if (!masking.empty()) tile_text += region_bound_function(*n.region, "keeps_mod", &masking);
     if (mask) tile_text += "bool tile_mask_kept = false;  // the keep-mask is nonzero over the tile (set by tile_masked)\n";
     if (!ranged.empty())
-      tile_text += fill(R"(
-// The ranges of $K operands over the tile being tested: float bits ordered as uints (for
-// atomicMin / atomicMax), and whether a NaN was seen; three slots of $K (each array padded to
-// 16 bytes, as every shared variable: see nonfinite).
-shared uint range_lo[$KR], range_hi[$KR], range_nan[$KR];
-uint tile_tests = 0u;
-uint iv_order(float v) { uint u = floatBitsToUint(v); return (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u; }
-float iv_unorder(uint k) { return uintBitsToFloat((k & 0x80000000u) != 0u ? k & 0x7fffffffu : ~k); }
-void range_clear(uint slot) {
-  for (uint i = slot * $Ku; i < (slot + 1u) * $Ku; ++i) { range_lo[i] = 0xffffffffu; range_hi[i] = 0u; range_nan[i] = 0u; }
-}
-void range_add(uint at, float v) {
-  if (isnan(v)) { atomicOr(range_nan[at], 1u); return; }
-  atomicMin(range_lo[at], iv_order(v));
-  atomicMax(range_hi[at], iv_order(v));
-}
-// An operand varying along both the queries and the keys is not read (that costs as much as
-// the tile): unknown.
-Iv range_read(uint at, bool along_both) {
-  return along_both || range_nan[at] != 0u ? iv_unknown() : Iv(iv_unorder(range_lo[at]), iv_unorder(range_hi[at]), false);
-}
-)",
+      tile_text += fill(std::string(glsl_file("flash_tile_ranges.glsl")),
                         {{"K", k}, {"KR", str(static_cast<std::int64_t>((3 * ranged.size() + 3) / 4 * 4))}});
     tile_text += "\n// Whether every score of queries [qa, qb] by keys [ka, kb] is masked whatever the scores are\n"
                  "// (called by the whole workgroup, which gets one answer).\n"
@@ -1037,61 +951,7 @@ std::string flash_prologue(const Flash& f) {
   const Store output{rounded, out_dtype};  // how the output is stored
   for (Op round : output.rounds())  // unless the modifier's helpers define it
     if (helpers.find(round == Op::round_f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos) helpers += math_helpers_of({round});
-  std::string s = fill(R"(#version 450
-#extension GL_EXT_control_flow_attributes : require
-$SIXTEEN$COOPEXT// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
-// and streams the $OTHERS through shared memory BC at a time.
-$SPECS$COOPCONSTSconst uint INV = gl_WorkGroupSize.x, BR = $BR;
-const int R = $R;
-$BINDINGS$PUSH
-// [0]: whether a row the tiles skip holds inf or NaN. Every shared variable's size is a multiple
-// of 16 bytes, so that wherever the compiler places them the cooperative-matrix loads and stores
-// find their tiles 16-byte aligned (NVIDIA's driver placed a lone uint first: every load was off).
-$COOPDECL$TILESshared uint nonfinite[4];
-
-uint N, M, DR, DVR;  // the bound sizes
-float scale;
-int shift, window;
-uint q_at, k_at, v_at, mask_at, dy_at, stat_at, out_at;  // this batch entry's first element in each operand
-uint q_rs, k_rs, v_rs, dy_rs, out_rs;  // elements between rows
-uint r0, lid;
-uint batch_index, drop_seed;  // dropout's: this workgroup's batch entry and the seed
-$TGLOBALS
-float neg_inf() { return uintBitsToFloat(0xff800000u); }
-float qkv_max(float a, float b) { return (isnan(a) || a > b) ? a : b; }  // NaN wins, as max does
-bool finite(float x) { return !isnan(x) && !isinf(x); }
-float sum4(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
-uint own(uint t) { return r0 + t * INV + lid; }  // row t of this invocation
-$READERS$MODIFIER$DROPOUT$TILETEST
-// Whether query i keeps key j: causality keeps j <= i + shift, a window only the last `window`.
-bool kept(uint i, uint j) {
-  bool keep = true;
-$KEPT  return keep;
-}
-
-void main() {
-  N = pc.queries; M = pc.keys; DR = pc.head_dim; DVR = pc.value_dim;
-  scale = pc.scale; shift = pc.shift; window = pc.window;
-  uint batches = 1u;
-  for (int d = 0; d < R; ++d) batches *= pc.batch[d];
-  uint b = gl_WorkGroupID.y + gl_WorkGroupID.z * gl_NumWorkGroups.y;
-  if (b >= batches) return;  // uniform: the whole workgroup
-  q_at = 0u; k_at = 0u; v_at = 0u; mask_at = 0u; dy_at = 0u; out_at = 0u;$TENSORZERO
-  uint rem = b;
-  for (int d = R - 1; d >= 0; --d) {
-    uint idx = rem % pc.batch[d];
-    rem /= pc.batch[d];
-    q_at += idx * pc.q_batch_strides[d];
-    k_at += idx * pc.k_batch_strides[d];
-    v_at += idx * pc.v_batch_strides[d];
-    mask_at += idx * pc.mask_batch_strides[d];
-$TENSORAT$STRIDEDAT  }
-$TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
-  lid = gl_LocalInvocationIndex;
-  r0 = gl_WorkGroupID.x * BR;
-  uint rows = min(BR, $OWNCOUNT - min(r0, $OWNCOUNT));
-  uint lo = 0u, hi = $OTHERCOUNT;  // the streamed rows visited
-)",
+  std::string s = fill(std::string(glsl_file("flash_attention.glsl")),
                        {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "") + (n.region ? ", with a score modifier" : "") + (drop ? ", with dropout" : "")},
                         {"ROWS", key_rows ? "keys" : "queries"},
                         {"OTHERS", key_rows ? "queries" : "keys"},
