@@ -1086,7 +1086,6 @@ std::string flash_registers(const Flash& f) {
   return s;
 }
 
-/// The tile loop: load the tiles, then each invocation's rows against every tile row c.
 /// The forward's and the log-sum-exp's pass over a tile: the online softmax, four keys at a time.
 std::string flash_online_softmax(const Flash& f) {
   const Node& n = f.n;
@@ -1135,6 +1134,7 @@ std::string flash_online_softmax(const Flash& f) {
   return s;
 }
 
+/// The tile loop: load the tiles, then each invocation's rows against every tile row c.
 std::string flash_tile_loop(const Flash& f) {
   const Node& n = f.n;
   const Kind kind = f.kind;

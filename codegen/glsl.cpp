@@ -1019,6 +1019,8 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
 
 bool specialized(const Node& n) { return n.op == Op::matmul || ir::is_fused_attention(n.op); }
 
+namespace {
+
 /// Push constants and workgroups of a kPerElement kernel: an invocation per element (per new
 /// element of a cache updated in place), the members per_element_push_constants declares.
 KernelLaunch per_element_launch(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
@@ -1063,6 +1065,8 @@ KernelLaunch per_element_launch(const ir::Graph& g, ir::ValueId v, const std::ve
   l.groups = linear_groups(elements, target.invocations);
   return l;
 }
+
+}  // namespace
 
 KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
   const Node& n = g.node(v);

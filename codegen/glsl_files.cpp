@@ -2,7 +2,6 @@
 // file a raw string literal; editing one reconfigures).
 #include "codegen/glsl_files.hpp"
 
-#include <array>
 #include <string>
 #include <utility>
 

@@ -188,6 +188,8 @@ void check_push(const KernelSource& kernel, const KernelLaunch& launch) {
   QKV_ASSERT(launch.push_signature == kernel.push_signature,
              "kernel " + kernel.name + ": its launch packed push constants declared differently from the shader's");
   QKV_ASSERT(static_cast<int>(launch.push.size()) <= kMaxPushWords, "kernel " + kernel.name + ": more push-constant words than the pipeline has");
+  QKV_ASSERT(launch.specialization.empty() || kernel.spec_signature != 0,
+             "kernel " + kernel.name + " declares no specialization constants by name, yet its launch sets some");
   QKV_ASSERT(launch.spec_signature == kernel.spec_signature,
              "kernel " + kernel.name + ": its launch set specialization constants declared differently from the shader's");
 }
