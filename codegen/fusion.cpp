@@ -259,6 +259,45 @@ void verify(const ir::Graph& g, const ir::StoragePlan& storage, const std::vecto
   for (ValueId v : g.result_values()) from_memory(v, static_cast<int>(plan.size()), "the results");
 }
 
+/// Whether each value is a constant that only elementwise nodes read (and no result): computed
+/// inside the kernels that read it, from a push constant.
+std::vector<bool> inlined_constants(const ir::Graph& g, const std::vector<std::vector<ValueId>>& readers, const std::vector<bool>& is_result) {
+  std::vector<bool> inline_constant(g.size(), false);
+  for (std::size_t i = 0; i < g.size(); ++i)
+    inline_constant[i] = scalar_constant(g.nodes()[i]) && !is_result[i] && !readers[i].empty() &&
+                         std::all_of(readers[i].begin(), readers[i].end(), [&](ValueId c) { return elementwise(g, g.node(c)); });
+  return inline_constant;
+}
+
+/// The kernels, in node order, of the roots (`root_of`, but the constants computed where they are
+/// read) and the nodes each computes inside (`inlined`): each with the constants it computes too,
+/// and the values it reads from memory.
+std::vector<KernelGroup> kernel_groups(const ir::Graph& g, const std::vector<bool>& root_of, const std::vector<std::vector<ValueId>>& inlined,
+                                       const std::vector<bool>& inline_constant) {
+  const std::size_t n = g.size();
+  std::vector<bool> own_kernel(n, false);
+  for (std::size_t i = 0; i < n; ++i) own_kernel[i] = root_of[i] && !inline_constant[i];
+  std::vector<KernelGroup> plan;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!own_kernel[i]) continue;
+    KernelGroup k;
+    k.root = static_cast<ValueId>(i);
+    k.inlined = inlined[i];
+    std::sort(k.inlined.begin(), k.inlined.end());
+    const Node& root = g.nodes()[i];
+    if (elementwise(g, root) || k.fused()) {
+      // The constants it reads without a kernel of their own are computed inside it too.
+      const Reads reads = reads_of(g, k.root, k.inlined, inline_constant);
+      k.inlined.insert(k.inlined.end(), reads.constants.begin(), reads.constants.end());
+      std::sort(k.inlined.begin(), k.inlined.end());
+      if (k.fused()) k.operands = reads.operands;
+    }
+    if (!k.fused()) k.operands = root.inputs;
+    plan.push_back(std::move(k));
+  }
+  return plan;
+}
+
 }  // namespace
 
 std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan& storage, const FusionLimits& limits) {
@@ -270,10 +309,7 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan&
   for (ValueId v : g.result_values()) is_result[static_cast<std::size_t>(v)] = true;
 
   // Constants read only by elementwise nodes are inlined where they are read (as push constants).
-  std::vector<bool> inline_constant(n, false);
-  for (std::size_t i = 0; i < n; ++i)
-    inline_constant[i] = scalar_constant(g.nodes()[i]) && !is_result[i] && !readers[i].empty() &&
-                         std::all_of(readers[i].begin(), readers[i].end(), [&](ValueId c) { return elementwise(g, g.node(c)); });
+  const std::vector<bool> inline_constant = inlined_constants(g, readers, is_result);
 
   // Kernels are grown from roots in decreasing node order, so every reader of a candidate has
   // been placed first. A candidate whose readers are all in the kernel is computed there alone;
@@ -360,26 +396,7 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan&
         for (ValueId in : node.inputs) needs_storage(in);
     }
   }
-  std::vector<bool> own_kernel(n, false);
-  for (std::size_t i = 0; i < n; ++i) own_kernel[i] = root_of[i] && !inline_constant[i];
-  std::vector<KernelGroup> plan;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!own_kernel[i]) continue;
-    KernelGroup k;
-    k.root = static_cast<ValueId>(i);
-    k.inlined = inlined[i];
-    std::sort(k.inlined.begin(), k.inlined.end());
-    const Node& root = g.nodes()[i];
-    if (elementwise(g, root) || k.fused()) {
-      // The constants it reads without a kernel of their own are computed inside it too.
-      const Reads reads = reads_of(g, k.root, k.inlined, inline_constant);
-      k.inlined.insert(k.inlined.end(), reads.constants.begin(), reads.constants.end());
-      std::sort(k.inlined.begin(), k.inlined.end());
-      if (k.fused()) k.operands = reads.operands;
-    }
-    if (!k.fused()) k.operands = root.inputs;
-    plan.push_back(std::move(k));
-  }
+  std::vector<KernelGroup> plan = kernel_groups(g, root_of, inlined, inline_constant);
   verify(g, storage, plan);
   return plan;
 }

@@ -24,6 +24,7 @@
 #include <span>
 
 #include "codegen/glsl_detail.hpp"
+#include "codegen/glsl_files.hpp"
 #include "ir/error.hpp"
 
 namespace qkv::codegen {
@@ -442,45 +443,9 @@ KernelSource matmul_cooperative_source(const Node& n, const Target& target, cons
        "shared float Cs[BM * CS];      // the accumulators, for the epilogue's stores\n"
        "uint r0, c0;  // this subgroup's first row and column in the tile\n\n";
   if (!emulated) {
-    s += "fcoopmatNV<32, gl_ScopeSubgroup, CM, CN> acc[FM * FN];\n"
-         "void zero() { [[unroll]] for (uint f = 0u; f < FM * FN; ++f) acc[f] = fcoopmatNV<32, gl_ScopeSubgroup, CM, CN>(0.0); }\n"
-         "// acc += A's rows r0.. x B's columns c0.., depth kk..kk + CK of the staged tiles.\n"
-         "void multiply(uint kk) {\n"
-         "  fcoopmatNV<16, gl_ScopeSubgroup, CM, CK> a[FM];\n"
-         "  [[unroll]] for (uint fm = 0u; fm < FM; ++fm) coopMatLoadNV(a[fm], As, (r0 + fm * CM) * AS + kk, AS, false);\n"
-         "  [[unroll]] for (uint fn = 0u; fn < FN; ++fn) {\n"
-         "    fcoopmatNV<16, gl_ScopeSubgroup, CK, CN> b;\n"
-         "    coopMatLoadNV(b, Bs, kk * BS + c0 + fn * CN, BS, false);\n"
-         "    [[unroll]] for (uint fm = 0u; fm < FM; ++fm) acc[fm * FN + fn] = coopMatMulAddNV(a[fm], b, acc[fm * FN + fn]);\n"
-         "  }\n"
-         "}\n"
-         "void keep() {\n"
-         "  [[unroll]] for (uint fm = 0u; fm < FM; ++fm)\n"
-         "    [[unroll]] for (uint fn = 0u; fn < FN; ++fn) coopMatStoreNV(acc[fm * FN + fn], Cs, (r0 + fm * CM) * CS + c0 + fn * CN, CS, false);\n"
-         "}\n\n";
+    s += glsl_file("matmul_coop_fragments.glsl");
   } else {
-    s += "// Emulated fragments: invocation `lane` of the subgroup owns elements lane + j SG of each.\n"
-         "const uint EL = CM * CN / SG;\n"
-         "float acc[FM * FN * EL];\n"
-         "void zero() { [[unroll]] for (uint i = 0u; i < FM * FN * EL; ++i) acc[i] = 0.0; }\n"
-         "void multiply(uint kk) {\n"
-         "  uint lane = gl_SubgroupInvocationID;\n"
-         "  for (uint f = 0u; f < FM * FN; ++f)\n"
-         "    for (uint j = 0u; j < EL; ++j) {\n"
-         "      uint e = lane + j * SG, r = r0 + (f / FN) * CM + e / CN, c = c0 + (f % FN) * CN + e % CN;\n"
-         "      float sum = acc[f * EL + j];\n"
-         "      for (uint q = 0u; q < CK; ++q) sum = fma(float(As[r * AS + kk + q]), float(Bs[(kk + q) * BS + c]), sum);\n"
-         "      acc[f * EL + j] = sum;\n"
-         "    }\n"
-         "}\n"
-         "void keep() {\n"
-         "  uint lane = gl_SubgroupInvocationID;\n"
-         "  for (uint f = 0u; f < FM * FN; ++f)\n"
-         "    for (uint j = 0u; j < EL; ++j) {\n"
-         "      uint e = lane + j * SG;\n"
-         "      Cs[(r0 + (f / FN) * CM + e / CN) * CS + c0 + (f % FN) * CN + e % CN] = acc[f * EL + j];\n"
-         "    }\n"
-         "}\n\n";
+    s += glsl_file("matmul_coop_fragments_emulated.glsl");
   }
   auto a_index = [&](const char* e) { return a_tile_index(a_k_first, e); };
   auto b_index = [&](const char* e) { return b_tile_index(b_n_first, e); };
