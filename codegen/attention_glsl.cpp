@@ -181,14 +181,6 @@ std::int64_t tile_row_floats(Kind k, std::int64_t d4, std::int64_t dv4) {
 
 std::string str(std::int64_t v) { return std::to_string(v); }
 
-/// `text` with each $NAME replaced by its value, longer names first (so $AT is not $A then T).
-std::string fill(std::string text, std::vector<std::pair<std::string, std::string>> values) {
-  std::sort(values.begin(), values.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  for (const auto& [name, value] : values)
-    for (std::size_t at = text.find("$" + name); at != std::string::npos; at = text.find("$" + name, at + value.size()))
-      text.replace(at, name.size() + 1, value);
-  return text;
-}
 
 
 /// The cooperative-matrix forward (GL_NV_cooperative_matrix), for attention whose q, k and v are
@@ -295,13 +287,13 @@ std::string coop_declarations(const Target& t, bool constants, Kind kind) {
   // deep, for output columns c..c + CN (at column `at` of s_s).
   auto product = [&](const char* name, const char* comment, const char* a, const char* as, const char* b, const char* bs, bool transposed,
                      const char* depth, const char* at) {
-    const std::vector<std::pair<std::string, std::string>> v = {{"NAME", name}, {"COMMENT", comment}, {"A", a},   {"AS", as},
+    const GlslValues v = {{"NAME", name}, {"COMMENT", comment}, {"A", a},   {"AS", as},
                                                                {"B", b},       {"BS", bs},           {"D", depth}, {"AT", at},
                                                                {"BAT", transposed ? "c * $BS + kk" : "kk * $BS + c"},
                                                                {"TR", transposed ? "true" : "false"},
                                                                {"BEL", transposed ? "$B[n * $BS + kk]" : "$B[kk * $BS + n]"}};
     if (!cm.emulated)
-      return fill(fill(R"(// $COMMENT
+      return fill_glsl(fill_glsl(R"(// $COMMENT
 void $NAME(uint sg, uint c) {
   fcoopmatNV<32, gl_ScopeSubgroup, CM, CN> acc = fcoopmatNV<32, gl_ScopeSubgroup, CM, CN>(0.0);
   [[unroll]] for (uint kk = 0u; kk < $D; kk += CK) {
@@ -316,7 +308,7 @@ void $NAME(uint sg, uint c) {
 )",
                        v),
                   v);
-    return fill(fill(R"(// $COMMENT
+    return fill_glsl(fill_glsl(R"(// $COMMENT
 void $NAME(uint sg, uint c) {
   uint lane = gl_SubgroupInvocationID;
   for (uint j = 0u; j < EL; ++j) {
@@ -350,7 +342,7 @@ void $NAME(uint sg, uint c) {
 /// past the head dim's `vec4s`.
 std::string coop_stage(const std::string& array, const std::string& count, const std::string& width, const std::string& stride,
                        const std::string& vec4s, const std::string& in, const std::string& read, const std::string& first, const std::string& indent) {
-  return fill(R"($Ifor (uint x = lid; x < $COUNT * ($W / 4u); x += INV) {
+  return fill_glsl(R"($Ifor (uint x = lid; x < $COUNT * ($W / 4u); x += INV) {
 $I  uint row = x / ($W / 4u), g = x % ($W / 4u);
 $I  vec4 v = $IN && g < $G ? $READ($FIRST + row, g) : vec4(0.0);
 $I  [[unroll]] for (uint e = 0u; e < 4u; ++e) $A[row * $S + 4u * g + e] = float16_t(v[e]);
@@ -363,7 +355,7 @@ $I}
 /// (`width` columns, padded), CN columns at a time through s_s, each times `factor` (GLSL after
 /// the product, or empty).
 std::string coop_accumulate(const std::string& what, const std::string& width, const std::string& factor) {
-  return fill(R"(    // $WHAT, CN columns at a time through s_s (the scores are read).
+  return fill_glsl(R"(    // $WHAT, CN columns at a time through s_s (the scores are read).
     [[unroll]] for (uint c = 0u; c < $W / CN; ++c) {
       pv_chunk(sg, c * CN);
       subgroupMemoryBarrierShared();
@@ -388,14 +380,14 @@ std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, cons
   const bool forward = kind == Kind::forward, lse = kind == Kind::lse, dv = kind == Kind::dv;
   const std::uint32_t lanes = coop_lanes(t.subgroup_size, t.cooperative_matrix.m).first;
   // A row's index is `own` (a query, or dv's key), a tile column's `other`.
-  const std::vector<std::pair<std::string, std::string>> names = {{"ROWREAD", dv ? "row4_K" : "row4_Q"},  {"TILEREAD", dv ? "row4_Q" : "row4_K"},
+  const GlslValues names = {{"ROWREAD", dv ? "row4_K" : "row4_Q"},  {"TILEREAD", dv ? "row4_Q" : "row4_K"},
                                                                   {"VALREAD", dv ? "row4_DY" : "row4_V"}, {"OWNCOUNT", dv ? "M" : "N"},
                                                                   {"OWN", dv ? "kj" : "qi"},              {"OTHER", dv ? "qi" : "kj"}};
   const auto& stage = coop_stage;
   std::string s = "  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;\n"
                   "  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart\n"
                   "  // The rows once, zeros past the last.\n" +
-                  stage("rows_s", "NSG * CM", "KD", "QS", "D4", fill("r0 + row < $OWNCOUNT", names), fill("$ROWREAD", names), "r0", "  ");
+                  stage("rows_s", "NSG * CM", "KD", "QS", "D4", fill_glsl("r0 + row < $OWNCOUNT", names), fill_glsl("$ROWREAD", names), "r0", "  ");
   if (!dv)
     s += "  float m[RPL], l[RPL];  // per row: the running max, and this lane's part of the sum of exp(s - m)\n"
          "  [[unroll]] for (uint i = 0u; i < RPL; ++i) { m[i] = neg_inf(); l[i] = 0.0; }\n";
@@ -405,8 +397,8 @@ std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, cons
   s += "  for (uint t0 = lo; t0 < hi; t0 += BC) {\n    uint cols = min(BC, hi - t0);\n" + skip +
        "    visited += rows * cols;\n"
        "    barrier();  // everyone is done with the previous tiles\n";
-  s += stage("tile_s", "BC", "KD", "QS", "D4", "row < cols", fill("$TILEREAD", names), "t0", "    ");
-  if (!lse) s += stage("vals_s", "BC", "KV", "VS", "DV4", "row < cols", fill("$VALREAD", names), "t0", "    ");
+  s += stage("tile_s", "BC", "KD", "QS", "D4", "row < cols", fill_glsl("$TILEREAD", names), "t0", "    ");
+  if (!lse) s += stage("vals_s", "BC", "KV", "VS", "DV4", "row < cols", fill_glsl("$VALREAD", names), "t0", "    ");
   if (dv) s += "    for (uint x = lid; x < BC; x += INV) lse_s[x] = x < cols ? LSE[stat_at + t0 + x] : 0.0;\n";
   s += "    barrier();\n"
        "    for (uint c = 0u; c < BC; c += CN) score_chunk(sg, c);\n"
@@ -414,7 +406,7 @@ std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, cons
        "    subgroupBarrier();\n";
   const std::string score = modifier ? "score_mod(s_s[wr * SS + c] * scale, qi, kj)" : "s_s[wr * SS + c] * scale";
   if (dv) {
-    s += fill(R"(    // p = exp(s - lse), each lane over LPR-th of its rows' scores; 0 where masked.
+    s += fill_glsl(R"(    // p = exp(s - lse), each lane over LPR-th of its rows' scores; 0 where masked.
     [[unroll]] for (uint i = 0u; i < RPL; ++i) {
       uint wr = wr0 + i * (SG / LPR), kj = r0 + wr;
       [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
@@ -430,7 +422,7 @@ $DROP        p_s[wr * PS + c] = float16_t(p);
 )",
               {{"SCORE", score}, {"DROP", drop ? "        if (c < cols && kj < M) p *= dropout_factor(qi, kj);  // dv = (p z)T dy\n" : ""}});
   } else {
-    s += fill(std::string(glsl_file("flash_coop_online_softmax.glsl")),
+    s += fill_glsl(std::string(glsl_file("flash_coop_online_softmax.glsl")),
               {{"SCORE", score},
                {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) mx = qkv_max(mx, subgroupShuffleXor(mx, w));\n" : ""},
                {"ORESCALE", lse ? "" : "        [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) o[i * (KV / LPR) + x] *= alpha;\n"},
@@ -449,7 +441,7 @@ $DROP        p_s[wr * PS + c] = float16_t(p);
          "    if (qi < N && sub == 0u) OUT[out_at + qi] = " +
          stored("(m[i] == neg_inf() ? 0.0 : m[i]) + qkv_log(l[i])") + ";\n  }\n";
   } else {
-    s += fill(R"($NOTE  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+    s += fill_glsl(R"($NOTE  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
     uint $OWN = r0 + wr0 + i * (SG / LPR);
     if ($OWN >= $OWNCOUNT) continue;
     [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) {
@@ -479,15 +471,15 @@ std::string coop_grad_body(const Target& t, Kind kind, bool modifier, bool drop,
   const bool dk = kind == Kind::dk;
   const std::uint32_t lanes = coop_lanes(t.subgroup_size, t.cooperative_matrix.m).first;
   // A row's index is `own` (a query, or dk's key), a tile column's `other`.
-  std::vector<std::pair<std::string, std::string>> names = {
+  GlslValues names = {
       {"ROWREAD", dk ? "row4_K" : "row4_Q"}, {"ROW2READ", dk ? "row4_V" : "row4_DY"}, {"TILEREAD", dk ? "row4_Q" : "row4_K"},
       {"VALREAD", dk ? "row4_DY" : "row4_V"}, {"OWNCOUNT", dk ? "M" : "N"},          {"OWN", dk ? "kj" : "qi"},
       {"OTHER", dk ? "qi" : "kj"},           {"LSE", dk ? "lse_s[c]" : "lse_r[i]"},  {"DELTA", dk ? "delta_s[c]" : "delta_r[i]"}};
   std::string s = "  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;\n"
                   "  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart\n"
                   "  // The rows once, zeros past the last.\n" +
-                  coop_stage("rows_s", "NSG * CM", "KD", "QS", "D4", fill("r0 + row < $OWNCOUNT", names), fill("$ROWREAD", names), "r0", "  ") +
-                  coop_stage("rows2_s", "NSG * CM", "KV", "VS", "DV4", fill("r0 + row < $OWNCOUNT", names), fill("$ROW2READ", names), "r0", "  ");
+                  coop_stage("rows_s", "NSG * CM", "KD", "QS", "D4", fill_glsl("r0 + row < $OWNCOUNT", names), fill_glsl("$ROWREAD", names), "r0", "  ") +
+                  coop_stage("rows2_s", "NSG * CM", "KV", "VS", "DV4", fill_glsl("r0 + row < $OWNCOUNT", names), fill_glsl("$ROW2READ", names), "r0", "  ");
   if (!dk)
     s += "  float lse_r[RPL], delta_r[RPL];  // per row\n"
          "  [[unroll]] for (uint i = 0u; i < RPL; ++i) {\n"
@@ -501,8 +493,8 @@ std::string coop_grad_body(const Target& t, Kind kind, bool modifier, bool drop,
        skip +
        "    visited += rows * cols;\n"
        "    barrier();  // everyone is done with the previous tiles\n" +
-       coop_stage("tile_s", "BC", "KD", "QS", "D4", "row < cols", fill("$TILEREAD", names), "t0", "    ") +
-       coop_stage("vals_s", "BC", "KV", "VS", "DV4", "row < cols", fill("$VALREAD", names), "t0", "    ");
+       coop_stage("tile_s", "BC", "KD", "QS", "D4", "row < cols", fill_glsl("$TILEREAD", names), "t0", "    ") +
+       coop_stage("vals_s", "BC", "KV", "VS", "DV4", "row < cols", fill_glsl("$VALREAD", names), "t0", "    ");
   if (dk)
     s += "    for (uint x = lid; x < BC; x += INV) {\n"
          "      lse_s[x] = x < cols ? LSE[stat_at + t0 + x] : 0.0;\n"
@@ -511,15 +503,15 @@ std::string coop_grad_body(const Target& t, Kind kind, bool modifier, bool drop,
   const std::string modified = !modifier ? ""
                                          : "          float dmod = 0.0;\n"
                                            "          if ($OWN < $OWNCOUNT) { vec2 md = score_mod_d(sc, qi, kj); sc = md.x; dmod = md.y; }\n";
-  names.insert(names.end(), {{"MODIFIED", fill(modified, names)},
+  names.insert(names.end(), {{"MODIFIED", fill_glsl(modified, names)},
                              {"ACCUMULATE", coop_accumulate("o += ds k (dk: ds q)", "KD", " * unscale[i]")},
                              {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) big = qkv_max(big, subgroupShuffleXor(big, w));\n" : ""},
                              {"DROP", drop ? " * dropout_factor(qi, kj)" : ""},
                              {"DMOD", modifier ? " * dmod" : ""}});
-  s += fill(std::string(glsl_file("flash_coop_grad_tile.glsl")),
+  s += fill_glsl(std::string(glsl_file("flash_coop_grad_tile.glsl")),
             names);
   s += counts;
-  s += fill(R"(  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+  s += fill_glsl(R"(  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
     uint own_row = r0 + wr0 + i * (SG / LPR);
     if (own_row >= $OWNCOUNT) continue;
     [[unroll]] for (uint x = 0u; x < KD / LPR; ++x) {
@@ -709,7 +701,7 @@ std::string indented(const std::string& text, const std::string& by) {
 
 /// dot[t] = row t . tile row c (the score before scaling); `a` the registers, `tile` the tile.
 std::string dots(const char* out, const char* a, const char* tile, const char* g) {
-  return fill(R"(      vec4 $OUT4[RPT];
+  return fill_glsl(R"(      vec4 $OUT4[RPT];
       [[unroll]] for (uint t = 0u; t < RPT; ++t) $OUT4[t] = vec4(0.0);
       [[unroll]] for (uint g = 0u; g < $G; ++g) {
         vec4 x = $TILE[c * $G + g];
@@ -772,7 +764,7 @@ std::pair<std::string, std::string> flash_tiles_and_readers(const Flash& f) {
     const std::string e = std::string(o.array) + "[i]";
     readers += "float load_" + std::string(o.array) + "(uint i) { return " + widened(t, e) + "; }\n";
     if (!o.vec4s) continue;
-    readers += fill(R"(vec4 row4_$A(uint row, uint g) {
+    readers += fill_glsl(R"(vec4 row4_$A(uint row, uint g) {
   uint at = $AT + row * $RS, d = 4u * g;
   return vec4(d < $W ? load_$A(at + d) : 0.0, d + 1u < $W ? load_$A(at + d + 1u) : 0.0,
               d + 2u < $W ? load_$A(at + d + 2u) : 0.0, d + 3u < $W ? load_$A(at + d + 3u) : 0.0);
@@ -872,7 +864,7 @@ std::string flash_tile_test(const Flash& f) {
     if (!masking.empty()) tile_text += region_bound_function(*n.region, "keeps_mod", &masking);
     if (mask) tile_text += "bool tile_mask_kept = false;  // the keep-mask is nonzero over the tile (set by tile_masked)\n";
     if (!ranged.empty())
-      tile_text += fill(std::string(glsl_file("flash_tile_ranges.glsl")),
+      tile_text += fill_glsl(std::string(glsl_file("flash_tile_ranges.glsl")),
                         {{"K", k}, {"KR", str(static_cast<std::int64_t>((3 * ranged.size() + 3) / 4 * 4))}});
     tile_text += "\n// Whether every score of queries [qa, qb] by keys [ka, kb] is masked whatever the scores are\n"
                  "// (called by the whole workgroup, which gets one answer).\n"
@@ -883,7 +875,7 @@ std::string flash_tile_test(const Flash& f) {
     if (!ranged.empty()) tile_text += "  uint slot = tile_tests % 3u;\n  ++tile_tests;\n";
     for (std::size_t i = 0; i < ranged.size(); ++i) {
       const Ranged& o = ranged[i];
-      tile_text += fill(R"(  {  // $A over the tile's queries, its keys, or its one element
+      tile_text += fill_glsl(R"(  {  // $A over the tile's queries, its keys, or its one element
     uint row = $ROW, col = $COL;
     if (row == 0u || col == 0u) {
       uint first = row != 0u ? qa : col != 0u ? ka : 0u, count = row != 0u ? qb - qa + 1u : col != 0u ? kb - ka + 1u : 1u;
@@ -947,11 +939,11 @@ std::string flash_prologue(const Flash& f) {
   for (std::size_t i = 0; i < tensors; ++i) tensor_zero += " t" + str(static_cast<std::int64_t>(i)) + "_at = 0u;";
 
   // The math the kernel calls: the modifier's, the lse's log, and the rounding of a 16-bit output.
-  std::string helpers = n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? kGlslLog : "";
+  std::string helpers = n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? math_helpers_of({Op::log}) : "";
   const Store output{rounded, out_dtype};  // how the output is stored
   for (Op round : output.rounds())  // unless the modifier's helpers define it
     if (helpers.find(round == Op::round_f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos) helpers += math_helpers_of({round});
-  std::string s = fill(std::string(glsl_file("flash_attention.glsl")),
+  std::string s = fill_glsl(std::string(glsl_file("flash_attention.glsl")),
                        {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "") + (n.region ? ", with a score modifier" : "") + (drop ? ", with dropout" : "")},
                         {"ROWS", key_rows ? "keys" : "queries"},
                         {"OTHERS", key_rows ? "queries" : "keys"},
@@ -1027,7 +1019,7 @@ std::string flash_narrowing(const Flash& f) {
       // The rows outside [lo, hi), or every row when any tile may be skipped.
       s += "  if (lid == 0u) nonfinite[0] = 0u;\n  barrier();\n  uint gap = may_skip ? 0u : hi - lo;  // streamed rows surely visited\n";
       for (const Operand& o : skipped)
-        s += fill(R"(  for (uint x = lid; x < ($OTHERCOUNT - gap) * $W; x += INV) {
+        s += fill_glsl(R"(  for (uint x = lid; x < ($OTHERCOUNT - gap) * $W; x += INV) {
     uint j = x / $W;
     j = j < lo ? j : j + gap;
     if (!finite(load_$A($AT + j * $RS + x % $W))) atomicOr(nonfinite[0], 1u);
@@ -1035,7 +1027,7 @@ std::string flash_narrowing(const Flash& f) {
 )",
                   {{"OTHERCOUNT", other_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
       for (const Operand& o : own)
-        s += fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t)
+        s += fill_glsl(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t)
     if ($ANY && own(t) < $OWNCOUNT)
       for (uint d = 0u; d < $W; ++d)
         if (!finite(load_$A($AT + own(t) * $RS + d))) atomicOr(nonfinite[0], 1u);
@@ -1055,14 +1047,14 @@ std::string flash_registers(const Flash& f) {
   const std::string& own_count = f.own_count;
   std::string s;
   auto load_rows = [&](const char* reg, const Operand& o) {
-    return fill(R"(  vec4 $REG[RPT * $G];
+    return fill_glsl(R"(  vec4 $REG[RPT * $G];
   [[unroll]] for (uint t = 0u; t < RPT; ++t)
     [[unroll]] for (uint g = 0u; g < $G; ++g) $REG[t * $G + g] = own(t) < $OWNCOUNT ? row4_$A(own(t), g) : vec4(0.0);
 )",
                 {{"REG", reg}, {"G", o.vec4s}, {"OWNCOUNT", own_count}, {"A", o.array}});
   };
   auto zeros = [](const char* reg, const char* g) {
-    return fill("  vec4 $REG[RPT * $G];\n  [[unroll]] for (uint x = 0u; x < RPT * $G; ++x) $REG[x] = vec4(0.0);\n", {{"REG", reg}, {"G", g}});
+    return fill_glsl("  vec4 $REG[RPT * $G];\n  [[unroll]] for (uint x = 0u; x < RPT * $G; ++x) $REG[x] = vec4(0.0);\n", {{"REG", reg}, {"G", g}});
   };
   switch (kind) {
     case Kind::forward:
@@ -1149,9 +1141,9 @@ std::string flash_tile_loop(const Flash& f) {
   s += "    visited += rows * cols;\n"
        "    barrier();  // everyone is done with the previous tiles\n";
   for (const Operand& o : streamed(kind))
-    s += o.vec4s ? fill("    for (uint x = lid; x < BC * $G; x += INV) $TILE[x] = x / $G < cols ? row4_$A(t0 + x / $G, x % $G) : vec4(0.0);\n",
+    s += o.vec4s ? fill_glsl("    for (uint x = lid; x < BC * $G; x += INV) $TILE[x] = x / $G < cols ? row4_$A(t0 + x / $G, x % $G) : vec4(0.0);\n",
                         {{"G", o.vec4s}, {"TILE", o.tile}, {"A", o.array}})
-                 : fill("    for (uint x = lid; x < BC; x += INV) $TILE[x] = x < cols ? $A[$AT + t0 + x] : 0.0;\n",
+                 : fill_glsl("    for (uint x = lid; x < BC; x += INV) $TILE[x] = x < cols ? $A[$AT + t0 + x] : 0.0;\n",
                         {{"TILE", o.tile}, {"A", o.array}, {"AT", o.at}});
   s += "    barrier();\n";
   // p = exp(s - lse), 0 where the score is masked (or -inf), for row t and tile row c.
@@ -1163,11 +1155,11 @@ std::string flash_tile_loop(const Flash& f) {
                                    ? "        float dmod = 0.0;\n"
                                      "        if (own(t) < $OWNCOUNT) { vec2 md = score_mod_d(sc, $QI, $KJ); sc = md.x; dmod = md.y; }\n"
                                    : "        if (own(t) < $OWNCOUNT) sc = score_mod(sc, $QI, $KJ);\n";
-  const std::vector<std::pair<std::string, std::string>> at_tile = {{"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}};
-  const std::string prob = fill(R"(        float sc = sum4(s4[t]) * scale;
+  const GlslValues at_tile = {{"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}};
+  const std::string prob = fill_glsl(R"(        float sc = sum4(s4[t]) * scale;
 $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;
 )",
-                                {{"MODIFIED", fill(modified, at_tile)}, {"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}, {"LSE", key_rows ? "lse_tile[c]" : "lse_r[t]"}});
+                                {{"MODIFIED", fill_glsl(modified, at_tile)}, {"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}, {"LSE", key_rows ? "lse_tile[c]" : "lse_r[t]"}});
   switch (kind) {
     case Kind::forward:
     case Kind::lse:
@@ -1182,7 +1174,7 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
            dots("dp", q_rows ? "dy" : "vr", q_rows ? "v_tile" : "dy_tile", "DV4") +
            "      float ds[RPT];\n"
            "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
-           fill("        ds[t] = pr * (sum4(dp4[t])$DROP - $DELTA)$DMOD;\n"
+           fill_glsl("        ds[t] = pr * (sum4(dp4[t])$DROP - $DELTA)$DMOD;\n"
                 "      }\n"
                 "      [[unroll]] for (uint g = 0u; g < D4; ++g) {\n"
                 "        vec4 x = $TILE[c * D4 + g];\n"
@@ -1218,14 +1210,14 @@ std::string flash_store(const Flash& f) {
   std::string s = flash_counts();
   const Store output{f.rounded, f.out_dtype};
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
-    return fill(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t) {
+    return fill_glsl(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t) {
     if (own(t) >= $COUNT) continue;
     [[unroll]] for (uint g = 0u; g < $G; ++g)
       [[unroll]] for (uint e = 0u; e < 4u; ++e)
         if (4u * g + e < $W) OUT[out_at + own(t) * out_rs + 4u * g + e] = $STORED;
   }
 )",
-                {{"COUNT", count}, {"G", g}, {"W", width}, {"STORED", output(fill(value, {{"REG", reg}}))}});
+                {{"COUNT", count}, {"G", g}, {"W", width}, {"STORED", output(fill_glsl(value, {{"REG", reg}}))}});
   };
   switch (kind) {
     case Kind::forward:

@@ -105,39 +105,15 @@ std::string header(int inputs, const PushConstants& push, std::uint32_t local_x)
 
 }  // namespace
 
-/// log for GLSL: the built-in may be off by 2^-21 absolute in [0.5, 2] (the spec's bound, and
-/// lavapipe's), several times the float64-anchored budget where log is near 0 (found by the
-/// random-graph test). Here log(m 2^e) = e ln 2 + 2 atanh(s), s = (m - 1) / (m + 1), m in
-/// [sqrt(1/2), sqrt(2)), so |s| < 0.172 and the odd series to s^11 is exact to float; special
-/// values as IEEE log.
-/// Philox4x32-10 as ir/random.hpp defines it; umulExtended gives the 64-bit products.
+/// Philox4x32-10 as ir/random.hpp defines it (codegen/glsl/qkv_philox.glsl).
 std::string detail::philox_function() {
-  return "uint qkv_philox(uint index, uint seed) {\n"
-         "  uvec4 c = uvec4(index, 0u, 0u, 0u);\n"
-         "  uvec2 k = uvec2(seed, " + std::to_string(ir::kDropoutKey1) + "u);\n"
-         "  for (int round = 0; round < 10; ++round) {\n"
-         "    uint hi0, lo0, hi1, lo1;\n"
-         "    umulExtended(" + std::to_string(ir::kPhiloxM0) + "u, c.x, hi0, lo0);\n"
-         "    umulExtended(" + std::to_string(ir::kPhiloxM1) + "u, c.z, hi1, lo1);\n"
-         "    c = uvec4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);\n"
-         "    k += uvec2(" + std::to_string(ir::kPhiloxW0) + "u, " + std::to_string(ir::kPhiloxW1) + "u);\n"
-         "  }\n"
-         "  return c.x;\n"
-         "}\n";
+  return glsl_template("qkv_philox.glsl", {{"KEY1", std::to_string(ir::kDropoutKey1) + "u"},
+                                          {"M0", std::to_string(ir::kPhiloxM0) + "u"},
+                                          {"M1", std::to_string(ir::kPhiloxM1) + "u"},
+                                          {"W0", std::to_string(ir::kPhiloxW0) + "u"},
+                                          {"W1", std::to_string(ir::kPhiloxW1) + "u"}});
 }
 
-const char* const detail::kGlslLog =
-    "float qkv_log(float x) {\n"
-    "  if (isnan(x) || x < 0.0) return uintBitsToFloat(0x7fc00000u);\n"
-    "  if (x == 0.0) return uintBitsToFloat(0xff800000u);\n"
-    "  if (isinf(x)) return x;\n"
-    "  int e;\n"
-    "  float m = frexp(x, e);\n"
-    "  if (m < 0.70710678) { m *= 2.0; e -= 1; }\n"
-    "  float s = (m - 1.0) / (m + 1.0), s2 = s * s;\n"
-    "  float p = s2 * (0.33333333 + s2 * (0.2 + s2 * (0.14285714 + s2 * (0.11111111 + s2 * 0.09090909))));\n"
-    "  return float(e) * 0.69314718 + (2.0 * s + 2.0 * s * p);\n"
-    "}\n";
 
 std::uint32_t detail::push_word(std::int64_t v) {
   QKV_ASSERT(v >= 0 && v <= 0xffffffffll, "push constant out of range");
@@ -166,81 +142,9 @@ std::array<std::int64_t, ir::kMaxRank> detail::broadcast_strides(const Shape& in
 
 namespace {
 
-using detail::kGlslLog;
 
-/// tanh for GLSL: lavapipe's built-in loses the relative precision of small arguments (about
-/// 1e-7 absolute on tanh of a softmax weight, 30x the budget; found by the random-graph test).
-/// Below |x| = 0.25 the odd Taylor series to x^11 (the next term is 2e-10 relative); up to 0.55,
-/// (1 - e) / (1 + e) with e = e^-2|x|; beyond, 1 - 2e / (1 + e), whose small correction carries
-/// exp's error at a fraction of an ulp of the result (1 - tanh^2, tanh's gradient, magnifies any
-/// error near saturation). Never overflows; the sign restored last.
-const char* kTanh =
-    "float qkv_tanh(float x) {\n"
-    "  float a = abs(x);\n"
-    "  if (a < 0.25) {\n"
-    "    float x2 = x * x;\n"
-    "    float p = 0.021869488536155203 + x2 * -0.0088632355299021973;\n"
-    "    p = 0.13333333333333333 + x2 * (-0.053968253968253971 + x2 * p);\n"
-    "    return x + x * x2 * (-0.33333333333333333 + x2 * p);\n"
-    "  }\n"
-    "  if (isnan(x)) return x;\n"
-    "  float e = exp(-2.0 * a);\n"
-    "  return sign(x) * (a < 0.55 ? (1.0 - e) / (1.0 + e) : 1.0 - 2.0 * e / (1.0 + e));\n"
-    "}\n";
 
-/// x rounded to the nearest f16 (ties to even), as a float: the quantum of x's binade (of the
-/// smallest normal binade below it: subnormals) is a power of two built from its bits, so the
-/// scaling, roundEven and scaling back are exact (not exp2 or a division, which Vulkan lets be
-/// inexact). Past the largest f16 (65504; 65520 rounds up), infinity; NaN and infinities pass.
-const char* kRoundF16 =
-    "float qkv_round_f16(float x) {\n"
-    "  if (isnan(x) || isinf(x)) return x;\n"
-    "  float a = abs(x);\n"
-    "  float r;\n"
-    "  if (a >= 65520.0) r = uintBitsToFloat(0x7f800000u);\n"
-    "  else {\n"
-    "    int e = max(int(floatBitsToUint(a) >> 23) - 127, -14);\n"
-    "    r = roundEven(a * uintBitsToFloat(uint(137 - e) << 23)) * uintBitsToFloat(uint(117 + e) << 23);\n"
-    "  }\n"
-    "  return uintBitsToFloat(floatBitsToUint(r) | (floatBitsToUint(x) & 0x80000000u));\n"
-    "}\n";
 
-/// x rounded to the nearest bf16 (ties to even) on its bits: the high half of the f32, carried
-/// up past the halfway point (into infinity past the largest); NaN passes.
-const char* kRoundBf16 =
-    "float qkv_round_bf16(float x) {\n"
-    "  if (isnan(x)) return x;\n"
-    "  uint u = floatBitsToUint(x);\n"
-    "  return uintBitsToFloat((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);\n"
-    "}\n";
-
-/// erf for GLSL, which has none. Below |x| = 1 its Taylor series in x^2 (coefficients
-/// 2/sqrt(pi) (-1)^n / (n! (2n+1)), n <= 12; alternating with largest term 1, so float keeps its
-/// precision even where erf is small); above, Abramowitz and Stegun 7.1.26 (absolute error
-/// below 1.5e-7, where erf >= 0.84).
-const char* kErf =
-    "float qkv_erf(float x) {\n"
-    "  if (abs(x) < 1.0) {\n"
-    "    float x2 = x * x;\n"
-    "    float p = 9.422759065e-11;\n"
-    "    p = p * x2 + -1.229055530e-09;\n"
-    "    p = p * x2 + 1.480719282e-08;\n"
-    "    p = p * x2 + -1.636584469e-07;\n"
-    "    p = p * x2 + 1.646211437e-06;\n"
-    "    p = p * x2 + -1.492565036e-05;\n"
-    "    p = p * x2 + 1.205533298e-04;\n"
-    "    p = p * x2 + -8.548327023e-04;\n"
-    "    p = p * x2 + 5.223977625e-03;\n"
-    "    p = p * x2 + -2.686617065e-02;\n"
-    "    p = p * x2 + 1.128379167e-01;\n"
-    "    p = p * x2 + -3.761263890e-01;\n"
-    "    p = p * x2 + 1.128379167e+00;\n"
-    "    return x * p;\n"
-    "  }\n"
-    "  float t = 1.0 / (1.0 + 0.3275911 * abs(x));\n"
-    "  float q = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));\n"
-    "  return sign(x) * (1.0 - q * exp(-x * x));\n"
-    "}\n";
 
 /// The statements giving an invocation its element i, returning past the push constant `bound`.
 std::string element_index(const std::string& bound) {
@@ -344,61 +248,22 @@ std::string axis_body_per_invocation(Op op, const std::string& open, const std::
   return s + "}\n";
 }
 
-/// The declarations a kernel sharing rows across lanes needs: the mode (pc.mode), kRows, and
-/// qkv_sum / qkv_max over the lanes sharing a row (axis_body_per_subgroup).
-std::string subgroup_row_helpers(std::uint32_t rows, std::uint32_t invocations) {
-  std::string s = "const uint kRows = " + std::to_string(rows) + "u;  // per workgroup with a subgroup per row\n";
-  s += "shared float qkv_partial[" + std::to_string(invocations) + "];\n";  // one per subgroup, at most
-  s += "uint mode;  // uniform: a push constant\n";
-  for (const std::string f : {"Add", "Max"}) {
-    const std::string combine = f == "Add" ? "x += qkv_partial[s];" : "x = max(x, qkv_partial[s]);";
-    s += "float qkv_" + std::string(f == "Add" ? "sum" : "max") + "(float x) {  // of the lanes sharing a row\n"
-         "  if (mode == 0u) return x;\n"
-         "  x = subgroup" + f + "(x);\n"
-         "  if (mode == 1u) return x;\n"
-         "  barrier();  // earlier reads of qkv_partial are done\n"
-         "  if (subgroupElect()) qkv_partial[gl_SubgroupID] = x;\n"
-         "  barrier();\n"
-         "  x = qkv_partial[0];\n"
-         "  for (uint s = 1u; s < gl_NumSubgroups; ++s) " + combine + "\n"
-         "  return x;\n"
-         "}\n";
-  }
-  return s;
+/// A kernel sharing rows across lanes (codegen/glsl/subgroup_rows.glsl): qkv_sum and qkv_max over
+/// the lanes sharing a row, and main() running the statements `row` for each row an invocation
+/// takes part in, kRows per workgroup.
+std::string subgroup_rows_main(std::uint32_t rows, std::uint32_t invocations, const std::string& row) {
+  return glsl_template("subgroup_rows.glsl", {{"ROWS", std::to_string(rows)}, {"INVOCATIONS", std::to_string(invocations)}, {"ROW", row}});
 }
 
-/// main()'s opening of such a kernel, up to the row's `base` inside the loop over the rows an
-/// invocation takes part in (closed by "  }\n}\n"); the row's elements are base + k * inner for
-/// k = lane, lane + step, ... below n.
-std::string subgroup_row_loop() {
-  return "  uint rows = pc.rows, n = pc.n, inner = pc.inner;\n"
-         "  mode = pc.mode;\n"
-         "  uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;\n"
-         "  uint first = mode == 0u ? group * gl_WorkGroupSize.x + gl_LocalInvocationID.x : mode == 1u ? group * kRows : group;\n"
-         "  uint count = mode == 1u ? kRows : 1u, r0 = mode == 1u ? gl_SubgroupID : 0u, rstep = mode == 1u ? gl_NumSubgroups : 1u;\n"
-         "  uint lane = mode == 0u ? 0u : mode == 1u ? gl_SubgroupInvocationID : gl_LocalInvocationID.x;\n"
-         "  uint step = mode == 0u ? 1u : mode == 1u ? gl_SubgroupSize : gl_WorkGroupSize.x;\n"
-         "  bool writer = mode == 0u || (mode == 1u ? subgroupElect() : gl_LocalInvocationID.x == 0u);\n"
-         "  for (uint r = r0; r < count; r += rstep) {\n"
-         "    uint i = first + r;\n"
-         "    if (i >= rows) break;  // uniform across the lanes sharing a row\n"
-         "    uint base = (i / inner) * n * inner + i % inner;\n";
-}
-
-/// Rows in one of three ways, chosen per launch by pc.mode (axis_launch): 0, an invocation per row
-/// (short rows); 1, a subgroup per row, lane l reading the row's elements l, l + S, ... (S =
-/// gl_SubgroupSize as the device runs it) and subgroupAdd or subgroupMax combining the lanes,
-/// the workgroup's subgroups taking its kRows rows in turn (so nothing assumes the subgroup size
-/// the host queried); 2, a workgroup per row (long rows on a GPU), its subgroups' results then
-/// combined through shared memory. NaN propagates as the reference has it: a lane that saw one
-/// makes the row's max NaN (through a flag's max: GLSL's max is not defined for NaN), and a
-/// softmax row of -inf gives zeros.
+/// A row's sum, max or softmax over lanes sharing it (subgroup_rows.glsl says how the rows are
+/// shared). NaN propagates as the reference has it: a lane that saw one makes the row's max NaN
+/// (through a flag's max: GLSL's max is not defined for NaN), and a softmax row of -inf gives
+/// zeros.
 std::string axis_body_per_subgroup(Op op, const std::string& open, const std::string& close, const Target& target, std::uint32_t rows,
                                    const std::vector<int>& sum_order, const detail::Store& out) {
   auto read = [&](const std::string& index) { return open + index + close; };
   const std::string lanes = "for (uint k = lane; k < n; k += step)";
-  std::string s = subgroup_row_helpers(rows, target.invocations);
-  s += "void main() {\n" + subgroup_row_loop();
+  std::string s;
   const std::string max_pass = "    float m;\n" + max_row("m", lanes, read("base + k * inner"), true, "    ");
   QKV_ASSERT(op == Op::reduce_sum || op == Op::reduce_max || op == Op::softmax, "not an axis op");
   if (op == Op::reduce_sum) {
@@ -415,7 +280,7 @@ std::string axis_body_per_subgroup(Op op, const std::string& open, const std::st
          "    float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
          "    " + lanes + " y[base + k * inner] = " + out("exp(" + read("base + k * inner") + " - m) * inv") + ";\n";
   }
-  return s + "  }\n}\n";
+  return subgroup_rows_main(rows, target.invocations, s);
 }
 
 /// Whether reductions share rows across lanes: on GPUs with subgroup arithmetic. Not on lavapipe,
@@ -443,11 +308,6 @@ std::string detail::rounded_value(DType rounded, const std::string& value) {
 std::string detail::row_body(const std::vector<RowReduction>& reductions, const std::string& chain, const Target& target, const Store& store) {
   const bool lanes = subgroup_rows_kernel(target);
   std::string s;
-  if (lanes) {
-    s = subgroup_row_helpers(subgroup_rows(target), target.invocations) + "void main() {\n" + subgroup_row_loop();
-  } else {
-    s = "void main() {\n" + element_index("rows") + "  uint n = pc.n, inner = pc.inner, lane = 0u, step = 1u;\n  {\n    uint base = (i / inner) * n * inner + i % inner;\n";
-  }
   const std::string elements = "for (uint k = lane; k < n; k += step)";
   for (const RowReduction& r : reductions) {
     const std::string at = r.function + "(base + k * inner)";
@@ -460,7 +320,9 @@ std::string detail::row_body(const std::vector<RowReduction>& reductions, const 
     }
   }
   s += "    " + elements + " y[base + k * inner] = " + store(chain + "(base + k * inner)") + ";\n";
-  return s + "  }\n}\n";
+  if (lanes) return subgroup_rows_main(subgroup_rows(target), target.invocations, s);
+  return "void main() {\n" + element_index("rows") + "  uint n = pc.n, inner = pc.inner, lane = 0u, step = 1u;\n  {\n    uint base = (i / inner) * n * inner + i % inner;\n" + s +
+         "  }\n}\n";
 }
 
 std::string detail::axis_shader(const std::string& header, const std::string& body, const Target& target) {
@@ -564,11 +426,15 @@ std::array<std::uint32_t, 3> detail::elementwise_groups(std::int64_t total, cons
 namespace {
 /// The helper functions of the ops `uses` names, each once.
 template <class Uses> std::string helpers_for(Uses uses) {
-  const std::pair<Op, const char*> helpers[] = {
-      {Op::log, kGlslLog}, {Op::tanh, kTanh}, {Op::erf, kErf}, {Op::round_f16, kRoundF16}, {Op::round_bf16, kRoundBf16}};
+  // Each in codegen/glsl/, with why it is not GLSL's built-in.
+  const std::pair<Op, const char*> helpers[] = {{Op::log, "qkv_log.glsl"},
+                                                {Op::tanh, "qkv_tanh.glsl"},
+                                                {Op::erf, "qkv_erf.glsl"},
+                                                {Op::round_f16, "qkv_round_f16.glsl"},
+                                                {Op::round_bf16, "qkv_round_bf16.glsl"}};
   std::string s;
-  for (const auto& [op, source] : helpers)
-    if (uses(op)) s += source;
+  for (const auto& [op, file] : helpers)
+    if (uses(op)) s += glsl_file(file);
   return s;
 }
 }  // namespace

@@ -20,8 +20,6 @@ std::array<std::int64_t, ir::kMaxRank> contiguous_strides(const ir::Shape& s);
 /// Strides of `in` read as a tensor of `rank` dims it broadcasts to (aligned at the last dim):
 /// 0 along the dims it lacks or has as 1.
 std::array<std::int64_t, ir::kMaxRank> broadcast_strides(const ir::Shape& in, int rank);
-/// GLSL `float qkv_log(float)`: log to float precision near 1 (the built-in is not; see glsl.cpp).
-extern const char* const kGlslLog;
 /// GLSL `uint qkv_philox(uint index, uint seed)`: the first word of Philox4x32-10 as
 /// ir/random.hpp defines it for dropout masks (counter (index, 0, 0, 0), key (seed, kDropoutKey1)).
 std::string philox_function();

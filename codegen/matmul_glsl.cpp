@@ -1,12 +1,13 @@
-// Matmul, two kernels. On GPUs the tiled kernel, as a GPU engineer writes it: each workgroup
+// Matmul, three kernels. On GPUs the tiled kernel, as a GPU engineer writes it: each workgroup
 // computes a BM x BN tile of one batch entry's output, each invocation a TM x 4 TN4 block of it in
 // registers (vec4s along the columns), and A and B stream through shared memory BK deep in two
 // buffers, so the next tile's global loads are in flight while the current one is multiplied,
 // with one barrier per tile; the geometry is a set of specialization constants chosen per device
 // and shape (matmul_geometry). On CPU devices (lavapipe) the lanes kernel (matmul_lanes_source),
 // which has no shared memory and no barrier and shares A's values across a subgroup by broadcasts.
-// Both read their operands in place through their strides (transposes are no copies) and
-// broadcast batch dims through per-dim batch strides.
+// On devices with cooperative matrices, for f16 operands, the cooperative kernel
+// (matmul_cooperative_source). All read their operands in place through their strides
+// (transposes are no copies) and broadcast batch dims through per-dim batch strides.
 //
 // Measured on lavapipe (AMD EPYC Zen 5, 2 threads, LLVM 15, 8 lanes) at 512^3 against OpenBLAS
 // sgemm on both cores in the same run (bench/graph_bench.cpp): the old 16 x 16 one-output-per-
@@ -15,9 +16,8 @@
 // memory lane by lane and keeps the accumulators of a kernel with barriers in its coroutine frame);
 // the lanes kernel 7.2-11.2 (6-9% of sgemm) with 32 rows x 8 columns per lane, which a sweep put
 // at 13.2-13.8 beside 16 x 4: 7.2, 32 x 4: 8.5, 16 x 8: 9.6, 64 x 8: 11.6, 32 x 16: 13.2-14.1.
-// The GLSL below is written as the shader reads, line by line in string literals joined with +,
-// a layout clang-format would break at every literal: this file is laid out by hand.
-// clang-format off
+// The kernels' GLSL is in codegen/glsl/matmul_*.comp; this file fills in what depends on the
+// operands and the device.
 #include "codegen/matmul_glsl.hpp"
 
 #include <algorithm>
@@ -31,8 +31,7 @@ namespace qkv::codegen {
 
 std::string MatmulGeometry::invalid(std::int64_t shared_limit, std::uint32_t max_invocations) const {
   auto pow2 = [](std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; };
-  if (!pow2(invocations) || invocations > max_invocations)
-    return "invocations must be a power of two up to " + std::to_string(max_invocations);
+  if (!pow2(invocations) || invocations > max_invocations) return "invocations must be a power of two up to " + std::to_string(max_invocations);
   if (tm == 0 || tm % 4 != 0 || tm > 16) return "rows per invocation must be 4, 8, 12 or 16";
   if (tn4 == 0 || tn4 > 4) return "vec4 columns per invocation must be 1 to 4";
   if (bk == 0 || bk > 64) return "the tile depth must be 1 to 64";
@@ -51,11 +50,11 @@ using ir::Shape;
 
 /// Geometries measured on lavapipe (AMD EPYC Zen 5, 2 threads) and chosen for GPUs; see
 /// matmul_geometry.
-constexpr MatmulGeometry kCpuTile{64, 8, 2, 16, 8};    // 64 x 64, 8 x 8 per invocation
+constexpr MatmulGeometry kCpuTile{64, 8, 2, 16, 8};  // 64 x 64, 8 x 8 per invocation
 constexpr MatmulGeometry kCpuThin{32, 4, 1, 8, 32};
-constexpr MatmulGeometry kGpuTile{256, 8, 2, 8, 16};   // 128 x 128, 8 x 8 per invocation
-constexpr MatmulGeometry kGpuSmall{64, 8, 1, 16, 8};   // 64 x 32
-constexpr MatmulGeometry kGpuThin{32, 4, 1, 8, 32};    // 4 x 128: decoding, M = 1
+constexpr MatmulGeometry kGpuTile{256, 8, 2, 8, 16};  // 128 x 128, 8 x 8 per invocation
+constexpr MatmulGeometry kGpuSmall{64, 8, 1, 16, 8};  // 64 x 32
+constexpr MatmulGeometry kGpuThin{32, 4, 1, 8, 32};   // 4 x 128: decoding, M = 1
 
 /// The lanes kernel's largest tile (matmul_lanes_source): rows per subgroup in groups of its
 /// size, columns per lane, subgroups per workgroup.
@@ -157,7 +156,8 @@ std::string batch_offsets(int batch_rank) {
   std::string s;
   for (int d = batch_rank - 1; d >= 0; --d) {
     const std::string at = "[" + std::to_string(d) + "]";
-    s += "  { uint idx = rem % pc.batch" + at + "; rem /= pc.batch" + at + "; oa += idx * pc.a_batch_strides" + at + "; ob += idx * pc.b_batch_strides" + at + "; }\n";
+    s += "  { uint idx = rem % pc.batch" + at + "; rem /= pc.batch" + at + "; oa += idx * pc.a_batch_strides" + at +
+         "; ob += idx * pc.b_batch_strides" + at + "; }\n";
   }
   return s;
 }
@@ -222,93 +222,101 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, cons
   // Which index of a tile the invocations step through first when loading it: the operand's
   // contiguous one (k for A and n for B unless transposed).
   const bool a_k_first = !n.attrs.transpose_a, b_n_first = !n.attrs.transpose_b;
-  std::string s = "#version 450\n#extension GL_EXT_control_flow_attributes : require\n" + sixteen_bit(dtypes, epilogue);
-  s += matmul_spec_constants(MatmulKernel::tiled).glsl();
-  s += "const uint WM = NT / WN, TM4 = TM / 4u, BM4 = WM * TM4, BM = 4u * BM4, BN4 = WN * TN4, BN = 4u * BN4;\n"
-       "const uint LA = (BM * BK + NT - 1u) / NT, LB = (BK * BN + NT - 1u) / NT;  // words each invocation loads per tile\n";
-  s += bindings(batch_rank, dtypes, epilogue);
-  s += "shared vec4 As[2u * BK * BM4];  // [buffer][k][row / 4]: A's tile, k-major\n"
-       "shared vec4 Bs[2u * BK * BN4];  // [buffer][k][column / 4]\n";
-  s += "uint M, N, K, oa, ob, m0, n0;\n"
-       "float la[LA], lb[LB];\n\n";
-  auto a_index = [&](const char* e) { return a_tile_index(a_k_first, e); };
-  auto b_index = [&](const char* e) { return b_tile_index(b_n_first, e); };
-  s += "// Global -> registers: the tile at depth k0, zero outside the matrices.\n"
-       "void load_tile(uint k0) {\n"
-       "  for (uint l = 0u; l < LA; ++l) {\n"
-       "    uint e = gl_LocalInvocationID.x + l * NT;\n"
-       "    " + a_index("e") + "\n"
-       "    la[l] = (e < BM * BK && m0 + r < M && k0 + kk < K) ? ld0(oa + (m0 + r) * pc.a_row_stride + (k0 + kk) * pc.a_depth_stride) : 0.0;\n"
-       "  }\n"
-       "  for (uint l = 0u; l < LB; ++l) {\n"
-       "    uint e = gl_LocalInvocationID.x + l * NT;\n"
-       "    " + b_index("e") + "\n"
-       "    lb[l] = (e < BK * BN && n0 + c < N && k0 + kk < K) ? ld1(ob + (k0 + kk) * pc.b_depth_stride + (n0 + c) * pc.b_col_stride) : 0.0;\n"
-       "  }\n"
-       "}\n\n"
-       "// Registers -> shared buffer `buf`.\n"
-       "void store_tile(uint buf) {\n"
-       "  for (uint l = 0u; l < LA; ++l) {\n"
-       "    uint e = gl_LocalInvocationID.x + l * NT;\n"
-       "    " + a_index("e") + "\n"
-       "    if (e < BM * BK) As[(buf * BK + kk) * BM4 + r / 4u][r % 4u] = la[l];\n"
-       "  }\n"
-       "  for (uint l = 0u; l < LB; ++l) {\n"
-       "    uint e = gl_LocalInvocationID.x + l * NT;\n"
-       "    " + b_index("e") + "\n"
-       "    if (e < BK * BN) Bs[(buf * BK + kk) * BN4 + c / 4u][c % 4u] = lb[l];\n"
-       "  }\n"
-       "}\n\n";
-  s += "void main() {\n"
-       "  M = pc.M; N = pc.N; K = pc.K;\n"
-       "  uint tx = gl_LocalInvocationID.x % WN, ty = gl_LocalInvocationID.x / WN;\n"
-       "  m0 = gl_WorkGroupID.y * BM; n0 = gl_WorkGroupID.x * BN;\n"
-       "  uint batch = gl_WorkGroupID.z, rem = batch;\n"
-       "  oa = 0u; ob = 0u;\n";
-  s += batch_offsets(batch_rank);
-  s += "  qkv_epilogue_batch(batch);\n";
-  s += "  // Invocation (ty, tx) owns rows 4 (ty + i WM) + 0..3 for i < TM4 and columns\n"
-       "  // 4 (tx + j WN) + 0..3 for j < TN4: neighbours read neighbouring vec4s of B.\n"
-       "  vec4 acc[TM * TN4];\n"
-       "  [[unroll]] for (uint i = 0u; i < TM * TN4; ++i) acc[i] = vec4(0.0);\n"
-       "  uint tiles = (K + BK - 1u) / BK;\n"
-       "  load_tile(0u);\n"
-       "  store_tile(0u);\n"
-       "  barrier();\n"
-       "  for (uint t = 0u; t < tiles; ++t) {\n"
-       "    uint buf = t & 1u;\n"
-       "    if (t + 1u < tiles) load_tile((t + 1u) * BK);  // in flight while this tile is multiplied\n"
-       "    for (uint kk = 0u; kk < BK; ++kk) {\n"
-       "      vec4 b[TN4];\n"
-       "      [[unroll]] for (uint j = 0u; j < TN4; ++j) b[j] = Bs[(buf * BK + kk) * BN4 + tx + j * WN];\n"
-       "      [[unroll]] for (uint i = 0u; i < TM4; ++i) {\n"
-       "        vec4 a = As[(buf * BK + kk) * BM4 + ty + i * WM];\n"
-       "        [[unroll]] for (uint j = 0u; j < TN4; ++j) {\n"
-       "          acc[(4u * i) * TN4 + j] = fma(vec4(a.x), b[j], acc[(4u * i) * TN4 + j]);\n"
-       "          acc[(4u * i + 1u) * TN4 + j] = fma(vec4(a.y), b[j], acc[(4u * i + 1u) * TN4 + j]);\n"
-       "          acc[(4u * i + 2u) * TN4 + j] = fma(vec4(a.z), b[j], acc[(4u * i + 2u) * TN4 + j]);\n"
-       "          acc[(4u * i + 3u) * TN4 + j] = fma(vec4(a.w), b[j], acc[(4u * i + 3u) * TN4 + j]);\n"
-       "        }\n"
-       "      }\n"
-       "    }\n"
-       "    // The other buffer was last read before the previous barrier: safe to fill.\n"
-       "    if (t + 1u < tiles) store_tile(buf ^ 1u);\n"
-       "    barrier();\n"
-       "  }\n"
-       "  uint oy = batch * M * N;\n"
-       "  [[unroll]] for (uint i = 0u; i < TM4; ++i)\n"
-       "    [[unroll]] for (uint c = 0u; c < 4u; ++c) {\n"
-       "      uint row = m0 + 4u * (ty + i * WM) + c;\n"
-       "      if (row >= M) continue;\n"
-       "      [[unroll]] for (uint j = 0u; j < TN4; ++j) {\n"
-       "        uint col = n0 + 4u * (tx + j * WN);\n"
-       "        vec4 v = acc[(4u * i + c) * TN4 + j];\n"
-       "        for (uint q = 0u; q < 4u && col + q < N; ++q) st(oy + row * N + col + q, qkv_epilogue(v[q], row, col + q));\n"
-       "      }\n"
-       "    }\n"
-       "}\n";
+  const std::string s = glsl_template("matmul_tiled.comp", {{"SIXTEEN_BIT", sixteen_bit(dtypes, epilogue)},
+                                                            {"SPEC_CONSTANTS", matmul_spec_constants(MatmulKernel::tiled).glsl()},
+                                                            {"BINDINGS", bindings(batch_rank, dtypes, epilogue)},
+                                                            {"A_TILE_INDEX", a_tile_index(a_k_first, "e")},
+                                                            {"B_TILE_INDEX", b_tile_index(b_n_first, "e")},
+                                                            {"BATCH_OFFSETS", batch_offsets(batch_rank)}});
   std::string name = "matmul_b" + br + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);
   return named({name, s, 3}, n.shape.rank, epilogue, MatmulKernel::tiled);
+}
+
+std::string str(std::uint32_t v) { return std::to_string(v); }
+
+/// The lanes kernel's unrolled parts (matmul_lanes.comp), for subgroups of `sg`. Lane `lane`'s
+/// rows of A (ra<i>: whether it is in the matrix, ka<i>, and where, pa<i>) and columns of B
+/// (cb<j>, kb<j>, pb<j>).
+std::string lanes_operands(std::uint32_t sg) {
+  std::string s;
+  for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
+    s += "  uint ra" + str(i) + " = r0 + " + str(i * sg) + "u + lane; bool ka" + str(i) + " = " + str(i) + "u < RG && ra" + str(i) + " < M; uint pa" +
+         str(i) + " = oa + min(ra" + str(i) + ", M - 1u) * pc.a_row_stride;\n";
+  for (std::uint32_t j = 0; j < kLaneColumns; ++j)
+    s += "  uint cb" + str(j) + " = c0 + " + str(j * sg) + "u + lane; bool kb" + str(j) + " = " + str(j) + "u < TN && cb" + str(j) + " < N; uint pb" +
+         str(j) + " = ob + min(cb" + str(j) + ", N - 1u) * pc.b_col_stride;\n";
+  return s;
+}
+
+/// The accumulators c<row>_<column>, zero.
+std::string lanes_accumulators(std::uint32_t sg) {
+  std::string s;
+  for (std::uint32_t r = 0; r < kLaneRowGroups * sg; ++r) {
+    s += "  float";
+    for (std::uint32_t j = 0; j < kLaneColumns; ++j) s += std::string(j ? "," : "") + " c" + str(r) + "_" + str(j) + " = 0.0";
+    s += ";\n";
+  }
+  return s;
+}
+
+/// Per step k of the depth: the lane's values of A (a<i>) and B (b<j>), 0 outside the matrices.
+std::string lanes_loads() {
+  std::string s;
+  for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
+    s += "    float a" + str(i) + " = 0.0; if (" + str(i) + "u < RG) { a" + str(i) + " = ld0(pa" + str(i) + " + k * pc.a_depth_stride); a" + str(i) +
+         " = ka" + str(i) + " ? a" + str(i) + " : 0.0; }\n";
+  for (std::uint32_t j = 0; j < kLaneColumns; ++j)
+    s += "    float b" + str(j) + " = 0.0; if (" + str(j) + "u < TN) { b" + str(j) + " = ld1(pb" + str(j) + " + k * pc.b_depth_stride); b" + str(j) +
+         " = kb" + str(j) + " ? b" + str(j) + " : 0.0; }\n";
+  return s;
+}
+
+/// Each row's value of A broadcast from the lane that loaded it, times the lane's values of B.
+std::string lanes_products(std::uint32_t sg) {
+  std::string s;
+  for (std::uint32_t r = 0; r < kLaneRowGroups * sg; ++r) {
+    s += "    if (" + str(r / sg) + "u < RG) { float a = subgroupBroadcast(a" + str(r / sg) + ", " + str(r % sg) + "u);";
+    for (std::uint32_t j = 0; j < kLaneColumns; ++j)
+      s += (j ? " if (" + str(j) + "u < TN)" : std::string()) + " c" + str(r) + "_" + str(j) + " = fma(a, b" + str(j) + ", c" + str(r) + "_" +
+           str(j) + ");";
+    s += " }\n";
+  }
+  return s;
+}
+
+/// The stores of the accumulators in the matrix, through the epilogue.
+std::string lanes_stores(std::uint32_t sg, bool epilogue) {
+  const std::uint32_t rows = kLaneRowGroups * sg, cols = kLaneColumns;
+  std::string s;
+  // An epilogue is inlined where it is called: unrolled over a tile of more than 256 stores (at
+  // subgroups of 16, 512 copies of a GELU's gradient) it overflowed the stack of the SPIR-V
+  // optimizer's SSA rewriter, so such a tile calls it once, in a loop (which lavapipe compiles
+  // slower: smaller tiles keep the unrolled stores).
+  if (!epilogue || rows * cols <= 256) {
+    for (std::uint32_t r = 0; r < rows; ++r) {
+      s += "  if (" + str(r / sg) + "u < RG && r0 + " + str(r) + "u < M) {";
+      for (std::uint32_t j = 0; j < cols; ++j)
+        s += " if (kb" + str(j) + ") st(oy + (r0 + " + str(r) + "u) * N + cb" + str(j) + ", qkv_epilogue(c" + str(r) + "_" + str(j) + ", r0 + " +
+             str(r) + "u, cb" + str(j) + "));";
+      s += " }\n";
+    }
+  } else {
+    std::string acc, bases, kept;
+    for (std::uint32_t r = 0; r < rows; ++r)
+      for (std::uint32_t j = 0; j < cols; ++j) acc += std::string(r + j ? ", " : "") + "c" + str(r) + "_" + str(j);
+    for (std::uint32_t j = 0; j < cols; ++j) {
+      bases += std::string(j ? ", " : "") + "cb" + str(j);
+      kept += std::string(j ? ", " : "") + "kb" + str(j);
+    }
+    s += glsl_template("matmul_lanes_store_loop.glsl", {{"COUNT", str(rows * cols)},
+                                                        {"ACCUMULATORS", acc},
+                                                        {"COLS", str(cols)},
+                                                        {"COLUMNS", bases},
+                                                        {"KEPT", kept},
+                                                        {"ROWS", str(rows)},
+                                                        {"SG", str(sg)}});
+  }
+  return s;
 }
 
 /// The matmul for CPU devices (lavapipe), where a subgroup is one SIMD register of lanes: every
@@ -324,80 +332,18 @@ KernelSource matmul_tiled_source(const Node& n, const MatmulDtypes& dtypes, cons
 /// specialization constant.
 KernelSource matmul_lanes_source(const Node& n, std::uint32_t sg, const MatmulDtypes& dtypes, const MatmulEpilogue* epilogue) {
   const int batch_rank = n.shape.rank - 2;
-  const std::uint32_t rows = kLaneRowGroups * sg, cols = kLaneColumns;
-  const auto str = [](std::uint32_t v) { return std::to_string(v); };
-  std::string s = "#version 450\n#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_ballot : require\n" + sixteen_bit(dtypes, epilogue);
-  s += "// The tile, per launch (lanes_tile): RG groups of " + str(sg) + " rows by " + str(sg) + " TN columns per subgroup. The\n"
-       "// code below is unrolled for the largest tile; what a smaller one does not use is folded away.\n";
-  s += matmul_spec_constants(MatmulKernel::lanes).glsl();
-  s += bindings(batch_rank, dtypes, epilogue);
-  s += "// A subgroup computes RG * " + str(sg) + " rows by TN * " + str(sg) + " columns; lane l owns columns c0 + j * " + str(sg) + " + l.\n";
-  s += "void main() {\n"
-       "  uint M = pc.M, N = pc.N, K = pc.K;\n"
-       "  if (M == 0u || N == 0u) return;\n"
-       "  uint lane = gl_SubgroupInvocationID;\n"
-       "  uint r0 = (gl_WorkGroupID.y * gl_NumSubgroups + gl_SubgroupID) * (RG * " + str(sg) + "u), c0 = gl_WorkGroupID.x * (TN * " + str(sg) + "u);\n"
-       "  if (r0 >= M) return;  // a subgroup wholly past the last row (no barrier waits for it)\n"
-       "  uint batch = gl_WorkGroupID.z, rem = batch, oa = 0u, ob = 0u;\n";
-  s += batch_offsets(batch_rank);
-  s += "  qkv_epilogue_batch(batch);\n";
-  s += "  // Rows and columns past the matrix (or the tile) read its last one (so every load is in bounds) and count as 0.\n";
-  for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
-    s += "  uint ra" + str(i) + " = r0 + " + str(i * sg) + "u + lane; bool ka" + str(i) + " = " + str(i) + "u < RG && ra" + str(i) + " < M; uint pa" + str(i) +
-         " = oa + min(ra" + str(i) + ", M - 1u) * pc.a_row_stride;\n";
-  for (std::uint32_t j = 0; j < cols; ++j)
-    s += "  uint cb" + str(j) + " = c0 + " + str(j * sg) + "u + lane; bool kb" + str(j) + " = " + str(j) + "u < TN && cb" + str(j) + " < N; uint pb" + str(j) +
-         " = ob + min(cb" + str(j) + ", N - 1u) * pc.b_col_stride;\n";
-  for (std::uint32_t r = 0; r < rows; ++r) {
-    s += "  float";
-    for (std::uint32_t j = 0; j < cols; ++j) s += std::string(j ? "," : "") + " c" + str(r) + "_" + str(j) + " = 0.0";
-    s += ";\n";
-  }
-  s += "  for (uint k = 0u; k < K; ++k) {\n";
-  for (std::uint32_t i = 0; i < kLaneRowGroups; ++i)
-    s += "    float a" + str(i) + " = 0.0; if (" + str(i) + "u < RG) { a" + str(i) + " = ld0(pa" + str(i) + " + k * pc.a_depth_stride); a" + str(i) + " = ka" + str(i) + " ? a" +
-         str(i) + " : 0.0; }\n";
-  for (std::uint32_t j = 0; j < cols; ++j)
-    s += "    float b" + str(j) + " = 0.0; if (" + str(j) + "u < TN) { b" + str(j) + " = ld1(pb" + str(j) + " + k * pc.b_depth_stride); b" + str(j) + " = kb" + str(j) + " ? b" +
-         str(j) + " : 0.0; }\n";
-  for (std::uint32_t r = 0; r < rows; ++r) {
-    s += "    if (" + str(r / sg) + "u < RG) { float a = subgroupBroadcast(a" + str(r / sg) + ", " + str(r % sg) + "u);";
-    for (std::uint32_t j = 0; j < cols; ++j)
-      s += (j ? " if (" + str(j) + "u < TN)" : std::string()) + " c" + str(r) + "_" + str(j) + " = fma(a, b" + str(j) + ", c" + str(r) + "_" + str(j) + ");";
-    s += " }\n";
-  }
-  s += "  }\n  uint oy = batch * M * N;\n";
-  // An epilogue is inlined where it is called: unrolled over a tile of more than 256 stores (at
-  // subgroups of 16, 512 copies of a GELU's gradient) it overflowed the stack of the SPIR-V
-  // optimizer's SSA rewriter, so such a tile calls it once, in a loop (which lavapipe compiles
-  // slower: smaller tiles keep the unrolled stores).
-  if (!epilogue || rows * cols <= 256) {
-    for (std::uint32_t r = 0; r < rows; ++r) {
-      s += "  if (" + str(r / sg) + "u < RG && r0 + " + str(r) + "u < M) {";
-      for (std::uint32_t j = 0; j < cols; ++j)
-        s += " if (kb" + str(j) + ") st(oy + (r0 + " + str(r) + "u) * N + cb" + str(j) + ", qkv_epilogue(c" + str(r) + "_" + str(j) + ", r0 + " + str(r) +
-             "u, cb" + str(j) + "));";
-      s += " }\n";
-    }
-  } else {
-    std::string acc, bases, kept;
-    for (std::uint32_t r = 0; r < rows; ++r)
-      for (std::uint32_t j = 0; j < cols; ++j) acc += std::string(r + j ? ", " : "") + "c" + str(r) + "_" + str(j);
-    for (std::uint32_t j = 0; j < cols; ++j) {
-      bases += std::string(j ? ", " : "") + "cb" + str(j);
-      kept += std::string(j ? ", " : "") + "kb" + str(j);
-    }
-    s += "  float acc[" + str(rows * cols) + "] = float[](" + acc + ");\n"
-         "  uint cbs[" + str(cols) + "] = uint[](" + bases + ");\n"
-         "  bool kbs[" + str(cols) + "] = bool[](" + kept + ");\n"
-         "  for (uint r = 0u; r < " + str(rows) + "u; ++r) {\n"
-         "    if (r / " + str(sg) + "u >= RG || r0 + r >= M) continue;\n"
-         "    for (uint j = 0u; j < " + str(cols) + "u; ++j)\n"
-         "      if (kbs[j]) st(oy + (r0 + r) * N + cbs[j], qkv_epilogue(acc[r * " + str(cols) + "u + j], r0 + r, cbs[j]));\n"
-         "  }\n";
-  }
-  s += "}\n";
-  std::string name = "matmul_lanes" + str(sg) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);
+  const std::string s = glsl_template("matmul_lanes.comp", {{"SIXTEEN_BIT", sixteen_bit(dtypes, epilogue)},
+                                                            {"SG", std::to_string(sg)},
+                                                            {"SPEC_CONSTANTS", matmul_spec_constants(MatmulKernel::lanes).glsl()},
+                                                            {"BINDINGS", bindings(batch_rank, dtypes, epilogue)},
+                                                            {"BATCH_OFFSETS", batch_offsets(batch_rank)},
+                                                            {"OPERANDS", lanes_operands(sg)},
+                                                            {"ACCUMULATORS", lanes_accumulators(sg)},
+                                                            {"LOADS", lanes_loads()},
+                                                            {"PRODUCTS", lanes_products(sg)},
+                                                            {"STORES", lanes_stores(sg, epilogue != nullptr)}});
+  std::string name = "matmul_lanes" + str(sg) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") +
+                     (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);
   return named({name, s, 3}, n.shape.rank, epilogue, MatmulKernel::lanes);
 }
 
@@ -425,67 +371,28 @@ KernelSource matmul_cooperative_source(const Node& n, const Target& target, cons
   const Target::CooperativeMatrix& cm = target.cooperative_matrix;
   const int batch_rank = n.shape.rank - 2;
   const bool emulated = cm.emulated;
-  const auto str = [](std::uint32_t v) { return std::to_string(v) + "u"; };
+  const auto literal = [](std::uint32_t v) { return std::to_string(v) + "u"; };
   const bool a_k_first = !n.attrs.transpose_a, b_n_first = !n.attrs.transpose_b;
-  std::string s = "#version 450\n#extension GL_EXT_control_flow_attributes : require\n#extension GL_KHR_shader_subgroup_basic : require\n"
-                  "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n" + sixteen_bit(dtypes, epilogue);
-  if (!emulated) s += "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n";
-  s += matmul_spec_constants(MatmulKernel::cooperative).glsl();
-  s += "const uint CM = " + str(cm.m) + ", CN = " + str(cm.n) + ", CK = " + str(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n";
-  s += "const uint FM = " + str(kCoopFragments) + ", FN = " + str(kCoopFragments) + ";  // fragments per subgroup\n";
-  s += "const uint SM = " + str(kCoopSubgroups) + ", SN = " + str(kCoopSubgroups) + ", SG = " + str(target.subgroup_size) + ";  // subgroups, invocations per subgroup\n";
-  s += "const uint BM = SM * FM * CM, BN = SN * FN * CN, BK = 2u * CK, NT = SM * SN * SG;\n"
-       "const uint AS = BK + 8u, BS = BN + 8u, CS = BN + 4u;  // shared row strides, padded\n"
-       "const uint LA = BM * BK / NT, LB = BK * BN / NT, LC = BM * BN / NT;  // elements each invocation stages or stores\n";
-  s += bindings(batch_rank, dtypes, epilogue);
-  s += "shared float16_t As[BM * AS];  // A's tile, rows of BK\n"
-       "shared float16_t Bs[BK * BS];  // B's tile, rows of BN\n"
-       "shared float Cs[BM * CS];      // the accumulators, for the epilogue's stores\n"
-       "uint r0, c0;  // this subgroup's first row and column in the tile\n\n";
-  if (!emulated) {
-    s += glsl_file("matmul_coop_fragments.glsl");
-  } else {
-    s += glsl_file("matmul_coop_fragments_emulated.glsl");
-  }
-  auto a_index = [&](const char* e) { return a_tile_index(a_k_first, e); };
-  auto b_index = [&](const char* e) { return b_tile_index(b_n_first, e); };
-  s += "void main() {\n"
-       "  uint M = pc.M, N = pc.N, K = pc.K;\n"
-       "  uint lid = gl_LocalInvocationID.x;\n"
-       "  uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;\n"
-       "  r0 = (gl_SubgroupID / SN) * FM * CM;\n"
-       "  c0 = (gl_SubgroupID % SN) * FN * CN;\n"
-       "  uint batch = gl_WorkGroupID.z, rem = batch, oa = 0u, ob = 0u;\n";
-  s += batch_offsets(batch_rank);
-  s += "  qkv_epilogue_batch(batch);\n"
-       "  zero();\n"
-       "  for (uint k0 = 0u; k0 < K; k0 += BK) {\n"
-       "    // Stage the tiles, invocations stepping along each operand's contiguous index.\n"
-       "    for (uint l = 0u; l < LA; ++l) {\n"
-       "      uint e = lid + l * NT;\n"
-       "      " + a_index("e") + "\n"
-       "      As[r * AS + kk] = float16_t(m0 + r < M && k0 + kk < K ? ld0(oa + (m0 + r) * pc.a_row_stride + (k0 + kk) * pc.a_depth_stride) : 0.0);\n"
-       "    }\n"
-       "    for (uint l = 0u; l < LB; ++l) {\n"
-       "      uint e = lid + l * NT;\n"
-       "      " + b_index("e") + "\n"
-       "      Bs[kk * BS + c] = float16_t(n0 + c < N && k0 + kk < K ? ld1(ob + (k0 + kk) * pc.b_depth_stride + (n0 + c) * pc.b_col_stride) : 0.0);\n"
-       "    }\n"
-       "    barrier();\n"
-       "    [[unroll]] for (uint kk = 0u; kk < BK; kk += CK) multiply(kk);\n"
-       "    barrier();  // every subgroup is done with the tiles before they are staged again\n"
-       "  }\n"
-       "  keep();\n"
-       "  barrier();\n"
-       "  uint oy = batch * M * N;\n"
-       "  for (uint l = 0u; l < LC; ++l) {\n"
-       "    uint e = lid + l * NT, r = e / BN, c = e % BN;\n"
-       "    if (m0 + r < M && n0 + c < N) st(oy + (m0 + r) * N + n0 + c, qkv_epilogue(Cs[r * CS + c], m0 + r, n0 + c));\n"
-       "  }\n"
-       "}\n";
+  const std::string s =
+      glsl_template("matmul_coop.comp",
+                    {{"SIXTEEN_BIT", sixteen_bit(dtypes, epilogue)},
+                     {"COOPERATIVE_EXTENSIONS",
+                      emulated ? "" : "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n"},
+                     {"SPEC_CONSTANTS", matmul_spec_constants(MatmulKernel::cooperative).glsl()},
+                     {"CM", literal(cm.m)},
+                     {"CN", literal(cm.n)},
+                     {"CK", literal(cm.k)},
+                     {"FRAGMENTS", literal(kCoopFragments)},
+                     {"SUBGROUPS", literal(kCoopSubgroups)},
+                     {"SG", literal(target.subgroup_size)},
+                     {"BINDINGS", bindings(batch_rank, dtypes, epilogue)},
+                     {"FRAGMENT_OPERATIONS", std::string(glsl_file(emulated ? "matmul_coop_fragments_emulated.glsl" : "matmul_coop_fragments.glsl"))},
+                     {"A_TILE_INDEX", a_tile_index(a_k_first, "e")},
+                     {"B_TILE_INDEX", b_tile_index(b_n_first, "e")},
+                     {"BATCH_OFFSETS", batch_offsets(batch_rank)}});
   std::string name = std::string(emulated ? "matmul_coop_emulated" : "matmul_coop") + std::to_string(cm.m) + "x" + std::to_string(cm.n) + "x" +
-                     std::to_string(cm.k) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") + (n.attrs.transpose_b ? "_tb" : "") +
-                     dtype_suffix(dtypes);
+                     std::to_string(cm.k) + "_b" + std::to_string(batch_rank) + (n.attrs.transpose_a ? "_ta" : "") +
+                     (n.attrs.transpose_b ? "_tb" : "") + dtype_suffix(dtypes);
   return named({name, s, 3}, n.shape.rank, epilogue, MatmulKernel::cooperative);
 }
 
@@ -561,8 +468,10 @@ KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, cons
   if (uses_cooperative_matrix(target, dtypes)) {
     const Target::CooperativeMatrix& cm = target.cooperative_matrix;
     const std::int64_t bm = kCoopSubgroups * kCoopFragments * cm.m, bn = kCoopSubgroups * kCoopFragments * cm.n;
-    l.groups = {push_word(std::max<std::int64_t>(1, (nn + bn - 1) / bn)), push_word(std::max<std::int64_t>(1, (m + bm - 1) / bm)), push_word(batch.numel())};
-    specialized(MatmulKernel::cooperative, [&](SpecConstants::Values& c) { c.set("local_size", kCoopSubgroups * kCoopSubgroups * target.subgroup_size); });
+    l.groups = {push_word(std::max<std::int64_t>(1, (nn + bn - 1) / bn)), push_word(std::max<std::int64_t>(1, (m + bm - 1) / bm)),
+                push_word(batch.numel())};
+    specialized(MatmulKernel::cooperative,
+                [&](SpecConstants::Values& c) { c.set("local_size", kCoopSubgroups * kCoopSubgroups * target.subgroup_size); });
     return l;
   }
   if (uses_lanes(target)) {
@@ -571,7 +480,8 @@ KernelLaunch matmul_launch(const Node& n, const std::vector<Shape>& shapes, cons
     const std::int64_t rows = t.row_groups * t.subgroups * sg, cols = t.columns * sg;
     l.groups = {push_word(std::max<std::int64_t>(1, (nn + cols - 1) / cols)), push_word(std::max<std::int64_t>(1, (m + rows - 1) / rows)),
                 push_word(batch.numel())};
-    specialized(MatmulKernel::lanes, [&](SpecConstants::Values& c) { c.set("local_size", t.subgroups * sg).set("RG", t.row_groups).set("TN", t.columns); });
+    specialized(MatmulKernel::lanes,
+                [&](SpecConstants::Values& c) { c.set("local_size", t.subgroups * sg).set("RG", t.row_groups).set("TN", t.columns); });
     return l;
   }
   const MatmulGeometry g = matmul_geometry(target, m, nn);
