@@ -27,9 +27,9 @@
 // the cpu does with ir::bound_region), are skipped only after the workgroup has checked that the
 // values they would have multiplied by those zeros are finite; otherwise it visits every tile.
 // Each kernel adds the scores it computed to a 64-bit counter (Executable::tile_counts).
-// The GLSL below is written as the shader reads, line by line in string literals joined with +,
-// a layout clang-format would break at every literal: this file is laid out by hand.
-// clang-format off
+//
+// The kernel and its parts are codegen/glsl/flash_*.glsl; this file chooses the parts and fills
+// in what depends on the op, its operands and the device.
 #include "codegen/attention_glsl.hpp"
 
 #include <algorithm>
@@ -84,6 +84,7 @@ Geometry geometry(const Target& t, Kind kind) {
 }
 
 Kind kind_of(const Node& n) {
+  // clang-format off
   switch (n.op) {
     case Op::attention:
     case Op::masked_attention:
@@ -97,15 +98,14 @@ Kind kind_of(const Node& n) {
     QKV_PRIMITIVE_CASES
     QKV_COMPOSITE_CASES break;
   }
+  // clang-format on
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " is not fused attention");
 }
 
 bool masked(const Node& n) { return ir::attention_roles(n.op).mask >= 0; }
 
 /// A flex node's tensor operands (those its score modifier reads), after its fixed operands.
-std::size_t modifier_tensors(const Node& n) {
-  return ir::is_flex_attention(n.op) ? ir::modifier_tensor_count(n.op, n.attrs, n.inputs.size()) : 0;
-}
+std::size_t modifier_tensors(const Node& n) { return ir::is_flex_attention(n.op) ? ir::modifier_tensor_count(n.op, n.attrs, n.inputs.size()) : 0; }
 
 /// The output's batch dims are the operands' broadcast batch dims, for every kind.
 int batch_rank(const Node& n) { return n.shape.rank - 2; }
@@ -115,7 +115,7 @@ int batch_rank(const Node& n) { return n.shape.rank - 2; }
 /// and delta).
 struct Operand {
   const char* array;
-  const char* tile;        // its shared tile when streamed
+  const char* tile;  // its shared tile when streamed
   const char* at;
   const char* vec4s;       // spec constant: vec4s per row, or nullptr for one float per row
   const char* real_width;  // the bound size in floats: DR, DVR or 1u
@@ -180,8 +180,6 @@ std::int64_t tile_row_floats(Kind k, std::int64_t d4, std::int64_t dv4) {
 }
 
 std::string str(std::int64_t v) { return std::to_string(v); }
-
-
 
 /// The cooperative-matrix forward (GL_NV_cooperative_matrix), for attention whose q, k and v are
 /// f16 values on a device with f16 fragments (Target::cooperative_matrix). A workgroup of
@@ -265,13 +263,16 @@ std::string coop_declarations(const Target& t, bool constants, Kind kind) {
   const auto [lanes, rows] = coop_lanes(t.subgroup_size, cm.m);
   const auto u = [](std::uint32_t v) { return std::to_string(v) + "u"; };
   const bool grad = coop_grad(kind), dv = kind == Kind::dv;
-  std::string s = "const uint CM = " + u(cm.m) + ", CN = " + u(cm.n) + ", CK = " + u(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n"
-                  "const uint SG = " + u(t.subgroup_size) + ", NSG = gl_WorkGroupSize.x / SG;  // invocations per subgroup, subgroups (chosen at launch)\n"
-                  "const uint LPR = " + u(lanes) + ", RPL = " + u(rows) + ";  // lanes per score row, rows per lane\n" +
-                  (grad ? "const uint KP = CK > CN ? CK : CN;  // q and k's head dim is the score product's depth and ds k's columns\n"
-                          "const uint KD = (4u * D4 + KP - 1u) / KP * KP, KV = (4u * DV4 + CK - 1u) / CK * CK;  // head dims, padded to fragments\n"
-                        : "const uint KD = (4u * D4 + CK - 1u) / CK * CK, KV = (4u * DV4 + CN - 1u) / CN * CN;  // head dims, padded to fragments\n") +
-                  "const uint QS = KD + 8u, VS = KV + 8u, SS = BC + 4u, PS = BC + 8u;  // shared row strides, padded to 16 bytes\n";
+  std::string s = "const uint CM = " + u(cm.m) + ", CN = " + u(cm.n) + ", CK = " + u(cm.k) + ";  // the device's fragment: CM x CK times CK x CN\n";
+  s += "const uint SG = " + u(t.subgroup_size) + ", NSG = gl_WorkGroupSize.x / SG;  // invocations per subgroup, subgroups (chosen at launch)\n";
+  s += "const uint LPR = " + u(lanes) + ", RPL = " + u(rows) + ";  // lanes per score row, rows per lane\n";
+  if (grad) {
+    s += "const uint KP = CK > CN ? CK : CN;  // q and k's head dim is the score product's depth and ds k's columns\n";
+    s += "const uint KD = (4u * D4 + KP - 1u) / KP * KP, KV = (4u * DV4 + CK - 1u) / CK * CK;  // head dims, padded to fragments\n";
+  } else {
+    s += "const uint KD = (4u * D4 + CK - 1u) / CK * CK, KV = (4u * DV4 + CN - 1u) / CN * CN;  // head dims, padded to fragments\n";
+  }
+  s += "const uint QS = KD + 8u, VS = KV + 8u, SS = BC + 4u, PS = BC + 8u;  // shared row strides, padded to 16 bytes\n";
   if (constants) return s;
   s = "// Sized 1 when the scalar path runs.\n"
       "shared float16_t rows_s[COOP * NSG * CM * QS + 1u - COOP];  // the workgroup's rows: queries (dv, dk: keys)\n"
@@ -287,49 +288,29 @@ std::string coop_declarations(const Target& t, bool constants, Kind kind) {
   // deep, for output columns c..c + CN (at column `at` of s_s).
   auto product = [&](const char* name, const char* comment, const char* a, const char* as, const char* b, const char* bs, bool transposed,
                      const char* depth, const char* at) {
-    const GlslValues v = {{"NAME", name}, {"COMMENT", comment}, {"A", a},   {"AS", as},
-                                                               {"B", b},       {"BS", bs},           {"D", depth}, {"AT", at},
-                                                               {"BAT", transposed ? "c * $BS + kk" : "kk * $BS + c"},
-                                                               {"TR", transposed ? "true" : "false"},
-                                                               {"BEL", transposed ? "$B[n * $BS + kk]" : "$B[kk * $BS + n]"}};
-    if (!cm.emulated)
-      return fill_glsl(fill_glsl(R"(// $COMMENT
-void $NAME(uint sg, uint c) {
-  fcoopmatNV<32, gl_ScopeSubgroup, CM, CN> acc = fcoopmatNV<32, gl_ScopeSubgroup, CM, CN>(0.0);
-  [[unroll]] for (uint kk = 0u; kk < $D; kk += CK) {
-    fcoopmatNV<16, gl_ScopeSubgroup, CM, CK> a;
-    fcoopmatNV<16, gl_ScopeSubgroup, CK, CN> b;
-    coopMatLoadNV(a, $A, sg * CM * $AS + kk, $AS, false);
-    coopMatLoadNV(b, $B, $BAT, $BS, $TR);
-    acc = coopMatMulAddNV(a, b, acc);
-  }
-  coopMatStoreNV(acc, s_s, sg * CM * SS + $AT, SS, false);
-}
-)",
-                       v),
-                  v);
-    return fill_glsl(fill_glsl(R"(// $COMMENT
-void $NAME(uint sg, uint c) {
-  uint lane = gl_SubgroupInvocationID;
-  for (uint j = 0u; j < EL; ++j) {
-    uint e = lane + j * SG, r = sg * CM + e / CN, n = c + e % CN;
-    float sum = 0.0;
-    for (uint kk = 0u; kk < $D; ++kk) sum = fma(float($A[r * $AS + kk]), float($BEL), sum);
-    s_s[r * SS + $AT + e % CN] = sum;
-  }
-}
-)",
-                     v),
-                v);
+    const std::string b_at = transposed ? "c * " + std::string(bs) + " + kk" : "kk * " + std::string(bs) + " + c";
+    const std::string b_element = std::string(b) + (transposed ? "[n * " + std::string(bs) + " + kk]" : "[kk * " + std::string(bs) + " + n]");
+    return glsl_template(cm.emulated ? "flash_coop_product_emulated.glsl" : "flash_coop_product.glsl", {{"NAME", name},
+                                                                                                        {"COMMENT", comment},
+                                                                                                        {"A", a},
+                                                                                                        {"AS", as},
+                                                                                                        {"B", b},
+                                                                                                        {"BS", bs},
+                                                                                                        {"D", depth},
+                                                                                                        {"AT", at},
+                                                                                                        {"BAT", b_at},
+                                                                                                        {"TR", transposed ? "true" : "false"},
+                                                                                                        {"BEL", b_element}});
   };
-  if (cm.emulated) s += "// Emulated fragments: invocation `lane` of the subgroup computes elements lane + j SG of each.\nconst uint EL = CM * CN / SG;\n";
+  if (cm.emulated)
+    s += "// Emulated fragments: invocation `lane` of the subgroup computes elements lane + j SG of each.\nconst uint EL = CM * CN / SG;\n";
   s += product("score_chunk", "Scores of subgroup sg's rows by tile rows c..c + CN (q k^T; dv, dk: k q^T), into s_s.", "rows_s", "QS", "tile_s", "QS",
                true, "KD", "c");
   if (grad) {
     s += product("dp_chunk", "dy v^T (dk: v dy^T) of subgroup sg's rows by tile rows c..c + CN, into s_s.", "rows2_s", "VS", "vals_s", "VS", true,
                  "KV", "c");
-    s += product("pv_chunk", "ds k (dk: ds q) for subgroup sg's rows, columns c..c + CN, into s_s's first CN columns.", "p_s", "PS", "tile_s",
-                 "QS", false, "BC", "0u");
+    s += product("pv_chunk", "ds k (dk: ds q) for subgroup sg's rows, columns c..c + CN, into s_s's first CN columns.", "p_s", "PS", "tile_s", "QS",
+                 false, "BC", "0u");
   } else if (kind != Kind::lse) {
     s += product("pv_chunk", "p v (dv: p dy) for subgroup sg's rows, columns c..c + CN, into s_s's first CN columns.", "p_s", "PS", "vals_s", "VS",
                  false, "BC", "0u");
@@ -337,37 +318,34 @@ void $NAME(uint sg, uint c) {
   return s + "\n";
 }
 
+/// `text` with `by` before each of its lines (a block nested one level deeper).
+std::string indented(const std::string& text, const std::string& by) {
+  std::string out;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size() - 1) + 1;
+    out += by + text.substr(at, end - at);
+    at = end;
+  }
+  return out;
+}
+
 /// Rows `first` + row of an operand (`read`: its row4_ reader) staged in `array` as f16 (exact:
 /// f16 values), `count` rows of `width` (a fragment multiple), zeros where `in` is false and
 /// past the head dim's `vec4s`.
 std::string coop_stage(const std::string& array, const std::string& count, const std::string& width, const std::string& stride,
-                       const std::string& vec4s, const std::string& in, const std::string& read, const std::string& first, const std::string& indent) {
-  return fill_glsl(R"($Ifor (uint x = lid; x < $COUNT * ($W / 4u); x += INV) {
-$I  uint row = x / ($W / 4u), g = x % ($W / 4u);
-$I  vec4 v = $IN && g < $G ? $READ($FIRST + row, g) : vec4(0.0);
-$I  [[unroll]] for (uint e = 0u; e < 4u; ++e) $A[row * $S + 4u * g + e] = float16_t(v[e]);
-$I}
-)",
-              {{"I", indent}, {"COUNT", count}, {"W", width}, {"IN", in}, {"G", vec4s}, {"READ", read}, {"FIRST", first}, {"A", array}, {"S", stride}});
+                       const std::string& vec4s, const std::string& in, const std::string& read, const std::string& first,
+                       const std::string& indent) {
+  return indented(
+      glsl_template("flash_coop_stage.glsl",
+                    {{"COUNT", count}, {"W", width}, {"IN", in}, {"G", vec4s}, {"READ", read}, {"FIRST", first}, {"A", array}, {"S", stride}}),
+      indent);
 }
 
 /// The loop that adds subgroup sg's products (pv_chunk) to the output rows its lanes keep in `o`
 /// (`width` columns, padded), CN columns at a time through s_s, each times `factor` (GLSL after
 /// the product, or empty).
 std::string coop_accumulate(const std::string& what, const std::string& width, const std::string& factor) {
-  return fill_glsl(R"(    // $WHAT, CN columns at a time through s_s (the scores are read).
-    [[unroll]] for (uint c = 0u; c < $W / CN; ++c) {
-      pv_chunk(sg, c * CN);
-      subgroupMemoryBarrierShared();
-      subgroupBarrier();
-      [[unroll]] for (uint i = 0u; i < RPL; ++i)
-        [[unroll]] for (uint j = 0u; j < CN / LPR; ++j)
-          o[i * ($W / LPR) + c * (CN / LPR) + j] += s_s[(wr0 + i * (SG / LPR)) * SS + sub + j * LPR]$FACTOR;
-      subgroupMemoryBarrierShared();
-      subgroupBarrier();  // read before the next product is stored
-    }
-)",
-              {{"WHAT", what}, {"W", width}, {"FACTOR", factor}});
+  return glsl_template("flash_coop_accumulate.glsl", {{"WHAT", what}, {"W", width}, {"FACTOR", factor}});
 }
 
 /// The cooperative kernel's part of main, from the row operands to the stores (`skip`: the
@@ -380,14 +358,18 @@ std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, cons
   const bool forward = kind == Kind::forward, lse = kind == Kind::lse, dv = kind == Kind::dv;
   const std::uint32_t lanes = coop_lanes(t.subgroup_size, t.cooperative_matrix.m).first;
   // A row's index is `own` (a query, or dv's key), a tile column's `other`.
-  const GlslValues names = {{"ROWREAD", dv ? "row4_K" : "row4_Q"},  {"TILEREAD", dv ? "row4_Q" : "row4_K"},
-                                                                  {"VALREAD", dv ? "row4_DY" : "row4_V"}, {"OWNCOUNT", dv ? "M" : "N"},
-                                                                  {"OWN", dv ? "kj" : "qi"},              {"OTHER", dv ? "qi" : "kj"}};
+  const GlslValues names = {{"ROWREAD", dv ? "row4_K" : "row4_Q"},
+                            {"TILEREAD", dv ? "row4_Q" : "row4_K"},
+                            {"VALREAD", dv ? "row4_DY" : "row4_V"},
+                            {"OWNCOUNT", dv ? "M" : "N"},
+                            {"OWN", dv ? "kj" : "qi"},
+                            {"OTHER", dv ? "qi" : "kj"}};
   const auto& stage = coop_stage;
-  std::string s = "  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;\n"
-                  "  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart\n"
-                  "  // The rows once, zeros past the last.\n" +
-                  stage("rows_s", "NSG * CM", "KD", "QS", "D4", fill_glsl("r0 + row < $OWNCOUNT", names), fill_glsl("$ROWREAD", names), "r0", "  ");
+  std::string s =
+      "  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;\n"
+      "  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart\n"
+      "  // The rows once, zeros past the last.\n" +
+      stage("rows_s", "NSG * CM", "KD", "QS", "D4", fill_glsl("r0 + row < $OWNCOUNT", names), fill_glsl("$ROWREAD", names), "r0", "  ");
   if (!dv)
     s += "  float m[RPL], l[RPL];  // per row: the running max, and this lane's part of the sum of exp(s - m)\n"
          "  [[unroll]] for (uint i = 0u; i < RPL; ++i) { m[i] = neg_inf(); l[i] = 0.0; }\n";
@@ -406,34 +388,24 @@ std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, cons
        "    subgroupBarrier();\n";
   const std::string score = modifier ? "score_mod(s_s[wr * SS + c] * scale, qi, kj)" : "s_s[wr * SS + c] * scale";
   if (dv) {
-    s += fill_glsl(R"(    // p = exp(s - lse), each lane over LPR-th of its rows' scores; 0 where masked.
-    [[unroll]] for (uint i = 0u; i < RPL; ++i) {
-      uint wr = wr0 + i * (SG / LPR), kj = r0 + wr;
-      [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
-        uint c = sub + j * LPR, qi = t0 + c;
-        float p = 0.0;
-        if (c < cols && kj < M && kept(qi, kj)) {
-          float sc = $SCORE;
-          if (sc != neg_inf()) p = exp(sc - lse_s[c]);
-        }
-$DROP        p_s[wr * PS + c] = float16_t(p);
-      }
-    }
-)",
-              {{"SCORE", score}, {"DROP", drop ? "        if (c < cols && kj < M) p *= dropout_factor(qi, kj);  // dv = (p z)T dy\n" : ""}});
+    s += glsl_template("flash_coop_dv_weights.glsl",
+                       {{"SCORE", score}, {"DROP", drop ? "        if (c < cols && kj < M) p *= dropout_factor(qi, kj);  // dv = (p z)T dy\n" : ""}});
   } else {
-    s += fill_glsl(std::string(glsl_file("flash_coop_online_softmax.glsl")),
-              {{"SCORE", score},
-               {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) mx = qkv_max(mx, subgroupShuffleXor(mx, w));\n" : ""},
-               {"ORESCALE", lse ? "" : "        [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) o[i * (KV / LPR) + x] *= alpha;\n"},
-               {"PWRITE", lse ? ""
-                              : std::string(drop ? "        if (c < cols && qi < N) p *= dropout_factor(qi, t0 + c);  // the sum normalises the undropped weights\n"
-                                                 : "") +
-                                    "        p_s[wr * PS + c] = float16_t(p);\n"}});
+    s += glsl_template(
+        "flash_coop_online_softmax.glsl",
+        {{"SCORE", score},
+         {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) mx = qkv_max(mx, subgroupShuffleXor(mx, w));\n" : ""},
+         {"ORESCALE", lse ? "" : "        [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) o[i * (KV / LPR) + x] *= alpha;\n"},
+         {"PWRITE",
+          lse ? ""
+              : std::string(drop ? "        if (c < cols && qi < N) p *= dropout_factor(qi, t0 + c);  // the sum normalises the undropped weights\n"
+                                 : "") +
+                    "        p_s[wr * PS + c] = float16_t(p);\n"}});
   }
   if (!lse) s += "    subgroupMemoryBarrierShared();\n    subgroupBarrier();\n" + coop_accumulate("o += p v (dv: p dy)", "KV", "");
   s += "  }\n";
-  if (!dv && lanes > 1) s += "  [[unroll]] for (uint i = 0u; i < RPL; ++i)\n    for (uint w = 1u; w < LPR; w *= 2u) l[i] += subgroupShuffleXor(l[i], w);\n";
+  if (!dv && lanes > 1)
+    s += "  [[unroll]] for (uint i = 0u; i < RPL; ++i)\n    for (uint w = 1u; w < LPR; w *= 2u) l[i] += subgroupShuffleXor(l[i], w);\n";
   s += counts;
   if (lse) {
     s += "  [[unroll]] for (uint i = 0u; i < RPL; ++i) {  // -inf for a row with no key; one lane of each row writes it\n"
@@ -441,20 +413,11 @@ $DROP        p_s[wr * PS + c] = float16_t(p);
          "    if (qi < N && sub == 0u) OUT[out_at + qi] = " +
          stored("(m[i] == neg_inf() ? 0.0 : m[i]) + qkv_log(l[i])") + ";\n  }\n";
   } else {
-    s += fill_glsl(R"($NOTE  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
-    uint $OWN = r0 + wr0 + i * (SG / LPR);
-    if ($OWN >= $OWNCOUNT) continue;
-    [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) {
-      uint col = x / (CN / LPR) * CN + sub + x % (CN / LPR) * LPR;
-      float y = o[i * (KV / LPR) + x];
-      if (col < DVR) OUT[out_at + $OWN * out_rs + col] = $STORED;
-    }
-  }
-)",
-              {{"NOTE", forward ? "  // A row with no key has l = 0 and o = a sum of 0 * v: zeros, or NaN where v holds inf or NaN.\n" : ""},
-               {"OWN", dv ? "kj" : "qi"},
-               {"OWNCOUNT", dv ? "M" : "N"},
-               {"STORED", stored(forward ? "l[i] == 0.0 ? y : y / l[i]" : "y")}});
+    s += glsl_template("flash_coop_store.glsl",
+                       {{"NOTE", forward ? "  // A row with no key has l = 0 and o = a sum of 0 * v: zeros, or NaN where v holds inf or NaN.\n" : ""},
+                        {"OWN", dv ? "kj" : "qi"},
+                        {"OWNCOUNT", dv ? "M" : "N"},
+                        {"STORED", stored(forward ? "l[i] == 0.0 ? y : y / l[i]" : "y")}});
   }
   return s;
 }
@@ -471,15 +434,21 @@ std::string coop_grad_body(const Target& t, Kind kind, bool modifier, bool drop,
   const bool dk = kind == Kind::dk;
   const std::uint32_t lanes = coop_lanes(t.subgroup_size, t.cooperative_matrix.m).first;
   // A row's index is `own` (a query, or dk's key), a tile column's `other`.
-  GlslValues names = {
-      {"ROWREAD", dk ? "row4_K" : "row4_Q"}, {"ROW2READ", dk ? "row4_V" : "row4_DY"}, {"TILEREAD", dk ? "row4_Q" : "row4_K"},
-      {"VALREAD", dk ? "row4_DY" : "row4_V"}, {"OWNCOUNT", dk ? "M" : "N"},          {"OWN", dk ? "kj" : "qi"},
-      {"OTHER", dk ? "qi" : "kj"},           {"LSE", dk ? "lse_s[c]" : "lse_r[i]"},  {"DELTA", dk ? "delta_s[c]" : "delta_r[i]"}};
-  std::string s = "  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;\n"
-                  "  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart\n"
-                  "  // The rows once, zeros past the last.\n" +
-                  coop_stage("rows_s", "NSG * CM", "KD", "QS", "D4", fill_glsl("r0 + row < $OWNCOUNT", names), fill_glsl("$ROWREAD", names), "r0", "  ") +
-                  coop_stage("rows2_s", "NSG * CM", "KV", "VS", "DV4", fill_glsl("r0 + row < $OWNCOUNT", names), fill_glsl("$ROW2READ", names), "r0", "  ");
+  GlslValues names = {{"ROWREAD", dk ? "row4_K" : "row4_Q"},
+                      {"ROW2READ", dk ? "row4_V" : "row4_DY"},
+                      {"TILEREAD", dk ? "row4_Q" : "row4_K"},
+                      {"VALREAD", dk ? "row4_DY" : "row4_V"},
+                      {"OWNCOUNT", dk ? "M" : "N"},
+                      {"OWN", dk ? "kj" : "qi"},
+                      {"OTHER", dk ? "qi" : "kj"},
+                      {"LSE", dk ? "lse_s[c]" : "lse_r[i]"},
+                      {"DELTA", dk ? "delta_s[c]" : "delta_r[i]"}};
+  std::string s =
+      "  uint sg = gl_SubgroupID, sub = gl_SubgroupInvocationID % LPR;\n"
+      "  uint wr0 = sg * CM + gl_SubgroupInvocationID / LPR;  // this lane's first row in the workgroup; the others SG / LPR apart\n"
+      "  // The rows once, zeros past the last.\n" +
+      coop_stage("rows_s", "NSG * CM", "KD", "QS", "D4", fill_glsl("r0 + row < $OWNCOUNT", names), fill_glsl("$ROWREAD", names), "r0", "  ") +
+      coop_stage("rows2_s", "NSG * CM", "KV", "VS", "DV4", fill_glsl("r0 + row < $OWNCOUNT", names), fill_glsl("$ROW2READ", names), "r0", "  ");
   if (!dk)
     s += "  float lse_r[RPL], delta_r[RPL];  // per row\n"
          "  [[unroll]] for (uint i = 0u; i < RPL; ++i) {\n"
@@ -503,25 +472,15 @@ std::string coop_grad_body(const Target& t, Kind kind, bool modifier, bool drop,
   const std::string modified = !modifier ? ""
                                          : "          float dmod = 0.0;\n"
                                            "          if ($OWN < $OWNCOUNT) { vec2 md = score_mod_d(sc, qi, kj); sc = md.x; dmod = md.y; }\n";
-  names.insert(names.end(), {{"MODIFIED", fill_glsl(modified, names)},
-                             {"ACCUMULATE", coop_accumulate("o += ds k (dk: ds q)", "KD", " * unscale[i]")},
-                             {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) big = qkv_max(big, subgroupShuffleXor(big, w));\n" : ""},
-                             {"DROP", drop ? " * dropout_factor(qi, kj)" : ""},
-                             {"DMOD", modifier ? " * dmod" : ""}});
-  s += fill_glsl(std::string(glsl_file("flash_coop_grad_tile.glsl")),
-            names);
+  names.insert(names.end(),
+               {{"MODIFIED", fill_glsl(modified, names)},
+                {"ACCUMULATE", coop_accumulate("o += ds k (dk: ds q)", "KD", " * unscale[i]")},
+                {"SHUFFLEMAX", lanes > 1 ? "      for (uint w = 1u; w < LPR; w *= 2u) big = qkv_max(big, subgroupShuffleXor(big, w));\n" : ""},
+                {"DROP", drop ? " * dropout_factor(qi, kj)" : ""},
+                {"DMOD", modifier ? " * dmod" : ""}});
+  s += glsl_template("flash_coop_grad_tile.glsl", names);
   s += counts;
-  s += fill_glsl(R"(  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
-    uint own_row = r0 + wr0 + i * (SG / LPR);
-    if (own_row >= $OWNCOUNT) continue;
-    [[unroll]] for (uint x = 0u; x < KD / LPR; ++x) {
-      uint col = x / (CN / LPR) * CN + sub + x % (CN / LPR) * LPR;
-      float y = o[i * (KD / LPR) + x] * scale;
-      if (col < DR) OUT[out_at + own_row * out_rs + col] = $STORED;
-    }
-  }
-)",
-            {{"OWNCOUNT", dk ? "M" : "N"}, {"STORED", stored("y")}});
+  s += glsl_template("flash_coop_grad_store.glsl", {{"OWNCOUNT", dk ? "M" : "N"}, {"STORED", stored("y")}});
   return s;
 }
 }  // namespace
@@ -637,29 +596,17 @@ struct Flash {
 };
 
 Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target)
-    : n(node),
-      held(held_dtypes),
-      out_dtype(out),
-      rounded(rounded_to),
-      cooperative(coop_target),
-      kind(kind_of(node)),
-      coop(coop_target != nullptr),
-      causal(node.attrs.causal),
-      mask(masked(node)),
-      drop(ir::has_dropout_seed(node.op, node.attrs)),
-      key_rows(kind == Kind::dk || kind == Kind::dv),
-      strided(attention_strided(node)),
-      r(batch_rank(node)),
-      own_count(key_rows ? "M" : "N"),
-      other_count(key_rows ? "N" : "M"),
+    : n(node), held(held_dtypes), out_dtype(out), rounded(rounded_to), cooperative(coop_target), kind(kind_of(node)), coop(coop_target != nullptr),
+      causal(node.attrs.causal), mask(masked(node)), drop(ir::has_dropout_seed(node.op, node.attrs)), key_rows(kind == Kind::dk || kind == Kind::dv),
+      strided(attention_strided(node)), r(batch_rank(node)), own_count(key_rows ? "M" : "N"), other_count(key_rows ? "N" : "M"),
       out_count(own_count) {
   // The output's rows: the forward's and dv's are Dv wide, dq's and dk's D, the lse's one float.
   out_width = kind == Kind::lse ? "1u" : kind == Kind::forward || kind == Kind::dv ? "DVR" : "DR";
 
   // Bindings: the node's operands in order, then the output.
   arrays = kind == Kind::forward ? std::vector<std::string>{"Q", "K", "V"}
-                                    : kind == Kind::lse   ? std::vector<std::string>{"Q", "K"}
-                                                          : std::vector<std::string>{"Q", "K", "V", "DY", "LSE", "DELTA"};
+           : kind == Kind::lse   ? std::vector<std::string>{"Q", "K"}
+                                 : std::vector<std::string>{"Q", "K", "V", "DY", "LSE", "DELTA"};
   if (mask) arrays.emplace_back("KEEP");
   tensors = modifier_tensors(n);
   for (std::size_t i = 0; i < tensors; ++i) arrays.push_back("T" + str(static_cast<std::int64_t>(i)));
@@ -688,27 +635,9 @@ Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out,
   if (mask) ranged.push_back({"KEEP", "mask_at", "pc.mask_row_stride", "pc.mask_col_stride"});
 }
 
-/// `text` with `by` before each of its lines (a block nested one level deeper).
-std::string indented(const std::string& text, const std::string& by) {
-  std::string out;
-  for (std::size_t at = 0; at < text.size();) {
-    const std::size_t end = std::min(text.find('\n', at), text.size() - 1) + 1;
-    out += by + text.substr(at, end - at);
-    at = end;
-  }
-  return out;
-}
-
 /// dot[t] = row t . tile row c (the score before scaling); `a` the registers, `tile` the tile.
 std::string dots(const char* out, const char* a, const char* tile, const char* g) {
-  return fill_glsl(R"(      vec4 $OUT4[RPT];
-      [[unroll]] for (uint t = 0u; t < RPT; ++t) $OUT4[t] = vec4(0.0);
-      [[unroll]] for (uint g = 0u; g < $G; ++g) {
-        vec4 x = $TILE[c * $G + g];
-        [[unroll]] for (uint t = 0u; t < RPT; ++t) $OUT4[t] += $A[t * $G + g] * x;
-      }
-)",
-              {{"OUT", out}, {"A", a}, {"TILE", tile}, {"G", g}});
+  return glsl_template("flash_dots.glsl", {{"OUT", out}, {"A", a}, {"TILE", tile}, {"G", g}});
 }
 
 /// The statement that skips a tile tile_masked finds masked, where tiles are tested.
@@ -764,13 +693,7 @@ std::pair<std::string, std::string> flash_tiles_and_readers(const Flash& f) {
     const std::string e = std::string(o.array) + "[i]";
     readers += "float load_" + std::string(o.array) + "(uint i) { return " + widened(t, e) + "; }\n";
     if (!o.vec4s) continue;
-    readers += fill_glsl(R"(vec4 row4_$A(uint row, uint g) {
-  uint at = $AT + row * $RS, d = 4u * g;
-  return vec4(d < $W ? load_$A(at + d) : 0.0, d + 1u < $W ? load_$A(at + d + 1u) : 0.0,
-              d + 2u < $W ? load_$A(at + d + 2u) : 0.0, d + 3u < $W ? load_$A(at + d + 3u) : 0.0);
-}
-)",
-                    {{"AT", o.at}, {"A", o.array}, {"W", o.real_width}, {"RS", o.row_stride}});
+    readers += glsl_template("flash_row_reader.glsl", {{"AT", o.at}, {"A", o.array}, {"W", o.real_width}, {"RS", o.row_stride}});
   }
   return {tiles, readers};
 }
@@ -795,18 +718,7 @@ ModifierText flash_modifier(const Flash& f) {
       tensor_at += "    t" + t + "_at += idx * tensor_stride(T" + t + "_DIMS, d);\n";
       tensor_strides += "  t" + t + "_row = tensor_stride(T" + t + "_DIMS, R);\n  t" + t + "_col = tensor_stride(T" + t + "_DIMS, R + 1);\n";
     }
-    if (tensors > 0)
-      modifier_text += R"(uint score_dim(int d) { return d < R ? pc.batch[d] : d == R ? N : M; }
-// A tensor's element stride along the scores' dim d: 0 where it broadcasts, else the product of
-// the later dims it spans.
-uint tensor_stride(uint dims, int d) {
-  if (((dims >> uint(d)) & 1u) == 0u) return 0u;
-  uint st = 1u;
-  for (int e = d + 1; e < R + 2; ++e)
-    if (((dims >> uint(e)) & 1u) != 0u) st *= score_dim(e);
-  return st;
-}
-)";
+    if (tensors > 0) modifier_text += glsl_file("flash_tensor_stride.glsl");
     const std::string fn = with_derivative ? "score_mod_d" : "score_mod";
     const auto outputs = with_derivative ? std::vector<std::string>{"primal", "mod"} : std::vector<std::string>{"mod"};
     modifier_text += "// The score modifier, mod = " + ir::region_expression(*n.region) +
@@ -815,12 +727,11 @@ uint tensor_stride(uint dims, int d) {
       modifier_text += region_function(*modifier, fn, outputs);
     } else {
       const ir::Graph unmasked = ir::unmasked_region(*n.region);
-      modifier_text += region_function(*modifier, fn + "_masked", outputs) + "// Without its masks, for tiles they keep whole: mod = " +
-                       ir::region_expression(unmasked) + ".\n" +
-                       region_function(with_derivative ? ir::differentiate_region(unmasked, ir::kRegionScore, true) : unmasked, fn + "_kept", outputs) +
-                       "bool tile_unmasked = false;  // set per tile by tile_masked\n" +
-                       (with_derivative ? "vec2" : "float") + std::string(" ") + fn + "(float score, uint q_idx, uint kv_idx) {\n  return tile_unmasked ? " + fn +
-                       "_kept(score, q_idx, kv_idx) : " + fn + "_masked(score, q_idx, kv_idx);\n}\n";
+      const ir::Graph kept = with_derivative ? ir::differentiate_region(unmasked, ir::kRegionScore, true) : unmasked;
+      modifier_text += region_function(*modifier, fn + "_masked", outputs);
+      modifier_text += "// Without its masks, for tiles they keep whole: mod = " + ir::region_expression(unmasked) + ".\n";
+      modifier_text += region_function(kept, fn + "_kept", outputs);
+      modifier_text += glsl_template("flash_modifier_switch.glsl", {{"TYPE", with_derivative ? "vec2" : "float"}, {"FN", fn}});
     }
   }
   return {tensor_globals, modifier_text, tensor_at, tensor_strides};
@@ -837,7 +748,8 @@ std::pair<std::string, std::string> flash_dropout(const Flash& f) {
     dropout_text = "\n// Dropout (p = " + ir::format_number(n.attrs.dropout) + "): dropout_mask's factor for weight (i, j) of this batch entry.\n" +
                    philox_function() + "const uint DROP_THRESHOLD = " + str(ir::dropout_threshold(n.attrs.dropout)) + "u;\n" +
                    "float dropout_factor(uint i, uint j) {\n"
-                   "  float keep = uintBitsToFloat(" + str(std::bit_cast<std::uint32_t>(static_cast<float>(ir::dropout_keep_value(n.attrs.dropout)))) +
+                   "  float keep = uintBitsToFloat(" +
+                   str(std::bit_cast<std::uint32_t>(static_cast<float>(ir::dropout_keep_value(n.attrs.dropout)))) +
                    "u);  // 1 / (1 - p)\n"
                    "  return qkv_philox((batch_index * N + i) * M + j, drop_seed) >= DROP_THRESHOLD ? keep : 0.0;\n"
                    "}\n";
@@ -864,26 +776,19 @@ std::string flash_tile_test(const Flash& f) {
     if (!masking.empty()) tile_text += region_bound_function(*n.region, "keeps_mod", &masking);
     if (mask) tile_text += "bool tile_mask_kept = false;  // the keep-mask is nonzero over the tile (set by tile_masked)\n";
     if (!ranged.empty())
-      tile_text += fill_glsl(std::string(glsl_file("flash_tile_ranges.glsl")),
-                        {{"K", k}, {"KR", str(static_cast<std::int64_t>((3 * ranged.size() + 3) / 4 * 4))}});
-    tile_text += "\n// Whether every score of queries [qa, qb] by keys [ka, kb] is masked whatever the scores are\n"
-                 "// (called by the whole workgroup, which gets one answer).\n"
-                 "// Sets tile_unmasked (the modifier's masks keep every score) and tile_mask_kept likewise.\n"
-                 "bool tile_masked(uint qa, uint qb, uint ka, uint kb) {\n";
+      tile_text += glsl_template("flash_tile_ranges.glsl", {{"K", k}, {"KR", str(static_cast<std::int64_t>((3 * ranged.size() + 3) / 4 * 4))}});
+    tile_text +=
+        "\n// Whether every score of queries [qa, qb] by keys [ka, kb] is masked whatever the scores are\n"
+        "// (called by the whole workgroup, which gets one answer).\n"
+        "// Sets tile_unmasked (the modifier's masks keep every score) and tile_mask_kept likewise.\n"
+        "bool tile_masked(uint qa, uint qb, uint ka, uint kb) {\n";
     if (!masking.empty()) tile_text += "  tile_unmasked = false;\n";
     if (mask) tile_text += "  tile_mask_kept = false;\n";
     if (!ranged.empty()) tile_text += "  uint slot = tile_tests % 3u;\n  ++tile_tests;\n";
     for (std::size_t i = 0; i < ranged.size(); ++i) {
       const Ranged& o = ranged[i];
-      tile_text += fill_glsl(R"(  {  // $A over the tile's queries, its keys, or its one element
-    uint row = $ROW, col = $COL;
-    if (row == 0u || col == 0u) {
-      uint first = row != 0u ? qa : col != 0u ? ka : 0u, count = row != 0u ? qb - qa + 1u : col != 0u ? kb - ka + 1u : 1u;
-      for (uint x = lid; x < count; x += INV) range_add(slot * $Ku + $Iu, $A[$AT + (first + x) * (row + col)]);
-    }
-  }
-)",
-                        {{"A", o.array}, {"ROW", o.row}, {"COL", o.col}, {"AT", o.at}, {"K", k}, {"I", str(static_cast<std::int64_t>(i))}});
+      tile_text += glsl_template("flash_tile_range.glsl",
+                                 {{"A", o.array}, {"ROW", o.row}, {"COL", o.col}, {"AT", o.at}, {"K", k}, {"I", str(static_cast<std::int64_t>(i))}});
     }
     if (!ranged.empty()) tile_text += "  barrier();\n  if (lid == 0u) range_clear((slot + 2u) % 3u);  // last read two tests ago\n";
     for (std::size_t i = 0; i < ranged.size(); ++i) {
@@ -941,52 +846,61 @@ std::string flash_prologue(const Flash& f) {
   // The math the kernel calls: the modifier's, the lse's log, and the rounding of a 16-bit output.
   std::string helpers = n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? math_helpers_of({Op::log}) : "";
   const Store output{rounded, out_dtype};  // how the output is stored
-  for (Op round : output.rounds())  // unless the modifier's helpers define it
-    if (helpers.find(round == Op::round_f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos) helpers += math_helpers_of({round});
-  std::string s = fill_glsl(std::string(glsl_file("flash_attention.glsl")),
-                       {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "") + (n.region ? ", with a score modifier" : "") + (drop ? ", with dropout" : "")},
-                        {"ROWS", key_rows ? "keys" : "queries"},
-                        {"OTHERS", key_rows ? "queries" : "keys"},
-                        {"R", str(r)},
-                        {"BINDINGS", flash_bindings(f)},
-                        {"SIXTEEN", sixteen ? "#extension GL_EXT_shader_16bit_storage : require\n" : ""},
-                        {"PUSH", attention_push_constants(n).glsl()},
-                        {"TILES", tiles},
-                        {"READERS", readers + helpers},
-                        {"SPECS", attention_spec_constants(n).glsl()},
-                        {"COOPEXT", !coop ? ""
-                                    : std::string("#extension GL_KHR_shader_subgroup_basic : require\n"
-                                                  "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n") +
-                                          (coop_lanes(cooperative->subgroup_size, cooperative->cooperative_matrix.m).first > 1
-                                               ? "#extension GL_KHR_shader_subgroup_shuffle : require\n"
-                                               : "") +
-                                          (cooperative->cooperative_matrix.emulated
-                                               ? ""
-                                               : "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n")},
-                        {"COOPCONSTS", coop ? coop_declarations(*cooperative, true, kind) : ""},
-                        {"COOPDECL", coop ? coop_declarations(*cooperative, false, kind) : ""},
-                        {"BR", coop ? "COOP * NSG * CM + (1u - COOP) * INV * RPT" : "INV * RPT"},
-                        {"TGLOBALS", mod.globals},
-                        {"MODIFIER", mod.functions},
-                        {"TENSORAT", mod.at},
-                        {"TENSORSTRIDES", mod.strides},
-                        {"TENSORZERO", tensor_zero},
-                        {"DROPOUT", dropout.first},
-                        {"TILETEST", flash_tile_test(f)},
-                        {"DROPSETUP", dropout.second},
-                        {"KEPT", std::string(causal ? "  int limit = int(i) + shift;\n"
-                                                      "  keep = int(j) <= limit && (window == 0 || int(j) > limit - window);\n"
-                                                    : "") +
-                                     (mask ? "  keep = keep && (tile_mask_kept || KEEP[mask_at + i * pc.mask_row_stride + j * pc.mask_col_stride] != 0.0);\n" : "")},
-                        {"OWNCOUNT", own_count},
-                        {"OTHERCOUNT", other_count},
-                        {"STRIDEDAT", strided ? "    dy_at += idx * pc.dy_batch_strides[d];\n"
-                                                "    out_at += idx * pc.out_batch_strides[d];\n"
-                                              : ""},
-                        {"ROWSTRIDES", strided ? "  q_rs = pc.q_row_stride; k_rs = pc.k_row_stride; v_rs = pc.v_row_stride; dy_rs = pc.dy_row_stride; "
-                                                 "out_rs = pc.out_row_stride;\n"
-                                               : "  q_rs = DR; k_rs = DR; v_rs = DVR; dy_rs = DVR; out_rs = " + out_width + ";\n"
-                                                 "  dy_at = b * N * DVR;\n  out_at = b * " + out_count + " * out_rs;\n"}});
+  for (Op round : output.rounds())         // unless the modifier's helpers define it
+    if (helpers.find(round == Op::round_f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos)
+      helpers += math_helpers_of({round});
+  // Strided operands' row strides are push constants; the others' are their widths.
+  std::string row_strides;
+  if (strided) {
+    row_strides = "  q_rs = pc.q_row_stride; k_rs = pc.k_row_stride; v_rs = pc.v_row_stride; dy_rs = pc.dy_row_stride; out_rs = pc.out_row_stride;\n";
+  } else {
+    row_strides = "  q_rs = DR; k_rs = DR; v_rs = DVR; dy_rs = DVR; out_rs = " + out_width + ";\n";
+    row_strides += "  dy_at = b * N * DVR;\n";
+    row_strides += "  out_at = b * " + out_count + " * out_rs;\n";
+  }
+  std::string s = glsl_template(
+      "flash_attention.glsl",
+      {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "") + (n.region ? ", with a score modifier" : "") +
+                    (drop ? ", with dropout" : "")},
+       {"ROWS", key_rows ? "keys" : "queries"},
+       {"OTHERS", key_rows ? "queries" : "keys"},
+       {"R", str(r)},
+       {"BINDINGS", flash_bindings(f)},
+       {"SIXTEEN", sixteen ? "#extension GL_EXT_shader_16bit_storage : require\n" : ""},
+       {"PUSH", attention_push_constants(n).glsl()},
+       {"TILES", tiles},
+       {"READERS", readers + helpers},
+       {"SPECS", attention_spec_constants(n).glsl()},
+       {"COOPEXT", !coop ? ""
+                         : std::string("#extension GL_KHR_shader_subgroup_basic : require\n"
+                                       "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n") +
+                               (coop_lanes(cooperative->subgroup_size, cooperative->cooperative_matrix.m).first > 1
+                                    ? "#extension GL_KHR_shader_subgroup_shuffle : require\n"
+                                    : "") +
+                               (cooperative->cooperative_matrix.emulated
+                                    ? ""
+                                    : "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n")},
+       {"COOPCONSTS", coop ? coop_declarations(*cooperative, true, kind) : ""},
+       {"COOPDECL", coop ? coop_declarations(*cooperative, false, kind) : ""},
+       {"BR", coop ? "COOP * NSG * CM + (1u - COOP) * INV * RPT" : "INV * RPT"},
+       {"TGLOBALS", mod.globals},
+       {"MODIFIER", mod.functions},
+       {"TENSORAT", mod.at},
+       {"TENSORSTRIDES", mod.strides},
+       {"TENSORZERO", tensor_zero},
+       {"DROPOUT", dropout.first},
+       {"TILETEST", flash_tile_test(f)},
+       {"DROPSETUP", dropout.second},
+       {"KEPT", std::string(causal ? "  int limit = int(i) + shift;\n"
+                                     "  keep = int(j) <= limit && (window == 0 || int(j) > limit - window);\n"
+                                   : "") +
+                    (mask ? "  keep = keep && (tile_mask_kept || KEEP[mask_at + i * pc.mask_row_stride + j * pc.mask_col_stride] != 0.0);\n" : "")},
+       {"OWNCOUNT", own_count},
+       {"OTHERCOUNT", other_count},
+       {"STRIDEDAT", strided ? "    dy_at += idx * pc.dy_batch_strides[d];\n"
+                               "    out_at += idx * pc.out_batch_strides[d];\n"
+                             : ""},
+       {"ROWSTRIDES", row_strides}});
   return s;
 }
 
@@ -1012,27 +926,26 @@ std::string flash_narrowing(const Flash& f) {
                   : "  hi = uint(clamp(int(r0 + rows) + shift, 0, int(M)));\n"
                     "  if (window > 0) lo = uint(clamp(int(r0) + shift - window + 1, 0, int(M)));\n";
   // A keep-mask can drop a whole tile only when it does not vary along both axes.
-  s += std::string("  bool may_skip = ") + (region_skips ? "true" : mask ? "pc.mask_row_stride == 0u || pc.mask_col_stride == 0u" : "false") + ";  // tiles tested\n";
+  s += std::string("  bool may_skip = ") +
+       (region_skips ? "true"
+        : mask       ? "pc.mask_row_stride == 0u || pc.mask_col_stride == 0u"
+                     : "false") +
+       ";  // tiles tested\n";
   if (causal || tests_tiles) {
     const auto skipped = checked_skipped(kind), own = checked_own(kind);
     if (!skipped.empty() || !own.empty()) {
       // The rows outside [lo, hi), or every row when any tile may be skipped.
       s += "  if (lid == 0u) nonfinite[0] = 0u;\n  barrier();\n  uint gap = may_skip ? 0u : hi - lo;  // streamed rows surely visited\n";
       for (const Operand& o : skipped)
-        s += fill_glsl(R"(  for (uint x = lid; x < ($OTHERCOUNT - gap) * $W; x += INV) {
-    uint j = x / $W;
-    j = j < lo ? j : j + gap;
-    if (!finite(load_$A($AT + j * $RS + x % $W))) atomicOr(nonfinite[0], 1u);
-  }
-)",
-                  {{"OTHERCOUNT", other_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
+        s += glsl_template("flash_nonfinite_streamed.glsl",
+                           {{"OTHERCOUNT", other_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
       for (const Operand& o : own)
-        s += fill_glsl(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t)
-    if ($ANY && own(t) < $OWNCOUNT)
-      for (uint d = 0u; d < $W; ++d)
-        if (!finite(load_$A($AT + own(t) * $RS + d))) atomicOr(nonfinite[0], 1u);
-)",
-                  {{"ANY", causal ? "true" : "may_skip"}, {"OWNCOUNT", own_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
+        s += glsl_template("flash_nonfinite_own.glsl", {{"ANY", causal ? "true" : "may_skip"},
+                                                        {"OWNCOUNT", own_count},
+                                                        {"W", o.real_width},
+                                                        {"A", o.array},
+                                                        {"AT", o.at},
+                                                        {"RS", o.row_stride}});
       s += "  barrier();\n  if (nonfinite[0] != 0u) { lo = 0u; hi = " + other_count + "; may_skip = false; }\n";
     }
   }
@@ -1047,11 +960,7 @@ std::string flash_registers(const Flash& f) {
   const std::string& own_count = f.own_count;
   std::string s;
   auto load_rows = [&](const char* reg, const Operand& o) {
-    return fill_glsl(R"(  vec4 $REG[RPT * $G];
-  [[unroll]] for (uint t = 0u; t < RPT; ++t)
-    [[unroll]] for (uint g = 0u; g < $G; ++g) $REG[t * $G + g] = own(t) < $OWNCOUNT ? row4_$A(own(t), g) : vec4(0.0);
-)",
-                {{"REG", reg}, {"G", o.vec4s}, {"OWNCOUNT", own_count}, {"A", o.array}});
+    return glsl_template("flash_load_rows.glsl", {{"REG", reg}, {"G", o.vec4s}, {"OWNCOUNT", own_count}, {"A", o.array}});
   };
   auto zeros = [](const char* reg, const char* g) {
     return fill_glsl("  vec4 $REG[RPT * $G];\n  [[unroll]] for (uint x = 0u; x < RPT * $G; ++x) $REG[x] = vec4(0.0);\n", {{"REG", reg}, {"G", g}});
@@ -1093,8 +1002,7 @@ std::string flash_online_softmax(const Flash& f) {
        "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
        "        uint c = c0 + j;\n"
        "        if (c >= cols) break;\n" +
-       indented(dots("s", "q", "k_tile", "D4"), "  ") +
-       "        [[unroll]] for (uint t = 0u; t < RPT; ++t)\n" +
+       indented(dots("s", "q", "k_tile", "D4"), "  ") + "        [[unroll]] for (uint t = 0u; t < RPT; ++t)\n" +
        (n.region ? "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = score_mod(sum4(s4[t]) * scale, own(t), t0 + c);\n"
                  : "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = sum4(s4[t]) * scale;\n") +
        "      }\n"
@@ -1142,9 +1050,9 @@ std::string flash_tile_loop(const Flash& f) {
        "    barrier();  // everyone is done with the previous tiles\n";
   for (const Operand& o : streamed(kind))
     s += o.vec4s ? fill_glsl("    for (uint x = lid; x < BC * $G; x += INV) $TILE[x] = x / $G < cols ? row4_$A(t0 + x / $G, x % $G) : vec4(0.0);\n",
-                        {{"G", o.vec4s}, {"TILE", o.tile}, {"A", o.array}})
+                             {{"G", o.vec4s}, {"TILE", o.tile}, {"A", o.array}})
                  : fill_glsl("    for (uint x = lid; x < BC; x += INV) $TILE[x] = x < cols ? $A[$AT + t0 + x] : 0.0;\n",
-                        {{"TILE", o.tile}, {"A", o.array}, {"AT", o.at}});
+                             {{"TILE", o.tile}, {"A", o.array}, {"AT", o.at}});
   s += "    barrier();\n";
   // p = exp(s - lse), 0 where the score is masked (or -inf), for row t and tile row c.
   const std::string qi = key_rows ? "t0 + c" : "own(t)", kj = key_rows ? "own(t)" : "t0 + c";
@@ -1156,15 +1064,12 @@ std::string flash_tile_loop(const Flash& f) {
                                      "        if (own(t) < $OWNCOUNT) { vec2 md = score_mod_d(sc, $QI, $KJ); sc = md.x; dmod = md.y; }\n"
                                    : "        if (own(t) < $OWNCOUNT) sc = score_mod(sc, $QI, $KJ);\n";
   const GlslValues at_tile = {{"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}};
-  const std::string prob = fill_glsl(R"(        float sc = sum4(s4[t]) * scale;
-$MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;
-)",
-                                {{"MODIFIED", fill_glsl(modified, at_tile)}, {"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}, {"LSE", key_rows ? "lse_tile[c]" : "lse_r[t]"}});
+  const std::string prob = glsl_template(
+      "flash_weight.glsl",
+      {{"MODIFIED", fill_glsl(modified, at_tile)}, {"OWNCOUNT", own_count}, {"QI", qi}, {"KJ", kj}, {"LSE", key_rows ? "lse_tile[c]" : "lse_r[t]"}});
   switch (kind) {
     case Kind::forward:
-    case Kind::lse:
-      s += flash_online_softmax(f);
-      break;
+    case Kind::lse: s += flash_online_softmax(f); break;
     case Kind::dq:
     case Kind::dk: {
       // ds = p (dy . v - delta); dq += ds k for query rows, dk += ds q for key rows. With
@@ -1173,25 +1078,19 @@ $MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_i
       s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", q_rows ? "q" : "kr", q_rows ? "k_tile" : "q_tile", "D4") +
            dots("dp", q_rows ? "dy" : "vr", q_rows ? "v_tile" : "dy_tile", "DV4") +
            "      float ds[RPT];\n"
-           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
-           fill_glsl("        ds[t] = pr * (sum4(dp4[t])$DROP - $DELTA)$DMOD;\n"
-                "      }\n"
-                "      [[unroll]] for (uint g = 0u; g < D4; ++g) {\n"
-                "        vec4 x = $TILE[c * D4 + g];\n"
-                "        [[unroll]] for (uint t = 0u; t < RPT; ++t) acc[t * D4 + g] += ds[t] * x;\n"
-                "      }\n"
-                "    }\n",
-                {{"DELTA", q_rows ? "delta_r[t]" : "delta_tile[c]"},
-                 {"DMOD", n.region ? " * dmod" : ""},
-                 {"DROP", drop ? " * dropout_factor(" + qi + ", " + kj + ")" : ""},
-                 {"TILE", q_rows ? "k_tile" : "q_tile"}});
+           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" +
+           prob +
+           glsl_template("flash_ds_accumulate.glsl", {{"DELTA", q_rows ? "delta_r[t]" : "delta_tile[c]"},
+                                                      {"DMOD", n.region ? " * dmod" : ""},
+                                                      {"DROP", drop ? " * dropout_factor(" + qi + ", " + kj + ")" : ""},
+                                                      {"TILE", q_rows ? "k_tile" : "q_tile"}});
       break;
     }
     case Kind::dv:
       s += "    for (uint c = 0u; c < cols; ++c) {\n" + dots("s", "kr", "q_tile", "D4") +
            "      float p[RPT];\n"
-           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" + prob +
-           (drop ? "        p[t] = pr * dropout_factor(" + qi + ", " + kj + ");  // dv = (p z)T dy\n" : "        p[t] = pr;\n") +
+           "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n" +
+           prob + (drop ? "        p[t] = pr * dropout_factor(" + qi + ", " + kj + ");  // dv = (p z)T dy\n" : "        p[t] = pr;\n") +
            "      }\n"
            "      [[unroll]] for (uint g = 0u; g < DV4; ++g) {\n"
            "        vec4 x = dy_tile[c * DV4 + g];\n"
@@ -1210,14 +1109,7 @@ std::string flash_store(const Flash& f) {
   std::string s = flash_counts();
   const Store output{f.rounded, f.out_dtype};
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
-    return fill_glsl(R"(  [[unroll]] for (uint t = 0u; t < RPT; ++t) {
-    if (own(t) >= $COUNT) continue;
-    [[unroll]] for (uint g = 0u; g < $G; ++g)
-      [[unroll]] for (uint e = 0u; e < 4u; ++e)
-        if (4u * g + e < $W) OUT[out_at + own(t) * out_rs + 4u * g + e] = $STORED;
-  }
-)",
-                {{"COUNT", count}, {"G", g}, {"W", width}, {"STORED", output(fill_glsl(value, {{"REG", reg}}))}});
+    return glsl_template("flash_store_rows.glsl", {{"COUNT", count}, {"G", g}, {"W", width}, {"STORED", output(fill_glsl(value, {{"REG", reg}}))}});
   };
   switch (kind) {
     case Kind::forward:
@@ -1226,7 +1118,8 @@ std::string flash_store(const Flash& f) {
       break;
     case Kind::lse:
       s += "  [[unroll]] for (uint t = 0u; t < RPT; ++t)  // -inf for a row with no key\n"
-           "    if (own(t) < N) OUT[out_at + own(t)] = " + output("(m[t] == neg_inf() ? 0.0 : m[t]) + qkv_log(l[t])") + ";\n";
+           "    if (own(t) < N) OUT[out_at + own(t)] = " +
+           output("(m[t] == neg_inf() ? 0.0 : m[t]) + qkv_log(l[t])") + ";\n";
       break;
     case Kind::dq: s += store("acc", "D4", "DR", "N", "$REG[t * D4 + g][e] * scale"); break;
     case Kind::dk: s += store("acc", "D4", "DR", "M", "$REG[t * D4 + g][e] * scale"); break;
@@ -1254,14 +1147,14 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
          indented(coop_grad(kind) ? coop_grad_body(*cooperative, kind, n.region != nullptr, with_drop, flash_skip(f), flash_counts(), stored)
                                   : coop_body(*cooperative, kind, n.region != nullptr, with_drop, flash_skip(f), flash_counts(), stored),
                   "  ") +
-         "  } else {\n" +
-         indented(scalar, "  ") + "  }\n";
+         "  } else {\n" + indented(scalar, "  ") + "  }\n";
   }
   s += "}\n";
   const Target::CooperativeMatrix* cm = coop ? &cooperative->cooperative_matrix : nullptr;
   std::string name = "flash_attention_" + kind_name(kind) +
-                     (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") + (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
-                     (drop ? "_dropout" : "") + "_b" + str(f.r) + Store{rounded}.suffix();
+                     (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") +
+                     (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") + (drop ? "_dropout" : "") + "_b" + str(f.r) +
+                     Store{rounded}.suffix();
   return {name, s, static_cast<int>(f.arrays.size()) + 2, true, attention_push_constants(n).signature(), attention_spec_constants(n).signature()};
 }
 
@@ -1294,7 +1187,8 @@ void set_attention_strides(PushConstants::Values& push, const ir::Graph& g, cons
   };
   const bool grads = kind == Kind::dq || kind == Kind::dk || kind == Kind::dv;
   const Strides none{};
-  const Strides q_st = read_strides(0), k_st = read_strides(1), v_st = kind == Kind::lse ? none : read_strides(2), dy_st = grads ? read_strides(3) : none;
+  const Strides q_st = read_strides(0), k_st = read_strides(1), v_st = kind == Kind::lse ? none : read_strides(2),
+                dy_st = grads ? read_strides(3) : none;
   push.set_array("q_batch_strides", std::span(q_st.data(), ri))
       .set_array("k_batch_strides", std::span(k_st.data(), ri))
       .set_array("v_batch_strides", std::span(v_st.data(), ri))
@@ -1303,7 +1197,8 @@ void set_attention_strides(PushConstants::Values& push, const ir::Graph& g, cons
     Strides out_st = contiguous_strides(out);
     if (const ir::ValueId p = storage[v].into.into; p >= 0 && storage[p].kind == ir::StorageKind::placed) {  // the permute's storage
       const Strides c = contiguous_strides(shapes[static_cast<std::size_t>(p)]);
-      for (int j = 0; j < out.rank; ++j) out_st[static_cast<std::size_t>(g.node(p).attrs.perm[static_cast<std::size_t>(j)])] = c[static_cast<std::size_t>(j)];
+      for (int j = 0; j < out.rank; ++j)
+        out_st[static_cast<std::size_t>(g.node(p).attrs.perm[static_cast<std::size_t>(j)])] = c[static_cast<std::size_t>(j)];
     }
     push.set("q_row_stride", push_word(q_st[ri]))
         .set("k_row_stride", push_word(k_st[ri]))
@@ -1327,7 +1222,9 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
   const Shape& qs = in(0);
   const Shape& ks = in(1);
   const std::int64_t nq = qs.back(1), mk = ks.back(1), d = qs.back(0);
-  const std::int64_t dv = kind == Kind::forward ? out.back(0) : kind == Kind::lse ? 0 : in(static_cast<std::size_t>(ir::attention_roles(n.op).v)).back(0);
+  const std::int64_t dv = kind == Kind::forward ? out.back(0)
+                          : kind == Kind::lse   ? 0
+                                                : in(static_cast<std::size_t>(ir::attention_roles(n.op).v)).back(0);
   const Shape* mask = nullptr;
   if (masked(n)) mask = &in(static_cast<std::size_t>(ir::attention_roles(n.op).mask));
 
@@ -1359,7 +1256,8 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
   // Rows live in registers: past D + Dv = 4096 floats a row no device holds them, and drivers
   // take tens of seconds compiling the spills (NVIDIA, D = Dv = 4096).
   if (d4 + dv4 > 1024)
-    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " exceeds the flash kernels' 4096 floats of registers per row");
+    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) +
+                           " exceeds the flash kernels' 4096 floats of registers per row");
   const std::int64_t shared = std::max<std::int64_t>(target.shared_bytes, 16384);
   std::int64_t bc = target.attention_tile ? target.attention_tile : 32;
   // Beside the tiles: the non-finite flag, the tile tests' ranges and the cooperative path's

@@ -1,14 +1,13 @@
 // GLSL generation: one shader family per op category, elementwise expressions from one table.
-// The GLSL below is written as the shader reads, line by line in string literals joined with +,
-// a layout clang-format would break at every literal: this file is laid out by hand.
-// clang-format off
+// Whole kernels and helpers are codegen/glsl/ files; what is generated here is written a GLSL
+// line per statement.
 #include "codegen/glsl.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <cctype>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -50,6 +49,7 @@ std::string elementwise_expr(Op op) {
   QKV_BINARY_OPS(QKV_GLSL_EXPR)
   QKV_COMPARE_OPS(QKV_GLSL_EXPR)
 #undef QKV_GLSL_EXPR
+  // clang-format off
   switch (op) {
     case Op::cast: return "a";  // buffers hold ids and booleans as floats already
     case Op::where: return "c != 0.0 ? a : b";
@@ -69,6 +69,7 @@ std::string elementwise_expr(Op op) {
     case Op::concat:
     case Op::cache_write: break;
   }
+  // clang-format on
   QKV_UNREACHABLE(std::string(ir::op_name(op)) + " has no elementwise expression");
 }
 
@@ -88,8 +89,8 @@ std::string header(const std::vector<DType>& inputs, DType out, const PushConsta
     s += "#extension GL_EXT_shader_16bit_storage : require\n";
   s += "layout(local_size_x = " + std::to_string(local_x) + ", local_size_y = " + std::to_string(local_y) + ") in;\n";
   for (std::size_t i = 0; i < inputs.size(); ++i)
-    s += "layout(std430, binding = " + std::to_string(i) + ") readonly buffer In" + std::to_string(i) + " { " + detail::held_element(inputs[i]) + " x" +
-         std::to_string(i) + "[]; };\n";
+    s += "layout(std430, binding = " + std::to_string(i) + ") readonly buffer In" + std::to_string(i) + " { " + detail::held_element(inputs[i]) +
+         " x" + std::to_string(i) + "[]; };\n";
   s += "layout(std430, binding = " + std::to_string(inputs.size()) + ") writeonly buffer Out { " + detail::held_element(out) + " y[]; };\n";
   return s + push.glsl();
 }
@@ -108,12 +109,11 @@ std::string header(int inputs, const PushConstants& push, std::uint32_t local_x)
 /// Philox4x32-10 as ir/random.hpp defines it (codegen/glsl/qkv_philox.glsl).
 std::string detail::philox_function() {
   return glsl_template("qkv_philox.glsl", {{"KEY1", std::to_string(ir::kDropoutKey1) + "u"},
-                                          {"M0", std::to_string(ir::kPhiloxM0) + "u"},
-                                          {"M1", std::to_string(ir::kPhiloxM1) + "u"},
-                                          {"W0", std::to_string(ir::kPhiloxW0) + "u"},
-                                          {"W1", std::to_string(ir::kPhiloxW1) + "u"}});
+                                           {"M0", std::to_string(ir::kPhiloxM0) + "u"},
+                                           {"M1", std::to_string(ir::kPhiloxM1) + "u"},
+                                           {"W0", std::to_string(ir::kPhiloxW0) + "u"},
+                                           {"W1", std::to_string(ir::kPhiloxW1) + "u"}});
 }
-
 
 std::uint32_t detail::push_word(std::int64_t v) {
   QKV_ASSERT(v >= 0 && v <= 0xffffffffll, "push constant out of range");
@@ -142,14 +142,10 @@ std::array<std::int64_t, ir::kMaxRank> detail::broadcast_strides(const Shape& in
 
 namespace {
 
-
-
-
-
 /// The statements giving an invocation its element i, returning past the push constant `bound`.
 std::string element_index(const std::string& bound) {
-  return "  uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;\n"
-         "  if (i >= pc." + bound + ") return;\n";
+  const std::string i = "  uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;\n";
+  return i + "  if (i >= pc." + bound + ") return;\n";
 }
 
 /// Workgroups of `invocations` for `total` invocations: past 65535 along x, rows along y.
@@ -202,8 +198,8 @@ std::string sum_row(const std::function<std::string(const std::string&)>& read, 
   for (int l = m - 1; l >= 0; --l) {
     const std::string k = "k" + std::to_string(l);
     const bool outer = l == m - 1;
-    s += in + "for (uint " + k + " = " + (outer ? first : "0u") + "; " + k + " < " + dim(order[static_cast<std::size_t>(l)]) + "; " + k + " += " +
-         (outer ? step : "1u") + ") {\n";
+    s += in + "for (uint " + k + " = " + (outer ? first : "0u") + "; " + k + " < " + dim(order[static_cast<std::size_t>(l)]) + "; " + k +
+         " += " + (outer ? step : "1u") + ") {\n";
     in += "  ";
     s += l > 0 ? in + "float t" + std::to_string(l - 1) + " = 0.0;\n" : in + "t0 += " + read("base + (" + offset + ") * inner") + ";\n";
   }
@@ -219,31 +215,35 @@ std::string sum_row(const std::function<std::string(const std::string&)>& read, 
 /// its element's k, which `elements` loops over), NaN if any is NaN (through a flag: GLSL's max
 /// is not defined for NaN); with `lanes`, combined across the lanes sharing the row (qkv_max).
 std::string max_row(const std::string& m, const std::string& elements, const std::string& value, bool lanes, const std::string& indent) {
-  std::string s = indent + m + " = uintBitsToFloat(0xff800000u);\n" + indent + "{\n" + indent + "  float nan_seen = 0.0;\n" + indent + "  " + elements +
-                  " { float v = " + value + "; if (isnan(v)) nan_seen = 1.0; else " + m + " = max(" + m + ", v); }\n";
+  std::string s = indent + m + " = uintBitsToFloat(0xff800000u);\n" + indent + "{\n" + indent + "  float nan_seen = 0.0;\n" + indent + "  " +
+                  elements + " { float v = " + value + "; if (isnan(v)) nan_seen = 1.0; else " + m + " = max(" + m + ", v); }\n";
   if (lanes) s += indent + "  " + m + " = qkv_max(" + m + ");\n" + indent + "  nan_seen = qkv_max(nan_seen);\n";
   return s + indent + "  if (nan_seen > 0.0) " + m + " = uintBitsToFloat(0x7fc00000u);\n" + indent + "}\n";
 }
 
 /// One invocation per row: the invocations of a SIMD lane set take consecutive rows.
-std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, const std::vector<int>& sum_order, const detail::Store& out) {
+std::string axis_body_per_invocation(Op op, const std::string& open, const std::string& close, const std::vector<int>& sum_order,
+                                     const detail::Store& out) {
   auto read = [&](const std::string& index) { return open + index + close; };
-  std::string s = "void main() {\n" + element_index("rows") + "  uint n = pc.n, inner = pc.inner;\n  uint base = (i / inner) * n * inner + i % inner;\n";
+  std::string s = "void main() {\n" + element_index("rows");
+  s += "  uint n = pc.n, inner = pc.inner;\n";
+  s += "  uint base = (i / inner) * n * inner + i % inner;\n";
+  const std::string e = read("base + k * inner");
   QKV_ASSERT(op == Op::reduce_sum || op == Op::reduce_max || op == Op::softmax, "not an axis op");
   if (op == Op::reduce_sum) {
     s += "  float acc = 0.0;\n" + sum_row(read, sum_order, "0u", "1u", "  ") + "  y[i] = " + out("acc") + ";\n";
   } else if (op == Op::reduce_max) {
-    s += "  float acc = uintBitsToFloat(0xff800000u);\n"
-         "  for (uint k = 0u; k < n; ++k) { float v = " + read("base + k * inner") + "; acc = (isnan(v) || v > acc) ? v : acc; }\n"
-         "  y[i] = " + out("acc") + ";\n";
+    s += "  float acc = uintBitsToFloat(0xff800000u);\n";
+    s += "  for (uint k = 0u; k < n; ++k) { float v = " + e + "; acc = (isnan(v) || v > acc) ? v : acc; }\n";
+    s += "  y[i] = " + out("acc") + ";\n";
   } else {  // softmax
-    s += "  float m = uintBitsToFloat(0xff800000u);\n"
-         "  for (uint k = 0u; k < n; ++k) { float v = " + read("base + k * inner") + "; m = (isnan(v) || v > m) ? v : m; }\n"
-         "  if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
-         "  float total = 0.0;\n"
-         "  for (uint k = 0u; k < n; ++k) total += exp(" + read("base + k * inner") + " - m);\n"
-         "  float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
-         "  for (uint k = 0u; k < n; ++k) y[base + k * inner] = " + out("exp(" + read("base + k * inner") + " - m) * inv") + ";\n";
+    s += "  float m = uintBitsToFloat(0xff800000u);\n";
+    s += "  for (uint k = 0u; k < n; ++k) { float v = " + e + "; m = (isnan(v) || v > m) ? v : m; }\n";
+    s += "  if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n";
+    s += "  float total = 0.0;\n";
+    s += "  for (uint k = 0u; k < n; ++k) total += exp(" + e + " - m);\n";
+    s += "  float inv = total == 0.0 ? 0.0 : 1.0 / total;\n";
+    s += "  for (uint k = 0u; k < n; ++k) y[base + k * inner] = " + out("exp(" + e + " - m) * inv") + ";\n";
   }
   return s + "}\n";
 }
@@ -267,18 +267,20 @@ std::string axis_body_per_subgroup(Op op, const std::string& open, const std::st
   const std::string max_pass = "    float m;\n" + max_row("m", lanes, read("base + k * inner"), true, "    ");
   QKV_ASSERT(op == Op::reduce_sum || op == Op::reduce_max || op == Op::softmax, "not an axis op");
   if (op == Op::reduce_sum) {
-    s += "    float acc = 0.0;\n" + sum_row(read, sum_order, "lane", "step", "    ") +
-         "    acc = qkv_sum(acc);\n    if (writer) y[i] = " + out("acc") + ";\n";
+    s += "    float acc = 0.0;\n" + sum_row(read, sum_order, "lane", "step", "    ");
+    s += "    acc = qkv_sum(acc);\n";
+    s += "    if (writer) y[i] = " + out("acc") + ";\n";
   } else if (op == Op::reduce_max) {
     s += max_pass + "    if (writer) y[i] = " + out("m") + ";\n";
   } else {  // softmax
-    s += max_pass +
-         "    if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n"
-         "    float total = 0.0;\n"
-         "    " + lanes + " total += exp(" + read("base + k * inner") + " - m);\n"
-         "    total = qkv_sum(total);\n"
-         "    float inv = total == 0.0 ? 0.0 : 1.0 / total;\n"
-         "    " + lanes + " y[base + k * inner] = " + out("exp(" + read("base + k * inner") + " - m) * inv") + ";\n";
+    const std::string e = read("base + k * inner");
+    s += max_pass;
+    s += "    if (isinf(m) && m < 0.0) m = 0.0;  // a row of -inf gives zeros\n";
+    s += "    float total = 0.0;\n";
+    s += "    " + lanes + " total += exp(" + e + " - m);\n";
+    s += "    total = qkv_sum(total);\n";
+    s += "    float inv = total == 0.0 ? 0.0 : 1.0 / total;\n";
+    s += "    " + lanes + " y[base + k * inner] = " + out("exp(" + e + " - m) * inv") + ";\n";
   }
   return subgroup_rows_main(rows, target.invocations, s);
 }
@@ -321,8 +323,11 @@ std::string detail::row_body(const std::vector<RowReduction>& reductions, const 
   }
   s += "    " + elements + " y[base + k * inner] = " + store(chain + "(base + k * inner)") + ";\n";
   if (lanes) return subgroup_rows_main(subgroup_rows(target), target.invocations, s);
-  return "void main() {\n" + element_index("rows") + "  uint n = pc.n, inner = pc.inner, lane = 0u, step = 1u;\n  {\n    uint base = (i / inner) * n * inner + i % inner;\n" + s +
-         "  }\n}\n";
+  std::string main = "void main() {\n" + element_index("rows");
+  main += "  uint n = pc.n, inner = pc.inner, lane = 0u, step = 1u;\n";
+  main += "  {\n";
+  main += "    uint base = (i / inner) * n * inner + i % inner;\n";
+  return main + s + "  }\n}\n";
 }
 
 std::string detail::axis_shader(const std::string& header, const std::string& body, const Target& target) {
@@ -503,7 +508,8 @@ std::optional<std::string> interval_end(Op op) {
   auto expr = [&](auto f, const char* glsl) {
     return "a <= " + float_literal(start) + " ? " + float_literal(f(start)) + " : a == iv_inf() ? " + float_literal(f(inf)) + " : " + glsl;
   };
-#define QKV_INTERVAL_END(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, host, glsl, ...) \
+#define QKV_INTERVAL_END(id, arity, category, attrs, shape_rule, gradient, cost_rule, decomposition, autocast, roles, cases_of, doc, host, glsl, \
+                         ...)                                                                                                                    \
   if (op == Op::id) return expr([](double x) { return host; }, glsl);
   QKV_UNARY_OPS(QKV_INTERVAL_END)
 #undef QKV_INTERVAL_END
@@ -529,37 +535,31 @@ std::string detail::interval_helpers(const ir::Graph* region) {
     const std::string name(ir::op_name(n.op));
     s += "float ivf_" + name + "(float a) { return " + *end + "; }\n";
     switch (ir::unary_monotone(n.op)) {
-      case ir::Monotone::increasing:
-        s += "Iv iv_" + name + "(Iv a) { return Iv(ivf_" + name + "(a.lo), ivf_" + name + "(a.hi), a.nan); }\n";
-        break;
+      case ir::Monotone::increasing: s += "Iv iv_" + name + "(Iv a) { return Iv(ivf_" + name + "(a.lo), ivf_" + name + "(a.hi), a.nan); }\n"; break;
       case ir::Monotone::increasing_from_zero:  // NaN below 0
         s += "Iv iv_" + name + "(Iv a) {\n  bool below = a.lo < 0.0;\n  return Iv(ivf_" + name + "(below ? 0.0 : a.lo), ivf_" + name +
              "(a.hi < 0.0 ? 0.0 : a.hi), a.nan || below);\n}\n";
         break;
-      case ir::Monotone::decreasing:
-        s += "Iv iv_" + name + "(Iv a) { return Iv(ivf_" + name + "(a.hi), ivf_" + name + "(a.lo), a.nan); }\n";
-        break;
+      case ir::Monotone::decreasing: s += "Iv iv_" + name + "(Iv a) { return Iv(ivf_" + name + "(a.hi), ivf_" + name + "(a.lo), a.nan); }\n"; break;
       case ir::Monotone::periodic: break;
     }
   }
   return s;
 }
 
-std::string detail::region_bound_function(const ir::Graph& region, const std::string& name,
-                                          const std::vector<std::pair<ir::ValueId, bool>>* keeps) {
+std::string detail::region_bound_function(const ir::Graph& region, const std::string& name, const std::vector<std::pair<ir::ValueId, bool>>* keeps) {
   std::string s = (keeps ? "bool " : "Iv ") + name + "(Iv q_idx, Iv kv_idx";
   for (std::size_t i = 0; i < ir::region_tensors(region); ++i) s += ", Iv t" + std::to_string(i);
   s += ") {\n";
   // The index and tensor inputs are the parameters, by name; every other node is a local v<i>.
-  auto value = [&](ir::ValueId v) {
-    return v != ir::kRegionScore && region.node(v).op == Op::input ? region.node(v).name : "v" + std::to_string(v);
-  };
+  auto value = [&](ir::ValueId v) { return v != ir::kRegionScore && region.node(v).op == Op::input ? region.node(v).name : "v" + std::to_string(v); };
   for (std::size_t i = 0; i < region.size(); ++i) {
     const Node& n = region.nodes()[i];
     const auto v = static_cast<ir::ValueId>(i);
     if (n.op == Op::input && v != ir::kRegionScore) continue;
     auto arg = [&](std::size_t k) { return value(n.inputs[k]); };
     std::string rhs, note;
+    // clang-format off
     switch (n.op) {
       case Op::input: rhs = "iv_unknown()"; break;  // the score: anything
       case Op::constant: rhs = "iv_exact(" + float_literal(n.attrs.value) + ")"; break;
@@ -582,6 +582,7 @@ std::string detail::region_bound_function(const ir::Graph& region, const std::st
       QKV_COMPOSITE_CASES
       QKV_ATTENTION_CASES rhs = "iv_unknown()"; break;
     }
+    // clang-format on
     s += "  Iv " + value(v) + " = " + rhs + ";" + note + "\n";
   }
   if (!keeps) return s + "  return " + value(region.output("mod")) + ";\n}\n";
@@ -663,7 +664,8 @@ PushConstants per_element_push_constants(const Node& n, bool in_place = false) {
   if (n.op == Op::cache_write)
     p.scalar("inner", T::u32, axis).scalar("rows", T::u32, "the cache's size along the axis").scalar("fresh", T::u32, "the new rows' size along it");
   if (n.op == Op::iota) p.scalar("inner", T::u32, axis).scalar("size", T::u32, "the axis' size");
-  if (n.op == Op::dropout_mask) p.scalar("threshold", T::u32, "kept where the draw is at least 2^32 p").scalar("kept", T::f32, "the kept value, 1 / (1 - p)");
+  if (n.op == Op::dropout_mask)
+    p.scalar("threshold", T::u32, "kept where the draw is at least 2^32 p").scalar("kept", T::f32, "the kept value, 1 / (1 - p)");
   return p;
 }
 
@@ -763,16 +765,16 @@ KernelSource axis_source(const ir::Graph& g, const ir::StoragePlan& storage, ir:
   const std::size_t at = read.find('@');
   const PushConstants push = detail::axis_push_constants();
   const std::string body = helpers + detail::axis_body(op, read.substr(0, at), read.substr(at + 1), target, {}, store);
-  return declared({std::string(ir::op_name(op)) + store.suffix({in}), detail::axis_shader(header({in}, store.held, push, target.invocations), body, target), 2},
-                  push);
+  return declared(
+      {std::string(ir::op_name(op)) + store.suffix({in}), detail::axis_shader(header({in}, store.held, push, target.invocations), body, target), 2},
+      push);
 }
 
 }  // namespace
 
 bool implements(const Node& n) {
   switch (ir::op_info(n.op).category) {
-    case OpCategory::composite:
-      return n.op == Op::softmax || (ir::is_fused_attention(n.op) && detail::attention_fits(n));
+    case OpCategory::composite: return n.op == Op::softmax || (ir::is_fused_attention(n.op) && detail::attention_fits(n));
     case OpCategory::source:
     case OpCategory::unary:
     case OpCategory::binary:
@@ -833,7 +835,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
     case OpCategory::mask: words = per_element_push_constants(n).words(); break;
     case OpCategory::reduce: words = detail::axis_push_constants().words(); break;
     case OpCategory::composite:
-      words = n.op == Op::softmax              ? detail::axis_push_constants().words()
+      words = n.op == Op::softmax            ? detail::axis_push_constants().words()
               : ir::is_fused_attention(n.op) ? detail::attention_push_words(n)
                                              : kMaxPushWords + 1;
       break;
@@ -847,6 +849,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
 
 KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
+  // clang-format off
   switch (n.op) {
     case Op::constant:
     case Op::slice:
@@ -880,6 +883,7 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::log_softmax:  // decomposed before code generation
     case Op::reduce_mean: break;
   }
+  // clang-format on
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
 
@@ -923,8 +927,7 @@ KernelLaunch per_element_launch(const ir::Graph& g, ir::ValueId v, const std::ve
         .set(n.op == Op::concat ? "a_size" : "rows", push_word(xs[n.attrs.axis]))
         .set(n.op == Op::concat ? "b_size" : "fresh", push_word(in_shape(1)[n.attrs.axis]));
   if (n.op == Op::iota) p.set("inner", push_word(inner)).set("size", push_word(os[n.attrs.axis]));
-  if (n.op == Op::dropout_mask)
-    p.set("threshold", ir::dropout_threshold(n.attrs.dropout)).set_float("kept", ir::dropout_keep_value(n.attrs.dropout));
+  if (n.op == Op::dropout_mask) p.set("threshold", ir::dropout_threshold(n.attrs.dropout)).set_float("kept", ir::dropout_keep_value(n.attrs.dropout));
   KernelLaunch l;
   l.push = p.words();
   l.push_signature = declaration.signature();
@@ -934,7 +937,8 @@ KernelLaunch per_element_launch(const ir::Graph& g, ir::ValueId v, const std::ve
 
 }  // namespace
 
-KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
+KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes,
+                           const Target& target) {
   const Node& n = g.node(v);
   const Shape& os = shapes[static_cast<std::size_t>(v)];
   auto in_shape = [&](int k) -> const Shape& { return shapes[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(k)])]; };
@@ -951,6 +955,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     l.groups = linear_groups((os.numel() + kCastElements - 1) / kCastElements, target.invocations);
     return l;
   }
+  // clang-format off
   switch (n.op) {
     case Op::constant:
     case Op::causal_mask:
@@ -1004,6 +1009,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::log_softmax:
     case Op::reduce_mean: break;
   }
+  // clang-format on
   QKV_UNREACHABLE(std::string(ir::op_name(n.op)) + " has no kernel");
 }
 

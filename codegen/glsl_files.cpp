@@ -43,7 +43,8 @@ std::string glsl_template(std::string_view name, GlslValues values) {
   std::string text = fill_glsl(std::string(glsl_file(name)), std::move(values));
   for (std::size_t at = text.find('$'); at != std::string::npos; at = text.find('$', at + 1))
     QKV_ASSERT(at + 1 == text.size() || !std::isupper(static_cast<unsigned char>(text[at + 1])),
-               "codegen/glsl/" + std::string(name) + ": no value for " + text.substr(at, text.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", at + 1) - at));
+               "codegen/glsl/" + std::string(name) + ": no value for " +
+                   text.substr(at, text.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", at + 1) - at));
   return text;
 }
 

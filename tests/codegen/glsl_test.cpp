@@ -9,6 +9,7 @@
 
 #include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
+#include "codegen/glsl_files.hpp"
 #include "codegen/spirv.hpp"
 #include "codegen/storage_plan.hpp"
 #include "ir/bind.hpp"
@@ -162,6 +163,24 @@ TEST(Glsl, MaskingModifierTestsEachTileByIntervalArithmetic) {
     EXPECT_NE(k.glsl.find("return tile_unmasked ? " + fn + "_kept("), std::string::npos) << k.glsl;
     EXPECT_FALSE(compile_spirv(k.name, k.glsl).empty());
   }
+}
+
+/// Templates: longer names first, a placeholder alone on its line standing for whole lines (or
+/// none), and inline elsewhere.
+TEST(GlslTemplate, FillsLongerNamesFirstAndWholeLinesInPlace) {
+  const std::string text = "a $AT $A\n$LINES\n  x = $A;\n$NONE\nend\n";
+  EXPECT_EQ(fill_glsl(text, {{"A", "1"}, {"AT", "2"}, {"LINES", "l1\nl2\n"}, {"NONE", ""}}), "a 2 1\nl1\nl2\n  x = 1;\nend\n");
+  // A value that is not whole lines stays on the placeholder's line.
+  EXPECT_EQ(fill_glsl("$X\n", {{"X", "y"}}), "y\n");
+}
+
+TEST(GlslTemplate, EveryKernelFileIsEmbedded) {
+  EXPECT_NE(glsl_file("matmul_tiled.comp").find("void main()"), std::string_view::npos);
+  EXPECT_NE(glsl_file("flash_attention.glsl").find("void main()"), std::string_view::npos);
+}
+
+TEST(GlslTemplateDeathTest, APlaceholderLeftUnfilledStops) {
+  EXPECT_DEATH(glsl_template("qkv_philox.glsl", {{"M0", "1u"}, {"M1", "2u"}, {"W0", "3u"}, {"W1", "4u"}}), "qkv_philox.glsl: no value for \\$KEY1");
 }
 
 TEST(Glsl, EmitGraphNamesEachNode) {
