@@ -138,6 +138,7 @@ class Planner {
     const Node& n = node(v);
     if (n.dtype == dtype || round_dtype(n.op) == dtype) return true;
     if (is_half(dtype) && rounded_on_store(v) == dtype) return true;
+    if (n.op == Op::neg) return rounded_to(n.inputs[0], dtype);  // a sign change keeps a half number one
     // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
     // clang-format off
     switch (n.op) {
@@ -145,15 +146,14 @@ class Planner {
       case Op::reshape:
       case Op::permute:
       case Op::slice:
-      case Op::broadcast_to:
-      case Op::neg: return rounded_to(n.inputs[0], dtype);
+      case Op::broadcast_to: return rounded_to(n.inputs[0], dtype);
       case Op::concat: return rounded_to(n.inputs[0], dtype) && rounded_to(n.inputs[1], dtype);
       case Op::where: return rounded_to(n.inputs[1], dtype) && rounded_to(n.inputs[2], dtype);
-      case Op::exp: case Op::log: case Op::sqrt: case Op::tanh: case Op::erf: case Op::sin: case Op::cos: case Op::softplus:
-      case Op::round_f16: case Op::round_bf16:  // of the other half dtype (its own is above)
       case Op::cache_write:
-      QKV_SOURCE_CASES QKV_BINARY_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
-      QKV_COMPOSITE_CASES QKV_ATTENTION_CASES return false;  // computes new values (or holds an input as it came)
+      // The other unary ops compute new values (neg is above; the rounds of the other half dtype:
+      // their own is above), as do the rest (or they hold an input as it came).
+      QKV_UNARY_CASES QKV_SOURCE_CASES QKV_BINARY_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
+      QKV_COMPOSITE_CASES QKV_ATTENTION_CASES return false;
     }
     // clang-format on
     QKV_UNREACHABLE("op");
@@ -167,18 +167,17 @@ class Planner {
     if (rounded_on_store(n.inputs[0]) == dtype) return true;  // its operand's kernel rounds
     // Only of a value stored anyway (an elementwise operand is cheaper computed inside the
     // kernels that read the round, as a round of it is). Laid out by hand (case lists).
+    const Op of = node(n.inputs[0]).op;
+    if (is_half(round_dtype(of))) return rounded_to(n.inputs[0], dtype);
     // clang-format off
-    switch (node(n.inputs[0]).op) {
+    switch (of) {
       case Op::reshape:
       case Op::permute:
       case Op::slice:
       case Op::concat:
-      case Op::cast:
-      case Op::round_f16:
-      case Op::round_bf16: return rounded_to(n.inputs[0], dtype);
-      case Op::neg: case Op::exp: case Op::log: case Op::sqrt: case Op::tanh: case Op::erf: case Op::sin: case Op::cos: case Op::softplus:
+      case Op::cast: return rounded_to(n.inputs[0], dtype);
       case Op::broadcast_to: case Op::cache_write:
-      QKV_SOURCE_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
+      QKV_UNARY_CASES QKV_SOURCE_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
       QKV_COMPOSITE_CASES QKV_ATTENTION_CASES return false;
     }
     // clang-format on

@@ -7,27 +7,24 @@
 const uint kRows = $ROWSu;  // per workgroup with a subgroup per row
 shared float qkv_partial[$INVOCATIONS];
 uint mode;  // uniform: a push constant
-float qkv_sum(float x) {  // of the lanes sharing a row
-  if (mode == 0u) return x;
-  x = subgroupAdd(x);
-  if (mode == 1u) return x;
+// The workgroup's subgroups' x combined through shared memory (mode 2), by sum or by max.
+float qkv_across_subgroups(float x, bool by_max) {
   barrier();  // earlier reads of qkv_partial are done
   if (subgroupElect()) qkv_partial[gl_SubgroupID] = x;
   barrier();
   x = qkv_partial[0];
-  for (uint s = 1u; s < gl_NumSubgroups; ++s) x += qkv_partial[s];
+  for (uint s = 1u; s < gl_NumSubgroups; ++s) x = by_max ? max(x, qkv_partial[s]) : x + qkv_partial[s];
   return x;
+}
+float qkv_sum(float x) {  // of the lanes sharing a row
+  if (mode == 0u) return x;
+  x = subgroupAdd(x);
+  return mode == 1u ? x : qkv_across_subgroups(x, false);
 }
 float qkv_max(float x) {  // of the lanes sharing a row
   if (mode == 0u) return x;
   x = subgroupMax(x);
-  if (mode == 1u) return x;
-  barrier();  // earlier reads of qkv_partial are done
-  if (subgroupElect()) qkv_partial[gl_SubgroupID] = x;
-  barrier();
-  x = qkv_partial[0];
-  for (uint s = 1u; s < gl_NumSubgroups; ++s) x = max(x, qkv_partial[s]);
-  return x;
+  return mode == 1u ? x : qkv_across_subgroups(x, true);
 }
 void main() {
   uint rows = pc.rows, n = pc.n, inner = pc.inner;
