@@ -162,6 +162,13 @@ std::uint64_t SpecConstants::signature() const {
   return content_hash(text);
 }
 
+std::map<std::string, std::uint32_t> SpecConstants::named(const std::vector<std::uint32_t>& words) const {
+  QKV_ASSERT(words.size() == members_.size(), "specialization words of another declaration");
+  std::map<std::string, std::uint32_t> out;
+  for (std::size_t i = 0; i < words.size(); ++i) out[members_[i].name.empty() ? "local_size" : members_[i].name] = words[i];
+  return out;
+}
+
 SpecConstants::Values::Values(const SpecConstants& declaration)
     : declaration_(&declaration), values_(declaration.members_.size(), 0), set_(declaration.members_.size(), false) {}
 

@@ -13,6 +13,7 @@
 #include "backends/vulkan/context.hpp"
 #include "backends/vulkan/features.hpp"
 #include "backends/vulkan/vulkan_backend.hpp"
+#include "codegen/attention_glsl.hpp"
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
 #include "codegen/spirv_needs.hpp"
@@ -84,7 +85,8 @@ Kernels cooperative_attention_kernels(std::array<std::uint32_t, 3> fragment, boo
         if (!ir::is_fused_attention(g.nodes()[i].op)) continue;
         const codegen::KernelSource ks = codegen::kernel_source(g, codegen::plan_storage(g), static_cast<ir::ValueId>(i), t);
         const codegen::KernelLaunch launch = codegen::kernel_launch(g, codegen::plan_storage(g), static_cast<ir::ValueId>(i), shapes, t);
-        if (ks.name.find("_coop") == std::string::npos || launch.specialization.at(5) == 0) continue;  // the scalar path
+        const auto spec = codegen::detail::attention_spec_constants(g.nodes()[i]).named(launch.specialization);
+        if (ks.name.find("_coop") == std::string::npos || spec.at("COOP") == 0) continue;  // the scalar path
         auto words = codegen::compile_spirv(ks.name, ks.glsl);
         if (khr) words = codegen::khr_cooperative_matrix(words);
         kernels.emplace_back(ks.name + " (head dim " + std::to_string(d) + ")", codegen::spirv_needs(words, launch.specialization));

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 
+#include "codegen/attention_glsl.hpp"
 #include "codegen/fusion.hpp"
 #include "codegen/glsl.hpp"
 #include "codegen/spirv.hpp"
@@ -345,6 +346,14 @@ TEST(CooperativeMatrix, OnlyAttentionOfF16ValuesTakesIt) {
   EXPECT_GE(fused, 4);
 }
 
+/// A flash kernel's launch with its specialization constants by name.
+using Spec = std::map<std::string, std::uint32_t>;
+struct Launched {
+  KernelLaunch launch;
+  ir::Node node;
+  Spec spec() const { return detail::attention_spec_constants(node).named(launch.specialization); }
+};
+
 TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
   // Head dim 64 on 48 KiB: four subgroups of 16 query rows, tiles of 32 keys (COOP: on).
   auto launch = [](std::int64_t d) {
@@ -356,22 +365,23 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
     g = ir::lower_for_backend(g, implements, ir::HalfInputs::kept);
     std::vector<ir::Shape> shapes;
     for (const ir::Node& n : g.nodes()) shapes.push_back(n.shape);
-    return kernel_launch(g, plan_storage(g), fused_attention(g), shapes, gpu());
+    const ir::ValueId v = fused_attention(g);
+    return Launched{kernel_launch(g, plan_storage(g), v, shapes, gpu()), g.node(v)};
   };
-  const KernelLaunch l64 = launch(64);
-  EXPECT_EQ(l64.specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 1}));
-  EXPECT_EQ(l64.groups, (std::array<std::uint32_t, 3>{16, 8, 1}));  // 1000 queries in 64-row workgroups, 8 heads
-  EXPECT_EQ(launch(128).specialization, (std::vector<std::uint32_t>{32, 32, 16, 128, 1, 1}));
+  const Launched l64 = launch(64);
+  EXPECT_EQ(l64.spec(), (Spec{{"D4", 16}, {"DV4", 16}, {"BC", 32}, {"local_size", 128}, {"RPT", 1}, {"COOP", 1}}));
+  EXPECT_EQ(l64.launch.groups, (std::array<std::uint32_t, 3>{16, 8, 1}));  // 1000 queries in 64-row workgroups, 8 heads
+  EXPECT_EQ(launch(128).spec(), (Spec{{"D4", 32}, {"DV4", 32}, {"BC", 16}, {"local_size", 128}, {"RPT", 1}, {"COOP", 1}}));
   // Head dim 256: four subgroups' q rows alone take 33 KiB; two subgroups of 16 rows (64
   // invocations) with 16-key tiles.
-  const KernelLaunch l256 = launch(256);
-  EXPECT_EQ(l256.specialization, (std::vector<std::uint32_t>{64, 64, 16, 64, 1, 1}));
-  EXPECT_EQ(l256.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));  // 1000 queries in 32-row workgroups
+  const Launched l256 = launch(256);
+  EXPECT_EQ(l256.spec(), (Spec{{"D4", 64}, {"DV4", 64}, {"BC", 16}, {"local_size", 64}, {"RPT", 1}, {"COOP", 1}}));
+  EXPECT_EQ(l256.launch.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));  // 1000 queries in 32-row workgroups
   // Head dim 512: not even that; the same kernel's scalar path (COOP: off), its geometry as
   // any GPU's.
-  const KernelLaunch l512 = launch(512);
-  EXPECT_EQ(l512.specialization.at(5), 0u);
-  EXPECT_EQ(l512.specialization.at(3), 128u);
+  const Spec l512 = launch(512).spec();
+  EXPECT_EQ(l512.at("COOP"), 0u);
+  EXPECT_EQ(l512.at("local_size"), 128u);
   // dq and dk stage two operands' rows and tiles each: four subgroups with 32-row tiles at head
   // dim 64; two at 128.
   auto gradient = [](std::int64_t d, int wrt) {
@@ -385,13 +395,13 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
     for (const ir::Node& n : g.nodes()) shapes.push_back(n.shape);
     for (std::size_t i = 0; i < g.size(); ++i)
       if (g.nodes()[i].op == ir::Op::attention_grad && g.nodes()[i].attrs.wrt == wrt)
-        return kernel_launch(g, plan_storage(g), static_cast<ir::ValueId>(i), shapes, gpu());
+        return Launched{kernel_launch(g, plan_storage(g), static_cast<ir::ValueId>(i), shapes, gpu()), g.nodes()[i]}.spec();
     ADD_FAILURE() << "no gradient " << wrt;
-    return KernelLaunch{};
+    return Spec{};
   };
   for (int wrt : {0, 1}) {
-    EXPECT_EQ(gradient(64, wrt).specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 1})) << wrt;
-    EXPECT_EQ(gradient(128, wrt).specialization, (std::vector<std::uint32_t>{32, 32, 32, 64, 1, 1})) << wrt;
+    EXPECT_EQ(gradient(64, wrt), (Spec{{"D4", 16}, {"DV4", 16}, {"BC", 32}, {"local_size", 128}, {"RPT", 1}, {"COOP", 1}})) << wrt;
+    EXPECT_EQ(gradient(128, wrt), (Spec{{"D4", 32}, {"DV4", 32}, {"BC", 32}, {"local_size", 64}, {"RPT", 1}, {"COOP", 1}})) << wrt;
   }
 }
 
