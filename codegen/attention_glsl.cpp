@@ -84,6 +84,7 @@ Geometry geometry(const Target& t, Kind kind) {
 }
 
 Kind kind_of(const Node& n) {
+  // Case lists (QKV_*_CASES, macros) clang-format cannot read:
   // clang-format off
   switch (n.op) {
     case Op::attention:
@@ -745,14 +746,11 @@ std::pair<std::string, std::string> flash_dropout(const Flash& f) {
   const bool drop = f.drop;
   std::string dropout_text, dropout_setup;
   if (drop) {
-    dropout_text = "\n// Dropout (p = " + ir::format_number(n.attrs.dropout) + "): dropout_mask's factor for weight (i, j) of this batch entry.\n" +
-                   philox_function() + "const uint DROP_THRESHOLD = " + str(ir::dropout_threshold(n.attrs.dropout)) + "u;\n" +
-                   "float dropout_factor(uint i, uint j) {\n"
-                   "  float keep = uintBitsToFloat(" +
-                   str(std::bit_cast<std::uint32_t>(static_cast<float>(ir::dropout_keep_value(n.attrs.dropout)))) +
-                   "u);  // 1 / (1 - p)\n"
-                   "  return qkv_philox((batch_index * N + i) * M + j, drop_seed) >= DROP_THRESHOLD ? keep : 0.0;\n"
-                   "}\n";
+    const float keep = static_cast<float>(ir::dropout_keep_value(n.attrs.dropout));
+    dropout_text = glsl_template("flash_dropout.glsl", {{"P", ir::format_number(n.attrs.dropout)},
+                                                        {"PHILOX", philox_function()},
+                                                        {"THRESHOLD", str(ir::dropout_threshold(n.attrs.dropout)) + "u"},
+                                                        {"KEEP", str(std::bit_cast<std::uint32_t>(keep)) + "u"}});
     dropout_setup = "  batch_index = b;\n  drop_seed = uint(SEED[0]);\n";
   }
   return {dropout_text, dropout_setup};
@@ -859,7 +857,7 @@ std::string flash_prologue(const Flash& f) {
     row_strides += "  out_at = b * " + out_count + " * out_rs;\n";
   }
   std::string s = glsl_template(
-      "flash_attention.glsl",
+      "flash_attention.comp",
       {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "") + (n.region ? ", with a score modifier" : "") +
                     (drop ? ", with dropout" : "")},
        {"ROWS", key_rows ? "keys" : "queries"},
@@ -989,49 +987,19 @@ std::string flash_registers(const Flash& f) {
 
 /// The forward's and the log-sum-exp's pass over a tile: the online softmax, four keys at a time.
 std::string flash_online_softmax(const Flash& f) {
-  const Node& n = f.n;
-  const Kind kind = f.kind;
-  const bool drop = f.drop;
-  std::string s;
-  // Four keys at a time, their scores in a vec4 per row (registers: an array of a tile's
-  // scores would live in local memory on a GPU). The running max moves, and the sum and
-  // accumulator are rescaled, only when a chunk raises it.
-  s += "    for (uint c0 = 0u; c0 < cols; c0 += 4u) {\n"
-       "      vec4 sc[RPT];  // the chunk's scores, then exp(score - m)\n"
-       "      [[unroll]] for (uint t = 0u; t < RPT; ++t) sc[t] = vec4(neg_inf());\n"
-       "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
-       "        uint c = c0 + j;\n"
-       "        if (c >= cols) break;\n" +
-       indented(dots("s", "q", "k_tile", "D4"), "  ") + "        [[unroll]] for (uint t = 0u; t < RPT; ++t)\n" +
-       (n.region ? "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = score_mod(sum4(s4[t]) * scale, own(t), t0 + c);\n"
-                 : "          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = sum4(s4[t]) * scale;\n") +
-       "      }\n"
-       "      [[unroll]] for (uint t = 0u; t < RPT; ++t) {\n"
-       "        float m_new = qkv_max(m[t], qkv_max(qkv_max(sc[t].x, sc[t].y), qkv_max(sc[t].z, sc[t].w)));\n"
-       "        if (m_new != m[t]) {  // also NaN, which then reaches l and o as in the decomposition\n"
-       "          float alpha = exp(m[t] - (m_new == neg_inf() ? 0.0 : m_new));\n"
-       "          l[t] *= alpha;\n";
-  if (kind == Kind::forward) s += "          [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n";
-  s += "          m[t] = m_new;\n"
-       "        }\n"
-       "        sc[t] = exp(sc[t] - vec4(m[t] == neg_inf() ? 0.0 : m[t]));  // no key yet: every exp is 0\n"
-       "        l[t] += sum4(sc[t]);\n";
-  if (kind == Kind::forward && drop)  // the sum normalises the undropped weights; v meets the dropped ones
-    s += "        if (own(t) < N)\n"
-         "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
-         "            if (c0 + j < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j);\n";
-  s += "      }\n";
-  if (kind == Kind::forward)
-    s += "      [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n"
-         "        uint c = c0 + j;\n"
-         "        if (c >= cols) break;\n"
-         "        [[unroll]] for (uint g = 0u; g < DV4; ++g) {\n"
-         "          vec4 x = v_tile[c * DV4 + g];\n"
-         "          [[unroll]] for (uint t = 0u; t < RPT; ++t) o[t * DV4 + g] += sc[t][j] * x;\n"
-         "        }\n"
-         "      }\n";
-  s += "    }\n";
-  return s;
+  const bool forward = f.kind == Kind::forward;
+  const std::string score = f.n.region ? "score_mod(sum4(s4[t]) * scale, own(t), t0 + c)" : "sum4(s4[t]) * scale";
+  // The sum normalises the undropped weights; v meets the dropped ones.
+  const std::string drop =
+      "        if (own(t) < N)\n"
+      "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
+      "            if (c0 + j < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j);\n";
+  return glsl_template("flash_online_softmax.glsl",
+                       {{"DOTS", indented(dots("s", "q", "k_tile", "D4"), "  ")},
+                        {"SCORE", score},
+                        {"RESCALE", forward ? "          [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n" : ""},
+                        {"DROP", forward && f.drop ? drop : ""},
+                        {"ACCUMULATE", forward ? std::string(glsl_file("flash_pv.glsl")) : ""}});
 }
 
 /// The tile loop: load the tiles, then each invocation's rows against every tile row c.

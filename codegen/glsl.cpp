@@ -1,6 +1,6 @@
 // GLSL generation: one shader family per op category, elementwise expressions from one table.
-// Whole kernels and helpers are codegen/glsl/ files; what is generated here is written a GLSL
-// line per statement.
+// These kernels are put together here from short parts (their helpers and the subgroup row
+// kernel are codegen/glsl/ files), a GLSL line per statement.
 #include "codegen/glsl.hpp"
 
 #include <algorithm>
@@ -49,6 +49,7 @@ std::string elementwise_expr(Op op) {
   QKV_BINARY_OPS(QKV_GLSL_EXPR)
   QKV_COMPARE_OPS(QKV_GLSL_EXPR)
 #undef QKV_GLSL_EXPR
+  // Case lists (QKV_*_CASES, macros) clang-format cannot read:
   // clang-format off
   switch (op) {
     case Op::cast: return "a";  // buffers hold ids and booleans as floats already
@@ -559,6 +560,7 @@ std::string detail::region_bound_function(const ir::Graph& region, const std::st
     if (n.op == Op::input && v != ir::kRegionScore) continue;
     auto arg = [&](std::size_t k) { return value(n.inputs[k]); };
     std::string rhs, note;
+    // Case lists (QKV_*_CASES, macros) clang-format cannot read:
     // clang-format off
     switch (n.op) {
       case Op::input: rhs = "iv_unknown()"; break;  // the score: anything
@@ -849,6 +851,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
 
 KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
+  // Case lists (QKV_*_CASES, macros) clang-format cannot read:
   // clang-format off
   switch (n.op) {
     case Op::constant:
@@ -955,6 +958,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     l.groups = linear_groups((os.numel() + kCastElements - 1) / kCastElements, target.invocations);
     return l;
   }
+  // Case lists (QKV_*_CASES, macros) clang-format cannot read:
   // clang-format off
   switch (n.op) {
     case Op::constant:

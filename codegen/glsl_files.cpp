@@ -1,9 +1,8 @@
-// codegen/glsl/*.glsl, embedded by CMakeLists.txt into glsl_files.inc at configure time (each
-// file a raw string literal; editing one reconfigures).
+// codegen/glsl/*.comp and *.glsl, embedded by CMakeLists.txt into glsl_files.inc at configure
+// time (each file a raw string literal; editing one reconfigures), and how they are filled.
 #include "codegen/glsl_files.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <string>
 #include <utility>
 
@@ -19,33 +18,65 @@ constexpr std::pair<std::string_view, std::string_view> kFiles[] = {
 
 }  // namespace
 
+std::vector<std::string_view> glsl_file_names() {
+  std::vector<std::string_view> names;
+  for (const auto& file : kFiles) names.push_back(file.first);
+  return names;
+}
+
 std::string_view glsl_file(std::string_view name) {
   for (const auto& [file, text] : kFiles)
     if (file == name) return text;
   QKV_UNREACHABLE("no GLSL file codegen/glsl/" + std::string(name));
 }
 
-std::string fill_glsl(std::string text, GlslValues values) {
-  std::sort(values.begin(), values.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  for (const auto& [name, value] : values) {
-    const std::string key = "$" + name;
-    const bool lines = value.empty() || value.back() == '\n';
-    for (std::size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size())) {
-      const std::size_t end = at + key.size();
-      const bool alone = (at == 0 || text[at - 1] == '\n') && end < text.size() && text[end] == '\n';
-      text.replace(at, key.size() + (alone && lines ? 1 : 0), value);
+namespace {
+
+bool name_char(char c) { return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
+
+/// `text` filled in one pass from the left (values are never read for placeholders); `where`
+/// names the template in errors.
+std::string fill(std::string_view text, const GlslValues& values, std::string_view where) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j) QKV_ASSERT(values[i].first != values[j].first, std::string(where) + ": $" + values[i].first + " given twice");
+  std::string out;
+  std::size_t at = 0;
+  for (std::size_t d = text.find('$'); d != std::string_view::npos; d = text.find('$', at)) {
+    out += text.substr(at, d - at);
+    // $NAME (the longest run of capitals, digits and underscores) or ${NAME}.
+    const bool braced = d + 1 < text.size() && text[d + 1] == '{';
+    const std::size_t first = d + (braced ? 2 : 1);
+    std::size_t last = first;
+    while (last < text.size() && name_char(text[last])) ++last;
+    if (last == first || !(text[first] >= 'A' && text[first] <= 'Z')) {  // not a placeholder
+      out += '$';
+      at = d + 1;
+      continue;
     }
+    const std::string_view name = text.substr(first, last - first);
+    if (braced) {
+      QKV_ASSERT(last < text.size() && text[last] == '}', std::string(where) + ": ${" + std::string(name) + " is not closed");
+      ++last;
+    }
+    const auto it = std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == name; });
+    QKV_ASSERT(it != values.end(), std::string(where) + ": no value for $" + std::string(name));
+    const std::string& value = it->second;
+    // Alone on its line with whole lines for a value: those lines replace the line.
+    const bool alone = (d == 0 || text[d - 1] == '\n') && last < text.size() && text[last] == '\n';
+    const bool lines = value.empty() || value.back() == '\n';
+    out += value;
+    at = last + (alone && lines ? 1 : 0);
   }
-  return text;
+  out += text.substr(std::min(at, text.size()));
+  return out;
 }
 
-std::string glsl_template(std::string_view name, GlslValues values) {
-  std::string text = fill_glsl(std::string(glsl_file(name)), std::move(values));
-  for (std::size_t at = text.find('$'); at != std::string::npos; at = text.find('$', at + 1))
-    QKV_ASSERT(at + 1 == text.size() || !std::isupper(static_cast<unsigned char>(text[at + 1])),
-               "codegen/glsl/" + std::string(name) + ": no value for " +
-                   text.substr(at, text.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", at + 1) - at));
-  return text;
+}  // namespace
+
+std::string fill_glsl(std::string_view text, const GlslValues& values) { return fill(text, values, "GLSL template"); }
+
+std::string glsl_template(std::string_view name, const GlslValues& values) {
+  return fill(glsl_file(name), values, "codegen/glsl/" + std::string(name));
 }
 
 }  // namespace qkv::codegen

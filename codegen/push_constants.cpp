@@ -162,8 +162,9 @@ std::uint64_t SpecConstants::signature() const {
   return content_hash(text);
 }
 
-std::map<std::string, std::uint32_t> SpecConstants::named(const std::vector<std::uint32_t>& words) const {
-  QKV_ASSERT(words.size() == members_.size(), "specialization words of another declaration");
+std::map<std::string, std::uint32_t> SpecConstants::named(const KernelLaunch& launch) const {
+  const std::vector<std::uint32_t>& words = launch.specialization;
+  QKV_ASSERT(launch.spec_signature == signature() && words.size() == members_.size(), "a launch specialized from another declaration");
   std::map<std::string, std::uint32_t> out;
   for (std::size_t i = 0; i < words.size(); ++i) out[members_[i].name.empty() ? "local_size" : members_[i].name] = words[i];
   return out;

@@ -92,9 +92,9 @@ class SpecConstants {
   std::string glsl() const;
   /// A hash of the members' names and ids.
   std::uint64_t signature() const;
-  /// A launch's words (KernelLaunch::specialization) by the names they were set by ("local_size"
-  /// for the workgroup's size). QKV_ASSERT: one word per member.
-  std::map<std::string, std::uint32_t> named(const std::vector<std::uint32_t>& words) const;
+  /// A launch's specialization words by the names they were set by ("local_size" for the
+  /// workgroup's size). QKV_ASSERT: the launch was specialized from this declaration.
+  std::map<std::string, std::uint32_t> named(const KernelLaunch& launch) const;
 
   /// Values for a launch, set by name; words() gives them by id. QKV_ASSERT: every one set.
   class Values {

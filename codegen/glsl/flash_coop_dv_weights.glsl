@@ -8,6 +8,7 @@
           float sc = $SCORE;
           if (sc != neg_inf()) p = exp(sc - lse_s[c]);
         }
-$DROP        p_s[wr * PS + c] = float16_t(p);
+$DROP
+        p_s[wr * PS + c] = float16_t(p);
       }
     }

@@ -25,12 +25,14 @@
         ds[j] = 0.0;
         if (c < cols) {
           float sc = s_s[wr * SS + c] * scale;
-$MODIFIED          float pr = ($OWN < $OWNCOUNT && kept(qi, kj) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;
+$MODIFIED
+          float pr = ($OWN < $OWNCOUNT && kept(qi, kj) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;
           ds[j] = pr * (dp[i * (BC / LPR) + j]$DROP - $DELTA)$DMOD;
         }
         big = qkv_max(big, abs(ds[j]));
       }
-$SHUFFLEMAX      int e = 14;
+$SHUFFLEMAX
+      int e = 14;
       if (big > 0.0 && finite(big)) frexp(big, e);  // big = f 2^e, f in [0.5, 1)
       e = clamp(e, -100, 100);
       unscale[i] = ldexp(1.0, e - 14);
@@ -38,4 +40,5 @@ $SHUFFLEMAX      int e = 14;
     }
     subgroupMemoryBarrierShared();
     subgroupBarrier();
-$ACCUMULATE  }
+$ACCUMULATE
+  }

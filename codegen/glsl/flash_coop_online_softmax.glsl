@@ -10,16 +10,19 @@
         if (c < cols && qi < N && kept(qi, kj)) sc[j] = $SCORE;
         mx = qkv_max(mx, sc[j]);
       }
-$SHUFFLEMAX      float m_new = qkv_max(m[i], mx);
+$SHUFFLEMAX
+      float m_new = qkv_max(m[i], mx);
       if (m_new != m[i]) {  // also NaN, which then reaches l and o as in the decomposition
         float alpha = exp(m[i] - (m_new == neg_inf() ? 0.0 : m_new));
         l[i] *= alpha;
-$ORESCALE        m[i] = m_new;
+$ORESCALE
+        m[i] = m_new;
       }
       float base = m[i] == neg_inf() ? 0.0 : m[i];  // no key yet: every exp is 0
       [[unroll]] for (uint j = 0u; j < BC / LPR; ++j) {
         uint c = sub + j * LPR;
         float p = exp(sc[j] - base);
         l[i] += p;
-$PWRITE      }
+$PWRITE
+      }
     }

@@ -1,4 +1,5 @@
-$NOTE  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
+$NOTE
+  [[unroll]] for (uint i = 0u; i < RPL; ++i) {
     uint $OWN = r0 + wr0 + i * (SG / LPR);
     if ($OWN >= $OWNCOUNT) continue;
     [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) {

@@ -1,4 +1,4 @@
 bool tile_unmasked = false;  // set per tile by tile_masked
 $TYPE $FN(float score, uint q_idx, uint kv_idx) {
-  return tile_unmasked ? $FN_kept(score, q_idx, kv_idx) : $FN_masked(score, q_idx, kv_idx);
+  return tile_unmasked ? ${FN}_kept(score, q_idx, kv_idx) : ${FN}_masked(score, q_idx, kv_idx);
 }

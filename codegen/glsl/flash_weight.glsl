@@ -1,2 +1,3 @@
         float sc = sum4(s4[t]) * scale;
-$MODIFIED        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;
+$MODIFIED
+        float pr = (own(t) < $OWNCOUNT && kept($QI, $KJ) && sc != neg_inf()) ? exp(sc - $LSE) : 0.0;

@@ -5,7 +5,7 @@
 // subgroup size the host queried); 2, a workgroup per row (long rows on a GPU), its subgroups'
 // results then combined through shared memory.
 const uint kRows = $ROWSu;  // per workgroup with a subgroup per row
-shared float qkv_partial[$INVOCATIONS];
+shared float qkv_partial[$INVOCATIONS];  // a subgroup's result each (at most one per invocation)
 uint mode;  // uniform: a push constant
 // The workgroup's subgroups' x combined through shared memory (mode 2), by sum or by max.
 float qkv_across_subgroups(float x, bool by_max) {

@@ -85,7 +85,7 @@ Kernels cooperative_attention_kernels(std::array<std::uint32_t, 3> fragment, boo
         if (!ir::is_fused_attention(g.nodes()[i].op)) continue;
         const codegen::KernelSource ks = codegen::kernel_source(g, codegen::plan_storage(g), static_cast<ir::ValueId>(i), t);
         const codegen::KernelLaunch launch = codegen::kernel_launch(g, codegen::plan_storage(g), static_cast<ir::ValueId>(i), shapes, t);
-        const auto spec = codegen::detail::attention_spec_constants(g.nodes()[i]).named(launch.specialization);
+        const auto spec = codegen::detail::attention_spec_constants(g.nodes()[i]).named(launch);
         if (ks.name.find("_coop") == std::string::npos || spec.at("COOP") == 0) continue;  // the scalar path
         auto words = codegen::compile_spirv(ks.name, ks.glsl);
         if (khr) words = codegen::khr_cooperative_matrix(words);

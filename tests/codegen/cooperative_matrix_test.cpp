@@ -351,7 +351,7 @@ using Spec = std::map<std::string, std::uint32_t>;
 struct Launched {
   KernelLaunch launch;
   ir::Node node;
-  Spec spec() const { return detail::attention_spec_constants(node).named(launch.specialization); }
+  Spec spec() const { return detail::attention_spec_constants(node).named(launch); }
 };
 
 TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "codegen/attention_glsl.hpp"
 #include "codegen/fusion.hpp"
@@ -87,7 +88,7 @@ TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
     EXPECT_NE(std::string(e.what()).find("head dims 2048 and 2048 needs more than 16384 bytes of shared memory"), std::string::npos) << e.what();
   }
   const KernelLaunch wide_launch = kernel_launch(wide, plan_storage(wide), wy, wide_shapes, Target{false, 49152});
-  EXPECT_EQ(detail::attention_spec_constants(wide.node(wy)).named(wide_launch.specialization).at("BC"), 2u);  // two rows per tile
+  EXPECT_EQ(detail::attention_spec_constants(wide.node(wy)).named(wide_launch).at("BC"), 2u);  // two rows per tile
   auto words = compile_spirv(kernel_source(g, plan_storage(g), y).name, kernel_source(g, plan_storage(g), y).glsl);
   EXPECT_FALSE(words.empty());
 }
@@ -120,8 +121,7 @@ TEST(Glsl, FlexModifierIsInlinedWithItsTensorsDims) {
   std::map<std::string, Tensor, std::less<>> in;
   for (std::size_t i = 0; i < forward.inputs.size(); ++i) in.emplace("x" + std::to_string(i), Tensor(DType::f32, forward.inputs[i].shape));
   const KernelLaunch l = kernel_launch(g, plan_storage(g), y, ir::bind_shapes(g, in), Target{true});
-  EXPECT_EQ(detail::attention_spec_constants(g.node(y)).named(l.specialization).at("T0_DIMS"), 0b0010u)
-      << "the slopes span the heads (dim 1 of 4) only";
+  EXPECT_EQ(detail::attention_spec_constants(g.node(y)).named(l).at("T0_DIMS"), 0b0010u) << "the slopes span the heads (dim 1 of 4) only";
   EXPECT_FALSE(compile_spirv(k.name, k.glsl).empty());
 
   ir::Graph grad = ir::case_graph(ir::Op::flex_attention_grad, find(ir::Op::flex_attention_grad, "dq slopes per head causal"));
@@ -169,20 +169,44 @@ TEST(Glsl, MaskingModifierTestsEachTileByIntervalArithmetic) {
 
 /// Templates: longer names first, a placeholder alone on its line standing for whole lines (or
 /// none), and inline elsewhere.
-TEST(GlslTemplate, FillsLongerNamesFirstAndWholeLinesInPlace) {
-  const std::string text = "a $AT $A\n$LINES\n  x = $A;\n$NONE\nend\n";
-  EXPECT_EQ(fill_glsl(text, {{"A", "1"}, {"AT", "2"}, {"LINES", "l1\nl2\n"}, {"NONE", ""}}), "a 2 1\nl1\nl2\n  x = 1;\nend\n");
-  // A value that is not whole lines stays on the placeholder's line.
-  EXPECT_EQ(fill_glsl("$X\n", {{"X", "y"}}), "y\n");
+TEST(GlslTemplate, FillsInOnePassWholeLinesInPlace) {
+  // Names end where capitals, digits and underscores do ($AT is not $A then T); ${NAME} where text
+  // continues it.
+  EXPECT_EQ(fill_glsl("a $AT $A ${A}T $Au\n", {{"A", "1"}, {"AT", "2"}}), "a 2 1 1T 1u\n");
+  // A placeholder alone on its line with whole lines (or none) for a value: those lines in its place.
+  EXPECT_EQ(fill_glsl("$LINES\n  x;\n$NONE\nend\n", {{"LINES", "l1\nl2\n"}, {"NONE", ""}}), "l1\nl2\n  x;\nend\n");
+  // Not alone: the line and its newline stay.
+  EXPECT_EQ(fill_glsl("x;$E\n$E y\n", {{"E", ""}}), "x;\n y\n");
+  EXPECT_EQ(fill_glsl("$X\n", {{"X", "y"}}), "y\n");  // a value that is not whole lines
+  // Values are not read for placeholders: a value naming one (a region input called $R) stays.
+  EXPECT_EQ(fill_glsl("$X $R\n", {{"X", "$X $R"}, {"R", "r"}}), "$X $R r\n");
+  EXPECT_EQ(fill_glsl("$ 2$ $x\n", {}), "$ 2$ $x\n");  // not placeholders
 }
 
-TEST(GlslTemplate, EveryKernelFileIsEmbedded) {
-  EXPECT_NE(glsl_file("matmul_tiled.comp").find("void main()"), std::string_view::npos);
-  EXPECT_NE(glsl_file("flash_attention.glsl").find("void main()"), std::string_view::npos);
+/// Every file of codegen/glsl/ is embedded as it is, and every .comp file is a whole kernel.
+TEST(GlslTemplate, EveryFileOfTheFolderIsEmbedded) {
+  std::set<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(QKV_SOURCE_DIR) / "codegen" / "glsl")) {
+    const std::string name = entry.path().filename().string();
+    files.insert(name);
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(glsl_file(name), text) << name;
+    if (name.ends_with(".comp")) {
+      EXPECT_NE(text.find("void main()"), std::string::npos) << name;
+    }
+  }
+  const std::vector<std::string_view> embedded = glsl_file_names();
+  EXPECT_EQ(std::set<std::string>(embedded.begin(), embedded.end()), files);
+  EXPECT_GE(files.size(), 30u);
 }
 
-TEST(GlslTemplateDeathTest, APlaceholderLeftUnfilledStops) {
+TEST(GlslTemplateDeathTest, APlaceholderLeftUnfilledOrFilledTwiceStops) {
   EXPECT_DEATH(glsl_template("qkv_philox.glsl", {{"M0", "1u"}, {"M1", "2u"}, {"W0", "3u"}, {"W1", "4u"}}), "qkv_philox.glsl: no value for \\$KEY1");
+  // The value of $OWN is no value for $OWNCOUNT.
+  EXPECT_DEATH(fill_glsl("$OWNCOUNT\n", {{"OWN", "qi"}}), "no value for \\$OWNCOUNT");
+  EXPECT_DEATH(fill_glsl("$A\n", {{"A", "1"}, {"A", "2"}}), "\\$A given twice");
+  EXPECT_DEATH(fill_glsl("${A\n", {{"A", "1"}}), "\\$\\{A is not closed");
 }
 
 TEST(Glsl, EmitGraphNamesEachNode) {

@@ -1,14 +1,21 @@
 #version 450
 #extension GL_EXT_control_flow_attributes : require
-$SIXTEEN$COOPEXT// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
+$SIXTEEN
+$COOPEXT
+// Flash attention, $KIND: a workgroup takes BR $ROWS of one batch entry, RPT per invocation,
 // and streams the $OTHERS through shared memory BC at a time.
-$SPECS$COOPCONSTSconst uint INV = gl_WorkGroupSize.x, BR = $BR;
+$SPECS
+$COOPCONSTS
+const uint INV = gl_WorkGroupSize.x, BR = $BR;
 const int R = $R;
-$BINDINGS$PUSH
+$BINDINGS
+$PUSH
 // [0]: whether a row the tiles skip holds inf or NaN. Every shared variable's size is a multiple
 // of 16 bytes, so that wherever the compiler places them the cooperative-matrix loads and stores
 // find their tiles 16-byte aligned (NVIDIA's driver placed a lone uint first: every load was off).
-$COOPDECL$TILESshared uint nonfinite[4];
+$COOPDECL
+$TILES
+shared uint nonfinite[4];
 
 uint N, M, DR, DVR;  // the bound sizes
 float scale;
@@ -23,11 +30,15 @@ float qkv_max(float a, float b) { return (isnan(a) || a > b) ? a : b; }  // NaN 
 bool finite(float x) { return !isnan(x) && !isinf(x); }
 float sum4(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 uint own(uint t) { return r0 + t * INV + lid; }  // row t of this invocation
-$READERS$MODIFIER$DROPOUT$TILETEST
+$READERS
+$MODIFIER
+$DROPOUT
+$TILETEST
 // Whether query i keeps key j: causality keeps j <= i + shift, a window only the last `window`.
 bool kept(uint i, uint j) {
   bool keep = true;
-$KEPT  return keep;
+$KEPT
+  return keep;
 }
 
 void main() {
@@ -46,8 +57,13 @@ void main() {
     k_at += idx * pc.k_batch_strides[d];
     v_at += idx * pc.v_batch_strides[d];
     mask_at += idx * pc.mask_batch_strides[d];
-$TENSORAT$STRIDEDAT  }
-$TENSORSTRIDES$DROPSETUP$ROWSTRIDES  stat_at = b * N;
+$TENSORAT
+$STRIDEDAT
+  }
+$TENSORSTRIDES
+$DROPSETUP
+$ROWSTRIDES
+  stat_at = b * N;
   lid = gl_LocalInvocationIndex;
   r0 = gl_WorkGroupID.x * BR;
   uint rows = min(BR, $OWNCOUNT - min(r0, $OWNCOUNT));
