@@ -106,6 +106,13 @@ class Backend {
   /// The kernel that computes node `v` of a graph this backend lowered (Executable::graph()), in
   /// words: what `qkv explain` shows.
   virtual std::string kernel_name(const ir::Graph& lowered, ir::ValueId v) const = 0;
+  /// How node `v`'s kernel divides its work at these shapes (`shapes` of `lowered`'s values), in
+  /// words, where that depends on the shapes (split-KV decoding); empty where there is nothing
+  /// to say. What `qkv explain` adds under the kernel.
+  virtual std::string work_split(const ir::Graph& lowered, ir::ValueId v, const std::vector<ir::Shape>& shapes) const {
+    (void)lowered, (void)v, (void)shapes;
+    return {};
+  }
   /// The storage plan of a graph this backend lowered: per value, the dtype its storage holds and
   /// whether it is a view or written in place by another value's kernel, as the executable
   /// plans it (what `qkv explain` counts bytes by and `qkv dump --storage` prints). The default,

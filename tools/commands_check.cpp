@@ -248,6 +248,8 @@ int cmd_explain(const Request& r, const std::string& backend_name, bool profile)
                 width, kernel[i].c_str(), f / 1e6, moved / 1e6);
     if (device_ms[i] >= 0) std::printf(" %12.4f", device_ms[i]);
     std::printf("\n");
+    const std::string split = be->work_split(g, v, shapes);
+    if (!split.empty()) std::printf("      %s\n", split.c_str());
   }
   if (scores.empty()) {  // no fused attention: a softmax of the model's graph holds its scores
     auto model_shapes = ir::bind_shapes(p.graph, p.inputs);

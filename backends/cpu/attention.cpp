@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <memory>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -231,9 +234,15 @@ class Scores {
   /// masked zeros would meet are finite), every key otherwise. Counts the scores; f may return
   /// how many of the tile's it left out itself (each_slice).
   template <class F> void each_key_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, bool skip, F f) const {
+    each_key_tile(b, i0, rows, skip, 0, m_, f);
+  }
+  /// The same over keys [lo, hi) only (a split's share of them).
+  template <class F> void each_key_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, bool skip, std::int64_t lo, std::int64_t hi, F f) const {
     auto [begin, end] = skip ? keys_for(i0, rows) : std::pair<std::int64_t, std::int64_t>{0, m_};
     if (!may_leave_out(b, 0, begin)) begin = 0;
     if (!may_leave_out(b, end, m_)) end = m_;
+    begin = std::max(begin, lo);
+    end = std::min(end, hi);
     std::int64_t computed = 0;
     for (std::int64_t j0 = begin; j0 < end; j0 += kKeyBlock) {
       const std::int64_t cols = std::min(kKeyBlock, end - j0);
@@ -242,7 +251,7 @@ class Scores {
       if constexpr (std::is_void_v<decltype(f(j0, cols))>) f(j0, cols);
       else computed -= f(j0, cols);
     }
-    count_tiles(rows * m_, computed);
+    count_tiles(rows * (hi - lo), computed);
   }
 
   /// f(r0, r1, k0, width) over a key tile [j0, j0 + cols) of queries [i0, i0 + rows) of batch
@@ -438,7 +447,69 @@ bool backward_may_skip(const Scores& sc, std::int64_t b, const ConstView& v, std
   return sc.finite_operands(b) && all_finite(v, v_at, m * dv) && all_finite(dy, b * n * dv, n * dv) && all_finite(delta, n);
 }
 
+/// Queries [i0, i0 + rows) of batch entry b against keys [lo, hi): the online softmax's running
+/// max `top` and sum `l` per row, and o (rows x dv, f32) the weighted sum of v, scaled relative to
+/// the running max (not yet divided by l).
+void attend_keys(const AttentionArgs& a, const Scores& sc, const Strides& vs, bool skip, std::int64_t b, std::int64_t i0, std::int64_t rows,
+                 std::int64_t lo, std::int64_t hi, float* o, float* top, float* l) {
+  thread_local std::vector<float> s_buf;
+  const std::int64_t dv = a.out.shape.back(0);
+  const std::int64_t v_at = offset_at(b, sc.batch(), vs);
+  s_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
+  std::fill_n(top, rows, kNegInf);
+  std::fill_n(l, rows, 0.0f);
+  std::fill_n(o, rows * dv, 0.0f);
+  sc.each_key_tile(b, i0, rows, skip, lo, hi, [&](std::int64_t j0, std::int64_t cols) {
+    const Transposed kt = sc.keys(b, j0, cols);
+    // The tile whole, or in slices along a mask's boundary: rows [r0, r1) over keys
+    // [jk, jk + width).
+    return sc.each_slice(b, i0, rows, j0, cols, skip, [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t width) {
+      const std::int64_t jk = j0 + k0;
+      float* s = s_buf.data() + r0 * kKeyBlock;
+      sc.compute(b, i0 + r0, r1 - r0, jk, width, kt.from(k0), s, kKeyBlock);
+      for (std::int64_t i = r0; i < r1; ++i) {
+        float* row = s_buf.data() + i * kKeyBlock;
+        float& mi = top[i];
+        float& li = l[i];
+        const float mx = max_of(row, width, mi);
+        if (mx == kNegInf) {  // every key so far is masked: nothing to add
+          std::fill_n(row, width, 0.0f);
+          continue;
+        }
+        const float correction = mi == kNegInf ? 0.0f : std::exp(mi - mx);
+        li = li * correction + exp_shifted_sum(row, width, mx);
+        if (correction != 1.0f) scale_inplace(o + i * dv, dv, correction);
+        mi = mx;
+        if (sc.drops()) {  // the sum normalises the undropped weights; v meets the dropped ones
+          float* z = dropout_buffer();
+          sc.dropout_factors(b, i0 + i, jk, width, z);
+          times(row, z, width);
+        }
+      }
+      tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, f32_rows(a.v, v_at + jk * dv, width, dv, 3), dv, true, o + r0 * dv, dv);
+    });
+  });
+}
+
+/// Rows [i0, i0 + rows) of batch entry b finished from their running max (`top`), sum and o: o / l (zeros
+/// for a query with no key left, l = 0, as softmax defines for a row of -inf) stored in the
+/// output's dtype, and m + log(l) where the log-sum-exp is wanted (-inf for a row without keys,
+/// NaN where a score was NaN).
+void finish_rows(const AttentionArgs& a, std::int64_t b, std::int64_t i0, std::int64_t rows, float* o, const float* top, const float* l) {
+  const std::int64_t n = a.out.shape.back(1), dv = a.out.shape.back(0), o_at = b * n * dv + i0 * dv;
+  for (std::int64_t i = 0; i < rows; ++i) scale_inplace(o + i * dv, dv, l[i] == 0.0f ? 0.0f : 1.0f / l[i]);
+  if (a.out.stored != DType::f32) narrow(o, rows * dv, a.out, o_at);
+  if (a.lse)
+    for (std::int64_t i = 0; i < rows; ++i) a.lse[b * n + i0 + i] = top[i] == kNegInf ? kNegInf : top[i] + std::log(l[i]);
+}
+
 }  // namespace
+
+std::int64_t key_splits(std::int64_t n, std::int64_t m) {
+  const char* off = std::getenv("QKV_CPU_SPLIT_KV");  // "0": never, for measuring the split
+  if (off && std::string_view(off) == "0") return 1;
+  return n <= kQueryBlock && m > kSplitKeys ? (m + kSplitKeys - 1) / kSplitKeys : 1;
+}
 
 void attention(const AttentionArgs& a) {
   const ir::Shape& os = a.out.shape;
@@ -452,60 +523,63 @@ void attention(const AttentionArgs& a) {
   const FiniteValues finite(a.v, sc.batch(), vs, m, dv, batches);
   sc.check_values(&finite);
   const bool skip = sc.may_skip();
-
-  ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
-    thread_local std::vector<float> s_buf, m_buf, l_buf, o_buf;
-    const std::int64_t b = task / blocks, i0 = (task % blocks) * qb;
-    const std::int64_t rows = std::min(qb, n - i0);
-    const std::int64_t v_at = offset_at(b, sc.batch(), vs), o_at = b * n * dv + i0 * dv;
-    // An f16 or bf16 output accumulates here in f32 and is rounded once at the end.
-    if (a.out.stored != DType::f32) o_buf.resize(static_cast<std::size_t>(rows * dv));
-    float* o = a.out.stored == DType::f32 ? a.out.data + o_at : o_buf.data();
-    s_buf.resize(static_cast<std::size_t>(kQueryBlock * kKeyBlock));
-    m_buf.assign(static_cast<std::size_t>(rows), kNegInf);
-    l_buf.assign(static_cast<std::size_t>(rows), 0.0f);
-    std::fill_n(o, rows * dv, 0.0f);
-    sc.each_key_tile(b, i0, rows, skip, [&](std::int64_t j0, std::int64_t cols) {
-      const Transposed kt = sc.keys(b, j0, cols);
-      // The tile whole, or in slices along a mask's boundary: rows [r0, r1) over keys
-      // [jk, jk + width).
-      return sc.each_slice(b, i0, rows, j0, cols, skip, [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t width) {
-        const std::int64_t jk = j0 + k0;
-        float* s = s_buf.data() + r0 * kKeyBlock;
-        sc.compute(b, i0 + r0, r1 - r0, jk, width, kt.from(k0), s, kKeyBlock);
-        for (std::int64_t i = r0; i < r1; ++i) {
-          float* row = s_buf.data() + i * kKeyBlock;
-          float& mi = m_buf[static_cast<std::size_t>(i)];
-          float& li = l_buf[static_cast<std::size_t>(i)];
-          const float mx = max_of(row, width, mi);
-          if (mx == kNegInf) {  // every key so far is masked: nothing to add
-            std::fill_n(row, width, 0.0f);
-            continue;
-          }
-          const float correction = mi == kNegInf ? 0.0f : std::exp(mi - mx);
-          li = li * correction + exp_shifted_sum(row, width, mx);
-          if (correction != 1.0f) scale_inplace(o + i * dv, dv, correction);
-          mi = mx;
-          if (sc.drops()) {  // the sum normalises the undropped weights; v meets the dropped ones
-            float* z = dropout_buffer();
-            sc.dropout_factors(b, i0 + i, jk, width, z);
-            times(row, z, width);
-          }
-        }
-        tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, f32_rows(a.v, v_at + jk * dv, width, dv, 3), dv, true, o + r0 * dv, dv);
-      });
+  // An f16 or bf16 output accumulates in f32 and is rounded once at the end.
+  const bool f32_out = a.out.stored == DType::f32;
+  const std::int64_t splits = key_splits(n, m);
+  if (splits == 1) {
+    ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
+      thread_local std::vector<float> m_buf, l_buf, o_buf;
+      const std::int64_t b = task / blocks, i0 = (task % blocks) * qb, rows = std::min(qb, n - i0);
+      if (!f32_out) o_buf.resize(static_cast<std::size_t>(rows * dv));
+      m_buf.resize(static_cast<std::size_t>(rows));
+      l_buf.resize(static_cast<std::size_t>(rows));
+      float* o = f32_out ? a.out.data + b * n * dv + i0 * dv : o_buf.data();
+      attend_keys(a, sc, vs, skip, b, i0, rows, 0, m, o, m_buf.data(), l_buf.data());
+      finish_rows(a, b, i0, rows, o, m_buf.data(), l_buf.data());
     });
-    // A query with no key left (l = 0) gives zeros, as softmax defines for a row of -inf.
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const float l = l_buf[static_cast<std::size_t>(i)];
-      scale_inplace(o + i * dv, dv, l == 0.0f ? 0.0f : 1.0f / l);
-    }
-    if (a.out.stored != DType::f32) narrow(o, rows * dv, a.out, o_at);
-    if (a.lse)  // m + log(l): -inf for a row without keys, NaN where a score was NaN
-      for (std::int64_t i = 0; i < rows; ++i) {
-        const float mi = m_buf[static_cast<std::size_t>(i)];
-        a.lse[b * n + i0 + i] = mi == kNegInf ? kNegInf : mi + std::log(l_buf[static_cast<std::size_t>(i)]);
+    return;
+  }
+  // Split-KV (flash-decoding): few queries against many keys. Each task takes one chunk of
+  // kSplitKeys keys of one batch entry's queries (n <= kQueryBlock: one block), into its own
+  // partial max, sum and o; then each batch entry's partials are merged, rescaled to their
+  // common max. The chunks are a function of the keys alone, not of the batch or the threads.
+  const std::int64_t part = n * (dv + 2);                                                                 // floats of one partial: o, then mx, then l
+  const std::unique_ptr<float[]> partials(new float[static_cast<std::size_t>(batches * splits * part)]);  // each task writes its own
+  ThreadPool::global().parallel_for(batches * splits, [&](std::int64_t task) {
+    const std::int64_t b = task / splits, lo = (task % splits) * kSplitKeys, hi = std::min(m, lo + kSplitKeys);
+    float* p = partials.get() + task * part;
+    attend_keys(a, sc, vs, skip, b, 0, n, lo, hi, p, p + n * dv, p + n * dv + n);
+  });
+  ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
+    thread_local std::vector<float> m_buf, l_buf, o_buf;
+    m_buf.resize(static_cast<std::size_t>(n));
+    l_buf.resize(static_cast<std::size_t>(n));
+    if (!f32_out) o_buf.resize(static_cast<std::size_t>(n * dv));
+    float* o = f32_out ? a.out.data + b * n * dv : o_buf.data();
+    const float* first = partials.get() + b * splits * part;
+    for (std::int64_t i = 0; i < n; ++i) {
+      // The common max (NaN if any part's is); each part's weight exp(m_s - max), 0 for a part
+      // with no key (its o, a sum of zero weights times v, is zeros, or NaN where v held one,
+      // which 0 keeps: as the unsplit kernel gives).
+      float top = kNegInf;
+      for (std::int64_t s = 0; s < splits; ++s) {
+        const float ms = first[s * part + n * dv + i];
+        top = std::isnan(ms) || std::isnan(top) ? std::numeric_limits<float>::quiet_NaN() : std::max(top, ms);
       }
+      float* oi = o + i * dv;
+      std::fill_n(oi, dv, 0.0f);
+      float sum = 0.0f;
+      for (std::int64_t s = 0; s < splits; ++s) {
+        const float* ps = first + s * part;
+        const float ms = ps[n * dv + i];
+        const float w = ms == kNegInf ? 0.0f : std::exp(ms - top);
+        sum += w * ps[n * dv + n + i];
+        for (std::int64_t d = 0; d < dv; ++d) oi[d] += w * ps[i * dv + d];
+      }
+      m_buf[static_cast<std::size_t>(i)] = top;
+      l_buf[static_cast<std::size_t>(i)] = sum;
+    }
+    finish_rows(a, b, 0, n, o, m_buf.data(), l_buf.data());
   });
 }
 

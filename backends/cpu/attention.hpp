@@ -47,8 +47,20 @@ struct AttentionArgs {
 /// softmax (running max and sum per row), so each thread holds kQueryBlock x (kKeyBlock + Dv)
 /// floats whatever N and M are. Key blocks wholly above the causal diagonal, or wholly before a
 /// sliding window, are skipped. A row whose keys are all masked gives zeros, as the
-/// decomposition does.
+/// decomposition does. Few queries against many keys (decoding) are split along the keys
+/// (key_splits), the parts merged by their log-sum-exp.
 void attention(const AttentionArgs& args);
+
+/// Keys per part when the forward splits them (flash-decoding): two key blocks. A part's keys and
+/// values (512 x 128 floats each at head dim 128: 512 KB together) take tens of microseconds to
+/// stream; its partial output (a row of Dv floats per query) costs the merge a thousandth of that.
+inline constexpr std::int64_t kSplitKeys = 512;
+/// The parts the forward splits a batch entry's keys into: ceil(M / kSplitKeys) when its N
+/// queries are one block (N <= kQueryBlock) and M > kSplitKeys, else 1. A function of one batch
+/// entry's shape only, never of the batch or the threads, so a sequence's result does not depend
+/// on what else is in the batch or on the machine's cores. QKV_CPU_SPLIT_KV=0 turns it off (1
+/// part), for measuring what it gains.
+std::int64_t key_splits(std::int64_t n, std::int64_t m);
 
 /// out [..., N, 1] = log(sum(exp(s))) over each query's keys (-inf when it has none): one pass of
 /// q kT with a running max, skipping masked key blocks like the forward.

@@ -534,6 +534,16 @@ class CpuBackend final : public Backend {
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
   ir::StoragePlan storage_plan(const ir::Graph& g) const override { return cpu_storage_plan(g); }
+  std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes) const override {
+    const Node& node = g.node(v);
+    if (node.op != Op::attention && node.op != Op::masked_attention && node.op != Op::flex_attention) return {};
+    const std::int64_t n = shapes[static_cast<std::size_t>(node.inputs[0])].back(1), m = shapes[static_cast<std::size_t>(node.inputs[1])].back(1);
+    const std::int64_t parts = cpu::key_splits(n, m);
+    if (parts == 1) return {};
+    return "split-KV: " + std::to_string(n) + (n == 1 ? " query" : " queries") + " against " + std::to_string(m) + " keys, in " +
+           std::to_string(parts) + " parts of " + std::to_string(cpu::kSplitKeys) +
+           " keys per batch entry (a task each), merged by their log-sum-exp";
+  }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
     const Node& node = g.node(v);
     const ir::StoragePlan storage = cpu_storage_plan(g);

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "backends/backend.hpp"
+#include "backends/cpu/attention.hpp"
 #include "backends/equivalence.hpp"
 #include "backends/reference/reference_backend.hpp"
 #include "backends/vulkan/context.hpp"
@@ -711,6 +712,61 @@ TEST(FusedAttention, CpuSkipsPrefixLmAndPaddingFromLengths) {
     ASSERT_FALSE(exe->tile_counts().empty());
     for (const auto& t : exe->tile_counts()) EXPECT_GT(t.skipped, 0) << ir::op_name(exe->graph().node(t.value).op);
     testing::expect_equivalent(g, in, "cpu");
+  }
+}
+
+/// Few queries against many keys (decoding) split the keys into parts of kSplitKeys (flash-
+/// decoding), each a task, merged by their log-sum-exp: the same numbers as the reference with
+/// grouped heads (k and v broadcast over q's heads), every kind of masking and modifier, a part
+/// whose keys are all masked, a fully masked row, NaN in a value, and half-precision operands.
+TEST(FusedAttention, CpuSplitsTheKeysOfFewQueries) {
+  EXPECT_EQ(backend::cpu::key_splits(1, backend::cpu::kSplitKeys), 1);
+  EXPECT_EQ(backend::cpu::key_splits(1, backend::cpu::kSplitKeys + 1), 2);
+  EXPECT_EQ(backend::cpu::key_splits(backend::cpu::kQueryBlock + 1, 100000), 1) << "many queries: one task per query block";
+  auto q = input<"q">(dim<"B">, dim<4>, dim<"N">, dim<32>);
+  auto k = input<"k">(dim<"B">, dim<1>, dim<"M">, dim<32>);  // one key/value head for four query heads
+  auto v = input<"v">(dim<"B">, dim<1>, dim<"M">, dim<24>);
+  auto keep = input<"keep", DType::boolean>(dim<"N">, dim<"M">);
+  auto bias = input<"bias">(dim<4>, dim<1>, dim<"M">);  // per head and key, as ALiBi's
+  const std::vector<std::pair<std::string, ir::Graph>> models = {
+      {"plain", lower(named<"out">(scaled_dot_product_attention(q, k, v)))},
+      {"causal", lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right)))},
+      {"window", lower(named<"out">(scaled_dot_product_attention(q, k, v, sliding_window<700>)))},
+      {"keep-mask", lower(named<"out">(scaled_dot_product_attention(q, k, v, keep)))},
+      {"softcap bias", lower(named<"out">(scaled_dot_product_attention(q, k, v, softcap_scores(2.0), bias)))}};
+  auto cpu = backend::create("cpu");
+  for (const auto& [name, g] : models)
+    for (const auto& [n, m] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 1}, {1, 513}, {3, 1300}, {1, 2048}}) {
+      SCOPED_TRACE(name + ", N " + std::to_string(n) + ", M " + std::to_string(m));
+      auto in = backend::random_inputs(g, {{"B", 2}, {"N", n}, {"M", m}}, 7);
+      testing::expect_equivalent(g, in, *cpu);
+      if (m < 1300) continue;
+      float* values = in.at("v").data<float>();
+      if (in.contains("keep")) {
+        bool* kept = in.at("keep").data<bool>();
+        std::fill_n(kept, m, false);                                                                   // query 0 keeps no key: zeros
+        if (n > 1) std::fill_n(kept + m + backend::cpu::kSplitKeys, backend::cpu::kSplitKeys, false);  // query 1: a part with none
+      }
+      values[(m - 2) * 24 + 5] = std::numeric_limits<float>::quiet_NaN();  // the last part's values, entry 0
+      testing::expect_equivalent(g, in, *cpu);
+      auto exe = cpu->compile(g);
+      exe->run(in);
+      const auto counts = exe->tile_counts();
+      ASSERT_EQ(counts.size(), 1u);
+      const auto& t = counts[0];
+      EXPECT_EQ(t.computed + t.skipped, 2 * 4 * n * m) << "every part's scores counted once";
+    }
+  // Training with few queries (cross-attention): the split forward writes each row's
+  // log-sum-exp, merged from the parts', which the backward reads.
+  for (const auto& [name, forward] : models) {
+    SCOPED_TRACE(name + ", backward");
+    const ir::Graph g = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
+    testing::expect_equivalent(g, backend::random_inputs(g, {{"B", 1}, {"N", 3}, {"M", 1100}}, 9), *cpu);
+  }
+  // In f16 and bf16 (operands read and the output written in 16 bits).
+  for (DType half : {DType::f16, DType::bf16}) {
+    const ir::Graph g = ir::to_dtype(models[1].second, half);
+    testing::expect_equivalent(g, backend::random_inputs(g, {{"B", 1}, {"N", 1}, {"M", 1500}}, 8), *cpu);
   }
 }
 

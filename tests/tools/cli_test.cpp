@@ -272,6 +272,14 @@ TEST_F(Cli, ExplainBenchVizTrain) {
   ASSERT_EQ(fused.status, 0) << fused.output;
   EXPECT_NE(fused.output.find("fused attention (online softmax)"), std::string::npos) << fused.output;
   EXPECT_NE(fused.output.find("score matrix: not materialised"), std::string::npos) << fused.output;
+  EXPECT_EQ(fused.output.find("split-KV"), std::string::npos) << fused.output;
+  // Decoding: one query against 2048 keys, split along the keys.
+  Result decoding = run("explain sdpa --set weights=false --dim N=1 --dim M=2048");
+  ASSERT_EQ(decoding.status, 0) << decoding.output;
+  EXPECT_NE(decoding.output.find("split-KV: 1 query against 2048 keys, in 4 parts of 512 keys per batch entry (a task each), merged by their "
+                                 "log-sum-exp"),
+            std::string::npos)
+      << decoding.output;
   // Block sparsity as the run found it: causal at N = M = 1024, B = 2, query blocks of 256 rows
   // cut at the diagonal, the tiles it crosses in slices of 16 rows: the 6 tiles of 256 x 256
   // above the diagonal and 15/32 of each of the 4 on it left out per batch entry (49.2%).
