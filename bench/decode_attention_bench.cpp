@@ -1,0 +1,132 @@
+// Decode attention on the cpu backend against the machine's limit: one new query per sequence
+// against a key/value cache of M tokens (H = 32 query heads over Hkv = 8 key/value heads, head
+// dim 128), batch 1 and 8, the cache in f32 and in bf16. Decoding is bound by memory: the bound is
+// the cache's bytes (each key and value read once) over the read bandwidth measured in the same
+// run. Each shape runs split along the keys (flash-decoding, backend::cpu::key_splits) and, for
+// the gain, unsplit (QKV_CPU_SPLIT_KV=0). Grouped-query heads run two ways: as heads (q
+// [B, Hkv, 4, 1, D] against k [B, Hkv, 1, M, D], a batch entry per query head, each reading its
+// key/value head) and as rows (q [B, Hkv, 4, D]: the four query heads of a key/value head are four
+// query rows of one batch entry, which reads its key/value head once; exact for decoding, where
+// every query keeps every cached key). Last, one sequence with one head, where the unsplit
+// kernel has a single task however many cores there are.
+//
+//   build/default/bench/qkv_decode_attention_bench [--repeat 5] [--max-cache 32768] [--grouped 0: only the one-head rows]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "backends/cpu/thread_pool.hpp"
+#include "backends/equivalence.hpp"
+#include "bench/limits.hpp"
+#include "ir/graph.hpp"
+#include "ir/passes/passes.hpp"
+
+namespace {
+
+using namespace qkv;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::int64_t kHeads = 32, kKvHeads = 8, kGroup = kHeads / kKvHeads, kHeadDim = 128;
+
+/// Decode attention over a cache of `m` tokens for `b` sequences: grouped query heads as heads
+/// (`rows` false) or as query rows of their key/value head's batch entry.
+ir::Graph decode_graph(std::int64_t b, std::int64_t m, bool rows) {
+  ir::Graph g;
+  const ir::Shape qs = rows ? ir::Shape{b, kKvHeads, kGroup, kHeadDim} : ir::Shape{b, kKvHeads, kGroup, 1, kHeadDim};
+  const ir::Shape ks = rows ? ir::Shape{b, kKvHeads, m, kHeadDim} : ir::Shape{b, kKvHeads, 1, m, kHeadDim};
+  const ir::ValueId q = g.add_input("q", DType::f32, qs), k = g.add_input("k", DType::f32, ks), v = g.add_input("v", DType::f32, ks);
+  ir::Attrs a;
+  a.scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
+  g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
+  return g;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Median seconds of `repeat` runs of `g` on the cpu (after one warm-up run).
+double seconds(const ir::Graph& g, const backend::TensorMap& in, int repeat) {
+  auto exe = backend::create("cpu")->compile(g);
+  exe->run(in);
+  std::vector<double> t;
+  for (int r = 0; r < repeat; ++r) {
+    const auto t0 = Clock::now();
+    exe->run(in);
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeat = 5;
+  std::int64_t max_cache = 32768;
+  bool grouped = true;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--repeat") repeat = std::atoi(argv[i + 1]);
+    else if (flag == "--max-cache") max_cache = std::atoll(argv[i + 1]);
+    else if (flag == "--grouped") grouped = std::string(argv[i + 1]) != "0";
+    else {
+      std::fprintf(stderr, "usage: %s [--repeat N] [--max-cache M] [--grouped 0|1]\n", argv[0]);
+      return 2;
+    }
+  }
+  const double bandwidth = bench::read_bandwidth();
+  std::printf("decode attention on cpu, %d threads; read bandwidth %.1f GB/s (measured in this run)\n", backend::cpu::ThreadPool::global().size(),
+              bandwidth / 1e9);
+  std::printf("H %lld over Hkv %lld, D %lld; median of %d runs; bound = cache bytes / read bandwidth\n", static_cast<long long>(kHeads),
+              static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim), repeat);
+  std::printf("%-5s %-6s %-6s %-6s %10s %10s %9s %10s %9s\n", "B", "cache", "dtype", "GQA as", "split ms", "GB/s", "of bound", "unsplit ms",
+              "split x");
+  for (std::int64_t b : {1, 8})
+    for (std::int64_t m : {4096, 32768}) {
+      if (m > max_cache || !grouped) continue;
+      for (DType dtype : {DType::f32, DType::bf16})
+        for (bool rows : {false, true}) {
+          ir::Graph g = decode_graph(b, m, rows);
+          if (dtype != DType::f32) g = ir::to_dtype(g, dtype);
+          const backend::TensorMap in = backend::random_inputs(g, {}, 1);
+          const double cache_bytes = 2.0 * static_cast<double>(b * kKvHeads * m * kHeadDim * static_cast<std::int64_t>(dtype_size(dtype)));
+          setenv("QKV_CPU_SPLIT_KV", "1", 1);
+          const double split = seconds(g, in, repeat);
+          setenv("QKV_CPU_SPLIT_KV", "0", 1);
+          const double unsplit = seconds(g, in, repeat);
+          unsetenv("QKV_CPU_SPLIT_KV");
+          const double rate = cache_bytes / split;
+          std::printf("%-5lld %-6lld %-6s %-6s %10.3f %10.1f %8.0f%% %10.3f %8.2fx\n", static_cast<long long>(b), static_cast<long long>(m),
+                      std::string(dtype_name(dtype)).c_str(), rows ? "rows" : "heads", split * 1e3, rate / 1e9, 100.0 * rate / bandwidth,
+                      unsplit * 1e3, unsplit / split);
+        }
+    }
+  // One sequence with one head: the unsplit kernel has one task, whatever the cores.
+  std::printf("\none head (q [1, 1, 1, D] against k, v [1, 1, M, D]), f32:\n");
+  std::printf("%-6s %10s %10s %9s %10s %9s\n", "cache", "split ms", "GB/s", "of bound", "unsplit ms", "split x");
+  for (std::int64_t m : {4096, 32768, 262144}) {
+    if (m > 8 * max_cache) continue;  // 262144 with the default
+    ir::Graph g;
+    const ir::ValueId q = g.add_input("q", DType::f32, {1, 1, 1, kHeadDim}), k = g.add_input("k", DType::f32, {1, 1, m, kHeadDim}),
+                      v = g.add_input("v", DType::f32, {1, 1, m, kHeadDim});
+    ir::Attrs a;
+    a.scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
+    g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
+    const backend::TensorMap in = backend::random_inputs(g, {}, 1);
+    setenv("QKV_CPU_SPLIT_KV", "1", 1);
+    const double split = seconds(g, in, repeat);
+    setenv("QKV_CPU_SPLIT_KV", "0", 1);
+    const double unsplit = seconds(g, in, repeat);
+    unsetenv("QKV_CPU_SPLIT_KV");
+    const double rate = 2.0 * static_cast<double>(m * kHeadDim * 4) / split;
+    std::printf("%-6lld %10.3f %10.1f %8.0f%% %10.3f %8.2fx\n", static_cast<long long>(m), split * 1e3, rate / 1e9, 100.0 * rate / bandwidth,
+                unsplit * 1e3, unsplit / split);
+  }
+  return 0;
+}
