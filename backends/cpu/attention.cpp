@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cpu/gemv.hpp"
 #include "backends/cpu/thread_pool.hpp"
 #include "backends/cpu/tile_gemm.hpp"
 #include "backends/cpu/vector_math.hpp"
@@ -53,7 +54,7 @@ struct Transposed {
   const float* data;
   std::int64_t ld;
   /// The same from column c on (c a multiple of tile_gemm_columns(), so its padding stays inside).
-  Transposed from(std::int64_t c) const { return {data + c, ld}; }
+  Transposed from(std::int64_t c) const { return {data ? data + c : nullptr, ld}; }
 };
 
 /// This thread's buffer `slot` (0: keys, 1: values, 2: queries, 3: values' rows, 4: dy's rows)
@@ -184,6 +185,31 @@ class Scores {
   /// Keys [j0, j0 + cols) of batch entry b transposed (this thread's slot 0), for compute.
   Transposed keys(std::int64_t b, std::int64_t j0, std::int64_t cols) const { return transposed(key_rows(b, j0, cols), cols, d_, 0); }
 
+  /// Whether queries [i0, i0 + rows) take their scores from the keys as stored (compute with no
+  /// transposed keys): a decode step's few rows, for which transposing a key tile (reading it,
+  /// writing it, reading it again) cost more than the product.
+  static bool few_queries(std::int64_t rows) { return rows <= kFewRows; }
+
+  /// s's rows [0, rows) = scale q kT over keys [j0, j0 + cols) of batch entry b, read where they
+  /// lie in their stored dtype (few_rows_product: one pass over them), and zeros up to cols
+  /// rounded up to tile_gemm_columns(), as compute's product writes.
+  void few_query_scores(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) const {
+    thread_local std::vector<float> x, out;
+    x.resize(static_cast<std::size_t>(rows * d_));
+    out.resize(static_cast<std::size_t>(rows * cols));
+    const float* q = queries(b, i0, rows);
+    for (std::int64_t e = 0; e < rows * d_; ++e) x[static_cast<std::size_t>(e)] = q[e] * a_.scale;
+    const std::int64_t at = offset_at(b, batch_, ks_) + j0 * d_;
+    const void* keys = a_.k.stored == DType::f32 ? static_cast<const void*>(a_.k.data + at)
+                                                 : static_cast<const void*>(static_cast<const std::uint16_t*>(a_.k.half) + at);
+    few_rows_product(x.data(), rows, d_, cols, keys, a_.k.stored, true, out.data());
+    const std::int64_t unit = tile_gemm_columns(), padded = (cols + unit - 1) / unit * unit;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      std::copy_n(out.data() + i * cols, cols, s + i * ld);
+      std::fill(s + i * ld + cols, s + i * ld + padded, 0.0f);
+    }
+  }
+
   /// s[i * ld + j] = the score of query i0 + i and key j0 + j (i < rows, j < cols), -inf where
   /// masked; `kt` holds keys [j0, j0 + cols) or more (keys()), and s's columns up to cols rounded
   /// up to tile_gemm_columns() are written (ld must leave room for them). Only the columns that
@@ -192,8 +218,12 @@ class Scores {
   /// masked at all. With a modifier and `dmod`, dmod (same layout) gets d mod/d score.
   void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const Transposed& kt, float* s,
                std::int64_t ld, float* dmod = nullptr) const {
-    const std::int64_t unit = tile_gemm_columns();
-    tile_gemm(false, rows, (cols + unit - 1) / unit * unit, d_, a_.scale, queries(b, i0, rows), d_, kt.data, kt.ld, false, s, ld);
+    if (kt.data) {
+      const std::int64_t unit = tile_gemm_columns();
+      tile_gemm(false, rows, (cols + unit - 1) / unit * unit, d_, a_.scale, queries(b, i0, rows), d_, kt.data, kt.ld, false, s, ld);
+    } else {
+      few_query_scores(b, i0, rows, j0, cols, s, ld);
+    }
     const bool mask_kept = thin_mask_is(true, b, i0, rows, j0, cols);
     const float* mask = a_.mask && !mask_kept ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
     const bool kept = a_.mod && a_.mod->keeps_tile(b, i0, rows, j0, cols);
@@ -447,6 +477,19 @@ bool backward_may_skip(const Scores& sc, std::int64_t b, const ConstView& v, std
   return sc.finite_operands(b) && all_finite(v, v_at, m * dv) && all_finite(dy, b * n * dv, n * dv) && all_finite(delta, n);
 }
 
+/// o[r, :] += p[r, :] v over `width` value rows from element `at` of v (in its stored dtype, read
+/// where they lie), for `rows` rows of weights p (row stride kKeyBlock): a decode step's product.
+void few_query_values(const ConstView& v, std::int64_t at, std::int64_t rows, std::int64_t width, std::int64_t dv, const float* p, float* o) {
+  thread_local std::vector<float> x, out;
+  x.resize(static_cast<std::size_t>(rows * width));
+  out.resize(static_cast<std::size_t>(rows * dv));
+  for (std::int64_t r = 0; r < rows; ++r) std::copy_n(p + r * kKeyBlock, width, x.data() + r * width);
+  const void* values =
+      v.stored == DType::f32 ? static_cast<const void*>(v.data + at) : static_cast<const void*>(static_cast<const std::uint16_t*>(v.half) + at);
+  few_rows_product(x.data(), rows, width, dv, values, v.stored, false, out.data());
+  for (std::int64_t e = 0; e < rows * dv; ++e) o[e] += out[static_cast<std::size_t>(e)];
+}
+
 /// Queries [i0, i0 + rows) of batch entry b against keys [lo, hi): the online softmax's running
 /// max `top` and sum `l` per row, and o (rows x dv, f32) the weighted sum of v, scaled relative to
 /// the running max (not yet divided by l).
@@ -460,7 +503,8 @@ void attend_keys(const AttentionArgs& a, const Scores& sc, const Strides& vs, bo
   std::fill_n(l, rows, 0.0f);
   std::fill_n(o, rows * dv, 0.0f);
   sc.each_key_tile(b, i0, rows, skip, lo, hi, [&](std::int64_t j0, std::int64_t cols) {
-    const Transposed kt = sc.keys(b, j0, cols);
+    // A decode step's few queries read the keys where they lie (Scores::few_queries).
+    const Transposed kt = Scores::few_queries(rows) ? Transposed{nullptr, 0} : sc.keys(b, j0, cols);
     // The tile whole, or in slices along a mask's boundary: rows [r0, r1) over keys
     // [jk, jk + width).
     return sc.each_slice(b, i0, rows, j0, cols, skip, [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t width) {
@@ -486,7 +530,11 @@ void attend_keys(const AttentionArgs& a, const Scores& sc, const Strides& vs, bo
           times(row, z, width);
         }
       }
-      tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, f32_rows(a.v, v_at + jk * dv, width, dv, 3), dv, true, o + r0 * dv, dv);
+      if (Scores::few_queries(rows)) {  // the values read where they lie, once
+        few_query_values(a.v, v_at + jk * dv, r1 - r0, width, dv, s, o + r0 * dv);
+      } else {
+        tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, f32_rows(a.v, v_at + jk * dv, width, dv, 3), dv, true, o + r0 * dv, dv);
+      }
     });
   });
 }
@@ -546,8 +594,11 @@ void attention(const AttentionArgs& a) {
   const std::int64_t part = n * (dv + 2);                                                                 // floats of one partial: o, then mx, then l
   const std::unique_ptr<float[]> partials(new float[static_cast<std::size_t>(batches * splits * part)]);  // each task writes its own
   ThreadPool::global().parallel_for(batches * splits, [&](std::int64_t task) {
-    const std::int64_t b = task / splits, lo = (task % splits) * kSplitKeys, hi = std::min(m, lo + kSplitKeys);
-    float* p = partials.get() + task * part;
+    // Part-major: consecutive tasks take the same keys of consecutive batch entries, so query
+    // heads that share a key/value head (grouped-query attention, k and v broadcast) read its
+    // part while another has it in cache.
+    const std::int64_t b = task % batches, split = task / batches, lo = split * kSplitKeys, hi = std::min(m, lo + kSplitKeys);
+    float* p = partials.get() + (b * splits + split) * part;
     attend_keys(a, sc, vs, skip, b, 0, n, lo, hi, p, p + n * dv, p + n * dv + n);
   });
   ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
