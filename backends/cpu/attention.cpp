@@ -53,8 +53,11 @@ Strides batch_strides(const ir::Shape& s, const ir::Shape& batch, std::int64_t m
 struct Transposed {
   const float* data;
   std::int64_t ld;
+  /// No transposed keys: compute reads them as stored (Scores::few_queries).
+  static Transposed as_stored() { return {nullptr, -1}; }
+  bool is_stored() const { return ld < 0; }
   /// The same from column c on (c a multiple of tile_gemm_columns(), so its padding stays inside).
-  Transposed from(std::int64_t c) const { return {data ? data + c : nullptr, ld}; }
+  Transposed from(std::int64_t c) const { return is_stored() ? *this : Transposed{data + c, ld}; }
 };
 
 /// This thread's buffer `slot` (0: keys, 1: values, 2: queries, 3: values' rows, 4: dy's rows)
@@ -185,8 +188,8 @@ class Scores {
   /// Keys [j0, j0 + cols) of batch entry b transposed (this thread's slot 0), for compute.
   Transposed keys(std::int64_t b, std::int64_t j0, std::int64_t cols) const { return transposed(key_rows(b, j0, cols), cols, d_, 0); }
 
-  /// Whether queries [i0, i0 + rows) take their scores from the keys as stored (compute with no
-  /// transposed keys): a decode step's few rows, for which transposing a key tile (reading it,
+  /// Whether queries [i0, i0 + rows) take their scores from the keys as stored (compute given
+  /// Transposed::as_stored()): a decode step's few rows, for which transposing a key tile (reading it,
   /// writing it, reading it again) cost more than the product.
   static bool few_queries(std::int64_t rows) { return rows <= kFewRows; }
 
@@ -218,7 +221,7 @@ class Scores {
   /// masked at all. With a modifier and `dmod`, dmod (same layout) gets d mod/d score.
   void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const Transposed& kt, float* s,
                std::int64_t ld, float* dmod = nullptr) const {
-    if (kt.data) {
+    if (!kt.is_stored()) {
       const std::int64_t unit = tile_gemm_columns();
       tile_gemm(false, rows, (cols + unit - 1) / unit * unit, d_, a_.scale, queries(b, i0, rows), d_, kt.data, kt.ld, false, s, ld);
     } else {
@@ -504,7 +507,7 @@ void attend_keys(const AttentionArgs& a, const Scores& sc, const Strides& vs, bo
   std::fill_n(o, rows * dv, 0.0f);
   sc.each_key_tile(b, i0, rows, skip, lo, hi, [&](std::int64_t j0, std::int64_t cols) {
     // A decode step's few queries read the keys where they lie (Scores::few_queries).
-    const Transposed kt = Scores::few_queries(rows) ? Transposed{nullptr, 0} : sc.keys(b, j0, cols);
+    const Transposed kt = Scores::few_queries(rows) ? Transposed::as_stored() : sc.keys(b, j0, cols);
     // The tile whole, or in slices along a mask's boundary: rows [r0, r1) over keys
     // [jk, jk + width).
     return sc.each_slice(b, i0, rows, j0, cols, skip, [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t width) {
@@ -556,7 +559,7 @@ void finish_rows(const AttentionArgs& a, std::int64_t b, std::int64_t i0, std::i
 std::int64_t key_splits(std::int64_t n, std::int64_t m) {
   const char* off = std::getenv("QKV_CPU_SPLIT_KV");  // "0": never, for measuring the split
   if (off && std::string_view(off) == "0") return 1;
-  return n <= kQueryBlock && m > kSplitKeys ? (m + kSplitKeys - 1) / kSplitKeys : 1;
+  return n >= 1 && n <= kSplitQueries && m > kSplitKeys ? (m + kSplitKeys - 1) / kSplitKeys : 1;
 }
 
 void attention(const AttentionArgs& a) {
@@ -588,7 +591,7 @@ void attention(const AttentionArgs& a) {
     return;
   }
   // Split-KV (flash-decoding): few queries against many keys. Each task takes one chunk of
-  // kSplitKeys keys of one batch entry's queries (n <= kQueryBlock: one block), into its own
+  // kSplitKeys keys of one batch entry's queries (n <= kSplitQueries: one block), into its own
   // partial max, sum and o; then each batch entry's partials are merged, rescaled to their
   // common max. The chunks are a function of the keys alone, not of the batch or the threads.
   const std::int64_t part = n * (dv + 2);                                                                 // floats of one partial: o, then mx, then l

@@ -55,8 +55,12 @@ void attention(const AttentionArgs& args);
 /// values (512 x 128 floats each at head dim 128: 512 KB together) take tens of microseconds to
 /// stream; its partial output (a row of Dv floats per query) costs the merge a thousandth of that.
 inline constexpr std::int64_t kSplitKeys = 512;
-/// The parts the forward splits a batch entry's keys into: ceil(M / kSplitKeys) when its N
-/// queries are one block (N <= kQueryBlock) and M > kSplitKeys, else 1. A function of one batch
+/// Queries up to which the forward splits the keys: a decode step's, a few speculated tokens'.
+/// Each part's partial output is N x Dv floats: at 16 queries a thirtieth of the part's keys and
+/// values (512 x (D + Dv) 16-bit elements at least), so the partials never outgrow the cache.
+inline constexpr std::int64_t kSplitQueries = 16;
+/// The parts the forward splits a batch entry's keys into: ceil(M / kSplitKeys) when it has 1 to
+/// kSplitQueries queries and M > kSplitKeys, else 1. A function of one batch
 /// entry's shape only, never of the batch or the threads, so a sequence's result does not depend
 /// on what else is in the batch or on the machine's cores. QKV_CPU_SPLIT_KV=0 turns it off (1
 /// part), for measuring what it gains.

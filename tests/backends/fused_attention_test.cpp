@@ -722,7 +722,8 @@ TEST(FusedAttention, CpuSkipsPrefixLmAndPaddingFromLengths) {
 TEST(FusedAttention, CpuSplitsTheKeysOfFewQueries) {
   EXPECT_EQ(backend::cpu::key_splits(1, backend::cpu::kSplitKeys), 1);
   EXPECT_EQ(backend::cpu::key_splits(1, backend::cpu::kSplitKeys + 1), 2);
-  EXPECT_EQ(backend::cpu::key_splits(backend::cpu::kQueryBlock + 1, 100000), 1) << "many queries: one task per query block";
+  EXPECT_EQ(backend::cpu::key_splits(backend::cpu::kSplitQueries + 1, 100000), 1) << "more queries: a task per query block";
+  EXPECT_EQ(backend::cpu::key_splits(0, 100000), 1) << "no query: no part";
   auto q = input<"q">(dim<"B">, dim<4>, dim<"N">, dim<32>);
   auto k = input<"k">(dim<"B">, dim<1>, dim<"M">, dim<32>);  // one key/value head for four query heads
   auto v = input<"v">(dim<"B">, dim<1>, dim<"M">, dim<24>);
@@ -736,7 +737,9 @@ TEST(FusedAttention, CpuSplitsTheKeysOfFewQueries) {
       {"softcap bias", lower(named<"out">(scaled_dot_product_attention(q, k, v, softcap_scores(2.0), bias)))}};
   auto cpu = backend::create("cpu");
   for (const auto& [name, g] : models)
-    for (const auto& [n, m] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 1}, {1, 513}, {3, 1300}, {1, 2048}}) {
+    // 12 queries: split, the scores through the transposed key tiles (more than 4 rows); 40: not
+    // split.
+    for (const auto& [n, m] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 1}, {1, 513}, {3, 1300}, {1, 2048}, {12, 1300}, {40, 1300}}) {
       SCOPED_TRACE(name + ", N " + std::to_string(n) + ", M " + std::to_string(m));
       auto in = backend::random_inputs(g, {{"B", 2}, {"N", n}, {"M", m}}, 7);
       testing::expect_equivalent(g, in, *cpu);
@@ -748,6 +751,8 @@ TEST(FusedAttention, CpuSplitsTheKeysOfFewQueries) {
         if (n > 1) std::fill_n(kept + m + backend::cpu::kSplitKeys, backend::cpu::kSplitKeys, false);  // query 1: a part with none
       }
       values[(m - 2) * 24 + 5] = std::numeric_limits<float>::quiet_NaN();  // the last part's values, entry 0
+      testing::expect_equivalent(g, in, *cpu);
+      in.at("q").data<float>()[(4 + 1) * n * 32 + 7] = std::numeric_limits<float>::infinity();  // entry 1, head 1: NaN or inf scores
       testing::expect_equivalent(g, in, *cpu);
       auto exe = cpu->compile(g);
       exe->run(in);
@@ -766,7 +771,7 @@ TEST(FusedAttention, CpuSplitsTheKeysOfFewQueries) {
   // In f16 and bf16 (operands read and the output written in 16 bits).
   for (DType half : {DType::f16, DType::bf16}) {
     const ir::Graph g = ir::to_dtype(models[1].second, half);
-    testing::expect_equivalent(g, backend::random_inputs(g, {{"B", 1}, {"N", 1}, {"M", 1500}}, 8), *cpu);
+    testing::expect_equivalent(g, backend::random_inputs(g, {{"B", 2}, {"N", 1}, {"M", 1500}}, 8), *cpu);
   }
 }
 
