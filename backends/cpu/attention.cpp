@@ -593,8 +593,8 @@ void attention(const AttentionArgs& a) {
   // Split-KV (flash-decoding): few queries against many keys. Each task takes one chunk of
   // kSplitKeys keys of one batch entry's queries (n <= kSplitQueries: one block), into its own
   // partial max, sum and o; then each batch entry's partials are merged, rescaled to their
-  // common max. The chunks are a function of the keys alone, not of the batch or the threads.
-  const std::int64_t part = n * (dv + 2);                                                                 // floats of one partial: o, then mx, then l
+  // common max. The chunks are a function of N and M alone, not of the batch or the threads.
+  const std::int64_t part = n * (dv + 2);  // floats of one partial: o, then top, then l
   const std::unique_ptr<float[]> partials(new float[static_cast<std::size_t>(batches * splits * part)]);  // each task writes its own
   ThreadPool::global().parallel_for(batches * splits, [&](std::int64_t task) {
     // Part-major: consecutive tasks take the same keys of consecutive batch entries, so query
