@@ -203,9 +203,7 @@ class Scores {
     const float* q = queries(b, i0, rows);
     for (std::int64_t e = 0; e < rows * d_; ++e) x[static_cast<std::size_t>(e)] = q[e] * a_.scale;
     const std::int64_t at = offset_at(b, batch_, ks_) + j0 * d_;
-    const void* keys = a_.k.stored == DType::f32 ? static_cast<const void*>(a_.k.data + at)
-                                                 : static_cast<const void*>(static_cast<const std::uint16_t*>(a_.k.half) + at);
-    few_rows_product(x.data(), rows, d_, cols, keys, a_.k.stored, true, out.data());
+    few_rows_product(x.data(), rows, d_, cols, stored_at(a_.k, at), a_.k.stored, true, out.data());
     const std::int64_t unit = tile_gemm_columns(), padded = (cols + unit - 1) / unit * unit;
     for (std::int64_t i = 0; i < rows; ++i) {
       std::copy_n(out.data() + i * cols, cols, s + i * ld);
@@ -487,9 +485,7 @@ void few_query_values(const ConstView& v, std::int64_t at, std::int64_t rows, st
   x.resize(static_cast<std::size_t>(rows * width));
   out.resize(static_cast<std::size_t>(rows * dv));
   for (std::int64_t r = 0; r < rows; ++r) std::copy_n(p + r * kKeyBlock, width, x.data() + r * width);
-  const void* values =
-      v.stored == DType::f32 ? static_cast<const void*>(v.data + at) : static_cast<const void*>(static_cast<const std::uint16_t*>(v.half) + at);
-  few_rows_product(x.data(), rows, width, dv, values, v.stored, false, out.data());
+  few_rows_product(x.data(), rows, width, dv, stored_at(v, at), v.stored, false, out.data());
   for (std::int64_t e = 0; e < rows * dv; ++e) o[e] += out[static_cast<std::size_t>(e)];
 }
 

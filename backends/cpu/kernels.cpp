@@ -289,11 +289,6 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
     d.m *= d.batch;
     d.batch = 1;
   }
-  // B stored transposed or not, in f32 or (b.stored) f16 or bf16, its element offset `at`.
-  auto b_at = [&](std::int64_t at) -> const void* {
-    if (b.stored == DType::f32) return b.data + at;
-    return static_cast<const std::uint16_t*>(b.half) + at;
-  };
   // Batch entry bt's offsets into a and b, in matrices (broadcast batch dims stride 0).
   auto batch_offsets = [&](std::int64_t bt) {
     std::int64_t oa = 0, ob = 0, rem = bt;
@@ -308,7 +303,7 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
   if (!ta && d.m >= 1 && d.m <= kFewRows) {
     for (std::int64_t bt = 0; bt < d.batch; ++bt) {
       const auto [oa, ob] = batch_offsets(bt);
-      few_rows_product(a.data + oa * d.m * d.k, d.m, d.k, d.n, b_at(ob * d.k * d.n), b.stored, tb, out.data + bt * d.m * d.n);
+      few_rows_product(a.data + oa * d.m * d.k, d.m, d.k, d.n, stored_at(b, ob * d.k * d.n), b.stored, tb, out.data + bt * d.m * d.n);
     }
     return;
   }
@@ -317,7 +312,7 @@ void matmul(ConstView a, ConstView b, bool ta, bool tb, View out) {
   std::vector<GemmOperands> entries(static_cast<std::size_t>(d.batch));
   for (std::int64_t bt = 0; bt < d.batch; ++bt) {
     const auto [oa, ob] = batch_offsets(bt);
-    entries[static_cast<std::size_t>(bt)] = {a.data + oa * d.m * d.k, b_at(ob * d.k * d.n), out.data + bt * d.m * d.n};
+    entries[static_cast<std::size_t>(bt)] = {a.data + oa * d.m * d.k, stored_at(b, ob * d.k * d.n), out.data + bt * d.m * d.n};
   }
   gemm(shape, entries);
 }

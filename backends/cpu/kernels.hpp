@@ -24,6 +24,12 @@ struct ConstView {
   DType stored = DType::f32;
 };
 
+/// x's element `at` where it is stored: in `data` (f32) or in `half` (f16, bf16), for kernels that
+/// read x in its stored dtype (few_rows_product).
+inline const void* stored_at(const ConstView& x, std::int64_t at) {
+  if (x.stored == DType::f32) return x.data + at;
+  return static_cast<const std::uint16_t*>(x.half) + at;
+}
 /// x's elements [first, first + n) in f32, into `to` (exactly, whatever x is stored in).
 void widen(const ConstView& x, std::int64_t first, std::int64_t n, float* to);
 /// from[0, n) into out's elements [first, first + n), rounded to nearest when out is f16 or bf16.
