@@ -354,7 +354,7 @@ std::string coop_accumulate(const std::string& what, const std::string& width, c
 /// forward: q's rows against tiles of keys, the online softmax, p v. Its log-sum-exp: the same
 /// without p v. dv: k's rows against tiles of queries, p = exp(s - lse) from the forward's saved
 /// lse (FlashAttention-2's backward, no rescaling), dv += p dy.
-std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, const std::string& skip, const std::string& counts,
+std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, bool sink, const std::string& skip, const std::string& counts,
                       const std::function<std::string(const std::string&)>& stored) {
   const bool forward = kind == Kind::forward, lse = kind == Kind::lse, dv = kind == Kind::dv;
   const std::uint32_t lanes = coop_lanes(t.subgroup_size, t.cooperative_matrix.m).first;
@@ -408,6 +408,11 @@ std::string coop_body(const Target& t, Kind kind, bool modifier, bool drop, cons
   if (!dv && lanes > 1)
     s += "  [[unroll]] for (uint i = 0u; i < RPL; ++i)\n    for (uint w = 1u; w < LPR; w *= 2u) l[i] += subgroupShuffleXor(l[i], w);\n";
   s += counts;
+  if (sink)
+    s += glsl_template("flash_sink_fold.glsl",
+                       {{"ROWS", "RPL"},
+                        {"ROW", "(r0 + wr0 + t * (SG / LPR))"},
+                        {"O", lse ? "" : "    [[unroll]] for (uint x = 0u; x < KV / LPR; ++x) o[t * (KV / LPR) + x] *= c;\n"}});
   if (lse) {
     s += "  [[unroll]] for (uint i = 0u; i < RPL; ++i) {  // -inf for a row with no key; one lane of each row writes it\n"
          "    uint qi = r0 + wr0 + i * (SG / LPR);\n"
@@ -528,6 +533,7 @@ SpecConstants attention_spec_constants(const Node& n) {
     const std::string t = std::to_string(i);
     c.constant("T" + t + "_DIMS", 0, "the scores' dims t" + t + " spans (bit d: dim d)");
   }
+  if (ir::has_sink(n.op, n.attrs)) c.constant("SINK_DIMS", 0, "the scores' dims the sink logits span (bit d: dim d)");
   return c;
 }
 
@@ -581,7 +587,8 @@ struct Flash {
   const Target* cooperative;
   Kind kind;
   bool coop, causal, mask, drop;
-  bool key_rows;  // rows are keys, streaming queries
+  bool sink = false;  // attention sinks: a logit per row joins the softmax (the forward and lse)
+  bool key_rows;      // rows are keys, streaming queries
   bool strided;
   int r;
   std::string own_count, other_count, out_width, out_count;
@@ -592,8 +599,9 @@ struct Flash {
   std::optional<ir::Graph> modifier;  // the region, differentiated where with_derivative
   bool region_skips = false, tests_tiles = false;
   std::vector<Ranged> ranged;
-  /// q, k, v and dy may be held in 16 bits (f16 as float16_t, bf16 as the high half of an f32).
-  DType held_in(std::size_t i) const { return i < held.size() && i < 4 ? held[i] : DType::f32; }
+  /// q, k, v and dy, and the sink logits, may be held in 16 bits (f16 as float16_t, bf16 as the
+  /// high half of an f32).
+  DType held_in(std::size_t i) const { return i < held.size() && (i < 4 || arrays[i] == "SINK") ? held[i] : DType::f32; }
 };
 
 Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target)
@@ -611,6 +619,8 @@ Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out,
   if (mask) arrays.emplace_back("KEEP");
   tensors = modifier_tensors(n);
   for (std::size_t i = 0; i < tensors; ++i) arrays.push_back("T" + str(static_cast<std::int64_t>(i)));
+  sink = ir::has_sink(n.op, n.attrs);
+  if (sink) arrays.emplace_back("SINK");  // the sink logits, after the modifier's tensors
   if (drop) arrays.emplace_back("SEED");  // dropout's seed, the last operand
   // The score modifier: a function of the scaled score and its indices, reading the tensors T<i>
   // at offsets set per batch entry from which of the scores' dims each spans (a specialization
@@ -719,7 +729,14 @@ ModifierText flash_modifier(const Flash& f) {
       tensor_at += "    t" + t + "_at += idx * tensor_stride(T" + t + "_DIMS, d);\n";
       tensor_strides += "  t" + t + "_row = tensor_stride(T" + t + "_DIMS, R);\n  t" + t + "_col = tensor_stride(T" + t + "_DIMS, R + 1);\n";
     }
-    if (tensors > 0) modifier_text += glsl_file("flash_tensor_stride.glsl");
+    if (f.sink) {
+      const auto slot = static_cast<std::size_t>(std::find(f.arrays.begin(), f.arrays.end(), "SINK") - f.arrays.begin());
+      tensor_globals += "uint sink_at, sink_row;  // the sink logits' offset and query stride\n";
+      tensor_at += "    sink_at += idx * tensor_stride(SINK_DIMS, d);\n";
+      tensor_strides += "  sink_row = tensor_stride(SINK_DIMS, R);\n";
+      modifier_text += glsl_template("flash_sink.glsl", {{"LOGIT", widened(f.held_in(slot), "SINK[sink_at + i * sink_row]")}});
+    }
+    if (tensors > 0 || f.sink) modifier_text += glsl_file("flash_tensor_stride.glsl");
     const std::string fn = with_derivative ? "score_mod_d" : "score_mod";
     const auto outputs = with_derivative ? std::vector<std::string>{"primal", "mod"} : std::vector<std::string>{"mod"};
     modifier_text += "// The score modifier, mod = " + ir::region_expression(*n.region) +
@@ -840,6 +857,7 @@ std::string flash_prologue(const Flash& f) {
   const bool sixteen = is_half(f.out_dtype) || std::any_of(f.held.begin(), f.held.end(), [](DType t) { return is_half(t); });
   std::string tensor_zero;  // t<i>_at accumulates over the batch dims
   for (std::size_t i = 0; i < tensors; ++i) tensor_zero += " t" + str(static_cast<std::int64_t>(i)) + "_at = 0u;";
+  if (f.sink) tensor_zero += " sink_at = 0u;";
 
   // The math the kernel calls: the modifier's, the lse's log, and the rounding of a 16-bit output.
   std::string helpers = n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? math_helpers_of({Op::log}) : "";
@@ -1075,6 +1093,11 @@ std::string flash_tile_loop(const Flash& f) {
 std::string flash_store(const Flash& f) {
   const Kind kind = f.kind;
   std::string s = flash_counts();
+  if (f.sink)
+    s += glsl_template("flash_sink_fold.glsl",
+                       {{"ROWS", "RPT"},
+                        {"ROW", "own(t)"},
+                        {"O", kind == Kind::forward ? "    [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= c;\n" : ""}});
   const Store output{f.rounded, f.out_dtype};
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
     return glsl_template("flash_store_rows.glsl", {{"COUNT", count}, {"G", g}, {"W", width}, {"STORED", output(fill_glsl(value, {{"REG", reg}}))}});
@@ -1113,7 +1136,7 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
     const bool with_drop = drop && kind != Kind::lse;
     s += "  if (COOP != 0u) {\n" +
          indented(coop_grad(kind) ? coop_grad_body(*cooperative, kind, n.region != nullptr, with_drop, flash_skip(f), flash_counts(), stored)
-                                  : coop_body(*cooperative, kind, n.region != nullptr, with_drop, flash_skip(f), flash_counts(), stored),
+                                  : coop_body(*cooperative, kind, n.region != nullptr, with_drop, f.sink, flash_skip(f), flash_counts(), stored),
                   "  ") +
          "  } else {\n" + indented(scalar, "  ") + "  }\n";
   }
@@ -1121,8 +1144,8 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
   const Target::CooperativeMatrix* cm = coop ? &cooperative->cooperative_matrix : nullptr;
   std::string name = "flash_attention_" + kind_name(kind) +
                      (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") +
-                     (n.region ? "_flex" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") + (drop ? "_dropout" : "") + "_b" + str(f.r) +
-                     Store{rounded}.suffix();
+                     (n.region ? "_flex" : "") + (f.sink ? "_sink" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
+                     (drop ? "_dropout" : "") + "_b" + str(f.r) + Store{rounded}.suffix();
   return {name, s, static_cast<int>(f.arrays.size()) + 2, true, attention_push_constants(n).signature(), attention_spec_constants(n).signature()};
 }
 
@@ -1259,6 +1282,15 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
       if (j >= 0 && ts[j] != 1) dims |= 1u << dim;
     }
     constants.set("T" + std::to_string(i) + "_DIMS", dims);
+  }
+  if (ir::has_sink(n.op, n.attrs)) {  // the sink logits broadcast to [..,N,1]: never along the keys
+    const Shape& ss = in(ir::sink_operand(n.op, n.attrs, n.inputs.size()));
+    std::uint32_t dims = 0;
+    for (int dim = 0; dim < r + 1; ++dim) {
+      const int j = dim - (r + 2 - ss.rank);
+      if (j >= 0 && ss[j] != 1) dims |= 1u << dim;
+    }
+    constants.set("SINK_DIMS", dims);
   }
   l.specialization = constants.words();
   l.spec_signature = spec.signature();

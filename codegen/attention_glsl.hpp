@@ -21,9 +21,9 @@ PushConstants attention_push_constants(const ir::Node& n);
 SpecConstants attention_spec_constants(const ir::Node& n);
 /// Push-constant words the node's kernel needs.
 int attention_push_words(const ir::Node& n);
-/// `held`: the dtypes its q, k, v and dy buffers hold (f16 and bf16 read and widened where
-/// loaded; missing entries f32); `out`: the dtype its output is written in (f16 or bf16 rounded
-/// to nearest even first).
+/// `held`: the dtypes its operands' buffers hold, in operand order (q, k, v, dy and the sink
+/// logits are read in them, f16 and bf16 widened where loaded; missing entries f32); `out`: the
+/// dtype its output is written in (f16 or bf16 rounded to nearest even first).
 /// `rounded`: f16 or bf16 where the output is stored rounded to it in f32 storage
 /// (ir::ValueStorage::rounded). `cooperative`: the target whose cooperative matrices the
 /// forward's kernel also uses (where attention_cooperative), its scalar path beside them for

@@ -877,13 +877,14 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, storage, v, true));
     QKV_ATTENTION_CASES {
       std::vector<DType> held;  // q, k, v, dy
-      for (std::size_t k = 0; k < std::min<std::size_t>(n.inputs.size(), 4); ++k) held.push_back(storage.held(n.inputs[k]));
+      for (ir::ValueId in : n.inputs) held.push_back(storage.held(in));
       return detail::attention_source(n, held, storage.held(v), storage[v].rounded,
                                       detail::attention_cooperative(g, storage, v, target) ? &target : nullptr);
     }
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:  // decomposed before code generation
+    case Op::sink_softmax:
     case Op::reduce_mean: break;
   }
   // clang-format on
@@ -1011,6 +1012,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:
+    case Op::sink_softmax:
     case Op::reduce_mean: break;
   }
   // clang-format on

@@ -55,7 +55,20 @@ template <Expr S> struct AttnDropout {
 /// The option AttnDropout{seed, p}: dropout(weights, seed, p) after the softmax.
 template <Expr S> constexpr AttnDropout<S> attn_dropout(double p, S seed) { return {seed, p}; }
 
+/// Option: attention sinks (gpt-oss, StreamingLLM): a logit per head that joins each query's
+/// softmax and gives no value (sink_softmax), so a query may weigh "nothing". `logits` is [H],
+/// one per head (the scores' axis -3), or a float expression broadcasting to the scores'
+/// [..., Lq, 1]; cast to the scores' dtype. Trained like any parameter; fused on every backend
+/// with any other option.
+template <Expr S> struct Sinks {
+  S logits;  ///< The sink logits.
+};
+/// The option Sinks{s}: each row's softmax gets the sink logit s (per head when s is [H]).
+template <Expr S> constexpr Sinks<S> sinks(S logits) { return {logits}; }
+
 namespace detail {
+template <class T> struct is_sinks : std::false_type {};
+template <class S> struct is_sinks<Sinks<S>> : std::true_type {};
 template <class T> struct is_causal : std::false_type {};
 template <ir::CausalAlign A> struct is_causal<CausalTag<A>> : std::true_type {};
 template <std::int64_t W> struct is_causal<SlidingWindow<W>> : std::true_type {};
@@ -117,6 +130,37 @@ template <class S, class O, class... Rest> constexpr auto apply_softcap(S scores
   else return apply_softcap(scores, rest...);
 }
 
+/// x in dtype DT: itself when it is.
+template <DType DT, Expr X> constexpr auto as_dtype(X x) {
+  if constexpr (X::dtype == DT) return x;
+  else return cast<DT>(x);
+}
+
+/// The softmax over the keys, with the sinks where an option gives them.
+template <class S> constexpr auto apply_softmax(S scores) { return softmax<-1>(scores); }
+template <class S, class O, class... Rest> constexpr auto apply_softmax(S scores, O o, Rest... rest) {
+  if constexpr (is_sinks<O>::value) {
+    using L = decltype(o.logits);
+    static_assert(is_float(L::dtype), "qkv: sinks(s) takes float logits");
+    if constexpr (L::shape.rank == 1) {  // one per head: laid out along the scores' head axis
+      static_assert(S::shape.rank >= 3, "qkv: sinks(s) with s [H] needs scores with a head axis, [..., H, Lq, Lk]");
+      static_assert(ir::dims_compatible(L::shape[0], S::shape.back(2)), "qkv: sinks(s): s [H] needs H to be the scores' head count");
+      constexpr ir::Shape per_head = [] {
+        ir::Shape r;
+        r.push_back(L::shape[0]);
+        r.push_back(1);
+        r.push_back(1);
+        return r;
+      }();
+      return sink_softmax(scores, as_dtype<S::dtype>(reshape_to<per_head>(o.logits)));
+    } else {
+      return sink_softmax(scores, as_dtype<S::dtype>(o.logits));
+    }
+  } else {
+    return apply_softmax(scores, rest...);
+  }
+}
+
 /// Dropout on the weights, after the softmax.
 template <class W> constexpr auto apply_dropout(W weights) { return weights; }
 template <class W, class O, class... Rest> constexpr auto apply_dropout(W weights, O o, Rest... rest) {
@@ -134,7 +178,8 @@ template <class W, class O, class... Rest> constexpr auto apply_dropout(W weight
 /// when D is bound); temperature(t) (divides the scores by t after scaling); sliding_window<W> (causal, the last W keys); softcap_scores(c);
 /// attn_dropout(p, seed) (dropout on the returned weights, as torch does; fused attention draws the
 /// same bits inside its kernels, forward and backward); score_mod(f) and mask_mod(f) (a modifier
-/// written as an expression of the score and its indices, dsl/score_mods.hpp). A query row whose keys
+/// written as an expression of the score and its indices, dsl/score_mods.hpp); sinks(s) (a logit
+/// per head joining each softmax, see Sinks). A query row whose keys
 /// are all masked gets zero weights, so zero output and zero gradient, rather than NaN.
 /// Masks: here true *keeps* a key (torch.nn.functional.scaled_dot_product_attention's
 /// convention); torch.nn.MultiheadAttention's key_padding_mask is the opposite (true drops), see
@@ -142,11 +187,12 @@ template <class W, class O, class... Rest> constexpr auto apply_dropout(W weight
 template <Expr Q, Expr K, class... Opts> constexpr auto attention_weights(Q q, K k, Opts... opts) {
   static_assert(((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || detail::is_bias<Opts>() || std::is_same_v<Opts, Scale> ||
                   std::is_same_v<Opts, Temperature> || std::is_same_v<Opts, SoftCap> || detail::is_dropout<Opts>::value ||
-                  detail::is_score_mod<Opts>::value || detail::is_mask_mod<Opts>::value) &&
+                  detail::is_score_mod<Opts>::value || detail::is_mask_mod<Opts>::value || detail::is_sinks<Opts>::value) &&
                  ...),
                 "qkv: attention options are causal, causal_bottom_right, sliding_window<W>, a boolean mask or float bias expression, "
-                "scale(x), temperature(t), softcap_scores(c), attn_dropout(p, seed), score_mod(f) or mask_mod(f)");
+                "scale(x), temperature(t), softcap_scores(c), attn_dropout(p, seed), score_mod(f), mask_mod(f) or sinks(s)");
   static_assert((detail::is_causal<Opts>::value + ... + 0) <= 1, "qkv: give one of causal, causal_bottom_right, sliding_window<W>");
+  static_assert((detail::is_sinks<Opts>::value + ... + 0) <= 1, "qkv: give sinks(s) once");
   constexpr bool explicit_scale = (std::is_same_v<Opts, Scale> || ...);
   constexpr ir::Dim d = Q::shape.back(0);
   // The default scale of a named head dim is 1/sqrt(D) resolved when D is bound, so the graph
@@ -157,7 +203,7 @@ template <Expr Q, Expr K, class... Opts> constexpr auto attention_weights(Q q, K
   ((s.value /= detail::temperature_of(opts)), ...);
   auto scores = detail::apply_softcap(matmul<false, true>(q, k) * s, opts...);
   const detail::ScoreIndices<Q, K> ix{q, k};
-  return detail::apply_dropout(softmax<-1>(detail::apply_options(scores, ix, opts...)), opts...);
+  return detail::apply_dropout(detail::apply_softmax(detail::apply_options(scores, ix, opts...), opts...), opts...);
 }
 
 /// Scaled dot-product attention: attention_weights(q, k, opts...) @ v, shape [..., Lq, Dv].

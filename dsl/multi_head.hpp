@@ -228,6 +228,7 @@ template <Expr A, Expr B, Expr... Rest> constexpr auto concat_heads(A a, B b, Re
 /// \endcode q [B, N, H * Dh], k and v [B, M, Hkv * Dh], already projected; the
 /// result is [B, N, H * Dh]. Query heads h * G .. h * G + G - 1 (G = H / Hkv) read key/value head
 /// h, as in Llama's repeat_kv; nothing is copied: the batched matmul broadcasts the shared heads.
+/// sinks(s) with s [H] gives each query head its sink (gpt-oss).
 template <DimArg H, DimArg Hkv, Expr Q, Expr K, Expr V, class... Opts> constexpr auto grouped_query_attention(Q q, K k, V v, Opts... opts) {
   static_assert(H.is_named() || Hkv.is_named() || H.value % Hkv.value == 0,
                 "qkv: the number of key/value heads must divide the number of query heads");
@@ -244,7 +245,20 @@ template <DimArg H, DimArg Hkv, Expr Q, Expr K, Expr V, class... Opts> constexpr
   auto qh = permute<0, 2, 3, 1, 4>(detail::reshape_to<q5, DimList<H, Hkv, G, dh>>(q));
   auto kh = permute<0, 2, 3, 1, 4>(detail::reshape_to<k5, DimList<H, Hkv, dh>>(k));
   auto vh = permute<0, 2, 3, 1, 4>(detail::reshape_to<k5, DimList<H, Hkv, dh>>(v));
-  auto out = scaled_dot_product_attention(qh, kh, vh, opts...);  // [B, Hkv, G, N, Dh]
+  // Per-head sinks [H] follow the query heads: [Hkv, G, 1, 1].
+  auto grouped = [](auto opt) {
+    if constexpr (detail::is_sinks<decltype(opt)>::value) {
+      if constexpr (decltype(opt.logits)::shape.rank == 1) {
+        constexpr ir::Shape per_head{Hkv.value, G.value, 1, 1};
+        return sinks(detail::reshape_to<per_head, DimList<H, Hkv, G>>(opt.logits));
+      } else {
+        return opt;
+      }
+    } else {
+      return opt;
+    }
+  };
+  auto out = scaled_dot_product_attention(qh, kh, vh, grouped(opts)...);  // [B, Hkv, G, N, Dh]
   constexpr ir::Shape merged{Q::shape[0], Q::shape[1], e};
   return detail::reshape_to<merged>(permute<0, 3, 1, 2, 4>(out));
 }

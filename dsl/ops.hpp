@@ -277,6 +277,11 @@ template <int Axis = -1, Expr X> constexpr auto softmax(X x) {
   return make_node<ir::Op::softmax, detail::axis_attrs(Axis < 0 ? Axis + X::shape.rank : Axis)>(x);
 }
 
+/// softmax over the last axis with one more logit per row, the sink (broadcasting to x's shape
+/// with a last dim of 1, in x's dtype), that takes weight and gives none: attention sinks, as
+/// torch writes them, softmax(cat([x, sink], -1))[..., :-1]. A row may so weigh "nothing".
+template <Expr X, Expr S> constexpr auto sink_softmax(X x, S sink) { return make_node<ir::Op::sink_softmax>(x, sink); }
+
 /// Batched matrix product over the last two dims, batch dims broadcast. TransposeA/B use the
 /// operand's last two dims swapped without a copy.
 template <bool TransposeA = false, bool TransposeB = false, Expr A, Expr B> constexpr auto matmul(A a, B b) {

@@ -41,15 +41,34 @@ ValueId modified_scores(Graph& g, const Node& n, ValueId q, ValueId k, std::span
   return causal(g, n, inline_region(g, *n.region, s, tensors));
 }
 
-/// lse = m + log(sum(exp(s - m))), m the row max (0 for a row of -inf, whose lse is -inf).
-ValueId row_lse(Graph& g, ValueId s) {
+/// The rows' max of `x` over its last axis, and the sink's where there is one (sink >= 0; NaN
+/// where either is), 0 where it is -inf, so that x - max stays -inf rather than NaN.
+ValueId row_max(Graph& g, ValueId x, ValueId sink) {
+  Attrs keep;
+  keep.axis = g.node(x).shape.rank - 1;
+  ValueId m = g.add(Op::reduce_max, {x}, keep);
+  if (sink >= 0) m = g.add(Op::max, {m, sink});
+  return g.add(Op::where, {g.add(Op::equal, {m, g.constant(-HUGE_VAL)}), g.constant(0.0), m});
+}
+
+/// sum(exp(s - m)) over the last axis of s, with the sink's term exp(sink - m) where there is one.
+ValueId row_sum(Graph& g, ValueId s, ValueId m, ValueId sink) {
   Attrs keep;
   keep.axis = g.node(s).shape.rank - 1;
-  ValueId m = g.add(Op::reduce_max, {s}, keep);
-  m = g.add(Op::where, {g.add(Op::equal, {m, g.constant(-HUGE_VAL)}), g.constant(0.0), m});
-  ValueId sum = g.add(Op::reduce_sum, {g.add(Op::exp, {g.add(Op::sub, {s, m})})}, keep);
-  return g.add(Op::add, {m, g.add(Op::log, {sum})});
+  const ValueId sum = g.add(Op::reduce_sum, {g.add(Op::exp, {g.add(Op::sub, {s, m})})}, keep);
+  return sink < 0 ? sum : g.add(Op::add, {sum, g.add(Op::exp, {g.add(Op::sub, {sink, m})})});
 }
+
+/// lse = m + log(sum(exp(s - m))), m the row max (0 for a row of -inf, whose lse is -inf); with
+/// a sink (sink >= 0), over the row's scores and its sink logit.
+ValueId row_lse(Graph& g, ValueId s, ValueId sink = -1) {
+  if (sink >= 0) sink = g.cast(sink, g.node(s).dtype);  // in the dtype of the scores it joins
+  const ValueId m = row_max(g, s, sink);
+  return g.add(Op::add, {m, g.add(Op::log, {row_sum(g, s, m, sink)})});
+}
+
+/// A flex node's sink operand, or -1 without one.
+ValueId sink_of(const Node& n, std::span<const ValueId> in) { return has_sink(n.op, n.attrs) ? in[sink_operand(n.op, n.attrs, in.size())] : -1; }
 
 /// x (shaped as flex attention node n's weights) times its dropout mask when n drops weights:
 /// dropout_mask(x, seed) {dropout = p}, the seed n's last operand `in.back()`.
@@ -86,6 +105,15 @@ ValueId softmax(Graph& g, const Node& n, std::span<const ValueId> in) {
   return g.add(Op::div, {e, g.add(Op::where, {g.add(Op::equal, {s, zero}), one, s})});
 }
 
+ValueId sink_softmax(Graph& g, const Node&, std::span<const ValueId> in) {
+  // exp(x - m) / (sum(exp(x - m)) + exp(sink - m)), m = max(max(x), sink): the softmax of the row
+  // with the sink appended, its weight dropped. Rows of -inf with a sink of -inf give zeros (their
+  // sum of zeros counts as 1), as softmax's do.
+  const ValueId x = in[0], m = row_max(g, x, in[1]), one = g.constant(1.0), zero = g.constant(0.0);
+  const ValueId z = row_sum(g, x, m, in[1]);
+  return g.add(Op::div, {g.add(Op::exp, {g.add(Op::sub, {x, m})}), g.add(Op::where, {g.add(Op::equal, {z, zero}), one, z})});
+}
+
 ValueId attention(Graph& g, const Node& n, std::span<const ValueId> in) {
   // softmax(s) v over the masked scores s.
   ValueId s = masked_scores(g, n, in[0], in[1], n.op == Op::masked_attention ? in[3] : -1);
@@ -116,15 +144,19 @@ ValueId flex_attention(Graph& g, const Node& n, std::span<const ValueId> in) {
   // softmax(mod(s)) v, the region inlined over the whole score matrix; with dropout, the
   // weights times dropout_mask(weights, seed) first (the bits of the unfused graph).
   const std::span<const ValueId> tensors = in.subspan(3, modifier_tensor_count(n.op, n.attrs, in.size()));
+  // With sinks, sink_softmax's weights.
   ValueId s = modified_scores(g, n, in[0], in[1], tensors);
   Attrs last;
   last.axis = g.node(s).shape.rank - 1;
-  return g.add(Op::matmul, {dropped(g, n, in, g.add(Op::softmax, {s}, last)), in[2]});
+  const ValueId sink = sink_of(n, in);
+  const ValueId p = sink < 0 ? g.add(Op::softmax, {s}, last) : g.add(Op::sink_softmax, {s, g.cast(sink, g.node(s).dtype)});
+  return g.add(Op::matmul, {dropped(g, n, in, p), in[2]});
 }
 
-// lse over the modified scores.
+// lse over the modified scores (and the sink).
 ValueId flex_attention_lse(Graph& g, const Node& n, std::span<const ValueId> in) {
-  return row_lse(g, modified_scores(g, n, in[0], in[1], in.subspan(2)));
+  const std::span<const ValueId> tensors = in.subspan(2, modifier_tensor_count(n.op, n.attrs, in.size()));
+  return row_lse(g, modified_scores(g, n, in[0], in[1], tensors), sink_of(n, in));
 }
 
 ValueId flex_attention_grad(Graph& g, const Node& n, std::span<const ValueId> in) {

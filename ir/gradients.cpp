@@ -2,6 +2,8 @@
 // one-line math comment; `unbroadcast` undoes NumPy broadcasting of an operand.
 #include "ir/gradients.hpp"
 
+#include <cmath>
+
 #include "ir/error.hpp"
 #include "ir/region.hpp"
 
@@ -240,6 +242,25 @@ Grads softmax(const GradientArgs& a) {
   return {a.g.add(Op::mul, {a.y, a.g.add(Op::sub, {a.dy, dot})})};
 }
 
+// d/dx sink_softmax(x, sink) = y * (dy - sum(dy * y)), as softmax's (the sink's weight is no
+// output); d/dsink = -p_sink * sum(dy * y), p_sink = exp(sink - m) / z the sink's own weight
+// (recomputed: 1 - sum(y) would lose it to rounding where it is small), summed to its shape.
+Grads sink_softmax(const GradientArgs& a) {
+  Graph& g = a.g;
+  Attrs keep;
+  keep.axis = a.shape(a.in[0]).rank - 1;
+  const ValueId x = a.in[0], sink = a.in[1], neg_inf = g.constant(-HUGE_VAL), zero = g.constant(0.0);
+  const ValueId dot = g.add(Op::reduce_sum, {g.add(Op::mul, {a.dy, a.y})}, keep);
+  const ValueId dx = g.add(Op::mul, {a.y, g.add(Op::sub, {a.dy, dot})});
+  ValueId m = g.add(Op::max, {g.add(Op::reduce_max, {x}, keep), sink});
+  m = g.add(Op::where, {g.add(Op::equal, {m, neg_inf}), zero, m});
+  const ValueId e_sink = g.add(Op::exp, {g.add(Op::sub, {sink, m})});
+  ValueId z = g.add(Op::add, {g.add(Op::reduce_sum, {g.add(Op::exp, {g.add(Op::sub, {x, m})})}, keep), e_sink});
+  z = g.add(Op::where, {g.add(Op::equal, {z, zero}), g.constant(1.0), z});
+  const ValueId p_sink = g.add(Op::div, {e_sink, z});
+  return {dx, a.unbroadcast(g.add(Op::neg, {g.add(Op::mul, {p_sink, dot})}), 1)};
+}
+
 // d/dx log_softmax(x) = dy - exp(y) * sum(dy)
 Grads log_softmax(const GradientArgs& a) {
   Attrs keep;
@@ -286,9 +307,12 @@ Grads flex_attention(const GradientArgs& a) {
   const std::span<const ValueId> tensors = a.in.subspan(3, modifier_tensor_count(n.op, n.attrs, a.in.size()));
   std::vector<ValueId> qk = {a.in[0], a.in[1]};
   qk.insert(qk.end(), tensors.begin(), tensors.end());
+  const bool sink = has_sink(n.op, n.attrs);
+  if (sink) qk.push_back(a.in[sink_operand(n.op, n.attrs, a.in.size())]);
   Attrs undropped = at;  // the lse is dropout's too: it normalises the weights before the mask
   undropped.dropout = 0.0;
   const ValueId lse = g.add(Op::flex_attention_lse, qk, undropped, n.region);
+  at.sink = false;  // the gradients read the sink through the lse
   Attrs last;
   last.axis = n.shape.rank - 1;
   // delta = rowsum(dy * y) as without dropout: y already holds the mask's zeros and scale.
@@ -312,6 +336,17 @@ Grads flex_attention(const GradientArgs& a) {
     }
     at.wrt = static_cast<std::int8_t>(3 + i);
     grads.push_back(a.unbroadcast(g.add(Op::flex_attention_grad, args, at, n.region), static_cast<int>(3 + i)));
+  }
+  if (sink) {
+    // d/dsink = sum over its rows of ds_sink = p_sink (0 - delta): the sink's weight
+    // p_sink = exp(sink - lse) (0 for a sink of -inf) times no value.
+    // In f32, rounded once to the sink's dtype.
+    const ValueId s = g.cast(qk.back(), DType::f32), neg_inf = g.constant(-HUGE_VAL);
+    const ValueId e = g.add(Op::exp, {g.add(Op::sub, {s, g.cast(lse, DType::f32)})});
+    const ValueId p_sink = g.add(Op::where, {g.add(Op::equal, {s, neg_inf}), g.constant(0.0), e});
+    const ValueId ds = g.add(Op::neg, {g.add(Op::mul, {p_sink, g.cast(delta, DType::f32)})});
+    const int at_sink = static_cast<int>(sink_operand(n.op, n.attrs, a.in.size()));
+    grads.push_back(g.cast(a.unbroadcast(ds, at_sink), g.node(qk.back()).dtype));
   }
   if (has_dropout_seed(n.op, n.attrs)) grads.push_back(-1);  // the seed's bits have none
   return grads;

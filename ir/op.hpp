@@ -92,6 +92,7 @@ enum AttrFlag : std::uint32_t {
   kAttrWrt = 1u << 12,
   kAttrDropout = 1u << 13,
   kAttrScale = 1u << 14,
+  kAttrSink = 1u << 15,
 };
 
 /// Where a causal mask's diagonal starts when there are more keys than queries: key j is kept for
@@ -127,6 +128,7 @@ enum class AttrPrint : std::uint8_t { always, when_set, never };
   X(window, std::int64_t, 0, kAttrWindow, when_set, size)      /* keep only the last `window` keys (0: all) */                \
   X(wrt, std::int8_t, 0, kAttrWrt, always, operand)            /* attention_grad: the operand (0 q, 1 k, 2 v, 3 + i: ti) */   \
   X(dropout, double, 0.0, kAttrDropout, when_set, number)      /* flex attention, dropout_mask: drop probability (0: none) */ \
+  X(sink, bool, false, kAttrSink, when_set, boolean)           /* flex attention: a sink logit per row is an operand */       \
   X(dtype, DType, DType::f32, kAttrDtype, never, result_dtype) /* input and cast: their result's dtype */
 
 /// An attribute's values compare equal; doubles also when both are NaN (a NaN constant is one node).
@@ -183,6 +185,9 @@ struct Attrs {
 /// Attention gradients: the operand differentiated (0 q, 1 k, 2 v, 3 + i: the modifier's tensor i).
 /// \var Attrs::dropout
 /// Flex attention and dropout_mask: the probability that a weight is dropped (0: none).
+/// \var Attrs::sink
+/// flex_attention and flex_attention_lse: whether each row's softmax has a sink, a logit with no
+/// value (sink_softmax), given as the operand after the modifier's tensors.
 /// \var Attrs::dtype
 /// input and cast: their result's dtype.
 
@@ -320,12 +325,20 @@ constexpr std::size_t fixed_operands(Op op) {
 /// then take the dropout seed (an i32 scalar) as their last operand, after the modifier's tensors.
 constexpr bool has_dropout_seed(Op op, const Attrs& a) { return (op == Op::flex_attention || op == Op::flex_attention_grad) && a.dropout != 0.0; }
 
+/// Whether a flex node with these attributes has attention sinks: flex_attention and its lse
+/// then take the sink logits (broadcasting to the lse's [..,N,1]) after the modifier's tensors,
+/// before a dropout seed. The gradient ops need none: the lse they read includes the sink.
+constexpr bool has_sink(Op op, const Attrs& a) { return (op == Op::flex_attention || op == Op::flex_attention_lse) && a.sink; }
+
 /// The number of tensors a flex node's modifier reads, operands fixed_operands(op) on, of
 /// `operands` in all (0 when there are too few for the op to be valid).
 constexpr std::size_t modifier_tensor_count(Op op, const Attrs& a, std::size_t operands) {
-  const std::size_t others = fixed_operands(op) + (has_dropout_seed(op, a) ? 1 : 0);
+  const std::size_t others = fixed_operands(op) + (has_dropout_seed(op, a) ? 1 : 0) + (has_sink(op, a) ? 1 : 0);
   return operands > others ? operands - others : 0;
 }
+
+/// A flex node's sink operand (has_sink): after the modifier's tensors, before the seed.
+constexpr std::size_t sink_operand(Op op, const Attrs& a, std::size_t operands) { return operands - 1 - (has_dropout_seed(op, a) ? 1 : 0); }
 
 /// All ops, in registry order.
 constexpr std::array<Op, kNumOps> all_ops() {

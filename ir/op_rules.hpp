@@ -119,6 +119,17 @@ constexpr ShapeResult broadcast(std::span<const Operand> in) {
   return r;
 }
 
+/// Whether x broadcasts to `target` without enlarging it: x's rank at most target's, each of its
+/// dims 1 or target's.
+constexpr bool broadcasts_to(const Operand& x, const Shape& target) {
+  if (x.shape.rank > target.rank) return false;
+  for (int i = 0; i < x.shape.rank; ++i) {
+    const Dim d = x.shape.back(i), t = target.back(i);
+    if (d != 1 && (t == 1 || !dims_compatible(d, t))) return false;
+  }
+  return true;
+}
+
 /// Operands `first` on are floats of one dtype, the result's. A rank-0 operand (a scalar
 /// constant, a temperature) takes the others' dtype, as PyTorch's Python scalars do: x * 0.5
 /// stays f16 when x is. Among rank-0 operands alone, a half one sets the dtype (f32 constants
@@ -216,6 +227,18 @@ constexpr ShapeResult softmax(std::span<const Operand> in, const Attrs& a) {
   int ax = normalize_axis(a.axis, x.shape.rank);
   if (ax < 0 || ax >= x.shape.rank) return fail(ShapeErr::axis_out_of_range, a.axis, x.shape.rank);
   return {x.shape, x.dtype};
+}
+
+/// sink_softmax(x, sink): x's shape and dtype; the sink, of x's dtype, broadcasts to x's shape
+/// with a last dim of 1 (a logit per row).
+constexpr ShapeResult sink_softmax(std::span<const Operand> in, const Attrs&) {
+  const Operand& x = in[0];
+  if (!is_float(x.dtype)) return fail(ShapeErr::not_float);
+  if (x.shape.rank < 1) return fail(ShapeErr::rank_too_small, x.shape.rank, 1, 0);
+  if (in[1].dtype != x.dtype) return fail(ShapeErr::dtypes_differ, 0, 0, 1);
+  Shape rows = x.shape;
+  rows[rows.rank - 1] = 1;
+  return broadcasts_to(in[1], rows) ? ShapeResult{x.shape, x.dtype} : fail(ShapeErr::not_broadcast_target, in[1].shape.rank, rows.rank, 1);
 }
 
 constexpr ShapeResult matmul(std::span<const Operand> in, const Attrs& at) {
@@ -334,12 +357,14 @@ constexpr bool same_batch(const Shape& a, const Shape& b) {
   return true;
 }
 
-/// With dropout (attribute p in [0, 1), nonzero), the last operand is the seed, an i32 scalar.
+/// With dropout (attribute p in [0, 1), nonzero), the last operand is the seed, an i32 scalar;
+/// with a sink, the operand before it is the sink logits, a float broadcasting to [..,N,1].
 constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t first, const Attrs& a) {
   if (!(a.dropout >= 0.0 && a.dropout < 1.0)) return fail(ShapeErr::bad_probability);
   std::size_t end = in.size();
+  const std::size_t trailing = (a.dropout != 0.0 ? 1 : 0) + (a.sink ? 1 : 0);
+  if (end < first + trailing) return fail(ShapeErr::rank_too_small, static_cast<std::int64_t>(end), static_cast<std::int64_t>(first + trailing));
   if (a.dropout != 0.0) {
-    if (end <= first) return fail(ShapeErr::rank_too_small, static_cast<std::int64_t>(end), static_cast<std::int64_t>(first + 1));
     const Operand& seed = in[--end];
     if (seed.dtype != DType::i32) return fail(ShapeErr::not_integer, 0, 0, static_cast<int>(end));
     if (seed.shape.rank != 0) return fail(ShapeErr::rank_too_large, seed.shape.rank, 0, static_cast<int>(end));
@@ -348,6 +373,13 @@ constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t 
   tb.transpose_b = true;
   const ShapeResult scores = matmul(in.first(2), tb);
   if (!scores.ok()) return scores;
+  if (a.sink) {
+    const Operand& sink = in[--end];
+    Shape rows = scores.shape;
+    rows[rows.rank - 1] = 1;
+    if (!is_float(sink.dtype)) return fail(ShapeErr::not_float, 0, 0, static_cast<int>(end));
+    if (!broadcasts_to(sink, rows)) return fail(ShapeErr::not_broadcast_target, sink.shape.rank, rows.rank, static_cast<int>(end));
+  }
   for (std::size_t i = first; i < end; ++i) {
     const Operand sm[2] = {{scores.shape, DType::f32}, in[i]};
     ShapeResult b = broadcast(sm);
@@ -360,7 +392,7 @@ constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t 
   return {scores.shape, DType::f32};
 }
 
-/// flex_attention(q, k, v, t..., [seed]): attention's shape; each t broadcasts to the scores.
+/// flex_attention(q, k, v, t..., [sink], [seed]): attention's shape; each t broadcasts to the scores.
 constexpr ShapeResult flex_attention(std::span<const Operand> in, const Attrs& a) {
   const ShapeResult y = attention(in.first(3), a);
   const ShapeResult t = y.ok() ? modifier_tensors(in, 3, a) : y;
@@ -370,10 +402,12 @@ constexpr ShapeResult flex_attention(std::span<const Operand> in, const Attrs& a
   return y;
 }
 
-/// flex_attention_lse(q, k, t...): the scores' shape with one column.
+/// flex_attention_lse(q, k, t..., [sink]): the scores' shape with one column.
 constexpr ShapeResult flex_attention_lse(std::span<const Operand> in, const Attrs& a) {
   const ShapeResult r = attention_lse(in.first(2), a);
-  const ShapeResult t = r.ok() ? modifier_tensors(in, 2, Attrs{}) : r;
+  Attrs tensors;
+  tensors.sink = a.sink;
+  const ShapeResult t = r.ok() ? modifier_tensors(in, 2, tensors) : r;
   return t.ok() ? r : t;
 }
 

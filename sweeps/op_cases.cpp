@@ -76,6 +76,12 @@ std::shared_ptr<const Graph> modifier(Mod m) {
   return std::make_shared<const Graph>(std::move(r));
 }
 
+/// `a` with attention sinks: the sink logits the operand after the modifier's tensors.
+Attrs sunk(Attrs a) {
+  a.sink = true;
+  return a;
+}
+
 /// `a` dropping flex attention's weights with probability p (the seed its last operand).
 Attrs dropout(Attrs a, double p) {
   a.dropout = p;
@@ -267,32 +273,49 @@ std::vector<OpCase> flex_attention() {
   Attrs window = causal;
   window.align = CausalAlign::bottom_right;
   window.window = 40;
-  return {{"softcap", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}}, plain, modifier(Mod::softcap)},
-          {"slopes per head causal", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}}, causal, modifier(Mod::slope)},
-          {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 7}}}, plain, modifier(Mod::capped_bias)},
-          {"document ids, empty rows",
-           {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 1}, Fill::segments}, {{2, 1, 7}, Fill::segments}},
-           plain,
-           modifier(Mod::document)},
-          // Long rows train no tensor: a slope's gradient sums ds (kv_idx - q_idx) over 39,000
-          // scores, beyond f32's budgets under the random graphs' loss weights.
-          {"long rows sliding window softcap", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}}, window, modifier(Mod::softcap)},
-          {"dropout", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{}, Fill::seed}}, dropout(plain, 0.3), modifier(Mod::none)},
-          {"slopes per head causal dropout",
-           {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}, {{}, Fill::seed}},
-           dropout(causal, 0.5),
-           modifier(Mod::slope)},
-          {"long rows sliding window dropout",
-           {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}, {{}, Fill::seed}},
-           dropout(window, 0.1),
-           modifier(Mod::none)}};
+  return {
+      {"softcap", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}}, plain, modifier(Mod::softcap)},
+      {"slopes per head causal", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}}, causal, modifier(Mod::slope)},
+      {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 7}}}, plain, modifier(Mod::capped_bias)},
+      {"document ids, empty rows",
+       {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 1}, Fill::segments}, {{2, 1, 7}, Fill::segments}},
+       plain,
+       modifier(Mod::document)},
+      // Long rows train no tensor: a slope's gradient sums ds (kv_idx - q_idx) over 39,000
+      // scores, beyond f32's budgets under the random graphs' loss weights.
+      {"long rows sliding window softcap", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}}, window, modifier(Mod::softcap)},
+      {"dropout", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{}, Fill::seed}}, dropout(plain, 0.3), modifier(Mod::none)},
+      {"slopes per head causal dropout",
+       {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}, {{}, Fill::seed}},
+       dropout(causal, 0.5),
+       modifier(Mod::slope)},
+      {"long rows sliding window dropout",
+       {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}, {{}, Fill::seed}},
+       dropout(window, 0.1),
+       modifier(Mod::none)},
+      // Attention sinks: a logit per head (gpt-oss) or per row, after the modifier's tensors.
+      {"sinks per head causal", {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}}}, sunk(causal), modifier(Mod::none)},
+      {"slopes and sinks per head causal",
+       {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}, Fill::positive}, {{3, 1, 1}}},
+       sunk(causal),
+       modifier(Mod::slope)},
+      {"document ids, empty rows, a sink per row",
+       {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 7, 6}}, {{2, 5, 1}, Fill::segments}, {{2, 1, 7}, Fill::segments}, {{2, 5, 1}}},
+       sunk(plain),
+       modifier(Mod::document)},
+      {"long rows sliding window softcap sinks", {{{1, 130, 16}}, {{1, 300, 16}}, {{1, 300, 8}}, {{1, 1, 1}}}, sunk(window), modifier(Mod::softcap)},
+      {"sinks per head dropout",
+       {{{2, 3, 6, 8}}, {{3, 6, 8}}, {{3, 6, 4}}, {{3, 1, 1}}, {{}, Fill::seed}},
+       sunk(dropout(plain, 0.3)),
+       modifier(Mod::none)}};
 }
 
 std::vector<OpCase> flex_attention_lse() {
   Attrs causal = scaled(0.35);
   causal.causal = true;
   return {{"softcap causal", {{{2, 5, 8}}, {{2, 7, 8}}}, causal, modifier(Mod::softcap)},
-          {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 5, 7}}}, scaled(0.35), modifier(Mod::capped_bias)}};
+          {"softcap then bias", {{{2, 5, 8}}, {{2, 7, 8}}, {{2, 5, 7}}}, scaled(0.35), modifier(Mod::capped_bias)},
+          {"softcap causal sinks per head", {{{2, 3, 5, 8}}, {{3, 7, 8}}, {{3, 1, 1}}}, sunk(causal), modifier(Mod::softcap)}};
 }
 
 std::vector<OpCase> flex_attention_grad() {
@@ -327,6 +350,12 @@ std::vector<OpCase> flex_attention_grad() {
     r.push_back({name + " softcap then bias dropout" + (a.causal ? " causal" : ""), bias, dropout(a, 0.2), modifier(Mod::capped_bias)});
   }
   return r;
+}
+
+std::vector<OpCase> sink_softmax() {
+  return {{"a sink per row", {{{4, 9}}, {{4, 1}}}, {}},
+          {"a sink per head", {{{2, 3, 5, 7}}, {{3, 1, 1}}}, {}},
+          {"one sink, rows of 300", {{{2, 300}}, {{}}}, {}}};
 }
 
 std::vector<OpCase> softmax() {

@@ -538,12 +538,51 @@ void attend_keys(const AttentionArgs& a, const Scores& sc, const Strides& vs, bo
   });
 }
 
-/// Rows [i0, i0 + rows) of batch entry b finished from their running max (`top`), sum and o: o / l (zeros
-/// for a query with no key left, l = 0, as softmax defines for a row of -inf) stored in the
-/// output's dtype, and m + log(l) where the log-sum-exp is wanted (-inf for a row without keys,
-/// NaN where a score was NaN).
-void finish_rows(const AttentionArgs& a, std::int64_t b, std::int64_t i0, std::int64_t rows, float* o, const float* top, const float* l) {
+/// Attention sinks' logits by batch entry and row (ScoreArgs::sink, broadcasting to [..., N, 1]).
+class SinkLogits {
+ public:
+  SinkLogits(const ConstView* sink, const ir::Shape& batch, std::int64_t n) : sink_(sink), batch_(batch) {
+    if (!sink_) return;
+    QKV_ASSERT(sink_->stored == DType::f32, "the sink logits are read in f32 (widened: not a streamed operand)");
+    ir::Shape rows = batch;
+    rows.push_back(n);
+    rows.push_back(1);
+    strides_ = broadcast_strides(sink_->shape, rows);
+    row_stride_ = strides_[static_cast<std::size_t>(batch.rank)];
+  }
+  bool any() const { return sink_ != nullptr; }
+  float at(std::int64_t b, std::int64_t i) const { return sink_->data[offset_at(b, batch_, strides_) + i * row_stride_]; }
+
+ private:
+  const ConstView* sink_;
+  ir::Shape batch_;
+  Strides strides_{};
+  std::int64_t row_stride_ = 0;
+};
+
+/// Folds a row's sink logit s into its softmax: the running max `top` and sum `l` over its keys
+/// become those over its keys and the sink; returns the factor the row's o (relative to the old
+/// max) is multiplied by. A sink of -inf changes nothing; a NaN or +inf one makes the row NaN,
+/// as sink_softmax's meaning does; a row with no key gets l = 1, its weights zeros.
+template <class Sum> float fold_sink(float s, float& top, Sum& l) {
+  if (s == kNegInf) return 1.0f;
+  const float t = std::isnan(s) || std::isnan(top) ? std::numeric_limits<float>::quiet_NaN() : std::max(top, s);
+  const float c = top == kNegInf ? 0.0f : std::exp(top - t);
+  l = l * c + std::exp(s - t);
+  top = t;
+  return c;
+}
+
+/// Rows [i0, i0 + rows) of batch entry b finished from their running max (`top`), sum and o,
+/// with the sinks folded in: o / l (zeros for a query with no key left, l = 0, as softmax
+/// defines for a row of -inf) stored in the output's dtype, and m + log(l) where the
+/// log-sum-exp is wanted (-inf for a row without keys, NaN where a score was NaN).
+void finish_rows(const AttentionArgs& a, const SinkLogits& sinks, std::int64_t b, std::int64_t i0, std::int64_t rows, float* o, float* top,
+                 float* l) {
   const std::int64_t n = a.out.shape.back(1), dv = a.out.shape.back(0), o_at = b * n * dv + i0 * dv;
+  if (sinks.any())
+    for (std::int64_t i = 0; i < rows; ++i)
+      if (const float c = fold_sink(sinks.at(b, i0 + i), top[i], l[i]); c != 1.0f) scale_inplace(o + i * dv, dv, c);
   for (std::int64_t i = 0; i < rows; ++i) scale_inplace(o + i * dv, dv, l[i] == 0.0f ? 0.0f : 1.0f / l[i]);
   if (a.out.stored != DType::f32) narrow(o, rows * dv, a.out, o_at);
   if (a.lse)
@@ -570,6 +609,7 @@ void attention(const AttentionArgs& a) {
   const FiniteValues finite(a.v, sc.batch(), vs, m, dv, batches);
   sc.check_values(&finite);
   const bool skip = sc.may_skip();
+  const SinkLogits sinks(a.s.sink, sc.batch(), n);
   // An f16 or bf16 output accumulates in f32 and is rounded once at the end.
   const bool f32_out = a.out.stored == DType::f32;
   const std::int64_t splits = key_splits(n, m);
@@ -582,7 +622,7 @@ void attention(const AttentionArgs& a) {
       l_buf.resize(static_cast<std::size_t>(rows));
       float* o = f32_out ? a.out.data + b * n * dv + i0 * dv : o_buf.data();
       attend_keys(a, sc, vs, skip, b, i0, rows, 0, m, o, m_buf.data(), l_buf.data());
-      finish_rows(a, b, i0, rows, o, m_buf.data(), l_buf.data());
+      finish_rows(a, sinks, b, i0, rows, o, m_buf.data(), l_buf.data());
     });
     return;
   }
@@ -629,13 +669,14 @@ void attention(const AttentionArgs& a) {
       m_buf[static_cast<std::size_t>(i)] = top;
       l_buf[static_cast<std::size_t>(i)] = sum;
     }
-    finish_rows(a, b, 0, n, o, m_buf.data(), l_buf.data());
+    finish_rows(a, sinks, b, 0, n, o, m_buf.data(), l_buf.data());
   });
 }
 
 void attention_lse(const ScoreArgs& args, View out) {
   const Scores sc(args, batch_of(out.shape));
   QKV_ASSERT(out.stored == DType::f32, "the log-sum-exp is written in f32");
+  const SinkLogits sinks(args.sink, sc.batch(), sc.n());
   const std::int64_t n = sc.n(), qb = kQueryBlock, blocks = blocks_of(n, qb);
   // Masked keys add exp(-inf) = 0 whatever the operands hold, so skipping their blocks is exact.
   ThreadPool::global().parallel_for(sc.batches() * blocks, [&](std::int64_t task) {
@@ -664,6 +705,8 @@ void attention_lse(const ScoreArgs& args, View out) {
       });
     });
     // lse = m + log(sum): -inf for a row without keys (log 0), NaN where a score was NaN.
+    if (sinks.any())
+      for (std::int64_t i = 0; i < rows; ++i) fold_sink(sinks.at(b, i0 + i), mx[static_cast<std::size_t>(i)], sum[static_cast<std::size_t>(i)]);
     for (std::int64_t i = 0; i < rows; ++i) {
       const float mi = mx[static_cast<std::size_t>(i)];
       lse[i] = mi == kNegInf ? kNegInf : static_cast<float>(mi + std::log(sum[static_cast<std::size_t>(i)]));

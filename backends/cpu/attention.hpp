@@ -30,7 +30,8 @@ struct ScoreArgs {
   const ScoreModifier* mod = nullptr;  // flex attention's modifier (with its derivative for the backward)
   double dropout = 0.0;                // flex attention's dropout on the weights (0: none), keyed by `seed`
   std::uint32_t seed = 0;
-  TileCounter* tiles = nullptr;  // when given: counts the tiles computed and skipped
+  TileCounter* tiles = nullptr;     // when given: counts the tiles computed and skipped
+  const ConstView* sink = nullptr;  // the forward and lse: sink logits (f32) broadcasting to [..., N, 1] (sink_softmax), or none
 };
 
 /// The forward and the log-sum-exp read q, k and v in f32, f16 or bf16 (ConstView::stored),

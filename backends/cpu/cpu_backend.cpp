@@ -432,6 +432,11 @@ class CpuExecutable final : public ExecutableSkeleton {
       mod.emplace(*n.region, roles.backward(), std::move(tensors), batch, s.q.shape.back(1), s.k.shape.back(1));
       s.mod = &*mod;
     }
+    cpu::ConstView sink{};
+    if (ir::has_sink(n.op, n.attrs)) {
+      sink = in(static_cast<int>(ir::sink_operand(n.op, n.attrs, n.inputs.size())));
+      s.sink = &sink;
+    }
     if (ir::has_dropout_seed(n.op, n.attrs)) {  // its probability, and the seed (the last operand)
       s.dropout = n.attrs.dropout;
       s.seed = dropout_seed(in(static_cast<int>(n.inputs.size() - 1)).data[0]);
@@ -490,6 +495,7 @@ class CpuExecutable final : public ExecutableSkeleton {
       case Op::one_hot: return cpu::one_hot(in(0), n.attrs.depth, out);
       case Op::embedding: return cpu::embedding(in(0), in(1), out);
       case Op::log_softmax: return cpu::log_softmax(in(0), n.attrs.axis, out);
+      case Op::sink_softmax:  // decomposed (fused inside flex attention)
       case Op::reduce_mean: break;  // decomposed
       case Op::where: return cpu::select(in(0), in(1), in(2), out);
       QKV_REDUCE_CASES return cpu::reduce(n.op, in(0), n.attrs.axis, out);
@@ -590,6 +596,7 @@ class CpuBackend final : public Backend {
       case Op::slice:
       case Op::concat:
       case Op::cache_write:
+      case Op::sink_softmax:
       case Op::reduce_mean: return "loop";
     }
     // clang-format on
@@ -615,6 +622,7 @@ bool cpu_supports(const Node& n) {
   switch (n.op) {
     case Op::softmax:
     case Op::log_softmax: return true;
+    case Op::sink_softmax:  // decomposed where flex attention does not hold it
     case Op::reduce_mean: return false;
     // The gradient of a modifier tensor (wrt >= 3) is score-shaped before its sum: decomposed.
     case Op::flex_attention_grad: return n.attrs.wrt <= 2;

@@ -1,4 +1,5 @@
-// Attention fusion: matmul(softmax(mod(q kT * c)) [* dropout_mask], v) becomes one attention node,
+// Attention fusion: matmul(softmax(mod(q kT * c)) [* dropout_mask], v) becomes one attention node
+// (sink_softmax for the softmax: flex attention with sinks),
 // mod any chain of elementwise ops over the scores (a score modifier), in whatever order the DSL
 // emitted them.
 #include <algorithm>
@@ -47,6 +48,7 @@ struct Match {
   Attrs attrs;
   ValueId mask = -1;                    // masked_attention's keep-mask
   ValueId seed = -1;                    // dropout's seed (attrs.dropout its probability)
+  ValueId sink = -1;                    // sink_softmax's sink logits (attrs.sink)
   std::vector<ValueId> tensors;         // flex attention's modifier tensors
   std::shared_ptr<const Graph> region;  // null: plain or masked attention
 };
@@ -84,8 +86,10 @@ class Matcher {
         break;
       }
     }
+    // The softmax over the keys, or sink_softmax with sink logits that do not read the scores.
     const Node& sm = g_.node(p);
-    if (sm.op != Op::softmax || sm.attrs.axis != sm.shape.rank - 1 || uses_[static_cast<std::size_t>(p)] != (dropout_ ? 2 : 1)) return false;
+    const bool over_keys = (sm.op == Op::softmax && sm.attrs.axis == sm.shape.rank - 1) || sm.op == Op::sink_softmax;
+    if (!over_keys || uses_[static_cast<std::size_t>(p)] != (dropout_ ? 2 : 1)) return false;
     scores_shape_ = sm.shape;
     ValueId x = sm.inputs[0];
     // The outermost where(c, x, -inf) fills, in either order: one with a causal_mask condition is
@@ -110,13 +114,18 @@ class Matcher {
       x = w.inputs[1];
     }
     if (!find_scores(x)) return false;
+    if (sm.op == Op::sink_softmax) {
+      if (depends(sm.inputs[1])) return false;
+      m.sink = sm.inputs[1];
+      m.attrs.sink = true;
+    }
     const Node& mm = g_.node(qk_);
     m.q = mm.inputs[0];
     m.k = mm.inputs[1];
     m.v = o.inputs[1];
     m.attrs.scale = scale_;
     m.attrs.rsqrt_of = scale_rsqrt_of_;
-    if (x == score_ && m.seed < 0) {  // plain or masked attention
+    if (x == score_ && m.seed < 0 && m.sink < 0) {  // plain or masked attention
       m.mask = mask;
       return true;
     }
@@ -172,7 +181,7 @@ class Matcher {
   /// the query and key indices (iota over the scores' last two axes), scalar constants and the
   /// other tensors they read (which must broadcast to the scores and not enlarge them).
   bool build_region(ValueId x, ValueId mask, Match& m) {
-    if (x == score_) {  // no modifier but dropout: the identity, and the mask if any
+    if (x == score_) {  // no modifier but dropout or a sink: the identity, and the mask if any
       Graph r = make_region(mask >= 0 ? std::vector<DType>{DType::boolean} : std::vector<DType>{});
       ValueId mod = kRegionScore;
       if (mask >= 0) {
@@ -300,6 +309,7 @@ Graph fuse_attention(const Graph& g, const std::function<bool(const Node&)>& kee
           fused.op = Op::flex_attention;
           fused.inputs = {at(m.q), at(m.k), at(m.v)};
           for (ValueId t : m.tensors) fused.inputs.push_back(at(t));
+          if (m.sink >= 0) fused.inputs.push_back(at(m.sink));
           if (m.seed >= 0) fused.inputs.push_back(at(m.seed));
           fused.region = m.region;
         } else {

@@ -17,6 +17,7 @@ LseCall lse_of(const Node& attention) {
       LseCall c{Op::flex_attention_lse, {attention.inputs[0], attention.inputs[1]}, a};
       const auto tensors = attention.inputs.begin() + 3;
       c.inputs.insert(c.inputs.end(), tensors, tensors + static_cast<std::ptrdiff_t>(modifier_tensor_count(attention.op, attention.attrs, attention.inputs.size())));
+      if (has_sink(attention.op, attention.attrs)) c.inputs.push_back(attention.inputs[sink_operand(attention.op, attention.attrs, attention.inputs.size())]);
       return c;
     }
     QKV_PRIMITIVE_CASES

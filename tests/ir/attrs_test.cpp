@@ -40,7 +40,7 @@ TEST(Attributes, EveryFieldTakesPartInEqualityAndHashing) {
   }
   QKV_ATTRS(QKV_CHECK_ATTR)
 #undef QKV_CHECK_ATTR
-  EXPECT_EQ(fields, 18);
+  EXPECT_EQ(fields, 19);
   Attrs nan;
   nan.value = std::numeric_limits<double>::quiet_NaN();
   Attrs nan2 = nan;
