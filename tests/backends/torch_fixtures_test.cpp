@@ -184,6 +184,29 @@ TEST_P(Torch, FlexModifiersWrittenAsTorchUsersWriteThem) {
   }
 }
 
+/// Attention sinks as gpt-oss's torch reference writes them (a column of per-head sink logits
+/// appended to the scores, the softmax, the column dropped), with its sliding window: the sinks
+/// option, one fused flex attention on cpu and vulkan, and the sinks' gradient.
+TEST_P(Torch, SinksWrittenAsGptOssWritesThem) {
+  auto q = input<"q">(dim<2>, dim<4>, dim<6>, dim<8>);
+  auto k = input<"k">(dim<2>, dim<4>, dim<9>, dim<8>);
+  auto v = input<"v">(dim<2>, dim<4>, dim<9>, dim<4>);
+  auto s = input<"sinks">(dim<4>);
+  const ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, k, v, sliding_window<4>, sinks(s))));
+  const ir::Graph backward = ir::build_backward(forward, {"", {"q", "k", "v", "sinks"}, {"out"}});
+  expect_matches_torch(forward, "flex_sinks", GetParam());
+  expect_matches_torch(backward, "flex_sinks", GetParam());
+  if (GetParam() == "reference") return;
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  int sunk = 0;
+  const auto exe = b->compile(backward);
+  for (const ir::Node& n : exe->graph().nodes()) {
+    EXPECT_NE(n.op, ir::Op::sink_softmax);
+    sunk += n.op == ir::Op::flex_attention && n.attrs.sink;
+  }
+  EXPECT_EQ(sunk, 1);
+}
+
 // The same models in bf16 and f16 (every float value, as torch's module.to(dtype)), against
 // torch 1.13 on the CPU: forward and backward within the budgets of the float64 reference
 // rounding where qkv rounds (torch rounds at its own points, within them). torch 1.13 has no f16
