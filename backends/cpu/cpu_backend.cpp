@@ -568,7 +568,7 @@ class CpuBackend final : public Backend {
       case Op::flex_attention: {
         const Node& n = g.node(v);
         return "fused flex attention (online softmax), mod = " + ir::region_expression(*n.region) +
-               (n.attrs.dropout != 0.0 ? ", dropout " + ir::format_number(n.attrs.dropout) : "");
+               (n.attrs.sink ? ", with sinks" : "") + (n.attrs.dropout != 0.0 ? ", dropout " + ir::format_number(n.attrs.dropout) : "");
       }
       QKV_ATTENTION_BACKWARD_CASES {
         // A group's other nodes are computed by its leader's kernel (see kernel_groups).
