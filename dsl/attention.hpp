@@ -66,7 +66,72 @@ template <Expr S> struct Sinks {
 /// The option Sinks{s}: each row's softmax gets the sink logit s (per head when s is [H]).
 template <Expr S> constexpr Sinks<S> sinks(S logits) { return {logits}; }
 
+/// Option: a packed batch of sequences of different lengths, described by offsets rather than
+/// padding (FlashAttention's cu_seqlens): q's rows [..., N, D] are the sequences' queries one
+/// after another, sequence s's at rows [cu_q[s], cu_q[s + 1]), and k's and v's rows likewise at
+/// [cu_k[s], cu_k[s + 1]) (offsets of their own: cross-attention, chunked prefill against a
+/// cache). cu_q and cu_k are i32 [S + 1]: 0 first, N (M) last, nondecreasing (a sequence may be
+/// empty). What it means is a document mask: a query keeps only its own sequence's keys; causality
+/// and sliding windows apply within each sequence (bottom-right aligned there: a sequence's queries
+/// come after its cached keys), and score_mod and mask_mod get positions within the sequence as
+/// q_idx and kv_idx. Fused, tiles that hold no pair of one sequence are skipped.
+template <Expr CQ, Expr CK> struct Varlen {
+  CQ cu_q;  ///< The queries' offsets, i32 [S + 1].
+  CK cu_k;  ///< The keys' offsets, i32 [S + 1].
+};
+/// The option Varlen{cu_q, cu_k}: q's rows and k's rows as packed sequences (cross-attention).
+template <Expr CQ, Expr CK> constexpr Varlen<CQ, CK> varlen(CQ cu_seqlens_q, CK cu_seqlens_k) {
+  static_assert(CQ::dtype == DType::i32 && CQ::shape.rank == 1 && CK::dtype == DType::i32 && CK::shape.rank == 1,
+                "qkv: varlen takes i32 offsets [S + 1] (cu_seqlens)");
+  static_assert(ir::dims_compatible(CQ::shape[0], CK::shape[0]), "qkv: varlen's query and key offsets give the same number of sequences");
+  return {cu_seqlens_q, cu_seqlens_k};
+}
+/// The option for self-attention over packed sequences: one set of offsets for q and k.
+template <Expr C> constexpr auto varlen(C cu_seqlens) { return varlen(cu_seqlens, cu_seqlens); }
+
 namespace detail {
+template <class T> struct is_varlen : std::false_type {};
+template <class CQ, class CK> struct is_varlen<Varlen<CQ, CK>> : std::true_type {};
+
+/// Where rows at positions `pos` (f32 [..., R, 1]) fall among packed sequences with offsets `cu`
+/// (i32 [S + 1]), each [..., R, 1]: the row's sequence, that sequence's first row and one past
+/// its last (counts and extremes over the offsets).
+template <Expr Pos, Expr Cu> constexpr auto sequence_of(Pos pos, Cu cu) { return sum<-1>(cast(cast(cu) <= pos)) - 1.0; }
+template <Expr Pos, Expr Cu> constexpr auto sequence_start(Pos pos, Cu cu) { return max<-1>(where(cast(cu) <= pos, cast(cu), kNegInf)); }
+template <Expr Pos, Expr Cu> constexpr auto sequence_end(Pos pos, Cu cu) { return -max<-1>(where(cast(cu) > pos, -cast(cu), kNegInf)); }
+
+/// Positions along the rows of x [..., R, D]: f32 [..., R, 1].
+template <Expr X> constexpr auto row_positions(X x) { return iota<X::shape.rank - 2>(max<-1>(x)); }
+
+/// Score indices over packed sequences (varlen): b and h as Base's, q_idx and kv_idx positions
+/// within the sequence, and what the sequence mask and per-sequence causality need.
+template <class Base, class CQ, class CK> struct VarlenIndices {
+  Base base;
+  CQ cu_q;
+  CK cu_k;
+  static constexpr bool varlen = true;
+  template <class X> static constexpr auto across(X x) { return transpose<-2, -1>(x); }  // [..., M, 1] -> [..., 1, M]
+  constexpr auto b() const { return base.b(); }
+  constexpr auto h() const { return base.h(); }
+  constexpr auto q_idx() const { return base.q_idx() - sequence_start(row_positions(base.q), cu_q); }
+  constexpr auto kv_idx() const { return base.kv_idx() - across(sequence_start(row_positions(base.k), cu_k)); }
+  /// Whether query and key belong to one sequence.
+  constexpr auto same_sequence() const { return sequence_of(row_positions(base.q), cu_q) == across(sequence_of(row_positions(base.k), cu_k)); }
+  /// Positions from the sequence's end (bottom-right causality within it).
+  constexpr auto q_from_end() const { return base.q_idx() - sequence_end(row_positions(base.q), cu_q); }
+  constexpr auto kv_from_end() const { return base.kv_idx() - across(sequence_end(row_positions(base.k), cu_k)); }
+};
+
+template <class Ix> constexpr auto with_varlen(const Ix& ix) { return ix; }
+template <class Ix, class O, class... Rest> constexpr auto with_varlen(const Ix& ix, O o, Rest... rest) {
+  if constexpr (is_varlen<O>::value) return VarlenIndices<Ix, decltype(o.cu_q), decltype(o.cu_k)>{ix, o.cu_q, o.cu_k};
+  else return with_varlen(ix, rest...);
+}
+template <class Ix> constexpr bool is_varlen_indices() {
+  if constexpr (requires { Ix::varlen; }) return Ix::varlen;
+  else return false;
+}
+
 template <class T> struct is_sinks : std::false_type {};
 template <class S> struct is_sinks<Sinks<S>> : std::true_type {};
 template <class T> struct is_causal : std::false_type {};
@@ -100,9 +165,28 @@ template <std::int64_t W> constexpr std::int64_t window_of(SlidingWindow<W>) { r
 /// kernel's block skipping.
 enum class Pass { biases, masks, causality };
 
+/// Causality (and a window) within each packed sequence: key j is kept for query i when
+/// j - a_j <= i - a_i (a the sequence's first row, top-left; one past its last, bottom-right) and,
+/// with a window W, j - a_j > i - a_i - W.
+template <ir::CausalAlign A, std::int64_t W, class S, class Ix> constexpr auto causal_within_sequences(S scores, const Ix& ix) {
+  auto q = [&] {
+    if constexpr (A == ir::CausalAlign::top_left) return ix.q_idx();
+    else return ix.q_from_end();
+  }();
+  auto k = [&] {
+    if constexpr (A == ir::CausalAlign::top_left) return ix.kv_idx();
+    else return ix.kv_from_end();
+  }();
+  if constexpr (W == 0) return where(k <= q, scores, kNegInf);
+  else return where(k <= q && k > q - static_cast<double>(W), scores, kNegInf);
+}
+
 template <Pass P, class S, class Opt, class Ix> constexpr auto apply_option(S scores, Opt opt, const Ix& ix) {
-  if constexpr (P == Pass::causality && is_causal<Opt>::value)
+  if constexpr (P == Pass::causality && is_causal<Opt>::value && is_varlen_indices<Ix>())
+    return causal_within_sequences<decltype(align_of(opt))::value, window_of(Opt{})>(scores, ix);
+  else if constexpr (P == Pass::causality && is_causal<Opt>::value)
     return where(causal_mask<decltype(align_of(opt))::value, window_of(Opt{})>(scores), scores, kNegInf);
+  else if constexpr (P == Pass::masks && is_varlen<Opt>::value) return where(ix.same_sequence(), scores, kNegInf);
   else if constexpr (P == Pass::masks && is_mask<Opt>()) return where(opt, scores, kNegInf);
   else if constexpr (P == Pass::masks && is_mask_mod<Opt>::value) return apply_mask_mod(scores, opt, ix);
   else if constexpr (P == Pass::biases && is_bias<Opt>()) {
@@ -179,20 +263,23 @@ template <class W, class O, class... Rest> constexpr auto apply_dropout(W weight
 /// attn_dropout(p, seed) (dropout on the returned weights, as torch does; fused attention draws the
 /// same bits inside its kernels, forward and backward); score_mod(f) and mask_mod(f) (a modifier
 /// written as an expression of the score and its indices, dsl/score_mods.hpp); sinks(s) (a logit
-/// per head joining each softmax, see Sinks). A query row whose keys
+/// per head joining each softmax, see Sinks); varlen(cu_q, cu_k) (packed sequences, see Varlen).
+/// A query row whose keys
 /// are all masked gets zero weights, so zero output and zero gradient, rather than NaN.
 /// Masks: here true *keeps* a key (torch.nn.functional.scaled_dot_product_attention's
 /// convention); torch.nn.MultiheadAttention's key_padding_mask is the opposite (true drops), see
 /// key_padding_bias.
 template <Expr Q, Expr K, class... Opts> constexpr auto attention_weights(Q q, K k, Opts... opts) {
-  static_assert(((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || detail::is_bias<Opts>() || std::is_same_v<Opts, Scale> ||
-                  std::is_same_v<Opts, Temperature> || std::is_same_v<Opts, SoftCap> || detail::is_dropout<Opts>::value ||
-                  detail::is_score_mod<Opts>::value || detail::is_mask_mod<Opts>::value || detail::is_sinks<Opts>::value) &&
-                 ...),
-                "qkv: attention options are causal, causal_bottom_right, sliding_window<W>, a boolean mask or float bias expression, "
-                "scale(x), temperature(t), softcap_scores(c), attn_dropout(p, seed), score_mod(f), mask_mod(f) or sinks(s)");
+  static_assert(
+      ((detail::is_causal<Opts>::value || detail::is_mask<Opts>() || detail::is_bias<Opts>() || std::is_same_v<Opts, Scale> ||
+        std::is_same_v<Opts, Temperature> || std::is_same_v<Opts, SoftCap> || detail::is_dropout<Opts>::value || detail::is_score_mod<Opts>::value ||
+        detail::is_mask_mod<Opts>::value || detail::is_sinks<Opts>::value || detail::is_varlen<Opts>::value) &&
+       ...),
+      "qkv: attention options are causal, causal_bottom_right, sliding_window<W>, a boolean mask or float bias expression, "
+      "scale(x), temperature(t), softcap_scores(c), attn_dropout(p, seed), score_mod(f), mask_mod(f), sinks(s) or varlen(cu)");
   static_assert((detail::is_causal<Opts>::value + ... + 0) <= 1, "qkv: give one of causal, causal_bottom_right, sliding_window<W>");
   static_assert((detail::is_sinks<Opts>::value + ... + 0) <= 1, "qkv: give sinks(s) once");
+  static_assert((detail::is_varlen<Opts>::value + ... + 0) <= 1, "qkv: give varlen(cu) once");
   constexpr bool explicit_scale = (std::is_same_v<Opts, Scale> || ...);
   constexpr ir::Dim d = Q::shape.back(0);
   // The default scale of a named head dim is 1/sqrt(D) resolved when D is bound, so the graph
@@ -202,7 +289,7 @@ template <Expr Q, Expr K, class... Opts> constexpr auto attention_weights(Q q, K
   ((s.value = detail::scale_of(opts).value_or(s.value)), ...);
   ((s.value /= detail::temperature_of(opts)), ...);
   auto scores = detail::apply_softcap(matmul<false, true>(q, k) * s, opts...);
-  const detail::ScoreIndices<Q, K> ix{q, k};
+  const auto ix = detail::with_varlen(detail::ScoreIndices<Q, K>{q, k}, opts...);
   return detail::apply_dropout(detail::apply_softmax(detail::apply_options(scores, ix, opts...), opts...), opts...);
 }
 

@@ -115,6 +115,7 @@ template <class F> struct is_mask_mod<MaskMod<F>> : std::true_type {};
 template <Expr Q, Expr K> struct ScoreIndices {
   Q q;
   K k;
+  static constexpr bool varlen = false;
   static constexpr int rank = decltype(matmul<false, true>(std::declval<Q>(), std::declval<K>()))::shape.rank;
 
   // Grids for iota (their values are never read): reductions over the head dim, which may be named.

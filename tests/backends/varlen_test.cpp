@@ -1,0 +1,141 @@
+// Packed batches of sequences of different lengths (varlen, FlashAttention's cu_seqlens): the
+// packed attention equals each sequence run alone, forward and backward, with its options applied
+// within each sequence; fused on cpu and vulkan with tiles of other sequences skipped.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "backends/reference/reference_backend.hpp"
+#include "dsl/dsl.hpp"
+#include "ir/passes/passes.hpp"
+#include "ir/printer.hpp"
+#include "tests/support/backend_fixture.hpp"
+
+namespace qkv {
+namespace {
+
+using namespace dsl;
+
+/// Offsets [S + 1] of sequences of these lengths.
+Tensor offsets(const std::vector<std::int64_t>& lengths) {
+  std::vector<std::int32_t> cu = {0};
+  for (std::int64_t l : lengths) cu.push_back(cu.back() + static_cast<std::int32_t>(l));
+  return Tensor::from<std::int32_t>({static_cast<std::int64_t>(cu.size())}, cu);
+}
+
+/// Rows [first, first + count) of x [H, R, D] as an f32 tensor [H, count, D].
+Tensor rows(const Tensor& any, std::int64_t first, std::int64_t count) {
+  const Tensor x = any.to(DType::f32);
+  const std::int64_t h = x.shape()[0], r = x.shape()[1], d = x.shape()[2];
+  Tensor out = Tensor::uninitialized(DType::f32, {h, count, d});
+  for (std::int64_t i = 0; i < h; ++i) std::copy_n(x.data<float>() + (i * r + first) * d, count * d, out.data<float>() + i * count * d);
+  return out;
+}
+
+struct Model {
+  std::string name;
+  ir::Graph packed, alone;  // the same attention over packed sequences, and over one
+};
+
+class Varlen : public ::testing::TestWithParam<std::string> {};
+
+// Lengths 0 and 1 among them, keys of their own (a cache before each sequence's queries): every
+// packed row of the output and of dq, dk, dv equals its sequence's alone (the float64 reference),
+// on every backend; fused into one flex attention where the backend fuses.
+TEST_P(Varlen, PackedSequencesEqualEachSequenceAlone) {
+  const std::string backend_name = GetParam();
+  std::shared_ptr<backend::Backend> b;
+  if (backend_name != "reference") {
+    std::string why;
+    b = testing::backend_or_reason(backend_name, why);
+    if (!b) GTEST_SKIP() << why;
+  }
+  auto q = input<"q">(dim<4>, dim<"N">, dim<16>);
+  auto k = input<"k">(dim<4>, dim<"M">, dim<16>);
+  auto v = input<"v">(dim<4>, dim<"M">, dim<8>);
+  auto cu_q = input<"cu_q", DType::i32>(dim<"S1">);
+  auto cu_k = input<"cu_k", DType::i32>(dim<"S1">);
+  auto slopes = input<"slopes">(dim<4>);
+  // Scores [4, N, M]: the head is their first axis, which a modifier gets as b.
+  auto alibi = score_mod([=](auto score, auto head, auto, auto q_idx, auto kv_idx) { return score + at(slopes, head) * (kv_idx - q_idx); });
+  auto near = mask_mod([](auto, auto, auto q_idx, auto kv_idx) { return kv_idx > q_idx - 3.0; });
+  auto both = [&](std::string name, auto... opts) {
+    return Model{std::move(name), lower(named<"out">(scaled_dot_product_attention(q, k, v, varlen(cu_q, cu_k), opts...))),
+                 lower(named<"out">(scaled_dot_product_attention(q, k, v, opts...)))};
+  };
+  const std::vector<Model> models = {both("plain"), both("causal", causal_bottom_right), both("sliding window", sliding_window<3>),
+                                     both("alibi causal (positions within the sequence)", causal_bottom_right, alibi),
+                                     both("mask_mod (positions within the sequence)", near, softcap_scores(2.0))};
+  const std::vector<std::int64_t> q_lengths = {5, 0, 1, 13, 7}, k_lengths = {9, 3, 1, 13, 10};
+  const std::int64_t n = std::accumulate(q_lengths.begin(), q_lengths.end(), std::int64_t{0});
+  const std::int64_t m = std::accumulate(k_lengths.begin(), k_lengths.end(), std::int64_t{0});
+  auto reference = backend::make_reference_backend({backend::Precision::f64, true});
+  for (const Model& model : models) {
+    SCOPED_TRACE(model.name);
+    const ir::Graph packed = ir::build_backward(model.packed, {"", {"q", "k", "v"}, {"out"}});
+    const ir::Graph alone = ir::build_backward(model.alone, {"", {"q", "k", "v"}, {"out"}});
+    backend::TensorMap in = backend::random_inputs(packed, {{"N", n}, {"M", m}, {"S1", 6}}, 3);
+    in.insert_or_assign("cu_q", offsets(q_lengths));
+    in.insert_or_assign("cu_k", offsets(k_lengths));
+    if (in.contains("slopes")) in.insert_or_assign("slopes", Tensor::from<float>({4}, {0.5f, 0.25f, 0.125f, 0.0625f}));
+    const backend::TensorMap got = b ? b->compile(packed)->run(in) : reference->compile(packed)->run(in);
+    std::int64_t q0 = 0, k0 = 0;
+    for (std::size_t s = 0; s < q_lengths.size(); ++s) {
+      SCOPED_TRACE("sequence " + std::to_string(s));
+      const std::int64_t nq = q_lengths[s], nk = k_lengths[s];
+      if (nq > 0) {
+        backend::TensorMap one = {
+            {"q", rows(in.at("q"), q0, nq)}, {"k", rows(in.at("k"), k0, nk)}, {"v", rows(in.at("v"), k0, nk)}, {"dout", rows(in.at("dout"), q0, nq)}};
+        if (in.contains("slopes")) one.emplace("slopes", in.at("slopes"));
+        const backend::TensorMap want = reference->compile(alone)->run(one);
+        for (const auto& [name, first, count] :
+             {std::tuple{"out", q0, nq}, std::tuple{"d_q", q0, nq}, std::tuple{"d_k", k0, nk}, std::tuple{"d_v", k0, nk}}) {
+          const Tensor have = rows(got.at(name), first, count), w = want.at(name);
+          for (std::int64_t i = 0; i < w.numel(); ++i) ASSERT_NEAR(have.at(i), w.at(i), 2e-5 * (1.0 + std::abs(w.at(i)))) << name << " " << i;
+        }
+      } else {  // no query: its keys get no gradient
+        for (const char* name : {"d_k", "d_v"}) {
+          const Tensor have = rows(got.at(name), k0, nk);
+          for (std::int64_t i = 0; i < have.numel(); ++i) ASSERT_EQ(have.at(i), 0.0) << name << " " << i;
+        }
+      }
+      q0 += nq;
+      k0 += nk;
+    }
+    if (!b) continue;
+    const ir::Graph lowered = ir::lower_for_backend(packed, [&](const ir::Node& node) { return b->supports(node); });
+    int flex = 0, grads = 0;
+    for (const ir::Node& node : lowered.nodes()) {
+      EXPECT_NE(node.op, ir::Op::softmax) << ir::print(lowered);
+      flex += node.op == ir::Op::flex_attention;
+      grads += node.op == ir::Op::flex_attention_grad;
+    }
+    EXPECT_EQ(flex, 1);
+    EXPECT_EQ(grads, 3);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Varlen, ::testing::Values("reference", "cpu", "vulkan"));
+
+// The cpu skips the tiles that pair no query and key of one sequence: eight sequences of 64 to
+// 1024 rows, causal, compute about what they would one by one.
+TEST(VarlenCpu, SkipsTheTilesOfOtherSequences) {
+  auto q = input<"q">(dim<2>, dim<"N">, dim<32>);
+  auto cu = input<"cu", DType::i32>(dim<9>);
+  const ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, q, q, varlen(cu), causal)));
+  const std::vector<std::int64_t> lengths = {64, 1024, 128, 512, 256, 896, 384, 640};
+  const std::int64_t n = std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
+  backend::TensorMap in = backend::random_inputs(g, {{"N", n}}, 5);
+  in.insert_or_assign("cu", offsets(lengths));
+  auto exe = backend::create("cpu")->compile(g);
+  exe->run(in);
+  const auto counts = exe->tile_counts();
+  ASSERT_EQ(counts.size(), 1u);
+  std::int64_t alone = 0;  // the scores of each sequence's causal triangle
+  for (std::int64_t l : lengths) alone += 2 * l * (l + 1) / 2;
+  EXPECT_EQ(counts[0].computed + counts[0].skipped, 2 * n * n);
+  EXPECT_LT(counts[0].computed, 2 * alone) << "computed " << counts[0].computed << " of " << 2 * n * n << " scores";
+}
+
+}  // namespace
+}  // namespace qkv
