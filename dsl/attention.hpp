@@ -177,8 +177,12 @@ template <ir::CausalAlign A, std::int64_t W, class S, class Ix> constexpr auto c
     if constexpr (A == ir::CausalAlign::top_left) return ix.kv_idx();
     else return ix.kv_from_end();
   }();
-  if constexpr (W == 0) return where(k <= q, scores, kNegInf);
-  else return where(k <= q && k > q - static_cast<double>(W), scores, kNegInf);
+  // Positions are whole numbers (exact in f32): k <= q is q + 0.5 > k, one comparison where <=
+  // is two, and the conditions nest rather than combine (the fused kernels evaluate them on
+  // every score of a tile they cut).
+  auto causal = where(q + 0.5 > k, scores, kNegInf);
+  if constexpr (W == 0) return causal;
+  else return where(k + static_cast<double>(W) > q, causal, kNegInf);
 }
 
 template <Pass P, class S, class Opt, class Ix> constexpr auto apply_option(S scores, Opt opt, const Ix& ix) {
