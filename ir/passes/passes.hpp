@@ -30,6 +30,14 @@ Graph fold_padded_sums(const Graph& g);
 /// nodes it keeps are made: a backend never gets attention fused only to decompose it again.
 Graph fuse_attention(const Graph& g, const std::function<bool(const Node&)>& keep = {});
 
+/// Grouped-query attention as rows: an attention or flex_attention forward whose k and v are
+/// shared by the G query heads on q's axis -3 gets q [..., G, N, D] as [..., G N, D] and k, v
+/// without that axis, so its kernel reads each key/value head once for the group (decoding reads
+/// the cache once). Only where no score depends on the query's row (no mask, modifier reading
+/// q_idx or a tensor, dropout, or causality but one query's bottom-right), G and N static, and the
+/// graph has no attention backward (group_query_heads.cpp).
+Graph group_query_heads(const Graph& g);
+
 /// The attention_lse op and operands that belong to attention node `attention` (attention,
 /// masked_attention or flex_attention): what the backward asks for and what a backend computes
 /// in the same pass. Same attributes (and region) as the attention node.
