@@ -184,6 +184,27 @@ TEST_P(Torch, FlexModifiersWrittenAsTorchUsersWriteThem) {
   }
 }
 
+/// A packed batch masked as torch users mask one (a block-diagonal causal mask from the offsets,
+/// keys of their own lengths): varlen(cu_q, cu_k) with causality within each sequence, one fused
+/// flex attention on cpu and vulkan.
+TEST_P(Torch, VarlenWrittenAsABlockDiagonalMask) {
+  auto q = input<"q">(dim<2>, dim<12>, dim<8>);
+  auto k = input<"k">(dim<2>, dim<13>, dim<8>);
+  auto v = input<"v">(dim<2>, dim<13>, dim<4>);
+  auto cu_q = input<"cu_q", DType::i32>(dim<4>);
+  auto cu_k = input<"cu_k", DType::i32>(dim<4>);
+  const ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, k, v, varlen(cu_q, cu_k), causal_bottom_right)));
+  const ir::Graph backward = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
+  expect_matches_torch(forward, "flex_varlen", GetParam());
+  expect_matches_torch(backward, "flex_varlen", GetParam());
+  if (GetParam() == "reference") return;
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  const auto exe = b->compile(backward);
+  int flex = 0;
+  for (const ir::Node& n : exe->graph().nodes()) flex += n.op == ir::Op::flex_attention;
+  EXPECT_EQ(flex, 1);
+}
+
 /// Attention sinks as gpt-oss's torch reference writes them (a column of per-head sink logits
 /// appended to the scores, the softmax, the column dropped), with its sliding window: the sinks
 /// option, one fused flex attention on cpu and vulkan, and the sinks' gradient.

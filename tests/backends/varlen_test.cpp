@@ -59,14 +59,19 @@ TEST_P(Varlen, PackedSequencesEqualEachSequenceAlone) {
   // Scores [4, N, M]: the head is their first axis, which a modifier gets as b.
   auto alibi = score_mod([=](auto score, auto head, auto, auto q_idx, auto kv_idx) { return score + at(slopes, head) * (kv_idx - q_idx); });
   auto near = mask_mod([](auto, auto, auto q_idx, auto kv_idx) { return kv_idx > q_idx - 3.0; });
+  auto sink_logits = input<"sinks">(dim<4>);
   auto both = [&](std::string name, auto... opts) {
     return Model{std::move(name), lower(named<"out">(scaled_dot_product_attention(q, k, v, varlen(cu_q, cu_k), opts...))),
                  lower(named<"out">(scaled_dot_product_attention(q, k, v, opts...)))};
   };
-  const std::vector<Model> models = {both("plain"), both("causal", causal_bottom_right), both("sliding window", sliding_window<3>),
+  const std::vector<Model> models = {both("plain"),
+                                     both("causal", causal_bottom_right),
+                                     both("sliding window", sliding_window<3>),
                                      both("alibi causal (positions within the sequence)", causal_bottom_right, alibi),
-                                     both("mask_mod (positions within the sequence)", near, softcap_scores(2.0))};
-  const std::vector<std::int64_t> q_lengths = {5, 0, 1, 13, 7}, k_lengths = {9, 3, 1, 13, 10};
+                                     both("mask_mod (positions within the sequence)", near, softcap_scores(2.0)),
+                                     both("sinks, causal", causal_bottom_right, sinks(sink_logits))};
+  // The last sequence's queries have no key: their rows keep none (zeros out, no gradient).
+  const std::vector<std::int64_t> q_lengths = {5, 0, 1, 13, 7, 4}, k_lengths = {9, 3, 1, 13, 10, 0};
   const std::int64_t n = std::accumulate(q_lengths.begin(), q_lengths.end(), std::int64_t{0});
   const std::int64_t m = std::accumulate(k_lengths.begin(), k_lengths.end(), std::int64_t{0});
   auto reference = backend::make_reference_backend({backend::Precision::f64, true});
@@ -74,7 +79,7 @@ TEST_P(Varlen, PackedSequencesEqualEachSequenceAlone) {
     SCOPED_TRACE(model.name);
     const ir::Graph packed = ir::build_backward(model.packed, {"", {"q", "k", "v"}, {"out"}});
     const ir::Graph alone = ir::build_backward(model.alone, {"", {"q", "k", "v"}, {"out"}});
-    backend::TensorMap in = backend::random_inputs(packed, {{"N", n}, {"M", m}, {"S1", 6}}, 3);
+    backend::TensorMap in = backend::random_inputs(packed, {{"N", n}, {"M", m}, {"S1", 7}}, 3);
     in.insert_or_assign("cu_q", offsets(q_lengths));
     in.insert_or_assign("cu_k", offsets(k_lengths));
     if (in.contains("slopes")) in.insert_or_assign("slopes", Tensor::from<float>({4}, {0.5f, 0.25f, 0.125f, 0.0625f}));
@@ -83,10 +88,16 @@ TEST_P(Varlen, PackedSequencesEqualEachSequenceAlone) {
     for (std::size_t s = 0; s < q_lengths.size(); ++s) {
       SCOPED_TRACE("sequence " + std::to_string(s));
       const std::int64_t nq = q_lengths[s], nk = k_lengths[s];
-      if (nq > 0) {
+      if (nq > 0 && nk == 0) {  // queries without keys
+        for (const char* name : {"out", "d_q"}) {
+          const Tensor have = rows(got.at(name), q0, nq);
+          for (std::int64_t i = 0; i < have.numel(); ++i) ASSERT_EQ(have.at(i), 0.0) << name << " " << i;
+        }
+      } else if (nq > 0) {
         backend::TensorMap one = {
             {"q", rows(in.at("q"), q0, nq)}, {"k", rows(in.at("k"), k0, nk)}, {"v", rows(in.at("v"), k0, nk)}, {"dout", rows(in.at("dout"), q0, nq)}};
-        if (in.contains("slopes")) one.emplace("slopes", in.at("slopes"));
+        for (const char* shared : {"slopes", "sinks"})
+          if (in.contains(shared)) one.emplace(shared, in.at(shared));
         const backend::TensorMap want = reference->compile(alone)->run(one);
         for (const auto& [name, first, count] :
              {std::tuple{"out", q0, nq}, std::tuple{"d_q", q0, nq}, std::tuple{"d_k", k0, nk}, std::tuple{"d_v", k0, nk}}) {
