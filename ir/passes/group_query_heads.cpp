@@ -47,13 +47,13 @@ ValueId reshaped(Graph& g, ValueId v, const Shape& to) {
 
 }  // namespace
 
-Graph group_query_heads(const Graph& g) {
+Graph group_query_heads(const Graph& g, const std::function<bool(const Node&)>& keep) {
   // A training graph pairs the forward with its log-sum-exp and gradients by their operands:
   // left as it is.
   for (const Node& n : g.nodes())
     if (is_fused_attention(n.op) && !attention_roles(n.op).forward()) return g;
-  return rebuild(g, [](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
-    if (n.op != Op::attention && n.op != Op::flex_attention) return -1;
+  return rebuild(g, [&](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
+    if ((n.op != Op::attention && n.op != Op::flex_attention) || (keep && !keep(n))) return -1;
     if (n.op == Op::flex_attention && (n.attrs.dropout != 0.0 || !identity_modifier(n))) return -1;
     const Shape qs = out.node(in[0]).shape, ks = out.node(in[1]).shape, vs = out.node(in[2]).shape;
     if (qs.rank < 3 || is_symbol(qs.back(2)) || is_symbol(qs.back(1)) || qs.back(2) < 2) return -1;

@@ -35,8 +35,10 @@ Graph fuse_attention(const Graph& g, const std::function<bool(const Node&)>& kee
 /// without that axis, so its kernel reads each key/value head once for the group (decoding reads
 /// the cache once). Only where no score depends on the query's row (no mask, modifier reading
 /// q_idx or a tensor, dropout, or causality but one query's bottom-right), G and N static, and the
-/// graph has no attention backward (group_query_heads.cpp).
-Graph group_query_heads(const Graph& g);
+/// graph has no attention backward; with `keep` (a backend's supports), only nodes the backend
+/// keeps fused, so a backend that decomposes attention (the reference) computes its meaning
+/// (group_query_heads.cpp).
+Graph group_query_heads(const Graph& g, const std::function<bool(const Node&)>& keep = {});
 
 /// The attention_lse op and operands that belong to attention node `attention` (attention,
 /// masked_attention or flex_attention): what the backward asks for and what a backend computes

@@ -23,7 +23,7 @@ Graph lower_for_backend(const Graph& g, const std::function<bool(const Node&)>& 
   after("fuse-attention", r);
   r = emulate_half_precision(r, half_inputs);  // before decomposing: a composite rounds its result once
   after("emulate-half-precision", r);
-  r = group_query_heads(r);  // k and v shared by query heads: read once for them
+  r = group_query_heads(r, keep_composite);  // k and v shared by query heads: read once for them
   after("group-query-heads", r);
   r = decompose_composites(r, keep_composite);
   after("decompose-composites", r);
