@@ -182,6 +182,7 @@ struct SequenceParallel::Impl {
     const std::size_t fixed = n.op == Op::attention_lse || n.op == Op::flex_attention_lse     ? 2
                               : n.op == Op::attention_grad || n.op == Op::flex_attention_grad ? 6
                                                                                               : 3;
+    if (n.attrs.sink) refuse(id, "has attention sinks (not supported by ring attention yet)");
     if (n.inputs.size() != fixed || n.attrs.dropout != 0)
       refuse(id, "reads tensors in its score modifier or drops out weights (not supported by ring attention yet)");
     for (std::size_t i = 0; i < fixed; ++i) {

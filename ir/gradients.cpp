@@ -340,8 +340,8 @@ Grads flex_attention(const GradientArgs& a) {
   if (sink) {
     // d/dsink = sum over its rows of ds_sink = p_sink (0 - delta): the sink's weight
     // p_sink = exp(sink - lse) (0 for a sink of -inf) times no value.
-    // In f32, rounded once to the sink's dtype.
-    const ValueId s = g.cast(qk.back(), DType::f32), neg_inf = g.constant(-HUGE_VAL);
+    // In f32, from the sink as the lse took it (in the scores' dtype), rounded once to its own.
+    const ValueId s = g.cast(g.cast(qk.back(), g.node(a.in[0]).dtype), DType::f32), neg_inf = g.constant(-HUGE_VAL);
     const ValueId e = g.add(Op::exp, {g.add(Op::sub, {s, g.cast(lse, DType::f32)})});
     const ValueId p_sink = g.add(Op::where, {g.add(Op::equal, {s, neg_inf}), g.constant(0.0), e});
     const ValueId ds = g.add(Op::neg, {g.add(Op::mul, {p_sink, g.cast(delta, DType::f32)})});

@@ -70,7 +70,7 @@ class Matcher {
       for (int side = 0; side < 2; ++side) {
         const ValueId w = d.inputs[static_cast<std::size_t>(side)], dm = d.inputs[static_cast<std::size_t>(1 - side)];
         double one = 0;
-        if (is_scalar_constant(g_, dm, &one) && one == 1.0 && g_.node(w).op == Op::softmax) {
+        if (is_scalar_constant(g_, dm, &one) && one == 1.0 && (g_.node(w).op == Op::softmax || g_.node(w).op == Op::sink_softmax)) {
           p = w;
           break;
         }

@@ -87,6 +87,7 @@ TEST_P(Sinks, ComposeWithTheLibrarysOptionsFusedForwardAndBackward) {
        sdpa(sinks(s), score_mod([](auto score, auto, auto, auto q_idx, auto kv_idx) { return score - 0.1 * (q_idx - kv_idx); }),
             mask_mod([](auto, auto, auto q_idx, auto kv_idx) { return kv_idx <= q_idx + 2.0; }))},
       {"softcap window dropout", sdpa(softcap_scores(3.0), sliding_window<4>, attn_dropout(0.2, seed), sinks(s))},
+      {"evaluation's dropout (p = 0)", sdpa(causal_bottom_right, attn_dropout(0.0, seed), sinks(s))},
       {"a sink per row", sdpa(causal_bottom_right, sinks(row_sinks))}};
   for (const auto& [name, forward] : models) {
     SCOPED_TRACE(name);
