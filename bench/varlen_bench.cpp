@@ -83,8 +83,9 @@ int main(int argc, char** argv) {
   auto valid = input<"keep", DType::boolean>(dim<8>, dim<1>, dim<1>, dim<kMax>);
   const ir::Graph padded = lower(named<"out">(scaled_dot_product_attention(pq, pk, pv, valid, causal)));
 
-  std::printf("varlen on %s, %d threads: %zu sequences of 64..1024 tokens (%lld in all), 8 heads of 64, causal, f32; median of %d\n",
-              backend_name.c_str(), backend::cpu::ThreadPool::global().size(), kLengths.size(), static_cast<long long>(total), repeat);
+  const std::string threads = backend_name == "cpu" ? ", " + std::to_string(backend::cpu::ThreadPool::global().size()) + " threads" : "";
+  std::printf("varlen on %s%s: %zu sequences of 64..1024 tokens (%lld in all), 8 heads of 64, causal, f32; median of %d\n", backend_name.c_str(),
+              threads.c_str(), kLengths.size(), static_cast<long long>(total), repeat);
   std::printf("%-18s %12s %14s %12s %14s %14s\n", "", "packed ms", "one by one ms", "padded ms", "packed / one", "padded / packed");
   for (bool train : {false, true}) {
     const ir::Graph gp = trained(packed, train), ga = trained(alone, train), gd = trained(padded, train);

@@ -72,9 +72,9 @@ template <Expr S> constexpr Sinks<S> sinks(S logits) { return {logits}; }
 /// [cu_k[s], cu_k[s + 1]) (offsets of their own: cross-attention, chunked prefill against a
 /// cache). cu_q and cu_k are i32 [S + 1]: 0 first, N (M) last, nondecreasing (a sequence may be
 /// empty). What it means is a document mask: a query keeps only its own sequence's keys; causality
-/// and sliding windows apply within each sequence (bottom-right aligned there: a sequence's queries
-/// come after its cached keys), and score_mod and mask_mod get positions within the sequence as
-/// q_idx and kv_idx. Fused, tiles that hold no pair of one sequence are skipped.
+/// and sliding windows apply within each sequence, aligned as the option says there
+/// (causal_bottom_right and sliding_window: a sequence's queries come after its cached keys), and
+/// score_mod and mask_mod get positions within the sequence as q_idx and kv_idx. Fused, tiles that hold no pair of one sequence are skipped.
 template <Expr CQ, Expr CK> struct Varlen {
   CQ cu_q;  ///< The queries' offsets, i32 [S + 1].
   CK cu_k;  ///< The keys' offsets, i32 [S + 1].
@@ -83,7 +83,8 @@ template <Expr CQ, Expr CK> struct Varlen {
 template <Expr CQ, Expr CK> constexpr Varlen<CQ, CK> varlen(CQ cu_seqlens_q, CK cu_seqlens_k) {
   static_assert(CQ::dtype == DType::i32 && CQ::shape.rank == 1 && CK::dtype == DType::i32 && CK::shape.rank == 1,
                 "qkv: varlen takes i32 offsets [S + 1] (cu_seqlens)");
-  static_assert(ir::dims_compatible(CQ::shape[0], CK::shape[0]), "qkv: varlen's query and key offsets give the same number of sequences");
+  if constexpr (CQ::shape.rank == 1 && CK::shape.rank == 1)
+    static_assert(ir::dims_compatible(CQ::shape[0], CK::shape[0]), "qkv: varlen's query and key offsets give the same number of sequences");
   return {cu_seqlens_q, cu_seqlens_k};
 }
 /// The option for self-attention over packed sequences: one set of offsets for q and k.
