@@ -74,7 +74,8 @@ template <Expr S> constexpr Sinks<S> sinks(S logits) { return {logits}; }
 /// empty). What it means is a document mask: a query keeps only its own sequence's keys; causality
 /// and sliding windows apply within each sequence, aligned as the option says there
 /// (causal_bottom_right and sliding_window: a sequence's queries come after its cached keys), and
-/// score_mod and mask_mod get positions within the sequence as q_idx and kv_idx. Fused, tiles that hold no pair of one sequence are skipped.
+/// score_mod and mask_mod get positions within the sequence as q_idx and kv_idx. Fused, tiles
+/// that hold no pair of one sequence are skipped.
 template <Expr CQ, Expr CK> struct Varlen {
   CQ cu_q;  ///< The queries' offsets, i32 [S + 1].
   CK cu_k;  ///< The keys' offsets, i32 [S + 1].
