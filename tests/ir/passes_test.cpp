@@ -8,6 +8,7 @@
 #include "ir/passes/memory_plan.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
+#include "ir/region.hpp"
 #include "ir/verifier.hpp"
 
 namespace qkv::ir {
@@ -106,6 +107,40 @@ TEST(FoldPaddedSums, SlicesGradientsBecomeOneConcatenation) {
   auto q = k.add_input("q", DType::f32, {2, 2});
   k.set_output("d", k.add(Op::add, {padded(k, p, 1), padded(k, q, 2)}));
   EXPECT_EQ(print(eliminate_dead_code(fold_padded_sums(k))), print(eliminate_dead_code(k)));
+}
+
+// Query heads that share k and v become rows of one batch entry: q [B, Hkv, G, N, D] as
+// [B, Hkv, G N, D], k and v without their axis of 1, the output reshaped back; a sink per head
+// broadcast to one per row; only nodes `keep` accepts, and not where the row matters.
+TEST(GroupQueryHeads, FoldsSharedHeadsIntoRows) {
+  auto grouped = [](bool sink, bool causal_top_left) {
+    Graph g;
+    const ValueId q = g.add_input("q", DType::f32, {2, 4, 3, 1, 8}), k = g.add_input("k", DType::f32, {2, 4, 1, 20, 8});
+    Attrs a;
+    a.scale = 0.5;
+    a.causal = causal_top_left;
+    std::vector<ValueId> operands = {q, k, k};
+    if (sink) {
+      operands.push_back(g.add_input("sinks", DType::f32, {4, 3, 1, 1}));
+      a.sink = true;
+    }
+    Graph region = make_region({});
+    region.set_output("mod", kRegionScore);
+    g.set_output("out", g.add(Op::flex_attention, operands, a, std::make_shared<const Graph>(std::move(region))));
+    return g;
+  };
+  const Graph r = group_query_heads(grouped(true, false));
+  verify(r);
+  const Node& out = r.node(r.output("out"));
+  ASSERT_EQ(out.op, Op::reshape) << print(r);
+  EXPECT_EQ(out.shape, (Shape{2, 4, 3, 1, 8}));
+  const Node& attention = r.node(out.inputs[0]);
+  ASSERT_EQ(attention.op, Op::flex_attention) << print(r);
+  EXPECT_EQ(r.node(attention.inputs[0]).shape, (Shape{2, 4, 3, 8}));
+  EXPECT_EQ(r.node(attention.inputs[1]).shape, (Shape{2, 4, 20, 8}));
+  EXPECT_EQ(r.node(attention.inputs[3]).shape, (Shape{2, 4, 3, 1})) << "a sink per row";
+  EXPECT_EQ(print(group_query_heads(grouped(true, false), [](const Node&) { return false; })), print(grouped(true, false))) << "not kept";
+  EXPECT_EQ(print(group_query_heads(grouped(false, true))), print(grouped(false, true))) << "causal top-left keeps key 0 only";
 }
 
 TEST(Verifier, CatchesWrongRecordedType) {
