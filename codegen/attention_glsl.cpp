@@ -1151,6 +1151,17 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
 
 namespace {
 
+/// Which of `rank` dims (the scores') a tensor of shape `s` broadcasting to them spans: bit d for
+/// dim d where s is not 1 there.
+std::uint32_t spanned_dims(const Shape& s, int rank) {
+  std::uint32_t dims = 0;
+  for (int dim = 0; dim < rank; ++dim) {
+    const int j = dim - (rank - s.rank);
+    if (j >= 0 && s[j] != 1) dims |= 1u << dim;
+  }
+  return dims;
+}
+
 /// Sets node v's operand strides in `push`: each row operand's batch strides as the kernel reads
 /// it (a head view's permuted), the mask's broadcast ones (`mask_st`); for strided kernels the row
 /// strides and dy's and the output's batch strides (a placed output's through its permute's).
@@ -1273,25 +1284,11 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
       .set("local_size", geo.invocations)
       .set("RPT", geo.rows_per_invocation)
       .set("COOP", coop.bc > 0 ? 1u : 0u);
-  // The modifier's tensors: which of the scores' r + 2 dims each spans.
-  for (std::size_t i = 0; i < modifier_tensors(n); ++i) {
-    const Shape& ts = in(ir::fixed_operands(n.op) + i);
-    std::uint32_t dims = 0;
-    for (int dim = 0; dim < r + 2; ++dim) {
-      const int j = dim - (r + 2 - ts.rank);
-      if (j >= 0 && ts[j] != 1) dims |= 1u << dim;
-    }
-    constants.set("T" + std::to_string(i) + "_DIMS", dims);
-  }
-  if (ir::has_sink(n.op, n.attrs)) {  // the sink logits broadcast to [..,N,1]: never along the keys
-    const Shape& ss = in(ir::sink_operand(n.op, n.attrs, n.inputs.size()));
-    std::uint32_t dims = 0;
-    for (int dim = 0; dim < r + 1; ++dim) {
-      const int j = dim - (r + 2 - ss.rank);
-      if (j >= 0 && ss[j] != 1) dims |= 1u << dim;
-    }
-    constants.set("SINK_DIMS", dims);
-  }
+  // The modifier's tensors and the sink logits (never along the keys): which of the scores'
+  // r + 2 dims each spans.
+  for (std::size_t i = 0; i < modifier_tensors(n); ++i)
+    constants.set("T" + std::to_string(i) + "_DIMS", spanned_dims(in(ir::fixed_operands(n.op) + i), r + 2));
+  if (ir::has_sink(n.op, n.attrs)) constants.set("SINK_DIMS", spanned_dims(in(ir::sink_operand(n.op, n.attrs, n.inputs.size())), r + 2));
   l.specialization = constants.words();
   l.spec_signature = spec.signature();
 
