@@ -145,7 +145,10 @@ std::string shape_error_message(Op op, const ShapeResult& r, const std::vector<s
       m += " (operand " + std::to_string(r.operand) + " has rank " + std::to_string(r.lhs) + ", needs " + std::to_string(r.rhs) + ")";
       break;
     case ShapeErr::rank_too_large: m += " (" + std::to_string(r.lhs) + ")"; break;
-    case ShapeErr::not_broadcast_target: m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + ")"; break;
+    case ShapeErr::not_broadcast_target:
+      m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + "; operand " + std::to_string(r.operand) + " is " + operand(r.operand) +
+           ")";
+      break;
     case ShapeErr::bad_range: m += " (" + std::to_string(r.lhs) + ", " + std::to_string(r.rhs) + " at axis " + std::to_string(r.axis) + ")"; break;
     case ShapeErr::dims_differ:
       m += " (" + std::to_string(r.lhs) + " vs " + std::to_string(r.rhs) + " at axis " + std::to_string(r.axis) + ")";

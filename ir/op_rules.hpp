@@ -23,7 +23,7 @@ enum class ShapeErr : std::uint8_t {
   not_bool,               // operand `operand` (a condition) must be bool
   dtypes_differ,          // operands of one computation must share a dtype
   not_integer,            // operand `operand` must be i32
-  not_broadcast_target,   // broadcast_to: dims `lhs` vs `rhs` at axis `axis`
+  not_broadcast_target,   // operand `operand` does not broadcast to a shape: dims (or ranks) `lhs` vs `rhs` at axis `axis`
   bad_range,              // slice: [lhs, rhs) is not within the axis; or an attribute out of range
   not_castable,           // cast: to f32, f16 or bf16 from one of them, i32 or bool
   dims_differ,            // concat: dims `lhs` vs `rhs` at axis `axis` (outside the joined axis)
@@ -119,15 +119,15 @@ constexpr ShapeResult broadcast(std::span<const Operand> in) {
   return r;
 }
 
-/// Whether x broadcasts to `target` without enlarging it: x's rank at most target's, each of its
-/// dims 1 or target's.
-constexpr bool broadcasts_to(const Operand& x, const Shape& target) {
-  if (x.shape.rank > target.rank) return false;
+/// Whether operand `at`, x, broadcasts to `target` without enlarging it (x's rank at most
+/// target's, each of its dims 1 or target's): ok, or the first dim (or the ranks) that does not.
+constexpr ShapeResult broadcasts_to(const Operand& x, const Shape& target, int at) {
+  if (x.shape.rank > target.rank) return fail(ShapeErr::not_broadcast_target, x.shape.rank, target.rank, at);
   for (int i = 0; i < x.shape.rank; ++i) {
     const Dim d = x.shape.back(i), t = target.back(i);
-    if (d != 1 && (t == 1 || !dims_compatible(d, t))) return false;
+    if (d != 1 && (t == 1 || !dims_compatible(d, t))) return fail(ShapeErr::not_broadcast_target, d, t, at, target.rank - 1 - i);
   }
-  return true;
+  return {target, x.dtype};
 }
 
 /// Operands `first` on are floats of one dtype, the result's. A rank-0 operand (a scalar
@@ -238,7 +238,8 @@ constexpr ShapeResult sink_softmax(std::span<const Operand> in, const Attrs&) {
   if (in[1].dtype != x.dtype) return fail(ShapeErr::dtypes_differ, 0, 0, 1);
   Shape rows = x.shape;
   rows[rows.rank - 1] = 1;
-  return broadcasts_to(in[1], rows) ? ShapeResult{x.shape, x.dtype} : fail(ShapeErr::not_broadcast_target, in[1].shape.rank, rows.rank, 1);
+  const ShapeResult fits = broadcasts_to(in[1], rows, 1);
+  return fits.ok() ? ShapeResult{x.shape, x.dtype} : fits;
 }
 
 constexpr ShapeResult matmul(std::span<const Operand> in, const Attrs& at) {
@@ -378,7 +379,7 @@ constexpr ShapeResult modifier_tensors(std::span<const Operand> in, std::size_t 
     Shape rows = scores.shape;
     rows[rows.rank - 1] = 1;
     if (!is_float(sink.dtype)) return fail(ShapeErr::not_float, 0, 0, static_cast<int>(end));
-    if (!broadcasts_to(sink, rows)) return fail(ShapeErr::not_broadcast_target, sink.shape.rank, rows.rank, static_cast<int>(end));
+    if (const ShapeResult fits = broadcasts_to(sink, rows, static_cast<int>(end)); !fits.ok()) return fits;
   }
   for (std::size_t i = first; i < end; ++i) {
     const Operand sm[2] = {{scores.shape, DType::f32}, in[i]};

@@ -9,6 +9,7 @@
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
+#include "ir/region.hpp"
 
 namespace qkv::ir {
 namespace {
@@ -58,6 +59,30 @@ TEST(ShapeErrors, BadOperandsAndAttributesAreNamed) {
   Attrs window;
   window.window = -1;
   EXPECT_NE(error_of([&] { g.add(Op::causal_mask, {x}, window); }).find("causal_mask: range or attribute out of bounds"), std::string::npos);
+}
+
+// Sink logits must be one float per row: sink_softmax's and flex attention's, named by operand.
+TEST(ShapeErrors, SinksThatAreNotOneFloatPerRowAreNamed) {
+  Graph g;
+  auto x = g.add_input("x", DType::f32, {2, 5, 7});
+  auto wide = g.add_input("wide", DType::f32, {2, 5, 2});
+  auto ids = g.add_input("ids", DType::i32, {2, 5, 1});
+  auto k = g.add_input("k", DType::f32, {2, 7, 4});
+  Graph identity = make_region({});
+  identity.set_output("mod", kRegionScore);
+  const auto region = std::make_shared<const Graph>(std::move(identity));
+  Attrs sunk;
+  sunk.scale = 0.5;
+  sunk.sink = true;
+  const std::string sink_softmax = error_of([&] { g.add(Op::sink_softmax, {x, wide}); });
+  EXPECT_EQ(sink_softmax,
+            "sink_softmax: operand does not broadcast to the target shape (2 vs 1; operand 1 is f32[2,5,2]); operands f32[2,5,7], f32[2,5,2]");
+  const std::string flex = error_of([&] { g.add(Op::flex_attention, {k, k, k, wide}, sunk, region); });
+  EXPECT_NE(flex.find("flex_attention: operand does not broadcast to the target shape (2 vs 1; operand 3 is f32[2,5,2])"), std::string::npos) << flex;
+  EXPECT_NE(error_of([&] {
+              g.add(Op::flex_attention, {k, k, k, ids}, sunk, region);
+            }).find("operand is not a float tensor (operand 3 is i32[2,5,1])"),
+            std::string::npos);
 }
 
 TEST(DerivedDims, ConcatOfNamedDimsMakesADerivedDimThatPrintsParsesAndBinds) {
