@@ -433,14 +433,19 @@ namespace {
 /// The helper functions of the ops `uses` names, each once.
 template <class Uses> std::string helpers_for(Uses uses) {
   // Each in codegen/glsl/, with why it is not GLSL's built-in.
-  const std::pair<Op, const char*> helpers[] = {{Op::log, "qkv_log.glsl"},
-                                                {Op::tanh, "qkv_tanh.glsl"},
-                                                {Op::erf, "qkv_erf.glsl"},
-                                                {Op::round_f16, "qkv_round_f16.glsl"},
-                                                {Op::round_bf16, "qkv_round_bf16.glsl"}};
+  struct Helper {
+    Op op, also;  // the ops calling it (`also` the same op where one does)
+    const char* file;
+  };
+  const Helper helpers[] = {{Op::log, Op::log, "qkv_log.glsl"},
+                            {Op::tanh, Op::tanh, "qkv_tanh.glsl"},
+                            {Op::erf, Op::erf, "qkv_erf.glsl"},
+                            {Op::sin, Op::cos, "qkv_sincos.glsl"},
+                            {Op::round_f16, Op::round_f16, "qkv_round_f16.glsl"},
+                            {Op::round_bf16, Op::round_bf16, "qkv_round_bf16.glsl"}};
   std::string s;
-  for (const auto& [op, file] : helpers)
-    if (uses(op)) s += glsl_file(file);
+  for (const Helper& h : helpers)
+    if (uses(h.op) || uses(h.also)) s += glsl_file(h.file);
   return s;
 }
 }  // namespace

@@ -97,9 +97,9 @@ std::string widened(DType t, const std::string& element);
 /// f32 `value` as a held_element(t), rounded to nearest even first (the value is then exact in
 /// 16 bits, whatever the device's conversion rounds to); calls qkv_round_f16 or qkv_round_bf16.
 std::string narrowed(DType t, const std::string& value);
-/// The GLSL helpers (qkv_log, qkv_tanh, qkv_erf) that any of `ops` calls, each once.
+/// The GLSL helpers (qkv_log, qkv_tanh, qkv_erf, qkv_sin, qkv_cos, ...) that any of `ops` calls, each once.
 std::string math_helpers_of(const std::vector<ir::Op>& ops);
-/// The GLSL helpers (qkv_log, qkv_tanh, qkv_erf) that a region's ops call, with qkv_log also
+/// The GLSL helpers (qkv_log, qkv_tanh, qkv_erf, qkv_sin, qkv_cos, ...) that a region's ops call, with qkv_log also
 /// when `log`: each once, to be placed before the region's functions.
 std::string math_helpers(const ir::Graph& region, bool log);
 /// A flex-attention score modifier (ir/region.hpp) as a GLSL function
