@@ -69,14 +69,26 @@ EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs,
 struct ComputedIn {
   DType format = DType::f32;  ///< the narrowest float format: f32, f16 or bf16
   int roundings = 0;          ///< half-precision results on the longest path (0 for f32)
+  /// How far one-ulp flips of the graph's half-precision roundings move the output (its entry of
+  /// half_rounding_spread; 0 where not measured).
+  double spread = 0;
 };
 /// How output `name` of `g` was computed (throws IrError when `g` has no such output).
 ComputedIn computed_in(const ir::Graph& g, const std::string& name);
 
+/// Per output of `g`, how far the half-precision roundings can legitimately move it: the largest
+/// |nudged - oracle| over two runs of the float64 reference with every rounding's result moved one
+/// ulp up or down at random (ReferenceOptions::nudged_half_roundings, seeds 1 and 2). A backend's
+/// roundings come out the other way only where its f32 value differs near a rounding boundary,
+/// so this bounds them; what it adds to a budget is what cancellation after the roundings
+/// magnifies (a weighted sum of half products, a loss of terms larger than itself), which ulps
+/// of the output's own magnitude miss. Empty when `g` rounds nothing to half precision.
+std::map<std::string, double> half_rounding_spread(const ir::Graph& g, const TensorMap& inputs, const TensorMap& oracle);
+
 /// Compares `actual` with the float64 `oracle` given the plain-f32 result `plain` (and, where
 /// given, `plain_reversed`, the same with its sums taken in the other order: the budget scales from
-/// the larger of their errors). `how` says how the output was computed (computed_in(g, name)); the
-/// output's own dtype counts too.
+/// the larger of their errors). `how` says how the output was computed (computed_in(g, name),
+/// with its spread, which joins the budget); the output's own dtype counts too.
 OutputComparison compare_output(const std::string& name, const Tensor& actual, const Tensor& oracle, const Tensor& plain,
                                 double factor = kDefaultBudgetFactor, const Tensor* plain_reversed = nullptr, ComputedIn how = {});
 

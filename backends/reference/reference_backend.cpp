@@ -22,8 +22,9 @@ using ir::Shape;
 
 template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
  public:
-  ReferenceExecutable(ir::Graph g, bool f64_outputs, bool f64_inputs, bool reversed_sums)
-      : ExecutableSkeleton(std::move(g)), f64_outputs_(f64_outputs), f64_inputs_(f64_inputs), reversed_(reversed_sums) {}
+  ReferenceExecutable(ir::Graph g, const ReferenceOptions& o)
+      : ExecutableSkeleton(std::move(g)), f64_outputs_(o.f64_outputs), f64_inputs_(o.f64_inputs), reversed_(o.reversed_sums),
+        nudge_(o.nudged_half_roundings) {}
 
   std::int64_t planned_bytes() const override { return planned_bytes_; }
 
@@ -86,6 +87,22 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
   }
 
  private:
+  /// Moves each rounded value one ulp of its format up or down, the direction a hash of the seed,
+  /// the node and the element (ReferenceOptions::nudged_half_roundings).
+  void nudge(std::vector<T>& out, std::size_t self, DType format) const {
+    const int mantissa = format == DType::f16 ? 10 : 7, least_exponent = format == DType::f16 ? -14 : -126;
+    for (std::size_t j = 0; j < out.size(); ++j) {
+      const double y = static_cast<double>(out[j]);
+      if (!std::isfinite(y)) continue;
+      const int e = y == 0 ? least_exponent : std::max(std::ilogb(y), least_exponent);
+      std::uint64_t h = (static_cast<std::uint64_t>(nudge_) << 48) ^ (static_cast<std::uint64_t>(self) << 32) ^ j;
+      h = (h ^ (h >> 31)) * 0x7fb5d329728ea185ull;
+      h = (h ^ (h >> 27)) * 0x81dadef4bc2dd44dull;
+      const double step = std::ldexp(1.0, e - mantissa);
+      out[j] = static_cast<T>((h >> 63) != 0 ? y + step : y - step);
+    }
+  }
+
   void eval(const Node& n, const std::vector<Shape>& shapes, std::vector<std::vector<T>>& values, std::size_t self, const TensorMap& inputs) {
     std::vector<T>& out = values[self];
     const Shape& os = shapes[self];
@@ -104,6 +121,7 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
       QKV_UNARY_CASES
       case Op::cast:
         for (std::size_t j = 0; j < out.size(); ++j) out[j] = apply_unary(n.op, in(0)[j]);
+        if (nudge_ != 0 && (n.op == Op::round_f16 || n.op == Op::round_bf16)) nudge(out, self, n.op == Op::round_f16 ? DType::f16 : DType::bf16);
         return;
       QKV_BINARY_CASES
       QKV_COMPARE_CASES {
@@ -216,6 +234,7 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
   bool f64_outputs_;
   bool f64_inputs_;
   bool reversed_;                       // sums from the last term
+  std::uint32_t nudge_;                 // ReferenceOptions::nudged_half_roundings
   std::vector<std::vector<T>> values_;  // per node, as planned
   std::int64_t planned_bytes_ = 0;
 };
@@ -235,10 +254,8 @@ class ReferenceBackend final : public Backend {
   std::unique_ptr<Executable> compile(const ir::Graph& g) override {
     ir::Graph lowered = ir::lower_for_backend(g, [this](const Node& n) { return supports(n); });
     if (options_.precision == Precision::f64)
-      return half_precision_boundary(
-          g, std::make_unique<ReferenceExecutable<double>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs, options_.reversed_sums));
-    return half_precision_boundary(
-        g, std::make_unique<ReferenceExecutable<float>>(std::move(lowered), options_.f64_outputs, options_.f64_inputs, options_.reversed_sums));
+      return half_precision_boundary(g, std::make_unique<ReferenceExecutable<double>>(std::move(lowered), options_));
+    return half_precision_boundary(g, std::make_unique<ReferenceExecutable<float>>(std::move(lowered), options_));
   }
 
  private:
