@@ -1,4 +1,4 @@
-// Decode attention on the cpu backend against the machine's limit: one new query per sequence
+// Decode attention on a backend against the machine's limit: one new query per sequence
 // against a key/value cache of M tokens (H = 32 query heads over Hkv = 8 key/value heads, head
 // dim 128), batch 1 and 8, the cache in f32 and in bf16. Decoding is bound by memory: the bound is
 // the cache's bytes (each key and value read once) over the read bandwidth measured in the same
@@ -10,7 +10,14 @@
 // every query keeps every cached key). Last, one sequence with one head, where the unsplit
 // kernel has a single task however many cores there are.
 //
+// On vulkan (--backend vulkan) each time is the kernels' device time (timestamps: the cache is
+// uploaded on every run, which a server keeps resident), the bound the cache's bytes over the
+// device's copy bandwidth measured in the same run (a 128 MiB negation: bytes read and written over
+// its device time), and the unsplit rows run with QKV_VULKAN_SPLIT_KV=0. PyTorch's peer on the
+// same GPU: bench/torch_decode_sdpa.py.
+//
 //   build/default/bench/qkv_decode_attention_bench [--repeat 5] [--max-cache 32768] [--grouped 0: only the one-head rows]
+//                                                  [--backend cpu|vulkan]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -51,17 +58,38 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// Median seconds of `repeat` runs of `g` on the cpu (after one warm-up run).
+std::string backend_name = "cpu";
+const char* split_switch() { return backend_name == "vulkan" ? "QKV_VULKAN_SPLIT_KV" : "QKV_CPU_SPLIT_KV"; }
+
+/// Median seconds of `repeat` runs of `g` (after one warm-up run): the wall clock on the cpu,
+/// the kernels' device time on vulkan.
 double seconds(const ir::Graph& g, const backend::TensorMap& in, int repeat) {
-  auto exe = backend::create("cpu")->compile(g);
+  auto exe = backend::create(backend_name)->compile(g);
+  const bool device_time = backend_name == "vulkan";
+  exe->set_profiling(device_time);
   exe->run(in);
   std::vector<double> t;
   for (int r = 0; r < repeat; ++r) {
     const auto t0 = Clock::now();
     exe->run(in);
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (device_time) {
+      s = 0;
+      for (const auto& k : exe->profile()) s += k.seconds;
+    }
+    t.push_back(s);
   }
   return median(t);
+}
+
+/// The device's copy bandwidth: a 128 MiB f32 tensor negated (the most one binding may span on some devices; more than any cache holds), bytes read and written over the
+/// kernel's device time.
+double device_copy_bandwidth(int repeat) {
+  ir::Graph g;
+  const std::int64_t n = std::int64_t{1} << 25;
+  g.set_output("y", g.add(ir::Op::neg, {g.add_input("x", DType::f32, {n})}));
+  const backend::TensorMap in = backend::random_inputs(g, {}, 1);
+  return 2.0 * static_cast<double>(n * 4) / seconds(g, in, repeat);
 }
 
 }  // namespace
@@ -75,15 +103,27 @@ int main(int argc, char** argv) {
     if (flag == "--repeat") repeat = std::atoi(argv[i + 1]);
     else if (flag == "--max-cache") max_cache = std::atoll(argv[i + 1]);
     else if (flag == "--grouped") grouped = std::string(argv[i + 1]) != "0";
+    else if (flag == "--backend") backend_name = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: %s [--repeat N] [--max-cache M] [--grouped 0|1]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--repeat N] [--max-cache M] [--grouped 0|1] [--backend cpu|vulkan]\n", argv[0]);
       return 2;
     }
   }
-  const double bandwidth = bench::read_bandwidth();
-  std::printf("decode attention on cpu, %d threads; read bandwidth %.1f GB/s (measured in this run)\n", backend::cpu::ThreadPool::global().size(),
-              bandwidth / 1e9);
-  std::printf("H %lld over Hkv %lld, D %lld; median of %d runs; bound = cache bytes / read bandwidth\n", static_cast<long long>(kHeads),
+  if (backend_name != "cpu" && backend_name != "vulkan") {
+    std::fprintf(stderr, "--backend %s: give cpu or vulkan\n", backend_name.c_str());
+    return 2;
+  }
+  double bandwidth = 0;
+  if (backend_name == "cpu") {
+    bandwidth = bench::read_bandwidth();
+    std::printf("decode attention on cpu, %d threads; read bandwidth %.1f GB/s (measured in this run)\n", backend::cpu::ThreadPool::global().size(),
+                bandwidth / 1e9);
+  } else {
+    bandwidth = device_copy_bandwidth(repeat);
+    std::printf("decode attention on vulkan (%s), kernels' device time; copy bandwidth %.1f GB/s (measured in this run)\n",
+                backend::create(backend_name)->device().c_str(), bandwidth / 1e9);
+  }
+  std::printf("H %lld over Hkv %lld, D %lld; median of %d runs; bound = cache bytes / bandwidth\n", static_cast<long long>(kHeads),
               static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim), repeat);
   std::printf("%-5s %-6s %-6s %-6s %10s %10s %9s %10s %9s\n", "B", "cache", "dtype", "GQA as", "split ms", "GB/s", "of bound", "unsplit ms",
               "split x");
@@ -96,11 +136,11 @@ int main(int argc, char** argv) {
           if (dtype != DType::f32) g = ir::to_dtype(g, dtype);
           const backend::TensorMap in = backend::random_inputs(g, {}, 1);
           const double cache_bytes = 2.0 * static_cast<double>(b * kKvHeads * m * kHeadDim * static_cast<std::int64_t>(dtype_size(dtype)));
-          setenv("QKV_CPU_SPLIT_KV", "1", 1);
+          setenv(split_switch(), "1", 1);
           const double split = seconds(g, in, repeat);
-          setenv("QKV_CPU_SPLIT_KV", "0", 1);
+          setenv(split_switch(), "0", 1);
           const double unsplit = seconds(g, in, repeat);
-          unsetenv("QKV_CPU_SPLIT_KV");
+          unsetenv(split_switch());
           const double rate = cache_bytes / split;
           std::printf("%-5lld %-6lld %-6s %-6s %10.3f %10.1f %8.0f%% %10.3f %8.2fx\n", static_cast<long long>(b), static_cast<long long>(m),
                       std::string(dtype_name(dtype)).c_str(), rows ? "rows" : "heads", split * 1e3, rate / 1e9, 100.0 * rate / bandwidth,
@@ -119,11 +159,11 @@ int main(int argc, char** argv) {
     a.scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
     g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
     const backend::TensorMap in = backend::random_inputs(g, {}, 1);
-    setenv("QKV_CPU_SPLIT_KV", "1", 1);
+    setenv(split_switch(), "1", 1);
     const double split = seconds(g, in, repeat);
-    setenv("QKV_CPU_SPLIT_KV", "0", 1);
+    setenv(split_switch(), "0", 1);
     const double unsplit = seconds(g, in, repeat);
-    unsetenv("QKV_CPU_SPLIT_KV");
+    unsetenv(split_switch());
     const double rate = 2.0 * static_cast<double>(m * kHeadDim * 4) / split;
     std::printf("%-6lld %10.3f %10.1f %8.0f%% %10.3f %8.2fx\n", static_cast<long long>(m), split * 1e3, rate / 1e9, 100.0 * rate / bandwidth,
                 unsplit * 1e3, unsplit / split);
