@@ -5,10 +5,14 @@
 #   echo /.gl/ >>.git/info/exclude; mkdir -p .gl /tmp/amd64/partial
 #   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 #   apt-get $o update && (cd .gl && apt-get $o download libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2)
-# Without them vkCreateInstance fails with ErrorIncompatibleDriver (seen on an H200, driver 580).
+# Without them vkCreateInstance fails with ErrorIncompatibleDriver (seen on an H200, driver 580:
+# NVIDIA's ICD, libGLX_nvidia, loads glvnd's libEGL.so.1 and finds none). Where this machine has
+# them (Debian's libegl1), copying the two libraries does instead (tried on an H200 too):
+#   mkdir -p .gl && cp -L /usr/lib/x86_64-linux-gnu/libEGL.so.1 /usr/lib/x86_64-linux-gnu/libGLdispatch.so.0 .gl/
 # Build here, pack the programs it runs, and run it there through ../shared/gpu:
 #   cmake --build --preset default && ../shared/gpu/pack.sh build/default qkv bench/qkv_bench \
-#     bench/qkv_graph_bench tests/qkv_backends_tests tests/qkv_train_tests tests/qkv_tools_tests
+#     bench/qkv_graph_bench bench/qkv_decode_attention_bench bench/qkv_varlen_bench \
+#     tests/qkv_backends_tests tests/qkv_train_tests tests/qkv_tools_tests
 #   device run, carry [".gpu", ".gl"]:  bash .gpu/run.sh 'bash scripts/gpu_checks.sh'
 # Parts (each under its own time limit; suite, khr and check side by side; at most 10 minutes in
 # all, about 5 on an H200; logs in $OUT, or /tmp/qkv-gpu-logs without the tool):
@@ -22,6 +26,13 @@
 #   bench     attention rows timed by the device's timestamps, f16/bf16/f32 matmul rows at 4096^3
 #             (matmul), then PyTorch CUDA's on the same GPU (../shared/gpu/torch_sdpa.py,
 #             bench/torch_matmul.py)
+#   serving   decode attention against caches of 4096 and 32768 (qkv_decode_attention_bench
+#             --backend vulkan: kernels' device time against the copy bandwidth measured in the
+#             same run) beside PyTorch's SDPA decode (bench/torch_decode_sdpa.py), and the varlen
+#             batch (qkv_varlen_bench --backend vulkan)
+#   sweep     the flash kernels' geometries (QKV_VULKAN_ATTENTION_GEOMETRY) at (1, 8, 4096, 64),
+#             f32 forward and forward + backward, and the f16 rows with and without cooperative
+#             matrices: what a GPU's defaults should be (docs/benchmarks.md, "On a GPU")
 # QKV_GPU_PARTS picks parts (default: all, in that order); QKV_GPU_SHAPES the attention shapes.
 # Tried end to end on lavapipe: QKV_GPU_PARTS=devices,check bash scripts/gpu_checks.sh
 set -uo pipefail
@@ -29,7 +40,7 @@ out=${OUT:-/tmp/qkv-gpu-logs}
 mkdir -p "$out"
 rm -f "$out/.failed"
 summary=$out/summary.txt
-parts=${QKV_GPU_PARTS:-devices,suite,khr,check,bench}
+parts=${QKV_GPU_PARTS:-devices,suite,khr,check,bench,serving,sweep}
 shapes=${QKV_GPU_SHAPES:-4,8,512,64;1,8,4096,64}
 jobs=$(nproc)
 ((jobs > 12)) && jobs=12
@@ -77,6 +88,10 @@ echo "qkv gpu checks: $(date -u +%FT%TZ), $(nproc) cores, parts $parts" >"$summa
 if compgen -G ".gl/*.deb" >/dev/null && ! ldconfig -p | grep -q libGLdispatch; then
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
+elif [ -f .gl/libEGL.so.1 ]; then  # the libraries copied from this machine, and glvnd's vendor file for NVIDIA's EGL
+  export LD_LIBRARY_PATH=$root/.gl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo '{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_nvidia.so.0"}}' >/tmp/10_nvidia.json
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/tmp/10_nvidia.json
 fi
 # The tools tests run the qkv program at the path it was built at.
 if src=$(cat /tmp/qkv-gpu/src_path 2>/dev/null) && [ ! -x "$src/build/default/qkv" ] && command -v qkv >/dev/null; then
@@ -97,6 +112,21 @@ if wanted bench; then
   part matmul 60 "QKV_BENCH_MATMUL=4096,4096,4096 QKV_BENCH_BACKENDS=vulkan qkv_graph_bench --benchmark_filter='^vulkan.*matmul' \
     --benchmark_min_time=0.1 --benchmark_color=false"
   part torch 60 "python3 $root/.gpu/torch_sdpa.py ${shapes//;/ } && python3 $root/bench/torch_matmul.py 4096,4096,4096"
+fi
+if wanted serving; then
+  part decode 90 "qkv_decode_attention_bench --backend vulkan --repeat 5 && python3 $root/bench/torch_decode_sdpa.py"
+  part varlen 40 "qkv_varlen_bench --backend vulkan --repeat 5"
+fi
+if wanted sweep; then
+  # The plain forward has run at 5-6 TFLOP/s on an H200 where the softcap row (the flex kernel)
+  # ran at 13: the geometries, and the rows side by side, say which path and shape a GPU wants.
+  part sweep 150 "for geo in default 128,1,32 128,1,64 256,1,32 256,1,16 64,1,32 128,2,32 128,1,16; do \
+      e=; [ \$geo = default ] || e=QKV_VULKAN_ATTENTION_GEOMETRY=\$geo; echo \"== geometry \$geo\"; \
+      env \$e QKV_BENCH_DEVICE_TIME=1 QKV_BENCH_SHAPES=1,8,4096,64 QKV_BENCH_BACKENDS=vulkan qkv_bench --benchmark_color=false \
+        --benchmark_filter='^vulkan(-fwd\+bwd|-softcap)?/' --benchmark_min_time=0.3 | grep '^vulkan'; done; \
+    for c in auto 0; do echo \"== f16, QKV_VULKAN_COOPERATIVE_MATRIX=\$c\"; QKV_VULKAN_COOPERATIVE_MATRIX=\$c QKV_BENCH_DEVICE_TIME=1 \
+      QKV_BENCH_SHAPES=1,8,4096,64 QKV_BENCH_BACKENDS=vulkan qkv_bench --benchmark_color=false \
+      --benchmark_filter='^vulkan-(f16|fwd\+bwd-f16)/' --benchmark_min_time=0.3 | grep '^vulkan'; done"
 fi
 echo "logs in $out" | tee -a "$summary"
 if [ -s "$out/.failed" ]; then
