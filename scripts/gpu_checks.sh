@@ -106,6 +106,10 @@ wanted khr && part khr 270 "QKV_VULKAN_COOPERATIVE_MATRIX=khr QKV_VULKAN_VALIDAT
 wanted check && part check 270 'for t in f32 f16 bf16; do (qkv check all --backend vulkan --grad --dtype $t >/tmp/check_$t.log 2>&1; echo "== --dtype $t: exit $?" >>/tmp/check_$t.log) & done; wait; \
     cat /tmp/check_*.log; ! grep -q "exit [1-9]" /tmp/check_*.log' &
 wait
+if wanted bench || wanted sweep; then  # a second of work first, so that the GPU's clocks have risen before a row is timed
+  QKV_BENCH_DEVICE_TIME=1 QKV_BENCH_SHAPES=1,8,4096,64 QKV_BENCH_BACKENDS=vulkan timeout 30 qkv_bench --benchmark_filter='^vulkan/' \
+    --benchmark_min_time=1 >/dev/null 2>&1
+fi
 if wanted bench; then
   part bench 120 "QKV_BENCH_DEVICE_TIME=1 QKV_BENCH_SHAPES='$shapes' QKV_BENCH_BACKENDS=vulkan qkv_bench --benchmark_filter='^vulkan' \
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_min_time=0.1 --benchmark_color=false"
@@ -118,8 +122,8 @@ if wanted serving; then
   part varlen 40 "qkv_varlen_bench --backend vulkan --repeat 5"
 fi
 if wanted sweep; then
-  # The plain forward has run at 5-6 TFLOP/s on an H200 where the softcap row (the flex kernel)
-  # ran at 13: the geometries, and the rows side by side, say which path and shape a GPU wants.
+  # The flash kernels' geometries on this GPU, each after the GPU has been busy (a first row after
+  # seconds of idle ran at half speed on an H200), and f16 with and without cooperative matrices.
   part sweep 150 "for geo in default 128,1,32 128,1,64 256,1,32 256,1,16 64,1,32 128,2,32 128,1,16; do \
       e=; [ \$geo = default ] || e=QKV_VULKAN_ATTENTION_GEOMETRY=\$geo; echo \"== geometry \$geo\"; \
       env \$e QKV_BENCH_DEVICE_TIME=1 QKV_BENCH_SHAPES=1,8,4096,64 QKV_BENCH_BACKENDS=vulkan qkv_bench --benchmark_color=false \
