@@ -232,7 +232,49 @@ const Tensor& RingAttention::lse() const {
   return impl_->lse;
 }
 
-Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v) {
+namespace {
+
+/// Folds each row's sink into its normalized output and log-sum-exp (`stat` is [.., n, 1], `y`
+/// [.., n, dv]): L' = log(e^L + e^s), y scaled by e^(L - L'). A row without keys (L = -inf) keeps
+/// its zeros and takes L' = s; a NaN or +inf sink makes its row NaN, as the meaning does.
+void fold_sinks(const Tensor& sinks, Tensor& y, Tensor& lse, std::int64_t dv) {
+  const std::vector<std::int64_t>& stat = lse.shape();
+  const std::vector<std::int64_t>& ss = sinks.shape();
+  if (sinks.dtype() != DType::f32 || ss.size() > stat.size())
+    throw ShapeError("ring attention: sinks " + sinks.type_string() + " must be f32 and broadcast to the rows " + lse.type_string());
+  // The sinks' stride along each of the rows' dims (0 where they broadcast).
+  std::vector<std::int64_t> strides(stat.size(), 0);
+  std::int64_t step = 1;
+  for (std::size_t i = ss.size(); i-- > 0;) {
+    const std::size_t a = i + stat.size() - ss.size();
+    if (ss[i] != 1 && ss[i] != stat[a])
+      throw ShapeError("ring attention: sinks " + sinks.type_string() + " do not broadcast to the rows " + lse.type_string());
+    if (ss[i] != 1) strides[a] = step;
+    step *= ss[i];
+  }
+  const float* sv = sinks.data<float>();
+  float* lo = lse.data<float>();
+  float* yo = y.data<float>();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (std::int64_t row = 0; row < lse.numel(); ++row) {
+    std::int64_t at = 0, rest = row;
+    for (std::size_t a = stat.size(); a-- > 0;) {
+      at += rest % stat[a] * strides[a];
+      rest /= stat[a];
+    }
+    const float sink = sv[at], l = lo[row];
+    if (sink == -inf) continue;
+    const float top = std::isnan(sink) || std::isnan(l) ? std::numeric_limits<float>::quiet_NaN() : std::max(l, sink);
+    const float folded = top + std::log((l == -inf ? 0.0f : std::exp(l - top)) + std::exp(sink - top));
+    const float keys = l == -inf ? (std::isnan(folded) ? folded : 0.0f) : std::exp(l - folded);
+    for (std::int64_t j = 0; j < dv; ++j) yo[row * dv + j] *= keys;
+    lo[row] = folded;
+  }
+}
+
+}  // namespace
+
+Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* sinks) {
   Impl& m = *impl_;
   const auto start = Clock::now();
   stats_ = {};
@@ -313,6 +355,7 @@ Tensor RingAttention::forward(const Tensor& q, const Tensor& k, const Tensor& v)
     finish(pending);
     std::swap(block, next);
   }
+  if (sinks) fold_sinks(*sinks, y, lse, rv.cols);
   m.y = y;
   m.lse = lse;
   stats_.total_seconds = seconds_since(start);

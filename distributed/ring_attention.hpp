@@ -51,10 +51,14 @@ class RingAttention {
   ~RingAttention();
 
   /// This rank's rows of the output [.., n, Dv]. Keeps what backward needs (its q, k, v, output
-  /// and the rows' log-sum-exp).
-  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v);
+  /// and the rows' log-sum-exp). `sinks`, where given, are attention sinks (gpt-oss): f32 logits
+  /// broadcasting to this rank's rows [.., n, 1] (one per head, or this rank's rows of one per
+  /// row) that join each row's softmax and take no value; folded into each row once, after the
+  /// ring, as the fused kernels fold them after the keys.
+  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* sinks = nullptr);
 
-  /// The last forward's log-sum-exp of each of this rank's rows over the whole sequence [.., n, 1].
+  /// The last forward's log-sum-exp of each of this rank's rows over the whole sequence [.., n, 1]
+  /// (its sinks included, so that backward's weights exclude them).
   const Tensor& lse() const;
 
   /// dq has q's shape; dk and dv have q's batch dims, as the attention op's gradients: where k

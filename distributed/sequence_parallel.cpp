@@ -61,7 +61,7 @@ struct SequenceParallel::Impl {
   };
   std::vector<Stage> stages;                       // stage k: the nodes of level k
   std::vector<std::vector<ValueId>> attention_at;  // ring attentions before stage k (level k)
-  // One ring attention per (q, k, v, causal, modifier): the forward, its log-sum-exp and its
+  // One ring attention per (q, k, v, causal, modifier, sinks): the forward, its log-sum-exp and its
   // gradients (for each dy) are computed once a run, however many nodes read them.
   struct Ring {
     std::unique_ptr<RingAttention> attention;
@@ -70,7 +70,7 @@ struct SequenceParallel::Impl {
     Tensor y;
     std::map<ValueId, RingAttention::Gradients> gradients;
   };
-  using RingKey = std::tuple<ValueId, ValueId, ValueId, bool, const ir::Graph*>;
+  using RingKey = std::tuple<ValueId, ValueId, ValueId, bool, const ir::Graph*, ValueId>;  // .., the sinks (-1: none)
   std::map<RingKey, Ring> rings;
   // For each sequence dim, an input that carries it and the axis: where a run reads how many rows
   // a rank holds, for the positions an iota along the sequence gives.
@@ -182,9 +182,21 @@ struct SequenceParallel::Impl {
     const std::size_t fixed = n.op == Op::attention_lse || n.op == Op::flex_attention_lse     ? 2
                               : n.op == Op::attention_grad || n.op == Op::flex_attention_grad ? 6
                                                                                               : 3;
-    if (n.attrs.sink) refuse(id, "has attention sinks (not supported by ring attention yet)");
-    if (n.inputs.size() != fixed || n.attrs.dropout != 0)
+    const bool sink = ir::has_sink(n.op, n.attrs);
+    if (n.inputs.size() != fixed + (sink ? 1 : 0) || n.attrs.dropout != 0)
       refuse(id, "reads tensors in its score modifier or drops out weights (not supported by ring attention yet)");
+    if (sink) {
+      const ValueId s = n.inputs.back();
+      const std::vector<int> axes = sequence_axes(g.node(s).shape);
+      if (!axes.empty() && (axes.size() != 1 || axes.front() != g.node(s).shape.rank - 2))
+        refuse(id, "has sinks " + g.type_string(s) + " that carry the sequence elsewhere than on its rows (axis -2)");
+      if (g.node(s).op == Op::constant) refuse(id, "has sinks that are a constant (give them as an input)");
+    }
+    // A gradient finds its forward's ring (and sinks) through the lse it reads.
+    if (ir::attention_roles(n.op).lse >= 0) {
+      const Op from = g.node(n.inputs[static_cast<std::size_t>(ir::attention_roles(n.op).lse)]).op;
+      if (from != Op::attention_lse && from != Op::flex_attention_lse) refuse(id, "reads an lse that no attention_lse node gives");
+    }
     for (std::size_t i = 0; i < fixed; ++i) {
       const ir::Shape& s = g.node(n.inputs[i]).shape;
       const std::vector<int> axes = sequence_axes(s);
@@ -209,6 +221,14 @@ struct SequenceParallel::Impl {
     Tensor t = Tensor::uninitialized(DType::f32, shape);
     std::transform(at.begin(), at.end(), t.data<float>(), [](std::int64_t r) { return static_cast<float>(r); });
     return t;
+  }
+
+  /// The sinks of attention node `id` (-1: none); a gradient's are its forward's, whose lse it reads.
+  ValueId sinks_of(ValueId id) const {
+    const Node& n = g.node(id);
+    if (ir::has_sink(n.op, n.attrs)) return n.inputs[ir::sink_operand(n.op, n.attrs, n.inputs.size())];
+    if (const int lse = ir::attention_roles(n.op).lse; lse >= 0) return sinks_of(n.inputs[static_cast<std::size_t>(lse)]);
+    return -1;
   }
 
   /// The attention node's scale: its scale attribute, over sqrt of its rsqrt_of dim's size when it has one.
@@ -359,7 +379,8 @@ backend::TensorMap SequenceParallel::run_shards(const backend::TensorMap& shards
     const Node& n = m.g.node(node);
     const double scale = m.scale_of(node, values);
     if (!(scale > 0)) m.refuse(node, "has a scale that is not positive");
-    Impl::Ring& r = m.rings[{q, k, v, n.attrs.causal, n.region.get()}];
+    const ValueId sinks = m.sinks_of(node);
+    Impl::Ring& r = m.rings[{q, k, v, n.attrs.causal, n.region.get(), sinks}];
     if (!r.attention || r.scale != scale) {
       RingAttentionOptions o;
       o.scale = scale;
@@ -371,7 +392,7 @@ backend::TensorMap SequenceParallel::run_shards(const backend::TensorMap& shards
       r.forward_done = false;
     }
     if (!r.forward_done) {
-      r.y = r.attention->forward(values.at(q), values.at(k), values.at(v));
+      r.y = r.attention->forward(values.at(q), values.at(k), values.at(v), sinks >= 0 ? &values.at(sinks) : nullptr);
       r.forward_done = true;
     }
     return r;
@@ -391,7 +412,7 @@ backend::TensorMap SequenceParallel::run_shards(const backend::TensorMap& shards
         Impl::Ring* found = nullptr;
         for (auto& [key, r] : m.rings)
           if (std::get<0>(key) == q && std::get<1>(key) == kk && std::get<3>(key) == n.attrs.causal && std::get<4>(key) == n.region.get() &&
-              r.forward_done)
+              std::get<5>(key) == m.sinks_of(a) && r.forward_done)
             found = &r;
         if (!found) found = &ring_for(a, q, kk, kk);
         values.insert_or_assign(a, found->attention->lse());

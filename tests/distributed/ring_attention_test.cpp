@@ -9,6 +9,7 @@
 
 #include "backends/equivalence.hpp"
 #include "distributed/ring_attention.hpp"
+#include "dsl/dsl.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/region.hpp"
@@ -112,6 +113,53 @@ TEST(RingAttentionShards, NameTheRowsEachRankHolds) {
   } catch (const ShapeError& e) {
     EXPECT_NE(std::string(e.what()).find("a sequence of 6 rows does not divide into 4 equal chunks"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// Sinks, one per row and sharded with the rows, folded in after the ring as the kernels fold them
+// after the keys: a -inf sink changes nothing, a large one takes most of the weight, a NaN or
+// +inf one makes its row NaN; the rest within budget of one process's float64.
+TEST(RingAttentionSinks, FoldIntoEachRowAfterTheRing) {
+  using namespace dsl;
+  Communicator& comm = Communicator::world();
+  const int P = comm.size();
+  const std::int64_t N = 8 * P;
+  auto q = input<"q">(dim<2>, dim<2>, dim<"N">, dim<16>);
+  auto k = input<"k">(dim<2>, dim<2>, dim<"N">, dim<16>);
+  auto v = input<"v">(dim<2>, dim<2>, dim<"N">, dim<8>);
+  auto s = input<"sinks">(dim<2>, dim<2>, dim<"N">, dim<1>);
+  const ir::Graph g = lower(named<"y">(scaled_dot_product_attention(q, k, v, causal, sinks(s))));
+  backend::TensorMap inputs = backend::random_inputs(g, {{"N", N}}, 11);
+  float* sv = inputs.at("sinks").data<float>();
+  sv[0] = -HUGE_VALF, sv[1] = HUGE_VALF, sv[2] = std::nanf(""), sv[3] = 4.0f, sv[N + 5] = -HUGE_VALF;
+  const Tensor want = backend::create("reference")->compile(g)->run(inputs).at("y");
+  auto cpu = backend::create("cpu");
+  distributed::RingAttention ring(comm, *cpu, {.scale = 0.25, .causal = true, .layout = SequenceLayout::zigzag, .score_mod = nullptr});
+  auto mine = [&](const Tensor& t) { return distributed::shard_sequence(t, comm.rank(), P, SequenceLayout::zigzag); };
+  const Tensor sinks = mine(inputs.at("sinks"));
+  const Tensor y = ring.forward(mine(inputs.at("q")), mine(inputs.at("k")), mine(inputs.at("v")), &sinks);
+  const Tensor expected = mine(want);
+  double err = 0, scale = 0;
+  int nan_rows = 0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    ASSERT_EQ(std::isnan(y.at(i)), std::isnan(expected.at(i))) << "element " << i << " on " << comm.describe();
+    if (std::isnan(y.at(i))) {
+      ++nan_rows;
+      continue;
+    }
+    err = std::max(err, std::fabs(y.at(i) - expected.at(i)));
+    scale = std::max(scale, std::fabs(expected.at(i)));
+  }
+  EXPECT_LE(err, 1e-5 * std::max(scale, 1.0)) << comm.describe();
+  const std::vector<std::string> nans = comm.allgather(std::to_string(nan_rows));
+  int all = 0;
+  for (const auto& c : nans) all += std::stoi(c);
+  EXPECT_EQ(all, 2 * 8);  // rows 1 and 2 of the first head, 8 values each
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "backends/equivalence.hpp"
 #include "distributed/sequence_parallel.hpp"
+#include "dsl/dsl.hpp"
 #include "ir/passes/passes.hpp"
 #include "models/models.hpp"
 
@@ -96,6 +97,28 @@ TEST(SequenceParallel, DecoderBlockBackwardEqualsOneProcess) {
   const ir::Graph backward = ir::build_backward(forward, {"", wrt, {"out"}});
   const std::int64_t n = 8 * Communicator::world().size();
   expect_as_one_process(backward, {{"B", 2}, {"N", n}}, distributed::SequenceLayout::zigzag, 5);  // attention, lse and 3 gradients
+}
+
+// Attention sinks (one logit per head, or one per row, sharded with the rows): folded into each
+// row after the ring, forward and backward (the sinks' gradient a sum over the rows, summed over
+// the ranks), with causality and a score modifier.
+TEST(SequenceParallel, AttentionSinksEqualOneProcess) {
+  using namespace dsl;
+  auto q = input<"q">(dim<"B">, dim<3>, dim<"N">, dim<8>);
+  auto k = input<"k">(dim<"B">, dim<3>, dim<"N">, dim<8>);
+  auto v = input<"v">(dim<"B">, dim<3>, dim<"N">, dim<5>);
+  auto per_head = input<"sinks">(dim<3>);
+  auto per_row = input<"row_sinks">(dim<"B">, dim<3>, dim<"N">, dim<1>);
+  const std::int64_t n = 4 * Communicator::world().size();
+  const ir::Graph heads = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal, sinks(per_head), softcap_scores(2.0))));
+  const ir::Graph rows = lower(named<"out">(scaled_dot_product_attention(q, k, v, sinks(per_row))));
+  for (const ir::Graph& g : {heads, rows}) {
+    expect_as_one_process(g, {{"B", 2}, {"N", n}}, distributed::SequenceLayout::zigzag, 1);
+    std::vector<std::string> wrt;
+    for (ir::ValueId in : g.inputs()) wrt.push_back(g.node(in).name);
+    const ir::Graph backward = ir::build_backward(g, {"", wrt, {"out"}});
+    expect_as_one_process(backward, {{"B", 2}, {"N", n}}, distributed::SequenceLayout::contiguous, 5);
+  }
 }
 
 // Sums over the sequence: each rank's part, summed over the ranks.
