@@ -57,7 +57,7 @@ std::vector<Case> cases() {
       {"softcap, ALiBi, causal", sdpa(causal, softcap_scores(5.0), alibi_bias<4>(k)), prefill},
       {"sliding window with sinks", sdpa(sliding_window<16>, sinks(s)), prefill},
       {"dropout", sdpa(causal, attn_dropout(0.1, seed)), prefill},
-      {"decoder block", train(block.build(models::resolve_options(block, {{"embed", "64"}}), {})), {{"B", 3}, {"N", 40}}},
+      {"decoder block", train(block.build(models::resolve_options(block, {}), {})), {{"B", 3}, {"N", 40}}},
       {"decode against 8192 keys",
        lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right))),
        {{"B", 3}, {"N", 1}, {"M", 8192}}},
