@@ -20,7 +20,7 @@ vec2 qkv_sincos(float x) {  // (sin x, cos x)
   float c = 1.0 - 0.5 * z + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
   uint q = uint(j) & 3u;
   vec2 sc = q == 0u ? vec2(s, c) : q == 1u ? vec2(c, -s) : q == 2u ? vec2(-s, -c) : vec2(-c, s);
-  return vec2(x < 0.0 ? -sc.x : sc.x, sc.y);
+  return vec2((floatBitsToUint(x) >> 31) != 0u ? -sc.x : sc.x, sc.y);  // the sign bit: sin(-0) is -0
 }
 float qkv_sin(float x) { return qkv_sincos(x).x; }
 float qkv_cos(float x) { return qkv_sincos(x).y; }

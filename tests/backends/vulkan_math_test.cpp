@@ -27,7 +27,7 @@ TEST(VulkanMath, SinAndCosAreWithinAFewUlpsOverEveryQuadrant) {
   std::vector<float> x = {0.0f, -0.0f, 1e-30f, -1e-7f, 0.1f, -0.1f, 0.5f, 1.0f, 3.0f, 1e4f, -9.9e4f, 1e5f};
   // Every quadrant and both sides of its boundaries, the floats nearest k pi / 2 (where sin or
   // cos is near zero and r must be exact), and random arguments of every magnitude up to 1e5.
-  for (int k : {1, 2, 3, 4, 5, 7, 100, 1001, 4096, 65535}) {
+  for (int k : {1, 2, 3, 4, 5, 7, 100, 1001, 4096, 63000}) {
     const float at = static_cast<float>(k * std::numbers::pi / 2);
     for (float f : {std::nextafter(at, 0.0f), at, std::nextafter(at, 1e9f)}) {
       x.push_back(f);
@@ -51,20 +51,22 @@ TEST(VulkanMath, SinAndCosAreWithinAFewUlpsOverEveryQuadrant) {
   }
 }
 
-TEST(VulkanMath, SinAndCosOfNanAndTheInfinitiesAreNan) {
+TEST(VulkanMath, SinAndCosOfNanAndTheInfinitiesAreNanAndSinKeepsTheSignOfZero) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> x = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 3e5f};
+  const std::vector<float> x = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 3e5f, -0.0f};
   ir::Graph g;
-  const ir::ValueId in = g.add_input("x", DType::f32, {4});
+  const ir::ValueId in = g.add_input("x", DType::f32, {5});
   g.set_output("sin", g.add(ir::Op::sin, {in}));
   g.set_output("cos", g.add(ir::Op::cos, {in}));
-  const backend::TensorMap out = vulkan->compile(g)->run({{"x", Tensor::from({4}, x)}});
+  const backend::TensorMap out = vulkan->compile(g)->run({{"x", Tensor::from({5}, x)}});
   for (const char* name : {"sin", "cos"}) {
     for (std::int64_t i = 0; i < 3; ++i) EXPECT_TRUE(std::isnan(out.at(name).at(i))) << name << "(" << x[static_cast<std::size_t>(i)] << ")";
     // Beyond 1e5 the built-in: finite and within [-1, 1] (its precision is the driver's).
     EXPECT_LE(std::fabs(out.at(name).at(3)), 1.0) << name << "(3e5)";
   }
+  EXPECT_TRUE(std::signbit(out.at("sin").at(4))) << "sin(-0) is -0";
+  EXPECT_EQ(out.at("cos").at(4), 1.0);
 }
 
 }  // namespace
