@@ -76,13 +76,14 @@ struct ComputedIn {
 /// How output `name` of `g` was computed (throws IrError when `g` has no such output).
 ComputedIn computed_in(const ir::Graph& g, const std::string& name);
 
-/// Per output of `g`, how far the half-precision roundings can legitimately move it: the largest
-/// |nudged - oracle| over two runs of the float64 reference with every rounding's result moved one
-/// ulp up or down at random (ReferenceOptions::nudged_half_roundings, seeds 1 and 2). A backend's
-/// roundings come out the other way only where its f32 value differs near a rounding boundary,
-/// so this bounds them; what it adds to a budget is what cancellation after the roundings
-/// magnifies (a weighted sum of half products, a loss of terms larger than itself), which ulps
-/// of the output's own magnitude miss. Empty when `g` rounds nothing to half precision.
+/// Per output of `g`, how far its half-precision roundings can move it: the largest
+/// |flipped - oracle| over four runs of the float64 reference, each with a random half of the
+/// roundings that changed a value come out the other way (ReferenceOptions::
+/// flipped_half_roundings, seeds 1 to 4), capped at a sixteenth of the output's magnitude. An
+/// estimate, not a bound: a backend's roundings flip only where its f32 value differs near a
+/// boundary, but what follows a flip can magnify it (a loss summing half products that cancel
+/// moves by the products' ulps), which ulps of the output's own magnitude miss. Empty when `g`
+/// rounds nothing to half precision.
 std::map<std::string, double> half_rounding_spread(const ir::Graph& g, const TensorMap& inputs, const TensorMap& oracle);
 
 /// Compares `actual` with the float64 `oracle` given the plain-f32 result `plain` (and, where

@@ -24,7 +24,7 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
  public:
   ReferenceExecutable(ir::Graph g, const ReferenceOptions& o)
       : ExecutableSkeleton(std::move(g)), f64_outputs_(o.f64_outputs), f64_inputs_(o.f64_inputs), reversed_(o.reversed_sums),
-        nudge_(o.nudged_half_roundings) {}
+        flip_(o.flipped_half_roundings) {}
 
   std::int64_t planned_bytes() const override { return planned_bytes_; }
 
@@ -87,19 +87,25 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
   }
 
  private:
-  /// Moves each rounded value one ulp of its format up or down, the direction a hash of the seed,
-  /// the node and the element (ReferenceOptions::nudged_half_roundings).
-  void nudge(std::vector<T>& out, std::size_t self, DType format) const {
+  /// Moves about half the values a rounding changed, chosen by a hash of the seed, the node and
+  /// the element, to the format's other neighbour of their unrounded value `before`
+  /// (ReferenceOptions::flipped_half_roundings); values the rounding left alone stay.
+  void flip(const std::vector<T>& before, std::vector<T>& out, std::size_t self, DType format) const {
     const int mantissa = format == DType::f16 ? 10 : 7, least_exponent = format == DType::f16 ? -14 : -126;
     for (std::size_t j = 0; j < out.size(); ++j) {
-      const double y = static_cast<double>(out[j]);
-      if (!std::isfinite(y)) continue;
-      const int e = y == 0 ? least_exponent : std::max(std::ilogb(y), least_exponent);
-      std::uint64_t h = (static_cast<std::uint64_t>(nudge_) << 48) ^ (static_cast<std::uint64_t>(self) << 32) ^ j;
+      const double x = static_cast<double>(before[j]), y = static_cast<double>(out[j]);
+      if (x == y || !std::isfinite(x) || !std::isfinite(y)) continue;
+      std::uint64_t h = (static_cast<std::uint64_t>(flip_) << 48) ^ (static_cast<std::uint64_t>(self) << 32) ^ j;
       h = (h ^ (h >> 31)) * 0x7fb5d329728ea185ull;
       h = (h ^ (h >> 27)) * 0x81dadef4bc2dd44dull;
-      const double step = std::ldexp(1.0, e - mantissa);
-      out[j] = static_cast<T>((h >> 63) != 0 ? y + step : y - step);
+      if ((h >> 63) == 0) continue;
+      const double magnitude = std::fabs(y);
+      const int e = magnitude == 0 ? least_exponent : std::max(std::ilogb(magnitude), least_exponent);
+      double step = std::ldexp(1.0, e - mantissa);
+      // Toward zero from a power of two (a normal one), the spacing below is half the spacing above.
+      const bool shrinks = magnitude != 0 && (x < y) == (y > 0);
+      if (shrinks && e > least_exponent && magnitude == std::ldexp(1.0, e)) step /= 2;
+      out[j] = static_cast<T>(x > y ? y + step : y - step);
     }
   }
 
@@ -121,7 +127,7 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
       QKV_UNARY_CASES
       case Op::cast:
         for (std::size_t j = 0; j < out.size(); ++j) out[j] = apply_unary(n.op, in(0)[j]);
-        if (nudge_ != 0 && (n.op == Op::round_f16 || n.op == Op::round_bf16)) nudge(out, self, n.op == Op::round_f16 ? DType::f16 : DType::bf16);
+        if (flip_ != 0 && (n.op == Op::round_f16 || n.op == Op::round_bf16)) flip(in(0), out, self, n.op == Op::round_f16 ? DType::f16 : DType::bf16);
         return;
       QKV_BINARY_CASES
       QKV_COMPARE_CASES {
@@ -234,7 +240,7 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
   bool f64_outputs_;
   bool f64_inputs_;
   bool reversed_;                       // sums from the last term
-  std::uint32_t nudge_;                 // ReferenceOptions::nudged_half_roundings
+  std::uint32_t flip_;                  // ReferenceOptions::flipped_half_roundings
   std::vector<std::vector<T>> values_;  // per node, as planned
   std::int64_t planned_bytes_ = 0;
 };

@@ -20,13 +20,14 @@ struct ReferenceOptions {
   /// Take sums (reductions, matmul) from the last term to the first: a second plain float32
   /// order, so that a budget is not anchored to one order's luck (a sum with cancellation).
   bool reversed_sums = false;
-  /// Nonzero: move every half-precision rounding's result one ulp of its format up or down (the
-  /// direction a hash of this seed, the node and the element), as if every rounding had come
-  /// out the other way. How far that moves an output bounds what a correct backend's roundings
-  /// can (its sums in f32 in another order, attention's probabilities rounded to f16 before their
-  /// product with v): with cancellation after the roundings (a weighted sum of terms larger than
-  /// itself) far more than the output's own ulps. See half_rounding_spread.
-  std::uint32_t nudged_half_roundings = 0;
+  /// Nonzero: round about half the values a half-precision rounding changes (a choice by a hash
+  /// of this seed, the node and the element) to their format's other neighbour, as if those
+  /// roundings had come out the other way. How far that moves an output estimates how far a
+  /// correct backend's roundings can (where its f32 values differ near a rounding boundary: sums
+  /// in another order, attention's probabilities rounded inside a fused kernel), magnified by
+  /// what follows them: a cancelling sum of terms larger than itself moves by their ulps, not by
+  /// its own. See half_rounding_spread.
+  std::uint32_t flipped_half_roundings = 0;
 };
 
 std::unique_ptr<Backend> make_reference_backend(ReferenceOptions options = {});
