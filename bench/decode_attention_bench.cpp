@@ -13,7 +13,7 @@
 // On vulkan (--backend vulkan) each time is the kernels' device time (timestamps: the cache is
 // uploaded on every run, which a server keeps resident), the bound the cache's bytes over the
 // device's copy bandwidth measured in the same run (a 128 MiB negation: bytes read and written over
-// its device time), and the unsplit rows run with QKV_VULKAN_SPLIT_KV=0. PyTorch's peer on the
+// its device time); its decode kernel has no split yet, so the unsplit columns show "-". PyTorch's peer on the
 // same GPU: bench/torch_decode_sdpa.py.
 //
 //   build/default/bench/qkv_decode_attention_bench [--repeat 5] [--max-cache 32768] [--grouped 0: only the one-head rows]
@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,6 @@ double median(std::vector<double> v) {
 }
 
 std::string backend_name = "cpu";
-const char* split_switch() { return backend_name == "vulkan" ? "QKV_VULKAN_SPLIT_KV" : "QKV_CPU_SPLIT_KV"; }
 
 /// Median seconds of `repeat` runs of `g` (after one warm-up run): the wall clock on the cpu,
 /// the kernels' device time on vulkan.
@@ -82,7 +82,28 @@ double seconds(const ir::Graph& g, const backend::TensorMap& in, int repeat) {
   return median(t);
 }
 
-/// The device's copy bandwidth: a 128 MiB f32 tensor negated (the most one binding may span on some devices; more than any cache holds), bytes read and written over the
+/// The split run's seconds, and the unsplit run's (QKV_CPU_SPLIT_KV=0) where the backend has the
+/// switch: the cpu; NaN on vulkan, whose decode kernel has no split yet.
+std::pair<double, double> split_and_unsplit(const ir::Graph& g, const backend::TensorMap& in, int repeat) {
+  if (backend_name != "cpu") return {seconds(g, in, repeat), std::nan("")};
+  setenv("QKV_CPU_SPLIT_KV", "1", 1);
+  const double split = seconds(g, in, repeat);
+  setenv("QKV_CPU_SPLIT_KV", "0", 1);
+  const double unsplit = seconds(g, in, repeat);
+  unsetenv("QKV_CPU_SPLIT_KV");
+  return {split, unsplit};
+}
+
+/// `v` in a column `width` wide with `digits` decimals and `unit`, or "-" for NaN.
+std::string cell(double v, int width, int digits, const char* unit = "") {
+  char buf[64];
+  if (std::isnan(v)) std::snprintf(buf, sizeof buf, "%*s", width, "-");
+  else std::snprintf(buf, sizeof buf, "%*.*f%s", width - static_cast<int>(std::strlen(unit)), digits, v, unit);
+  return buf;
+}
+
+/// The device's copy bandwidth: a 128 MiB f32 tensor negated (the most one binding may span on
+/// some devices; more than a GPU's L2 holds), bytes read and written over the
 /// kernel's device time.
 double device_copy_bandwidth(int repeat) {
   ir::Graph g;
@@ -136,15 +157,11 @@ int main(int argc, char** argv) {
           if (dtype != DType::f32) g = ir::to_dtype(g, dtype);
           const backend::TensorMap in = backend::random_inputs(g, {}, 1);
           const double cache_bytes = 2.0 * static_cast<double>(b * kKvHeads * m * kHeadDim * static_cast<std::int64_t>(dtype_size(dtype)));
-          setenv(split_switch(), "1", 1);
-          const double split = seconds(g, in, repeat);
-          setenv(split_switch(), "0", 1);
-          const double unsplit = seconds(g, in, repeat);
-          unsetenv(split_switch());
+          const auto [split, unsplit] = split_and_unsplit(g, in, repeat);
           const double rate = cache_bytes / split;
-          std::printf("%-5lld %-6lld %-6s %-6s %10.3f %10.1f %8.0f%% %10.3f %8.2fx\n", static_cast<long long>(b), static_cast<long long>(m),
+          std::printf("%-5lld %-6lld %-6s %-6s %10.3f %10.1f %8.0f%% %s %s\n", static_cast<long long>(b), static_cast<long long>(m),
                       std::string(dtype_name(dtype)).c_str(), rows ? "rows" : "heads", split * 1e3, rate / 1e9, 100.0 * rate / bandwidth,
-                      unsplit * 1e3, unsplit / split);
+                      cell(unsplit * 1e3, 10, 3).c_str(), cell(unsplit / split, 9, 2, "x").c_str());
         }
     }
   // One sequence with one head: the unsplit kernel has one task, whatever the cores.
@@ -159,14 +176,10 @@ int main(int argc, char** argv) {
     a.scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
     g.set_output("out", g.add(ir::Op::attention, {q, k, v}, a));
     const backend::TensorMap in = backend::random_inputs(g, {}, 1);
-    setenv(split_switch(), "1", 1);
-    const double split = seconds(g, in, repeat);
-    setenv(split_switch(), "0", 1);
-    const double unsplit = seconds(g, in, repeat);
-    unsetenv(split_switch());
+    const auto [split, unsplit] = split_and_unsplit(g, in, repeat);
     const double rate = 2.0 * static_cast<double>(m * kHeadDim * 4) / split;
-    std::printf("%-6lld %10.3f %10.1f %8.0f%% %10.3f %8.2fx\n", static_cast<long long>(m), split * 1e3, rate / 1e9, 100.0 * rate / bandwidth,
-                unsplit * 1e3, unsplit / split);
+    std::printf("%-6lld %10.3f %10.1f %8.0f%% %s %s\n", static_cast<long long>(m), split * 1e3, rate / 1e9, 100.0 * rate / bandwidth,
+                cell(unsplit * 1e3, 10, 3).c_str(), cell(unsplit / split, 9, 2, "x").c_str());
   }
   return 0;
 }
