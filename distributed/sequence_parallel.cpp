@@ -191,6 +191,7 @@ struct SequenceParallel::Impl {
       if (!axes.empty() && (axes.size() != 1 || axes.front() != g.node(s).shape.rank - 2))
         refuse(id, "has sinks " + g.type_string(s) + " that carry the sequence elsewhere than on its rows (axis -2)");
       if (g.node(s).op == Op::constant) refuse(id, "has sinks that are a constant (give them as an input)");
+      if (g.node(s).dtype != DType::f32) refuse(id, "has sinks " + g.type_string(s) + " that are not f32");
     }
     // A gradient finds its forward's ring (and sinks) through the lse it reads.
     if (ir::attention_roles(n.op).lse >= 0) {

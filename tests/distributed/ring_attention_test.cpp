@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "backends/equivalence.hpp"
 #include "distributed/ring_attention.hpp"
@@ -115,15 +116,9 @@ TEST(RingAttentionShards, NameTheRowsEachRankHolds) {
   }
 }
 
-}  // namespace
-}  // namespace qkv
-
-namespace qkv {
-namespace {
-
 // Sinks, one per row and sharded with the rows, folded in after the ring as the kernels fold them
-// after the keys: a -inf sink changes nothing, a large one takes most of the weight, a NaN or
-// +inf one makes its row NaN; the rest within budget of one process's float64.
+// after the keys: -inf, large, NaN and +inf sinks (the last two make their rows NaN) give one
+// process's float64 rows, NaN where it has NaN.
 TEST(RingAttentionSinks, FoldIntoEachRowAfterTheRing) {
   using namespace dsl;
   Communicator& comm = Communicator::world();
@@ -136,7 +131,8 @@ TEST(RingAttentionSinks, FoldIntoEachRowAfterTheRing) {
   const ir::Graph g = lower(named<"y">(scaled_dot_product_attention(q, k, v, causal, sinks(s))));
   backend::TensorMap inputs = backend::random_inputs(g, {{"N", N}}, 11);
   float* sv = inputs.at("sinks").data<float>();
-  sv[0] = -HUGE_VALF, sv[1] = HUGE_VALF, sv[2] = std::nanf(""), sv[3] = 4.0f, sv[N + 5] = -HUGE_VALF;
+  const float inf = std::numeric_limits<float>::infinity();
+  sv[0] = -inf, sv[1] = inf, sv[2] = std::numeric_limits<float>::quiet_NaN(), sv[3] = 4.0f, sv[N + 5] = -inf;
   const Tensor want = backend::create("reference")->compile(g)->run(inputs).at("y");
   auto cpu = backend::create("cpu");
   distributed::RingAttention ring(comm, *cpu, {.scale = 0.25, .causal = true, .layout = SequenceLayout::zigzag, .score_mod = nullptr});
@@ -145,18 +141,18 @@ TEST(RingAttentionSinks, FoldIntoEachRowAfterTheRing) {
   const Tensor y = ring.forward(mine(inputs.at("q")), mine(inputs.at("k")), mine(inputs.at("v")), &sinks);
   const Tensor expected = mine(want);
   double err = 0, scale = 0;
-  int nan_rows = 0;
+  int nan_values = 0;
   for (std::int64_t i = 0; i < y.numel(); ++i) {
     ASSERT_EQ(std::isnan(y.at(i)), std::isnan(expected.at(i))) << "element " << i << " on " << comm.describe();
     if (std::isnan(y.at(i))) {
-      ++nan_rows;
+      ++nan_values;
       continue;
     }
     err = std::max(err, std::fabs(y.at(i) - expected.at(i)));
     scale = std::max(scale, std::fabs(expected.at(i)));
   }
   EXPECT_LE(err, 1e-5 * std::max(scale, 1.0)) << comm.describe();
-  const std::vector<std::string> nans = comm.allgather(std::to_string(nan_rows));
+  const std::vector<std::string> nans = comm.allgather(std::to_string(nan_values));
   int all = 0;
   for (const auto& c : nans) all += std::stoi(c);
   EXPECT_EQ(all, 2 * 8);  // rows 1 and 2 of the first head, 8 values each
