@@ -124,13 +124,13 @@ fi
 if wanted sweep; then
   # The flash kernels' geometries on this GPU, each after the GPU has been busy (a first row after
   # seconds of idle ran at half speed on an H200), and f16 with and without cooperative matrices.
-  part sweep 150 "for geo in default 128,1,32 128,1,64 256,1,32 256,1,16 64,1,32 128,2,32 128,1,16; do \
+  part sweep 150 "rc=0; for geo in default 128,1,32 128,1,64 256,1,32 256,1,16 64,1,32 128,2,32 128,1,16; do \
       e=; [ \$geo = default ] || e=QKV_VULKAN_ATTENTION_GEOMETRY=\$geo; echo \"== geometry \$geo\"; \
       env \$e QKV_BENCH_DEVICE_TIME=1 QKV_BENCH_SHAPES=1,8,4096,64 QKV_BENCH_BACKENDS=vulkan qkv_bench --benchmark_color=false \
-        --benchmark_filter='^vulkan(-fwd\+bwd|-softcap)?/' --benchmark_min_time=0.3 | grep '^vulkan'; done; \
+        --benchmark_filter='^vulkan(-fwd\+bwd|-softcap)?/' --benchmark_min_time=0.3 | grep '^vulkan' || rc=1; done; \
     for c in auto 0; do echo \"== f16, QKV_VULKAN_COOPERATIVE_MATRIX=\$c\"; QKV_VULKAN_COOPERATIVE_MATRIX=\$c QKV_BENCH_DEVICE_TIME=1 \
       QKV_BENCH_SHAPES=1,8,4096,64 QKV_BENCH_BACKENDS=vulkan qkv_bench --benchmark_color=false \
-      --benchmark_filter='^vulkan-(f16|fwd\+bwd-f16)/' --benchmark_min_time=0.3 | grep '^vulkan'; done"
+      --benchmark_filter='^vulkan-(f16|fwd\+bwd-f16)/' --benchmark_min_time=0.3 | grep '^vulkan' || rc=1; done; exit \$rc"
 fi
 echo "logs in $out" | tee -a "$summary"
 if [ -s "$out/.failed" ]; then
