@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include "backends/reference/reference_backend.hpp"
@@ -139,7 +140,7 @@ EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs,
   TensorMap plain = make_reference_backend({Precision::f32, true})->compile(g)->run(inputs);
   TensorMap reversed =
       make_reference_backend({.precision = Precision::f32, .f64_outputs = true, .f64_inputs = false, .reversed_sums = true})->compile(g)->run(inputs);
-  const std::map<std::string, double> spread = half_rounding_spread(g, inputs, oracle);
+  std::optional<std::map<std::string, double>> spread;  // measured only for an output that needs it
   EquivalenceReport report;
   for (const auto& name : backends) {
     BackendReport b;
@@ -151,8 +152,12 @@ EquivalenceReport check_equivalence(const ir::Graph& g, const TensorMap& inputs,
       b.pass = true;
       for (const auto& [out, t] : oracle) {
         ComputedIn how = computed_in(g, out);
-        if (auto it = spread.find(out); it != spread.end()) how.spread = it->second;
         OutputComparison c = compare_output(out, got.at(out), t, plain.at(out), factor, &reversed.at(out), how);
+        if (!c.pass) {  // beyond the ulps of its own magnitude: what the half roundings can move it by joins the budget
+          if (!spread) spread = half_rounding_spread(g, inputs, oracle);
+          if (auto it = spread->find(out); it != spread->end()) how.spread = it->second;
+          c = compare_output(out, got.at(out), t, plain.at(out), factor, &reversed.at(out), how);
+        }
         b.pass &= c.pass;
         b.outputs.push_back(c);
       }

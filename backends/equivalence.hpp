@@ -83,7 +83,8 @@ ComputedIn computed_in(const ir::Graph& g, const std::string& name);
 /// estimate, not a bound: a backend's roundings flip only where its f32 value differs near a
 /// boundary, but what follows a flip can magnify it (a loss summing half products that cancel
 /// moves by the products' ulps), which ulps of the output's own magnitude miss. Empty when `g`
-/// rounds nothing to half precision.
+/// rounds nothing to half precision. check_equivalence measures it only for an output beyond the
+/// rest of its budget (four reference runs cost more than the comparisons they serve).
 std::map<std::string, double> half_rounding_spread(const ir::Graph& g, const TensorMap& inputs, const TensorMap& oracle);
 
 /// Compares `actual` with the float64 `oracle` given the plain-f32 result `plain` (and, where

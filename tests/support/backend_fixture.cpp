@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 
 #include "backends/reference/reference_backend.hpp"
@@ -101,14 +102,18 @@ void expect_equivalent(const ir::Graph& g, const backend::TensorMap& inputs, bac
   const std::string backend_name = b.name();
   auto oracle = backend::make_reference_backend({backend::Precision::f64, true})->compile(g)->run(inputs);
   auto plain = backend::make_reference_backend({backend::Precision::f32, true})->compile(g)->run(inputs);
-  const std::map<std::string, double> spread = backend::half_rounding_spread(g, inputs, oracle);
+  std::optional<std::map<std::string, double>> spread;  // measured only for an output that needs it
   auto got = b.compile(g)->run(inputs);
   for (const auto& [name, t] : oracle) {
     ASSERT_TRUE(got.contains(name)) << "missing output " << name;
     ASSERT_EQ(got.at(name).shape(), t.shape()) << name;
     backend::ComputedIn how = backend::computed_in(g, name);
-    if (auto it = spread.find(name); it != spread.end()) how.spread = it->second;
     auto c = backend::compare_output(name, got.at(name), t, plain.at(name), backend::kDefaultBudgetFactor, nullptr, how);
+    if (!c.pass) {  // beyond the ulps of its own magnitude: what the half roundings can move it by joins the budget
+      if (!spread) spread = backend::half_rounding_spread(g, inputs, oracle);
+      if (auto it = spread->find(name); it != spread->end()) how.spread = it->second;
+      c = backend::compare_output(name, got.at(name), t, plain.at(name), backend::kDefaultBudgetFactor, nullptr, how);
+    }
     EXPECT_TRUE(c.pass) << backend_name << " output " << name << ": max abs error " << c.max_abs_error << " > budget " << c.budget;
   }
 }
