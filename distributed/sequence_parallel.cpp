@@ -193,10 +193,14 @@ struct SequenceParallel::Impl {
       if (g.node(s).op == Op::constant) refuse(id, "has sinks that are a constant (give them as an input)");
       if (g.node(s).dtype != DType::f32) refuse(id, "has sinks " + g.type_string(s) + " that are not f32");
     }
-    // A gradient finds its forward's ring (and sinks) through the lse it reads.
-    if (ir::attention_roles(n.op).lse >= 0) {
-      const Op from = g.node(n.inputs[static_cast<std::size_t>(ir::attention_roles(n.op).lse)]).op;
-      if (from != Op::attention_lse && from != Op::flex_attention_lse) refuse(id, "reads an lse that no attention_lse node gives");
+    // A gradient finds its forward's sinks through the lse it reads: where another op gives that
+    // lse, and an attention over the same q and k has sinks, which ring it belongs to is unknown.
+    if (const int lse = ir::attention_roles(n.op).lse; lse >= 0) {
+      const Op from = g.node(n.inputs[static_cast<std::size_t>(lse)]).op;
+      if (from != Op::attention_lse && from != Op::flex_attention_lse)
+        for (const Node& other : g.nodes())
+          if (ir::has_sink(other.op, other.attrs) && other.inputs[0] == n.inputs[0] && other.inputs[1] == n.inputs[1])
+            refuse(id, "reads an lse that no attention_lse node gives, beside an attention with sinks");
     }
     for (std::size_t i = 0; i < fixed; ++i) {
       const ir::Shape& s = g.node(n.inputs[i]).shape;
