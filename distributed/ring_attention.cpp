@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 
+#include "backends/kernel_util.hpp"
 #include "ir/graph.hpp"
 #include "ir/region.hpp"
 
@@ -234,34 +235,24 @@ const Tensor& RingAttention::lse() const {
 
 namespace {
 
-/// Folds each row's sink into its normalized output and log-sum-exp (`stat` is [.., n, 1], `y`
+/// Folds each row's sink into its normalized output and log-sum-exp (`lse` is [.., n, 1], `y`
 /// [.., n, dv]): L' = log(e^L + e^s), y scaled by e^(L - L'). A row without keys (L = -inf) keeps
 /// its zeros and takes L' = s; a NaN or +inf sink makes its row NaN, as the meaning does.
 void fold_sinks(const Tensor& sinks, Tensor& y, Tensor& lse, std::int64_t dv) {
-  const std::vector<std::int64_t>& stat = lse.shape();
-  const std::vector<std::int64_t>& ss = sinks.shape();
-  if (sinks.dtype() != DType::f32 || ss.size() > stat.size())
+  ir::Shape rows, ss;
+  for (std::int64_t d : lse.shape()) rows.push_back(d);
+  for (std::int64_t d : sinks.shape()) ss.push_back(d);
+  bool fits = ss.rank <= rows.rank;
+  for (int i = 0; fits && i < ss.rank; ++i) fits = ss[i] == 1 || ss[i] == rows[i + rows.rank - ss.rank];
+  if (sinks.dtype() != DType::f32 || !fits)
     throw ShapeError("ring attention: sinks " + sinks.type_string() + " must be f32 and broadcast to the rows " + lse.type_string());
-  // The sinks' stride along each of the rows' dims (0 where they broadcast).
-  std::vector<std::int64_t> strides(stat.size(), 0);
-  std::int64_t step = 1;
-  for (std::size_t i = ss.size(); i-- > 0;) {
-    const std::size_t a = i + stat.size() - ss.size();
-    if (ss[i] != 1 && ss[i] != stat[a])
-      throw ShapeError("ring attention: sinks " + sinks.type_string() + " do not broadcast to the rows " + lse.type_string());
-    if (ss[i] != 1) strides[a] = step;
-    step *= ss[i];
-  }
   const float* sv = sinks.data<float>();
   float* lo = lse.data<float>();
   float* yo = y.data<float>();
   const float inf = std::numeric_limits<float>::infinity();
-  for (std::int64_t row = 0; row < lse.numel(); ++row) {
-    std::int64_t at = 0, rest = row;
-    for (std::size_t a = stat.size(); a-- > 0;) {
-      at += rest % stat[a] * strides[a];
-      rest /= stat[a];
-    }
+  backend::OffsetWalker<1> walk{rows, {backend::broadcast_strides(ss, rows)}};
+  for (std::int64_t row = 0; row < lse.numel(); ++row, walk.next()) {
+    const std::int64_t at = walk.offset[0];
     const float sink = sv[at], l = lo[row];
     if (sink == -inf) continue;
     const float top = std::isnan(sink) || std::isnan(l) ? std::numeric_limits<float>::quiet_NaN() : std::max(l, sink);
