@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "backends/cpu/attention.hpp"
 #include "backends/reference/reference_backend.hpp"
@@ -89,7 +90,14 @@ TEST_P(Sinks, ComposeWithTheLibrarysOptionsFusedForwardAndBackward) {
       {"softcap window dropout", sdpa(softcap_scores(3.0), sliding_window<4>, attn_dropout(0.2, seed), sinks(s))},
       {"evaluation's dropout (p = 0)", sdpa(causal_bottom_right, attn_dropout(0.0, seed), sinks(s))},
       {"a sink per row", sdpa(causal_bottom_right, sinks(row_sinks))}};
+  // On vulkan, the models whose rows the sink meets differently: masked, skipped, dropped, per
+  // row; a modifier of the scores alone is code before the softmax, the same with a sink or
+  // without (the conformance cases run softcap, slopes and documents with sinks), and each model
+  // costs lavapipe some ten seconds of compiling.
+  const std::set<std::string> vulkan_models = {
+      "plain", "sliding window (gpt-oss)", "documents", "score_mod and mask_mod", "softcap window dropout", "a sink per row"};
   for (const auto& [name, forward] : models) {
+    if (GetParam() == "vulkan" && !vulkan_models.contains(name)) continue;
     SCOPED_TRACE(name);
     std::vector<std::string> wrt = {"q", "k", "v", "sinks"};
     const ir::Graph g = ir::build_backward(forward, {"", wrt, {"out"}});

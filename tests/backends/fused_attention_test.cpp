@@ -256,7 +256,10 @@ TEST(FusedAttention, VulkanFlexModifiersRunAsGeneratedFlashKernels) {
     EXPECT_EQ(kernels, (std::vector<std::string>{"glsl flash_attention_forward", "glsl flash_attention_lse", "glsl flash_attention_dq",
                                                  "glsl flash_attention_dk", "glsl flash_attention_dv"}))
         << ir::print(exe->graph());
-    for (auto& b : tunings) testing::expect_equivalent(g, backend::random_inputs(g, {{"N", 70}}, 5), *b);
+    // A GPU's geometry for the modifiers that read positions or a tensor (their indices come from
+    // the lanes' layout); soft-capping is the same code in either.
+    for (auto& b : tunings)
+      if (b == tunings.front() || name != "softcap") testing::expect_equivalent(g, backend::random_inputs(g, {{"N", 70}}, 5), *b);
     if (!trained.empty()) continue;  // a trained tensor's gradient is score-sized before its sum
     const std::int64_t n = 2048;
     exe->run(backend::random_inputs(g, {{"N", n}}, 3));

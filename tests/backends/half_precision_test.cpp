@@ -716,13 +716,14 @@ TEST(CooperativeMatrixVulkan, AttentionMatchesTheReferenceEmulatedOrOnTheDevice)
   // The kernels' other lane layouts over lavapipe's subgroups of 8: a 4 x 8 x 8 fragment gives
   // two lanes per score row, as NVIDIA's 32 lanes over 16 rows (subgroup shuffles combine a row's
   // max, sum and largest ds); NVIDIA's other fragment, 16 x 8 x 16, has fewer columns than depth
-  // (head dims padded to both) and gives each lane two rows.
+  // (head dims padded to both) and gives each lane two rows. Causal only: the lane layout is the
+  // same without the mask, and each layout's kernels cost lavapipe half a minute to compile.
   if (!any_cooperative_matrix() && backend::vulkan_devices().front().subgroup_size == 8) {
     for (const std::array<std::uint32_t, 3> fragment : {std::array<std::uint32_t, 3>{4, 8, 8}, std::array<std::uint32_t, 3>{16, 8, 16}}) {
       SCOPED_TRACE(std::to_string(fragment[0]) + "x" + std::to_string(fragment[1]) + "x" + std::to_string(fragment[2]));
       auto other = cooperative_backend(fragment);
       ASSERT_TRUE(other);
-      for (bool causal : {false, true}) forward_and_backward(*other, sdpa(DType::f16, causal), 22, 24);
+      forward_and_backward(*other, sdpa(DType::f16, true), 22, 24);
     }
   }
 }
