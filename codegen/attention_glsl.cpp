@@ -13,6 +13,13 @@
 // gradients recompute p = exp(s - lse) per tile from the forward's saved lse
 // (FlashAttention-2), so nothing of size N x M is stored.
 //
+// Decoding on a GPU (1 to 16 queries per batch entry, which leave most invocations without a
+// row), the forward takes its decode layout (DECODE): the invocations share the workgroup's rows
+// and each streams keys of its own, their softmaxes merged at the end; past kDecodePartKeys keys
+// the keys are split over workgroups too (SPLIT), the last part of a row block to finish merging
+// the others' from a split buffer (flash-decoding in one dispatch: flash_decode_merge.glsl,
+// decode_split).
+//
 // Flex attention's score modifier (ir/region.hpp) is emitted as a GLSL function of the scaled
 // score and its query and key indices, `score_mod`, called where each score is formed; the
 // tensors it reads are bound after the fixed operands and addressed per batch entry from which
@@ -54,10 +61,10 @@ using ir::Node;
 using ir::Op;
 using ir::Shape;
 
-constexpr int kMaxBatchRank = 4;  // 9 + 5 * 4 = 29 push-constant words
+constexpr int kMaxBatchRank = 4;  // 9 + 5 * 4 = 29 push-constant words, and the forward's split: 31
 /// Up to two batch dims (batch and heads) the kernels also take row strides and the output's and
-/// dy's batch strides (9 + 5 * 2 + 5 + 2 * 2 = 28 words), so they read heads in place from a
-/// [B, N, H, D] projection and write [B, N, H, D] (attention_strided).
+/// dy's batch strides (9 + 5 * 2 + 5 + 2 * 2 = 28 words, the forward 30), so they read heads in
+/// place from a [B, N, H, D] projection and write [B, N, H, D] (attention_strided).
 constexpr int kMostStridedBatchRank = 2;
 
 enum class Kind { forward, lse, dq, dk, dv };
@@ -498,6 +505,8 @@ bool attention_fits(const Node& n) {
   return batch_rank(n) <= kMaxBatchRank;
 }
 
+bool attention_splits_keys(const Node& n) { return ir::is_fused_attention(n.op) && kind_of(n) == Kind::forward; }
+
 bool attention_strided(const Node& n) { return ir::is_fused_attention(n.op) && batch_rank(n) <= kMostStridedBatchRank; }
 
 bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
@@ -529,6 +538,9 @@ SpecConstants attention_spec_constants(const Node& n) {
       .local_size("INV invocations, chosen per device")
       .constant("RPT", 1, "rows per invocation, chosen per device")
       .constant("COOP", 0, "1: the cooperative-matrix path (its tiles fit), where the kernel has one");
+  if (kind_of(n) == Kind::forward)
+    c.constant("DECODE", 0, "1: the decode layout (the invocations share RPT rows, each keys of its own)")
+        .constant("SPLIT", 0, "1: the keys split over pc.parts workgroups, the last merging them");
   for (std::size_t i = 0; i < modifier_tensors(n); ++i) {
     const std::string t = std::to_string(i);
     c.constant("T" + t + "_DIMS", 0, "the scores' dims t" + t + " spans (bit d: dim d)");
@@ -555,6 +567,8 @@ PushConstants attention_push_constants(const Node& n) {
       .array("k_batch_strides", r, "")
       .array("v_batch_strides", r, "")
       .array("mask_batch_strides", r, "");
+  if (kind_of(n) == Kind::forward)
+    p.scalar("parts", T::u32, "the workgroups a row block's keys are split over (1: none)").scalar("part_keys", T::u32, "keys per part");
   if (attention_strided(n))  // heads read and written in place through strides
     p.scalar("q_row_stride", T::u32, "elements between rows")
         .scalar("k_row_stride", T::u32, "")
@@ -589,6 +603,7 @@ struct Flash {
   bool coop, causal, mask, drop;
   bool sink = false;  // attention sinks: a logit per row joins the softmax (the forward and lse)
   bool key_rows;      // rows are keys, streaming queries
+  bool decode;        // the forward: its decode layout and key split (DECODE, flash_decode_merge.glsl)
   bool strided;
   int r;
   std::string own_count, other_count, out_width, out_count;
@@ -607,8 +622,8 @@ struct Flash {
 Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target)
     : n(node), held(held_dtypes), out_dtype(out), rounded(rounded_to), cooperative(coop_target), kind(kind_of(node)), coop(coop_target != nullptr),
       causal(node.attrs.causal), mask(masked(node)), drop(ir::has_dropout_seed(node.op, node.attrs)), key_rows(kind == Kind::dk || kind == Kind::dv),
-      strided(attention_strided(node)), r(batch_rank(node)), own_count(key_rows ? "M" : "N"), other_count(key_rows ? "N" : "M"),
-      out_count(own_count) {
+      decode(kind == Kind::forward), strided(attention_strided(node)), r(batch_rank(node)), own_count(key_rows ? "M" : "N"),
+      other_count(key_rows ? "N" : "M"), out_count(own_count) {
   // The output's rows: the forward's and dv's are Dv wide, dq's and dk's D, the lse's one float.
   out_width = kind == Kind::lse ? "1u" : kind == Kind::forward || kind == Kind::dv ? "DVR" : "DR";
 
@@ -647,8 +662,10 @@ Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out,
 }
 
 /// dot[t] = row t . tile row c (the score before scaling); `a` the registers, `tile` the tile.
-std::string dots(const char* out, const char* a, const char* tile, const char* g) {
-  return glsl_template("flash_dots.glsl", {{"OUT", out}, {"A", a}, {"TILE", tile}, {"G", g}});
+/// `at`: where tile row c's vec4 g lies (the forward's tiles are transposed when decoding: tile_at).
+std::string dots(const char* out, const char* a, const char* tile, const char* g, const std::string& at = "") {
+  return glsl_template("flash_dots.glsl",
+                       {{"OUT", out}, {"A", a}, {"TILE", tile}, {"G", g}, {"AT", at.empty() ? "c * " + std::string(g) + " + g" : at}});
 }
 
 /// The statement that skips a tile tile_masked finds masked, where tiles are tested.
@@ -667,7 +684,7 @@ std::string flash_counts() {
 }
 
 /// The buffers: the node's operands in order, each in the dtype it is held in, then the output and
-/// the tile counts.
+/// the tile counts, and for the forward its split buffer.
 std::string flash_bindings(const Flash& f) {
   const std::vector<std::string>& arrays = f.arrays;
   const DType out_dtype = f.out_dtype;
@@ -682,6 +699,9 @@ std::string flash_bindings(const Flash& f) {
               std::string(held_element(out_dtype)) + " OUT[]; };\n";
   bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size()) + 1) +
               ") buffer BCOUNTS { uint COUNTS[]; };  // scores in the tiles computed: low, high word\n";
+  if (f.decode)
+    bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size()) + 2) +
+                ") coherent buffer BPARTIALS { uint PARTIALS[]; };  // keys split over workgroups: arrivals, then the parts' rows\n";
   return bindings;
 }
 
@@ -898,7 +918,16 @@ std::string flash_prologue(const Flash& f) {
                                     : "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n")},
        {"COOPCONSTS", coop ? coop_declarations(*cooperative, true, kind) : ""},
        {"COOPDECL", coop ? coop_declarations(*cooperative, false, kind) : ""},
-       {"BR", coop ? "COOP * NSG * CM + (1u - COOP) * INV * RPT" : "INV * RPT"},
+       {"BR", std::string(f.decode ? "DECODE * RPT + (1u - DECODE) * " : "") + (coop ? "(COOP * NSG * CM + (1u - COOP) * INV * RPT)" : "INV * RPT")},
+       {"OWN", f.decode ? "DECODE != 0u ? r0 + t : r0 + t * INV + lid" : "r0 + t * INV + lid"},
+       {"BLOCK", f.decode ? "(gl_WorkGroupID.x / pc.parts)" : "gl_WorkGroupID.x"},
+       {"SPLITDECL", f.decode ? "shared uint split_last[4];  // decoding: whether this workgroup is its row block's last part\n"
+                                "// A partial softmax's weight in a merge whose largest max is mx: 0 where it met no key.\n"
+                                "float merge_weight(float m, float mx) { return isinf(m) && m < 0.0 ? 0.0 : exp(m - mx); }\n"
+                                "// Where tile row c's vec4 g of a row g4 vec4s wide lies: decoding, the tiles are transposed, so\n"
+                                "// that invocations reading their own keys read neighbouring vec4s.\n"
+                                "uint tile_at(uint c, uint g, uint g4) { return DECODE != 0u ? g * BC + c : c * g4 + g; }\n"
+                              : ""},
        {"TGLOBALS", mod.globals},
        {"MODIFIER", mod.functions},
        {"TENSORAT", mod.at},
@@ -941,6 +970,17 @@ std::string flash_narrowing(const Flash& f) {
                     "  if (window > 0) hi = uint(clamp(int(r0 + rows) - 1 - shift + window, 0, int(N)));\n"
                   : "  hi = uint(clamp(int(r0 + rows) + shift, 0, int(M)));\n"
                     "  if (window > 0) lo = uint(clamp(int(r0) + shift - window + 1, 0, int(M)));\n";
+  // Split over workgroups (SPLIT), this one's part of the keys, [part_first, part_end): the
+  // parts together visit, and check, what one workgroup would.
+  const std::string first = f.decode ? "part_first" : "0u", end = f.decode ? "part_end" : other_count;
+  if (f.decode)
+    s += "  uint part_first = 0u, part_end = M;\n"
+         "  if (SPLIT != 0u) {\n"
+         "    part_first = min(M, gl_WorkGroupID.x % pc.parts * pc.part_keys);\n"
+         "    part_end = min(M, part_first + pc.part_keys);\n"
+         "    lo = clamp(lo, part_first, part_end);\n"
+         "    hi = clamp(hi, lo, part_end);\n"
+         "  }\n";
   // A keep-mask can drop a whole tile only when it does not vary along both axes.
   s += std::string("  bool may_skip = ") +
        (region_skips ? "true"
@@ -950,11 +990,11 @@ std::string flash_narrowing(const Flash& f) {
   if (causal || tests_tiles) {
     const auto skipped = checked_skipped(kind), own = checked_own(kind);
     if (!skipped.empty() || !own.empty()) {
-      // The rows outside [lo, hi), or every row when any tile may be skipped.
+      // The rows outside [lo, hi), or every row when any tile may be skipped (of the part).
       s += "  if (lid == 0u) nonfinite[0] = 0u;\n  barrier();\n  uint gap = may_skip ? 0u : hi - lo;  // streamed rows surely visited\n";
       for (const Operand& o : skipped)
         s += glsl_template("flash_nonfinite_streamed.glsl",
-                           {{"OTHERCOUNT", other_count}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
+                           {{"FIRST", first}, {"END", end}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
       for (const Operand& o : own)
         s += glsl_template("flash_nonfinite_own.glsl", {{"ANY", causal ? "true" : "may_skip"},
                                                         {"OWNCOUNT", own_count},
@@ -962,7 +1002,7 @@ std::string flash_narrowing(const Flash& f) {
                                                         {"A", o.array},
                                                         {"AT", o.at},
                                                         {"RS", o.row_stride}});
-      s += "  barrier();\n  if (nonfinite[0] != 0u) { lo = 0u; hi = " + other_count + "; may_skip = false; }\n";
+      s += "  barrier();\n  if (nonfinite[0] != 0u) { lo = " + first + "; hi = " + end + "; may_skip = false; }\n";
     }
   }
   s += "  uint visited = 0u;  // scores in the tiles computed\n";
@@ -1007,17 +1047,24 @@ std::string flash_registers(const Flash& f) {
 std::string flash_online_softmax(const Flash& f) {
   const bool forward = f.kind == Kind::forward;
   const std::string score = f.n.region ? "score_mod(sum4(s4[t]) * scale, own(t), t0 + c)" : "sum4(s4[t]) * scale";
+  // Decoding, invocation lid takes keys lid, lid + INV, ... of each tile, four at a time.
+  const std::string lane = f.decode ? "(DECODE != 0u ? INV : 1u)" : "1u";
   // The sum normalises the undropped weights; v meets the dropped ones.
   const std::string drop =
       "        if (own(t) < N)\n"
       "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
-      "            if (c0 + j < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j);\n";
-  return glsl_template("flash_online_softmax.glsl",
-                       {{"DOTS", indented(dots("s", "q", "k_tile", "D4"), "  ")},
-                        {"SCORE", score},
-                        {"RESCALE", forward ? "          [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n" : ""},
-                        {"DROP", forward && f.drop ? drop : ""},
-                        {"ACCUMULATE", forward ? std::string(glsl_file("flash_pv.glsl")) : ""}});
+      "            if (c0 + j * $CLANE < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j * $CLANE);\n";
+  return glsl_template(
+      "flash_online_softmax.glsl",
+      {{"DOTS", indented(dots("s", "q", "k_tile", "D4", f.decode ? "tile_at(c, g, D4)" : ""), "  ")},
+       {"SCORE", score},
+       {"RESCALE", forward ? "          [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n" : ""},
+       {"DROP", forward && f.drop ? fill_glsl(drop, {{"CLANE", lane}}) : ""},
+       {"ACCUMULATE",
+        forward ? fill_glsl(glsl_file("flash_pv.glsl"), {{"CLANE", lane}, {"AT", f.decode ? "tile_at(c, g, DV4)" : "c * DV4 + g"}}) : ""},
+       {"CFIRST", f.decode ? "(DECODE != 0u ? lid : 0u)" : "0u"},
+       {"CSTEP", f.decode ? "(DECODE != 0u ? 4u * INV : 4u)" : "4u"},
+       {"CLANE", lane}});
 }
 
 /// The tile loop: load the tiles, then each invocation's rows against every tile row c.
@@ -1035,8 +1082,11 @@ std::string flash_tile_loop(const Flash& f) {
   s += "    visited += rows * cols;\n"
        "    barrier();  // everyone is done with the previous tiles\n";
   for (const Operand& o : streamed(kind))
-    s += o.vec4s ? fill_glsl("    for (uint x = lid; x < BC * $G; x += INV) $TILE[x] = x / $G < cols ? row4_$A(t0 + x / $G, x % $G) : vec4(0.0);\n",
-                             {{"G", o.vec4s}, {"TILE", o.tile}, {"A", o.array}})
+    s += o.vec4s ? fill_glsl("    for (uint x = lid; x < BC * $G; x += INV) $TILE[$AT] = x / $G < cols ? row4_$A(t0 + x / $G, x % $G) : vec4(0.0);\n",
+                             {{"G", o.vec4s},
+                              {"TILE", o.tile},
+                              {"A", o.array},
+                              {"AT", f.decode ? "tile_at(x / " + std::string(o.vec4s) + ", x % " + o.vec4s + ", " + o.vec4s + ")" : "x"}})
                  : fill_glsl("    for (uint x = lid; x < BC; x += INV) $TILE[x] = x < cols ? $A[$AT + t0 + x] : 0.0;\n",
                              {{"TILE", o.tile}, {"A", o.array}, {"AT", o.at}});
   s += "    barrier();\n";
@@ -1092,7 +1142,7 @@ std::string flash_tile_loop(const Flash& f) {
 /// The tile counts, then each row's result in the output's dtype (rounded as Flash::rounded says).
 std::string flash_store(const Flash& f) {
   const Kind kind = f.kind;
-  std::string s = flash_counts();
+  std::string s;
   if (f.sink)
     s += glsl_template("flash_sink_fold.glsl",
                        {{"ROWS", "RPT"},
@@ -1116,7 +1166,9 @@ std::string flash_store(const Flash& f) {
     case Kind::dk: s += store("acc", "D4", "DR", "M", "$REG[t * D4 + g][e] * scale"); break;
     case Kind::dv: s += store("acc", "DV4", "DVR", "M", "$REG[t * DV4 + g][e]"); break;
   }
-  return s;
+  // Decoding, the invocations' and parts' softmaxes are merged first, and one invocation stores.
+  if (f.decode) return flash_counts() + std::string(glsl_file("flash_decode_merge.glsl")) + "  if (stores) {\n" + indented(s, "  ") + "  }\n";
+  return flash_counts() + s;
 }
 
 }  // namespace
@@ -1146,10 +1198,75 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
                      (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") +
                      (n.region ? "_flex" : "") + (f.sink ? "_sink" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
                      (drop ? "_dropout" : "") + "_b" + str(f.r) + Store{rounded}.suffix();
-  return {name, s, static_cast<int>(f.arrays.size()) + 2, true, attention_push_constants(n).signature(), attention_spec_constants(n).signature()};
+  return {name,
+          s,
+          static_cast<int>(f.arrays.size()) + 2 + (f.decode ? 1 : 0),
+          true,
+          f.decode,
+          attention_push_constants(n).signature(),
+          attention_spec_constants(n).signature()};
 }
 
 namespace {
+
+/// Queries per batch entry up to which the forward may take the decode layout: a decode step's, a
+/// few speculated tokens', a grouped-query head's group (as the cpu's kSplitQueries).
+constexpr std::int64_t kDecodeQueries = 16;
+/// Keys per workgroup when a row block's keys are split (as the cpu's kSplitKeys; more where the
+/// parts would pass the dispatch's limit): at head dim 128, 512 keys and values are 512 KiB of
+/// f32 to stream, against a merge that reads one row of Dv + 2 floats per part.
+constexpr std::int64_t kDecodePartKeys = 512;
+
+/// The tile height for head dims d and dv: at most 32 rows (or the target's override), fewer
+/// where shared memory is short. Head dims size the registers and tiles.
+std::int64_t tile_height(const Target& target, Kind kind, std::int64_t d, std::int64_t dv) {
+  const std::int64_t d4 = std::max<std::int64_t>((d + 3) / 4, 1), dv4 = std::max<std::int64_t>((dv + 3) / 4, 1);
+  // Rows live in registers: past D + Dv = 4096 floats a row no device holds them, and drivers
+  // take tens of seconds compiling the spills (NVIDIA, D = Dv = 4096).
+  if (d4 + dv4 > 1024)
+    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) +
+                           " exceeds the flash kernels' 4096 floats of registers per row");
+  const std::int64_t shared = std::max<std::int64_t>(target.shared_bytes, 16384);
+  std::int64_t bc = target.attention_tile ? target.attention_tile : 32;
+  // Beside the tiles: the non-finite flag, the tile tests' ranges and the cooperative path's
+  // arrays sized for its absence (512 bytes, as coop_shared_bytes reserves).
+  while (bc > 1 && bc * tile_row_floats(kind, d4, dv4) * 4 + 512 > shared) bc /= 2;
+  if (bc * tile_row_floats(kind, d4, dv4) * 4 + 512 > shared)
+    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " needs more than " + str(shared) +
+                           " bytes of shared memory for one row of keys");
+  return bc;
+}
+
+/// Few queries against many keys (decoding) on a GPU, where most of the query layout's
+/// invocations would hold no row: the forward takes its decode layout, the invocations sharing the
+/// queries and taking keys of their own, as many as the tile has (at most BC), merged by
+/// log-sum-exp; past kDecodePartKeys keys the keys are split over workgroups too, the last part
+/// to finish merging them. A function of one batch entry's shape and the device only, never of
+/// the batch, so a sequence's bits do not depend on what else is in it. Not on lavapipe, where
+/// llvmpipe reads shared memory lane by lane wherever invocations read different addresses and
+/// keeps a workgroup's registers in its barriers' coroutine frames: one query against 32,768 /
+/// 262,144 keys at head dim 128 took 44 / 290 ms in the decode layout split, 1,183 / 9,682 ms in
+/// the query layout split, and 53 / 132 ms unsplit (wall clock, `qkv bench sdpa`).
+struct DecodeSplit {
+  bool decode = false;
+  Geometry geometry{};
+  std::int64_t parts = 1, part_keys = 0;
+};
+DecodeSplit decode_split(const Target& t, Kind kind, std::int64_t nq, std::int64_t mk, Geometry geo, std::int64_t bc) {
+  DecodeSplit s;
+  s.geometry = geo;
+  s.part_keys = mk;
+  if (kind != Kind::forward || !t.split_kv || t.cpu_device || nq < 1 || nq > kDecodeQueries || nq >= geo.invocations || mk < 1) return s;
+  s.decode = true;
+  s.geometry = {static_cast<std::uint32_t>(std::min<std::int64_t>(geo.invocations, bc)),
+                static_cast<std::uint32_t>(std::min<std::int64_t>(nq, geo.rows_per_invocation))};
+  const std::int64_t blocks = (nq + s.geometry.rows_per_invocation - 1) / s.geometry.rows_per_invocation;
+  if (mk <= kDecodePartKeys) return s;
+  s.part_keys = kDecodePartKeys;
+  while ((mk + s.part_keys - 1) / s.part_keys * blocks > 65535) s.part_keys *= 2;  // the dispatch's limit
+  s.parts = (mk + s.part_keys - 1) / s.part_keys;
+  return s;
+}
 
 /// Which of `rank` dims (the scores') a tensor of shape `s` broadcasting to them spans: bit d for
 /// dim d where s is not 1 there.
@@ -1249,33 +1366,22 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
   for (int i = 0; i < r; ++i) batches *= out[i];
   push.set_array("batch", std::span(out.dims.data(), ri));
   set_attention_strides(push, g, storage, v, shapes, mask_st);
-  l.push = push.words();
-  l.push_signature = declared.signature();
 
-  // Head dims size the registers and tiles; the tile height (at most 32 rows) keeps shared
-  // memory within what the device has.
   const std::int64_t d4 = std::max<std::int64_t>((d + 3) / 4, 1), dv4 = std::max<std::int64_t>((dv + 3) / 4, 1);
-  // Rows live in registers: past D + Dv = 4096 floats a row no device holds them, and drivers
-  // take tens of seconds compiling the spills (NVIDIA, D = Dv = 4096).
-  if (d4 + dv4 > 1024)
-    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) +
-                           " exceeds the flash kernels' 4096 floats of registers per row");
-  const std::int64_t shared = std::max<std::int64_t>(target.shared_bytes, 16384);
-  std::int64_t bc = target.attention_tile ? target.attention_tile : 32;
-  // Beside the tiles: the non-finite flag, the tile tests' ranges and the cooperative path's
-  // arrays sized for its absence (512 bytes, as coop_shared_bytes reserves).
-  while (bc > 1 && bc * tile_row_floats(kind, d4, dv4) * 4 + 512 > shared) bc /= 2;
-  if (bc * tile_row_floats(kind, d4, dv4) * 4 + 512 > shared)
-    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) + " needs more than " + str(shared) +
-                           " bytes of shared memory for one row of keys");
+  std::int64_t bc = tile_height(target, kind, d, dv);
   Geometry geo = geometry(target, kind);
+  const DecodeSplit split = decode_split(target, kind, nq, mk, geo, bc);
   // A kernel with the cooperative path takes it where its tiles fit (coop_launch), its scalar
-  // path otherwise; COOP says which (kernels without the path ignore it).
-  const CoopLaunch coop = attention_cooperative(g, storage, v, target) ? coop_launch(target, kind, d4, dv4) : CoopLaunch{};
+  // path otherwise; COOP says which (kernels without the path ignore it). Decoding: the scalar.
+  const CoopLaunch coop = attention_cooperative(g, storage, v, target) && !split.decode ? coop_launch(target, kind, d4, dv4) : CoopLaunch{};
   if (coop.bc > 0) {
     bc = coop.bc;
     geo = {static_cast<std::uint32_t>(coop.subgroups) * target.subgroup_size, 1};
   }
+  if (split.decode) geo = split.geometry;
+  if (kind == Kind::forward) push.set("parts", push_word(split.parts)).set("part_keys", push_word(split.part_keys));
+  l.push = push.words();
+  l.push_signature = declared.signature();
   const SpecConstants spec = attention_spec_constants(n);
   SpecConstants::Values constants = spec.values();
   constants.set("D4", push_word(d4))
@@ -1284,6 +1390,7 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
       .set("local_size", geo.invocations)
       .set("RPT", geo.rows_per_invocation)
       .set("COOP", coop.bc > 0 ? 1u : 0u);
+  if (kind == Kind::forward) constants.set("DECODE", split.decode ? 1u : 0u).set("SPLIT", split.parts > 1 ? 1u : 0u);
   // The modifier's tensors and the sink logits (never along the keys): which of the scores'
   // r + 2 dims each spans.
   for (std::size_t i = 0; i < modifier_tensors(n); ++i)
@@ -1293,14 +1400,43 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
   l.spec_signature = spec.signature();
 
   const std::int64_t rows = kind == Kind::dk || kind == Kind::dv ? mk : nq;
-  const std::int64_t per_group = coop.bc > 0 ? coop.subgroups * target.cooperative_matrix.m : geo.invocations * geo.rows_per_invocation;  // BR
-  const std::int64_t x = std::max<std::int64_t>((rows + per_group - 1) / per_group, 1);
+  const std::int64_t per_group = coop.bc > 0    ? coop.subgroups * target.cooperative_matrix.m
+                                 : split.decode ? geo.rows_per_invocation                     // the invocations share the rows
+                                                : geo.invocations * geo.rows_per_invocation;  // BR
+  const std::int64_t blocks = std::max<std::int64_t>((rows + per_group - 1) / per_group, 1), x = blocks * split.parts;
   const std::int64_t y = std::clamp<std::int64_t>(batches, 1, 65535), z = std::max<std::int64_t>((batches + y - 1) / y, 1);
+  if (split.parts > 1) {  // the arrival counts, then each part's rows: m, l and Dv outputs
+    l.split_counters = blocks * batches;
+    l.split_words = l.split_counters + blocks * batches * split.parts * per_group * (4 * dv4 + 2);
+  }
   if (x > 65535 || z > 65535)
     throw UnsupportedError("vulkan: attention over " + str(rows) + " rows and " + str(batches) + " batch entries exceeds the dispatch limits");
   l.groups = {push_word(x), push_word(y), push_word(z)};
   l.scores = batches * nq * mk;
   return l;
+}
+
+std::string attention_work_split(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
+  const Node& n = g.node(v);
+  if (!ir::is_fused_attention(n.op) || kind_of(n) != Kind::forward) return {};
+  const std::int64_t nq = shapes[static_cast<std::size_t>(n.inputs[0])].back(1), mk = shapes[static_cast<std::size_t>(n.inputs[1])].back(1);
+  const std::int64_t d = shapes[static_cast<std::size_t>(n.inputs[0])].back(0), dv = shapes[static_cast<std::size_t>(v)].back(0);
+  std::int64_t bc = 0;
+  try {
+    bc = tile_height(target, Kind::forward, d, dv);
+  } catch (const UnsupportedError&) {  // head dims the kernel refuses: it says why when it runs
+    return {};
+  }
+  const DecodeSplit split = decode_split(target, Kind::forward, nq, mk, geometry(target, Kind::forward), bc);
+  std::string s;
+  if (split.decode)
+    s = "decode layout: " + str(nq) + (nq == 1 ? " query" : " queries") + " against " + str(mk) + " keys, " +
+        str(split.geometry.rows_per_invocation) + (split.geometry.rows_per_invocation == 1 ? " query row" : " query rows") +
+        " per workgroup shared by its " + str(split.geometry.invocations) + " invocations, each taking keys of its own";
+  if (split.parts > 1)
+    s += std::string(s.empty() ? "" : "; ") + "split-KV: " + str(nq) + (nq == 1 ? " query" : " queries") + " against " + str(mk) + " keys in " +
+         str(split.parts) + " workgroups of " + str(split.part_keys) + " keys per row block, the last to finish merging them by their log-sum-exp";
+  return s;
 }
 
 }  // namespace qkv::codegen::detail

@@ -3,6 +3,7 @@
 // softmax, so no score matrix is ever stored. Internal to codegen; glsl.cpp dispatches here.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "codegen/glsl.hpp"
@@ -12,6 +13,8 @@ namespace qkv::codegen::detail {
 
 /// Whether the flash kernels take this attention node: its batch dims fit the push constants.
 bool attention_fits(const ir::Node& n);
+/// Whether the node's kernel is the flash forward, which binds a split buffer for decoding.
+bool attention_splits_keys(const ir::Node& n);
 /// Whether the node's kernel reads its row operands and writes its output through row and batch
 /// strides (up to two batch dims), so head views and placed outputs can be given to it.
 bool attention_strided(const ir::Node& n);
@@ -34,6 +37,9 @@ KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held 
 /// in fragments (q, k, and v or dy) are f16 values, on a target whose cooperative matrices
 /// (Target::cooperative_matrix) its kernel can use.
 bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target);
+/// How node v's kernel divides its work at these shapes, in words (the forward's decode layout
+/// and key split), or empty.
+std::string attention_work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target);
 /// Push constants, specialization and workgroups of node v's kernel for these shapes: operands
 /// `storage` gives as head views read through their permuted strides, an output placed into a
 /// permute written through its strides.

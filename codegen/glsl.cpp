@@ -827,7 +827,10 @@ MatmulDtypes matmul_dtypes(const ir::Graph& g, const ir::StoragePlan& storage, i
 
 }  // namespace detail
 
-int storage_buffers(const Node& n) { return static_cast<int>(n.inputs.size()) + 1 + (ir::is_fused_attention(n.op) ? 1 : 0); }
+int storage_buffers(const Node& n) {
+  // The flash kernels' tile counts, and the forward's split buffer.
+  return static_cast<int>(n.inputs.size()) + 1 + (ir::is_fused_attention(n.op) ? 1 : 0) + (detail::attention_splits_keys(n) ? 1 : 0);
+}
 
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n) {
   int words = 0;
@@ -945,6 +948,10 @@ KernelLaunch per_element_launch(const ir::Graph& g, ir::ValueId v, const std::ve
 }
 
 }  // namespace
+
+std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<Shape>& shapes, const Target& target) {
+  return detail::attention_work_split(g, v, shapes, target);
+}
 
 KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes,
                            const Target& target) {

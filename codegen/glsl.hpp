@@ -25,6 +25,9 @@ struct KernelSource {
   /// The flash-attention kernels bind one more buffer after the output: two uints, the low and
   /// high words of the scores in the tiles they computed (the rest they skipped as masked).
   bool counts_tiles = false;
+  /// The flash forward binds one more after those: its split buffer (KernelLaunch::split_words),
+  /// where workgroups that split a row block's keys count their arrivals and leave their parts.
+  bool splits_keys = false;
   /// The signature of the push constants the shader declares by name (PushConstants::signature):
   /// every kernel family declares its own once, for its shader and its launch.
   std::uint64_t push_signature = 0;
@@ -60,6 +63,11 @@ struct Target {
   /// Overrides of the flash-attention geometry for tuning experiments (0: chosen from `cpu_device`):
   /// invocations per workgroup, rows per invocation, and the most rows per shared tile.
   std::uint32_t attention_invocations = 0, attention_rows = 0, attention_tile = 0;
+  /// Few queries against many keys (decoding) on a GPU (not `cpu_device`): the forward takes its
+  /// decode layout, a workgroup's invocations sharing its query rows and taking keys of their own,
+  /// merged by log-sum-exp, and a long cache is split over workgroups, the last to finish merging
+  /// the parts (flash-decoding). Off: the query layout, unsplit.
+  bool split_kv = true;
   /// Invocations a workgroup may have (maxComputeWorkGroupInvocations; at least 128).
   std::uint32_t max_invocations = 128;
   /// Invocations per workgroup of the elementwise, layout, reduction and softmax kernels (the
@@ -104,6 +112,9 @@ struct KernelLaunch {
   std::uint64_t push_signature = 0;
   /// The signature of the declaration `specialization` was set from (SpecConstants::signature).
   std::uint64_t spec_signature = 0;
+  /// For a kernel that splits keys (KernelSource::splits_keys): 32-bit words of its split
+  /// buffer, of which the first `split_counters` must be zero when it starts (0: no split).
+  std::int64_t split_words = 0, split_counters = 0;
 };
 
 /// Whether the generator has a kernel of its own for this node; composites it has none for are
@@ -134,6 +145,9 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
 /// Whether node `v`'s pipeline depends on the bound shapes and the device (KernelLaunch::specialization:
 /// the flash kernels' head dims and geometry, the matmul's tile geometry).
 bool specialized(const ir::Node& n);
+/// How node `v`'s kernel divides its work at these shapes, in words, where that depends on them
+/// (the flash forward's decode layout and key split); empty otherwise. What `qkv explain` shows.
+std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes, const Target& target);
 /// Push constants and workgroup counts of node `v` for concrete shapes (one per node).
 KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<ir::Shape>& shapes,
                            const Target& target = {});

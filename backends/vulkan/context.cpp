@@ -62,6 +62,11 @@ VulkanOptions vulkan_options_from_env() {
     o.attention_rows = rows;
     o.attention_tile = tile;
   }
+  if (const char* f = std::getenv("QKV_VULKAN_SPLIT_KV")) {
+    const std::string s = f;
+    if (s != "0" && s != "1") throw BackendError("vulkan: QKV_VULKAN_SPLIT_KV is '" + s + "'; give 1 (decoding splits the keys, the default) or 0");
+    o.split_kv = s == "1";
+  }
   if (const char* f = std::getenv("QKV_VULKAN_SUBGROUP_REDUCTIONS")) {
     const std::string s = f;
     if (s != "0" && s != "1")

@@ -62,6 +62,7 @@ KernelChoices choose_kernels(const DeviceProfile& d, const VulkanOptions& o) {
   t.attention_invocations = o.attention_invocations;
   t.attention_rows = o.attention_rows;
   t.attention_tile = o.attention_tile;
+  t.split_kv = o.split_kv;
   t.cooperative_matrix = cooperative_choice(d, o);
   if (o.matmul_geometry[0] != 0) {
     const auto& m = o.matmul_geometry;

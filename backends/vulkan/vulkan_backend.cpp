@@ -215,6 +215,24 @@ class VulkanExecutable final : public ExecutableSkeleton {
                                  ctx_->device_name() + " dispatches at most " + std::to_string(ctx_->profile().max_workgroup_count));
       if (codegen::specialized(graph_, k.group)) k.pipeline = &ctx_->pipeline(k.source, launches_.back().specialization);
     }
+    // The split buffer: each kernel that splits keys its own aligned range (a kernel that does
+    // not split for these shapes binds the first 16 bytes, which it never touches).
+    const auto align = std::max<std::int64_t>(static_cast<std::int64_t>(ctx_->properties().limits.minStorageBufferOffsetAlignment), 16);
+    std::int64_t split_bytes = 16;
+    for (std::size_t k = 0; k < kernels_.size(); ++k) {
+      Kernel& kernel = kernels_[k];
+      kernel.split_offset = 0;
+      kernel.split_bytes = 16;
+      if (launches_[k].split_words == 0) continue;
+      kernel.split_offset = (split_bytes + align - 1) / align * align;
+      kernel.split_bytes = launches_[k].split_words * 4;
+      if (const std::uint64_t limit = ctx_->features().max_storage_range; limit != 0 && static_cast<std::uint64_t>(kernel.split_bytes) > limit)
+        throw ResourceError("vulkan: kernel " + kernel.source.name + " splits its keys into parts whose rows take " +
+                            std::to_string(kernel.split_bytes) + " bytes, more than one storage buffer binding may span on " + ctx_->device_name() +
+                            " (maxStorageBufferRange " + std::to_string(limit) + ")");
+      split_bytes = kernel.split_offset + kernel.split_bytes;
+    }
+    split_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(split_bytes), U::eStorageBuffer | U::eTransferDst, false);
 
     // One descriptor set per kernel, binding its operands' and result's ranges of the arena.
     std::uint32_t descriptors = 0;
@@ -235,6 +253,9 @@ class VulkanExecutable final : public ExecutableSkeleton {
       for (ir::ValueId in : kernels_[k].group.operands) infos.push_back(range(in));
       infos.push_back(range(kernels_[k].value));
       if (kernels_[k].counter >= 0) infos.emplace_back(*counts_.buffer, counter_offset(kernels_[k].counter), 8);
+      if (kernels_[k].source.splits_keys)
+        infos.emplace_back(*split_.buffer, static_cast<vk::DeviceSize>(kernels_[k].split_offset),
+                           static_cast<vk::DeviceSize>(kernels_[k].split_bytes));
       std::vector<vk::WriteDescriptorSet> writes;
       for (std::size_t b = 0; b < infos.size(); ++b)
         writes.emplace_back(*descriptor_sets_[k], static_cast<std::uint32_t>(b), 0, 1, vk::DescriptorType::eStorageBuffer, nullptr, &infos[b]);
@@ -357,6 +378,10 @@ class VulkanExecutable final : public ExecutableSkeleton {
     if (*query_pool_) cb.resetQueryPool(*query_pool_, 0, static_cast<std::uint32_t>(kernels_.size() + 1));
     if (!uploads.empty()) cb.copyBuffer(*staging_in_.buffer, *arena_.buffer, uploads);
     if (counters_ > 0) cb.fillBuffer(*counts_.buffer, 0, VK_WHOLE_SIZE, 0);  // the flash kernels count from zero
+    for (std::size_t k = 0; k < kernels_.size(); ++k)                        // and the parts of split keys arrive from zero
+      if (launches_[k].split_counters > 0)
+        cb.fillBuffer(*split_.buffer, static_cast<vk::DeviceSize>(kernels_[k].split_offset),
+                      static_cast<vk::DeviceSize>(launches_[k].split_counters * 4), 0);
     barrier(A::eTransferWrite, A::eShaderRead | A::eShaderWrite, S::eTransfer, S::eComputeShader);
     timestamp(0);
     // A barrier only before a kernel that depends on one since the last barrier; profiling times
@@ -388,9 +413,10 @@ class VulkanExecutable final : public ExecutableSkeleton {
   struct Kernel {
     ir::ValueId value;
     codegen::KernelSource source;
-    const vulkan::Pipeline* pipeline;  // for the bound shapes when the kernel is specialized
-    int counter = -1;                  // its tile counter in counts_, when it counts
-    codegen::KernelGroup group;        // the nodes it computes and the values it reads
+    const vulkan::Pipeline* pipeline;                 // for the bound shapes when the kernel is specialized
+    int counter = -1;                                 // its tile counter in counts_, when it counts
+    codegen::KernelGroup group;                       // the nodes it computes and the values it reads
+    std::int64_t split_offset = 0, split_bytes = 16;  // its range of split_, where it splits keys
   };
 
   std::shared_ptr<Context> ctx_;
@@ -401,6 +427,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
   ir::MemoryPlan memory_;
   Buffer arena_, staging_in_, staging_out_;
   Buffer counts_;                             // the flash kernels' tile counters (host-visible), one aligned slot each
+  Buffer split_;                              // the flash forward's parts when it splits keys (device-local)
   int counters_ = 0;                          // kernels that count their tiles
   std::vector<TileCount> tile_counts_;        // the last run's
   std::vector<std::int64_t> staging_offset_;  // per input: its place in staging_in_, -1 when held
@@ -441,6 +468,9 @@ class VulkanBackend final : public Backend {
           return g.node(v).op == Op::constant ? "(inlined where it is read)" : "(in %" + std::to_string(k.root) + "'s kernel)";
       }
     return "glsl " + codegen::kernel_source(g, storage, v, target_).name;
+  }
+  std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes) const override {
+    return codegen::work_split(g, v, shapes, target_);
   }
   std::vector<ir::ValueId> kernel_reads(const ir::Graph& g, ir::ValueId v) const override {
     if (fuse_)

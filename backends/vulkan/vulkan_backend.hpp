@@ -25,6 +25,10 @@ struct VulkanOptions {
   /// invocation and most rows per shared tile (QKV_VULKAN_ATTENTION_GEOMETRY=64,1,64; 0 or
   /// unset: chosen by `tuning`).
   std::uint32_t attention_invocations = 0, attention_rows = 0, attention_tile = 0;
+  /// On a GPU, few queries against many keys (decoding) take the flash forward's decode layout,
+  /// keys spread over the invocations and split over workgroups (codegen::Target::split_kv;
+  /// QKV_VULKAN_SPLIT_KV=0: the query layout unsplit, as on lavapipe, for comparisons).
+  bool split_kv = true;
   /// For tuning experiments: every matmul's geometry (codegen::MatmulGeometry) as invocations,
   /// rows per invocation, vec4 columns per invocation, tile depth and invocations across the
   /// columns (QKV_VULKAN_MATMUL_GEOMETRY=256,8,2,8,16; all 0 or unset: chosen per device and shape).

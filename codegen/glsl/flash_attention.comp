@@ -16,7 +16,7 @@ $PUSH
 $COOPDECL
 $TILES
 shared uint nonfinite[4];
-
+$SPLITDECL
 uint N, M, DR, DVR;  // the bound sizes
 float scale;
 int shift, window;
@@ -29,7 +29,7 @@ float neg_inf() { return uintBitsToFloat(0xff800000u); }
 float qkv_max(float a, float b) { return (isnan(a) || a > b) ? a : b; }  // NaN wins, as max does
 bool finite(float x) { return !isnan(x) && !isinf(x); }
 float sum4(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
-uint own(uint t) { return r0 + t * INV + lid; }  // row t of this invocation
+uint own(uint t) { return $OWN; }  // row t of this invocation
 $READERS
 $MODIFIER
 $DROPOUT
@@ -65,6 +65,6 @@ $DROPSETUP
 $ROWSTRIDES
   stat_at = b * N;
   lid = gl_LocalInvocationIndex;
-  r0 = gl_WorkGroupID.x * BR;
+  r0 = $BLOCK * BR;
   uint rows = min(BR, $OWNCOUNT - min(r0, $OWNCOUNT));
   uint lo = 0u, hi = $OTHERCOUNT;  // the streamed rows visited

@@ -1,11 +1,12 @@
     // Four keys at a time, their scores in a vec4 per row (registers: an array of a tile's
     // scores would live in local memory on a GPU). The running max moves, and the sum and
-    // accumulator are rescaled, only when a chunk raises it.
-    for (uint c0 = 0u; c0 < cols; c0 += 4u) {
+    // accumulator are rescaled, only when a chunk raises it. Decoding, each invocation takes
+    // keys of its own: c0 + j * $CLANE.
+    for (uint c0 = $CFIRST; c0 < cols; c0 += $CSTEP) {
       vec4 sc[RPT];  // the chunk's scores, then exp(score - m)
       [[unroll]] for (uint t = 0u; t < RPT; ++t) sc[t] = vec4(neg_inf());
       [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-        uint c = c0 + j;
+        uint c = c0 + j * $CLANE;
         if (c >= cols) break;
 $DOTS
         [[unroll]] for (uint t = 0u; t < RPT; ++t)

@@ -10,7 +10,9 @@
 
 #include "backends/cpu/attention.hpp"
 #include "backends/reference/reference_backend.hpp"
+#include "backends/vulkan/vulkan_backend.hpp"
 #include "dsl/dsl.hpp"
+#include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "tests/support/backend_fixture.hpp"
@@ -177,20 +179,33 @@ TEST_P(Sinks, GroupedQueryHeadsEachHaveTheirSink) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Sinks, ::testing::Values("cpu", "vulkan"));
 
-// The cpu's split-KV decoding merges its parts' partial softmaxes first, then folds the sink in
-// once: a decode step (and a few queries) against keys split in parts, against the reference.
-TEST(AttentionSinks, CpuSplitKvFoldsTheSinkOnce) {
+// Split-KV decoding merges its parts' partial softmaxes first (the cpu's tasks; vulkan's
+// invocations and workgroups, in a GPU's geometry), then folds the sink in once: a decode step
+// (and a few queries) against keys split in parts, against the reference.
+TEST_P(Sinks, SplitKvDecodingFoldsTheSinkOnce) {
+  QKV_GET_BACKEND_OR_SKIP(found, GetParam());
+  std::shared_ptr<backend::Backend> b = found;
+  if (GetParam() == "vulkan") {
+    auto options = backend::vulkan_options_from_env();
+    options.tuning = backend::VulkanOptions::Tuning::gpu;
+    b = backend::make_vulkan_backend(options);
+  }
   ASSERT_GT(backend::cpu::key_splits(1, 2000), 1);
   auto q = input<"q">(dim<1>, dim<4>, dim<"N">, dim<32>);
   auto k = input<"k">(dim<1>, dim<1>, dim<"M">, dim<32>);
   auto v = input<"v">(dim<1>, dim<1>, dim<"M">, dim<32>);
   auto s = input<"sinks">(dim<4>);
   const ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right, sinks(s))));
-  auto cpu = backend::create("cpu");
   for (std::int64_t n : {1, 5}) {
     auto in = backend::random_inputs(g, {{"N", n}, {"M", 2000}}, 8);
     in.at("sinks").data<float>()[2] = 6.0f;  // a sink that outweighs every key
-    testing::expect_equivalent(g, in, *cpu);
+    testing::expect_equivalent(g, in, *b);
+    if (n > 1) continue;
+    auto exe = b->compile(g);
+    const std::vector<ir::Shape> shapes = ir::bind_shapes(exe->graph(), in);
+    std::string split;
+    for (std::size_t i = 0; i < exe->graph().size(); ++i) split += b->work_split(exe->graph(), static_cast<ir::ValueId>(i), shapes);
+    EXPECT_NE(split.find("split-KV"), std::string::npos) << "four query rows against 2000 keys: " << split;
   }
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -15,6 +16,7 @@
 #include "backends/vulkan/vulkan_backend.hpp"
 #include "codegen/glsl.hpp"
 #include "dsl/dsl.hpp"
+#include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "ir/region.hpp"
@@ -154,12 +156,13 @@ TEST(FusedAttention, CpuLseBesideTheForwardNeverOverwritesItsOperands) {
 }
 
 /// Vulkan runs the forward, the lse and the three gradients as flash-attention shaders; forward +
-/// backward at N = 4096 plans O(N D) memory (one N x N matrix would be 64 MiB).
+/// backward at N = 2048 plans O(N D) memory (one N x N matrix would be 16 MiB). Head dim 32:
+/// lavapipe took a minute compiling the five kernels at 64.
 TEST(FusedAttention, VulkanForwardAndBackwardAreFlashKernelsInLinearMemory) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  auto q = input<"q">(dim<1>, dim<"N">, dim<64>);
-  auto k = input<"k">(dim<1>, dim<"N">, dim<64>);
-  auto v = input<"v">(dim<1>, dim<"N">, dim<64>);
+  auto q = input<"q">(dim<1>, dim<"N">, dim<32>);
+  auto k = input<"k">(dim<1>, dim<"N">, dim<32>);
+  auto v = input<"v">(dim<1>, dim<"N">, dim<32>);
   ir::Graph forward = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal)));
   ir::Graph g = ir::build_backward(forward, {"", {"q", "k", "v"}, {"out"}});
   auto exe = vulkan->compile(g);
@@ -174,12 +177,12 @@ TEST(FusedAttention, VulkanForwardAndBackwardAreFlashKernelsInLinearMemory) {
   EXPECT_EQ(kernels, (std::vector<std::string>{"glsl flash_attention_forward_causal_b1", "glsl flash_attention_lse_causal_b1",
                                                "glsl flash_attention_dq_causal_b1", "glsl flash_attention_dk_causal_b1",
                                                "glsl flash_attention_dv_causal_b1"}));
-  const std::int64_t n = 4096;
+  const std::int64_t n = 2048;
   auto out = exe->run(backend::random_inputs(g, {{"N", n}}, 3));
-  for (const char* name : {"d_q", "d_k", "d_v"}) EXPECT_EQ(out.at(name).numel(), n * 64) << name;
+  for (const char* name : {"d_q", "d_k", "d_v"}) EXPECT_EQ(out.at(name).numel(), n * 32) << name;
   // The arena also holds the four inputs: with the output, its three gradients, dy * y, lse and
-  // delta, about 9 N x 64 floats (9 MiB); one N x N matrix would be 64 MiB.
-  EXPECT_LE(exe->planned_bytes(), 10 * n * 64 * 4);
+  // delta, about 9 N x 32 floats (2.3 MiB); one N x N matrix would be 16 MiB.
+  EXPECT_LE(exe->planned_bytes(), 10 * n * 32 * 4);
 }
 
 /// The vulkan backend in both launch geometries (lavapipe's rows per invocation, a GPU's one),
@@ -342,7 +345,8 @@ TEST(FusedAttention, VulkanRefusesHeadDimsBeyondItsLimits) {
   } catch (const UnsupportedError& e) {
     EXPECT_NE(std::string(e.what()).find("head dims 4096 and 4096"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(exe->run(backend::random_inputs(g, {{"D", 64}}, 1)).begin()->second.numel(), 4 * 64) << "smaller dims still run";
+  // (16: lavapipe takes half a minute compiling the forward at 64.)
+  EXPECT_EQ(exe->run(backend::random_inputs(g, {{"D", 16}}, 1)).begin()->second.numel(), 4 * 16) << "smaller dims still run";
 }
 
 /// A NaN that only masked scores meet, in a tile the causal kernels would skip, still gives NaN
@@ -685,11 +689,12 @@ TEST(FusedAttention, VulkanDecomposesAModifierWithMoreTensorsThanTheDeviceBinds)
   g.set_output("out", y);
   const std::uint32_t most =
       backend::vulkan::Context::get(backend::vulkan_options_from_env())->properties().limits.maxPerStageDescriptorStorageBuffers;
-  EXPECT_EQ(codegen::storage_buffers(g.node(y)), 3 + tensors + 2);
+  // q, k, v, the tensors, the output, the tile counts and the forward's split buffer.
+  EXPECT_EQ(codegen::storage_buffers(g.node(y)), 3 + tensors + 3);
   auto exe = vulkan->compile(g);
   bool fused = false;
   for (const ir::Node& n : exe->graph().nodes()) fused |= n.op == ir::Op::flex_attention;
-  EXPECT_EQ(fused, 3u + tensors + 2u <= most) << "the device binds " << most << " storage buffers per shader";
+  EXPECT_EQ(fused, 3u + tensors + 3u <= most) << "the device binds " << most << " storage buffers per shader";
   testing::expect_equivalent(g, backend::random_inputs(g, {}, 4), *vulkan);
 }
 
@@ -776,6 +781,99 @@ TEST(FusedAttention, CpuSplitsTheKeysOfFewQueries) {
     const ir::Graph g = ir::to_dtype(models[1].second, half);
     testing::expect_equivalent(g, backend::random_inputs(g, {{"B", 2}, {"N", 1}, {"M", 1500}}, 8), *cpu);
   }
+}
+
+/// The split described for the lowered forward of `g` at these inputs (Backend::work_split).
+std::string forward_split(backend::Backend& b, const ir::Graph& g, const backend::TensorMap& in) {
+  auto exe = b.compile(g);
+  const std::vector<ir::Shape> shapes = ir::bind_shapes(exe->graph(), in);
+  for (std::size_t i = 0; i < exe->graph().size(); ++i)
+    if (ir::is_fused_attention(exe->graph().nodes()[i].op)) return b.work_split(exe->graph(), static_cast<ir::ValueId>(i), shapes);
+  return {};
+}
+
+/// Vulkan's decode layout (a GPU's geometry: a workgroup's invocations share its few queries,
+/// each streaming keys of its own, merged by log-sum-exp) and, past 512 keys, its split of the
+/// keys over workgroups (the last part to finish merges them), beside lavapipe's query layout,
+/// which keeps both off: the reference's numbers with grouped heads, causality,
+/// a keep-mask, a window and dropout, a part whose keys are all masked, a fully masked row, NaN and inf, in
+/// both launch geometries and in f16 and bf16; every score computed once; the same bits on
+/// every run, whichever part finishes last.
+TEST(FusedAttention, VulkanDecodeSpreadsAndSplitsTheKeysOfFewQueries) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  const auto tunings = vulkan_tunings();
+  // Head dims of 16 and 12 (lavapipe's compile time grows with them; the layouts do not change).
+  auto q = input<"q">(dim<"B">, dim<4>, dim<"N">, dim<16>);
+  auto k = input<"k">(dim<"B">, dim<1>, dim<"M">, dim<16>);  // one key/value head for four query heads: four query rows
+  auto v = input<"v">(dim<"B">, dim<1>, dim<"M">, dim<12>);
+  auto kh = input<"k">(dim<"B">, dim<4>, dim<"M">, dim<16>);  // a key/value head per query head: N query rows
+  auto vh = input<"v">(dim<"B">, dim<4>, dim<"M">, dim<12>);
+  auto keep = input<"keep", DType::boolean>(dim<"N">, dim<"M">);
+  auto seed = input<"seed", DType::i32>();
+  // A modifier is code per score, the same in either layout: the conformance cases run them.
+  const std::vector<std::pair<std::string, ir::Graph>> models = {
+      {"plain", lower(named<"out">(scaled_dot_product_attention(q, kh, vh)))},
+      {"grouped causal", lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right)))},
+      {"keep-mask", lower(named<"out">(scaled_dot_product_attention(q, kh, vh, keep)))},
+      {"window dropout", lower(named<"out">(scaled_dot_product_attention(q, kh, vh, sliding_window<700>, attn_dropout(0.2, seed))))}};
+  for (const auto& [name, g] : models)
+    for (const auto& [n, m] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 1}, {1, 513}, {3, 1300}, {1, 2048}}) {
+      SCOPED_TRACE(name + ", N " + std::to_string(n) + ", M " + std::to_string(m));
+      auto in = backend::random_inputs(g, {{"B", 2}, {"N", n}, {"M", m}}, 7);
+      if (in.contains("seed")) in.insert_or_assign("seed", Tensor::from<std::int32_t>({}, {77}));
+      // A GPU's geometry first (a row per workgroup: N row blocks), then lavapipe's (all rows in
+      // one), so that no output is left from an earlier run in the same memory.
+      for (std::size_t t = tunings.size(); t-- > 0;) {
+        SCOPED_TRACE(t == 0 ? "lavapipe's geometry" : "a GPU's geometry");
+        testing::expect_equivalent(g, in, *tunings[t]);
+      }
+      if (name == "plain")  // N query rows: a GPU's geometry takes the decode layout, split past 512 keys
+        for (std::size_t t = 0; t < tunings.size(); ++t) {
+          const std::string split = forward_split(*tunings[t], g, in);
+          EXPECT_EQ(split.find("decode layout") != std::string::npos, t == 1) << split;
+          EXPECT_EQ(split.find("split-KV") != std::string::npos, t == 1 && m > 512) << split;
+        }
+      if (m < 1300) continue;
+      float* values = in.at("v").data<float>();
+      if (in.contains("keep")) {
+        bool* kept = in.at("keep").data<bool>();
+        std::fill_n(kept, m, false);                         // query 0 keeps no key: zeros
+        if (n > 1) std::fill_n(kept + m + 512, 512, false);  // query 1: a part with none
+      }
+      values[(m - 2) * 12 + 5] = std::numeric_limits<float>::quiet_NaN();  // the last part's values, entry 0
+      testing::expect_equivalent(g, in, *vulkan);
+      in.at("q").data<float>()[(4 + 1) * n * 16 + 7] = std::numeric_limits<float>::infinity();  // entry 1, head 1: NaN or inf scores
+      for (std::size_t t = tunings.size(); t-- > 0;) {
+        SCOPED_TRACE(t == 0 ? "lavapipe's geometry" : "a GPU's geometry");
+        testing::expect_equivalent(g, in, *tunings[t]);
+      }
+      for (std::size_t t = 0; t < tunings.size(); ++t) {
+        SCOPED_TRACE(t == 0 ? "lavapipe's geometry" : "a GPU's geometry");
+        auto exe = tunings[t]->compile(g);
+        const backend::TensorMap first = exe->run(in);
+        const backend::TensorMap second = exe->run(in);
+        EXPECT_EQ(std::memcmp(first.at("out").raw(), second.at("out").raw(), first.at("out").nbytes()), 0) << "the same bits on every run";
+        if (name != "plain") continue;
+        const auto counts = exe->tile_counts();
+        ASSERT_EQ(counts.size(), 1u);
+        EXPECT_EQ(counts[0].computed, 2 * 4 * n * m) << "every score computed once, by one invocation of one part";
+      }
+    }
+  // In f16 and bf16 (operands read and the output written in 16 bits), split.
+  for (DType half : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(half));
+    const ir::Graph g = ir::to_dtype(models[0].second, half);
+    const backend::TensorMap in = backend::random_inputs(g, {{"B", 2}, {"N", 1}, {"M", 1500}}, 8);
+    for (auto& b : tunings) testing::expect_equivalent(g, in, *b);
+  }
+  // QKV_VULKAN_SPLIT_KV=0's layout: no decode layout, the same numbers.
+  auto options = backend::vulkan_options_from_env();
+  options.split_kv = false;
+  auto unsplit = backend::make_vulkan_backend(options);
+  const ir::Graph& plain = models[0].second;
+  const backend::TensorMap in = backend::random_inputs(plain, {{"B", 2}, {"N", 1}, {"M", 2048}}, 9);
+  EXPECT_EQ(forward_split(*unsplit, plain, in), "");
+  testing::expect_equivalent(plain, in, *unsplit);
 }
 
 }  // namespace

@@ -369,13 +369,14 @@ TEST(CooperativeMatrix, AttentionTakesItWhereItsTilesFitTheSharedMemory) {
     return Launched{kernel_launch(g, plan_storage(g), v, shapes, gpu()), g.node(v)};
   };
   const Launched l64 = launch(64);
-  EXPECT_EQ(l64.spec(), (Spec{{"D4", 16}, {"DV4", 16}, {"BC", 32}, {"local_size", 128}, {"RPT", 1}, {"COOP", 1}}));
+  EXPECT_EQ(l64.spec(), (Spec{{"D4", 16}, {"DV4", 16}, {"BC", 32}, {"local_size", 128}, {"RPT", 1}, {"COOP", 1}, {"DECODE", 0}, {"SPLIT", 0}}));
   EXPECT_EQ(l64.launch.groups, (std::array<std::uint32_t, 3>{16, 8, 1}));  // 1000 queries in 64-row workgroups, 8 heads
-  EXPECT_EQ(launch(128).spec(), (Spec{{"D4", 32}, {"DV4", 32}, {"BC", 16}, {"local_size", 128}, {"RPT", 1}, {"COOP", 1}}));
+  EXPECT_EQ(launch(128).spec(),
+            (Spec{{"D4", 32}, {"DV4", 32}, {"BC", 16}, {"local_size", 128}, {"RPT", 1}, {"COOP", 1}, {"DECODE", 0}, {"SPLIT", 0}}));
   // Head dim 256: four subgroups' q rows alone take 33 KiB; two subgroups of 16 rows (64
   // invocations) with 16-key tiles.
   const Launched l256 = launch(256);
-  EXPECT_EQ(l256.spec(), (Spec{{"D4", 64}, {"DV4", 64}, {"BC", 16}, {"local_size", 64}, {"RPT", 1}, {"COOP", 1}}));
+  EXPECT_EQ(l256.spec(), (Spec{{"D4", 64}, {"DV4", 64}, {"BC", 16}, {"local_size", 64}, {"RPT", 1}, {"COOP", 1}, {"DECODE", 0}, {"SPLIT", 0}}));
   EXPECT_EQ(l256.launch.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));  // 1000 queries in 32-row workgroups
   // Head dim 512: not even that; the same kernel's scalar path (COOP: off), its geometry as
   // any GPU's.

@@ -64,16 +64,18 @@ TEST(Glsl, AttentionGeometryIsPerTargetNotPerSource) {
   auto shapes = ir::bind_shapes(g, {{"q", Tensor(DType::f32, {8, 4096, 64})}});
   const KernelLaunch cpu = kernel_launch(g, plan_storage(g), y, shapes, Target{true}),
                      gpu = kernel_launch(g, plan_storage(g), y, shapes, Target{false});
-  EXPECT_EQ(cpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 8, 8, 0}));
-  EXPECT_EQ(gpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 128, 1, 0}));
+  // D4, DV4, BC, invocations, RPT, COOP, DECODE, SPLIT.
+  EXPECT_EQ(cpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 8, 8, 0, 0, 0}));
+  EXPECT_EQ(gpu.specialization, (std::vector<std::uint32_t>{16, 16, 16, 128, 1, 0, 0, 0}));
   EXPECT_EQ(cpu.groups, (std::array<std::uint32_t, 3>{64, 8, 1}));  // 4096 queries / 64 per workgroup (8 x 8), 8 heads
   EXPECT_EQ(gpu.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));  // 128 per workgroup
   EXPECT_EQ(cpu.push, gpu.push);
   // Where the device has 48 KiB of shared memory, tiles of 32 keys fit (2 x 8 KiB).
-  EXPECT_EQ(kernel_launch(g, plan_storage(g), y, shapes, Target{false, 49152}).specialization, (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 0}));
+  EXPECT_EQ(kernel_launch(g, plan_storage(g), y, shapes, Target{false, 49152}).specialization,
+            (std::vector<std::uint32_t>{16, 16, 32, 128, 1, 0, 0, 0}));
   // A tuning experiment's override (QKV_VULKAN_ATTENTION_GEOMETRY=32,4,8): 128 rows per workgroup.
   const KernelLaunch tuned = kernel_launch(g, plan_storage(g), y, shapes, Target{false, 49152, 32, 4, 8});
-  EXPECT_EQ(tuned.specialization, (std::vector<std::uint32_t>{16, 16, 8, 32, 4, 0}));
+  EXPECT_EQ(tuned.specialization, (std::vector<std::uint32_t>{16, 16, 8, 32, 4, 0, 0, 0}));
   EXPECT_EQ(tuned.groups, (std::array<std::uint32_t, 3>{32, 8, 1}));
   // Head dims 2048: the registers suffice, one row of keys and values (16 KiB) does not fit in
   // the 16 KiB every device has, but does in 48 KiB.
@@ -110,7 +112,7 @@ TEST(Glsl, FlexModifierIsInlinedWithItsTensorsDims) {
   const ir::ValueId y = g.output("out");
   const KernelSource k = kernel_source(g, plan_storage(g), y);
   EXPECT_EQ(k.name, "flash_attention_forward_flex_causal_b2");
-  EXPECT_EQ(k.buffers, 6);  // q, k, v, the slopes, the output, the tile counter
+  EXPECT_EQ(k.buffers, 7);  // q, k, v, the slopes, the output, the tile counter, the split buffer
   EXPECT_TRUE(k.counts_tiles);
   EXPECT_EQ(k.glsl.find("tile_masked"), std::string::npos) << "slopes never mask: no tile is tested";
   EXPECT_NE(k.glsl.find("// The score modifier, mod = score + t0 * (kv_idx - q_idx).\nfloat score_mod(float score, uint q_idx, uint kv_idx) {"),

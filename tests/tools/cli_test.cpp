@@ -393,6 +393,13 @@ TEST_F(Cli, EveryModelCommandRunsOnVulkan) {
   ASSERT_EQ(skipping.status, 0) << skipping.output;
   for (const char* kernel : {"attention skipped", "attention_lse skipped", "attention_grad skipped"})
     EXPECT_NE(skipping.output.find(kernel), std::string::npos) << kernel << "\n" << skipping.output;
+  // Decoding in a GPU's geometry: one query against 2048 keys takes the forward's decode layout,
+  // its keys split over workgroups of 512 (lavapipe's geometry keeps the query layout, unsplit).
+  Result gpu = run("explain sdpa --backend vulkan --set weights=false --dim N=1 --dim M=2048", "QKV_VULKAN_TUNING=gpu");
+  ASSERT_EQ(gpu.status, 0) << gpu.output;
+  EXPECT_NE(gpu.output.find("decode layout: 1 query against 2048 keys, 1 query row per workgroup shared by its 32 invocations"), std::string::npos)
+      << gpu.output;
+  EXPECT_NE(gpu.output.find("split-KV: 1 query against 2048 keys in 4 workgroups of 512 keys per row block"), std::string::npos) << gpu.output;
   Result profile = run("bench sdpa --backend vulkan,cpu --repeat 3 --profile");
   ASSERT_EQ(profile.status, 0) << profile.output;
   EXPECT_NE(profile.output.find("device ms"), std::string::npos) << profile.output;
