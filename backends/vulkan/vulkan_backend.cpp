@@ -215,24 +215,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
                                  ctx_->device_name() + " dispatches at most " + std::to_string(ctx_->profile().max_workgroup_count));
       if (codegen::specialized(graph_, k.group)) k.pipeline = &ctx_->pipeline(k.source, launches_.back().specialization);
     }
-    // The split buffer: each kernel that splits keys its own aligned range (a kernel that does
-    // not split for these shapes binds the first 16 bytes, which it never touches).
-    const auto align = std::max<std::int64_t>(static_cast<std::int64_t>(ctx_->properties().limits.minStorageBufferOffsetAlignment), 16);
-    std::int64_t split_bytes = 16;
-    for (std::size_t k = 0; k < kernels_.size(); ++k) {
-      Kernel& kernel = kernels_[k];
-      kernel.split_offset = 0;
-      kernel.split_bytes = 16;
-      if (launches_[k].split_words == 0) continue;
-      kernel.split_offset = (split_bytes + align - 1) / align * align;
-      kernel.split_bytes = launches_[k].split_words * 4;
-      if (const std::uint64_t limit = ctx_->features().max_storage_range; limit != 0 && static_cast<std::uint64_t>(kernel.split_bytes) > limit)
-        throw ResourceError("vulkan: kernel " + kernel.source.name + " splits its keys into parts whose rows take " +
-                            std::to_string(kernel.split_bytes) + " bytes, more than one storage buffer binding may span on " + ctx_->device_name() +
-                            " (maxStorageBufferRange " + std::to_string(limit) + ")");
-      split_bytes = kernel.split_offset + kernel.split_bytes;
-    }
-    split_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(split_bytes), U::eStorageBuffer | U::eTransferDst, false);
+    plan_split_buffer();
 
     // One descriptor set per kernel, binding its operands' and result's ranges of the arena.
     std::uint32_t descriptors = 0;
@@ -273,6 +256,28 @@ class VulkanExecutable final : public ExecutableSkeleton {
       query_pool_ = vk::raii::QueryPool(dev, vk::QueryPoolCreateInfo({}, vk::QueryType::eTimestamp, static_cast<std::uint32_t>(kernels_.size() + 1)));
     record(uploads, downloads, updates);
     upload_state();
+  }
+
+  /// The split buffer: each kernel that splits keys its own aligned range of it (a kernel that
+  /// does not split for these shapes binds the first 16 bytes, which it never touches).
+  void plan_split_buffer() {
+    const auto align = std::max<std::int64_t>(static_cast<std::int64_t>(ctx_->properties().limits.minStorageBufferOffsetAlignment), 16);
+    std::int64_t split_bytes = 16;
+    for (std::size_t k = 0; k < kernels_.size(); ++k) {
+      Kernel& kernel = kernels_[k];
+      kernel.split_offset = 0;
+      kernel.split_bytes = 16;
+      if (launches_[k].split_words == 0) continue;
+      kernel.split_offset = (split_bytes + align - 1) / align * align;
+      kernel.split_bytes = launches_[k].split_words * 4;
+      if (const std::uint64_t limit = ctx_->features().max_storage_range; limit != 0 && static_cast<std::uint64_t>(kernel.split_bytes) > limit)
+        throw ResourceError("vulkan: kernel " + kernel.source.name + " splits its keys into parts whose rows take " +
+                            std::to_string(kernel.split_bytes) + " bytes, more than one storage buffer binding may span on " + ctx_->device_name() +
+                            " (maxStorageBufferRange " + std::to_string(limit) + ")");
+      split_bytes = kernel.split_offset + kernel.split_bytes;
+    }
+    using U = vk::BufferUsageFlagBits;
+    split_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(split_bytes), U::eStorageBuffer | U::eTransferDst, false);
   }
 
   /// Each kernel binds its operands and its result whole, one storage-buffer range apiece: a

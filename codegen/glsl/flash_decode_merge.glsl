@@ -31,15 +31,15 @@
   // PARTIALS, and the last of a row block's parts to arrive (counted
   // atomically, as AMD's single-pass downsampler and CUDA's threadfence reduction do) merges them
   // all in part order, as above: the same bits whichever arrives last. PARTIALS holds an arrival
-  // count per row block, then per block, part and row (BR of them): m, l and o.
-  bool holds = DECODE == 0u || lid == 0u;  // the invocations whose registers hold rows
+  // count per row block, then per block, part and row (RPT of them): m, l and o. Only the decode
+  // layout splits (decode_split), so invocation 0 holds the rows.
   if (SPLIT != 0u) {
     uint per_batch = gl_NumWorkGroups.x / pc.parts, width = 4u * DV4 + 2u;
-    uint block = b * per_batch + gl_WorkGroupID.x / pc.parts, first = per_batch * batches + block * pc.parts * BR * width;
-    if (holds) {
-      uint at = first + gl_WorkGroupID.x % pc.parts * BR * width;
+    uint block = b * per_batch + gl_WorkGroupID.x / pc.parts, first = per_batch * batches + block * pc.parts * RPT * width;
+    if (lid == 0u) {
+      uint at = first + gl_WorkGroupID.x % pc.parts * RPT * width;
       [[unroll]] for (uint t = 0u; t < RPT; ++t) {
-        uint r = at + (own(t) - r0) * width;
+        uint r = at + t * width;
         PARTIALS[r] = floatBitsToUint(m[t]);
         PARTIALS[r + 1u] = floatBitsToUint(l[t]);
         [[unroll]] for (uint g = 0u; g < DV4; ++g)
@@ -56,11 +56,11 @@
       // The rows' columns over the invocations, gathered by invocation 0 through v_tile.
       [[unroll]] for (uint t = 0u; t < RPT; ++t) {
         float mx = neg_inf();
-        for (uint p = 0u; p < pc.parts; ++p) mx = qkv_max(mx, uintBitsToFloat(PARTIALS[first + (p * BR + t) * width]));
+        for (uint p = 0u; p < pc.parts; ++p) mx = qkv_max(mx, uintBitsToFloat(PARTIALS[first + (p * RPT + t) * width]));
         for (uint g = lid; g < DV4; g += INV) {
           vec4 sum = vec4(0.0);
           for (uint p = 0u; p < pc.parts; ++p) {
-            uint at = first + (p * BR + t) * width, x = at + 2u + 4u * g;
+            uint at = first + (p * RPT + t) * width, x = at + 2u + 4u * g;
             vec4 part = vec4(uintBitsToFloat(PARTIALS[x]), uintBitsToFloat(PARTIALS[x + 1u]), uintBitsToFloat(PARTIALS[x + 2u]), uintBitsToFloat(PARTIALS[x + 3u]));
             sum += merge_weight(uintBitsToFloat(PARTIALS[at]), mx) * part;
           }
@@ -70,7 +70,7 @@
         if (lid == 0u) {
           float sum = 0.0;
           for (uint p = 0u; p < pc.parts; ++p) {
-            uint at = first + (p * BR + t) * width;
+            uint at = first + (p * RPT + t) * width;
             sum += merge_weight(uintBitsToFloat(PARTIALS[at]), mx) * uintBitsToFloat(PARTIALS[at + 1u]);
           }
           m[t] = mx;
@@ -81,4 +81,4 @@
       }
     }
   }
-  stores = stores && holds;
+  stores = stores && (DECODE == 0u || lid == 0u);
