@@ -40,6 +40,22 @@ void cache_write_rows(const T* cache, const T* fresh, std::int64_t outer, std::i
     for (std::int64_t k = first; k < last; ++k) std::copy_n(fresh + (o * t + k) * inner, inner, out + (o * n + start + k) * inner);
 }
 
+/// out = pages [P, H, page, D] with fresh [B, H, T, D]'s rows written at slots [B, T] (slot s:
+/// row s % page of page s / page), slots outside [0, P page) dropped. With out == pages (in
+/// place) only the fresh rows are written. S: the slots' element type (i32, or the reference's
+/// double).
+template <class T, class S>
+void page_write_rows(const T* pages, const T* fresh, const S* slots, std::int64_t p, std::int64_t h, std::int64_t page, std::int64_t d,
+                     std::int64_t b, std::int64_t t, T* out) {
+  if (out != pages) std::copy_n(pages, p * h * page * d, out);
+  for (std::int64_t i = 0; i < b * t; ++i) {
+    const auto slot = static_cast<std::int64_t>(slots[i]);
+    if (slot < 0 || slot >= p * page) continue;
+    for (std::int64_t head = 0; head < h; ++head)
+      std::copy_n(fresh + (((i / t) * h + head) * t + i % t) * d, d, out + (((slot / page) * h + head) * page + slot % page) * d);
+  }
+}
+
 /// out[..., k, ...] = k along the axis of `s` split as [outer, n, inner].
 template <class T> void iota_kernel(const AxisSplit& s, T* out) {
   for (std::int64_t o = 0; o < s.outer; ++o)

@@ -68,7 +68,8 @@ std::string elementwise_expr(Op op) {
     case Op::reshape:
     case Op::slice:
     case Op::concat:
-    case Op::cache_write: break;
+    case Op::cache_write:
+    case Op::page_write: break;
   }
   // clang-format on
   QKV_UNREACHABLE(std::string(ir::op_name(op)) + " has no elementwise expression");
@@ -670,6 +671,13 @@ PushConstants per_element_push_constants(const Node& n, bool in_place = false) {
   if (n.op == Op::concat) p.scalar("inner", T::u32, axis).scalar("a_size", T::u32, "x0's size along the axis").scalar("b_size", T::u32, "x1's");
   if (n.op == Op::cache_write)
     p.scalar("inner", T::u32, axis).scalar("rows", T::u32, "the cache's size along the axis").scalar("fresh", T::u32, "the new rows' size along it");
+  if (n.op == Op::page_write)
+    p.scalar("dim", T::u32, "D: a row's elements")
+        .scalar("tokens", T::u32, "T: the new tokens per sequence")
+        .scalar("heads", T::u32, "H")
+        .scalar("page", T::u32, "rows per page")
+        .scalar("slots", T::u32, "B T: the slots given")
+        .scalar("capacity", T::u32, "P page: the pages' rows (other slots are dropped)");
   if (n.op == Op::iota) p.scalar("inner", T::u32, axis).scalar("size", T::u32, "the axis' size");
   if (n.op == Op::dropout_mask)
     p.scalar("threshold", T::u32, "kept where the draw is at least 2^32 p").scalar("kept", T::f32, "the kept value, 1 / (1 - p)");
@@ -744,6 +752,23 @@ const PerElement kPerElement[] = {
      "  const uint inner = pc.inner, rows = pc.rows, fresh = pc.fresh;\n"
      "  const int row = int((i / inner) % fresh) + int(x2[0]);\n"
      "  if (row >= 0 && row < int(rows)) y[((i / inner / fresh) * rows + uint(row)) * inner + i % inner] = x1[i];\n"},
+    // As a copy: every element of the pages x0 [P, H, page, D], from the new rows x1 [B, H, T, D]
+    // where a slot of x2 [B, T] names its row (slots are distinct: the first found is the one).
+    {Op::page_write, false, "page_write", 3,
+     "  const uint d = pc.dim, page = pc.page, heads = pc.heads, tokens = pc.tokens;\n"
+     "  const uint row = (i / d) % page, head = (i / d / page) % heads, slot = (i / d / page / heads) * page + row;\n"
+     "  int from = -1;\n"
+     "  for (uint j = 0u; j < pc.slots && from < 0; ++j)\n"
+     "    if (int(x2[j]) == int(slot)) from = int(j);\n"
+     "  y[i] = from < 0 ? x0[i] : x1[(((uint(from) / tokens) * heads + head) * tokens + uint(from) % tokens) * d + i % d];\n"},
+    // In place (ir::writes_into_operand): y is the pages' own storage (x0 is not read); an
+    // invocation per new element of x1 [B, H, T, D] writes it at its token's slot in x2 [B, T].
+    {Op::page_write, true, "page_write_in_place", 3,
+     "  const uint d = pc.dim, page = pc.page, heads = pc.heads, tokens = pc.tokens;\n"
+     "  const uint token = (i / d) % tokens, head = (i / d / tokens) % heads, b = i / d / tokens / heads;\n"
+     "  const int slot = int(x2[b * tokens + token]);\n"
+     "  if (slot >= 0 && slot < int(pc.capacity))\n"
+     "    y[(((uint(slot) / page) * heads + head) * page + uint(slot) % page) * d + i % d] = x1[i];\n"},
     {Op::iota, false, "iota", 1, "  y[i] = float((i / pc.inner) % pc.size);\n"},
     // x1[0] = the seed.
     {Op::dropout_mask, false, "dropout_mask", 2, "  y[i] = qkv_philox(i, uint(x1[0])) >= pc.threshold ? pc.kept : 0.0;\n"},
@@ -879,7 +904,8 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::where:
     case Op::broadcast_to:
     case Op::permute: return elementwise_source(g, storage, v, target);
-    case Op::cache_write: return per_element_source(n, ir::writes_into_operand(g, v), target);
+    case Op::cache_write:
+    case Op::page_write: return per_element_source(n, ir::writes_into_operand(g, v), target);
     QKV_REDUCE_CASES
     case Op::softmax: return axis_source(g, storage, v, target);
     case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, storage, v, true));
@@ -892,6 +918,7 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:  // decomposed before code generation
+    case Op::page_gather:
     case Op::sink_softmax:
     case Op::reduce_mean: break;
   }
@@ -913,7 +940,7 @@ KernelLaunch per_element_launch(const ir::Graph& g, ir::ValueId v, const std::ve
   const Shape& xs = n.op == Op::iota || n.inputs.empty() ? os : in_shape(0);
   std::int64_t inner = 1;
   for (int i = n.attrs.axis + 1; i < xs.rank; ++i) inner *= xs[i];
-  const bool in_place = n.op == Op::cache_write && ir::writes_into_operand(g, v);
+  const bool in_place = (n.op == Op::cache_write || n.op == Op::page_write) && ir::writes_into_operand(g, v);
   const std::int64_t elements = in_place ? in_shape(1).numel() : os.numel();
   const PushConstants declaration = per_element_push_constants(n, in_place);
   PushConstants::Values p = declaration.values();
@@ -938,6 +965,15 @@ KernelLaunch per_element_launch(const ir::Graph& g, ir::ValueId v, const std::ve
     p.set("inner", push_word(inner))
         .set(n.op == Op::concat ? "a_size" : "rows", push_word(xs[n.attrs.axis]))
         .set(n.op == Op::concat ? "b_size" : "fresh", push_word(in_shape(1)[n.attrs.axis]));
+  if (n.op == Op::page_write) {
+    const Shape &pages = in_shape(0), &fresh = in_shape(1);
+    p.set("dim", push_word(pages[3]))
+        .set("tokens", push_word(fresh[2]))
+        .set("heads", push_word(pages[1]))
+        .set("page", push_word(pages[2]))
+        .set("slots", push_word(fresh[0] * fresh[2]))
+        .set("capacity", push_word(pages[0] * pages[2]));
+  }
   if (n.op == Op::iota) p.set("inner", push_word(inner)).set("size", push_word(os[n.attrs.axis]));
   if (n.op == Op::dropout_mask) p.set("threshold", ir::dropout_threshold(n.attrs.dropout)).set_float("kept", ir::dropout_keep_value(n.attrs.dropout));
   KernelLaunch l;
@@ -979,6 +1015,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::slice:
     case Op::concat:
     case Op::cache_write:
+    case Op::page_write:
     case Op::iota:
     case Op::dropout_mask:
     case Op::one_hot:
@@ -1025,6 +1062,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::reshape:
     case Op::log_softmax:
     case Op::sink_softmax:
+    case Op::page_gather:
     case Op::reduce_mean: break;
   }
   // clang-format on

@@ -150,6 +150,7 @@ class Planner {
       case Op::concat: return rounded_to(n.inputs[0], dtype) && rounded_to(n.inputs[1], dtype);
       case Op::where: return rounded_to(n.inputs[1], dtype) && rounded_to(n.inputs[2], dtype);
       case Op::cache_write:
+      case Op::page_write:
       // The other unary ops compute new values (neg is above; the rounds of the other half dtype:
       // their own is above), as do the rest (or they hold an input as it came).
       QKV_UNARY_CASES QKV_SOURCE_CASES QKV_BINARY_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
@@ -176,7 +177,7 @@ class Planner {
       case Op::slice:
       case Op::concat:
       case Op::cast: return rounded_to(n.inputs[0], dtype);
-      case Op::broadcast_to: case Op::cache_write:
+      case Op::broadcast_to: case Op::cache_write: case Op::page_write:
       QKV_UNARY_CASES QKV_SOURCE_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES QKV_MASK_CASES
       QKV_COMPOSITE_CASES QKV_ATTENTION_CASES return false;
     }

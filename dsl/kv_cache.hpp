@@ -23,6 +23,26 @@ template <int Axis, Expr C, Expr N, Expr S> constexpr auto cache_write(C cache, 
   return make_node<ir::Op::cache_write, attrs>(cache, fresh, start);
 }
 
+/// A paged key/value cache's update (vLLM's slot mapping): pages [P, H, page, D] with fresh
+/// [B, H, T, D]'s rows written at slots [B, T] (i32: slot s is row s % page of page s / page;
+/// slots outside [0, P page) are dropped, as a padded token's -1 is). The caller keeps the slots
+/// of different tokens apart. Written in place where the graph updates the held pages with it.
+/// \code
+///   auto pages = input<"past.0.key">(dim<64>, dim<4>, dim<16>, dim<32>);  // 64 pages of 16 rows
+///   auto fresh = input<"k">(dim<"B">, dim<4>, dim<"T">, dim<32>);
+///   auto written = page_write(pages, fresh, input<"cache_slots", DType::i32>(dim<"B">, dim<"T">));
+/// \endcode
+template <Expr P, Expr N, Expr S> constexpr auto page_write(P pages, N fresh, S slots) { return make_node<ir::Op::page_write>(pages, fresh, slots); }
+
+/// Pages [P, H, page, D] read through a block table [B, n] (i32 page numbers; entries outside
+/// [0, P) read zeros, as a table's unallocated tail does): keys or values [B, H, n page, D], slot
+/// s of sequence b being row s % page of page table[b, s / page]. Attention over them reads the
+/// pages where they are on backends that fuse the gather (cpu); elsewhere it is a gather.
+/// \code
+///   auto keys = page_gather(written, input<"block_table", DType::i32>(dim<"B">, dim<"NP">));
+/// \endcode
+template <Expr P, Expr T> constexpr auto page_gather(P pages, T table) { return make_node<ir::Op::page_gather>(pages, table); }
+
 /// The result of cached_self_attention: the output and the cache after the step.
 template <class O, class K, class V> struct CachedAttention {
   O output;  ///< The output for the new tokens, [B, T, E].

@@ -209,6 +209,20 @@ ValueId reduce_mean(Graph& g, const Node& n, std::span<const ValueId> in) {
   return g.add(Op::div, {sum, count});
 }
 
+// pages [P, H, pg, D] read through table [B, n]: each table entry picks a page's H pg D elements
+// as embedding picks a row ([B, n, H pg D], zeros for entries outside [0, P)), then the heads go
+// before the table's axis and the pages' rows join into slots: [B, H, n pg, D].
+ValueId page_gather(Graph& g, const Node& n, std::span<const ValueId> in) {
+  const Shape pages = g.node(in[0]).shape, table = g.node(in[1]).shape, out = n.shape;  // copies: adding nodes may move the storage
+  const Dim page_elements = g.derive_dim(DimOp::product, g.derive_dim(DimOp::product, pages[1], pages[2]), pages[3]);
+  const ValueId rows = g.add(Op::reshape, {in[0]}, shape_attrs(Shape{pages[0], page_elements}));
+  const ValueId picked = g.add(Op::embedding, {in[1], rows});  // [B, n, H pg D]
+  const ValueId split = g.add(Op::reshape, {picked}, shape_attrs(Shape{table[0], table[1], pages[1], pages[2], pages[3]}));
+  Attrs heads_first;
+  heads_first.perm = Perm{0, 2, 1, 3, 4};
+  return g.add(Op::reshape, {g.add(Op::permute, {split}, heads_first)}, shape_attrs(out));
+}
+
 // The primitives' column: backends run them, there is nothing to decompose.
 ValueId primitive(Graph&, const Node& n, std::span<const ValueId>) { QKV_UNREACHABLE(std::string(op_name(n.op)) + " is not a composite"); }
 

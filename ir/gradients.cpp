@@ -220,6 +220,24 @@ Grads embedding(const GradientArgs& a) {
   return {-1, dtable};
 }
 
+// d/dpages page_gather(pages, table): embedding's rule, the pages [P, H, page, D] as rows of
+// H page D elements picked by the table [B, n] and dy [B, H, n page, D] regrouped to those rows
+// ([B, n, H page D]): each page the sum of the rows that read it. The node itself stays, for
+// kernels that read the pages through the table (a decomposition would gather them first).
+Grads page_gather(const GradientArgs& a) {
+  Graph& g = a.g;
+  const Shape pages = a.shape(a.in[0]), table = a.shape(a.in[1]);
+  const Dim width = g.derive_dim(DimOp::product, g.derive_dim(DimOp::product, pages[1], pages[2]), pages[3]);
+  const ValueId rows = g.add(Op::reshape, {a.in[0]}, shape_attrs(Shape{pages[0], width}));
+  const ValueId split = g.add(Op::reshape, {a.dy}, shape_attrs(Shape{table[0], pages[1], table[1], pages[2], pages[3]}));
+  Attrs table_first;
+  table_first.perm = Perm{0, 2, 1, 3, 4};
+  const ValueId grouped = g.add(Op::reshape, {g.add(Op::permute, {split}, table_first)}, shape_attrs(Shape{table[0], table[1], width}));
+  const ValueId operands[] = {a.in[1], rows};
+  const ValueId drows = embedding(GradientArgs{g, a.n, a.y, grouped, operands, a.zero})[1];
+  return {g.add(Op::reshape, {drows}, shape_attrs(pages)), -1};
+}
+
 // d/dx permute(x, p) = permute(dy, p^-1)
 Grads permute(const GradientArgs& a) {
   Attrs inverse;

@@ -232,7 +232,8 @@ ValueId Graph::add(Op op, std::vector<ValueId> inputs, Attrs attrs, std::shared_
     const Node& n = node(it->second);
     if (n.op == op && n.inputs == inputs && n.attrs == attrs && same_region(n.region.get(), region.get())) return it->second;
   }
-  if (op == Op::concat) sum_dim(operands[0].shape[attrs.axis], operands[1].shape[attrs.axis]);  // names a derived dim
+  if (op == Op::concat) sum_dim(operands[0].shape[attrs.axis], operands[1].shape[attrs.axis]);        // names a derived dim
+  if (op == Op::page_gather) derive_dim(DimOp::product, operands[1].shape[1], operands[0].shape[2]);  // n page, likewise
   Node n;
   n.op = op;
   n.inputs = std::move(inputs);
@@ -301,7 +302,7 @@ ValueId Graph::output(std::string_view name) const {
 
 bool writes_into_operand(const Graph& g, ValueId v) {
   const Node& n = g.node(v);
-  if (n.op != Op::cache_write) return false;
+  if (n.op != Op::cache_write && n.op != Op::page_write) return false;
   const ValueId cache = n.inputs[0];
   const Node& c = g.node(cache);
   if (c.op != Op::input || c.dtype != DType::f32) return false;  // a 16-bit cache is widened where kernels read it: copied

@@ -131,7 +131,7 @@ std::string unread_attribute(Op op, const Attrs& attrs);
 /// Hash of a node's op, inputs, attributes and region (for structural sharing).
 std::size_t node_hash(Op op, const std::vector<ValueId>& inputs, const Attrs& a, const Graph* region = nullptr);
 
-/// Whether cache_write `v` may write into its cache's storage (in place, only the new rows): the
+/// Whether cache_write or page_write `v` may write into its cache's storage (in place, only the new rows): the
 /// cache is a graph input that the graph updates with `v`, and nothing else reads it (nor is it
 /// an output), so no reader sees the rows change; and it is f32. Backends that hold the input
 /// alias `v` to it.

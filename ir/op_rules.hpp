@@ -477,6 +477,35 @@ constexpr ShapeResult cache_write(std::span<const Operand> in, const Attrs& a) {
   return {cache.shape, cache.dtype};
 }
 
+/// page_write(pages [P, H, page, D], fresh [B, H, T, D], slots i32 [B, T]): the pages' shape.
+constexpr ShapeResult page_write(std::span<const Operand> in, const Attrs&) {
+  const Operand& pages = in[0];
+  const Operand& fresh = in[1];
+  const Operand& slots = in[2];
+  if (!is_float(pages.dtype)) return fail(ShapeErr::not_float, 0, 0, 0);
+  if (fresh.dtype != pages.dtype) return fail(ShapeErr::dtypes_differ, 0, 0, 1);
+  if (slots.dtype != DType::i32) return fail(ShapeErr::not_integer, 0, 0, 2);
+  if (pages.shape.rank != 4) return fail(pages.shape.rank < 4 ? ShapeErr::rank_too_small : ShapeErr::rank_too_large, pages.shape.rank, 4, 0);
+  if (fresh.shape.rank != 4) return fail(fresh.shape.rank < 4 ? ShapeErr::rank_too_small : ShapeErr::rank_too_large, fresh.shape.rank, 4, 1);
+  if (slots.shape.rank != 2) return fail(slots.shape.rank < 2 ? ShapeErr::rank_too_small : ShapeErr::rank_too_large, slots.shape.rank, 2, 2);
+  for (int i : {1, 3})  // heads and head dim
+    if (!dims_compatible(pages.shape[i], fresh.shape[i])) return fail(ShapeErr::dims_differ, pages.shape[i], fresh.shape[i], 1, i);
+  if (!dims_compatible(slots.shape[0], fresh.shape[0])) return fail(ShapeErr::dims_differ, fresh.shape[0], slots.shape[0], 2, 0);
+  if (!dims_compatible(slots.shape[1], fresh.shape[2])) return fail(ShapeErr::dims_differ, fresh.shape[2], slots.shape[1], 2, 1);
+  return {pages.shape, pages.dtype};
+}
+
+/// page_gather(pages [P, H, page, D], table i32 [B, n]): [B, H, n page, D] in the pages' dtype.
+constexpr ShapeResult page_gather(std::span<const Operand> in, const Attrs&) {
+  const Operand& pages = in[0];
+  const Operand& table = in[1];
+  if (!is_float(pages.dtype)) return fail(ShapeErr::not_float, 0, 0, 0);
+  if (table.dtype != DType::i32) return fail(ShapeErr::not_integer, 0, 0, 1);
+  if (pages.shape.rank != 4) return fail(pages.shape.rank < 4 ? ShapeErr::rank_too_small : ShapeErr::rank_too_large, pages.shape.rank, 4, 0);
+  if (table.shape.rank != 2) return fail(table.shape.rank < 2 ? ShapeErr::rank_too_small : ShapeErr::rank_too_large, table.shape.rank, 2, 1);
+  return {Shape{table.shape[0], pages.shape[1], derived_dim(DimOp::product, table.shape[1], pages.shape[2]), pages.shape[3]}, pages.dtype};
+}
+
 constexpr ShapeResult iota(std::span<const Operand> in, const Attrs& a) {
   const Operand& x = in[0];
   int ax = normalize_axis(a.axis, x.shape.rank);

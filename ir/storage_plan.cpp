@@ -29,6 +29,7 @@ std::string_view storage_kind_name(StorageKind kind) {
     case StorageKind::placed: return "placed";
     case StorageKind::narrowed: return "narrowed";
     case StorageKind::concat: return "concat";
+    case StorageKind::paged: return "paged";
   }
   QKV_UNREACHABLE("storage kind");
 }
@@ -45,7 +46,8 @@ bool ValueStorage::is_view() const {
     case StorageKind::in_place:
     case StorageKind::placed:
     case StorageKind::narrowed:
-    case StorageKind::concat: return false;
+    case StorageKind::concat:
+    case StorageKind::paged: return false;
   }
   QKV_UNREACHABLE("storage kind");
 }
@@ -81,6 +83,23 @@ StoragePlan plain_storage_plan(const Graph& g) {
   return plan;
 }
 
+bool read_as_keys_or_values(const Graph& g, ValueId v) {
+  for (ValueId r : g.result_values())
+    if (r == v) return false;
+  bool read = false;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const Node& n = g.nodes()[i];
+    const AttentionRoles& roles = attention_roles(n.op);
+    for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+      if (n.inputs[k] != v) continue;
+      read = true;
+      const bool keys_or_values = roles.attention() && (static_cast<int>(k) == roles.k || static_cast<int>(k) == roles.v);
+      if (!keys_or_values && !(n.op == Op::reshape && read_as_keys_or_values(g, static_cast<ValueId>(i)))) return false;
+    }
+  }
+  return read;
+}
+
 std::string no_kernel_reason(const Graph& g, const StoragePlan& plan, ValueId v) {
   const ValueStorage& s = plan[v];
   const Node& n = g.node(v);
@@ -100,6 +119,7 @@ std::string no_kernel_reason(const Graph& g, const StoragePlan& plan, ValueId v)
     case StorageKind::placed: return "written in place by " + of + "'s kernel through its strides";
     case StorageKind::narrowed: return "written in place by " + of + "'s kernel, rounded to " + std::string(dtype_name(rounds_to(n)));
     case StorageKind::concat: return "written in place by " + value_name(n.inputs[0]) + "'s and " + value_name(n.inputs[1]) + "'s kernels";
+    case StorageKind::paged: return "pages read through the block table " + value_name(n.inputs[1]) + " by the attention kernels that read it";
   }
   QKV_UNREACHABLE("storage kind");
 }
@@ -138,6 +158,8 @@ void verify_storage(const Graph& g, const StoragePlan& plan) {
     }
     if (s.kind == StorageKind::placed || s.kind == StorageKind::narrowed)
       if (plan[s.of].into.into != v) fail(value_name(s.of) + " does not write into it");
+    if (s.kind == StorageKind::paged && (n.op != Op::page_gather || !read_as_keys_or_values(g, v)))
+      fail("only a page_gather that attention kernels alone read is read through its block table");
     if (s.kind == StorageKind::concat) {
       if (n.op != Op::concat) fail("only a concat is written by its operands");
       for (ValueId o : n.inputs)

@@ -28,6 +28,7 @@ enum class StorageKind : std::uint8_t {
   placed,       ///< a permute its operand's kernel writes through permuted strides
   narrowed,     ///< a round or 16-bit cast its operand's kernel writes, rounded as it stores
   concat,       ///< a concat whose operands' kernels write their results into it
+  paged,        ///< a page_gather its attention kernels read through the block table: nothing gathered
 };
 
 /// "kernel", "input", "reshape", ...: the kind as `qkv dump --storage` prints it.
@@ -91,6 +92,11 @@ struct StoragePlan {
 /// The plan every backend starts from: inputs are the caller's, reshapes views of their
 /// operands, every other value has a kernel; half-typed values are held in 16 bits.
 StoragePlan plain_storage_plan(const Graph& g);
+
+/// Whether page_gather v's readers are all attention kernels that take it as their keys or values
+/// (directly or through reshapes), so that they may read the pages through the block table
+/// instead of a gathered copy (StorageKind::paged); it is no result of the graph.
+bool read_as_keys_or_values(const Graph& g, ValueId v);
 
 /// Why value v has no kernel of its own, in words ("view of %3 at byte 4096", "written in place
 /// by %7's kernel, rounded to bf16"), for every value that has none; empty for the rest. What

@@ -151,6 +151,18 @@ std::vector<OpCase> cache_write() {
           {"heads 2x2x6x4 <- 2x2x3x4", {{{2, 2, 6, 4}}, {{2, 2, 3, 4}}, {{}, Fill::ids}}, axis(-2)}};
 }
 
+// Pages [3, 2, 4, 5] (12 slots) and 6 new tokens at distinct slots in [-1, 14): some outside.
+std::vector<OpCase> page_write() {
+  return {{"2 sequences of 3 into 3 pages of 4", {{{3, 2, 4, 5}}, {{2, 2, 3, 5}}, {{2, 3}, Fill::slots}}, {}},
+          {"1 token each, pages of 1", {{{7, 1, 1, 3}}, {{3, 1, 1, 3}}, {{3, 1}, Fill::slots}}, {}}};
+}
+
+// Tables of entries in [-1, 6] over 5 pages: some pages read twice, some entries outside.
+std::vector<OpCase> page_gather() {
+  return {{"2 sequences of 3 pages of 2", {{{5, 2, 2, 3}}, {{2, 3}, Fill::ids}}, {}},
+          {"1 sequence of 4 pages of 3", {{{5, 1, 3, 2}}, {{1, 4}, Fill::ids}}, {}}};
+}
+
 // Tables of 5 rows: the ids fill (-1 to 6) picks some rows twice and some ids outside the table.
 std::vector<OpCase> embedding() {
   return {{"ids 2x3, rows of 4", {{{2, 3}, Fill::ids}, {{5, 4}}}, {}}, {"ids 7, rows of 2x3", {{{7}, Fill::ids}, {{5, 2, 3}}}, {}}};
@@ -384,7 +396,8 @@ DType fill_dtype(Fill f) {
     case Fill::keep_first: return DType::boolean;
     case Fill::ids:
     case Fill::seed:
-    case Fill::segments: return DType::i32;
+    case Fill::segments:
+    case Fill::slots: return DType::i32;
   }
   return DType::f32;
 }

@@ -14,7 +14,9 @@ namespace qkv::ir {
 /// ids: i32 values in [-1, 6], some outside [0, 5) on purpose.
 /// segments: sorted i32 document ids along the longest dim (three documents), its last entry -1
 /// (padding: a query there sees no key, a key there is seen by none).
-enum class Fill { normal, positive, boolean, keep_first, ids, seed, segments };  // seed: an i32 in [0, 1000)
+/// slots: distinct i32 values in [-1, 2 n + 2) for n elements (page_write's destinations: two
+/// tokens never share one; -1 and the largest fall outside the pages).
+enum class Fill { normal, positive, boolean, keep_first, ids, seed, segments, slots };  // seed: an i32 in [0, 1000)
 
 struct CaseInput {
   std::vector<std::int64_t> shape;

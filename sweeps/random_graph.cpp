@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
 #include <optional>
 
 #include "ir/bind.hpp"
@@ -18,6 +19,12 @@ Tensor filled_tensor(ir::Fill fill, const std::vector<std::int64_t>& shape, std:
   std::bernoulli_distribution coin(0.5);
   Tensor t(ir::fill_dtype(fill), shape);
   const std::int64_t last = shape.empty() ? 1 : std::max<std::int64_t>(shape.back(), 1);
+  std::vector<std::int32_t> slots;
+  if (fill == ir::Fill::slots) {
+    slots.resize(static_cast<std::size_t>(2 * t.numel() + 3));
+    std::iota(slots.begin(), slots.end(), -1);
+    std::shuffle(slots.begin(), slots.end(), rng);
+  }
   for (std::int64_t j = 0; j < t.numel(); ++j) {
     switch (fill) {
       case ir::Fill::normal: t.data<float>()[j] = static_cast<float>(normal(rng)); break;
@@ -26,6 +33,7 @@ Tensor filled_tensor(ir::Fill fill, const std::vector<std::int64_t>& shape, std:
       case ir::Fill::keep_first: t.data<std::uint8_t>()[j] = j % last == 0 || coin(rng); break;
       case ir::Fill::ids: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 8) - 1; break;
       case ir::Fill::seed: t.data<std::int32_t>()[j] = static_cast<std::int32_t>(rng() % 1000); break;
+      case ir::Fill::slots: t.data<std::int32_t>()[j] = slots[static_cast<std::size_t>(j)]; break;
       case ir::Fill::segments: {
         const std::int64_t len = shape.empty() ? 1 : std::max<std::int64_t>(*std::max_element(shape.begin(), shape.end()), 1), i = j % len;
         t.data<std::int32_t>()[j] = i == len - 1 ? -1 : static_cast<std::int32_t>(i * 3 / len);

@@ -73,6 +73,7 @@ float* tile_buffer(int slot, std::int64_t n) {
 /// `rows` rows of `width` from element `first` of x, in f32: where x holds them, or widened into
 /// this thread's buffer `slot` when x is stored in f16 or bf16.
 const float* f32_rows(const ConstView& x, std::int64_t first, std::int64_t rows, std::int64_t width, int slot) {
+  if (x.paged) return f32_rows(contiguous(x, first, rows * width, slot), 0, rows, width, slot);  // gathered, then widened where 16-bit
   if (x.stored == DType::f32) return x.data + first;
   float* to = tile_buffer(slot, rows * width);
   widen(x, first, rows * width, to);
@@ -202,8 +203,8 @@ class Scores {
     out.resize(static_cast<std::size_t>(rows * cols));
     const float* q = queries(b, i0, rows);
     for (std::int64_t e = 0; e < rows * d_; ++e) x[static_cast<std::size_t>(e)] = q[e] * a_.scale;
-    const std::int64_t at = offset_at(b, batch_, ks_) + j0 * d_;
-    few_rows_product(x.data(), rows, d_, cols, stored_at(a_.k, at), a_.k.stored, true, out.data());
+    const ConstView keys = contiguous(a_.k, offset_at(b, batch_, ks_) + j0 * d_, cols * d_, 0);
+    few_rows_product(x.data(), rows, d_, cols, stored_at(keys, 0), keys.stored, true, out.data());
     const std::int64_t unit = tile_gemm_columns(), padded = (cols + unit - 1) / unit * unit;
     for (std::int64_t i = 0; i < rows; ++i) {
       std::copy_n(out.data() + i * cols, cols, s + i * ld);
@@ -485,7 +486,8 @@ void few_query_values(const ConstView& v, std::int64_t at, std::int64_t rows, st
   x.resize(static_cast<std::size_t>(rows * width));
   out.resize(static_cast<std::size_t>(rows * dv));
   for (std::int64_t r = 0; r < rows; ++r) std::copy_n(p + r * kKeyBlock, width, x.data() + r * width);
-  few_rows_product(x.data(), rows, width, dv, stored_at(v, at), v.stored, false, out.data());
+  const ConstView values = contiguous(v, at, width * dv, 3);
+  few_rows_product(x.data(), rows, width, dv, stored_at(values, 0), values.stored, false, out.data());
   for (std::int64_t e = 0; e < rows * dv; ++e) o[e] += out[static_cast<std::size_t>(e)];
 }
 

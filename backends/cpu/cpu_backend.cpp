@@ -86,6 +86,8 @@ ir::StoragePlan cpu_storage_plan(const ir::Graph& g) {
       s.of = n.inputs[0];
       s.held = plan.held(s.of);
     }
+    // Keys and values from a paged cache: the attention kernels read the pages where they are.
+    if (n.op == Op::page_gather && ir::read_as_keys_or_values(g, static_cast<ir::ValueId>(i))) s.kind = ir::StorageKind::paged;
   }
   std::vector<int> readers(g.size(), 0);
   std::vector<ir::ValueId> reader(g.size(), -1);
@@ -181,7 +183,9 @@ class CpuExecutable final : public ExecutableSkeleton {
   void plan() override {
     bind_shapes();
     bytes_.assign(graph_.size(), 0);
-    for (std::size_t i = 0; i < graph_.size(); ++i) bytes_[i] = shapes_[i].numel() * static_cast<std::int64_t>(dtype_size(held(i)));
+    for (std::size_t i = 0; i < graph_.size(); ++i)
+      bytes_[i] = storage_.values[i].kind == ir::StorageKind::paged ? 0 : shapes_[i].numel() * static_cast<std::int64_t>(dtype_size(held(i)));
+    paged_rows_.assign(graph_.size(), {});
     std::vector<std::int64_t> views = storage_.memory_views();
     const std::vector<ir::Placement> placed = storage_.memory_placements();  // attentions writing their rounded outputs
     in_place_.assign(graph_.size(), false);
@@ -408,6 +412,23 @@ class CpuExecutable final : public ExecutableSkeleton {
     cpu::attention_grads(args, at(0), at(1), at(2));
   }
 
+  /// The paged page_gather (StorageKind::paged) that value v is, or is a reshape of; -1 otherwise.
+  ir::ValueId paged_source(ir::ValueId v) const {
+    while (graph_.node(v).op == Op::reshape) v = graph_.node(v).inputs[0];
+    return storage_[v].kind == ir::StorageKind::paged ? v : -1;
+  }
+
+  /// Paged page_gather `gather` as its reader sees it (in `shape`): its pages where they are held,
+  /// found through its block table.
+  cpu::ConstView paged_operand(ir::ValueId gather, const ir::Shape& shape) {
+    const Node& g = graph_.node(gather);
+    const auto pool = static_cast<std::size_t>(g.inputs[0]), table = static_cast<std::size_t>(g.inputs[1]);
+    const ConstBytes p = value_bytes(pool), t = value_bytes(table);
+    const cpu::ConstView pages = p.stored == DType::f32 ? cpu::ConstView{static_cast<const float*>(p.data), shapes_[pool]}
+                                                        : cpu::ConstView{nullptr, shapes_[pool], p.data, p.stored};
+    return cpu::paged_view(pages, {static_cast<const float*>(t.data), shapes_[table]}, shape, paged_rows_[static_cast<std::size_t>(gather)]);
+  }
+
   bool computed_with_leader(std::size_t i) const { return leader_[i] >= 0 && group_fused_[static_cast<std::size_t>(leader_[i])]; }
 
   /// A fused attention op (execute's): its scores from q, k, the keep-mask, the bound scale and
@@ -450,7 +471,8 @@ class CpuExecutable final : public ExecutableSkeleton {
 
   void execute(std::size_t i) {
     const Node& n = graph_.nodes()[i];
-    if (storage_.values[i].is_view()) return;  // reads its operand's storage
+    if (storage_.values[i].is_view() || storage_.values[i].kind == ir::StorageKind::paged)
+      return;  // reads its operand's storage, or its readers read the pages
     if (chunkwise(i)) return execute_chunkwise(i, out_ptr(i));
     // f16 and bf16 operands: widened into the scratch, or read as they are (reads_half).
     for (const auto& [v, at] : widened_[i]) {
@@ -460,6 +482,7 @@ class CpuExecutable final : public ExecutableSkeleton {
     auto in = [&](int k) {
       const ir::ValueId operand = n.inputs[static_cast<std::size_t>(k)];
       auto v = static_cast<std::size_t>(operand);
+      if (const ir::ValueId gather = paged_source(operand); gather >= 0) return paged_operand(gather, shapes_[v]);
       const ConstBytes b = value_bytes(v);
       if (b.stored == DType::f32) return cpu::ConstView{static_cast<const float*>(b.data), shapes_[v]};
       for (const auto& [w, at] : widened_[i])
@@ -506,6 +529,8 @@ class CpuExecutable final : public ExecutableSkeleton {
       case Op::slice: return cpu::slice(in(0), n.attrs.axis, n.attrs.begin, out);
       case Op::concat: return cpu::concat(in(0), in(1), n.attrs.axis, out);
       case Op::cache_write: return cpu::cache_write(in(0), in(1), in(2), n.attrs.axis, out);
+      case Op::page_write: return cpu::page_write(in(0), in(1), in(2), out);
+      case Op::page_gather: return cpu::page_gather(in(0), in(1), out);
       case Op::iota: return cpu::iota(n.attrs.axis, out);
       case Op::dropout_mask: return cpu::dropout_mask(in(1), n.attrs.dropout, out);
       case Op::softmax: return cpu::softmax(in(0), n.attrs.axis, out);
@@ -517,7 +542,8 @@ class CpuExecutable final : public ExecutableSkeleton {
 
   cpu::TileCounter tiles_;                       // the running kernel's tiles
   std::vector<std::int64_t> bytes_;              // node -> its value's bytes, as planned
-  std::vector<bool> in_place_;                   // node -> a cache_write into the held cache it updates
+  std::vector<bool> in_place_;                   // node -> a cache_write or page_write into the held cache it updates
+  std::vector<cpu::PagedRows> paged_rows_;       // node -> a paged page_gather's layout, as its readers last read it
   std::vector<std::vector<Widened>> widened_;    // node -> its operands widened into the scratch
   std::int64_t scratch_bytes_ = 0;               // after the arena's values
   std::vector<TileCount> tile_counts_;           // the last run's, per fused kernel
@@ -583,6 +609,7 @@ class CpuBackend final : public Backend {
       }
       case Op::softmax:
       case Op::log_softmax: return "row softmax";
+      case Op::page_gather: return "gather of pages through the block table (a reader other than attention's keys or values)";
       case Op::constant:
       QKV_UNARY_CASES
       QKV_BINARY_CASES
@@ -596,6 +623,7 @@ class CpuBackend final : public Backend {
       case Op::slice:
       case Op::concat:
       case Op::cache_write:
+      case Op::page_write:
       case Op::sink_softmax:
       case Op::reduce_mean: return "loop";
     }
@@ -627,6 +655,7 @@ bool cpu_supports(const Node& n) {
     // The gradient of a modifier tensor (wrt >= 3) is score-shaped before its sum: decomposed.
     case Op::flex_attention_grad: return n.attrs.wrt <= 2;
     QKV_PRIMITIVE_CASES
+    case Op::page_gather:  // read through its block table by the attention that reads it, else gathered
     case Op::attention:
     case Op::masked_attention:
     case Op::attention_lse:

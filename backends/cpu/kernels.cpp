@@ -14,6 +14,7 @@
 #include "backends/cpu/vector_math.hpp"
 #include "backends/host_kernels.hpp"
 #include "backends/scalar_ops.hpp"
+#include "ir/error.hpp"
 #include "ir/half.hpp"
 
 namespace qkv::backend::cpu {
@@ -58,7 +59,57 @@ template <ir::Op O>
 
 }  // namespace
 
+namespace {
+
+/// The pages of a paged view as a view of their own.
+ConstView pool_of(const PagedRows& p) {
+  return p.stored == DType::f32 ? ConstView{static_cast<const float*>(p.pages), {}} : ConstView{nullptr, {}, p.pages, p.stored};
+}
+
+/// Calls f(offset in the pool or -1, count, position from first) for each run of x's elements
+/// [first, first + n) that lie one after another in a paged x's pool.
+template <class F> void each_run(const PagedRows& p, std::int64_t first, std::int64_t n, F&& f) {
+  for (std::int64_t at = first; at < first + n;) {
+    std::int64_t run = 0;
+    const std::int64_t offset = p.locate(at, &run);
+    const std::int64_t take = std::min(run, first + n - at);
+    f(offset, take, at - first);
+    at += take;
+  }
+}
+
+}  // namespace
+
+ConstView contiguous(const ConstView& x, std::int64_t first, std::int64_t n, int slot) {
+  if (!x.paged) {
+    if (x.stored == DType::f32) return {x.data + first, {n}};
+    return {nullptr, {n}, static_cast<const std::uint16_t*>(x.half) + first, x.stored};
+  }
+  std::int64_t run = 0;  // within one page: read where they lie
+  if (const std::int64_t offset = x.paged->locate(first, &run); offset >= 0 && run >= n) return contiguous(pool_of(*x.paged), offset, n, slot);
+  thread_local std::vector<std::uint32_t> buffers[5];  // 4-byte words: room for f32, and for 16-bit elements in pairs
+  std::vector<std::uint32_t>& buf = buffers[slot];
+  const std::size_t size = x.stored == DType::f32 ? 4 : 2, words = (static_cast<std::size_t>(n) * size + 3) / 4;
+  if (buf.size() < words) buf.resize(words);
+  auto* bytes = reinterpret_cast<unsigned char*>(buf.data());
+  const auto* pool = static_cast<const unsigned char*>(x.paged->pages);
+  each_run(*x.paged, first, n, [&](std::int64_t offset, std::int64_t count, std::int64_t to) {
+    unsigned char* dst = bytes + static_cast<std::size_t>(to) * size;
+    if (offset < 0) std::fill_n(dst, static_cast<std::size_t>(count) * size, static_cast<unsigned char>(0));
+    else std::copy_n(pool + static_cast<std::size_t>(offset) * size, static_cast<std::size_t>(count) * size, dst);
+  });
+  if (x.stored == DType::f32) return {reinterpret_cast<const float*>(bytes), {n}};
+  return {nullptr, {n}, bytes, x.stored};
+}
+
 void widen(const ConstView& x, std::int64_t first, std::int64_t n, float* to) {
+  if (x.paged) {
+    const ConstView pool = pool_of(*x.paged);
+    return each_run(*x.paged, first, n, [&](std::int64_t offset, std::int64_t count, std::int64_t at) {
+      if (offset < 0) std::fill_n(to + at, count, 0.0f);
+      else widen(pool, offset, count, to + at);
+    });
+  }
   if (x.stored == DType::f16) return to_float(static_cast<const Half*>(x.half) + first, to, n);
   if (x.stored == DType::bf16) return to_float(static_cast<const BFloat16*>(x.half) + first, to, n);
   std::copy_n(x.data + first, n, to);
@@ -71,6 +122,13 @@ void narrow(const float* from, std::int64_t n, const View& out, std::int64_t fir
 }
 
 bool all_finite(const ConstView& x, std::int64_t first, std::int64_t n) {
+  if (x.paged) {  // the pages' runs (a page not allocated reads zeros)
+    const ConstView pool = pool_of(*x.paged);
+    bool finite = true;
+    each_run(*x.paged, first, n,
+             [&](std::int64_t offset, std::int64_t count, std::int64_t) { finite = finite && (offset < 0 || all_finite(pool, offset, count)); });
+    return finite;
+  }
   if (x.stored == DType::f32) return all_finite(x.data + first, n);
   // All exponent bits set: an infinity or a NaN (f16: 5 bits, bf16: f32's 8).
   const std::uint16_t exponent = x.stored == DType::f16 ? 0x7c00 : 0x7f80;
@@ -338,6 +396,33 @@ void concat(ConstView a, ConstView b, int axis, View out) {
 void cache_write(ConstView cache, ConstView fresh, ConstView start, int axis, View out) {
   AxisSplit s = split_at(cache.shape, axis);
   cache_write_rows(cache.data, fresh.data, s.outer, s.n, fresh.shape[axis], s.inner, static_cast<std::int64_t>(start.data[0]), out.data);
+}
+
+void page_write(ConstView pages, ConstView fresh, ConstView slots, View out) {
+  page_write_rows(pages.data, fresh.data, slots.data, pages.shape[0], pages.shape[1], pages.shape[2], pages.shape[3], fresh.shape[0], fresh.shape[2],
+                  out.data);
+}
+
+ConstView paged_view(const ConstView& pages, const ConstView& table, const ir::Shape& shape, PagedRows& rows) {
+  rows = {pages.stored == DType::f32 ? static_cast<const void*>(pages.data) : pages.half,
+          pages.stored,
+          table.data,
+          pages.shape[0],
+          pages.shape[1],
+          pages.shape[2],
+          table.shape[1],
+          pages.shape[3]};
+  return {nullptr, shape, nullptr, pages.stored, &rows};
+}
+
+void page_gather(ConstView pages, ConstView table, View out) {
+  PagedRows rows{};
+  const ConstView x = paged_view(pages, table, out.shape, rows);
+  const std::int64_t n = out.shape.numel();
+  if (out.stored == DType::f32) return widen(x, 0, n, out.data);
+  QKV_ASSERT(out.stored == pages.stored, "page_gather keeps the pages' dtype");
+  const ConstView c = contiguous(x, 0, n, 0);
+  std::copy_n(static_cast<const std::uint16_t*>(c.half), n, static_cast<std::uint16_t*>(out.half));
 }
 
 void iota(int axis, View out) { iota_kernel(split_at(out.shape, axis), out.data); }

@@ -227,6 +227,11 @@ template <class T> class ReferenceExecutable final : public ExecutableSkeleton {
         return cache_write_rows(in(0).data(), in(1).data(), s.outer, s.n, in_shape(1)[n.attrs.axis], s.inner, static_cast<std::int64_t>(in(2)[0]),
                                 out.data());
       }
+      case Op::page_write: {
+        const Shape& pages = in_shape(0);
+        const Shape& fresh = in_shape(1);
+        return page_write_rows(in(0).data(), in(1).data(), in(2).data(), pages[0], pages[1], pages[2], pages[3], fresh[0], fresh[2], out.data());
+      }
       case Op::iota: return iota_kernel(split_at(os, n.attrs.axis), out.data());
       case Op::dropout_mask:
         return dropout_mask_kernel(dropout_seed(in(1)[0]), n.attrs.dropout, static_cast<std::int64_t>(out.size()), out.data());
