@@ -61,25 +61,179 @@ Generator::Generator(const Pretrained& model, backend::Backend& backend, std::in
   exe_->set_state(std::move(state));
 }
 
+Generator::Generator(const Pretrained& model, backend::Backend& backend, CachePages cache)
+    : model_(model), max_length_(model.max_positions), batch_(0), pages_(cache) {
+  if (model.paged_step_graph.size() == 0)
+    throw UsageError(model.dir + ": a " + model.model_type + " model does not generate (decoders such as gpt2 and llama do)");
+  if (cache.pages < 1 || cache.page_size < 1)
+    throw UsageError("generate: a paged cache of " + std::to_string(cache.pages) + " pages of " + std::to_string(cache.page_size) + " positions");
+  exe_ = backend.compile(model.paged_step_graph);
+  backend::TensorMap state(model.weights.begin(), model.weights.end());
+  for (std::int64_t l = 0; l < model.layers; ++l)
+    for (const char* which : {".key", ".value"})
+      state.emplace("past." + std::to_string(l) + which, Tensor(DType::f32, {cache.pages, model.kv_heads, cache.page_size, model.head_dim}));
+  exe_->set_state(std::move(state));
+}
+
+namespace {
+
+/// The prompts' tokens checked against the vocabulary (and none empty).
+void check_prompts(const std::vector<std::vector<std::int32_t>>& prompts, std::int64_t vocab) {
+  for (const auto& prompt : prompts) {
+    if (prompt.empty()) throw UsageError("generate: a prompt has no tokens");
+    for (std::int32_t id : prompt)
+      if (id < 0 || id >= vocab)
+        throw UsageError("generate: token id " + std::to_string(id) + " is outside the model's vocabulary of " + std::to_string(vocab));
+  }
+}
+
+/// A sequence of a paged generation: its tokens so far, the pages its block table lists, and
+/// how many it may come to hold (its prompt and max_new_tokens, reserved when it is admitted).
+struct PagedSequence {
+  std::size_t index = 0;
+  std::vector<std::int32_t> tokens;
+  std::int64_t written = 0;  // slots [0, written) hold its keys and values
+  std::vector<std::int32_t> pages;
+  std::int64_t reserved = 0;
+  std::int64_t produced = 0;
+};
+
+}  // namespace
+
+std::vector<std::vector<std::int32_t>> Generator::generate_paged(const std::vector<std::vector<std::int32_t>>& prompts, const GenerationOptions& o,
+                                                                 const std::function<bool(std::size_t, std::int32_t)>& on_token) {
+  const CachePages& cache = *pages_;
+  check_prompts(prompts, model_.vocab_size);
+  if (o.max_new_tokens < 0) throw UsageError("generate: max_new_tokens is negative");
+  auto pages_for = [&](std::int64_t positions) { return (positions + cache.page_size - 1) / cache.page_size; };
+  for (const auto& prompt : prompts) {
+    const auto length = static_cast<std::int64_t>(prompt.size());
+    if (length + o.max_new_tokens > max_length_)
+      throw UsageError("generate: a prompt of " + std::to_string(length) + " tokens and " + std::to_string(o.max_new_tokens) +
+                       " new ones exceed the model's " + std::to_string(max_length_) + " positions");
+    if (pages_for(length + o.max_new_tokens) > cache.pages)
+      throw UsageError("generate: a prompt of " + std::to_string(length) + " tokens and " + std::to_string(o.max_new_tokens) + " new ones need " +
+                       std::to_string(pages_for(length + o.max_new_tokens)) + " pages of " + std::to_string(cache.page_size) +
+                       " positions; the cache has " + std::to_string(cache.pages));
+  }
+  std::vector<std::int64_t> stop = o.stop_tokens;
+  if (o.use_model_stop_tokens) stop.insert(stop.end(), model_.eos_token_ids.begin(), model_.eos_token_ids.end());
+  std::vector<std::vector<std::int32_t>> out(prompts.size());
+  page_use_ = {};
+  if (o.max_new_tokens == 0) return out;
+
+  // The free pages, the last given back taken first (so that a page is reused while it is warm).
+  std::vector<std::int32_t> free_pages(static_cast<std::size_t>(cache.pages));
+  for (std::int64_t p = 0; p < cache.pages; ++p) free_pages[static_cast<std::size_t>(p)] = static_cast<std::int32_t>(cache.pages - 1 - p);
+  std::vector<bool> used_before(static_cast<std::size_t>(cache.pages), false);
+  std::int64_t promised = 0;  // pages reserved by admitted sequences and not yet taken
+  auto take_pages = [&](PagedSequence& s, std::int64_t slots) {
+    while (static_cast<std::int64_t>(s.pages.size()) < pages_for(slots)) {
+      const std::int32_t page = free_pages.back();
+      free_pages.pop_back();
+      --promised;
+      if (used_before[static_cast<std::size_t>(page)]) ++page_use_.reused_pages;
+      used_before[static_cast<std::size_t>(page)] = true;
+      s.pages.push_back(page);
+    }
+    page_use_.peak_pages = std::max(page_use_.peak_pages, cache.pages - static_cast<std::int64_t>(free_pages.size()));
+  };
+  auto give_back = [&](PagedSequence& s) {
+    for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) free_pages.push_back(*it);
+    promised -= s.reserved - static_cast<std::int64_t>(s.pages.size());
+    s.pages.clear();
+  };
+
+  // One step: tokens [from, from + T) of each sequence, written at their slots; the last
+  // position's logits of each, [B, V].
+  auto step = [&](const std::vector<PagedSequence*>& batch, std::int64_t t_count) {
+    const auto b_count = static_cast<std::int64_t>(batch.size());
+    std::int64_t widest = 0;
+    for (PagedSequence* s : batch) {
+      take_pages(*s, s->written + t_count);
+      widest = std::max(widest, static_cast<std::int64_t>(s->pages.size()));
+    }
+    Tensor ids(DType::i32, {b_count, t_count}), positions(DType::i32, {b_count, t_count}), slots(DType::i32, {b_count, t_count}),
+        table(DType::i32, {b_count, widest});
+    for (std::int64_t b = 0; b < b_count; ++b) {
+      const PagedSequence& s = *batch[static_cast<std::size_t>(b)];
+      for (std::int64_t t = 0; t < t_count; ++t) {
+        const std::int64_t position = s.written + t;
+        ids.data<std::int32_t>()[b * t_count + t] = s.tokens[static_cast<std::size_t>(position)];
+        positions.data<std::int32_t>()[b * t_count + t] = static_cast<std::int32_t>(position);
+        slots.data<std::int32_t>()[b * t_count + t] =
+            static_cast<std::int32_t>(s.pages[static_cast<std::size_t>(position / cache.page_size)] * cache.page_size + position % cache.page_size);
+      }
+      for (std::int64_t j = 0; j < widest; ++j)
+        table.data<std::int32_t>()[b * widest + j] = j < static_cast<std::int64_t>(s.pages.size()) ? s.pages[static_cast<std::size_t>(j)] : -1;
+    }
+    const backend::TensorMap result = exe_->run({{"input_ids", ids}, {"position_ids", positions}, {"cache_slots", slots}, {"block_table", table}});
+    for (PagedSequence* s : batch) s->written += t_count;
+    const Tensor& logits = result.at("logits");  // [B, 1, V]
+    return logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
+  };
+  // Picks sequence s's next token from its row of logits; whether it goes on.
+  auto pick = [&](PagedSequence& s, const float* row) {
+    Sampling sampling = o.sampling;
+    sampling.seed += static_cast<std::uint64_t>(s.index);
+    const std::int32_t next = pick_token(row, model_.vocab_size, sampling, static_cast<std::uint64_t>(s.produced));
+    out[s.index].push_back(next);
+    s.tokens.push_back(next);
+    ++s.produced;
+    const bool go_on = !on_token || on_token(s.index, next);
+    return go_on && s.produced < o.max_new_tokens && std::find(stop.begin(), stop.end(), next) == stop.end();
+  };
+
+  std::vector<PagedSequence> sequences(prompts.size());
+  std::size_t next_prompt = 0;
+  std::vector<PagedSequence*> active;
+  const std::int64_t chunk = o.prefill_chunk > 0 ? o.prefill_chunk : max_length_;
+  while (next_prompt < prompts.size() || !active.empty()) {
+    // Admits the next prompts while the free pages cover what each may come to hold, prefilling
+    // each alone (its prompt in chunks) and picking its first token.
+    while (next_prompt < prompts.size()) {
+      PagedSequence& s = sequences[next_prompt];
+      const auto length = static_cast<std::int64_t>(prompts[next_prompt].size());
+      const std::int64_t need = pages_for(length + o.max_new_tokens);
+      if (need > static_cast<std::int64_t>(free_pages.size()) - promised) break;
+      s.index = next_prompt++;
+      s.tokens = prompts[s.index];
+      s.reserved = need;
+      promised += need;
+      Tensor logits;
+      while (s.written < length) logits = step({&s}, std::min(chunk, length - s.written));
+      if (pick(s, std::as_const(logits).data<float>())) active.push_back(&s);
+      else give_back(s);
+    }
+    if (active.empty()) continue;
+    // A decode step of every admitted sequence: its last token in.
+    page_use_.peak_batch = std::max(page_use_.peak_batch, static_cast<std::int64_t>(active.size()));
+    const Tensor rows = step(active, 1);
+    std::vector<PagedSequence*> going_on;
+    for (std::size_t b = 0; b < active.size(); ++b) {
+      if (pick(*active[b], std::as_const(rows).data<float>() + static_cast<std::int64_t>(b) * model_.vocab_size)) going_on.push_back(active[b]);
+      else give_back(*active[b]);
+    }
+    active = std::move(going_on);
+  }
+  return out;
+}
+
 std::vector<std::int32_t> Generator::generate(const std::vector<std::int32_t>& prompt, const GenerationOptions& o,
                                               const std::function<bool(std::int32_t)>& on_token) {
-  if (batch_ != 1) throw UsageError("generate: one prompt given to a generator of " + std::to_string(batch_) + " sequences");
+  if (!pages_ && batch_ != 1) throw UsageError("generate: one prompt given to a generator of " + std::to_string(batch_) + " sequences");
   auto each = [&](std::size_t, std::int32_t id) { return !on_token || on_token(id); };
   return generate(std::vector<std::vector<std::int32_t>>{prompt}, o, each)[0];
 }
 
 std::vector<std::vector<std::int32_t>> Generator::generate(const std::vector<std::vector<std::int32_t>>& prompts, const GenerationOptions& o,
                                                            const std::function<bool(std::size_t, std::int32_t)>& on_token) {
+  if (pages_) return generate_paged(prompts, o, on_token);
   if (static_cast<std::int64_t>(prompts.size()) != batch_)
     throw UsageError("generate: " + std::to_string(prompts.size()) + " prompts given to a generator of " + std::to_string(batch_) + " sequences");
+  check_prompts(prompts, model_.vocab_size);
   std::int64_t longest = 0;
-  for (const auto& prompt : prompts) {
-    if (prompt.empty()) throw UsageError("generate: a prompt has no tokens");
-    for (std::int32_t id : prompt)
-      if (id < 0 || id >= model_.vocab_size)
-        throw UsageError("generate: token id " + std::to_string(id) + " is outside the model's vocabulary of " + std::to_string(model_.vocab_size));
-    longest = std::max(longest, static_cast<std::int64_t>(prompt.size()));
-  }
+  for (const auto& prompt : prompts) longest = std::max(longest, static_cast<std::int64_t>(prompt.size()));
   if (o.max_new_tokens < 0 || o.max_new_tokens > max_length_)
     throw UsageError("generate: max_new_tokens outside [0, " + std::to_string(max_length_) + "]");
   if (longest + o.max_new_tokens > max_length_)

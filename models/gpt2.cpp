@@ -37,15 +37,8 @@ template <Expr X, class C> X block(X x, const Gpt2Block& b, double eps, const C&
       if (weights) weights->emplace_back("weights." + std::to_string(layer), attention_weights(q, k, causal).term());
       return scaled_dot_product_attention(q, k, v, causal);
     } else {
-      const std::string past = "past." + std::to_string(layer);
-      using Past = decltype(param(std::string(), dim<"B">, dim<H>, dim<"S">, dim<E / H>));
-      const Past past_k = param(past + ".key", dim<"B">, dim<H>, dim<"S">, dim<E / H>);
-      const Past past_v = param(past + ".value", dim<"B">, dim<H>, dim<"S">, dim<E / H>);
-      auto keys = cache_write<2>(past_k, k, cache.start);
-      auto values = cache_write<2>(past_v, v, cache.start);
-      updates.emplace_back(past + ".key", keys.term());
-      updates.emplace_back(past + ".value", values.term());
-      return scaled_dot_product_attention(q, keys, values, detail::visible_slots<4>(cache));
+      auto [keys, values, visible] = detail::cached_keys_values<H, E / H, 4>(cache, layer, k, v, updates);
+      return scaled_dot_product_attention(q, keys, values, visible);
     }
   }();
   auto attended = matmul(merge_heads<E.value>(heads), param(b.attn.c_proj.weight.name, dim<E>, dim<E>)) + bias_of(b.attn.c_proj);
@@ -114,6 +107,11 @@ ir::Graph build(const Gpt2LMHeadModel& m, const Gpt2Config& c, Ids ids, Position
 
 ir::Graph gpt2_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c, const GraphOutputs& outputs) {
   return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), input<"position_ids", DType::i32>(dim<"B">, dim<"T">), NoCache{}, outputs);
+}
+
+ir::Graph gpt2_paged_step_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c) {
+  const auto cache = detail::paged_cache_inputs();
+  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), cache.positions, cache, GraphOutputs{});
 }
 
 ir::Graph gpt2_step_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c) {

@@ -69,4 +69,13 @@ ir::Graph gpt2_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c, const GraphO
 /// "logits" [B, 1, V]: the last position's, which the next token is picked from.
 ir::Graph gpt2_step_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c);
 
+/// One generation step against a paged key/value cache: inputs input_ids and position_ids i32
+/// [B, T] (each sequence's positions are its cache slots: no padding), cache_slots i32 [B, T]
+/// (the pool row each new token's key and value go to, -1 for none: s = page * page_size + row)
+/// and block_table i32 [B, NP] (each sequence's pages in order, -1 past its last), and the pool
+/// "past.<layer>.key" / ".value" [pages, H, page_size, E/H], which the graph updates with the
+/// step's keys and values (page_write, in place where the backend holds the pool). Query t of
+/// sequence b sees its slots [0, position_ids[b, t]]. Output "logits" [B, 1, V].
+ir::Graph gpt2_paged_step_graph(const Gpt2LMHeadModel& m, const Gpt2Config& c);
+
 }  // namespace qkv::models

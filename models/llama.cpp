@@ -72,12 +72,8 @@ X layer(X x, const LlamaDecoderLayer& l, double eps, P positions, Inv inv_freq, 
       }
       return scaled_dot_product_attention(q_groups, grouped(k), grouped(v), causal);
     } else {
-      const std::string past = "past." + std::to_string(index);
-      auto keys = cache_write<2>(param(past + ".key", dim<"B">, dim<KV>, dim<"S">, dim<D>), k, cache.start);
-      auto values = cache_write<2>(param(past + ".value", dim<"B">, dim<KV>, dim<"S">, dim<D>), v, cache.start);
-      updates.emplace_back(past + ".key", keys.term());
-      updates.emplace_back(past + ".value", values.term());
-      return scaled_dot_product_attention(q_groups, grouped(keys), grouped(values), detail::visible_slots<5>(cache));
+      auto [keys, values, visible] = detail::cached_keys_values<KV, D, 5>(cache, index, k, v, updates);
+      return scaled_dot_product_attention(q_groups, grouped(keys), grouped(values), visible);
     }
   }();  // [B, Hkv, G, T, D]
   constexpr ir::Shape per_head{X::shape[0], H.value, X::shape[1], D.value};
@@ -184,6 +180,11 @@ Tensor llama_inv_freq(const LlamaConfig& c) {
 
 ir::Graph llama_graph(const LlamaForCausalLM& m, const LlamaConfig& c, const GraphOutputs& outputs) {
   return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), input<"position_ids", DType::i32>(dim<"B">, dim<"T">), NoCache{}, outputs);
+}
+
+ir::Graph llama_paged_step_graph(const LlamaForCausalLM& m, const LlamaConfig& c) {
+  const auto cache = detail::paged_cache_inputs();
+  return build(m, c, input<"input_ids", DType::i32>(dim<"B">, dim<"T">), cache.positions, cache, GraphOutputs{});
 }
 
 ir::Graph llama_step_graph(const LlamaForCausalLM& m, const LlamaConfig& c) {

@@ -79,5 +79,8 @@ ir::Graph llama_graph(const LlamaForCausalLM& m, const LlamaConfig& c, const Gra
 /// One generation step against the key/value cache (as gpt2_step_graph; the cache holds the
 /// key/value heads: "past.<layer>.key" [B, kv_heads, S, head_dim]).
 ir::Graph llama_step_graph(const LlamaForCausalLM& m, const LlamaConfig& c);
+/// One generation step against a paged key/value cache (as gpt2_paged_step_graph; the pool holds
+/// the key/value heads: "past.<layer>.key" [pages, kv_heads, page_size, head_dim]).
+ir::Graph llama_paged_step_graph(const LlamaForCausalLM& m, const LlamaConfig& c);
 
 }  // namespace qkv::models

@@ -107,6 +107,7 @@ void read_weights_as_held(Pretrained& p) {
   if (stored.empty()) return;
   p.graph = ir::store_inputs_as(p.graph, stored);
   if (p.step_graph.size() > 0) p.step_graph = ir::store_inputs_as(p.step_graph, stored);
+  if (p.paged_step_graph.size() > 0) p.paged_step_graph = ir::store_inputs_as(p.paged_step_graph, stored);
 }
 
 Pretrained load_architecture(const std::string& dir, const LoadOptions& options);
@@ -141,6 +142,7 @@ Pretrained load_architecture(const std::string& dir, const LoadOptions& options)
     p.weights = match_weights(p.parameters, read_weights(dir), dir, "transformer.", {".attn.bias", ".attn.masked_bias", "lm_head.weight"}, held);
     p.graph = gpt2_graph(m, c, options.outputs);
     p.step_graph = gpt2_step_graph(m, c);
+    p.paged_step_graph = gpt2_paged_step_graph(m, c);
     p.layers = c.n_layer;
     p.kv_heads = c.n_head;
     p.head_dim = c.n_embd / c.n_head;
@@ -160,6 +162,7 @@ Pretrained load_architecture(const std::string& dir, const LoadOptions& options)
     p.weights.emplace(kInvFreq, llama_inv_freq(c));
     p.graph = llama_graph(m, c, options.outputs);
     p.step_graph = llama_step_graph(m, c);
+    p.paged_step_graph = llama_paged_step_graph(m, c);
     p.vocab_size = c.vocab_size;
     p.max_positions = c.max_position_embeddings;
     p.eos_token_ids = c.eos_token_id.value_or(std::vector<std::int64_t>{});

@@ -33,6 +33,10 @@ struct Pretrained {
   /// [B, 1, V]; held cache inputs "past.<layer>.key/value" [B, kv_heads, S, head_dim]. Empty
   /// for encoders.
   ir::Graph step_graph;
+  /// The same step against a paged cache (gpt2_paged_step_graph): input_ids, position_ids,
+  /// cache_slots [B, T], block_table [B, NP]; held pools "past.<layer>.key/value" [pages,
+  /// kv_heads, page_size, head_dim]. Empty for encoders.
+  ir::Graph paged_step_graph;
   std::int64_t layers = 0, kv_heads = 0, head_dim = 0;
   /// The graph's data inputs (the others are weights), each i32 [B, T].
   std::vector<std::string> data{"input_ids", "position_ids"};

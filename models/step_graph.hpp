@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -34,7 +35,29 @@ inline auto cache_inputs() {
   return Cache<decltype(positions), decltype(start), decltype(first)>{positions, start, first};
 }
 
-/// Named terms: extra outputs (each layer's attention weights), or the graph's updates (each
+/// A step against a paged cache: each sequence's slots are its positions (no padding), held in
+/// pages of the pool "past.<layer>.key/value" [pages, heads, page, head dim] that its block table
+/// row names, the step's tokens written at the slots the caller maps them to (vLLM's slot
+/// mapping: -1 for none). Query t of sequence b sees the slots [0, positions[b, t]].
+template <class Positions, class Slots, class Table> struct PagedCache {
+  Positions positions;  // i32 [B, T]: each new token's position in its sequence, which is its slot
+  Slots slots;          // i32 [B, T]: the pool row each new token's key and value go to
+  Table table;          // i32 [B, NP]: each sequence's pages in order (-1: none yet)
+};
+
+/// The step-graph inputs of a PagedCache: position_ids [B, T], cache_slots [B, T], block_table [B, NP].
+inline auto paged_cache_inputs() {
+  using namespace dsl;
+  auto positions = input<"position_ids", DType::i32>(dim<"B">, dim<"T">);
+  auto slots = input<"cache_slots", DType::i32>(dim<"B">, dim<"T">);
+  auto table = input<"block_table", DType::i32>(dim<"B">, dim<"NP">);
+  return PagedCache<decltype(positions), decltype(slots), decltype(table)>{positions, slots, table};
+}
+
+template <class C> constexpr bool is_paged = false;
+template <class P, class S, class T> constexpr bool is_paged<PagedCache<P, S, T>> = true;
+
+/// Named terms: extra outputs/// Named terms: extra outputs (each layer's attention weights), or the graph's updates (each
 /// held input and the term of its new value).
 using Named = std::vector<std::pair<std::string, dsl::detail::TermPtr>>;
 using Updates = Named;
@@ -63,7 +86,48 @@ template <int R, class C> auto visible_slots(const C& cache) {
   });
 }
 
-/// The rows the head reads: every position without a cache; in a step against one, the last
+/// The paged cache's keep-mask for scores of rank R: key slot kv_idx is seen by query t of
+/// sequence b when kv_idx <= positions[b, t] (its slots are its positions), the bound laid out as
+/// [B, 1.., T, 1] so that the comparison spans the scores and stays in the fused kernel's
+/// modifier, which then skips the key tiles past a sequence's end.
+template <int R, class C> auto visible_pages(const C& cache) {
+  using Positions = decltype(cache.positions);
+  constexpr ir::Shape per_query = [] {
+    ir::Shape s{Positions::shape[0]};
+    for (int i = 1; i < R - 2; ++i) s.push_back(1);
+    s.push_back(Positions::shape[1]);
+    s.push_back(1);
+    return s;
+  }();
+  auto slot = dsl::detail::reshape_to<per_query>(cast(cache.positions));
+  return mask_mod([=](auto, auto, auto, auto kv_idx) { return slot - kv_idx >= 0.0; });
+}
+
+/// Writes a step's keys k and values v [B, Heads, T, Dh] of layer `layer` into the held cache
+/// (recording the updates) and gives what attention reads, [B, Heads, S, Dh], with the mask of
+/// the slots each query sees for scores of rank R: the contiguous cache "past.<layer>.key/value"
+/// [B, Heads, S, Dh] (cache_write at cache_start), or the pages [pages, Heads, page, Dh] written
+/// at the slots and read through the block table.
+template <dsl::DimArg Heads, dsl::DimArg Dh, int R, class C, dsl::Expr K, dsl::Expr V>
+auto cached_keys_values(const C& cache, std::size_t layer, K k, V v, Updates& updates) {
+  using namespace dsl;
+  const std::string past = "past." + std::to_string(layer);
+  if constexpr (is_paged<C>) {
+    auto keys = page_write(param(past + ".key", dim<"pages">, dim<Heads>, dim<"page">, dim<Dh>), k, cache.slots);
+    auto values = page_write(param(past + ".value", dim<"pages">, dim<Heads>, dim<"page">, dim<Dh>), v, cache.slots);
+    updates.emplace_back(past + ".key", keys.term());
+    updates.emplace_back(past + ".value", values.term());
+    return std::tuple{page_gather(keys, cache.table), page_gather(values, cache.table), visible_pages<R>(cache)};
+  } else {
+    auto keys = cache_write<2>(param(past + ".key", dim<"B">, dim<Heads>, dim<"S">, dim<Dh>), k, cache.start);
+    auto values = cache_write<2>(param(past + ".value", dim<"B">, dim<Heads>, dim<"S">, dim<Dh>), v, cache.start);
+    updates.emplace_back(past + ".key", keys.term());
+    updates.emplace_back(past + ".value", values.term());
+    return std::tuple{keys, values, visible_slots<R>(cache)};
+  }
+}
+
+/// The rows the head reads:/// The rows the head reads: every position without a cache; in a step against one, the last
 /// position of each sequence alone ([B, 1, E]), since the next token is picked from it. The head
 /// is the largest matmul ([E, vocab]): a prefill of P tokens would run it on P rows and hold P
 /// rows of logits (transformers' generate keeps the last logits too, logits_to_keep=1).

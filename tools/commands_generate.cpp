@@ -19,6 +19,8 @@ int cmd_generate(const GenerateFlags& f) {
   if (!(f.temperature >= 0) || !std::isfinite(f.temperature)) throw UsageError("--temperature: a number, at least 0 (0 picks the most likely token)");
   if (!(f.top_p > 0 && f.top_p <= 1)) throw UsageError("--top-p: in (0, 1]");
   if (f.top_k < 0) throw UsageError("--top-k: at least 0 (0: every token)");
+  if (f.page_size < 0) throw UsageError("--page-size " + std::to_string(f.page_size) + ": at least 0 (0: a contiguous cache)");
+  if (f.cache_pages < 0) throw UsageError("--cache-pages " + std::to_string(f.cache_pages) + ": at least 0 (0: as many as the prompts need)");
   const models::Pretrained model = models::load_pretrained(f.model);
   if (model.step_graph.size() == 0)
     throw UsageError(f.model + ": a " + model.model_type +
@@ -38,9 +40,21 @@ int cmd_generate(const GenerateFlags& f) {
                      " positions");
   auto backend = backend::create(f.backend);
   const auto batch = static_cast<std::int64_t>(prompts.size());
-  models::Generator generator(model, *backend, length, batch);
   models::GenerationOptions o;
   o.max_new_tokens = length - static_cast<std::int64_t>(longest);
+  // A paged cache by default: enough pages for every prompt and its new tokens at once unless
+  // --cache-pages says fewer (then prompts wait for pages others give back).
+  models::CachePages pages{f.cache_pages, f.page_size};
+  for (const auto& p : prompts) {
+    if (f.page_size == 0) break;
+    const std::int64_t need = (static_cast<std::int64_t>(p.size()) + o.max_new_tokens + f.page_size - 1) / f.page_size;
+    if (f.cache_pages == 0) pages.pages += need;
+    else if (need > f.cache_pages)  // before anything is printed
+      throw UsageError("--cache-pages " + std::to_string(f.cache_pages) + ": a prompt of " + std::to_string(p.size()) + " tokens and " +
+                       std::to_string(o.max_new_tokens) + " new ones need " + std::to_string(need) + " pages of " + std::to_string(f.page_size) +
+                       " positions");
+  }
+  models::Generator generator = f.page_size > 0 ? models::Generator(model, *backend, pages) : models::Generator(model, *backend, length, batch);
   o.use_model_stop_tokens = !f.ignore_eos;
   o.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
   using Clock = std::chrono::steady_clock;
@@ -72,10 +86,21 @@ int cmd_generate(const GenerateFlags& f) {
   std::fflush(stdout);  // the text before the figures, where both go to one pipe
   const double prefill = std::chrono::duration<double>(first - start).count();
   const double decode = std::chrono::duration<double>(Clock::now() - first).count();
-  std::fprintf(stderr, "qkv: %zu prompt tokens in %.1f ms (prefill%s), %lld new tokens, %.1f tokens/s decoding, on %s\n",
-               batch == 1 ? prompts[0].size() : static_cast<std::size_t>(batch) * longest, prefill * 1e3,
-               batch == 1 ? "" : (", " + std::to_string(batch) + " sequences padded to " + std::to_string(longest)).c_str(),
-               static_cast<long long>(produced), produced > batch ? static_cast<double>(produced - batch) / decode : 0.0, backend->name().c_str());
+  std::size_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += p.size();
+  std::string layout;
+  if (generator.pages()) {
+    const auto& use = generator.page_use();
+    layout = ", paged cache: at most " + std::to_string(use.peak_pages) + " of its " + std::to_string(pages.pages) + " pages of " +
+             std::to_string(pages.page_size) + " positions in use, " + std::to_string(use.reused_pages) + " taken again; up to " +
+             std::to_string(use.peak_batch) + (use.peak_batch == 1 ? " sequence" : " sequences") + " a decode step";
+  } else if (batch > 1) {
+    layout = ", " + std::to_string(batch) + " sequences padded to " + std::to_string(longest);
+    prompt_tokens = static_cast<std::size_t>(batch) * longest;
+  }
+  std::fprintf(stderr, "qkv: %zu prompt tokens in %.1f ms (prefill%s), %lld new tokens, %.1f tokens/s decoding, on %s\n", prompt_tokens,
+               prefill * 1e3, layout.c_str(), static_cast<long long>(produced),
+               produced > batch ? static_cast<double>(produced - batch) / decode : 0.0, backend->name().c_str());
   return 0;
 }
 

@@ -195,7 +195,9 @@ int main(int argc, char** argv) {
   generate_f.backend = backend;
   auto* generate = app.add_subcommand("generate", "continue a prompt with a model folder's model (as transformers saves one), streaming the text");
   generate->add_option("model", generate_f.model, "the model folder: config.json, model.safetensors, tokenizer.json")->required();
-  generate->add_option("--prompt", generate_f.prompts, "the text to continue (repeatable: the prompts are continued together, as one batch)")
+  generate
+      ->add_option("--prompt", generate_f.prompts,
+                   "the text to continue (repeatable: the prompts are continued together, each decode step one batch)")
       ->required();
   generate->add_option("--backend", generate_f.backend, backend_help);
   generate->add_option("--max-tokens", generate_f.max_tokens, "new tokens at most (fewer where the model's positions end)")->capture_default_str();
@@ -205,6 +207,16 @@ int main(int argc, char** argv) {
   generate->add_option("--top-p", generate_f.top_p, "sample among the most likely tokens whose probability adds up to p")->capture_default_str();
   add_seed_option(generate, generate_f.seed, "seed of the sampling");
   generate->add_flag("--ignore-eos", generate_f.ignore_eos, "go on past the model's end-of-text token");
+  generate
+      ->add_option("--page-size", generate_f.page_size,
+                   "positions per page of the paged key/value cache, which the sequences take as they grow and give back as they end (0: "
+                   "one contiguous cache per sequence, sized for the longest)")
+      ->capture_default_str();
+  generate
+      ->add_option("--cache-pages", generate_f.cache_pages,
+                   "the paged cache's pages (0: enough for every prompt at once); fewer make prompts wait for others to end and give "
+                   "theirs back")
+      ->capture_default_str();
 
   qkv::tool::EmbedFlags embed_f;
   embed_f.backend = backend;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <tuple>
 
 #include "backends/equivalence.hpp"
@@ -339,6 +340,71 @@ TEST_P(HfModels, ABatchOfPromptsOfDifferentLengthsContinuesEachAsAlone) {
   // A batch generator takes as many prompts as its batch.
   EXPECT_THROW(batch.generate(prompt, o), UsageError);
   EXPECT_THROW(batch.generate(std::vector<std::vector<std::int32_t>>{prompt}, o), UsageError);
+}
+
+// A paged cache (pages of 4: a boundary every 4 positions, crossed in prefill and in decoding)
+// continues prompts of different lengths as a contiguous cache continues each alone, the
+// fixture's prompt as transformers does; a prompt fed in chunks of 3 likewise.
+TEST_P(HfModels, APagedCacheContinuesEachPromptAsAlone) {
+  QKV_GET_BACKEND_OR_SKIP(b, backend());
+  const models::Pretrained m = models::load_pretrained(dir());
+  const io::TensorFile hf = expected();
+  const Tensor& ids = hf.at("input_ids");
+  const Tensor& greedy = hf.at("greedy_ids");
+  const std::vector<std::int32_t> prompt(ids.data<std::int32_t>(), ids.data<std::int32_t>() + ids.numel());
+  const std::vector<std::int32_t> want(greedy.data<std::int32_t>() + ids.numel(), greedy.data<std::int32_t>() + greedy.numel());
+  const std::vector<std::vector<std::int32_t>> prompts = {
+      {prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(prompt.size() / 2)}, prompt, {5, 6, 7}};
+  models::GenerationOptions o;
+  o.max_new_tokens = 12;
+  o.use_model_stop_tokens = false;
+  o.prefill_chunk = 3;
+  models::Generator paged(m, *b, models::CachePages{64, 4});
+  const auto got = paged.generate(prompts, o);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[1], std::vector<std::int32_t>(want.begin(), want.begin() + 12));
+  models::Generator one(m, *b, 48);
+  EXPECT_EQ(got[0], one.generate(prompts[0], o));
+  EXPECT_EQ(got[2], one.generate(prompts[2], o));
+  EXPECT_EQ(paged.page_use().peak_batch, 3);
+  // A prompt that could need more pages than the cache has is refused before anything runs.
+  models::Generator small(m, *b, models::CachePages{3, 4});
+  EXPECT_THROW(small.generate(prompts, o), UsageError);
+}
+
+// Sequences come and go through a cache with room for about two: each takes pages as it grows and
+// gives them back when it stops (after a number of tokens drawn at random), the next prompt
+// waiting for them; every sequence continues as it does alone in a contiguous cache, and pages
+// given back are taken again.
+TEST_P(HfModels, PagesGrowShrinkAndAreReusedAsSequencesComeAndGo) {
+  QKV_GET_BACKEND_OR_SKIP(b, backend());
+  const models::Pretrained m = models::load_pretrained(dir());
+  std::mt19937_64 rng(17);
+  std::vector<std::vector<std::int32_t>> prompts(7);
+  std::vector<std::size_t> stop_after(prompts.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    prompts[i].resize(1 + rng() % 11);
+    for (std::int32_t& t : prompts[i]) t = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(m.vocab_size));
+    stop_after[i] = 1 + rng() % 9;
+  }
+  models::GenerationOptions o;
+  o.max_new_tokens = 9;
+  o.use_model_stop_tokens = false;
+  const models::CachePages cache{14, 3};  // a sequence needs up to ceil((11 + 9) / 3) = 7
+  models::Generator paged(m, *b, cache);
+  std::vector<std::size_t> seen(prompts.size(), 0);
+  const auto got = paged.generate(prompts, o, [&](std::size_t i, std::int32_t) { return ++seen[i] < stop_after[i]; });
+  models::Generator one(m, *b, 24);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("sequence " + std::to_string(i));
+    models::GenerationOptions alone = o;
+    alone.max_new_tokens = static_cast<std::int64_t>(stop_after[i]);
+    EXPECT_EQ(got[i], one.generate(prompts[i], alone));
+  }
+  const auto& use = paged.page_use();
+  EXPECT_LE(use.peak_pages, cache.pages);
+  EXPECT_GE(use.peak_batch, 2);
+  EXPECT_GT(use.reused_pages, 0);
 }
 
 // Each layer's attention weights as an output (what qkv viz draws): [B, heads, T, T], causal,

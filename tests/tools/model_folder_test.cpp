@@ -63,12 +63,24 @@ TEST(ModelFolder, GenerateContinuesSeveralPromptsAsOneBatch) {
   const std::vector<std::int32_t> ids(greedy.data<std::int32_t>(), greedy.data<std::int32_t>() + greedy.numel());
   const Result alone = qkv("generate " + kTiny + " --prompt 'Hi' --max-tokens 32 --ignore-eos --backend cpu");
   ASSERT_EQ(alone.status, 0) << alone.out;
-  const Result both = qkv("generate " + kTiny + " --prompt 'The quick brown fox' --prompt 'Hi' --max-tokens 32 --ignore-eos --backend cpu");
-  ASSERT_EQ(both.status, 0) << both.out;
-  const std::string text = both.out.substr(0, both.out.find("qkv: "));
-  EXPECT_EQ(text, t.decode(ids, true) + "\n\n" + alone.out.substr(0, alone.out.find("\nqkv: ")) + "\n") << both.out;
-  EXPECT_NE(both.out.find("2 sequences padded to 10"), std::string::npos) << both.out;
-  EXPECT_NE(both.out.find(", 64 new tokens, "), std::string::npos) << both.out;
+  const std::string want = t.decode(ids, true) + "\n\n" + alone.out.substr(0, alone.out.find("\nqkv: ")) + "\n";
+  // A paged cache (the default) with room for both; with room for one, the second prompt waiting
+  // for the first's pages; and contiguous caches, the shorter prompt padded on the left.
+  const std::string both = "generate " + kTiny + " --prompt 'The quick brown fox' --prompt 'Hi' --max-tokens 32 --ignore-eos --backend cpu";
+  for (const auto& [flags, layout] :
+       {std::pair<std::string, std::string>{"", "at most 6 of its 6 pages of 16 positions in use, 0 taken again; up to 2 sequences"},
+        {" --page-size 8 --cache-pages 6", "at most 6 of its 6 pages of 8 positions in use, 5 taken again; up to 1 sequence "},
+        {" --page-size 0", "2 sequences padded to 10"}}) {
+    SCOPED_TRACE(flags);
+    const Result r = qkv(both + flags);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(r.out.substr(0, r.out.find("qkv: ")), want) << r.out;
+    EXPECT_NE(r.out.find(layout), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(", 64 new tokens, "), std::string::npos) << r.out;
+  }
+  const Result small = qkv(both + " --page-size 8 --cache-pages 5");
+  EXPECT_EQ(small.status, 2);
+  EXPECT_EQ(small.out.find("qkv: --cache-pages 5: a prompt of 10 tokens and 32 new ones need 6 pages of 8 positions"), 0u) << small.out;
 }
 
 TEST(ModelFolder, VizDrawsEachLayerAndHeadWithTheTokens) {
