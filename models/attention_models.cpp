@@ -58,4 +58,29 @@ ir::Graph build_gqa(const Options& o, const Dims&) {
   return with_sizes(lower(named<"out">(linear(grouped_query_attention<H, Hkv>(rq, rk, v, causal), wo))), o);
 }
 
+ir::Graph build_paged_attention(const Options& o, const Dims&) {
+  constexpr DimArg H = "H", Hkv = "Hkv", G = H / Hkv, D = "D";
+  auto q = input<"q">(dim<"B">, dim<H>, dim<"T">, dim<D>);
+  auto k_pages = input<"k_pages">(dim<"pages">, dim<Hkv>, dim<"page">, dim<D>);
+  auto v_pages = input<"v_pages">(dim<"pages">, dim<Hkv>, dim<"page">, dim<D>);
+  auto table = input<"block_table", DType::i32>(dim<"B">, dim<"NP">);
+  auto positions = input<"positions", DType::i32>(dim<"B">, dim<"T">);
+  using Q = decltype(q);
+  // Query heads h G .. h G + G - 1 share key/value head h: [B, Hkv, G, T, D] against [B, Hkv, 1, S, D].
+  constexpr ir::Shape groups{Q::shape[0], Hkv.value, G.value, Q::shape[2], D.value};
+  auto grouped = [](auto t) {
+    using T = decltype(t);
+    constexpr ir::Shape s{T::shape[0], T::shape[1], 1, T::shape[2], T::shape[3]};
+    return dsl::detail::reshape_to<s>(t);
+  };
+  // A sequence's slots are its positions: query t of sequence b sees slots <= positions[b, t].
+  constexpr ir::Shape per_query{Q::shape[0], 1, 1, Q::shape[2], 1};
+  auto slot = dsl::detail::reshape_to<per_query>(cast(positions));
+  auto visible = mask_mod([=](auto, auto, auto, auto kv_idx) { return slot - kv_idx >= 0.0; });
+  auto out = scaled_dot_product_attention(dsl::detail::reshape_to<groups, DimList<G>>(q), grouped(page_gather(k_pages, table)),
+                                          grouped(page_gather(v_pages, table)), visible);
+  return ir::specialize_dims(lower(named<"out">(dsl::detail::reshape_to<Q::shape>(out))),
+                             {{"H", o.integer("heads")}, {"Hkv", o.integer("kv_heads")}, {"pages", o.integer("pages")}});
+}
+
 }  // namespace qkv::models

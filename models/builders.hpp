@@ -17,6 +17,7 @@ ir::Graph build_self_attention(const Options& o, const Dims& dims);
 ir::Graph build_causal_self_attention(const Options& o, const Dims& dims);
 ir::Graph build_cross_attention(const Options& o, const Dims& dims);
 ir::Graph build_gqa(const Options& o, const Dims& dims);
+ir::Graph build_paged_attention(const Options& o, const Dims& dims);
 ir::Graph build_decoder_block(const Options& o, const Dims& dims);
 ir::Graph build_encoder_decoder_block(const Options& o, const Dims& dims);
 

@@ -179,7 +179,8 @@ TEST_F(Cli, RunPromotesLowerRankFilesAndTakesOptions) {
 TEST_F(Cli, ModelsListsEveryModelWithInputsWeightsAndOptions) {
   Result r = run("models");
   ASSERT_EQ(r.status, 0) << r.output;
-  for (const char* m : {"sdpa", "mha", "self-attention", "cross-attention", "causal-self-attention", "gqa", "decoder-block", "encoder-decoder-block"})
+  for (const char* m : {"sdpa", "mha", "self-attention", "cross-attention", "causal-self-attention", "gqa", "paged-attention", "decoder-block",
+                        "encoder-decoder-block"})
     EXPECT_NE(("\n" + r.output).find(std::string("\n") + m + "\n"), std::string::npos) << m;
   EXPECT_NE(r.output.find("weights: in_proj_weight f32[96,32]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("self_attn.in_proj_weight"), std::string::npos) << r.output;
@@ -220,6 +221,16 @@ TEST_F(Cli, BuiltInModelsRunAtAnySize) {
   EXPECT_EQ(gqa.status, 0) << gqa.output;
   Result block = run("check encoder-decoder-block --set embed=24 --set heads=2 --set activation=gelu" + backends);
   EXPECT_EQ(block.status, 0) << block.output;
+  // Attention through a block table, forward and backward: pages of 4, tables of 3 pages (on
+  // vulkan in tests/backends/paged_attention_test.cpp: lavapipe compiles these kernels for 50 s).
+  Result paged =
+      run("check paged-attention --set heads=4 --set kv_heads=1 --set pages=12 --dim page=4 --dim NP=3 --dim T=2 --grad --backend reference,cpu");
+  EXPECT_EQ(paged.status, 0) << paged.output;
+  // The cpu's kernel reads the pages where they are: explain says so of each page_gather.
+  Result explained = run("explain paged-attention --backend cpu");
+  ASSERT_EQ(explained.status, 0) << explained.output;
+  EXPECT_NE(explained.output.find("(pages read through the block table %4 by the attention kernels that read it)"), std::string::npos)
+      << explained.output;
   Result models = run("models");
   EXPECT_NE(models.output.find("--set embed=32  embedding size E (any size the heads divide)"), std::string::npos) << models.output;
   const std::string f = std::string(QKV_SOURCE_DIR) + "/tests/fixtures/torch/";
