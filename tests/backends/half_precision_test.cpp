@@ -708,7 +708,9 @@ TEST(CooperativeMatrixVulkan, AttentionMatchesTheReferenceEmulatedOrOnTheDevice)
     EXPECT_TRUE(attention_is_cooperative(b, backward));
     testing::expect_equivalent(backward, backend::random_inputs(backward, {}, backward_seed), b);
   };
-  for (bool causal : {false, true}) forward_and_backward(*coop, sdpa(DType::f16, causal), 21, 23);
+  // Causal only: its tiles below the diagonal run unmasked, as a non-causal kernel's do (the
+  // registry's cases above run non-causal attention through the cooperative kernels too).
+  forward_and_backward(*coop, sdpa(DType::f16, true), 21, 23);
   EXPECT_FALSE(attention_is_cooperative(*coop, sdpa(DType::bf16, false)));
   // Head dim 128: on lavapipe's 32 KiB four subgroups' rows do not fit; two subgroups take the
   // workgroup (NSG from the launch's workgroup size), forward and backward.

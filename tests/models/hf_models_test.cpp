@@ -359,7 +359,9 @@ TEST_P(HfModels, APagedCacheContinuesEachPromptAsAlone) {
   o.max_new_tokens = 12;
   o.use_model_stop_tokens = false;
   o.prefill_chunk = 3;
-  models::Generator paged(m, *b, models::CachePages{64, 4});
+  // On vulkan pages of 16 (still crossed: each new table width is a new shape, whose kernels
+  // lavapipe compiles anew).
+  models::Generator paged(m, *b, models::CachePages{64, backend() == "vulkan" ? 16 : 4});
   const auto got = paged.generate(prompts, o);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[1], std::vector<std::int32_t>(want.begin(), want.begin() + 12));
@@ -377,6 +379,9 @@ TEST_P(HfModels, APagedCacheContinuesEachPromptAsAlone) {
 // waiting for them; every sequence continues as it does alone in a contiguous cache, and pages
 // given back are taken again.
 TEST_P(HfModels, PagesGrowShrinkAndAreReusedAsSequencesComeAndGo) {
+  // The schedule is the host's; vulkan's kernels for these steps are the test above's (lavapipe
+  // would compile them again for each new batch size: 23 s).
+  if (backend() == "vulkan") GTEST_SKIP() << "the page schedule is the generator's, the same on every backend";
   QKV_GET_BACKEND_OR_SKIP(b, backend());
   const models::Pretrained m = models::load_pretrained(dir());
   std::mt19937_64 rng(17);
