@@ -57,10 +57,19 @@ inline auto paged_cache_inputs() {
 template <class C> constexpr bool is_paged = false;
 template <class P, class S, class T> constexpr bool is_paged<PagedCache<P, S, T>> = true;
 
-/// Named terms: extra outputs/// Named terms: extra outputs (each layer's attention weights), or the graph's updates (each
+/// Named terms: extra outputs (each layer's attention weights), or the graph's updates (each
 /// held input and the term of its new value).
 using Named = std::vector<std::pair<std::string, dsl::detail::TermPtr>>;
 using Updates = Named;
+
+/// A bound per query for scores of rank R ([B, ..., T, S]) from positions [B, T]: [B, 1.., T, 1].
+template <int R, class Positions> constexpr ir::Shape per_query_shape() {
+  ir::Shape s{Positions::shape[0]};
+  for (int i = 1; i < R - 2; ++i) s.push_back(1);
+  s.push_back(Positions::shape[1]);
+  s.push_back(1);
+  return s;
+}
 
 /// The cache's keep-mask for scores of rank R ([B, ..., T, S]): key slot kv_idx is seen by query
 /// t of sequence b when first[b] <= kv_idx <= start + t, written as 0 <= start + t - kv_idx <=
@@ -69,13 +78,7 @@ using Updates = Named;
 /// that reads the cache). The per-query bounds are laid out as [B, 1.., T, 1].
 template <int R, class C> auto visible_slots(const C& cache) {
   using Positions = decltype(cache.positions);
-  constexpr ir::Shape per_query = [] {
-    ir::Shape s{Positions::shape[0]};
-    for (int i = 1; i < R - 2; ++i) s.push_back(1);
-    s.push_back(Positions::shape[1]);
-    s.push_back(1);
-    return s;
-  }();
+  constexpr ir::Shape per_query = per_query_shape<R, Positions>();
   constexpr ir::Shape column{Positions::shape[0], 1};
   auto slot_of = iota<1>(cast(cache.positions)) + cast(cache.start);  // [B, T]: each query's slot
   auto slot = dsl::detail::reshape_to<per_query>(slot_of);
@@ -92,13 +95,7 @@ template <int R, class C> auto visible_slots(const C& cache) {
 /// modifier, which then skips the key tiles past a sequence's end.
 template <int R, class C> auto visible_pages(const C& cache) {
   using Positions = decltype(cache.positions);
-  constexpr ir::Shape per_query = [] {
-    ir::Shape s{Positions::shape[0]};
-    for (int i = 1; i < R - 2; ++i) s.push_back(1);
-    s.push_back(Positions::shape[1]);
-    s.push_back(1);
-    return s;
-  }();
+  constexpr ir::Shape per_query = per_query_shape<R, Positions>();
   auto slot = dsl::detail::reshape_to<per_query>(cast(cache.positions));
   return mask_mod([=](auto, auto, auto, auto kv_idx) { return slot - kv_idx >= 0.0; });
 }
@@ -127,7 +124,7 @@ auto cached_keys_values(const C& cache, std::size_t layer, K k, V v, Updates& up
   }
 }
 
-/// The rows the head reads:/// The rows the head reads: every position without a cache; in a step against one, the last
+/// The rows the head reads: every position without a cache; in a step against one, the last
 /// position of each sequence alone ([B, 1, E]), since the next token is picked from it. The head
 /// is the largest matmul ([E, vocab]): a prefill of P tokens would run it on P rows and hold P
 /// rows of logits (transformers' generate keeps the last logits too, logits_to_keep=1).

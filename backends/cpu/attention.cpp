@@ -195,8 +195,9 @@ class Scores {
   static bool few_queries(std::int64_t rows) { return rows <= kFewRows; }
 
   /// s's rows [0, rows) = scale q kT over keys [j0, j0 + cols) of batch entry b, read where they
-  /// lie in their stored dtype (few_rows_product: one pass over them), and zeros up to cols
-  /// rounded up to tile_gemm_columns(), as compute's product writes.
+  /// lie in their stored dtype (few_rows_product: one pass over them; a paged cache's tile
+  /// gathered first, see contiguous), and zeros up to cols rounded up to tile_gemm_columns(), as
+  /// compute's product writes.
   void few_query_scores(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, float* s, std::int64_t ld) const {
     thread_local std::vector<float> x, out;
     x.resize(static_cast<std::size_t>(rows * d_));
@@ -480,7 +481,8 @@ bool backward_may_skip(const Scores& sc, std::int64_t b, const ConstView& v, std
 }
 
 /// o[r, :] += p[r, :] v over `width` value rows from element `at` of v (in its stored dtype, read
-/// where they lie), for `rows` rows of weights p (row stride kKeyBlock): a decode step's product.
+/// where they lie, or a paged cache's gathered first), for `rows` rows of weights p (row stride
+/// kKeyBlock): a decode step's product.
 void few_query_values(const ConstView& v, std::int64_t at, std::int64_t rows, std::int64_t width, std::int64_t dv, const float* p, float* o) {
   thread_local std::vector<float> x, out;
   x.resize(static_cast<std::size_t>(rows * width));

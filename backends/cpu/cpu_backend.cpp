@@ -197,10 +197,19 @@ class CpuExecutable final : public ExecutableSkeleton {
         in_place_[i] = true;
       }
     }
+    // A kernel reading a paged page_gather reads its pages and block table when it runs: they live
+    // until then (not only until the gather, which has no kernel).
+    std::vector<std::vector<ir::ValueId>> reads(graph_.size());
+    for (std::size_t i = 0; i < graph_.size(); ++i) {
+      reads[i] = graph_.nodes()[i].inputs;
+      for (ir::ValueId in : graph_.nodes()[i].inputs)
+        if (const ir::ValueId gather = paged_source(in); gather >= 0)
+          reads[i].insert(reads[i].end(), graph_.node(gather).inputs.begin(), graph_.node(gather).inputs.end());
+    }
     // f32, f16 and bf16 inputs are read where the caller keeps them; bool and i32 inputs are
     // widened into the arena.
     memory_ = ir::plan_memory(
-        graph_, bytes_, [](const Node& n) { return n.op == Op::input && (n.dtype == DType::f32 || is_half(n.dtype)); }, 64, nullptr, &views, &placed);
+        graph_, bytes_, [](const Node& n) { return n.op == Op::input && (n.dtype == DType::f32 || is_half(n.dtype)); }, 64, &reads, &views, &placed);
     plan_kernel_groups();
     plan_widening();
     const std::int64_t total = memory_.total_bytes + scratch_bytes_;
@@ -296,7 +305,9 @@ class CpuExecutable final : public ExecutableSkeleton {
     scratch_bytes_ = 0;
     for (std::size_t i = 0; i < graph_.size(); ++i) {
       const Node& n = graph_.nodes()[i];
-      if (n.op == Op::input || storage_.values[i].is_view() || computed_with_leader(i) || in_kernel_of_operand(i) || chunkwise(i)) continue;
+      if (n.op == Op::input || storage_.values[i].is_view() || storage_.values[i].kind == ir::StorageKind::paged || computed_with_leader(i) ||
+          in_kernel_of_operand(i) || chunkwise(i))
+        continue;
       std::int64_t at = 0;
       for (std::size_t k = 0; k < n.inputs.size(); ++k) {
         const auto v = static_cast<std::size_t>(n.inputs[k]);

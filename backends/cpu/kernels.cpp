@@ -57,10 +57,6 @@ template <ir::Op O>
   }
 }
 
-}  // namespace
-
-namespace {
-
 /// The pages of a paged view as a view of their own.
 ConstView pool_of(const PagedRows& p) {
   return p.stored == DType::f32 ? ConstView{static_cast<const float*>(p.pages), {}} : ConstView{nullptr, {}, p.pages, p.stored};
@@ -85,6 +81,7 @@ ConstView contiguous(const ConstView& x, std::int64_t first, std::int64_t n, int
     if (x.stored == DType::f32) return {x.data + first, {n}};
     return {nullptr, {n}, static_cast<const std::uint16_t*>(x.half) + first, x.stored};
   }
+  if (n == 0) return {nullptr, {0}, nullptr, x.stored};
   std::int64_t run = 0;  // within one page: read where they lie
   if (const std::int64_t offset = x.paged->locate(first, &run); offset >= 0 && run >= n) return contiguous(pool_of(*x.paged), offset, n, slot);
   thread_local std::vector<std::uint32_t> buffers[5];  // 4-byte words: room for f32, and for 16-bit elements in pairs

@@ -20,7 +20,8 @@ struct View {
 struct PagedRows;
 /// A value as a kernel reads it: `data` (f32), or `half` (f16, bf16: `stored`), or, where `paged`
 /// is set, pages read through a block table (page_gather left to its reader: only fused
-/// attention's forward and row statistic take one, through contiguous(), widen and all_finite).
+/// attention's kernels take one, forward, row statistic and gradients, through contiguous(),
+/// widen and all_finite).
 struct ConstView {
   const float* data;
   ir::Shape shape;

@@ -80,13 +80,7 @@ class Paged : public ::testing::TestWithParam<std::string> {};
 // attention stays fused where the backend fuses.
 TEST_P(Paged, AttentionThroughTheBlockTableEqualsTheGatheredCache) {
   const std::string backend_name = GetParam();
-  std::shared_ptr<backend::Backend> b;
-  if (backend_name != "reference") {
-    std::string why;
-    b = testing::backend_or_reason(backend_name, why);
-    if (!b && testing::vulkan_required()) FAIL() << "backend " << backend_name << ": " << why;
-    if (!b) GTEST_SKIP() << why;
-  }
+  QKV_GET_BACKEND_OR_SKIP(b, backend_name);
   auto q = input<"q">(dim<kBatch>, dim<kHeads>, dim<5>, dim<kDim>);
   auto kp = input<"k_pages">(dim<kPages>, dim<kHeads>, dim<"page">, dim<kDim>);
   auto vp = input<"v_pages">(dim<kPages>, dim<kHeads>, dim<"page">, dim<kDim>);
@@ -123,7 +117,7 @@ TEST_P(Paged, AttentionThroughTheBlockTableEqualsTheGatheredCache) {
       backend::TensorMap in = backend::random_inputs(paged, {{"page", page}, {"NP", pages_of.shape()[1]}}, 7);
       in.insert_or_assign("table", pages_of);
       if (in.contains("slopes")) in.insert_or_assign("slopes", Tensor::from<float>({kHeads}, {0.5f, 0.25f}));
-      const backend::TensorMap got = b ? b->compile(paged)->run(in) : reference->compile(paged)->run(in);
+      const backend::TensorMap got = b->compile(paged)->run(in);
       backend::TensorMap flat = {{"q", in.at("q")},
                                  {"dout", in.at("dout")},
                                  {"k", gathered(in.at("k_pages"), in.at("table"))},
@@ -140,7 +134,7 @@ TEST_P(Paged, AttentionThroughTheBlockTableEqualsTheGatheredCache) {
         ASSERT_EQ(have.shape(), w.shape()) << name;
         for (std::int64_t i = 0; i < w.numel(); ++i) ASSERT_NEAR(have.at(i), w.at(i), 2e-5 * (1.0 + std::abs(w.at(i)))) << name << " " << i;
       }
-      if (!b) continue;
+      if (backend_name == "reference") continue;
       const ir::Graph lowered = ir::lower_for_backend(paged, [&](const ir::Node& node) { return b->supports(node); });
       int fused = 0;
       for (const ir::Node& node : lowered.nodes()) {
@@ -161,16 +155,7 @@ TEST_P(Paged, AttentionThroughTheBlockTableEqualsTheGatheredCache) {
 // pages (the generator's case) and as a copy where it does not: tokens of two sequences at slots
 // in other pages, a -1 and a slot past the pool dropped.
 TEST_P(Paged, WritesLandAtTheirSlotsAndNowhereElse) {
-  const std::string backend_name = GetParam();
-  std::shared_ptr<backend::Backend> b;
-  if (backend_name != "reference") {
-    std::string why;
-    b = testing::backend_or_reason(backend_name, why);
-    if (!b && testing::vulkan_required()) FAIL() << "backend " << backend_name << ": " << why;
-    if (!b) GTEST_SKIP() << why;
-  } else {
-    b = backend::make_reference_backend({backend::Precision::f32, true});
-  }
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
   auto pages = input<"past.0.key">(dim<kPages>, dim<kHeads>, dim<kPage>, dim<kDim>);
   auto fresh = input<"k">(dim<kBatch>, dim<kHeads>, dim<"T">, dim<kDim>);
   auto slots = input<"slots", DType::i32>(dim<kBatch>, dim<"T">);
@@ -216,9 +201,51 @@ TEST_P(Paged, WritesLandAtTheirSlotsAndNowhereElse) {
                                     : keys.at(((seq * kHeads + h) * 3 + token) * kDim + e);
         ASSERT_EQ(first.at((h * 2 * kPage + s) * kDim + e), want) << "head " << h << " slot " << slot;
       }
+  // The held pages after the run: written where the slots say, kept elsewhere.
+  check(exe->state().at("past.0.key"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Paged, ::testing::Values("reference", "cpu", "vulkan"));
+
+// The cpu's kernels read pages where a graph writes them too: attention over pages that
+// page_write fills in the same graph (no held state), the pages and the table living until the
+// attention that reads them through its gathers runs (the gathers have no kernel of their own).
+TEST(PagedCpu, PagesWrittenInTheSameGraphLiveUntilAttentionReadsThem) {
+  QKV_GET_BACKEND_OR_SKIP(cpu, "cpu");
+  auto q = input<"q">(dim<kBatch>, dim<kHeads>, dim<2>, dim<kDim>);
+  auto table = input<"table", DType::i32>(dim<kBatch>, dim<kTable>);
+  auto slots = input<"slots", DType::i32>(dim<kBatch>, dim<2>);
+  auto pages = [&](auto fresh, auto pool) { return page_gather(page_write(pool * 1.0, fresh, slots), table); };
+  auto k = pages(input<"k">(dim<kBatch>, dim<kHeads>, dim<2>, dim<kDim>), input<"k_pages">(dim<kPages>, dim<kHeads>, dim<kPage>, dim<kDim>));
+  auto v = pages(input<"v">(dim<kBatch>, dim<kHeads>, dim<2>, dim<kDim>), input<"v_pages">(dim<kPages>, dim<kHeads>, dim<kPage>, dim<kDim>));
+  const ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right)));
+  backend::TensorMap in = backend::random_inputs(g, {}, 3);
+  in.insert_or_assign("table", block_table());
+  in.insert_or_assign("slots", Tensor::from<std::int32_t>({kBatch, 2}, {13, 14, 25, 7}));
+  testing::expect_equivalent(g, in, *cpu);
+}
+
+// A decode step's few queries (kFewRows and fewer take the products over the keys as stored),
+// past 512 keys (split-KV), with pages in f32 and in f16 read through the table where they lie, a
+// page boundary every 16 keys and a table entry not allocated (zeros).
+TEST(PagedCpu, DecodeStepsReadTheirPagesSplitAndInHalfPrecision) {
+  QKV_GET_BACKEND_OR_SKIP(cpu, "cpu");
+  auto q = input<"q">(dim<3>, dim<2>, dim<1>, dim<32>);
+  auto table = input<"table", DType::i32>(dim<3>, dim<40>);
+  auto k = page_gather(input<"k_pages">(dim<130>, dim<2>, dim<16>, dim<32>), table);
+  auto v = page_gather(input<"v_pages">(dim<130>, dim<2>, dim<16>, dim<32>), table);
+  const ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right)));
+  std::vector<std::int32_t> entries(3 * 40);
+  for (std::size_t i = 0; i < entries.size(); ++i) entries[i] = static_cast<std::int32_t>((i * 37) % 130);
+  entries[45] = -1;
+  for (DType dtype : {DType::f32, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const ir::Graph typed = dtype == DType::f32 ? g : ir::to_dtype(g, dtype);
+    backend::TensorMap in = backend::random_inputs(typed, {}, 4);
+    in.insert_or_assign("table", Tensor::from<std::int32_t>({3, 40}, entries));
+    testing::expect_equivalent(typed, in, *cpu);
+  }
+}
 
 }  // namespace
 }  // namespace qkv
