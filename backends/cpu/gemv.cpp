@@ -79,10 +79,49 @@ inline float as_f32(Half x) { return to_float(x); }
 /// Whether a kernel copy of V reads f16 directly (the AVX-512 one) or widens runs into a buffer.
 template <class V> constexpr bool kReadsF16 = Lanes<V>::n == 16;
 
+/// The sum of v's lanes as a tree of halves: lane i plus lane i + n/2, then the first quarter's
+/// plus the second's, ... (the order lane_sums gives every vector of a group).
 template <class V> [[gnu::always_inline]] inline float lane_sum(const V& v) {
-  float s = 0.0f;
-  for (int l = 0; l < Lanes<V>::n; ++l) s += v[l];
-  return s;
+  constexpr int L = Lanes<V>::n;
+  float s[L];
+  for (int l = 0; l < L; ++l) s[l] = v[l];
+  for (int w = L / 2; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) s[l] = s[l] + s[l + w];
+  return s[0];
+}
+
+/// One level of lane_sums: x and y each hold blocks of partial sums, a block per vector; the
+/// result holds each block's two halves added, x's blocks first, then y's (lo picks the first
+/// halves of x's and y's blocks side by side, hi the second).
+template <class V, class I> [[gnu::always_inline]] inline V add_halves(const V& x, const V& y, const I& lo, const I& hi) {
+  return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi);
+}
+
+/// The lane sums of n = Lanes<V>::n vectors: lane i of the result is lane_sum(v[i]), the same bits
+/// (each level adds the same pairs: a vector's halves, then its quarters, ...), in log2(n) levels
+/// of two shuffles and an add per pair of vectors instead of n scalar adds per vector. The
+/// horizontal sums had cost a few-row product's scores as much as its multiplies.
+[[gnu::always_inline]] inline v16f lane_sums(const v16f (&v)[16]) {
+  using I = simd::v16i;
+  const I lo1{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}, hi1{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const I lo2{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}, hi2{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  const I lo3{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}, hi3{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  const I lo4{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}, hi4{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  v16f a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i) a[i] = add_halves(v[2 * i], v[2 * i + 1], lo1, hi1);  // [v0's 8 partials, v1's 8], ...
+  for (int i = 0; i < 4; ++i) b[i] = add_halves(a[2 * i], a[2 * i + 1], lo2, hi2);  // 4 each of v0..v3, ...
+  for (int i = 0; i < 2; ++i) c[i] = add_halves(b[2 * i], b[2 * i + 1], lo3, hi3);  // 2 each of v0..v7, ...
+  return add_halves(c[0], c[1], lo4, hi4);
+}
+[[gnu::always_inline]] inline v8f lane_sums(const v8f (&v)[8]) {
+  using I = simd::v8i;
+  const I lo1{0, 1, 2, 3, 8, 9, 10, 11}, hi1{4, 5, 6, 7, 12, 13, 14, 15};
+  const I lo2{0, 1, 4, 5, 8, 9, 12, 13}, hi2{2, 3, 6, 7, 10, 11, 14, 15};
+  const I lo3{0, 2, 4, 6, 8, 10, 12, 14}, hi3{1, 3, 5, 7, 9, 11, 13, 15};
+  v8f a[4], b[2];
+  for (int i = 0; i < 4; ++i) a[i] = add_halves(v[2 * i], v[2 * i + 1], lo1, hi1);
+  for (int i = 0; i < 2; ++i) b[i] = add_halves(a[2 * i], a[2 * i + 1], lo2, hi2);
+  return add_halves(b[0], b[1], lo3, hi3);
 }
 
 /// Elements of B's rows widened at a time (a half B's runs stay in L1 between conversion and use).
@@ -139,8 +178,19 @@ template <class V, int R, int C, class T, bool Widen>
       for (int r = 0; r < R; ++r)
         for (int j = 0; j < C; ++j) tail[r][j] += x[r * k + k0 + i] * as_f32(row[j][i]);
   }
+  // The R x C dot products' lane sums, a group of L accumulators at a time (the rest one by one:
+  // the same bits either way, so a row's result does not depend on how many rows share the call).
+  float sums[R * C];
+  int done = 0;
+  for (; done + L <= R * C; done += L) {
+    V group[L];
+    for (int i = 0; i < L; ++i) group[i] = acc[(done + i) / C][(done + i) % C];
+    const V s = lane_sums(group);
+    for (int i = 0; i < L; ++i) sums[done + i] = s[i];
+  }
+  for (; done < R * C; ++done) sums[done] = lane_sum(acc[done / C][done % C]);
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < C; ++j) out[r * n + c + j] = lane_sum(acc[r][j]) + tail[r][j];
+    for (int j = 0; j < C; ++j) out[r * n + c + j] = sums[r * C + j] + tail[r][j];
 }
 
 /// Calls K::run<V, R, T, Widen>(args...) for x's `rows` (R from 1 to kFewRows: the kernels'
