@@ -59,7 +59,7 @@ struct GenerateFlags {
   double top_p = 1.0;
   std::uint64_t seed = 1;
   bool ignore_eos = false;
-  std::int64_t page_size = 16;   // the paged cache's positions per page; 0: a contiguous cache
+  std::int64_t page_size = -1;   // the paged cache's positions per page; 0: a contiguous cache; -1: 16 on cpu, else 0
   std::int64_t cache_pages = 0;  // the paged cache's pages; 0: as many as every prompt needs at once
 };
 int cmd_generate(const GenerateFlags& f);

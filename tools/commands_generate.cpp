@@ -19,7 +19,7 @@ int cmd_generate(const GenerateFlags& f) {
   if (!(f.temperature >= 0) || !std::isfinite(f.temperature)) throw UsageError("--temperature: a number, at least 0 (0 picks the most likely token)");
   if (!(f.top_p > 0 && f.top_p <= 1)) throw UsageError("--top-p: in (0, 1]");
   if (f.top_k < 0) throw UsageError("--top-k: at least 0 (0: every token)");
-  if (f.page_size < 0) throw UsageError("--page-size " + std::to_string(f.page_size) + ": at least 0 (0: a contiguous cache)");
+  if (f.page_size < -1) throw UsageError("--page-size " + std::to_string(f.page_size) + ": at least 0 (0: a contiguous cache)");
   if (f.cache_pages < 0) throw UsageError("--cache-pages " + std::to_string(f.cache_pages) + ": at least 0 (0: as many as the prompts need)");
   const models::Pretrained model = models::load_pretrained(f.model);
   if (model.step_graph.size() == 0)
@@ -40,21 +40,24 @@ int cmd_generate(const GenerateFlags& f) {
                      " positions");
   auto backend = backend::create(f.backend);
   const auto batch = static_cast<std::int64_t>(prompts.size());
+  // Paged by default where attention reads the pages in place (the cpu); vulkan gathers them for
+  // each step, where a contiguous cache reads less.
+  const std::int64_t page_size = f.page_size >= 0 ? f.page_size : backend->name() == "cpu" ? 16 : 0;
   models::GenerationOptions o;
   o.max_new_tokens = length - static_cast<std::int64_t>(longest);
-  // A paged cache by default: enough pages for every prompt and its new tokens at once unless
-  // --cache-pages says fewer (then prompts wait for pages others give back).
-  models::CachePages pages{f.cache_pages, f.page_size};
+  // Enough pages for every prompt and its new tokens at once unless --cache-pages says fewer
+  // (then prompts wait for pages others give back).
+  models::CachePages pages{f.cache_pages, page_size};
   for (const auto& p : prompts) {
-    if (f.page_size == 0) break;
-    const std::int64_t need = (static_cast<std::int64_t>(p.size()) + o.max_new_tokens + f.page_size - 1) / f.page_size;
+    if (page_size == 0) break;
+    const std::int64_t need = (static_cast<std::int64_t>(p.size()) + o.max_new_tokens + page_size - 1) / page_size;
     if (f.cache_pages == 0) pages.pages += need;
     else if (need > f.cache_pages)  // before anything is printed
       throw UsageError("--cache-pages " + std::to_string(f.cache_pages) + ": a prompt of " + std::to_string(p.size()) + " tokens and " +
-                       std::to_string(o.max_new_tokens) + " new ones need " + std::to_string(need) + " pages of " + std::to_string(f.page_size) +
+                       std::to_string(o.max_new_tokens) + " new ones need " + std::to_string(need) + " pages of " + std::to_string(page_size) +
                        " positions");
   }
-  models::Generator generator = f.page_size > 0 ? models::Generator(model, *backend, pages) : models::Generator(model, *backend, length, batch);
+  models::Generator generator = page_size > 0 ? models::Generator(model, *backend, pages) : models::Generator(model, *backend, length, batch);
   o.use_model_stop_tokens = !f.ignore_eos;
   o.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
   using Clock = std::chrono::steady_clock;
@@ -98,8 +101,11 @@ int cmd_generate(const GenerateFlags& f) {
     layout = ", " + std::to_string(batch) + " sequences padded to " + std::to_string(longest);
     prompt_tokens = static_cast<std::size_t>(batch) * longest;
   }
-  std::fprintf(stderr, "qkv: %zu prompt tokens in %.1f ms (prefill%s), %lld new tokens, %.1f tokens/s decoding, on %s\n", prompt_tokens,
-               prefill * 1e3, layout.c_str(), static_cast<long long>(produced),
+  // With a paged cache the prompts are prefilled one by one as they are admitted: the first
+  // token comes after the first prompt's prefill, and the later prefills run among the decode steps.
+  const char* timing = generator.pages() ? "qkv: %zu prompt tokens, the first token after %.1f ms%s, %lld new tokens, %.1f tokens/s after it, on %s\n"
+                                         : "qkv: %zu prompt tokens in %.1f ms (prefill%s), %lld new tokens, %.1f tokens/s decoding, on %s\n";
+  std::fprintf(stderr, timing, prompt_tokens, prefill * 1e3, layout.c_str(), static_cast<long long>(produced),
                produced > batch ? static_cast<double>(produced - batch) / decode : 0.0, backend->name().c_str());
   return 0;
 }

@@ -207,11 +207,10 @@ int main(int argc, char** argv) {
   generate->add_option("--top-p", generate_f.top_p, "sample among the most likely tokens whose probability adds up to p")->capture_default_str();
   add_seed_option(generate, generate_f.seed, "seed of the sampling");
   generate->add_flag("--ignore-eos", generate_f.ignore_eos, "go on past the model's end-of-text token");
-  generate
-      ->add_option("--page-size", generate_f.page_size,
-                   "positions per page of the paged key/value cache, which the sequences take as they grow and give back as they end (0: "
-                   "one contiguous cache per sequence, sized for the longest)")
-      ->capture_default_str();
+  generate->add_option("--page-size", generate_f.page_size,
+                       "positions per page of the paged key/value cache, which the sequences take as they grow and give back as they end (0: "
+                       "one contiguous cache per sequence, sized for the longest; default: 16 on cpu, whose attention reads the pages where "
+                       "they are, 0 elsewhere, where they are gathered first)");
   generate
       ->add_option("--cache-pages", generate_f.cache_pages,
                    "the paged cache's pages (0: enough for every prompt at once); fewer make prompts wait for others to end and give "
