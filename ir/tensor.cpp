@@ -1,6 +1,10 @@
 // Host tensors.
 #include "ir/tensor.hpp"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include <cstdint>
 #include <limits>
 #include <new>
@@ -33,6 +37,23 @@ template <class Bytes> Bytes allocate(DType dtype, const std::vector<std::int64_
 }
 
 }  // namespace
+
+namespace tensor_storage {
+
+void advise_huge_pages(void* p, std::size_t bytes) noexcept {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+  if (bytes < 2 * kHuge) return;
+  const auto begin = (reinterpret_cast<std::uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const auto end = (reinterpret_cast<std::uintptr_t>(p) + bytes) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice: a refusal changes nothing
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+}  // namespace tensor_storage
 
 std::optional<std::int64_t> Tensor::checked_numel(const std::vector<std::int64_t>& shape, std::size_t elem_size) {
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();

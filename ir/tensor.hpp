@@ -20,11 +20,20 @@
 namespace qkv {
 
 namespace tensor_storage {
+/// Asks the kernel to back [p, p + bytes) with huge pages where it may (Linux's transparent huge
+/// pages, before the first touch): a large tensor read in runs scattered over it (a paged cache)
+/// then needs a TLB entry per 2 MiB instead of per 4 KiB. Does nothing for small ones.
+void advise_huge_pages(void* p, std::size_t bytes) noexcept;
 /// std::allocator whose value-less construct leaves the element as it is (default-initialised):
 /// a vector of bytes sized by it is not zeroed, for storage its owner writes in full.
 template <class T> struct DefaultInitAllocator : std::allocator<T> {
   using std::allocator<T>::allocator;
   template <class U> struct rebind { using other = DefaultInitAllocator<U>; };
+  T* allocate(std::size_t n) {
+    T* p = std::allocator<T>::allocate(n);
+    advise_huge_pages(p, n * sizeof(T));
+    return p;
+  }
   template <class U> void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) { ::new (static_cast<void*>(p)) U; }
   template <class U, class... Args> void construct(U* p, Args&&... args) { ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...); }
 };
