@@ -98,6 +98,24 @@ struct PagedSequence {
   std::int64_t produced = 0;
 };
 
+/// Throws UsageError when a prompt and max_new_tokens exceed the model's positions or could need
+/// more pages than the cache has (checked before anything runs: an admitted sequence never waits
+/// for a page).
+void check_paged_fit(const std::vector<std::vector<std::int32_t>>& prompts, std::int64_t new_tokens, std::int64_t positions,
+                     const CachePages& cache) {
+  for (const auto& prompt : prompts) {
+    const auto length = static_cast<std::int64_t>(prompt.size());
+    const std::int64_t need = (length + new_tokens + cache.page_size - 1) / cache.page_size;
+    if (length + new_tokens > positions)
+      throw UsageError("generate: a prompt of " + std::to_string(length) + " tokens and " + std::to_string(new_tokens) +
+                       " new ones exceed the model's " + std::to_string(positions) + " positions");
+    if (need > cache.pages)
+      throw UsageError("generate: a prompt of " + std::to_string(length) + " tokens and " + std::to_string(new_tokens) + " new ones need " +
+                       std::to_string(need) + " pages of " + std::to_string(cache.page_size) + " positions; the cache has " +
+                       std::to_string(cache.pages));
+  }
+}
+
 }  // namespace
 
 std::vector<std::vector<std::int32_t>> Generator::generate_paged(const std::vector<std::vector<std::int32_t>>& prompts, const GenerationOptions& o,
@@ -105,17 +123,8 @@ std::vector<std::vector<std::int32_t>> Generator::generate_paged(const std::vect
   const CachePages& cache = *pages_;
   check_prompts(prompts, model_.vocab_size);
   if (o.max_new_tokens < 0) throw UsageError("generate: max_new_tokens is negative");
+  check_paged_fit(prompts, o.max_new_tokens, max_length_, cache);
   auto pages_for = [&](std::int64_t positions) { return (positions + cache.page_size - 1) / cache.page_size; };
-  for (const auto& prompt : prompts) {
-    const auto length = static_cast<std::int64_t>(prompt.size());
-    if (length + o.max_new_tokens > max_length_)
-      throw UsageError("generate: a prompt of " + std::to_string(length) + " tokens and " + std::to_string(o.max_new_tokens) +
-                       " new ones exceed the model's " + std::to_string(max_length_) + " positions");
-    if (pages_for(length + o.max_new_tokens) > cache.pages)
-      throw UsageError("generate: a prompt of " + std::to_string(length) + " tokens and " + std::to_string(o.max_new_tokens) + " new ones need " +
-                       std::to_string(pages_for(length + o.max_new_tokens)) + " pages of " + std::to_string(cache.page_size) +
-                       " positions; the cache has " + std::to_string(cache.pages));
-  }
   std::vector<std::int64_t> stop = o.stop_tokens;
   if (o.use_model_stop_tokens) stop.insert(stop.end(), model_.eos_token_ids.begin(), model_.eos_token_ids.end());
   std::vector<std::vector<std::int32_t>> out(prompts.size());

@@ -372,6 +372,9 @@ TEST_P(HfModels, APagedCacheContinuesEachPromptAsAlone) {
   // A prompt that could need more pages than the cache has is refused before anything runs.
   models::Generator small(m, *b, models::CachePages{3, 4});
   EXPECT_THROW(small.generate(prompts, o), UsageError);
+  // A cache of no pages, or of pages of no positions, is refused when the generator is made.
+  EXPECT_THROW(models::Generator(m, *b, models::CachePages{0, 4}), UsageError);
+  EXPECT_THROW(models::Generator(m, *b, models::CachePages{4, 0}), UsageError);
 }
 
 // Sequences come and go through a cache with room for about two: each takes pages as it grows and

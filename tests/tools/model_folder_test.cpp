@@ -81,6 +81,11 @@ TEST(ModelFolder, GenerateContinuesSeveralPromptsAsOneBatch) {
     EXPECT_NE(r.out.find(layout), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(", 64 new tokens, "), std::string::npos) << r.out;
   }
+  for (const std::string& bad : {std::string(" --page-size -2"), std::string(" --cache-pages -1")}) {
+    const Result refused = qkv(both + bad);
+    EXPECT_EQ(refused.status, 2) << bad << refused.out;
+    EXPECT_NE(refused.out.find("at least 0"), std::string::npos) << refused.out;
+  }
   const Result small = qkv(both + " --page-size 8 --cache-pages 5");
   EXPECT_EQ(small.status, 2);
   EXPECT_EQ(small.out.find("qkv: --cache-pages 5: a prompt of 10 tokens and 32 new ones need 6 pages of 8 positions"), 0u) << small.out;
