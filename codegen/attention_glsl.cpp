@@ -530,7 +530,7 @@ bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, i
 /// switch to the cooperative-matrix path (1 where a kernel built with one has its tiles fit the
 /// device's shared memory for the bound head dims; the rest ignore it), and which of the scores'
 /// dims each modifier tensor spans.
-SpecConstants attention_spec_constants(const Node& n) {
+SpecConstants attention_spec_constants(const Node& n, Paging paging) {
   SpecConstants c;
   c.constant("D4", 1, "q and k's head dim in vec4s (rounded up)")
       .constant("DV4", 1, "v's head dim in vec4s")
@@ -546,6 +546,11 @@ SpecConstants attention_spec_constants(const Node& n) {
     c.constant("T" + t + "_DIMS", 0, "the scores' dims t" + t + " spans (bit d: dim d)");
   }
   if (ir::has_sink(n.op, n.attrs)) c.constant("SINK_DIMS", 0, "the scores' dims the sink logits span (bit d: dim d)");
+  for (const auto& [paged, a] : {std::pair{paging.k, std::string("K")}, std::pair{paging.v, std::string("V")}})
+    if (paged)
+      c.constant(a + "_PAGE", 1, "rows per page of " + a + "'s cache")
+          .constant(a + "_POOL", 0, "the pages in " + a + "'s pool (other table entries read zeros)")
+          .constant(a + "_PAGE_ELEMS", 0, "elements per page of " + a + "'s cache: its heads' rows");
   return c;
 }
 
@@ -593,7 +598,7 @@ struct Ranged {
 /// What the sections of a flash kernel's source (attention_source) share: the node's facts as
 /// its GLSL names them.
 struct Flash {
-  Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target);
+  Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target, Paging paged);
   const Node& n;
   const std::vector<DType>& held;
   DType out_dtype, rounded;
@@ -605,6 +610,7 @@ struct Flash {
   bool key_rows;      // rows are keys, streaming queries
   bool decode;        // the forward: its decode layout and key split (DECODE, flash_decode_merge.glsl)
   bool strided;
+  Paging paging;  // keys and values read through block tables (KTABLE, VTABLE)
   int r;
   std::string own_count, other_count, out_width, out_count;
   std::vector<std::string> arrays;  // the bindings' names, the node's operands in order
@@ -619,10 +625,10 @@ struct Flash {
   DType held_in(std::size_t i) const { return i < held.size() && (i < 4 || arrays[i] == "SINK") ? held[i] : DType::f32; }
 };
 
-Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target)
+Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target, Paging paged)
     : n(node), held(held_dtypes), out_dtype(out), rounded(rounded_to), cooperative(coop_target), kind(kind_of(node)), coop(coop_target != nullptr),
       causal(node.attrs.causal), mask(masked(node)), drop(ir::has_dropout_seed(node.op, node.attrs)), key_rows(kind == Kind::dk || kind == Kind::dv),
-      decode(kind == Kind::forward), strided(attention_strided(node)), r(batch_rank(node)), own_count(key_rows ? "M" : "N"),
+      decode(kind == Kind::forward), strided(attention_strided(node)), paging(paged), r(batch_rank(node)), own_count(key_rows ? "M" : "N"),
       other_count(key_rows ? "N" : "M"), out_count(own_count) {
   // The output's rows: the forward's and dv's are Dv wide, dq's and dk's D, the lse's one float.
   out_width = kind == Kind::lse ? "1u" : kind == Kind::forward || kind == Kind::dv ? "DVR" : "DR";
@@ -635,8 +641,10 @@ Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out,
   tensors = modifier_tensors(n);
   for (std::size_t i = 0; i < tensors; ++i) arrays.push_back("T" + str(static_cast<std::int64_t>(i)));
   sink = ir::has_sink(n.op, n.attrs);
-  if (sink) arrays.emplace_back("SINK");  // the sink logits, after the modifier's tensors
-  if (drop) arrays.emplace_back("SEED");  // dropout's seed, the last operand
+  if (sink) arrays.emplace_back("SINK");        // the sink logits, after the modifier's tensors
+  if (drop) arrays.emplace_back("SEED");        // dropout's seed, the last operand
+  if (paging.k) arrays.emplace_back("KTABLE");  // the block tables, after the node's operands
+  if (paging.v) arrays.emplace_back("VTABLE");
   // The score modifier: a function of the scaled score and its indices, reading the tensors T<i>
   // at offsets set per batch entry from which of the scores' dims each spans (a specialization
   // constant: the sizes come from the push constants). dq and dk also need its derivative.
@@ -723,8 +731,12 @@ std::pair<std::string, std::string> flash_tiles_and_readers(const Flash& f) {
     // load_$A: an element as f32 (a 16-bit one widened exactly).
     const std::string e = std::string(o.array) + "[i]";
     readers += "float load_" + std::string(o.array) + "(uint i) { return " + widened(t, e) + "; }\n";
+    const std::string a = o.array;
+    if ((a == "K" && f.paging.k) || (a == "V" && f.paging.v))
+      readers += glsl_template("flash_paged_row.glsl", {{"AT", o.at}, {"A", a}, {"RS", o.row_stride}, {"TAB", a == "K" ? "k_table" : "v_table"}});
+    else readers += "bool row_at_" + a + "(uint row, out uint at) { at = " + o.at + " + row * " + o.row_stride + "; return true; }\n";
     if (!o.vec4s) continue;
-    readers += glsl_template("flash_row_reader.glsl", {{"AT", o.at}, {"A", o.array}, {"W", o.real_width}, {"RS", o.row_stride}});
+    readers += glsl_template("flash_row_reader.glsl", {{"A", o.array}, {"W", o.real_width}});
   }
   return {tiles, readers};
 }
@@ -894,6 +906,10 @@ std::string flash_prologue(const Flash& f) {
     row_strides += "  dy_at = b * N * DVR;\n";
     row_strides += "  out_at = b * " + out_count + " * out_rs;\n";
   }
+  // A paged operand's batch strides are those of its pages' [B, H, page, D] (attention_launch):
+  // its offset names the sequence's table row and the head's rows within each page.
+  if (f.paging.k) row_strides += "  k_table = k_at / K_PAGE_ELEMS * (M / K_PAGE); k_at %= K_PAGE_ELEMS;\n";
+  if (f.paging.v) row_strides += "  v_table = v_at / V_PAGE_ELEMS * (M / V_PAGE); v_at %= V_PAGE_ELEMS;\n";
   std::string s = glsl_template(
       "flash_attention.comp",
       {{"KIND", kind_name(kind) + (causal ? ", causal" : "") + (mask ? ", with a keep-mask" : "") + (n.region ? ", with a score modifier" : "") +
@@ -906,7 +922,7 @@ std::string flash_prologue(const Flash& f) {
        {"PUSH", attention_push_constants(n).glsl()},
        {"TILES", tiles},
        {"READERS", readers + helpers},
-       {"SPECS", attention_spec_constants(n).glsl()},
+       {"SPECS", attention_spec_constants(n, f.paging).glsl()},
        {"COOPEXT", !coop ? ""
                          : std::string("#extension GL_KHR_shader_subgroup_basic : require\n"
                                        "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n") +
@@ -993,15 +1009,10 @@ std::string flash_narrowing(const Flash& f) {
       // The rows outside [lo, hi), or every row when any tile may be skipped (of the part).
       s += "  if (lid == 0u) nonfinite[0] = 0u;\n  barrier();\n  uint gap = may_skip ? 0u : hi - lo;  // streamed rows surely visited\n";
       for (const Operand& o : skipped)
-        s += glsl_template("flash_nonfinite_streamed.glsl",
-                           {{"FIRST", first}, {"END", end}, {"W", o.real_width}, {"A", o.array}, {"AT", o.at}, {"RS", o.row_stride}});
+        s += glsl_template("flash_nonfinite_streamed.glsl", {{"FIRST", first}, {"END", end}, {"W", o.real_width}, {"A", o.array}});
       for (const Operand& o : own)
-        s += glsl_template("flash_nonfinite_own.glsl", {{"ANY", causal ? "true" : "may_skip"},
-                                                        {"OWNCOUNT", own_count},
-                                                        {"W", o.real_width},
-                                                        {"A", o.array},
-                                                        {"AT", o.at},
-                                                        {"RS", o.row_stride}});
+        s += glsl_template("flash_nonfinite_own.glsl",
+                           {{"ANY", causal ? "true" : "may_skip"}, {"OWNCOUNT", own_count}, {"W", o.real_width}, {"A", o.array}});
       s += "  barrier();\n  if (nonfinite[0] != 0u) { lo = " + first + "; hi = " + end + "; may_skip = false; }\n";
     }
   }
@@ -1173,8 +1184,9 @@ std::string flash_store(const Flash& f) {
 
 }  // namespace
 
-KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative) {
-  const Flash f(n, held, out_dtype, rounded, cooperative);
+KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative,
+                              Paging paging) {
+  const Flash f(n, held, out_dtype, rounded, cooperative, paging);
   const Kind kind = f.kind;
   const bool coop = f.coop, causal = f.causal, mask = f.mask, drop = f.drop;
   std::string s = flash_prologue(f) + flash_narrowing(f);
@@ -1197,14 +1209,14 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
   std::string name = "flash_attention_" + kind_name(kind) +
                      (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") +
                      (n.region ? "_flex" : "") + (f.sink ? "_sink" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
-                     (drop ? "_dropout" : "") + "_b" + str(f.r) + Store{rounded}.suffix();
+                     (drop ? "_dropout" : "") + (paging.k || paging.v ? "_paged" : "") + "_b" + str(f.r) + Store{rounded}.suffix();
   return {name,
           s,
           static_cast<int>(f.arrays.size()) + 2 + (f.decode ? 1 : 0),
           true,
           f.decode,
           attention_push_constants(n).signature(),
-          attention_spec_constants(n).signature()};
+          attention_spec_constants(n, paging).signature()};
 }
 
 namespace {
@@ -1294,6 +1306,13 @@ void set_attention_strides(PushConstants::Values& push, const ir::Graph& g, cons
     const ir::ValueId x = n.inputs[slot];
     const Shape& s = shapes[static_cast<std::size_t>(x)];
     Strides own = contiguous_strides(s);
+    if (const ir::ValueId gather = paged_gather(g, storage, x); gather >= 0) {
+      // Paged: the strides of one page's [B, H, page, D] (the table row and the head, which the
+      // kernel takes apart: b H + h = at / (page D)).
+      Shape page = s;
+      page.dims[static_cast<std::size_t>(s.rank - 2)] = shapes[static_cast<std::size_t>(g.node(gather).inputs[0])][2];
+      own = contiguous_strides(page);
+    }
     if (storage[x].kind == ir::StorageKind::head_view) {
       const Node& p = g.node(x);
       const Strides c = contiguous_strides(shapes[static_cast<std::size_t>(p.inputs[0])]);
@@ -1330,6 +1349,29 @@ void set_attention_strides(PushConstants::Values& push, const ir::Graph& g, cons
 }
 
 }  // namespace
+
+ir::ValueId paged_gather(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId x) {
+  while (storage[x].kind == ir::StorageKind::reshape) x = g.node(x).inputs[0];
+  return storage[x].kind == ir::StorageKind::paged ? x : -1;
+}
+
+Paging attention_paging(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v) {
+  const Node& n = g.node(v);
+  const ir::AttentionRoles& roles = ir::attention_roles(n.op);
+  auto paged = [&](int slot) { return slot >= 0 && paged_gather(g, storage, n.inputs[static_cast<std::size_t>(slot)]) >= 0; };
+  return {paged(roles.k), paged(roles.v)};
+}
+
+std::vector<ir::ValueId> attention_operands(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v) {
+  std::vector<ir::ValueId> operands = g.node(v).inputs, tables;
+  for (ir::ValueId& x : operands)
+    if (const ir::ValueId gather = paged_gather(g, storage, x); gather >= 0) {
+      x = g.node(gather).inputs[0];
+      tables.push_back(g.node(gather).inputs[1]);
+    }
+  operands.insert(operands.end(), tables.begin(), tables.end());
+  return operands;
+}
 
 KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const std::vector<Shape>& shapes,
                               const Target& target) {
@@ -1382,7 +1424,7 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
   if (kind == Kind::forward) push.set("parts", push_word(split.parts)).set("part_keys", push_word(split.part_keys));
   l.push = push.words();
   l.push_signature = declared.signature();
-  const SpecConstants spec = attention_spec_constants(n);
+  const SpecConstants spec = attention_spec_constants(n, attention_paging(g, storage, v));
   SpecConstants::Values constants = spec.values();
   constants.set("D4", push_word(d4))
       .set("DV4", push_word(dv4))
@@ -1396,6 +1438,15 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
   for (std::size_t i = 0; i < modifier_tensors(n); ++i)
     constants.set("T" + std::to_string(i) + "_DIMS", spanned_dims(in(ir::fixed_operands(n.op) + i), r + 2));
   if (ir::has_sink(n.op, n.attrs)) constants.set("SINK_DIMS", spanned_dims(in(ir::sink_operand(n.op, n.attrs, n.inputs.size())), r + 2));
+  const ir::AttentionRoles& roles = ir::attention_roles(n.op);
+  for (const int slot : {roles.k, roles.v})
+    if (const ir::ValueId gather = slot < 0 ? -1 : paged_gather(g, storage, n.inputs[static_cast<std::size_t>(slot)]); gather >= 0) {
+      const Shape& pages = shapes[static_cast<std::size_t>(g.node(gather).inputs[0])];  // [P, H, page, D]
+      const std::string a = slot == roles.k ? "K" : "V";
+      constants.set(a + "_PAGE", push_word(pages[2]))
+          .set(a + "_POOL", push_word(pages[0]))
+          .set(a + "_PAGE_ELEMS", push_word(pages[1] * pages[2] * pages[3]));
+    }
   l.specialization = constants.words();
   l.spec_signature = spec.signature();
 

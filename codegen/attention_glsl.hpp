@@ -20,8 +20,20 @@ bool attention_splits_keys(const ir::Node& n);
 bool attention_strided(const ir::Node& n);
 /// The push constants of the node's kernel, by name (codegen/push_constants.hpp).
 PushConstants attention_push_constants(const ir::Node& n);
+/// Which of a flash kernel's keys and values it reads from a paged cache through a block table
+/// (ir::StorageKind::paged): bound as the pages, with the tables after the node's operands.
+struct Paging {
+  bool k = false, v = false;
+};
+/// The paged page_gather (ir::StorageKind::paged) that value x is, or is a reshape of; -1 otherwise.
+ir::ValueId paged_gather(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId x);
+/// Which of node v's keys and values are paged.
+Paging attention_paging(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v);
+/// The values node v's kernel binds before its output: its operands, paged keys and values
+/// replaced by their pages, then the block tables of the paged keys and of the paged values.
+std::vector<ir::ValueId> attention_operands(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v);
 /// The specialization constants of the node's kernel, by name (codegen/push_constants.hpp).
-SpecConstants attention_spec_constants(const ir::Node& n);
+SpecConstants attention_spec_constants(const ir::Node& n, Paging paging = {});
 /// Push-constant words the node's kernel needs.
 int attention_push_words(const ir::Node& n);
 /// `held`: the dtypes its operands' buffers hold, in operand order (q, k, v, dy and the sink
@@ -30,9 +42,9 @@ int attention_push_words(const ir::Node& n);
 /// `rounded`: f16 or bf16 where the output is stored rounded to it in f32 storage
 /// (ir::ValueStorage::rounded). `cooperative`: the target whose cooperative matrices the
 /// forward's kernel also uses (where attention_cooperative), its scalar path beside them for
-/// head dims whose tiles do not fit.
+/// head dims whose tiles do not fit. `paging`: the keys and values it reads through block tables.
 KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held = {}, DType out = DType::f32, DType rounded = DType::f32,
-                              const Target* cooperative = nullptr);
+                              const Target* cooperative = nullptr, Paging paging = {});
 /// Whether node v is a flash-attention forward, its log-sum-exp or dv, whose operands multiplied
 /// in fragments (q, k, and v or dy) are f16 values, on a target whose cooperative matrices
 /// (Target::cooperative_matrix) its kernel can use.

@@ -35,6 +35,7 @@
 #include <queue>
 #include <span>
 
+#include "codegen/attention_glsl.hpp"
 #include "codegen/glsl_detail.hpp"
 #include "codegen/matmul_glsl.hpp"
 #include "ir/bind.hpp"
@@ -272,8 +273,8 @@ std::vector<bool> inlined_constants(const ir::Graph& g, const std::vector<std::v
 /// The kernels, in node order, of the roots (`root_of`, but the constants computed where they are
 /// read) and the nodes each computes inside (`inlined`): each with the constants it computes too,
 /// and the values it reads from memory.
-std::vector<KernelGroup> kernel_groups(const ir::Graph& g, const std::vector<bool>& root_of, const std::vector<std::vector<ValueId>>& inlined,
-                                       const std::vector<bool>& inline_constant) {
+std::vector<KernelGroup> kernel_groups(const ir::Graph& g, const ir::StoragePlan& storage, const std::vector<bool>& root_of,
+                                       const std::vector<std::vector<ValueId>>& inlined, const std::vector<bool>& inline_constant) {
   const std::size_t n = g.size();
   std::vector<bool> own_kernel(n, false);
   for (std::size_t i = 0; i < n; ++i) own_kernel[i] = root_of[i] && !inline_constant[i];
@@ -293,6 +294,7 @@ std::vector<KernelGroup> kernel_groups(const ir::Graph& g, const std::vector<boo
       if (k.fused()) k.operands = reads.operands;
     }
     if (!k.fused()) k.operands = root.inputs;
+    if (ir::is_fused_attention(root.op)) k.operands = detail::attention_operands(g, storage, k.root);  // pages and their tables
     plan.push_back(std::move(k));
   }
   return plan;
@@ -396,7 +398,7 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan&
         for (ValueId in : node.inputs) needs_storage(in);
     }
   }
-  std::vector<KernelGroup> plan = kernel_groups(g, root_of, inlined, inline_constant);
+  std::vector<KernelGroup> plan = kernel_groups(g, storage, root_of, inlined, inline_constant);
   verify(g, storage, plan);
   return plan;
 }
@@ -404,7 +406,11 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan&
 std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, const ir::StoragePlan& storage) {
   std::vector<KernelGroup> plan;
   for (std::size_t i = 0; i < g.size(); ++i)
-    if (storage.has_kernel(static_cast<ValueId>(i))) plan.push_back({static_cast<ValueId>(i), {}, g.nodes()[i].inputs});
+    if (storage.has_kernel(static_cast<ValueId>(i)))
+      plan.push_back(
+          {static_cast<ValueId>(i),
+           {},
+           ir::is_fused_attention(g.nodes()[i].op) ? detail::attention_operands(g, storage, static_cast<ValueId>(i)) : g.nodes()[i].inputs});
   return plan;
 }
 

@@ -678,6 +678,12 @@ PushConstants per_element_push_constants(const Node& n, bool in_place = false) {
         .scalar("page", T::u32, "rows per page")
         .scalar("slots", T::u32, "B T: the slots given")
         .scalar("capacity", T::u32, "P page: the pages' rows (other slots are dropped)");
+  if (n.op == Op::page_gather)
+    p.scalar("dim", T::u32, "D: a row's elements")
+        .scalar("heads", T::u32, "H")
+        .scalar("page", T::u32, "rows per page")
+        .scalar("width", T::u32, "n: the table's entries per sequence")
+        .scalar("pool", T::u32, "P: the pages (other entries read zeros)");
   if (n.op == Op::iota) p.scalar("inner", T::u32, axis).scalar("size", T::u32, "the axis' size");
   if (n.op == Op::dropout_mask)
     p.scalar("threshold", T::u32, "kept where the draw is at least 2^32 p").scalar("kept", T::f32, "the kept value, 1 / (1 - p)");
@@ -769,6 +775,13 @@ const PerElement kPerElement[] = {
      "  const int slot = int(x2[b * tokens + token]);\n"
      "  if (slot >= 0 && slot < int(pc.capacity))\n"
      "    y[(((uint(slot) / page) * heads + head) * page + uint(slot) % page) * d + i % d] = x1[i];\n"},
+    // Every element of [B, H, n page, D] from the pages x0 [P, H, page, D] through the block table
+    // x1 [B, n]: zero where the entry names no page of the pool.
+    {Op::page_gather, false, "page_gather", 2,
+     "  const uint d = pc.dim, page = pc.page, heads = pc.heads, width = pc.width;\n"
+     "  const uint row = (i / d) % (width * page), head = (i / d / (width * page)) % heads, b = i / d / (width * page) / heads;\n"
+     "  const float entry = x1[b * width + row / page];\n"
+     "  y[i] = entry >= 0.0 && entry < float(pc.pool) ? x0[((uint(entry) * heads + head) * page + row % page) * d + i % d] : 0.0;\n"},
     {Op::iota, false, "iota", 1, "  y[i] = float((i / pc.inner) % pc.size);\n"},
     // x1[0] = the seed.
     {Op::dropout_mask, false, "dropout_mask", 2, "  y[i] = qkv_philox(i, uint(x1[0])) >= pc.threshold ? pc.kept : 0.0;\n"},
@@ -806,7 +819,7 @@ KernelSource axis_source(const ir::Graph& g, const ir::StoragePlan& storage, ir:
 
 bool implements(const Node& n) {
   switch (ir::op_info(n.op).category) {
-    case OpCategory::composite: return n.op == Op::softmax || (ir::is_fused_attention(n.op) && detail::attention_fits(n));
+    case OpCategory::composite: return n.op == Op::softmax || n.op == Op::page_gather || (ir::is_fused_attention(n.op) && detail::attention_fits(n));
     case OpCategory::source:
     case OpCategory::unary:
     case OpCategory::binary:
@@ -871,6 +884,7 @@ std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n)
     case OpCategory::reduce: words = detail::axis_push_constants().words(); break;
     case OpCategory::composite:
       words = n.op == Op::softmax            ? detail::axis_push_constants().words()
+              : n.op == Op::page_gather      ? per_element_push_constants(n).words()
               : ir::is_fused_attention(n.op) ? detail::attention_push_words(n)
                                              : kMaxPushWords + 1;
       break;
@@ -894,6 +908,7 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::dropout_mask:
     case Op::one_hot:
     case Op::embedding:
+    case Op::page_gather:  // read by other kernels than attention's (which read pages in place)
     case Op::causal_mask: return per_element_source(n, false, target);
     QKV_UNARY_CASES
     QKV_BINARY_CASES
@@ -910,15 +925,15 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::softmax: return axis_source(g, storage, v, target);
     case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, storage, v, true));
     QKV_ATTENTION_CASES {
-      std::vector<DType> held;  // q, k, v, dy
-      for (ir::ValueId in : n.inputs) held.push_back(storage.held(in));
+      std::vector<DType> held;  // q, k, v, dy (paged: their pages')
+      for (ir::ValueId in : detail::attention_operands(g, storage, v)) held.push_back(storage.held(in));
       return detail::attention_source(n, held, storage.held(v), storage[v].rounded,
-                                      detail::attention_cooperative(g, storage, v, target) ? &target : nullptr);
+                                      detail::attention_cooperative(g, storage, v, target) ? &target : nullptr,
+                                      detail::attention_paging(g, storage, v));
     }
     case Op::input:
     case Op::reshape:
     case Op::log_softmax:  // decomposed before code generation
-    case Op::page_gather:
     case Op::sink_softmax:
     case Op::reduce_mean: break;
   }
@@ -974,6 +989,14 @@ KernelLaunch per_element_launch(const ir::Graph& g, ir::ValueId v, const std::ve
         .set("slots", push_word(fresh[0] * fresh[2]))
         .set("capacity", push_word(pages[0] * pages[2]));
   }
+  if (n.op == Op::page_gather) {
+    const Shape &pages = in_shape(0), &table = in_shape(1);
+    p.set("dim", push_word(pages[3]))
+        .set("heads", push_word(pages[1]))
+        .set("page", push_word(pages[2]))
+        .set("width", push_word(table[1]))
+        .set("pool", push_word(pages[0]));
+  }
   if (n.op == Op::iota) p.set("inner", push_word(inner)).set("size", push_word(os[n.attrs.axis]));
   if (n.op == Op::dropout_mask) p.set("threshold", ir::dropout_threshold(n.attrs.dropout)).set_float("kept", ir::dropout_keep_value(n.attrs.dropout));
   KernelLaunch l;
@@ -1019,6 +1042,7 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::iota:
     case Op::dropout_mask:
     case Op::one_hot:
+    case Op::page_gather:
     case Op::embedding: return per_element_launch(g, v, shapes, target);
     QKV_UNARY_CASES
     QKV_BINARY_CASES
@@ -1062,7 +1086,6 @@ KernelLaunch kernel_launch(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::reshape:
     case Op::log_softmax:
     case Op::sink_softmax:
-    case Op::page_gather:
     case Op::reduce_mean: break;
   }
   // clang-format on

@@ -90,6 +90,19 @@ class Planner {
     });
   }
 
+  /// A page_gather that only flash kernels read, as keys or values, directly or through reshapes
+  /// that keep its rows and their width (its leading index is then b H + h): they read the
+  /// pages through the block table (attention_operands, flash_paged_row.glsl).
+  bool paged(ValueId v) const { return node(v).op == Op::page_gather && ir::read_as_keys_or_values(g_, v) && rows_read_paged(v, v); }
+  bool rows_read_paged(ValueId v, ValueId gather) const {
+    return std::all_of(readers(v).begin(), readers(v).end(), [&](const Reader& r) {
+      const Node& reader = node(r.first);
+      if (reader.op != Op::reshape) return detail::attention_fits(reader);
+      const ir::Shape &s = reader.shape, &rows = node(gather).shape;
+      return s.rank >= 2 && s.back(0) == rows.back(0) && s.back(1) == rows.back(1) && rows_read_paged(r.first, gather);
+    });
+  }
+
   bool half_view(ValueId v) const {
     const Node& n = node(v);
     if (n.op != Op::cast || n.dtype != DType::f32 || !is_half(node(n.inputs[0]).dtype) || node(n.inputs[0]).op != Op::input || is_result(v))
@@ -228,7 +241,7 @@ class Planner {
 
   bool has_kernel(ValueId v) const {
     const Node& n = node(v);
-    if (n.op == Op::input || n.op == Op::reshape) return false;
+    if (n.op == Op::input || n.op == Op::reshape || paged(v)) return false;
     if (n.op == Op::permute && placed_into(n.inputs[0]) == v) return false;  // its operand's kernel writes it
     if (n.op == Op::cast && narrowed_into(n.inputs[0]) == v) return false;   // likewise, rounded
     return !concat_in_place(v) && !view_offset(v);                           // its operands' kernels write it, or a view
@@ -243,6 +256,7 @@ class Planner {
     if (n.op == Op::permute && placed_into(n.inputs[0]) == v) return StorageKind::placed;
     if (n.op == Op::cast && narrowed_into(n.inputs[0]) == v) return StorageKind::narrowed;
     if (n.op == Op::concat) return StorageKind::concat;
+    if (paged(v)) return StorageKind::paged;
     if (head_view(v)) return StorageKind::head_view;
     if (half_view(v)) return StorageKind::half_view;
     if (exact_round(v)) return StorageKind::exact_round;

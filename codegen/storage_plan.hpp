@@ -33,7 +33,10 @@ namespace qkv::codegen {
 ///   may compute it inside them);
 /// - *concat*: a concat whose operands are contiguous runs of it, each with storage of its own
 ///   written by a kernel, read by no other concat (the packed QKV gradients);
-/// - *in_place*: a cache update writing its new rows into the cache it updates.
+/// - *in_place*: a cache update writing its new rows into the cache it updates;
+/// - *paged*: a page_gather that flash kernels alone read, as keys or values (through reshapes
+///   keeping its rows and their width): they bind its pages and block table and find each row
+///   through the table, so nothing is gathered.
 /// Verified (ir::verify_storage) before it is returned.
 ir::StoragePlan plan_storage(const ir::Graph& g, std::int64_t view_alignment = 0);
 

@@ -51,7 +51,10 @@ class VulkanExecutable final : public ExecutableSkeleton {
       codegen::KernelSource source =
           group.fused() ? codegen::fused_source(graph_, storage_, group, target_) : codegen::kernel_source(graph_, storage_, v, target_);
       Kernel k{v, std::move(source), nullptr, -1, std::move(group)};
-      QKV_ASSERT(k.group.fused() || k.source.buffers == codegen::storage_buffers(n), "codegen::storage_buffers disagrees with " + k.source.name);
+      // (A flash kernel reading paged keys or values binds their block tables too.)
+      const int tables = static_cast<int>(k.group.operands.size()) - static_cast<int>(n.inputs.size());
+      QKV_ASSERT(k.group.fused() || k.source.buffers == codegen::storage_buffers(n) + tables,
+                 "codegen::storage_buffers disagrees with " + k.source.name);
       if (static_cast<std::uint32_t>(k.source.buffers) > most)  // supports() decomposes what can be
         throw UnsupportedError("vulkan: %" + std::to_string(v) + " " + std::string(ir::op_name(n.op)) + " (kernel " + k.source.name + ") binds " +
                                std::to_string(k.source.buffers) + " storage buffers; this device allows " + std::to_string(most) + " per shader");
@@ -112,6 +115,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
   /// Bytes of v's value in the arena: 2 per element for an f16 or bf16 value (a kept input, a
   /// cast to a half type, a half view of an input), 4 for the rest (bool and i32 as floats).
   std::int64_t bytes_of(ir::ValueId v) const {
+    if (storage_[v].kind == ir::StorageKind::paged) return 0;  // the flash kernels read its pages
     return shapes_[static_cast<std::size_t>(v)].numel() * static_cast<std::int64_t>(dtype_size(storage_.held(v)));
   }
   std::int64_t offset_of(ir::ValueId v) const {

@@ -21,6 +21,7 @@ uint N, M, DR, DVR;  // the bound sizes
 float scale;
 int shift, window;
 uint q_at, k_at, v_at, mask_at, dy_at, stat_at, out_at;  // this batch entry's first element in each operand
+uint k_table, v_table;  // paged keys, values: this sequence's first block-table entry (and k_at, v_at the head's within a page)
 uint q_rs, k_rs, v_rs, dy_rs, out_rs;  // elements between rows
 uint r0, lid;
 uint batch_index, drop_seed;  // dropout's: this workgroup's batch entry and the seed

@@ -8,7 +8,9 @@
 #include <cmath>
 
 #include "backends/reference/reference_backend.hpp"
+#include "backends/vulkan/vulkan_backend.hpp"
 #include "dsl/dsl.hpp"
+#include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "ir/storage_plan.hpp"
@@ -142,8 +144,8 @@ TEST_P(Paged, AttentionThroughTheBlockTableEqualsTheGatheredCache) {
         fused += node.op == ir::Op::flex_attention || node.op == ir::Op::attention;
       }
       EXPECT_EQ(fused, 1) << ir::print(lowered);
-      // cpu's kernels read the pages through the table, forward and backward: nothing gathered.
-      if (backend_name != "cpu") continue;
+      // cpu's and vulkan's kernels read the pages through the table, forward and backward:
+      // nothing gathered.
       const ir::StoragePlan storage = b->storage_plan(lowered);
       int read_in_place = 0;
       for (std::size_t i = 0; i < lowered.size(); ++i) read_in_place += storage.values[i].kind == ir::StorageKind::paged;
@@ -225,25 +227,57 @@ TEST(PagedCpu, PagesWrittenInTheSameGraphLiveUntilAttentionReadsThem) {
   testing::expect_equivalent(g, in, *cpu);
 }
 
-// A decode step's few queries (kFewRows and fewer take the products over the keys as stored),
-// past 512 keys (split-KV), with pages in f32 and in f16 read through the table where they lie, a
-// page boundary every 16 keys and a table entry not allocated (zeros).
-TEST(PagedCpu, DecodeStepsReadTheirPagesSplitAndInHalfPrecision) {
-  QKV_GET_BACKEND_OR_SKIP(cpu, "cpu");
-  auto q = input<"q">(dim<3>, dim<2>, dim<1>, dim<32>);
+// A decode step's few queries (on cpu kFewRows and fewer take the products over the keys as
+// stored; on vulkan a GPU's geometry takes the decode layout), past 512 keys (split-KV), two
+// query heads to a key/value head (reshapes of the gathers), with pages in f32 and in f16 read
+// through the table where they lie, a page boundary every 16 keys and a table entry not
+// allocated (zeros).
+void expect_paged_decode_steps(const std::string& name, backend::Backend& b) {
+  auto q = input<"q">(dim<3>, dim<2>, dim<2>, dim<1>, dim<32>);  // [B, Hkv, G, T, D]
   auto table = input<"table", DType::i32>(dim<3>, dim<40>);
-  auto k = page_gather(input<"k_pages">(dim<130>, dim<2>, dim<16>, dim<32>), table);
-  auto v = page_gather(input<"v_pages">(dim<130>, dim<2>, dim<16>, dim<32>), table);
+  constexpr ir::Shape grouped{3, 2, 1, 640, 32};
+  auto k = dsl::detail::reshape_to<grouped>(page_gather(input<"k_pages">(dim<130>, dim<2>, dim<16>, dim<32>), table));
+  auto v = dsl::detail::reshape_to<grouped>(page_gather(input<"v_pages">(dim<130>, dim<2>, dim<16>, dim<32>), table));
   const ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right)));
   std::vector<std::int32_t> entries(3 * 40);
   for (std::size_t i = 0; i < entries.size(); ++i) entries[i] = static_cast<std::int32_t>((i * 37) % 130);
   entries[45] = -1;
   for (DType dtype : {DType::f32, DType::f16}) {
-    SCOPED_TRACE(dtype_name(dtype));
+    SCOPED_TRACE(name + ", " + std::string(dtype_name(dtype)));
     const ir::Graph typed = dtype == DType::f32 ? g : ir::to_dtype(g, dtype);
     backend::TensorMap in = backend::random_inputs(typed, {}, 4);
     in.insert_or_assign("table", Tensor::from<std::int32_t>({3, 40}, entries));
-    testing::expect_equivalent(typed, in, *cpu);
+    testing::expect_equivalent(typed, in, b);
+    if (dtype != DType::f32) continue;
+    auto exe = b.compile(typed);
+    const ir::Graph& lowered = exe->graph();
+    const ir::StoragePlan storage = b.storage_plan(lowered);
+    int paged = 0;
+    for (std::size_t i = 0; i < lowered.size(); ++i) paged += storage.values[i].kind == ir::StorageKind::paged;
+    EXPECT_EQ(paged, 2) << "nothing gathered\n" << ir::print_storage(lowered, storage);
+    if (name != "vulkan, a GPU's geometry") continue;
+    const std::vector<ir::Shape> shapes = ir::bind_shapes(lowered, in);
+    std::string split;
+    for (std::size_t i = 0; i < lowered.size(); ++i)
+      if (ir::is_fused_attention(lowered.nodes()[i].op)) split = b.work_split(lowered, static_cast<ir::ValueId>(i), shapes);
+    EXPECT_NE(split.find("split-KV"), std::string::npos) << split;
+  }
+}
+
+TEST(PagedDecode, CpuStepsReadTheirPagesSplitAndInHalfPrecision) {
+  QKV_GET_BACKEND_OR_SKIP(cpu, "cpu");
+  expect_paged_decode_steps("cpu", *cpu);
+}
+
+// In both launch geometries (lavapipe's, and a GPU's, which takes the decode layout and splits the
+// keys over workgroups past 512), whichever device runs the test.
+TEST(PagedDecode, VulkanStepsReadTheirPagesSplitAndInHalfPrecision) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  for (auto t : {backend::VulkanOptions::Tuning::cpu, backend::VulkanOptions::Tuning::gpu}) {
+    auto options = backend::vulkan_options_from_env();
+    options.tuning = t;
+    expect_paged_decode_steps(t == backend::VulkanOptions::Tuning::gpu ? "vulkan, a GPU's geometry" : "vulkan, lavapipe's geometry",
+                              *backend::make_vulkan_backend(options));
   }
 }
 
