@@ -40,9 +40,9 @@ int cmd_generate(const GenerateFlags& f) {
                      " positions");
   auto backend = backend::create(f.backend);
   const auto batch = static_cast<std::int64_t>(prompts.size());
-  // Paged by default where attention reads the pages in place (the cpu); vulkan gathers them for
-  // each step, where a contiguous cache reads less.
-  const std::int64_t page_size = f.page_size >= 0 ? f.page_size : backend->name() == "cpu" ? 16 : 0;
+  // Paged by default where attention reads the pages in place (cpu and vulkan); the reference
+  // runs the meaning, gathering them for each step, where a contiguous cache reads less.
+  const std::int64_t page_size = f.page_size >= 0 ? f.page_size : backend->name() == "reference" ? 0 : 16;
   models::GenerationOptions o;
   o.max_new_tokens = length - static_cast<std::int64_t>(longest);
   // Enough pages for every prompt and its new tokens at once unless --cache-pages says fewer

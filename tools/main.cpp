@@ -209,8 +209,8 @@ int main(int argc, char** argv) {
   generate->add_flag("--ignore-eos", generate_f.ignore_eos, "go on past the model's end-of-text token");
   generate->add_option("--page-size", generate_f.page_size,
                        "positions per page of the paged key/value cache, which the sequences take as they grow and give back as they end (0: "
-                       "one contiguous cache per sequence, sized for the longest; default: 16 on cpu, whose attention reads the pages where "
-                       "they are, 0 elsewhere, where they are gathered first)");
+                       "one contiguous cache per sequence, sized for the longest; default: 16 on cpu and vulkan, whose attention reads the "
+                       "pages where they are, 0 on the reference, which gathers them first)");
   generate
       ->add_option("--cache-pages", generate_f.cache_pages,
                    "the paged cache's pages (0: enough for every prompt at once); fewer make prompts wait for others to end and give "
