@@ -1,4 +1,4 @@
-// Gradients in the DSL: qkv::grad(loss, wrt(Wq, Wk, Wv)).
+// Gradients in the DSL: qkv::grad(loss, wrt(Wq, Wk, Wv)), and forward mode: qkv::jvp(out, wrt(q)).
 #pragma once
 
 #include "dsl/lower.hpp"
@@ -31,5 +31,19 @@ template <Expr L, class... Xs> ir::Graph grad(L loss, Wrt<Xs...> w) {
   static_assert(L::shape.rank == 0, "qkv: grad() needs a scalar loss (reduce it with sum_all or mean_all)");
   return ir::build_backward(lower(named<"loss">(loss)), {"loss", w.names(), {}});
 }
+
+/// Forward mode: one graph computing `outs` (lowered as lower() names them: "out", or
+/// named<"y">(e)'s name) and each one's Jacobian-vector product along tangents of the inputs in
+/// `w` (new inputs "t_<name>", outputs "t_<out>"), on the lowered IR (ir::build_jvp).
+/// Example:
+/// \code
+///   auto q = input<"q">(dim<"N">, dim<64>);
+///   auto k = input<"k">(dim<"M">, dim<64>);
+///   auto v = input<"v">(dim<"M">, dim<64>);
+///   ir::Graph g = jvp(scaled_dot_product_attention(q, k, v), wrt(q));  // inputs q, k, v, t_q; outputs out, t_out
+/// \endcode
+template <class... Xs, class... Outs> ir::Graph jvp(Wrt<Xs...> w, const Outs&... outs) { return ir::build_jvp(lower(outs...), {w.names(), {}}); }
+/// The same for one output (an expression, or named<"y">(e)): jvp(out, wrt(q)).
+template <class Y, class... Xs> ir::Graph jvp(const Y& y, Wrt<Xs...> w) { return jvp(w, y); }
 
 }  // namespace qkv::dsl

@@ -56,7 +56,13 @@ void add_model_options(CLI::App* app, Request& r, const char* grad_help) {
   add_seed_option(app, r.seed, "seed of the random inputs and parameters");
   app->add_option("--dtype", r.dtype, "a built-in model's float values in f32, f16 or bf16 (each op computes in f32 and rounds its result)")
       ->capture_default_str();
-  if (grad_help[0]) app->add_flag("--grad", r.grad, grad_help);
+  if (grad_help[0]) {
+    auto* grad = app->add_flag("--grad", r.grad, grad_help);
+    app->add_flag("--jvp", r.jvp,
+                  "forward mode instead: inputs t_<input>, each float input's tangent (random unless given with --in), outputs t_<output>, "
+                  "each output's Jacobian-vector product")
+        ->excludes(grad);
+  }
 }
 
 /// The exit status and one-line message of every error qkv reports: 2 for what the user can fix

@@ -299,16 +299,19 @@ Prepared prepare(const Request& r) {
       throw UsageError("--dim " + name + "=" + value + ": " + p.title + " has no dim '" + name + "' (named dims: " + symbol_list(p.graph) + ")");
   for (const auto& [name, size] : r.fallback_dims)
     if (symbols.contains(name)) dims.try_emplace(name, size);
-  // The backward graph, and the exact names of its gradient seeds (inputs d<output>).
+  // The backward graph (or forward mode's), and the exact names of its gradient seeds (inputs
+  // d<output>; forward mode: the tangents t_<input>).
   std::optional<ir::Graph> backward;
   std::set<std::string> seeds;
-  if (r.grad) {
+  if (r.grad && r.jvp) throw UsageError("--grad and --jvp: give one (reverse mode or forward mode)");
+  if (r.grad || r.jvp) {
     std::vector<std::string> wrt, outs;
     for (ir::ValueId v : p.graph.inputs())
       if (is_float(p.graph.node(v).dtype)) wrt.push_back(p.graph.node(v).name);
     for (const auto& [name, v] : p.graph.outputs())
       if (is_float(p.graph.node(v).dtype)) outs.push_back(name);
-    backward = ir::build_backward(p.graph, {"", wrt, outs});
+    if (wrt.empty()) throw UsageError(std::string(r.grad ? "--grad" : "--jvp") + ": " + p.title + " has no float input to differentiate");
+    backward = r.grad ? ir::build_backward(p.graph, {"", wrt, outs}) : ir::build_jvp(p.graph, {wrt, outs});
     for (ir::ValueId v : backward->inputs())
       if (!find_input(p.graph, backward->node(v).name)) seeds.insert(backward->node(v).name);
   }
@@ -322,7 +325,10 @@ Prepared prepare(const Request& r) {
       std::string seed_list;
       for (const auto& sd : seeds) seed_list += (seed_list.empty() ? "" : ", ") + sd;
       throw UsageError("--in " + name + "=" + file + ": " + p.title + " has no input '" + name + "' (inputs: " + input_list(p.graph) +
-                       (seeds.empty() ? "" : "; gradient seeds with --grad: " + seed_list) + ")");
+                       (seeds.empty() ? ""
+                        : r.grad      ? "; gradient seeds with --grad: " + seed_list
+                                      : "; tangents with --jvp: " + seed_list) +
+                       ")");
     }
     const Tensor& t = files.at(name).tensor;
     const bool batch_first = n->shape.rank >= 1 && ir::is_symbol(n->shape[0]) && p.graph.dim_name(n->shape[0]) == "B";
@@ -442,7 +448,7 @@ Prepared prepare(const Request& r) {
     if (!p.inputs.contains(p.graph.node(v).name)) p.sources[p.graph.node(v).name] = "seed " + std::to_string(r.seed);
   fill_missing(p.graph, p.inputs, dims, r.seed);
   check_binding(p.graph, p.inputs, p.sources);
-  if (r.grad) {
+  if (backward) {
     for (const auto& [name, file] : r.in)
       if (seeds.contains(name)) {
         const ir::Node* n = find_input(*backward, name);
@@ -456,7 +462,7 @@ Prepared prepare(const Request& r) {
       if (!p.sources.contains(sd)) p.sources[sd] = "seed " + std::to_string(r.seed + 1);
     p.graph = std::move(*backward);
     check_binding(p.graph, p.inputs, p.sources);
-    p.title += " backward";
+    p.title += r.grad ? " backward" : " forward mode";
   }
   return p;
 }

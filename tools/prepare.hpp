@@ -28,6 +28,7 @@ struct Request {
   std::string weights;                                // --weights FILE.safetensors or DIR of NAME.npy
   std::uint64_t seed = 1;
   bool grad = false;               // the backward graph: outputs d_<input>, inputs d<output>
+  bool jvp = false;                // forward mode: inputs t_<input>, outputs t_<output> (ir::build_jvp)
   std::string dtype = "f32";       // --dtype: a built-in model's or model folder's float values in f16 or bf16
   std::string prompt;              // --prompt: a model folder's input text (its tokenizer makes the ids)
   bool attention_weights = false;  // a model folder's graph also outputs each layer's "weights.<layer>" (qkv viz)
@@ -35,7 +36,7 @@ struct Request {
 
 struct Prepared {
   std::string title;                           // "mha (embed=32, heads=4, causal=false)"
-  ir::Graph graph;                             // forward, or backward with --grad
+  ir::Graph graph;                             // forward, or backward with --grad, or with tangents with --jvp
   backend::TensorMap inputs;                   // every input of `graph`
   std::vector<std::string> data;               // inputs that are data (the rest are parameters)
   std::map<std::string, std::string> sources;  // input -> where it came from (file, weights, seed)

@@ -135,6 +135,22 @@ struct GradientSpec {
 /// ShapeError for a bad spec and UnsupportedError naming an op without a rule.
 Graph build_backward(const Graph& g, const GradientSpec& spec, const std::function<GradientInfo(Op)>& rules = gradient_info);
 
+/// What forward mode differentiates: the float inputs in `wrt`, each given a tangent as a new
+/// input "t_" + name of its dtype and shape, and the outputs in `outputs` (every float output when
+/// empty), each given its tangent as a new output "t_" + name.
+struct JvpSpec {
+  std::vector<std::string> wrt;      ///< the inputs with tangents
+  std::vector<std::string> outputs;  ///< the outputs whose tangents are computed; empty: all float ones
+};
+
+/// Forward-mode autodiff (jvp.cpp): one graph computing `g`'s outputs and the Jacobian-vector
+/// products t_<out> = sum over x of d out / d x . t_<x>, as ordinary IR every backend runs (the
+/// tangents' inputs come after g's). Derived exactly from reverse mode (the VJP of the VJP, with
+/// the cotangent zero), so every op with a gradient rule or decomposition has one. Throws
+/// ShapeError for a bad spec (naming the input or output) and UnsupportedError naming an op
+/// without a gradient.
+Graph build_jvp(const Graph& g, const JvpSpec& spec);
+
 /// Runs the passes a backend's compile runs, in order: fuse attention, emulate half precision
 /// (half inputs as `half_inputs` says), decompose, CSE, fold padded sums, DCE, place
 /// attention_lse; verifies after each and prints the IR to stderr after each when

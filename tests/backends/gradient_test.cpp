@@ -45,6 +45,16 @@ TEST_P(Gradients, MatchFiniteDifferencesInDoublePrecision) {
   testing::expect_gradients_match_finite_differences(g, inputs_for(g, p.c, 99 + p.index), wrt);
 }
 
+// Forward mode (ir::build_jvp, derived from the rules above) along a random direction of every
+// float input at once, against central differences along it.
+TEST_P(Gradients, JvpMatchesCentralDifferencesInDoublePrecision) {
+  const Param& p = GetParam();
+  auto wrt = float_inputs(p.c);
+  if (wrt.empty()) GTEST_SKIP() << "no float input";
+  const ir::Graph g = ir::case_graph(p.op, p.c);
+  testing::expect_jvp_matches_central_differences(g, inputs_for(g, p.c, 99 + p.index), wrt, 31 + p.index);
+}
+
 TEST_P(Gradients, BackwardGraphMatchesReferenceOnEveryBackend) {
   const Param& p = GetParam();
   auto wrt = float_inputs(p.c);

@@ -18,4 +18,11 @@ ir::Graph with_weighted_sum_loss(const ir::Graph& g);
 void expect_gradients_match_finite_differences(const ir::Graph& g_with_loss, const backend::TensorMap& inputs, const std::vector<std::string>& wrt,
                                                int probes = 12);
 
+/// Checks the Jacobian-vector products of every float output of `g` (ir::build_jvp, on the
+/// float64 reference) along random tangents of the inputs in `wrt` against central differences
+/// along the same direction, (f(x + h t) - f(x - h t)) / 2h, element by element; returns the
+/// inputs with their tangents ("t_<x>", float64) for reuse on other backends.
+backend::TensorMap expect_jvp_matches_central_differences(const ir::Graph& g, const backend::TensorMap& inputs, const std::vector<std::string>& wrt,
+                                                          std::uint64_t seed = 5);
+
 }  // namespace qkv::testing

@@ -544,6 +544,30 @@ TEST_F(Cli, RunGradWritesInputGradients) {
   EXPECT_NE(bad.output.find("dout"), std::string::npos) << bad.output;
 }
 
+TEST_F(Cli, RunJvpWritesOutputTangents) {
+  // One query, one key: the weight is 1 whatever q and k are, so out = v and t_out = t_v.
+  write("q.npy", qkv::Tensor::from<float>({1, 2}, {0.3f, -0.2f}));
+  write("k.npy", qkv::Tensor::from<float>({1, 2}, {0.5f, 0.1f}));
+  write("v.npy", qkv::Tensor::from<float>({1, 3}, {1, 2, 3}));
+  write("tv.npy", qkv::Tensor::from<float>({1, 3}, {0.5f, -1, 2}));
+  std::string base = "run sdpa --set weights=false --backend cpu --in q=" + path("q.npy") + " --in k=" + path("k.npy") + " --in v=" + path("v.npy");
+  Result r = run(base + " --jvp --in t_v=" + path("tv.npy") + " --out t_out=" + path("tout.npy"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  qkv::Tensor t = qkv::io::read_npy(path("tout.npy"));
+  ASSERT_EQ(t.shape(), (std::vector<std::int64_t>{1, 3}));
+  EXPECT_NEAR(t.at(0), 0.5, 1e-6);
+  EXPECT_NEAR(t.at(1), -1.0, 1e-6);
+  EXPECT_NEAR(t.at(2), 2.0, 1e-6);
+  Result both = run(base + " --jvp --grad");
+  EXPECT_EQ(both.status, 2) << both.output;
+  Result unknown = run(base + " --jvp --in t_nope=" + path("tv.npy"));
+  EXPECT_EQ(unknown.status, 2);
+  EXPECT_NE(unknown.output.find("tangents with --jvp: t_k, t_q, t_v"), std::string::npos) << unknown.output;
+  Result check = run("check mha --jvp --backend reference,cpu");
+  EXPECT_EQ(check.status, 0) << check.output;
+  EXPECT_NE(check.output.find("t_out"), std::string::npos) << check.output;
+}
+
 }  // namespace
 
 namespace {

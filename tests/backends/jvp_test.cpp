@@ -1,0 +1,95 @@
+// Forward mode (ir::build_jvp): attention's Jacobian-vector products with every option of the
+// library against central differences on the float64 reference, and the same graphs on cpu and
+// vulkan against the reference; the DSL's jvp(). Every op's rule is swept in gradient_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "dsl/dsl.hpp"
+#include "ir/passes/passes.hpp"
+#include "tests/support/backend_fixture.hpp"
+#include "tests/support/gradcheck.hpp"
+
+namespace qkv {
+namespace {
+
+using namespace dsl;
+
+/// The inputs as f32 (the tangents come back from the check in f64).
+backend::TensorMap in_f32(const backend::TensorMap& in) {
+  backend::TensorMap r;
+  for (const auto& [name, t] : in) r.emplace(name, t.dtype() == DType::f64 ? t.to(DType::f32) : t);
+  return r;
+}
+
+// Every option the library composes (score and mask modifiers, windows, sinks), the tangents of
+// q, k and v at once: against central differences, then on cpu and vulkan against the reference.
+TEST(Jvp, AttentionWithEveryOptionMatchesCentralDifferencesAndEveryBackend) {
+  auto q = input<"q">(dim<2>, dim<2>, dim<5>, dim<8>);
+  auto k = input<"k">(dim<2>, dim<2>, dim<7>, dim<8>);
+  auto v = input<"v">(dim<2>, dim<2>, dim<7>, dim<6>);
+  auto slopes = input<"slopes">(dim<2>);
+  auto alibi = score_mod([=](auto score, auto, auto head, auto q_idx, auto kv_idx) { return score + at(slopes, head) * (kv_idx - q_idx); });
+  auto near = mask_mod([](auto, auto, auto q_idx, auto kv_idx) { return kv_idx > q_idx + 3.0; });
+  auto sink_logits = input<"sinks">(dim<2>);
+  const std::vector<std::pair<std::string, ir::Graph>> models = {
+      {"plain", lower(named<"out">(scaled_dot_product_attention(q, k, v)))},
+      {"causal", lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right)))},
+      {"sliding window", lower(named<"out">(scaled_dot_product_attention(q, k, v, sliding_window<3>)))},
+      {"alibi", lower(named<"out">(scaled_dot_product_attention(q, k, v, alibi)))},
+      {"mask_mod, soft-capped", lower(named<"out">(scaled_dot_product_attention(q, k, v, near, softcap_scores(2.0))))},
+      {"sinks, causal", lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right, sinks(sink_logits))))}};
+  for (const auto& [name, g] : models) {
+    SCOPED_TRACE(name);
+    backend::TensorMap in = backend::random_inputs(g, {}, 3);
+    if (in.contains("slopes")) in.insert_or_assign("slopes", Tensor::from<float>({2}, {0.5f, 0.25f}));
+    const ir::Graph jvp = ir::build_jvp(g, {{"q", "k", "v"}, {}});
+    const backend::TensorMap with_tangents = in_f32(testing::expect_jvp_matches_central_differences(g, in, {"q", "k", "v"}));
+    for (const char* b : {"cpu", "vulkan"}) {
+      SCOPED_TRACE(b);
+      testing::expect_equivalent(jvp, with_tangents, b);
+    }
+  }
+}
+
+// The tangents of the modifier's tensor and of the sink logits too (every float input), and a
+// fully masked row (its output and tangent zero as the forward's).
+TEST(Jvp, ModifierTensorsSinksAndMaskedRowsHaveTangents) {
+  auto q = input<"q">(dim<1>, dim<2>, dim<4>, dim<8>);
+  auto k = input<"k">(dim<1>, dim<2>, dim<6>, dim<8>);
+  auto v = input<"v">(dim<1>, dim<2>, dim<6>, dim<8>);
+  auto slopes = input<"slopes">(dim<2>);
+  auto sink_logits = input<"sinks">(dim<2>);
+  auto keep = input<"keep", DType::boolean>(dim<4>, dim<6>);
+  auto alibi = score_mod([=](auto score, auto, auto head, auto q_idx, auto kv_idx) { return score + at(slopes, head) * (kv_idx - q_idx); });
+  const ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, k, v, keep, alibi, sinks(sink_logits))));
+  backend::TensorMap in = backend::random_inputs(g, {}, 4);
+  Tensor mask(DType::boolean, {4, 6});
+  for (std::int64_t i = 0; i < mask.numel(); ++i) mask.data<bool>()[i] = i >= 6 && i % 5 != 0;  // query 0 keeps no key
+  in.insert_or_assign("keep", mask);
+  const std::vector<std::string> wrt = {"q", "k", "v", "slopes", "sinks"};
+  const backend::TensorMap with_tangents = in_f32(testing::expect_jvp_matches_central_differences(g, in, wrt));
+  testing::expect_equivalent(ir::build_jvp(g, {wrt, {}}), with_tangents, "cpu");
+}
+
+// The DSL's jvp(): the outputs and their tangents t_<out>, inputs t_<x> for the inputs named.
+TEST(Jvp, TheDslNamesTangentsAfterTheirValues) {
+  auto x = input<"x">(dim<"N">, dim<4>);
+  auto w = input<"w">(dim<4>, dim<3>);
+  const ir::Graph g = jvp(named<"y">(tanh(matmul(x, w))), wrt(x, w));
+  EXPECT_NO_THROW(g.output("y"));
+  const ir::ValueId t = g.output("t_y");
+  EXPECT_EQ(g.node(t).shape, g.node(g.output("y")).shape);
+  std::vector<std::string> names;
+  for (ir::ValueId in : g.inputs()) names.push_back(g.node(in).name);
+  EXPECT_EQ(names, (std::vector<std::string>{"x", "w", "t_x", "t_w"}));
+  // d tanh(x w) = (1 - y^2) (t_x w + x t_w), checked against central differences.
+  const ir::Graph forward = lower(named<"y">(tanh(matmul(x, w))));
+  testing::expect_jvp_matches_central_differences(forward, backend::random_inputs(forward, {{"N", 3}}, 2), {"x", "w"});
+  EXPECT_THROW(ir::build_jvp(forward, {{"nope"}, {}}), ShapeError);
+  EXPECT_THROW(ir::build_jvp(forward, {{"x"}, {"nope"}}), IrError);
+}
+
+}  // namespace
+}  // namespace qkv
