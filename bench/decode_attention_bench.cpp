@@ -10,8 +10,11 @@
 // query rows of one batch entry, which reads its key/value head once; exact for decoding, where
 // every query keeps every cached key). Then the same rows over a paged cache (pages of 16
 // positions, vLLM's block size, read through a shuffled block table) against the contiguous cache:
-// issue 42 asks for at most 1.1x. Last, one sequence with one head, where the unsplit
-// kernel has a single task however many cores there are.
+// issue 42 asks for at most 1.1x. Then one sequence with one head, where the unsplit
+// kernel has a single task however many cores there are. Last, where the bench was configured with
+// a ggml built for measurement (-DQKV_GGML_DIR=<its install prefix>, as docs/benchmarks.md builds one),
+// ggml's CPU flash attention (ggml_flash_attn_ext, what llama.cpp decodes with) at each decode
+// shape, with as many threads, against the grouped rows' split time: issue 42 asks for 1.5x.
 //
 // On vulkan (--backend vulkan) each time is the kernels' device time (timestamps: the cache is
 // uploaded on every run, which a server keeps resident), the bound the cache's bytes over the
@@ -39,6 +42,11 @@
 #include "ir/error.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
+
+#ifdef QKV_HAVE_GGML
+#include <ggml-cpu.h>
+#include <ggml.h>
+#endif
 
 namespace {
 
@@ -146,6 +154,48 @@ double device_copy_bandwidth(int repeat) {
   return 2.0 * static_cast<double>(n * 4) / seconds(g, in, repeat);
 }
 
+#ifdef QKV_HAVE_GGML
+/// Median seconds of ggml_flash_attn_ext for `b` sequences of one query (H heads over Hkv)
+/// against a cache of `m` positions in f32 or bf16 (ggml's layout: q [D, 1, H, B], k and v [D, M,
+/// Hkv, B]), on `threads` threads, its work buffer planned once.
+double ggml_seconds(std::int64_t b, std::int64_t m, DType dtype, int threads, int repeat) {
+  const ggml_type kv = dtype == DType::bf16 ? GGML_TYPE_BF16 : GGML_TYPE_F32;
+  const std::size_t kv_bytes = ggml_row_size(kv, kHeadDim) * static_cast<std::size_t>(m * kKvHeads * b);
+  const std::size_t q_bytes = sizeof(float) * static_cast<std::size_t>(kHeadDim * kHeads * b);
+  ggml_init_params params{2 * kv_bytes + 2 * q_bytes + 16 * ggml_tensor_overhead() + ggml_graph_overhead() + (1 << 20), nullptr, false};
+  ggml_context* ctx = ggml_init(params);
+  ggml_tensor* q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, kHeadDim, 1, kHeads, b);
+  ggml_tensor* k = ggml_new_tensor_4d(ctx, kv, kHeadDim, m, kKvHeads, b);
+  ggml_tensor* v = ggml_new_tensor_4d(ctx, kv, kHeadDim, m, kKvHeads, b);
+  std::uint32_t state = 12345;
+  std::vector<float> row(static_cast<std::size_t>(kHeadDim));
+  auto fill = [&](ggml_tensor* t) {  // uniform in [-1, 1), a row at a time
+    for (std::int64_t r = 0; r < ggml_nrows(t); ++r) {
+      for (float& x : row) x = static_cast<float>((state = state * 1664525u + 1013904223u) >> 8) / 8388608.0f - 1.0f;
+      char* at = static_cast<char*>(t->data) + static_cast<std::size_t>(r) * t->nb[1];
+      if (t->type == GGML_TYPE_BF16) ggml_fp32_to_bf16_row(row.data(), reinterpret_cast<ggml_bf16_t*>(at), kHeadDim);
+      else std::memcpy(at, row.data(), row.size() * sizeof(float));
+    }
+  };
+  fill(q), fill(k), fill(v);
+  ggml_tensor* out = ggml_flash_attn_ext(ctx, q, k, v, nullptr, static_cast<float>(1.0 / std::sqrt(static_cast<double>(kHeadDim))), 0.0f, 0.0f);
+  ggml_cgraph* graph = ggml_new_graph(ctx);
+  ggml_build_forward_expand(graph, out);
+  ggml_cplan plan = ggml_graph_plan(graph, threads, nullptr);
+  std::vector<std::uint8_t> work(plan.work_size);
+  plan.work_data = work.data();
+  ggml_graph_compute(graph, &plan);
+  std::vector<double> t;
+  for (int r = 0; r < repeat; ++r) {
+    const auto t0 = Clock::now();
+    ggml_graph_compute(graph, &plan);
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  ggml_free(ctx);
+  return median(t);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,6 +232,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(kKvHeads), static_cast<long long>(kHeadDim), repeat);
   std::printf("%-5s %-6s %-6s %-6s %10s %10s %9s %10s %9s\n", "B", "cache", "dtype", "GQA as", "split ms", "GB/s", "of bound", "unsplit ms",
               "split x");
+  std::vector<std::tuple<std::int64_t, std::int64_t, DType, double>> rows_split;  // the grouped rows' split times, for the peer
   for (std::int64_t b : {1, 8})
     for (std::int64_t m : {4096, 32768}) {
       if (m > max_cache || !grouped) continue;
@@ -200,6 +251,7 @@ int main(int argc, char** argv) {
             continue;
           }
           const double rate = cache_bytes / split;
+          if (rows) rows_split.emplace_back(b, m, dtype, split);
           std::printf("%-5lld %-6lld %-6s %-6s %10.3f %10.1f %8.0f%% %s %s\n", static_cast<long long>(b), static_cast<long long>(m),
                       std::string(dtype_name(dtype)).c_str(), rows ? "rows" : "heads", split * 1e3, rate / 1e9, 100.0 * rate / bandwidth,
                       cell(unsplit * 1e3, 10, 3).c_str(), cell(unsplit / split, 9, 2, "x").c_str());
@@ -247,5 +299,19 @@ int main(int argc, char** argv) {
     std::printf("%-6lld %10.3f %10.1f %8.0f%% %s %s\n", static_cast<long long>(m), split * 1e3, rate / 1e9, 100.0 * rate / bandwidth,
                 cell(unsplit * 1e3, 10, 3).c_str(), cell(unsplit / split, 9, 2, "x").c_str());
   }
+#ifdef QKV_HAVE_GGML
+  if (backend_name == "cpu") {
+    const int threads = backend::cpu::ThreadPool::global().size();
+    std::printf("\nggml's CPU flash attention (ggml_flash_attn_ext, %d threads, ggml %s) at the same shapes against qkv's grouped rows, split:\n",
+                threads, ggml_version());
+    std::printf("%-5s %-6s %-6s %10s %10s %9s %10s\n", "B", "cache", "dtype", "ggml ms", "GB/s", "of bound", "qkv x");
+    for (const auto& [b, m, dtype, qkv_split] : rows_split) {
+      const double s = ggml_seconds(b, m, dtype, threads, repeat);
+      const double rate = 2.0 * static_cast<double>(b * kKvHeads * m * kHeadDim * static_cast<std::int64_t>(dtype_size(dtype))) / s;
+      std::printf("%-5lld %-6lld %-6s %10.3f %10.1f %8.0f%% %9.2fx\n", static_cast<long long>(b), static_cast<long long>(m),
+                  std::string(dtype_name(dtype)).c_str(), s * 1e3, rate / 1e9, 100.0 * rate / bandwidth, s / qkv_split);
+    }
+  }
+#endif
   return 0;
 }
