@@ -146,9 +146,9 @@ struct JvpSpec {
 /// Forward-mode autodiff (jvp.cpp): one graph computing `g`'s outputs and the Jacobian-vector
 /// products t_<out> = sum over x of d out / d x . t_<x>, as ordinary IR every backend runs (the
 /// tangents' inputs come after g's). Derived exactly from reverse mode (the VJP of the VJP, with
-/// the cotangent zero), so every op with a gradient rule or decomposition has one. Throws
-/// ShapeError for a bad spec (naming the input or output) and UnsupportedError naming an op
-/// without a gradient.
+/// the cotangent zero), so every op with a gradient rule or decomposition has one; forward over
+/// reverse (the JVP of a backward graph) included. Throws ShapeError for a bad spec (naming the
+/// input or output) and UnsupportedError naming an op without a gradient.
 Graph build_jvp(const Graph& g, const JvpSpec& spec);
 
 /// Runs the passes a backend's compile runs, in order: fuse attention, emulate half precision

@@ -88,7 +88,32 @@ TEST(Jvp, TheDslNamesTangentsAfterTheirValues) {
   const ir::Graph forward = lower(named<"y">(tanh(matmul(x, w))));
   testing::expect_jvp_matches_central_differences(forward, backend::random_inputs(forward, {{"N", 3}}, 2), {"x", "w"});
   EXPECT_THROW(ir::build_jvp(forward, {{"nope"}, {}}), ShapeError);
-  EXPECT_THROW(ir::build_jvp(forward, {{"x"}, {"nope"}}), IrError);
+  EXPECT_THROW(ir::build_jvp(forward, {{"x"}, {"nope"}}), ShapeError);
+}
+
+// Names autodiff gives its seeds and gradients ("dd_x", "dout") may be the graph's own: forward
+// over reverse differentiates a backward graph, whose seed "dout" is a real input there; an output
+// that does not depend on the inputs with tangents has a zero tangent.
+TEST(Jvp, ForwardOverReverseAndNamesAutodiffUses) {
+  auto x = input<"x">(dim<4>);
+  auto dd_x = input<"dd_x">(dim<4>);
+  auto w = input<"w">(dim<4>);
+  const ir::Graph own_names = lower(named<"y">(x * dd_x), named<"dy">(exp(w)));
+  testing::expect_jvp_matches_central_differences(own_names, backend::random_inputs(own_names, {}, 3), {"x"});
+  const ir::Graph jvp = ir::build_jvp(own_names, {{"x"}, {}});
+  std::vector<std::string> names;
+  for (ir::ValueId in : jvp.inputs()) names.push_back(jvp.node(in).name);
+  EXPECT_EQ(names, (std::vector<std::string>{"x", "dd_x", "w", "t_x"}));
+  // A Hessian-vector product: the tangent of d_k (the gradient of attention's output with respect
+  // to k, seeded from the input dout) along q.
+  auto q = input<"q">(dim<1>, dim<2>, dim<5>, dim<8>);
+  auto k = input<"k">(dim<1>, dim<2>, dim<6>, dim<8>);
+  auto v = input<"v">(dim<1>, dim<2>, dim<6>, dim<8>);
+  const ir::Graph backward =
+      ir::build_backward(lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right))), {"", {"k"}, {"out"}});
+  const backend::TensorMap in = backend::random_inputs(backward, {}, 5);
+  const backend::TensorMap with_tangents = in_f32(testing::expect_jvp_matches_central_differences(backward, in, {"q"}));
+  testing::expect_equivalent(ir::build_jvp(backward, {{"q"}, {}}), with_tangents, "cpu");
 }
 
 }  // namespace

@@ -558,6 +558,24 @@ TEST_F(Cli, RunJvpWritesOutputTangents) {
   EXPECT_NEAR(t.at(0), 0.5, 1e-6);
   EXPECT_NEAR(t.at(1), -1.0, 1e-6);
   EXPECT_NEAR(t.at(2), 2.0, 1e-6);
+  // Two keys: q's and k's tangents count too (zero tangents give a zero t_out).
+  write("k2.npy", qkv::Tensor::from<float>({2, 2}, {0.5f, 0.1f, -0.3f, 0.8f}));
+  write("v2.npy", qkv::Tensor::from<float>({2, 3}, {1, 2, 3, -1, 0, 4}));
+  write("tq.npy", qkv::Tensor::from<float>({1, 2}, {1, -1}));
+  write("zq.npy", qkv::Tensor::from<float>({1, 2}, {0, 0}));
+  write("zk.npy", qkv::Tensor::from<float>({2, 2}, {0, 0, 0, 0}));
+  write("zv.npy", qkv::Tensor::from<float>({2, 3}, {0, 0, 0, 0, 0, 0}));
+  const std::string two = "run sdpa --set weights=false --backend cpu --jvp --in q=" + path("q.npy") + " --in k=" + path("k2.npy") +
+                          " --in v=" + path("v2.npy") + " --in t_k=" + path("zk.npy") + " --in t_v=" + path("zv.npy");
+  ASSERT_EQ(run(two + " --in t_q=" + path("tq.npy") + " --out t_out=" + path("moved.npy")).status, 0);
+  ASSERT_EQ(run(two + " --in t_q=" + path("zq.npy") + " --out t_out=" + path("still.npy")).status, 0);
+  const qkv::Tensor moved = qkv::io::read_npy(path("moved.npy")), still = qkv::io::read_npy(path("still.npy"));
+  double moved_norm = 0;
+  for (std::int64_t i = 0; i < 3; ++i) {
+    moved_norm += std::abs(moved.at(i));
+    EXPECT_EQ(still.at(i), 0.0);
+  }
+  EXPECT_GT(moved_norm, 1e-3) << "q's tangent moves the output";
   Result both = run(base + " --jvp --grad");
   EXPECT_EQ(both.status, 2) << both.output;
   Result unknown = run(base + " --jvp --in t_nope=" + path("tv.npy"));
