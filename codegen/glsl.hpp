@@ -95,6 +95,10 @@ struct Target {
   /// least 16): where slices and concat operands may lie in place (codegen::plan_storage); 0
   /// (no device: `qkv dump --glsl`): none do.
   std::int64_t view_alignment = 0;
+  /// Storage buffers one shader may bind (maxPerStageDescriptorStorageBuffers); 0: no limit.
+  /// A flash kernel reads a paged cache in place only where its block tables fit beside its
+  /// operands (codegen::plan_storage).
+  std::uint32_t storage_buffers = 0;
 };
 
 struct KernelLaunch {

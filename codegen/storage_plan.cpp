@@ -29,7 +29,8 @@ DType round_dtype(Op op) { return op == Op::round_f16 ? DType::f16 : op == Op::r
 /// The rules, each a question about one value of one graph, with the graph's readers at hand.
 class Planner {
  public:
-  Planner(const ir::Graph& g, std::int64_t alignment) : g_(g), alignment_(alignment), readers_(g.size()), result_(g.size(), false) {
+  Planner(const ir::Graph& g, std::int64_t alignment, std::uint32_t storage_buffers)
+      : g_(g), alignment_(alignment), storage_buffers_(storage_buffers), readers_(g.size()), result_(g.size(), false) {
     for (std::size_t i = 0; i < g.size(); ++i)
       for (std::size_t slot = 0; slot < g.nodes()[i].inputs.size(); ++slot)
         readers_[static_cast<std::size_t>(g.nodes()[i].inputs[slot])].emplace_back(static_cast<ValueId>(i), slot);
@@ -97,7 +98,10 @@ class Planner {
   bool rows_read_paged(ValueId v, ValueId gather) const {
     return std::all_of(readers(v).begin(), readers(v).end(), [&](const Reader& r) {
       const Node& reader = node(r.first);
-      if (reader.op != Op::reshape) return detail::attention_fits(reader);
+      // Its kernel binds up to two block tables more than its operands.
+      if (reader.op != Op::reshape)
+        return detail::attention_fits(reader) &&
+               (storage_buffers_ == 0 || static_cast<std::uint32_t>(storage_buffers(reader) + 2) <= storage_buffers_);
       const ir::Shape &s = reader.shape, &rows = node(gather).shape;
       return s.rank >= 2 && s.back(0) == rows.back(0) && s.back(1) == rows.back(1) && rows_read_paged(r.first, gather);
     });
@@ -110,6 +114,7 @@ class Planner {
     return !readers(v).empty() && std::all_of(readers(v).begin(), readers(v).end(), [&](const Reader& r) {
       const Node& reader = node(r.first);
       if (reader.op == Op::matmul) return r.second < 2;
+      if (reader.op == Op::page_gather) return r.second == 0 && paged(r.first);  // pages the flash kernels read in place
       if (ir::is_fused_attention(reader.op)) return ir::attention_roles(reader.op).streamed(r.second) && detail::attention_fits(reader);
       return (elementwise(g_, reader) && !exact_round(r.first)) || axis_reduction(reader);  // a kernel, not a view, reads it
     });
@@ -265,6 +270,7 @@ class Planner {
 
   const ir::Graph& g_;
   std::int64_t alignment_;
+  std::uint32_t storage_buffers_;
   std::vector<std::vector<Reader>> readers_;
   std::vector<bool> result_;
 };
@@ -291,6 +297,8 @@ ir::StoragePlan Planner::plan() const {
 
 }  // namespace
 
-ir::StoragePlan plan_storage(const ir::Graph& g, std::int64_t view_alignment) { return Planner(g, view_alignment).plan(); }
+ir::StoragePlan plan_storage(const ir::Graph& g, std::int64_t view_alignment, std::uint32_t storage_buffers) {
+  return Planner(g, view_alignment, storage_buffers).plan();
+}
 
 }  // namespace qkv::codegen

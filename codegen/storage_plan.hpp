@@ -20,8 +20,8 @@ namespace qkv::codegen {
 ///   reading it as q, k, v or dy through row and batch strides and whose operand is laid out
 ///   contiguously ([B, N, H, D] projections read as [B, H, N, D] heads);
 /// - *half_view*: the cast to f32 of an f16 or bf16 input whose every reader (a flash kernel's
-///   q, k, v or dy, a matmul's A or B, an elementwise node or an axis reduction) widens the
-///   16-bit values where it loads them;
+///   q, k, v or dy, a matmul's A or B, an elementwise node, an axis reduction, or a paged
+///   page_gather's pages, which its flash kernels read) widens the 16-bit values where it loads them;
 /// - *placed*: the permute (keeping the last dim last) that is the only reader of a flash
 ///   kernel's non-result output, which its kernel writes through the permuted strides;
 /// - *narrowed*: the cast to f16 or bf16 that is the only reader of a non-result flash forward,
@@ -38,6 +38,8 @@ namespace qkv::codegen {
 ///   keeping its rows and their width): they bind its pages and block table and find each row
 ///   through the table, so nothing is gathered.
 /// Verified (ir::verify_storage) before it is returned.
-ir::StoragePlan plan_storage(const ir::Graph& g, std::int64_t view_alignment = 0);
+/// `storage_buffers`: what one shader may bind (0: no limit), which the block tables of a paged
+/// cache must fit beside a flash kernel's operands.
+ir::StoragePlan plan_storage(const ir::Graph& g, std::int64_t view_alignment = 0, std::uint32_t storage_buffers = 0);
 
 }  // namespace qkv::codegen

@@ -75,6 +75,7 @@ KernelChoices choose_kernels(const DeviceProfile& d, const VulkanOptions& o) {
   // Some drivers report UINT32_MAX storage buffers; a fused kernel binds at most the default.
   c.fusion.storage_buffers = static_cast<int>(std::min(d.features.max_storage_buffers, static_cast<std::uint32_t>(c.fusion.storage_buffers)));
   t.view_alignment = static_cast<std::int64_t>(std::max<std::uint64_t>(d.storage_offset_alignment, 16));
+  t.storage_buffers = d.features.max_storage_buffers;
   c.half_inputs = o.half_storage && d.features.storage_buffer_16bit ? ir::HalfInputs::kept : ir::HalfInputs::widened;
   return c;
 }

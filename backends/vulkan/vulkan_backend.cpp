@@ -42,7 +42,8 @@ class VulkanExecutable final : public ExecutableSkeleton {
  public:
   /// Fuses elementwise chains within `fusion`'s limits, or gives every node its own kernel.
   VulkanExecutable(std::shared_ptr<Context> ctx, ir::Graph g, codegen::Target target, std::optional<codegen::FusionLimits> fusion)
-      : ExecutableSkeleton(std::move(g)), ctx_(std::move(ctx)), target_(target), storage_(codegen::plan_storage(graph_, target_.view_alignment)) {
+      : ExecutableSkeleton(std::move(g)), ctx_(std::move(ctx)), target_(target),
+        storage_(codegen::plan_storage(graph_, target_.view_alignment, target_.storage_buffers)) {
     const std::uint32_t most = ctx_->properties().limits.maxPerStageDescriptorStorageBuffers;
     std::vector<codegen::KernelGroup> groups = fusion ? codegen::plan_kernels(graph_, storage_, *fusion) : codegen::unfused_kernels(graph_, storage_);
     for (auto& group : groups) {
@@ -464,7 +465,9 @@ class VulkanBackend final : public Backend {
   /// A kernel binding more storage buffers than the device allows per shader (a flex modifier
   /// reading many tensors) is decomposed where the op has a decomposition.
   bool supports(const Node& n) const override { return vulkan::device_supports(ctx_->profile(), n); }
-  ir::StoragePlan storage_plan(const ir::Graph& g) const override { return codegen::plan_storage(g, target_.view_alignment); }
+  ir::StoragePlan storage_plan(const ir::Graph& g) const override {
+    return codegen::plan_storage(g, target_.view_alignment, target_.storage_buffers);
+  }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
     const ir::StoragePlan storage = storage_plan(g);
     if (g.node(v).op == Op::input) return "(input, uploaded)";
@@ -541,7 +544,8 @@ std::string vulkan_shaders(const ir::Graph& g, const VulkanOptions& options) {
       g, [&](const Node& n) { return vulkan::device_supports(*gpu, n); }, choices.half_inputs);
   return "// No Vulkan device here: the shaders for a GPU like " + gpu->name + ",\n// storage offsets aligned to " +
          std::to_string(choices.target.view_alignment) + " bytes.\n" +
-         codegen::emit_glsl(lowered, codegen::plan_storage(lowered, choices.target.view_alignment), choices.fusion, choices.target, options.fusion);
+         codegen::emit_glsl(lowered, codegen::plan_storage(lowered, choices.target.view_alignment, choices.target.storage_buffers), choices.fusion,
+                            choices.target, options.fusion);
 }
 
 std::string VulkanDeviceInfo::capabilities() const {

@@ -1,5 +1,6 @@
 // Half precision on f32 kernels: every f16 and bf16 value held in f32, rounded where it is made.
 #include <algorithm>
+#include <map>
 
 #include "ir/passes/passes.hpp"
 
@@ -10,6 +11,14 @@ namespace {
 /// `x` (f32) rounded to `dtype`'s nearest value.
 ValueId round_to_dtype(Graph& g, ValueId x, DType dtype) { return g.add(dtype == DType::f16 ? Op::round_f16 : Op::round_bf16, {x}); }
 
+/// Whether the op's every result value is one of its float operands' values (moved, repeated or
+/// selected): of operands that are all `dtype` numbers it gives `dtype` numbers, and rounding them
+/// again would change nothing.
+bool moves_values(Op op) {
+  return op == Op::reshape || op == Op::permute || op == Op::slice || op == Op::broadcast_to || op == Op::concat || op == Op::where ||
+         op == Op::cache_write || op == Op::page_write || op == Op::page_gather;
+}
+
 }  // namespace
 
 bool has_half_values(const Graph& g) {
@@ -18,17 +27,31 @@ bool has_half_values(const Graph& g) {
 
 Graph emulate_half_precision(const Graph& g, HalfInputs inputs) {
   if (!has_half_values(g)) return g;
-  auto rewrite = [inputs](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
+  // The values of the new graph known to hold `dtype` numbers (a half input, a rounding, what
+  // moves only such values), by the half dtype.
+  std::map<ValueId, DType> numbers;
+  auto rewrite = [inputs, &numbers](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
     const bool half = is_half(n.dtype);
-    if (n.op == Op::input && half && inputs == HalfInputs::kept) return out.cast(out.add_input(n.name, n.dtype, n.shape), DType::f32);
-    if (n.op == Op::input) return half ? out.add_input(n.name, DType::f32, n.shape) : -1;
+    auto of = [&](ValueId v) {
+      numbers[v] = n.dtype;
+      return v;
+    };
+    if (n.op == Op::input && half && inputs == HalfInputs::kept) return of(out.cast(out.add_input(n.name, n.dtype, n.shape), DType::f32));
+    if (n.op == Op::input) return half ? of(out.add_input(n.name, DType::f32, n.shape)) : -1;
     if (n.op == Op::cast) {
-      const ValueId x = out.cast(in[0], DType::f32);      // a float is held in f32 now; an i32 or bool cast
-      return half ? round_to_dtype(out, x, n.dtype) : x;  // to f32: a half value is an f32 value
+      const ValueId x = out.cast(in[0], DType::f32);          // a float is held in f32 now; an i32 or bool cast
+      return half ? of(round_to_dtype(out, x, n.dtype)) : x;  // to f32: a half value is an f32 value
     }
     if (!half) return -1;  // its operands' dtypes decide it: the same as before
-    // Computed in f32 (the op's rule gives f32 from f32 operands), the result rounded once.
-    return round_to_dtype(out, out.add(n.op, {in.begin(), in.end()}, n.attrs, n.region), n.dtype);
+    const ValueId y = out.add(n.op, {in.begin(), in.end()}, n.attrs, n.region);
+    // Moving values that are all of its dtype already (a cache's pages gathered, heads reshaped):
+    // nothing to round, so that kernels may read those values where they lie.
+    const bool exact = moves_values(n.op) && std::all_of(in.begin(), in.end(), [&](ValueId x) {
+                         const auto it = numbers.find(x);
+                         return out.node(x).dtype != DType::f32 || (it != numbers.end() && it->second == n.dtype);
+                       });
+    // Otherwise computed in f32 (the op's rule gives f32 from f32 operands), the result rounded once.
+    return of(exact ? y : round_to_dtype(out, y, n.dtype));
   };
   if (inputs == HalfInputs::widened) return rebuild(g, rewrite);
   // A kept half input's update, and a half output, is its (rounded) value cast back to its

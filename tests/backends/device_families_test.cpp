@@ -93,7 +93,7 @@ TEST_P(DeviceFamily, EveryKernelCompilesValidatesAndFits) {
     for (const auto& [name, size] : models::find_model(m.name).dims) dims.try_emplace(name, size);
     const backend::TensorMap inputs = backend::random_inputs(lowered, dims, 1);
     const std::vector<ir::Shape> shapes = ir::bind_shapes(lowered, inputs);
-    const ir::StoragePlan storage = codegen::plan_storage(lowered, choices.target.view_alignment);
+    const ir::StoragePlan storage = codegen::plan_storage(lowered, choices.target.view_alignment, choices.target.storage_buffers);
     for (const codegen::KernelGroup& group : codegen::plan_kernels(lowered, storage, choices.fusion)) {
       const codegen::KernelSource source = group.fused() ? codegen::fused_source(lowered, storage, group, choices.target)
                                                          : codegen::kernel_source(lowered, storage, group.root, choices.target);
@@ -161,7 +161,7 @@ TEST(DeviceFamilies, KernelsChosenForAnotherDeviceAreRefusedByName) {
   const backend::TensorMap inputs = backend::random_inputs(lowered, m.dims, 1);
   const std::vector<ir::Shape> shapes = ir::bind_shapes(lowered, inputs);
   int refused = 0;
-  const ir::StoragePlan storage = codegen::plan_storage(lowered, choices.target.view_alignment);
+  const ir::StoragePlan storage = codegen::plan_storage(lowered, choices.target.view_alignment, choices.target.storage_buffers);
   for (const codegen::KernelGroup& group : codegen::plan_kernels(lowered, storage, choices.fusion)) {
     if (group.fused()) continue;
     const codegen::KernelSource source = codegen::kernel_source(lowered, storage, group.root, choices.target);

@@ -9,6 +9,7 @@
 
 #include "backends/reference/reference_backend.hpp"
 #include "backends/vulkan/vulkan_backend.hpp"
+#include "codegen/storage_plan.hpp"
 #include "dsl/dsl.hpp"
 #include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
@@ -209,11 +210,12 @@ TEST_P(Paged, WritesLandAtTheirSlotsAndNowhereElse) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Paged, ::testing::Values("reference", "cpu", "vulkan"));
 
-// The cpu's kernels read pages where a graph writes them too: attention over pages that
-// page_write fills in the same graph (no held state), the pages and the table living until the
-// attention that reads them through its gathers runs (the gathers have no kernel of their own).
-TEST(PagedCpu, PagesWrittenInTheSameGraphLiveUntilAttentionReadsThem) {
-  QKV_GET_BACKEND_OR_SKIP(cpu, "cpu");
+// Kernels that read pages where a graph writes them too: attention over pages that page_write
+// fills in the same graph (no held state), the pages and the table living until the attention
+// that reads them through its gathers runs (the gathers have no kernel of their own). And one
+// block table [1, n] and one key/value head broadcast over a batch of two sequences of two heads.
+TEST_P(Paged, PagesWrittenInTheSameGraphLiveUntilAttentionReadsThem) {
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
   auto q = input<"q">(dim<kBatch>, dim<kHeads>, dim<2>, dim<kDim>);
   auto table = input<"table", DType::i32>(dim<kBatch>, dim<kTable>);
   auto slots = input<"slots", DType::i32>(dim<kBatch>, dim<2>);
@@ -224,14 +226,23 @@ TEST(PagedCpu, PagesWrittenInTheSameGraphLiveUntilAttentionReadsThem) {
   backend::TensorMap in = backend::random_inputs(g, {}, 3);
   in.insert_or_assign("table", block_table());
   in.insert_or_assign("slots", Tensor::from<std::int32_t>({kBatch, 2}, {13, 14, 25, 7}));
-  testing::expect_equivalent(g, in, *cpu);
+  testing::expect_equivalent(g, in, *b);
+
+  auto shared_table = input<"table", DType::i32>(dim<1>, dim<kTable>);
+  auto one_head = [&](auto pool) { return page_gather(pool, shared_table); };  // [1, 1, 12, D]
+  const ir::Graph broadcast =
+      lower(named<"out">(scaled_dot_product_attention(q, one_head(input<"k_pages">(dim<kPages>, dim<1>, dim<kPage>, dim<kDim>)),
+                                                      one_head(input<"v_pages">(dim<kPages>, dim<1>, dim<kPage>, dim<kDim>)))));
+  backend::TensorMap shared = backend::random_inputs(broadcast, {}, 4);
+  shared.insert_or_assign("table", Tensor::from<std::int32_t>({1, kTable}, {8, 3, -1, 0}));
+  testing::expect_equivalent(broadcast, shared, *b);
 }
 
 // A decode step's few queries (on cpu kFewRows and fewer take the products over the keys as
 // stored; on vulkan a GPU's geometry takes the decode layout), past 512 keys (split-KV), two
 // query heads to a key/value head (reshapes of the gathers), with pages in f32 and in f16 read
-// through the table where they lie, a page boundary every 16 keys and a table entry not
-// allocated (zeros).
+// through the table where they lie (f16 pages read as they are held, widened where loaded), a
+// page boundary every 16 keys and a table entry not allocated (zeros).
 void expect_paged_decode_steps(const std::string& name, backend::Backend& b) {
   auto q = input<"q">(dim<3>, dim<2>, dim<2>, dim<1>, dim<32>);  // [B, Hkv, G, T, D]
   auto table = input<"table", DType::i32>(dim<3>, dim<40>);
@@ -248,20 +259,46 @@ void expect_paged_decode_steps(const std::string& name, backend::Backend& b) {
     backend::TensorMap in = backend::random_inputs(typed, {}, 4);
     in.insert_or_assign("table", Tensor::from<std::int32_t>({3, 40}, entries));
     testing::expect_equivalent(typed, in, b);
-    if (dtype != DType::f32) continue;
     auto exe = b.compile(typed);
     const ir::Graph& lowered = exe->graph();
     const ir::StoragePlan storage = b.storage_plan(lowered);
     int paged = 0;
     for (std::size_t i = 0; i < lowered.size(); ++i) paged += storage.values[i].kind == ir::StorageKind::paged;
     EXPECT_EQ(paged, 2) << "nothing gathered\n" << ir::print_storage(lowered, storage);
-    if (name != "vulkan, a GPU's geometry") continue;
+    // f16 pages are read as they are held: no kernel converts the pools.
+    for (std::size_t i = 0; i < lowered.size(); ++i) {
+      const ir::Node& n = lowered.nodes()[i];
+      if (n.op == ir::Op::cast && lowered.node(n.inputs[0]).op == ir::Op::input && lowered.node(n.inputs[0]).name.ends_with("_pages")) {
+        EXPECT_EQ(storage.values[i].kind, ir::StorageKind::half_view) << ir::print_storage(lowered, storage);
+      }
+    }
+    if (name != "vulkan, a GPU's geometry" || dtype != DType::f32) continue;
     const std::vector<ir::Shape> shapes = ir::bind_shapes(lowered, in);
     std::string split;
     for (std::size_t i = 0; i < lowered.size(); ++i)
       if (ir::is_fused_attention(lowered.nodes()[i].op)) split = b.work_split(lowered, static_cast<ir::ValueId>(i), shapes);
     EXPECT_NE(split.find("split-KV"), std::string::npos) << split;
   }
+}
+
+// Vulkan reads pages in place only where the block tables fit beside a flash kernel's operands
+// in the storage buffers one shader may bind (the forward binds q, k, v, the output, its tile
+// counts and its split buffer: six, eight with the tables).
+TEST(PagedVulkanPlan, TheTablesMustFitTheDevicesStorageBuffers) {
+  auto q = input<"q">(dim<kBatch>, dim<kHeads>, dim<1>, dim<kDim>);
+  auto table = input<"table", DType::i32>(dim<kBatch>, dim<kTable>);
+  auto k = page_gather(input<"k_pages">(dim<kPages>, dim<kHeads>, dim<kPage>, dim<kDim>), table);
+  auto v = page_gather(input<"v_pages">(dim<kPages>, dim<kHeads>, dim<kPage>, dim<kDim>), table);
+  const ir::Graph g = ir::lower_for_backend(lower(named<"out">(scaled_dot_product_attention(q, k, v))), [](const ir::Node&) { return true; });
+  auto paged = [&](std::uint32_t buffers) {
+    const ir::StoragePlan plan = codegen::plan_storage(g, 16, buffers);
+    int n = 0;
+    for (const auto& value : plan.values) n += value.kind == ir::StorageKind::paged;
+    return n;
+  };
+  EXPECT_EQ(paged(0), 2);
+  EXPECT_EQ(paged(8), 2);
+  EXPECT_EQ(paged(7), 0) << "a gathered copy where the tables do not fit";
 }
 
 TEST(PagedDecode, CpuStepsReadTheirPagesSplitAndInHalfPrecision) {
