@@ -194,6 +194,20 @@ double ggml_seconds(std::int64_t b, std::int64_t m, DType dtype, int threads, in
   ggml_free(ctx);
   return median(t);
 }
+
+/// ggml's rows at the shapes of qkv's grouped rows, each against qkv's split time there.
+void print_ggml_peer(const std::vector<std::tuple<std::int64_t, std::int64_t, DType, double>>& rows_split, double bandwidth, int repeat) {
+  const int threads = backend::cpu::ThreadPool::global().size();
+  std::printf("\nggml's CPU flash attention (ggml_flash_attn_ext, %d threads, ggml %s) at the same shapes against qkv's grouped rows, split:\n",
+              threads, ggml_version());
+  std::printf("%-5s %-6s %-6s %10s %10s %9s %10s\n", "B", "cache", "dtype", "ggml ms", "GB/s", "of bound", "qkv x");
+  for (const auto& [b, m, dtype, qkv_split] : rows_split) {
+    const double s = ggml_seconds(b, m, dtype, threads, repeat);
+    const double rate = 2.0 * static_cast<double>(b * kKvHeads * m * kHeadDim * static_cast<std::int64_t>(dtype_size(dtype))) / s;
+    std::printf("%-5lld %-6lld %-6s %10.3f %10.1f %8.0f%% %9.2fx\n", static_cast<long long>(b), static_cast<long long>(m),
+                std::string(dtype_name(dtype)).c_str(), s * 1e3, rate / 1e9, 100.0 * rate / bandwidth, s / qkv_split);
+  }
+}
 #endif
 
 }  // namespace
@@ -300,18 +314,7 @@ int main(int argc, char** argv) {
                 cell(unsplit * 1e3, 10, 3).c_str(), cell(unsplit / split, 9, 2, "x").c_str());
   }
 #ifdef QKV_HAVE_GGML
-  if (backend_name == "cpu") {
-    const int threads = backend::cpu::ThreadPool::global().size();
-    std::printf("\nggml's CPU flash attention (ggml_flash_attn_ext, %d threads, ggml %s) at the same shapes against qkv's grouped rows, split:\n",
-                threads, ggml_version());
-    std::printf("%-5s %-6s %-6s %10s %10s %9s %10s\n", "B", "cache", "dtype", "ggml ms", "GB/s", "of bound", "qkv x");
-    for (const auto& [b, m, dtype, qkv_split] : rows_split) {
-      const double s = ggml_seconds(b, m, dtype, threads, repeat);
-      const double rate = 2.0 * static_cast<double>(b * kKvHeads * m * kHeadDim * static_cast<std::int64_t>(dtype_size(dtype))) / s;
-      std::printf("%-5lld %-6lld %-6s %10.3f %10.1f %8.0f%% %9.2fx\n", static_cast<long long>(b), static_cast<long long>(m),
-                  std::string(dtype_name(dtype)).c_str(), s * 1e3, rate / 1e9, 100.0 * rate / bandwidth, s / qkv_split);
-    }
-  }
+  if (backend_name == "cpu") print_ggml_peer(rows_split, bandwidth, repeat);
 #endif
   return 0;
 }

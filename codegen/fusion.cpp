@@ -270,6 +270,12 @@ std::vector<bool> inlined_constants(const ir::Graph& g, const std::vector<std::v
   return inline_constant;
 }
 
+/// What the kernel of node v alone reads: its operands, a flash kernel's paged keys and values as
+/// their pages and block tables (detail::attention_operands).
+std::vector<ValueId> own_operands(const ir::Graph& g, const ir::StoragePlan& storage, ValueId v) {
+  return ir::is_fused_attention(g.node(v).op) ? detail::attention_operands(g, storage, v) : g.node(v).inputs;
+}
+
 /// The kernels, in node order, of the roots (`root_of`, but the constants computed where they are
 /// read) and the nodes each computes inside (`inlined`): each with the constants it computes too,
 /// and the values it reads from memory.
@@ -293,8 +299,7 @@ std::vector<KernelGroup> kernel_groups(const ir::Graph& g, const ir::StoragePlan
       std::sort(k.inlined.begin(), k.inlined.end());
       if (k.fused()) k.operands = reads.operands;
     }
-    if (!k.fused()) k.operands = root.inputs;
-    if (ir::is_fused_attention(root.op)) k.operands = detail::attention_operands(g, storage, k.root);  // pages and their tables
+    if (!k.fused()) k.operands = own_operands(g, storage, k.root);
     plan.push_back(std::move(k));
   }
   return plan;
@@ -406,11 +411,7 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan&
 std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, const ir::StoragePlan& storage) {
   std::vector<KernelGroup> plan;
   for (std::size_t i = 0; i < g.size(); ++i)
-    if (storage.has_kernel(static_cast<ValueId>(i)))
-      plan.push_back(
-          {static_cast<ValueId>(i),
-           {},
-           ir::is_fused_attention(g.nodes()[i].op) ? detail::attention_operands(g, storage, static_cast<ValueId>(i)) : g.nodes()[i].inputs});
+    if (storage.has_kernel(static_cast<ValueId>(i))) plan.push_back({static_cast<ValueId>(i), {}, own_operands(g, storage, static_cast<ValueId>(i))});
   return plan;
 }
 

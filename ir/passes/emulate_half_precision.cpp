@@ -13,10 +13,11 @@ ValueId round_to_dtype(Graph& g, ValueId x, DType dtype) { return g.add(dtype ==
 
 /// Whether the op's every result value is one of its float operands' values (moved, repeated or
 /// selected): of operands that are all `dtype` numbers it gives `dtype` numbers, and rounding them
-/// again would change nothing.
+/// again would change nothing. The registry's layout and select ops, and page_gather (a composite
+/// whose meaning is a gather through reshapes).
 bool moves_values(Op op) {
-  return op == Op::reshape || op == Op::permute || op == Op::slice || op == Op::broadcast_to || op == Op::concat || op == Op::where ||
-         op == Op::cache_write || op == Op::page_write || op == Op::page_gather;
+  const OpCategory c = op_info(op).category;
+  return c == OpCategory::layout || c == OpCategory::select || op == Op::page_gather;
 }
 
 }  // namespace
