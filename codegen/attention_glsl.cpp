@@ -103,6 +103,7 @@ Kind kind_of(const Node& n) {
     case Op::attention_grad:
     case Op::masked_attention_grad:
     case Op::flex_attention_grad: return n.attrs.wrt == 0 ? Kind::dq : n.attrs.wrt == 1 ? Kind::dk : Kind::dv;
+    QKV_ATTENTION_JVP_CASES  // decomposed (implements)
     QKV_PRIMITIVE_CASES
     QKV_COMPOSITE_CASES break;
   }

@@ -84,6 +84,31 @@ ValueId probabilities(Graph& g, ValueId s, ValueId lse) {
   return g.add(Op::where, {g.add(Op::equal, {s, g.constant(-HUGE_VAL)}), g.constant(0.0), g.add(Op::exp, {g.add(Op::sub, {s, lse})})});
 }
 
+/// An attention's output tangent (forward mode) from its masked scores s, their tangent ds (0
+/// where s is masked), and v and its tangent tv: p = softmax(s) (sink_softmax with a sink >= 0),
+/// pz = p times dropout's mask (dropped), y = pz v, and
+/// y' = (pz ds) v - sum(p ds) y + pz tv, since d p / d s = p (ds - sum(p ds)) row by row.
+ValueId output_tangent(Graph& g, const Node& n, std::span<const ValueId> in, ValueId s, ValueId ds, ValueId v, ValueId tv, ValueId sink) {
+  Attrs last;
+  last.axis = g.node(s).shape.rank - 1;
+  const ValueId p = sink < 0 ? g.add(Op::softmax, {s}, last) : g.add(Op::sink_softmax, {s, g.cast(sink, g.node(s).dtype)});
+  const ValueId pz = dropped(g, n, in, p);
+  const ValueId y = g.add(Op::matmul, {pz, v});
+  const ValueId mean = g.add(Op::reduce_sum, {g.add(Op::mul, {p, ds})}, last);
+  const ValueId moved = g.add(Op::matmul, {g.add(Op::mul, {pz, ds}), v});
+  return g.add(Op::add, {g.add(Op::sub, {moved, g.add(Op::mul, {mean, y})}), g.add(Op::matmul, {pz, tv})});
+}
+
+/// The scores' tangent (tq kT + q tkT) * scale before any modifier or mask.
+ValueId score_tangent(Graph& g, const Node& n, std::span<const ValueId> in) {
+  const ValueId dots =
+      g.add(Op::add, {g.add(Op::matmul, {in[3], in[1]}, transposed(false, true)), g.add(Op::matmul, {in[0], in[4]}, transposed(false, true))});
+  return g.add(Op::mul, {dots, g.constant(n.attrs.scale, {}, n.attrs.rsqrt_of)});
+}
+
+/// ds with 0 where the masked scores s are -inf (a masked score has no tangent).
+ValueId unmasked(Graph& g, ValueId s, ValueId ds) { return g.add(Op::where, {g.add(Op::equal, {s, g.constant(-HUGE_VAL)}), g.constant(0.0), ds}); }
+
 }  // namespace
 
 namespace decompositions {
@@ -176,6 +201,24 @@ ValueId flex_attention_grad(Graph& g, const Node& n, std::span<const ValueId> in
   ValueId scale = g.constant(n.attrs.scale, {}, n.attrs.rsqrt_of);
   if (n.attrs.wrt == 0) return g.add(Op::mul, {g.add(Op::matmul, {d, k}), scale});
   return g.add(Op::mul, {g.add(Op::matmul, {d, q}, transposed(true, false)), scale});
+}
+
+ValueId attention_jvp(Graph& g, const Node& n, std::span<const ValueId> in) {
+  // (q, k, v, tq, tk, tv [, mask]): output_tangent over the masked scores.
+  const ValueId s = masked_scores(g, n, in[0], in[1], n.op == Op::masked_attention_jvp ? in[6] : -1);
+  return output_tangent(g, n, in, s, unmasked(g, s, score_tangent(g, n, in)), in[2], in[5], -1);
+}
+
+ValueId flex_attention_jvp(Graph& g, const Node& n, std::span<const ValueId> in) {
+  // (q, k, v, tq, tk, tv, t..., [sink], [seed]): the scores' tangent times d mod/d score at the
+  // unmodified scores, then output_tangent over the modified, masked ones.
+  const std::span<const ValueId> tensors = in.subspan(6, modifier_tensor_count(n.op, n.attrs, in.size()));
+  const ValueId scaled =
+      g.add(Op::mul, {g.add(Op::matmul, {in[0], in[1]}, transposed(false, true)), g.constant(n.attrs.scale, {}, n.attrs.rsqrt_of)});
+  const ValueId s = causal(g, n, inline_region(g, *n.region, scaled, tensors));
+  const ValueId derivative = inline_region(g, differentiate_region(*n.region, kRegionScore), scaled, tensors);
+  const ValueId ds = unmasked(g, s, g.add(Op::mul, {score_tangent(g, n, in), derivative}));
+  return output_tangent(g, n, in, s, ds, in[2], in[5], sink_of(n, in));
 }
 
 ValueId log_softmax(Graph& g, const Node& n, std::span<const ValueId> in) {

@@ -58,6 +58,11 @@ inline constexpr int kNumOps = 0 QKV_OPS(QKV_OP_ONE);
   case ::qkv::ir::Op::attention_grad:        \
   case ::qkv::ir::Op::masked_attention_grad: \
   case ::qkv::ir::Op::flex_attention_grad:
+/// Attention's tangent ops (forward mode).
+#define QKV_ATTENTION_JVP_CASES             \
+  case ::qkv::ir::Op::attention_jvp:        \
+  case ::qkv::ir::Op::masked_attention_jvp: \
+  case ::qkv::ir::Op::flex_attention_jvp:
 /// Every op that is not a composite (the primitives backends must run).
 #define QKV_PRIMITIVE_CASES                                                                                                               \
   QKV_SOURCE_CASES QKV_UNARY_CASES QKV_CAST_CASES QKV_BINARY_CASES QKV_SELECT_CASES QKV_COMPARE_CASES QKV_REDUCE_CASES QKV_CONTRACT_CASES \
@@ -211,25 +216,28 @@ enum class Autocast : std::uint8_t {
 /// such operand). A flex op's modifier tensors follow its fixed operands (fixed_operands), and
 /// its dropout seed, when it drops, is its last operand.
 struct AttentionRoles {
-  std::int8_t q = -1;      ///< the queries [..,N,D]
-  std::int8_t k = -1;      ///< the keys [..,M,D]
-  std::int8_t v = -1;      ///< the values [..,M,Dv]
-  std::int8_t mask = -1;   ///< the boolean keep-mask of the masked_ ops
-  std::int8_t dy = -1;     ///< the backward's output gradient
-  std::int8_t lse = -1;    ///< the backward's row statistic log(sum(exp(s)))
-  std::int8_t delta = -1;  ///< the backward's sum(dy * y) per row
+  std::int8_t q = -1;        ///< the queries [..,N,D]
+  std::int8_t k = -1;        ///< the keys [..,M,D]
+  std::int8_t v = -1;        ///< the values [..,M,Dv]
+  std::int8_t mask = -1;     ///< the boolean keep-mask of the masked_ ops
+  std::int8_t dy = -1;       ///< the backward's output gradient
+  std::int8_t lse = -1;      ///< the backward's row statistic log(sum(exp(s)))
+  std::int8_t delta = -1;    ///< the backward's sum(dy * y) per row
+  std::int8_t tangent = -1;  ///< forward mode's tangent of q; those of k and v follow it
   /// Whether the op is of the attention family at all.
   constexpr bool attention() const { return q >= 0; }
   /// Whether the op is attention's forward (reads q, k and v, gives the output).
-  constexpr bool forward() const { return v >= 0 && dy < 0; }
+  constexpr bool forward() const { return v >= 0 && dy < 0 && tangent < 0; }
+  /// Whether the op is attention's tangent (forward mode: reads q, k, v and their tangents).
+  constexpr bool jvp() const { return tangent >= 0; }
   /// Whether the op is attention's gradient (reads dy).
   constexpr bool backward() const { return dy >= 0; }
-  /// Whether operand `i` is one of the streamed tensors, q, k, v or dy (not the mask, lse,
-  /// delta, a modifier's tensor or the seed).
+  /// Whether operand `i` is one of the streamed tensors, q, k, v, dy or the tangents (not the
+  /// mask, lse, delta, a modifier's tensor or the seed).
   constexpr bool streamed(std::size_t i) const {
     for (int r : {q, k, v, dy})
       if (r >= 0 && static_cast<std::size_t>(r) == i) return true;
-    return false;
+    return tangent >= 0 && i >= static_cast<std::size_t>(tangent) && i < static_cast<std::size_t>(tangent) + 3;
   }
 };
 
@@ -249,6 +257,10 @@ inline constexpr AttentionRoles qk_mask{0, 1, -1, 2};
 inline constexpr AttentionRoles grad{0, 1, 2, -1, 3, 4, 5};
 /// masked_attention_grad: (q, k, v, dy, lse, delta, mask).
 inline constexpr AttentionRoles grad_mask{0, 1, 2, 6, 3, 4, 5};
+/// attention_jvp, flex_attention_jvp: (q, k, v, tq, tk, tv, ...).
+inline constexpr AttentionRoles jvp{0, 1, 2, -1, -1, -1, -1, 3};
+/// masked_attention_jvp: (q, k, v, tq, tk, tv, mask).
+inline constexpr AttentionRoles jvp_mask{0, 1, 2, 6, -1, -1, -1, 3};
 }  // namespace operand_roles
 
 /// What the registry says of an op, for printing, parsing and checking nodes.
@@ -307,7 +319,9 @@ constexpr bool is_fused_attention(Op op) {
 
 /// The flex attention ops: their score modifier is the node's region, their operands after
 /// fixed_operands(op) are the tensors it reads.
-constexpr bool is_flex_attention(Op op) { return op == Op::flex_attention || op == Op::flex_attention_lse || op == Op::flex_attention_grad; }
+constexpr bool is_flex_attention(Op op) {
+  return op == Op::flex_attention || op == Op::flex_attention_lse || op == Op::flex_attention_grad || op == Op::flex_attention_jvp;
+}
 
 /// Whether `op` takes `n` operands: its arity, or at least -arity for a variadic op.
 constexpr bool arity_accepts(Op op, std::size_t n) {
@@ -321,14 +335,19 @@ constexpr std::size_t fixed_operands(Op op) {
   return static_cast<std::size_t>(a < 0 ? -a : a);
 }
 
-/// Whether a flex node with these attributes drops weights: flex_attention and its gradient
-/// then take the dropout seed (an i32 scalar) as their last operand, after the modifier's tensors.
-constexpr bool has_dropout_seed(Op op, const Attrs& a) { return (op == Op::flex_attention || op == Op::flex_attention_grad) && a.dropout != 0.0; }
+/// Whether a flex node with these attributes drops weights: flex_attention, its gradient and its
+/// tangent then take the dropout seed (an i32 scalar) as their last operand, after the modifier's
+/// tensors.
+constexpr bool has_dropout_seed(Op op, const Attrs& a) {
+  return (op == Op::flex_attention || op == Op::flex_attention_grad || op == Op::flex_attention_jvp) && a.dropout != 0.0;
+}
 
-/// Whether a flex node with these attributes has attention sinks: flex_attention and its lse
-/// then take the sink logits (broadcasting to the lse's [..,N,1]) after the modifier's tensors,
-/// before a dropout seed. The gradient ops need none: the lse they read includes the sink.
-constexpr bool has_sink(Op op, const Attrs& a) { return (op == Op::flex_attention || op == Op::flex_attention_lse) && a.sink; }
+/// Whether a flex node with these attributes has attention sinks: flex_attention, its lse and its
+/// tangent then take the sink logits (broadcasting to the lse's [..,N,1]) after the modifier's
+/// tensors, before a dropout seed. The gradient ops need none: the lse they read includes the sink.
+constexpr bool has_sink(Op op, const Attrs& a) {
+  return (op == Op::flex_attention || op == Op::flex_attention_lse || op == Op::flex_attention_jvp) && a.sink;
+}
 
 /// The number of tensors a flex node's modifier reads, operands fixed_operands(op) on, of
 /// `operands` in all (0 when there are too few for the op to be valid).

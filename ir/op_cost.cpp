@@ -74,6 +74,19 @@ double flex_attention_grad(const Node& n, std::span<const Shape> in, const Shape
   return batches * nq * m * (2.0 * per + 3.0 * static_cast<double>(n.region->size())) * causal_share(n);
 }
 
+// The scores q kT and their tangent (tq kT + q tkT), then the weights times v, the weighted
+// tangents times v and the weights times tv: per batch entry 2 N M (3 D + 3 Dv).
+double attention_jvp(const Node& n, std::span<const Shape> in, const Shape& out) {
+  const double d = last(in[0], 0), m = last(in[1], 1), dv = last(in[2], 0);
+  return numel(out) / dv * m * 6.0 * (d + dv) * causal_share(n);
+}
+
+// attention_jvp's, the modifier and its derivative on each score.
+double flex_attention_jvp(const Node& n, std::span<const Shape> in, const Shape& out) {
+  const double d = last(in[0], 0), m = last(in[1], 1), dv = last(in[2], 0);
+  return numel(out) / dv * m * (6.0 * (d + dv) + 2.0 * static_cast<double>(n.region->size())) * causal_share(n);
+}
+
 }  // namespace cost
 
 double estimated_flops(const Node& n, std::span<const Shape> in, const Shape& out) {

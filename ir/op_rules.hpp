@@ -427,6 +427,45 @@ constexpr ShapeResult flex_attention_grad(std::span<const Operand> in, const Att
   return a.wrt >= 3 ? t : r;
 }
 
+/// The tangents tq, tk, tv (operands 3, 4, 5) of an attention's tangent op: each of its
+/// primal's dtype and shape (q, k, v: operands 0, 1, 2).
+constexpr ShapeResult tangents_match(std::span<const Operand> in) {
+  for (int i = 0; i < 3; ++i) {
+    const Operand &x = in[static_cast<std::size_t>(i)], &t = in[static_cast<std::size_t>(3 + i)];
+    if (t.dtype != x.dtype) return fail(ShapeErr::dtypes_differ, 0, 0, 3 + i);
+    if (t.shape.rank != x.shape.rank) return fail(ShapeErr::not_broadcast_target, t.shape.rank, x.shape.rank, 3 + i);
+    for (int d = 0; d < t.shape.rank; ++d)
+      if (!dims_compatible(t.shape[d], x.shape[d])) return fail(ShapeErr::not_broadcast_target, t.shape[d], x.shape[d], 3 + i, d);
+  }
+  return {};
+}
+
+/// attention_jvp(q, k, v, tq, tk, tv [, mask]): attention's shape; each tangent has its
+/// primal's dtype and shape.
+constexpr ShapeResult attention_jvp(std::span<const Operand> in, const Attrs& a) {
+  Operand fwd[4] = {in[0], in[1], in[2], {}};
+  if (in.size() == 7) fwd[3] = in[6];
+  ShapeResult y = attention(std::span<const Operand>(fwd, in.size() == 7 ? 4 : 3), a);
+  if (!y.ok()) {
+    if (y.operand == 3) y.operand = 6;  // the mask's place here
+    return y;
+  }
+  const ShapeResult t = tangents_match(in);
+  return t.ok() ? y : t;
+}
+
+/// flex_attention_jvp(q, k, v, tq, tk, tv, t..., [sink], [seed]): flex_attention's shape; each
+/// tangent has its primal's dtype and shape.
+constexpr ShapeResult flex_attention_jvp(std::span<const Operand> in, const Attrs& a) {
+  const ShapeResult y = attention(in.first(3), a);
+  if (!y.ok()) return y;
+  if (const ShapeResult t = tangents_match(in); !t.ok()) return t;
+  const ShapeResult t = modifier_tensors(in, 6, a);
+  if (!t.ok()) return t;
+  if (a.dropout != 0.0 && !same_batch(t.shape, y.shape)) return fail(ShapeErr::dims_differ, t.shape.rank, y.shape.rank, 2);
+  return y;
+}
+
 constexpr ShapeResult cast(std::span<const Operand> in, const Attrs& a) {
   const Operand& x = in[0];
   if (x.dtype == DType::f64 || a.dtype == DType::f64 || !is_float(a.dtype)) return fail(ShapeErr::not_castable);

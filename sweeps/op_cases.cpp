@@ -2,6 +2,7 @@
 #include "sweeps/op_cases.hpp"
 
 #include <cmath>
+#include <set>
 
 #include "ir/region.hpp"
 
@@ -360,6 +361,54 @@ std::vector<OpCase> flex_attention_grad() {
     bias.push_back({{}, Fill::seed});
     const std::string name = w < 3 ? std::string("d") + "qkv"[w] : std::string("dt0");
     r.push_back({name + " softcap then bias dropout" + (a.causal ? " causal" : ""), bias, dropout(a, 0.2), modifier(Mod::capped_bias)});
+  }
+  return r;
+}
+
+/// Cases of an attention's tangent op: each of the forward's operand lists with the three
+/// tangents (shaped as q, k and v) after v.
+std::vector<CaseInput> with_tangents(std::vector<CaseInput> forward) {
+  forward.insert(forward.begin() + 3, {forward[0].shape, Fill::normal});
+  forward.insert(forward.begin() + 4, {forward[1].shape, Fill::normal});
+  forward.insert(forward.begin() + 5, {forward[2].shape, Fill::normal});
+  return forward;
+}
+
+std::vector<OpCase> attention_jvp() {
+  std::vector<OpCase> r;
+  for (OpCase c : attention()) {
+    c.inputs = with_tangents(c.inputs);
+    r.push_back(std::move(c));
+  }
+  return r;
+}
+
+std::vector<OpCase> masked_attention_jvp() {
+  std::vector<OpCase> r;
+  for (OpCase c : masked_attention()) {
+    const CaseInput mask = c.inputs.back();
+    c.inputs.pop_back();
+    c.inputs = with_tangents(c.inputs);
+    c.inputs.push_back(mask);
+    r.push_back(std::move(c));
+  }
+  return r;
+}
+
+std::vector<OpCase> flex_attention_jvp() {
+  // Flex attention's cases but those that repeat another's modifier in another combination.
+  const std::set<std::string> taken = {"softcap",
+                                       "slopes per head causal",
+                                       "document ids, empty rows",
+                                       "long rows sliding window softcap",
+                                       "dropout",
+                                       "document ids, empty rows, a sink per row",
+                                       "slopes and sinks per head causal"};
+  std::vector<OpCase> r;
+  for (OpCase c : flex_attention()) {
+    if (!taken.contains(c.label)) continue;
+    c.inputs = with_tangents(c.inputs);
+    r.push_back(std::move(c));
   }
   return r;
 }

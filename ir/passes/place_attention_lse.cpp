@@ -22,7 +22,8 @@ LseCall lse_of(const Node& attention) {
     }
     QKV_PRIMITIVE_CASES
     QKV_COMPOSITE_CASES
-    QKV_ATTENTION_BACKWARD_CASES break;
+    QKV_ATTENTION_BACKWARD_CASES
+    QKV_ATTENTION_JVP_CASES break;
   }
   // clang-format on
   QKV_UNREACHABLE(std::string(op_name(attention.op)) + " has no attention_lse");

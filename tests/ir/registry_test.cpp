@@ -23,7 +23,8 @@ TEST(Registry, AttentionRolesNameTheOperandsOfEveryCase) {
     if (!r.attention()) continue;
     // Distinct operands among the fixed ones.
     std::set<int> at;
-    for (int i : {r.q, r.k, r.v, r.mask, r.dy, r.lse, r.delta})
+    const int tangents[3] = {r.tangent, r.jvp() ? r.tangent + 1 : -1, r.jvp() ? r.tangent + 2 : -1};
+    for (int i : {int{r.q}, int{r.k}, int{r.v}, int{r.mask}, int{r.dy}, int{r.lse}, int{r.delta}, tangents[0], tangents[1], tangents[2]})
       if (i >= 0) {
         EXPECT_TRUE(at.insert(i).second) << op_name(op) << ": operand " << i << " has two roles";
         EXPECT_LT(static_cast<std::size_t>(i), fixed_operands(op)) << op_name(op);
@@ -44,9 +45,15 @@ TEST(Registry, AttentionRolesNameTheOperandsOfEveryCase) {
         EXPECT_EQ(operand(g, n, r.lse).shape.back(0), 1) << "one statistic per row";
         EXPECT_EQ(operand(g, n, r.delta).shape.back(0), 1) << "one statistic per row";
       }
-      for (std::size_t i = 0; i < n.inputs.size(); ++i)
-        EXPECT_EQ(r.streamed(i),
-                  static_cast<int>(i) == r.q || static_cast<int>(i) == r.k || static_cast<int>(i) == r.v || static_cast<int>(i) == r.dy);
+      if (r.jvp())  // each tangent of its primal's dtype and shape
+        for (int k : {0, 1, 2}) {
+          EXPECT_EQ(operand(g, n, r.tangent + k).dtype, operand(g, n, k == 0 ? r.q : k == 1 ? r.k : r.v).dtype);
+          EXPECT_EQ(operand(g, n, r.tangent + k).shape, operand(g, n, k == 0 ? r.q : k == 1 ? r.k : r.v).shape);
+        }
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        const auto role = static_cast<int>(i);
+        EXPECT_EQ(r.streamed(i), role == r.q || role == r.k || role == r.v || role == r.dy || (r.jvp() && role >= r.tangent && role < r.tangent + 3));
+      }
       ++checked;
     }
   }
