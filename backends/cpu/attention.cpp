@@ -60,11 +60,11 @@ struct Transposed {
   Transposed from(std::int64_t c) const { return is_stored() ? *this : Transposed{data + c, ld}; }
 };
 
-/// This thread's buffer `slot` (0: keys, 1: values, 2: queries, 3: values' rows, 4: dy's rows)
-/// of at least `n` floats: what a widened f16 or bf16 tile is read from until the next call for
-/// that slot.
+/// This thread's buffer `slot` (0: keys, 1: values, 2: queries, 3: values' rows, 4: dy's rows,
+/// 5, 6, 7: the tangents of the queries, keys and values) of at least `n` floats: what a widened
+/// f16 or bf16 tile is read from until the next call for that slot.
 float* tile_buffer(int slot, std::int64_t n) {
-  thread_local std::vector<float> buffers[5];
+  thread_local std::vector<float> buffers[8];
   std::vector<float>& buf = buffers[slot];
   if (buf.size() < static_cast<std::size_t>(n)) buf.resize(static_cast<std::size_t>(n));
   return buf.data();
@@ -101,10 +101,10 @@ void settle(const View& out, std::int64_t first, std::int64_t n, const float* ac
   if (out.stored != DType::f32) narrow(acc, n, out, first);
 }
 
-/// Transposes x's `cols` rows of d into this thread's buffer `slot` (0: keys, 1: values), which
-/// the result points into until the next call for that slot.
+/// Transposes x's `cols` rows of d into this thread's buffer `slot` (0: keys, 1: values, 2: the
+/// keys' tangents), which the result points into until the next call for that slot.
 Transposed transposed(const float* x, std::int64_t cols, std::int64_t d, int slot) {
-  thread_local std::vector<float> buffers[2];
+  thread_local std::vector<float> buffers[3];
   const std::int64_t unit = tile_gemm_columns(), ld = (cols + unit - 1) / unit * unit;
   std::vector<float>& buf = buffers[slot];
   if (buf.size() < static_cast<std::size_t>(ld * d)) buf.resize(static_cast<std::size_t>(ld * d));
@@ -674,6 +674,99 @@ void attention(const AttentionArgs& a) {
       l_buf[static_cast<std::size_t>(i)] = sum;
     }
     finish_rows(a, sinks, b, 0, n, o, m_buf.data(), l_buf.data());
+  });
+}
+
+void attention_jvp(const AttentionJvpArgs& args) {
+  const AttentionArgs& a = args.a;
+  Scores sc(a.s, batch_of(args.tangent.shape));
+  const std::int64_t n = sc.n(), m = sc.m(), d = sc.d(), dv = args.tangent.shape.back(0), batches = sc.batches();
+  // The tangents have their primals' shapes, so their batch strides.
+  const Strides qs = batch_strides(a.s.q.shape, sc.batch(), n * d), ks = batch_strides(a.s.k.shape, sc.batch(), m * d);
+  const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dv);
+  // Masked keys are left out while their values and the values' tangents are finite (their zero
+  // weights would meet a NaN or an infinity as the meaning does, see attention).
+  const FiniteValues finite(a.v, sc.batch(), vs, m, dv, batches);
+  sc.check_values(&finite);
+  const bool skip = sc.may_skip() && all_finite(args.tv, 0, args.tv.shape.numel());
+  const SinkLogits sinks(a.s.sink, sc.batch(), n);
+  const std::int64_t qb = kQueryBlock, blocks = blocks_of(n, qb), unit = tile_gemm_columns();
+  ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
+    thread_local std::vector<float> sums;  // o and t (rows x dv each), then the max, l and mu per row
+    const std::int64_t b = task / blocks, i0 = (task % blocks) * qb, rows = std::min(qb, n - i0);
+    sums.assign(static_cast<std::size_t>(rows * (2 * dv + 3)), 0.0f);
+    float *o = sums.data(), *t = o + rows * dv, *top = t + rows * dv, *l = top + rows, *mu = l + rows;
+    std::fill_n(top, rows, kNegInf);
+    const auto [s, ds] = tile_buffers();
+    float* dmod = sc.has_derivative() ? derivative_buffer() : nullptr;
+    float* z = sc.drops() ? dropout_buffer() : nullptr;
+    const std::int64_t q_at = offset_at(b, sc.batch(), qs) + i0 * d, k_at = offset_at(b, sc.batch(), ks), v_at = offset_at(b, sc.batch(), vs);
+    sc.each_key_tile(b, i0, rows, skip, [&](std::int64_t j0, std::int64_t cols) {
+      const std::int64_t padded = (cols + unit - 1) / unit * unit;
+      const Transposed kt = sc.keys(b, j0, cols);
+      sc.compute(b, i0, rows, j0, cols, kt, s, kKeyBlock, dmod);
+      // s' = (tq kT + q tkT) * scale
+      tile_gemm(false, rows, padded, d, sc.scale(), f32_rows(args.tq, q_at, rows, d, 5), d, kt.data, kt.ld, false, ds, kKeyBlock);
+      const Transposed tkt = transposed(f32_rows(args.tk, k_at + j0 * d, cols, d, 6), cols, d, 2);
+      tile_gemm(false, rows, padded, d, sc.scale(), sc.queries(b, i0, rows), d, tkt.data, tkt.ld, true, ds, kKeyBlock);
+      for (std::int64_t i = 0; i < rows; ++i) {
+        float *row = s + i * kKeyBlock, *trow = ds + i * kKeyBlock;
+        if (dmod) times(trow, dmod + i * kKeyBlock, cols);  // the chain rule through the modifier
+        const float mx = max_of(row, cols, top[i]);
+        if (mx == kNegInf) {  // every key so far is masked: nothing to add
+          std::fill_n(row, cols, 0.0f);
+          std::fill_n(trow, cols, 0.0f);
+          continue;
+        }
+        for (std::int64_t j = 0; j < cols; ++j)  // a masked score has no tangent
+          if (row[j] == kNegInf) trow[j] = 0.0f;
+        const float c = top[i] == kNegInf ? 0.0f : std::exp(top[i] - mx);
+        l[i] = l[i] * c + exp_shifted_sum(row, cols, mx);  // row = e = exp(s - max)
+        if (c != 1.0f) {
+          scale_inplace(o + i * dv, dv, c);
+          scale_inplace(t + i * dv, dv, c);
+          mu[i] *= c;
+        }
+        top[i] = mx;
+        times(trow, row, cols);  // e s'
+        float sum = 0.0f;
+        for (std::int64_t j = 0; j < cols; ++j) sum += trow[j];
+        mu[i] += sum;
+        if (z) {  // v and tv meet the dropped weights; l and mu the undropped ones
+          sc.dropout_factors(b, i0 + i, j0, cols, z);
+          times(row, z, cols);
+          times(trow, z, cols);
+        }
+      }
+      // o += e z v;  t += (e z s') v + e z tv
+      const float* v = f32_rows(a.v, v_at + j0 * dv, cols, dv, 3);
+      tile_gemm(false, rows, dv, cols, 1.0f, s, kKeyBlock, v, dv, true, o, dv);
+      tile_gemm(false, rows, dv, cols, 1.0f, ds, kKeyBlock, v, dv, true, t, dv);
+      tile_gemm(false, rows, dv, cols, 1.0f, s, kKeyBlock, f32_rows(args.tv, v_at + j0 * dv, cols, dv, 7), dv, true, t, dv);
+    });
+    if (sinks.any())  // the sink joins l (relative to the new max); it has no value and no tangent
+      for (std::int64_t i = 0; i < rows; ++i)
+        if (const float c = fold_sink(sinks.at(b, i0 + i), top[i], l[i]); c != 1.0f) {
+          scale_inplace(o + i * dv, dv, c);
+          scale_inplace(t + i * dv, dv, c);
+          mu[i] *= c;
+        }
+    // y = o / l;  y' = t / l - (mu / l) y  (zeros for a row with no key, l = 0)
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float inv = l[i] == 0.0f ? 0.0f : 1.0f / l[i], mean = mu[i] * inv;
+      float *oi = o + i * dv, *ti = t + i * dv;
+      for (std::int64_t e = 0; e < dv; ++e) {
+        oi[e] *= inv;
+        ti[e] = ti[e] * inv - mean * oi[e];
+      }
+    }
+    const std::int64_t at = b * n * dv + i0 * dv;
+    auto store = [&](const float* x, const View& to) {
+      if (to.stored != DType::f32) narrow(x, rows * dv, to, at);
+      else if (to.data) std::copy_n(x, rows * dv, to.data + at);
+    };
+    store(o, a.out);
+    store(t, args.tangent);
   });
 }
 

@@ -94,6 +94,22 @@ void attention_grad(const AttentionGradArgs& args);
 /// Like attention_grad's output, each may be f16 or bf16: accumulated in f32, rounded once.
 void attention_grads(const AttentionGradArgs& args, const View* dq, const View* dk, const View* dv);
 
+/// Attention's tangent (forward mode) along the tangents tq, tk and tv of q, k and v (each
+/// shaped as its primal): the output y (into `a.out`, or nowhere when its data is null) and its
+/// tangent y' (into `tangent`) in one streaming pass, O(N D) memory. With the scores' tangent
+/// s' = (tq kT + q tkT) * scale (times d mod/d score under a modifier, 0 where masked), each row
+/// keeps, beside the online softmax's running max and sum l, the sums (relative to the max)
+/// o = sum e z v, t = sum e z (s' v + tv) and mu = sum e s', e = exp(s - max), z dropout's
+/// factors; then y = o / l and y' = t / l - (mu / l) y. A sink joins l (it has no tangent). q,
+/// k, v and the tangents may be f16 or bf16 (widened tile by tile); y and y' are written in
+/// their views' dtypes.
+struct AttentionJvpArgs {
+  AttentionArgs a;  // a.out.data may be null: y is not wanted (a.lse is not read)
+  ConstView tq, tk, tv;
+  View tangent;  // [..., N, Dv]
+};
+void attention_jvp(const AttentionJvpArgs& args);
+
 /// Query rows per tile: kQueryBlock; the backward takes kSkippingQueryBlock when a keep-mask or
 /// a masking modifier may drop whole tiles (narrower tiles follow a document boundary more
 /// closely). A tile that causality's diagonal (or a masking modifier's boundary) crosses runs,

@@ -27,16 +27,38 @@ namespace {
 using ir::Node;
 using ir::Op;
 
-/// Nodes one kernel computes together when they are adjacent: attention and the attention_lse
-/// of its operands (placed next to it by the pipeline), and attention's gradients with respect
-/// to q, k and v (three nodes with the same operands, emitted together by autodiff). Indexed by
-/// the group's first node (its leader): the group's nodes; empty for the others.
+/// The node after forward attention `i` that is its tangent (forward mode: same q, k, v, other
+/// operands, attributes and modifier) with no reader of i between them, or 0.
+std::size_t tangent_after(const ir::Graph& g, std::size_t i) {
+  const Node& n = g.nodes()[i];
+  for (std::size_t j = i + 1; j < g.size() && j <= i + 8; ++j) {
+    const Node& t = g.nodes()[j];
+    const bool same = ir::attention_roles(t.op).jvp() && t.attrs == n.attrs && ir::same_region(t.region.get(), n.region.get()) &&
+                      t.inputs.size() == n.inputs.size() + 3 && std::equal(n.inputs.begin(), n.inputs.begin() + 3, t.inputs.begin()) &&
+                      std::equal(n.inputs.begin() + 3, n.inputs.end(), t.inputs.begin() + 6);
+    if (same) return j;
+    if (std::find(t.inputs.begin(), t.inputs.end(), static_cast<ir::ValueId>(i)) != t.inputs.end()) return 0;
+  }
+  return 0;
+}
+
+/// Nodes one kernel computes together: attention and the attention_lse of its operands (placed
+/// next to it by the pipeline), attention and its tangent (forward mode, emitted after it by
+/// build_jvp; the tangent's kernel computes both, nothing reading the output between them), and
+/// attention's gradients with respect to q, k and v (three nodes with the same operands, emitted
+/// together by autodiff). Indexed by the node whose kernel runs them (its leader): the group's
+/// nodes, the leader first; empty for the others.
 std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
   std::vector<std::vector<std::size_t>> group(g.size());
   std::vector<bool> member(g.size(), false);
   for (std::size_t i = 0; i + 1 < g.size(); ++i) {
     const Node& n = g.nodes()[i];
     if (!ir::attention_roles(n.op).forward()) continue;
+    if (const std::size_t j = tangent_after(g, i); j > 0) {
+      group[j] = {j, i};
+      member[i] = true;
+      continue;
+    }
     const Node& s = g.nodes()[i + 1];
     const ir::LseCall lse = ir::lse_of(n);
     if (s.op != lse.op || s.inputs != lse.inputs || !(s.attrs == lse.attrs) || !ir::same_region(s.region.get(), n.region.get())) continue;
@@ -413,14 +435,17 @@ class CpuExecutable final : public ExecutableSkeleton {
   /// where it lives, rounded into its round's 16-bit storage where its kernel rounds it.
   void attention_grads(std::size_t i, const cpu::AttentionGradArgs& args) {
     std::optional<cpu::View> grads[3];
-    for (std::size_t member : group_[i]) {
-      const ir::ValueId r = storage_.values[member].into.into;
-      grads[graph_.nodes()[member].attrs.wrt] =
-          r >= 0 ? cpu::View{nullptr, shapes_[member], arena_bytes() + memory_.offset[static_cast<std::size_t>(r)], storage_.held(r)}
-                 : cpu::View{out_ptr(member), shapes_[member]};
-    }
+    for (std::size_t member : group_[i]) grads[graph_.nodes()[member].attrs.wrt] = written_view(member);
     auto at = [&](int k) { return grads[k] ? &*grads[k] : nullptr; };
     cpu::attention_grads(args, at(0), at(1), at(2));
+  }
+
+  /// Where a group member's kernel writes value v: its own storage, or its round's 16-bit
+  /// storage where the kernel rounds it as it stores (StorageKind::narrowed).
+  cpu::View written_view(std::size_t v) {
+    const ir::ValueId r = storage_.values[v].into.into;
+    return r >= 0 ? cpu::View{nullptr, shapes_[v], arena_bytes() + memory_.offset[static_cast<std::size_t>(r)], storage_.held(r)}
+                  : cpu::View{out_ptr(v), shapes_[v]};
   }
 
   /// The paged page_gather (StorageKind::paged) that value v is, or is a reshape of; -1 otherwise.
@@ -461,7 +486,7 @@ class CpuExecutable final : public ExecutableSkeleton {
         tensors.push_back(in(static_cast<int>(ir::fixed_operands(n.op) + k)));
       ir::Shape batch;
       for (int r = 0; r + 2 < shapes_[i].rank; ++r) batch.push_back(shapes_[i][r]);
-      mod.emplace(*n.region, roles.backward(), std::move(tensors), batch, s.q.shape.back(1), s.k.shape.back(1));
+      mod.emplace(*n.region, roles.backward() || roles.jvp(), std::move(tensors), batch, s.q.shape.back(1), s.k.shape.back(1));
       s.mod = &*mod;
     }
     cpu::ConstView sink{};
@@ -474,6 +499,11 @@ class CpuExecutable final : public ExecutableSkeleton {
       s.seed = dropout_seed(in(static_cast<int>(n.inputs.size() - 1)).data[0]);
     }
     if (roles.forward()) return cpu::attention({s, in(roles.v), out, group_fused_[i] ? out_ptr(group_[i][1]) : nullptr});
+    if (roles.jvp()) {  // with the forward's output when they are one kernel, else only the tangent
+      const auto t = static_cast<int>(roles.tangent);
+      const cpu::View y = group_fused_[i] ? written_view(group_[i][1]) : cpu::View{nullptr, out.shape};
+      return cpu::attention_jvp({{s, in(roles.v), y}, in(t), in(t + 1), in(t + 2), out});
+    }
     if (!roles.backward()) return cpu::attention_lse(s, out);
     const cpu::AttentionGradArgs args{s, in(roles.v), in(roles.dy), in(roles.lse), in(roles.delta), n.attrs.wrt, out};
     if (!group_fused_[i]) return cpu::attention_grad(args);
@@ -576,6 +606,11 @@ class CpuBackend final : public Backend {
            " threads (OpenBLAS on 1, qkv's pool owns the cores)";
   }
   bool supports(const Node& n) const override { return cpu_supports(n); }
+  std::string determinism() const override {
+    return "every kernel: the same bits every run and at any thread count (work split by data, each task writing its own outputs), "
+           "and a sequence's the same alone or anywhere in a batch; not dropout's masks (keyed by the position in the batch) nor "
+           "packed varlen batches (tiles at packed offsets)";
+  }
   ir::StoragePlan storage_plan(const ir::Graph& g) const override { return cpu_storage_plan(g); }
   std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes) const override {
     const Node& node = g.node(v);
@@ -593,6 +628,12 @@ class CpuBackend final : public Backend {
     if (node.op != Op::input && !storage.has_kernel(v)) return "(" + ir::no_kernel_reason(g, storage, v) + ")";
     if (node.op == Op::round_f16 || node.op == Op::round_bf16 || (node.op == Op::cast && is_half(node.dtype)))
       return "round to " + std::string(dtype_name(storage.held(v))) + ", stored in 16 bits";
+    if (ir::attention_roles(node.op).forward()) {  // computed by its tangent's kernel (see kernel_groups)
+      const auto groups = kernel_groups(g);
+      for (std::size_t i = 0; i < groups.size(); ++i)
+        if (groups[i].size() > 1 && groups[i][1] == static_cast<std::size_t>(v) && ir::attention_roles(g.nodes()[i].op).jvp())
+          return "(in %" + std::to_string(i) + "'s kernel)";
+    }
     // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
     // clang-format off
     switch (g.node(v).op) {
@@ -607,6 +648,7 @@ class CpuBackend final : public Backend {
         return "fused flex attention (online softmax), mod = " + ir::region_expression(*n.region) +
                (n.attrs.sink ? ", with sinks" : "") + (n.attrs.dropout != 0.0 ? ", dropout " + ir::format_number(n.attrs.dropout) : "");
       }
+      QKV_ATTENTION_JVP_CASES return "fused attention tangent (forward mode: the output and its tangent in one online-softmax pass)";
       QKV_ATTENTION_BACKWARD_CASES {
         // A group's other nodes are computed by its leader's kernel (see kernel_groups).
         const auto groups = kernel_groups(g);
@@ -674,7 +716,8 @@ bool cpu_supports(const Node& n) {
     case Op::attention_grad:
     case Op::masked_attention_grad:
     case Op::flex_attention:
-    case Op::flex_attention_lse: return true;
+    case Op::flex_attention_lse:
+    QKV_ATTENTION_JVP_CASES return true;
   }
   // clang-format on
   return false;

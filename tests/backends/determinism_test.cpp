@@ -4,8 +4,9 @@
 //   this program with QKV_NUM_THREADS=1 computes the digests the parent compares);
 // - batch invariance: a sequence's outputs and gradients do not depend on what else is in the
 //   batch: alone, or at any position of a batch of random neighbours.
-// Over attention forward and backward with causality, modifiers, sinks and dropout, a decoder
-// block's forward and backward, and decode against a long cache (split-KV on the cpu).
+// Over attention forward and backward with causality, modifiers, sinks and dropout, attention's
+// tangent (forward mode), a decoder block's forward and backward, and decode against a long cache
+// (split-KV on the cpu).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -57,6 +58,10 @@ std::vector<Case> cases() {
       {"sliding window with sinks", sdpa(sliding_window<16>, sinks(s)), prefill},
       {"dropout", sdpa(causal, attn_dropout(0.1, seed)), prefill},
       {"decoder block", train(block.build(models::resolve_options(block, {}), {})), {{"B", 3}, {"N", 40}}},
+      {"forward mode (attention's tangent), softcap, ALiBi, causal",
+       ir::build_jvp(lower(named<"out">(scaled_dot_product_attention(q, k, v, causal, softcap_scores(5.0), alibi_bias<4>(k)))),
+                     {{"q", "k", "v"}, {}}),
+       prefill},
       {"decode against 8192 keys",
        lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right))),
        {{"B", 3}, {"N", 1}, {"M", 8192}}},

@@ -73,6 +73,102 @@ TEST(Jvp, ModifierTensorsSinksAndMaskedRowsHaveTangents) {
   testing::expect_equivalent(ir::build_jvp(g, {wrt, {}}), with_tangents, "cpu");
 }
 
+/// The cpu's kernels for the attention ops of its lowering of `g` ("op: kernel").
+std::vector<std::string> attention_kernels(backend::Backend& cpu, backend::Executable& exe) {
+  std::vector<std::string> r;
+  const ir::Graph& lowered = exe.graph();
+  for (std::size_t i = 0; i < lowered.size(); ++i)
+    if (ir::is_fused_attention(lowered.nodes()[i].op))
+      r.push_back(std::string(ir::op_name(lowered.nodes()[i].op)) + ": " + cpu.kernel_name(lowered, static_cast<ir::ValueId>(i)));
+  return r;
+}
+
+// The fused tangent (attention_jvp, one streaming pass with the forward) on cpu: every option at
+// shapes that cross its query and key tiles and skip masked ones, dropout, f32 and f16, against
+// the reference; the forward computed in the tangent's kernel.
+TEST(Jvp, FusedAttentionTangentOnCpuMatchesTheReference) {
+  auto q = input<"q">(dim<1>, dim<2>, dim<300>, dim<16>);
+  auto k = input<"k">(dim<1>, dim<2>, dim<600>, dim<16>);
+  auto v = input<"v">(dim<1>, dim<2>, dim<600>, dim<8>);
+  auto slopes = input<"slopes">(dim<2>);
+  auto sink_logits = input<"sinks">(dim<2>);
+  auto seed = input<"seed", DType::i32>();
+  auto q_docs = input<"q_docs", DType::i32>(dim<1>, dim<300>);
+  auto kv_docs = input<"kv_docs", DType::i32>(dim<1>, dim<600>);
+  auto alibi = score_mod([=](auto score, auto, auto head, auto q_idx, auto kv_idx) { return score + at(slopes, head) * (kv_idx - q_idx); });
+  auto out = [](auto y) { return lower(named<"out">(y)); };
+  const std::vector<std::pair<std::string, ir::Graph>> models = {
+      {"plain", out(scaled_dot_product_attention(q, k, v))},
+      {"causal bottom-right", out(scaled_dot_product_attention(q, k, v, causal_bottom_right))},
+      {"sliding window, soft-capped", out(scaled_dot_product_attention(q, k, v, sliding_window<100>, softcap_scores(3.0)))},
+      {"alibi, sinks", out(scaled_dot_product_attention(q, k, v, alibi, sinks(sink_logits)))},
+      {"documents (tiles skipped)", out(scaled_dot_product_attention(q, k, v, document_mask(q_docs, kv_docs)))},
+      {"causal dropout", out(scaled_dot_product_attention(q, k, v, causal_bottom_right, attn_dropout(0.2, seed)))}};
+  auto cpu = backend::create("cpu");
+  for (const auto& [name, g] : models) {
+    for (DType dtype : {DType::f32, DType::f16}) {
+      SCOPED_TRACE(name + " " + std::string(dtype_name(dtype)));
+      const ir::Graph jvp = ir::build_jvp(dtype == DType::f32 ? g : ir::to_dtype(g, dtype), {{"q", "k", "v"}, {}});
+      backend::TensorMap in = backend::random_inputs(jvp, {}, 7);
+      if (in.contains("slopes")) in.insert_or_assign("slopes", Tensor::from<float>({2}, {0.05f, 0.02f}).to(in.at("slopes").dtype()));
+      if (in.contains("q_docs")) {  // three documents along the queries and the keys, the last query row padding
+        Tensor qd(DType::i32, {1, 300}), kd(DType::i32, {1, 600});
+        for (std::int64_t i = 0; i < 300; ++i) qd.data<std::int32_t>()[i] = i == 299 ? -1 : static_cast<std::int32_t>(i / 100);
+        for (std::int64_t j = 0; j < 600; ++j) kd.data<std::int32_t>()[j] = static_cast<std::int32_t>(j / 200);
+        in.insert_or_assign("q_docs", qd);
+        in.insert_or_assign("kv_docs", kd);
+      }
+      auto exe = cpu->compile(jvp);
+      const std::vector<std::string> kernels = attention_kernels(*cpu, *exe);
+      ASSERT_EQ(kernels.size(), 2u) << ::testing::PrintToString(kernels);
+      EXPECT_NE(kernels[0].find("(in %"), std::string::npos) << kernels[0];
+      EXPECT_NE(kernels[1].find("fused attention tangent"), std::string::npos) << kernels[1];
+      testing::expect_equivalent(jvp, in, *cpu);
+    }
+  }
+}
+
+// A NaN in a value under a masked key reaches the output and its tangent as in the meaning (0 *
+// NaN), a row that keeps no key gives zeros for both, and the tangent's memory is O(N D): at
+// N = 4096 nothing the size of the scores is held.
+TEST(Jvp, FusedAttentionTangentPropagatesNaNAndHoldsNoScores) {
+  auto q = input<"q">(dim<1>, dim<4>, dim<8>);
+  auto k = input<"k">(dim<1>, dim<300>, dim<8>);
+  auto v = input<"v">(dim<1>, dim<300>, dim<8>);
+  auto keep = input<"keep", DType::boolean>(dim<1>, dim<300>);
+  const ir::Graph g = ir::build_jvp(lower(named<"out">(scaled_dot_product_attention(q, k, v, keep))), {{"q", "k", "v"}, {}});
+  backend::TensorMap in = backend::random_inputs(g, {}, 2);
+  Tensor mask(DType::boolean, {1, 300});
+  for (std::int64_t j = 0; j < 300; ++j) mask.data<bool>()[j] = j < 20;  // key tiles past the first masked whole
+  in.insert_or_assign("keep", mask);
+  testing::expect_equivalent(g, in, "cpu");
+  Tensor nan_v = in.at("v");
+  nan_v.data<float>()[280 * 8 + 3] = std::numeric_limits<float>::quiet_NaN();  // under a masked key
+  in.insert_or_assign("v", nan_v);
+  auto cpu = backend::create("cpu");
+  const backend::TensorMap out = cpu->compile(g)->run(in);
+  for (const char* name : {"out", "t_out"})
+    for (std::int64_t i = 0; i < 4; ++i) EXPECT_TRUE(std::isnan(out.at(name).data<float>()[i * 8 + 3])) << name << " row " << i;
+  testing::expect_equivalent(g, in, "cpu");
+  for (std::int64_t j = 0; j < 300; ++j) mask.data<bool>()[j] = false;  // no key at all: zeros
+  in.insert_or_assign("keep", mask);
+  in.insert_or_assign("v", backend::random_inputs(g, {}, 2).at("v"));
+  const backend::TensorMap none = cpu->compile(g)->run(in);
+  for (const char* name : {"out", "t_out"})
+    for (std::int64_t e = 0; e < none.at(name).numel(); ++e) EXPECT_EQ(none.at(name).data<float>()[e], 0.0f) << name;
+
+  auto qn = input<"q">(dim<1>, dim<"N">, dim<32>);
+  auto kn = input<"k">(dim<1>, dim<"N">, dim<32>);
+  auto vn = input<"v">(dim<1>, dim<"N">, dim<32>);
+  const ir::Graph long_rows = ir::build_jvp(lower(named<"out">(scaled_dot_product_attention(qn, kn, vn, causal))), {{"q", "k", "v"}, {}});
+  const std::int64_t n = 4096;
+  auto exe = cpu->compile(long_rows);
+  const backend::TensorMap y = exe->run(backend::random_inputs(long_rows, {{"N", n}}, 3));
+  EXPECT_EQ(y.at("t_out").numel(), n * 32);
+  // The output and its tangent: 2 N x 32 floats (1 MiB); one N x N matrix would be 64 MiB.
+  EXPECT_LE(exe->planned_bytes(), 4 * n * 32 * 4);
+}
+
 // The DSL's jvp(): the outputs and their tangents t_<out>, inputs t_<x> for the inputs named.
 TEST(Jvp, TheDslNamesTangentsAfterTheirValues) {
   auto x = input<"x">(dim<"N">, dim<4>);
