@@ -228,6 +228,32 @@ TEST_P(Torch, SinksWrittenAsGptOssWritesThem) {
   EXPECT_EQ(sunk, 1);
 }
 
+/// Forward mode against torch.func.jvp (torch 2.15): causal SDPA, and attention with soft-capping,
+/// a sliding window and sinks written out as torch users write them; on cpu one fused tangent
+/// kernel (attention_jvp), on vulkan its decomposition.
+TEST_P(Torch, ForwardModeMatchesTorchFuncJvp) {
+  auto q = input<"q">(dim<2>, dim<3>, dim<9>, dim<8>);
+  auto k = input<"k">(dim<2>, dim<3>, dim<9>, dim<8>);
+  auto v = input<"v">(dim<2>, dim<3>, dim<9>, dim<4>);
+  const ir::Graph sdpa = ir::build_jvp(lower(named<"out">(scaled_dot_product_attention(q, k, v, causal))), {{"q", "k", "v"}, {}});
+  expect_matches_torch(sdpa, "jvp_sdpa", GetParam());
+  auto fq = input<"q">(dim<2>, dim<4>, dim<6>, dim<8>);
+  auto fk = input<"k">(dim<2>, dim<4>, dim<9>, dim<8>);
+  auto fv = input<"v">(dim<2>, dim<4>, dim<9>, dim<4>);
+  auto s = input<"sinks">(dim<4>);
+  const ir::Graph flex = ir::build_jvp(
+      lower(named<"out">(scaled_dot_product_attention(fq, fk, fv, softcap_scores(5.0), sliding_window<4>, sinks(s)))), {{"q", "k", "v"}, {}});
+  expect_matches_torch(flex, "jvp_flex", GetParam());
+  if (GetParam() != "cpu") return;
+  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
+  for (const ir::Graph* g : {&sdpa, &flex}) {
+    int tangents = 0;
+    const auto exe = b->compile(*g);
+    for (const ir::Node& n : exe->graph().nodes()) tangents += ir::attention_roles(n.op).jvp() ? 1 : 0;
+    EXPECT_EQ(tangents, 1);
+  }
+}
+
 // The same models in bf16 and f16 (every float value, as torch's module.to(dtype)), against
 // torch 1.13 on the CPU: forward and backward within the budgets of the float64 reference
 // rounding where qkv rounds (torch rounds at its own points, within them). torch 1.13 has no f16
