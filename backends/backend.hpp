@@ -106,6 +106,10 @@ class Backend {
   /// The kernel that computes node `v` of a graph this backend lowered (Executable::graph()), in
   /// words: what `qkv explain` shows.
   virtual std::string kernel_name(const ir::Graph& lowered, ir::ValueId v) const = 0;
+  /// What its kernels guarantee of their bits (docs/backends.md, "Determinism"), in words: what
+  /// `qkv explain` prints. Every kernel of qkv's backends is deterministic; where the contract
+  /// stops (across devices, dropout's masks, packed batches) is said here.
+  virtual std::string determinism() const = 0;
   /// How node `v`'s kernel divides its work at these shapes (`shapes` of `lowered`'s values), in
   /// words, where that depends on the shapes (split-KV decoding); empty where there is nothing
   /// to say. What `qkv explain` adds under the kernel.

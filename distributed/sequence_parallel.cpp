@@ -515,6 +515,10 @@ class SequenceParallelBackend : public backend::Backend {
   std::string name() const override { return inner_->name(); }
   std::string device() const override { return inner_->device() + "; sequence-parallel over " + std::to_string(comm_.size()) + " ranks"; }
   bool supports(const ir::Node& n) const override { return inner_->supports(n); }
+  std::string determinism() const override {
+    return inner_->determinism() +
+           "; ring attention merges the key blocks in the ring's fixed order: the same bits every run at this rank count, not those of one process";
+  }
   std::unique_ptr<backend::Executable> compile(const ir::Graph& g) override {
     return std::make_unique<SequenceParallelExecutable>(std::make_unique<SequenceParallel>(comm_, *inner_, g, dims_, layout_));
   }

@@ -264,6 +264,7 @@ int cmd_explain(const Request& r, const std::string& backend_name, bool profile)
   if (profile && device_total > 0) std::printf("device time: %.4f ms in kernels (median of 7 runs each; no uploads or downloads)\n", device_total);
   if (profile && device_total <= 0) std::printf("device time: %s does not time its kernels on this device\n", be->name().c_str());
   std::printf("score matrix: %s\n", scores.empty() ? "none (no attention in this graph)" : scores.c_str());
+  std::printf("deterministic: %s\n", be->determinism().c_str());
   // Block sparsity as this run found it: the tiles each fused kernel skipped because every
   // score there is masked (from causality, a window, or the modifier over these inputs).
   for (const backend::TileCount& t : exe->tile_counts()) {

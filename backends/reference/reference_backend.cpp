@@ -258,6 +258,10 @@ class ReferenceBackend final : public Backend {
     return options_.precision == Precision::f64 ? "host, plain loops in double precision" : "host, plain loops in single precision";
   }
   bool supports(const Node& n) const override { return reference_supports(n); }
+  std::string determinism() const override {
+    return "every kernel: plain loops in a fixed order, the same bits every run, and a sequence's the same alone or anywhere in a batch "
+           "(but dropout's masks, keyed by the position in the batch)";
+  }
   std::string kernel_name(const ir::Graph& g, ir::ValueId v) const override {
     if (g.node(v).op == Op::input) return "(input)";
     return options_.precision == Precision::f64 ? "loop in double" : "loop in float";

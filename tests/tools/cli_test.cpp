@@ -584,6 +584,16 @@ TEST_F(Cli, RunJvpWritesOutputTangents) {
   Result check = run("check mha --jvp --backend reference,cpu");
   EXPECT_EQ(check.status, 0) << check.output;
   EXPECT_NE(check.output.find("t_out"), std::string::npos) << check.output;
+  // explain: the forward computed in its tangent's kernel, one pass; what the bits guarantee.
+  Result explained = run("explain sdpa --set weights=false --set causal=true --jvp --backend cpu --dim N=300 --dim M=300");
+  ASSERT_EQ(explained.status, 0) << explained.output;
+  EXPECT_NE(explained.output.find("%7    attention_jvp      (2, 300, 16)           fused attention tangent (forward mode: the output and its "
+                                  "tangent in one online-softmax pass)"),
+            std::string::npos)
+      << explained.output;
+  EXPECT_NE(explained.output.find("%6    attention          (2, 300, 16)           (in %7's kernel)"), std::string::npos) << explained.output;
+  EXPECT_NE(explained.output.find("deterministic: every kernel: the same bits every run and at any thread count"), std::string::npos)
+      << explained.output;
 }
 
 }  // namespace
