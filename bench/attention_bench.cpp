@@ -15,7 +15,10 @@
 // precision (every op computing in f32 and rounding its result), -fwd+bwd-f16 the training graph
 // so (on a GPU with cooperative matrices: the forward, its lse, dq, dk and dv on them; PyTorch's
 // peer is ../shared/gpu/torch_sdpa.py's f16 forward+backward), and a last table gives their rate
-// over the f32 row's. QKV_BENCH_DEVICE_TIME=1 times vulkan rows by the device's kernel timestamps
+// over the f32 row's. -jvp rows run forward mode (the output and its tangent along q, k and v:
+// the fused tangent kernel on cpu), counted as the forward's FLOPs, so that a last table gives
+// their time over the forward's (issue 44's target: <= 2.2x); cpu-jvp at N = 8192 gives its memory
+// ("MiB": the output and its tangent, no score matrix). QKV_BENCH_DEVICE_TIME=1 times vulkan rows by the device's kernel timestamps
 // (Executable::profile) instead of the wall clock, which on a discrete GPU also counts the PCIe
 // uploads of q, k, v and the download of the output on every run.
 #include <benchmark/benchmark.h>
@@ -58,7 +61,7 @@ const std::vector<Shape> kLongShapes = {{1, 8, 8192, 64}};
 /// score modifier (soft-capping at 30; ALiBi with causality; soft-capping forward + backward);
 /// dropout on the weights forward + backward (training); and the unfused path (the softmax
 /// weights are also returned, so the scores are materialised).
-enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, dropout_backward, document, unfused, f16, bf16, f16_backward };
+enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, dropout_backward, document, unfused, f16, bf16, f16_backward, jvp };
 
 const char* mode_suffix(Mode m) {
   switch (m) {
@@ -74,6 +77,7 @@ const char* mode_suffix(Mode m) {
     case Mode::f16: return "-f16";
     case Mode::bf16: return "-bf16";
     case Mode::f16_backward: return "-fwd+bwd-f16";
+    case Mode::jvp: return "-jvp";
   }
   return "";
 }
@@ -125,6 +129,7 @@ qkv::ir::Graph sdpa_graph(double scale, Mode mode) {
     case Mode::f16_backward:
       return ir::build_backward(ir::to_dtype(lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale)))), DType::f16),
                                 {"", {"q", "k", "v"}, {"out"}});
+    case Mode::jvp: return ir::build_jvp(lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale)))), {{"q", "k", "v"}, {}});
     case Mode::forward: break;
   }
   return lower(named<"out">(scaled_dot_product_attention(q, k, v, qkv::scale(scale))));
@@ -312,6 +317,17 @@ class RatioReporter : public benchmark::ConsoleReporter {
         std::printf("%-24s %-22s %12.2f %13.2fx\n", r.shape.c_str(), r.what.c_str(), r.gflops, r.gflops / base->second);
       }
     }
+    // Forward mode against the forward on the same backend and shape: time over the forward's.
+    header = false;
+    for (const auto& r : rates_) {
+      const std::string sx = "-jvp";
+      if (r.what.size() <= sx.size() || r.what.compare(r.what.size() - sx.size(), sx.size(), sx) != 0) continue;
+      const auto base = f32.find({r.what.substr(0, r.what.size() - sx.size()), r.shape});
+      if (base == f32.end()) continue;
+      if (!header) std::printf("\n%-24s %-22s %14s %10s\n", "shape", "forward mode", "vs forward", "plan MiB");
+      header = true;
+      std::printf("%-24s %-22s %13.2fx %10.1f\n", r.shape.c_str(), r.what.c_str(), base->second / r.gflops, r.mib);
+    }
   }
 
  private:
@@ -358,8 +374,9 @@ int main(int argc, char** argv) {
       if (b == "reference" && s.n > 128) continue;  // plain double loops: minutes per run
       if (b == "vulkan" && s.n > 512 && std::getenv("QKV_BENCH_SMALL_VULKAN")) continue;
       for (Mode m : {Mode::forward, Mode::causal, Mode::backward, Mode::softcap, Mode::alibi, Mode::softcap_backward, Mode::dropout_backward,
-                     Mode::document, Mode::unfused, Mode::f16, Mode::bf16, Mode::f16_backward}) {
+                     Mode::document, Mode::unfused, Mode::f16, Mode::bf16, Mode::f16_backward, Mode::jvp}) {
         if (b == "reference" && m != Mode::forward) continue;
+        if (m == Mode::jvp && b == "vulkan") continue;  // no fused tangent kernel there yet (decomposed: the scores materialised)
         if (m == Mode::alibi && (s.h != 8 || s.d != 64)) continue;
         if (m == Mode::unfused && b != "vulkan") continue;  // the cpu's own unfused peer is sgemm-softmax-sgemm
         auto* row =
@@ -372,6 +389,10 @@ int main(int argc, char** argv) {
   for (const auto& s : kLongShapes) {
     benchmark::RegisterBenchmark(("sgemm/" + s.label()).c_str(), bench_sgemm, s)->Unit(benchmark::kMillisecond)->UseRealTime();
     benchmark::RegisterBenchmark(("cpu-fwd+bwd/" + s.label()).c_str(), bench_backend, std::string("cpu"), s, Mode::backward)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->Iterations(1);
+    benchmark::RegisterBenchmark(("cpu-jvp/" + s.label()).c_str(), bench_backend, std::string("cpu"), s, Mode::jvp)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime()
         ->Iterations(1);
