@@ -425,6 +425,26 @@ void probabilities(float* row, std::int64_t cols, float lse) {
   for (std::int64_t j = 0; j < cols; ++j) row[j] = row[j] == kNegInf ? 0.0f : std::exp(row[j] - lse);
 }
 
+/// y[j] *= x[j] for j < n, and the sum of the products: in 16 lanes (j mod 16 from y's first
+/// element, then the lanes added in order), so that it vectorizes without reassociating.
+float times_and_sum(float* y, const float* x, std::int64_t n) {
+  constexpr std::int64_t kLanes = 16;
+  float lanes[kLanes] = {};
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (std::int64_t u = 0; u < kLanes; ++u) {
+      y[j + u] *= x[j + u];
+      lanes[u] += y[j + u];
+    }
+  for (std::int64_t u = 0; j + u < n; ++u) {
+    y[j + u] *= x[j + u];
+    lanes[u] += y[j + u];
+  }
+  float sum = 0.0f;
+  for (float v : lanes) sum += v;
+  return sum;
+}
+
 /// A key tile's keys and values, transposed for the backward's products with kT and vT.
 struct KeyTile {
   Transposed keys, values;
@@ -718,8 +738,7 @@ void attention_jvp(const AttentionJvpArgs& args) {
           std::fill_n(trow, cols, 0.0f);
           continue;
         }
-        for (std::int64_t j = 0; j < cols; ++j)  // a masked score has no tangent
-          if (row[j] == kNegInf) trow[j] = 0.0f;
+        for (std::int64_t j = 0; j < cols; ++j) trow[j] = row[j] == kNegInf ? 0.0f : trow[j];  // a masked score has no tangent
         const float c = top[i] == kNegInf ? 0.0f : std::exp(top[i] - mx);
         l[i] = l[i] * c + exp_shifted_sum(row, cols, mx);  // row = e = exp(s - max)
         if (c != 1.0f) {
@@ -728,11 +747,8 @@ void attention_jvp(const AttentionJvpArgs& args) {
           mu[i] *= c;
         }
         top[i] = mx;
-        times(trow, row, cols);  // e s'
-        float sum = 0.0f;
-        for (std::int64_t j = 0; j < cols; ++j) sum += trow[j];
-        mu[i] += sum;
-        if (z) {  // v and tv meet the dropped weights; l and mu the undropped ones
+        mu[i] += times_and_sum(trow, row, cols);  // e s', and its sum
+        if (z) {                                  // v and tv meet the dropped weights; l and mu the undropped ones
           sc.dropout_factors(b, i0 + i, j0, cols, z);
           times(row, z, cols);
           times(trow, z, cols);
