@@ -320,17 +320,22 @@ constexpr ShapeResult attention_lse(std::span<const Operand> in, const Attrs& a)
   return attention(args, a);
 }
 
+/// attention's rule over (q, k, v) = operands 0, 1, 2 and, with seven operands, the keep-mask
+/// at operand 6 (where attention_grad and attention_jvp take it).
+constexpr ShapeResult attention_with_mask_at_6(std::span<const Operand> in, const Attrs& a) {
+  Operand fwd[4] = {in[0], in[1], in[2], {}};
+  if (in.size() == 7) fwd[3] = in[6];
+  ShapeResult y = attention(std::span<const Operand>(fwd, in.size() == 7 ? 4 : 3), a);
+  if (!y.ok() && y.operand == 3) y.operand = 6;  // the mask's place here
+  return y;
+}
+
 /// attention_grad(q, k, v, dy, lse, delta [, mask]) {wrt}: operand wrt's last two dims under the
 /// broadcast batch dims; dy has the forward's shape, lse and delta that shape with one column.
 constexpr ShapeResult attention_grad(std::span<const Operand> in, const Attrs& a) {
   if (a.wrt < 0 || a.wrt > 2) return fail(ShapeErr::bad_range, a.wrt, 2);
-  Operand fwd[4] = {in[0], in[1], in[2], {}};
-  if (in.size() == 7) fwd[3] = in[6];
-  ShapeResult y = attention(std::span<const Operand>(fwd, in.size() == 7 ? 4 : 3), a);
-  if (!y.ok()) {
-    if (y.operand == 3) y.operand = 6;  // the mask's place here
-    return y;
-  }
+  const ShapeResult y = attention_with_mask_at_6(in, a);
+  if (!y.ok()) return y;
   Shape row = y.shape;
   row[row.rank - 1] = 1;
   const Shape expected[3] = {y.shape, row, row};
@@ -443,13 +448,8 @@ constexpr ShapeResult tangents_match(std::span<const Operand> in) {
 /// attention_jvp(q, k, v, tq, tk, tv [, mask]): attention's shape; each tangent has its
 /// primal's dtype and shape.
 constexpr ShapeResult attention_jvp(std::span<const Operand> in, const Attrs& a) {
-  Operand fwd[4] = {in[0], in[1], in[2], {}};
-  if (in.size() == 7) fwd[3] = in[6];
-  ShapeResult y = attention(std::span<const Operand>(fwd, in.size() == 7 ? 4 : 3), a);
-  if (!y.ok()) {
-    if (y.operand == 3) y.operand = 6;  // the mask's place here
-    return y;
-  }
+  const ShapeResult y = attention_with_mask_at_6(in, a);
+  if (!y.ok()) return y;
   const ShapeResult t = tangents_match(in);
   return t.ok() ? y : t;
 }
