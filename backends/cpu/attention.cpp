@@ -708,7 +708,11 @@ void attention_jvp(const AttentionJvpArgs& args) {
   // weights would meet a NaN or an infinity as the meaning does, see attention).
   const FiniteValues finite(a.v, sc.batch(), vs, m, dv, batches);
   sc.check_values(&finite);
-  const bool skip = sc.may_skip() && all_finite(args.tv, 0, args.tv.shape.numel());
+  // A tangent without data is zero: its products are left out (exact: where they would meet a
+  // NaN or an infinity in q, k or v, the scores or the output are NaN already, or masked).
+  auto zero = [](const ConstView& x) { return !x.data && !x.half && !x.paged; };
+  const bool zero_q = zero(args.tq), zero_k = zero(args.tk), zero_v = zero(args.tv);
+  const bool skip = sc.may_skip() && (zero_v || all_finite(args.tv, 0, args.tv.shape.numel()));
   const SinkLogits sinks(a.s.sink, sc.batch(), n);
   const std::int64_t qb = kQueryBlock, blocks = blocks_of(n, qb), unit = tile_gemm_columns();
   ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
@@ -725,10 +729,14 @@ void attention_jvp(const AttentionJvpArgs& args) {
       const std::int64_t padded = (cols + unit - 1) / unit * unit;
       const Transposed kt = sc.keys(b, j0, cols);
       sc.compute(b, i0, rows, j0, cols, kt, s, kKeyBlock, dmod);
-      // s' = (tq kT + q tkT) * scale
-      tile_gemm(false, rows, padded, d, sc.scale(), f32_rows(args.tq, q_at, rows, d, 5), d, kt.data, kt.ld, false, ds, kKeyBlock);
-      const Transposed tkt = transposed(f32_rows(args.tk, k_at + j0 * d, cols, d, 6), cols, d, 2);
-      tile_gemm(false, rows, padded, d, sc.scale(), sc.queries(b, i0, rows), d, tkt.data, tkt.ld, true, ds, kKeyBlock);
+      // s' = (tq kT + q tkT) * scale, the products of zero tangents left out
+      if (!zero_q) tile_gemm(false, rows, padded, d, sc.scale(), f32_rows(args.tq, q_at, rows, d, 5), d, kt.data, kt.ld, false, ds, kKeyBlock);
+      if (!zero_k) {
+        const Transposed tkt = transposed(f32_rows(args.tk, k_at + j0 * d, cols, d, 6), cols, d, 2);
+        tile_gemm(false, rows, padded, d, sc.scale(), sc.queries(b, i0, rows), d, tkt.data, tkt.ld, !zero_q, ds, kKeyBlock);
+      }
+      if (zero_q && zero_k)
+        for (std::int64_t i = 0; i < rows; ++i) std::fill_n(ds + i * kKeyBlock, cols, 0.0f);
       for (std::int64_t i = 0; i < rows; ++i) {
         float *row = s + i * kKeyBlock, *trow = ds + i * kKeyBlock;
         if (dmod) times(trow, dmod + i * kKeyBlock, cols);  // the chain rule through the modifier
@@ -757,8 +765,8 @@ void attention_jvp(const AttentionJvpArgs& args) {
       // o += e z v;  t += (e z s') v + e z tv
       const float* v = f32_rows(a.v, v_at + j0 * dv, cols, dv, 3);
       tile_gemm(false, rows, dv, cols, 1.0f, s, kKeyBlock, v, dv, true, o, dv);
-      tile_gemm(false, rows, dv, cols, 1.0f, ds, kKeyBlock, v, dv, true, t, dv);
-      tile_gemm(false, rows, dv, cols, 1.0f, s, kKeyBlock, f32_rows(args.tv, v_at + j0 * dv, cols, dv, 7), dv, true, t, dv);
+      if (!zero_q || !zero_k) tile_gemm(false, rows, dv, cols, 1.0f, ds, kKeyBlock, v, dv, true, t, dv);
+      if (!zero_v) tile_gemm(false, rows, dv, cols, 1.0f, s, kKeyBlock, f32_rows(args.tv, v_at + j0 * dv, cols, dv, 7), dv, true, t, dv);
     });
     if (sinks.any())  // the sink joins l (relative to the new max); it has no value and no tangent
       for (std::int64_t i = 0; i < rows; ++i)

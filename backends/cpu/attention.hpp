@@ -104,9 +104,9 @@ void attention_grads(const AttentionGradArgs& args, const View* dq, const View* 
 /// k, v and the tangents may be f16 or bf16 (widened tile by tile); y and y' are written in
 /// their views' dtypes.
 struct AttentionJvpArgs {
-  AttentionArgs a;  // a.out.data may be null: y is not wanted (a.lse is not read)
-  ConstView tq, tk, tv;
-  View tangent;  // [..., N, Dv]
+  AttentionArgs a;       // a.out.data may be null: y is not wanted (a.lse is not read)
+  ConstView tq, tk, tv;  // a view without data (data, half and paged null) is a zero tangent
+  View tangent;          // [..., N, Dv]
 };
 void attention_jvp(const AttentionJvpArgs& args);
 

@@ -500,9 +500,17 @@ class CpuExecutable final : public ExecutableSkeleton {
     }
     if (roles.forward()) return cpu::attention({s, in(roles.v), out, group_fused_[i] ? out_ptr(group_[i][1]) : nullptr});
     if (roles.jvp()) {  // with the forward's output when they are one kernel, else only the tangent
-      const auto t = static_cast<int>(roles.tangent);
       const cpu::View y = group_fused_[i] ? written_view(group_[i][1]) : cpu::View{nullptr, out.shape};
-      return cpu::attention_jvp({{s, in(roles.v), y}, in(t), in(t + 1), in(t + 2), out});
+      // A tangent that is a constant zero (an input without one, build_jvp's zeros) is passed
+      // without data: the kernel leaves its products out.
+      auto tangent = [&](int k) {
+        const int at = roles.tangent + k;
+        const Node& t = graph_.node(n.inputs[static_cast<std::size_t>(at)]);
+        return t.op == Op::constant && t.attrs.value == 0.0
+                   ? cpu::ConstView{nullptr, shapes_[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(at)])]}
+                   : in(at);
+      };
+      return cpu::attention_jvp({{s, in(roles.v), y}, tangent(0), tangent(1), tangent(2), out});
     }
     if (!roles.backward()) return cpu::attention_lse(s, out);
     const cpu::AttentionGradArgs args{s, in(roles.v), in(roles.dy), in(roles.lse), in(roles.delta), n.attrs.wrt, out};

@@ -128,6 +128,28 @@ TEST(Jvp, FusedAttentionTangentOnCpuMatchesTheReference) {
   }
 }
 
+// Tangents of some of q, k and v: the others are zeros, whose products the kernel leaves out
+// (exactly: a NaN in k still reaches the rows that see it).
+TEST(Jvp, FusedAttentionTangentOfSomeOperands) {
+  auto q = input<"q">(dim<1>, dim<2>, dim<70>, dim<16>);
+  auto k = input<"k">(dim<1>, dim<2>, dim<300>, dim<16>);
+  auto v = input<"v">(dim<1>, dim<2>, dim<300>, dim<8>);
+  const ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right, softcap_scores(4.0))));
+  auto cpu = backend::create("cpu");
+  for (const std::vector<std::string>& wrt : std::vector<std::vector<std::string>>{{"q"}, {"k"}, {"v"}, {"q", "v"}, {"k", "v"}}) {
+    SCOPED_TRACE(::testing::PrintToString(wrt));
+    const ir::Graph jvp = ir::build_jvp(g, {wrt, {}});
+    auto exe = cpu->compile(jvp);
+    EXPECT_NE(attention_kernels(*cpu, *exe).back().find("fused attention tangent"), std::string::npos);
+    backend::TensorMap in = backend::random_inputs(jvp, {}, 11);
+    testing::expect_equivalent(jvp, in, *cpu);
+    Tensor nan_k = in.at("k");
+    nan_k.data<float>()[(300 + 17) * 16 + 5] = std::numeric_limits<float>::quiet_NaN();  // head 1, key 17: every row sees it
+    in.insert_or_assign("k", nan_k);
+    testing::expect_equivalent(jvp, in, *cpu);
+  }
+}
+
 // A NaN in a value under a masked key reaches the output and its tangent as in the meaning (0 *
 // NaN), a row that keeps no key gives zeros for both, and the tangent's memory is O(N D): at
 // N = 4096 nothing the size of the scores is held.
