@@ -59,8 +59,9 @@ const std::vector<Shape> kLongShapes = {{1, 8, 8192, 64}};
 
 /// What a row runs: plain attention forward, causal, forward + backward; flex attention with a
 /// score modifier (soft-capping at 30; ALiBi with causality; soft-capping forward + backward);
-/// dropout on the weights forward + backward (training); and the unfused path (the softmax
-/// weights are also returned, so the scores are materialised).
+/// dropout on the weights forward + backward (training); the unfused path (the softmax weights
+/// are also returned, so the scores are materialised); half precision; and forward mode (the
+/// output and its tangent along q, k and v).
 enum class Mode { forward, causal, backward, softcap, alibi, softcap_backward, dropout_backward, document, unfused, f16, bf16, f16_backward, jvp };
 
 const char* mode_suffix(Mode m) {

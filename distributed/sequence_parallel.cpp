@@ -176,6 +176,7 @@ struct SequenceParallel::Impl {
     if (n.op == Op::reduce_mean) return;  // over another axis (means over the sequence are decomposed)
     if (n.op == Op::masked_attention)
       refuse(id, "takes a mask tensor (sharding it is not supported yet: write the mask as causal or a score modifier)");
+    if (ir::attention_roles(n.op).jvp()) refuse(id, "is attention's tangent (forward mode), which ring attention does not compute yet");
     if (!is_ring(n.op)) refuse(id, "is not supported sequence-parallel yet (a masked attention's backward?)");
     if (n.attrs.window != 0) refuse(id, "has a sliding window (not supported by ring attention yet: write it as a score modifier)");
     // q, k, v (and dy, lse, delta for the gradient): fixed operands; a flex op with more reads tensors.

@@ -323,6 +323,24 @@ constexpr bool is_flex_attention(Op op) {
   return op == Op::flex_attention || op == Op::flex_attention_lse || op == Op::flex_attention_grad || op == Op::flex_attention_jvp;
 }
 
+/// The tangent op (forward mode) of forward attention op `op`: attention_jvp, masked_attention_jvp
+/// or flex_attention_jvp (operands q, k, v, their tangents, then the forward's others).
+constexpr Op tangent_op(Op op) {
+  // clang-format cannot read case lists (QKV_*_CASES, macros): this switch is laid out by hand.
+  // clang-format off
+  switch (op) {
+    case Op::attention: return Op::attention_jvp;
+    case Op::masked_attention: return Op::masked_attention_jvp;
+    case Op::flex_attention: return Op::flex_attention_jvp;
+    QKV_PRIMITIVE_CASES
+    QKV_COMPOSITE_CASES
+    QKV_ATTENTION_BACKWARD_CASES
+    QKV_ATTENTION_JVP_CASES break;
+  }
+  // clang-format on
+  QKV_UNREACHABLE(std::string(op_name(op)) + " is not forward attention");
+}
+
 /// Whether `op` takes `n` operands: its arity, or at least -arity for a variadic op.
 constexpr bool arity_accepts(Op op, std::size_t n) {
   const int a = op_info(op).arity;

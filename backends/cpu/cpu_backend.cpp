@@ -27,24 +27,9 @@ namespace {
 using ir::Node;
 using ir::Op;
 
-/// The node after forward attention `i` that is its tangent (forward mode: same q, k, v, other
-/// operands, attributes and modifier) with no reader of i between them, or 0.
-std::size_t tangent_after(const ir::Graph& g, std::size_t i) {
-  const Node& n = g.nodes()[i];
-  for (std::size_t j = i + 1; j < g.size() && j <= i + 8; ++j) {
-    const Node& t = g.nodes()[j];
-    const bool same = ir::attention_roles(t.op).jvp() && t.attrs == n.attrs && ir::same_region(t.region.get(), n.region.get()) &&
-                      t.inputs.size() == n.inputs.size() + 3 && std::equal(n.inputs.begin(), n.inputs.begin() + 3, t.inputs.begin()) &&
-                      std::equal(n.inputs.begin() + 3, n.inputs.end(), t.inputs.begin() + 6);
-    if (same) return j;
-    if (std::find(t.inputs.begin(), t.inputs.end(), static_cast<ir::ValueId>(i)) != t.inputs.end()) return 0;
-  }
-  return 0;
-}
-
 /// Nodes one kernel computes together: attention and the attention_lse of its operands (placed
-/// next to it by the pipeline), attention and its tangent (forward mode, emitted after it by
-/// build_jvp; the tangent's kernel computes both, nothing reading the output between them), and
+/// next to it by the pipeline), attention and its tangent (forward mode, placed next to it too;
+/// the tangent's kernel computes both), and
 /// attention's gradients with respect to q, k and v (three nodes with the same operands, emitted
 /// together by autodiff). Indexed by the node whose kernel runs them (its leader): the group's
 /// nodes, the leader first; empty for the others.
@@ -54,12 +39,12 @@ std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
   for (std::size_t i = 0; i + 1 < g.size(); ++i) {
     const Node& n = g.nodes()[i];
     if (!ir::attention_roles(n.op).forward()) continue;
-    if (const std::size_t j = tangent_after(g, i); j > 0) {
-      group[j] = {j, i};
+    const Node& s = g.nodes()[i + 1];
+    if (ir::is_tangent_of(s, n)) {
+      group[i + 1] = {i + 1, i};
       member[i] = true;
       continue;
     }
-    const Node& s = g.nodes()[i + 1];
     const ir::LseCall lse = ir::lse_of(n);
     if (s.op != lse.op || s.inputs != lse.inputs || !(s.attrs == lse.attrs) || !ir::same_region(s.region.get(), n.region.get())) continue;
     group[i] = {i, i + 1};
@@ -122,7 +107,7 @@ ir::StoragePlan cpu_storage_plan(const ir::Graph& g) {
   for (std::size_t i = 0; i < g.size(); ++i) {
     const ir::AttentionRoles& roles = ir::attention_roles(g.nodes()[i].op);
     const bool grad = roles.backward() && g.nodes()[i].attrs.wrt <= 2;
-    if ((!roles.forward() && !grad) || readers[i] != 1) continue;
+    if ((!roles.forward() && !grad && !roles.jvp()) || readers[i] != 1) continue;
     const ir::ValueId r = reader[i];
     const Node& round = g.node(r);
     if (round.op != Op::round_f16 && round.op != Op::round_bf16 && !(round.op == Op::cast && is_half(round.dtype))) continue;
@@ -176,8 +161,13 @@ class CpuExecutable final : public ExecutableSkeleton {
         execute(i);
         if (ir::is_fused_attention(graph_.nodes()[i].op))
           tile_counts_.push_back({static_cast<ir::ValueId>(i), tiles_.computed.load(), tiles_.skipped.load(), tiles_.unmasked.load()});
+        // Members before their leader (the forward in its tangent's kernel) are final only now.
+        if (group_fused_[i])
+          for (std::size_t m : group_[i])
+            if (m < i) computed(static_cast<ir::ValueId>(m));
       }
-      computed(static_cast<ir::ValueId>(i));  // a group's later members: by their leader's kernel
+      // A group's later members were computed by their leader's kernel; earlier ones wait for it.
+      if (!computed_with_leader(i) || static_cast<std::size_t>(leader_[i]) < i) computed(static_cast<ir::ValueId>(i));
     }
     // Updates write back into the held tensors once every kernel has read the old values.
     for (const auto& [name, v] : graph_.updates()) {
@@ -501,14 +491,17 @@ class CpuExecutable final : public ExecutableSkeleton {
     if (roles.forward()) return cpu::attention({s, in(roles.v), out, group_fused_[i] ? out_ptr(group_[i][1]) : nullptr});
     if (roles.jvp()) {  // with the forward's output when they are one kernel, else only the tangent
       const cpu::View y = group_fused_[i] ? written_view(group_[i][1]) : cpu::View{nullptr, out.shape};
-      // A tangent that is a constant zero (an input without one, build_jvp's zeros) is passed
-      // without data: the kernel leaves its products out.
+      // A tangent that is a constant zero (an input without one: build_jvp's zeros, rounded or
+      // cast to a half dtype in a half graph) is passed without data: the kernel leaves its
+      // products out.
       auto tangent = [&](int k) {
         const int at = roles.tangent + k;
-        const Node& t = graph_.node(n.inputs[static_cast<std::size_t>(at)]);
-        return t.op == Op::constant && t.attrs.value == 0.0
-                   ? cpu::ConstView{nullptr, shapes_[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(at)])]}
-                   : in(at);
+        const ir::ValueId v = n.inputs[static_cast<std::size_t>(at)];
+        ir::ValueId x = v;
+        while (graph_.node(x).op == Op::cast || graph_.node(x).op == Op::round_f16 || graph_.node(x).op == Op::round_bf16)
+          x = graph_.node(x).inputs[0];
+        const bool zero = graph_.node(x).op == Op::constant && graph_.node(x).attrs.value == 0.0;
+        return zero ? cpu::ConstView{nullptr, shapes_[static_cast<std::size_t>(v)]} : in(at);
       };
       return cpu::attention_jvp({{s, in(roles.v), y}, tangent(0), tangent(1), tangent(2), out});
     }
@@ -623,6 +616,8 @@ class CpuBackend final : public Backend {
   std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes) const override {
     const Node& node = g.node(v);
     if (node.op != Op::attention && node.op != Op::masked_attention && node.op != Op::flex_attention) return {};
+    // Computed in its tangent's kernel (forward mode), which does not split the keys.
+    if (static_cast<std::size_t>(v) + 1 < g.size() && ir::is_tangent_of(g.nodes()[static_cast<std::size_t>(v) + 1], node)) return {};
     const std::int64_t n = shapes[static_cast<std::size_t>(node.inputs[0])].back(1), m = shapes[static_cast<std::size_t>(node.inputs[1])].back(1);
     const std::int64_t parts = cpu::key_splits(n, m);
     if (parts == 1) return {};

@@ -48,8 +48,8 @@ ValueId reshaped(Graph& g, ValueId v, const Shape& to) {
 }  // namespace
 
 Graph group_query_heads(const Graph& g, const std::function<bool(const Node&)>& keep) {
-  // A training graph pairs the forward with its log-sum-exp and gradients by their operands:
-  // left as it is.
+  // A training graph pairs the forward with its log-sum-exp and gradients by their operands, a
+  // forward-mode graph with its tangent: left as it is.
   for (const Node& n : g.nodes())
     if (is_fused_attention(n.op) && !attention_roles(n.op).forward()) return g;
   return rebuild(g, [&](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {

@@ -88,11 +88,6 @@ std::vector<ValueId> tangent_operands(Graph& out, const Node& n, std::span<const
   return ops;
 }
 
-/// The tangent op of a fused attention op.
-Op tangent_op(Op op) {
-  return op == Op::attention ? Op::attention_jvp : op == Op::masked_attention ? Op::masked_attention_jvp : Op::flex_attention_jvp;
-}
-
 }  // namespace
 
 Graph build_jvp(const Graph& g, const JvpSpec& spec) {
@@ -129,6 +124,13 @@ Graph build_jvp(const Graph& g, const JvpSpec& spec) {
   // it, so a fused attention's tangent op comes right after it (backends compute the two in one
   // pass); g's inputs come first, then the tangents'.
   const Graph f = fuse_attention(g);
+  // Only values an output with a tangent reads get one (what feeds only other outputs, or
+  // updates, is not differentiated).
+  std::vector<bool> needed(f.size(), false);
+  for (const auto& o : outs) needed[static_cast<std::size_t>(f.output(o))] = true;
+  for (std::size_t i = f.size(); i-- > 0;)
+    if (needed[i])
+      for (ValueId v : f.nodes()[i].inputs) needed[static_cast<std::size_t>(v)] = true;
   Graph out;
   out.copy_symbols(f);
   std::vector<ValueId> map(f.size(), -1), tangent(f.size(), -1);
@@ -150,7 +152,7 @@ Graph build_jvp(const Graph& g, const JvpSpec& spec) {
     }
     // An op through which no gradient flows (a source, a step function, iota and causal_mask,
     // which read only their operand's shape) has a zero tangent: none is made.
-    const bool any = gradient_info(n.op).kind != GradKind::zero && std::find(carries.begin(), carries.end(), true) != carries.end();
+    const bool any = needed[i] && gradient_info(n.op).kind != GradKind::zero && std::find(carries.begin(), carries.end(), true) != carries.end();
     if (any && has_tangent(n) && fused_tangent(n, carries)) {
       std::vector<ValueId> ops = tangent_operands(out, n, in, tin);  // zeros for a missing tangent before the node
       map[i] = out.add_like(n, in);

@@ -51,9 +51,16 @@ struct LseCall {
 /// The LseCall of `attention`, which must be an attention, masked_attention or flex_attention node.
 LseCall lse_of(const Node& attention);
 
+/// Whether node `t` is the tangent (forward mode) of attention node `attention` (attention,
+/// masked_attention or flex_attention): its tangent op over the same q, k, v and other operands,
+/// attributes and modifier.
+bool is_tangent_of(const Node& t, const Node& attention);
+
 /// Moves each attention_lse (attention's backward reads it) to right after the attention node
-/// with the same operands and attributes, so a backend can compute both in one pass; the order
-/// is otherwise kept (place_attention_lse.cpp).
+/// with the same operands and attributes, so a backend can compute both in one pass, and each
+/// attention's tangent op (forward mode) likewise, where all its operands come before the
+/// attention (lowering may have put rounds of the output between them); the order is otherwise
+/// kept (place_attention_lse.cpp).
 Graph place_attention_lse(const Graph& g);
 
 /// The graph with only the outputs named in `keep` (in that order) and all its updates; nodes

@@ -1,4 +1,7 @@
-// Moves each attention_lse next to the attention with its operands and attributes.
+// Moves each attention_lse, and each attention's tangent, next to the attention with its operands
+// and attributes.
+#include <algorithm>
+
 #include "ir/error.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/region.hpp"
@@ -29,6 +32,13 @@ LseCall lse_of(const Node& attention) {
   QKV_UNREACHABLE(std::string(op_name(attention.op)) + " has no attention_lse");
 }
 
+bool is_tangent_of(const Node& t, const Node& attention) {
+  const Node& n = attention;
+  return t.op == tangent_op(n.op) && t.inputs.size() == n.inputs.size() + 3 && t.attrs == n.attrs && same_region(t.region.get(), n.region.get()) &&
+         std::equal(n.inputs.begin(), n.inputs.begin() + 3, t.inputs.begin()) &&
+         std::equal(n.inputs.begin() + 3, n.inputs.end(), t.inputs.begin() + 6);
+}
+
 namespace {
 
 bool is_forward_attention(Op op) { return op == Op::attention || op == Op::masked_attention || op == Op::flex_attention; }
@@ -36,8 +46,10 @@ bool is_forward_attention(Op op) { return op == Op::attention || op == Op::maske
 }  // namespace
 
 Graph place_attention_lse(const Graph& g) {
-  // The row statistics attention's backward asks for, by the forward node they belong to.
+  // The row statistics attention's backward asks for, and its tangent (forward mode) where every
+  // operand of the tangent comes before it, by the forward node they belong to.
   std::vector<bool> wanted(g.size(), false);
+  std::vector<ValueId> tangent(g.size(), -1);
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes()[i];
     if (!is_forward_attention(n.op)) continue;
@@ -45,18 +57,34 @@ Graph place_attention_lse(const Graph& g) {
     for (std::size_t j = i + 1; j < g.size(); ++j) {
       const Node& s = g.nodes()[j];
       if (s.op == lse.op && s.inputs == lse.inputs && s.attrs == lse.attrs && same_region(s.region.get(), n.region.get())) wanted[i] = true;
+      const bool before = std::all_of(s.inputs.begin(), s.inputs.end(), [&](ValueId v) { return static_cast<std::size_t>(v) < i; });
+      if (tangent[i] < 0 && is_tangent_of(s, n) && before) tangent[i] = static_cast<ValueId>(j);
     }
   }
   std::size_t at = 0;  // rebuild visits the nodes in order
-  return rebuild(g, [&](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
-    if (!wanted[at++]) return -1;
-    Node mapped = n;
-    mapped.inputs.assign(in.begin(), in.end());
-    const ValueId y = out.add_like(mapped, mapped.inputs);
-    const LseCall lse = lse_of(mapped);
-    out.add(lse.op, lse.inputs, lse.attrs, n.region);  // the original, copied later, is shared with this one
-    return y;
-  });
+  std::vector<ValueId> map;
+  return rebuild(
+      g,
+      [&](Graph& out, ValueId, const Node& n, std::span<const ValueId> in) -> ValueId {
+        const std::size_t i = at++;
+        if (!wanted[i] && tangent[i] < 0) return -1;
+        Node mapped = n;
+        mapped.inputs.assign(in.begin(), in.end());
+        const ValueId y = out.add_like(mapped, mapped.inputs);
+        // The originals, copied later, are shared with these.
+        if (tangent[i] >= 0) {
+          const Node& t = g.node(tangent[i]);
+          std::vector<ValueId> operands;
+          for (ValueId v : t.inputs) operands.push_back(map[static_cast<std::size_t>(v)]);
+          out.add(t.op, std::move(operands), t.attrs, t.region);
+        }
+        if (wanted[i]) {
+          const LseCall lse = lse_of(mapped);
+          out.add(lse.op, lse.inputs, lse.attrs, n.region);
+        }
+        return y;
+      },
+      &map);
 }
 
 }  // namespace qkv::ir
