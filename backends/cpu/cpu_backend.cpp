@@ -29,7 +29,8 @@ using ir::Op;
 
 /// Nodes one kernel computes together: attention and the attention_lse of its operands (placed
 /// next to it by the pipeline), attention and its tangent (forward mode, placed next to it too;
-/// the tangent's kernel computes both), and
+/// the tangent's kernel computes both; with an lse as well, the tangent comes first and the lse
+/// has a pass of its own), and
 /// attention's gradients with respect to q, k and v (three nodes with the same operands, emitted
 /// together by autodiff). Indexed by the node whose kernel runs them (its leader): the group's
 /// nodes, the leader first; empty for the others.
@@ -72,8 +73,9 @@ std::vector<std::vector<std::size_t>> kernel_groups(const ir::Graph& g) {
 /// bool and i32 inputs are widened into the arena. A reshape is a view of its operand, so is the
 /// cast to f32 of 16-bit values (a half view: its readers widen what they read, or read it as it
 /// is: reads_half) and the cast of a value already held in the cast's dtype (an exact round). The
-/// round or 16-bit cast that is the only reader of a fused attention, or of its gradient with
-/// respect to q, k or v, is written by that kernel, rounded as it stores (narrowed). A cache update
+/// round or 16-bit cast that is the only reader of a fused attention, of its tangent, or of its
+/// gradient with respect to q, k or v, is written by that kernel, rounded as it stores (narrowed;
+/// a forward computed in its tangent's kernel, by that one). A cache update
 /// is planned as a kernel: the executable writes it into the cache in place when it holds the
 /// cache as state (known when state is set, not from the graph).
 ir::StoragePlan cpu_storage_plan(const ir::Graph& g) {
@@ -616,7 +618,8 @@ class CpuBackend final : public Backend {
   std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes) const override {
     const Node& node = g.node(v);
     if (node.op != Op::attention && node.op != Op::masked_attention && node.op != Op::flex_attention) return {};
-    // Computed in its tangent's kernel (forward mode), which does not split the keys.
+    // Computed in its tangent's kernel (forward mode), which does not split the keys (where the
+    // plan cannot give the pair apart storage they run apart, and this forward may split).
     if (static_cast<std::size_t>(v) + 1 < g.size() && ir::is_tangent_of(g.nodes()[static_cast<std::size_t>(v) + 1], node)) return {};
     const std::int64_t n = shapes[static_cast<std::size_t>(node.inputs[0])].back(1), m = shapes[static_cast<std::size_t>(node.inputs[1])].back(1);
     const std::int64_t parts = cpu::key_splits(n, m);

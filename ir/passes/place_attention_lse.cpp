@@ -57,8 +57,8 @@ Graph place_attention_lse(const Graph& g) {
     for (std::size_t j = i + 1; j < g.size(); ++j) {
       const Node& s = g.nodes()[j];
       if (s.op == lse.op && s.inputs == lse.inputs && s.attrs == lse.attrs && same_region(s.region.get(), n.region.get())) wanted[i] = true;
-      const bool before = std::all_of(s.inputs.begin(), s.inputs.end(), [&](ValueId v) { return static_cast<std::size_t>(v) < i; });
-      if (tangent[i] < 0 && is_tangent_of(s, n) && before) tangent[i] = static_cast<ValueId>(j);
+      auto before = [&] { return std::all_of(s.inputs.begin(), s.inputs.end(), [&](ValueId v) { return static_cast<std::size_t>(v) < i; }); };
+      if (tangent[i] < 0 && is_tangent_of(s, n) && before()) tangent[i] = static_cast<ValueId>(j);
     }
   }
   std::size_t at = 0;  // rebuild visits the nodes in order

