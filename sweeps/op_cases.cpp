@@ -374,15 +374,9 @@ std::vector<CaseInput> with_tangents(std::vector<CaseInput> forward) {
   return forward;
 }
 
-/// The tangent ops take their forward's cases but the long rows: vulkan decomposes them (the
-/// scores materialised on lavapipe, half a minute a case), and the cpu's fused kernel crosses its
-/// tiles in tests/backends/jvp_test.cpp.
-bool short_rows(const OpCase& c) { return c.label.find("long rows") == std::string::npos && c.label.find("skips key blocks") == std::string::npos; }
-
 std::vector<OpCase> attention_jvp() {
   std::vector<OpCase> r;
   for (OpCase c : attention()) {
-    if (!short_rows(c)) continue;
     c.inputs = with_tangents(c.inputs);
     r.push_back(std::move(c));
   }
@@ -406,6 +400,7 @@ std::vector<OpCase> flex_attention_jvp() {
   const std::set<std::string> taken = {"softcap",
                                        "slopes per head causal",
                                        "document ids, empty rows",
+                                       "long rows sliding window softcap",
                                        "dropout",
                                        "document ids, empty rows, a sink per row",
                                        "slopes and sinks per head causal"};

@@ -110,8 +110,6 @@ TEST_P(Determinism, TheSameBitsEveryRunAndForASequenceAloneOrAnywhereInABatch) {
   QKV_GET_BACKEND_OR_SKIP(b, GetParam());
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
-    // vulkan decomposes the tangent op: generic kernels the other cases cover.
-    if (GetParam() == "vulkan" && c.name.starts_with("forward mode")) continue;
     const backend::TensorMap batch = inputs_of(c, 5);
     auto exe = b->compile(c.graph);
     const backend::TensorMap together = exe->run(batch);

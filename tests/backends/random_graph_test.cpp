@@ -54,9 +54,7 @@ TEST(RandomGraph, CoversTheRegistryNamedDimsAndGradients) {
   }
   EXPECT_GT(named, 20);
   EXPECT_GT(two_outputs, 20);
-  // Ops whose operands are i32 (one_hot, embedding, cache_write's start, the page ops' slots and
-  // tables) chain less. A count over fixed seeds: the draws move when the registry's cases do.
-  EXPECT_GE(chained, 120);
+  EXPECT_GT(chained, 130);  // ops whose operands are i32 (one_hot, embedding, cache_write's start, the page ops' slots and tables) chain less
 }
 
 TEST(RandomGraph, IsDeterministicInItsSeed) {
