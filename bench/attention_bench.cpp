@@ -16,7 +16,7 @@
 // so (on a GPU with cooperative matrices: the forward, its lse, dq, dk and dv on them; PyTorch's
 // peer is ../shared/gpu/torch_sdpa.py's f16 forward+backward), and a last table gives their rate
 // over the f32 row's. -jvp rows run forward mode (the output and its tangent along q, k and v:
-// the fused tangent kernel on cpu), counted as the forward's FLOPs, so that a last table gives
+// the fused tangent kernel on cpu; on vulkan the forward's kernel and the tangent's), counted as the forward's FLOPs, so that a last table gives
 // their time over the forward's (issue 44's target: <= 2.2x); cpu-jvp at N = 8192 gives its memory
 // ("MiB": the output and its tangent, no score matrix). QKV_BENCH_DEVICE_TIME=1 times vulkan rows by the device's kernel timestamps
 // (Executable::profile) instead of the wall clock, which on a discrete GPU also counts the PCIe
@@ -377,7 +377,6 @@ int main(int argc, char** argv) {
       for (Mode m : {Mode::forward, Mode::causal, Mode::backward, Mode::softcap, Mode::alibi, Mode::softcap_backward, Mode::dropout_backward,
                      Mode::document, Mode::unfused, Mode::f16, Mode::bf16, Mode::f16_backward, Mode::jvp}) {
         if (b == "reference" && m != Mode::forward) continue;
-        if (m == Mode::jvp && b == "vulkan") continue;  // no fused tangent kernel there yet (decomposed: the scores materialised)
         if (m == Mode::alibi && (s.h != 8 || s.d != 64)) continue;
         if (m == Mode::unfused && b != "vulkan") continue;  // the cpu's own unfused peer is sgemm-softmax-sgemm
         auto* row =

@@ -1,5 +1,5 @@
 // Flash-attention shaders. Each kernel gives a workgroup BR rows of one batch entry, RPT rows per
-// invocation: the queries for the forward, its log-sum-exp and dq, the keys for dk and dv. The row
+// invocation: the queries for the forward, its log-sum-exp, dq and the tangent, the keys for dk and dv. The row
 // operands live in registers as vec4s (arrays sized by the head dims, which are specialization
 // constants), and the other side streams through shared memory BC rows at a time; each vec4 read
 // from a tile feeds RPT rows, 4 RPT multiply-adds. The geometry (INV invocations, RPT, BC) is
@@ -67,7 +67,8 @@ constexpr int kMaxBatchRank = 4;  // 9 + 5 * 4 = 29 push-constant words, and the
 /// place from a [B, N, H, D] projection and write [B, N, H, D] (attention_strided).
 constexpr int kMostStridedBatchRank = 2;
 
-enum class Kind { forward, lse, dq, dk, dv };
+/// The forward, its rows' log-sum-exp, its three gradients, and its tangent (forward mode).
+enum class Kind { forward, lse, dq, dk, dv, jvp };
 
 /// Invocations per workgroup and rows per invocation (BR = their product), per target and kind.
 /// On lavapipe, which loads shared memory lane by lane, rows per invocation multiply what each
@@ -83,6 +84,7 @@ struct Geometry {
   std::uint32_t invocations, rows_per_invocation;
 };
 Geometry geometry(const Target& t, Kind kind) {
+  // The tangent keeps twice the forward's registers per row (q and tq, o and tt): the gradients'.
   const bool rows_side = kind == Kind::forward || kind == Kind::lse;
   Geometry g = !t.cpu_device ? Geometry{128, 1} : rows_side ? Geometry{8, 8} : Geometry{16, 4};
   if (t.attention_invocations) g.invocations = t.attention_invocations;
@@ -103,7 +105,7 @@ Kind kind_of(const Node& n) {
     case Op::attention_grad:
     case Op::masked_attention_grad:
     case Op::flex_attention_grad: return n.attrs.wrt == 0 ? Kind::dq : n.attrs.wrt == 1 ? Kind::dk : Kind::dv;
-    QKV_ATTENTION_JVP_CASES  // decomposed (implements)
+    QKV_ATTENTION_JVP_CASES return Kind::jvp;
     QKV_PRIMITIVE_CASES
     QKV_COMPOSITE_CASES break;
   }
@@ -134,6 +136,10 @@ struct Operand {
 const Operand kQ{"Q", "q_tile", "q_at", "D4", "DR", "q_rs"}, kK{"K", "k_tile", "k_at", "D4", "DR", "k_rs"},
     kV{"V", "v_tile", "v_at", "DV4", "DVR", "v_rs"}, kDy{"DY", "dy_tile", "dy_at", "DV4", "DVR", "dy_rs"},
     kLse{"LSE", "lse_tile", "stat_at", nullptr, "1u", "1u"}, kDelta{"DELTA", "delta_tile", "stat_at", nullptr, "1u", "1u"};
+/// The tangents of q, k and v (Kind::jvp): their primals' shapes, and (the tangent's kernel reads
+/// no head views and no pages) their layout, so their primals' offsets and strides.
+const Operand kTq{"TQ", "tq_tile", "q_at", "D4", "DR", "q_rs"}, kTk{"TK", "tk_tile", "k_at", "D4", "DR", "k_rs"},
+    kTv{"TV", "tv_tile", "v_at", "DV4", "DVR", "v_rs"};
 
 /// The operands each kind streams through shared memory (tiles of BC rows).
 std::vector<Operand> streamed(Kind k) {
@@ -143,6 +149,7 @@ std::vector<Operand> streamed(Kind k) {
     case Kind::dq: return {kK, kV};
     case Kind::dk: return {kQ, kDy, kLse, kDelta};
     case Kind::dv: return {kQ, kDy, kLse};
+    case Kind::jvp: return {kK, kTk, kV, kTv};
   }
   return {};
 }
@@ -155,7 +162,8 @@ std::vector<Operand> checked_skipped(Kind k) {
     case Kind::lse: return {};        // exp(-inf) is 0 whatever the operands hold
     case Kind::dq: return {kK, kV};   // dq = sum p (dy . v - delta) k
     case Kind::dk: return {kQ, kDy, kDelta};
-    case Kind::dv: return {kDy};  // dv = sum p dy
+    case Kind::dv: return {kDy};       // dv = sum p dy
+    case Kind::jvp: return {kV, kTv};  // y = sum p v, y' = sum p (s' v + tv) - ...; a masked s' is 0
   }
   return {};
 }
@@ -165,7 +173,8 @@ std::vector<Operand> checked_own(Kind k) {
     case Kind::dk: return {kV};
     case Kind::forward:
     case Kind::lse:
-    case Kind::dv: return {};
+    case Kind::dv:
+    case Kind::jvp: return {};
   }
   return {};
 }
@@ -177,6 +186,7 @@ std::string kind_name(Kind k) {
     case Kind::dq: return "dq";
     case Kind::dk: return "dk";
     case Kind::dv: return "dv";
+    case Kind::jvp: return "jvp";
   }
   return "";
 }
@@ -508,7 +518,11 @@ bool attention_fits(const Node& n) {
 
 bool attention_splits_keys(const Node& n) { return ir::is_fused_attention(n.op) && kind_of(n) == Kind::forward; }
 
-bool attention_strided(const Node& n) { return ir::is_fused_attention(n.op) && batch_rank(n) <= kMostStridedBatchRank; }
+// The tangent's six row operands would need six sets of strides (more push constants than the
+// 128 bytes every device has): it reads contiguous rows, its tangents laid out as their primals.
+bool attention_strided(const Node& n) {
+  return ir::is_fused_attention(n.op) && !ir::attention_roles(n.op).jvp() && batch_rank(n) <= kMostStridedBatchRank;
+}
 
 bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
@@ -522,6 +536,7 @@ bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Kind::dv: multiplied.push_back(3); break;
     case Kind::dq:
     case Kind::dk: multiplied.insert(multiplied.end(), {2, 3}); break;
+    case Kind::jvp: return false;  // scalar only
   }
   return std::all_of(multiplied.begin(), multiplied.end(), [&](std::size_t k) { return storage[n.inputs[k]].f16_numbers; });
 }
@@ -609,6 +624,7 @@ struct Flash {
   bool coop, causal, mask, drop;
   bool sink = false;  // attention sinks: a logit per row joins the softmax (the forward and lse)
   bool key_rows;      // rows are keys, streaming queries
+  bool tangent;       // Kind::jvp: the tangents of q, k and v beside them
   bool decode;        // the forward: its decode layout and key split (DECODE, flash_decode_merge.glsl)
   bool strided;
   Paging paging;  // keys and values read through block tables (KTABLE, VTABLE)
@@ -621,22 +637,24 @@ struct Flash {
   std::optional<ir::Graph> modifier;  // the region, differentiated where with_derivative
   bool region_skips = false, tests_tiles = false;
   std::vector<Ranged> ranged;
-  /// q, k, v and dy, and the sink logits, may be held in 16 bits (f16 as float16_t, bf16 as the
-  /// high half of an f32).
-  DType held_in(std::size_t i) const { return i < held.size() && (i < 4 || arrays[i] == "SINK") ? held[i] : DType::f32; }
+  /// q, k, v and dy or the tangents, and the sink logits, may be held in 16 bits (f16 as
+  /// float16_t, bf16 as the high half of an f32).
+  DType held_in(std::size_t i) const { return i < held.size() && (i < (tangent ? 6u : 4u) || arrays[i] == "SINK") ? held[i] : DType::f32; }
 };
 
 Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target, Paging paged)
     : n(node), held(held_dtypes), out_dtype(out), rounded(rounded_to), cooperative(coop_target), kind(kind_of(node)), coop(coop_target != nullptr),
       causal(node.attrs.causal), mask(masked(node)), drop(ir::has_dropout_seed(node.op, node.attrs)), key_rows(kind == Kind::dk || kind == Kind::dv),
-      decode(kind == Kind::forward), strided(attention_strided(node)), paging(paged), r(batch_rank(node)), own_count(key_rows ? "M" : "N"),
-      other_count(key_rows ? "N" : "M"), out_count(own_count) {
-  // The output's rows: the forward's and dv's are Dv wide, dq's and dk's D, the lse's one float.
-  out_width = kind == Kind::lse ? "1u" : kind == Kind::forward || kind == Kind::dv ? "DVR" : "DR";
+      tangent(kind == Kind::jvp), decode(kind == Kind::forward), strided(attention_strided(node)), paging(paged), r(batch_rank(node)),
+      own_count(key_rows ? "M" : "N"), other_count(key_rows ? "N" : "M"), out_count(own_count) {
+  // The output's rows: the forward's, the tangent's and dv's are Dv wide, dq's and dk's D, the
+  // lse's one float.
+  out_width = kind == Kind::lse ? "1u" : kind == Kind::forward || kind == Kind::dv || tangent ? "DVR" : "DR";
 
   // Bindings: the node's operands in order, then the output.
   arrays = kind == Kind::forward ? std::vector<std::string>{"Q", "K", "V"}
            : kind == Kind::lse   ? std::vector<std::string>{"Q", "K"}
+           : tangent             ? std::vector<std::string>{"Q", "K", "V", "TQ", "TK", "TV"}
                                  : std::vector<std::string>{"Q", "K", "V", "DY", "LSE", "DELTA"};
   if (mask) arrays.emplace_back("KEEP");
   tensors = modifier_tensors(n);
@@ -648,8 +666,9 @@ Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out,
   if (paging.v) arrays.emplace_back("VTABLE");
   // The score modifier: a function of the scaled score and its indices, reading the tensors T<i>
   // at offsets set per batch entry from which of the scores' dims each spans (a specialization
-  // constant: the sizes come from the push constants). dq and dk also need its derivative.
-  with_derivative = kind == Kind::dq || kind == Kind::dk;
+  // constant: the sizes come from the push constants). dq, dk and the tangent also need its
+  // derivative.
+  with_derivative = kind == Kind::dq || kind == Kind::dk || tangent;
   // A tile whose masking conditions provably keep every score runs the modifier without them
   // (FlexAttention's full blocks): tile_masked sets tile_unmasked, and score_mod dispatches.
   masking = n.region ? ir::masking_conditions(*n.region) : std::vector<std::pair<ir::ValueId, bool>>{};
@@ -725,7 +744,7 @@ std::pair<std::string, std::string> flash_tiles_and_readers(const Flash& f) {
   for (const Operand& o : streamed(kind))
     tiles += o.vec4s ? std::string("shared vec4 ") + o.tile + "[" + scalar_only + "BC * " + o.vec4s + sized_one + "];\n"
                      : std::string("shared float ") + o.tile + "[" + scalar_only + "BC" + sized_four + "];\n";
-  for (const Operand& o : {kQ, kK, kV, kDy, kLse, kDelta}) {
+  for (const Operand& o : {kQ, kK, kV, kDy, kLse, kDelta, kTq, kTk, kTv}) {
     const auto slot = static_cast<std::size_t>(std::find(arrays.begin(), arrays.end(), o.array) - arrays.begin());
     if (slot == arrays.size()) continue;
     const DType t = f.held_in(slot);
@@ -1051,6 +1070,11 @@ std::string flash_registers(const Flash& f) {
       break;
     case Kind::dk: s += load_rows("kr", kK) + load_rows("vr", kV) + zeros("acc", "D4"); break;
     case Kind::dv: s += load_rows("kr", kK) + zeros("acc", "DV4"); break;
+    case Kind::jvp:
+      s += load_rows("q", kQ) + load_rows("tq", kTq) + zeros("o", "DV4") + zeros("tt", "DV4") +
+           "  float m[RPT], l[RPT], mu[RPT];  // per row: the running max, the sum of exp(s - m), and of exp(s - m) s'\n"
+           "  [[unroll]] for (uint t = 0u; t < RPT; ++t) { m[t] = neg_inf(); l[t] = 0.0; mu[t] = 0.0; }\n";
+      break;
   }
   return s;
 }
@@ -1077,6 +1101,20 @@ std::string flash_online_softmax(const Flash& f) {
        {"CFIRST", f.decode ? "(DECODE != 0u ? lid : 0u)" : "0u"},
        {"CSTEP", f.decode ? "(DECODE != 0u ? 4u * INV : 4u)" : "4u"},
        {"CLANE", lane}});
+}
+
+/// The tangent's pass over a tile (flash_jvp_online.glsl): the forward's online softmax with the
+/// scores' tangents and three running sums beside it.
+std::string flash_tangent_pass(const Flash& f) {
+  const std::string dots_text = dots("s", "q", "k_tile", "D4") + dots("a", "tq", "k_tile", "D4") + dots("b", "q", "tk_tile", "D4");
+  return glsl_template(
+      "flash_jvp_online.glsl",
+      {{"DOTS", indented(dots_text, "  ")},
+       {"MODIFIED", f.n.region ? "          vec2 md = score_mod_d(x, own(t), t0 + c);\n          x = md.x;\n          dx *= md.y;\n" : ""},
+       {"DROP", f.drop ? "        if (own(t) < N)  // after mu: the weights' mean is of the undropped ones\n"
+                         "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
+                         "            if (c0 + j < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j);\n"
+                       : ""}});
 }
 
 /// The tile loop: load the tiles, then each invocation's rows against every tile row c.
@@ -1118,6 +1156,7 @@ std::string flash_tile_loop(const Flash& f) {
   switch (kind) {
     case Kind::forward:
     case Kind::lse: s += flash_online_softmax(f); break;
+    case Kind::jvp: s += flash_tangent_pass(f); break;
     case Kind::dq:
     case Kind::dk: {
       // ds = p (dy . v - delta); dq += ds k for query rows, dk += ds q for key rows. With
@@ -1159,7 +1198,10 @@ std::string flash_store(const Flash& f) {
     s += glsl_template("flash_sink_fold.glsl",
                        {{"ROWS", "RPT"},
                         {"ROW", "own(t)"},
-                        {"O", kind == Kind::forward ? "    [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= c;\n" : ""}});
+                        {"O", kind == Kind::forward ? "    [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= c;\n"
+                              : f.tangent ? "    [[unroll]] for (uint g = 0u; g < DV4; ++g) { o[t * DV4 + g] *= c; tt[t * DV4 + g] *= c; }\n"
+                                            "    mu[t] *= c;\n"
+                                          : ""}});
   const Store output{f.rounded, f.out_dtype};
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
     return glsl_template("flash_store_rows.glsl", {{"COUNT", count}, {"G", g}, {"W", width}, {"STORED", output(fill_glsl(value, {{"REG", reg}}))}});
@@ -1177,6 +1219,12 @@ std::string flash_store(const Flash& f) {
     case Kind::dq: s += store("acc", "D4", "DR", "N", "$REG[t * D4 + g][e] * scale"); break;
     case Kind::dk: s += store("acc", "D4", "DR", "M", "$REG[t * D4 + g][e] * scale"); break;
     case Kind::dv: s += store("acc", "DV4", "DVR", "M", "$REG[t * DV4 + g][e]"); break;
+    case Kind::jvp:
+      // y = o / l, y' = tt / l - (mu / l) y: zeros for a row with no key (l = 0), or NaN where v or
+      // tv holds inf or NaN, as the cpu's.
+      s += "  float inv[RPT];\n  [[unroll]] for (uint t = 0u; t < RPT; ++t) inv[t] = l[t] == 0.0 ? 0.0 : 1.0 / l[t];\n" +
+           store("tt", "DV4", "DVR", "N", "$REG[t * DV4 + g][e] * inv[t] - mu[t] * inv[t] * (o[t * DV4 + g][e] * inv[t])");
+      break;
   }
   // Decoding, the invocations' and parts' softmaxes are merged first, and one invocation stores.
   if (f.decode) return flash_counts() + std::string(glsl_file("flash_decode_merge.glsl")) + "  if (stores) {\n" + indented(s, "  ") + "  }\n";
@@ -1328,6 +1376,10 @@ void set_attention_strides(PushConstants::Values& push, const ir::Graph& g, cons
   const Strides none{};
   const Strides q_st = read_strides(0), k_st = read_strides(1), v_st = kind == Kind::lse ? none : read_strides(2),
                 dy_st = grads ? read_strides(3) : none;
+  // The tangent's kernel reads tq, tk and tv at q's, k's and v's offsets (kTq): the same layout.
+  if (kind == Kind::jvp)
+    for (std::size_t i = 0; i < 3; ++i)
+      QKV_ASSERT(read_strides(3 + i) == read_strides(i), "attention_jvp's tangent " + std::to_string(i) + " is laid out unlike its primal");
   push.set_array("q_batch_strides", std::span(q_st.data(), ri))
       .set_array("k_batch_strides", std::span(k_st.data(), ri))
       .set_array("v_batch_strides", std::span(v_st.data(), ri))
@@ -1384,9 +1436,9 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
   const Shape& qs = in(0);
   const Shape& ks = in(1);
   const std::int64_t nq = qs.back(1), mk = ks.back(1), d = qs.back(0);
-  const std::int64_t dv = kind == Kind::forward ? out.back(0)
-                          : kind == Kind::lse   ? 0
-                                                : in(static_cast<std::size_t>(ir::attention_roles(n.op).v)).back(0);
+  const std::int64_t dv = kind == Kind::forward || kind == Kind::jvp ? out.back(0)
+                          : kind == Kind::lse                        ? 0
+                                                                     : in(static_cast<std::size_t>(ir::attention_roles(n.op).v)).back(0);
   const Shape* mask = nullptr;
   if (masked(n)) mask = &in(static_cast<std::size_t>(ir::attention_roles(n.op).mask));
 

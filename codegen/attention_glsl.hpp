@@ -1,6 +1,6 @@
-// Flash-attention compute shaders: attention, its rows' log-sum-exp and its three gradients, each
-// one dispatch that streams tiles of keys (or queries) through shared memory with an online
-// softmax, so no score matrix is ever stored. Internal to codegen; glsl.cpp dispatches here.
+// Flash-attention compute shaders: attention, its rows' log-sum-exp, its three gradients and its
+// tangent (forward mode), each one dispatch that streams tiles of keys (or queries) through shared
+// memory with an online softmax, so no score matrix is ever stored. Internal to codegen; glsl.cpp dispatches here.
 #pragma once
 
 #include <string>

@@ -819,10 +819,7 @@ KernelSource axis_source(const ir::Graph& g, const ir::StoragePlan& storage, ir:
 
 bool implements(const Node& n) {
   switch (ir::op_info(n.op).category) {
-    // Attention's tangent (forward mode) has no kernel of its own yet: decomposed.
-    case OpCategory::composite:
-      return n.op == Op::softmax || n.op == Op::page_gather ||
-             (ir::is_fused_attention(n.op) && !ir::attention_roles(n.op).jvp() && detail::attention_fits(n));
+    case OpCategory::composite: return n.op == Op::softmax || n.op == Op::page_gather || (ir::is_fused_attention(n.op) && detail::attention_fits(n));
     case OpCategory::source:
     case OpCategory::unary:
     case OpCategory::binary:

@@ -98,9 +98,10 @@ class Planner {
   bool rows_read_paged(ValueId v, ValueId gather) const {
     return std::all_of(readers(v).begin(), readers(v).end(), [&](const Reader& r) {
       const Node& reader = node(r.first);
-      // Its kernel binds up to two block tables more than its operands.
+      // Its kernel binds up to two block tables more than its operands; attention's tangent reads
+      // its tangents at its primals' offsets, so contiguous rows only.
       if (reader.op != Op::reshape)
-        return detail::attention_fits(reader) &&
+        return detail::attention_fits(reader) && !ir::attention_roles(reader.op).jvp() &&
                (storage_buffers_ == 0 || static_cast<std::uint32_t>(storage_buffers(reader) + 2) <= storage_buffers_);
       const ir::Shape &s = reader.shape, &rows = node(gather).shape;
       return s.rank >= 2 && s.back(0) == rows.back(0) && s.back(1) == rows.back(1) && rows_read_paged(r.first, gather);

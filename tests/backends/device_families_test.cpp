@@ -32,11 +32,12 @@ struct Model {
   std::map<std::string, std::int64_t> dims;
   DType dtype = DType::f32;
   bool backward = false;
+  bool jvp = false;  // forward mode: the outputs' tangents along every float input
 };
 
 /// The models whose kernels differ by device: flash attention at head dims 64 and 128 (forward,
-/// log-sum-exp and the three gradients, causal and flex), matmuls with fused epilogues, softmax
-/// and reductions, in f32 and f16 (cooperative matrices, 16-bit storage).
+/// log-sum-exp, the three gradients and the tangent, causal and flex), matmuls with fused
+/// epilogues, softmax and reductions, in f32 and f16 (cooperative matrices, 16-bit storage).
 std::vector<Model> models() {
   const std::map<std::string, std::int64_t> long_rows = {{"B", 2}, {"N", 200}, {"M", 200}, {"D", 64}, {"Dv", 64}};
   std::map<std::string, std::int64_t> wide = long_rows;
@@ -49,6 +50,8 @@ std::vector<Model> models() {
       {"sdpa", {{"weights", "false"}, {"softcap", "30"}}, long_rows},
       {"sdpa", {{"weights", "false"}, {"causal", "true"}}, long_rows, DType::f32, true},
       {"sdpa", {{"weights", "false"}}, wide, DType::f32, true},
+      {"sdpa", {{"weights", "false"}, {"causal", "true"}}, long_rows, DType::f32, false, true},
+      {"sdpa", {{"weights", "false"}, {"softcap", "30"}}, wide, DType::f16, false, true},
       {"mha", {}, {{"B", 2}, {"N", 40}, {"M", 40}}},
       {"gqa", {}, {{"B", 2}, {"N", 70}}, DType::f16},
       {"decoder-block", {}, {{"B", 2}, {"T", 48}}},
@@ -63,10 +66,11 @@ ir::Graph build(const Model& m) {
   for (const auto& [name, size] : spec.dims) dims.try_emplace(name, size);
   ir::Graph g = spec.build(models::resolve_options(spec, m.set), dims);
   if (m.dtype != DType::f32) g = ir::to_dtype(g, m.dtype);
-  if (!m.backward) return g;
+  if (!m.backward && !m.jvp) return g;
   std::vector<std::string> wrt, seeds;
   for (ir::ValueId v : g.inputs())
     if (is_float(g.node(v).dtype)) wrt.push_back(g.node(v).name);
+  if (m.jvp) return ir::build_jvp(g, {wrt, {}});
   for (const auto& [name, v] : g.outputs())
     if (is_float(g.node(v).dtype)) seeds.push_back(name);
   return ir::build_backward(g, {"", wrt, seeds});
@@ -84,7 +88,7 @@ TEST_P(DeviceFamily, EveryKernelCompilesValidatesAndFits) {
   const backend::vulkan::KernelChoices choices = backend::vulkan::choose_kernels(device, backend::VulkanOptions{});
   std::size_t kernels = 0, cooperative = 0;
   for (const Model& m : models()) {
-    const std::string what = m.name + (m.backward ? " backward" : "") + " in " + std::string(dtype_name(m.dtype));
+    const std::string what = m.name + (m.backward ? " backward" : m.jvp ? " forward mode" : "") + " in " + std::string(dtype_name(m.dtype));
     SCOPED_TRACE(what);
     const ir::Graph lowered = ir::lower_for_backend(
         build(m), [&](const ir::Node& n) { return backend::vulkan::device_supports(device, n); }, choices.half_inputs);

@@ -185,25 +185,13 @@ TEST(FusedAttention, VulkanForwardAndBackwardAreFlashKernelsInLinearMemory) {
   EXPECT_LE(exe->planned_bytes(), 10 * n * 32 * 4);
 }
 
-/// The vulkan backend in both launch geometries (lavapipe's rows per invocation, a GPU's one),
-/// whichever device runs the test.
-std::vector<std::unique_ptr<backend::Backend>> vulkan_tunings() {
-  std::vector<std::unique_ptr<backend::Backend>> tunings;
-  for (auto t : {backend::VulkanOptions::Tuning::cpu, backend::VulkanOptions::Tuning::gpu}) {
-    auto options = backend::vulkan_options_from_env();
-    options.tuning = t;
-    tunings.push_back(backend::make_vulkan_backend(options));
-  }
-  return tunings;
-}
-
 /// The vulkan kernels against the reference where tiles are skipped (causal, a sliding window),
 /// with grouped heads (k and v broadcast), a padding mask, and head dims that are not multiples
 /// of 4, forward and backward, in both launch geometries (lavapipe's 8 x 8 and 16 x 4 rows per workgroup
 /// and a GPU's 128 x 1), whichever device runs the test.
 TEST(FusedAttention, VulkanMatchesReferenceWithSkippedTilesMasksAndOddHeadDims) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  const auto tunings = vulkan_tunings();
+  const auto tunings = testing::vulkan_tunings();
   auto q = input<"q">(dim<"B">, dim<2>, dim<"N">, dim<13>);
   auto k = input<"k">(dim<"B">, dim<1>, dim<"M">, dim<13>);
   auto v = input<"v">(dim<"B">, dim<1>, dim<"M">, dim<6>);
@@ -226,7 +214,7 @@ TEST(FusedAttention, VulkanMatchesReferenceWithSkippedTilesMasksAndOddHeadDims) 
 /// numbers in both launch geometries, and forward + backward at N = 2048 in linear memory.
 TEST(FusedAttention, VulkanFlexModifiersRunAsGeneratedFlashKernels) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  const auto tunings = vulkan_tunings();
+  const auto tunings = testing::vulkan_tunings();
   auto q = input<"q">(dim<1>, dim<2>, dim<"N">, dim<24>);
   auto k = input<"k">(dim<1>, dim<2>, dim<"N">, dim<24>);
   auto v = input<"v">(dim<1>, dim<2>, dim<"N">, dim<24>);
@@ -328,7 +316,7 @@ TEST(FusedAttention, CpuRunsDropoutInsideTheFusedKernels) { expect_dropout_fused
 
 TEST(FusedAttention, VulkanRunsDropoutInsideTheFlashKernels) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  for (auto& b : vulkan_tunings()) expect_dropout_fused(*b);
+  for (auto& b : testing::vulkan_tunings()) expect_dropout_fused(*b);
 }
 
 /// Head dims beyond what the flash kernels hold per row (registers; on small devices shared
@@ -528,7 +516,7 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
 /// result is the reference's.
 TEST(FusedAttention, VulkanSkipsTilesTheModifierMasksWhole) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  const auto tunings = vulkan_tunings();
+  const auto tunings = testing::vulkan_tunings();
   const std::int64_t n = 512;
   auto documents = [&](backend::TensorMap& in) { pack_documents(in, n); };
   const ir::Graph forward = document_attention();
@@ -801,7 +789,7 @@ std::string forward_split(backend::Backend& b, const ir::Graph& g, const backend
 /// every run, whichever part finishes last.
 TEST(FusedAttention, VulkanDecodeSpreadsAndSplitsTheKeysOfFewQueries) {
   QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  const auto tunings = vulkan_tunings();
+  const auto tunings = testing::vulkan_tunings();
   // Head dims of 16 and 12 (lavapipe's compile time grows with them; the layouts do not change).
   auto q = input<"q">(dim<"B">, dim<4>, dim<"N">, dim<16>);
   auto k = input<"k">(dim<"B">, dim<1>, dim<"M">, dim<16>);  // one key/value head for four query heads: four query rows

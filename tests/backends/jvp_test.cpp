@@ -74,13 +74,13 @@ TEST(Jvp, ModifierTensorsSinksAndMaskedRowsHaveTangents) {
   testing::expect_equivalent(ir::build_jvp(g, {wrt, {}}), with_tangents, "cpu");
 }
 
-/// The cpu's kernels for the attention ops of its lowering of `g` ("op: kernel").
-std::vector<std::string> attention_kernels(backend::Backend& cpu, backend::Executable& exe) {
+/// A backend's kernels for the attention ops of its lowering of `g` ("op: kernel").
+std::vector<std::string> attention_kernels(backend::Backend& b, backend::Executable& exe) {
   std::vector<std::string> r;
   const ir::Graph& lowered = exe.graph();
   for (std::size_t i = 0; i < lowered.size(); ++i)
     if (ir::is_fused_attention(lowered.nodes()[i].op))
-      r.push_back(std::string(ir::op_name(lowered.nodes()[i].op)) + ": " + cpu.kernel_name(lowered, static_cast<ir::ValueId>(i)));
+      r.push_back(std::string(ir::op_name(lowered.nodes()[i].op)) + ": " + b.kernel_name(lowered, static_cast<ir::ValueId>(i)));
   return r;
 }
 
@@ -129,6 +129,57 @@ TEST(Jvp, FusedAttentionTangentOnCpuMatchesTheReference) {
   }
 }
 
+// The vulkan tangent kernel (flash_attention_jvp: one streaming pass, beside the forward's kernel)
+// with the library's options combined (each generated variant costs CI seconds to compile),
+// grouped heads (k and v broadcast over q's heads) and head dims that are not multiples of 4, f32
+// in both launch geometries (lavapipe's rows per invocation, a GPU's one) and f16, against the
+// reference. Causality with a softcap and a keep-mask are the next tests'.
+TEST(Jvp, FusedAttentionTangentOnVulkanMatchesTheReference) {
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
+  const auto tunings = testing::vulkan_tunings();
+  auto q = input<"q">(dim<1>, dim<2>, dim<100>, dim<13>);
+  auto k = input<"k">(dim<1>, dim<1>, dim<200>, dim<13>);
+  auto v = input<"v">(dim<1>, dim<1>, dim<200>, dim<6>);
+  auto slopes = input<"slopes">(dim<2>);
+  auto sink_logits = input<"sinks">(dim<2>);
+  auto seed = input<"seed", DType::i32>();
+  auto q_docs = input<"q_docs", DType::i32>(dim<1>, dim<100>);
+  auto kv_docs = input<"kv_docs", DType::i32>(dim<1>, dim<200>);
+  auto alibi = score_mod([=](auto score, auto, auto head, auto q_idx, auto kv_idx) { return score + at(slopes, head) * (kv_idx - q_idx); });
+  auto out = [](auto y) { return lower(named<"out">(y)); };
+  struct Model {
+    std::string name;
+    ir::Graph g;
+    DType dtype;
+  };
+  const std::vector<Model> models = {
+      {"sliding window, soft-capped", out(scaled_dot_product_attention(q, k, v, sliding_window<40>, softcap_scores(3.0))), DType::f32},
+      {"alibi, sinks, causal dropout",
+       out(scaled_dot_product_attention(q, k, v, alibi, sinks(sink_logits), causal_bottom_right, attn_dropout(0.2, seed))), DType::f32},
+      {"documents (tiles skipped)", out(scaled_dot_product_attention(q, k, v, document_mask(q_docs, kv_docs))), DType::f32},
+      {"causal bottom-right", out(scaled_dot_product_attention(q, k, v, causal_bottom_right)), DType::f16}};
+  for (const Model& m : models) {
+    SCOPED_TRACE(m.name + " " + std::string(dtype_name(m.dtype)));
+    const ir::Graph jvp = ir::build_jvp(m.dtype == DType::f32 ? m.g : ir::to_dtype(m.g, m.dtype), {{"q", "k", "v"}, {}});
+    backend::TensorMap in = backend::random_inputs(jvp, {}, 7);
+    if (in.contains("slopes")) in.insert_or_assign("slopes", Tensor::from<float>({2}, {0.05f, 0.02f}));
+    if (in.contains("q_docs")) {  // two documents along the queries and the keys, the last query row padding
+      Tensor qd(DType::i32, {1, 100}), kd(DType::i32, {1, 200});
+      for (std::int64_t i = 0; i < 100; ++i) qd.data<std::int32_t>()[i] = i == 99 ? -1 : static_cast<std::int32_t>(i / 50);
+      for (std::int64_t j = 0; j < 200; ++j) kd.data<std::int32_t>()[j] = static_cast<std::int32_t>(j / 100);
+      in.insert_or_assign("q_docs", qd);
+      in.insert_or_assign("kv_docs", kd);
+    }
+    for (std::size_t t = 0; t < (m.dtype == DType::f32 ? tunings.size() : 1); ++t) {
+      auto exe = tunings[t]->compile(jvp);
+      const std::vector<std::string> kernels = attention_kernels(*tunings[t], *exe);
+      ASSERT_EQ(kernels.size(), 2u) << ::testing::PrintToString(kernels);
+      EXPECT_NE(kernels[1].find("glsl flash_attention_jvp"), std::string::npos) << kernels[1];
+      testing::expect_equivalent(jvp, in, *tunings[t]);
+    }
+  }
+}
+
 // Attention whose output is a model's output and feeds another op: the forward is computed in its
 // tangent's kernel, in f32 and in f16 (where a round of the output comes between them until the
 // pipeline places the tangent first), and run_observed reports the output once that kernel ran.
@@ -170,24 +221,26 @@ TEST(Jvp, FusedAttentionTangentOfSomeOperands) {
   auto k = input<"k">(dim<1>, dim<2>, dim<300>, dim<16>);
   auto v = input<"v">(dim<1>, dim<2>, dim<300>, dim<8>);
   const ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right, softcap_scores(4.0))));
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   auto cpu = backend::create("cpu");
-  for (const std::vector<std::string>& wrt : std::vector<std::vector<std::string>>{{"q"}, {"k"}, {"v"}, {"q", "v"}, {"k", "v"}}) {
-    SCOPED_TRACE(::testing::PrintToString(wrt));
-    const ir::Graph jvp = ir::build_jvp(g, {wrt, {}});
-    auto exe = cpu->compile(jvp);
-    EXPECT_NE(attention_kernels(*cpu, *exe).back().find("fused attention tangent"), std::string::npos);
-    backend::TensorMap in = backend::random_inputs(jvp, {}, 11);
-    testing::expect_equivalent(jvp, in, *cpu);
-    Tensor nan_k = in.at("k");
-    nan_k.data<float>()[(300 + 17) * 16 + 5] = std::numeric_limits<float>::quiet_NaN();  // head 1, key 17: every row sees it
-    in.insert_or_assign("k", nan_k);
-    testing::expect_equivalent(jvp, in, *cpu);
-  }
+  for (const auto& [b, kernel] : {std::pair{cpu.get(), "fused attention tangent"}, std::pair{vulkan.get(), "glsl flash_attention_jvp"}})
+    for (const std::vector<std::string>& wrt : std::vector<std::vector<std::string>>{{"q"}, {"k"}, {"v"}, {"q", "v"}, {"k", "v"}}) {
+      SCOPED_TRACE(b->name() + " " + ::testing::PrintToString(wrt));
+      const ir::Graph jvp = ir::build_jvp(g, {wrt, {}});
+      auto exe = b->compile(jvp);
+      EXPECT_NE(attention_kernels(*b, *exe).back().find(kernel), std::string::npos);
+      backend::TensorMap in = backend::random_inputs(jvp, {}, 11);
+      testing::expect_equivalent(jvp, in, *b);
+      Tensor nan_k = in.at("k");
+      nan_k.data<float>()[(300 + 17) * 16 + 5] = std::numeric_limits<float>::quiet_NaN();  // head 1, key 17: every row sees it
+      in.insert_or_assign("k", nan_k);
+      testing::expect_equivalent(jvp, in, *b);
+    }
 }
 
 // A NaN in a value under a masked key reaches the output and its tangent as in the meaning (0 *
-// NaN), a row that keeps no key gives zeros for both, and the tangent's memory is O(N D): at
-// N = 4096 nothing the size of the scores is held.
+// NaN), and a row that keeps no key gives zeros for both, on cpu and vulkan; the cpu tangent's
+// memory is O(N D): at N = 4096 nothing the size of the scores is held.
 TEST(Jvp, FusedAttentionTangentPropagatesNaNAndHoldsNoScores) {
   auto q = input<"q">(dim<1>, dim<4>, dim<8>);
   auto k = input<"k">(dim<1>, dim<300>, dim<8>);
@@ -198,21 +251,27 @@ TEST(Jvp, FusedAttentionTangentPropagatesNaNAndHoldsNoScores) {
   Tensor mask(DType::boolean, {1, 300});
   for (std::int64_t j = 0; j < 300; ++j) mask.data<bool>()[j] = j < 20;  // key tiles past the first masked whole
   in.insert_or_assign("keep", mask);
-  testing::expect_equivalent(g, in, "cpu");
-  Tensor nan_v = in.at("v");
-  nan_v.data<float>()[280 * 8 + 3] = std::numeric_limits<float>::quiet_NaN();  // under a masked key
-  in.insert_or_assign("v", nan_v);
+  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
   auto cpu = backend::create("cpu");
-  const backend::TensorMap out = cpu->compile(g)->run(in);
-  for (const char* name : {"out", "t_out"})
-    for (std::int64_t i = 0; i < 4; ++i) EXPECT_TRUE(std::isnan(out.at(name).data<float>()[i * 8 + 3])) << name << " row " << i;
-  testing::expect_equivalent(g, in, "cpu");
-  for (std::int64_t j = 0; j < 300; ++j) mask.data<bool>()[j] = false;  // no key at all: zeros
-  in.insert_or_assign("keep", mask);
-  in.insert_or_assign("v", backend::random_inputs(g, {}, 2).at("v"));
-  const backend::TensorMap none = cpu->compile(g)->run(in);
-  for (const char* name : {"out", "t_out"})
-    for (std::int64_t e = 0; e < none.at(name).numel(); ++e) EXPECT_EQ(none.at(name).data<float>()[e], 0.0f) << name;
+  for (backend::Backend* b : {cpu.get(), static_cast<backend::Backend*>(vulkan.get())}) {
+    SCOPED_TRACE(b->name());
+    backend::TensorMap with_nan = in;
+    testing::expect_equivalent(g, with_nan, *b);
+    Tensor nan_v = with_nan.at("v");
+    nan_v.data<float>()[280 * 8 + 3] = std::numeric_limits<float>::quiet_NaN();  // under a masked key
+    with_nan.insert_or_assign("v", nan_v);
+    const backend::TensorMap out = b->compile(g)->run(with_nan);
+    for (const char* name : {"out", "t_out"})
+      for (std::int64_t i = 0; i < 4; ++i) EXPECT_TRUE(std::isnan(out.at(name).data<float>()[i * 8 + 3])) << name << " row " << i;
+    testing::expect_equivalent(g, with_nan, *b);
+    backend::TensorMap no_key = in;
+    Tensor none_kept = mask;
+    for (std::int64_t j = 0; j < 300; ++j) none_kept.data<bool>()[j] = false;  // no key at all: zeros
+    no_key.insert_or_assign("keep", none_kept);
+    const backend::TensorMap none = b->compile(g)->run(no_key);
+    for (const char* name : {"out", "t_out"})
+      for (std::int64_t e = 0; e < none.at(name).numel(); ++e) EXPECT_EQ(none.at(name).data<float>()[e], 0.0f) << name;
+  }
 
   auto qn = input<"q">(dim<1>, dim<"N">, dim<32>);
   auto kn = input<"k">(dim<1>, dim<"N">, dim<32>);

@@ -12,12 +12,23 @@
 #include <random>
 
 #include "backends/reference/reference_backend.hpp"
+#include "backends/vulkan/vulkan_backend.hpp"
 
 namespace qkv::testing {
 
 bool vulkan_required() {
   const char* env = std::getenv("QKV_REQUIRE_VULKAN");
   return env && std::string(env) == "1";
+}
+
+std::vector<std::unique_ptr<backend::Backend>> vulkan_tunings() {
+  std::vector<std::unique_ptr<backend::Backend>> tunings;
+  for (auto t : {backend::VulkanOptions::Tuning::cpu, backend::VulkanOptions::Tuning::gpu}) {
+    auto options = backend::vulkan_options_from_env();
+    options.tuning = t;
+    tunings.push_back(backend::make_vulkan_backend(options));
+  }
+  return tunings;
 }
 
 std::string minilm_dir() {

@@ -22,6 +22,10 @@ std::shared_ptr<backend::Backend> backend_or_reason(const std::string& name, std
 /// Whether a missing Vulkan device fails tests (CI sets QKV_REQUIRE_VULKAN=1).
 bool vulkan_required();
 
+/// The vulkan backend in both launch geometries (lavapipe's rows per invocation, a GPU's one),
+/// whichever device runs the test.
+std::vector<std::unique_ptr<backend::Backend>> vulkan_tunings();
+
 /// The folder scripts/fetch_models.sh unpacks all-MiniLM-L6-v2 into: $QKV_MODELS_DIR (default
 /// ~/.cache/qkv/models)/all-MiniLM-L6-v2.
 std::string minilm_dir();
