@@ -25,7 +25,8 @@
 // tensors it reads are bound after the fixed operands and addressed per batch entry from which
 // of the scores' dims they span (specialization constants, so one shader serves every length).
 // dq and dk evaluate the modifier's forward-mode derivative with it (`score_mod_d`) and multiply
-// ds by d mod / d score, as the cpu and the decomposition do.
+// ds by d mod / d score, as the cpu and the decomposition do; the tangent multiplies the scores'
+// tangent by it.
 //
 // Masked scores follow the decomposition exactly: a masked p is 0, and 0 * inf or 0 * NaN in
 // the products that follow is NaN. Causal and sliding-window tiles that are wholly masked, and
@@ -622,7 +623,7 @@ struct Flash {
   const Target* cooperative;
   Kind kind;
   bool coop, causal, mask, drop;
-  bool sink = false;  // attention sinks: a logit per row joins the softmax (the forward and lse)
+  bool sink = false;  // attention sinks: a logit per row joins the softmax (the forward, lse and tangent)
   bool key_rows;      // rows are keys, streaming queries
   bool tangent;       // Kind::jvp: the tangents of q, k and v beside them
   bool decode;        // the forward: its decode layout and key split (DECODE, flash_decode_merge.glsl)
@@ -632,7 +633,7 @@ struct Flash {
   std::string own_count, other_count, out_width, out_count;
   std::vector<std::string> arrays;  // the bindings' names, the node's operands in order
   std::size_t tensors = 0;          // the modifier's
-  bool with_derivative = false;     // dq and dk need the modifier's derivative
+  bool with_derivative = false;     // dq, dk and the tangent need the modifier's derivative
   std::vector<std::pair<ir::ValueId, bool>> masking;
   std::optional<ir::Graph> modifier;  // the region, differentiated where with_derivative
   bool region_skips = false, tests_tiles = false;
@@ -1283,10 +1284,11 @@ constexpr std::int64_t kDecodePartKeys = 512;
 std::int64_t tile_height(const Target& target, Kind kind, std::int64_t d, std::int64_t dv) {
   const std::int64_t d4 = std::max<std::int64_t>((d + 3) / 4, 1), dv4 = std::max<std::int64_t>((dv + 3) / 4, 1);
   // Rows live in registers: past D + Dv = 4096 floats a row no device holds them, and drivers
-  // take tens of seconds compiling the spills (NVIDIA, D = Dv = 4096).
-  if (d4 + dv4 > 1024)
-    throw UnsupportedError("vulkan: attention with head dims " + str(d) + " and " + str(dv) +
-                           " exceeds the flash kernels' 4096 floats of registers per row");
+  // take tens of seconds compiling the spills (NVIDIA, D = Dv = 4096). The tangent's rows hold
+  // twice that: q and tq, its output's and its tangent's sums.
+  if ((kind == Kind::jvp ? 2 : 1) * (d4 + dv4) > 1024)
+    throw UnsupportedError("vulkan: attention" + std::string(kind == Kind::jvp ? "'s tangent" : "") + " with head dims " + str(d) + " and " +
+                           str(dv) + " exceeds the flash kernels' 4096 floats of registers per row");
   const std::int64_t shared = std::max<std::int64_t>(target.shared_bytes, 16384);
   std::int64_t bc = target.attention_tile ? target.attention_tile : 32;
   // Beside the tiles: the non-finite flag, the tile tests' ranges and the cooperative path's

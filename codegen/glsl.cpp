@@ -925,7 +925,7 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
     case Op::softmax: return axis_source(g, storage, v, target);
     case Op::matmul: return detail::matmul_source(n, target, detail::matmul_dtypes(g, storage, v, true));
     QKV_ATTENTION_CASES {
-      std::vector<DType> held;  // q, k, v, dy (paged: their pages')
+      std::vector<DType> held;  // q, k, v, then dy or the tangents (paged: their pages')
       for (ir::ValueId in : detail::attention_operands(g, storage, v)) held.push_back(storage.held(in));
       return detail::attention_source(n, held, storage.held(v), storage[v].rounded,
                                       detail::attention_cooperative(g, storage, v, target) ? &target : nullptr,

@@ -74,6 +74,19 @@ TEST(Jvp, ModifierTensorsSinksAndMaskedRowsHaveTangents) {
   testing::expect_equivalent(ir::build_jvp(g, {wrt, {}}), with_tangents, "cpu");
 }
 
+/// The cpu, and vulkan where a device is at hand (a missing one fails `why`'s test where Vulkan is
+/// required), with the words their tangent kernels' names hold.
+struct Backends {
+  std::shared_ptr<backend::Backend> cpu = backend::create("cpu"), vulkan;
+  std::string why;
+  Backends() { vulkan = testing::backend_or_reason("vulkan", why); }
+  std::vector<std::pair<backend::Backend*, std::string>> all() const {
+    std::vector<std::pair<backend::Backend*, std::string>> r = {{cpu.get(), "fused attention tangent"}};
+    if (vulkan) r.emplace_back(vulkan.get(), "glsl flash_attention_jvp");
+    return r;
+  }
+};
+
 /// A backend's kernels for the attention ops of its lowering of `g` ("op: kernel").
 std::vector<std::string> attention_kernels(backend::Backend& b, backend::Executable& exe) {
   std::vector<std::string> r;
@@ -221,9 +234,9 @@ TEST(Jvp, FusedAttentionTangentOfSomeOperands) {
   auto k = input<"k">(dim<1>, dim<2>, dim<300>, dim<16>);
   auto v = input<"v">(dim<1>, dim<2>, dim<300>, dim<8>);
   const ir::Graph g = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right, softcap_scores(4.0))));
-  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  auto cpu = backend::create("cpu");
-  for (const auto& [b, kernel] : {std::pair{cpu.get(), "fused attention tangent"}, std::pair{vulkan.get(), "glsl flash_attention_jvp"}})
+  const Backends backends;
+  if (!backends.vulkan && testing::vulkan_required()) ADD_FAILURE() << "vulkan: " << backends.why;
+  for (const auto& [b, kernel] : backends.all())
     for (const std::vector<std::string>& wrt : std::vector<std::vector<std::string>>{{"q"}, {"k"}, {"v"}, {"q", "v"}, {"k", "v"}}) {
       SCOPED_TRACE(b->name() + " " + ::testing::PrintToString(wrt));
       const ir::Graph jvp = ir::build_jvp(g, {wrt, {}});
@@ -239,8 +252,9 @@ TEST(Jvp, FusedAttentionTangentOfSomeOperands) {
 }
 
 // A NaN in a value under a masked key reaches the output and its tangent as in the meaning (0 *
-// NaN), and a row that keeps no key gives zeros for both, on cpu and vulkan; the cpu tangent's
-// memory is O(N D): at N = 4096 nothing the size of the scores is held.
+// NaN), one in a value's tangent there the tangent alone, and a row that keeps no key gives zeros
+// for both, on cpu and vulkan; the cpu tangent's memory is O(N D): at N = 4096 nothing the size
+// of the scores is held.
 TEST(Jvp, FusedAttentionTangentPropagatesNaNAndHoldsNoScores) {
   auto q = input<"q">(dim<1>, dim<4>, dim<8>);
   auto k = input<"k">(dim<1>, dim<300>, dim<8>);
@@ -251,19 +265,24 @@ TEST(Jvp, FusedAttentionTangentPropagatesNaNAndHoldsNoScores) {
   Tensor mask(DType::boolean, {1, 300});
   for (std::int64_t j = 0; j < 300; ++j) mask.data<bool>()[j] = j < 20;  // key tiles past the first masked whole
   in.insert_or_assign("keep", mask);
-  QKV_GET_BACKEND_OR_SKIP(vulkan, "vulkan");
-  auto cpu = backend::create("cpu");
-  for (backend::Backend* b : {cpu.get(), static_cast<backend::Backend*>(vulkan.get())}) {
+  const Backends backends;
+  if (!backends.vulkan && testing::vulkan_required()) ADD_FAILURE() << "vulkan: " << backends.why;
+  for (const auto& backend_and_kernel : backends.all()) {
+    backend::Backend* b = backend_and_kernel.first;
     SCOPED_TRACE(b->name());
-    backend::TensorMap with_nan = in;
-    testing::expect_equivalent(g, with_nan, *b);
-    Tensor nan_v = with_nan.at("v");
-    nan_v.data<float>()[280 * 8 + 3] = std::numeric_limits<float>::quiet_NaN();  // under a masked key
-    with_nan.insert_or_assign("v", nan_v);
-    const backend::TensorMap out = b->compile(g)->run(with_nan);
-    for (const char* name : {"out", "t_out"})
-      for (std::int64_t i = 0; i < 4; ++i) EXPECT_TRUE(std::isnan(out.at(name).data<float>()[i * 8 + 3])) << name << " row " << i;
-    testing::expect_equivalent(g, with_nan, *b);
+    testing::expect_equivalent(g, in, *b);
+    for (const char* x : {"v", "t_v"}) {
+      backend::TensorMap with_nan = in;
+      Tensor nan_x = with_nan.at(x);
+      nan_x.data<float>()[280 * 8 + 3] = std::numeric_limits<float>::quiet_NaN();  // under a masked key
+      with_nan.insert_or_assign(x, nan_x);
+      const backend::TensorMap out = b->compile(g)->run(with_nan);
+      for (std::int64_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(std::isnan(out.at("out").data<float>()[i * 8 + 3]), x == std::string("v")) << x << ": out, row " << i;
+        EXPECT_TRUE(std::isnan(out.at("t_out").data<float>()[i * 8 + 3])) << x << ": t_out, row " << i;
+      }
+      testing::expect_equivalent(g, with_nan, *b);
+    }
     backend::TensorMap no_key = in;
     Tensor none_kept = mask;
     for (std::int64_t j = 0; j < 300; ++j) none_kept.data<bool>()[j] = false;  // no key at all: zeros
@@ -278,7 +297,7 @@ TEST(Jvp, FusedAttentionTangentPropagatesNaNAndHoldsNoScores) {
   auto vn = input<"v">(dim<1>, dim<"N">, dim<32>);
   const ir::Graph long_rows = ir::build_jvp(lower(named<"out">(scaled_dot_product_attention(qn, kn, vn, causal))), {{"q", "k", "v"}, {}});
   const std::int64_t n = 4096;
-  auto exe = cpu->compile(long_rows);
+  auto exe = backends.cpu->compile(long_rows);
   const backend::TensorMap y = exe->run(backend::random_inputs(long_rows, {{"N", n}}, 3));
   EXPECT_EQ(y.at("t_out").numel(), n * 32);
   // The output and its tangent: 2 N x 32 floats (1 MiB); one N x N matrix would be 64 MiB.

@@ -230,7 +230,7 @@ TEST_P(Torch, SinksWrittenAsGptOssWritesThem) {
 
 /// Forward mode against torch.func.jvp (torch 2.15): causal SDPA, and attention with soft-capping,
 /// a sliding window and sinks written out as torch users write them; on cpu one fused tangent
-/// kernel (attention_jvp), on vulkan its decomposition.
+/// kernel (attention_jvp) that also computes the output, on vulkan the tangent's flash kernel.
 TEST_P(Torch, ForwardModeMatchesTorchFuncJvp) {
   auto q = input<"q">(dim<2>, dim<3>, dim<9>, dim<8>);
   auto k = input<"k">(dim<2>, dim<3>, dim<9>, dim<8>);
