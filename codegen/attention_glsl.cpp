@@ -73,8 +73,9 @@ enum class Kind { forward, lse, dq, dk, dv, jvp };
 
 /// Invocations per workgroup and rows per invocation (BR = their product), per target and kind.
 /// On lavapipe, which loads shared memory lane by lane, rows per invocation multiply what each
-/// read feeds: the forward and lse take 8 x 8 (one SIMD-8 subgroup; at (1, 8, 128, 64) 11.4
-/// GFLOP/s against 7.0 at 16 x 4), the gradients 16 x 4, since with 8 rows LLVM spends 4x as
+/// read feeds: the forward, lse and tangent take 8 x 8 (one SIMD-8 subgroup; at (1, 8, 128, 64)
+/// 11.4 GFLOP/s against 7.0 at 16 x 4; the tangent at (1, 4, 512, 64) 76 ms against 91), the
+/// gradients 16 x 4, since with 8 rows LLVM spends 4x as
 /// long compiling them (6.3 s against 1.6 s for the five kernels). On a GPU 128 x 1, so a row's
 /// registers (q, the output accumulator and, for dq, dy) stay within what an invocation has
 /// without spilling. Measured on an H100 at (1, 8, 4096, 64) with QKV_VULKAN_ATTENTION_GEOMETRY:
@@ -85,8 +86,7 @@ struct Geometry {
   std::uint32_t invocations, rows_per_invocation;
 };
 Geometry geometry(const Target& t, Kind kind) {
-  // The tangent keeps twice the forward's registers per row (q and tq, o and tt): the gradients'.
-  const bool rows_side = kind == Kind::forward || kind == Kind::lse;
+  const bool rows_side = kind == Kind::forward || kind == Kind::lse || kind == Kind::jvp;
   Geometry g = !t.cpu_device ? Geometry{128, 1} : rows_side ? Geometry{8, 8} : Geometry{16, 4};
   if (t.attention_invocations) g.invocations = t.attention_invocations;
   if (t.attention_rows) g.rows_per_invocation = t.attention_rows;
@@ -615,7 +615,8 @@ struct Ranged {
 /// What the sections of a flash kernel's source (attention_source) share: the node's facts as
 /// its GLSL names them.
 struct Flash {
-  Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target, Paging paged);
+  Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target, Paging paged,
+        Beside with_forward);
   const Node& n;
   const std::vector<DType>& held;
   DType out_dtype, rounded;
@@ -629,6 +630,7 @@ struct Flash {
   bool decode;        // the forward: its decode layout and key split (DECODE, flash_decode_merge.glsl)
   bool strided;
   Paging paging;  // keys and values read through block tables (KTABLE, VTABLE)
+  Beside beside;  // the tangent: the forward's output, written too (binding OUTY)
   int r;
   std::string own_count, other_count, out_width, out_count;
   std::vector<std::string> arrays;  // the bindings' names, the node's operands in order
@@ -643,11 +645,13 @@ struct Flash {
   DType held_in(std::size_t i) const { return i < held.size() && (i < (tangent ? 6u : 4u) || arrays[i] == "SINK") ? held[i] : DType::f32; }
 };
 
-Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target, Paging paged)
+Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target, Paging paged,
+             Beside with_forward)
     : n(node), held(held_dtypes), out_dtype(out), rounded(rounded_to), cooperative(coop_target), kind(kind_of(node)), coop(coop_target != nullptr),
       causal(node.attrs.causal), mask(masked(node)), drop(ir::has_dropout_seed(node.op, node.attrs)), key_rows(kind == Kind::dk || kind == Kind::dv),
-      tangent(kind == Kind::jvp), decode(kind == Kind::forward), strided(attention_strided(node)), paging(paged), r(batch_rank(node)),
-      own_count(key_rows ? "M" : "N"), other_count(key_rows ? "N" : "M"), out_count(own_count) {
+      tangent(kind == Kind::jvp), decode(kind == Kind::forward), strided(attention_strided(node)), paging(paged),
+      beside(kind == Kind::jvp ? with_forward : Beside{}), r(batch_rank(node)), own_count(key_rows ? "M" : "N"), other_count(key_rows ? "N" : "M"),
+      out_count(own_count) {
   // The output's rows: the forward's, the tangent's and dv's are Dv wide, dq's and dk's D, the
   // lse's one float.
   out_width = kind == Kind::lse ? "1u" : kind == Kind::forward || kind == Kind::dv || tangent ? "DVR" : "DR";
@@ -712,8 +716,9 @@ std::string flash_counts() {
          "  }\n";
 }
 
-/// The buffers: the node's operands in order, each in the dtype it is held in, then the output and
-/// the tile counts, and for the forward its split buffer.
+/// The buffers: the node's operands in order, each in the dtype it is held in, then the output (a
+/// tangent's, and the forward's it writes too: OUTY) and the tile counts, and for the forward its
+/// split buffer.
 std::string flash_bindings(const Flash& f) {
   const std::vector<std::string>& arrays = f.arrays;
   const DType out_dtype = f.out_dtype;
@@ -726,8 +731,11 @@ std::string flash_bindings(const Flash& f) {
   }
   bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size())) + ") writeonly buffer BOUT { " +
               std::string(held_element(out_dtype)) + " OUT[]; };\n";
-  bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size()) + 1) +
-              ") buffer BCOUNTS { uint COUNTS[]; };  // scores in the tiles computed: low, high word\n";
+  const std::int64_t counts = static_cast<std::int64_t>(arrays.size()) + (f.beside.on ? 2 : 1);
+  if (f.beside.on)
+    bindings += "layout(std430, binding = " + str(counts - 1) + ") writeonly buffer BOUTY { " + std::string(held_element(f.beside.out)) +
+                " OUTY[]; };  // the forward's output\n";
+  bindings += "layout(std430, binding = " + str(counts) + ") buffer BCOUNTS { uint COUNTS[]; };  // scores in the tiles computed: low, high word\n";
   if (f.decode)
     bindings += "layout(std430, binding = " + str(static_cast<std::int64_t>(arrays.size()) + 2) +
                 ") coherent buffer BPARTIALS { uint PARTIALS[]; };  // keys split over workgroups: arrivals, then the parts' rows\n";
@@ -907,15 +915,20 @@ std::string flash_prologue(const Flash& f) {
   const auto [tiles, readers] = flash_tiles_and_readers(f);
   const ModifierText mod = flash_modifier(f);
   const std::pair<std::string, std::string> dropout = flash_dropout(f);
-  const bool sixteen = is_half(f.out_dtype) || std::any_of(f.held.begin(), f.held.end(), [](DType t) { return is_half(t); });
+  const bool sixteen =
+      is_half(f.out_dtype) || (f.beside.on && is_half(f.beside.out)) || std::any_of(f.held.begin(), f.held.end(), [](DType t) { return is_half(t); });
   std::string tensor_zero;  // t<i>_at accumulates over the batch dims
   for (std::size_t i = 0; i < tensors; ++i) tensor_zero += " t" + str(static_cast<std::int64_t>(i)) + "_at = 0u;";
   if (f.sink) tensor_zero += " sink_at = 0u;";
 
   // The math the kernel calls: the modifier's, the lse's log, and the rounding of a 16-bit output.
   std::string helpers = n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? math_helpers_of({Op::log}) : "";
-  const Store output{rounded, out_dtype};  // how the output is stored
-  for (Op round : output.rounds())         // unless the modifier's helpers define it
+  const Store output{rounded, out_dtype};  // how the output is stored (and the forward's beside a tangent)
+  std::vector<Op> rounds = output.rounds();
+  if (f.beside.on)
+    for (Op round : Store{f.beside.rounded, f.beside.out}.rounds())
+      if (std::find(rounds.begin(), rounds.end(), round) == rounds.end()) rounds.push_back(round);
+  for (Op round : rounds)  // unless the modifier's helpers define it
     if (helpers.find(round == Op::round_f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos)
       helpers += math_helpers_of({round});
   // Strided operands' row strides are push constants; the others' are their widths.
@@ -1205,7 +1218,8 @@ std::string flash_store(const Flash& f) {
                                           : ""}});
   const Store output{f.rounded, f.out_dtype};
   auto store = [&](const char* reg, const char* g, const char* width, const char* count, const char* value) {
-    return glsl_template("flash_store_rows.glsl", {{"COUNT", count}, {"G", g}, {"W", width}, {"STORED", output(fill_glsl(value, {{"REG", reg}}))}});
+    return glsl_template("flash_store_rows.glsl",
+                         {{"OUT", "OUT"}, {"COUNT", count}, {"G", g}, {"W", width}, {"STORED", output(fill_glsl(value, {{"REG", reg}}))}});
   };
   switch (kind) {
     case Kind::forward:
@@ -1225,6 +1239,14 @@ std::string flash_store(const Flash& f) {
       // tv holds inf or NaN, as the cpu's.
       s += "  float inv[RPT];\n  [[unroll]] for (uint t = 0u; t < RPT; ++t) inv[t] = l[t] == 0.0 ? 0.0 : 1.0 / l[t];\n" +
            store("tt", "DV4", "DVR", "N", "$REG[t * DV4 + g][e] * inv[t] - mu[t] * inv[t] * (o[t * DV4 + g][e] * inv[t])");
+      if (f.beside.on) {  // the forward's output, divided as the forward's kernel divides it
+        const Store forward{f.beside.rounded, f.beside.out};
+        s += glsl_template("flash_store_rows.glsl", {{"OUT", "OUTY"},
+                                                     {"COUNT", "N"},
+                                                     {"G", "DV4"},
+                                                     {"W", "DVR"},
+                                                     {"STORED", forward("l[t] == 0.0 ? o[t * DV4 + g][e] : o[t * DV4 + g][e] / l[t]")}});
+      }
       break;
   }
   // Decoding, the invocations' and parts' softmaxes are merged first, and one invocation stores.
@@ -1234,9 +1256,9 @@ std::string flash_store(const Flash& f) {
 
 }  // namespace
 
-KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative,
-                              Paging paging) {
-  const Flash f(n, held, out_dtype, rounded, cooperative, paging);
+KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative, Paging paging,
+                              Beside beside) {
+  const Flash f(n, held, out_dtype, rounded, cooperative, paging, beside);
   const Kind kind = f.kind;
   const bool coop = f.coop, causal = f.causal, mask = f.mask, drop = f.drop;
   std::string s = flash_prologue(f) + flash_narrowing(f);
@@ -1259,10 +1281,11 @@ KernelSource attention_source(const Node& n, const std::vector<DType>& held, DTy
   std::string name = "flash_attention_" + kind_name(kind) +
                      (cm ? std::string(cm->emulated ? "_coop_emulated" : "_coop") + str(cm->m) + "x" + str(cm->n) + "x" + str(cm->k) : "") +
                      (n.region ? "_flex" : "") + (f.sink ? "_sink" : "") + (causal ? "_causal" : "") + (mask ? "_masked" : "") +
-                     (drop ? "_dropout" : "") + (paging.k || paging.v ? "_paged" : "") + "_b" + str(f.r) + Store{rounded}.suffix();
+                     (drop ? "_dropout" : "") + (paging.k || paging.v ? "_paged" : "") + (f.beside.on ? "_y" : "") + "_b" + str(f.r) +
+                     Store{rounded}.suffix() + (f.beside.on ? Store{f.beside.rounded}.suffix() : "");
   return {name,
           s,
-          static_cast<int>(f.arrays.size()) + 2 + (f.decode ? 1 : 0),
+          static_cast<int>(f.arrays.size()) + 2 + (f.decode ? 1 : 0) + (f.beside.on ? 1 : 0),
           true,
           f.decode,
           attention_push_constants(n).signature(),

@@ -36,6 +36,12 @@ std::vector<ir::ValueId> attention_operands(const ir::Graph& g, const ir::Storag
 SpecConstants attention_spec_constants(const ir::Node& n, Paging paging = {});
 /// Push-constant words the node's kernel needs.
 int attention_push_words(const ir::Node& n);
+/// The forward output a tangent's kernel also writes (codegen::forward_beside): whether it does,
+/// the dtype its storage holds and the one it is rounded to as it is stored.
+struct Beside {
+  bool on = false;
+  DType out = DType::f32, rounded = DType::f32;
+};
 /// `held`: the dtypes its operands' buffers hold, in operand order (q, k, v, dy and the sink
 /// logits are read in them, f16 and bf16 widened where loaded; missing entries f32); `out`: the
 /// dtype its output is written in (f16 or bf16 rounded to nearest even first).
@@ -43,8 +49,9 @@ int attention_push_words(const ir::Node& n);
 /// (ir::ValueStorage::rounded). `cooperative`: the target whose cooperative matrices the
 /// forward's kernel also uses (where attention_cooperative), its scalar path beside them for
 /// head dims whose tiles do not fit. `paging`: the keys and values it reads through block tables.
+/// `beside`: for a tangent, the forward's output it writes too, bound after its own.
 KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held = {}, DType out = DType::f32, DType rounded = DType::f32,
-                              const Target* cooperative = nullptr, Paging paging = {});
+                              const Target* cooperative = nullptr, Paging paging = {}, Beside beside = {});
 /// Whether node v is a flash-attention forward, its log-sum-exp or dv, whose operands multiplied
 /// in fragments (q, k, and v or dy) are f16 values, on a target whose cooperative matrices
 /// (Target::cooperative_matrix) its kernel can use.

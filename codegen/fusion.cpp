@@ -234,7 +234,9 @@ void verify(const ir::Graph& g, const ir::StoragePlan& storage, const std::vecto
   // is an input or a view); nodes computed inside kernels (in one, or recomputed in several)
   // are read only there.
   std::vector<int> stored_by(g.size(), -1);
-  for (std::size_t k = 0; k < plan.size(); ++k) stored_by[static_cast<std::size_t>(plan[k].root)] = static_cast<int>(k);
+  for (std::size_t k = 0; k < plan.size(); ++k)
+    for (ValueId v : {plan[k].root, plan[k].beside})
+      if (v >= 0) stored_by[static_cast<std::size_t>(v)] = static_cast<int>(k);
   auto from_memory = [&](ValueId v, int k, const std::string& reader) {
     const int at = stored_by[static_cast<std::size_t>(v)];
     QKV_ASSERT(!storage.has_kernel(v) || (at >= 0 && at < k),
@@ -286,9 +288,10 @@ std::vector<KernelGroup> kernel_groups(const ir::Graph& g, const ir::StoragePlan
   for (std::size_t i = 0; i < n; ++i) own_kernel[i] = root_of[i] && !inline_constant[i];
   std::vector<KernelGroup> plan;
   for (std::size_t i = 0; i < n; ++i) {
-    if (!own_kernel[i]) continue;
+    if (!own_kernel[i] || (i + 1 < n && forward_beside(g, storage, static_cast<ValueId>(i + 1)) == static_cast<ValueId>(i))) continue;
     KernelGroup k;
     k.root = static_cast<ValueId>(i);
+    k.beside = forward_beside(g, storage, k.root);
     k.inlined = inlined[i];
     std::sort(k.inlined.begin(), k.inlined.end());
     const Node& root = g.nodes()[i];
@@ -410,8 +413,11 @@ std::vector<KernelGroup> plan_kernels(const ir::Graph& g, const ir::StoragePlan&
 
 std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, const ir::StoragePlan& storage) {
   std::vector<KernelGroup> plan;
-  for (std::size_t i = 0; i < g.size(); ++i)
-    if (storage.has_kernel(static_cast<ValueId>(i))) plan.push_back({static_cast<ValueId>(i), {}, own_operands(g, storage, static_cast<ValueId>(i))});
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const auto v = static_cast<ValueId>(i);
+    if (storage.has_kernel(v) && (i + 1 == g.size() || forward_beside(g, storage, v + 1) != v))
+      plan.push_back({v, {}, own_operands(g, storage, v), forward_beside(g, storage, v)});
+  }
   return plan;
 }
 

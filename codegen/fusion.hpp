@@ -16,6 +16,9 @@ struct KernelGroup {
   ir::ValueId root = -1;
   std::vector<ir::ValueId> inlined;
   std::vector<ir::ValueId> operands;
+  /// A second value the kernel stores, bound after its root's (forward_beside: the forward output
+  /// an attention tangent's kernel writes too), or -1.
+  ir::ValueId beside = -1;
   bool fused() const { return !inlined.empty(); }
 };
 

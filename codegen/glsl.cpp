@@ -21,6 +21,7 @@
 #include "codegen/push_constants.hpp"
 #include "ir/bind.hpp"
 #include "ir/error.hpp"
+#include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "ir/random.hpp"
 #include "ir/region.hpp"
@@ -866,8 +867,21 @@ MatmulDtypes matmul_dtypes(const ir::Graph& g, const ir::StoragePlan& storage, i
 }  // namespace detail
 
 int storage_buffers(const Node& n) {
-  // The flash kernels' tile counts, and the forward's split buffer.
-  return static_cast<int>(n.inputs.size()) + 1 + (ir::is_fused_attention(n.op) ? 1 : 0) + (detail::attention_splits_keys(n) ? 1 : 0);
+  // The flash kernels' tile counts, the forward's split buffer, the forward output beside a tangent.
+  return static_cast<int>(n.inputs.size()) + 1 + (ir::is_fused_attention(n.op) ? 1 : 0) + (detail::attention_splits_keys(n) ? 1 : 0) +
+         (ir::attention_roles(n.op).jvp() ? 1 : 0);
+}
+
+ir::ValueId forward_beside(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v) {
+  const Node& n = g.node(v);
+  if (v == 0 || !ir::is_fused_attention(n.op) || !ir::attention_roles(n.op).jvp() || !implements(n)) return -1;
+  const ir::ValueId f = v - 1;
+  const ir::ValueStorage& s = storage[f];
+  const bool placed = s.into.into >= 0 && storage[s.into.into].kind == ir::StorageKind::placed;  // written through strides
+  if (!ir::attention_roles(g.node(f).op).forward() || !ir::is_tangent_of(n, g.node(f)) || !implements(g.node(f)) ||
+      s.kind != ir::StorageKind::kernel || placed)
+    return -1;
+  return f;
 }
 
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const Node& n) {
@@ -927,9 +941,11 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
     QKV_ATTENTION_CASES {
       std::vector<DType> held;  // q, k, v, then dy or the tangents (paged: their pages')
       for (ir::ValueId in : detail::attention_operands(g, storage, v)) held.push_back(storage.held(in));
+      const ir::ValueId f = forward_beside(g, storage, v);
       return detail::attention_source(n, held, storage.held(v), storage[v].rounded,
                                       detail::attention_cooperative(g, storage, v, target) ? &target : nullptr,
-                                      detail::attention_paging(g, storage, v));
+                                      detail::attention_paging(g, storage, v),
+                                      f < 0 ? detail::Beside{} : detail::Beside{true, storage.held(f), storage[f].rounded});
     }
     case Op::input:
     case Op::reshape:
@@ -1105,7 +1121,9 @@ std::string emit_glsl(const ir::Graph& g, const ir::StoragePlan& storage, const 
     const Node& n = g.node(k.root);
     KernelSource source = k.fused() ? fused_source(g, storage, k, target) : kernel_source(g, storage, k.root, target);
     out += "// ---- %" + std::to_string(k.root) + " = " + std::string(ir::op_name(n.op)) + " : " + g.type_string(k.root) + " (kernel " + source.name +
-           (k.fused() ? ", computing " + covered_nodes(g, k) : std::string()) + ")\n" + source.glsl + "\n";
+           (k.fused() ? ", computing " + covered_nodes(g, k) : std::string()) +
+           (k.beside >= 0 ? ", also storing %" + std::to_string(k.beside) + " " + std::string(ir::op_name(g.node(k.beside).op)) : std::string()) +
+           ")\n" + source.glsl + "\n";
   }
   return out;
 }

@@ -138,9 +138,17 @@ bool elementwise(const ir::Graph& g, const ir::Node& n);
 /// the elementwise chain that computes it (codegen/fusion.cpp).
 bool axis_reduction(const ir::Node& n);
 /// The storage buffers the node's kernel binds (KernelSource::buffers): its operands, its
-/// output, and the flash kernels' tile counter. A device allows a limited number per shader
+/// output, and the flash kernels' tile counter (the tangent's: and the forward's output, which it
+/// may write too: forward_beside). A device allows a limited number per shader
 /// (maxPerStageDescriptorStorageBuffers: 32 on lavapipe); past it, the backend decomposes.
 int storage_buffers(const ir::Node& n);
+/// The forward attention node whose output the kernel of tangent node `v` (attention_jvp and its
+/// masked and flex forms) also writes, as the cpu's one pass gives both: the node right before it
+/// (ir::place_attention_lse puts it there) with the same operands and options, stored contiguous
+/// (in its own storage, a 16-bit cast's it narrows into or a concat's; not placed into a permute);
+/// -1 for every other node. That forward
+/// node then has no kernel of its own (KernelGroup::beside).
+ir::ValueId forward_beside(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v);
 /// Why the Vulkan code generator cannot handle a node, or nullopt when it can.
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const ir::Node& n);
 /// The shader of node `v` for `target` (only matmul's depends on it: see matmul_glsl.cpp),

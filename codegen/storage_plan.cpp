@@ -124,7 +124,7 @@ class Planner {
   /// The 16-bit cast that is v's only reader, which v's kernel writes rounded (narrowed).
   ValueId narrowed_into(ValueId v) const {
     const Node& n = node(v);
-    const bool flash = ir::attention_roles(n.op).forward() && detail::attention_fits(n);
+    const bool flash = (ir::attention_roles(n.op).forward() || ir::attention_roles(n.op).jvp()) && detail::attention_fits(n);
     // An elementwise node or reduction read only by the cast is the root of its kernel (a cast16
     // reads its operand from memory), unless it is a view.
     const bool stores = (elementwise(g_, n) || axis_reduction(n)) && !exact_round(v) && !half_view(v);

@@ -52,9 +52,11 @@ class VulkanExecutable final : public ExecutableSkeleton {
       codegen::KernelSource source =
           group.fused() ? codegen::fused_source(graph_, storage_, group, target_) : codegen::kernel_source(graph_, storage_, v, target_);
       Kernel k{v, std::move(source), nullptr, -1, std::move(group)};
-      // (A flash kernel reading paged keys or values binds their block tables too.)
+      // (A flash kernel reading paged keys or values binds their block tables too; a tangent's
+      // binds the forward's output only where it writes it: codegen::forward_beside.)
       const int tables = static_cast<int>(k.group.operands.size()) - static_cast<int>(n.inputs.size());
-      QKV_ASSERT(k.group.fused() || k.source.buffers == codegen::storage_buffers(n) + tables,
+      const int unbound = ir::attention_roles(n.op).jvp() && k.group.beside < 0 ? 1 : 0;
+      QKV_ASSERT(k.group.fused() || k.source.buffers + unbound == codegen::storage_buffers(n) + tables,
                  "codegen::storage_buffers disagrees with " + k.source.name);
       if (static_cast<std::uint32_t>(k.source.buffers) > most)  // supports() decomposes what can be
         throw UnsupportedError("vulkan: %" + std::to_string(v) + " " + std::string(ir::op_name(n.op)) + " (kernel " + k.source.name + ") binds " +
@@ -240,6 +242,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
       std::vector<vk::DescriptorBufferInfo> infos;
       for (ir::ValueId in : kernels_[k].group.operands) infos.push_back(range(in));
       infos.push_back(range(kernels_[k].value));
+      if (kernels_[k].group.beside >= 0) infos.push_back(range(kernels_[k].group.beside));
       if (kernels_[k].counter >= 0) infos.emplace_back(*counts_.buffer, counter_offset(kernels_[k].counter), 8);
       if (kernels_[k].source.splits_keys)
         infos.emplace_back(*split_.buffer, static_cast<vk::DeviceSize>(kernels_[k].split_offset),
@@ -293,6 +296,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
     for (const auto& k : kernels_) {
       std::vector<ir::ValueId> bound = k.group.operands;
       bound.push_back(k.value);
+      if (k.group.beside >= 0) bound.push_back(k.group.beside);
       for (ir::ValueId v : bound) {
         const auto b = static_cast<std::uint64_t>(bytes_of(v));
         if (limit == 0 || b <= limit) continue;
@@ -314,6 +318,7 @@ class VulkanExecutable final : public ExecutableSkeleton {
       KernelAccess a;
       for (ir::ValueId in : k.group.operands) a.reads.push_back(range(in));
       a.writes.push_back(range(k.value));
+      if (k.group.beside >= 0) a.writes.push_back(range(k.group.beside));
       out.push_back(std::move(a));
     }
     return out;
@@ -481,20 +486,25 @@ class VulkanBackend final : public Backend {
       for (const auto& k : codegen::plan_kernels(g, storage, fusion_limits())) {
         if (k.root == v)
           return "glsl " + (k.fused() ? codegen::fused_name(g, storage, k, target_) : codegen::kernel_source(g, storage, v, target_).name);
-        if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end())
+        if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end() || k.beside == v)
           return g.node(v).op == Op::constant ? "(inlined where it is read)" : "(in %" + std::to_string(k.root) + "'s kernel)";
       }
+    if (v + 1 < static_cast<ir::ValueId>(g.size()) && codegen::forward_beside(g, storage, v + 1) == v)
+      return "(in %" + std::to_string(v + 1) + "'s kernel)";
     return "glsl " + codegen::kernel_source(g, storage, v, target_).name;
   }
   std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes) const override {
+    // A forward written by its tangent's kernel is not split (the tangent has no decode layout).
+    if (v + 1 < static_cast<ir::ValueId>(g.size()) && codegen::forward_beside(g, storage_plan(g), v + 1) == v) return {};
     return codegen::work_split(g, v, shapes, target_);
   }
   std::vector<ir::ValueId> kernel_reads(const ir::Graph& g, ir::ValueId v) const override {
     if (fuse_)
       for (const auto& k : codegen::plan_kernels(g, storage_plan(g), fusion_limits())) {
         if (k.root == v) return k.operands;
-        if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end()) return {};
+        if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end() || k.beside == v) return {};
       }
+    if (v + 1 < static_cast<ir::ValueId>(g.size()) && codegen::forward_beside(g, storage_plan(g), v + 1) == v) return {};
     return g.node(v).inputs;
   }
   const codegen::FusionLimits& fusion_limits() const { return fusion_limits_; }
