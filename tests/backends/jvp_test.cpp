@@ -88,6 +88,17 @@ struct Backends {
   }
 };
 
+/// Replaces the random [1, N] q_docs and [1, M] kv_docs in `in` with `docs` documents of equal
+/// lengths along the queries and the keys, the last query row padding (document -1).
+void set_documents(backend::TensorMap& in, std::int64_t docs) {
+  Tensor qd = in.at("q_docs"), kd = in.at("kv_docs");
+  const std::int64_t n = qd.numel(), m = kd.numel();
+  for (std::int64_t i = 0; i < n; ++i) qd.data<std::int32_t>()[i] = i == n - 1 ? -1 : static_cast<std::int32_t>(i / (n / docs));
+  for (std::int64_t j = 0; j < m; ++j) kd.data<std::int32_t>()[j] = static_cast<std::int32_t>(j / (m / docs));
+  in.insert_or_assign("q_docs", qd);
+  in.insert_or_assign("kv_docs", kd);
+}
+
 /// A backend's kernels for the attention ops of its lowering of `g` ("op: kernel").
 std::vector<std::string> attention_kernels(backend::Backend& b, backend::Executable& exe) {
   std::vector<std::string> r;
@@ -126,13 +137,7 @@ TEST(Jvp, FusedAttentionTangentOnCpuMatchesTheReference) {
       const ir::Graph jvp = ir::build_jvp(dtype == DType::f32 ? g : ir::to_dtype(g, dtype), {{"q", "k", "v"}, {}});
       backend::TensorMap in = backend::random_inputs(jvp, {}, 7);
       if (in.contains("slopes")) in.insert_or_assign("slopes", Tensor::from<float>({2}, {0.05f, 0.02f}).to(in.at("slopes").dtype()));
-      if (in.contains("q_docs")) {  // three documents along the queries and the keys, the last query row padding
-        Tensor qd(DType::i32, {1, 300}), kd(DType::i32, {1, 600});
-        for (std::int64_t i = 0; i < 300; ++i) qd.data<std::int32_t>()[i] = i == 299 ? -1 : static_cast<std::int32_t>(i / 100);
-        for (std::int64_t j = 0; j < 600; ++j) kd.data<std::int32_t>()[j] = static_cast<std::int32_t>(j / 200);
-        in.insert_or_assign("q_docs", qd);
-        in.insert_or_assign("kv_docs", kd);
-      }
+      if (in.contains("q_docs")) set_documents(in, 3);
       auto exe = cpu->compile(jvp);
       const std::vector<std::string> kernels = attention_kernels(*cpu, *exe);
       ASSERT_EQ(kernels.size(), 2u) << ::testing::PrintToString(kernels);
@@ -177,13 +182,7 @@ TEST(Jvp, FusedAttentionTangentOnVulkanMatchesTheReference) {
     const ir::Graph jvp = ir::build_jvp(m.dtype == DType::f32 ? m.g : ir::to_dtype(m.g, m.dtype), {{"q", "k", "v"}, {}});
     backend::TensorMap in = backend::random_inputs(jvp, {}, 7);
     if (in.contains("slopes")) in.insert_or_assign("slopes", Tensor::from<float>({2}, {0.05f, 0.02f}));
-    if (in.contains("q_docs")) {  // two documents along the queries and the keys, the last query row padding
-      Tensor qd(DType::i32, {1, 100}), kd(DType::i32, {1, 200});
-      for (std::int64_t i = 0; i < 100; ++i) qd.data<std::int32_t>()[i] = i == 99 ? -1 : static_cast<std::int32_t>(i / 50);
-      for (std::int64_t j = 0; j < 200; ++j) kd.data<std::int32_t>()[j] = static_cast<std::int32_t>(j / 100);
-      in.insert_or_assign("q_docs", qd);
-      in.insert_or_assign("kv_docs", kd);
-    }
+    if (in.contains("q_docs")) set_documents(in, 2);
     for (std::size_t t = 0; t < (m.dtype == DType::f32 ? tunings.size() : 1); ++t) {
       auto exe = tunings[t]->compile(jvp);
       const std::vector<std::string> kernels = attention_kernels(*tunings[t], *exe);
