@@ -1,10 +1,10 @@
 // Flash-attention shaders. Each kernel gives a workgroup BR rows of one batch entry, RPT rows per
-// invocation: the queries for the forward, its log-sum-exp, dq and the tangent, the keys for dk and dv. The row
-// operands live in registers as vec4s (arrays sized by the head dims, which are specialization
-// constants), and the other side streams through shared memory BC rows at a time; each vec4 read
-// from a tile feeds RPT rows, 4 RPT multiply-adds. The geometry (INV invocations, RPT, BC) is
-// chosen per device and kernel (Target, geometry()) and specialized, not written into the
-// source: on lavapipe, whose shared-memory reads are loaded lane by lane, several rows per
+// invocation: the queries for the forward, its log-sum-exp, dq and the tangent, the keys for dk
+// and dv. The row operands live in registers as vec4s (arrays sized by the head dims, which are
+// specialization constants), and the other side streams through shared memory BC rows at a time;
+// each vec4 read from a tile feeds RPT rows, 4 RPT multiply-adds. The geometry (INV invocations,
+// RPT, BC) is chosen per device and kernel (Target, geometry()) and specialized, not written into
+// the source: on lavapipe, whose shared-memory reads are loaded lane by lane, several rows per
 // invocation (with one row and scalar reads the forward ran at 1.4 GFLOP/s, with 16 x 4 and vec4
 // reads about 5, now 8 x 8); on a GPU 128 x 1, where more rows per invocation spill registers. The forward keeps a running max and sum
 // per row (FlashAttention's online softmax), four keys at a time with their scores in a vec4, and
@@ -75,10 +75,9 @@ enum class Kind { forward, lse, dq, dk, dv, jvp };
 /// On lavapipe, which loads shared memory lane by lane, rows per invocation multiply what each
 /// read feeds: the forward, lse and tangent take 8 x 8 (one SIMD-8 subgroup; at (1, 8, 128, 64)
 /// 11.4 GFLOP/s against 7.0 at 16 x 4; the tangent at (1, 4, 512, 64) 76 ms against 91), the
-/// gradients 16 x 4, since with 8 rows LLVM spends 4x as
-/// long compiling them (6.3 s against 1.6 s for the five kernels). On a GPU 128 x 1, so a row's
-/// registers (q, the output accumulator and, for dq, dy) stay within what an invocation has
-/// without spilling. Measured on an H100 at (1, 8, 4096, 64) with QKV_VULKAN_ATTENTION_GEOMETRY:
+/// gradients 16 x 4, since with 8 rows LLVM spends 4x as long compiling them (6.3 s against 1.6 s
+/// for the five kernels). On a GPU 128 x 1, so a row's registers (q, the output accumulator
+/// and, for dq, dy) stay within what an invocation has without spilling. Measured on an H100 at (1, 8, 4096, 64) with QKV_VULKAN_ATTENTION_GEOMETRY:
 /// forward / forward + backward TFLOP/s 13.5 / 5.5 at 128 x 1 with 32-row tiles, 11.1 / 5.5 at
 /// 64 x 1, 6.1 / 3.8 at 64 x 1 with 64-row tiles (32 KiB of shared memory per workgroup: fewer
 /// resident), 3.2 / 2.4 at 64 x 2, 2.5 / 1.6 at 32 x 1.
