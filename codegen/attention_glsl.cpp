@@ -73,19 +73,19 @@ enum class Kind { forward, lse, dq, dk, dv, jvp };
 
 /// Invocations per workgroup and rows per invocation (BR = their product), per target and kind.
 /// On lavapipe, which loads shared memory lane by lane, rows per invocation multiply what each
-/// read feeds: the forward, lse and tangent take 8 x 8 (one SIMD-8 subgroup; at (1, 8, 128, 64)
-/// 11.4 GFLOP/s against 7.0 at 16 x 4; the tangent at (1, 4, 512, 64) 76 ms against 91), the
-/// gradients 16 x 4, since with 8 rows LLVM spends 4x as long compiling them (6.3 s against 1.6 s
-/// for the five kernels). On a GPU 128 x 1, so a row's registers (q, the output accumulator
-/// and, for dq, dy) stay within what an invocation has without spilling. Measured on an H100 at (1, 8, 4096, 64) with QKV_VULKAN_ATTENTION_GEOMETRY:
-/// forward / forward + backward TFLOP/s 13.5 / 5.5 at 128 x 1 with 32-row tiles, 11.1 / 5.5 at
-/// 64 x 1, 6.1 / 3.8 at 64 x 1 with 64-row tiles (32 KiB of shared memory per workgroup: fewer
-/// resident), 3.2 / 2.4 at 64 x 2, 2.5 / 1.6 at 32 x 1.
+/// read feeds: the forward and lse take 8 x 8 (one SIMD-8 subgroup; at (1, 8, 128, 64) 11.4
+/// GFLOP/s against 7.0 at 16 x 4), the gradients and the tangent 16 x 4, since with 8 rows LLVM
+/// spends 4x as long compiling the gradients (6.3 s against 1.6 s for the five kernels) and 2.4x
+/// the tangent (23 s against 10 s for Jvp.FusedAttentionTangentOnVulkan*'s kernels), which ran
+/// at (1, 4, 512, 64) in 76 ms at 8 x 8 and 69-91 ms at 16 x 4 (medians of runs on a noisy machine). On a GPU 128 x 1, so a row's registers (q, the
+/// output accumulator and, for dq, dy) stay within what an invocation has without spilling. Measured on an H100 at (1, 8, 4096, 64) with
+/// QKV_VULKAN_ATTENTION_GEOMETRY: forward / forward + backward TFLOP/s 13.5 / 5.5 at 128 x 1 with 32-row tiles, 11.1 / 5.5 at 64 x 1, 6.1 / 3.8 at 64
+/// x 1 with 64-row tiles (32 KiB of shared memory per workgroup: fewer resident), 3.2 / 2.4 at 64 x 2, 2.5 / 1.6 at 32 x 1.
 struct Geometry {
   std::uint32_t invocations, rows_per_invocation;
 };
 Geometry geometry(const Target& t, Kind kind) {
-  const bool rows_side = kind == Kind::forward || kind == Kind::lse || kind == Kind::jvp;
+  const bool rows_side = kind == Kind::forward || kind == Kind::lse;
   Geometry g = !t.cpu_device ? Geometry{128, 1} : rows_side ? Geometry{8, 8} : Geometry{16, 4};
   if (t.attention_invocations) g.invocations = t.attention_invocations;
   if (t.attention_rows) g.rows_per_invocation = t.attention_rows;
