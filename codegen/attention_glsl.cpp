@@ -890,6 +890,20 @@ std::string flash_tile_test(const Flash& f) {
   return tile_text;
 }
 
+/// The math the kernel calls: the modifier's, the lse's log, and the roundings of its 16-bit
+/// outputs (the forward's too, beside a tangent), unless the modifier's helpers define them.
+std::string flash_math_helpers(const Flash& f) {
+  const Kind kind = f.kind;
+  std::string helpers = f.n.region ? math_helpers(*f.modifier, kind == Kind::lse) : kind == Kind::lse ? math_helpers_of({Op::log}) : "";
+  std::vector<Op> rounds = Store{f.rounded, f.out_dtype}.rounds();
+  if (f.beside.on)
+    for (Op round : Store{f.beside.rounded, f.beside.out}.rounds()) rounds.push_back(round);
+  for (Op round : rounds)
+    if (helpers.find(round == Op::round_f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos)
+      helpers += math_helpers_of({round});
+  return helpers;
+}
+
 /// The kernel's declarations and main()'s opening, up to the rows it takes and the streamed rows
 /// it visits.
 std::string flash_prologue(const Flash& f) {
@@ -907,9 +921,6 @@ std::string flash_prologue(const Flash& f) {
   const std::string& out_width = f.out_width;
   const std::string& out_count = f.out_count;
   const std::size_t tensors = f.tensors;
-  const std::optional<ir::Graph>& modifier = f.modifier;
-  const DType out_dtype = f.out_dtype;
-  const DType rounded = f.rounded;
   const Target* cooperative = f.cooperative;
   const auto [tiles, readers] = flash_tiles_and_readers(f);
   const ModifierText mod = flash_modifier(f);
@@ -920,16 +931,7 @@ std::string flash_prologue(const Flash& f) {
   for (std::size_t i = 0; i < tensors; ++i) tensor_zero += " t" + str(static_cast<std::int64_t>(i)) + "_at = 0u;";
   if (f.sink) tensor_zero += " sink_at = 0u;";
 
-  // The math the kernel calls: the modifier's, the lse's log, and the rounding of a 16-bit output.
-  std::string helpers = n.region ? math_helpers(*modifier, kind == Kind::lse) : kind == Kind::lse ? math_helpers_of({Op::log}) : "";
-  const Store output{rounded, out_dtype};  // how the output is stored (and the forward's beside a tangent)
-  std::vector<Op> rounds = output.rounds();
-  if (f.beside.on)
-    for (Op round : Store{f.beside.rounded, f.beside.out}.rounds())
-      if (std::find(rounds.begin(), rounds.end(), round) == rounds.end()) rounds.push_back(round);
-  for (Op round : rounds)  // unless the modifier's helpers define it
-    if (helpers.find(round == Op::round_f16 ? "float qkv_round_f16(" : "float qkv_round_bf16(") == std::string::npos)
-      helpers += math_helpers_of({round});
+  const std::string helpers = flash_math_helpers(f);
   // Strided operands' row strides are push constants; the others' are their widths.
   std::string row_strides;
   if (strided) {

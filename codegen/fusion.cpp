@@ -288,7 +288,7 @@ std::vector<KernelGroup> kernel_groups(const ir::Graph& g, const ir::StoragePlan
   for (std::size_t i = 0; i < n; ++i) own_kernel[i] = root_of[i] && !inline_constant[i];
   std::vector<KernelGroup> plan;
   for (std::size_t i = 0; i < n; ++i) {
-    if (!own_kernel[i] || (i + 1 < n && forward_beside(g, storage, static_cast<ValueId>(i + 1)) == static_cast<ValueId>(i))) continue;
+    if (!own_kernel[i] || written_by_tangent(g, storage, static_cast<ValueId>(i)) >= 0) continue;
     KernelGroup k;
     k.root = static_cast<ValueId>(i);
     k.beside = forward_beside(g, storage, k.root);
@@ -415,7 +415,7 @@ std::vector<KernelGroup> unfused_kernels(const ir::Graph& g, const ir::StoragePl
   std::vector<KernelGroup> plan;
   for (std::size_t i = 0; i < g.size(); ++i) {
     const auto v = static_cast<ValueId>(i);
-    if (storage.has_kernel(v) && (i + 1 == g.size() || forward_beside(g, storage, v + 1) != v))
+    if (storage.has_kernel(v) && written_by_tangent(g, storage, v) < 0)
       plan.push_back({v, {}, own_operands(g, storage, v), forward_beside(g, storage, v)});
   }
   return plan;

@@ -872,6 +872,10 @@ int storage_buffers(const Node& n) {
          (ir::attention_roles(n.op).jvp() ? 1 : 0);
 }
 
+ir::ValueId written_by_tangent(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v) {
+  return v + 1 < static_cast<ir::ValueId>(g.size()) && forward_beside(g, storage, v + 1) == v ? v + 1 : -1;
+}
+
 ir::ValueId forward_beside(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v) {
   const Node& n = g.node(v);
   if (v == 0 || !ir::is_fused_attention(n.op) || !ir::attention_roles(n.op).jvp() || !implements(n)) return -1;

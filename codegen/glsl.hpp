@@ -149,6 +149,8 @@ int storage_buffers(const ir::Node& n);
 /// -1 for every other node. That forward
 /// node then has no kernel of its own (KernelGroup::beside).
 ir::ValueId forward_beside(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v);
+/// The tangent node whose kernel writes forward node `v`'s output (forward_beside's inverse), or -1.
+ir::ValueId written_by_tangent(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v);
 /// Why the Vulkan code generator cannot handle a node, or nullopt when it can.
 std::optional<std::string> unsupported_reason(const ir::Graph& g, const ir::Node& n);
 /// The shader of node `v` for `target` (only matmul's depends on it: see matmul_glsl.cpp),

@@ -489,13 +489,12 @@ class VulkanBackend final : public Backend {
         if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end() || k.beside == v)
           return g.node(v).op == Op::constant ? "(inlined where it is read)" : "(in %" + std::to_string(k.root) + "'s kernel)";
       }
-    if (v + 1 < static_cast<ir::ValueId>(g.size()) && codegen::forward_beside(g, storage, v + 1) == v)
-      return "(in %" + std::to_string(v + 1) + "'s kernel)";
+    if (const ir::ValueId t = codegen::written_by_tangent(g, storage, v); t >= 0) return "(in %" + std::to_string(t) + "'s kernel)";
     return "glsl " + codegen::kernel_source(g, storage, v, target_).name;
   }
   std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes) const override {
     // A forward written by its tangent's kernel is not split (the tangent has no decode layout).
-    if (v + 1 < static_cast<ir::ValueId>(g.size()) && codegen::forward_beside(g, storage_plan(g), v + 1) == v) return {};
+    if (codegen::written_by_tangent(g, storage_plan(g), v) >= 0) return {};
     return codegen::work_split(g, v, shapes, target_);
   }
   std::vector<ir::ValueId> kernel_reads(const ir::Graph& g, ir::ValueId v) const override {
@@ -504,7 +503,7 @@ class VulkanBackend final : public Backend {
         if (k.root == v) return k.operands;
         if (std::find(k.inlined.begin(), k.inlined.end(), v) != k.inlined.end() || k.beside == v) return {};
       }
-    if (v + 1 < static_cast<ir::ValueId>(g.size()) && codegen::forward_beside(g, storage_plan(g), v + 1) == v) return {};
+    if (codegen::written_by_tangent(g, storage_plan(g), v) >= 0) return {};
     return g.node(v).inputs;
   }
   const codegen::FusionLimits& fusion_limits() const { return fusion_limits_; }
