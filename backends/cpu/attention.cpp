@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -146,6 +148,91 @@ class FiniteValues {
   mutable std::vector<std::atomic<std::uint8_t>> state_;
 };
 
+/// One batch entry's queries and keys as runs of packed sequences, where a document mask keeps a
+/// key only for queries of its own id (ScoreModifier::document_ids: varlen's sequence numbers).
+/// Tiles start at each run's first row and never cross into the next run, so a sequence's rows
+/// meet its keys in the tiles, and sum them in the order, that they would alone: its bits do
+/// not depend on what is packed around it (batch invariance). Without a document mask, one run
+/// of all the queries and one of all the keys.
+struct Packing {
+  std::vector<std::int64_t> q{0, 0}, k{0, 0};                            // run starts, then N (M)
+  std::vector<std::vector<std::int32_t>> keys_of{{0}}, queries_of{{0}};  // per run: the other side's runs of its id, ascending
+
+  std::int64_t query_runs() const { return static_cast<std::int64_t>(q.size()) - 1; }
+  std::int64_t key_runs() const { return static_cast<std::int64_t>(k.size()) - 1; }
+  /// The run holding query i (key j).
+  std::int32_t query_run(std::int64_t i) const { return run_of(q, i); }
+  std::int32_t key_run(std::int64_t j) const { return run_of(k, j); }
+
+ private:
+  static std::int32_t run_of(const std::vector<std::int64_t>& starts, std::int64_t x) {
+    return static_cast<std::int32_t>(std::upper_bound(starts.begin(), starts.end() - 1, x) - starts.begin() - 1);
+  }
+};
+
+/// The runs of equal ids of n queries and m keys: a run per sequence. The single runs instead
+/// when tiling the runs would cost more than three times the tiles of the plain loops (N/256 x
+/// M/256 pairs; sequences so short and interleaved that the tiles would be a few rows each): a
+/// packed batch of contiguous sequences never does (at most N/256 x M/256 + N/256 + M/256 + S pairs).
+std::optional<Packing> pack(const ScoreModifier::DocumentIds& ids, std::int64_t n, std::int64_t m) {
+  if (n == 0 || m == 0) return std::nullopt;
+  Packing p;
+  std::vector<float> q_id, k_id;
+  auto runs = [](const float* x, std::int64_t stride, std::int64_t len, std::vector<std::int64_t>& starts, std::vector<float>& id) {
+    starts.clear();
+    for (std::int64_t i = 0; i < len; ++i) {
+      const float v = x[i * stride];
+      if (i == 0 || !(v == id.back() || (std::isnan(v) && std::isnan(id.back())))) {
+        starts.push_back(i);
+        id.push_back(v);
+      }
+    }
+    starts.push_back(len);
+  };
+  runs(ids.q, ids.q_stride, n, p.q, q_id);
+  runs(ids.k, ids.k_stride, m, p.k, k_id);
+  // Runs of one id meet (a NaN id meets none): both sides' runs sorted by id, then merged.
+  auto by_id = [](const std::vector<float>& id) {
+    std::vector<std::int32_t> order;
+    for (std::size_t r = 0; r < id.size(); ++r)
+      if (!std::isnan(id[r])) order.push_back(static_cast<std::int32_t>(r));
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::int32_t x, std::int32_t y) { return id[static_cast<std::size_t>(x)] < id[static_cast<std::size_t>(y)]; });
+    return order;
+  };
+  const std::vector<std::int32_t> qs = by_id(q_id), ks = by_id(k_id);
+  p.keys_of.assign(q_id.size(), {});
+  p.queries_of.assign(k_id.size(), {});
+  for (std::size_t a = 0, c = 0; a < qs.size();) {
+    const float id = q_id[static_cast<std::size_t>(qs[a])];
+    while (c < ks.size() && k_id[static_cast<std::size_t>(ks[c])] < id) ++c;
+    std::size_t c_end = c;
+    while (c_end < ks.size() && k_id[static_cast<std::size_t>(ks[c_end])] == id) ++c_end;
+    std::size_t a_end = a;
+    for (; a_end < qs.size() && q_id[static_cast<std::size_t>(qs[a_end])] == id; ++a_end)
+      p.keys_of[static_cast<std::size_t>(qs[a_end])].assign(ks.begin() + static_cast<std::ptrdiff_t>(c),
+                                                            ks.begin() + static_cast<std::ptrdiff_t>(c_end));
+    for (std::size_t e = c; e < c_end; ++e)
+      p.queries_of[static_cast<std::size_t>(ks[e])].assign(qs.begin() + static_cast<std::ptrdiff_t>(a),
+                                                           qs.begin() + static_cast<std::ptrdiff_t>(a_end));
+    a = a_end;
+    c = c_end;
+  }
+  auto tiles = [](std::int64_t len, std::int64_t block) { return (len + block - 1) / block; };
+  std::int64_t pairs = 0;
+  for (std::int32_t r = 0; r < p.query_runs(); ++r)
+    for (std::int32_t kr : p.keys_of[static_cast<std::size_t>(r)])
+      pairs += tiles(p.q[static_cast<std::size_t>(r) + 1] - p.q[static_cast<std::size_t>(r)], kQueryBlock) *
+               tiles(p.k[static_cast<std::size_t>(kr) + 1] - p.k[static_cast<std::size_t>(kr)], kKeyBlock);
+  if (pairs > 3 * tiles(n, kQueryBlock) * tiles(m, kKeyBlock) + p.query_runs()) return std::nullopt;
+  return p;
+}
+
+/// A tile of one batch entry's rows: queries (or keys) [first, first + count) of entry b.
+struct Tile {
+  std::int64_t b, first, count;
+};
+
 /// The masked scores of one attention, tile by tile, over the batch dims `batch` of the
 /// kernel's output.
 class Scores {
@@ -153,6 +240,20 @@ class Scores {
   Scores(const ScoreArgs& a, const ir::Shape& batch)
       : a_(a), batch_(batch), n_(a.q.shape.back(1)), m_(a.k.shape.back(1)), d_(a.q.shape.back(0)), qs_(batch_strides(a.q.shape, batch, n_ * d_)),
         ks_(batch_strides(a.k.shape, batch, m_ * d_)), shift_(a.align == ir::CausalAlign::bottom_right ? m_ - n_ : 0) {
+    packings_.push_back(Packing{{0, n_}, {0, m_}, {{0}}, {{0}}});
+    if (a.mod && a.mod->document_ids(0)) {  // packed sequences: each batch entry's runs, once per distinct ids
+      std::map<std::pair<const float*, const float*>, std::int32_t> seen;
+      for (std::int64_t b = 0; b < batches(); ++b) {
+        const ScoreModifier::DocumentIds ids = *a.mod->document_ids(b);
+        auto [at, fresh] = seen.try_emplace({ids.q, ids.k}, 0);
+        if (fresh)
+          if (std::optional<Packing> p = pack(ids, n_, m_)) {
+            at->second = static_cast<std::int32_t>(packings_.size());
+            packings_.push_back(std::move(*p));
+          }
+        packing_of_.push_back(at->second);
+      }
+    }
     if (!a.mask) return;
     ir::Shape scores = batch;
     scores.push_back(n_);
@@ -262,10 +363,23 @@ class Scores {
     a_.tiles->skipped += total - computed;
   }
 
+  /// Batch entry b's runs of packed sequences (one of all its queries and keys when unpacked).
+  const Packing& packing(std::int64_t b) const {
+    return packings_[packing_of_.empty() ? 0 : static_cast<std::size_t>(packing_of_[static_cast<std::size_t>(b)])];
+  }
+
+  /// Every batch entry's query tiles of `block` rows at most, entry by entry: each run of
+  /// packed sequences tiled from its first query (Packing).
+  std::vector<Tile> query_tiles(std::int64_t block) const { return tiles(block, &Packing::q); }
+  /// Every batch entry's key tiles of kKeyBlock keys at most, likewise.
+  std::vector<Tile> key_tiles() const { return tiles(kKeyBlock, &Packing::k); }
+
   /// f(j0, cols) for each key tile of queries [i0, i0 + rows) of batch entry b that is not masked
   /// whole: the causal key range and the modifier's tiles skipped when `skip` (the operands the
   /// masked zeros would meet are finite), every key otherwise. Counts the scores; f may return
-  /// how many of the tile's it left out itself (each_slice).
+  /// how many of the tile's it left out itself (each_slice). The queries lie in one run of
+  /// packed sequences; the keys of other sequences are left out at once when `skip` (the
+  /// document mask drops them), the tiles of each sequence start at its first key.
   template <class F> void each_key_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, bool skip, F f) const {
     each_key_tile(b, i0, rows, skip, 0, m_, f);
   }
@@ -276,14 +390,30 @@ class Scores {
     if (!may_leave_out(b, end, m_)) end = m_;
     begin = std::max(begin, lo);
     end = std::min(end, hi);
+    const Packing& p = packing(b);
     std::int64_t computed = 0;
-    for (std::int64_t j0 = begin; j0 < end; j0 += kKeyBlock) {
-      const std::int64_t cols = std::min(kKeyBlock, end - j0);
-      if (skip && tile_masked(b, i0, rows, j0, cols) && may_leave_out(b, j0, j0 + cols)) continue;
-      computed += rows * cols;
-      if constexpr (std::is_void_v<decltype(f(j0, cols))>) f(j0, cols);
-      else computed -= f(j0, cols);
+    auto run = [&](std::int32_t r) {  // key run r's tiles within [begin, end), from its first key
+      const std::int64_t first = std::max(p.k[static_cast<std::size_t>(r)], begin), last = std::min(p.k[static_cast<std::size_t>(r) + 1], end);
+      for (std::int64_t j0 = first; j0 < last; j0 += kKeyBlock) {
+        const std::int64_t cols = std::min(kKeyBlock, last - j0);
+        if (skip && tile_masked(b, i0, rows, j0, cols) && may_leave_out(b, j0, j0 + cols)) continue;
+        computed += rows * cols;
+        if constexpr (std::is_void_v<decltype(f(j0, cols))>) f(j0, cols);
+        else computed -= f(j0, cols);
+      }
+    };
+    auto others = [&](std::int32_t from, std::int32_t to) {  // key runs [from, to), of other sequences
+      const std::int64_t first = std::max(p.k[static_cast<std::size_t>(from)], begin), last = std::min(p.k[static_cast<std::size_t>(to)], end);
+      if (first >= last || (skip && may_leave_out(b, first, last))) return;
+      for (std::int32_t r = from; r < to; ++r) run(r);
+    };
+    std::int32_t next = 0;
+    for (std::int32_t r : p.keys_of[static_cast<std::size_t>(p.query_run(i0))]) {
+      others(next, r);
+      run(r);
+      next = r + 1;
     }
+    others(next, static_cast<std::int32_t>(p.key_runs()));
     count_tiles(rows * (hi - lo), computed);
   }
 
@@ -325,17 +455,33 @@ class Scores {
     return left_out;
   }
 
-  /// f(i0, rows) for each query tile of keys [j0, j0 + cols), likewise.
+  /// f(i0, rows) for each query tile of keys [j0, j0 + cols), likewise (the keys in one run,
+  /// the queries of other sequences left out at once when `skip`).
   template <class F> void each_query_tile(std::int64_t b, std::int64_t j0, std::int64_t cols, bool skip, F f) const {
     const auto [begin, end] = skip ? queries_for(j0, cols) : std::pair<std::int64_t, std::int64_t>{0, n_};
     const std::int64_t qb = query_block();
+    const Packing& p = packing(b);
     std::int64_t computed = 0;
-    for (std::int64_t i0 = begin; i0 < end; i0 += qb) {
-      const std::int64_t rows = std::min(qb, end - i0);
-      if (skip && tile_masked(b, i0, rows, j0, cols)) continue;
-      computed += rows * cols;
-      f(i0, rows);
+    auto run = [&](std::int32_t r) {  // query run r's tiles within [begin, end), from its first query
+      const std::int64_t first = std::max(p.q[static_cast<std::size_t>(r)], begin), last = std::min(p.q[static_cast<std::size_t>(r) + 1], end);
+      for (std::int64_t i0 = first; i0 < last; i0 += qb) {
+        const std::int64_t rows = std::min(qb, last - i0);
+        if (skip && tile_masked(b, i0, rows, j0, cols)) continue;
+        computed += rows * cols;
+        f(i0, rows);
+      }
+    };
+    std::int32_t next = 0;
+    auto others = [&](std::int32_t to) {  // query runs [next, to), of other sequences
+      if (!skip)
+        for (std::int32_t r = next; r < to; ++r) run(r);
+    };
+    for (std::int32_t r : p.queries_of[static_cast<std::size_t>(p.key_run(j0))]) {
+      others(r);
+      run(r);
+      next = r + 1;
     }
+    others(static_cast<std::int32_t>(p.query_runs()));
     count_tiles(cols * n_, computed);
   }
 
@@ -403,6 +549,18 @@ class Scores {
   std::uint32_t threshold_ = ir::dropout_threshold(a_.dropout);
   float keep_ = static_cast<float>(ir::dropout_keep_value(a_.dropout));
   const FiniteValues* finite_ = nullptr;
+  std::vector<Packing> packings_;         // the unpacked runs, then each distinct packing
+  std::vector<std::int32_t> packing_of_;  // by batch entry: its packing (empty: every entry the unpacked runs)
+
+  std::vector<Tile> tiles(std::int64_t block, std::vector<std::int64_t> Packing::*starts) const {
+    std::vector<Tile> out;
+    for (std::int64_t b = 0; b < batches(); ++b) {
+      const std::vector<std::int64_t>& runs = packing(b).*starts;
+      for (std::size_t r = 0; r + 1 < runs.size(); ++r)
+        for (std::int64_t first = runs[r]; first < runs[r + 1]; first += block) out.push_back({b, first, std::min(block, runs[r + 1] - first)});
+    }
+    return out;
+  }
 };
 
 /// row[j] *= z[j] for j < n: the cpu's own mul row kernel.
@@ -413,8 +571,6 @@ float* dropout_buffer() {
   thread_local std::vector<float> z(static_cast<std::size_t>(kKeyBlock));
   return z.data();
 }
-
-std::int64_t blocks_of(std::int64_t n, std::int64_t block) { return (n + block - 1) / block; }
 
 /// p = exp(s - lse) over a row of scores, 0 where s = -inf (a masked key) whatever lse is.
 void probabilities(float* row, std::int64_t cols, float lse) {
@@ -627,7 +783,6 @@ void attention(const AttentionArgs& a) {
   const std::int64_t n = sc.n(), dv = os.back(0), m = sc.m();
   const std::int64_t batches = sc.batches();
   const Strides vs = batch_strides(a.v.shape, sc.batch(), m * dv);
-  const std::int64_t qb = kQueryBlock, blocks = blocks_of(n, qb);
   // Masked keys are left out where their values are finite (FiniteValues): a key tile whose
   // values hold a NaN or an infinity is computed, its zero weights meeting them as the meaning does.
   const FiniteValues finite(a.v, sc.batch(), vs, m, dv, batches);
@@ -636,64 +791,112 @@ void attention(const AttentionArgs& a) {
   const SinkLogits sinks(a.s.sink, sc.batch(), n);
   // An f16 or bf16 output accumulates in f32 and is rounded once at the end.
   const bool f32_out = a.out.stored == DType::f32;
-  const std::int64_t splits = key_splits(n, m);
-  if (splits == 1) {
-    ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
-      thread_local std::vector<float> m_buf, l_buf, o_buf;
-      const std::int64_t b = task / blocks, i0 = (task % blocks) * qb, rows = std::min(qb, n - i0);
-      if (!f32_out) o_buf.resize(static_cast<std::size_t>(rows * dv));
-      m_buf.resize(static_cast<std::size_t>(rows));
-      l_buf.resize(static_cast<std::size_t>(rows));
-      float* o = f32_out ? a.out.data + b * n * dv + i0 * dv : o_buf.data();
-      attend_keys(a, sc, vs, skip, b, i0, rows, 0, m, o, m_buf.data(), l_buf.data());
-      finish_rows(a, sinks, b, i0, rows, o, m_buf.data(), l_buf.data());
-    });
-    return;
+  // Each query tile's keys [lo, hi): all of them, or, split-KV (flash-decoding) for few queries
+  // against many keys, chunks of kSplitKeys keys from each of its sequence's runs of keys, each
+  // into its own partial max, sum and o, merged once every chunk is done. The chunks are a
+  // function of one sequence's queries and keys alone, never of the batch or the threads.
+  struct Work {
+    Tile rows;
+    std::int64_t lo, hi;
+    std::int64_t part;  // its partial's index, or -1: the tile whole, finished at once
+  };
+  struct Split {
+    Tile rows;
+    std::int64_t first, parts;  // its partials
+  };
+  std::vector<Work> work;
+  std::vector<Split> splits;
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> chunks;  // per split: its keys' chunks
+  for (const Tile& t : sc.query_tiles(kQueryBlock)) {
+    const Packing& p = sc.packing(t.b);
+    const std::vector<std::int32_t>& runs = p.keys_of[static_cast<std::size_t>(p.query_run(t.first))];
+    std::int64_t keys = 0;
+    for (std::int32_t r : runs) keys += p.k[static_cast<std::size_t>(r) + 1] - p.k[static_cast<std::size_t>(r)];
+    // The other sequences' keys must be left out for the chunks to cover only its own.
+    bool alone = true;
+    for (std::size_t e = 0, next = 0; alone && e <= runs.size(); ++e) {
+      const std::int64_t from = p.k[next], to = e < runs.size() ? p.k[static_cast<std::size_t>(runs[e])] : m;
+      alone = from >= to || (skip && sc.may_leave_out(t.b, from, to));
+      if (e < runs.size()) next = static_cast<std::size_t>(runs[e]) + 1;
+    }
+    if (!alone || key_splits(t.count, keys) == 1) {
+      work.push_back({t, 0, m, -1});
+      continue;
+    }
+    std::vector<std::pair<std::int64_t, std::int64_t>> parts;
+    for (std::int32_t r : runs)
+      for (std::int64_t lo = p.k[static_cast<std::size_t>(r)], hi = p.k[static_cast<std::size_t>(r) + 1]; lo < hi; lo += kSplitKeys)
+        parts.emplace_back(lo, std::min(hi, lo + kSplitKeys));
+    splits.push_back({t, 0, static_cast<std::int64_t>(parts.size())});
+    chunks.push_back(std::move(parts));
   }
-  // Split-KV (flash-decoding): few queries against many keys. Each task takes one chunk of
-  // kSplitKeys keys of one batch entry's queries (n <= kSplitQueries: one block), into its own
-  // partial max, sum and o; then each batch entry's partials are merged, rescaled to their
-  // common max. The chunks are a function of N and M alone, not of the batch or the threads.
-  const std::int64_t part = n * (dv + 2);  // floats of one partial: o, then top, then l
-  const std::unique_ptr<float[]> partials(new float[static_cast<std::size_t>(batches * splits * part)]);  // each task writes its own
-  ThreadPool::global().parallel_for(batches * splits, [&](std::int64_t task) {
-    // Part-major: consecutive tasks take the same keys of consecutive batch entries, so query
-    // heads that share a key/value head (grouped-query attention, k and v broadcast) read its
-    // part while another has it in cache.
-    const std::int64_t b = task % batches, split = task / batches, lo = split * kSplitKeys, hi = std::min(m, lo + kSplitKeys);
-    float* p = partials.get() + (b * splits + split) * part;
-    attend_keys(a, sc, vs, skip, b, 0, n, lo, hi, p, p + n * dv, p + n * dv + n);
-  });
-  ThreadPool::global().parallel_for(batches, [&](std::int64_t b) {
+  // Chunk-major: consecutive tasks take the same keys of consecutive batch entries, so query
+  // heads that share a key/value head (grouped-query attention, k and v broadcast) read its
+  // chunk while another has it in cache.
+  std::int64_t partial_rows = 0;
+  for (Split& sp : splits) {
+    sp.first = partial_rows;
+    partial_rows += sp.parts * sp.rows.count;
+  }
+  for (std::size_t c = 0, more = 1; more; ++c) {
+    more = 0;
+    for (std::size_t e = 0; e < splits.size(); ++e)
+      if (c < chunks[e].size()) {
+        const auto [lo, hi] = chunks[e][c];
+        work.push_back({splits[e].rows, lo, hi, splits[e].first + static_cast<std::int64_t>(c) * splits[e].rows.count});
+        more = 1;
+      }
+  }
+  // A partial row is o (Dv floats), then its max and sum.
+  const std::unique_ptr<float[]> partials(new float[static_cast<std::size_t>(partial_rows * (dv + 2))]);  // each task writes its own
+  ThreadPool::global().parallel_for(static_cast<std::int64_t>(work.size()), [&](std::int64_t task) {
+    const Work& w = work[static_cast<std::size_t>(task)];
+    const std::int64_t b = w.rows.b, i0 = w.rows.first, rows = w.rows.count;
+    if (w.part >= 0) {
+      float* p = partials.get() + w.part * (dv + 2);
+      attend_keys(a, sc, vs, skip, b, i0, rows, w.lo, w.hi, p, p + rows * dv, p + rows * dv + rows);
+      return;
+    }
     thread_local std::vector<float> m_buf, l_buf, o_buf;
-    m_buf.resize(static_cast<std::size_t>(n));
-    l_buf.resize(static_cast<std::size_t>(n));
-    if (!f32_out) o_buf.resize(static_cast<std::size_t>(n * dv));
-    float* o = f32_out ? a.out.data + b * n * dv : o_buf.data();
-    const float* first = partials.get() + b * splits * part;
-    for (std::int64_t i = 0; i < n; ++i) {
+    if (!f32_out) o_buf.resize(static_cast<std::size_t>(rows * dv));
+    m_buf.resize(static_cast<std::size_t>(rows));
+    l_buf.resize(static_cast<std::size_t>(rows));
+    float* o = f32_out ? a.out.data + b * n * dv + i0 * dv : o_buf.data();
+    attend_keys(a, sc, vs, skip, b, i0, rows, w.lo, w.hi, o, m_buf.data(), l_buf.data());
+    finish_rows(a, sinks, b, i0, rows, o, m_buf.data(), l_buf.data());
+  });
+  ThreadPool::global().parallel_for(static_cast<std::int64_t>(splits.size()), [&](std::int64_t e) {
+    const Split& sp = splits[static_cast<std::size_t>(e)];
+    const std::int64_t b = sp.rows.b, i0 = sp.rows.first, rows = sp.rows.count, part = rows * (dv + 2);
+    thread_local std::vector<float> m_buf, l_buf, o_buf;
+    m_buf.resize(static_cast<std::size_t>(rows));
+    l_buf.resize(static_cast<std::size_t>(rows));
+    if (!f32_out) o_buf.resize(static_cast<std::size_t>(rows * dv));
+    float* o = f32_out ? a.out.data + b * n * dv + i0 * dv : o_buf.data();
+    const float* first = partials.get() + sp.first * (dv + 2);
+    for (std::int64_t i = 0; i < rows; ++i) {
       // The common max (NaN if any part's is); each part's weight exp(m_s - max), 0 for a part
       // with no key (its o, a sum of zero weights times v, is zeros, or NaN where v held one,
       // which 0 keeps: as the unsplit kernel gives).
       float top = kNegInf;
-      for (std::int64_t s = 0; s < splits; ++s) {
-        const float ms = first[s * part + n * dv + i];
+      for (std::int64_t s = 0; s < sp.parts; ++s) {
+        const float ms = first[s * part + rows * dv + i];
         top = std::isnan(ms) || std::isnan(top) ? std::numeric_limits<float>::quiet_NaN() : std::max(top, ms);
       }
       float* oi = o + i * dv;
       std::fill_n(oi, dv, 0.0f);
       float sum = 0.0f;
-      for (std::int64_t s = 0; s < splits; ++s) {
+      for (std::int64_t s = 0; s < sp.parts; ++s) {
         const float* ps = first + s * part;
-        const float ms = ps[n * dv + i];
+        const float ms = ps[rows * dv + i];
         const float w = ms == kNegInf ? 0.0f : std::exp(ms - top);
-        sum += w * ps[n * dv + n + i];
+        sum += w * ps[rows * dv + rows + i];
         for (std::int64_t d = 0; d < dv; ++d) oi[d] += w * ps[i * dv + d];
       }
       m_buf[static_cast<std::size_t>(i)] = top;
       l_buf[static_cast<std::size_t>(i)] = sum;
     }
-    finish_rows(a, sinks, b, 0, n, o, m_buf.data(), l_buf.data());
+    finish_rows(a, sinks, b, i0, rows, o, m_buf.data(), l_buf.data());
   });
 }
 
@@ -714,10 +917,12 @@ void attention_jvp(const AttentionJvpArgs& args) {
   const bool zero_q = zero(args.tq), zero_k = zero(args.tk), zero_v = zero(args.tv);
   const bool skip = sc.may_skip() && (zero_v || all_finite(args.tv, 0, args.tv.shape.numel()));
   const SinkLogits sinks(a.s.sink, sc.batch(), n);
-  const std::int64_t qb = kQueryBlock, blocks = blocks_of(n, qb), unit = tile_gemm_columns();
-  ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
+  const std::int64_t unit = tile_gemm_columns();
+  const std::vector<Tile> tiles = sc.query_tiles(kQueryBlock);
+  ThreadPool::global().parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t task) {
     thread_local std::vector<float> sums;  // o and t (rows x dv each), then the max, l and mu per row
-    const std::int64_t b = task / blocks, i0 = (task % blocks) * qb, rows = std::min(qb, n - i0);
+    const Tile& tile = tiles[static_cast<std::size_t>(task)];
+    const std::int64_t b = tile.b, i0 = tile.first, rows = tile.count;
     sums.assign(static_cast<std::size_t>(rows * (2 * dv + 3)), 0.0f);
     float *o = sums.data(), *t = o + rows * dv, *top = t + rows * dv, *l = top + rows, *mu = l + rows;
     std::fill_n(top, rows, kNegInf);
@@ -798,14 +1003,15 @@ void attention_lse(const ScoreArgs& args, View out) {
   const Scores sc(args, batch_of(out.shape));
   QKV_ASSERT(out.stored == DType::f32, "the log-sum-exp is written in f32");
   const SinkLogits sinks(args.sink, sc.batch(), sc.n());
-  const std::int64_t n = sc.n(), qb = kQueryBlock, blocks = blocks_of(n, qb);
+  const std::int64_t n = sc.n();
+  const std::vector<Tile> tiles = sc.query_tiles(kQueryBlock);
   // Masked keys add exp(-inf) = 0 whatever the operands hold, so skipping their blocks is exact.
-  ThreadPool::global().parallel_for(sc.batches() * blocks, [&](std::int64_t task) {
+  ThreadPool::global().parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t task) {
     thread_local std::vector<float> mx;
     thread_local std::vector<double> sum;
     float* s = tile_buffers().first;
-    const std::int64_t b = task / blocks, i0 = (task % blocks) * qb;
-    const std::int64_t rows = std::min(qb, n - i0);
+    const std::int64_t b = tiles[static_cast<std::size_t>(task)].b, i0 = tiles[static_cast<std::size_t>(task)].first;
+    const std::int64_t rows = tiles[static_cast<std::size_t>(task)].count;
     float* lse = out.data + b * n + i0;
     mx.assign(static_cast<std::size_t>(rows), kNegInf);
     sum.assign(static_cast<std::size_t>(rows), 0.0);
@@ -855,11 +1061,11 @@ void attention_grad(const AttentionGradArgs& a) {
 
   if (a.wrt == 0) {
     // dq: per query block, over its key blocks.
-    const std::int64_t qb = sc.query_block(), blocks = blocks_of(n, qb);
-    ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
+    const std::vector<Tile> tiles = sc.query_tiles(sc.query_block());
+    ThreadPool::global().parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t task) {
       const auto [p, ds] = tile_buffers();
-      const std::int64_t b = task / blocks, i0 = (task % blocks) * qb;
-      const std::int64_t rows = std::min(qb, n - i0);
+      const std::int64_t b = tiles[static_cast<std::size_t>(task)].b, i0 = tiles[static_cast<std::size_t>(task)].first;
+      const std::int64_t rows = tiles[static_cast<std::size_t>(task)].count;
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_rows(b, i0, rows);
       const std::int64_t dq_at = b * n * d + i0 * d;
       float* dq = accumulator(a.out, dq_at, rows * d, 0);
@@ -873,11 +1079,12 @@ void attention_grad(const AttentionGradArgs& a) {
   }
 
   // dk or dv: per key block, over its query blocks.
-  const std::int64_t blocks = blocks_of(m, kKeyBlock), width = a.wrt == 1 ? d : dv;
-  ThreadPool::global().parallel_for(batches * blocks, [&](std::int64_t task) {
+  const std::int64_t width = a.wrt == 1 ? d : dv;
+  const std::vector<Tile> tiles = sc.key_tiles();
+  ThreadPool::global().parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t task) {
     const auto [p, ds_tile] = tile_buffers();
-    const std::int64_t b = task / blocks, j0 = (task % blocks) * kKeyBlock;
-    const std::int64_t cols = std::min(kKeyBlock, m - j0);
+    const std::int64_t b = tiles[static_cast<std::size_t>(task)].b, j0 = tiles[static_cast<std::size_t>(task)].first;
+    const std::int64_t cols = tiles[static_cast<std::size_t>(task)].count;
     const std::int64_t acc_at = b * m * width + j0 * width;
     float* acc = accumulator(a.out, acc_at, cols * width, 0);
     const KeyTile tile = key_tile(sc, b, j0, cols, a.v, v_at(b), dv);
@@ -910,20 +1117,22 @@ void attention_grads(const AttentionGradArgs& a, const View* dq, const View* dk,
     float* dv_b = dv ? accumulator(*dv, b * m * dvw, m * dvw, 2) : nullptr;
     // Skipping masked blocks is exact only while no NaN or inf meets a masked zero (see attention).
     const bool skip = !sc.may_skip() || backward_may_skip(sc, b, a.v, v_at, dvw, a.dy, delta_b);
-    for (std::int64_t j0 = 0; j0 < m; j0 += kKeyBlock) {
-      const std::int64_t cols = std::min(kKeyBlock, m - j0);
-      const KeyTile tile = key_tile(sc, b, j0, cols, a.v, v_at, dvw);
-      sc.each_query_tile(b, j0, cols, skip, [&](std::int64_t i0, std::int64_t rows) {
-        const float* dy = f32_rows(a.dy, b * n * dvw + i0 * dvw, rows, dvw, 4);  // q, k, v and dy may be f16 or bf16: widened per tile
-        float* ds = dq_b || dk_b ? ds_tile : nullptr;
-        backward_tile(sc, b, i0, rows, j0, cols, tile, dy, dvw, lse_b + i0, delta_b + i0, p, ds);
-        if (dv_b) tile_gemm(true, cols, dvw, rows, 1.0f, p, kKeyBlock, dy, dvw, true, dv_b + j0 * dvw, dvw);  // dv += pT dy
-        if (!ds) return;
-        // dk += dsT q * scale; dq += ds k * scale
-        if (dk_b) tile_gemm(true, cols, d, rows, sc.scale(), ds, kKeyBlock, sc.queries(b, i0, rows), d, true, dk_b + j0 * d, d);
-        if (dq_b) tile_gemm(false, rows, d, cols, sc.scale(), ds, kKeyBlock, sc.key_rows(b, j0, cols), d, true, dq_b + i0 * d, d);
-      });
-    }
+    const std::vector<std::int64_t>& runs = sc.packing(b).k;  // key tiles from each run's first key
+    for (std::size_t r = 0; r + 1 < runs.size(); ++r)
+      for (std::int64_t j0 = runs[r]; j0 < runs[r + 1]; j0 += kKeyBlock) {
+        const std::int64_t cols = std::min(kKeyBlock, runs[r + 1] - j0);
+        const KeyTile tile = key_tile(sc, b, j0, cols, a.v, v_at, dvw);
+        sc.each_query_tile(b, j0, cols, skip, [&](std::int64_t i0, std::int64_t rows) {
+          const float* dy = f32_rows(a.dy, b * n * dvw + i0 * dvw, rows, dvw, 4);  // q, k, v and dy may be f16 or bf16: widened per tile
+          float* ds = dq_b || dk_b ? ds_tile : nullptr;
+          backward_tile(sc, b, i0, rows, j0, cols, tile, dy, dvw, lse_b + i0, delta_b + i0, p, ds);
+          if (dv_b) tile_gemm(true, cols, dvw, rows, 1.0f, p, kKeyBlock, dy, dvw, true, dv_b + j0 * dvw, dvw);  // dv += pT dy
+          if (!ds) return;
+          // dk += dsT q * scale; dq += ds k * scale
+          if (dk_b) tile_gemm(true, cols, d, rows, sc.scale(), ds, kKeyBlock, sc.queries(b, i0, rows), d, true, dk_b + j0 * d, d);
+          if (dq_b) tile_gemm(false, rows, d, cols, sc.scale(), ds, kKeyBlock, sc.key_rows(b, j0, cols), d, true, dq_b + i0 * d, d);
+        });
+      }
     if (dq_b) settle(*dq, b * n * d, n * d, dq_b);
     if (dk_b) settle(*dk, b * m * d, m * d, dk_b);
     if (dv_b) settle(*dv, b * m * dvw, m * dvw, dv_b);

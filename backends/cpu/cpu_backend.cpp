@@ -611,8 +611,8 @@ class CpuBackend final : public Backend {
   bool supports(const Node& n) const override { return cpu_supports(n); }
   std::string determinism() const override {
     return "every kernel: the same bits every run and at any thread count (work split by data, each task writing its own outputs), "
-           "and a sequence's the same alone or anywhere in a batch; not dropout's masks (keyed by the position in the batch) nor "
-           "packed varlen batches (tiles at packed offsets)";
+           "and a sequence's the same alone or anywhere in a batch, a packed (varlen) batch's too (tiles from each sequence's start); "
+           "not dropout's masks (keyed by the position in the batch)";
   }
   ir::StoragePlan storage_plan(const ir::Graph& g) const override { return cpu_storage_plan(g); }
   std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes) const override {
@@ -622,6 +622,17 @@ class CpuBackend final : public Backend {
     // plan cannot give the pair apart storage they run apart, and this forward may split).
     if (static_cast<std::size_t>(v) + 1 < g.size() && ir::is_tangent_of(g.nodes()[static_cast<std::size_t>(v) + 1], node)) return {};
     const std::int64_t n = shapes[static_cast<std::size_t>(node.inputs[0])].back(1), m = shapes[static_cast<std::size_t>(node.inputs[1])].back(1);
+    if (node.op == Op::flex_attention && m > cpu::kSplitKeys) {  // packed sequences: split by each one's own keys
+      std::vector<std::pair<bool, bool>> varies;                 // each modifier tensor: along the queries, along the keys
+      for (std::size_t k = 0; k < ir::modifier_tensor_count(node.op, node.attrs, node.inputs.size()); ++k) {
+        const ir::Shape& t = shapes[static_cast<std::size_t>(node.inputs[ir::fixed_operands(node.op) + k])];
+        varies.emplace_back(t.rank >= 2 && t.back(1) != 1, t.rank >= 1 && t.back(0) != 1);
+      }
+      if (cpu::document_mask_tensors(*node.region, varies).first >= 0)
+        return "split-KV by packed sequence: a sequence with 1 to " + std::to_string(cpu::kSplitQueries) + " queries and more than " +
+               std::to_string(cpu::kSplitKeys) + " keys (its document ids say which) has its keys in parts of " + std::to_string(cpu::kSplitKeys) +
+               " from its first (a task each), merged by their log-sum-exp";
+    }
     const std::int64_t parts = cpu::key_splits(n, m);
     if (parts == 1) return {};
     return "split-KV: " + std::to_string(n) + (n == 1 ? " query" : " queries") + " against " + std::to_string(m) + " keys, in " +

@@ -2,6 +2,7 @@
 // of a score tile, one op at a time over the whole row so that each op is a vector loop.
 #pragma once
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -10,6 +11,11 @@
 #include "ir/region.hpp"
 
 namespace qkv::backend::cpu {
+
+/// The tensors (i of t_i) of a document mask in `region` (see ScoreModifier::document_ids), given
+/// whether each tensor varies along the scores' queries and along their keys: {-1, -1} when it
+/// has none.
+std::pair<int, int> document_mask_tensors(const ir::Graph& region, const std::vector<std::pair<bool, bool>>& varies);
 
 class ScoreModifier {
  public:
@@ -48,6 +54,21 @@ class ScoreModifier {
   /// Whether masks_tile can ever be true (the region has a -inf branch).
   bool may_mask_tiles() const { return masks_; }
 
+  /// A document mask's ids, batch entry b's: query i's at q[i * q_stride], key j's at
+  /// k[j * k_stride] (see document_ids).
+  struct DocumentIds {
+    const float* q;
+    std::int64_t q_stride;
+    const float* k;
+    std::int64_t k_stride;
+  };
+  /// The ids of a document mask in the region, when it has one: `equal(a, b)` of a tensor a laid
+  /// out along the queries and a tensor b along the keys, neither read anywhere else, whose
+  /// inequality makes the result -inf whatever the other inputs are (proved once by interval
+  /// arithmetic with a and b held apart). varlen's sequence numbers and document_mask's ids are
+  /// such a mask: a query keeps no key of another id, a NaN id's included.
+  std::optional<DocumentIds> document_ids(std::int64_t b) const;
+
  private:
   /// One node of the program: an input (loaded per row), a constant or an elementwise op on
   /// earlier registers (one register per node).
@@ -83,7 +104,8 @@ class ScoreModifier {
   std::vector<Step> steps_;
   std::vector<Operand> tensors_;
   ir::Shape batch_;
-  int mod_ = -1, dmod_ = -1;  // result registers
+  int mod_ = -1, dmod_ = -1;     // result registers
+  int doc_q_ = -1, doc_k_ = -1;  // the document mask's tensors (document_ids), or -1
 };
 
 }  // namespace qkv::backend::cpu

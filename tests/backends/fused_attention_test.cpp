@@ -447,9 +447,8 @@ std::vector<std::pair<std::string, ir::Graph>> prefix_and_padding_models() {
 
 /// The cpu kernels skip tiles a modifier masks whole (interval arithmetic over the region, from
 /// the tile's positions and ids), forward and backward, and say so: packed documents of 128
-/// tokens at N = 512 leave half the forward's tiles (256 queries x 256 keys) per head, and the
-/// tiles on the diagonal run as 16-row slices over their own document's keys, so 3/4 of the
-/// scores are skipped; causality written as a mask_mod skips the tiles above the diagonal and
+/// tokens at N = 512 are tiled document by document (tiles of 128 queries by 128 keys), each
+/// query tile over its own document's keys, so 3/4 of the scores are skipped; causality written as a mask_mod skips the tiles above the diagonal and
 /// most of the triangle in the tiles on it. A NaN in v behind a masked tile still gives NaN, as
 /// the meaning does: that key tile is computed.
 TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
@@ -477,8 +476,9 @@ TEST(FusedAttention, CpuSkipsTilesTheModifierMasksWhole) {
     testing::expect_equivalent(forward, in, "cpu");
     EXPECT_TRUE(std::isnan(exe->run(in).at("out").at(2)));
     EXPECT_EQ(exe->tile_counts()[0].skipped, n * n * 3 / 8 + n * n * 3 / 4);
-    // Head 0's slices of keys 0-255 and head 1's lie inside one document; the rest is masked.
-    EXPECT_EQ(exe->tile_counts()[0].unmasked, n * n / 8 + n * n / 4);
+    // The tiles start at each document's first query and key (the ids are runs of packed
+    // sequences): each head's four document tiles lie inside it; the rest is masked.
+    EXPECT_EQ(exe->tile_counts()[0].unmasked, n * n / 4 + n * n / 4);
   }
   // Forward and backward: every kernel skips.
   ir::Graph g = ir::build_backward(forward, {"", {"q"}, {"out"}});

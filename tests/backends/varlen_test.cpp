@@ -3,10 +3,12 @@
 // within each sequence; fused on cpu and vulkan with tiles of other sequences skipped.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 
 #include "backends/reference/reference_backend.hpp"
 #include "dsl/dsl.hpp"
+#include "ir/bind.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/printer.hpp"
 #include "tests/support/backend_fixture.hpp"
@@ -148,6 +150,110 @@ TEST(VarlenCpu, SkipsTheTilesOfOtherSequences) {
   for (std::int64_t l : lengths) alone += 2 * l * (l + 1) / 2;
   EXPECT_EQ(counts[0].computed + counts[0].skipped, 2 * n * n);
   EXPECT_LT(counts[0].computed, 2 * alone) << "computed " << counts[0].computed << " of " << 2 * n * n << " scores";
+}
+
+/// x [H, R, D] tensors' rows concatenated along R, in f32.
+Tensor concat_rows(const std::vector<Tensor>& parts) {
+  const std::int64_t h = parts.front().shape()[0], d = parts.front().shape()[2];
+  std::int64_t r = 0;
+  for (const Tensor& t : parts) r += t.shape()[1];
+  Tensor out = Tensor::uninitialized(DType::f32, {h, r, d});
+  for (std::int64_t i = 0, at = 0; i < h; ++i)
+    for (const Tensor& t : parts) {
+      const std::int64_t n = t.shape()[1] * d;
+      std::copy_n(t.to(DType::f32).data<float>() + i * n, n, out.data<float>() + at);
+      at += n;
+    }
+  return out;
+}
+
+// Batch invariance of packed batches (docs/backends.md, "Determinism"): a sequence's rows of the
+// output, of the gradients and of forward mode's tangent are the same bits alone (a packed batch
+// of one) and anywhere in a packed batch of other sequences, since its tiles start at its own
+// first query and key whatever lies before it. Lengths across the 256-row tiles and off the
+// register tiles; one or three heads (the backward's per-operand and fused kernels); decode
+// (one query per sequence against 1,300 keys) splits the keys by the sequence's own.
+TEST(VarlenCpu, ASequenceHasTheSameBitsAloneAndAnywhereInAPackedBatch) {
+  auto q = input<"q">(dim<"H">, dim<"N">, dim<32>);
+  auto k = input<"k">(dim<"H">, dim<"M">, dim<32>);
+  auto v = input<"v">(dim<"H">, dim<"M">, dim<16>);
+  auto cu_q = input<"cu_q", DType::i32>(dim<"S1">);
+  auto cu_k = input<"cu_k", DType::i32>(dim<"S1">);
+  auto slopes = input<"slopes">(dim<"H">);
+  auto sink_logits = input<"sinks">(dim<"H">);
+  auto alibi = score_mod([=](auto score, auto head, auto, auto q_idx, auto kv_idx) { return score + at(slopes, head) * (kv_idx - q_idx); });
+  auto near = mask_mod([](auto, auto, auto q_idx, auto kv_idx) { return kv_idx > q_idx - 100.0; });
+  auto attend = [&](auto... opts) { return lower(named<"out">(scaled_dot_product_attention(q, k, v, varlen(cu_q, cu_k), opts...))); };
+  auto train = [](const ir::Graph& g) { return ir::build_backward(g, {"", {"q", "k", "v"}, {"out"}}); };
+  struct Packed {
+    std::string name;
+    ir::Graph graph;
+    std::int64_t heads;
+    std::vector<std::pair<std::int64_t, std::int64_t>> lengths;  // (queries, keys): the sequence, then its neighbours
+  };
+  const std::vector<std::pair<std::int64_t, std::int64_t>> prefill = {{300, 300}, {37, 37}, {261, 261}, {5, 5}};
+  const std::vector<Packed> cases = {
+      {"causal, ALiBi, sinks", train(attend(causal_bottom_right, alibi, sinks(sink_logits))), 1, prefill},
+      {"a window as mask_mod, softcap", train(attend(near, softcap_scores(3.0))), 3, prefill},
+      {"forward mode, causal", ir::build_jvp(attend(causal_bottom_right), {{"q", "k", "v"}, {}}), 3, prefill},
+      {"decode", attend(causal_bottom_right, sinks(sink_logits)), 3, {{1, 1300}, {1, 700}, {1, 3}, {1, 513}}},
+  };
+  auto b = backend::create("cpu");
+  for (const Packed& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto exe = b->compile(c.graph);
+    // Each sequence's own random tensors, by input name (q-like: rows along N, k-like: along M).
+    std::vector<backend::TensorMap> own;
+    for (std::size_t s = 0; s < c.lengths.size(); ++s)
+      own.push_back(backend::random_inputs(c.graph, {{"H", c.heads}, {"N", c.lengths[s].first}, {"M", c.lengths[s].second}, {"S1", 2}}, 11 + s));
+    auto along_keys = [](const std::string& name) {
+      return name == "k" || name == "v" || name == "t_k" || name == "t_v" || name == "d_k" || name == "d_v";
+    };
+    // The sequence's rows of every output of a batch of these sequences (the sequence one of them).
+    auto run = [&](const std::vector<std::size_t>& order) {
+      backend::TensorMap in = own[0];
+      std::vector<std::int64_t> lq, lk;
+      std::int64_t q0 = 0, k0 = 0;
+      for (std::size_t s : order) {
+        if (s == 0) q0 = std::accumulate(lq.begin(), lq.end(), std::int64_t{0}), k0 = std::accumulate(lk.begin(), lk.end(), std::int64_t{0});
+        lq.push_back(c.lengths[s].first);
+        lk.push_back(c.lengths[s].second);
+      }
+      for (auto& [name, t] : in) {
+        if (t.rank() != 3) continue;  // the offsets, the slopes and the sinks: the batch's own
+        std::vector<Tensor> parts;
+        for (std::size_t s : order) parts.push_back(own[s].at(name));
+        t = concat_rows(parts);
+      }
+      in.insert_or_assign("cu_q", offsets(lq));
+      in.insert_or_assign("cu_k", offsets(lk));
+      backend::TensorMap mine;
+      for (const auto& [name, t] : exe->run(in))
+        mine.emplace(name, along_keys(name) ? rows(t, k0, c.lengths[0].second) : rows(t, q0, c.lengths[0].first));
+      return mine;
+    };
+    const backend::TensorMap alone = run({0});
+    if (c.name == "decode") {  // qkv explain says how the packed decode splits
+      backend::TensorMap in = own[0];
+      in.insert_or_assign("cu_q", offsets({1}));
+      in.insert_or_assign("cu_k", offsets({c.lengths[0].second}));
+      const std::vector<ir::Shape> shapes = ir::bind_shapes(exe->graph(), in);
+      std::string split;
+      for (std::size_t i = 0; i < exe->graph().size(); ++i) split += b->work_split(exe->graph(), static_cast<ir::ValueId>(i), shapes);
+      EXPECT_NE(split.find("split-KV by packed sequence: a sequence with 1 to 16 queries and more than 512 keys"), std::string::npos) << split;
+    }
+    for (const std::vector<std::size_t>& order : std::vector<std::vector<std::size_t>>{{1, 0}, {2, 0, 3}, {1, 3, 2, 0}, {0, 2}}) {
+      std::string where;
+      for (std::size_t s : order) where += std::to_string(c.lengths[s].first) + "/" + std::to_string(c.lengths[s].second) + " ";
+      SCOPED_TRACE("packed: " + where);
+      const backend::TensorMap packed = run(order);
+      ASSERT_EQ(packed.size(), alone.size());
+      for (const auto& [name, t] : alone) {
+        ASSERT_EQ(packed.at(name).nbytes(), t.nbytes()) << name;
+        EXPECT_EQ(std::memcmp(packed.at(name).raw(), t.raw(), t.nbytes()), 0) << name << " differs alone and packed";
+      }
+    }
+  }
 }
 
 }  // namespace
