@@ -524,9 +524,20 @@ bool attention_strided(const Node& n) {
   return ir::is_fused_attention(n.op) && !ir::attention_roles(n.op).jvp() && batch_rank(n) <= kMostStridedBatchRank;
 }
 
+bool packed_sequences(const ir::Graph& g, const Node& n) {
+  if (!n.region) return false;
+  std::vector<std::pair<bool, bool>> varies;  // each modifier tensor: along the queries, along the keys (its static dims)
+  for (std::size_t i = 0; i < modifier_tensors(n); ++i) {
+    const Shape& t = g.node(n.inputs[ir::fixed_operands(n.op) + i]).shape;
+    varies.emplace_back(t.rank >= 2 && t.back(1) != 1, t.rank >= 1 && t.back(0) != 1);
+  }
+  return ir::document_mask_tensors(*n.region, varies).first >= 0;
+}
+
 bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
   const Node& n = g.node(v);
   if (!ir::is_fused_attention(n.op) || !coop_target(target)) return false;
+  if (target.deterministic && packed_sequences(g, n)) return false;  // fragment sums group keys by packed position
   // The operands multiplied in fragments: q and k, then v (the forward) or dy (dv), or both (dq
   // and dk: dy v^T, then ds times k or q).
   std::vector<std::size_t> multiplied = {0, 1};
@@ -615,7 +626,7 @@ struct Ranged {
 /// its GLSL names them.
 struct Flash {
   Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target, Paging paged,
-        Beside with_forward);
+        Beside with_forward, bool packed_sequences);
   const Node& n;
   const std::vector<DType>& held;
   DType out_dtype, rounded;
@@ -627,6 +638,7 @@ struct Flash {
   bool key_rows;      // rows are keys, streaming queries
   bool tangent;       // Kind::jvp: the tangents of q, k and v beside them
   bool decode;        // the forward: its decode layout and key split (DECODE, flash_decode_merge.glsl)
+  bool packed;        // over packed sequences: the online softmax takes its keys one at a time (*_keys.glsl)
   bool strided;
   Paging paging;  // keys and values read through block tables (KTABLE, VTABLE)
   Beside beside;  // the tangent: the forward's output, written too (binding OUTY)
@@ -645,10 +657,10 @@ struct Flash {
 };
 
 Flash::Flash(const Node& node, const std::vector<DType>& held_dtypes, DType out, DType rounded_to, const Target* coop_target, Paging paged,
-             Beside with_forward)
+             Beside with_forward, bool packed_sequences)
     : n(node), held(held_dtypes), out_dtype(out), rounded(rounded_to), cooperative(coop_target), kind(kind_of(node)), coop(coop_target != nullptr),
       causal(node.attrs.causal), mask(masked(node)), drop(ir::has_dropout_seed(node.op, node.attrs)), key_rows(kind == Kind::dk || kind == Kind::dv),
-      tangent(kind == Kind::jvp), decode(kind == Kind::forward), strided(attention_strided(node)), paging(paged),
+      tangent(kind == Kind::jvp), decode(kind == Kind::forward), packed(packed_sequences), strided(attention_strided(node)), paging(paged),
       beside(kind == Kind::jvp ? with_forward : Beside{}), r(batch_rank(node)), own_count(key_rows ? "M" : "N"), other_count(key_rows ? "N" : "M"),
       out_count(own_count) {
   // The output's rows: the forward's, the tangent's and dv's are Dv wide, dq's and dk's D, the
@@ -1094,42 +1106,47 @@ std::string flash_registers(const Flash& f) {
   return s;
 }
 
-/// The forward's and the log-sum-exp's pass over a tile: the online softmax, four keys at a time.
+/// The forward's and the log-sum-exp's pass over a tile: the online softmax, its running max
+/// moved once per chunk of four keys, or key by key over packed sequences (f.packed), so that no
+/// tile or chunk boundary regroups a sequence's sums.
 std::string flash_online_softmax(const Flash& f) {
   const bool forward = f.kind == Kind::forward;
   const std::string score = f.n.region ? "score_mod(sum4(s4[t]) * scale, own(t), t0 + c)" : "sum4(s4[t]) * scale";
   // Decoding, invocation lid takes keys lid, lid + INV, ... of each tile, four at a time.
   const std::string lane = f.decode ? "(DECODE != 0u ? INV : 1u)" : "1u";
   // The sum normalises the undropped weights; v meets the dropped ones.
-  const std::string drop =
-      "        if (own(t) < N)\n"
-      "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
-      "            if (c0 + j * $CLANE < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j * $CLANE);\n";
-  return glsl_template(
-      "flash_online_softmax.glsl",
-      {{"DOTS", indented(dots("s", "q", "k_tile", "D4", f.decode ? "tile_at(c, g, D4)" : ""), "  ")},
-       {"SCORE", score},
-       {"RESCALE", forward ? "          [[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n" : ""},
-       {"DROP", forward && f.drop ? fill_glsl(drop, {{"CLANE", lane}}) : ""},
-       {"ACCUMULATE",
-        forward ? fill_glsl(glsl_file("flash_pv.glsl"), {{"CLANE", lane}, {"AT", f.decode ? "tile_at(c, g, DV4)" : "c * DV4 + g"}}) : ""},
-       {"CFIRST", f.decode ? "(DECODE != 0u ? lid : 0u)" : "0u"},
-       {"CSTEP", f.decode ? "(DECODE != 0u ? 4u * INV : 4u)" : "4u"},
-       {"CLANE", lane}});
+  const std::string drop = f.packed ? "          if (own(t) < N) p[t] *= dropout_factor(own(t), t0 + c);\n"
+                                    : "        if (own(t) < N)\n"
+                                      "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
+                                      "            if (c0 + j * $CLANE < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j * $CLANE);\n";
+  const std::string rescale = "[[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n";
+  return glsl_template(f.packed ? "flash_online_softmax_keys.glsl" : "flash_online_softmax.glsl",
+                       {{"DOTS", indented(dots("s", "q", "k_tile", "D4", f.decode ? "tile_at(c, g, D4)" : ""), "  ")},
+                        {"SCORE", score},
+                        {"RESCALE", forward ? (f.packed ? "            " : "          ") + rescale : ""},
+                        {"DROP", forward && f.drop ? fill_glsl(drop, {{"CLANE", lane}}) : ""},
+                        {"ACCUMULATE", forward ? fill_glsl(glsl_file(f.packed ? "flash_pv_key.glsl" : "flash_pv.glsl"),
+                                                           {{"CLANE", lane}, {"AT", f.decode ? "tile_at(c, g, DV4)" : "c * DV4 + g"}})
+                                               : ""},
+                        {"CFIRST", f.decode ? "(DECODE != 0u ? lid : 0u)" : "0u"},
+                        {"CSTEP", f.decode ? "(DECODE != 0u ? 4u * INV : 4u)" : "4u"},
+                        {"CLANE", lane}});
 }
 
 /// The tangent's pass over a tile (flash_jvp_online.glsl): the forward's online softmax with the
-/// scores' tangents and three running sums beside it.
+/// scores' tangents and three running sums beside it (key by key over packed sequences).
 std::string flash_tangent_pass(const Flash& f) {
   const std::string dots_text = dots("s", "q", "k_tile", "D4") + dots("a", "tq", "k_tile", "D4") + dots("b", "q", "tk_tile", "D4");
+  const std::string drop =
+      f.packed ? "          if (own(t) < N) e[t] *= dropout_factor(own(t), t0 + c);  // after mu: its mean is of the undropped weights\n"
+               : "        if (own(t) < N)  // after mu: the weights' mean is of the undropped ones\n"
+                 "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
+                 "            if (c0 + j < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j);\n";
   return glsl_template(
-      "flash_jvp_online.glsl",
+      f.packed ? "flash_jvp_online_keys.glsl" : "flash_jvp_online.glsl",
       {{"DOTS", indented(dots_text, "  ")},
        {"MODIFIED", f.n.region ? "          vec2 md = score_mod_d(x, own(t), t0 + c);\n          x = md.x;\n          dx *= md.y;\n" : ""},
-       {"DROP", f.drop ? "        if (own(t) < N)  // after mu: the weights' mean is of the undropped ones\n"
-                         "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
-                         "            if (c0 + j < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j);\n"
-                       : ""}});
+       {"DROP", f.drop ? drop : ""}});
 }
 
 /// The tile loop: load the tiles, then each invocation's rows against every tile row c.
@@ -1258,8 +1275,8 @@ std::string flash_store(const Flash& f) {
 }  // namespace
 
 KernelSource attention_source(const Node& n, const std::vector<DType>& held, DType out_dtype, DType rounded, const Target* cooperative, Paging paging,
-                              Beside beside) {
-  const Flash f(n, held, out_dtype, rounded, cooperative, paging, beside);
+                              Beside beside, bool packed) {
+  const Flash f(n, held, out_dtype, rounded, cooperative, paging, beside, packed);
   const Kind kind = f.kind;
   const bool coop = f.coop, causal = f.causal, mask = f.mask, drop = f.drop;
   std::string s = flash_prologue(f) + flash_narrowing(f);
@@ -1339,11 +1356,12 @@ struct DecodeSplit {
   Geometry geometry{};
   std::int64_t parts = 1, part_keys = 0;
 };
-DecodeSplit decode_split(const Target& t, Kind kind, std::int64_t nq, std::int64_t mk, Geometry geo, std::int64_t bc) {
+DecodeSplit decode_split(const Target& t, Kind kind, std::int64_t nq, std::int64_t mk, Geometry geo, std::int64_t bc, bool packed) {
   DecodeSplit s;
   s.geometry = geo;
   s.part_keys = mk;
   if (kind != Kind::forward || !t.split_kv || t.cpu_device || nq < 1 || nq > kDecodeQueries || nq >= geo.invocations || mk < 1) return s;
+  if (packed && t.deterministic) return s;  // the lanes and parts take keys by their packed positions
   s.decode = true;
   s.geometry = {static_cast<std::uint32_t>(std::min<std::int64_t>(geo.invocations, bc)),
                 static_cast<std::uint32_t>(std::min<std::int64_t>(nq, geo.rows_per_invocation))};
@@ -1491,7 +1509,7 @@ KernelLaunch attention_launch(const ir::Graph& g, const ir::StoragePlan& storage
   const std::int64_t d4 = std::max<std::int64_t>((d + 3) / 4, 1), dv4 = std::max<std::int64_t>((dv + 3) / 4, 1);
   std::int64_t bc = tile_height(target, kind, d, dv);
   Geometry geo = geometry(target, kind);
-  const DecodeSplit split = decode_split(target, kind, nq, mk, geo, bc);
+  const DecodeSplit split = decode_split(target, kind, nq, mk, geo, bc, packed_sequences(g, n));
   // A kernel with the cooperative path takes it where its tiles fit (coop_launch), its scalar
   // path otherwise; COOP says which (kernels without the path ignore it). Decoding: the scalar.
   const CoopLaunch coop = attention_cooperative(g, storage, v, target) && !split.decode ? coop_launch(target, kind, d4, dv4) : CoopLaunch{};
@@ -1557,7 +1575,7 @@ std::string attention_work_split(const ir::Graph& g, ir::ValueId v, const std::v
   } catch (const UnsupportedError&) {  // head dims the kernel refuses: it says why when it runs
     return {};
   }
-  const DecodeSplit split = decode_split(target, Kind::forward, nq, mk, geometry(target, Kind::forward), bc);
+  const DecodeSplit split = decode_split(target, Kind::forward, nq, mk, geometry(target, Kind::forward), bc, packed_sequences(g, n));
   std::string s;
   if (split.decode)
     s = "decode layout: " + str(nq) + (nq == 1 ? " query" : " queries") + " against " + str(mk) + " keys, " +

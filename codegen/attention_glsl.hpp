@@ -49,12 +49,19 @@ struct Beside {
 /// (ir::ValueStorage::rounded). `cooperative`: the target whose cooperative matrices the
 /// forward's kernel also uses (where attention_cooperative), its scalar path beside them for
 /// head dims whose tiles do not fit. `paging`: the keys and values it reads through block tables.
-/// `beside`: for a tangent, the forward's output it writes too, bound after its own.
+/// `beside`: for a tangent, the forward's output it writes too, bound after its own. `packed`:
+/// over packed sequences (packed_sequences), whose rows' online softmax takes its keys one at a
+/// time, so that no tile boundary regroups a sequence's sums (batch invariance).
 KernelSource attention_source(const ir::Node& n, const std::vector<DType>& held = {}, DType out = DType::f32, DType rounded = DType::f32,
-                              const Target* cooperative = nullptr, Paging paging = {}, Beside beside = {});
+                              const Target* cooperative = nullptr, Paging paging = {}, Beside beside = {}, bool packed = false);
+/// Whether node n attends over packed sequences: its modifier holds a document mask
+/// (ir::document_mask_tensors) of tensors that, by their static dims, do not vary along the keys
+/// and along the queries.
+bool packed_sequences(const ir::Graph& g, const ir::Node& n);
 /// Whether node v is a flash-attention forward, its log-sum-exp or dv, whose operands multiplied
 /// in fragments (q, k, and v or dy) are f16 values, on a target whose cooperative matrices
-/// (Target::cooperative_matrix) its kernel can use.
+/// (Target::cooperative_matrix) its kernel can use: not over packed sequences where the target
+/// is deterministic (Target::deterministic).
 bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target);
 /// How node v's kernel divides its work at these shapes, in words (the forward's decode layout
 /// and key split), or empty.

@@ -949,7 +949,8 @@ KernelSource kernel_source(const ir::Graph& g, const ir::StoragePlan& storage, i
       return detail::attention_source(n, held, storage.held(v), storage[v].rounded,
                                       detail::attention_cooperative(g, storage, v, target) ? &target : nullptr,
                                       detail::attention_paging(g, storage, v),
-                                      f < 0 ? detail::Beside{} : detail::Beside{true, storage.held(f), storage[f].rounded});
+                                      f < 0 ? detail::Beside{} : detail::Beside{true, storage.held(f), storage[f].rounded},
+                                      detail::packed_sequences(g, n));
     }
     case Op::input:
     case Op::reshape:

@@ -68,6 +68,11 @@ struct Target {
   /// merged by log-sum-exp, and a long cache is split over workgroups, the last to finish merging
   /// the parts (flash-decoding). Off: the query layout, unsplit.
   bool split_kv = true;
+  /// Batch invariance for packed batches too (QKV_DETERMINISTIC=1): attention over packed
+  /// sequences (a document mask, ir::document_mask_tensors) takes the scalar query layout, whose
+  /// rows add their keys one at a time whatever the tiles, instead of the decode layout, the key
+  /// split and cooperative matrices, whose sums group keys by their packed positions.
+  bool deterministic = false;
   /// Invocations a workgroup may have (maxComputeWorkGroupInvocations; at least 128).
   std::uint32_t max_invocations = 128;
   /// Invocations per workgroup of the elementwise, layout, reduction and softmax kernels (the

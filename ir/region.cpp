@@ -438,4 +438,32 @@ std::string region_expression(const Graph& r) {
   return expr(r.outputs()[0].second).first;
 }
 
+std::pair<int, int> document_mask_tensors(const Graph& region, const std::vector<std::pair<bool, bool>>& varies) {
+  if (!region_masks(region)) return {-1, -1};
+  const auto& nodes = region.nodes();
+  std::vector<int> uses(nodes.size(), 0);
+  for (const Node& node : nodes)
+    for (ValueId in : node.inputs) ++uses[static_cast<std::size_t>(in)];
+  for (const auto& [name, out] : region.outputs()) ++uses[static_cast<std::size_t>(out)];
+  // A tensor input read once (inputs come first, in order: node v is input v).
+  auto tensor = [&](ValueId v) {
+    const bool once = nodes[static_cast<std::size_t>(v)].op == Op::input && uses[static_cast<std::size_t>(v)] == 1;
+    return once && v >= kRegionFixedInputs ? v - kRegionFixedInputs : -1;
+  };
+  for (const Node& node : nodes) {
+    if (node.op != Op::equal) continue;
+    int a = tensor(node.inputs[0]), k = tensor(node.inputs[1]);
+    if (a < 0 || k < 0) continue;
+    if (varies[static_cast<std::size_t>(a)].second) std::swap(a, k);
+    if (varies[static_cast<std::size_t>(a)].second || varies[static_cast<std::size_t>(k)].first) continue;
+    // With the ids apart (0 and 1) and every other input unknown: -inf. The ids reach the result
+    // only through this comparison, so any two that differ (or a NaN) give the same.
+    std::vector<ValueRange> in(static_cast<std::size_t>(kRegionFixedInputs) + varies.size(), ValueRange::unknown());
+    in[static_cast<std::size_t>(kRegionFixedInputs + a)] = ValueRange::between(0, 0);
+    in[static_cast<std::size_t>(kRegionFixedInputs + k)] = ValueRange::between(1, 1);
+    if (bound_region(region, in).is(-HUGE_VAL)) return {a, k};
+  }
+  return {-1, -1};
+}
+
 }  // namespace qkv::ir

@@ -92,6 +92,16 @@ Graph unmasked_region(const Graph& r);
 /// from bound_region_nodes' ranges: unmasked_region then equals the region over those ranges.
 bool conditions_keep(std::span<const ValueRange> ranges, std::span<const std::pair<ValueId, bool>> conds);
 
+/// A document mask in `r`: a condition `equal(a, b)` of a tensor a that does not vary along the
+/// scores' keys and a tensor b that does not vary along their queries (`varies[i]`: whether
+/// tensor i varies along the queries, along the keys), neither read anywhere else, whose
+/// inequality makes the result -inf whatever the other inputs are (proved by bound_region with
+/// a and b held apart: they reach the result only through the comparison, so any two ids that
+/// differ, or a NaN, give the same). varlen's sequence numbers and document_mask's ids: a query
+/// keeps no key of another id, and the kernels tile each run of equal ids as a sequence of its
+/// own. The tensors' indices (i of t_i), or {-1, -1}.
+std::pair<int, int> document_mask_tensors(const Graph& r, const std::vector<std::pair<bool, bool>>& varies);
+
 /// The modifier as one infix expression over its inputs' names, e.g.
 /// "tanh(score / 30) * 30 + t0": how explain, dot and dump name it.
 std::string region_expression(const Graph& r);

@@ -628,7 +628,7 @@ class CpuBackend final : public Backend {
         const ir::Shape& t = shapes[static_cast<std::size_t>(node.inputs[ir::fixed_operands(node.op) + k])];
         varies.emplace_back(t.rank >= 2 && t.back(1) != 1, t.rank >= 1 && t.back(0) != 1);
       }
-      if (cpu::document_mask_tensors(*node.region, varies).first >= 0)
+      if (ir::document_mask_tensors(*node.region, varies).first >= 0)
         return "split-KV by packed sequence: a sequence with 1 to " + std::to_string(cpu::kSplitQueries) + " queries and more than " +
                std::to_string(cpu::kSplitKeys) + " keys (its document ids say which) has its keys in parts of " + std::to_string(cpu::kSplitKeys) +
                " from its first (a task each), merged by their log-sum-exp";

@@ -97,35 +97,7 @@ ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vect
   mark(&Step::live_kept, [&](int r) { return kept_register(r); });
   std::vector<std::pair<bool, bool>> varies;
   for (const Operand& t : tensors_) varies.emplace_back(t.row != 0, t.col != 0);
-  std::tie(doc_q_, doc_k_) = document_mask_tensors(region_, varies);
-}
-
-std::pair<int, int> document_mask_tensors(const ir::Graph& region, const std::vector<std::pair<bool, bool>>& varies) {
-  if (!ir::region_masks(region)) return {-1, -1};
-  const auto& nodes = region.nodes();
-  std::vector<int> uses(nodes.size(), 0);
-  for (const ir::Node& node : nodes)
-    for (ir::ValueId in : node.inputs) ++uses[static_cast<std::size_t>(in)];
-  for (const auto& [name, out] : region.outputs()) ++uses[static_cast<std::size_t>(out)];
-  // A tensor input read once (inputs come first, in order: node v is input v).
-  auto tensor = [&](ir::ValueId v) {
-    const bool once = nodes[static_cast<std::size_t>(v)].op == ir::Op::input && uses[static_cast<std::size_t>(v)] == 1;
-    return once && v >= ir::kRegionFixedInputs ? v - ir::kRegionFixedInputs : -1;
-  };
-  for (const ir::Node& node : nodes) {
-    if (node.op != ir::Op::equal) continue;
-    int a = tensor(node.inputs[0]), k = tensor(node.inputs[1]);
-    if (a < 0 || k < 0) continue;
-    if (varies[static_cast<std::size_t>(a)].second) std::swap(a, k);
-    if (varies[static_cast<std::size_t>(a)].second || varies[static_cast<std::size_t>(k)].first) continue;
-    // With the ids apart (0 and 1) and every other input unknown: -inf. The ids reach the result
-    // only through this comparison, so any two that differ (or a NaN) give the same.
-    std::vector<ir::ValueRange> in(static_cast<std::size_t>(ir::kRegionFixedInputs) + varies.size(), ir::ValueRange::unknown());
-    in[static_cast<std::size_t>(ir::kRegionFixedInputs + a)] = ir::ValueRange::between(0, 0);
-    in[static_cast<std::size_t>(ir::kRegionFixedInputs + k)] = ir::ValueRange::between(1, 1);
-    if (ir::bound_region(region, in).is(-HUGE_VAL)) return {a, k};
-  }
-  return {-1, -1};
+  std::tie(doc_q_, doc_k_) = ir::document_mask_tensors(region_, varies);
 }
 
 std::optional<ScoreModifier::DocumentIds> ScoreModifier::document_ids(std::int64_t b) const {

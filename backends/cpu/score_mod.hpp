@@ -12,11 +12,6 @@
 
 namespace qkv::backend::cpu {
 
-/// The tensors (i of t_i) of a document mask in `region` (see ScoreModifier::document_ids), given
-/// whether each tensor varies along the scores' queries and along their keys: {-1, -1} when it
-/// has none.
-std::pair<int, int> document_mask_tensors(const ir::Graph& region, const std::vector<std::pair<bool, bool>>& varies);
-
 class ScoreModifier {
  public:
   /// `region` over `tensors` (its t0, t1, ... as f32, broadcasting to the scores

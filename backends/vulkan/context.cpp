@@ -67,6 +67,12 @@ VulkanOptions vulkan_options_from_env() {
     if (s != "0" && s != "1") throw BackendError("vulkan: QKV_VULKAN_SPLIT_KV is '" + s + "'; give 1 (decoding splits the keys, the default) or 0");
     o.split_kv = s == "1";
   }
+  if (const char* f = std::getenv("QKV_DETERMINISTIC")) {
+    const std::string s = f;
+    if (s != "0" && s != "1")
+      throw BackendError("vulkan: QKV_DETERMINISTIC is '" + s + "'; give 1 (packed batches batch-invariant on every device) or 0 (the default)");
+    o.deterministic = s == "1";
+  }
   if (const char* f = std::getenv("QKV_VULKAN_SUBGROUP_REDUCTIONS")) {
     const std::string s = f;
     if (s != "0" && s != "1")

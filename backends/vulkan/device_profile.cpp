@@ -63,6 +63,7 @@ KernelChoices choose_kernels(const DeviceProfile& d, const VulkanOptions& o) {
   t.attention_rows = o.attention_rows;
   t.attention_tile = o.attention_tile;
   t.split_kv = o.split_kv;
+  t.deterministic = o.deterministic;
   t.cooperative_matrix = cooperative_choice(d, o);
   if (o.matmul_geometry[0] != 0) {
     const auto& m = o.matmul_geometry;

@@ -468,9 +468,13 @@ class VulkanBackend final : public Backend {
   std::string name() const override { return "vulkan"; }
   std::string device() const override { return ctx_->device_name(); }
   std::string determinism() const override {
-    return "every kernel: the same bits every run on this device (no atomics on floats; each sum one invocation or one fixed tree), "
-           "and a sequence's the same alone or anywhere in a batch; not across devices or subgroup sizes, dropout's masks (keyed by "
-           "the position in the batch) or packed varlen batches (tiles at packed offsets)";
+    return std::string(
+               "every kernel: the same bits every run on this device (no atomics on floats; each sum one invocation or one fixed "
+               "tree), and a sequence's the same alone or anywhere in a batch, a packed (varlen) batch's too (its keys added one at a "
+               "time); not across devices or subgroup sizes, dropout's masks (keyed by the position in the batch)") +
+           (target_.deterministic ? ""
+                                  : ", or a packed batch on a GPU's decode layout, key split or cooperative matrices (QKV_DETERMINISTIC=1 "
+                                    "keeps packed batches off them)");
   }
   /// A kernel binding more storage buffers than the device allows per shader (a flex modifier
   /// reading many tensors) is decomposed where the op has a decomposition.

@@ -29,6 +29,11 @@ struct VulkanOptions {
   /// keys spread over the invocations and split over workgroups (codegen::Target::split_kv;
   /// QKV_VULKAN_SPLIT_KV=0: the query layout unsplit, as on lavapipe, for comparisons).
   bool split_kv = true;
+  /// Batch invariance for packed (varlen) batches on every device (codegen::Target::deterministic;
+  /// QKV_DETERMINISTIC=1): their attention takes the scalar query layout. Off, a GPU's decode
+  /// layout, key split and cooperative matrices serve them too, their bits then depending on
+  /// where a sequence is packed.
+  bool deterministic = false;
   /// For tuning experiments: every matmul's geometry (codegen::MatmulGeometry) as invocations,
   /// rows per invocation, vec4 columns per invocation, tile depth and invocations across the
   /// columns (QKV_VULKAN_MATMUL_GEOMETRY=256,8,2,8,16; all 0 or unset: chosen per device and shape).

@@ -1,0 +1,48 @@
+    // Four keys at a time: their scores s and the scores' tangents s' = (tq . k + q . tk) scale
+    // (times d mod / d score under a modifier; 0 where masked) in vec4s per row. Then key by key,
+    // in order (as the forward: no tile boundary changes a row's sums), beside the online
+    // softmax's max m and sum l, three running sums rescaled with the max: o = sum e z v,
+    // tt = sum e z (s' v + tv) and mu = sum e s', e = exp(s - m), z dropout's factor.
+    for (uint c0 = 0u; c0 < cols; c0 += 4u) {
+      vec4 sc[RPT], dsc[RPT];  // the chunk's scores and tangents
+      [[unroll]] for (uint t = 0u; t < RPT; ++t) { sc[t] = vec4(neg_inf()); dsc[t] = vec4(0.0); }
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        uint c = c0 + j;
+        if (c >= cols) break;
+$DOTS
+        [[unroll]] for (uint t = 0u; t < RPT; ++t) {
+          if (own(t) >= N || !kept(own(t), t0 + c)) continue;
+          float x = sum4(s4[t]) * scale, dx = (sum4(a4[t]) + sum4(b4[t])) * scale;
+$MODIFIED
+          sc[t][j] = x;
+          if (x != neg_inf()) dsc[t][j] = dx;  // a masked score has no tangent
+        }
+      }
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+        uint c = c0 + j;
+        if (c >= cols) break;
+        float e[RPT];  // the key's weight exp(s - m) per row
+        [[unroll]] for (uint t = 0u; t < RPT; ++t) {
+          float m_new = qkv_max(m[t], sc[t][j]);
+          if (m_new != m[t]) {  // also NaN, which then reaches l, mu, o and tt as in the decomposition
+            float alpha = exp(m[t] - (m_new == neg_inf() ? 0.0 : m_new));
+            l[t] *= alpha;
+            mu[t] *= alpha;
+            [[unroll]] for (uint g = 0u; g < DV4; ++g) { o[t * DV4 + g] *= alpha; tt[t * DV4 + g] *= alpha; }
+            m[t] = m_new;
+          }
+          e[t] = exp(sc[t][j] - (m[t] == neg_inf() ? 0.0 : m[t]));  // no key yet: 0
+          l[t] += e[t];
+          mu[t] += e[t] * dsc[t][j];
+$DROP
+        }
+        // o += e z v, tt += e z (s' v + tv) for the key.
+        [[unroll]] for (uint g = 0u; g < DV4; ++g) {
+          vec4 x = v_tile[c * DV4 + g], tx = tv_tile[c * DV4 + g];
+          [[unroll]] for (uint t = 0u; t < RPT; ++t) {
+            o[t * DV4 + g] += e[t] * x;
+            tt[t * DV4 + g] += e[t] * (dsc[t][j] * x + tx);
+          }
+        }
+      }
+    }
