@@ -318,8 +318,9 @@ class Scores {
   /// masked; `kt` holds keys [j0, j0 + cols) or more (keys()), and s's columns up to cols rounded
   /// up to tile_gemm_columns() are written (ld must leave room for them). Only the columns that
   /// causality or the window cut are visited for masking, and a tile that a keep-mask along one
-  /// axis, or the modifier's masks (ScoreModifier::keeps_tile), provably keep whole is not
-  /// masked at all. With a modifier and `dmod`, dmod (same layout) gets d mod/d score.
+  /// axis, or the modifier's masks (ScoreModifier::kept_conditions), provably keep whole is not
+  /// masked at all (the modifier's conditions that provably keep it are not evaluated). With a modifier and `dmod`, dmod (same layout) gets d mod/d
+  /// score.
   void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const Transposed& kt, float* s,
                std::int64_t ld, float* dmod = nullptr) const {
     if (!kt.is_stored()) {
@@ -330,8 +331,8 @@ class Scores {
     }
     const bool mask_kept = thin_mask_is(true, b, i0, rows, j0, cols);
     const float* mask = a_.mask && !mask_kept ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
-    const bool kept = a_.mod && a_.mod->keeps_tile(b, i0, rows, j0, cols);
-    if ((mask_kept || kept) && a_.tiles) a_.tiles->unmasked += rows * cols;
+    const std::uint32_t kept = a_.mod ? a_.mod->kept_conditions(b, i0, rows, j0, cols) : 0u;  // the masks provably keeping the tile
+    if ((mask_kept || (a_.mod && a_.mod->keeps_all(kept))) && a_.tiles) a_.tiles->unmasked += rows * cols;
     for (std::int64_t i = 0; i < rows; ++i) {
       float* row = s + i * ld;
       if (a_.mod) a_.mod->apply_row(b, i0 + i, j0, cols, row, dmod ? dmod + i * ld : nullptr, kept);

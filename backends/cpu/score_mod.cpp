@@ -79,22 +79,31 @@ ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vect
   // is its kept branch when the tile is kept, as ir::unmasked_region has it.
   mask_conds_ = ir::masking_conditions(program_);
   for (Step& st : steps_)
-    for (const auto& [cond, when_true] : mask_conds_)
-      if (st.op == ir::Op::where && st.a == cond) st.kept = when_true ? st.b : st.c;
-  // Only the steps the results read run (an unread index or input is not filled per row); when
-  // the tile is kept, only those the kept form reads.
-  auto mark = [&](bool Step::*live, auto through) {
-    steps_[static_cast<std::size_t>(through(mod_))].*live = true;
-    if (dmod_ >= 0) steps_[static_cast<std::size_t>(through(dmod_))].*live = true;
+    for (std::size_t c = 0; c < mask_conds_.size(); ++c)
+      if (st.op == ir::Op::where && st.a == mask_conds_[c].first) {
+        st.kept = mask_conds_[c].second ? st.b : st.c;
+        st.cond = static_cast<int>(std::min(c, std::size_t{31}));
+      }
+  all_kept_ = mask_conds_.empty() ? 0u : mask_conds_.size() >= 32 ? ~0u : (1u << mask_conds_.size()) - 1u;
+  // Only the steps the results read run (an unread index or input is not filled per row); where
+  // conditions are kept, only those the kept form reads: for every subset of up to kMostPartial
+  // conditions, else for none and all.
+  auto mark = [&](std::uint32_t kept) {
+    std::vector<char> live(steps_.size(), 0);
+    live[static_cast<std::size_t>(kept_register(mod_, kept))] = 1;
+    if (dmod_ >= 0) live[static_cast<std::size_t>(kept_register(dmod_, kept))] = 1;
     for (std::size_t k = steps_.size(); k-- > 0;) {
-      Step& st = steps_[k];
-      if (!(st.*live)) continue;
+      if (!live[k]) continue;
+      const Step& st = steps_[k];
       for (int r : {st.a, st.b, st.c})
-        if (r >= 0) steps_[static_cast<std::size_t>(through(r))].*live = true;
+        if (r >= 0) live[static_cast<std::size_t>(kept_register(r, kept))] = 1;
     }
+    live_.push_back(std::move(live));
   };
-  mark(&Step::live, [](int r) { return r; });
-  mark(&Step::live_kept, [&](int r) { return kept_register(r); });
+  if (mask_conds_.size() <= kMostPartial)
+    for (std::uint32_t kept = 0; kept <= all_kept_; ++kept) mark(kept);
+  else
+    for (std::uint32_t kept : {0u, all_kept_}) mark(kept);
   std::vector<std::pair<bool, bool>> varies;
   for (const Operand& t : tensors_) varies.emplace_back(t.row != 0, t.col != 0);
   std::tie(doc_q_, doc_k_) = ir::document_mask_tensors(region_, varies);
@@ -106,8 +115,9 @@ std::optional<ScoreModifier::DocumentIds> ScoreModifier::document_ids(std::int64
   return DocumentIds{q.data + batch_offset(q, b), q.row, k.data + batch_offset(k, b), k.col};
 }
 
-int ScoreModifier::kept_register(int r) const {
-  while (steps_[static_cast<std::size_t>(r)].kept >= 0) r = steps_[static_cast<std::size_t>(r)].kept;
+int ScoreModifier::kept_register(int r, std::uint32_t kept) const {
+  while (steps_[static_cast<std::size_t>(r)].kept >= 0 && (kept >> steps_[static_cast<std::size_t>(r)].cond & 1u))
+    r = steps_[static_cast<std::size_t>(r)].kept;
   return r;
 }
 
@@ -156,12 +166,16 @@ bool ScoreModifier::may_mask_within(std::int64_t b, std::int64_t i0, std::int64_
   return masks_ && ir::bound_region(region_, tile_inputs(ir::ValueRange::between(-big, big), b, i0, rows, j0, cols)).lo == -HUGE_VAL;
 }
 
-bool ScoreModifier::keeps_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
-  if (mask_conds_.empty()) return false;
-  return ir::conditions_keep(ir::bound_region_nodes(program_, tile_inputs(ir::ValueRange::unknown(), b, i0, rows, j0, cols)), mask_conds_);
+std::uint32_t ScoreModifier::kept_conditions(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
+  if (mask_conds_.empty()) return 0;
+  const std::vector<ir::ValueRange> ranges = ir::bound_region_nodes(program_, tile_inputs(ir::ValueRange::unknown(), b, i0, rows, j0, cols));
+  std::uint32_t kept = 0;
+  for (std::size_t c = 0; c < mask_conds_.size() && c < 32; ++c)
+    if (ir::conditions_keep(ranges, std::span(&mask_conds_[c], 1))) kept |= 1u << c;
+  return mask_conds_.size() <= kMostPartial || kept == all_kept_ ? kept : 0u;
 }
 
-void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod, bool kept) const {
+void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod, std::uint32_t kept) const {
   if (softcap_ > 0) {  // the common modifier, specialised: one pass instead of three
     softcap_row(s, dmod_ >= 0 ? dmod : nullptr, cols, softcap_);
     return;
@@ -182,11 +196,12 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
   };
   auto varies = [&](int r) { return !steps_[static_cast<std::size_t>(r)].uniform; };
   auto u_at = [&](int r) { return uniform[static_cast<std::size_t>(r)]; };
-  // With `kept`, each operand is read through the wheres on masking conditions.
-  auto at = [&](int r) { return r >= 0 && kept ? kept_register(r) : r; };
+  // Each operand is read through the wheres on the conditions in `kept`.
+  auto at = [&](int r) { return r >= 0 && kept ? kept_register(r, kept) : r; };
+  const std::vector<char>& live = live_[live_slot(kept)];
   for (std::size_t k = 0; k < steps_.size(); ++k) {
     const Step& st = steps_[k];
-    if (!(kept ? st.live_kept : st.live)) continue;
+    if (!live[k]) continue;
     const int sa = at(st.a), sb = at(st.b), sc = at(st.c);  // the operands' registers
     const int self = static_cast<int>(k);
     float& u = uniform[k];

@@ -19,16 +19,22 @@ class ScoreModifier {
   ScoreModifier(const ir::Graph& region, bool derivative, std::vector<ConstView> tensors, const ir::Shape& batch, std::int64_t n, std::int64_t m);
 
   /// Query i of batch entry b over keys [j0, j0 + cols): s[j] becomes mod(s[j], i, j0 + j, t...)
-  /// and, when built with its derivative, dmod[j] = d mod / d score there. With `kept` (only
-  /// for a row of a tile keeps_tile holds for), the masks are not evaluated: each `where` on a
-  /// masking condition is its kept branch, and what only the conditions read is not computed.
-  void apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod, bool kept = false) const;
+  /// and, when built with its derivative, dmod[j] = d mod / d score there. The masking
+  /// conditions in `kept` (kept_conditions' bits, for a row of a tile they were found for) are
+  /// not evaluated: each `where` on one is its kept branch, and what only they read is not
+  /// computed.
+  void apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod, std::uint32_t kept = 0) const;
 
-  /// Whether every masking condition of the region (a `where` with a -inf branch) provably keeps
-  /// every score of the tile (interval arithmetic as masks_tile): a tile inside a document, below
-  /// a causal diagonal written as a mask_mod, within a padding length. Its rows then run the
-  /// modifier without its masks (apply_row's `kept`), as FlexAttention runs its full blocks.
-  bool keeps_tile(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const;
+  /// Which masking conditions of the region (each `where` with a -inf branch) provably keep every
+  /// score of the tile (interval arithmetic as masks_tile), bit c for condition c: in a tile
+  /// inside a document, below a causal diagonal written as a mask_mod, within a padding length,
+  /// all of them (keeps_all), and its rows run the modifier without its masks, as FlexAttention
+  /// runs its full blocks; in a slice of one packed sequence that causality's diagonal crosses,
+  /// the document's test is left out and causality's evaluated. Up to four conditions are left
+  /// out one by one; a region with more leaves out all or none.
+  std::uint32_t kept_conditions(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const;
+  /// Whether `kept` (kept_conditions) holds every masking condition of a region that has some.
+  bool keeps_all(std::uint32_t kept) const { return !mask_conds_.empty() && kept == all_kept_; }
 
   bool has_derivative() const { return dmod_ >= 0; }
 
@@ -72,9 +78,8 @@ class ScoreModifier {
     int a = -1, b = -1, c = -1;  // operand registers
     float value = 0;             // constants
     int input = -1;              // inputs: which (ir::kRegionScore, ...)
-    bool live = false;           // read by a result
-    bool live_kept = false;      // read by a result when the tile is kept
     int kept = -1;               // a where on a masking condition: the branch that keeps
+    int cond = -1;               // and that condition's index in mask_conds_
     bool uniform = false;        // the same for every key of a row (computed once per row)
   };
   struct Operand {
@@ -86,8 +91,12 @@ class ScoreModifier {
   /// The ranges of the region's inputs over the tile for scores in `score` (see masks_tile).
   const std::vector<ir::ValueRange>& tile_inputs(ir::ValueRange score, std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0,
                                                  std::int64_t cols) const;
-  /// The register step r reads as when the tile is kept: r, or the kept branch its where takes.
-  int kept_register(int r) const;
+  /// The register step r reads as when the conditions in `kept` hold: r, or the kept branch its
+  /// where takes.
+  int kept_register(int r, std::uint32_t kept) const;
+  /// live_'s entry for the conditions in `kept`.
+  std::size_t live_slot(std::uint32_t kept) const { return mask_conds_.size() <= kMostPartial ? kept : kept == all_kept_ ? 1 : 0; }
+  static constexpr std::size_t kMostPartial = 4;
 
   ir::Graph region_;
   ir::Graph program_;  // the region, or with its derivative: what steps_ run
@@ -95,7 +104,9 @@ class ScoreModifier {
   /// The masking conditions: (register, whether it keeps where true). Empty when the region
   /// cannot mask, or when one condition masks on both sides (no kept form).
   std::vector<std::pair<ir::ValueId, bool>> mask_conds_;
-  float softcap_ = 0;  // > 0: the region is cap * tanh(score / cap), run as one vector pass
+  std::uint32_t all_kept_ = 0;           // every condition's bit
+  std::vector<std::vector<char>> live_;  // by live_slot: the steps a result reads
+  float softcap_ = 0;                    // > 0: the region is cap * tanh(score / cap), run as one vector pass
   std::vector<Step> steps_;
   std::vector<Operand> tensors_;
   ir::Shape batch_;
