@@ -3,6 +3,7 @@
 #include "backends/cpu/attention.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -154,20 +156,39 @@ class FiniteValues {
 /// meet its keys in the tiles, and sum them in the order, that they would alone: its bits do
 /// not depend on what is packed around it (batch invariance). Without a document mask, one run
 /// of all the queries and one of all the keys.
-struct Packing {
-  std::vector<std::int64_t> q{0, 0}, k{0, 0};                            // run starts, then N (M)
-  std::vector<std::vector<std::int32_t>> keys_of{{0}}, queries_of{{0}};  // per run: the other side's runs of its id, ascending
+class Packing {
+ public:
+  /// The unpacked runs: all n queries, all m keys (no allocation: a small graph's run pays none).
+  Packing(std::int64_t n, std::int64_t m) : n_(n), m_(m) {}
+  /// The runs of equal ids (see pack).
+  Packing(std::int64_t n, std::int64_t m, std::vector<std::int64_t> q, std::vector<std::int64_t> k)
+      : n_(n), m_(m), q_(std::move(q)), k_(std::move(k)) {}
 
-  std::int64_t query_runs() const { return static_cast<std::int64_t>(q.size()) - 1; }
-  std::int64_t key_runs() const { return static_cast<std::int64_t>(k.size()) - 1; }
+  std::int32_t query_runs() const { return q_.empty() ? 1 : static_cast<std::int32_t>(q_.size()) - 1; }
+  std::int32_t key_runs() const { return k_.empty() ? 1 : static_cast<std::int32_t>(k_.size()) - 1; }
+  /// Query run r's first query (key run r's first key); N (M) for r = query_runs() (key_runs()).
+  std::int64_t query_start(std::int32_t r) const { return q_.empty() ? (r == 0 ? 0 : n_) : q_[static_cast<std::size_t>(r)]; }
+  std::int64_t key_start(std::int32_t r) const { return k_.empty() ? (r == 0 ? 0 : m_) : k_[static_cast<std::size_t>(r)]; }
   /// The run holding query i (key j).
-  std::int32_t query_run(std::int64_t i) const { return run_of(q, i); }
-  std::int32_t key_run(std::int64_t j) const { return run_of(k, j); }
+  std::int32_t query_run(std::int64_t i) const { return run_of(q_, i); }
+  std::int32_t key_run(std::int64_t j) const { return run_of(k_, j); }
+  /// The key runs of query run r's id (the query runs of key run r's id), ascending.
+  std::span<const std::int32_t> keys_of(std::int32_t r) const { return runs_of(keys_of_, r); }
+  std::span<const std::int32_t> queries_of(std::int32_t r) const { return runs_of(queries_of_, r); }
 
  private:
+  friend std::optional<Packing> pack(const ScoreModifier::DocumentIds& ids, std::int64_t n, std::int64_t m);
+  static constexpr std::array<std::int32_t, 1> kFirst{0};
+  static std::span<const std::int32_t> runs_of(const std::vector<std::vector<std::int32_t>>& of, std::int32_t r) {
+    return of.empty() ? std::span<const std::int32_t>(kFirst) : std::span<const std::int32_t>(of[static_cast<std::size_t>(r)]);
+  }
   static std::int32_t run_of(const std::vector<std::int64_t>& starts, std::int64_t x) {
+    if (starts.empty()) return 0;
     return static_cast<std::int32_t>(std::upper_bound(starts.begin(), starts.end() - 1, x) - starts.begin() - 1);
   }
+  std::int64_t n_, m_;
+  std::vector<std::int64_t> q_, k_;                              // run starts, then N (M); empty: one run
+  std::vector<std::vector<std::int32_t>> keys_of_, queries_of_;  // per run: the other side's runs of its id
 };
 
 /// The runs of equal ids of n queries and m keys: a run per sequence. The single runs instead
@@ -176,7 +197,7 @@ struct Packing {
 /// packed batch of contiguous sequences never does (at most N/256 x M/256 + N/256 + M/256 + S pairs).
 std::optional<Packing> pack(const ScoreModifier::DocumentIds& ids, std::int64_t n, std::int64_t m) {
   if (n == 0 || m == 0) return std::nullopt;
-  Packing p;
+  std::vector<std::int64_t> q_starts, k_starts;
   std::vector<float> q_id, k_id;
   auto runs = [](const float* x, std::int64_t stride, std::int64_t len, std::vector<std::int64_t>& starts, std::vector<float>& id) {
     starts.clear();
@@ -189,8 +210,9 @@ std::optional<Packing> pack(const ScoreModifier::DocumentIds& ids, std::int64_t 
     }
     starts.push_back(len);
   };
-  runs(ids.q, ids.q_stride, n, p.q, q_id);
-  runs(ids.k, ids.k_stride, m, p.k, k_id);
+  runs(ids.q, ids.q_stride, n, q_starts, q_id);
+  runs(ids.k, ids.k_stride, m, k_starts, k_id);
+  Packing p(n, m, std::move(q_starts), std::move(k_starts));
   // Runs of one id meet (a NaN id meets none): both sides' runs sorted by id, then merged.
   auto by_id = [](const std::vector<float>& id) {
     std::vector<std::int32_t> order;
@@ -201,8 +223,8 @@ std::optional<Packing> pack(const ScoreModifier::DocumentIds& ids, std::int64_t 
     return order;
   };
   const std::vector<std::int32_t> qs = by_id(q_id), ks = by_id(k_id);
-  p.keys_of.assign(q_id.size(), {});
-  p.queries_of.assign(k_id.size(), {});
+  p.keys_of_.assign(q_id.size(), {});
+  p.queries_of_.assign(k_id.size(), {});
   for (std::size_t a = 0, c = 0; a < qs.size();) {
     const float id = q_id[static_cast<std::size_t>(qs[a])];
     while (c < ks.size() && k_id[static_cast<std::size_t>(ks[c])] < id) ++c;
@@ -210,20 +232,19 @@ std::optional<Packing> pack(const ScoreModifier::DocumentIds& ids, std::int64_t 
     while (c_end < ks.size() && k_id[static_cast<std::size_t>(ks[c_end])] == id) ++c_end;
     std::size_t a_end = a;
     for (; a_end < qs.size() && q_id[static_cast<std::size_t>(qs[a_end])] == id; ++a_end)
-      p.keys_of[static_cast<std::size_t>(qs[a_end])].assign(ks.begin() + static_cast<std::ptrdiff_t>(c),
-                                                            ks.begin() + static_cast<std::ptrdiff_t>(c_end));
+      p.keys_of_[static_cast<std::size_t>(qs[a_end])].assign(ks.begin() + static_cast<std::ptrdiff_t>(c),
+                                                             ks.begin() + static_cast<std::ptrdiff_t>(c_end));
     for (std::size_t e = c; e < c_end; ++e)
-      p.queries_of[static_cast<std::size_t>(ks[e])].assign(qs.begin() + static_cast<std::ptrdiff_t>(a),
-                                                           qs.begin() + static_cast<std::ptrdiff_t>(a_end));
+      p.queries_of_[static_cast<std::size_t>(ks[e])].assign(qs.begin() + static_cast<std::ptrdiff_t>(a),
+                                                            qs.begin() + static_cast<std::ptrdiff_t>(a_end));
     a = a_end;
     c = c_end;
   }
   auto tiles = [](std::int64_t len, std::int64_t block) { return (len + block - 1) / block; };
   std::int64_t pairs = 0;
   for (std::int32_t r = 0; r < p.query_runs(); ++r)
-    for (std::int32_t kr : p.keys_of[static_cast<std::size_t>(r)])
-      pairs += tiles(p.q[static_cast<std::size_t>(r) + 1] - p.q[static_cast<std::size_t>(r)], kQueryBlock) *
-               tiles(p.k[static_cast<std::size_t>(kr) + 1] - p.k[static_cast<std::size_t>(kr)], kKeyBlock);
+    for (std::int32_t kr : p.keys_of(r))
+      pairs += tiles(p.query_start(r + 1) - p.query_start(r), kQueryBlock) * tiles(p.key_start(kr + 1) - p.key_start(kr), kKeyBlock);
   if (pairs > 3 * tiles(n, kQueryBlock) * tiles(m, kKeyBlock) + p.query_runs()) return std::nullopt;
   return p;
 }
@@ -233,6 +254,25 @@ struct Tile {
   std::int64_t b, first, count;
 };
 
+/// Every batch entry's tiles, entry by entry: listed where sequences are packed, computed from the
+/// index otherwise (tiles of `block` rows from row 0 of each entry's `extent`; nothing allocated).
+class Tiles {
+ public:
+  Tiles(std::int64_t batches, std::int64_t block, std::int64_t extent)
+      : block_(block), extent_(extent), per_entry_((extent + block - 1) / block), size_(batches * per_entry_) {}
+  explicit Tiles(std::vector<Tile> list) : size_(static_cast<std::int64_t>(list.size())), list_(std::move(list)) {}
+  std::int64_t size() const { return size_; }
+  Tile operator[](std::int64_t i) const {
+    if (!list_.empty()) return list_[static_cast<std::size_t>(i)];
+    const std::int64_t first = i % per_entry_ * block_;
+    return {i / per_entry_, first, std::min(block_, extent_ - first)};
+  }
+
+ private:
+  std::int64_t block_ = 0, extent_ = 0, per_entry_ = 1, size_;
+  std::vector<Tile> list_;
+};
+
 /// The masked scores of one attention, tile by tile, over the batch dims `batch` of the
 /// kernel's output.
 class Scores {
@@ -240,12 +280,11 @@ class Scores {
   Scores(const ScoreArgs& a, const ir::Shape& batch)
       : a_(a), batch_(batch), n_(a.q.shape.back(1)), m_(a.k.shape.back(1)), d_(a.q.shape.back(0)), qs_(batch_strides(a.q.shape, batch, n_ * d_)),
         ks_(batch_strides(a.k.shape, batch, m_ * d_)), shift_(a.align == ir::CausalAlign::bottom_right ? m_ - n_ : 0) {
-    packings_.push_back(Packing{{0, n_}, {0, m_}, {{0}}, {{0}}});
     if (a.mod && a.mod->document_ids(0)) {  // packed sequences: each batch entry's runs, once per distinct ids
       std::map<std::pair<const float*, const float*>, std::int32_t> seen;
       for (std::int64_t b = 0; b < batches(); ++b) {
         const ScoreModifier::DocumentIds ids = *a.mod->document_ids(b);
-        auto [at, fresh] = seen.try_emplace({ids.q, ids.k}, 0);
+        auto [at, fresh] = seen.try_emplace({ids.q, ids.k}, -1);
         if (fresh)
           if (std::optional<Packing> p = pack(ids, n_, m_)) {
             at->second = static_cast<std::int32_t>(packings_.size());
@@ -366,14 +405,15 @@ class Scores {
 
   /// Batch entry b's runs of packed sequences (one of all its queries and keys when unpacked).
   const Packing& packing(std::int64_t b) const {
-    return packings_[packing_of_.empty() ? 0 : static_cast<std::size_t>(packing_of_[static_cast<std::size_t>(b)])];
+    const std::int32_t p = packing_of_.empty() ? -1 : packing_of_[static_cast<std::size_t>(b)];
+    return p < 0 ? unpacked_ : packings_[static_cast<std::size_t>(p)];
   }
 
   /// Every batch entry's query tiles of `block` rows at most, entry by entry: each run of
   /// packed sequences tiled from its first query (Packing).
-  std::vector<Tile> query_tiles(std::int64_t block) const { return tiles(block, &Packing::q); }
+  Tiles query_tiles(std::int64_t block) const { return tiles(block, n_, &Packing::query_runs, &Packing::query_start); }
   /// Every batch entry's key tiles of kKeyBlock keys at most, likewise.
-  std::vector<Tile> key_tiles() const { return tiles(kKeyBlock, &Packing::k); }
+  Tiles key_tiles() const { return tiles(kKeyBlock, m_, &Packing::key_runs, &Packing::key_start); }
 
   /// f(j0, cols) for each key tile of queries [i0, i0 + rows) of batch entry b that is not masked
   /// whole: the causal key range and the modifier's tiles skipped when `skip` (the operands the
@@ -394,7 +434,7 @@ class Scores {
     const Packing& p = packing(b);
     std::int64_t computed = 0;
     auto run = [&](std::int32_t r) {  // key run r's tiles within [begin, end), from its first key
-      const std::int64_t first = std::max(p.k[static_cast<std::size_t>(r)], begin), last = std::min(p.k[static_cast<std::size_t>(r) + 1], end);
+      const std::int64_t first = std::max(p.key_start(r), begin), last = std::min(p.key_start(r + 1), end);
       for (std::int64_t j0 = first; j0 < last; j0 += kKeyBlock) {
         const std::int64_t cols = std::min(kKeyBlock, last - j0);
         if (skip && tile_masked(b, i0, rows, j0, cols) && may_leave_out(b, j0, j0 + cols)) continue;
@@ -404,17 +444,17 @@ class Scores {
       }
     };
     auto others = [&](std::int32_t from, std::int32_t to) {  // key runs [from, to), of other sequences
-      const std::int64_t first = std::max(p.k[static_cast<std::size_t>(from)], begin), last = std::min(p.k[static_cast<std::size_t>(to)], end);
+      const std::int64_t first = std::max(p.key_start(from), begin), last = std::min(p.key_start(to), end);
       if (first >= last || (skip && may_leave_out(b, first, last))) return;
       for (std::int32_t r = from; r < to; ++r) run(r);
     };
     std::int32_t next = 0;
-    for (std::int32_t r : p.keys_of[static_cast<std::size_t>(p.query_run(i0))]) {
+    for (std::int32_t r : p.keys_of(p.query_run(i0))) {
       others(next, r);
       run(r);
       next = r + 1;
     }
-    others(next, static_cast<std::int32_t>(p.key_runs()));
+    others(next, p.key_runs());
     count_tiles(rows * (hi - lo), computed);
   }
 
@@ -464,7 +504,7 @@ class Scores {
     const Packing& p = packing(b);
     std::int64_t computed = 0;
     auto run = [&](std::int32_t r) {  // query run r's tiles within [begin, end), from its first query
-      const std::int64_t first = std::max(p.q[static_cast<std::size_t>(r)], begin), last = std::min(p.q[static_cast<std::size_t>(r) + 1], end);
+      const std::int64_t first = std::max(p.query_start(r), begin), last = std::min(p.query_start(r + 1), end);
       for (std::int64_t i0 = first; i0 < last; i0 += qb) {
         const std::int64_t rows = std::min(qb, last - i0);
         if (skip && tile_masked(b, i0, rows, j0, cols)) continue;
@@ -477,12 +517,12 @@ class Scores {
       if (!skip)
         for (std::int32_t r = next; r < to; ++r) run(r);
     };
-    for (std::int32_t r : p.queries_of[static_cast<std::size_t>(p.key_run(j0))]) {
+    for (std::int32_t r : p.queries_of(p.key_run(j0))) {
       others(r);
       run(r);
       next = r + 1;
     }
-    others(static_cast<std::int32_t>(p.query_runs()));
+    others(p.query_runs());
     count_tiles(cols * n_, computed);
   }
 
@@ -550,17 +590,21 @@ class Scores {
   std::uint32_t threshold_ = ir::dropout_threshold(a_.dropout);
   float keep_ = static_cast<float>(ir::dropout_keep_value(a_.dropout));
   const FiniteValues* finite_ = nullptr;
-  std::vector<Packing> packings_;         // the unpacked runs, then each distinct packing
-  std::vector<std::int32_t> packing_of_;  // by batch entry: its packing (empty: every entry the unpacked runs)
+  Packing unpacked_{n_, m_};
+  std::vector<Packing> packings_;         // each distinct packing of the batch entries
+  std::vector<std::int32_t> packing_of_;  // by batch entry: its packing, or -1 (empty: every entry unpacked)
 
-  std::vector<Tile> tiles(std::int64_t block, std::vector<std::int64_t> Packing::*starts) const {
-    std::vector<Tile> out;
+  Tiles tiles(std::int64_t block, std::int64_t extent, std::int32_t (Packing::*runs)() const,
+              std::int64_t (Packing::*start)(std::int32_t) const) const {
+    if (packing_of_.empty()) return Tiles(batches(), block, extent);
+    std::vector<Tile> list;
     for (std::int64_t b = 0; b < batches(); ++b) {
-      const std::vector<std::int64_t>& runs = packing(b).*starts;
-      for (std::size_t r = 0; r + 1 < runs.size(); ++r)
-        for (std::int64_t first = runs[r]; first < runs[r + 1]; first += block) out.push_back({b, first, std::min(block, runs[r + 1] - first)});
+      const Packing& p = packing(b);
+      for (std::int32_t r = 0; r < (p.*runs)(); ++r)
+        for (std::int64_t first = (p.*start)(r), end = (p.*start)(r + 1); first < end; first += block)
+          list.push_back({b, first, std::min(block, end - first)});
     }
-    return out;
+    return Tiles(std::move(list));
   }
 };
 
@@ -803,33 +847,52 @@ void attention(const AttentionArgs& a) {
   };
   struct Split {
     Tile rows;
-    std::int64_t first, parts;  // its partials
+    std::int64_t tile, first, parts;  // its index among the tiles, its partials
   };
-  std::vector<Work> work;
+  const Tiles tiles = sc.query_tiles(kQueryBlock);
   std::vector<Split> splits;
   std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> chunks;  // per split: its keys' chunks
-  for (const Tile& t : sc.query_tiles(kQueryBlock)) {
+  for (std::int64_t i = 0; i < tiles.size(); ++i) {
+    const Tile t = tiles[i];
     const Packing& p = sc.packing(t.b);
-    const std::vector<std::int32_t>& runs = p.keys_of[static_cast<std::size_t>(p.query_run(t.first))];
+    const std::span<const std::int32_t> runs = p.keys_of(p.query_run(t.first));
     std::int64_t keys = 0;
-    for (std::int32_t r : runs) keys += p.k[static_cast<std::size_t>(r) + 1] - p.k[static_cast<std::size_t>(r)];
+    for (std::int32_t r : runs) keys += p.key_start(r + 1) - p.key_start(r);
+    if (key_splits(t.count, keys) == 1) continue;
     // The other sequences' keys must be left out for the chunks to cover only its own.
     bool alone = true;
     for (std::size_t e = 0, next = 0; alone && e <= runs.size(); ++e) {
-      const std::int64_t from = p.k[next], to = e < runs.size() ? p.k[static_cast<std::size_t>(runs[e])] : m;
+      const std::int64_t from = p.key_start(static_cast<std::int32_t>(next)), to = e < runs.size() ? p.key_start(runs[e]) : m;
       alone = from >= to || (skip && sc.may_leave_out(t.b, from, to));
       if (e < runs.size()) next = static_cast<std::size_t>(runs[e]) + 1;
     }
-    if (!alone || key_splits(t.count, keys) == 1) {
-      work.push_back({t, 0, m, -1});
-      continue;
-    }
+    if (!alone) continue;
     std::vector<std::pair<std::int64_t, std::int64_t>> parts;
     for (std::int32_t r : runs)
-      for (std::int64_t lo = p.k[static_cast<std::size_t>(r)], hi = p.k[static_cast<std::size_t>(r) + 1]; lo < hi; lo += kSplitKeys)
+      for (std::int64_t lo = p.key_start(r), hi = p.key_start(r + 1); lo < hi; lo += kSplitKeys)
         parts.emplace_back(lo, std::min(hi, lo + kSplitKeys));
-    splits.push_back({t, 0, static_cast<std::int64_t>(parts.size())});
+    splits.push_back({t, i, 0, static_cast<std::int64_t>(parts.size())});
     chunks.push_back(std::move(parts));
+  }
+  // A tile whole: its rows over every key, finished at once.
+  auto whole = [&](const Tile& t) {
+    thread_local std::vector<float> m_buf, l_buf, o_buf;
+    const std::int64_t b = t.b, i0 = t.first, rows = t.count;
+    if (!f32_out) o_buf.resize(static_cast<std::size_t>(rows * dv));
+    m_buf.resize(static_cast<std::size_t>(rows));
+    l_buf.resize(static_cast<std::size_t>(rows));
+    float* o = f32_out ? a.out.data + b * n * dv + i0 * dv : o_buf.data();
+    attend_keys(a, sc, vs, skip, b, i0, rows, 0, m, o, m_buf.data(), l_buf.data());
+    finish_rows(a, sinks, b, i0, rows, o, m_buf.data(), l_buf.data());
+  };
+  if (splits.empty()) {  // nothing split: no work list, nothing allocated
+    ThreadPool::global().parallel_for(tiles.size(), [&](std::int64_t task) { whole(tiles[task]); });
+    return;
+  }
+  std::vector<Work> work;
+  for (std::int64_t i = 0, e = 0; i < tiles.size(); ++i) {  // the tiles whole first
+    if (e < static_cast<std::int64_t>(splits.size()) && splits[static_cast<std::size_t>(e)].tile == i) ++e;
+    else work.push_back({tiles[i], 0, m, -1});
   }
   // Chunk-major: consecutive tasks take the same keys of consecutive batch entries, so query
   // heads that share a key/value head (grouped-query attention, k and v broadcast) read its
@@ -852,19 +915,10 @@ void attention(const AttentionArgs& a) {
   const std::unique_ptr<float[]> partials(new float[static_cast<std::size_t>(partial_rows * (dv + 2))]);  // each task writes its own
   ThreadPool::global().parallel_for(static_cast<std::int64_t>(work.size()), [&](std::int64_t task) {
     const Work& w = work[static_cast<std::size_t>(task)];
-    const std::int64_t b = w.rows.b, i0 = w.rows.first, rows = w.rows.count;
-    if (w.part >= 0) {
-      float* p = partials.get() + w.part * (dv + 2);
-      attend_keys(a, sc, vs, skip, b, i0, rows, w.lo, w.hi, p, p + rows * dv, p + rows * dv + rows);
-      return;
-    }
-    thread_local std::vector<float> m_buf, l_buf, o_buf;
-    if (!f32_out) o_buf.resize(static_cast<std::size_t>(rows * dv));
-    m_buf.resize(static_cast<std::size_t>(rows));
-    l_buf.resize(static_cast<std::size_t>(rows));
-    float* o = f32_out ? a.out.data + b * n * dv + i0 * dv : o_buf.data();
-    attend_keys(a, sc, vs, skip, b, i0, rows, w.lo, w.hi, o, m_buf.data(), l_buf.data());
-    finish_rows(a, sinks, b, i0, rows, o, m_buf.data(), l_buf.data());
+    if (w.part < 0) return whole(w.rows);
+    const std::int64_t rows = w.rows.count;
+    float* p = partials.get() + w.part * (dv + 2);
+    attend_keys(a, sc, vs, skip, w.rows.b, w.rows.first, rows, w.lo, w.hi, p, p + rows * dv, p + rows * dv + rows);
   });
   ThreadPool::global().parallel_for(static_cast<std::int64_t>(splits.size()), [&](std::int64_t e) {
     const Split& sp = splits[static_cast<std::size_t>(e)];
@@ -919,10 +973,10 @@ void attention_jvp(const AttentionJvpArgs& args) {
   const bool skip = sc.may_skip() && (zero_v || all_finite(args.tv, 0, args.tv.shape.numel()));
   const SinkLogits sinks(a.s.sink, sc.batch(), n);
   const std::int64_t unit = tile_gemm_columns();
-  const std::vector<Tile> tiles = sc.query_tiles(kQueryBlock);
-  ThreadPool::global().parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t task) {
+  const Tiles tiles = sc.query_tiles(kQueryBlock);
+  ThreadPool::global().parallel_for(tiles.size(), [&](std::int64_t task) {
     thread_local std::vector<float> sums;  // o and t (rows x dv each), then the max, l and mu per row
-    const Tile& tile = tiles[static_cast<std::size_t>(task)];
+    const Tile tile = tiles[task];
     const std::int64_t b = tile.b, i0 = tile.first, rows = tile.count;
     sums.assign(static_cast<std::size_t>(rows * (2 * dv + 3)), 0.0f);
     float *o = sums.data(), *t = o + rows * dv, *top = t + rows * dv, *l = top + rows, *mu = l + rows;
@@ -1005,14 +1059,14 @@ void attention_lse(const ScoreArgs& args, View out) {
   QKV_ASSERT(out.stored == DType::f32, "the log-sum-exp is written in f32");
   const SinkLogits sinks(args.sink, sc.batch(), sc.n());
   const std::int64_t n = sc.n();
-  const std::vector<Tile> tiles = sc.query_tiles(kQueryBlock);
+  const Tiles tiles = sc.query_tiles(kQueryBlock);
   // Masked keys add exp(-inf) = 0 whatever the operands hold, so skipping their blocks is exact.
-  ThreadPool::global().parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t task) {
+  ThreadPool::global().parallel_for(tiles.size(), [&](std::int64_t task) {
     thread_local std::vector<float> mx;
     thread_local std::vector<double> sum;
     float* s = tile_buffers().first;
-    const std::int64_t b = tiles[static_cast<std::size_t>(task)].b, i0 = tiles[static_cast<std::size_t>(task)].first;
-    const std::int64_t rows = tiles[static_cast<std::size_t>(task)].count;
+    const Tile tile = tiles[task];
+    const std::int64_t b = tile.b, i0 = tile.first, rows = tile.count;
     float* lse = out.data + b * n + i0;
     mx.assign(static_cast<std::size_t>(rows), kNegInf);
     sum.assign(static_cast<std::size_t>(rows), 0.0);
@@ -1062,11 +1116,11 @@ void attention_grad(const AttentionGradArgs& a) {
 
   if (a.wrt == 0) {
     // dq: per query block, over its key blocks.
-    const std::vector<Tile> tiles = sc.query_tiles(sc.query_block());
-    ThreadPool::global().parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t task) {
+    const Tiles tiles = sc.query_tiles(sc.query_block());
+    ThreadPool::global().parallel_for(tiles.size(), [&](std::int64_t task) {
       const auto [p, ds] = tile_buffers();
-      const std::int64_t b = tiles[static_cast<std::size_t>(task)].b, i0 = tiles[static_cast<std::size_t>(task)].first;
-      const std::int64_t rows = tiles[static_cast<std::size_t>(task)].count;
+      const Tile tile = tiles[task];
+      const std::int64_t b = tile.b, i0 = tile.first, rows = tile.count;
       const float *lse = row_stat(a.lse, b) + i0, *delta = row_stat(a.delta, b) + i0, *dy = dy_rows(b, i0, rows);
       const std::int64_t dq_at = b * n * d + i0 * d;
       float* dq = accumulator(a.out, dq_at, rows * d, 0);
@@ -1081,11 +1135,11 @@ void attention_grad(const AttentionGradArgs& a) {
 
   // dk or dv: per key block, over its query blocks.
   const std::int64_t width = a.wrt == 1 ? d : dv;
-  const std::vector<Tile> tiles = sc.key_tiles();
-  ThreadPool::global().parallel_for(static_cast<std::int64_t>(tiles.size()), [&](std::int64_t task) {
+  const Tiles tiles = sc.key_tiles();
+  ThreadPool::global().parallel_for(tiles.size(), [&](std::int64_t task) {
     const auto [p, ds_tile] = tile_buffers();
-    const std::int64_t b = tiles[static_cast<std::size_t>(task)].b, j0 = tiles[static_cast<std::size_t>(task)].first;
-    const std::int64_t cols = tiles[static_cast<std::size_t>(task)].count;
+    const Tile keys = tiles[task];
+    const std::int64_t b = keys.b, j0 = keys.first, cols = keys.count;
     const std::int64_t acc_at = b * m * width + j0 * width;
     float* acc = accumulator(a.out, acc_at, cols * width, 0);
     const KeyTile tile = key_tile(sc, b, j0, cols, a.v, v_at(b), dv);
@@ -1118,10 +1172,10 @@ void attention_grads(const AttentionGradArgs& a, const View* dq, const View* dk,
     float* dv_b = dv ? accumulator(*dv, b * m * dvw, m * dvw, 2) : nullptr;
     // Skipping masked blocks is exact only while no NaN or inf meets a masked zero (see attention).
     const bool skip = !sc.may_skip() || backward_may_skip(sc, b, a.v, v_at, dvw, a.dy, delta_b);
-    const std::vector<std::int64_t>& runs = sc.packing(b).k;  // key tiles from each run's first key
-    for (std::size_t r = 0; r + 1 < runs.size(); ++r)
-      for (std::int64_t j0 = runs[r]; j0 < runs[r + 1]; j0 += kKeyBlock) {
-        const std::int64_t cols = std::min(kKeyBlock, runs[r + 1] - j0);
+    const Packing& runs = sc.packing(b);  // key tiles from each run's first key
+    for (std::int32_t r = 0; r < runs.key_runs(); ++r)
+      for (std::int64_t j0 = runs.key_start(r), end = runs.key_start(r + 1); j0 < end; j0 += kKeyBlock) {
+        const std::int64_t cols = std::min(kKeyBlock, end - j0);
         const KeyTile tile = key_tile(sc, b, j0, cols, a.v, v_at, dvw);
         sc.each_query_tile(b, j0, cols, skip, [&](std::int64_t i0, std::int64_t rows) {
           const float* dy = f32_rows(a.dy, b * n * dvw + i0 * dvw, rows, dvw, 4);  // q, k, v and dy may be f16 or bf16: widened per tile
