@@ -1120,9 +1120,11 @@ std::string flash_online_softmax(const Flash& f) {
                                       "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
                                       "            if (c0 + j * $CLANE < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j * $CLANE);\n";
   const std::string rescale = "[[unroll]] for (uint g = 0u; g < DV4; ++g) o[t * DV4 + g] *= alpha;\n";
+  const std::string scores =
+      fill_glsl(glsl_file("flash_chunk_scores.glsl"),
+                {{"DOTS", indented(dots("s", "q", "k_tile", "D4", f.decode ? "tile_at(c, g, D4)" : ""), "  ")}, {"SCORE", score}, {"CLANE", lane}});
   return glsl_template(f.packed ? "flash_online_softmax_keys.glsl" : "flash_online_softmax.glsl",
-                       {{"DOTS", indented(dots("s", "q", "k_tile", "D4", f.decode ? "tile_at(c, g, D4)" : ""), "  ")},
-                        {"SCORE", score},
+                       {{"SCORES", scores},
                         {"RESCALE", forward ? (f.packed ? "            " : "          ") + rescale : ""},
                         {"DROP", forward && f.drop ? fill_glsl(drop, {{"CLANE", lane}}) : ""},
                         {"ACCUMULATE", forward ? fill_glsl(glsl_file(f.packed ? "flash_pv_key.glsl" : "flash_pv.glsl"),
@@ -1142,11 +1144,11 @@ std::string flash_tangent_pass(const Flash& f) {
                : "        if (own(t) < N)  // after mu: the weights' mean is of the undropped ones\n"
                  "          [[unroll]] for (uint j = 0u; j < 4u; ++j)\n"
                  "            if (c0 + j < cols) sc[t][j] *= dropout_factor(own(t), t0 + c0 + j);\n";
-  return glsl_template(
-      f.packed ? "flash_jvp_online_keys.glsl" : "flash_jvp_online.glsl",
+  const std::string scores = fill_glsl(
+      glsl_file("flash_jvp_chunk_scores.glsl"),
       {{"DOTS", indented(dots_text, "  ")},
-       {"MODIFIED", f.n.region ? "          vec2 md = score_mod_d(x, own(t), t0 + c);\n          x = md.x;\n          dx *= md.y;\n" : ""},
-       {"DROP", f.drop ? drop : ""}});
+       {"MODIFIED", f.n.region ? "          vec2 md = score_mod_d(x, own(t), t0 + c);\n          x = md.x;\n          dx *= md.y;\n" : ""}});
+  return glsl_template(f.packed ? "flash_jvp_online_keys.glsl" : "flash_jvp_online.glsl", {{"SCORES", scores}, {"DROP", f.drop ? drop : ""}});
 }
 
 /// The tile loop: load the tiles, then each invocation's rows against every tile row c.

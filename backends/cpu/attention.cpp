@@ -223,29 +223,39 @@ std::optional<Packing> pack(const ScoreModifier::DocumentIds& ids, std::int64_t 
     return order;
   };
   const std::vector<std::int32_t> qs = by_id(q_id), ks = by_id(k_id);
+  // f(a, a_end, c, c_end) for each id: query runs qs[a, a_end) and key runs ks[c, c_end) hold it.
+  auto each_id = [&](auto f) {
+    for (std::size_t a = 0, c = 0; a < qs.size();) {
+      const float id = q_id[static_cast<std::size_t>(qs[a])];
+      while (c < ks.size() && k_id[static_cast<std::size_t>(ks[c])] < id) ++c;
+      std::size_t c_end = c, a_end = a;
+      while (c_end < ks.size() && k_id[static_cast<std::size_t>(ks[c_end])] == id) ++c_end;
+      while (a_end < qs.size() && q_id[static_cast<std::size_t>(qs[a_end])] == id) ++a_end;
+      f(a, a_end, c, c_end);
+      a = a_end;
+      c = c_end;
+    }
+  };
+  // The pairs of tiles first, before any list is kept (ids that alternate would make them long).
+  auto tiles = [](std::int64_t len, std::int64_t block) { return (len + block - 1) / block; };
+  std::int64_t pairs = 0;
+  each_id([&](std::size_t a, std::size_t a_end, std::size_t c, std::size_t c_end) {
+    std::int64_t q_tiles = 0, k_tiles = 0;
+    for (std::size_t e = a; e < a_end; ++e) q_tiles += tiles(p.query_start(qs[e] + 1) - p.query_start(qs[e]), kQueryBlock);
+    for (std::size_t e = c; e < c_end; ++e) k_tiles += tiles(p.key_start(ks[e] + 1) - p.key_start(ks[e]), kKeyBlock);
+    pairs += q_tiles * k_tiles;
+  });
+  if (pairs > 3 * tiles(n, kQueryBlock) * tiles(m, kKeyBlock) + p.query_runs()) return std::nullopt;
   p.keys_of_.assign(q_id.size(), {});
   p.queries_of_.assign(k_id.size(), {});
-  for (std::size_t a = 0, c = 0; a < qs.size();) {
-    const float id = q_id[static_cast<std::size_t>(qs[a])];
-    while (c < ks.size() && k_id[static_cast<std::size_t>(ks[c])] < id) ++c;
-    std::size_t c_end = c;
-    while (c_end < ks.size() && k_id[static_cast<std::size_t>(ks[c_end])] == id) ++c_end;
-    std::size_t a_end = a;
-    for (; a_end < qs.size() && q_id[static_cast<std::size_t>(qs[a_end])] == id; ++a_end)
-      p.keys_of_[static_cast<std::size_t>(qs[a_end])].assign(ks.begin() + static_cast<std::ptrdiff_t>(c),
-                                                             ks.begin() + static_cast<std::ptrdiff_t>(c_end));
+  each_id([&](std::size_t a, std::size_t a_end, std::size_t c, std::size_t c_end) {
+    for (std::size_t e = a; e < a_end; ++e)
+      p.keys_of_[static_cast<std::size_t>(qs[e])].assign(ks.begin() + static_cast<std::ptrdiff_t>(c),
+                                                         ks.begin() + static_cast<std::ptrdiff_t>(c_end));
     for (std::size_t e = c; e < c_end; ++e)
       p.queries_of_[static_cast<std::size_t>(ks[e])].assign(qs.begin() + static_cast<std::ptrdiff_t>(a),
                                                             qs.begin() + static_cast<std::ptrdiff_t>(a_end));
-    a = a_end;
-    c = c_end;
-  }
-  auto tiles = [](std::int64_t len, std::int64_t block) { return (len + block - 1) / block; };
-  std::int64_t pairs = 0;
-  for (std::int32_t r = 0; r < p.query_runs(); ++r)
-    for (std::int32_t kr : p.keys_of(r))
-      pairs += tiles(p.query_start(r + 1) - p.query_start(r), kQueryBlock) * tiles(p.key_start(kr + 1) - p.key_start(kr), kKeyBlock);
-  if (pairs > 3 * tiles(n, kQueryBlock) * tiles(m, kKeyBlock) + p.query_runs()) return std::nullopt;
+  });
   return p;
 }
 
@@ -858,7 +868,8 @@ void attention(const AttentionArgs& a) {
     const std::span<const std::int32_t> runs = p.keys_of(p.query_run(t.first));
     std::int64_t keys = 0;
     for (std::int32_t r : runs) keys += p.key_start(r + 1) - p.key_start(r);
-    if (key_splits(t.count, keys) == 1) continue;
+    const std::int32_t own = p.query_run(t.first);  // the sequence's queries, whatever its tiles
+    if (key_splits(p.query_start(own + 1) - p.query_start(own), keys) == 1) continue;
     // The other sequences' keys must be left out for the chunks to cover only its own.
     bool alone = true;
     for (std::size_t e = 0, next = 0; alone && e <= runs.size(); ++e) {
@@ -873,6 +884,7 @@ void attention(const AttentionArgs& a) {
         parts.emplace_back(lo, std::min(hi, lo + kSplitKeys));
     splits.push_back({t, i, 0, static_cast<std::int64_t>(parts.size())});
     chunks.push_back(std::move(parts));
+    sc.count_tiles(t.count * (m - keys), 0);  // the other sequences' keys, which no chunk visits
   }
   // A tile whole: its rows over every key, finished at once.
   auto whole = [&](const Tile& t) {

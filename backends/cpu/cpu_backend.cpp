@@ -611,8 +611,8 @@ class CpuBackend final : public Backend {
   bool supports(const Node& n) const override { return cpu_supports(n); }
   std::string determinism() const override {
     return "every kernel: the same bits every run and at any thread count (work split by data, each task writing its own outputs), "
-           "and a sequence's the same alone or anywhere in a batch, a packed (varlen) batch's too (tiles from each sequence's start); "
-           "not dropout's masks (keyed by the position in the batch)";
+           "and a sequence's the same alone or anywhere in a batch, a packed (varlen) batch's too (tiles from each sequence's start; "
+           "not for ids interleaved so finely that the plain tiles are kept); not dropout's masks (keyed by the position in the batch)";
   }
   ir::StoragePlan storage_plan(const ir::Graph& g) const override { return cpu_storage_plan(g); }
   std::string work_split(const ir::Graph& g, ir::ValueId v, const std::vector<ir::Shape>& shapes) const override {

@@ -169,10 +169,11 @@ bool ScoreModifier::may_mask_within(std::int64_t b, std::int64_t i0, std::int64_
 std::uint32_t ScoreModifier::kept_conditions(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols) const {
   if (mask_conds_.empty()) return 0;
   const std::vector<ir::ValueRange> ranges = ir::bound_region_nodes(program_, tile_inputs(ir::ValueRange::unknown(), b, i0, rows, j0, cols));
+  if (mask_conds_.size() > kMostPartial) return ir::conditions_keep(ranges, mask_conds_) ? all_kept_ : 0u;  // all or none
   std::uint32_t kept = 0;
-  for (std::size_t c = 0; c < mask_conds_.size() && c < 32; ++c)
+  for (std::size_t c = 0; c < mask_conds_.size(); ++c)
     if (ir::conditions_keep(ranges, std::span(&mask_conds_[c], 1))) kept |= 1u << c;
-  return mask_conds_.size() <= kMostPartial || kept == all_kept_ ? kept : 0u;
+  return kept;
 }
 
 void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t cols, float* s, float* dmod, std::uint32_t kept) const {

@@ -4,19 +4,7 @@
     // tt = sum e z (s' v + tv) and mu = sum e s', e = exp(s - m), z dropout's factor.
     for (uint c0 = 0u; c0 < cols; c0 += 4u) {
       vec4 sc[RPT], dsc[RPT];  // the chunk's scores and tangents, then exp(score - m)
-      [[unroll]] for (uint t = 0u; t < RPT; ++t) { sc[t] = vec4(neg_inf()); dsc[t] = vec4(0.0); }
-      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-        uint c = c0 + j;
-        if (c >= cols) break;
-$DOTS
-        [[unroll]] for (uint t = 0u; t < RPT; ++t) {
-          if (own(t) >= N || !kept(own(t), t0 + c)) continue;
-          float x = sum4(s4[t]) * scale, dx = (sum4(a4[t]) + sum4(b4[t])) * scale;
-$MODIFIED
-          sc[t][j] = x;
-          if (x != neg_inf()) dsc[t][j] = dx;  // a masked score has no tangent
-        }
-      }
+$SCORES
       [[unroll]] for (uint t = 0u; t < RPT; ++t) {
         float m_new = qkv_max(m[t], qkv_max(qkv_max(sc[t].x, sc[t].y), qkv_max(sc[t].z, sc[t].w)));
         if (m_new != m[t]) {  // also NaN, which then reaches l, mu, o and tt as in the decomposition

@@ -4,14 +4,7 @@
     // keys of its own: c0 + j * $CLANE.
     for (uint c0 = $CFIRST; c0 < cols; c0 += $CSTEP) {
       vec4 sc[RPT];  // the chunk's scores, then exp(score - m)
-      [[unroll]] for (uint t = 0u; t < RPT; ++t) sc[t] = vec4(neg_inf());
-      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-        uint c = c0 + j * $CLANE;
-        if (c >= cols) break;
-$DOTS
-        [[unroll]] for (uint t = 0u; t < RPT; ++t)
-          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = $SCORE;
-      }
+$SCORES
       [[unroll]] for (uint t = 0u; t < RPT; ++t) {
         float m_new = qkv_max(m[t], qkv_max(qkv_max(sc[t].x, sc[t].y), qkv_max(sc[t].z, sc[t].w)));
         if (m_new != m[t]) {  // also NaN, which then reaches l and o as in the decomposition

@@ -2,18 +2,12 @@
     // scores would live in local memory on a GPU); then key by key, in order, the running max
     // moves (the sum and the accumulator rescaled only when a key raises it) and the key's weight
     // joins the sum and the accumulator. No tile or chunk boundary changes a row's sums (a masked
-    // key adds exact zeros), so a sequence of a packed batch gets the bits it gets alone.
+    // key adds exact zeros where its value is finite), so a sequence of a packed batch gets the
+    // bits it gets alone.
     // Decoding, each invocation takes keys of its own: c0 + j * $CLANE.
     for (uint c0 = $CFIRST; c0 < cols; c0 += $CSTEP) {
       vec4 sc[RPT];  // the chunk's scores
-      [[unroll]] for (uint t = 0u; t < RPT; ++t) sc[t] = vec4(neg_inf());
-      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-        uint c = c0 + j * $CLANE;
-        if (c >= cols) break;
-$DOTS
-        [[unroll]] for (uint t = 0u; t < RPT; ++t)
-          if (own(t) < N && kept(own(t), t0 + c)) sc[t][j] = $SCORE;
-      }
+$SCORES
       [[unroll]] for (uint j = 0u; j < 4u; ++j) {
         uint c = c0 + j * $CLANE;
         if (c >= cols) break;

@@ -243,6 +243,15 @@ void expect_packed_sequences_invariant(backend::Backend& b, const std::function<
       std::string split;
       for (std::size_t i = 0; i < exe->graph().size(); ++i) split += b.work_split(exe->graph(), static_cast<ir::ValueId>(i), shapes);
       EXPECT_NE(split.find("split-KV by packed sequence: a sequence with 1 to 16 queries and more than 512 keys"), std::string::npos) << split;
+      // The packed decode splits the sequence's own keys as the same attention unpacked does
+      // (1,300 keys: three parts from its first): the same bits as that one's.
+      const ir::Graph plain = lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right, sinks(sink_logits))));
+      backend::TensorMap one = own[0];
+      one.erase("cu_q");
+      one.erase("cu_k");
+      const Tensor want = b.compile(plain)->run(one).at("out");
+      ASSERT_EQ(want.nbytes(), alone.at("out").nbytes());
+      EXPECT_EQ(std::memcmp(want.raw(), alone.at("out").raw(), want.nbytes()), 0) << "the packed decode's bits differ from the unpacked one's";
     }
     for (const std::vector<std::size_t>& order : std::vector<std::vector<std::size_t>>{{1, 0}, {2, 0, 3}, {1, 3, 2, 0}, {0, 2}}) {
       std::string where;
