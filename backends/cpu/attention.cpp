@@ -368,8 +368,8 @@ class Scores {
   /// up to tile_gemm_columns() are written (ld must leave room for them). Only the columns that
   /// causality or the window cut are visited for masking, and a tile that a keep-mask along one
   /// axis, or the modifier's masks (ScoreModifier::kept_conditions), provably keep whole is not
-  /// masked at all (the modifier's conditions that provably keep it are not evaluated). With a modifier and `dmod`, dmod (same layout) gets d mod/d
-  /// score.
+  /// masked at all (the modifier's conditions that provably keep it are not evaluated). With a
+  /// modifier and `dmod`, dmod (same layout) gets d mod/d score.
   void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const Transposed& kt, float* s,
                std::int64_t ld, float* dmod = nullptr) const {
     if (!kt.is_stored()) {
