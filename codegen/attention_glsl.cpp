@@ -525,13 +525,7 @@ bool attention_strided(const Node& n) {
 }
 
 bool packed_sequences(const ir::Graph& g, const Node& n) {
-  if (!n.region) return false;
-  std::vector<std::pair<bool, bool>> varies;  // each modifier tensor: along the queries, along the keys (its static dims)
-  for (std::size_t i = 0; i < modifier_tensors(n); ++i) {
-    const Shape& t = g.node(n.inputs[ir::fixed_operands(n.op) + i]).shape;
-    varies.emplace_back(t.rank >= 2 && t.back(1) != 1, t.rank >= 1 && t.back(0) != 1);
-  }
-  return ir::document_mask_tensors(*n.region, varies).first >= 0;
+  return ir::has_document_mask(n, [&](ir::ValueId x) -> const Shape& { return g.node(x).shape; });  // the static dims
 }
 
 bool attention_cooperative(const ir::Graph& g, const ir::StoragePlan& storage, ir::ValueId v, const Target& target) {
@@ -1148,7 +1142,10 @@ std::string flash_tangent_pass(const Flash& f) {
       glsl_file("flash_jvp_chunk_scores.glsl"),
       {{"DOTS", indented(dots_text, "  ")},
        {"MODIFIED", f.n.region ? "          vec2 md = score_mod_d(x, own(t), t0 + c);\n          x = md.x;\n          dx *= md.y;\n" : ""}});
-  return glsl_template(f.packed ? "flash_jvp_online_keys.glsl" : "flash_jvp_online.glsl", {{"SCORES", scores}, {"DROP", f.drop ? drop : ""}});
+  // Where a row's max m_new moves: l, mu, o and tt rescaled to it.
+  const std::string move(glsl_file("flash_jvp_max_moves.glsl"));
+  return glsl_template(f.packed ? "flash_jvp_online_keys.glsl" : "flash_jvp_online.glsl",
+                       {{"SCORES", scores}, {"MOVE", f.packed ? indented(move, "  ") : move}, {"DROP", f.drop ? drop : ""}});
 }
 
 /// The tile loop: load the tiles, then each invocation's rows against every tile row c.

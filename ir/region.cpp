@@ -466,4 +466,14 @@ std::pair<int, int> document_mask_tensors(const Graph& region, const std::vector
   return {-1, -1};
 }
 
+bool has_document_mask(const Node& n, const std::function<const Shape&(ValueId)>& shape) {
+  if (!n.region) return false;
+  std::vector<std::pair<bool, bool>> varies;  // each modifier tensor: along the queries, along the keys
+  for (std::size_t i = 0; i < modifier_tensor_count(n.op, n.attrs, n.inputs.size()); ++i) {
+    const Shape& t = shape(n.inputs[fixed_operands(n.op) + i]);
+    varies.emplace_back(t.rank >= 2 && t.back(1) != 1, t.rank >= 1 && t.back(0) != 1);
+  }
+  return document_mask_tensors(*n.region, varies).first >= 0;
+}
+
 }  // namespace qkv::ir

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -101,6 +102,10 @@ bool conditions_keep(std::span<const ValueRange> ranges, std::span<const std::pa
 /// keeps no key of another id, and the kernels tile each run of equal ids as a sequence of its
 /// own. The tensors' indices (i of t_i), or {-1, -1}.
 std::pair<int, int> document_mask_tensors(const Graph& r, const std::vector<std::pair<bool, bool>>& varies);
+/// Whether flex attention node n's modifier holds a document mask (document_mask_tensors), its
+/// tensors' shapes given by `shape` (static or bound; broadcasting to the scores [.., N, M], a
+/// tensor whose dim -2 is 1 does not vary along the queries, dim -1 along the keys).
+bool has_document_mask(const Node& n, const std::function<const Shape&(ValueId)>& shape);
 
 /// The modifier as one infix expression over its inputs' names, e.g.
 /// "tanh(score / 30) * 30 + t0": how explain, dot and dump name it.

@@ -824,6 +824,58 @@ void finish_rows(const AttentionArgs& a, const SinkLogits& sinks, std::int64_t b
     for (std::int64_t i = 0; i < rows; ++i) a.lse[b * n + i0 + i] = top[i] == kNegInf ? kNegInf : top[i] + std::log(l[i]);
 }
 
+/// The chunks a query tile's keys split into (split-KV, flash-decoding): kSplitKeys keys at a
+/// time from each of its sequence's runs of keys, when the sequence has few queries against many
+/// keys (key_splits, of its own queries and keys, whatever its tiles) and the other sequences'
+/// keys may be left out; none (the tile whole) otherwise. `keys` gets the sequence's keys.
+std::vector<std::pair<std::int64_t, std::int64_t>> key_chunks(const Scores& sc, const Tile& t, bool skip, std::int64_t& keys) {
+  const Packing& p = sc.packing(t.b);
+  const std::int32_t own = p.query_run(t.first);
+  const std::span<const std::int32_t> runs = p.keys_of(own);
+  keys = 0;
+  for (std::int32_t r : runs) keys += p.key_start(r + 1) - p.key_start(r);
+  if (key_splits(p.query_start(own + 1) - p.query_start(own), keys) == 1) return {};
+  // The other sequences' keys must be left out for the chunks to cover only its own.
+  for (std::size_t e = 0, next = 0; e <= runs.size(); ++e) {
+    const std::int64_t from = p.key_start(static_cast<std::int32_t>(next)), to = e < runs.size() ? p.key_start(runs[e]) : sc.m();
+    if (from < to && !(skip && sc.may_leave_out(t.b, from, to))) return {};
+    if (e < runs.size()) next = static_cast<std::size_t>(runs[e]) + 1;
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
+  for (std::int32_t r : runs)
+    for (std::int64_t lo = p.key_start(r), hi = p.key_start(r + 1); lo < hi; lo += kSplitKeys) chunks.emplace_back(lo, std::min(hi, lo + kSplitKeys));
+  return chunks;
+}
+
+/// `rows` rows merged from `parts` partials of split-KV, each rows x dv of o, then the rows'
+/// maxima, then their sums, from `first`: o (relative to the common max), the max and the sum of
+/// each row into o, top and l, as the unsplit kernel keeps them.
+void merge_partials(const float* first, std::int64_t parts, std::int64_t rows, std::int64_t dv, float* o, float* top, float* l) {
+  const std::int64_t part = rows * (dv + 2);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    // The common max (NaN if any part's is); each part's weight exp(m_s - max), 0 for a part
+    // with no key (its o, a sum of zero weights times v, is zeros, or NaN where v held one,
+    // which 0 keeps: as the unsplit kernel gives).
+    float mx = kNegInf;
+    for (std::int64_t s = 0; s < parts; ++s) {
+      const float ms = first[s * part + rows * dv + i];
+      mx = std::isnan(ms) || std::isnan(mx) ? std::numeric_limits<float>::quiet_NaN() : std::max(mx, ms);
+    }
+    float* oi = o + i * dv;
+    std::fill_n(oi, dv, 0.0f);
+    float sum = 0.0f;
+    for (std::int64_t s = 0; s < parts; ++s) {
+      const float* ps = first + s * part;
+      const float ms = ps[rows * dv + i];
+      const float w = ms == kNegInf ? 0.0f : std::exp(ms - mx);
+      sum += w * ps[rows * dv + rows + i];
+      for (std::int64_t d = 0; d < dv; ++d) oi[d] += w * ps[i * dv + d];
+    }
+    top[i] = mx;
+    l[i] = sum;
+  }
+}
+
 }  // namespace
 
 std::int64_t key_splits(std::int64_t n, std::int64_t m) {
@@ -857,34 +909,17 @@ void attention(const AttentionArgs& a) {
   };
   struct Split {
     Tile rows;
-    std::int64_t tile, first, parts;  // its index among the tiles, its partials
+    std::int64_t tile, first;                                 // its index among the tiles, its first partial
+    std::vector<std::pair<std::int64_t, std::int64_t>> keys;  // its chunks
   };
   const Tiles tiles = sc.query_tiles(kQueryBlock);
   std::vector<Split> splits;
-  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> chunks;  // per split: its keys' chunks
   for (std::int64_t i = 0; i < tiles.size(); ++i) {
-    const Tile t = tiles[i];
-    const Packing& p = sc.packing(t.b);
-    const std::span<const std::int32_t> runs = p.keys_of(p.query_run(t.first));
     std::int64_t keys = 0;
-    for (std::int32_t r : runs) keys += p.key_start(r + 1) - p.key_start(r);
-    const std::int32_t own = p.query_run(t.first);  // the sequence's queries, whatever its tiles
-    if (key_splits(p.query_start(own + 1) - p.query_start(own), keys) == 1) continue;
-    // The other sequences' keys must be left out for the chunks to cover only its own.
-    bool alone = true;
-    for (std::size_t e = 0, next = 0; alone && e <= runs.size(); ++e) {
-      const std::int64_t from = p.key_start(static_cast<std::int32_t>(next)), to = e < runs.size() ? p.key_start(runs[e]) : m;
-      alone = from >= to || (skip && sc.may_leave_out(t.b, from, to));
-      if (e < runs.size()) next = static_cast<std::size_t>(runs[e]) + 1;
-    }
-    if (!alone) continue;
-    std::vector<std::pair<std::int64_t, std::int64_t>> parts;
-    for (std::int32_t r : runs)
-      for (std::int64_t lo = p.key_start(r), hi = p.key_start(r + 1); lo < hi; lo += kSplitKeys)
-        parts.emplace_back(lo, std::min(hi, lo + kSplitKeys));
-    splits.push_back({t, i, 0, static_cast<std::int64_t>(parts.size())});
-    chunks.push_back(std::move(parts));
-    sc.count_tiles(t.count * (m - keys), 0);  // the other sequences' keys, which no chunk visits
+    std::vector<std::pair<std::int64_t, std::int64_t>> chunks = key_chunks(sc, tiles[i], skip, keys);
+    if (chunks.empty()) continue;
+    splits.push_back({tiles[i], i, 0, std::move(chunks)});
+    sc.count_tiles(tiles[i].count * (m - keys), 0);  // the other sequences' keys, which no chunk visits
   }
   // A tile whole: its rows over every key, finished at once.
   auto whole = [&](const Tile& t) {
@@ -912,14 +947,14 @@ void attention(const AttentionArgs& a) {
   std::int64_t partial_rows = 0;
   for (Split& sp : splits) {
     sp.first = partial_rows;
-    partial_rows += sp.parts * sp.rows.count;
+    partial_rows += static_cast<std::int64_t>(sp.keys.size()) * sp.rows.count;
   }
   for (std::size_t c = 0, more = 1; more; ++c) {
     more = 0;
-    for (std::size_t e = 0; e < splits.size(); ++e)
-      if (c < chunks[e].size()) {
-        const auto [lo, hi] = chunks[e][c];
-        work.push_back({splits[e].rows, lo, hi, splits[e].first + static_cast<std::int64_t>(c) * splits[e].rows.count});
+    for (const Split& sp : splits)
+      if (c < sp.keys.size()) {
+        const auto [lo, hi] = sp.keys[c];
+        work.push_back({sp.rows, lo, hi, sp.first + static_cast<std::int64_t>(c) * sp.rows.count});
         more = 1;
       }
   }
@@ -934,35 +969,13 @@ void attention(const AttentionArgs& a) {
   });
   ThreadPool::global().parallel_for(static_cast<std::int64_t>(splits.size()), [&](std::int64_t e) {
     const Split& sp = splits[static_cast<std::size_t>(e)];
-    const std::int64_t b = sp.rows.b, i0 = sp.rows.first, rows = sp.rows.count, part = rows * (dv + 2);
+    const std::int64_t b = sp.rows.b, i0 = sp.rows.first, rows = sp.rows.count;
     thread_local std::vector<float> m_buf, l_buf, o_buf;
     m_buf.resize(static_cast<std::size_t>(rows));
     l_buf.resize(static_cast<std::size_t>(rows));
     if (!f32_out) o_buf.resize(static_cast<std::size_t>(rows * dv));
     float* o = f32_out ? a.out.data + b * n * dv + i0 * dv : o_buf.data();
-    const float* first = partials.get() + sp.first * (dv + 2);
-    for (std::int64_t i = 0; i < rows; ++i) {
-      // The common max (NaN if any part's is); each part's weight exp(m_s - max), 0 for a part
-      // with no key (its o, a sum of zero weights times v, is zeros, or NaN where v held one,
-      // which 0 keeps: as the unsplit kernel gives).
-      float top = kNegInf;
-      for (std::int64_t s = 0; s < sp.parts; ++s) {
-        const float ms = first[s * part + rows * dv + i];
-        top = std::isnan(ms) || std::isnan(top) ? std::numeric_limits<float>::quiet_NaN() : std::max(top, ms);
-      }
-      float* oi = o + i * dv;
-      std::fill_n(oi, dv, 0.0f);
-      float sum = 0.0f;
-      for (std::int64_t s = 0; s < sp.parts; ++s) {
-        const float* ps = first + s * part;
-        const float ms = ps[rows * dv + i];
-        const float w = ms == kNegInf ? 0.0f : std::exp(ms - top);
-        sum += w * ps[rows * dv + rows + i];
-        for (std::int64_t d = 0; d < dv; ++d) oi[d] += w * ps[i * dv + d];
-      }
-      m_buf[static_cast<std::size_t>(i)] = top;
-      l_buf[static_cast<std::size_t>(i)] = sum;
-    }
+    merge_partials(partials.get() + sp.first * (dv + 2), static_cast<std::int64_t>(sp.keys.size()), rows, dv, o, m_buf.data(), l_buf.data());
     finish_rows(a, sinks, b, i0, rows, o, m_buf.data(), l_buf.data());
   });
 }

@@ -622,17 +622,11 @@ class CpuBackend final : public Backend {
     // plan cannot give the pair apart storage they run apart, and this forward may split).
     if (static_cast<std::size_t>(v) + 1 < g.size() && ir::is_tangent_of(g.nodes()[static_cast<std::size_t>(v) + 1], node)) return {};
     const std::int64_t n = shapes[static_cast<std::size_t>(node.inputs[0])].back(1), m = shapes[static_cast<std::size_t>(node.inputs[1])].back(1);
-    if (node.op == Op::flex_attention && m > cpu::kSplitKeys) {  // packed sequences: split by each one's own keys
-      std::vector<std::pair<bool, bool>> varies;                 // each modifier tensor: along the queries, along the keys
-      for (std::size_t k = 0; k < ir::modifier_tensor_count(node.op, node.attrs, node.inputs.size()); ++k) {
-        const ir::Shape& t = shapes[static_cast<std::size_t>(node.inputs[ir::fixed_operands(node.op) + k])];
-        varies.emplace_back(t.rank >= 2 && t.back(1) != 1, t.rank >= 1 && t.back(0) != 1);
-      }
-      if (ir::document_mask_tensors(*node.region, varies).first >= 0)
-        return "split-KV by packed sequence: a sequence with 1 to " + std::to_string(cpu::kSplitQueries) + " queries and more than " +
-               std::to_string(cpu::kSplitKeys) + " keys (its document ids say which) has its keys in parts of " + std::to_string(cpu::kSplitKeys) +
-               " from its first (a task each), merged by their log-sum-exp";
-    }
+    if (node.op == Op::flex_attention && m > cpu::kSplitKeys &&  // packed sequences: split by each one's own keys
+        ir::has_document_mask(node, [&](ir::ValueId x) -> const ir::Shape& { return shapes[static_cast<std::size_t>(x)]; }))
+      return "split-KV by packed sequence: a sequence with 1 to " + std::to_string(cpu::kSplitQueries) + " queries and more than " +
+             std::to_string(cpu::kSplitKeys) + " keys (its document ids say which) has its keys in parts of " + std::to_string(cpu::kSplitKeys) +
+             " from its first (a task each), merged by their log-sum-exp";
     const std::int64_t parts = cpu::key_splits(n, m);
     if (parts == 1) return {};
     return "split-KV: " + std::to_string(n) + (n == 1 ? " query" : " queries") + " against " + std::to_string(m) + " keys, in " +

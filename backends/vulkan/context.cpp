@@ -41,6 +41,20 @@ constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
 
 std::uint64_t vulkan_validation_messages() { return g_validation_messages.load(); }
 
+namespace {
+
+/// `flag` from environment variable `name` where it is set: 1 or 0, else an error naming it and
+/// what it takes (`choices`).
+void env_flag(const char* name, bool& flag, const std::string& choices) {
+  const char* f = std::getenv(name);
+  if (!f) return;
+  const std::string s = f;
+  if (s != "0" && s != "1") throw BackendError(std::string("vulkan: ") + name + " is '" + s + "'; give " + choices);
+  flag = s == "1";
+}
+
+}  // namespace
+
 VulkanOptions vulkan_options_from_env() {
   VulkanOptions o;
   if (const char* d = std::getenv("QKV_VULKAN_DEVICE")) o.device_filter = d;
@@ -62,35 +76,11 @@ VulkanOptions vulkan_options_from_env() {
     o.attention_rows = rows;
     o.attention_tile = tile;
   }
-  if (const char* f = std::getenv("QKV_VULKAN_SPLIT_KV")) {
-    const std::string s = f;
-    if (s != "0" && s != "1") throw BackendError("vulkan: QKV_VULKAN_SPLIT_KV is '" + s + "'; give 1 (decoding splits the keys, the default) or 0");
-    o.split_kv = s == "1";
-  }
-  if (const char* f = std::getenv("QKV_DETERMINISTIC")) {
-    const std::string s = f;
-    if (s != "0" && s != "1")
-      throw BackendError("vulkan: QKV_DETERMINISTIC is '" + s + "'; give 1 (packed batches batch-invariant on every device) or 0 (the default)");
-    o.deterministic = s == "1";
-  }
-  if (const char* f = std::getenv("QKV_VULKAN_SUBGROUP_REDUCTIONS")) {
-    const std::string s = f;
-    if (s != "0" && s != "1")
-      throw BackendError("vulkan: QKV_VULKAN_SUBGROUP_REDUCTIONS is '" + s + "'; give 1 (a subgroup per row where the device can, the default) or 0");
-    o.subgroup_reductions = s == "1";
-  }
-  if (const char* f = std::getenv("QKV_VULKAN_OPTIMIZE_SPIRV")) {
-    const std::string s = f;
-    if (s != "0" && s != "1")
-      throw BackendError("vulkan: QKV_VULKAN_OPTIMIZE_SPIRV is '" + s + "'; give 1 (spirv-opt's performance passes, the default) or 0");
-    o.optimize_spirv = s == "1";
-  }
-  if (const char* f = std::getenv("QKV_VULKAN_HALF_STORAGE")) {
-    const std::string s = f;
-    if (s != "0" && s != "1")
-      throw BackendError("vulkan: QKV_VULKAN_HALF_STORAGE is '" + s + "'; give 1 (16-bit buffers where the device has them, the default) or 0");
-    o.half_storage = s == "1";
-  }
+  env_flag("QKV_VULKAN_SPLIT_KV", o.split_kv, "1 (decoding splits the keys, the default) or 0");
+  env_flag("QKV_DETERMINISTIC", o.deterministic, "1 (packed batches batch-invariant on every device) or 0 (the default)");
+  env_flag("QKV_VULKAN_SUBGROUP_REDUCTIONS", o.subgroup_reductions, "1 (a subgroup per row where the device can, the default) or 0");
+  env_flag("QKV_VULKAN_OPTIMIZE_SPIRV", o.optimize_spirv, "1 (spirv-opt's performance passes, the default) or 0");
+  env_flag("QKV_VULKAN_HALF_STORAGE", o.half_storage, "1 (16-bit buffers where the device has them, the default) or 0");
   if (const char* f = std::getenv("QKV_VULKAN_COOPERATIVE_MATRIX")) {
     const std::string s = f;
     using C = VulkanOptions::CooperativeMatrix;
@@ -104,11 +94,7 @@ VulkanOptions vulkan_options_from_env() {
                          "'; give auto (where the device has them, the default), 0 (never), 1 (required), khr (VK_KHR_cooperative_matrix required, "
                          "even where VK_NV_cooperative_matrix is offered) or emulate (for tests)");
   }
-  if (const char* f = std::getenv("QKV_VULKAN_FUSION")) {
-    const std::string s = f;
-    if (s != "0" && s != "1") throw BackendError("vulkan: QKV_VULKAN_FUSION is '" + s + "'; give 1 (fuse, the default) or 0");
-    o.fusion = s == "1";
-  }
+  env_flag("QKV_VULKAN_FUSION", o.fusion, "1 (fuse, the default) or 0");
   if (const char* g = std::getenv("QKV_VULKAN_MATMUL_GEOMETRY"); g && *g) {
     auto& m = o.matmul_geometry;
     char extra = 0;

@@ -7,13 +7,7 @@
 $SCORES
       [[unroll]] for (uint t = 0u; t < RPT; ++t) {
         float m_new = qkv_max(m[t], qkv_max(qkv_max(sc[t].x, sc[t].y), qkv_max(sc[t].z, sc[t].w)));
-        if (m_new != m[t]) {  // also NaN, which then reaches l, mu, o and tt as in the decomposition
-          float alpha = exp(m[t] - (m_new == neg_inf() ? 0.0 : m_new));
-          l[t] *= alpha;
-          mu[t] *= alpha;
-          [[unroll]] for (uint g = 0u; g < DV4; ++g) { o[t * DV4 + g] *= alpha; tt[t * DV4 + g] *= alpha; }
-          m[t] = m_new;
-        }
+$MOVE
         sc[t] = exp(sc[t] - vec4(m[t] == neg_inf() ? 0.0 : m[t]));  // no key yet: every exp is 0
         l[t] += sum4(sc[t]);
         mu[t] += sum4(sc[t] * dsc[t]);

@@ -12,13 +12,7 @@ $SCORES
         float e[RPT];  // the key's weight exp(s - m) per row
         [[unroll]] for (uint t = 0u; t < RPT; ++t) {
           float m_new = qkv_max(m[t], sc[t][j]);
-          if (m_new != m[t]) {  // also NaN, which then reaches l, mu, o and tt as in the decomposition
-            float alpha = exp(m[t] - (m_new == neg_inf() ? 0.0 : m_new));
-            l[t] *= alpha;
-            mu[t] *= alpha;
-            [[unroll]] for (uint g = 0u; g < DV4; ++g) { o[t * DV4 + g] *= alpha; tt[t * DV4 + g] *= alpha; }
-            m[t] = m_new;
-          }
+$MOVE
           e[t] = exp(sc[t][j] - (m[t] == neg_inf() ? 0.0 : m[t]));  // no key yet: 0
           l[t] += e[t];
           mu[t] += e[t] * dsc[t][j];

@@ -812,7 +812,9 @@ TEST_F(Cli, BadVulkanTuningVariablesAreNamed) {
            {"QKV_VULKAN_TUNING=fast", "QKV_VULKAN_TUNING is 'fast'; give cpu, gpu or auto"},
            {"QKV_VULKAN_ATTENTION_GEOMETRY=3,1,32", "QKV_VULKAN_ATTENTION_GEOMETRY is '3,1,32'; give INVOCATIONS,ROWS,TILE"},
            {"QKV_VULKAN_ATTENTION_GEOMETRY=64,1", "QKV_VULKAN_ATTENTION_GEOMETRY is '64,1'"},
-           {"QKV_VULKAN_ATTENTION_GEOMETRY=64,1,32x", "QKV_VULKAN_ATTENTION_GEOMETRY is '64,1,32x'"}}) {
+           {"QKV_VULKAN_ATTENTION_GEOMETRY=64,1,32x", "QKV_VULKAN_ATTENTION_GEOMETRY is '64,1,32x'"},
+           {"QKV_DETERMINISTIC=yes", "QKV_DETERMINISTIC is 'yes'; give 1 (packed batches batch-invariant on every device) or 0 (the default)"},
+           {"QKV_VULKAN_FUSION=2", "QKV_VULKAN_FUSION is '2'; give 1 (fuse, the default) or 0"}}) {
     Result devices = run("devices", env);
     EXPECT_EQ(devices.status, 0) << env;
     EXPECT_NE(devices.output.find("vulkan     unavailable vulkan: " + message), std::string::npos) << env << "\n" << devices.output;
