@@ -33,6 +33,7 @@ struct Case {
   std::string name;
   ir::Graph graph;
   std::map<std::string, std::int64_t> dims;
+  std::string slug;  ///< the name in the test's name
 };
 
 /// Forward and backward (gradients of every float input from a given d_out) of attention with
@@ -53,20 +54,22 @@ std::vector<Case> cases() {
   const std::map<std::string, std::int64_t> prefill = {{"B", 3}, {"N", 77}, {"M", 77}};
   const auto& block = models::find_model("decoder-block");
   return {
-      {"causal attention", sdpa(causal), prefill},
-      {"softcap, ALiBi, causal", sdpa(causal, softcap_scores(5.0), alibi_bias<4>(k)), prefill},
-      {"sliding window with sinks", sdpa(sliding_window<16>, sinks(s)), prefill},
-      {"dropout", sdpa(causal, attn_dropout(0.1, seed)), prefill},
-      {"decoder block", train(block.build(models::resolve_options(block, {}), {})), {{"B", 3}, {"N", 40}}},
+      {"causal attention", sdpa(causal), prefill, "causal"},
+      {"softcap, ALiBi, causal", sdpa(causal, softcap_scores(5.0), alibi_bias<4>(k)), prefill, "softcap_alibi"},
+      {"sliding window with sinks", sdpa(sliding_window<16>, sinks(s)), prefill, "window_sinks"},
+      {"dropout", sdpa(causal, attn_dropout(0.1, seed)), prefill, "dropout"},
+      {"decoder block", train(block.build(models::resolve_options(block, {}), {})), {{"B", 3}, {"N", 40}}, "decoder_block"},
       {"forward mode (attention's tangent), softcap, ALiBi, causal",
        ir::build_jvp(lower(named<"out">(scaled_dot_product_attention(q, k, v, causal, softcap_scores(5.0), alibi_bias<4>(k)))),
                      {{"q", "k", "v"}, {}}),
-       prefill},
+       prefill, "forward_mode"},
       {"decode against 8192 keys",
        lower(named<"out">(scaled_dot_product_attention(q, k, v, causal_bottom_right))),
-       {{"B", 3}, {"N", 1}, {"M", 8192}}},
+       {{"B", 3}, {"N", 1}, {"M", 8192}},
+       "decode"},
   };
 }
+constexpr int kCases = 7;
 
 /// FNV-1a over every output's dtype, shape and bytes, in name order.
 std::uint64_t digest(const backend::TensorMap& outputs) {
@@ -88,7 +91,9 @@ backend::TensorMap inputs_of(const Case& c, std::uint64_t seed) {
   return in;
 }
 
-class Determinism : public ::testing::TestWithParam<std::string> {};
+/// A backend and one of cases(): each its own test, so that ctest spreads them over its jobs and
+/// a subgroup size's run can pick some (tests/CMakeLists.txt).
+class Determinism : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 /// Batch entry `i` of every input and output that has the batch on axis 0 (B > 1), as a batch of one.
 Tensor entry(const Tensor& t, std::int64_t i) {
@@ -107,36 +112,37 @@ Tensor entry(const Tensor& t, std::int64_t i) {
 // are the outputs and d_x. Dropout's mask is keyed by the element's index in the batch, so it
 // depends on where the sequence sits: not compared alone.)
 TEST_P(Determinism, TheSameBitsEveryRunAndForASequenceAloneOrAnywhereInABatch) {
-  QKV_GET_BACKEND_OR_SKIP(b, GetParam());
-  for (const Case& c : cases()) {
-    SCOPED_TRACE(c.name);
-    const backend::TensorMap batch = inputs_of(c, 5);
-    auto exe = b->compile(c.graph);
-    const backend::TensorMap together = exe->run(batch);
-    EXPECT_EQ(digest(exe->run(batch)), digest(together)) << "a second run";
-    EXPECT_EQ(digest(b->compile(c.graph)->run(batch)), digest(together)) << "compiled again";
-    if (c.name == "dropout") continue;
-    const std::int64_t batch_size = c.dims.at("B");
-    for (std::int64_t at = 0; at < batch_size; ++at) {
-      SCOPED_TRACE("position " + std::to_string(at));
-      backend::TensorMap one;
-      for (const auto& [name, t] : batch) {
-        const ir::ValueId v = [&] {
-          for (ir::ValueId in : c.graph.inputs())
-            if (c.graph.node(in).name == name) return in;
-          return ir::ValueId{-1};
-        }();
-        const bool batched = t.rank() > 0 && c.graph.node(v).shape[0] == ir::symbol_id("B");
-        one.emplace(name, batched ? entry(t, at) : t);
-      }
-      const backend::TensorMap alone = exe->run(one);
-      for (const auto& [name, t] : alone) {
-        const ir::ValueId out = c.graph.output(name);
-        if (c.graph.node(out).shape.rank == 0 || c.graph.node(out).shape[0] != ir::symbol_id("B")) continue;  // a sum over the batch
-        const Tensor mine = entry(together.at(name), at);
-        ASSERT_EQ(mine.nbytes(), t.nbytes()) << name;
-        EXPECT_EQ(std::memcmp(mine.raw(), t.raw(), t.nbytes()), 0) << name << " differs alone and at position " << at << " of " << batch_size;
-      }
+  QKV_GET_BACKEND_OR_SKIP(b, std::get<0>(GetParam()));
+  const std::vector<Case> all = cases();
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(kCases));
+  const Case& c = all[static_cast<std::size_t>(std::get<1>(GetParam()))];
+  SCOPED_TRACE(c.name);
+  const backend::TensorMap batch = inputs_of(c, 5);
+  auto exe = b->compile(c.graph);
+  const backend::TensorMap together = exe->run(batch);
+  EXPECT_EQ(digest(exe->run(batch)), digest(together)) << "a second run";
+  EXPECT_EQ(digest(b->compile(c.graph)->run(batch)), digest(together)) << "compiled again";
+  if (c.name == "dropout") return;
+  const std::int64_t batch_size = c.dims.at("B");
+  for (std::int64_t at = 0; at < batch_size; ++at) {
+    SCOPED_TRACE("position " + std::to_string(at));
+    backend::TensorMap one;
+    for (const auto& [name, t] : batch) {
+      const ir::ValueId v = [&] {
+        for (ir::ValueId in : c.graph.inputs())
+          if (c.graph.node(in).name == name) return in;
+        return ir::ValueId{-1};
+      }();
+      const bool batched = t.rank() > 0 && c.graph.node(v).shape[0] == ir::symbol_id("B");
+      one.emplace(name, batched ? entry(t, at) : t);
+    }
+    const backend::TensorMap alone = exe->run(one);
+    for (const auto& [name, t] : alone) {
+      const ir::ValueId out = c.graph.output(name);
+      if (c.graph.node(out).shape.rank == 0 || c.graph.node(out).shape[0] != ir::symbol_id("B")) continue;  // a sum over the batch
+      const Tensor mine = entry(together.at(name), at);
+      ASSERT_EQ(mine.nbytes(), t.nbytes()) << name;
+      EXPECT_EQ(std::memcmp(mine.raw(), t.raw(), t.nbytes()), 0) << name << " differs alone and at position " << at << " of " << batch_size;
     }
   }
 }
@@ -171,7 +177,10 @@ TEST(DeterminismCpu, OneThreadGivesThePoolsBits) {
   EXPECT_EQ(child.substr(at + 9, pool.size()), pool) << "with " << backend::cpu::ThreadPool::global().size() << " threads against one";
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Determinism, ::testing::Values("cpu", "vulkan"));
+INSTANTIATE_TEST_SUITE_P(Backends, Determinism, ::testing::Combine(::testing::Values("cpu", "vulkan"), ::testing::Range(0, kCases)),
+                         [](const ::testing::TestParamInfo<Determinism::ParamType>& param) {
+                           return std::get<0>(param.param) + "_" + cases()[static_cast<std::size_t>(std::get<1>(param.param))].slug;
+                         });
 
 }  // namespace
 }  // namespace qkv
