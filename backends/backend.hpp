@@ -55,6 +55,14 @@ class Executable {
   /// Runs on one tensor per graph input and returns every graph output. Throws ShapeError when
   /// the inputs do not fit the graph; nothing is written to the inputs.
   virtual TensorMap run(const TensorMap& inputs) = 0;
+  /// The same run, writing each output into `outputs` (not the map of `inputs`): an output
+  /// already there with the graph's dtype and this run's shape is overwritten where it lies (its
+  /// storage reused), any other is replaced; entries of other names stay as they are. A loop
+  /// passing the same map every step (a decode loop) allocates nothing for its outputs after the
+  /// first, and on the cpu a planned small graph's run allocates nothing at all.
+  virtual void run_into(const TensorMap& inputs, TensorMap& outputs) {
+    for (auto& [name, t] : run(inputs)) outputs.insert_or_assign(name, std::move(t));
+  }
   /// The same run, reporting to `observer` each output as soon as its value is final and calling
   /// it between kernels. Backends that run kernel by kernel on the host (reference, cpu) report
   /// outputs during the run; the others report them all when it ends (this default).

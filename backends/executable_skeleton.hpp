@@ -25,6 +25,15 @@ class ExecutableSkeleton : public Executable {
     for (const auto& [name, v] : graph_.outputs()) out.emplace(name, output(name, v));
     return out;
   }
+  void run_into(const TensorMap& inputs, TensorMap& outputs) override {
+    prepare(inputs);
+    compute();
+    for (const auto& [name, v] : graph_.outputs()) {
+      auto at = outputs.find(name);
+      if (at == outputs.end()) outputs.emplace(name, output(name, v));
+      else output_into(name, v, at->second);
+    }
+  }
   TensorMap run_observed(const TensorMap& inputs, RunObserver& observer) override {
     prepare(inputs);
     observer_ = &observer;
@@ -51,6 +60,9 @@ class ExecutableSkeleton : public Executable {
   virtual void compute() = 0;
   /// Output `name`, value `v`, of the last computation.
   virtual Tensor output(std::string_view name, ir::ValueId v) = 0;
+  /// The same output into `dst`: where it lies when `dst` has its dtype and shape (reusable),
+  /// otherwise replaced. Backends that copy their outputs from host memory override it.
+  virtual void output_into(std::string_view name, ir::ValueId v, Tensor& dst) { dst = output(name, v); }
 
   /// Called by compute() once node `v`'s value is final (kernel by kernel, in order; never for
   /// graph inputs): reports the outputs that are `v` to the observer of run_observed, if any,
@@ -75,6 +87,31 @@ class ExecutableSkeleton : public Executable {
       std::memcpy(t.raw(), src, t.nbytes());  // graph outputs are f32 or bool
     }
     return t;
+  }
+
+  /// Whether `t` can take output `v` of this run where it lies: the graph's dtype and the planned
+  /// shape (compared in place: no allocation).
+  bool reusable(const Tensor& t, ir::ValueId v) const {
+    const ir::Shape& s = shapes_[static_cast<std::size_t>(v)];
+    if (t.dtype() != graph_.node(v).dtype || t.rank() != s.rank) return false;
+    for (int d = 0; d < s.rank; ++d)
+      if (t.shape()[static_cast<std::size_t>(d)] != s[d]) return false;
+    return true;
+  }
+  /// held_output into `dst`: written where it lies when reusable (f32 or bool from f32 values, or
+  /// 16-bit values the graph declares so), otherwise replaced by held_output's tensor.
+  void held_output_into(ir::ValueId v, const void* src, DType held, Tensor& dst) const {
+    if (!reusable(dst, v) || (is_half(held) && held != dst.dtype())) {
+      dst = held_output(v, src, held);
+      return;
+    }
+    if (dst.dtype() == DType::boolean) {
+      const auto* f = static_cast<const float*>(src);
+      std::uint8_t* out = dst.data<std::uint8_t>();
+      for (std::int64_t j = 0; j < dst.numel(); ++j) out[j] = f[j] != 0.0f;
+    } else if (dst.nbytes()) {
+      std::memcpy(dst.raw(), src, dst.nbytes());  // f32 from f32, or 16 bits from 16 bits
+    }
   }
 
   /// Output `v` from values held at `src` in `held`: f32 (f32_output), or f16 or bf16 in 16 bits,

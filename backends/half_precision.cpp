@@ -29,6 +29,15 @@ class HalfPrecisionExecutable final : public Executable {
     if (inputs_.empty()) return narrow(inner_->run(inputs));  // none to widen: no copies (tensors own their bytes)
     return narrow(inner_->run(widen(inputs)));
   }
+  void run_into(const TensorMap& inputs, TensorMap& outputs) override {
+    if (inputs_.empty()) inner_->run_into(inputs, outputs);
+    else inner_->run_into(widen(inputs), outputs);
+    // An output the inner run gives in another dtype than declared comes out converted (a new
+    // tensor); the others stay where the inner run wrote them.
+    for (const auto& [name, dtype] : outputs_)
+      if (auto it = outputs.find(name); it != outputs.end() && converts(it->second.dtype(), dtype))
+        it->second = convert(it->second, dtype, parallel_);
+  }
   TensorMap run_observed(const TensorMap& inputs, RunObserver& observer) override {
     struct Narrowing final : RunObserver {
       const HalfPrecisionExecutable& exe;

@@ -8,7 +8,9 @@
 //                           gradient), on vulkan against the cpu backend (the peer): "x peer" is
 //                           vulkan's time over the cpu's;
 //   tiny/B1_N16_D8          scaled dot-product attention at (1, 1, 16, 8): the cost of one run
-//                           (dispatch, upload, download) where the arithmetic is nothing;
+//                           (dispatch, upload, download) where the arithmetic is nothing; the
+//                           "-run_into" rows write into the last run's outputs (a decode loop's
+//                           call) where the others return new tensors;
 //   rows/R4096_C256         softmax, sum and max along the rows of an R x C matrix, on vulkan
 //                           with a subgroup per row (where rows are a subgroup long) and with
 //                           one invocation per row (QKV_VULKAN_SUBGROUP_REDUCTIONS=0), against
@@ -82,8 +84,10 @@ void set_rate(benchmark::State& state, double flops) {
 
 /// Times runs of `g` on backend `name`, planned once before timing; `per_invocation` turns the
 /// vulkan backend's subgroup reductions off.
+/// `g` on backend `name` at `dims`, run after run; with `into`, each run writes into the last
+/// run's outputs (Executable::run_into, what a decode loop calls) rather than returning new ones.
 void bench_graph(benchmark::State& state, const std::string& name, const qkv::ir::Graph& g, const qkv::models::Dims& dims, double flops,
-                 bool per_invocation = false) {
+                 bool per_invocation = false, bool into = false) {
   std::unique_ptr<qkv::backend::Backend> backend;
   std::unique_ptr<qkv::backend::Executable> exe;
   try {
@@ -96,8 +100,15 @@ void bench_graph(benchmark::State& state, const std::string& name, const qkv::ir
     return;
   }
   const TensorMap in = qkv::backend::random_inputs(g, dims, 42);
-  exe->run(in);
-  for (auto _ : state) benchmark::DoNotOptimize(exe->run(in));
+  TensorMap out = exe->run(in);
+  if (into) {
+    for (auto _ : state) {
+      exe->run_into(in, out);
+      benchmark::DoNotOptimize(out.begin()->second.raw());
+    }
+  } else {
+    for (auto _ : state) benchmark::DoNotOptimize(exe->run(in));
+  }
   set_rate(state, flops);
 }
 
@@ -204,18 +215,19 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(name.c_str(), fn, args...)->Unit(benchmark::kMillisecond)->UseRealTime();
   };
   add("sgemm/matmul_" + mm.label(), bench_sgemm, mm);
-  for (const auto& b : backends) add(b + "/matmul_" + mm.label(), bench_graph, b, matmul, mm_dims, mm.flops(), false);
+  for (const auto& b : backends) add(b + "/matmul_" + mm.label(), bench_graph, b, matmul, mm_dims, mm.flops(), false, false);
   static const qkv::ir::Graph matmul_f16 = matmul_graph(qkv::DType::f16), matmul_bf16 = matmul_graph(qkv::DType::bf16);
   for (const auto& b : backends) {
-    add(b + "-f16/matmul_" + mm.label(), bench_graph, b, matmul_f16, mm_dims, mm.flops(), false);
-    add(b + "-bf16/matmul_" + mm.label(), bench_graph, b, matmul_bf16, mm_dims, mm.flops(), false);
+    add(b + "-f16/matmul_" + mm.label(), bench_graph, b, matmul_f16, mm_dims, mm.flops(), false, false);
+    add(b + "-bf16/matmul_" + mm.label(), bench_graph, b, matmul_bf16, mm_dims, mm.flops(), false, false);
   }
-  for (const auto& b : backends) add(b + "/decoder-block_" + decoder_label, bench_graph, b, forward, decoder, 0.0, false);
-  for (const auto& b : backends) add(b + "-fwd+bwd/decoder-block-fwd+bwd_" + decoder_label, bench_graph, b, backward, decoder, 0.0, false);
-  for (const auto& b : backends) add(b + "/tiny-sdpa_B1_N16_D8", bench_graph, b, tiny, tiny_dims, 0.0, false);
+  for (const auto& b : backends) add(b + "/decoder-block_" + decoder_label, bench_graph, b, forward, decoder, 0.0, false, false);
+  for (const auto& b : backends) add(b + "-fwd+bwd/decoder-block-fwd+bwd_" + decoder_label, bench_graph, b, backward, decoder, 0.0, false, false);
+  for (const auto& b : backends) add(b + "/tiny-sdpa_B1_N16_D8", bench_graph, b, tiny, tiny_dims, 0.0, false, false);
+  for (const auto& b : backends) add(b + "-run_into/tiny-sdpa_B1_N16_D8", bench_graph, b, tiny, tiny_dims, 0.0, false, true);
   for (const auto& b : backends) {
-    add(b + "/rows_" + rows_label, bench_graph, b, rows, rows_dims, 0.0, false);
-    if (b == "vulkan") add("vulkan-per-invocation/rows_" + rows_label, bench_graph, b, rows, rows_dims, 0.0, true);
+    add(b + "/rows_" + rows_label, bench_graph, b, rows, rows_dims, 0.0, false, false);
+    if (b == "vulkan") add("vulkan-per-invocation/rows_" + rows_label, bench_graph, b, rows, rows_dims, 0.0, true, false);
   }
   benchmark::Initialize(&argc, argv);
   PeerReporter reporter;

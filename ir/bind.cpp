@@ -8,8 +8,8 @@
 namespace qkv::ir {
 
 std::vector<std::int64_t> to_vector(const Shape& s) {
-  std::vector<std::int64_t> v;
-  for (int i = 0; i < s.rank; ++i) v.push_back(s[i]);
+  std::vector<std::int64_t> v(static_cast<std::size_t>(s.rank));  // one allocation: a run's outputs are made of these
+  for (int i = 0; i < s.rank; ++i) v[static_cast<std::size_t>(i)] = s[i];
   return v;
 }
 
@@ -47,11 +47,14 @@ std::int64_t dim_size(const Graph& g, Dim d, const std::map<std::string, std::in
 }
 
 std::int64_t bound_dim(const Graph& g, const std::vector<Shape>& shapes, Dim d) {
+  // The inputs found in place (not through Graph::inputs, which allocates): kernels ask this of
+  // their scale on every run.
   return evaluate(g, d, [&](Dim s) -> std::optional<std::int64_t> {
-    for (ValueId v : g.inputs()) {
-      const Node& n = g.node(v);
+    for (std::size_t v = 0; v < g.size(); ++v) {
+      const Node& n = g.nodes()[v];
+      if (n.op != Op::input) continue;
       for (int i = 0; i < n.shape.rank; ++i)
-        if (n.shape[i] == s) return shapes[static_cast<std::size_t>(v)][i];
+        if (n.shape[i] == s) return shapes[v][i];
     }
     return std::nullopt;
   });

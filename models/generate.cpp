@@ -154,8 +154,11 @@ std::vector<std::vector<std::int32_t>> Generator::generate_paged(const std::vect
   };
 
   // One step: tokens [from, from + T) of each sequence, written at their slots; the last
-  // position's logits of each, [B, V].
-  auto step = [&](const std::vector<PagedSequence*>& batch, std::int64_t t_count) {
+  // position's logits of each, [B, V], valid until the next step (written into the last step's
+  // outputs where their shape allows: a decode step allocates no logits).
+  backend::TensorMap outputs;
+  Tensor widened;
+  auto step = [&](const std::vector<PagedSequence*>& batch, std::int64_t t_count) -> const Tensor& {
     const auto b_count = static_cast<std::int64_t>(batch.size());
     std::int64_t widest = 0;
     for (PagedSequence* s : batch) {
@@ -176,10 +179,11 @@ std::vector<std::vector<std::int32_t>> Generator::generate_paged(const std::vect
       for (std::int64_t j = 0; j < widest; ++j)
         table.data<std::int32_t>()[b * widest + j] = j < static_cast<std::int64_t>(s.pages.size()) ? s.pages[static_cast<std::size_t>(j)] : -1;
     }
-    const backend::TensorMap result = exe_->run({{"input_ids", ids}, {"position_ids", positions}, {"cache_slots", slots}, {"block_table", table}});
+    exe_->run_into({{"input_ids", ids}, {"position_ids", positions}, {"cache_slots", slots}, {"block_table", table}}, outputs);
     for (PagedSequence* s : batch) s->written += t_count;
-    const Tensor& logits = result.at("logits");  // [B, 1, V]
-    return logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
+    const Tensor& logits = outputs.at("logits");  // [B, 1, V]
+    if (logits.dtype() == DType::f32) return logits;
+    return widened = logits.to(DType::f32);
   };
   // Picks sequence s's next token from its row of logits; whether it goes on.
   auto pick = [&](PagedSequence& s, const float* row) {
@@ -217,7 +221,7 @@ std::vector<std::vector<std::int32_t>> Generator::generate_paged(const std::vect
     if (active.empty()) continue;
     // A decode step of every admitted sequence: its last token in.
     page_use_.peak_batch = std::max(page_use_.peak_batch, static_cast<std::int64_t>(active.size()));
-    const Tensor rows = step(active, 1);
+    const Tensor& rows = step(active, 1);
     std::vector<PagedSequence*> going_on;
     for (std::size_t b = 0; b < active.size(); ++b) {
       if (pick(*active[b], std::as_const(rows).data<float>() + static_cast<std::int64_t>(b) * model_.vocab_size)) going_on.push_back(active[b]);
@@ -273,14 +277,17 @@ std::vector<std::vector<std::int32_t>> Generator::generate(const std::vector<std
   if (o.max_new_tokens == 0) return out;
   std::vector<bool> done(static_cast<std::size_t>(b_count), false);
   std::int64_t slot = 0, live = b_count;
-  // One step: ids and positions [B, T] into slots [slot, slot + T); each sequence's last logits.
-  auto step = [&](const Tensor& step_ids, const Tensor& step_positions) {
+  // One step: ids and positions [B, T] into slots [slot, slot + T); each sequence's last logits,
+  // valid until the next step (written into the last step's outputs, as above).
+  backend::TensorMap outputs;
+  Tensor widened;
+  auto step = [&](const Tensor& step_ids, const Tensor& step_positions) -> const Tensor& {
     Tensor start = Tensor::from<std::int32_t>({}, {static_cast<std::int32_t>(slot)});
-    const backend::TensorMap result =
-        exe_->run({{"input_ids", step_ids}, {"position_ids", step_positions}, {"cache_start", start}, {"cache_first", first}});
+    exe_->run_into({{"input_ids", step_ids}, {"position_ids", step_positions}, {"cache_start", start}, {"cache_first", first}}, outputs);
     slot += step_ids.shape()[1];
-    const Tensor& logits = result.at("logits");  // [B, 1, V]
-    return logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
+    const Tensor& logits = outputs.at("logits");  // [B, 1, V]
+    if (logits.dtype() == DType::f32) return logits;
+    return widened = logits.to(DType::f32);
   };
   // Columns [from, from + count) of a prompt tensor [B, longest].
   auto columns = [&](const Tensor& t, std::int64_t from, std::int64_t count) {
@@ -297,7 +304,7 @@ std::vector<std::vector<std::int32_t>> Generator::generate(const std::vector<std
     positions = std::move(rest_positions);
   }
   for (std::int64_t n = 0; n < o.max_new_tokens && live > 0; ++n) {
-    const Tensor rows = step(ids, positions);
+    const Tensor& rows = step(ids, positions);
     Tensor next_ids(DType::i32, {b_count, 1}), next_positions(DType::i32, {b_count, 1});
     for (std::int64_t b = 0; b < b_count; ++b) {
       const auto i = static_cast<std::size_t>(b);

@@ -124,13 +124,16 @@ Transposed transposed(const float* x, std::int64_t cols, std::int64_t d, int slo
 class FiniteValues {
  public:
   FiniteValues(const ConstView& v, const ir::Shape& batch, const Strides& strides, std::int64_t m, std::int64_t dv, std::int64_t batches)
-      : v_(v), batch_(batch), strides_(strides), m_(m), dv_(dv), tiles_((m + kKeyBlock - 1) / kKeyBlock),
-        state_(static_cast<std::size_t>(batches * tiles_)) {}
+      : v_(v), batch_(batch), strides_(strides), m_(m), dv_(dv), tiles_((m + kKeyBlock - 1) / kKeyBlock) {
+    const auto count = static_cast<std::size_t>(batches * tiles_);
+    if (count > few_.size()) many_ = std::vector<std::atomic<std::uint8_t>>(count);
+    state_ = count > few_.size() ? many_.data() : few_.data();
+  }
 
   /// Whether batch entry b's values of keys [j0, j1) are all finite (checked a tile at a time).
   bool rows(std::int64_t b, std::int64_t j0, std::int64_t j1) const {
     for (std::int64_t t = j0 / kKeyBlock; t * kKeyBlock < j1; ++t) {
-      std::atomic<std::uint8_t>& known = state_[static_cast<std::size_t>(b * tiles_ + t)];
+      std::atomic<std::uint8_t>& known = state_[b * tiles_ + t];
       std::uint8_t k = known.load(std::memory_order_relaxed);  // 0: not checked, 1: finite, 2: not
       if (k == 0) {
         const std::int64_t first = t * kKeyBlock, count = std::min(kKeyBlock, m_ - first);
@@ -147,7 +150,11 @@ class FiniteValues {
   const ir::Shape& batch_;
   const Strides& strides_;
   std::int64_t m_, dv_, tiles_;
-  mutable std::vector<std::atomic<std::uint8_t>> state_;
+  // Per tile of keys 0: not checked, 1: finite, 2: not; held in place for a few tiles (a small
+  // graph's run allocates nothing here).
+  mutable std::array<std::atomic<std::uint8_t>, 64> few_{};
+  mutable std::vector<std::atomic<std::uint8_t>> many_;
+  std::atomic<std::uint8_t>* state_;
 };
 
 /// One batch entry's queries and keys as runs of packed sequences, where a document mask keeps a
@@ -745,23 +752,22 @@ void attend_keys(const AttentionArgs& a, const Scores& sc, const Strides& vs, bo
       const std::int64_t jk = j0 + k0;
       float* s = s_buf.data() + r0 * kKeyBlock;
       sc.compute(b, i0 + r0, r1 - r0, jk, width, kt.from(k0), s, kKeyBlock);
+      float maxima[kQueryBlock], sums[kQueryBlock];
+      online_softmax_rows(s, kKeyBlock, r1 - r0, width, top + r0, maxima, sums);
       for (std::int64_t i = r0; i < r1; ++i) {
-        float* row = s_buf.data() + i * kKeyBlock;
         float& mi = top[i];
         float& li = l[i];
-        const float mx = max_of(row, width, mi);
-        if (mx == kNegInf) {  // every key so far is masked: nothing to add
-          std::fill_n(row, width, 0.0f);
-          continue;
-        }
+        const float mx = maxima[i - r0];
+        if (mx == kNegInf) continue;  // every key so far is masked: nothing to add (the row is zeros)
+        // A row's first keys: o is zeros, scaled by nothing.
         const float correction = mi == kNegInf ? 0.0f : std::exp(mi - mx);
-        li = li * correction + exp_shifted_sum(row, width, mx);
-        if (correction != 1.0f) scale_inplace(o + i * dv, dv, correction);
+        li = li * correction + sums[i - r0];
+        if (correction != 1.0f && mi != kNegInf) scale_inplace(o + i * dv, dv, correction);
         mi = mx;
         if (sc.drops()) {  // the sum normalises the undropped weights; v meets the dropped ones
           float* z = dropout_buffer();
           sc.dropout_factors(b, i0 + i, jk, width, z);
-          times(row, z, width);
+          times(s_buf.data() + i * kKeyBlock, z, width);
         }
       }
       if (Scores::few_queries(rows)) {  // the values read where they lie, once
@@ -879,9 +885,11 @@ void merge_partials(const float* first, std::int64_t parts, std::int64_t rows, s
 }  // namespace
 
 std::int64_t key_splits(std::int64_t n, std::int64_t m) {
+  if (n < 1 || n > kSplitQueries || m <= kSplitKeys) return 1;
+  // Read only where a split is possible: a small graph's run asks the environment nothing.
   const char* off = std::getenv("QKV_CPU_SPLIT_KV");  // "0": never, for measuring the split
   if (off && std::string_view(off) == "0") return 1;
-  return n >= 1 && n <= kSplitQueries && m > kSplitKeys ? (m + kSplitKeys - 1) / kSplitKeys : 1;
+  return (m + kSplitKeys - 1) / kSplitKeys;
 }
 
 void attention(const AttentionArgs& a) {

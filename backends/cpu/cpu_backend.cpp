@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "backends/cpu/attention.hpp"
@@ -184,6 +185,10 @@ class CpuExecutable final : public ExecutableSkeleton {
     const ConstBytes src = value_bytes(static_cast<std::size_t>(v));
     return held_output(v, src.data, src.stored);
   }
+  void output_into(std::string_view, ir::ValueId v, Tensor& dst) override {
+    const ConstBytes src = value_bytes(static_cast<std::size_t>(v));
+    held_output_into(v, src.data, src.stored, dst);
+  }
 
  private:
   /// An operand widened to f32 before its kernel runs, at a byte offset in the scratch.
@@ -196,6 +201,8 @@ class CpuExecutable final : public ExecutableSkeleton {
 
   void plan() override {
     bind_shapes();
+    modifiers_.clear();  // built again for these shapes at their first run
+    modifiers_.resize(graph_.size());
     bytes_.assign(graph_.size(), 0);
     for (std::size_t i = 0; i < graph_.size(); ++i)
       bytes_[i] = storage_.values[i].kind == ir::StorageKind::paged ? 0 : shapes_[i].numel() * static_cast<std::int64_t>(dtype_size(held(i)));
@@ -471,15 +478,22 @@ class CpuExecutable final : public ExecutableSkeleton {
     const auto scale = static_cast<float>(ir::bound_scale(graph_, n, shapes_));
     cpu::ScoreArgs s{in(roles.q), in(roles.k), roles.mask >= 0 ? &mask : nullptr, scale, n.attrs.causal, n.attrs.align, n.attrs.window};
     s.tiles = &tiles_;
-    std::optional<cpu::ScoreModifier> mod;
     if (ir::is_flex_attention(n.op)) {  // a modifier tensor's gradient is decomposed (cpu_supports)
-      std::vector<cpu::ConstView> tensors;
-      for (std::size_t k = 0; k < ir::modifier_tensor_count(n.op, n.attrs, n.inputs.size()); ++k)
-        tensors.push_back(in(static_cast<int>(ir::fixed_operands(n.op) + k)));
-      ir::Shape batch;
-      for (int r = 0; r + 2 < shapes_[i].rank; ++r) batch.push_back(shapes_[i][r]);
-      mod.emplace(*n.region, roles.backward() || roles.jvp(), std::move(tensors), batch, s.q.shape.back(1), s.k.shape.back(1));
-      s.mod = &*mod;
+      // Built at the first run of a plan, its tensors pointed at each later run's values.
+      std::unique_ptr<cpu::ScoreModifier>& mod = modifiers_[i];
+      const std::size_t count = ir::modifier_tensor_count(n.op, n.attrs, n.inputs.size());
+      auto tensor = [&](std::size_t k) { return in(static_cast<int>(ir::fixed_operands(n.op) + k)); };
+      if (!mod) {
+        std::vector<cpu::ConstView> tensors;
+        for (std::size_t k = 0; k < count; ++k) tensors.push_back(tensor(k));
+        ir::Shape batch;
+        for (int r = 0; r + 2 < shapes_[i].rank; ++r) batch.push_back(shapes_[i][r]);
+        mod = std::make_unique<cpu::ScoreModifier>(*n.region, roles.backward() || roles.jvp(), std::move(tensors), batch, s.q.shape.back(1),
+                                                   s.k.shape.back(1));
+      } else {
+        for (std::size_t k = 0; k < count; ++k) mod->set_tensor_data(k, tensor(k).data);
+      }
+      s.mod = mod.get();
     }
     cpu::ConstView sink{};
     if (ir::has_sink(n.op, n.attrs)) {
@@ -596,6 +610,8 @@ class CpuExecutable final : public ExecutableSkeleton {
   std::vector<bool> group_fused_;                // leader -> the group runs as one kernel
   std::vector<int> slot_;                        // node -> index into tensors_ (inputs only)
   ir::StoragePlan storage_;                      // node -> how its value is held (cpu_storage_plan)
+  // flex attention node -> its modifier, built for this plan
+  std::vector<std::unique_ptr<cpu::ScoreModifier>> modifiers_;
   ir::MemoryPlan memory_;
   std::vector<float> arena_;
 };

@@ -18,6 +18,11 @@ class ScoreModifier {
   /// [batch..., N, M]). With `derivative`, apply_row also gives d mod / d score.
   ScoreModifier(const ir::Graph& region, bool derivative, std::vector<ConstView> tensors, const ir::Shape& batch, std::int64_t n, std::int64_t m);
 
+  /// Tensor k's values at `data` from now on, laid out as the tensor it was built with: a
+  /// modifier built once per plan serves every run (building one interprets and analyses the
+  /// region, which a small graph's run would otherwise pay every time).
+  void set_tensor_data(std::size_t k, const float* data) { tensors_[k].data = data; }
+
   /// Query i of batch entry b over keys [j0, j0 + cols): s[j] becomes mod(s[j], i, j0 + j, t...)
   /// and, when built with its derivative, dmod[j] = d mod / d score there. The masking
   /// conditions in `kept` (kept_conditions' bits, for a row of a tile they were found for) are

@@ -293,10 +293,29 @@ template <class V> [[gnu::always_inline]] inline void softcap_row_impl(float* s,
   }
 }
 
+template <class V>
+[[gnu::always_inline]] inline void online_softmax_rows_impl(float* s, std::int64_t ld, std::int64_t rows, std::int64_t n, const float* top,
+                                                            float* max, float* sums) {
+  // The maxima first, then the rows' exps and sums in one loop with nothing between them: each
+  // row's chain is independent of the next, so the core overlaps them.
+  for (std::int64_t r = 0; r < rows; ++r) max[r] = max_of_impl<V>(s + r * ld, n, top[r]);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    if (max[r] == -std::numeric_limits<float>::infinity()) {  // every key so far masked
+      std::fill_n(row, n, 0.0f);
+      sums[r] = 0.0f;
+    } else {
+      sums[r] = exp_shifted_sum_impl<V>(row, n, max[r]);
+    }
+  }
+}
+
 }  // namespace
 
 QKV_ISA_DISPATCH(void, softcap_row, (float* s, float* dmod, std::int64_t n, float cap), (s, dmod, n, cap), v16f, v8f)
 QKV_ISA_DISPATCH(float, exp_shifted_sum, (float* x, std::int64_t n, float shift), (x, n, shift), v16f, v8f)
+QKV_ISA_DISPATCH(void, online_softmax_rows, (float* s, std::int64_t ld, std::int64_t rows, std::int64_t n, const float* top, float* max, float* sums),
+                 (s, ld, rows, n, top, max, sums), v16f, v8f)
 QKV_ISA_DISPATCH(void, exp_shifted, (float* x, std::int64_t n, float shift), (x, n, shift), v16f, v8f)
 QKV_ISA_DISPATCH(void, times_difference, (float* y, const float* p, std::int64_t n, float c), (y, p, n, c), v16f, v8f)
 QKV_ISA_DISPATCH(float, max_of, (const float* x, std::int64_t n, float init), (x, n, init), v16f, v8f)

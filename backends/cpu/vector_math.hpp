@@ -10,6 +10,13 @@ namespace qkv::backend::cpu {
 /// NaN gives NaN.
 float exp_shifted_sum(float* x, std::int64_t n, float shift);
 
+/// The online softmax's step over `rows` rows of a score tile (row r at s + r * ld, n scores):
+/// max[r] = max_of(row, n, top[r]), then the row becomes exp(row - max[r]) and sums[r] its sum
+/// (exp_shifted_sum), or zeros and 0 where max[r] is -inf (every score masked). The same bits as
+/// those calls row by row, computed for all rows at once: a small tile's rows, one after another,
+/// each waited on its own exp and sum.
+void online_softmax_rows(float* s, std::int64_t ld, std::int64_t rows, std::int64_t n, const float* top, float* max, float* sums);
+
 /// x[i] = exp(x[i] - shift) for i < n, the same exp as exp_shifted_sum.
 void exp_shifted(float* x, std::int64_t n, float shift);
 

@@ -113,6 +113,9 @@ class VulkanExecutable final : public ExecutableSkeleton {
   Tensor output(std::string_view name, ir::ValueId v) override {
     return held_output(v, static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.find(name)->second, storage_.held(v));
   }
+  void output_into(std::string_view name, ir::ValueId v, Tensor& dst) override {
+    held_output_into(v, static_cast<const std::byte*>(staging_out_.mapped) + output_staging_.find(name)->second, storage_.held(v), dst);
+  }
 
  private:
   /// Bytes of v's value in the arena: 2 per element for an f16 or bf16 value (a kept input, a
