@@ -55,11 +55,13 @@ class Executable {
   /// Runs on one tensor per graph input and returns every graph output. Throws ShapeError when
   /// the inputs do not fit the graph; nothing is written to the inputs.
   virtual TensorMap run(const TensorMap& inputs) = 0;
-  /// The same run, writing each output into `outputs` (not the map of `inputs`): an output
-  /// already there with the graph's dtype and this run's shape is overwritten where it lies (its
-  /// storage reused), any other is replaced; entries of other names stay as they are. A loop
-  /// passing the same map every step (a decode loop) allocates nothing for its outputs after the
-  /// first, and on the cpu a planned small graph's run allocates nothing at all.
+  /// The same run, writing each output into `outputs` (not the map of `inputs`); entries of
+  /// other names stay as they are. On cpu and vulkan an output already there with the graph's
+  /// dtype and this run's shape is overwritten where it lies (its storage reused), any other is
+  /// replaced: a loop passing the same map every step (a decode loop) allocates nothing for its
+  /// outputs after the first, and on the cpu a planned small graph's run allocates nothing at
+  /// all. This default (the reference, sequence parallelism) and outputs the backend computes in
+  /// another dtype than declared (a half graph's f32 lowering) replace them.
   virtual void run_into(const TensorMap& inputs, TensorMap& outputs) {
     for (auto& [name, t] : run(inputs)) outputs.insert_or_assign(name, std::move(t));
   }

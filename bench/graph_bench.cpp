@@ -82,9 +82,8 @@ void set_rate(benchmark::State& state, double flops) {
   if (flops > 0) state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-/// Times runs of `g` on backend `name`, planned once before timing; `per_invocation` turns the
-/// vulkan backend's subgroup reductions off.
-/// `g` on backend `name` at `dims`, run after run; with `into`, each run writes into the last
+/// Times runs of `g` on backend `name` at `dims`, planned once before timing; `per_invocation`
+/// turns the vulkan backend's subgroup reductions off; with `into`, each run writes into the last
 /// run's outputs (Executable::run_into, what a decode loop calls) rather than returning new ones.
 void bench_graph(benchmark::State& state, const std::string& name, const qkv::ir::Graph& g, const qkv::models::Dims& dims, double flops,
                  bool per_invocation = false, bool into = false) {

@@ -24,7 +24,9 @@ using simd::splat;
 using simd::store;
 using simd::v16f;
 using simd::v16i;
+using simd::v2f;
 using simd::v4d;
+using simd::v4f;
 using simd::v8d;
 using simd::v8f;
 using simd::v8i;
@@ -202,6 +204,20 @@ template <class V> [[gnu::always_inline]] inline void times_difference_impl(floa
   for (; i < n; ++i) y[i] = p[i] * (y[i] - c);
 }
 
+/// The largest lane of v (x > m ? x : m over halves, then quarters, ...; NaN lanes are the
+/// caller's to flag).
+[[gnu::always_inline]] inline float halves_max(const v8f& v) {
+  const v4f a = __builtin_shufflevector(v, v, 0, 1, 2, 3), b = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  const v4f c = b > a ? b : a;
+  const v2f d = __builtin_shufflevector(c, c, 0, 1), e = __builtin_shufflevector(c, c, 2, 3);
+  const v2f f = e > d ? e : d;
+  return f[1] > f[0] ? f[1] : f[0];
+}
+[[gnu::always_inline]] inline float halves_max(const v16f& v) {
+  const v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  return halves_max(b > a ? b : a);
+}
+
 template <class V> [[gnu::always_inline]] inline float max_of_impl(const float* x, std::int64_t n, float init) {
   using I = typename Lanes<V>::I;
   constexpr int L = Lanes<V>::n;
@@ -213,12 +229,10 @@ template <class V> [[gnu::always_inline]] inline float max_of_impl(const float* 
     nan |= v != v;
     acc = v > acc ? v : acc;
   }
-  float m = init;
-  bool any_nan = init != init;
-  for (int j = 0; j < L; ++j) {
-    any_nan |= nan[j] != 0;
-    m = acc[j] > m ? acc[j] : m;
-  }
+  // The lanes' maximum as a tree of halves (acc holds init already): a short tile's rows were
+  // waiting on sixteen dependent scalar compares.
+  float m = halves_max(acc);
+  bool any_nan = init != init || any_lane(nan);
   for (; i < n; ++i) {
     any_nan |= x[i] != x[i];
     m = x[i] > m ? x[i] : m;

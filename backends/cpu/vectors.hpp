@@ -12,6 +12,8 @@
 
 namespace qkv::backend::cpu::simd {
 
+using v2f = float __attribute__((vector_size(8)));
+using v4f = float __attribute__((vector_size(16)));
 using v8f = float __attribute__((vector_size(32)));
 using v8i = std::int32_t __attribute__((vector_size(32)));
 using v16f = float __attribute__((vector_size(64)));

@@ -93,6 +93,9 @@ class VulkanExecutable final : public ExecutableSkeleton {
   TensorMap run(const TensorMap& inputs) override {
     return guarded("run", [&] { return ExecutableSkeleton::run(inputs); });
   }
+  void run_into(const TensorMap& inputs, TensorMap& outputs) override {
+    guarded("run", [&] { ExecutableSkeleton::run_into(inputs, outputs); });
+  }
   /// One submission: every output is reported when it ends.
   TensorMap run_observed(const TensorMap& inputs, RunObserver& observer) override {
     return guarded("run", [&] { return ExecutableSkeleton::run_observed(inputs, observer); });

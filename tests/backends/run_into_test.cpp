@@ -10,8 +10,9 @@
 #include "dsl/dsl.hpp"
 #include "tests/support/backend_fixture.hpp"
 
-// Every allocation of this test program counted (not under AddressSanitizer, whose own operator
-// new checks what this would hide).
+// Every allocation through operator new in this test program counted, aligned or not (not under
+// AddressSanitizer, whose own operator new checks what this would hide). What OpenBLAS mallocs
+// itself is not seen (the backend pins it to one thread, which allocates nothing per call).
 #if !defined(__SANITIZE_ADDRESS__)
 // GCC sees these replacements' malloc and free where it inlines them, and would warn that free
 // meets operator new's pointers: it does, as the replacement makes it.
@@ -25,10 +26,22 @@ void* operator new(std::size_t n) {
   throw std::bad_alloc();
 }
 void* operator new[](std::size_t n) { return ::operator new(n); }
+// Aligned too (the cpu's packed GEMM buffers are): counted, from aligned_alloc, freed by free.
+void* operator new(std::size_t n, std::align_val_t a) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  const auto align = static_cast<std::size_t>(a);
+  if (void* p = std::aligned_alloc(align, (n + align - 1) / align * align + (n == 0 ? align : 0))) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n, std::align_val_t a) { return ::operator new(n, a); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 #endif
 
 namespace qkv {
