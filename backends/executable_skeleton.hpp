@@ -78,17 +78,6 @@ class ExecutableSkeleton : public Executable {
 
   /// shapes_ for this run's tensors (read in place: no input is copied to bind them).
   void bind_shapes(bool f64_for_f32 = false) { shapes_ = ir::bind_shapes(graph_, tensors_, f64_for_f32); }
-  /// Output `v` from f32 values at `src`, as the graph types it (f32, or bool from 0 and 1).
-  Tensor f32_output(ir::ValueId v, const float* src) const {
-    Tensor t = Tensor::uninitialized(graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));  // written in full
-    if (t.dtype() == DType::boolean) {
-      for (std::int64_t j = 0; j < t.numel(); ++j) t.data<std::uint8_t>()[j] = src[j] != 0.0f;
-    } else if (t.nbytes()) {
-      std::memcpy(t.raw(), src, t.nbytes());  // graph outputs are f32 or bool
-    }
-    return t;
-  }
-
   /// Whether `t` can take output `v` of this run where it lies: the graph's dtype and the planned
   /// shape (compared in place: no allocation).
   bool reusable(const Tensor& t, ir::ValueId v) const {
@@ -98,29 +87,19 @@ class ExecutableSkeleton : public Executable {
       if (t.shape()[static_cast<std::size_t>(d)] != s[d]) return false;
     return true;
   }
-  /// held_output into `dst`: written where it lies when reusable (f32 or bool from f32 values, or
-  /// 16-bit values the graph declares so), otherwise replaced by held_output's tensor.
-  void held_output_into(ir::ValueId v, const void* src, DType held, Tensor& dst) const {
-    if (!reusable(dst, v) || (is_half(held) && held != dst.dtype())) {
-      dst = held_output(v, src, held);
-      return;
-    }
-    if (dst.dtype() == DType::boolean) {
-      const auto* f = static_cast<const float*>(src);
-      std::uint8_t* out = dst.data<std::uint8_t>();
-      for (std::int64_t j = 0; j < dst.numel(); ++j) out[j] = f[j] != 0.0f;
-    } else if (dst.nbytes()) {
-      std::memcpy(dst.raw(), src, dst.nbytes());  // f32 from f32, or 16 bits from 16 bits
-    }
-  }
-
-  /// Output `v` from values held at `src` in `held`: f32 (f32_output), or f16 or bf16 in 16 bits,
-  /// which come out as the graph declares v (as they are, or widened: an f32 graph's round_f16).
+  /// Output `v` from values held at `src` in `held`: f32 values as the graph types v (f32, or
+  /// bool from 0 and 1), or f16 or bf16 in 16 bits, which come out as the graph declares v (as
+  /// they are, or widened: an f32 graph's round_f16).
   Tensor held_output(ir::ValueId v, const void* src, DType held) const {
-    if (!is_half(held)) return f32_output(v, static_cast<const float*>(src));
-    Tensor t = Tensor::uninitialized(held, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));  // written in full
-    if (t.nbytes()) std::memcpy(t.raw(), src, t.nbytes());
+    Tensor t = Tensor::uninitialized(is_half(held) ? held : graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));
+    write_held(src, t);  // in full
     return t.dtype() == graph_.node(v).dtype ? t : t.to(graph_.node(v).dtype);
+  }
+  /// held_output into `dst`: written where it lies when reusable and of the held values' own
+  /// kind, otherwise replaced by held_output's tensor.
+  void held_output_into(ir::ValueId v, const void* src, DType held, Tensor& dst) const {
+    if (!reusable(dst, v) || (is_half(held) && held != dst.dtype())) dst = held_output(v, src, held);
+    else write_held(src, dst);
   }
 
   ir::Graph graph_;
@@ -132,6 +111,18 @@ class ExecutableSkeleton : public Executable {
   std::vector<ir::Shape> shapes_;       // every node's shape, as planned
 
  private:
+  /// t's elements from the values at `src`: bool from f32 0 and 1, anything else the same bytes
+  /// (f32 from f32, 16 bits from 16 bits).
+  static void write_held(const void* src, Tensor& t) {
+    if (t.dtype() == DType::boolean) {
+      const auto* f = static_cast<const float*>(src);
+      std::uint8_t* out = t.data<std::uint8_t>();
+      for (std::int64_t j = 0; j < t.numel(); ++j) out[j] = f[j] != 0.0f;
+    } else if (t.nbytes()) {
+      std::memcpy(t.raw(), src, t.nbytes());
+    }
+  }
+
   /// The run's tensors gathered and checked, and a plan for their shapes.
   void prepare(const TensorMap& inputs) {
     gather_inputs(graph_, input_ids_, inputs, state_, tensors_);
