@@ -95,6 +95,12 @@ TEST_P(RunInto, WritesWhatRunReturnsIntoTheCallersTensorsWhereTheyFit) {
     EXPECT_EQ(out.at("half").raw(), half_storage);
   }
   EXPECT_EQ(out.at("unrelated").at(0), 7.0) << "entries of other names stay";
+  // Inputs that do not fit: the run's ShapeError, and the outputs as they were.
+  std::map<std::string, std::vector<std::byte>> before;
+  for (const auto& [name, t] : out) before.emplace(name, bytes(t));
+  EXPECT_THROW(exe->run_into({{"x", Tensor::from<float>({2, 2}, {1, 2, 3, 4})}}, out), ShapeError);
+  EXPECT_THROW(exe->run_into({}, out), ShapeError);
+  for (const auto& [name, t] : out) EXPECT_EQ(bytes(t), before.at(name)) << name;
   // Tensors that do not fit (another shape, another dtype, a view of someone else's bytes) are
   // replaced, never written through.
   const float outside[5] = {9, 9, 9, 9, 9};
