@@ -643,26 +643,6 @@ void probabilities(float* row, std::int64_t cols, float lse) {
   for (std::int64_t j = 0; j < cols; ++j) row[j] = row[j] == kNegInf ? 0.0f : std::exp(row[j] - lse);
 }
 
-/// y[j] *= x[j] for j < n, and the sum of the products: in 16 lanes (j mod 16 from y's first
-/// element, then the lanes added in order), so that it vectorizes without reassociating.
-float times_and_sum(float* y, const float* x, std::int64_t n) {
-  constexpr std::int64_t kLanes = 16;
-  float lanes[kLanes] = {};
-  std::int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (std::int64_t u = 0; u < kLanes; ++u) {
-      y[j + u] *= x[j + u];
-      lanes[u] += y[j + u];
-    }
-  for (std::int64_t u = 0; j + u < n; ++u) {
-    y[j + u] *= x[j + u];
-    lanes[u] += y[j + u];
-  }
-  float sum = 0.0f;
-  for (float v : lanes) sum += v;
-  return sum;
-}
-
 /// A key tile's keys and values, transposed for the backward's products with kT and vT.
 struct KeyTile {
   Transposed keys, values;
@@ -1030,29 +1010,25 @@ void attention_jvp(const AttentionJvpArgs& args) {
       }
       if (zero_q && zero_k)
         for (std::int64_t i = 0; i < rows; ++i) std::fill_n(ds + i * kKeyBlock, cols, 0.0f);
+      // s = e = exp(s - max), s' = e s' (0 where masked), with each row's sums of both
+      float maxima[kQueryBlock], sums_e[kQueryBlock], sums_es[kQueryBlock];
+      online_softmax_tangent_rows(s, ds, dmod, kKeyBlock, rows, cols, top, maxima, sums_e, sums_es);
       for (std::int64_t i = 0; i < rows; ++i) {
-        float *row = s + i * kKeyBlock, *trow = ds + i * kKeyBlock;
-        if (dmod) times(trow, dmod + i * kKeyBlock, cols);  // the chain rule through the modifier
-        const float mx = max_of(row, cols, top[i]);
-        if (mx == kNegInf) {  // every key so far is masked: nothing to add
-          std::fill_n(row, cols, 0.0f);
-          std::fill_n(trow, cols, 0.0f);
-          continue;
-        }
-        for (std::int64_t j = 0; j < cols; ++j) trow[j] = row[j] == kNegInf ? 0.0f : trow[j];  // a masked score has no tangent
+        const float mx = maxima[i];
+        if (mx == kNegInf) continue;  // every key so far is masked: nothing to add (both rows are zeros)
         const float c = top[i] == kNegInf ? 0.0f : std::exp(top[i] - mx);
-        l[i] = l[i] * c + exp_shifted_sum(row, cols, mx);  // row = e = exp(s - max)
+        l[i] = l[i] * c + sums_e[i];
         if (c != 1.0f) {
           scale_inplace(o + i * dv, dv, c);
           scale_inplace(t + i * dv, dv, c);
           mu[i] *= c;
         }
         top[i] = mx;
-        mu[i] += times_and_sum(trow, row, cols);  // e s', and its sum
-        if (z) {                                  // v and tv meet the dropped weights; l and mu the undropped ones
+        mu[i] += sums_es[i];
+        if (z) {  // v and tv meet the dropped weights; l and mu the undropped ones
           sc.dropout_factors(b, i0 + i, j0, cols, z);
-          times(row, z, cols);
-          times(trow, z, cols);
+          times(s + i * kKeyBlock, z, cols);
+          times(ds + i * kKeyBlock, z, cols);
         }
       }
       // o += e z v;  t += (e z s') v + e z tv

@@ -324,12 +324,61 @@ template <class V>
   }
 }
 
+template <class V> [[gnu::always_inline]] inline float times_and_sum_impl(float* y, const float* x, std::int64_t n) {
+  // Sixteen lanes on every ISA (one vector of them, or two): the same bits under any cap. The
+  // product is stored as well as added, so it is rounded before the add, never fused into it.
+  constexpr int L = Lanes<V>::n, kVectors = kProductLanes / L;
+  V acc[kVectors] = {};
+  std::int64_t j = 0;
+  for (; j + kProductLanes <= n; j += kProductLanes)
+    for (int u = 0; u < kVectors; ++u) {
+      const V p = load<V>(y + j + u * L) * load<V>(x + j + u * L);
+      store(y + j + u * L, p);
+      acc[u] += p;
+    }
+  float lanes[kProductLanes];
+  for (int u = 0; u < kVectors; ++u) store(lanes + u * L, acc[u]);
+  for (std::int64_t u = 0; j + u < n; ++u) {
+    y[j + u] *= x[j + u];
+    lanes[u] += y[j + u];
+  }
+  float sum = 0.0f;
+  for (const float v : lanes) sum += v;
+  return sum;
+}
+
+template <class V>
+[[gnu::always_inline]] inline void online_softmax_tangent_rows_impl(float* s, float* t, const float* dmod, std::int64_t ld, std::int64_t rows,
+                                                                    std::int64_t n, const float* top, float* max, float* sums, float* products) {
+  constexpr int L = Lanes<V>::n;
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  for (std::int64_t r = 0; r < rows; ++r) {  // the chain rule through the modifier; a masked score has no tangent
+    const float* row = s + r * ld;
+    const float* d = dmod ? dmod + r * ld : nullptr;
+    float* trow = t + r * ld;
+    std::int64_t j = 0;
+    for (; j + L <= n; j += L) {
+      V x = load<V>(trow + j);
+      if (d) x *= load<V>(d + j);
+      store(trow + j, load<V>(row + j) == kMasked ? V{} : x);
+    }
+    for (; j < n; ++j) trow[j] = row[j] == kMasked ? 0.0f : d ? trow[j] * d[j] : trow[j];
+  }
+  online_softmax_rows_impl<V>(s, ld, rows, n, top, max, sums);
+  for (std::int64_t r = 0; r < rows; ++r) products[r] = max[r] == kMasked ? 0.0f : times_and_sum_impl<V>(t + r * ld, s + r * ld, n);
+}
+
 }  // namespace
 
 QKV_ISA_DISPATCH(void, softcap_row, (float* s, float* dmod, std::int64_t n, float cap), (s, dmod, n, cap), v16f, v8f)
 QKV_ISA_DISPATCH(float, exp_shifted_sum, (float* x, std::int64_t n, float shift), (x, n, shift), v16f, v8f)
 QKV_ISA_DISPATCH(void, online_softmax_rows, (float* s, std::int64_t ld, std::int64_t rows, std::int64_t n, const float* top, float* max, float* sums),
                  (s, ld, rows, n, top, max, sums), v16f, v8f)
+QKV_ISA_DISPATCH(float, times_and_sum, (float* y, const float* x, std::int64_t n), (y, x, n), v16f, v8f)
+QKV_ISA_DISPATCH(void, online_softmax_tangent_rows,
+                 (float* s, float* t, const float* dmod, std::int64_t ld, std::int64_t rows, std::int64_t n, const float* top, float* max,
+                  float* sums, float* products),
+                 (s, t, dmod, ld, rows, n, top, max, sums, products), v16f, v8f)
 QKV_ISA_DISPATCH(void, exp_shifted, (float* x, std::int64_t n, float shift), (x, n, shift), v16f, v8f)
 QKV_ISA_DISPATCH(void, times_difference, (float* y, const float* p, std::int64_t n, float c), (y, p, n, c), v16f, v8f)
 QKV_ISA_DISPATCH(float, max_of, (const float* x, std::int64_t n, float init), (x, n, init), v16f, v8f)

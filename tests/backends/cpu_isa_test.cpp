@@ -183,6 +183,62 @@ TEST(CpuIsa, RowHelpersAndNaNInEveryLane) {
   }
 }
 
+/// Forward mode's softmax step over a tile: the same bits as its definition taken row by row
+/// (max_of, exp_shifted_sum, and the products summed in kProductLanes lanes, in a scalar loop that
+/// no ISA changes), with masked scores, a row masked whole, a NaN derivative at a masked score
+/// (which must not reach the tangent) and a running max above the tile's.
+TEST(CpuIsa, OnlineSoftmaxTangentRowsAreTheRowByRowSteps) {
+  constexpr std::int64_t kRows = 3;
+  for (std::int64_t n : kLengths) {
+    const std::int64_t ld = n + 3;
+    std::vector<float> s(static_cast<std::size_t>(kRows * ld)), t(s.size()), dmod(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      s[i] = std::sin(static_cast<float>(i)) * 4.0f;
+      t[i] = std::cos(static_cast<float>(i) * 0.7f);
+      dmod[i] = 0.5f + 0.25f * std::sin(static_cast<float>(i) * 1.3f);
+    }
+    for (std::int64_t j = 0; j < n; ++j) s[static_cast<std::size_t>(ld + j)] = -kInf;  // row 1 masked whole
+    for (std::int64_t j = 0; j < n; j += 3) {                                          // row 2 masked in part
+      s[static_cast<std::size_t>(2 * ld + j)] = -kInf;
+      dmod[static_cast<std::size_t>(2 * ld + j)] = kNaN;
+    }
+    const float top[kRows] = {-kInf, -kInf, 5.0f};
+    for (const bool with_dmod : {false, true}) {
+      std::vector<float> s_got = s, t_got = t;
+      float max[kRows], sums[kRows], products[kRows];
+      online_softmax_tangent_rows(s_got.data(), t_got.data(), with_dmod ? dmod.data() : nullptr, ld, kRows, n, top, max, sums, products);
+      for (std::int64_t r = 0; r < kRows; ++r) {
+        std::vector<float> row(s.begin() + r * ld, s.begin() + r * ld + n), trow(t.begin() + r * ld, t.begin() + r * ld + n);
+        for (std::int64_t j = 0; j < n; ++j) {
+          float& x = trow[static_cast<std::size_t>(j)];
+          if (with_dmod) x *= dmod[static_cast<std::size_t>(r * ld + j)];
+          if (row[static_cast<std::size_t>(j)] == -kInf) x = 0.0f;
+        }
+        const float want_max = max_of(row.data(), n, top[r]);
+        EXPECT_EQ(max[r], want_max) << n << " " << r;
+        float want_sum = 0.0f, want_products = 0.0f;
+        if (want_max == -kInf) {
+          std::fill(row.begin(), row.end(), 0.0f);
+        } else {
+          want_sum = exp_shifted_sum(row.data(), n, want_max);
+          float lanes[kProductLanes] = {};
+          for (std::int64_t j = 0; j < n; ++j) {
+            trow[static_cast<std::size_t>(j)] *= row[static_cast<std::size_t>(j)];
+            lanes[j % kProductLanes] += trow[static_cast<std::size_t>(j)];
+          }
+          for (const float lane : lanes) want_products += lane;
+        }
+        EXPECT_EQ(sums[r], want_sum) << n << " " << r;
+        EXPECT_EQ(products[r], want_products) << n << " " << r << " " << with_dmod;
+        for (std::int64_t j = 0; j < n; ++j) {
+          EXPECT_EQ(s_got[static_cast<std::size_t>(r * ld + j)], row[static_cast<std::size_t>(j)]) << n << " " << r << " " << j;
+          EXPECT_EQ(t_got[static_cast<std::size_t>(r * ld + j)], trow[static_cast<std::size_t>(j)]) << n << " " << r << " " << j;
+        }
+      }
+    }
+  }
+}
+
 /// The vectorised Philox draws exactly the scalar definition's bits, at any start and length.
 TEST(CpuIsa, DropoutFactorsAreTheScalarBits) {
   for (double p : {0.1, 0.5, 0.9}) {
