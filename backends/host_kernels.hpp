@@ -17,6 +17,10 @@ namespace qkv::backend {
 /// out = x[begin:begin + n_out] along `axis`, x seen as [outer, n_in, inner].
 template <class T>
 void slice_rows(const T* x, std::int64_t outer, std::int64_t n_in, std::int64_t inner, std::int64_t begin, std::int64_t n_out, T* out) {
+  if (n_out * inner == 1) {  // one element a row (a column sliced off): no copy call per element
+    for (std::int64_t o = 0; o < outer; ++o) out[o] = x[(o * n_in + begin) * inner];
+    return;
+  }
   for (std::int64_t o = 0; o < outer; ++o) std::copy_n(x + (o * n_in + begin) * inner, n_out * inner, out + o * n_out * inner);
 }
 

@@ -102,8 +102,16 @@ template <Expr Pos, Expr Cu> constexpr auto sequence_of(Pos pos, Cu cu) { return
 template <Expr Pos, Expr Cu> constexpr auto sequence_start(Pos pos, Cu cu) { return max<-1>(where(cast(cu) <= pos, cast(cu), kNegInf)); }
 template <Expr Pos, Expr Cu> constexpr auto sequence_end(Pos pos, Cu cu) { return -max<-1>(where(cast(cu) > pos, -cast(cu), kNegInf)); }
 
-/// Positions along the rows of x [..., R, D]: f32 [..., R, 1].
-template <Expr X> constexpr auto row_positions(X x) { return iota<X::shape.rank - 2>(max<-1>(x)); }
+/// x [..., R, C] sliced to its first entry along every batch axis from Axis on: [1..., R, C].
+template <int Axis, Expr X> constexpr auto first_batch_entry(X x) {
+  if constexpr (Axis >= X::shape.rank - 2) return x;
+  else return first_batch_entry<Axis + 1>(slice<Axis, 0, 1>(x));
+}
+
+/// Positions along the rows of x [..., R, D]: f32 [1..., R, 1], the same for every batch entry
+/// (iota reads only its grid's shape: a slice of R values, where a reduction over D, once per
+/// batch entry, read all of x and made every op on the positions per head).
+template <Expr X> constexpr auto row_positions(X x) { return iota<X::shape.rank - 2>(slice<-1, 0, 1>(first_batch_entry<0>(x))); }
 
 /// Score indices over packed sequences (varlen): b and h as Base's, q_idx and kv_idx positions
 /// within the sequence, and what the sequence mask and per-sequence causality need.
@@ -115,13 +123,15 @@ template <class Base, class CQ, class CK> struct VarlenIndices {
   template <class X> static constexpr auto across(X x) { return transpose<-2, -1>(x); }  // [..., M, 1] -> [..., 1, M]
   constexpr auto b() const { return base.b(); }
   constexpr auto h() const { return base.h(); }
-  constexpr auto q_idx() const { return base.q_idx() - sequence_start(row_positions(base.q), cu_q); }
-  constexpr auto kv_idx() const { return base.kv_idx() - across(sequence_start(row_positions(base.k), cu_k)); }
+  // Positions from row_positions (the same for every batch entry), not from base's indices,
+  // whose grids reduce over all of q and k.
+  constexpr auto q_idx() const { return row_positions(base.q) - sequence_start(row_positions(base.q), cu_q); }
+  constexpr auto kv_idx() const { return across(row_positions(base.k) - sequence_start(row_positions(base.k), cu_k)); }
   /// Whether query and key belong to one sequence.
   constexpr auto same_sequence() const { return sequence_of(row_positions(base.q), cu_q) == across(sequence_of(row_positions(base.k), cu_k)); }
   /// Positions from the sequence's end (bottom-right causality within it).
-  constexpr auto q_from_end() const { return base.q_idx() - sequence_end(row_positions(base.q), cu_q); }
-  constexpr auto kv_from_end() const { return base.kv_idx() - across(sequence_end(row_positions(base.k), cu_k)); }
+  constexpr auto q_from_end() const { return row_positions(base.q) - sequence_end(row_positions(base.q), cu_q); }
+  constexpr auto kv_from_end() const { return across(row_positions(base.k) - sequence_end(row_positions(base.k), cu_k)); }
 };
 
 template <class Ix> constexpr auto with_varlen(const Ix& ix) { return ix; }
