@@ -376,9 +376,10 @@ class Scores {
   /// causality or the window cut are visited for masking, and a tile that a keep-mask along one
   /// axis, or the modifier's masks (ScoreModifier::kept_conditions), provably keep whole is not
   /// masked at all (the modifier's conditions that provably keep it are not evaluated). With a
-  /// modifier and `dmod`, dmod (same layout) gets d mod/d score.
+  /// modifier and `dmod`, dmod (same layout) gets d mod/d score. `known`: masking conditions
+  /// already proved to keep the tile (each_slice's), not proved again.
   void compute(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, const Transposed& kt, float* s,
-               std::int64_t ld, float* dmod = nullptr) const {
+               std::int64_t ld, float* dmod = nullptr, std::uint32_t known = 0) const {
     if (!kt.is_stored()) {
       const std::int64_t unit = tile_gemm_columns();
       tile_gemm(false, rows, (cols + unit - 1) / unit * unit, d_, a_.scale, queries(b, i0, rows), d_, kt.data, kt.ld, false, s, ld);
@@ -387,11 +388,33 @@ class Scores {
     }
     const bool mask_kept = thin_mask_is(true, b, i0, rows, j0, cols);
     const float* mask = a_.mask && !mask_kept ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
-    const std::uint32_t kept = a_.mod ? a_.mod->kept_conditions(b, i0, rows, j0, cols) : 0u;  // the masks provably keeping the tile
+    // The masks provably keeping the tile (none left to prove when the known ones and the
+    // diagonals, cut below, are all).
+    const std::uint32_t kept = !a_.mod                                                    ? 0u
+                               : a_.mod->keeps_all(known | a_.mod->diagonal_conditions()) ? known
+                                                                                          : known | a_.mod->kept_conditions(b, i0, rows, j0, cols);
     if ((mask_kept || (a_.mod && a_.mod->keeps_all(kept))) && a_.tiles) a_.tiles->unmasked += rows * cols;
+    // The diagonal conditions the tile does not keep whole (varlen's causality): each row cut at
+    // them, not evaluated per score.
+    thread_local std::vector<std::int64_t> spans;
+    std::uint32_t cut = a_.mod ? a_.mod->diagonal_conditions() & ~kept : 0u;
+    if (cut) {
+      spans.resize(static_cast<std::size_t>(2 * rows));
+      if (!a_.mod->diagonal_spans(b, i0, rows, j0, cols, spans.data())) cut = 0;
+    }
     for (std::int64_t i = 0; i < rows; ++i) {
       float* row = s + i * ld;
-      if (a_.mod) a_.mod->apply_row(b, i0 + i, j0, cols, row, dmod ? dmod + i * ld : nullptr, kept);
+      float* drow = dmod ? dmod + i * ld : nullptr;
+      if (a_.mod) a_.mod->apply_row(b, i0 + i, j0, cols, row, drow, kept | cut);
+      if (cut) {  // masked outside [lo, hi): -inf, and a derivative of 0 as the where's
+        const std::int64_t lo = spans[static_cast<std::size_t>(2 * i)], hi = spans[static_cast<std::size_t>(2 * i + 1)];
+        std::fill(row, row + lo, kNegInf);
+        std::fill(row + hi, row + cols, kNegInf);
+        if (drow) {
+          std::fill(drow, drow + lo, 0.0f);
+          std::fill(drow + hi, drow + cols, 0.0f);
+        }
+      }
       if (mask) {
         const float* mr = mask + (i0 + i) * mask_row_ + j0 * mask_col_;
         for (std::int64_t j = 0; j < cols; ++j) row[j] = mr[j * mask_col_] != 0.0f ? row[j] : kNegInf;
@@ -475,29 +498,51 @@ class Scores {
     count_tiles(rows * (hi - lo), computed);
   }
 
-  /// f(r0, r1, k0, width) over a key tile [j0, j0 + cols) of queries [i0, i0 + rows) of batch
-  /// entry b: rows [r0, r1) and the keys [j0 + k0, j0 + k0 + width) they may keep (k0 a multiple
-  /// of kSliceKeys). The whole tile at once,
+  /// f(r0, r1, k0, width, kept) over a key tile [j0, j0 + cols) of queries [i0, i0 + rows) of
+  /// batch entry b: rows [r0, r1) and the keys [j0 + k0, j0 + k0 + width) they may keep (k0 a
+  /// multiple of kSliceKeys), with `kept` the modifier's masking conditions known to keep all of
+  /// them (compute's `known`). The whole tile at once,
   /// unless `skip` holds and a mask boundary crosses it: then slices of kDiagonalSlice rows,
   /// each over the keys it may keep (a slice keeping none is left out). Causality's diagonal
-  /// gives each slice the keys up to its last row's; a masking modifier gives the span between
-  /// the first and the last chunk of kSliceKeys keys that masks_tile cannot prove masked for the
-  /// slice (document boundaries, causality written as a mask_mod). Returns the scores left out,
-  /// for each_key_tile's count.
+  /// gives each slice the keys up to its last row's; a modifier whose only masking conditions
+  /// the tile does not keep are diagonals (varlen's causality) gives each slice its rows' spans
+  /// (ScoreModifier::diagonal_spans); another masking modifier gives the span between the first
+  /// and the last chunk of kSliceKeys keys that masks_tile cannot prove masked for the slice
+  /// (document boundaries, causality written as a mask_mod). Returns the scores left out, for
+  /// each_key_tile's count.
   template <class F>
   std::int64_t each_slice(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, bool skip, F f) const {
     auto kept = [&](std::int64_t r) { return std::clamp<std::int64_t>(i0 + r + shift_ - j0 + 1, 0, cols); };  // keys row r keeps
     const bool diagonal = skip && a_.causal && kept(0) < cols;
     const bool boundary = skip && !a_.causal && a_.mod && a_.mod->may_mask_within(b, i0, rows, j0, cols);
     if ((!diagonal && !boundary) || !may_leave_out(b, j0, j0 + cols)) {
-      f(0, rows, std::int64_t{0}, cols);
+      f(0, rows, std::int64_t{0}, cols, 0u);
       return 0;
+    }
+    // The tile's rows cut at the diagonal conditions, where the others keep it whole.
+    thread_local std::vector<std::int64_t> spans;
+    std::uint32_t known = 0;
+    bool cut = false;
+    if (boundary && a_.mod->diagonal_conditions()) {
+      known = a_.mod->kept_conditions(b, i0, rows, j0, cols);
+      spans.resize(static_cast<std::size_t>(2 * rows));
+      cut = a_.mod->keeps_all(known | a_.mod->diagonal_conditions()) && a_.mod->diagonal_spans(b, i0, rows, j0, cols, spans.data());
     }
     std::int64_t left_out = 0;
     for (std::int64_t r0 = 0; r0 < rows; r0 += kDiagonalSlice) {
       const std::int64_t r1 = std::min(rows, r0 + kDiagonalSlice);
       std::int64_t k0 = 0, k1 = kept(r1 - 1);
-      if (boundary) {  // chunks [lo, hi) of kSliceKeys keys, the masked ones at either end dropped
+      if (cut) {  // from the first key any row keeps (down to a chunk) to the last
+        k0 = cols;
+        k1 = 0;
+        for (std::int64_t r = r0; r < r1; ++r)
+          if (spans[static_cast<std::size_t>(2 * r)] < spans[static_cast<std::size_t>(2 * r + 1)]) {
+            k0 = std::min(k0, spans[static_cast<std::size_t>(2 * r)]);
+            k1 = std::max(k1, spans[static_cast<std::size_t>(2 * r + 1)]);
+          }
+        k0 = k1 > k0 ? k0 / kSliceKeys * kSliceKeys : 0;
+        k1 = std::max(k0, k1);
+      } else if (boundary) {  // chunks [lo, hi) of kSliceKeys keys, the masked ones at either end dropped
         std::int64_t lo = 0, hi = (cols + kSliceKeys - 1) / kSliceKeys;
         auto masked = [&](std::int64_t c) {
           return a_.mod->masks_tile(b, i0 + r0, r1 - r0, j0 + c * kSliceKeys, std::min(kSliceKeys, cols - c * kSliceKeys));
@@ -508,7 +553,7 @@ class Scores {
         k1 = std::max(k0, std::min(cols, hi * kSliceKeys));
       }
       left_out += (r1 - r0) * (cols - (k1 - k0));
-      if (k1 > k0) f(r0, r1, k0, k1 - k0);
+      if (k1 > k0) f(r0, r1, k0, k1 - k0, known);
     }
     return left_out;
   }
@@ -728,34 +773,35 @@ void attend_keys(const AttentionArgs& a, const Scores& sc, const Strides& vs, bo
     const Transposed kt = Scores::few_queries(rows) ? Transposed::as_stored() : sc.keys(b, j0, cols);
     // The tile whole, or in slices along a mask's boundary: rows [r0, r1) over keys
     // [jk, jk + width).
-    return sc.each_slice(b, i0, rows, j0, cols, skip, [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t width) {
-      const std::int64_t jk = j0 + k0;
-      float* s = s_buf.data() + r0 * kKeyBlock;
-      sc.compute(b, i0 + r0, r1 - r0, jk, width, kt.from(k0), s, kKeyBlock);
-      float maxima[kQueryBlock], sums[kQueryBlock];
-      online_softmax_rows(s, kKeyBlock, r1 - r0, width, top + r0, maxima, sums);
-      for (std::int64_t i = r0; i < r1; ++i) {
-        float& mi = top[i];
-        float& li = l[i];
-        const float mx = maxima[i - r0];
-        if (mx == kNegInf) continue;  // every key so far is masked: nothing to add (the row is zeros)
-        // A row's first keys: o is zeros, scaled by nothing.
-        const float correction = mi == kNegInf ? 0.0f : std::exp(mi - mx);
-        li = li * correction + sums[i - r0];
-        if (correction != 1.0f && mi != kNegInf) scale_inplace(o + i * dv, dv, correction);
-        mi = mx;
-        if (sc.drops()) {  // the sum normalises the undropped weights; v meets the dropped ones
-          float* z = dropout_buffer();
-          sc.dropout_factors(b, i0 + i, jk, width, z);
-          times(s_buf.data() + i * kKeyBlock, z, width);
-        }
-      }
-      if (Scores::few_queries(rows)) {  // the values read where they lie, once
-        few_query_values(a.v, v_at + jk * dv, r1 - r0, width, dv, s, o + r0 * dv);
-      } else {
-        tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, f32_rows(a.v, v_at + jk * dv, width, dv, 3), dv, true, o + r0 * dv, dv);
-      }
-    });
+    return sc.each_slice(
+        b, i0, rows, j0, cols, skip, [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t width, std::uint32_t known) {
+          const std::int64_t jk = j0 + k0;
+          float* s = s_buf.data() + r0 * kKeyBlock;
+          sc.compute(b, i0 + r0, r1 - r0, jk, width, kt.from(k0), s, kKeyBlock, nullptr, known);
+          float maxima[kQueryBlock], sums[kQueryBlock];
+          online_softmax_rows(s, kKeyBlock, r1 - r0, width, top + r0, maxima, sums);
+          for (std::int64_t i = r0; i < r1; ++i) {
+            float& mi = top[i];
+            float& li = l[i];
+            const float mx = maxima[i - r0];
+            if (mx == kNegInf) continue;  // every key so far is masked: nothing to add (the row is zeros)
+            // A row's first keys: o is zeros, scaled by nothing.
+            const float correction = mi == kNegInf ? 0.0f : std::exp(mi - mx);
+            li = li * correction + sums[i - r0];
+            if (correction != 1.0f && mi != kNegInf) scale_inplace(o + i * dv, dv, correction);
+            mi = mx;
+            if (sc.drops()) {  // the sum normalises the undropped weights; v meets the dropped ones
+              float* z = dropout_buffer();
+              sc.dropout_factors(b, i0 + i, jk, width, z);
+              times(s_buf.data() + i * kKeyBlock, z, width);
+            }
+          }
+          if (Scores::few_queries(rows)) {  // the values read where they lie, once
+            few_query_values(a.v, v_at + jk * dv, r1 - r0, width, dv, s, o + r0 * dv);
+          } else {
+            tile_gemm(false, r1 - r0, dv, width, 1.0f, s, kKeyBlock, f32_rows(a.v, v_at + jk * dv, width, dv, 3), dv, true, o + r0 * dv, dv);
+          }
+        });
   });
 }
 
@@ -1081,19 +1127,20 @@ void attention_lse(const ScoreArgs& args, View out) {
     sum.assign(static_cast<std::size_t>(rows), 0.0);
     sc.each_key_tile(b, i0, rows, true, [&](std::int64_t j0, std::int64_t cols) {
       const Transposed kt = sc.keys(b, j0, cols);
-      return sc.each_slice(b, i0, rows, j0, cols, true, [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t width) {
-        sc.compute(b, i0 + r0, r1 - r0, j0 + k0, width, kt.from(k0), s + r0 * kKeyBlock, kKeyBlock);
-        for (std::int64_t i = r0; i < r1; ++i) {
-          float* row = s + i * kKeyBlock;
-          float& mi = mx[static_cast<std::size_t>(i)];
-          const float m_new = max_of(row, width, mi);
-          if (m_new == kNegInf) continue;
-          double& si = sum[static_cast<std::size_t>(i)];
-          if (mi != kNegInf && m_new != mi) si *= std::exp(static_cast<double>(mi) - m_new);
-          si += exp_shifted_sum(row, width, m_new);
-          mi = m_new;
-        }
-      });
+      return sc.each_slice(b, i0, rows, j0, cols, true,
+                           [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t width, std::uint32_t known) {
+                             sc.compute(b, i0 + r0, r1 - r0, j0 + k0, width, kt.from(k0), s + r0 * kKeyBlock, kKeyBlock, nullptr, known);
+                             for (std::int64_t i = r0; i < r1; ++i) {
+                               float* row = s + i * kKeyBlock;
+                               float& mi = mx[static_cast<std::size_t>(i)];
+                               const float m_new = max_of(row, width, mi);
+                               if (m_new == kNegInf) continue;
+                               double& si = sum[static_cast<std::size_t>(i)];
+                               if (mi != kNegInf && m_new != mi) si *= std::exp(static_cast<double>(mi) - m_new);
+                               si += exp_shifted_sum(row, width, m_new);
+                               mi = m_new;
+                             }
+                           });
     });
     // lse = m + log(sum): -inf for a row without keys (log 0), NaN where a score was NaN.
     if (sinks.any())

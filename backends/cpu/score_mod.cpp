@@ -2,6 +2,7 @@
 #include "backends/cpu/score_mod.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -107,6 +108,75 @@ ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vect
   std::vector<std::pair<bool, bool>> varies;
   for (const Operand& t : tensors_) varies.emplace_back(t.row != 0, t.col != 0);
   std::tie(doc_q_, doc_k_) = ir::document_mask_tensors(region_, varies);
+  find_diagonals();
+}
+
+void ScoreModifier::find_diagonals() {
+  if (mask_conds_.size() > kMostPartial) return;  // kept forms exist for all conditions or none
+  auto tensor = [&](int r) {                      // the tensor step r loads, or -1
+    const int input = steps_[static_cast<std::size_t>(r)].input;
+    return steps_[static_cast<std::size_t>(r)].op == ir::Op::input && input >= ir::kRegionFixedInputs ? input - ir::kRegionFixedInputs : -1;
+  };
+  for (std::size_t c = 0; c < mask_conds_.size(); ++c) {
+    const auto [cond, keeps_when_true] = mask_conds_[c];
+    const Step& st = steps_[static_cast<std::size_t>(cond)];
+    if (!keeps_when_true || st.op != ir::Op::greater) continue;
+    // The result is this condition's -inf where it fails: the where on it is reached from the
+    // result through masking wheres' kept branches only.
+    bool reaches = false;
+    for (int r = mod_; !reaches && steps_[static_cast<std::size_t>(r)].kept >= 0; r = steps_[static_cast<std::size_t>(r)].kept)
+      reaches = steps_[static_cast<std::size_t>(r)].cond == static_cast<int>(c);
+    const int x = tensor(st.a), y = tensor(st.b);
+    if (!reaches || x < 0 || y < 0) continue;
+    auto along_queries = [&](int t) { return tensors_[static_cast<std::size_t>(t)].col == 0; };
+    auto along_keys = [&](int t) { return tensors_[static_cast<std::size_t>(t)].row == 0; };
+    if (along_queries(x) && along_keys(y)) diagonals_.push_back({x, y, true});
+    else if (along_keys(x) && along_queries(y)) diagonals_.push_back({y, x, false});
+    else continue;
+    diagonal_bits_ |= 1u << c;
+  }
+}
+
+bool ScoreModifier::diagonal_spans(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t* keep) const {
+  if (diagonals_.empty()) return false;
+  // Each key tensor over the tile (copied when strided), checked: no NaN, no decrease.
+  thread_local std::vector<float> copies;
+  copies.resize(static_cast<std::size_t>(cols) * diagonals_.size());
+  std::array<const float*, kMostPartial> keys{}, queries{};
+  std::array<std::int64_t, kMostPartial> query_strides{};
+  for (std::size_t d = 0; d < diagonals_.size(); ++d) {
+    const Operand& t = tensors_[static_cast<std::size_t>(diagonals_[d].key)];
+    const float* x = t.data + batch_offset(t, b) + j0 * t.col;
+    if (t.col != 1) {
+      float* to = copies.data() + d * static_cast<std::size_t>(cols);
+      for (std::int64_t j = 0; j < cols; ++j) to[j] = x[j * t.col];
+      x = to;
+    }
+    bool ordered = !std::isnan(x[0]);
+    for (std::int64_t j = 1; j < cols; ++j) ordered &= x[j] >= x[j - 1];  // false for a NaN too
+    if (!ordered) return false;
+    keys[d] = x;
+    const Operand& q = tensors_[static_cast<std::size_t>(diagonals_[d].query)];
+    queries[d] = q.data + batch_offset(q, b) + i0 * q.row;
+    query_strides[d] = q.row;
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t lo = 0, hi = cols;
+    for (std::size_t d = 0; d < diagonals_.size(); ++d) {
+      const float q = queries[d][r * query_strides[d]];
+      const float* k = keys[d];
+      if (std::isnan(q)) {  // greater with a NaN holds nowhere
+        hi = 0;
+      } else if (diagonals_[d].prefix) {  // keys with k < q
+        hi = std::min<std::int64_t>(hi, std::lower_bound(k, k + cols, q) - k);
+      } else {  // keys with k > q
+        lo = std::max<std::int64_t>(lo, std::upper_bound(k, k + cols, q) - k);
+      }
+    }
+    keep[2 * r] = std::min(lo, hi);
+    keep[2 * r + 1] = hi;
+  }
+  return true;
 }
 
 std::optional<ScoreModifier::DocumentIds> ScoreModifier::document_ids(std::int64_t b) const {
@@ -181,6 +251,8 @@ void ScoreModifier::apply_row(std::int64_t b, std::int64_t i, std::int64_t j0, s
     softcap_row(s, dmod_ >= 0 ? dmod : nullptr, cols, softcap_);
     return;
   }
+  // The score itself where `kept` holds (a mask's tile, its conditions kept or cut): nothing to run.
+  if ((!dmod || dmod_ < 0) && kept_register(mod_, kept) == ir::kRegionScore) return;
   // Registers: a row of cols floats for each varying step (the score's is s itself), one float
   // for each uniform step.
   thread_local std::vector<float> scratch, uniform;

@@ -43,6 +43,21 @@ class ScoreModifier {
 
   bool has_derivative() const { return dmod_ >= 0; }
 
+  /// The masking conditions (bits as kept_conditions') that are diagonals: `greater(x, y)` of a
+  /// tensor laid out along the queries and one along the keys, keeping where it holds, whose
+  /// where's -inf is the result (every where between it and the result a masking one's kept
+  /// branch). varlen's causality within each sequence and a sliding window's far edge are such
+  /// conditions (a position minus its sequence's first, against the other's): the kernels cut
+  /// each row at them (diagonal_spans) rather than evaluate them per score.
+  std::uint32_t diagonal_conditions() const { return diagonal_bits_; }
+
+  /// keep[2 r], keep[2 r + 1]: the keys [lo, hi) of keys [j0, j0 + cols) (offsets from j0) that
+  /// query i0 + r of batch entry b keeps under the diagonal conditions, r < rows, when each
+  /// condition's key tensor is free of NaN and does not decrease over the tile: a condition then
+  /// keeps a prefix of the keys (the query's tensor the greater) or a suffix, found by binary
+  /// search. False, and nothing written, otherwise or when the region has no diagonal.
+  bool diagonal_spans(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t* keep) const;
+
   /// Whether the modifier drops every score of a tile (queries [i0, i0 + rows) by keys
   /// [j0, j0 + cols) of batch entry b) whatever the scores are: interval arithmetic over the
   /// region (ir::bound_region) from the tile's index ranges and its tensors' values there (those
@@ -117,6 +132,16 @@ class ScoreModifier {
   ir::Shape batch_;
   int mod_ = -1, dmod_ = -1;     // result registers
   int doc_q_ = -1, doc_k_ = -1;  // the document mask's tensors (document_ids), or -1
+  /// A diagonal condition: its tensors (indices into tensors_), and whether the query's tensor is
+  /// the greater (the row keeps a prefix) or the key's (a suffix).
+  struct Diagonal {
+    int query, key;
+    bool prefix;
+  };
+  std::vector<Diagonal> diagonals_;
+  std::uint32_t diagonal_bits_ = 0;
+  /// Finds the diagonal conditions (constructor's last step).
+  void find_diagonals();
 };
 
 }  // namespace qkv::backend::cpu
