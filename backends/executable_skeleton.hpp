@@ -93,7 +93,8 @@ class ExecutableSkeleton : public Executable {
   Tensor held_output(ir::ValueId v, const void* src, DType held) const {
     Tensor t = Tensor::uninitialized(is_half(held) ? held : graph_.node(v).dtype, ir::to_vector(shapes_[static_cast<std::size_t>(v)]));
     write_held(src, t);  // in full
-    return t.dtype() == graph_.node(v).dtype ? t : t.to(graph_.node(v).dtype);
+    if (t.dtype() != graph_.node(v).dtype) return t.to(graph_.node(v).dtype);
+    return t;  // moved, not copied (as one arm of a conditional it was copied)
   }
   /// held_output into `dst`: written where it lies when reusable and of the held values' own
   /// kind, otherwise replaced by held_output's tensor.

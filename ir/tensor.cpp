@@ -30,7 +30,9 @@ std::int64_t count(const std::vector<std::int64_t>& shape, std::size_t elem_size
 template <class Bytes> Bytes allocate(DType dtype, const std::vector<std::int64_t>& shape, bool zero) {
   const auto bytes = static_cast<std::size_t>(count(shape, dtype_size(dtype))) * dtype_size(dtype);
   try {
-    return zero ? Bytes(bytes, std::byte{0}) : Bytes(bytes);
+    Bytes b(bytes);  // not set; zeroed at once where asked (through the allocator, byte by byte)
+    if (zero && bytes) std::memset(b.data(), 0, bytes);
+    return b;
   } catch (const std::bad_alloc&) {
     throw ResourceError("out of memory: " + std::string(dtype_name(dtype)) + shape_text(shape) + " needs " + std::to_string(bytes) + " bytes");
   }
@@ -80,6 +82,17 @@ Tensor::Tensor(DType dtype, std::vector<std::int64_t> shape, bool zero)
     : dtype_(dtype), shape_(std::move(shape)), bytes_(allocate<Bytes>(dtype_, shape_, zero)) {}
 
 Tensor Tensor::uninitialized(DType dtype, std::vector<std::int64_t> shape) { return Tensor(dtype, std::move(shape), false); }
+
+Tensor::Tensor(const Tensor& other)
+    : dtype_(other.dtype_), shape_(other.shape_), bytes_(other.bytes_.size()), view_(other.view_), view_bytes_(other.view_bytes_),
+      owner_(other.owner_) {
+  if (!bytes_.empty()) std::memcpy(bytes_.data(), other.bytes_.data(), bytes_.size());
+}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this != &other) *this = Tensor(other);
+  return *this;
+}
 
 Tensor Tensor::view(DType dtype, std::vector<std::int64_t> shape, const std::byte* data, std::size_t nbytes, std::shared_ptr<const void> owner) {
   const auto size = static_cast<std::size_t>(count(shape, dtype_size(dtype))) * dtype_size(dtype);

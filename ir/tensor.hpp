@@ -44,6 +44,13 @@ template <class T> struct DefaultInitAllocator : std::allocator<T> {
 class Tensor {
  public:
   Tensor() = default;
+  /// A deep copy (a view's bytes shared), its bytes copied at once: the vector's own copy
+  /// constructs them one by one through the allocator, a loop over every byte.
+  Tensor(const Tensor& other);
+  Tensor& operator=(const Tensor& other);
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+  ~Tensor() = default;
   /// A zero-filled tensor. Throws ShapeError for a negative dim or a size that overflows, and
   /// ResourceError (naming the type and bytes) when the memory cannot be had.
   Tensor(DType dtype, std::vector<std::int64_t> shape);
