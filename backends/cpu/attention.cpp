@@ -388,20 +388,30 @@ class Scores {
     }
     const bool mask_kept = thin_mask_is(true, b, i0, rows, j0, cols);
     const float* mask = a_.mask && !mask_kept ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
-    // The masks provably keeping the tile (none left to prove when the known ones and the
-    // diagonals, cut below, are all).
-    const std::uint32_t kept = !a_.mod                                                    ? 0u
-                               : a_.mod->keeps_all(known | a_.mod->diagonal_conditions()) ? known
-                                                                                          : known | a_.mod->kept_conditions(b, i0, rows, j0, cols);
-    if ((mask_kept || (a_.mod && a_.mod->keeps_all(kept))) && a_.tiles) a_.tiles->unmasked += rows * cols;
-    // The diagonal conditions the tile does not keep whole (varlen's causality): each row cut at
-    // them, not evaluated per score.
+    // The modifier's masks provably keeping the tile, and the diagonal conditions (varlen's
+    // causality) it does not keep whole, at which each row is cut rather than evaluated per
+    // score. With the known ones and the diagonals all, nothing is left to prove.
+    std::uint32_t kept = 0, cut = 0;
     thread_local std::vector<std::int64_t> spans;
-    std::uint32_t cut = a_.mod ? a_.mod->diagonal_conditions() & ~kept : 0u;
-    if (cut) {
-      spans.resize(static_cast<std::size_t>(2 * rows));
-      if (!a_.mod->diagonal_spans(b, i0, rows, j0, cols, spans.data())) cut = 0;
+    bool whole = mask_kept;  // every score kept without evaluating a mask
+    if (a_.mod) {
+      const std::uint32_t diagonals = a_.mod->diagonal_conditions();
+      const bool proved = !a_.mod->keeps_all(known | diagonals);
+      kept = proved ? known | a_.mod->kept_conditions(b, i0, rows, j0, cols) : known;
+      cut = diagonals & ~kept;
+      if (cut) {
+        spans.resize(static_cast<std::size_t>(2 * rows));
+        if (!a_.mod->diagonal_spans(b, i0, rows, j0, cols, spans.data())) {
+          cut = 0;  // keys out of order: the conditions evaluated, after all that can be proved
+          if (!proved) kept = known | a_.mod->kept_conditions(b, i0, rows, j0, cols);
+        }
+      }
+      bool full = a_.mod->keeps_all(kept | cut);  // and the cuts keep every key
+      for (std::int64_t i = 0; full && cut && i < rows; ++i)
+        full = spans[static_cast<std::size_t>(2 * i)] == 0 && spans[static_cast<std::size_t>(2 * i + 1)] == cols;
+      whole = whole || full;
     }
+    if (whole && a_.tiles) a_.tiles->unmasked += rows * cols;
     for (std::int64_t i = 0; i < rows; ++i) {
       float* row = s + i * ld;
       float* drow = dmod ? dmod + i * ld : nullptr;
@@ -498,10 +508,10 @@ class Scores {
     count_tiles(rows * (hi - lo), computed);
   }
 
-  /// f(r0, r1, k0, width, kept) over a key tile [j0, j0 + cols) of queries [i0, i0 + rows) of
+  /// f(r0, r1, k0, width, known) over a key tile [j0, j0 + cols) of queries [i0, i0 + rows) of
   /// batch entry b: rows [r0, r1) and the keys [j0 + k0, j0 + k0 + width) they may keep (k0 a
-  /// multiple of kSliceKeys), with `kept` the modifier's masking conditions known to keep all of
-  /// them (compute's `known`). The whole tile at once,
+  /// multiple of kSliceKeys), with `known` the modifier's masking conditions proved to keep all
+  /// of them (for compute). The whole tile at once,
   /// unless `skip` holds and a mask boundary crosses it: then slices of kDiagonalSlice rows,
   /// each over the keys it may keep (a slice keeping none is left out). Causality's diagonal
   /// gives each slice the keys up to its last row's; a modifier whose only masking conditions
@@ -532,16 +542,8 @@ class Scores {
     for (std::int64_t r0 = 0; r0 < rows; r0 += kDiagonalSlice) {
       const std::int64_t r1 = std::min(rows, r0 + kDiagonalSlice);
       std::int64_t k0 = 0, k1 = kept(r1 - 1);
-      if (cut) {  // from the first key any row keeps (down to a chunk) to the last
-        k0 = cols;
-        k1 = 0;
-        for (std::int64_t r = r0; r < r1; ++r)
-          if (spans[static_cast<std::size_t>(2 * r)] < spans[static_cast<std::size_t>(2 * r + 1)]) {
-            k0 = std::min(k0, spans[static_cast<std::size_t>(2 * r)]);
-            k1 = std::max(k1, spans[static_cast<std::size_t>(2 * r + 1)]);
-          }
-        k0 = k1 > k0 ? k0 / kSliceKeys * kSliceKeys : 0;
-        k1 = std::max(k0, k1);
+      if (cut) {
+        std::tie(k0, k1) = span_keys(spans, r0, r1, cols);
       } else if (boundary) {  // chunks [lo, hi) of kSliceKeys keys, the masked ones at either end dropped
         std::int64_t lo = 0, hi = (cols + kSliceKeys - 1) / kSliceKeys;
         auto masked = [&](std::int64_t c) {
@@ -556,6 +558,22 @@ class Scores {
       if (k1 > k0) f(r0, r1, k0, k1 - k0, known);
     }
     return left_out;
+  }
+
+  /// The keys [k0, k1) of a tile of `cols` that rows [r0, r1) keep by their spans (spans[2 r],
+  /// spans[2 r + 1]), from the first any keeps, down to a multiple of kSliceKeys, to the last;
+  /// [0, 0) when they keep none.
+  static std::pair<std::int64_t, std::int64_t> span_keys(const std::vector<std::int64_t>& spans, std::int64_t r0, std::int64_t r1,
+                                                         std::int64_t cols) {
+    std::int64_t k0 = cols, k1 = 0;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t lo = spans[static_cast<std::size_t>(2 * r)], hi = spans[static_cast<std::size_t>(2 * r + 1)];
+      if (lo >= hi) continue;
+      k0 = std::min(k0, lo);
+      k1 = std::max(k1, hi);
+    }
+    if (k1 <= k0) return {0, 0};
+    return {k0 / kSliceKeys * kSliceKeys, k1};
   }
 
   /// f(i0, rows) for each query tile of keys [j0, j0 + cols), likewise (the keys in one run,

@@ -111,6 +111,19 @@ ScoreModifier::ScoreModifier(const ir::Graph& region, bool derivative, std::vect
   find_diagonals();
 }
 
+bool ScoreModifier::masks_result(int c) const {
+  // From the result down the kept branches of wheres on masking conditions, each of whose other
+  // branch is -inf (a where on such a condition may select something else, a derivative's 0).
+  for (int r = mod_;;) {
+    const Step& w = steps_[static_cast<std::size_t>(r)];
+    if (w.kept < 0) return false;
+    const Step& other = steps_[static_cast<std::size_t>(w.kept == w.b ? w.c : w.b)];
+    if (other.op != ir::Op::constant || other.value != -std::numeric_limits<float>::infinity()) return false;
+    if (w.cond == c) return true;
+    r = w.kept;
+  }
+}
+
 void ScoreModifier::find_diagonals() {
   if (mask_conds_.size() > kMostPartial) return;  // kept forms exist for all conditions or none
   auto tensor = [&](int r) {                      // the tensor step r loads, or -1
@@ -121,13 +134,8 @@ void ScoreModifier::find_diagonals() {
     const auto [cond, keeps_when_true] = mask_conds_[c];
     const Step& st = steps_[static_cast<std::size_t>(cond)];
     if (!keeps_when_true || st.op != ir::Op::greater) continue;
-    // The result is this condition's -inf where it fails: the where on it is reached from the
-    // result through masking wheres' kept branches only.
-    bool reaches = false;
-    for (int r = mod_; !reaches && steps_[static_cast<std::size_t>(r)].kept >= 0; r = steps_[static_cast<std::size_t>(r)].kept)
-      reaches = steps_[static_cast<std::size_t>(r)].cond == static_cast<int>(c);
     const int x = tensor(st.a), y = tensor(st.b);
-    if (!reaches || x < 0 || y < 0) continue;
+    if (!masks_result(static_cast<int>(c)) || x < 0 || y < 0) continue;
     auto along_queries = [&](int t) { return tensors_[static_cast<std::size_t>(t)].col == 0; };
     auto along_keys = [&](int t) { return tensors_[static_cast<std::size_t>(t)].row == 0; };
     if (along_queries(x) && along_keys(y)) diagonals_.push_back({x, y, true});

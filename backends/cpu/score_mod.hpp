@@ -142,6 +142,9 @@ class ScoreModifier {
   std::uint32_t diagonal_bits_ = 0;
   /// Finds the diagonal conditions (constructor's last step).
   void find_diagonals();
+  /// Whether the result is -inf wherever masking condition c fails: the where on c is reached
+  /// from the result through kept branches of wheres whose other branch is -inf.
+  bool masks_result(int c) const;
 };
 
 }  // namespace qkv::backend::cpu

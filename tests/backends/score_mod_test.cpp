@@ -95,25 +95,44 @@ TEST(ScoreModifierDiagonals, ANaNQueryKeepsNothingAndUnorderedKeysAreNotCut) {
   EXPECT_FALSE(with_nan.diagonal_spans(0, 0, kN, 6, 3, spans.data()));
 }
 
-TEST(ScoreModifierDiagonals, OnlyConditionsWhoseMaskIsTheResult) {
-  const Tensors t = positions();
-  // A mask whose -inf is not the result (a bias added after it) is not cut; nor a comparison
-  // of the indices themselves, nor one of two tensors along the same axis.
+/// A region over the four tensors whose result is where(cond(r), inner(r), -inf), each built
+/// by the caller.
+template <class Cond, class Inner> ir::Graph masked_region(Cond cond, Inner inner) {
   ir::Graph r = ir::make_region(std::vector<DType>(4, DType::f32));
-  const ir::ValueId t0 = ir::kRegionFixedInputs, t1 = t0 + 1, t3 = t0 + 3;
   const ir::ValueId masked = r.constant(-HUGE_VAL, {});
-  const ir::ValueId by_index = r.add(ir::Op::where, {r.add(ir::Op::greater, {ir::kRegionQIdx, ir::kRegionKvIdx}), ir::kRegionScore, masked});
-  const ir::ValueId same_axis = r.add(ir::Op::where, {r.add(ir::Op::greater, {t0, t3}), by_index, masked});
-  const ir::ValueId biased = r.add(ir::Op::add, {r.add(ir::Op::where, {r.add(ir::Op::greater, {t0, t1}), ir::kRegionScore, masked}), t3});
-  r.set_output("mod", r.add(ir::Op::add, {same_axis, biased}));
-  const ScoreModifier mod(r, false, t.views(), {}, kN, kM);
-  EXPECT_EQ(mod.diagonal_conditions(), 0u);
+  r.set_output("mod", r.add(ir::Op::where, {cond(r), inner(r), masked}));
+  return r;
+}
+
+TEST(ScoreModifierDiagonals, OnlyATensorAlongEachAxisWhoseMaskIsTheResult) {
+  const Tensors t = positions();
+  const ir::ValueId t0 = ir::kRegionFixedInputs, t1 = t0 + 1, t3 = t0 + 3;
+  auto score = [](ir::Graph&) { return ir::kRegionScore; };
+  auto diagonal = [=](ir::Graph& r) { return r.add(ir::Op::greater, {t0, t1}); };
+  auto cut = [&](const ir::Graph& r) { return ScoreModifier(r, false, t.views(), {}, kN, kM).diagonal_conditions(); };
+  EXPECT_EQ(cut(masked_region(diagonal, score)), 1u);
+  // The indices themselves (the kernels' causal attribute and a mask_mod's causality are not
+  // tensors), two tensors along the queries, and a comparison that is not `greater`.
+  EXPECT_EQ(cut(masked_region([](ir::Graph& r) { return r.add(ir::Op::greater, {ir::kRegionQIdx, ir::kRegionKvIdx}); }, score)), 0u);
+  EXPECT_EQ(cut(masked_region([=](ir::Graph& r) { return r.add(ir::Op::greater, {t0, t3}); }, score)), 0u);
+  EXPECT_EQ(cut(masked_region([=](ir::Graph& r) { return r.add(ir::Op::equal, {t0, t1}); }, score)), 0u);
+  // A where on the diagonal whose other branch is not -inf lies between it and the result: where
+  // it fails the result is 0, not -inf.
+  ir::Graph zero = ir::make_region(std::vector<DType>(4, DType::f32));
+  const ir::ValueId d = zero.add(ir::Op::greater, {t0, t1});
+  const ir::ValueId inner = zero.add(ir::Op::where, {d, ir::kRegionScore, zero.constant(-HUGE_VAL, {})});
+  zero.set_output("mod", zero.add(ir::Op::where, {d, inner, zero.constant(0.0, {})}));
+  EXPECT_EQ(cut(zero), 0u);
+  // A mask with a bias added after it (-inf + t3) is not the result either.
+  ir::Graph biased = ir::make_region(std::vector<DType>(4, DType::f32));
+  const ir::ValueId masked = biased.add(ir::Op::where, {biased.add(ir::Op::greater, {t0, t1}), ir::kRegionScore, biased.constant(-HUGE_VAL, {})});
+  biased.set_output("mod", biased.add(ir::Op::add, {masked, t3}));
+  EXPECT_EQ(cut(biased), 0u);
   std::vector<std::int64_t> spans(2 * kN);
-  EXPECT_FALSE(mod.diagonal_spans(0, 0, kN, 0, kM, spans.data()));
-  // The same conditions as the window's, but the derivative asked for too: still cut (the
-  // kernels write its masked scores' derivative as 0).
-  const ScoreModifier with_derivative(window_region(), true, t.views(), {}, kN, kM);
-  EXPECT_EQ(with_derivative.diagonal_conditions(), 3u);
+  EXPECT_FALSE(ScoreModifier(biased, false, t.views(), {}, kN, kM).diagonal_spans(0, 0, kN, 0, kM, spans.data()));
+  // With the derivative asked for too: still cut (the kernels write its masked scores'
+  // derivative as 0).
+  EXPECT_EQ(ScoreModifier(window_region(), true, t.views(), {}, kN, kM).diagonal_conditions(), 3u);
 }
 
 /// apply_row with the diagonals kept, then cut at the spans, is the region evaluated score by

@@ -154,6 +154,46 @@ TEST(VarlenCpu, SkipsTheTilesOfOtherSequences) {
   EXPECT_LT(counts[0].computed, 2 * alone) << "computed " << counts[0].computed << " of " << 2 * n * n << " scores";
 }
 
+// Causality within packed sequences is a diagonal the kernels cut each row at
+// (ScoreModifier::diagonal_conditions), as they cut the causal attribute: the packed batch
+// computes exactly the scores its sequences compute alone with the attribute, in the same
+// slices, top-left and bottom-right (keys of their own before the queries). Evaluated per score
+// instead, with its slices bounded chunk by chunk, it computes more.
+TEST(VarlenCpu, CausalityIsCutWhereTheCausalAttributeIs) {
+  auto q = input<"q">(dim<2>, dim<"N">, dim<32>);
+  auto k = input<"k">(dim<2>, dim<"M">, dim<32>);
+  auto cu_q = input<"cu_q", DType::i32>(dim<5>);
+  auto cu_k = input<"cu_k", DType::i32>(dim<5>);
+  const std::vector<std::int64_t> q_lengths = {300, 37, 530, 5}, k_lengths = {300, 60, 530, 21};
+  auto computed = [](backend::Executable& exe, const backend::TensorMap& in) {
+    exe.run(in);
+    return exe.tile_counts().at(0).computed;
+  };
+  auto cpu = backend::create("cpu");
+  auto check = [&](const ir::Graph& packed, const ir::Graph& alone) {
+    auto ep = cpu->compile(packed), ea = cpu->compile(alone);
+    const std::int64_t n = std::accumulate(q_lengths.begin(), q_lengths.end(), std::int64_t{0});
+    const std::int64_t m = std::accumulate(k_lengths.begin(), k_lengths.end(), std::int64_t{0});
+    backend::TensorMap in = backend::random_inputs(packed, {{"N", n}, {"M", m}}, 7);
+    in.insert_or_assign("cu_q", offsets(q_lengths));
+    if (in.contains("cu_k")) in.insert_or_assign("cu_k", offsets(k_lengths));
+    std::int64_t each = 0;
+    for (std::size_t s = 0; s < q_lengths.size(); ++s)
+      each += computed(*ea, backend::random_inputs(alone, {{"N", q_lengths[s]}, {"M", k_lengths[s]}}, 8));
+    EXPECT_EQ(computed(*ep, in), each);
+  };
+  {
+    SCOPED_TRACE("top-left, self-attention");
+    check(lower(named<"out">(scaled_dot_product_attention(q, q, q, varlen(cu_q), causal))),
+          lower(named<"out">(scaled_dot_product_attention(q, q, q, causal))));
+  }
+  {
+    SCOPED_TRACE("bottom-right, keys of their own");
+    check(lower(named<"out">(scaled_dot_product_attention(q, k, k, varlen(cu_q, cu_k), causal_bottom_right))),
+          lower(named<"out">(scaled_dot_product_attention(q, k, k, causal_bottom_right))));
+  }
+}
+
 /// x [H, R, D] tensors' rows concatenated along R, in f32.
 Tensor concat_rows(const std::vector<Tensor>& parts) {
   const std::int64_t h = parts.front().shape()[0], d = parts.front().shape()[2];
