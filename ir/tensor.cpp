@@ -6,8 +6,10 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <new>
+#include <utility>
 
 namespace qkv {
 
@@ -91,6 +93,25 @@ Tensor::Tensor(const Tensor& other)
 
 Tensor& Tensor::operator=(const Tensor& other) {
   if (this != &other) *this = Tensor(other);
+  return *this;
+}
+
+Tensor::Tensor(Tensor&& other) noexcept
+    : dtype_(other.dtype_), shape_(std::move(other.shape_)), bytes_(std::move(other.bytes_)), view_(std::exchange(other.view_, nullptr)),
+      view_bytes_(std::exchange(other.view_bytes_, 0)), owner_(std::move(other.owner_)) {
+  other.shape_.clear();
+}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (this == &other) return *this;
+  dtype_ = other.dtype_;
+  shape_ = std::move(other.shape_);
+  bytes_ = std::move(other.bytes_);
+  view_ = std::exchange(other.view_, nullptr);
+  view_bytes_ = std::exchange(other.view_bytes_, 0);
+  owner_ = std::move(other.owner_);
+  other.shape_.clear();
+  other.bytes_.clear();
   return *this;
 }
 

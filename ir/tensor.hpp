@@ -47,9 +47,12 @@ class Tensor {
   /// A deep copy (a view's bytes shared), its bytes copied at once: the vector's own copy
   /// constructs them one by one through the allocator, a loop over every byte.
   Tensor(const Tensor& other);
+  /// As the copy constructor.
   Tensor& operator=(const Tensor& other);
-  Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  /// Takes other's bytes (or view); other is left empty, a view of nothing.
+  Tensor(Tensor&& other) noexcept;
+  /// As the move constructor.
+  Tensor& operator=(Tensor&& other) noexcept;
   ~Tensor() = default;
   /// A zero-filled tensor. Throws ShapeError for a negative dim or a size that overflows, and
   /// ResourceError (naming the type and bytes) when the memory cannot be had.
