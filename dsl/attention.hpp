@@ -102,16 +102,17 @@ template <Expr Pos, Expr Cu> constexpr auto sequence_of(Pos pos, Cu cu) { return
 template <Expr Pos, Expr Cu> constexpr auto sequence_start(Pos pos, Cu cu) { return max<-1>(where(cast(cu) <= pos, cast(cu), kNegInf)); }
 template <Expr Pos, Expr Cu> constexpr auto sequence_end(Pos pos, Cu cu) { return -max<-1>(where(cast(cu) > pos, -cast(cu), kNegInf)); }
 
-/// x [..., R, C] sliced to its first entry along every batch axis from Axis on: [1..., R, C].
-template <int Axis, Expr X> constexpr auto first_batch_entry(X x) {
+/// x [..., R, 1] reduced over every batch axis from Axis on: [1..., R, 1] (a grid for iota: its
+/// values are never read; a reduction, unlike a slice, also takes a batch of none).
+template <int Axis, Expr X> constexpr auto over_batch_axes(X x) {
   if constexpr (Axis >= X::shape.rank - 2) return x;
-  else return first_batch_entry<Axis + 1>(slice<Axis, 0, 1>(x));
+  else return over_batch_axes<Axis + 1>(max<Axis>(x));
 }
 
 /// Positions along the rows of x [..., R, D]: f32 [1..., R, 1], the same for every batch entry
-/// (iota reads only its grid's shape: a slice of R values, where a reduction over D, once per
-/// batch entry, read all of x and made every op on the positions per head).
-template <Expr X> constexpr auto row_positions(X x) { return iota<X::shape.rank - 2>(slice<-1, 0, 1>(first_batch_entry<0>(x))); }
+/// (iota reads only its grid's shape: x's first column, once for all batch entries, where a
+/// reduction over D read all of x and made every op on the positions once per batch entry).
+template <Expr X> constexpr auto row_positions(X x) { return iota<X::shape.rank - 2>(over_batch_axes<0>(slice<-1, 0, 1>(x))); }
 
 /// Score indices over packed sequences (varlen): b and h as Base's, q_idx and kv_idx positions
 /// within the sequence, and what the sequence mask and per-sequence causality need.
