@@ -374,7 +374,6 @@ QKV_ISA_DISPATCH(void, softcap_row, (float* s, float* dmod, std::int64_t n, floa
 QKV_ISA_DISPATCH(float, exp_shifted_sum, (float* x, std::int64_t n, float shift), (x, n, shift), v16f, v8f)
 QKV_ISA_DISPATCH(void, online_softmax_rows, (float* s, std::int64_t ld, std::int64_t rows, std::int64_t n, const float* top, float* max, float* sums),
                  (s, ld, rows, n, top, max, sums), v16f, v8f)
-QKV_ISA_DISPATCH(float, times_and_sum, (float* y, const float* x, std::int64_t n), (y, x, n), v16f, v8f)
 QKV_ISA_DISPATCH(void, online_softmax_tangent_rows,
                  (float* s, float* t, const float* dmod, std::int64_t ld, std::int64_t rows, std::int64_t n, const float* top, float* max,
                   float* sums, float* products),

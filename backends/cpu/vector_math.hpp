@@ -17,18 +17,16 @@ float exp_shifted_sum(float* x, std::int64_t n, float shift);
 /// each waited on its own exp and sum.
 void online_softmax_rows(float* s, std::int64_t ld, std::int64_t rows, std::int64_t n, const float* top, float* max, float* sums);
 
-/// The lanes of times_and_sum: its sum's association, the same on every ISA.
+/// The lanes of online_softmax_tangent_rows' product sums: their association, the same on every
+/// ISA.
 inline constexpr int kProductLanes = 16;
-
-/// y[i] *= x[i] for i < n, and the sum of the products: each added into lane i mod
-/// kProductLanes, then the lanes added in order.
-float times_and_sum(float* y, const float* x, std::int64_t n);
 
 /// Forward mode's online-softmax step over a tile (as online_softmax_rows) with the scores'
 /// tangents t (row r at t + r * ld): first t *= dmod where a modifier's derivative is given, and
 /// t = 0 where the score is -inf (a masked score has no tangent); then online_softmax_rows on s;
-/// then t *= the row's exps and products[r] = their sum (times_and_sum; 0 where max[r] is -inf).
-/// The same bits as those steps row by row.
+/// then t *= the row's exps and products[r] = their sum, each product added into lane j mod
+/// kProductLanes, then the lanes in order (0 where max[r] is -inf). The same bits as those steps
+/// row by row.
 void online_softmax_tangent_rows(float* s, float* t, const float* dmod, std::int64_t ld, std::int64_t rows, std::int64_t n, const float* top,
                                  float* max, float* sums, float* products);
 
