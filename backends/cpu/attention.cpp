@@ -388,30 +388,9 @@ class Scores {
     }
     const bool mask_kept = thin_mask_is(true, b, i0, rows, j0, cols);
     const float* mask = a_.mask && !mask_kept ? a_.mask->data + offset_at(b, batch_, ms_) : nullptr;
-    // The modifier's masks provably keeping the tile, and the diagonal conditions (varlen's
-    // causality) it does not keep whole, at which each row is cut rather than evaluated per
-    // score. With the known ones and the diagonals all, nothing is left to prove.
-    std::uint32_t kept = 0, cut = 0;
     thread_local std::vector<std::int64_t> spans;
-    bool whole = mask_kept;  // every score kept without evaluating a mask
-    if (a_.mod) {
-      const std::uint32_t diagonals = a_.mod->diagonal_conditions();
-      const bool proved = !a_.mod->keeps_all(known | diagonals);
-      kept = proved ? known | a_.mod->kept_conditions(b, i0, rows, j0, cols) : known;
-      cut = diagonals & ~kept;
-      if (cut) {
-        spans.resize(static_cast<std::size_t>(2 * rows));
-        if (!a_.mod->diagonal_spans(b, i0, rows, j0, cols, spans.data())) {
-          cut = 0;  // keys out of order: the conditions evaluated, after all that can be proved
-          if (!proved) kept = known | a_.mod->kept_conditions(b, i0, rows, j0, cols);
-        }
-      }
-      bool full = a_.mod->keeps_all(kept | cut);  // and the cuts keep every key
-      for (std::int64_t i = 0; full && cut && i < rows; ++i)
-        full = spans[static_cast<std::size_t>(2 * i)] == 0 && spans[static_cast<std::size_t>(2 * i + 1)] == cols;
-      whole = whole || full;
-    }
-    if (whole && a_.tiles) a_.tiles->unmasked += rows * cols;
+    const auto [kept, cut, whole] = modifier_masks(b, i0, rows, j0, cols, known, spans);
+    if ((mask_kept || whole) && a_.tiles) a_.tiles->unmasked += rows * cols;
     for (std::int64_t i = 0; i < rows; ++i) {
       float* row = s + i * ld;
       float* drow = dmod ? dmod + i * ld : nullptr;
@@ -436,6 +415,36 @@ class Scores {
           for (std::int64_t j = 0; j < std::min<std::int64_t>(limit - a_.window + 1, cols); ++j) row[j] = kNegInf;
       }
     }
+  }
+
+  /// The modifier's masking conditions over a tile: `kept`, those provably keeping it (`known`
+  /// given, not proved again); `cut`, the diagonal conditions (varlen's causality) it does not
+  /// keep whole, at which spans[2 i], spans[2 i + 1] cut row i rather than evaluate them per
+  /// score; `whole`, whether those keep every score. With the known ones and the diagonals all,
+  /// nothing is left to prove.
+  struct ModifierMasks {
+    std::uint32_t kept = 0, cut = 0;
+    bool whole = false;
+  };
+  ModifierMasks modifier_masks(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, std::uint32_t known,
+                               std::vector<std::int64_t>& spans) const {
+    ModifierMasks m;
+    if (!a_.mod) return m;
+    const std::uint32_t diagonals = a_.mod->diagonal_conditions();
+    const bool ask = !a_.mod->keeps_all(known | diagonals);
+    m.kept = ask ? known | a_.mod->kept_conditions(b, i0, rows, j0, cols) : known;
+    m.cut = diagonals & ~m.kept;
+    if (m.cut) {
+      spans.resize(static_cast<std::size_t>(2 * rows));
+      if (!a_.mod->diagonal_spans(b, i0, rows, j0, cols, spans.data())) {
+        m.cut = 0;  // keys out of order: the conditions evaluated, after all that can be proved
+        if (!ask) m.kept = known | a_.mod->kept_conditions(b, i0, rows, j0, cols);
+      }
+    }
+    m.whole = a_.mod->keeps_all(m.kept | m.cut);
+    for (std::int64_t i = 0; m.whole && m.cut && i < rows; ++i)
+      m.whole = spans[static_cast<std::size_t>(2 * i)] == 0 && spans[static_cast<std::size_t>(2 * i + 1)] == cols;
+    return m;
   }
 
   bool drops() const { return a_.dropout != 0.0; }

@@ -146,7 +146,7 @@ void ScoreModifier::find_diagonals() {
 }
 
 bool ScoreModifier::diagonal_spans(std::int64_t b, std::int64_t i0, std::int64_t rows, std::int64_t j0, std::int64_t cols, std::int64_t* keep) const {
-  if (diagonals_.empty()) return false;
+  if (diagonals_.empty() || cols < 1) return false;
   // Each key tensor over the tile (copied when strided), checked: no NaN, no decrease.
   thread_local std::vector<float> copies;
   copies.resize(static_cast<std::size_t>(cols) * diagonals_.size());

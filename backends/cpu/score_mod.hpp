@@ -45,8 +45,8 @@ class ScoreModifier {
 
   /// The masking conditions (bits as kept_conditions') that are diagonals: `greater(x, y)` of a
   /// tensor laid out along the queries and one along the keys, keeping where it holds, whose
-  /// where's -inf is the result (every where between it and the result a masking one's kept
-  /// branch). varlen's causality within each sequence and a sliding window's far edge are such
+  /// where's -inf is the result (every where between it and the result on a masking condition,
+  /// -inf its other branch). varlen's causality within each sequence and a sliding window's far edge are such
   /// conditions (a position minus its sequence's first, against the other's): the kernels cut
   /// each row at them (diagonal_spans) rather than evaluate them per score.
   std::uint32_t diagonal_conditions() const { return diagonal_bits_; }
