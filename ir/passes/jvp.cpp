@@ -126,7 +126,7 @@ Graph build_jvp(const Graph& g, const JvpSpec& spec) {
   const Graph f = fuse_attention(g);
   // Only values an output with a tangent reads get one (what feeds only other outputs, or
   // updates, is not differentiated), and not through an op with no gradient (iota reads only
-  // its operand's shape: a grid sliced from q needs no tangent).
+  // its operand's shape: a grid taken from q needs no tangent).
   std::vector<bool> needed(f.size(), false);
   for (const auto& o : outs) needed[static_cast<std::size_t>(f.output(o))] = true;
   for (std::size_t i = f.size(); i-- > 0;)
