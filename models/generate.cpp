@@ -98,6 +98,83 @@ struct PagedSequence {
   std::int64_t produced = 0;
 };
 
+/// The cache's pages as sequences take and give them back: the last given back is taken first
+/// (so that a page is reused while it is warm), and an admitted sequence's pages are promised to
+/// it up front. Counts into `use` the pages in use at the peak and those taken again.
+class PagePool {
+ public:
+  PagePool(const CachePages& cache, Generator::PageUse& use)
+      : page_size_(cache.page_size), pages_(cache.pages), used_before_(static_cast<std::size_t>(cache.pages), false), use_(use) {
+    for (std::int64_t p = 0; p < pages_; ++p) free_.push_back(static_cast<std::int32_t>(pages_ - 1 - p));
+  }
+  /// The pages `positions` take.
+  std::int64_t pages_for(std::int64_t positions) const { return (positions + page_size_ - 1) / page_size_; }
+  /// Promises s the pages its `positions` take, if the free ones not yet promised cover them.
+  bool admit(PagedSequence& s, std::int64_t positions) {
+    const std::int64_t need = pages_for(positions);
+    if (need > static_cast<std::int64_t>(free_.size()) - promised_) return false;
+    s.reserved = need;
+    promised_ += need;
+    return true;
+  }
+  /// Gives s the pages that `slots` positions take (of those promised).
+  void take(PagedSequence& s, std::int64_t slots) {
+    while (static_cast<std::int64_t>(s.pages.size()) < pages_for(slots)) {
+      const std::int32_t page = free_.back();
+      free_.pop_back();
+      --promised_;
+      if (used_before_[static_cast<std::size_t>(page)]) ++use_.reused_pages;
+      used_before_[static_cast<std::size_t>(page)] = true;
+      s.pages.push_back(page);
+    }
+    use_.peak_pages = std::max(use_.peak_pages, pages_ - static_cast<std::int64_t>(free_.size()));
+  }
+  /// Takes back s's pages and what it was promised beyond them.
+  void give_back(PagedSequence& s) {
+    for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) free_.push_back(*it);
+    promised_ -= s.reserved - static_cast<std::int64_t>(s.pages.size());
+    s.pages.clear();
+  }
+
+ private:
+  std::int64_t page_size_, pages_;
+  std::vector<std::int32_t> free_;
+  std::vector<bool> used_before_;
+  std::int64_t promised_ = 0;  // pages reserved by admitted sequences and not yet taken
+  Generator::PageUse& use_;
+};
+
+/// A paged step's inputs: tokens [written, written + t_count) of each sequence of `batch` (its
+/// pages taken), their positions, the cache slots they are written at, and the block table.
+backend::TensorMap paged_step_inputs(const std::vector<PagedSequence*>& batch, std::int64_t t_count, std::int64_t page_size) {
+  const auto b_count = static_cast<std::int64_t>(batch.size());
+  std::int64_t widest = 0;
+  for (const PagedSequence* s : batch) widest = std::max(widest, static_cast<std::int64_t>(s->pages.size()));
+  Tensor ids(DType::i32, {b_count, t_count}), positions(DType::i32, {b_count, t_count}), slots(DType::i32, {b_count, t_count}),
+      table(DType::i32, {b_count, widest});
+  for (std::int64_t b = 0; b < b_count; ++b) {
+    const PagedSequence& s = *batch[static_cast<std::size_t>(b)];
+    for (std::int64_t t = 0; t < t_count; ++t) {
+      const std::int64_t position = s.written + t;
+      ids.data<std::int32_t>()[b * t_count + t] = s.tokens[static_cast<std::size_t>(position)];
+      positions.data<std::int32_t>()[b * t_count + t] = static_cast<std::int32_t>(position);
+      slots.data<std::int32_t>()[b * t_count + t] =
+          static_cast<std::int32_t>(s.pages[static_cast<std::size_t>(position / page_size)] * page_size + position % page_size);
+    }
+    for (std::int64_t j = 0; j < widest; ++j)
+      table.data<std::int32_t>()[b * widest + j] = j < static_cast<std::int64_t>(s.pages.size()) ? s.pages[static_cast<std::size_t>(j)] : -1;
+  }
+  return {
+      {"input_ids", std::move(ids)}, {"position_ids", std::move(positions)}, {"cache_slots", std::move(slots)}, {"block_table", std::move(table)}};
+}
+
+/// A step's logits [B, 1, V] in f32: the output itself, or widened into `widened`.
+const Tensor& f32_logits(const backend::TensorMap& outputs, Tensor& widened) {
+  const Tensor& logits = outputs.at("logits");
+  if (logits.dtype() == DType::f32) return logits;
+  return widened = logits.to(DType::f32);
+}
+
 /// Throws UsageError when a prompt and max_new_tokens exceed the model's positions or could need
 /// more pages than the cache has (checked before anything runs: an admitted sequence never waits
 /// for a page).
@@ -124,34 +201,12 @@ std::vector<std::vector<std::int32_t>> Generator::generate_paged(const std::vect
   check_prompts(prompts, model_.vocab_size);
   if (o.max_new_tokens < 0) throw UsageError("generate: max_new_tokens is negative");
   check_paged_fit(prompts, o.max_new_tokens, max_length_, cache);
-  auto pages_for = [&](std::int64_t positions) { return (positions + cache.page_size - 1) / cache.page_size; };
   std::vector<std::int64_t> stop = o.stop_tokens;
   if (o.use_model_stop_tokens) stop.insert(stop.end(), model_.eos_token_ids.begin(), model_.eos_token_ids.end());
   std::vector<std::vector<std::int32_t>> out(prompts.size());
   page_use_ = {};
   if (o.max_new_tokens == 0) return out;
-
-  // The free pages, the last given back taken first (so that a page is reused while it is warm).
-  std::vector<std::int32_t> free_pages(static_cast<std::size_t>(cache.pages));
-  for (std::int64_t p = 0; p < cache.pages; ++p) free_pages[static_cast<std::size_t>(p)] = static_cast<std::int32_t>(cache.pages - 1 - p);
-  std::vector<bool> used_before(static_cast<std::size_t>(cache.pages), false);
-  std::int64_t promised = 0;  // pages reserved by admitted sequences and not yet taken
-  auto take_pages = [&](PagedSequence& s, std::int64_t slots) {
-    while (static_cast<std::int64_t>(s.pages.size()) < pages_for(slots)) {
-      const std::int32_t page = free_pages.back();
-      free_pages.pop_back();
-      --promised;
-      if (used_before[static_cast<std::size_t>(page)]) ++page_use_.reused_pages;
-      used_before[static_cast<std::size_t>(page)] = true;
-      s.pages.push_back(page);
-    }
-    page_use_.peak_pages = std::max(page_use_.peak_pages, cache.pages - static_cast<std::int64_t>(free_pages.size()));
-  };
-  auto give_back = [&](PagedSequence& s) {
-    for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) free_pages.push_back(*it);
-    promised -= s.reserved - static_cast<std::int64_t>(s.pages.size());
-    s.pages.clear();
-  };
+  PagePool pool(cache, page_use_);
 
   // One step: tokens [from, from + T) of each sequence, written at their slots; the last
   // position's logits of each, [B, V], valid until the next step (written into the last step's
@@ -159,31 +214,10 @@ std::vector<std::vector<std::int32_t>> Generator::generate_paged(const std::vect
   backend::TensorMap outputs;
   Tensor widened;
   auto step = [&](const std::vector<PagedSequence*>& batch, std::int64_t t_count) -> const Tensor& {
-    const auto b_count = static_cast<std::int64_t>(batch.size());
-    std::int64_t widest = 0;
-    for (PagedSequence* s : batch) {
-      take_pages(*s, s->written + t_count);
-      widest = std::max(widest, static_cast<std::int64_t>(s->pages.size()));
-    }
-    Tensor ids(DType::i32, {b_count, t_count}), positions(DType::i32, {b_count, t_count}), slots(DType::i32, {b_count, t_count}),
-        table(DType::i32, {b_count, widest});
-    for (std::int64_t b = 0; b < b_count; ++b) {
-      const PagedSequence& s = *batch[static_cast<std::size_t>(b)];
-      for (std::int64_t t = 0; t < t_count; ++t) {
-        const std::int64_t position = s.written + t;
-        ids.data<std::int32_t>()[b * t_count + t] = s.tokens[static_cast<std::size_t>(position)];
-        positions.data<std::int32_t>()[b * t_count + t] = static_cast<std::int32_t>(position);
-        slots.data<std::int32_t>()[b * t_count + t] =
-            static_cast<std::int32_t>(s.pages[static_cast<std::size_t>(position / cache.page_size)] * cache.page_size + position % cache.page_size);
-      }
-      for (std::int64_t j = 0; j < widest; ++j)
-        table.data<std::int32_t>()[b * widest + j] = j < static_cast<std::int64_t>(s.pages.size()) ? s.pages[static_cast<std::size_t>(j)] : -1;
-    }
-    exe_->run_into({{"input_ids", ids}, {"position_ids", positions}, {"cache_slots", slots}, {"block_table", table}}, outputs);
+    for (PagedSequence* s : batch) pool.take(*s, s->written + t_count);
+    exe_->run_into(paged_step_inputs(batch, t_count, cache.page_size), outputs);
     for (PagedSequence* s : batch) s->written += t_count;
-    const Tensor& logits = outputs.at("logits");  // [B, 1, V]
-    if (logits.dtype() == DType::f32) return logits;
-    return widened = logits.to(DType::f32);
+    return f32_logits(outputs, widened);
   };
   // Picks sequence s's next token from its row of logits; whether it goes on.
   auto pick = [&](PagedSequence& s, const float* row) {
@@ -207,16 +241,13 @@ std::vector<std::vector<std::int32_t>> Generator::generate_paged(const std::vect
     while (next_prompt < prompts.size()) {
       PagedSequence& s = sequences[next_prompt];
       const auto length = static_cast<std::int64_t>(prompts[next_prompt].size());
-      const std::int64_t need = pages_for(length + o.max_new_tokens);
-      if (need > static_cast<std::int64_t>(free_pages.size()) - promised) break;
+      if (!pool.admit(s, length + o.max_new_tokens)) break;
       s.index = next_prompt++;
       s.tokens = prompts[s.index];
-      s.reserved = need;
-      promised += need;
       Tensor logits;
       while (s.written < length) logits = step({&s}, std::min(chunk, length - s.written));
       if (pick(s, std::as_const(logits).data<float>())) active.push_back(&s);
-      else give_back(s);
+      else pool.give_back(s);
     }
     if (active.empty()) continue;
     // A decode step of every admitted sequence: its last token in.
@@ -225,7 +256,7 @@ std::vector<std::vector<std::int32_t>> Generator::generate_paged(const std::vect
     std::vector<PagedSequence*> going_on;
     for (std::size_t b = 0; b < active.size(); ++b) {
       if (pick(*active[b], std::as_const(rows).data<float>() + static_cast<std::int64_t>(b) * model_.vocab_size)) going_on.push_back(active[b]);
-      else give_back(*active[b]);
+      else pool.give_back(*active[b]);
     }
     active = std::move(going_on);
   }
@@ -285,9 +316,7 @@ std::vector<std::vector<std::int32_t>> Generator::generate(const std::vector<std
     Tensor start = Tensor::from<std::int32_t>({}, {static_cast<std::int32_t>(slot)});
     exe_->run_into({{"input_ids", step_ids}, {"position_ids", step_positions}, {"cache_start", start}, {"cache_first", first}}, outputs);
     slot += step_ids.shape()[1];
-    const Tensor& logits = outputs.at("logits");  // [B, 1, V]
-    if (logits.dtype() == DType::f32) return logits;
-    return widened = logits.to(DType::f32);
+    return f32_logits(outputs, widened);
   };
   // Columns [from, from + count) of a prompt tensor [B, longest].
   auto columns = [&](const Tensor& t, std::int64_t from, std::int64_t count) {
