@@ -216,7 +216,25 @@ class VulkanExecutable final : public ExecutableSkeleton {
     staging_out_ = ctx_->make_buffer(static_cast<vk::DeviceSize>(out_bytes), U::eTransferDst, true);
     counts_ = ctx_->make_buffer(counter_offset(std::max(counters_, 1)), U::eStorageBuffer | U::eTransferDst, true);
 
-    // Launch parameters per kernel for these shapes, and the pipelines specialized for them.
+    plan_launches();
+    plan_split_buffer();
+    write_descriptor_sets();
+    // Updates: each updated input's region takes its new value at the end of every run.
+    std::vector<vk::BufferCopy> updates;
+    for (const auto& [name, v] : graph_.updates()) {
+      ir::ValueId target = -1;
+      for (ir::ValueId in : input_ids_)
+        if (graph_.node(in).name == name) target = in;
+      if (offset_of(v) != offset_of(target) && bytes_of(v)) updates.emplace_back(offset_of(v), offset_of(target), bytes_of(v));
+    }
+    if (profiling_ && ctx_->timestamp_period_ns() > 0)
+      query_pool_ = vk::raii::QueryPool(dev, vk::QueryPoolCreateInfo({}, vk::QueryType::eTimestamp, static_cast<std::uint32_t>(kernels_.size() + 1)));
+    record(uploads, downloads, updates);
+    upload_state();
+  }
+
+  /// Launch parameters per kernel for these shapes, and the pipelines specialized for them.
+  void plan_launches() {
     launches_.clear();
     for (auto& k : kernels_) {
       launches_.push_back(k.group.fused() ? codegen::fused_launch(graph_, storage_, k.group, shapes_, target_)
@@ -228,9 +246,11 @@ class VulkanExecutable final : public ExecutableSkeleton {
                                  ctx_->device_name() + " dispatches at most " + std::to_string(ctx_->profile().max_workgroup_count));
       if (codegen::specialized(graph_, k.group)) k.pipeline = &ctx_->pipeline(k.source, launches_.back().specialization);
     }
-    plan_split_buffer();
+  }
 
-    // One descriptor set per kernel, binding its operands' and result's ranges of the arena.
+  /// One descriptor set per kernel, binding its operands' and result's ranges of the arena.
+  void write_descriptor_sets() {
+    const auto& dev = ctx_->device();
     std::uint32_t descriptors = 0;
     for (const auto& k : kernels_) descriptors += static_cast<std::uint32_t>(k.pipeline->buffers);
     vk::DescriptorPoolSize pool_size(vk::DescriptorType::eStorageBuffer, std::max(descriptors, 1u));
@@ -258,18 +278,6 @@ class VulkanExecutable final : public ExecutableSkeleton {
         writes.emplace_back(*descriptor_sets_[k], static_cast<std::uint32_t>(b), 0, 1, vk::DescriptorType::eStorageBuffer, nullptr, &infos[b]);
       dev.updateDescriptorSets(writes, {});
     }
-    // Updates: each updated input's region takes its new value at the end of every run.
-    std::vector<vk::BufferCopy> updates;
-    for (const auto& [name, v] : graph_.updates()) {
-      ir::ValueId target = -1;
-      for (ir::ValueId in : input_ids_)
-        if (graph_.node(in).name == name) target = in;
-      if (offset_of(v) != offset_of(target) && bytes_of(v)) updates.emplace_back(offset_of(v), offset_of(target), bytes_of(v));
-    }
-    if (profiling_ && ctx_->timestamp_period_ns() > 0)
-      query_pool_ = vk::raii::QueryPool(dev, vk::QueryPoolCreateInfo({}, vk::QueryType::eTimestamp, static_cast<std::uint32_t>(kernels_.size() + 1)));
-    record(uploads, downloads, updates);
-    upload_state();
   }
 
   /// The split buffer: each kernel that splits keys its own aligned range of it (a kernel that
